@@ -1,0 +1,30 @@
+# Finds every dependency named in DESIGN.md. scripts/setup.sh installs them and writes
+# .setup/env.sh, whose variables are read here when the cache does not set them.
+if(NOT CMAKE_PREFIX_PATH AND DEFINED ENV{FP8TRON_TORCH_PREFIX})
+  list(APPEND CMAKE_PREFIX_PATH $ENV{FP8TRON_TORCH_PREFIX})
+endif()
+if(NOT NCCL_ROOT AND DEFINED ENV{FP8TRON_NCCL_ROOT})
+  set(NCCL_ROOT $ENV{FP8TRON_NCCL_ROOT})
+endif()
+if(NOT CUDNN_INCLUDE_PATH AND DEFINED ENV{FP8TRON_CUDNN_INCLUDE})
+  set(CUDNN_INCLUDE_PATH $ENV{FP8TRON_CUDNN_INCLUDE} CACHE PATH "cuDNN headers")
+endif()
+if(NOT CMAKE_CUDA_ARCHITECTURES)
+  set(CMAKE_CUDA_ARCHITECTURES 90a)  # H100/H200: wgmma and FP8 tensor cores need sm_90a
+endif()
+set(TORCH_CUDA_ARCH_LIST "9.0a" CACHE STRING "")
+
+find_package(Torch REQUIRED)
+find_package(CLI11 CONFIG REQUIRED)
+find_package(nlohmann_json 3 REQUIRED)
+find_package(spdlog REQUIRED)
+find_package(MPI REQUIRED COMPONENTS CXX)
+find_package(CUDAToolkit REQUIRED)
+
+# NCCL from the torch wheel (nvidia/nccl); the wheel has only libnccl.so.2, no dev symlink.
+find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${NCCL_ROOT}/include REQUIRED)
+find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2 HINTS ${NCCL_ROOT}/lib REQUIRED)
+add_library(fp8tron_nccl INTERFACE)
+target_include_directories(fp8tron_nccl INTERFACE ${NCCL_INCLUDE_DIR})
+target_link_libraries(fp8tron_nccl INTERFACE ${NCCL_LIBRARY})
+message(STATUS "fp8tron: NCCL ${NCCL_LIBRARY}, cuDNN headers ${CUDNN_INCLUDE_PATH}, torch ${Torch_DIR}")

@@ -1,0 +1,3 @@
+// Precompiled header for every translation unit that uses LibTorch.
+#pragma once
+#include <torch/torch.h>

@@ -1,0 +1,149 @@
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "core/error.h"
+#include "parallel/launch_env.h"
+#include "test_helpers.h"
+#include "trainer/dry_run.h"
+
+namespace fp8tron {
+using namespace fp8tron::testing;
+
+TEST(Config, MegatronDefaults) {
+  Config c = build(tiny_args());
+  EXPECT_EQ(c.model.ffn_hidden_size, 4 * 32);
+  EXPECT_EQ(c.model.kv_channels, 8);
+  EXPECT_EQ(c.model.num_query_groups, 4);
+  EXPECT_EQ(c.model.max_position_embeddings, 16);
+  EXPECT_EQ(c.model.vocab_size, 65);          // NullTokenizer: vocab-size + EOD
+  EXPECT_EQ(c.model.padded_vocab_size, 128);  // padded to a multiple of 128
+  EXPECT_DOUBLE_EQ(c.model.hidden_dropout, 0.1);
+  EXPECT_EQ(c.training.global_batch_size, 2);  // micro x dp
+  EXPECT_EQ(c.training.num_micro_batches, 1);
+  EXPECT_EQ(c.lr_schedule.decay_steps, 10 * 2);  // in samples
+  EXPECT_EQ(c.precision.params_dtype, ParamDtype::Fp32);
+  EXPECT_EQ(c.device, "cpu");
+}
+
+TEST(Config, SwigluFfnAndGqa) {
+  Config c = build(tiny_args({"--hidden-size", "96", "--num-attention-heads", "6", "--swiglu", "--group-query-attention",
+                              "--num-query-groups", "2"}));
+  EXPECT_EQ(c.model.ffn_hidden_size, 256);  // int(4*96*2/3 / 64) * 64
+  EXPECT_EQ(c.model.num_query_groups, 2);
+  EXPECT_EQ(build(tiny_args({"--num-query-groups", "2"})).model.num_query_groups, 4)
+      << "--num-query-groups only counts with --group-query-attention";
+}
+
+TEST(Config, VocabPaddingFollowsMegatron) {
+  EXPECT_EQ(padded_vocab_size(50257, 128, 1), 50304);
+  EXPECT_EQ(padded_vocab_size(50257, 128, 2), 50432);
+  EXPECT_EQ(padded_vocab_size(50304, 128, 1), 50304);
+  EXPECT_EQ(padded_vocab_size(32000, 128, 8), 32768);
+}
+
+TEST(Config, Bf16ForcesFp32Gradients) {
+  EXPECT_TRUE(build(tiny_args({"--bf16"})).precision.grads_in_fp32);
+  EXPECT_FALSE(build(tiny_args({"--fp16"})).precision.grads_in_fp32);
+  EXPECT_TRUE(build(tiny_args({"--fp16", "--accumulate-allreduce-grads-in-fp32"})).precision.grads_in_fp32);
+  EXPECT_TRUE(build(tiny_args({"--fp16"})).precision.dynamic_loss_scale());
+  EXPECT_FALSE(build(tiny_args({"--fp16", "--loss-scale", "128"})).precision.dynamic_loss_scale());
+}
+
+TEST(Config, InvalidCombinationsNameTheFlags) {
+  EXPECT_USER_ERROR(build(tiny_args({"--bf16", "--fp16"})), "--bf16 and --fp16 cannot be used together");
+  EXPECT_USER_ERROR(build(tiny_args({"--group-query-attention", "--num-query-groups", "3"})),
+                    "--num-attention-heads (4) is not divisible by --num-query-groups (3)");
+  EXPECT_USER_ERROR(build(tiny_args({"--global-batch-size", "5"})),
+                    "--global-batch-size (5) is not divisible by --micro-batch-size (2) x data-parallel size (1)");
+  EXPECT_USER_ERROR(build(tiny_args({"--global-batch-size", "6"}), 2),
+                    "--global-batch-size (6) is not divisible by --micro-batch-size (2) x data-parallel size (2)");
+  EXPECT_USER_ERROR(build(tiny_args({"--train-samples", "100"})), "--train-iters and --train-samples cannot be used together");
+  EXPECT_USER_ERROR(build(tiny_args({"--hidden-size", "30"})), "--hidden-size (30) is not divisible by --num-attention-heads (4)");
+  EXPECT_USER_ERROR(build(tiny_args({"--max-position-embeddings", "8"})), "--max-position-embeddings (8) is smaller than --seq-length (16)");
+  EXPECT_USER_ERROR(build(tiny_args({"--lr-warmup-fraction", "0.1", "--lr-warmup-iters", "2"})), "--lr-warmup-fraction cannot be combined");
+  EXPECT_USER_ERROR(build(tiny_args({"--lr-warmup-iters", "10"})), "warmup");
+  EXPECT_USER_ERROR(build(tiny_args({"--min-lr", "1"})), "--min-lr is larger than --lr");
+  EXPECT_USER_ERROR(build(tiny_args({"--lr-decay-style", "WSD"})), "--lr-wsd-decay-iters");
+  EXPECT_USER_ERROR(build(tiny_args({"--loss-scale", "8"})), "--loss-scale needs --fp16");
+  EXPECT_USER_ERROR(build(tiny_args({"--attention-dropout", "1.5"})), "--attention-dropout must be in [0, 1)");
+  EXPECT_USER_ERROR(build(tiny_args({"--position-embedding-type", "rope", "--rotary-percent", "0.3"})), "--rotary-percent");
+  EXPECT_USER_ERROR(build(tiny_args({"--tensor-model-parallel-size", "3"})), "world size 1 is not divisible");
+  EXPECT_USER_ERROR(build(tiny_args({"--mock-data"})), "choose one data source");
+  EXPECT_USER_ERROR(build(tiny_args({"--lr-decay-samples", "4"})), "with --train-iters use --lr-decay-iters");
+}
+
+TEST(Config, MissingRequiredFlags) {
+  EXPECT_USER_ERROR(build({"--num-layers", "2"}), "missing required flag --hidden-size");
+  auto args = tiny_args();
+  args.erase(args.begin() + 10, args.begin() + 12);  // drop --lr
+  EXPECT_USER_ERROR(build(args), "--lr is required");
+  args = tiny_args();
+  args.pop_back();  // drop --builtin-data
+  EXPECT_USER_ERROR(build(args), "no training data");
+}
+
+TEST(Config, TrainSamplesConvertsToIterations) {
+  auto args = tiny_args({"--global-batch-size", "4", "--train-samples", "40", "--lr-warmup-samples", "8"});
+  args.erase(std::find(args.begin(), args.end(), "--train-iters"), std::find(args.begin(), args.end(), "--train-iters") + 2);
+  Config c = build(args);
+  EXPECT_EQ(c.training.train_iters, 10);
+  EXPECT_EQ(c.lr_schedule.decay_steps, 40);
+  EXPECT_EQ(c.lr_schedule.warmup_steps, 8);
+}
+
+TEST(Config, SupportLevels) {
+  // Planned features are recorded (training refuses them); their defaults are harmless.
+  Config c = build(tiny_args({"--tensor-model-parallel-size", "1", "--save", "/tmp/x"}));
+  ASSERT_EQ(c.not_supported_yet.size(), 1u);
+  EXPECT_NE(c.not_supported_yet[0].find("--save"), std::string::npos);
+  // Data parallelism is not there yet either.
+  EXPECT_EQ(build(tiny_args({"--global-batch-size", "4"}), 2).not_supported_yet.size(), 1u);
+  // Hint-only flags warn; math-changing flags we do not implement fail naming the flag.
+  EXPECT_EQ(build(tiny_args({"--no-masked-softmax-fusion"})).hint_warnings.size(), 1u);
+  EXPECT_USER_ERROR(build(tiny_args({"--openai-gelu"})), "--openai-gelu is not supported by fp8tron");
+}
+
+TEST(Config, DryRunPlanForALargeJob) {
+  auto args = tiny_args({"--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
+                         "--global-batch-size", "500", "--dry-run"});
+  Config c = build(args, 1000);
+  EXPECT_EQ(c.parallel.dp, 250);
+  std::string plan = format_plan(c);
+  EXPECT_NE(plan.find("world 1000 = TP 2 x CP 1 x DP 250 x PP 2"), std::string::npos) << plan;
+  EXPECT_NE(plan.find("not supported yet"), std::string::npos);
+  EXPECT_NE(format_arguments(c).find("  num_layers "), std::string::npos);
+}
+
+TEST(LaunchEnv, ReadsEachLauncher) {
+  auto clear = [] {
+    for (const char* v : {"WORLD_SIZE", "RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK",
+                          "SLURM_NTASKS", "SLURM_PROCID", "TORCHELASTIC_USE_AGENT_STORE"})
+      unsetenv(v);
+  };
+  clear();
+  EXPECT_EQ(read_launch_env().world_size, 1);
+  setenv("OMPI_COMM_WORLD_SIZE", "8", 1);
+  setenv("OMPI_COMM_WORLD_RANK", "3", 1);
+  EXPECT_EQ(read_launch_env().launcher, "mpirun");
+  EXPECT_EQ(read_launch_env().rank, 3);
+  clear();
+  setenv("SLURM_NTASKS", "16", 1);
+  setenv("SLURM_PROCID", "15", 1);
+  EXPECT_EQ(read_launch_env().world_size, 16);
+  clear();
+  setenv("WORLD_SIZE", "4", 1);
+  setenv("RANK", "1", 1);
+  setenv("TORCHELASTIC_USE_AGENT_STORE", "True", 1);
+  LaunchEnv e = read_launch_env();
+  EXPECT_EQ(e.launcher, "torchrun");
+  EXPECT_TRUE(e.agent_store);
+  setenv("RANK", "4", 1);
+  EXPECT_USER_ERROR(read_launch_env(), "rank 4 is not below world size 4");
+  clear();
+  setenv("WORLD_SIZE", "1024", 1);  // a dry run for a planned job
+  EXPECT_EQ(read_launch_env().world_size, 1024);
+  clear();
+}
+
+}  // namespace fp8tron

@@ -1,0 +1,140 @@
+// The one validated, immutable configuration, built once from flags + JSON by build_config().
+// Sub-structs per domain; models/, parallel/, fp8/ and data/ take only the struct they need.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "parallel/launch_env.h"
+#include "parallel/topology.h"
+
+namespace fp8tron {
+
+enum class PositionEmbedding { LearnedAbsolute, Rope };
+enum class Normalization { LayerNorm, RMSNorm };
+enum class ParamDtype { Fp32, Bf16, Fp16 };
+enum class DataSource { Builtin, Mock, Files };
+
+struct ModelConfig {
+  int64_t num_layers = 0;
+  int64_t hidden_size = 0;
+  int64_t ffn_hidden_size = 0;
+  int64_t num_attention_heads = 0;
+  int64_t kv_channels = 0;        // per-head dimension
+  int64_t num_query_groups = 0;   // == num_attention_heads without GQA
+  int64_t seq_length = 0;
+  int64_t max_position_embeddings = 0;
+  PositionEmbedding position_embedding = PositionEmbedding::LearnedAbsolute;
+  double rotary_base = 10000;
+  double rotary_percent = 1.0;
+  Normalization normalization = Normalization::LayerNorm;
+  double norm_epsilon = 1e-5;
+  bool apply_layernorm_1p = false;
+  bool swiglu = false;
+  bool add_bias_linear = true;
+  bool add_qkv_bias = true;
+  bool untie_embeddings_and_output_weights = false;
+  double init_method_std = 0.02;
+  double attention_dropout = 0.1;
+  double hidden_dropout = 0.1;
+  int64_t vocab_size = 0;         // the tokenizer's
+  int64_t padded_vocab_size = 0;  // padded as Megatron pads it
+  bool qk_layernorm = false;
+  bool attention_softmax_in_fp32 = false;
+  bool transformer_engine_modules = true;  // --transformer-impl
+  ParamDtype params_dtype = ParamDtype::Fp32;
+  uint64_t seed = 1234;  // initialisation seed
+};
+
+struct OptimizerConfig {
+  std::string optimizer = "adam";  // adam (AdamW) | sgd
+  double lr = 0;
+  double min_lr = 0;
+  double weight_decay = 0.01;
+  double clip_grad = 1.0;
+  double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_eps = 1e-8;
+  double sgd_momentum = 0.9;
+};
+
+enum class DecayStyle { Constant, Linear, Cosine, InverseSquareRoot, WSD };
+enum class WsdDecayStyle { Exponential, Linear, Cosine, MinusSqrt };
+enum class WeightDecayIncrStyle { Constant, Linear, Cosine };
+
+// Megatron's OptimizerParamScheduler; every "steps" count is in samples.
+struct LrScheduleConfig {
+  double init_lr = 0;  // --lr-warmup-init
+  double max_lr = 0;
+  double min_lr = 0;
+  int64_t warmup_steps = 0;
+  int64_t decay_steps = 0;
+  DecayStyle decay_style = DecayStyle::Linear;
+  WsdDecayStyle wsd_decay_style = WsdDecayStyle::Exponential;
+  int64_t wsd_decay_steps = 0;
+  double start_wd = 0.01, end_wd = 0.01;
+  int64_t wd_incr_steps = 0;
+  WeightDecayIncrStyle wd_incr_style = WeightDecayIncrStyle::Constant;
+};
+
+struct PrecisionConfig {
+  ParamDtype params_dtype = ParamDtype::Fp32;
+  bool grads_in_fp32 = true;                 // main gradients accumulate in fp32
+  std::optional<double> static_loss_scale;   // --loss-scale
+  double initial_loss_scale = 4294967296.0;
+  double min_loss_scale = 1.0;
+  int64_t loss_scale_window = 1000;
+  int hysteresis = 2;
+  bool dynamic_loss_scale() const { return params_dtype == ParamDtype::Fp16 && !static_loss_scale; }
+};
+
+struct TrainingConfig {
+  int64_t micro_batch_size = 0;
+  int64_t global_batch_size = 0;
+  int64_t num_micro_batches = 0;  // global / (micro * dp)
+  int64_t train_iters = 0;
+  std::optional<int64_t> train_samples;
+  std::optional<int64_t> exit_interval;
+  std::optional<int64_t> exit_duration_in_mins;
+  int64_t eval_interval = 1000;
+  int64_t eval_iters = 100;
+  uint64_t seed = 1234;
+};
+
+struct LoggingConfig {
+  int64_t log_interval = 100;
+  bool log_throughput = false;
+  bool log_params_norm = false;
+  int timing_log_level = 0;
+  std::string timing_log_option = "minmax";
+  std::string tensorboard_dir;
+  int64_t tensorboard_log_interval = 1;
+  bool log_all_ranks = false;
+};
+
+struct DataConfig {
+  DataSource source = DataSource::Builtin;
+  std::vector<std::string> data_path;
+};
+
+struct Config {
+  ModelConfig model;
+  OptimizerConfig optimizer;
+  LrScheduleConfig lr_schedule;
+  PrecisionConfig precision;
+  TrainingConfig training;
+  LoggingConfig logging;
+  DataConfig data;
+  ParallelSizes parallel;
+  LaunchEnv launch;
+  std::string device;      // "cpu" | "cuda"
+  bool dry_run = false;
+  // Flags that are recognised but whose feature has not landed, as "--flag (feature)"; training
+  // refuses to start while any is set. --dry-run lists them.
+  std::vector<std::string> not_supported_yet;
+  // Hint-only flags that were given, as one-line warnings.
+  std::vector<std::string> hint_warnings;
+  // The resolved flags (name -> value text), printed by --dry-run and at start-up.
+  std::vector<std::pair<std::string, std::string>> resolved_flags;
+};
+
+}  // namespace fp8tron

@@ -1,0 +1,274 @@
+#include "trainer/config_builder.h"
+
+#include <cmath>
+
+#include "core/error.h"
+#include "core/text.h"
+
+namespace fp8tron {
+namespace {
+
+// Collects what the given flags' support level asks for: NotYet and Unsupported are recorded or
+// thrown, HintOnly becomes a warning line. A NotYet flag counts only when it differs from default.
+void classify_given_flags(const FlagValues& flags, Config& c) {
+  for (const auto& [name, values] : flags.all_given()) {
+    const FlagSpec* spec = find_flag(name);
+    const std::string flag = "--" + name;
+    switch (spec->support) {
+      case Support::Yes:
+        break;
+      case Support::NotYet: {
+        bool is_default = spec->kind != FlagKind::Bool && values.size() == 1 && *spec->default_value &&
+                          values[0] == spec->default_value;
+        if (!is_default) c.not_supported_yet.push_back(flag + " (" + spec->note + ")");
+        break;
+      }
+      case Support::HintOnly:
+        c.hint_warnings.push_back(flag + " is accepted but has no effect in fp8tron: " + spec->note);
+        break;
+      case Support::Unsupported:
+        throw UserError(flag + " is not supported by fp8tron: " + spec->note);
+    }
+  }
+}
+
+ModelConfig build_model(const FlagValues& f, int tp) {
+  ModelConfig m;
+  m.num_layers = f.get_int("num-layers");
+  m.hidden_size = f.get_int("hidden-size");
+  m.num_attention_heads = f.get_int("num-attention-heads");
+  if (m.num_layers <= 0) throw UserError("--num-layers must be positive");
+  if (m.hidden_size <= 0) throw UserError("--hidden-size must be positive");
+  if (m.num_attention_heads <= 0) throw UserError("--num-attention-heads must be positive");
+  m.swiglu = f.get_bool("swiglu");
+  if (auto ffn = f.opt_int("ffn-hidden-size")) {
+    m.ffn_hidden_size = *ffn;
+  } else {
+    // Megatron: 4h, or with SwiGLU 2/3 of 4h rounded down to a multiple of 64 (same parameters).
+    m.ffn_hidden_size = m.swiglu ? int64_t((4 * m.hidden_size * 2 / 3) / 64) * 64 : 4 * m.hidden_size;
+  }
+  if (auto kv = f.opt_int("kv-channels")) {
+    m.kv_channels = *kv;
+  } else {
+    if (m.hidden_size % m.num_attention_heads != 0)
+      throw UserError(strprintf("--hidden-size (%lld) is not divisible by --num-attention-heads (%lld); set --kv-channels",
+                                (long long)m.hidden_size, (long long)m.num_attention_heads));
+    m.kv_channels = m.hidden_size / m.num_attention_heads;
+  }
+  m.num_query_groups = f.get_bool("group-query-attention") ? f.get_int("num-query-groups") : m.num_attention_heads;
+  m.seq_length = f.get_int("seq-length");
+  m.max_position_embeddings = f.opt_int("max-position-embeddings").value_or(m.seq_length);
+  m.position_embedding = f.get_string("position-embedding-type") == "rope" ? PositionEmbedding::Rope
+                                                                           : PositionEmbedding::LearnedAbsolute;
+  m.rotary_base = double(f.get_int("rotary-base"));
+  m.rotary_percent = f.get_float("rotary-percent");
+  m.normalization = f.get_string("normalization") == "RMSNorm" ? Normalization::RMSNorm : Normalization::LayerNorm;
+  m.norm_epsilon = f.get_float("norm-epsilon");
+  m.apply_layernorm_1p = f.get_bool("apply-layernorm-1p");
+  m.add_bias_linear = !f.get_bool("disable-bias-linear");
+  m.add_qkv_bias = m.add_bias_linear || f.get_bool("add-qkv-bias");
+  m.untie_embeddings_and_output_weights = f.get_bool("untie-embeddings-and-output-weights");
+  m.init_method_std = f.get_float("init-method-std");
+  m.attention_dropout = f.get_float("attention-dropout");
+  m.hidden_dropout = f.get_float("hidden-dropout");
+  m.qk_layernorm = f.get_bool("qk-layernorm");
+  m.attention_softmax_in_fp32 = f.get_bool("attention-softmax-in-fp32");
+  m.transformer_engine_modules = f.get_string("transformer-impl") == "transformer_engine";
+  // The built-in and mock datasets use Megatron's NullTokenizer: vocab-size ids plus one EOD.
+  auto vocab = f.opt_int("vocab-size");
+  if (!vocab) throw UserError("--vocab-size is required (the built-in and mock datasets use a NullTokenizer)");
+  if (*vocab <= 1) throw UserError("--vocab-size must be at least 2");
+  m.vocab_size = *vocab + 1;
+  const int64_t divisible_by = f.get_int("make-vocab-size-divisible-by");
+  if (divisible_by <= 0) throw UserError("--make-vocab-size-divisible-by must be positive");
+  m.padded_vocab_size = padded_vocab_size(m.vocab_size, divisible_by, tp);
+  m.seed = uint64_t(f.get_int("seed"));
+  return m;
+}
+
+PrecisionConfig build_precision(const FlagValues& f) {
+  PrecisionConfig p;
+  const bool bf16 = f.get_bool("bf16"), fp16 = f.get_bool("fp16");
+  if (bf16 && fp16) throw UserError("--bf16 and --fp16 cannot be used together; choose one");
+  p.params_dtype = bf16 ? ParamDtype::Bf16 : fp16 ? ParamDtype::Fp16 : ParamDtype::Fp32;
+  // Megatron forces fp32 gradient accumulation and reduction for bf16.
+  p.grads_in_fp32 = p.params_dtype == ParamDtype::Fp32 || bf16 || f.get_bool("accumulate-allreduce-grads-in-fp32");
+  p.static_loss_scale = f.opt_float("loss-scale");
+  p.initial_loss_scale = f.get_float("initial-loss-scale");
+  p.min_loss_scale = f.get_float("min-loss-scale");
+  p.loss_scale_window = int64_t(f.get_float("loss-scale-window"));
+  p.hysteresis = int(f.get_int("hysteresis"));
+  return p;
+}
+
+TrainingConfig build_training(const FlagValues& f, int dp) {
+  TrainingConfig t;
+  t.micro_batch_size = f.get_int("micro-batch-size");
+  if (t.micro_batch_size <= 0) throw UserError("--micro-batch-size must be positive");
+  t.global_batch_size = f.opt_int("global-batch-size").value_or(t.micro_batch_size * dp);
+  if (t.global_batch_size <= 0) throw UserError("--global-batch-size must be positive");
+  if (t.global_batch_size % (t.micro_batch_size * dp) != 0)
+    throw UserError(strprintf("--global-batch-size (%lld) is not divisible by --micro-batch-size (%lld) x "
+                              "data-parallel size (%d)",
+                              (long long)t.global_batch_size, (long long)t.micro_batch_size, dp));
+  t.num_micro_batches = t.global_batch_size / (t.micro_batch_size * dp);
+  const auto iters = f.opt_int("train-iters");
+  const auto samples = f.opt_int("train-samples");
+  if (iters && samples) throw UserError("--train-iters and --train-samples cannot be used together; choose one");
+  if (!iters && !samples) throw UserError("either --train-iters or --train-samples is required");
+  if (iters) {
+    if (*iters <= 0) throw UserError("--train-iters must be positive");
+    t.train_iters = *iters;
+  } else {
+    if (*samples < t.global_batch_size)
+      throw UserError("--train-samples is smaller than one --global-batch-size");
+    t.train_samples = samples;
+    t.train_iters = *samples / t.global_batch_size;
+  }
+  t.exit_interval = f.opt_int("exit-interval");
+  t.exit_duration_in_mins = f.opt_int("exit-duration-in-mins");
+  t.eval_interval = f.get_int("eval-interval");
+  t.eval_iters = f.get_int("eval-iters");
+  t.seed = uint64_t(f.get_int("seed"));
+  return t;
+}
+
+OptimizerConfig build_optimizer(const FlagValues& f) {
+  OptimizerConfig o;
+  o.optimizer = f.get_string("optimizer");
+  auto lr = f.opt_float("lr");
+  if (!lr) throw UserError("--lr is required");
+  o.lr = *lr;
+  o.min_lr = f.get_float("min-lr");
+  o.weight_decay = f.get_float("weight-decay");
+  o.clip_grad = f.get_float("clip-grad");
+  o.adam_beta1 = f.get_float("adam-beta1");
+  o.adam_beta2 = f.get_float("adam-beta2");
+  o.adam_eps = f.get_float("adam-eps");
+  o.sgd_momentum = f.get_float("sgd-momentum");
+  return o;
+}
+
+// Megatron's get_optimizer_param_scheduler: iteration-based flags are turned into samples.
+LrScheduleConfig build_lr_schedule(const FlagValues& f, const OptimizerConfig& o, const TrainingConfig& t) {
+  LrScheduleConfig s;
+  s.init_lr = f.get_float("lr-warmup-init");
+  s.max_lr = o.lr;
+  s.min_lr = o.min_lr;
+  const std::string style = f.get_string("lr-decay-style");
+  s.decay_style = style == "constant" ? DecayStyle::Constant
+                  : style == "cosine" ? DecayStyle::Cosine
+                  : style == "inverse-square-root" ? DecayStyle::InverseSquareRoot
+                  : style == "WSD" ? DecayStyle::WSD
+                                   : DecayStyle::Linear;
+  const std::string wsd = f.get_string("lr-wsd-decay-style");
+  s.wsd_decay_style = wsd == "linear" ? WsdDecayStyle::Linear
+                      : wsd == "cosine" ? WsdDecayStyle::Cosine
+                      : wsd == "minus_sqrt" ? WsdDecayStyle::MinusSqrt
+                                            : WsdDecayStyle::Exponential;
+  const int64_t gbs = t.global_batch_size;
+  const auto warmup_fraction = f.opt_float("lr-warmup-fraction");
+  if (warmup_fraction && (f.given("lr-warmup-iters") || f.given("lr-warmup-samples")))
+    throw UserError("--lr-warmup-fraction cannot be combined with --lr-warmup-iters or --lr-warmup-samples");
+  std::optional<int64_t> wsd_steps;
+  if (!t.train_samples) {
+    if (f.given("lr-decay-samples") || f.given("lr-warmup-samples") || f.given("lr-wsd-decay-samples"))
+      throw UserError("with --train-iters use --lr-decay-iters/--lr-warmup-iters/--lr-wsd-decay-iters, not the -samples flags");
+    s.decay_steps = f.opt_int("lr-decay-iters").value_or(t.train_iters) * gbs;
+    s.warmup_steps = warmup_fraction ? int64_t(*warmup_fraction * double(s.decay_steps)) : f.get_int("lr-warmup-iters") * gbs;
+    s.wd_incr_steps = t.train_iters * gbs;
+    if (auto w = f.opt_int("lr-wsd-decay-iters")) wsd_steps = *w * gbs;
+  } else {
+    if (f.given("lr-decay-iters") || f.given("lr-warmup-iters") || f.given("lr-wsd-decay-iters"))
+      throw UserError("with --train-samples use --lr-decay-samples/--lr-warmup-samples/--lr-wsd-decay-samples, not the -iters flags");
+    s.decay_steps = f.opt_int("lr-decay-samples").value_or(*t.train_samples);
+    s.warmup_steps = warmup_fraction ? int64_t(*warmup_fraction * double(s.decay_steps)) : f.get_int("lr-warmup-samples");
+    s.wd_incr_steps = *t.train_samples;
+    wsd_steps = f.opt_int("lr-wsd-decay-samples");
+  }
+  if (s.decay_style == DecayStyle::WSD) {
+    if (!wsd_steps) throw UserError("--lr-decay-style WSD needs --lr-wsd-decay-iters (or --lr-wsd-decay-samples)");
+    s.wsd_decay_steps = *wsd_steps;
+  }
+  const std::string incr = f.get_string("weight-decay-incr-style");
+  s.wd_incr_style = incr == "linear" ? WeightDecayIncrStyle::Linear
+                    : incr == "cosine" ? WeightDecayIncrStyle::Cosine
+                                       : WeightDecayIncrStyle::Constant;
+  if (s.wd_incr_style == WeightDecayIncrStyle::Constant) {
+    if (f.given("start-weight-decay") || f.given("end-weight-decay"))
+      throw UserError("--start-weight-decay/--end-weight-decay need --weight-decay-incr-style linear or cosine");
+    s.start_wd = s.end_wd = o.weight_decay;
+  } else {
+    auto start = f.opt_float("start-weight-decay"), end = f.opt_float("end-weight-decay");
+    if (!start || !end)
+      throw UserError("--weight-decay-incr-style " + incr + " needs both --start-weight-decay and --end-weight-decay");
+    s.start_wd = *start;
+    s.end_wd = *end;
+  }
+  return s;
+}
+
+std::string format_value(const FlagSpec& spec, const FlagValues& f) {
+  if (spec.kind == FlagKind::Bool) return f.get_bool(spec.name) ? "true" : "false";
+  if (f.given(spec.name)) return join(f.get_list(spec.name), " ");
+  return *spec.default_value ? spec.default_value : "None";
+}
+
+}  // namespace
+
+int64_t padded_vocab_size(int64_t vocab_size, int64_t divisible_by, int64_t tp) {
+  const int64_t multiple = divisible_by * tp;
+  return (vocab_size + multiple - 1) / multiple * multiple;
+}
+
+Config build_config(const FlagValues& flags, const LaunchEnv& launch, bool gpu_available) {
+  Config c;
+  c.launch = launch;
+  c.dry_run = flags.get_bool("dry-run");
+  classify_given_flags(flags, c);
+
+  const int tp = int(flags.get_int("tensor-model-parallel-size"));
+  c.parallel = ParallelSizes::derive(launch.world_size, tp, int(flags.get_int("context-parallel-size")),
+                                     int(flags.get_int("pipeline-model-parallel-size")),
+                                     int(flags.get_int("expert-model-parallel-size")),
+                                     int(flags.opt_int("expert-tensor-parallel-size").value_or(tp)),
+                                     flags.get_bool("use-tp-pp-dp-mapping"));
+  if (c.parallel.dp > 1) c.not_supported_yet.push_back("data parallelism (world size " + std::to_string(launch.world_size) +
+                                                       ": parallel runtime, issue 4)");
+  c.model = build_model(flags, tp);
+  c.precision = build_precision(flags);
+  c.model.params_dtype = c.precision.params_dtype;
+  c.training = build_training(flags, c.parallel.dp);
+  c.optimizer = build_optimizer(flags);
+  c.lr_schedule = build_lr_schedule(flags, c.optimizer, c.training);
+
+  c.logging.log_interval = flags.get_int("log-interval");
+  c.logging.log_throughput = flags.get_bool("log-throughput");
+  c.logging.log_params_norm = flags.get_bool("log-params-norm");
+  c.logging.timing_log_level = int(flags.get_int("timing-log-level"));
+  c.logging.timing_log_option = flags.get_string("timing-log-option");
+  c.logging.tensorboard_dir = flags.get_string("tensorboard-dir");
+  c.logging.tensorboard_log_interval = flags.get_int("tensorboard-log-interval");
+  c.logging.log_all_ranks = flags.get_bool("log-all-ranks");
+
+  const int sources = int(flags.given("data-path") || flags.given("train-data-path")) + int(flags.get_bool("mock-data")) +
+                      int(flags.get_bool("builtin-data"));
+  if (sources == 0) throw UserError("no training data: pass --data-path PREFIX, --mock-data or --builtin-data");
+  if (sources > 1) throw UserError("choose one data source: --data-path, --mock-data or --builtin-data");
+  c.data.source = flags.get_bool("mock-data") ? DataSource::Mock
+                  : flags.get_bool("builtin-data") ? DataSource::Builtin
+                                                   : DataSource::Files;
+  c.data.data_path = flags.get_list("data-path");
+
+  c.device = flags.get_string("device");
+  if (c.device.empty()) c.device = gpu_available ? "cuda" : "cpu";
+  if (c.device == "cuda" && !gpu_available && !c.dry_run)
+    throw UserError("--device cuda: no CUDA GPU is visible to this process (use --device cpu)");
+
+  for (const auto& spec : flag_table())
+    if (spec.support == Support::Yes || flags.given(spec.name)) c.resolved_flags.emplace_back(spec.name, format_value(spec, flags));
+  validate_config(c, flags);
+  return c;
+}
+
+}  // namespace fp8tron

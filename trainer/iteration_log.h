@@ -1,0 +1,33 @@
+// Megatron's log lines, field for field, so existing log parsers and habits carry over:
+//  [2026-11-21 10:00:00] iteration       10/     100 | consumed samples:          320 | ...
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace fp8tron {
+
+struct IterationStats {
+  int64_t iteration = 0;
+  int64_t train_iters = 0;
+  int64_t consumed_samples = 0;
+  double elapsed_ms_per_iteration = 0;
+  std::optional<double> tflops_per_gpu;  // with --log-throughput
+  double learning_rate = 0;
+  int64_t global_batch_size = 0;
+  double lm_loss = 0;
+  double loss_scale = 1;
+  std::optional<double> grad_norm;
+  std::optional<double> params_norm;  // with --log-params-norm
+  int64_t skipped_iterations = 0;
+  int64_t nan_iterations = 0;
+  double tokens_per_second = 0;
+};
+
+std::string format_iteration_line(const IterationStats& s);
+
+// The dashed block Megatron prints after evaluation:
+//  validation loss at iteration 100 | lm loss value: 5.1E+00 | lm loss PPL: 1.6E+02 |
+std::string format_validation_block(const std::string& prefix, double lm_loss);
+
+}  // namespace fp8tron

@@ -1,0 +1,43 @@
+// fp8tron: Megatron-LM's flags in, a trained GPT out.
+#include <cstdio>
+#include <exception>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "parallel/launch_env.h"
+#include "trainer/config_builder.h"
+#include "trainer/dry_run.h"
+#include "trainer/flags.h"
+#include "trainer/trainer.h"
+
+int main(int argc, char** argv) {
+  using namespace fp8tron;
+  try {
+    ParsedCommandLine parsed = parse_command_line(argc, argv);
+    if (parsed.help_requested) {
+      std::fputs(usage_text().c_str(), stdout);
+      return 0;
+    }
+    const LaunchEnv launch = read_launch_env();
+    const bool dry_run = parsed.values.get_bool("dry-run");
+    // A dry run never touches a GPU: it plans for cuda unless told otherwise.
+    const bool gpu = dry_run ? parsed.values.get_string("device") != "cpu" : cuda_available();
+    log::init(launch.rank, parsed.values.get_bool("log-all-ranks"));
+    const Config config = build_config(parsed.values, launch, gpu);
+    for (const auto& w : config.hint_warnings) log::warning(w);
+    log::info(format_arguments(config));
+    log::info(format_plan(config));
+    if (config.dry_run) {
+      log::info("dry run: configuration is valid; exiting without reading data or touching a GPU");
+      return 0;
+    }
+    train(config);
+    return 0;
+  } catch (const UserError& e) {
+    std::fprintf(stderr, "fp8tron: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fp8tron: internal error: %s\n", e.what());
+    return 2;
+  }
+}
