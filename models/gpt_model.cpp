@@ -4,6 +4,10 @@
 
 #include <cmath>
 
+#include "core/error.h"
+#include "parallel/parallel_state.h"
+#include "parallel/tensor_parallel.h"
+
 namespace fp8tron {
 namespace {
 namespace F = torch::nn::functional;
@@ -14,29 +18,43 @@ double output_std(const ModelConfig& m) { return m.init_method_std / std::sqrt(2
 torch::Tensor maybe_dropout(const torch::Tensor& x, double p, bool training) {
   return p > 0 && training ? F::dropout(x, F::DropoutFuncOptions().p(p).training(true)) : x;
 }
+
+TensorParallelContext no_tensor_parallel() {
+  TensorParallelContext tp;
+  tp.comm = make_self_communicator("tp", 0);
+  return tp;
+}
 }  // namespace
 
 // ---- attention -----------------------------------------------------------------------------------
-SelfAttentionImpl::SelfAttentionImpl(const ModelConfig& m) : config_(m) {
+SelfAttentionImpl::SelfAttentionImpl(const ModelConfig& m, const std::string& prefix, const ParamFactory& f)
+    : config_(m),
+      local_heads_(m.num_attention_heads / f.tp().size),
+      local_groups_(m.num_query_groups / f.tp().size) {
   const int64_t q = m.num_attention_heads * m.kv_channels, kv = m.num_query_groups * m.kv_channels;
   linear_qkv = register_module(
-      "linear_qkv", TELayerNormLinear(NormOptions::from(m, m.hidden_size),
-                                      LinearOptions{m.hidden_size, q + 2 * kv, m.add_qkv_bias, m.init_method_std}));
+      "linear_qkv", TELayerNormColumnParallelLinear(
+                        NormOptions::from(m, m.hidden_size),
+                        LinearOptions{m.hidden_size, q + 2 * kv, m.add_qkv_bias, m.init_method_std, 1, prefix + ".linear_qkv"}, f));
   if (m.qk_layernorm) {
-    q_layernorm = register_module("q_layernorm", TELayerNorm(NormOptions::from(m, m.kv_channels)));
-    k_layernorm = register_module("k_layernorm", TELayerNorm(NormOptions::from(m, m.kv_channels)));
+    // Each tensor-parallel rank normalises its own heads: gradients are partial per rank.
+    q_layernorm = register_module("q_layernorm", TELayerNorm(NormOptions::from(m, m.kv_channels), true, f));
+    k_layernorm = register_module("k_layernorm", TELayerNorm(NormOptions::from(m, m.kv_channels), true, f));
   }
-  linear_proj = register_module("linear_proj", TELinear(LinearOptions{q, m.hidden_size, m.add_bias_linear, output_std(m)}));
+  linear_proj = register_module(
+      "linear_proj",
+      TERowParallelLinear(LinearOptions{q, m.hidden_size, m.add_bias_linear, output_std(m), 1, prefix + ".linear_proj"}, f));
   if (m.position_embedding == PositionEmbedding::Rope) rope_ = RotaryEmbedding(m.kv_channels, m.rotary_percent, m.rotary_base);
 }
 
 torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x) {
   const auto& m = config_;
-  const int64_t b = x.size(0), s = x.size(1), d = m.kv_channels;
-  const int64_t groups = m.num_query_groups, per_group = m.num_attention_heads / groups;
-  auto qkv = linear_qkv(x).view({b, s, groups, per_group + 2, d});
-  auto q = qkv.narrow(3, 0, per_group).reshape({b, s, m.num_attention_heads, d});
-  auto k = qkv.select(3, per_group);      // [b, s, groups, d]
+  auto qkv = linear_qkv(x);  // [s, b, local (q + 2 kv)]
+  const int64_t s = qkv.size(0), b = qkv.size(1), d = m.kv_channels;
+  const int64_t per_group = local_heads_ / local_groups_;
+  qkv = qkv.view({s, b, local_groups_, per_group + 2, d});
+  auto q = qkv.narrow(3, 0, per_group).reshape({s, b, local_heads_, d});
+  auto k = qkv.select(3, per_group);  // [s, b, groups, d]
   auto v = qkv.select(3, per_group + 1);
   if (m.qk_layernorm) {
     q = q_layernorm(q);
@@ -46,35 +64,39 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x) {
     q = rope_.apply(q);
     k = rope_.apply(k);
   }
-  // SDPA wants [b, heads, s, d]. Grouped keys/values are repeated per query head so every
-  // backend (cuDNN included) takes them.
-  q = q.transpose(1, 2);
-  k = k.transpose(1, 2);
-  v = v.transpose(1, 2);
+  // SDPA takes [b, heads, s, d]; grouped keys/values are repeated per query head so every
+  // backend (cuDNN included) accepts them.
+  q = q.permute({1, 2, 0, 3});
+  k = k.permute({1, 2, 0, 3});
+  v = v.permute({1, 2, 0, 3});
   if (per_group > 1) {
     k = k.repeat_interleave(per_group, 1);
     v = v.repeat_interleave(per_group, 1);
   }
   const double p = is_training() ? m.attention_dropout : 0.0;
   auto out = at::scaled_dot_product_attention(q, k, v, {}, p, /*is_causal=*/true);
-  out = out.transpose(1, 2).reshape({b, s, m.num_attention_heads * d});
+  out = out.permute({2, 0, 1, 3}).reshape({s, b, local_heads_ * d});
   return linear_proj(out);
 }
 
 // ---- MLP -------------------------------------------------------------------------------------------
-MlpImpl::MlpImpl(const ModelConfig& m) : swiglu_(m.swiglu) {
+MlpImpl::MlpImpl(const ModelConfig& m, const std::string& prefix, const ParamFactory& f) : swiglu_(m.swiglu) {
   const int64_t fc1_out = m.swiglu ? 2 * m.ffn_hidden_size : m.ffn_hidden_size;
   linear_fc1 = register_module(
-      "linear_fc1", TELayerNormLinear(NormOptions::from(m, m.hidden_size),
-                                      LinearOptions{m.hidden_size, fc1_out, m.add_bias_linear, m.init_method_std}));
+      "linear_fc1", TELayerNormColumnParallelLinear(NormOptions::from(m, m.hidden_size),
+                                                    LinearOptions{m.hidden_size, fc1_out, m.add_bias_linear, m.init_method_std,
+                                                                  m.swiglu ? 2 : 1, prefix + ".linear_fc1"},
+                                                    f));
   linear_fc2 = register_module(
-      "linear_fc2", TELinear(LinearOptions{m.ffn_hidden_size, m.hidden_size, m.add_bias_linear, output_std(m)}));
+      "linear_fc2", TERowParallelLinear(LinearOptions{m.ffn_hidden_size, m.hidden_size, m.add_bias_linear, output_std(m), 1,
+                                                      prefix + ".linear_fc2"},
+                                        f));
 }
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
   auto h = linear_fc1(x);
   if (swiglu_) {
-    auto halves = h.chunk(2, -1);
+    auto halves = h.chunk(2, -1);  // this rank's gate and up shards
     h = F::silu(halves[0]) * halves[1];
   } else {
     h = at::gelu(h, "tanh");  // Megatron's fused bias-GeLU and TE use the tanh approximation
@@ -83,9 +105,10 @@ torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
 }
 
 // ---- layer -------------------------------------------------------------------------------------------
-TransformerLayerImpl::TransformerLayerImpl(const ModelConfig& m) : hidden_dropout_(m.hidden_dropout) {
-  self_attention = register_module("self_attention", SelfAttention(m));
-  mlp = register_module("mlp", Mlp(m));
+TransformerLayerImpl::TransformerLayerImpl(const ModelConfig& m, const std::string& prefix, const ParamFactory& f)
+    : hidden_dropout_(m.hidden_dropout) {
+  self_attention = register_module("self_attention", SelfAttention(m, prefix + ".self_attention", f));
+  mlp = register_module("mlp", Mlp(m, prefix + ".mlp", f));
 }
 
 torch::Tensor TransformerLayerImpl::forward(const torch::Tensor& x) {
@@ -94,42 +117,94 @@ torch::Tensor TransformerLayerImpl::forward(const torch::Tensor& x) {
 }
 
 // ---- model -------------------------------------------------------------------------------------------
-GptModelImpl::GptModelImpl(const ModelConfig& m) : config_(m) {
-  auto embedding = register_module("embedding", std::make_shared<torch::nn::Module>("LanguageModelEmbedding"));
-  embedding_ = embedding.get();
-  word_embeddings_ = torch::randn({m.padded_vocab_size, m.hidden_size}) * m.init_method_std;
-  auto word = embedding->register_module("word_embeddings", std::make_shared<torch::nn::Module>("Embedding"));
-  word_embeddings_ = word->register_parameter("weight", word_embeddings_);
-  if (m.position_embedding == PositionEmbedding::LearnedAbsolute) {
-    auto pos = embedding->register_module("position_embeddings", std::make_shared<torch::nn::Module>("Embedding"));
-    position_embeddings_ =
-        pos->register_parameter("weight", torch::randn({m.max_position_embeddings, m.hidden_size}) * m.init_method_std);
+GptModelImpl::GptModelImpl(const ModelConfig& m) : GptModelImpl(m, no_tensor_parallel(), StageSpec::whole(m)) {}
+
+GptModelImpl::GptModelImpl(const ModelConfig& m, const TensorParallelContext& tp, const StageSpec& stage)
+    : config_(m), tp_(tp), stage_(stage) {
+  const ParamFactory f(m.seed, tp);
+  const bool tied = !m.untie_embeddings_and_output_weights;
+  ParamInfo word;
+  word.global_shape = {m.padded_vocab_size, m.hidden_size};
+  word.partition_dim = 0;  // vocabulary-parallel
+  word.tied_embedding = tied;
+  if (stage.has_embedding) {
+    auto embedding = register_module("embedding", std::make_shared<torch::nn::Module>("LanguageModelEmbedding"));
+    word_embeddings_ = embedding->register_module("word_embeddings", std::make_shared<ShardedModule>("VocabParallelEmbedding"));
+    word_embeddings_->add_param("weight", f.normal("embedding.word_embeddings.weight", word, m.init_method_std), word);
+    if (m.position_embedding == PositionEmbedding::LearnedAbsolute) {
+      ParamInfo pos;
+      pos.global_shape = {m.max_position_embeddings, m.hidden_size};
+      position_embeddings_ = embedding->register_module("position_embeddings", std::make_shared<ShardedModule>("Embedding"));
+      position_embeddings_->add_param("weight", f.normal("embedding.position_embeddings.weight", pos, m.init_method_std), pos);
+    }
   }
   auto decoder = register_module("decoder", std::make_shared<torch::nn::Module>("TransformerBlock"));
-  layers_ = decoder->register_module("layers", torch::nn::ModuleList());
-  for (int64_t i = 0; i < m.num_layers; ++i) layers_->push_back(TransformerLayer(m));
-  final_layernorm_ = decoder->register_module("final_layernorm", TELayerNorm(NormOptions::from(m, m.hidden_size)));
-  if (m.untie_embeddings_and_output_weights)
-    output_layer_ = register_module(
-        "output_layer", TELinear(LinearOptions{m.hidden_size, m.padded_vocab_size, false, m.init_method_std}));
+  auto layers = decoder->register_module("layers", std::make_shared<torch::nn::Module>("Layers"));
+  for (int64_t i = stage.first_layer; i < stage.first_layer + stage.num_layers; ++i)
+    layers_.push_back(layers->register_module(std::to_string(i), TransformerLayer(m, "decoder.layers." + std::to_string(i), f)));
+  if (stage.has_head) {
+    // Under SP the final norm runs on sequence shards: partial gradients per rank.
+    final_layernorm_ = decoder->register_module("final_layernorm", TELayerNorm(NormOptions::from(m, m.hidden_size), tp.sequence_parallel, f));
+    LinearOptions out{m.hidden_size, m.padded_vocab_size, false, m.init_method_std, 1, "output_layer", tied};
+    output_layer_ = register_module("output_layer", TEColumnParallelLinear(out, f));
+    if (tied) {
+      // The output layer reuses the word embedding. A last stage without the embedding keeps a
+      // copy drawn from the same seed, kept equal by summing the two stages' gradients
+      // (Megatron's embedding group).
+      if (!stage.has_embedding) {
+        ParamInfo copy = word;
+        copy.shared_embedding_copy = true;
+        output_copy_ = std::make_shared<ShardedModule>("SharedEmbedding");
+        register_module("output_layer_shared", output_copy_);
+        output_copy_->add_param("weight", f.normal("embedding.word_embeddings.weight", copy, m.init_method_std), copy);
+      }
+    }
+  }
 }
 
-torch::Tensor GptModelImpl::forward(const torch::Tensor& tokens) {
-  const int64_t s = tokens.size(1);
-  auto h = F::embedding(tokens, word_embeddings_);
-  if (position_embeddings_.defined()) h = h + position_embeddings_.narrow(0, 0, s);
-  h = maybe_dropout(h, config_.hidden_dropout, is_training());
-  for (const auto& layer : *layers_) h = layer->as<TransformerLayer>()->forward(h);
-  h = final_layernorm_(h);
-  return F::linear(h, output_layer_ ? output_layer_->weight : word_embeddings_);
+torch::Tensor GptModelImpl::shared_embedding_weight() const {
+  if (config_.untie_embeddings_and_output_weights) return {};
+  if (word_embeddings_) return word_embeddings_->named_parameters(false)["weight"];
+  if (output_copy_) return output_copy_->named_parameters(false)["weight"];
+  return {};
+}
+
+torch::Tensor GptModelImpl::embed(const torch::Tensor& tokens) {
+  auto t = tokens.t();  // [s, b]
+  const int64_t vocab_start = tp_.rank * (config_.padded_vocab_size / tp_.size);
+  auto h = vocab_parallel_embedding(t, word_embeddings_->named_parameters(false)["weight"], vocab_start, *tp_.comm);
+  if (position_embeddings_) h = h + position_embeddings_->named_parameters(false)["weight"].narrow(0, 0, t.size(0)).unsqueeze(1);
+  if (tp_.sequence_parallel) h = scatter_to_sp(h, *tp_.comm);
+  return maybe_dropout(h, config_.hidden_dropout, is_training());
+}
+
+torch::Tensor GptModelImpl::head_logits(const torch::Tensor& hidden) {
+  auto h = final_layernorm_(hidden);
+  const bool tied = !config_.untie_embeddings_and_output_weights;
+  return tied ? output_layer_->forward_with(h, shared_embedding_weight()) : output_layer_(h);  // [s, b, V/tp]
+}
+
+torch::Tensor GptModelImpl::forward_stage(const torch::Tensor& input, const torch::Tensor& labels, const torch::Tensor& loss_mask) {
+  auto h = stage_.has_embedding ? embed(input) : input;
+  for (auto& layer : layers_) h = layer->forward(h);
+  if (!stage_.has_head) return h;
+  auto logits = head_logits(h);
+  const int64_t vocab_start = tp_.rank * (config_.padded_vocab_size / tp_.size);
+  auto per_token = vocab_parallel_cross_entropy(logits, labels.t(), vocab_start, *tp_.comm);  // [s, b]
+  auto mask = loss_mask.t().to(torch::kFloat32);
+  return (per_token * mask).sum() / mask.sum().clamp_min(1.0);
 }
 
 torch::Tensor GptModelImpl::loss(const torch::Tensor& tokens, const torch::Tensor& labels, const torch::Tensor& loss_mask) {
-  auto logits = forward(tokens);
-  auto per_token = F::cross_entropy(logits.view({-1, logits.size(-1)}).to(torch::kFloat32), labels.reshape({-1}),
-                                    F::CrossEntropyFuncOptions().reduction(torch::kNone));
-  auto mask = loss_mask.reshape({-1}).to(torch::kFloat32);
-  return (per_token * mask).sum() / mask.sum().clamp_min(1.0);
+  FP8TRON_CHECK(stage_.has_embedding && stage_.has_head, "loss() needs the whole model");
+  return forward_stage(tokens, labels, loss_mask);
+}
+
+torch::Tensor GptModelImpl::forward(const torch::Tensor& tokens) {
+  FP8TRON_CHECK(stage_.has_embedding && stage_.has_head && tp_.size == 1, "forward() needs the whole model on one rank");
+  auto h = embed(tokens);
+  for (auto& layer : layers_) h = layer->forward(h);
+  return head_logits(h).transpose(0, 1);
 }
 
 void configure_attention_backends() {
@@ -140,9 +215,8 @@ void configure_attention_backends() {
 
 std::string attention_backend_name(const ModelConfig& m, int64_t micro_batch, torch::Device device, torch::Dtype dtype) {
   auto opts = torch::TensorOptions().device(device).dtype(dtype);
-  auto q = torch::empty({micro_batch, m.num_attention_heads, m.seq_length, m.kv_channels}, opts);
-  const double p = m.attention_dropout;
-  switch (at::SDPBackend(at::_fused_sdp_choice(q, q, q, {}, p, true))) {
+  auto q = torch::empty({m.seq_length, micro_batch, m.num_attention_heads, m.kv_channels}, opts).permute({1, 2, 0, 3});
+  switch (at::SDPBackend(at::_fused_sdp_choice(q, q, q, {}, m.attention_dropout, true))) {
     case at::SDPBackend::cudnn_attention: return "cuDNN fused attention";
     case at::SDPBackend::flash_attention: return "flash attention";
     case at::SDPBackend::efficient_attention: return "memory-efficient attention";

@@ -2,9 +2,12 @@
 //   embedding.{word,position}_embeddings.weight
 //   decoder.layers.N.self_attention.{linear_qkv (norm fused), q_layernorm, k_layernorm, linear_proj}
 //   decoder.layers.N.mlp.{linear_fc1 (norm fused), linear_fc2}
-//   decoder.final_layernorm, output_layer (untied only)
-// Activations are [batch, seq, hidden]. The QKV projection uses Megatron's grouped layout: per
-// query group, its query heads, then one key and one value head.
+//   decoder.final_layernorm, output_layer (untied, or the last stage's copy of the tied embedding)
+// N is the global layer number, so names are the same in every pipeline layout. One GptModel is
+// one pipeline chunk: a run of layers, with the embedding on the first stage and the head (final
+// norm, output layer, loss) on the last. Activations are [sequence, batch, hidden].
+// The QKV projection uses Megatron's grouped layout: per query group, its query heads, then one
+// key and one value head, so a tensor-parallel split keeps whole groups.
 #pragma once
 #include <torch/torch.h>
 
@@ -15,26 +18,27 @@ namespace fp8tron {
 
 class SelfAttentionImpl : public torch::nn::Module {
  public:
-  explicit SelfAttentionImpl(const ModelConfig& m);
-  torch::Tensor forward(const torch::Tensor& x);  // norm + attention + output projection
+  SelfAttentionImpl(const ModelConfig& m, const std::string& prefix, const ParamFactory& factory);
+  torch::Tensor forward(const torch::Tensor& x);
 
-  TELayerNormLinear linear_qkv{nullptr};
+  TELayerNormColumnParallelLinear linear_qkv{nullptr};
   TELayerNorm q_layernorm{nullptr}, k_layernorm{nullptr};
-  TELinear linear_proj{nullptr};
+  TERowParallelLinear linear_proj{nullptr};
 
  private:
   ModelConfig config_;
+  int64_t local_heads_, local_groups_;
   RotaryEmbedding rope_;
 };
 TORCH_MODULE(SelfAttention);
 
 class MlpImpl : public torch::nn::Module {
  public:
-  explicit MlpImpl(const ModelConfig& m);
-  torch::Tensor forward(const torch::Tensor& x);  // norm + fc1 + GeLU/SwiGLU + fc2
+  MlpImpl(const ModelConfig& m, const std::string& prefix, const ParamFactory& factory);
+  torch::Tensor forward(const torch::Tensor& x);
 
-  TELayerNormLinear linear_fc1{nullptr};
-  TELinear linear_fc2{nullptr};
+  TELayerNormColumnParallelLinear linear_fc1{nullptr};
+  TERowParallelLinear linear_fc2{nullptr};
 
  private:
   bool swiglu_;
@@ -43,7 +47,7 @@ TORCH_MODULE(Mlp);
 
 class TransformerLayerImpl : public torch::nn::Module {
  public:
-  explicit TransformerLayerImpl(const ModelConfig& m);
+  TransformerLayerImpl(const ModelConfig& m, const std::string& prefix, const ParamFactory& factory);
   torch::Tensor forward(const torch::Tensor& x);
 
   SelfAttention self_attention{nullptr};
@@ -54,23 +58,46 @@ class TransformerLayerImpl : public torch::nn::Module {
 };
 TORCH_MODULE(TransformerLayer);
 
+// Which part of the model a pipeline chunk holds.
+struct StageSpec {
+  int64_t first_layer = 0;
+  int64_t num_layers = 0;
+  bool has_embedding = true;  // first stage
+  bool has_head = true;       // last stage
+  static StageSpec whole(const ModelConfig& m) { return StageSpec{0, m.num_layers, true, true}; }
+};
+
 class GptModelImpl : public torch::nn::Module {
  public:
-  explicit GptModelImpl(const ModelConfig& m);
-  // tokens [b, s] (int64) -> logits [b, s, padded_vocab] in the parameter dtype.
-  torch::Tensor forward(const torch::Tensor& tokens);
-  // Mean cross entropy (in fp32) over positions where loss_mask is 1.
+  GptModelImpl(const ModelConfig& m, const TensorParallelContext& tp, const StageSpec& stage);
+  explicit GptModelImpl(const ModelConfig& m);  // whole model, one process
+
+  // One pipeline chunk: tokens [b, s] (first stage) or hidden states from the previous stage in,
+  // hidden states out, or on the last stage the mean loss over loss_mask (labels/mask [b, s]).
+  torch::Tensor forward_stage(const torch::Tensor& input, const torch::Tensor& labels, const torch::Tensor& loss_mask);
+  // Whole model, one tensor-parallel rank: mean cross entropy (fp32) where loss_mask is 1.
   torch::Tensor loss(const torch::Tensor& tokens, const torch::Tensor& labels, const torch::Tensor& loss_mask);
+  // Whole model without tensor parallelism: logits [b, s, padded_vocab].
+  torch::Tensor forward(const torch::Tensor& tokens);
 
   const ModelConfig& config() const { return config_; }
+  const StageSpec& stage() const { return stage_; }
+  std::map<std::string, ParamInfo> param_infos() const { return collect_param_infos(*this); }
+  // The tied word embedding (first stage) or its last-stage copy; undefined if untied.
+  torch::Tensor shared_embedding_weight() const;
 
  private:
+  torch::Tensor embed(const torch::Tensor& tokens);  // [b, s] -> [s(/tp), b, h]
+  torch::Tensor head_logits(const torch::Tensor& hidden);
+
   ModelConfig config_;
-  torch::nn::Module* embedding_ = nullptr;
-  torch::Tensor word_embeddings_, position_embeddings_;
-  torch::nn::ModuleList layers_{nullptr};
+  TensorParallelContext tp_;
+  StageSpec stage_;
+  std::shared_ptr<ShardedModule> word_embeddings_, position_embeddings_;
+  std::vector<TransformerLayer> layers_;
   TELayerNorm final_layernorm_{nullptr};
-  TELinear output_layer_{nullptr};
+  TEColumnParallelLinear output_layer_{nullptr};
+  std::shared_ptr<ShardedModule> output_copy_;  // tied embedding copy on a last stage without the embedding
 };
 TORCH_MODULE(GptModel);
 

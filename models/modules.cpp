@@ -1,16 +1,13 @@
 #include "models/modules.h"
 
+#include "parallel/tensor_parallel.h"
+
 namespace fp8tron {
+namespace F = torch::nn::functional;
 
 NormOptions NormOptions::from(const ModelConfig& m, int64_t size) {
   return NormOptions{size, m.normalization, m.norm_epsilon, m.apply_layernorm_1p};
 }
-
-namespace {
-torch::Tensor norm_weight_init(const NormOptions& o) {
-  return o.zero_centered_gamma ? torch::zeros({o.size}) : torch::ones({o.size});
-}
-}  // namespace
 
 torch::Tensor apply_norm(const torch::Tensor& x, const NormOptions& o, const torch::Tensor& weight,
                          const torch::Tensor& bias) {
@@ -19,50 +16,101 @@ torch::Tensor apply_norm(const torch::Tensor& x, const NormOptions& o, const tor
   return at::layer_norm(x, {o.size}, gamma, bias, o.epsilon);
 }
 
-TELayerNormImpl::TELayerNormImpl(const NormOptions& o) : options(o) {
-  weight = register_parameter("weight", norm_weight_init(o));
-  if (o.kind == Normalization::LayerNorm) bias = register_parameter("bias", torch::zeros({o.size}));
+namespace {
+ParamInfo replicated(std::vector<int64_t> shape, bool partial_grads) {
+  ParamInfo info;
+  info.global_shape = std::move(shape);
+  info.reduce_grad_over_tp = partial_grads;
+  return info;
+}
+ParamInfo split(std::vector<int64_t> shape, int dim, int interleave = 1) {
+  ParamInfo info;
+  info.global_shape = std::move(shape);
+  info.partition_dim = dim;
+  info.interleave = interleave;
+  return info;
+}
+// Norm parameters: gamma starts at 1 (0 when stored zero-centred), beta at 0.
+void add_norm_params(ShardedModule& m, const NormOptions& o, bool partial_grads, const ParamFactory& f,
+                     const std::string& prefix, torch::Tensor& weight, torch::Tensor& bias) {
+  const ParamInfo info = replicated({o.size}, partial_grads);
+  weight = m.add_param(prefix + "weight", f.constant(info, o.zero_centered_gamma ? 0.0 : 1.0), info);
+  if (o.kind == Normalization::LayerNorm) bias = m.add_param(prefix + "bias", f.constant(info, 0.0), info);
+}
+// Enters the tensor-parallel region: all-gather of sequence shards (SP) or identity with an
+// all-reduce in backward.
+torch::Tensor enter_tp(const torch::Tensor& x, const TensorParallelContext& tp) {
+  return tp.sequence_parallel ? gather_from_sp(x, *tp.comm) : copy_to_tp(x, *tp.comm);
+}
+}  // namespace
+
+TELayerNormImpl::TELayerNormImpl(const NormOptions& o, bool partial_grads, const ParamFactory& f) : options(o) {
+  add_norm_params(*this, o, partial_grads && f.tp().size > 1, f, "", weight, bias);
 }
 torch::Tensor TELayerNormImpl::forward(const torch::Tensor& x) { return apply_norm(x, options, weight, bias); }
 
-namespace {
-torch::Tensor normal_weight(int64_t out, int64_t in, double std) { return torch::randn({out, in}) * std; }
-}  // namespace
-
-TELinearImpl::TELinearImpl(const LinearOptions& o) : options(o) {
-  weight = register_parameter("weight", normal_weight(o.out_features, o.in_features, o.init_std));
-  if (o.bias) bias = register_parameter("bias", torch::zeros({o.out_features}));
+TEColumnParallelLinearImpl::TEColumnParallelLinearImpl(const LinearOptions& o, const ParamFactory& f) : options(o), tp(f.tp()) {
+  const ParamInfo w = split({o.out_features, o.in_features}, 0, o.interleave);
+  if (!o.external_weight) weight = add_param("weight", f.normal(o.init_name + ".weight", w, o.init_std), w);
+  if (o.bias) {
+    const ParamInfo b = split({o.out_features}, 0, o.interleave);
+    bias = add_param("bias", f.constant(b, 0.0), b);
+  }
 }
-torch::Tensor TELinearImpl::forward(const torch::Tensor& x) { return torch::nn::functional::linear(x, weight, bias); }
-
-TELayerNormLinearImpl::TELayerNormLinearImpl(const NormOptions& n, const LinearOptions& l)
-    : norm_options(n), linear_options(l) {
-  layer_norm_weight = register_parameter("layer_norm_weight", norm_weight_init(n));
-  if (n.kind == Normalization::LayerNorm) layer_norm_bias = register_parameter("layer_norm_bias", torch::zeros({n.size}));
-  weight = register_parameter("weight", normal_weight(l.out_features, l.in_features, l.init_std));
-  if (l.bias) bias = register_parameter("bias", torch::zeros({l.out_features}));
+torch::Tensor TEColumnParallelLinearImpl::forward(const torch::Tensor& x) { return forward_with(x, weight); }
+torch::Tensor TEColumnParallelLinearImpl::forward_with(const torch::Tensor& x, const torch::Tensor& w) {
+  return F::linear(enter_tp(x, tp), w, bias);
 }
-torch::Tensor TELayerNormLinearImpl::forward(const torch::Tensor& x) {
-  return torch::nn::functional::linear(apply_norm(x, norm_options, layer_norm_weight, layer_norm_bias), weight, bias);
+
+TELayerNormColumnParallelLinearImpl::TELayerNormColumnParallelLinearImpl(const NormOptions& n, const LinearOptions& l,
+                                                                         const ParamFactory& f)
+    : norm_options(n), linear_options(l), tp(f.tp()) {
+  // The norm runs on sequence shards under SP: its gradients are partial per rank.
+  add_norm_params(*this, n, tp.sequence_parallel && tp.size > 1, f, "layer_norm_", layer_norm_weight, layer_norm_bias);
+  const ParamInfo w = split({l.out_features, l.in_features}, 0, l.interleave);
+  weight = add_param("weight", f.normal(l.init_name + ".weight", w, l.init_std), w);
+  if (l.bias) {
+    const ParamInfo b = split({l.out_features}, 0, l.interleave);
+    bias = add_param("bias", f.constant(b, 0.0), b);
+  }
+}
+torch::Tensor TELayerNormColumnParallelLinearImpl::forward(const torch::Tensor& x) {
+  auto normed = apply_norm(x, norm_options, layer_norm_weight, layer_norm_bias);
+  return F::linear(enter_tp(normed, tp), weight, bias);
+}
+
+TERowParallelLinearImpl::TERowParallelLinearImpl(const LinearOptions& o, const ParamFactory& f) : options(o), tp(f.tp()) {
+  const ParamInfo w = split({o.out_features, o.in_features}, 1);
+  weight = add_param("weight", f.normal(o.init_name + ".weight", w, o.init_std), w);
+  if (o.bias) {
+    // Added after the reduction; under SP each rank adds it to its own sequence shard.
+    const ParamInfo b = replicated({o.out_features}, tp.sequence_parallel && tp.size > 1);
+    bias = add_param("bias", f.constant(b, 0.0), b);
+  }
+}
+torch::Tensor TERowParallelLinearImpl::forward(const torch::Tensor& x) {
+  auto partial = F::linear(x, weight);
+  auto y = tp.sequence_parallel ? reduce_scatter_to_sp(partial, *tp.comm) : reduce_from_tp(partial, *tp.comm);
+  return bias.defined() ? y + bias : y;
 }
 
 RotaryEmbedding::RotaryEmbedding(int64_t head_dim, double percent, double base)
     : rotary_dim_(int64_t(double(head_dim) * percent)), base_(base) {}
 
 torch::Tensor RotaryEmbedding::apply(const torch::Tensor& x) const {
-  const int64_t s = x.size(1);
+  const int64_t s = x.size(0);
   if (!cos_.defined() || cos_.size(0) < s || cos_.device() != x.device() || cos_.scalar_type() != x.scalar_type()) {
-    // Tables in fp32 first, then cast: inv_freq = base^(-2i/dim), angles = position x inv_freq.
+    // Tables in fp32, then cast: inv_freq = base^(-2i/dim), angle = position x inv_freq.
     auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(x.device());
     auto inv_freq = 1.0 / torch::pow(base_, torch::arange(0, rotary_dim_, 2, opts) / double(rotary_dim_));
     auto angles = torch::outer(torch::arange(s, opts), inv_freq);
     auto emb = torch::cat({angles, angles}, -1);  // [s, rotary_dim]
-    cos_ = emb.cos().to(x.scalar_type()).view({1, s, 1, rotary_dim_});
-    sin_ = emb.sin().to(x.scalar_type()).view({1, s, 1, rotary_dim_});
+    cos_ = emb.cos().to(x.scalar_type()).view({s, 1, 1, rotary_dim_});
+    sin_ = emb.sin().to(x.scalar_type()).view({s, 1, 1, rotary_dim_});
   }
-  auto cos = cos_.narrow(1, 0, s), sin = sin_.narrow(1, 0, s);
+  auto cos = cos_.narrow(0, 0, s), sin = sin_.narrow(0, 0, s);
   auto rot = x.narrow(-1, 0, rotary_dim_);
-  auto half = rotary_dim_ / 2;
+  const int64_t half = rotary_dim_ / 2;
   auto rotated_half = torch::cat({-rot.narrow(-1, half, half), rot.narrow(-1, 0, half)}, -1);
   auto out = rot * cos + rotated_half * sin;
   if (rotary_dim_ == x.size(-1)) return out;

@@ -1,80 +1,98 @@
-// Building blocks with Transformer Engine's module names and parameter names, so state dicts
-// read like Megatron-Core's TE layer spec (e.g. linear_qkv.layer_norm_weight, linear_qkv.weight).
-// In this issue they compute in the parameter dtype (bf16/fp16/fp32); the FP8 engine and the
-// tensor-parallel split slot in behind the same modules.
+// Transformer-Engine-named building blocks, tensor- and sequence-parallel: TELayerNorm,
+// TEColumnParallelLinear, TELayerNormColumnParallelLinear (norm fused in front of the GEMM, as
+// TE), TERowParallelLinear. Parameter names follow TE (layer_norm_weight, weight, bias) so state
+// dicts read like Megatron-Core's. Activations are [sequence, batch, hidden]; with sequence
+// parallelism, tensors outside the column/row pair are split along the sequence.
+// The FP8 engine slots in behind the same modules (fp8/).
 #pragma once
 #include <torch/torch.h>
 
+#include "models/sharded_parameter.h"
 #include "trainer/config.h"
 
 namespace fp8tron {
 
-// Normalization options shared by every norm of a model.
 struct NormOptions {
   int64_t size = 0;
   Normalization kind = Normalization::LayerNorm;
   double epsilon = 1e-5;
-  bool zero_centered_gamma = false;  // --apply-layernorm-1p: weight stores gamma - 1
+  bool zero_centered_gamma = false;  // --apply-layernorm-1p: the weight stores gamma - 1
   static NormOptions from(const ModelConfig& m, int64_t size);
 };
 
-// y = norm(x) with weight (and bias for LayerNorm) given; shared by TELayerNorm and the fused
-// norm+linear module.
 torch::Tensor apply_norm(const torch::Tensor& x, const NormOptions& o, const torch::Tensor& weight,
                          const torch::Tensor& bias);
 
-// TELayerNorm: LayerNorm or RMSNorm by configuration.
-class TELayerNormImpl : public torch::nn::Module {
- public:
-  explicit TELayerNormImpl(const NormOptions& options);
-  torch::Tensor forward(const torch::Tensor& x);
-  NormOptions options;
-  torch::Tensor weight, bias;  // bias undefined for RMSNorm
-};
-TORCH_MODULE(TELayerNorm);
-
 struct LinearOptions {
-  int64_t in_features = 0;
+  int64_t in_features = 0;   // global sizes
   int64_t out_features = 0;
   bool bias = true;
   double init_std = 0.02;
+  int interleave = 1;        // column-parallel: output blocks split separately (SwiGLU's gate|up)
+  std::string init_name;     // full parameter-name prefix, seeds the initialisation
+  bool external_weight = false;  // the weight is passed to forward_with (tied output layer)
 };
 
-// TELinear: y = x W^T + b. (Column/row-parallel variants arrive with tensor parallelism.)
-class TELinearImpl : public torch::nn::Module {
+// TELayerNorm. `partial_grads`: the input is a sequence shard (SP) or a head shard (QK norm), so
+// each tensor-parallel rank holds a partial gradient that must be summed over the group.
+class TELayerNormImpl : public ShardedModule {
  public:
-  explicit TELinearImpl(const LinearOptions& options);
+  TELayerNormImpl(const NormOptions& options, bool partial_grads, const ParamFactory& factory);
   torch::Tensor forward(const torch::Tensor& x);
-  LinearOptions options;
+  NormOptions options;
   torch::Tensor weight, bias;
 };
-TORCH_MODULE(TELinear);
+TORCH_MODULE(TELayerNorm);
 
-// TELayerNormLinear: y = norm(x) W^T + b, the fused module in front of QKV and FC1.
-class TELayerNormLinearImpl : public torch::nn::Module {
+// y = x W^T (+ b) with W split by output rows over tensor-parallel ranks; the input enters the
+// parallel region (copy, or all-gather of sequence shards with SP).
+class TEColumnParallelLinearImpl : public ShardedModule {
  public:
-  TELayerNormLinearImpl(const NormOptions& norm, const LinearOptions& linear);
+  TEColumnParallelLinearImpl(const LinearOptions& options, const ParamFactory& factory);
+  torch::Tensor forward(const torch::Tensor& x);
+  // Shares an existing weight (the tied output layer uses the word embedding).
+  torch::Tensor forward_with(const torch::Tensor& x, const torch::Tensor& weight);
+  LinearOptions options;
+  TensorParallelContext tp;
+  torch::Tensor weight, bias;
+};
+TORCH_MODULE(TEColumnParallelLinear);
+
+class TELayerNormColumnParallelLinearImpl : public ShardedModule {
+ public:
+  TELayerNormColumnParallelLinearImpl(const NormOptions& norm, const LinearOptions& linear, const ParamFactory& factory);
   torch::Tensor forward(const torch::Tensor& x);
   NormOptions norm_options;
   LinearOptions linear_options;
+  TensorParallelContext tp;
   torch::Tensor layer_norm_weight, layer_norm_bias, weight, bias;
 };
-TORCH_MODULE(TELayerNormLinear);
+TORCH_MODULE(TELayerNormColumnParallelLinear);
+
+// y = x W^T + b with W split by input columns; partial outputs are summed over the group
+// (all-reduce, or reduce-scatter to sequence shards with SP) before the bias.
+class TERowParallelLinearImpl : public ShardedModule {
+ public:
+  TERowParallelLinearImpl(const LinearOptions& options, const ParamFactory& factory);
+  torch::Tensor forward(const torch::Tensor& x);
+  LinearOptions options;
+  TensorParallelContext tp;
+  torch::Tensor weight, bias;
+};
+TORCH_MODULE(TERowParallelLinear);
 
 // Rotary position embedding (Megatron's non-interleaved "rotate half" form) on the first
-// rotary_dim channels of each head; x is [b, s, heads, d].
+// rotary_dim channels of each head; x is [s, b, heads, d].
 class RotaryEmbedding {
  public:
   RotaryEmbedding() = default;
   RotaryEmbedding(int64_t head_dim, double percent, double base);
   torch::Tensor apply(const torch::Tensor& x) const;
-  int64_t rotary_dim() const { return rotary_dim_; }
 
  private:
   int64_t rotary_dim_ = 0;
   double base_ = 10000;
-  // cos/sin tables cached per (device, dtype, length).
-  mutable torch::Tensor cos_, sin_;
+  mutable torch::Tensor cos_, sin_;  // cached per (device, dtype, length)
 };
 
 }  // namespace fp8tron

@@ -97,11 +97,34 @@ TEST(Config, SupportLevels) {
   Config c = build(tiny_args({"--tensor-model-parallel-size", "1", "--save", "/tmp/x"}));
   ASSERT_EQ(c.not_supported_yet.size(), 1u);
   EXPECT_NE(c.not_supported_yet[0].find("--save"), std::string::npos);
-  // Data parallelism is not there yet either.
-  EXPECT_EQ(build(tiny_args({"--global-batch-size", "4"}), 2).not_supported_yet.size(), 1u);
+  // Data parallelism is there.
+  EXPECT_TRUE(build(tiny_args({"--global-batch-size", "4"}), 2).not_supported_yet.empty());
+  EXPECT_EQ(build(tiny_args({"--overlap-grad-reduce"})).not_supported_yet.size(), 1u);
   // Hint-only flags warn; math-changing flags we do not implement fail naming the flag.
   EXPECT_EQ(build(tiny_args({"--no-masked-softmax-fusion"})).hint_warnings.size(), 1u);
   EXPECT_USER_ERROR(build(tiny_args({"--openai-gelu"})), "--openai-gelu is not supported by fp8tron");
+}
+
+TEST(Config, ParallelFlags) {
+  Config c = build(tiny_args({"--num-layers", "8", "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
+                              "--num-layers-per-virtual-pipeline-stage", "2", "--sequence-parallel", "--use-distributed-optimizer",
+                              "--global-batch-size", "8"}),
+                   8);
+  EXPECT_EQ(c.parallel.dp, 2);
+  EXPECT_EQ(c.distributed.virtual_stages, 2);
+  EXPECT_TRUE(c.distributed.sequence_parallel);
+  EXPECT_TRUE(c.distributed.distributed_optimizer);
+  EXPECT_FALSE(build(tiny_args({"--sequence-parallel"})).distributed.sequence_parallel) << "SP needs TP > 1";
+  EXPECT_USER_ERROR(build(tiny_args({"--num-layers", "3", "--pipeline-model-parallel-size", "2"}), 2),
+                    "--num-layers (3) is not divisible by --pipeline-model-parallel-size (2)");
+  EXPECT_USER_ERROR(build(tiny_args({"--num-layers", "8", "--pipeline-model-parallel-size", "2",
+                                     "--num-layers-per-virtual-pipeline-stage", "2"}), 2),
+                    "multiple of --pipeline-model-parallel-size");
+  EXPECT_USER_ERROR(build(tiny_args({"--num-layers-per-virtual-pipeline-stage", "1"})), "needs --pipeline-model-parallel-size > 1");
+  EXPECT_EQ(build(tiny_args({"--num-layers", "5", "--pipeline-model-parallel-size", "2", "--decoder-first-pipeline-num-layers", "2"}), 2)
+                .distributed.first_stage_layers.value_or(0), 2);
+  EXPECT_USER_ERROR(build(tiny_args({"--tensor-model-parallel-size", "2", "--sequence-parallel", "--seq-length", "15"}), 2),
+                    "is not divisible by --tensor-model-parallel-size (2) as --sequence-parallel needs");
 }
 
 TEST(Config, DryRunPlanForALargeJob) {
@@ -111,7 +134,6 @@ TEST(Config, DryRunPlanForALargeJob) {
   EXPECT_EQ(c.parallel.dp, 250);
   std::string plan = format_plan(c);
   EXPECT_NE(plan.find("world 1000 = TP 2 x CP 1 x DP 250 x PP 2"), std::string::npos) << plan;
-  EXPECT_NE(plan.find("not supported yet"), std::string::npos);
   EXPECT_NE(format_arguments(c).find("  num_layers "), std::string::npos);
 }
 

@@ -99,7 +99,7 @@ TEST(GptModel, LossIsMaskedMeanCrossEntropy) {
   auto labels = torch::randint(0, 64, {2, 16}, torch::kInt64);
   auto mask = torch::ones({2, 16});
   mask.index_put_({0, torch::indexing::Slice(0, 8)}, 0.0);
-  auto logits = model->forward(tokens).view({-1, 128});
+  auto logits = model->forward(tokens).reshape({-1, 128});
   auto per_token = torch::nn::functional::cross_entropy(
       logits, labels.view({-1}), torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
   auto expected = (per_token * mask.view({-1})).sum() / 24.0;
@@ -111,12 +111,14 @@ TEST(MixedPrecisionOptimizer, Bf16GradientsAccumulateInFp32) {
   auto m = model_config({"--bf16"});
   torch::manual_seed(5);
   GptModel model(m);
-  std::vector<std::pair<std::string, torch::Tensor>> named;
-  for (const auto& item : model->named_parameters()) named.emplace_back(item.key(), item.value());
+  std::vector<NamedParam> named;
+  const auto infos = model->param_infos();
+  for (const auto& item : model->named_parameters()) named.push_back({item.key(), item.value(), infos.at(item.key())});
   PrecisionConfig precision;
   precision.params_dtype = ParamDtype::Bf16;
-  MixedPrecisionOptimizer optimizer(named, OptimizerConfig{}, precision);
-  for (const auto& [name, p] : named) {
+  const ParallelState single = single_process_state();
+  MixedPrecisionOptimizer optimizer(named, OptimizerConfig{}, precision, single, false);
+  for (const auto& [name, p, info] : named) {
     EXPECT_EQ(p.scalar_type(), torch::kBFloat16) << name;
     EXPECT_EQ(p.grad().scalar_type(), torch::kFloat32) << name;
   }
@@ -128,7 +130,7 @@ TEST(MixedPrecisionOptimizer, Bf16GradientsAccumulateInFp32) {
   model->loss(tokens, tokens, mask).backward();
   // Same micro-batch twice: the buffer holds exactly twice the first gradient (fp32 adds).
   EXPECT_TRUE(torch::allclose(optimizer.main_grads(), 2 * once, 1e-6, 1e-7));
-  for (const auto& [name, p] : named) EXPECT_EQ(p.grad().scalar_type(), torch::kFloat32) << name;
+  for (const auto& [name, p, info] : named) EXPECT_EQ(p.grad().scalar_type(), torch::kFloat32) << name;
 }
 
 // One AdamW step over the flat buffers equals torch::optim::AdamW (decoupled weight decay),
@@ -139,7 +141,9 @@ TEST(MixedPrecisionOptimizer, AdamWMatchesReference) {
   auto w_ours = w.clone().requires_grad_(true), b_ours = b.clone().requires_grad_(true);
   OptimizerConfig oc;
   oc.clip_grad = 1.0;
-  MixedPrecisionOptimizer ours({{"layer.weight", w_ours}, {"layer.bias", b_ours}}, oc, PrecisionConfig{});
+  const ParallelState single = single_process_state();
+  ParamInfo info;
+  MixedPrecisionOptimizer ours({{"layer.weight", w_ours, info}, {"layer.bias", b_ours, info}}, oc, PrecisionConfig{}, single, false);
   w_ours.mutable_grad().copy_(gw);
   b_ours.mutable_grad().copy_(gb);
   auto result = ours.step(/*lr=*/0.1, /*weight_decay=*/0.01, 1.0);
@@ -160,7 +164,8 @@ TEST(MixedPrecisionOptimizer, AdamWMatchesReference) {
 TEST(MixedPrecisionOptimizer, NonFiniteGradientSkipsTheStep) {
   auto w = torch::randn({4, 3}).requires_grad_(true);
   auto before = w.detach().clone();
-  MixedPrecisionOptimizer opt({{"w", w}}, OptimizerConfig{}, PrecisionConfig{});
+  const ParallelState single = single_process_state();
+  MixedPrecisionOptimizer opt({{"w", w, ParamInfo{}}}, OptimizerConfig{}, PrecisionConfig{}, single, false);
   w.mutable_grad().fill_(1.0);
   w.mutable_grad()[0][0] = std::numeric_limits<float>::infinity();
   auto r = opt.step(0.1, 0.0, 1.0);

@@ -116,6 +116,15 @@ struct DataConfig {
   std::vector<std::string> data_path;
 };
 
+// How the model and its training are spread over ranks, beyond the rank grid itself.
+struct DistributedConfig {
+  bool sequence_parallel = false;
+  int virtual_stages = 1;  // model chunks per pipeline rank (interleaved schedule when > 1)
+  std::optional<int64_t> first_stage_layers, last_stage_layers;
+  bool distributed_optimizer = false;
+  int timeout_minutes = 10;
+};
+
 struct Config {
   ModelConfig model;
   OptimizerConfig optimizer;
@@ -125,6 +134,7 @@ struct Config {
   LoggingConfig logging;
   DataConfig data;
   ParallelSizes parallel;
+  DistributedConfig distributed;
   LaunchEnv launch;
   std::string device;      // "cpu" | "cuda"
   bool dry_run = false;

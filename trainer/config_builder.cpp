@@ -214,6 +214,33 @@ std::string format_value(const FlagSpec& spec, const FlagValues& f) {
   return *spec.default_value ? spec.default_value : "None";
 }
 
+DistributedConfig build_distributed(const FlagValues& f, const ParallelSizes& p) {
+  DistributedConfig d;
+  d.sequence_parallel = f.get_bool("sequence-parallel") && p.tp > 1;  // Megatron ignores SP without TP
+  const auto per_stage = f.opt_int("num-layers-per-virtual-pipeline-stage");
+  const auto per_rank = f.opt_int("num-virtual-stages-per-pipeline-rank");
+  if (per_stage && per_rank)
+    throw UserError("--num-layers-per-virtual-pipeline-stage and --num-virtual-stages-per-pipeline-rank cannot be used together");
+  if ((per_stage || per_rank) && p.pp < 2)
+    throw UserError("a virtual pipeline needs --pipeline-model-parallel-size > 1");
+  if (per_stage) {
+    const int64_t layers = f.get_int("num-layers");
+    if (*per_stage <= 0 || layers % (*per_stage * p.pp) != 0)
+      throw UserError("--num-layers must be divisible by --num-layers-per-virtual-pipeline-stage x --pipeline-model-parallel-size");
+    d.virtual_stages = int(layers / (*per_stage * p.pp));
+  }
+  if (per_rank) {
+    if (*per_rank <= 0) throw UserError("--num-virtual-stages-per-pipeline-rank must be positive");
+    d.virtual_stages = int(*per_rank);
+  }
+  d.first_stage_layers = f.opt_int("decoder-first-pipeline-num-layers");
+  d.last_stage_layers = f.opt_int("decoder-last-pipeline-num-layers");
+  d.distributed_optimizer = f.get_bool("use-distributed-optimizer");
+  d.timeout_minutes = int(f.get_int("distributed-timeout-minutes"));
+  if (d.timeout_minutes <= 0) throw UserError("--distributed-timeout-minutes must be positive");
+  return d;
+}
+
 }  // namespace
 
 int64_t padded_vocab_size(int64_t vocab_size, int64_t divisible_by, int64_t tp) {
@@ -233,8 +260,7 @@ Config build_config(const FlagValues& flags, const LaunchEnv& launch, bool gpu_a
                                      int(flags.get_int("expert-model-parallel-size")),
                                      int(flags.opt_int("expert-tensor-parallel-size").value_or(tp)),
                                      flags.get_bool("use-tp-pp-dp-mapping"));
-  if (c.parallel.dp > 1) c.not_supported_yet.push_back("data parallelism (world size " + std::to_string(launch.world_size) +
-                                                       ": parallel runtime, issue 4)");
+  c.distributed = build_distributed(flags, c.parallel);
   c.model = build_model(flags, tp);
   c.precision = build_precision(flags);
   c.model.params_dtype = c.precision.params_dtype;

@@ -1,98 +1,184 @@
 #include "trainer/mixed_precision_optimizer.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace fp8tron {
 namespace {
 // Megatron exempts biases and 1-D parameters (norm weights) from weight decay.
-bool decays(const std::string& name, const torch::Tensor& p) {
-  return p.dim() > 1 && name.find("bias") == std::string::npos;
-}
+bool decays(const NamedParam& p) { return p.tensor.dim() > 1 && p.name.find("bias") == std::string::npos; }
 torch::Dtype to_torch(ParamDtype d) {
   return d == ParamDtype::Bf16 ? torch::kBFloat16 : d == ParamDtype::Fp16 ? torch::kFloat16 : torch::kFloat32;
 }
+// How a parameter counts in the global gradient norm: 0 normal, 1 duplicated over tensor-parallel
+// ranks (counted once), 2 the last stage's tied-embedding copy (not counted).
+int norm_class(const NamedParam& p) {
+  if (p.info.shared_embedding_copy) return 2;
+  return p.info.partition_dim < 0 ? 1 : 0;
+}
 }  // namespace
 
-MixedPrecisionOptimizer::MixedPrecisionOptimizer(const std::vector<std::pair<std::string, torch::Tensor>>& named_params,
-                                                 const OptimizerConfig& optimizer, const PrecisionConfig& precision)
-    : config_(optimizer), separate_main_weights_(precision.params_dtype != ParamDtype::Fp32) {
-  FP8TRON_CHECK(!named_params.empty(), "no parameters");
+MixedPrecisionOptimizer::MixedPrecisionOptimizer(const std::vector<NamedParam>& params, const OptimizerConfig& optimizer,
+                                                 const PrecisionConfig& precision, const ParallelState& parallel,
+                                                 bool distributed)
+    : config_(optimizer),
+      parallel_(parallel),
+      distributed_(distributed && parallel.sizes.dp > 1),
+      separate_main_weights_(precision.params_dtype != ParamDtype::Fp32 || distributed_) {
+  FP8TRON_CHECK(!params.empty(), "no parameters");
   torch::NoGradGuard no_grad;
-  std::vector<torch::Tensor> ordered;
-  for (bool decay_group : {true, false})
-    for (const auto& [name, p] : named_params)
-      if (decays(name, p) == decay_group) {
-        ordered.push_back(p);
-        numel_ += p.numel();
-        if (decay_group) decay_numel_ += p.numel();
-      }
-  const auto device = ordered.front().device();
+  // Order: decay first; within it normal, TP-duplicated (partial-gradient ones first), excluded.
+  std::vector<const NamedParam*> ordered;
+  for (const auto& p : params) ordered.push_back(&p);
+  std::stable_sort(ordered.begin(), ordered.end(), [](const NamedParam* a, const NamedParam* b) {
+    auto key = [](const NamedParam* p) { return std::make_tuple(!decays(*p), norm_class(*p), !p->info.reduce_grad_over_tp); };
+    return key(a) < key(b);
+  });
+  const double tp = double(parallel.sizes.tp);
+  for (const auto* p : ordered) {
+    const bool decay = decays(*p);
+    const double w = norm_class(*p) == 0 ? 1.0 : norm_class(*p) == 1 ? 1.0 / tp : 0.0;
+    if (segments_.empty() || segments_.back().decay != decay || segments_.back().norm_weight != w)
+      segments_.push_back(Segment{numel_, 0, decay, w});
+    segments_.back().numel += p->tensor.numel();
+    auto add_range = [&](std::vector<std::pair<int64_t, int64_t>>& ranges) {
+      if (!ranges.empty() && ranges.back().first + ranges.back().second == numel_) ranges.back().second += p->tensor.numel();
+      else ranges.emplace_back(numel_, p->tensor.numel());
+    };
+    if (p->info.reduce_grad_over_tp && parallel.sizes.tp > 1) add_range(tp_partial_ranges_);
+    // The tied embedding's two copies (first and last stage) sum their gradients.
+    if ((p->info.tied_embedding || p->info.shared_embedding_copy) && parallel.sizes.pp > 1) add_range(embedding_ranges_);
+    numel_ += p->tensor.numel();
+  }
+  const int64_t dp = parallel.sizes.dp;
+  padded_numel_ = distributed_ ? (numel_ + dp - 1) / dp * dp : numel_;
+  shard_numel_ = distributed_ ? padded_numel_ / dp : numel_;
+  shard_begin_ = distributed_ ? shard_numel_ * parallel.dp_rank : 0;
+
+  const auto device = ordered.front()->tensor.device();
   const auto fp32 = torch::TensorOptions().device(device).dtype(torch::kFloat32);
   const auto param_dtype = to_torch(precision.params_dtype);
-
-  main_params_ = torch::empty({numel_}, fp32);
-  model_params_ = separate_main_weights_ ? torch::empty({numel_}, fp32.dtype(param_dtype)) : main_params_;
-  main_grads_ = torch::zeros({numel_}, fp32.dtype(precision.grads_in_fp32 ? torch::kFloat32 : param_dtype));
+  auto all_main = torch::zeros({padded_numel_}, fp32);
+  model_params_ = separate_main_weights_ ? torch::zeros({padded_numel_}, fp32.dtype(param_dtype)) : all_main;
+  main_grads_ = torch::zeros({padded_numel_}, fp32.dtype(precision.grads_in_fp32 ? torch::kFloat32 : param_dtype));
   int64_t offset = 0;
-  for (auto& p : ordered) {
-    const int64_t n = p.numel();
-    main_params_.narrow(0, offset, n).copy_(p.detach().reshape({-1}));  // fp32 values as initialised
-    model_params_.narrow(0, offset, n).copy_(main_params_.narrow(0, offset, n));
-    p.set_data(model_params_.narrow(0, offset, n).view(p.sizes()));
+  for (const auto* p : ordered) {
+    torch::Tensor t = p->tensor;
+    const int64_t n = t.numel();
+    all_main.narrow(0, offset, n).copy_(t.detach().reshape({-1}));  // fp32 values as initialised
+    if (separate_main_weights_) model_params_.narrow(0, offset, n).copy_(all_main.narrow(0, offset, n));
+    t.set_data(model_params_.narrow(0, offset, n).view(t.sizes()));
     // Gradients accumulate in place into the flat buffer. AccumulateGrad adds each new
     // (parameter-dtype) gradient into an existing .grad with `+=`, so an fp32 buffer under a
     // bf16 parameter accumulates micro-batches in fp32, as Megatron's main_grad does.
-    p.mutable_grad() = main_grads_.narrow(0, offset, n).view(p.sizes());
+    t.mutable_grad() = main_grads_.narrow(0, offset, n).view(t.sizes());
     offset += n;
   }
-  exp_avg_ = torch::zeros({numel_}, fp32);
-  if (config_.optimizer == "adam") exp_avg_sq_ = torch::zeros({numel_}, fp32);
-  for (auto& s : step_count_) s = torch::zeros({}, fp32);
-  if (main_grads_.scalar_type() != torch::kFloat32) grads_fp32_ = torch::empty({numel_}, fp32);
+  main_params_ = distributed_ ? all_main.narrow(0, shard_begin_, shard_numel_).clone() : all_main;
+  if (distributed_ || main_grads_.scalar_type() != torch::kFloat32) grad_shard_ = torch::zeros({shard_numel_}, fp32);
+  exp_avg_ = torch::zeros({shard_numel_}, fp32);
+  if (config_.optimizer == "adam") exp_avg_sq_ = torch::zeros({shard_numel_}, fp32);
+  for (size_t i = 0; i < segments_.size(); ++i) step_counts_.push_back(torch::zeros({}, fp32));
 }
 
 void MixedPrecisionOptimizer::zero_grad() { main_grads_.zero_(); }
 
+void MixedPrecisionOptimizer::finalize_grads() {
+  torch::NoGradGuard no_grad;
+  for (auto [off, n] : tp_partial_ranges_) {
+    auto view = main_grads_.narrow(0, off, n);
+    parallel_.tp->all_reduce(view);
+  }
+  if (parallel_.embedding->size() > 1)
+    for (auto [off, n] : embedding_ranges_) {
+      auto view = main_grads_.narrow(0, off, n);
+      parallel_.embedding->all_reduce(view);
+    }
+  const int dp = parallel_.sizes.dp;
+  if (dp == 1) return;
+  main_grads_.mul_(1.0 / dp);  // average over data-parallel ranks
+  if (distributed_) {
+    auto shard = main_grads_.scalar_type() == torch::kFloat32 ? grad_shard_ : torch::empty({shard_numel_}, main_grads_.options());
+    parallel_.dp->reduce_scatter(shard, main_grads_);
+    if (!shard.is_same(grad_shard_)) grad_shard_.copy_(shard);
+  } else {
+    parallel_.dp->all_reduce(main_grads_);
+  }
+}
+
+void MixedPrecisionOptimizer::all_reduce_model_groups(torch::Tensor& value) {
+  // Tensor-parallel ranks hold different shards, pipeline stages different layers, and with the
+  // distributed optimizer data-parallel ranks different parts of the buffer.
+  if (parallel_.sizes.tp > 1) parallel_.tp->all_reduce(value);
+  if (parallel_.sizes.pp > 1) parallel_.pp->all_reduce(value);
+  if (distributed_) parallel_.dp->all_reduce(value);
+}
+
+torch::Tensor MixedPrecisionOptimizer::global_norm_squared(const torch::Tensor& buffer, int64_t base) {
+  auto total = torch::zeros({}, buffer.options().dtype(torch::kFloat32));
+  const int64_t end = base + buffer.numel();
+  for (const auto& s : segments_) {
+    const int64_t lo = std::max(s.offset, base), hi = std::min(s.offset + s.numel, end);
+    if (hi <= lo || s.norm_weight == 0.0) continue;
+    auto part = buffer.narrow(0, lo - base, hi - lo).to(torch::kFloat32);
+    total += s.norm_weight * part.pow(2).sum();
+  }
+  all_reduce_model_groups(total);
+  return total;
+}
+
 StepResult MixedPrecisionOptimizer::step(double lr, double weight_decay, double loss_scale) {
   torch::NoGradGuard no_grad;
-  torch::Tensor grads = main_grads_;
-  if (grads_fp32_.defined()) grads = grads_fp32_.copy_(main_grads_);
+  // The gradients this rank updates with, in fp32, laid out from shard_begin_.
+  torch::Tensor grads = main_grads_.narrow(0, 0, numel_);
+  if (distributed_) grads = grad_shard_;
+  else if (grad_shard_.defined()) grads = grad_shard_.copy_(main_grads_);
   if (loss_scale != 1.0) grads.mul_(1.0 / loss_scale);
 
   StepResult result;
-  result.grad_norm = grads.norm(2);
+  result.grad_norm = global_norm_squared(grads, shard_begin_).sqrt();
   result.found_inf = result.grad_norm.isfinite().logical_not().to(torch::kFloat32);
   if (config_.clip_grad > 0) {
     // Megatron: clip_coeff = max_norm / (total_norm + 1e-6), applied when below 1.
     auto coeff = (config_.clip_grad / (result.grad_norm + 1e-6)).clamp_max(1.0);
     grads.mul_(torch::nan_to_num(coeff, 0.0, 0.0, 0.0));
   }
-
-  const int64_t sizes[2] = {decay_numel_, numel_ - decay_numel_};
-  const double group_wd[2] = {weight_decay, 0.0};
-  int64_t offset = 0;
-  for (int g = 0; g < 2; ++g) {
-    const int64_t n = sizes[g];
-    if (n == 0) continue;
-    auto p = main_params_.narrow(0, offset, n), gr = grads.narrow(0, offset, n), m = exp_avg_.narrow(0, offset, n);
+  const int64_t shard_end = shard_begin_ + shard_numel_;
+  auto keep = 1.0 - result.found_inf;
+  for (size_t i = 0; i < segments_.size(); ++i) {
+    const auto& s = segments_[i];
+    const int64_t lo = std::max(s.offset, shard_begin_), hi = std::min(s.offset + s.numel, std::min(shard_end, numel_));
+    if (hi <= lo) continue;
+    const int64_t off = lo - shard_begin_, n = hi - lo;
+    auto p = main_params_.narrow(0, off, n), g = grads.narrow(0, off, n), m = exp_avg_.narrow(0, off, n);
+    const double wd = s.decay ? weight_decay : 0.0;
     if (config_.optimizer == "adam") {
-      auto v = exp_avg_sq_.narrow(0, offset, n);
-      step_count_[g].add_(1.0 - result.found_inf);  // a skipped step does not advance bias correction
-      at::_fused_adamw_({p}, {gr}, {m}, {v}, {}, {step_count_[g]}, lr, config_.adam_beta1, config_.adam_beta2, group_wd[g],
+      auto v = exp_avg_sq_.narrow(0, off, n);
+      step_counts_[i].add_(keep);  // a skipped step does not advance bias correction
+      at::_fused_adamw_({p}, {g}, {m}, {v}, {}, {step_counts_[i]}, lr, config_.adam_beta1, config_.adam_beta2, wd,
                         config_.adam_eps, false, false, std::nullopt, result.found_inf);
     } else {
       // SGD with momentum (torch.optim.SGD semantics); skipped steps leave everything unchanged.
-      auto keep = 1.0 - result.found_inf;
-      auto d = torch::nan_to_num(gr, 0.0, 0.0, 0.0) + group_wd[g] * p;
+      auto d = torch::nan_to_num(g, 0.0, 0.0, 0.0) + wd * p;
       m.mul_(config_.sgd_momentum * keep + result.found_inf).add_(d * keep);
       p.sub_(m * (lr * keep));
     }
-    offset += n;
   }
-  if (separate_main_weights_) model_params_.copy_(main_params_);
+  if (distributed_) {
+    auto mine = model_params_.narrow(0, shard_begin_, shard_numel_);
+    mine.copy_(main_params_);
+    auto gathered = model_params_;
+    parallel_.dp->all_gather(gathered, mine.clone());
+  } else if (separate_main_weights_) {
+    model_params_.narrow(0, 0, numel_).copy_(main_params_.narrow(0, 0, numel_));
+  }
   return result;
 }
 
-torch::Tensor MixedPrecisionOptimizer::params_norm() const { return main_params_.norm(2); }
+torch::Tensor MixedPrecisionOptimizer::params_norm() {
+  torch::NoGradGuard no_grad;
+  return global_norm_squared(main_params_, shard_begin_).sqrt();
+}
 
 }  // namespace fp8tron

@@ -1,11 +1,15 @@
-// Megatron's mixed-precision optimizer over flat buffers:
+// Megatron's mixed-precision optimizer over flat buffers, data-parallel aware:
 //  - model parameters (bf16/fp16/fp32) become views into one contiguous buffer;
-//  - their gradients are views into one contiguous fp32 "main grad" buffer (fp16 without
-//    --accumulate-allreduce-grads-in-fp32: the parameter dtype), so autograd accumulates
-//    micro-batches straight into it, and data-parallel buckets will later reduce it in place;
-//  - fp32 main weights and Adam states live in flat buffers too, ordered weight-decay group
-//    first, so each optimizer kernel runs once per group over one tensor.
-// The step never waits on the GPU: overflow skips and clipping are decided on the device.
+//  - their gradients are views into one contiguous "main grad" buffer (fp32, or the parameter
+//    dtype for fp16 without --accumulate-allreduce-grads-in-fp32), so autograd accumulates
+//    micro-batches straight into it and data-parallel reductions work on it in place;
+//  - parameters are ordered into segments by (weight decay, how they count in the gradient
+//    norm), so every optimizer kernel and norm runs once per segment over one tensor;
+//  - with --use-distributed-optimizer the fp32 main weights and Adam states exist only for this
+//    data-parallel rank's shard of the buffer: gradients are reduce-scattered into it and the
+//    updated parameters all-gathered back.
+// The step never waits on the GPU: overflow skips and clipping are decided on the device from the
+// globally reduced norm, so every rank takes the same decision.
 #pragma once
 #include <torch/torch.h>
 
@@ -13,6 +17,8 @@
 #include <utility>
 #include <vector>
 
+#include "models/sharded_parameter.h"
+#include "parallel/parallel_state.h"
 #include "trainer/config.h"
 
 namespace fp8tron {
@@ -22,29 +28,53 @@ struct StepResult {
   torch::Tensor found_inf;  // 0-dim fp32, 1 when the update was skipped
 };
 
+struct NamedParam {
+  std::string name;
+  torch::Tensor tensor;
+  ParamInfo info;
+};
+
 class MixedPrecisionOptimizer {
  public:
-  MixedPrecisionOptimizer(const std::vector<std::pair<std::string, torch::Tensor>>& named_params,
-                          const OptimizerConfig& optimizer, const PrecisionConfig& precision);
+  MixedPrecisionOptimizer(const std::vector<NamedParam>& params, const OptimizerConfig& optimizer,
+                          const PrecisionConfig& precision, const ParallelState& parallel, bool distributed);
 
   void zero_grad();
-  // Unscales by 1/loss_scale, checks for inf/nan, clips, updates, copies main weights back.
+  // After the last micro-batch's backward: sums partial tensor-parallel gradients, the tied
+  // embedding's two copies, and averages over data-parallel ranks.
+  void finalize_grads();
+  // Unscales by 1/loss_scale, checks for inf/nan, clips, updates, publishes the new weights.
   StepResult step(double lr, double weight_decay, double loss_scale);
 
-  torch::Tensor params_norm() const;  // of the fp32 main weights
+  torch::Tensor params_norm();  // of the fp32 main weights (global)
   int64_t num_parameters() const { return numel_; }
   const torch::Tensor& main_grads() const { return main_grads_; }
 
  private:
+  struct Segment {
+    int64_t offset, numel;
+    bool decay;
+    double norm_weight;  // 1, 1/tp for tensor-parallel duplicates, 0 for the tied-embedding copy
+  };
+  // Squared norm of `buffer` (laid out like the flat buffer from `base`) weighted per segment,
+  // summed over the groups that hold different parts of the model.
+  torch::Tensor global_norm_squared(const torch::Tensor& buffer, int64_t base);
+  void all_reduce_model_groups(torch::Tensor& value);
+
   OptimizerConfig config_;
+  const ParallelState& parallel_;
+  bool distributed_;
   bool separate_main_weights_;
-  int64_t numel_ = 0, decay_numel_ = 0;
-  torch::Tensor model_params_;  // flat, parameter dtype
-  torch::Tensor main_params_;   // flat fp32 (== model_params_ in fp32 training)
-  torch::Tensor main_grads_;    // flat, fp32 or parameter dtype
+  int64_t numel_ = 0, padded_numel_ = 0, shard_begin_ = 0, shard_numel_ = 0;
+  std::vector<Segment> segments_;
+  std::vector<std::pair<int64_t, int64_t>> tp_partial_ranges_;  // (offset, numel)
+  std::vector<std::pair<int64_t, int64_t>> embedding_ranges_;
+  torch::Tensor model_params_;  // flat, parameter dtype (padded)
+  torch::Tensor main_params_;   // fp32: the whole buffer, or this rank's shard
+  torch::Tensor main_grads_;    // flat (padded), fp32 or parameter dtype
+  torch::Tensor grad_shard_;    // distributed optimizer: this rank's reduced gradients (fp32)
   torch::Tensor exp_avg_, exp_avg_sq_;
-  torch::Tensor step_count_[2];
-  torch::Tensor grads_fp32_;    // fp32 view/copy of main_grads_ used by the update
+  std::vector<torch::Tensor> step_counts_;  // one per segment
 };
 
 }  // namespace fp8tron

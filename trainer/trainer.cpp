@@ -12,6 +12,8 @@
 #include "core/text.h"
 #include "data/builtin_datasets.h"
 #include "models/gpt_model.h"
+#include "parallel/layer_split.h"
+#include "parallel/pipeline_schedule.h"
 #include "trainer/iteration_log.h"
 #include "trainer/loss_scaler.h"
 #include "trainer/lr_schedule.h"
@@ -24,9 +26,25 @@ namespace fp8tron {
 
 bool cuda_available() { return torch::cuda::is_available(); }
 
+ParallelState make_parallel_state(const Config& c, bool force_single_process) {
+  if (force_single_process || c.parallel.world_size == 1) return single_process_state();
+  const auto timeout = std::chrono::minutes(c.distributed.timeout_minutes);
+  if (c.device == "cuda")
+    throw UserError("not supported yet: multi-GPU runs (the NCCL transport of the parallel runtime, issue 4); "
+                    "multi-process runs work on CPU with --device cpu under mpirun");
+  if (c.launch.launcher != "mpirun")
+    throw UserError("multi-process CPU runs use MPI: launch with mpirun (got " + c.launch.launcher + ")");
+  return build_parallel_state(make_mpi_transport(timeout), c.parallel, c.distributed.sequence_parallel);
+}
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+torch::Dtype param_dtype(const Config& c) {
+  return c.precision.params_dtype == ParamDtype::Bf16 ? torch::kBFloat16
+         : c.precision.params_dtype == ParamDtype::Fp16 ? torch::kFloat16 : torch::kFloat32;
+}
 
 std::string memory_report(const torch::Device& device, int64_t iteration) {
   if (device.is_cuda()) {
@@ -65,8 +83,9 @@ struct IntervalStats {
 
 class Trainer {
  public:
-  explicit Trainer(const Config& c)
+  Trainer(const Config& c, const TrainOptions& options)
       : c_(c),
+        options_(options),
         device_(c.device == "cuda" ? torch::Device(torch::kCUDA, c.launch.local_rank % std::max(1, int(torch::cuda::device_count())))
                                    : torch::Device(torch::kCPU)),
         schedule_(c.lr_schedule),
@@ -78,15 +97,23 @@ class Trainer {
  private:
   void synchronize() const { if (device_.is_cuda()) torch::cuda::synchronize(device_.index()); }
   void build();
+  torch::Tensor forward_chunk(int chunk, int64_t micro_batch, const torch::Tensor& input, const BatchLoader& loader,
+                              int64_t first_sample);
+  // Mean loss of a global batch, averaged over micro-batches and data-parallel ranks (all ranks).
+  torch::Tensor average_loss(torch::Tensor loss_sum) const;
   torch::Tensor train_step();
   double evaluate();
   void log_interval(int64_t iteration, double seconds, int64_t iterations_in_interval);
   void write_tensorboard(int64_t iteration, const torch::Tensor& loss);
+  void collect_weights(TrainResult& result);
 
   const Config& c_;
+  TrainOptions options_;
   torch::Device device_;
-  GptModel model_{nullptr};
+  ParallelState parallel_;
+  std::vector<GptModel> chunks_;
   std::unique_ptr<MixedPrecisionOptimizer> optimizer_;
+  std::unique_ptr<PipelineSchedule> pipeline_;
   LrSchedule schedule_;
   LossScaler scaler_;
   Timers timers_;
@@ -95,7 +122,6 @@ class Trainer {
   IntervalStats interval_;
   StepResult last_step_;
   int64_t consumed_train_samples_ = 0, consumed_valid_samples_ = 0;
-  int64_t total_skipped_ = 0, total_nan_ = 0;
 };
 
 void Trainer::build() {
@@ -103,50 +129,80 @@ void Trainer::build() {
     c10::cuda::set_device(device_.index());
     configure_attention_backends();
   }
-  torch::manual_seed(c_.training.seed);
-  // Weights are drawn on the CPU in fp32 from the seed, so a given seed starts CPU and GPU runs
-  // from the same weights; then they move to the device and the optimizer casts them.
-  model_ = GptModel(c_.model);
-  model_->to(device_);
-  std::vector<std::pair<std::string, torch::Tensor>> named;
-  for (const auto& item : model_->named_parameters()) named.emplace_back(item.key(), item.value());
-  optimizer_ = std::make_unique<MixedPrecisionOptimizer>(named, c_.optimizer, c_.precision);
-  model_->train();
-
+  parallel_ = make_parallel_state(c_, options_.force_single_process);
+  torch::manual_seed(c_.training.seed + 100 * uint64_t(parallel_.pp_rank));  // dropout streams, as Megatron seeds them
+  TensorParallelContext tp{parallel_.tp, parallel_.tp_rank, parallel_.sizes.tp, parallel_.sequence_parallel};
+  const auto& d = c_.distributed;
+  const auto ranges = split_layers(c_.model.num_layers, parallel_.sizes.pp, parallel_.pp_rank, d.virtual_stages,
+                                   d.first_stage_layers, d.last_stage_layers);
+  std::vector<NamedParam> params;
+  for (size_t k = 0; k < ranges.size(); ++k) {
+    StageSpec spec{ranges[k].first, ranges[k].count, k == 0 && parallel_.first_stage(),
+                   k + 1 == ranges.size() && parallel_.last_stage()};
+    // Weights are drawn on the CPU in fp32 from (seed, name): every layout and device starts from
+    // the same global weights; then they move to the device and the optimizer casts them.
+    GptModel chunk(c_.model, tp, spec);
+    chunk->to(device_);
+    chunk->train();
+    const auto infos = chunk->param_infos();
+    for (const auto& item : chunk->named_parameters()) params.push_back({item.key(), item.value(), infos.at(item.key())});
+    chunks_.push_back(chunk);
+  }
+  optimizer_ = std::make_unique<MixedPrecisionOptimizer>(params, c_.optimizer, c_.precision, parallel_, d.distributed_optimizer);
+  const int64_t s = c_.model.seq_length / (parallel_.sequence_parallel ? parallel_.sizes.tp : 1);
+  pipeline_ = std::make_unique<PipelineSchedule>(parallel_, d.virtual_stages,
+                                                 std::vector<int64_t>{s, c_.training.micro_batch_size, c_.model.hidden_size},
+                                                 param_dtype(c_), device_);
   auto source = make_source(c_);
   train_loader_ = std::make_unique<BatchLoader>(source, Split::Train, c_.model.seq_length, c_.training.micro_batch_size, device_);
   valid_loader_ = std::make_unique<BatchLoader>(source, Split::Valid, c_.model.seq_length, c_.training.micro_batch_size, device_);
   if (!c_.logging.tensorboard_dir.empty() && log::rank() == 0)
     tensorboard_ = std::make_unique<TensorBoardWriter>(c_.logging.tensorboard_dir);
 
-  log::info(strprintf(" > number of parameters on (tensor, pipeline) model parallel rank (0, 0): %lld",
-                      (long long)optimizer_->num_parameters()));
-  const auto dtype = c_.precision.params_dtype == ParamDtype::Bf16 ? torch::kBFloat16
-                     : c_.precision.params_dtype == ParamDtype::Fp16 ? torch::kFloat16 : torch::kFloat32;
-  const std::string backend = attention_backend_name(c_.model, c_.training.micro_batch_size, device_, dtype);
+  log::info(strprintf(" > number of parameters on (tensor, pipeline) model parallel rank (%d, %d): %lld", parallel_.tp_rank,
+                      parallel_.pp_rank, (long long)optimizer_->num_parameters()));
+  const std::string backend = attention_backend_name(c_.model, c_.training.micro_batch_size, device_, param_dtype(c_));
   log::info(" > attention: " + backend);
   if (device_.is_cuda() && backend != "cuDNN fused attention")
     log::warning("cuDNN attention is not available for these shapes/settings; using " + backend);
   interval_.reset(device_);
 }
 
+torch::Tensor Trainer::forward_chunk(int chunk, int64_t micro_batch, const torch::Tensor& input, const BatchLoader& loader,
+                                     int64_t first_sample) {
+  auto& model = chunks_[size_t(chunk)];
+  const StageSpec& stage = model->stage();
+  // Megatron's sampler: micro-batch m of data-parallel rank r starts at m*mbs*dp + r*mbs.
+  const int64_t mbs = c_.training.micro_batch_size;
+  const int64_t sample = first_sample + micro_batch * mbs * parallel_.sizes.dp + parallel_.dp_rank * mbs;
+  if (!stage.has_embedding && !stage.has_head) return model->forward_stage(input, {}, {});
+  timers_.start("batch-generator", 2);
+  Batch batch = loader.load(sample);
+  timers_.stop("batch-generator", 2);
+  return model->forward_stage(stage.has_embedding ? batch.tokens : input, batch.labels, batch.loss_mask);
+}
+
+torch::Tensor Trainer::average_loss(torch::Tensor loss_sum) const {
+  if (parallel_.sizes.pp > 1) parallel_.pp->all_reduce(loss_sum);  // only the last stage holds it
+  if (parallel_.sizes.dp > 1) parallel_.dp->all_reduce(loss_sum);
+  return loss_sum / double(c_.training.num_micro_batches * parallel_.sizes.dp);
+}
+
 torch::Tensor Trainer::train_step() {
   const auto& t = c_.training;
   timers_.start("forward-backward", 1);
   optimizer_->zero_grad();
-  auto loss_sum = torch::zeros({}, torch::TensorOptions().device(device_).dtype(torch::kFloat32));
   const double backward_scale = scaler_.scale() / double(t.num_micro_batches);
-  for (int64_t mb = 0; mb < t.num_micro_batches; ++mb) {
-    timers_.start("batch-generator", 2);
-    Batch batch = train_loader_->load(consumed_train_samples_ + mb * t.micro_batch_size);
-    timers_.stop("batch-generator", 2);
-    auto loss = model_->loss(batch.tokens, batch.labels, batch.loss_mask);
-    (loss * backward_scale).backward();
-    loss_sum += loss.detach();
-  }
+  auto loss_sum = pipeline_->run(
+      t.num_micro_batches,
+      [&](int chunk, int64_t mb, const torch::Tensor& input) {
+        return forward_chunk(chunk, mb, input, *train_loader_, consumed_train_samples_);
+      },
+      backward_scale);
   timers_.stop("forward-backward", 1);
 
   timers_.start("optimizer", 1);
+  optimizer_->finalize_grads();
   last_step_ = optimizer_->step(schedule_.lr(), schedule_.weight_decay(), scaler_.scale());
   timers_.stop("optimizer", 1);
   bool advance_schedule = true;
@@ -161,7 +217,7 @@ torch::Tensor Trainer::train_step() {
 
   // Megatron's counters: "skipped" = the update was not applied; "nan" = the loss was not finite.
   // Without a dynamic loss scale (bf16, fp32) a non-finite gradient is a nan iteration as well.
-  auto loss = loss_sum / double(t.num_micro_batches);
+  auto loss = average_loss(loss_sum);
   auto loss_ok = loss.isfinite().to(torch::kFloat32);
   auto applied = 1.0 - last_step_.found_inf;
   interval_.loss_sum += torch::where(loss.isfinite(), loss, torch::zeros_like(loss)) * applied;
@@ -172,18 +228,18 @@ torch::Tensor Trainer::train_step() {
 }
 
 double Trainer::evaluate() {
-  torch::NoGradGuard no_grad;
-  model_->eval();
-  auto total = torch::zeros({}, torch::TensorOptions().device(device_).dtype(torch::kFloat32));
+  for (auto& m : chunks_) m->eval();
   const auto& t = c_.training;
-  for (int64_t i = 0; i < t.eval_iters; ++i)
-    for (int64_t mb = 0; mb < t.num_micro_batches; ++mb) {
-      Batch batch = valid_loader_->load(consumed_valid_samples_);
-      consumed_valid_samples_ += t.micro_batch_size;
-      total += model_->loss(batch.tokens, batch.labels, batch.loss_mask);
-    }
-  model_->train();
-  return total.item<double>() / double(std::max<int64_t>(1, t.eval_iters * t.num_micro_batches));
+  auto total = torch::zeros({}, torch::TensorOptions().device(device_).dtype(torch::kFloat32));
+  for (int64_t i = 0; i < t.eval_iters; ++i) {
+    total += pipeline_->run_forward_only(t.num_micro_batches, [&](int chunk, int64_t mb, const torch::Tensor& input) {
+      return forward_chunk(chunk, mb, input, *valid_loader_, consumed_valid_samples_);
+    });
+    consumed_valid_samples_ += t.global_batch_size;
+  }
+  for (auto& m : chunks_) m->train();
+  auto mean = average_loss(total);
+  return mean.item<double>() / double(std::max<int64_t>(1, t.eval_iters));
 }
 
 void Trainer::log_interval(int64_t iteration, double seconds, int64_t iterations_in_interval) {
@@ -208,15 +264,15 @@ void Trainer::log_interval(int64_t iteration, double seconds, int64_t iterations
   if (c_.logging.log_params_norm) s.params_norm = optimizer_->params_norm().item<double>();
   s.skipped_iterations = int64_t(interval_.skipped.item<double>());
   s.nan_iterations = int64_t(interval_.nan.item<double>());
-  total_skipped_ += s.skipped_iterations;
-  total_nan_ += s.nan_iterations;
   log::info(format_iteration_line(s));
-  if (tensorboard_ && c_.logging.log_throughput && s.tflops_per_gpu) tensorboard_->add_scalar("throughput", *s.tflops_per_gpu, iteration);
+  if (tensorboard_ && s.tflops_per_gpu) tensorboard_->add_scalar("throughput", *s.tflops_per_gpu, iteration);
   interval_.reset(device_);
 }
 
 void Trainer::write_tensorboard(int64_t iteration, const torch::Tensor& loss) {
   const double l = loss.item<double>();
+  const double params_norm = c_.logging.log_params_norm ? optimizer_->params_norm().item<double>() : 0.0;
+  if (!tensorboard_) return;  // every rank joins the norm's collectives; rank 0 writes
   tensorboard_->add_scalar("learning-rate", schedule_.lr(), iteration);
   tensorboard_->add_scalar("learning-rate vs samples", schedule_.lr(), consumed_train_samples_);
   tensorboard_->add_scalar("batch-size", double(c_.training.global_batch_size), iteration);
@@ -224,7 +280,22 @@ void Trainer::write_tensorboard(int64_t iteration, const torch::Tensor& loss) {
   tensorboard_->add_scalar("lm loss vs samples", l, consumed_train_samples_);
   tensorboard_->add_scalar("loss-scale", scaler_.scale(), iteration);
   tensorboard_->add_scalar("grad-norm", last_step_.grad_norm.item<double>(), iteration);
-  if (c_.logging.log_params_norm) tensorboard_->add_scalar("params-norm", optimizer_->params_norm().item<double>(), iteration);
+  if (c_.logging.log_params_norm) tensorboard_->add_scalar("params-norm", params_norm, iteration);
+}
+
+void Trainer::collect_weights(TrainResult& result) {
+  torch::NoGradGuard no_grad;
+  for (auto& chunk : chunks_) {
+    const auto infos = chunk->param_infos();
+    for (const auto& item : chunk->named_parameters()) {
+      const ParamInfo& info = infos.at(item.key());
+      auto global = gather_global_param(item.value().detach().to(torch::kFloat32), info, *parallel_.tp).cpu();
+      if (options_.collect_final_weights && !info.shared_embedding_copy) result.final_weights[item.key()] = global;
+      auto flat = global.reshape({-1}).to(torch::kFloat64);
+      result.final_weights_sample.push_back(flat[0].item<double>());
+      result.final_weights_sample.push_back(flat.sum().item<double>());
+    }
+  }
 }
 
 TrainResult Trainer::run() {
@@ -238,11 +309,14 @@ TrainResult Trainer::run() {
   auto interval_start = start;
   int64_t interval_iterations = 0;
   bool memory_reported = false;
+  const bool track_exit_time = t.exit_duration_in_mins.has_value();
   for (int64_t iteration = 1; iteration <= t.train_iters; ++iteration) {
     losses.push_back(train_step());
     ++interval_iterations;
     result.iterations = iteration;
-    if (tensorboard_ && iteration % c_.logging.tensorboard_log_interval == 0) write_tensorboard(iteration, losses.back());
+    if ((tensorboard_ || c_.logging.log_params_norm) && !c_.logging.tensorboard_dir.empty() &&
+        iteration % c_.logging.tensorboard_log_interval == 0)
+      write_tensorboard(iteration, losses.back());
     if (iteration % c_.logging.log_interval == 0) {
       synchronize();
       const auto now = Clock::now();
@@ -268,10 +342,15 @@ TrainResult Trainer::run() {
       log::info(strprintf("exiting program at iteration %lld", (long long)iteration));
       break;
     }
-    if (t.exit_duration_in_mins &&
-        std::chrono::duration<double>(Clock::now() - start).count() / 60.0 > double(*t.exit_duration_in_mins)) {
-      log::info(strprintf("exiting program after %lld minutes", (long long)*t.exit_duration_in_mins));
-      break;
+    if (track_exit_time) {
+      // Every rank must stop at the same iteration: rank 0's clock decides.
+      auto over = torch::tensor({std::chrono::duration<double>(Clock::now() - start).count() / 60.0 >
+                                         double(*t.exit_duration_in_mins) ? 1.0f : 0.0f});
+      if (parallel_.sizes.world_size > 1) { over = over.to(device_); parallel_.world->broadcast(over, 0); }
+      if (over.item<float>() > 0) {
+        log::info(strprintf("exiting program after %lld minutes", (long long)*t.exit_duration_in_mins));
+        break;
+      }
     }
   }
   if (t.eval_iters > 0 && result.iterations % t.eval_interval != 0) {
@@ -281,24 +360,20 @@ TrainResult Trainer::run() {
   synchronize();
   for (const auto& l : losses) result.losses.push_back(l.item<double>());
   result.consumed_samples = consumed_train_samples_;
-  for (const auto& item : model_->named_parameters()) {
-    auto flat = item.value().detach().reshape({-1}).to(torch::kCPU, torch::kFloat64);
-    result.final_weights_sample.push_back(flat[0].item<double>());
-    result.final_weights_sample.push_back(flat.sum().item<double>());
-  }
+  collect_weights(result);
   if (tensorboard_) tensorboard_->flush();
   return result;
 }
 
 }  // namespace
 
-TrainResult train(const Config& config) {
+TrainResult train(const Config& config, const TrainOptions& options) {
   if (!config.not_supported_yet.empty())
     throw UserError("not supported yet: " + config.not_supported_yet.front() +
                     (config.not_supported_yet.size() > 1 ? strprintf(" (and %zu more; --dry-run lists them)",
                                                                      config.not_supported_yet.size() - 1)
                                                          : ""));
-  Trainer trainer(config);
+  Trainer trainer(config, options);
   return trainer.run();
 }
 

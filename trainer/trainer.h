@@ -1,21 +1,37 @@
-// The training loop: micro-batches accumulated to the global batch, the mixed-precision
-// optimizer, the LR schedule, loss scaling, evaluation, Megatron's log lines, TensorBoard.
+// The training loop: micro-batches accumulated to the global batch through the pipeline
+// schedule, tensor/sequence/data parallelism, the mixed-precision optimizer, the LR schedule,
+// loss scaling, evaluation, Megatron's log lines, TensorBoard.
 #pragma once
+#include <torch/torch.h>
+
+#include <map>
 #include <vector>
 
+#include "parallel/parallel_state.h"
 #include "trainer/config.h"
 
 namespace fp8tron {
 
+struct TrainOptions {
+  // Single-process groups even under a launcher (tests compare against this on every rank).
+  bool force_single_process = false;
+  // Return the global (TP-gathered) fp32 weights of this rank's parameters.
+  bool collect_final_weights = false;
+};
+
 struct TrainResult {
-  std::vector<double> losses;  // lm loss of every iteration (nan for non-finite ones)
+  std::vector<double> losses;  // lm loss of every iteration, averaged over data-parallel ranks
   double last_validation_loss = 0;
   int64_t iterations = 0;      // iterations run (fewer than train_iters after an exit condition)
   int64_t consumed_samples = 0;
-  std::vector<double> final_weights_sample;  // a few main-weight values, for determinism tests
+  std::vector<double> final_weights_sample;          // a few values, for determinism tests
+  std::map<std::string, torch::Tensor> final_weights;  // with collect_final_weights
 };
 
-TrainResult train(const Config& config);
+TrainResult train(const Config& config, const TrainOptions& options = {});
+
+// The parallel state of a run: single process, or MPI (CPU) / NCCL (GPU) groups.
+ParallelState make_parallel_state(const Config& config, bool force_single_process);
 
 bool cuda_available();
 

@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "core/text.h"
+#include "parallel/layer_split.h"
 #include "trainer/config_builder.h"
 
 namespace fp8tron {
@@ -48,6 +49,29 @@ const std::vector<Rule>& rules() {
          if (c.model.num_layers % c.parallel.pp != 0)
            return "--num-layers (" + ll(c.model.num_layers) + ") is not divisible by --pipeline-model-parallel-size (" +
                   ll(c.parallel.pp) + "); use --decoder-first/last-pipeline-num-layers for uneven stages";
+         return "";
+       }},
+      {"pipeline layout",
+       [](const Config& c, const FlagValues&) -> std::string {
+         const auto& d = c.distributed;
+         try {
+           for (int r = 0; r < c.parallel.pp; ++r)
+             split_layers(c.model.num_layers, c.parallel.pp, r, d.virtual_stages, d.first_stage_layers, d.last_stage_layers);
+         } catch (const UserError& e) {
+           return e.what();
+         }
+         if (d.virtual_stages > 1 && c.training.num_micro_batches % c.parallel.pp != 0)
+           return "the interleaved schedule needs the number of micro-batches (global / (micro x data-parallel)) to be a "
+                  "multiple of --pipeline-model-parallel-size";
+         return "";
+       }},
+      {"sequence parallel splits the sequence",
+       [](const Config& c, const FlagValues&) -> std::string {
+         if (c.distributed.sequence_parallel && c.model.seq_length % c.parallel.tp != 0)
+           return "--seq-length (" + ll(c.model.seq_length) + ") is not divisible by --tensor-model-parallel-size (" +
+                  ll(c.parallel.tp) + ") as --sequence-parallel needs";
+         if (c.parallel.tp > 1 && c.model.padded_vocab_size % c.parallel.tp != 0)
+           return "the padded vocabulary is not divisible by --tensor-model-parallel-size";
          return "";
        }},
       {"positive sizes",

@@ -1,0 +1,82 @@
+// One interface for collectives over a process group: MPI on CPU tensors, NCCL on GPU tensors.
+// Operations are ordered like torch.distributed's: on the GPU they are enqueued on the group's
+// communication stream after the current compute stream's work, and the compute stream waits
+// for them; `*_async` variants return a handle instead of making the compute stream wait, so
+// compute can overlap. Every wait honours --distributed-timeout-minutes: a hang becomes an
+// error naming the group, the operation and the rank.
+#pragma once
+#include <torch/torch.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace fp8tron {
+
+enum class ReduceOp { Sum, Max, Min };
+
+class CommWork {
+ public:
+  virtual ~CommWork() = default;
+  // Blocks the host (CPU) or the current compute stream (GPU) until the operation is done.
+  virtual void wait() = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const std::string& name() const { return name_; }
+  const std::vector<int>& global_ranks() const { return global_ranks_; }
+
+  // In place over the group.
+  virtual std::unique_ptr<CommWork> all_reduce_async(torch::Tensor& tensor, ReduceOp op) = 0;
+  // out holds size() chunks of in's size, concatenated along dim 0.
+  virtual std::unique_ptr<CommWork> all_gather_async(torch::Tensor& out, const torch::Tensor& in) = 0;
+  // in holds size() chunks along dim 0; out receives the sum of everyone's chunk rank().
+  virtual std::unique_ptr<CommWork> reduce_scatter_async(torch::Tensor& out, const torch::Tensor& in) = 0;
+  virtual void broadcast(torch::Tensor& tensor, int root) = 0;
+  // Point-to-point within the group (pipeline stages). Sends and receives issued inside one
+  // batch() call progress together, so paired exchanges cannot deadlock.
+  struct P2POp {
+    bool is_send;
+    torch::Tensor tensor;
+    int peer;
+    int tag = 0;  // MPI matches by tag; NCCL needs sends and receives issued in the same order
+  };
+  virtual std::unique_ptr<CommWork> batch_p2p_async(std::vector<P2POp> ops) = 0;
+  virtual void barrier() = 0;
+
+  void all_reduce(torch::Tensor& t, ReduceOp op = ReduceOp::Sum) { all_reduce_async(t, op)->wait(); }
+  void all_gather(torch::Tensor& out, const torch::Tensor& in) { all_gather_async(out, in)->wait(); }
+  void reduce_scatter(torch::Tensor& out, const torch::Tensor& in) { reduce_scatter_async(out, in)->wait(); }
+
+ protected:
+  Communicator(std::string name, int rank, int size, std::vector<int> global_ranks)
+      : name_(std::move(name)), rank_(rank), size_(size), global_ranks_(std::move(global_ranks)) {}
+  std::string name_;
+  int rank_, size_;
+  std::vector<int> global_ranks_;
+};
+
+// The whole job's transport. Creates group communicators; every rank of the world must call
+// new_group() for every group, in the same order (as MPI_Comm_split / ncclCommSplit need).
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual int world_rank() const = 0;
+  virtual int world_size() const = 0;
+  // `groups` partitions the world; the caller's group is returned.
+  virtual std::shared_ptr<Communicator> new_group(const std::string& name, const std::vector<std::vector<int>>& groups) = 0;
+};
+
+struct LaunchEnv;
+// MPI over CPU tensors (mpirun, or a single process). Initialises MPI once per process.
+std::unique_ptr<Transport> make_mpi_transport(std::chrono::milliseconds timeout);
+// NCCL over GPU tensors: ids exchanged through MPI under mpirun, else through c10d's TCPStore
+// (torchrun: the agent's store; srun: MASTER_ADDR/MASTER_PORT, rank 0 hosts).
+std::unique_ptr<Transport> make_nccl_transport(const LaunchEnv& env, int device, std::chrono::milliseconds timeout);
+
+}  // namespace fp8tron

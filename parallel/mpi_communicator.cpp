@@ -1,0 +1,217 @@
+// Collectives over MPI for CPU tensors. MPI has no 16-bit float types: bf16/fp16 reductions go
+// through an fp32 copy (CPU runs are for correctness tests, not speed).
+#include <mpi.h>
+
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+
+#include "core/error.h"
+#include "core/text.h"
+#include "parallel/communicator.h"
+
+namespace fp8tron {
+namespace {
+
+void check_mpi(int code, const char* what) {
+  if (code != MPI_SUCCESS) {
+    char text[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(code, text, &len);
+    throw std::runtime_error(std::string("MPI error in ") + what + ": " + std::string(text, size_t(len)));
+  }
+}
+
+MPI_Datatype mpi_type(torch::ScalarType t) {
+  switch (t) {
+    case torch::kFloat32: return MPI_FLOAT;
+    case torch::kFloat64: return MPI_DOUBLE;
+    case torch::kInt64: return MPI_INT64_T;
+    case torch::kInt32: return MPI_INT32_T;
+    case torch::kUInt8: return MPI_UINT8_T;
+    default: return MPI_DATATYPE_NULL;
+  }
+}
+
+MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::Sum ? MPI_SUM : op == ReduceOp::Max ? MPI_MAX : MPI_MIN; }
+
+void ensure_mpi() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (!initialized) {
+      int provided = 0;
+      check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+      std::atexit([] {
+        int finalized = 0;
+        MPI_Finalized(&finalized);
+        if (!finalized) MPI_Finalize();
+      });
+    }
+  });
+}
+
+// Requests to complete, then an action (e.g. copy an fp32 result back into a bf16 tensor).
+class MpiWork : public CommWork {
+ public:
+  MpiWork(std::string what, std::chrono::milliseconds timeout) : what_(std::move(what)), timeout_(timeout) {}
+  std::vector<MPI_Request> requests;
+  std::function<void()> finish;
+  std::vector<torch::Tensor> keep_alive;
+
+  void wait() override {
+    if (done_) return;
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    for (;;) {
+      int flag = 0;
+      check_mpi(MPI_Testall(int(requests.size()), requests.data(), &flag, MPI_STATUSES_IGNORE), what_.c_str());
+      if (flag) break;
+      if (std::chrono::steady_clock::now() > deadline)
+        throw std::runtime_error("timed out after " + std::to_string(timeout_.count() / 60000) + " min (--distributed-timeout-minutes) in " + what_);
+      std::this_thread::sleep_for(std::chrono::microseconds(20));  // yield: ranks may share cores
+    }
+    if (finish) finish();
+    done_ = true;
+  }
+  ~MpiWork() override {
+    if (!done_) try { wait(); } catch (...) {}
+  }
+
+ private:
+  std::string what_;
+  std::chrono::milliseconds timeout_;
+  bool done_ = false;
+};
+
+class MpiCommunicator : public Communicator {
+ public:
+  MpiCommunicator(std::string name, MPI_Comm comm, std::vector<int> global_ranks, int world_rank,
+                  std::chrono::milliseconds timeout)
+      : Communicator(std::move(name), 0, 1, std::move(global_ranks)), comm_(comm), world_rank_(world_rank), timeout_(timeout) {
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+  }
+  ~MpiCommunicator() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized && comm_ != MPI_COMM_WORLD) MPI_Comm_free(&comm_);
+  }
+
+  std::unique_ptr<CommWork> all_reduce_async(torch::Tensor& tensor, ReduceOp op) override {
+    auto work = make_work("all_reduce");
+    auto buf = reduction_buffer(tensor);
+    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, buf.data_ptr(), int(buf.numel()), mpi_type(buf.scalar_type()), mpi_op(op), comm_,
+                             &add(*work)),
+              "MPI_Iallreduce");
+    if (!buf.is_same(tensor)) work->finish = [tensor, buf]() mutable { tensor.copy_(buf); };
+    work->keep_alive = {tensor, buf};
+    return work;
+  }
+
+  std::unique_ptr<CommWork> all_gather_async(torch::Tensor& out, const torch::Tensor& in) override {
+    FP8TRON_CHECK(out.is_contiguous() && in.is_contiguous(), "all_gather needs contiguous tensors");
+    FP8TRON_CHECK(out.numel() == in.numel() * size_, "all_gather: output must hold size x input");
+    auto work = make_work("all_gather");
+    const int bytes = int(in.numel() * in.element_size());
+    check_mpi(MPI_Iallgather(in.data_ptr(), bytes, MPI_BYTE, out.data_ptr(), bytes, MPI_BYTE, comm_, &add(*work)),
+              "MPI_Iallgather");
+    work->keep_alive = {out, in};
+    return work;
+  }
+
+  std::unique_ptr<CommWork> reduce_scatter_async(torch::Tensor& out, const torch::Tensor& in) override {
+    FP8TRON_CHECK(in.numel() == out.numel() * size_, "reduce_scatter: input must hold size x output");
+    auto work = make_work("reduce_scatter");
+    auto src = reduction_buffer(in);
+    auto dst = reduction_buffer(out);
+    check_mpi(MPI_Ireduce_scatter_block(src.data_ptr(), dst.data_ptr(), int(dst.numel()), mpi_type(dst.scalar_type()),
+                                        MPI_SUM, comm_, &add(*work)),
+              "MPI_Ireduce_scatter_block");
+    if (!dst.is_same(out)) work->finish = [out, dst]() mutable { out.copy_(dst); };
+    work->keep_alive = {out, src, dst};
+    return work;
+  }
+
+  void broadcast(torch::Tensor& tensor, int root) override {
+    FP8TRON_CHECK(tensor.is_contiguous(), "broadcast needs a contiguous tensor");
+    auto work = make_work("broadcast");
+    check_mpi(MPI_Ibcast(tensor.data_ptr(), int(tensor.numel() * tensor.element_size()), MPI_BYTE, root, comm_, &add(*work)),
+              "MPI_Ibcast");
+    work->wait();
+  }
+
+  std::unique_ptr<CommWork> batch_p2p_async(std::vector<P2POp> ops) override {
+    auto work = make_work("send/recv");
+    for (auto& op : ops) {
+      FP8TRON_CHECK(op.tensor.is_contiguous(), "p2p needs contiguous tensors");
+      const int bytes = int(op.tensor.numel() * op.tensor.element_size());
+      if (op.is_send)
+        check_mpi(MPI_Isend(op.tensor.data_ptr(), bytes, MPI_BYTE, op.peer, op.tag, comm_, &add(*work)), "MPI_Isend");
+      else
+        check_mpi(MPI_Irecv(op.tensor.data_ptr(), bytes, MPI_BYTE, op.peer, op.tag, comm_, &add(*work)), "MPI_Irecv");
+      work->keep_alive.push_back(op.tensor);
+    }
+    return work;
+  }
+
+  void barrier() override {
+    auto work = make_work("barrier");
+    check_mpi(MPI_Ibarrier(comm_, &add(*work)), "MPI_Ibarrier");
+    work->wait();
+  }
+
+ private:
+  std::unique_ptr<MpiWork> make_work(const char* op) {
+    return std::make_unique<MpiWork>(strprintf("%s on group '%s' (global rank %d)", op, name_.c_str(), world_rank_), timeout_);
+  }
+  static MPI_Request& add(MpiWork& w) {
+    w.requests.push_back(MPI_REQUEST_NULL);
+    return w.requests.back();
+  }
+  // A contiguous tensor of an MPI reduction type holding `t`'s values (t itself when possible).
+  static torch::Tensor reduction_buffer(const torch::Tensor& t) {
+    FP8TRON_CHECK(t.device().is_cpu(), "the MPI transport works on CPU tensors");
+    if (t.is_contiguous() && mpi_type(t.scalar_type()) != MPI_DATATYPE_NULL) return t;
+    return t.to(torch::kFloat32).contiguous();
+  }
+
+  MPI_Comm comm_;
+  int world_rank_;
+  std::chrono::milliseconds timeout_;
+};
+
+class MpiTransport : public Transport {
+ public:
+  explicit MpiTransport(std::chrono::milliseconds timeout) : timeout_(timeout) {
+    ensure_mpi();
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+    MPI_Comm_size(MPI_COMM_WORLD, &size_);
+  }
+  int world_rank() const override { return rank_; }
+  int world_size() const override { return size_; }
+
+  std::shared_ptr<Communicator> new_group(const std::string& name, const std::vector<std::vector<int>>& groups) override {
+    int color = -1, key = 0;
+    std::vector<int> members;
+    for (size_t g = 0; g < groups.size(); ++g)
+      for (size_t i = 0; i < groups[g].size(); ++i)
+        if (groups[g][i] == rank_) { color = int(g); key = int(i); members = groups[g]; }
+    FP8TRON_CHECK(color >= 0, "rank " + std::to_string(rank_) + " is in no '" + name + "' group");
+    MPI_Comm comm;
+    check_mpi(MPI_Comm_split(MPI_COMM_WORLD, color, key, &comm), "MPI_Comm_split");
+    return std::make_shared<MpiCommunicator>(name, comm, members, rank_, timeout_);
+  }
+
+ private:
+  std::chrono::milliseconds timeout_;
+  int rank_ = 0, size_ = 1;
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> make_mpi_transport(std::chrono::milliseconds timeout) {
+  return std::make_unique<MpiTransport>(timeout);
+}
+
+}  // namespace fp8tron

@@ -1,0 +1,37 @@
+// The explicit parallel state handed to every module (no globals): this rank's coordinates in
+// the tp-cp-ep-dp-pp grid and a communicator per group it belongs to.
+#pragma once
+#include <memory>
+
+#include "parallel/communicator.h"
+#include "parallel/topology.h"
+
+namespace fp8tron {
+
+struct LaunchEnv;
+
+struct ParallelState {
+  ParallelSizes sizes;
+  int world_rank = 0;
+  int tp_rank = 0, cp_rank = 0, dp_rank = 0, pp_rank = 0;
+  bool sequence_parallel = false;
+  std::shared_ptr<Communicator> world, tp, dp, pp, cp;
+  // First and last pipeline stages of this rank's pipeline: they share the tied embedding.
+  std::shared_ptr<Communicator> embedding;
+  // Transports own the process-wide state (MPI, NCCL); kept alive with the groups.
+  std::shared_ptr<Transport> transport;
+
+  bool first_stage() const { return pp_rank == 0; }
+  bool last_stage() const { return pp_rank == sizes.pp - 1; }
+};
+
+// A single process: every group is just this rank; no MPI or NCCL is touched.
+ParallelState single_process_state();
+
+// Builds the groups of `sizes` over `transport` (every rank calls this with the same sizes).
+ParallelState build_parallel_state(std::shared_ptr<Transport> transport, const ParallelSizes& sizes, bool sequence_parallel);
+
+// A communicator of one rank (all operations are local copies).
+std::shared_ptr<Communicator> make_self_communicator(const std::string& name, int global_rank);
+
+}  // namespace fp8tron

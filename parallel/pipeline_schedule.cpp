@@ -1,0 +1,111 @@
+#include "parallel/pipeline_schedule.h"
+
+#include <algorithm>
+#include <map>
+
+#include "core/error.h"
+
+namespace fp8tron {
+
+std::vector<PipelineStep> pipeline_order(int pp, int rank, int chunks, int64_t num_micro) {
+  const int64_t total = num_micro * chunks;
+  // Megatron's mapping of the k-th forward (backward) of a rank to (chunk, micro-batch): groups
+  // of pp micro-batches cycle through the chunks.
+  auto chunk_of = [&](int64_t k, bool forward) {
+    const int c = int((k / pp) % chunks);
+    return forward ? c : chunks - 1 - c;
+  };
+  auto micro_of = [&](int64_t k) { return (k / (int64_t(pp) * chunks)) * pp + k % pp; };
+  int64_t warmup;
+  if (chunks == 1) warmup = std::min<int64_t>(pp - rank - 1, num_micro);
+  else warmup = std::min<int64_t>(int64_t(pp - rank - 1) * 2 + int64_t(chunks - 1) * pp, total);
+
+  std::vector<PipelineStep> order;
+  int64_t f = 0, b = 0;
+  auto fwd = [&] { order.push_back({true, chunk_of(f, true), chunks == 1 ? f : micro_of(f)}); ++f; };
+  auto bwd = [&] { order.push_back({false, chunk_of(b, false), chunks == 1 ? b : micro_of(b)}); ++b; };
+  for (int64_t i = 0; i < warmup; ++i) fwd();
+  while (f < total) { fwd(); bwd(); }  // steady state: one forward, one backward
+  while (b < total) bwd();             // cooldown
+  return order;
+}
+
+PipelineSchedule::PipelineSchedule(const ParallelState& parallel, int chunks, std::vector<int64_t> shape, torch::Dtype dtype,
+                                   torch::Device device)
+    : parallel_(parallel), chunks_(chunks), shape_(std::move(shape)), options_(torch::TensorOptions().dtype(dtype).device(device)) {}
+
+torch::Tensor PipelineSchedule::run(int64_t num_micro, const ForwardFn& forward, double loss_scale) {
+  const int pp = parallel_.sizes.pp, rank = parallel_.pp_rank;
+  const int virtual_stages = pp * chunks_;
+  if (chunks_ > 1 && num_micro % pp != 0)
+    throw std::runtime_error("the interleaved schedule needs the number of micro-batches to be a multiple of the pipeline size");
+  Communicator& comm = *parallel_.pp;
+  auto stage_of = [&](int chunk) { return chunk * pp + rank; };
+  // A message's tag names its receiving virtual stage, direction and micro-batch.
+  auto tag = [&](bool forward, int receiver_stage, int64_t micro) {
+    return int(((forward ? 0 : 1) * int64_t(virtual_stages) + receiver_stage) * num_micro + micro);
+  };
+  std::vector<std::unique_ptr<CommWork>> pending_sends;
+  auto send = [&](const torch::Tensor& t, int peer, int message_tag) {
+    auto data = t.detach().contiguous();
+    pending_sends.push_back(comm.batch_p2p_async({{true, data, peer, message_tag}}));
+  };
+  auto recv = [&](int peer, int message_tag) {
+    auto t = torch::empty(shape_, options_);
+    comm.batch_p2p_async({{false, t, peer, message_tag}})->wait();
+    return t;
+  };
+
+  std::map<std::pair<int, int64_t>, std::pair<torch::Tensor, torch::Tensor>> in_flight;  // (chunk, micro) -> (input, output)
+  auto loss_sum = torch::zeros({}, options_.dtype(torch::kFloat32));
+  const int prev = (rank - 1 + pp) % pp, next = (rank + 1) % pp;
+  for (const auto& step : pipeline_order(pp, rank, chunks_, num_micro)) {
+    const int stage = stage_of(step.chunk);
+    const bool first = stage == 0, last = stage == virtual_stages - 1;
+    if (step.forward) {
+      torch::Tensor input;
+      if (!first) input = recv(prev, tag(true, stage, step.micro_batch)).requires_grad_(true);
+      auto output = forward(step.chunk, step.micro_batch, input);
+      if (last) loss_sum += output.detach().to(torch::kFloat32);
+      else send(output, next, tag(true, stage + 1, step.micro_batch));
+      in_flight[{step.chunk, step.micro_batch}] = {input, output};
+    } else {
+      auto node = in_flight.extract({step.chunk, step.micro_batch});
+      FP8TRON_CHECK(!node.empty(), "backward before forward in the pipeline schedule");
+      auto [input, output] = node.mapped();
+      if (last) {
+        (output * loss_scale).backward();
+      } else {
+        auto grad = recv(next, tag(false, stage, step.micro_batch));
+        torch::autograd::backward({output}, {grad});
+      }
+      if (!first) send(input.grad(), prev, tag(false, stage - 1, step.micro_batch));
+    }
+  }
+  for (auto& w : pending_sends) w->wait();
+  return loss_sum;
+}
+
+torch::Tensor PipelineSchedule::run_forward_only(int64_t num_micro, const ForwardFn& forward) {
+  torch::NoGradGuard no_grad;
+  const int pp = parallel_.sizes.pp, rank = parallel_.pp_rank, virtual_stages = pp * chunks_;
+  Communicator& comm = *parallel_.pp;
+  std::vector<std::unique_ptr<CommWork>> pending_sends;
+  auto loss_sum = torch::zeros({}, options_.dtype(torch::kFloat32));
+  for (int64_t mb = 0; mb < num_micro; ++mb)
+    for (int chunk = 0; chunk < chunks_; ++chunk) {
+      const int stage = chunk * pp + rank;
+      torch::Tensor input;
+      if (stage > 0) {
+        input = torch::empty(shape_, options_);
+        comm.batch_p2p_async({{false, input, (rank - 1 + pp) % pp, int(stage * num_micro + mb)}})->wait();
+      }
+      auto output = forward(chunk, mb, input);
+      if (stage == virtual_stages - 1) loss_sum += output.to(torch::kFloat32);
+      else pending_sends.push_back(comm.batch_p2p_async({{true, output.contiguous(), (rank + 1) % pp, int((stage + 1) * num_micro + mb)}}));
+    }
+  for (auto& w : pending_sends) w->wait();
+  return loss_sum;
+}
+
+}  // namespace fp8tron

@@ -1,0 +1,47 @@
+// Pipeline-parallel schedules: 1F1B (warmup / steady / cooldown) and Megatron's interleaved
+// schedule over virtual stages. A rank runs its model chunks' forward and backward steps in
+// schedule order; activations and their gradients travel between neighbouring stages as
+// point-to-point messages. Sends are asynchronous (waited at the end of the step); receives wait,
+// so any order that respects the data dependencies completes.
+#pragma once
+#include <torch/torch.h>
+
+#include <functional>
+#include <vector>
+
+#include "parallel/parallel_state.h"
+
+namespace fp8tron {
+
+struct PipelineStep {
+  bool forward;
+  int chunk;
+  int64_t micro_batch;
+};
+
+// The order of forward/backward steps of `pp_rank` (Megatron's 1F1B, interleaved when chunks > 1).
+std::vector<PipelineStep> pipeline_order(int pp_size, int pp_rank, int chunks, int64_t num_micro_batches);
+
+class PipelineSchedule {
+ public:
+  // `activation_shape`: what flows between stages ([s(/tp), b, h]) in `dtype` on `device`.
+  PipelineSchedule(const ParallelState& parallel, int chunks, std::vector<int64_t> activation_shape, torch::Dtype dtype,
+                   torch::Device device);
+
+  // forward(chunk, micro_batch, input) runs one chunk; input is undefined on the first virtual
+  // stage. On the last virtual stage it returns the micro-batch's loss, elsewhere the hidden
+  // states. Backward scales each loss by `loss_scale`. Returns the sum of the losses (zero on
+  // ranks without the last stage).
+  using ForwardFn = std::function<torch::Tensor(int chunk, int64_t micro_batch, const torch::Tensor& input)>;
+  torch::Tensor run(int64_t num_micro_batches, const ForwardFn& forward, double loss_scale);
+  // Forward only (evaluation), micro-batch by micro-batch through the virtual stages.
+  torch::Tensor run_forward_only(int64_t num_micro_batches, const ForwardFn& forward);
+
+ private:
+  const ParallelState& parallel_;
+  int chunks_;
+  std::vector<int64_t> shape_;
+  torch::TensorOptions options_;
+};
+
+}  // namespace fp8tron
