@@ -42,6 +42,7 @@ ParallelState single_process_state() {
   ParallelState s;
   s.sizes = ParallelSizes::derive(1, 1, 1, 1, 1, 1, false);
   s.world = s.tp = s.dp = s.pp = s.cp = s.embedding = make_self_communicator("world", 0);
+  s.forward_senders = s.backward_senders = {s.pp};
   return s;
 }
 
@@ -79,6 +80,11 @@ ParallelState build_parallel_state(std::shared_ptr<Transport> transport, const P
   for (const auto& pipeline : dense_rank_groups(sizes, "pp"))
     for (size_t i = 1; i + 1 < pipeline.size(); ++i) partition.push_back({pipeline[i]});
   s.embedding = transport->new_group("embedding", partition);
+  const auto pp_groups = dense_rank_groups(sizes, "pp");
+  for (int sender = 0; sender < sizes.pp; ++sender) {
+    s.forward_senders.push_back(transport->new_group("pp-forward-from-" + std::to_string(sender), pp_groups));
+    s.backward_senders.push_back(transport->new_group("pp-backward-from-" + std::to_string(sender), pp_groups));
+  }
   return s;
 }
 

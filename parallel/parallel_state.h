@@ -11,6 +11,8 @@ namespace fp8tron {
 struct LaunchEnv;
 
 struct ParallelState {
+  // Declared first so it is destroyed last: the transport owns process-wide state (MPI, NCCL).
+  std::shared_ptr<Transport> transport;
   ParallelSizes sizes;
   int world_rank = 0;
   int tp_rank = 0, cp_rank = 0, dp_rank = 0, pp_rank = 0;
@@ -18,8 +20,11 @@ struct ParallelState {
   std::shared_ptr<Communicator> world, tp, dp, pp, cp;
   // First and last pipeline stages of this rank's pipeline: they share the tied embedding.
   std::shared_ptr<Communicator> embedding;
-  // Transports own the process-wide state (MPI, NCCL); kept alive with the groups.
-  std::shared_ptr<Transport> transport;
+  // Pipeline messages: each rank sends activations on forward_senders[its pp rank] and gradients
+  // on backward_senders[its pp rank]; a receiver listens on the sender's communicator. With one
+  // kind of message per communicator and sender, NCCL's in-order matching is unambiguous and a
+  // rank's sends never queue behind its own receives.
+  std::vector<std::shared_ptr<Communicator>> forward_senders, backward_senders;
 
   bool first_stage() const { return pp_rank == 0; }
   bool last_stage() const { return pp_rank == sizes.pp - 1; }

@@ -39,20 +39,22 @@ torch::Tensor PipelineSchedule::run(int64_t num_micro, const ForwardFn& forward,
   const int virtual_stages = pp * chunks_;
   if (chunks_ > 1 && num_micro % pp != 0)
     throw std::runtime_error("the interleaved schedule needs the number of micro-batches to be a multiple of the pipeline size");
-  Communicator& comm = *parallel_.pp;
   auto stage_of = [&](int chunk) { return chunk * pp + rank; };
   // A message's tag names its receiving virtual stage, direction and micro-batch.
   auto tag = [&](bool forward, int receiver_stage, int64_t micro) {
     return int(((forward ? 0 : 1) * int64_t(virtual_stages) + receiver_stage) * num_micro + micro);
   };
   std::vector<std::unique_ptr<CommWork>> pending_sends;
-  auto send = [&](const torch::Tensor& t, int peer, int message_tag) {
-    auto data = t.detach().contiguous();
-    pending_sends.push_back(comm.batch_p2p_async({{true, data, peer, message_tag}}));
+  auto senders = [&](bool forward) -> const std::vector<std::shared_ptr<Communicator>>& {
+    return forward ? parallel_.forward_senders : parallel_.backward_senders;
   };
-  auto recv = [&](int peer, int message_tag) {
+  auto send = [&](bool forward, const torch::Tensor& t, int peer, int message_tag) {
+    auto data = t.detach().contiguous();
+    pending_sends.push_back(senders(forward)[size_t(rank)]->batch_p2p_async({{true, data, peer, message_tag}}));
+  };
+  auto recv = [&](bool forward, int peer, int message_tag) {
     auto t = torch::empty(shape_, options_);
-    comm.batch_p2p_async({{false, t, peer, message_tag}})->wait();
+    senders(forward)[size_t(peer)]->batch_p2p_async({{false, t, peer, message_tag}})->wait();
     return t;
   };
 
@@ -64,10 +66,10 @@ torch::Tensor PipelineSchedule::run(int64_t num_micro, const ForwardFn& forward,
     const bool first = stage == 0, last = stage == virtual_stages - 1;
     if (step.forward) {
       torch::Tensor input;
-      if (!first) input = recv(prev, tag(true, stage, step.micro_batch)).requires_grad_(true);
+      if (!first) input = recv(true, prev, tag(true, stage, step.micro_batch)).requires_grad_(true);
       auto output = forward(step.chunk, step.micro_batch, input);
       if (last) loss_sum += output.detach().to(torch::kFloat32);
-      else send(output, next, tag(true, stage + 1, step.micro_batch));
+      else send(true, output, next, tag(true, stage + 1, step.micro_batch));
       in_flight[{step.chunk, step.micro_batch}] = {input, output};
     } else {
       auto node = in_flight.extract({step.chunk, step.micro_batch});
@@ -76,10 +78,10 @@ torch::Tensor PipelineSchedule::run(int64_t num_micro, const ForwardFn& forward,
       if (last) {
         (output * loss_scale).backward();
       } else {
-        auto grad = recv(next, tag(false, stage, step.micro_batch));
+        auto grad = recv(false, next, tag(false, stage, step.micro_batch));
         torch::autograd::backward({output}, {grad});
       }
-      if (!first) send(input.grad(), prev, tag(false, stage - 1, step.micro_batch));
+      if (!first) send(false, input.grad(), prev, tag(false, stage - 1, step.micro_batch));
     }
   }
   for (auto& w : pending_sends) w->wait();
@@ -89,20 +91,22 @@ torch::Tensor PipelineSchedule::run(int64_t num_micro, const ForwardFn& forward,
 torch::Tensor PipelineSchedule::run_forward_only(int64_t num_micro, const ForwardFn& forward) {
   torch::NoGradGuard no_grad;
   const int pp = parallel_.sizes.pp, rank = parallel_.pp_rank, virtual_stages = pp * chunks_;
-  Communicator& comm = *parallel_.pp;
   std::vector<std::unique_ptr<CommWork>> pending_sends;
   auto loss_sum = torch::zeros({}, options_.dtype(torch::kFloat32));
+  const int prev = (rank - 1 + pp) % pp, next = (rank + 1) % pp;
   for (int64_t mb = 0; mb < num_micro; ++mb)
     for (int chunk = 0; chunk < chunks_; ++chunk) {
       const int stage = chunk * pp + rank;
       torch::Tensor input;
       if (stage > 0) {
         input = torch::empty(shape_, options_);
-        comm.batch_p2p_async({{false, input, (rank - 1 + pp) % pp, int(stage * num_micro + mb)}})->wait();
+        parallel_.forward_senders[size_t(prev)]->batch_p2p_async({{false, input, prev, int(stage * num_micro + mb)}})->wait();
       }
       auto output = forward(chunk, mb, input);
       if (stage == virtual_stages - 1) loss_sum += output.to(torch::kFloat32);
-      else pending_sends.push_back(comm.batch_p2p_async({{true, output.contiguous(), (rank + 1) % pp, int((stage + 1) * num_micro + mb)}}));
+      else
+        pending_sends.push_back(parallel_.forward_senders[size_t(rank)]->batch_p2p_async(
+            {{true, output.contiguous(), next, int((stage + 1) * num_micro + mb)}}));
     }
   for (auto& w : pending_sends) w->wait();
   return loss_sum;

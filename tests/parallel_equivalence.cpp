@@ -1,9 +1,9 @@
 // Multi-process equivalence check, run under mpirun by ctest: every rank trains the tiny GPT
 // twice, once alone (the reference) and once in the parallel layout given on the command line,
 // and compares the 10 losses and its final (tensor-parallel-gathered) weights with the
-// reference within 1e-5 relative. fp32, dropout 0. Exit status 0 when every rank agrees.
-#include <mpi.h>
-
+// reference within 1e-5 relative (fp32, dropout 0; `--tolerance X` for bf16 runs on GPUs).
+// Each rank's exit status says whether it agrees; the launcher fails the job if any rank fails.
+// Works under mpirun (CPU or GPU) and torchrun (GPU).
 #include <cmath>
 #include <cstdio>
 #include <set>
@@ -56,7 +56,12 @@ double relative_difference(const torch::Tensor& a, const torch::Tensor& b) {
 
 int main(int argc, char** argv) {
   try {
-    std::vector<std::string> layout(argv + 1, argv + argc);
+    std::vector<std::string> layout;
+    double tolerance = 1e-5;
+    for (int i = 1; i < argc; ++i) {
+      if (std::string(argv[i]) == "--tolerance" && i + 1 < argc) tolerance = std::stod(argv[++i]);
+      else layout.push_back(argv[i]);
+    }
     const LaunchEnv env = read_launch_env();
     log::init(env.rank, false);
     LaunchEnv alone;  // the reference: one process, same flags minus the layout
@@ -70,14 +75,14 @@ int main(int argc, char** argv) {
     int failures = 0;
     for (size_t i = 0; i < reference.losses.size(); ++i) {
       const double rel = std::abs(parallel.losses.at(i) - reference.losses[i]) / std::abs(reference.losses[i]);
-      if (!(rel <= 1e-5)) {
+      if (!(rel <= tolerance)) {
         std::fprintf(stderr, "[rank %d] iteration %zu: loss %.8f vs reference %.8f (rel %.2e)\n", env.rank, i + 1,
                      parallel.losses[i], reference.losses[i], rel);
         ++failures;
       }
     }
     const double valid_rel = std::abs(parallel.last_validation_loss - reference.last_validation_loss) / reference.last_validation_loss;
-    if (!(valid_rel <= 1e-5)) {
+    if (!(valid_rel <= tolerance)) {
       std::fprintf(stderr, "[rank %d] validation loss %.8f vs %.8f\n", env.rank, parallel.last_validation_loss, reference.last_validation_loss);
       ++failures;
     }
@@ -94,16 +99,19 @@ int main(int argc, char** argv) {
       diff_sq += (w - it->second).pow(2).sum().item<double>();
       ref_sq += it->second.pow(2).sum().item<double>();
       const double rel = relative_difference(w, it->second);
-      if (!(rel <= 1e-3)) { std::fprintf(stderr, "[rank %d] %s: weights differ by %.2e relative\n", env.rank, name.c_str(), rel); ++failures; }
+      if (!(rel <= std::max(1e-3, 100 * tolerance))) { std::fprintf(stderr, "[rank %d] %s: weights differ by %.2e relative\n", env.rank, name.c_str(), rel); ++failures; }
     }
     const double weights_rel = std::sqrt(diff_sq / std::max(ref_sq, 1e-30));
-    if (!(weights_rel <= 1e-5)) { std::fprintf(stderr, "[rank %d] weights differ by %.2e relative\n", env.rank, weights_rel); ++failures; }
-    int total = 0;
-    MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-    if (env.rank == 0) {
+    if (!(weights_rel <= tolerance)) { std::fprintf(stderr, "[rank %d] weights differ by %.2e relative\n", env.rank, weights_rel); ++failures; }
+    const int total = failures;
+    {
       std::string joined;
       for (const auto& a : layout) joined += a + " ";
-      std::printf("%s: losses %.6f -> %.6f, %s\n", joined.c_str(), reference.losses.front(), reference.losses.back(),
+      double worst = 0;
+      for (size_t i = 0; i < reference.losses.size(); ++i)
+        worst = std::max(worst, std::abs(parallel.losses[i] - reference.losses[i]) / std::abs(reference.losses[i]));
+      std::printf("[rank %d] %s: losses %.6f -> %.6f, worst relative loss difference %.2e, weights %.2e: %s\n", env.rank,
+                  joined.c_str(), reference.losses.front(), reference.losses.back(), worst, weights_rel,
                   total == 0 ? "equivalent to one process" : "MISMATCH");
     }
     return total == 0 ? 0 : 1;

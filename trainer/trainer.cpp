@@ -29,9 +29,11 @@ bool cuda_available() { return torch::cuda::is_available(); }
 ParallelState make_parallel_state(const Config& c, bool force_single_process) {
   if (force_single_process || c.parallel.world_size == 1) return single_process_state();
   const auto timeout = std::chrono::minutes(c.distributed.timeout_minutes);
-  if (c.device == "cuda")
-    throw UserError("not supported yet: multi-GPU runs (the NCCL transport of the parallel runtime, issue 4); "
-                    "multi-process runs work on CPU with --device cpu under mpirun");
+  if (c.device == "cuda") {
+    const int devices = std::max(1, int(torch::cuda::device_count()));
+    return build_parallel_state(make_nccl_transport(c.launch, c.launch.local_rank % devices, timeout), c.parallel,
+                                c.distributed.sequence_parallel);
+  }
   if (c.launch.launcher != "mpirun")
     throw UserError("multi-process CPU runs use MPI: launch with mpirun (got " + c.launch.launcher + ")");
   return build_parallel_state(make_mpi_transport(timeout), c.parallel, c.distributed.sequence_parallel);

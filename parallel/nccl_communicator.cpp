@@ -1,0 +1,274 @@
+// Collectives over NCCL for GPU tensors. Each group has its own communicator and stream: an
+// operation waits for the compute stream's work so far (an event), runs on the group's stream,
+// and the caller's stream waits for it (now, or at CommWork::wait() for *_async).
+// Point-to-point: every pipeline rank sends on a communicator of its own ("sender" comms), so a
+// rank's sends and receives never queue behind each other on one stream.
+// A watchdog thread turns a hang into an error naming the group, the operation and the rank.
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <mpi.h>
+#include <nccl.h>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "core/text.h"
+#include "parallel/communicator.h"
+#include "parallel/launch_env.h"
+
+namespace fp8tron {
+namespace {
+
+void check_nccl(ncclResult_t r, const char* what) {
+  if (r != ncclSuccess) throw std::runtime_error(std::string("NCCL error in ") + what + ": " + ncclGetErrorString(r));
+}
+
+ncclDataType_t nccl_type(torch::ScalarType t) {
+  switch (t) {
+    case torch::kFloat32: return ncclFloat32;
+    case torch::kBFloat16: return ncclBfloat16;
+    case torch::kFloat16: return ncclFloat16;
+    case torch::kFloat64: return ncclFloat64;
+    case torch::kInt64: return ncclInt64;
+    case torch::kInt32: return ncclInt32;
+    case torch::kUInt8: return ncclUint8;
+    default: throw std::runtime_error("NCCL: unsupported dtype");
+  }
+}
+ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::Sum ? ncclSum : op == ReduceOp::Max ? ncclMax : ncclMin; }
+
+// Watches in-flight operations; on a timeout it reports and aborts the process (the other ranks'
+// watchdogs or the launcher end theirs), as a hung collective cannot be recovered.
+class Watchdog {
+ public:
+  explicit Watchdog(std::chrono::milliseconds timeout) : timeout_(timeout), thread_([this] { loop(); }) {}
+  ~Watchdog() {
+    stop_ = true;
+    thread_.join();
+  }
+  void watch(std::shared_ptr<at::cuda::CUDAEvent> done, std::string what, ncclComm_t comm) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    pending_.push_back({std::move(done), std::chrono::steady_clock::now() + timeout_, std::move(what), comm});
+  }
+
+ private:
+  struct Entry {
+    std::shared_ptr<at::cuda::CUDAEvent> done;
+    std::chrono::steady_clock::time_point deadline;
+    std::string what;
+    ncclComm_t comm;
+  };
+  void loop() {
+    while (!stop_) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      std::lock_guard<std::mutex> lock(mutex_);
+      while (!pending_.empty()) {
+        Entry& e = pending_.front();
+        if (e.done->query()) { pending_.pop_front(); continue; }
+        ncclResult_t async = ncclSuccess;
+        ncclCommGetAsyncError(e.comm, &async);
+        if (async != ncclSuccess || std::chrono::steady_clock::now() > e.deadline) {
+          std::string why = async != ncclSuccess ? std::string("NCCL error ") + ncclGetErrorString(async)
+                                                 : "timed out after " + std::to_string(timeout_.count() / 60000) +
+                                                       " min (--distributed-timeout-minutes)";
+          std::fprintf(stderr, "fp8tron: error: %s in %s\n", why.c_str(), e.what.c_str());
+          std::fflush(stderr);
+          ncclCommAbort(e.comm);
+          std::_Exit(1);
+        }
+        break;  // operations on one stream finish in order enough for a coarse check
+      }
+    }
+  }
+  std::chrono::milliseconds timeout_;
+  std::mutex mutex_;
+  std::deque<Entry> pending_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+class NcclWork : public CommWork {
+ public:
+  explicit NcclWork(std::shared_ptr<at::cuda::CUDAEvent> done) : done_(std::move(done)) {}
+  void wait() override { done_->block(at::cuda::getCurrentCUDAStream()); }
+
+ private:
+  std::shared_ptr<at::cuda::CUDAEvent> done_;
+};
+
+class NcclCommunicator : public Communicator {
+ public:
+  NcclCommunicator(std::string name, ncclComm_t comm, std::vector<int> global_ranks, int world_rank, int device,
+                   Watchdog& watchdog)
+      : Communicator(std::move(name), 0, 1, std::move(global_ranks)),
+        comm_(comm),
+        world_rank_(world_rank),
+        stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device)),
+        watchdog_(watchdog) {
+    check_nccl(ncclCommUserRank(comm_, &rank_), "ncclCommUserRank");
+    check_nccl(ncclCommCount(comm_, &size_), "ncclCommCount");
+  }
+  ~NcclCommunicator() override { ncclCommDestroy(comm_); }
+
+  std::unique_ptr<CommWork> all_reduce_async(torch::Tensor& t, ReduceOp op) override {
+    FP8TRON_CHECK(t.is_contiguous(), "all_reduce needs a contiguous tensor");
+    return enqueue("all_reduce", {t}, [&] {
+      check_nccl(ncclAllReduce(t.data_ptr(), t.data_ptr(), size_t(t.numel()), nccl_type(t.scalar_type()), nccl_op(op), comm_, stream_),
+                 "ncclAllReduce");
+    });
+  }
+  std::unique_ptr<CommWork> all_gather_async(torch::Tensor& out, const torch::Tensor& in) override {
+    FP8TRON_CHECK(out.is_contiguous() && in.is_contiguous() && out.numel() == in.numel() * size_, "all_gather shapes");
+    return enqueue("all_gather", {out, in}, [&] {
+      check_nccl(ncclAllGather(in.data_ptr(), out.data_ptr(), size_t(in.numel()), nccl_type(in.scalar_type()), comm_, stream_),
+                 "ncclAllGather");
+    });
+  }
+  std::unique_ptr<CommWork> reduce_scatter_async(torch::Tensor& out, const torch::Tensor& in) override {
+    FP8TRON_CHECK(out.is_contiguous() && in.is_contiguous() && in.numel() == out.numel() * size_, "reduce_scatter shapes");
+    return enqueue("reduce_scatter", {out, in}, [&] {
+      check_nccl(ncclReduceScatter(in.data_ptr(), out.data_ptr(), size_t(out.numel()), nccl_type(out.scalar_type()), ncclSum, comm_,
+                                   stream_),
+                 "ncclReduceScatter");
+    });
+  }
+  void broadcast(torch::Tensor& t, int root) override {
+    FP8TRON_CHECK(t.is_contiguous(), "broadcast needs a contiguous tensor");
+    enqueue("broadcast", {t}, [&] {
+      check_nccl(ncclBroadcast(t.data_ptr(), t.data_ptr(), size_t(t.numel()), nccl_type(t.scalar_type()), root, comm_, stream_),
+                 "ncclBroadcast");
+    })->wait();
+  }
+  std::unique_ptr<CommWork> batch_p2p_async(std::vector<P2POp> ops) override {
+    std::vector<torch::Tensor> tensors;
+    for (auto& op : ops) tensors.push_back(op.tensor);
+    return enqueue("send/recv", tensors, [&] {
+      check_nccl(ncclGroupStart(), "ncclGroupStart");
+      for (auto& op : ops) {
+        const size_t bytes = size_t(op.tensor.numel() * op.tensor.element_size());
+        if (op.is_send) check_nccl(ncclSend(op.tensor.data_ptr(), bytes, ncclUint8, op.peer, comm_, stream_), "ncclSend");
+        else check_nccl(ncclRecv(op.tensor.data_ptr(), bytes, ncclUint8, op.peer, comm_, stream_), "ncclRecv");
+      }
+      check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+    });
+  }
+  void barrier() override {
+    auto t = torch::zeros({1}, torch::TensorOptions().device(torch::kCUDA, stream_.device_index()));
+    all_reduce(t);
+    at::cuda::getCurrentCUDAStream().synchronize();
+  }
+
+ private:
+  template <typename F>
+  std::unique_ptr<CommWork> enqueue(const char* op, const std::vector<torch::Tensor>& tensors, F&& issue) {
+    auto compute = at::cuda::getCurrentCUDAStream();
+    at::cuda::CUDAEvent ready;
+    ready.record(compute);
+    ready.block(stream_);
+    // The caching allocator must not hand these buffers out again before the stream is done.
+    for (const auto& t : tensors) c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), stream_);
+    {
+      c10::cuda::CUDAStreamGuard guard(stream_);
+      issue();
+    }
+    auto done = std::make_shared<at::cuda::CUDAEvent>();
+    done->record(stream_);
+    watchdog_.watch(done, strprintf("%s on group '%s' (global rank %d)", op, name_.c_str(), world_rank_), comm_);
+    auto work = std::make_unique<NcclWork>(done);
+    return work;
+  }
+
+  ncclComm_t comm_;
+  int world_rank_;
+  c10::cuda::CUDAStream stream_;
+  Watchdog& watchdog_;
+
+  friend class NcclTransport;
+};
+
+// Exchanges the world's ncclUniqueId: MPI under mpirun, else the c10d TCPStore (torchrun's agent
+// store when it provides one; rank 0 hosts it otherwise).
+ncclUniqueId exchange_unique_id(const LaunchEnv& env, std::chrono::milliseconds timeout) {
+  ncclUniqueId id{};
+  if (env.rank == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+  if (env.launcher == "mpirun") {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (!initialized) {
+      int provided = 0;
+      MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+      std::atexit([] { int f = 0; MPI_Finalized(&f); if (!f) MPI_Finalize(); });
+    }
+    MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+    return id;
+  }
+  if (env.master_addr.empty()) throw UserError("multi-GPU runs need MASTER_ADDR and MASTER_PORT (or launch with mpirun/torchrun)");
+  c10d::TCPStoreOptions options;
+  options.port = uint16_t(env.master_port);
+  options.isServer = env.rank == 0 && !env.agent_store;
+  options.numWorkers = env.world_size;
+  options.waitWorkers = false;
+  options.timeout = timeout;
+  c10d::TCPStore store(env.master_addr, options);
+  const std::string key = "fp8tron/nccl_unique_id";
+  if (env.rank == 0) {
+    std::vector<uint8_t> bytes(reinterpret_cast<uint8_t*>(&id), reinterpret_cast<uint8_t*>(&id) + sizeof id);
+    store.set(key, bytes);
+  }
+  auto bytes = store.get(key);
+  FP8TRON_CHECK(bytes.size() == sizeof id, "bad NCCL id from the store");
+  std::memcpy(&id, bytes.data(), sizeof id);
+  // Keep the server alive until everyone has read the id.
+  store.add("fp8tron/nccl_id_read", 1);
+  if (options.isServer)
+    while (store.add("fp8tron/nccl_id_read", 0) < env.world_size) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  return id;
+}
+
+class NcclTransport : public Transport {
+ public:
+  NcclTransport(const LaunchEnv& env, int device, std::chrono::milliseconds timeout)
+      : rank_(env.rank), size_(env.world_size), device_(device), watchdog_(timeout) {
+    c10::cuda::set_device(device);
+    ncclUniqueId id = exchange_unique_id(env, timeout);
+    check_nccl(ncclCommInitRank(&world_, size_, id, rank_), "ncclCommInitRank");
+  }
+  ~NcclTransport() override { ncclCommDestroy(world_); }
+  int world_rank() const override { return rank_; }
+  int world_size() const override { return size_; }
+
+  std::shared_ptr<Communicator> new_group(const std::string& name, const std::vector<std::vector<int>>& groups) override {
+    int color = -1, key = 0;
+    std::vector<int> members;
+    for (size_t g = 0; g < groups.size(); ++g)
+      for (size_t i = 0; i < groups[g].size(); ++i)
+        if (groups[g][i] == rank_) { color = int(g); key = int(i); members = groups[g]; }
+    FP8TRON_CHECK(color >= 0, "rank " + std::to_string(rank_) + " is in no '" + name + "' group");
+    ncclComm_t comm;
+    check_nccl(ncclCommSplit(world_, color, key, &comm, nullptr), "ncclCommSplit");
+    return std::make_shared<NcclCommunicator>(name, comm, members, rank_, device_, watchdog_);
+  }
+
+ private:
+  int rank_, size_, device_;
+  ncclComm_t world_{};
+  Watchdog watchdog_;
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> make_nccl_transport(const LaunchEnv& env, int device, std::chrono::milliseconds timeout) {
+  return std::make_unique<NcclTransport>(env, device, timeout);
+}
+
+}  // namespace fp8tron
