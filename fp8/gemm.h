@@ -1,0 +1,121 @@
+// FP8 (and bf16) GEMMs through cuBLASLt, with cached descriptors and algorithms.
+//
+// Layout contract (read this before calling)
+// ------------------------------------------
+// gemm() speaks cuBLAS's column-major language: D (m x n, column-major, leading dimension ldd) =
+// alpha * op(A) * op(B) [+ D] [+ bias], op(A) m x k, op(B) k x n. A GemmOperand describes the matrix
+// as stored (rows x cols column-major, ld >= rows) plus whether op() transposes it.
+//
+// Hopper FP8 tensor cores only take "TN": A transposed and B not, i.e. both operands stored with
+// the reduction dimension k contiguous ("K-major"). gemm() refuses other FP8 layouts; produce the
+// other layout with the transposed copy of the quantizers (Fp8TensorView::data_t) instead.
+//
+// In row-major terms (torch tensors, fp8_tensor.h) a row-major [r, c] matrix is a column-major
+// c x r one, and the TN FP8 GEMM is exactly   Y[M, N] = X[M, K] * W[N, K]^T   with X and W both
+// row-major (K contiguous). gemm_nt() takes that form directly; a linear layer's three GEMMs are:
+//   fprop  Y [M,N]  = X  [M,K] * W  [N,K]^T   x = X rowwise,   w = W rowwise
+//   dgrad  dX[M,K]  = dY [M,N] * Wt [K,N]^T   x = dY rowwise,  w = W's transposed copy
+//   wgrad  dW[N,K]  = dYt[N,M] * Xt [K,M]^T   x = dY's transposed copy, w = X's transposed copy
+// (TE's cublaslt_gemm.cu makes the same choice of copies.)
+//
+// Scaling: tensor scaling passes one device float per operand (scale_inv, the dequantization
+// factor); blockwise passes the fp32 block scales of fp8_tensor.h (cuBLASLt VEC128_32F for 1x128,
+// BLK128x128_32F for 128x128; 128x128 x 128x128 is not supported by cuBLASLt). MXFP8 has no Hopper
+// GEMM: gemm() refuses it (the MXFP8 recipe runs emulated).
+//
+// Accumulation is fp32. fast_accumulation (CUBLASLT_MATMUL_DESC_FAST_ACCUM) trades accuracy for
+// speed on Hopper; TE uses it in fprop only; it is ignored (forced off) for block scaling.
+// Output: bf16 or fp32. Optional bias epilogue (length m in column-major terms = N in gemm_nt).
+//
+// Threading and streams: a GemmHandle belongs to one device. Its plan cache is thread-safe. It
+// keeps one 32 MiB workspace per stream it has seen, so GEMMs on different streams may overlap.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "fp8/fp8_tensor.h"
+
+struct CUstream_st;
+
+namespace fp8tron::fp8 {
+
+enum class DType : uint8_t { kE4M3, kE5M2, kBF16, kFP32 };
+const char* dtype_name(DType dtype);
+DType dtype_of(Format format);  // E4M3 / E5M2 only
+inline bool is_fp8(DType d) { return d == DType::kE4M3 || d == DType::kE5M2; }
+
+// A matrix as stored, column-major.
+struct GemmOperand {
+  const void* data = nullptr;
+  DType dtype = DType::kBF16;
+  int64_t rows = 0;  // stored rows (the contiguous dimension)
+  int64_t cols = 0;
+  int64_t ld = 0;    // leading dimension, >= rows
+  bool transposed = false;          // op(X) = X^T
+  const void* scale_inv = nullptr;  // FP8: device fp32 dequantization factor(s)
+  ScalingMode scaling = ScalingMode::kTensor;
+};
+
+struct GemmOutput {
+  void* data = nullptr;
+  DType dtype = DType::kBF16;  // kBF16 or kFP32
+  int64_t ld = 0;              // >= m
+};
+
+struct GemmConfig {
+  bool fast_accumulation = false;
+  const void* bias = nullptr;  // device vector of m values (bias_dtype), added to every column of D
+  DType bias_dtype = DType::kBF16;
+  bool accumulate = false;  // D = result + D (beta = 1)
+  float alpha = 1.0f;
+  int sm_count = 0;  // cap on SMs used (CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET) for overlap; 0 = all
+};
+
+class GemmHandle {
+ public:
+  static constexpr size_t kDefaultWorkspaceBytes = size_t{32} << 20;
+
+  // Binds to the current CUDA device.
+  explicit GemmHandle(size_t workspace_bytes = kDefaultWorkspaceBytes);
+  ~GemmHandle();
+  GemmHandle(const GemmHandle&) = delete;
+  GemmHandle& operator=(const GemmHandle&) = delete;
+
+  int device() const;
+  size_t cached_plans() const;
+  // Allocates the workspace for `stream` now (call before capturing a CUDA graph on it).
+  void reserve_workspace(CUstream_st* stream);
+
+  struct Impl;
+
+ private:
+  friend void gemm(GemmHandle&, const GemmOperand&, const GemmOperand&, const GemmOutput&, const GemmConfig&,
+                   CUstream_st*);
+  std::unique_ptr<Impl> impl_;
+};
+
+void gemm(GemmHandle& handle, const GemmOperand& a, const GemmOperand& b, const GemmOutput& d,
+          const GemmConfig& config, CUstream_st* stream);
+
+// A row-major matrix [rows, cols] with row stride ld (>= cols), as torch stores it.
+struct RowMajorMatrix {
+  const void* data = nullptr;
+  DType dtype = DType::kBF16;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t ld = 0;
+  const void* scale_inv = nullptr;
+  ScalingMode scaling = ScalingMode::kTensor;
+};
+
+// The row-wise copy ([rows, cols]) or the transposed copy ([cols, rows]) of a quantized tensor.
+RowMajorMatrix rowwise_matrix(const Fp8TensorView& t);
+RowMajorMatrix transposed_matrix(const Fp8TensorView& t);
+
+// Y[M, N] = alpha * X[M, K] * W[N, K]^T (+ bias[N]) (+ Y), row-major; y has row stride ldy >= N.
+void gemm_nt(GemmHandle& handle, const RowMajorMatrix& x, const RowMajorMatrix& w, void* y, DType y_dtype, int64_t ldy,
+             const GemmConfig& config, CUstream_st* stream);
+
+}  // namespace fp8tron::fp8

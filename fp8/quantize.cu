@@ -1,0 +1,665 @@
+// CUDA kernels behind quantize.h. Three kernel families:
+//   amax_kernel          max |x| of a bf16 buffer (16-byte loads, 4 in flight per thread,
+//                        block reduction, one atomicMax per block)
+//   cast_flat_kernel     per-tensor cast of a flat buffer without a transposed copy (16 elements
+//                        per thread step: two 16-byte loads, one 16-byte store)
+//   quantize_tile_kernel 128x128 tiles, 256 threads, each thread an 8x8 sub-tile held as eight
+//                        16-byte vectors in registers. One pass computes whatever statistics the
+//                        mode needs (tensor amax, 1x128 row/column amaxes, 128x128 block amax,
+//                        1x32 MX amaxes), writes the row-wise codes with 8-byte stores and stages
+//                        the transposed codes in shared memory (XOR-swizzled 8-byte chunks) so
+//                        that the transposed copy also leaves with 16-byte stores.
+// plus dequantize kernels for the emulated paths. Conversions: E4M3/E5M2 through the hardware
+// cvt.rn.satfinite instruction (__nv_cvt_float2_to_fp8x2), HiF8/E8M0/bf16 through format_codec.h.
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "core/text.h"
+#include "fp8/cuda_check.h"
+#include "fp8/format_codec.h"
+#include "fp8/formats.h"
+#include "fp8/quantize.h"
+#include "fp8/scale_math.h"
+
+namespace fp8tron::fp8 {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kTile = 128;  // tile edge of quantize_tile_kernel
+
+// ---- small device helpers ---------------------------------------------------------------------------
+
+// Element j (0..7) of eight packed bf16 values, as float.
+__device__ __forceinline__ float unpack(const uint4& v, int j) {
+  const uint32_t w = j < 2 ? v.x : j < 4 ? v.y : j < 6 ? v.z : v.w;
+  return __uint_as_float((j & 1) ? (w & 0xFFFF0000u) : (w << 16));
+}
+
+__device__ __forceinline__ float abs_max8(const uint4& v, float m) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) m = fmaxf(m, fabsf(unpack(v, j)));
+  return m;
+}
+
+template <Format F>
+__device__ __forceinline__ uint32_t encode2(float a, float b) {  // a -> low byte
+  if constexpr (F == Format::kE4M3) {
+    return __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+  } else if constexpr (F == Format::kE5M2) {
+    return __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E5M2);
+  } else {
+    static_assert(F == Format::kHiF8, "unsupported element format");
+    return static_cast<uint32_t>(codec::encode_hif8(a, true)) | (static_cast<uint32_t>(codec::encode_hif8(b, true)) << 8);
+  }
+}
+
+// Eight values (v[j] * s) -> eight codes, byte j = element j.
+template <Format F>
+__device__ __forceinline__ uint2 encode8(const float (&v)[8]) {
+  uint2 r;
+  r.x = encode2<F>(v[0], v[1]) | (encode2<F>(v[2], v[3]) << 16);
+  r.y = encode2<F>(v[4], v[5]) | (encode2<F>(v[6], v[7]) << 16);
+  return r;
+}
+
+template <Format F>
+__device__ __forceinline__ uint8_t encode1(float v) {
+  return static_cast<uint8_t>(encode2<F>(v, 0.0f) & 0xFFu);
+}
+
+template <Format F>
+__device__ __forceinline__ float decode1(uint8_t c) {
+  if constexpr (F == Format::kE4M3) return codec::decode_e4m3(c);
+  else if constexpr (F == Format::kE5M2) return codec::decode_e5m2(c);
+  else return codec::decode_hif8(c);
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
+  return v;
+}
+
+// Max over the block; every thread gets the result. `red` holds kWarps + 1 floats.
+__device__ __forceinline__ float block_max(float v, float* red) {
+  v = warp_max(v);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float m = red[0];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) m = fmaxf(m, red[w]);
+    red[kWarps] = m;
+  }
+  __syncthreads();
+  return red[kWarps];
+}
+
+// amax values are >= 0 (and never NaN: fmaxf drops NaNs), so the float order is the int order.
+__device__ __forceinline__ void atomic_max_amax(float* address, float value) {
+  atomicMax(reinterpret_cast<int*>(address), __float_as_int(value));
+}
+
+// ---- (a) amax ---------------------------------------------------------------------------------------
+
+__global__ void __launch_bounds__(kThreads) amax_kernel(const uint16_t* x, size_t n, bool vectorized, float* amax) {
+  __shared__ float red[kWarps + 1];
+  const size_t stride = static_cast<size_t>(gridDim.x) * kThreads;
+  const size_t start = static_cast<size_t>(blockIdx.x) * kThreads + threadIdx.x;
+  float m = 0.0f;
+  size_t scalar_begin = 0;
+  if (vectorized) {
+    const uint4* xv = reinterpret_cast<const uint4*>(x);
+    const size_t nv = n / 8;
+    size_t i = start;
+    for (; i + 3 * stride < nv; i += 4 * stride) {
+      const uint4 a = __ldg(xv + i), b = __ldg(xv + i + stride), c = __ldg(xv + i + 2 * stride),
+                  d = __ldg(xv + i + 3 * stride);
+      m = abs_max8(a, m);
+      m = abs_max8(b, m);
+      m = abs_max8(c, m);
+      m = abs_max8(d, m);
+    }
+    for (; i < nv; i += stride) m = abs_max8(__ldg(xv + i), m);
+    scalar_begin = nv * 8;
+  }
+  for (size_t i = scalar_begin + start; i < n; i += stride) m = fmaxf(m, fabsf(codec::bf16_to_float(x[i])));
+  m = block_max(m, red);
+  if (threadIdx.x == 0) atomic_max_amax(amax, m);
+}
+
+// ---- (b)/(c) per-tensor cast without transpose ----------------------------------------------------------
+
+struct TensorScaleArgs {
+  const float* scale_in = nullptr;  // delayed: the scale to use
+  const float* amax_in = nullptr;   // current: derive the scale from this amax
+  float fp8_max = 0.0f;
+  bool power_2 = false;
+  float epsilon = 0.0f;
+  float* scale_out = nullptr;      // current: the derived scale (optional)
+  float* scale_inv_out = nullptr;  // 1 / scale (optional)
+  float* amax_out = nullptr;       // delayed: max-accumulate |x| (optional)
+};
+
+template <bool kFromAmax>
+__device__ __forceinline__ float tensor_scale(const TensorScaleArgs& s) {
+  float scale;
+  if constexpr (kFromAmax) {
+    scale = scale_from_amax(*s.amax_in, s.fp8_max, s.power_2, s.epsilon);
+  } else {
+    scale = *s.scale_in;
+  }
+  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
+    if (kFromAmax && s.scale_out) *s.scale_out = scale;
+    if (s.scale_inv_out) *s.scale_inv_out = __frcp_rn(scale);
+  }
+  return scale;
+}
+
+template <Format F, bool kFromAmax>
+__global__ void __launch_bounds__(kThreads)
+    cast_flat_kernel(const uint16_t* x, size_t n, bool vectorized, uint8_t* out, const TensorScaleArgs s) {
+  __shared__ float red[kWarps + 1];
+  const float scale = tensor_scale<kFromAmax>(s);
+  const bool want_amax = s.amax_out != nullptr;
+  const size_t stride = static_cast<size_t>(gridDim.x) * kThreads;
+  const size_t start = static_cast<size_t>(blockIdx.x) * kThreads + threadIdx.x;
+  float m = 0.0f;
+  size_t scalar_begin = 0;
+  if (vectorized) {  // 16 elements per step: two 16-byte loads, one 16-byte store
+    const uint4* xv = reinterpret_cast<const uint4*>(x);
+    uint4* ov = reinterpret_cast<uint4*>(out);
+    const size_t nv = n / 16;
+    for (size_t i = start; i < nv; i += stride) {
+      const uint4 a = __ldg(xv + 2 * i), b = __ldg(xv + 2 * i + 1);
+      if (want_amax) m = abs_max8(b, abs_max8(a, m));
+      float fa[8], fb[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        fa[j] = unpack(a, j) * scale;
+        fb[j] = unpack(b, j) * scale;
+      }
+      const uint2 qa = encode8<F>(fa), qb = encode8<F>(fb);
+      ov[i] = make_uint4(qa.x, qa.y, qb.x, qb.y);
+    }
+    scalar_begin = nv * 16;
+  }
+  for (size_t i = scalar_begin + start; i < n; i += stride) {
+    const float v = codec::bf16_to_float(x[i]);
+    if (want_amax) m = fmaxf(m, fabsf(v));
+    out[i] = encode1<F>(v * scale);
+  }
+  if (want_amax) {
+    m = block_max(m, red);
+    if (threadIdx.x == 0) atomic_max_amax(s.amax_out, m);
+  }
+}
+
+// ---- 128x128 tile kernel: transposes and block scaling -------------------------------------------------
+
+enum class TileMode { kTensorGiven, kTensorFromAmax, kBlock1x128, kBlock128x128, kMx };
+
+struct TileArgs {
+  const uint16_t* x = nullptr;
+  size_t rows = 0, cols = 0;
+  uint8_t* out = nullptr;    // [rows, cols] or null
+  uint8_t* out_t = nullptr;  // [cols, rows] or null
+  TensorScaleArgs tensor;    // tensor modes
+  void* scale_inv = nullptr;    // block modes: fp32 (1x128, 128x128) or E8M0 (MX) for out
+  void* scale_inv_t = nullptr;  // ... for out_t
+  size_t ld = 0, ld_t = 0;      // strides of those layouts (fp8_tensor.h)
+  float fp8_max = 0.0f;
+  float fp8_max_rcp = 0.0f;  // MX
+  bool power_2 = false;
+  float epsilon = 0.0f;
+};
+
+// Shared-memory staging of the transposed codes: row c holds the 128 codes of column c of the tile
+// in sixteen 8-byte chunks (chunk k = tile rows 8k..8k+7). Chunk k of row c is stored at slot
+// k ^ swizzle(c), which keeps chunk pairs (2q, 2q+1) adjacent for the 16-byte reads and spreads the
+// 8-byte writes of a half-warp over twice as many banks as a plain layout.
+__device__ __forceinline__ int t_slot(int chunk, int c) { return chunk ^ (((c >> 3) & 7) << 1); }
+
+template <Format F, TileMode M>
+__global__ void __launch_bounds__(kThreads) quantize_tile_kernel(const TileArgs a) {
+  constexpr bool kTensorMode = M == TileMode::kTensorGiven || M == TileMode::kTensorFromAmax;
+  constexpr bool kColumnStats = M == TileMode::kBlock1x128 || M == TileMode::kMx;
+  constexpr int kColBlocks = M == TileMode::kMx ? kTile / 32 : 1;  // column scale blocks per tile
+
+  __shared__ __align__(16) uint8_t staged_t[kTile][kTile];
+  __shared__ float col_partial[kColumnStats ? 16 : 1][kColumnStats ? kTile : 1];
+  __shared__ float col_mult[kColumnStats ? kColBlocks : 1][kColumnStats ? kTile : 1];
+  __shared__ float red[kWarps + 1];
+
+  const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+  const size_t r0 = static_cast<size_t>(blockIdx.y) * kTile, c0 = static_cast<size_t>(blockIdx.x) * kTile;
+  const size_t col = c0 + 8 * tx;  // this thread's 8 columns: col .. col+7
+  const bool col_ok = col < a.cols;
+  const size_t row0 = r0 + 8 * ty;  // this thread's 8 rows
+
+  uint4 v[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const size_t row = row0 + i;
+    v[i] = (col_ok && row < a.rows) ? __ldg(reinterpret_cast<const uint4*>(a.x + row * a.cols + col))
+                                    : make_uint4(0, 0, 0, 0);
+  }
+
+  // ---- statistics and scales ----
+  float uniform_scale = 1.0f;  // tensor modes and 128x128
+  float row_scale[8];          // 1x128 and MX: scale of each of the thread's rows
+#pragma unroll
+  for (int i = 0; i < 8; ++i) row_scale[i] = 1.0f;
+
+  if constexpr (M == TileMode::kTensorGiven || M == TileMode::kTensorFromAmax) {
+    uniform_scale = tensor_scale<M == TileMode::kTensorFromAmax>(a.tensor);
+    if (a.tensor.amax_out != nullptr) {  // uniform over the grid
+      float m = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) m = abs_max8(v[i], m);
+      m = block_max(m, red);
+      if (tid == 0) atomic_max_amax(a.tensor.amax_out, m);
+    }
+  } else if constexpr (M == TileMode::kBlock128x128) {
+    float m = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) m = abs_max8(v[i], m);
+    m = block_max(m, red);
+    uniform_scale = scale_from_amax(m, a.fp8_max, a.power_2, a.epsilon);
+    if (tid == 0) {
+      const float inv = __frcp_rn(uniform_scale);
+      const size_t rb = r0 / kTile, cb = c0 / kTile;
+      if (a.out) static_cast<float*>(a.scale_inv)[rb * a.ld + cb] = inv;
+      if (a.out_t) static_cast<float*>(a.scale_inv_t)[cb * a.ld_t + rb] = inv;
+    }
+  } else {
+    // Row-wise runs: 1x128 spans the 16 threads of a half-warp, 1x32 spans 4 of them.
+    if (a.out) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        float m = abs_max8(v[i], 0.0f);
+        if constexpr (M == TileMode::kBlock1x128) {
+#pragma unroll
+          for (int o = 8; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+          row_scale[i] = scale_from_amax(m, a.fp8_max, a.power_2, a.epsilon);
+          const size_t row = row0 + i;
+          if (tx == 0 && row < a.rows) {
+            static_cast<float*>(a.scale_inv)[(c0 / kTile) * a.ld + row] = __frcp_rn(row_scale[i]);
+          }
+        } else {
+          m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, 1));
+          m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, 2));
+          const uint8_t e = mx_block_scale(m, a.fp8_max_rcp);
+          row_scale[i] = codec::e8m0_reciprocal(e);
+          const size_t row = row0 + i;
+          if ((tx & 3) == 0 && col_ok && row < a.rows) {
+            static_cast<uint8_t*>(a.scale_inv)[row * a.ld + col / 32] = e;
+          }
+        }
+      }
+    }
+    // Column runs (for the transposed copy): 128 rows = all 16 row groups; 32 rows = 4 groups.
+    if (a.out_t) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        float m = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) m = fmaxf(m, fabsf(unpack(v[i], j)));
+        col_partial[ty][8 * tx + j] = m;
+      }
+      __syncthreads();
+      if (tid < kTile) {
+        const size_t c = c0 + tid;
+#pragma unroll
+        for (int b = 0; b < kColBlocks; ++b) {
+          constexpr int kGroups = 16 / kColBlocks;  // row groups per column block
+          float m = 0.0f;
+#pragma unroll
+          for (int g = 0; g < kGroups; ++g) m = fmaxf(m, col_partial[b * kGroups + g][tid]);
+          if constexpr (M == TileMode::kBlock1x128) {
+            const float s = scale_from_amax(m, a.fp8_max, a.power_2, a.epsilon);
+            col_mult[b][tid] = s;
+            if (c < a.cols) static_cast<float*>(a.scale_inv_t)[(r0 / kTile) * a.ld_t + c] = __frcp_rn(s);
+          } else {
+            const uint8_t e = mx_block_scale(m, a.fp8_max_rcp);
+            col_mult[b][tid] = codec::e8m0_reciprocal(e);
+            if (c < a.cols && r0 + 32 * b < a.rows) {
+              static_cast<uint8_t*>(a.scale_inv_t)[c * a.ld_t + r0 / 32 + b] = e;
+            }
+          }
+        }
+      }
+      __syncthreads();
+    }
+  }
+
+  // ---- row-wise codes: 8 bytes per row per thread, a half-warp writes 128 contiguous bytes ----
+  if (a.out && col_ok) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const size_t row = row0 + i;
+      if (row < a.rows) {
+        const float s = (kTensorMode || M == TileMode::kBlock128x128) ? uniform_scale : row_scale[i];
+        float f[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) f[j] = unpack(v[i], j) * s;
+        *reinterpret_cast<uint2*>(a.out + row * a.cols + col) = encode8<F>(f);
+      }
+    }
+  }
+
+  // ---- transposed codes: stage 8x8 sub-tiles transposed, then 16-byte stores along rows ----
+  if (a.out_t) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int c = 8 * tx + j;
+      float s;
+      if constexpr (kTensorMode || M == TileMode::kBlock128x128) {
+        s = uniform_scale;
+      } else if constexpr (M == TileMode::kBlock1x128) {
+        s = col_mult[0][c];
+      } else {
+        s = col_mult[(ty >> 2) % kColBlocks][c];
+      }
+      float f[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) f[i] = unpack(v[i], j) * s;
+      *reinterpret_cast<uint2*>(&staged_t[c][8 * t_slot(ty, c)]) = encode8<F>(f);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int it = 0; it < (kTile * kTile / 16) / kThreads; ++it) {
+      const int id = it * kThreads + tid;
+      const int c = id >> 3, q = id & 7;  // column of the tile, 16-row chunk
+      const size_t out_row = c0 + c, out_col = r0 + 16 * q;
+      if (out_row < a.cols && out_col < a.rows) {
+        *reinterpret_cast<uint4*>(a.out_t + out_row * a.rows + out_col) =
+            *reinterpret_cast<const uint4*>(&staged_t[c][8 * t_slot(2 * q, c)]);
+      }
+    }
+  }
+}
+
+// ---- (f) dequantize --------------------------------------------------------------------------------------
+
+template <Format F>
+__global__ void __launch_bounds__(kThreads)
+    dequantize_tensor_kernel(const uint8_t* q, size_t n, bool vectorized, const float* scale_inv, uint16_t* y) {
+  const float factor = *scale_inv;
+  const size_t stride = static_cast<size_t>(gridDim.x) * kThreads;
+  const size_t start = static_cast<size_t>(blockIdx.x) * kThreads + threadIdx.x;
+  size_t scalar_begin = 0;
+  if (vectorized) {  // 16 codes in, 16 bf16 out
+    const uint4* qv = reinterpret_cast<const uint4*>(q);
+    uint4* yv = reinterpret_cast<uint4*>(y);
+    const size_t nv = n / 16;
+    for (size_t i = start; i < nv; i += stride) {
+      const uint4 c = __ldg(qv + i);
+      const uint32_t w[4] = {c.x, c.y, c.z, c.w};
+      uint32_t o[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const uint32_t word = w[k / 2];
+        const int shift = (k & 1) * 16;
+        const uint16_t lo = codec::float_to_bf16(decode1<F>((word >> shift) & 0xFFu) * factor);
+        const uint16_t hi = codec::float_to_bf16(decode1<F>((word >> (shift + 8)) & 0xFFu) * factor);
+        o[k] = static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+      }
+      yv[2 * i] = make_uint4(o[0], o[1], o[2], o[3]);
+      yv[2 * i + 1] = make_uint4(o[4], o[5], o[6], o[7]);
+    }
+    scalar_begin = nv * 16;
+  }
+  for (size_t i = scalar_begin + start; i < n; i += stride) y[i] = codec::float_to_bf16(decode1<F>(q[i]) * factor);
+}
+
+// Block-scaled copies: each thread converts 8 consecutive codes of a row (one scale block, since
+// 8 divides 32 and 128). cols % 8 == 0.
+template <Format F>
+__global__ void __launch_bounds__(kThreads) dequantize_blocks_kernel(const uint8_t* q, size_t rows, size_t cols,
+                                                                     ScalingMode mode, size_t ld,
+                                                                     const void* scale_inv, uint16_t* y) {
+  const size_t groups = rows * (cols / 8);
+  const size_t stride = static_cast<size_t>(gridDim.x) * kThreads;
+  for (size_t g = static_cast<size_t>(blockIdx.x) * kThreads + threadIdx.x; g < groups; g += stride) {
+    const size_t r = g / (cols / 8), c = (g % (cols / 8)) * 8;
+    float factor;
+    if (mode == ScalingMode::kMxfp8) {
+      factor = codec::decode_e8m0(static_cast<const uint8_t*>(scale_inv)[r * ld + c / kMxBlock]);
+    } else if (mode == ScalingMode::kBlock1x128) {
+      factor = static_cast<const float*>(scale_inv)[(c / kBlockLen) * ld + r];
+    } else {
+      factor = static_cast<const float*>(scale_inv)[(r / kBlockLen) * ld + c / kBlockLen];
+    }
+    const uint2 codes = __ldg(reinterpret_cast<const uint2*>(q + r * cols + c));
+    uint32_t o[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const uint32_t word = k < 2 ? codes.x : codes.y;
+      const int shift = (k & 1) * 16;
+      const uint16_t lo = codec::float_to_bf16(decode1<F>((word >> shift) & 0xFFu) * factor);
+      const uint16_t hi = codec::float_to_bf16(decode1<F>((word >> (shift + 8)) & 0xFFu) * factor);
+      o[k] = static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+    }
+    *reinterpret_cast<uint4*>(y + r * cols + c) = make_uint4(o[0], o[1], o[2], o[3]);
+  }
+}
+
+// ---- host-side launch helpers ---------------------------------------------------------------------------
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// Grid for grid-stride kernels: enough blocks to cover `work` thread-steps, capped at a few waves.
+unsigned grid_for(size_t work) {
+  int device = 0, sms = 132;
+  FP8TRON_CUDA_CHECK(cudaGetDevice(&device));
+  FP8TRON_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const size_t blocks = ceil_div(std::max<size_t>(work, 1), kThreads);
+  return static_cast<unsigned>(std::min<size_t>(blocks, static_cast<size_t>(sms) * 8));
+}
+
+void check_element_format(Format f, bool allow_hif8) {
+  FP8TRON_CHECK(f == Format::kE4M3 || f == Format::kE5M2 || (allow_hif8 && f == Format::kHiF8),
+                std::string("unsupported element format for this quantizer: ") + format_name(f));
+}
+
+void check_tile_shape(const uint16_t* x, const Fp8TensorView& t) {
+  FP8TRON_CHECK(t.rows % 16 == 0 && t.cols % 16 == 0,
+                strprintf("transposing and block-scaled quantization need rows and cols divisible by 16, got %zu x %zu",
+                          t.rows, t.cols));
+  FP8TRON_CHECK(t.rows <= static_cast<size_t>(65535) * kTile, "too many rows for the tile grid");
+  FP8TRON_CHECK(aligned16(x) && aligned16(t.data) && aligned16(t.data_t), "quantize: pointers must be 16-byte aligned");
+}
+
+template <TileMode M, Format F>
+void launch_tile(const TileArgs& args, CudaStream stream) {
+  const dim3 grid(static_cast<unsigned>(ceil_div(args.cols, kTile)), static_cast<unsigned>(ceil_div(args.rows, kTile)));
+  quantize_tile_kernel<F, M><<<grid, kThreads, 0, stream>>>(args);
+  FP8TRON_CUDA_CHECK_LAUNCH("quantize_tile_kernel");
+}
+
+template <TileMode M>
+void dispatch_tile(Format f, const TileArgs& args, CudaStream stream) {
+  switch (f) {
+    case Format::kE4M3: launch_tile<M, Format::kE4M3>(args, stream); return;
+    case Format::kE5M2: launch_tile<M, Format::kE5M2>(args, stream); return;
+    case Format::kHiF8:
+      if constexpr (M == TileMode::kTensorGiven || M == TileMode::kTensorFromAmax) {
+        launch_tile<M, Format::kHiF8>(args, stream);
+        return;
+      }
+      break;
+    default: break;
+  }
+  FP8TRON_CHECK(false, std::string("no tile quantizer for format ") + format_name(f));
+}
+
+template <bool kFromAmax, Format F>
+void launch_flat(const uint16_t* x, size_t n, uint8_t* out, const TensorScaleArgs& s, CudaStream stream) {
+  const bool vec = aligned16(x) && aligned16(out);
+  cast_flat_kernel<F, kFromAmax><<<grid_for(vec ? n / 16 : n), kThreads, 0, stream>>>(x, n, vec, out, s);
+  FP8TRON_CUDA_CHECK_LAUNCH("cast_flat_kernel");
+}
+
+template <bool kFromAmax>
+void dispatch_flat(Format f, const uint16_t* x, size_t n, uint8_t* out, const TensorScaleArgs& s, CudaStream stream) {
+  switch (f) {
+    case Format::kE4M3: launch_flat<kFromAmax, Format::kE4M3>(x, n, out, s, stream); return;
+    case Format::kE5M2: launch_flat<kFromAmax, Format::kE5M2>(x, n, out, s, stream); return;
+    case Format::kHiF8: launch_flat<kFromAmax, Format::kHiF8>(x, n, out, s, stream); return;
+    default: break;
+  }
+  FP8TRON_CHECK(false, std::string("no cast for format ") + format_name(f));
+}
+
+// Per-tensor cast (delayed or current): flat kernel when no transposed copy is wanted.
+template <bool kFromAmax>
+void cast_tensor(const uint16_t* x, const Fp8TensorView& out, const TensorScaleArgs& s, CudaStream stream) {
+  if (out.numel() == 0) return;
+  if (out.data_t == nullptr) {
+    FP8TRON_CHECK(out.data != nullptr, "quantize: neither data nor data_t given");
+    dispatch_flat<kFromAmax>(out.format, x, out.numel(), static_cast<uint8_t*>(out.data), s, stream);
+    return;
+  }
+  check_tile_shape(x, out);
+  TileArgs args;
+  args.x = x;
+  args.rows = out.rows;
+  args.cols = out.cols;
+  args.out = static_cast<uint8_t*>(out.data);
+  args.out_t = static_cast<uint8_t*>(out.data_t);
+  args.tensor = s;
+  dispatch_tile<kFromAmax ? TileMode::kTensorFromAmax : TileMode::kTensorGiven>(out.format, args, stream);
+}
+
+}  // namespace
+
+// ---- public API -----------------------------------------------------------------------------------------
+
+void amax_bf16(const uint16_t* x, size_t n, float* amax, CudaStream stream) {
+  if (n == 0) return;
+  const bool vec = aligned16(x);
+  amax_kernel<<<grid_for(vec ? ceil_div(n, 8 * 4) : n), kThreads, 0, stream>>>(x, n, vec, amax);
+  FP8TRON_CUDA_CHECK_LAUNCH("amax_kernel");
+}
+
+void quantize_tensor_delayed(const uint16_t* x, const Fp8TensorView& out, CudaStream stream) {
+  FP8TRON_CHECK(out.scaling_mode == ScalingMode::kTensor, "quantize_tensor_delayed needs tensor scaling");
+  FP8TRON_CHECK(out.scale != nullptr, "delayed scaling needs out.scale");
+  check_element_format(out.format, true);
+  TensorScaleArgs s;
+  s.scale_in = out.scale;
+  s.scale_inv_out = static_cast<float*>(out.scale_inv);
+  s.amax_out = out.amax;
+  cast_tensor<false>(x, out, s, stream);
+}
+
+void quantize_tensor_current(const uint16_t* x, const Fp8TensorView& out, const CurrentScalingOptions& options,
+                             CudaStream stream) {
+  FP8TRON_CHECK(out.scaling_mode == ScalingMode::kTensor, "quantize_tensor_current needs tensor scaling");
+  FP8TRON_CHECK(out.amax != nullptr && out.scale_inv != nullptr, "current scaling needs out.amax and out.scale_inv");
+  check_element_format(out.format, true);
+  FP8TRON_CUDA_CHECK(cudaMemsetAsync(out.amax, 0, sizeof(float), stream));
+  amax_bf16(x, out.numel(), out.amax, stream);
+  TensorScaleArgs s;
+  s.amax_in = out.amax;
+  s.fp8_max = max_finite(out.format);
+  s.power_2 = options.power_2_scales;
+  s.epsilon = options.amax_epsilon;
+  s.scale_out = out.scale;
+  s.scale_inv_out = static_cast<float*>(out.scale_inv);
+  cast_tensor<true>(x, out, s, stream);
+}
+
+void quantize_blockwise(const uint16_t* x, const Fp8TensorView& out, const BlockScalingOptions& options,
+                        CudaStream stream) {
+  FP8TRON_CHECK(out.scaling_mode == ScalingMode::kBlock1x128 || out.scaling_mode == ScalingMode::kBlock128x128,
+                "quantize_blockwise needs a 1x128 or 128x128 scaling mode");
+  check_element_format(out.format, false);
+  FP8TRON_CHECK(out.data != nullptr || out.data_t != nullptr, "quantize: neither data nor data_t given");
+  FP8TRON_CHECK(out.data == nullptr || out.scale_inv != nullptr, "quantize_blockwise: data needs scale_inv");
+  FP8TRON_CHECK(out.data_t == nullptr || out.scale_inv_t != nullptr, "quantize_blockwise: data_t needs scale_inv_t");
+  if (out.numel() == 0) return;
+  check_tile_shape(x, out);
+  TileArgs args;
+  args.x = x;
+  args.rows = out.rows;
+  args.cols = out.cols;
+  args.out = static_cast<uint8_t*>(out.data);
+  args.out_t = static_cast<uint8_t*>(out.data_t);
+  args.scale_inv = out.scale_inv;
+  args.scale_inv_t = out.scale_inv_t;
+  args.ld = out.layout().ld;
+  args.ld_t = out.layout_t().ld;
+  args.fp8_max = max_finite(out.format);
+  args.power_2 = options.power_2_scales;
+  args.epsilon = options.amax_epsilon;
+  if (out.scaling_mode == ScalingMode::kBlock1x128) {
+    dispatch_tile<TileMode::kBlock1x128>(out.format, args, stream);
+  } else {
+    dispatch_tile<TileMode::kBlock128x128>(out.format, args, stream);
+  }
+}
+
+void quantize_mxfp8(const uint16_t* x, const Fp8TensorView& out, CudaStream stream) {
+  FP8TRON_CHECK(out.scaling_mode == ScalingMode::kMxfp8, "quantize_mxfp8 needs the MXFP8 scaling mode");
+  check_element_format(out.format, false);
+  FP8TRON_CHECK(out.data != nullptr || out.data_t != nullptr, "quantize: neither data nor data_t given");
+  FP8TRON_CHECK(out.data == nullptr || out.scale_inv != nullptr, "quantize_mxfp8: data needs scale_inv");
+  FP8TRON_CHECK(out.data_t == nullptr || out.scale_inv_t != nullptr, "quantize_mxfp8: data_t needs scale_inv_t");
+  if (out.numel() == 0) return;
+  check_tile_shape(x, out);
+  TileArgs args;
+  args.x = x;
+  args.rows = out.rows;
+  args.cols = out.cols;
+  args.out = static_cast<uint8_t*>(out.data);
+  args.out_t = static_cast<uint8_t*>(out.data_t);
+  args.scale_inv = out.scale_inv;
+  args.scale_inv_t = out.scale_inv_t;
+  args.ld = out.layout().ld;
+  args.ld_t = out.layout_t().ld;
+  args.fp8_max_rcp = 1.0f / max_finite(out.format);
+  dispatch_tile<TileMode::kMx>(out.format, args, stream);
+}
+
+void dequantize(const Fp8TensorView& in, bool transposed_copy, uint16_t* y, CudaStream stream) {
+  check_element_format(in.format, in.scaling_mode == ScalingMode::kTensor);
+  const size_t rows = transposed_copy ? in.cols : in.rows, cols = transposed_copy ? in.rows : in.cols;
+  const auto* q = static_cast<const uint8_t*>(transposed_copy ? in.data_t : in.data);
+  const void* sinv = transposed_copy ? in.scale_inv_for_t() : in.scale_inv;
+  FP8TRON_CHECK(q != nullptr && sinv != nullptr, "dequantize: missing codes or scales");
+  const size_t n = rows * cols;
+  if (n == 0) return;
+  if (in.scaling_mode == ScalingMode::kTensor) {
+    const bool vec = aligned16(q) && aligned16(y);
+    const unsigned grid = grid_for(vec ? n / 16 : n);
+    const auto* s = static_cast<const float*>(sinv);
+    switch (in.format) {
+      case Format::kE4M3: dequantize_tensor_kernel<Format::kE4M3><<<grid, kThreads, 0, stream>>>(q, n, vec, s, y); break;
+      case Format::kE5M2: dequantize_tensor_kernel<Format::kE5M2><<<grid, kThreads, 0, stream>>>(q, n, vec, s, y); break;
+      default: dequantize_tensor_kernel<Format::kHiF8><<<grid, kThreads, 0, stream>>>(q, n, vec, s, y); break;
+    }
+    FP8TRON_CUDA_CHECK_LAUNCH("dequantize_tensor_kernel");
+    return;
+  }
+  FP8TRON_CHECK(cols % 8 == 0 && aligned16(y) && (reinterpret_cast<uintptr_t>(q) & 7u) == 0,
+                "block-scaled dequantize needs cols % 8 == 0 and aligned pointers");
+  const size_t ld = scale_layout(in.scaling_mode, rows, cols).ld;
+  const unsigned grid = grid_for(n / 8);
+  if (in.format == Format::kE4M3) {
+    dequantize_blocks_kernel<Format::kE4M3><<<grid, kThreads, 0, stream>>>(q, rows, cols, in.scaling_mode, ld, sinv, y);
+  } else {
+    dequantize_blocks_kernel<Format::kE5M2><<<grid, kThreads, 0, stream>>>(q, rows, cols, in.scaling_mode, ld, sinv, y);
+  }
+  FP8TRON_CUDA_CHECK_LAUNCH("dequantize_blocks_kernel");
+}
+
+}  // namespace fp8tron::fp8

@@ -1,0 +1,72 @@
+// Quantization kernels: bf16 -> 8-bit codes with per-tensor, blockwise or MXFP8 scales, fused
+// with the amax reduction and with the transposed copy that Hopper's FP8 GEMMs need (they only
+// take "TN" operands: see gemm.h). Raw device pointers and a stream; no CUDA headers here, so C++
+// callers include this without nvcc. bf16 values are passed as their uint16_t bit patterns.
+//
+// Every function has a CPU twin with identical results in quantize_reference.h; the GPU tests
+// check them bit for bit.
+//
+// Shapes: x is [rows, cols] row-major. Writing data_t (the [cols, rows] transposed copy) and every
+// block-scaled mode need rows % 16 == 0 and cols % 16 == 0 (FP8 GEMM leading dimensions must be
+// multiples of 16 anyway; pad otherwise) and 16-byte aligned pointers. The row-wise-only tensor
+// casts take any size.
+//
+// Element values: q = convert(x * scale) in fp32, round-to-nearest-even and saturating to +-max for
+// E4M3/E5M2 (PTX cvt.rn.satfinite), round-half-away and saturating for HiF8. Dequantization:
+// y = bf16(decode(q) * scale_inv), round-to-nearest-even.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "fp8/fp8_tensor.h"
+
+struct CUstream_st;
+
+namespace fp8tron::fp8 {
+
+using CudaStream = CUstream_st*;
+
+struct CurrentScalingOptions {
+  bool power_2_scales = false;
+  float amax_epsilon = 0.0f;
+};
+
+struct BlockScalingOptions {
+  bool power_2_scales = true;  // TE's default for the blockwise recipe
+  float amax_epsilon = 0.0f;
+};
+
+// (a) *amax = max(*amax, max |x[i]|) over n bf16 values (block reduction, then one atomicMax on the
+// float's bits per block). NaNs are ignored (fmaxf), as in Transformer Engine. Zero *amax first
+// for a fresh reduction.
+void amax_bf16(const uint16_t* x, size_t n, float* amax, CudaStream stream);
+
+// (b) Delayed (per-tensor, given scale) cast. out: scaling_mode kTensor, format E4M3, E5M2 or HiF8;
+// reads *out.scale; writes out.data and/or out.data_t (each may be null), *out.scale_inv = 1/scale
+// when non-null, and max-accumulates |x| into *out.amax when non-null (the delayed-scaling
+// history slot), all in one pass over x.
+void quantize_tensor_delayed(const uint16_t* x, const Fp8TensorView& out, CudaStream stream);
+
+// (c) Current (tensorwise) scaling: *out.amax = max |x| (out.amax is required; it is zeroed here),
+// then scale = scale_from_amax(amax, fp8_max, options) computed on the device; writes *out.scale
+// (when non-null), *out.scale_inv and the codes. Two passes over x (amax, then cast).
+void quantize_tensor_current(const uint16_t* x, const Fp8TensorView& out, const CurrentScalingOptions& options,
+                             CudaStream stream);
+
+// (d) Block scaling, mode kBlock1x128 or kBlock128x128 (E4M3 or E5M2): writes data + scale_inv
+// and/or data_t + scale_inv_t in the layouts of fp8_tensor.h (cuBLASLt's VEC128_32F /
+// BLK128x128_32F). For 1x128 the transposed copy is quantized from x with its own 1x128 blocks
+// along the rows of x; for 128x128 both copies share the block scales.
+void quantize_blockwise(const uint16_t* x, const Fp8TensorView& out, const BlockScalingOptions& options,
+                        CudaStream stream);
+
+// (e) MXFP8: 1x32 blocks along the rows of x with E8M0 scales (data + scale_inv), and/or the
+// transposed copy with 1x32 blocks along the rows of x^T (data_t + scale_inv_t). Scale of a block:
+// the smallest power of two s with amax / s <= fp8_max (TE's rule).
+void quantize_mxfp8(const uint16_t* x, const Fp8TensorView& out, CudaStream stream);
+
+// (f) Dequantize the row-wise copy (transposed_copy = false, y is [rows, cols]) or the transposed
+// copy (y is [cols, rows]) to bf16, for every format and scaling mode.
+void dequantize(const Fp8TensorView& in, bool transposed_copy, uint16_t* y, CudaStream stream);
+
+}  // namespace fp8tron::fp8

@@ -1,0 +1,196 @@
+#include "fp8/quantize_reference.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/error.h"
+#include "fp8/format_codec.h"
+#include "fp8/formats.h"
+#include "fp8/scale_math.h"
+
+namespace fp8tron::fp8::reference {
+
+namespace {
+
+using codec::bf16_to_float;
+
+uint8_t encode_sat(Format format, float v) { return encode(format, v, Overflow::kSaturate); }
+
+void check_element_format(const Fp8TensorView& t, bool allow_hif8) {
+  FP8TRON_CHECK(t.format == Format::kE4M3 || t.format == Format::kE5M2 || (allow_hif8 && t.format == Format::kHiF8),
+                std::string("unsupported element format ") + format_name(t.format));
+}
+
+uint8_t* bytes(void* p) { return static_cast<uint8_t*>(p); }
+float* floats(void* p) { return static_cast<float*>(p); }
+
+}  // namespace
+
+float amax_bf16(const uint16_t* x, size_t n) {
+  float m = 0.0f;
+  for (size_t i = 0; i < n; ++i) m = std::fmax(m, std::fabs(bf16_to_float(x[i])));
+  return m;
+}
+
+namespace {
+
+void cast_tensor(const uint16_t* x, const Fp8TensorView& out, float scale) {
+  const size_t rows = out.rows, cols = out.cols;
+  for (size_t r = 0; r < rows; ++r) {
+    for (size_t c = 0; c < cols; ++c) {
+      const uint8_t q = encode_sat(out.format, bf16_to_float(x[r * cols + c]) * scale);
+      if (out.data) bytes(out.data)[r * cols + c] = q;
+      if (out.data_t) bytes(out.data_t)[c * rows + r] = q;
+    }
+  }
+}
+
+}  // namespace
+
+void quantize_tensor_delayed(const uint16_t* x, const Fp8TensorView& out) {
+  FP8TRON_CHECK(out.scaling_mode == ScalingMode::kTensor && out.scale != nullptr, "delayed cast needs a tensor scale");
+  check_element_format(out, true);
+  const float scale = *out.scale;
+  if (out.amax) *out.amax = std::fmax(*out.amax, amax_bf16(x, out.numel()));
+  if (out.scale_inv) *floats(out.scale_inv) = 1.0f / scale;
+  cast_tensor(x, out, scale);
+}
+
+void quantize_tensor_current(const uint16_t* x, const Fp8TensorView& out, const CurrentScalingOptions& options) {
+  FP8TRON_CHECK(out.scaling_mode == ScalingMode::kTensor && out.amax != nullptr && out.scale_inv != nullptr,
+                "current scaling needs amax and scale_inv");
+  check_element_format(out, true);
+  const float amax = amax_bf16(x, out.numel());
+  *out.amax = amax;
+  const float scale = scale_from_amax(amax, max_finite(out.format), options.power_2_scales, options.amax_epsilon);
+  if (out.scale) *out.scale = scale;
+  *floats(out.scale_inv) = 1.0f / scale;
+  cast_tensor(x, out, scale);
+}
+
+void quantize_blockwise(const uint16_t* x, const Fp8TensorView& out, const BlockScalingOptions& options) {
+  FP8TRON_CHECK(out.scaling_mode == ScalingMode::kBlock1x128 || out.scaling_mode == ScalingMode::kBlock128x128,
+                "quantize_blockwise needs a 1x128 or 128x128 scaling mode");
+  check_element_format(out, false);
+  const size_t rows = out.rows, cols = out.cols;
+  const float fp8_max = max_finite(out.format);
+  auto scale_of = [&](float amax) {
+    return scale_from_amax(amax, fp8_max, options.power_2_scales, options.amax_epsilon);
+  };
+  auto xv = [&](size_t r, size_t c) { return bf16_to_float(x[r * cols + c]); };
+
+  if (out.scaling_mode == ScalingMode::kBlock1x128) {
+    if (out.data) {  // 1x128 runs along each row of x
+      const ScaleLayout layout = out.layout();
+      for (size_t r = 0; r < rows; ++r) {
+        for (size_t c0 = 0; c0 < cols; c0 += kBlockLen) {
+          const size_t c1 = std::min(cols, c0 + kBlockLen);
+          float amax = 0.0f;
+          for (size_t c = c0; c < c1; ++c) amax = std::fmax(amax, std::fabs(xv(r, c)));
+          const float scale = scale_of(amax);
+          floats(out.scale_inv)[scale_index(out.scaling_mode, layout, r, c0)] = 1.0f / scale;
+          for (size_t c = c0; c < c1; ++c) bytes(out.data)[r * cols + c] = encode_sat(out.format, xv(r, c) * scale);
+        }
+      }
+    }
+    if (out.data_t) {  // 1x128 runs along each row of x^T, i.e. down each column of x
+      const ScaleLayout layout_t = out.layout_t();
+      for (size_t c = 0; c < cols; ++c) {
+        for (size_t r0 = 0; r0 < rows; r0 += kBlockLen) {
+          const size_t r1 = std::min(rows, r0 + kBlockLen);
+          float amax = 0.0f;
+          for (size_t r = r0; r < r1; ++r) amax = std::fmax(amax, std::fabs(xv(r, c)));
+          const float scale = scale_of(amax);
+          floats(out.scale_inv_t)[scale_index(out.scaling_mode, layout_t, c, r0)] = 1.0f / scale;
+          for (size_t r = r0; r < r1; ++r) bytes(out.data_t)[c * rows + r] = encode_sat(out.format, xv(r, c) * scale);
+        }
+      }
+    }
+    return;
+  }
+
+  // 128x128: one scale per block, shared by both copies.
+  const ScaleLayout layout = out.layout(), layout_t = out.layout_t();
+  for (size_t r0 = 0; r0 < rows; r0 += kBlockLen) {
+    for (size_t c0 = 0; c0 < cols; c0 += kBlockLen) {
+      const size_t r1 = std::min(rows, r0 + kBlockLen), c1 = std::min(cols, c0 + kBlockLen);
+      float amax = 0.0f;
+      for (size_t r = r0; r < r1; ++r) {
+        for (size_t c = c0; c < c1; ++c) amax = std::fmax(amax, std::fabs(xv(r, c)));
+      }
+      const float scale = scale_of(amax), scale_inv = 1.0f / scale;
+      if (out.data) floats(out.scale_inv)[scale_index(out.scaling_mode, layout, r0, c0)] = scale_inv;
+      if (out.data_t) floats(out.scale_inv_t)[scale_index(out.scaling_mode, layout_t, c0, r0)] = scale_inv;
+      for (size_t r = r0; r < r1; ++r) {
+        for (size_t c = c0; c < c1; ++c) {
+          const uint8_t q = encode_sat(out.format, xv(r, c) * scale);
+          if (out.data) bytes(out.data)[r * cols + c] = q;
+          if (out.data_t) bytes(out.data_t)[c * rows + r] = q;
+        }
+      }
+    }
+  }
+}
+
+void quantize_mxfp8(const uint16_t* x, const Fp8TensorView& out) {
+  FP8TRON_CHECK(out.scaling_mode == ScalingMode::kMxfp8, "quantize_mxfp8 needs the MXFP8 scaling mode");
+  check_element_format(out, false);
+  const size_t rows = out.rows, cols = out.cols;
+  const float rcp = 1.0f / max_finite(out.format);
+  auto xv = [&](size_t r, size_t c) { return bf16_to_float(x[r * cols + c]); };
+  if (out.data) {
+    const ScaleLayout layout = out.layout();
+    for (size_t r = 0; r < rows; ++r) {
+      for (size_t c0 = 0; c0 < cols; c0 += kMxBlock) {
+        const size_t c1 = std::min(cols, c0 + kMxBlock);
+        float amax = 0.0f;
+        for (size_t c = c0; c < c1; ++c) amax = std::fmax(amax, std::fabs(xv(r, c)));
+        const uint8_t e = mx_block_scale(amax, rcp);
+        const float mult = codec::e8m0_reciprocal(e);
+        bytes(out.scale_inv)[scale_index(out.scaling_mode, layout, r, c0)] = e;
+        for (size_t c = c0; c < c1; ++c) bytes(out.data)[r * cols + c] = encode_sat(out.format, xv(r, c) * mult);
+      }
+    }
+  }
+  if (out.data_t) {
+    const ScaleLayout layout_t = out.layout_t();
+    for (size_t c = 0; c < cols; ++c) {
+      for (size_t r0 = 0; r0 < rows; r0 += kMxBlock) {
+        const size_t r1 = std::min(rows, r0 + kMxBlock);
+        float amax = 0.0f;
+        for (size_t r = r0; r < r1; ++r) amax = std::fmax(amax, std::fabs(xv(r, c)));
+        const uint8_t e = mx_block_scale(amax, rcp);
+        const float mult = codec::e8m0_reciprocal(e);
+        bytes(out.scale_inv_t)[scale_index(out.scaling_mode, layout_t, c, r0)] = e;
+        for (size_t r = r0; r < r1; ++r) bytes(out.data_t)[c * rows + r] = encode_sat(out.format, xv(r, c) * mult);
+      }
+    }
+  }
+}
+
+void dequantize_to_float(const Fp8TensorView& in, bool transposed_copy, float* y) {
+  const size_t rows = transposed_copy ? in.cols : in.rows;
+  const size_t cols = transposed_copy ? in.rows : in.cols;
+  const uint8_t* q = static_cast<const uint8_t*>(transposed_copy ? in.data_t : in.data);
+  const void* sinv = transposed_copy ? in.scale_inv_for_t() : in.scale_inv;
+  FP8TRON_CHECK(q != nullptr && sinv != nullptr, "dequantize: missing codes or scales");
+  const ScaleLayout layout = scale_layout(in.scaling_mode, rows, cols);
+  for (size_t r = 0; r < rows; ++r) {
+    for (size_t c = 0; c < cols; ++c) {
+      const size_t si = scale_index(in.scaling_mode, layout, r, c);
+      const float factor = in.scaling_mode == ScalingMode::kMxfp8
+                               ? codec::decode_e8m0(static_cast<const uint8_t*>(sinv)[si])
+                               : static_cast<const float*>(sinv)[si];
+      y[r * cols + c] = decode(in.format, q[r * cols + c]) * factor;
+    }
+  }
+}
+
+void dequantize(const Fp8TensorView& in, bool transposed_copy, uint16_t* y) {
+  std::vector<float> f(in.numel());
+  dequantize_to_float(in, transposed_copy, f.data());
+  for (size_t i = 0; i < f.size(); ++i) y[i] = codec::float_to_bf16(f[i]);
+}
+
+}  // namespace fp8tron::fp8::reference
