@@ -32,7 +32,7 @@ Config make_config(const std::vector<std::string>& extra, const LaunchEnv& env) 
   for (const auto& a : extra) args.push_back(a);
   std::vector<const char*> argv;
   for (const auto& a : args) argv.push_back(a.c_str());
-  return build_config(parse_command_line(int(argv.size()), argv.data()).values, env, false);
+  return build_config(parse_command_line(int(argv.size()), argv.data()).values, env, cuda_available());
 }
 
 // Flags that change only the layout; the reference run gets every other flag too.

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Everything the GPU machine checks in one go (its machines start bare): build, GPU tests (ctest
+# label gpu), multi-GPU equivalence under mpirun and torchrun, and the benchmarks. Results go to
+# $OUT (or gpu-check/). Usage: scripts/gpu_check.sh [equivalence] [bench] [parallel-bench]
+set -uo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+OUT=${OUT:-gpu-check}
+mkdir -p "$OUT"
+export FP8TRON_SKIP_APT=1 FP8TRON_JOBS=$(nproc) BENCH_OUT=$OUT NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+./scripts/setup.sh >"$OUT/setup.log" 2>&1 || { tail -5 "$OUT/setup.log"; exit 1; }
+( time ./scripts/build.sh ) >"$OUT/build.log" 2>&1 || { grep -m3 -A8 error "$OUT/build.log"; exit 1; }
+tail -3 "$OUT/build.log"
+source .setup/env.sh
+GPUS=$(nvidia-smi -L | wc -l)
+echo "== GPU tests ($GPUS GPUs)"
+(cd build && timeout 400 ctest -L gpu --output-on-failure) >"$OUT/gpu-tests.log" 2>&1
+grep -E "tests passed|Failed|\[fp8-(bench|gemm|info)\]" "$OUT/gpu-tests.log" | head -40
+(cd build && ./tests/fp8/fp8tron_fp8_gpu_tests --gtest_filter='*Bandwidth*:*Throughput*' 2>&1 | grep "fp8-bench") | head -20
+for step in "$@"; do
+  case $step in
+    equivalence)
+      echo "== NCCL equivalence (bf16, tolerance 2e-2; fp32 1e-4)"
+      EQ=./build/tests/fp8tron_parallel_equivalence
+      MPI="timeout 240 mpirun --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH -x OMP_NUM_THREADS=4"
+      $MPI -np 2 $EQ --device cuda --tensor-model-parallel-size 2 --tolerance 1e-4 2>&1 | grep -E "\[rank 0\].*(equivalent|MISMATCH)|error"
+      $MPI -np 2 $EQ --device cuda --bf16 --pipeline-model-parallel-size 2 --tolerance 2e-2 2>&1 | grep -E "\[rank 0\].*(equivalent|MISMATCH)|error"
+      if [ "$GPUS" -ge 4 ]; then
+        $MPI -np 4 $EQ --device cuda --bf16 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --sequence-parallel \
+          --num-layers-per-virtual-pipeline-stage 1 --tolerance 2e-2 2>&1 | grep -E "\[rank 0\].*(equivalent|MISMATCH)|error"
+        $MPI -np 4 $EQ --device cuda --bf16 --use-distributed-optimizer --tolerance 2e-2 2>&1 | grep -E "\[rank 0\].*(equivalent|MISMATCH)|error"
+        timeout 240 torchrun --nproc-per-node 4 --no-python $EQ --device cuda --bf16 --tensor-model-parallel-size 2 \
+          --sequence-parallel --tolerance 2e-2 2>&1 | grep -E "\[rank 0\].*(equivalent|MISMATCH)|rror"
+      else
+        timeout 240 torchrun --nproc-per-node 2 --no-python $EQ --device cuda --bf16 --tensor-model-parallel-size 2 \
+          --sequence-parallel --tolerance 2e-2 2>&1 | grep -E "\[rank 0\].*(equivalent|MISMATCH)|rror"
+      fi ;;
+    bench) echo "== single-GPU benchmarks"; ./scripts/bench.sh gpt2-124m gpt-1.3b ;;
+    parallel-bench) echo "== multi-GPU benchmarks"; ./scripts/bench_parallel.sh "$GPUS" ;;
+  esac
+done
