@@ -1,5 +1,6 @@
 #include "parallel/launch_env.h"
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "core/error.h"
@@ -44,7 +45,9 @@ LaunchEnv read_launch_env() {
     e.world_size = env_int("SLURM_NTASKS", 1);
     e.rank = env_int("SLURM_PROCID", 0);
     e.local_rank = env_int("SLURM_LOCALID", 0);
-    e.local_world_size = env_int("SLURM_NTASKS_PER_NODE", 1);
+    // SLURM_NTASKS_PER_NODE can read "8(x2)": its leading number is the count per node.
+    const char* per_node = env("SLURM_NTASKS_PER_NODE");
+    e.local_world_size = per_node ? std::max(1, std::atoi(per_node)) : 1;
     e.master_addr = env("MASTER_ADDR") ? env("MASTER_ADDR") : "";
     e.master_port = env_int("MASTER_PORT", 29500);
   } else if (env("WORLD_SIZE")) {

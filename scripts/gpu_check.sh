@@ -36,6 +36,24 @@ for step in "$@"; do
           --sequence-parallel --tolerance 2e-2 2>&1 | grep -E "\[rank 0\].*(equivalent|MISMATCH)|rror"
       fi ;;
     bench) echo "== single-GPU benchmarks"; ./scripts/bench.sh gpt2-124m gpt-1.3b ;;
+    data)
+      # Real indexed data through the prefetching loader: the batch-generator timer against the step.
+      echo "== data pipeline on the 1.3B model"
+      python3 -c "
+import json, random
+random.seed(1)
+with open('$OUT/corpus.jsonl', 'w') as f:
+    for d in range(3000):
+        f.write(json.dumps({'text': ' '.join(str(random.randrange(50256)) for _ in range(random.randrange(200, 2000)))}) + '\n')"
+      ./build/fp8tron-preprocess --input "$OUT/corpus.jsonl" --output-prefix /tmp/corpus --tokenizer-type NullTokenizer \
+        --vocab-size 50256 --append-eod --workers 8 2>&1 | tail -1
+      rm -f "$OUT/corpus.jsonl"
+      ./build/fp8tron --num-layers 24 --hidden-size 2048 --num-attention-heads 16 --seq-length 2048 --micro-batch-size 4 \
+        --global-batch-size 8 --train-iters 30 --lr 2e-4 --bf16 --attention-dropout 0 --hidden-dropout 0 \
+        --data-path /tmp/corpus_text_document --split 98,2,0 --tokenizer-type NullTokenizer --vocab-size 50256 \
+        --data-cache-path /tmp/cache --log-interval 10 --timing-log-level 2 --eval-iters 2 --eval-interval 30 \
+        --log-throughput > "$OUT/data-1.3b.log" 2>&1
+      grep -E " iteration +30/|batch-generator|forward-backward|optimizer|validation loss" "$OUT/data-1.3b.log" | cut -c1-240 ;;
     parallel-bench) echo "== multi-GPU benchmarks"; ./scripts/bench_parallel.sh "$GPUS" ;;
   esac
 done
