@@ -3,9 +3,12 @@
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <functional>
 #include <mutex>
 #include <unordered_map>
+#include <vector>
 
 #include "core/error.h"
 #include "core/text.h"
@@ -111,6 +114,8 @@ struct Plan {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr, d = nullptr;
   cublasLtMatmulAlgo_t algo{};
   size_t workspace_needed = 0;
+  size_t serial = 0;  // creation order
+  GemmPlanInfo info;
   std::mutex mutex;
 
   Plan() = default;
@@ -130,6 +135,93 @@ void set_desc(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, co
   FP8TRON_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, attr, &value, sizeof(value)));
 }
 
+// The pointers and scalars of one call: set on the descriptor (pointers) and passed to
+// cublasLtMatmul; autotuning runs the candidates with them.
+struct CallArgs {
+  const void* a = nullptr;
+  const void* b = nullptr;
+  void* d = nullptr;
+  const void* a_scale = nullptr;
+  const void* b_scale = nullptr;
+  const void* bias = nullptr;
+  float alpha = 1.0f, beta = 0.0f;
+};
+
+void set_call_pointers(cublasLtMatmulDesc_t desc, const PlanKey& key, const CallArgs& call) {
+  if (is_fp8(key.a_type)) {
+    set_desc(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, call.a_scale);
+    set_desc(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, call.b_scale);
+  }
+  if (key.has_bias) set_desc(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, call.bias);
+}
+
+template <class T>
+T algo_config(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attr) {
+  T value{};
+  size_t written = 0;
+  if (cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &value, sizeof(value), &written) != CUBLAS_STATUS_SUCCESS) {
+    return T{};
+  }
+  return value;
+}
+
+// The configuration that identifies an algorithm (numbers are cublasLt.h's enum values:
+// cublasLtMatmulTile_t, cublasLtMatmulStages_t, cublasLtClusterShape_t, ...).
+std::string describe_algo(const cublasLtMatmulAlgo_t& algo) {
+  return strprintf("id %d tile %u stages %u splitK %d reduction %u swizzle %u custom %u inner %u cluster %u",
+                   algo_config<int32_t>(algo, CUBLASLT_ALGO_CONFIG_ID),
+                   algo_config<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_TILE_ID),
+                   algo_config<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_STAGES_ID),
+                   algo_config<int32_t>(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM),
+                   algo_config<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME),
+                   algo_config<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING),
+                   algo_config<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION),
+                   static_cast<unsigned>(algo_config<uint16_t>(algo, CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID)),
+                   static_cast<unsigned>(algo_config<uint16_t>(algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID)));
+}
+
+// cuBLASLt explains a refused configuration only through its logger. On a failed heuristic query
+// the query is repeated with the error log captured, and the messages go into the exception.
+std::mutex g_logger_mutex;
+std::string* g_logger_sink = nullptr;
+
+void capture_logger(int /*level*/, const char* function, const char* message) {
+  if (g_logger_sink == nullptr) return;
+  if (!g_logger_sink->empty()) *g_logger_sink += "; ";
+  *g_logger_sink += std::string(function ? function : "?") + ": " + (message ? message : "");
+}
+
+template <class Fn>
+std::string cublaslt_error_log(const Fn& fn) {
+  std::lock_guard<std::mutex> lock(g_logger_mutex);
+  std::string sink;
+  g_logger_sink = &sink;
+  cublasLtLoggerSetCallback(capture_logger);
+  cublasLtLoggerSetMask(1);  // errors
+  fn();
+  cublasLtLoggerSetMask(0);
+  cublasLtLoggerSetCallback(nullptr);
+  g_logger_sink = nullptr;
+  return sink;
+}
+
+bool stream_is_capturing(CUstream_st* stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
+    (void)cudaGetLastError();  // e.g. the legacy stream while another stream captures globally
+    return true;
+  }
+  return status != cudaStreamCaptureStatusNone;
+}
+
+size_t dtype_bytes(DType d) { return d == DType::kFP32 ? 4 : d == DType::kBF16 ? 2 : 1; }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n == 0 ? -1.0 : (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]));
+}
+
 }  // namespace
 
 const char* dtype_name(DType dtype) {
@@ -142,6 +234,10 @@ const char* dtype_name(DType dtype) {
   return "?";
 }
 
+const char* algo_selection_name(AlgoSelection selection) {
+  return selection == AlgoSelection::kAutotune ? "autotune" : "heuristic";
+}
+
 DType dtype_of(Format format) {
   FP8TRON_CHECK(format == Format::kE4M3 || format == Format::kE5M2,
                 std::string("no GEMM data type for format ") + format_name(format));
@@ -150,7 +246,7 @@ DType dtype_of(Format format) {
 
 struct GemmHandle::Impl {
   int device = 0;
-  size_t workspace_bytes = 0;
+  GemmHandleOptions options;
   cublasLtHandle_t lt = nullptr;
   mutable std::mutex mutex;  // guards plans and workspaces
   std::unordered_map<PlanKey, std::unique_ptr<Plan>, PlanKeyHash> plans;
@@ -161,17 +257,33 @@ struct GemmHandle::Impl {
     auto it = workspaces.find(stream);
     if (it != workspaces.end()) return it->second;
     void* p = nullptr;
-    FP8TRON_CUDA_CHECK(cudaMalloc(&p, workspace_bytes));
+    FP8TRON_CUDA_CHECK(cudaMalloc(&p, options.workspace_bytes));
     workspaces.emplace(stream, p);
     return p;
   }
 
-  Plan& plan(const PlanKey& key);
+  Plan& plan(const PlanKey& key, const CallArgs& call, CUstream_st* stream);
+  // Times the candidates on `stream`; returns the index of the fastest (or -1 and a note).
+  int autotune(Plan& p, const PlanKey& key, const CallArgs& call, const std::vector<cublasLtMatmulHeuristicResult_t>& cands,
+               CUstream_st* stream, std::vector<GemmCandidateTiming>& timings, std::string& note);
 };
 
-GemmHandle::GemmHandle(size_t workspace_bytes) : impl_(std::make_unique<Impl>()) {
+GemmHandle::GemmHandle(size_t workspace_bytes) : GemmHandle([&] {
+  GemmHandleOptions o;
+  o.workspace_bytes = workspace_bytes;
+  return o;
+}()) {}
+
+GemmHandle::GemmHandle(const GemmHandleOptions& options) : impl_(std::make_unique<Impl>()) {
   FP8TRON_CUDA_CHECK(cudaGetDevice(&impl_->device));
-  impl_->workspace_bytes = workspace_bytes;
+  impl_->options = options;
+  if (const char* env = std::getenv("FP8TRON_GEMM_AUTOTUNE"); env != nullptr && *env != '\0') {
+    const std::string v(env);
+    FP8TRON_CHECK(v == "0" || v == "1", "FP8TRON_GEMM_AUTOTUNE must be 0 or 1, not '" + v + "'");
+    impl_->options.algo_selection = v == "1" ? AlgoSelection::kAutotune : AlgoSelection::kHeuristic;
+  }
+  FP8TRON_CHECK(impl_->options.max_candidates >= 1 && impl_->options.tuning_iterations >= 1,
+                "GemmHandleOptions: max_candidates and tuning_iterations must be >= 1");
   FP8TRON_CUBLAS_CHECK(cublasLtCreate(&impl_->lt));
 }
 
@@ -188,14 +300,111 @@ GemmHandle::~GemmHandle() {
 
 int GemmHandle::device() const { return impl_->device; }
 
+const GemmHandleOptions& GemmHandle::options() const { return impl_->options; }
+
 size_t GemmHandle::cached_plans() const {
   std::lock_guard<std::mutex> lock(impl_->mutex);
   return impl_->plans.size();
 }
 
+std::vector<GemmPlanInfo> GemmHandle::plan_infos() const {
+  std::vector<std::pair<size_t, GemmPlanInfo>> ordered;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    for (const auto& [key, plan] : impl_->plans) ordered.emplace_back(plan->serial, plan->info);
+  }
+  std::sort(ordered.begin(), ordered.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+  std::vector<GemmPlanInfo> out;
+  for (auto& [serial, info] : ordered) out.push_back(std::move(info));
+  return out;
+}
+
 void GemmHandle::reserve_workspace(CUstream_st* stream) { impl_->workspace(stream); }
 
-Plan& GemmHandle::Impl::plan(const PlanKey& key) {
+int GemmHandle::Impl::autotune(Plan& p, const PlanKey& key, const CallArgs& call,
+                               const std::vector<cublasLtMatmulHeuristicResult_t>& cands, CUstream_st* stream,
+                               std::vector<GemmCandidateTiming>& timings, std::string& note) {
+  void* ws = workspace(stream);
+  // Released on every exit (a failed CUDA call throws).
+  struct Resources {
+    void* scratch = nullptr;
+    std::vector<cudaEvent_t> events;
+    ~Resources() {
+      for (cudaEvent_t e : events) {
+        if (e) cudaEventDestroy(e);
+      }
+      if (scratch) cudaFree(scratch);  // synchronizes with the timed runs
+    }
+  } res;
+  // An accumulating GEMM reads D: time it into a zeroed scratch output instead.
+  void* out = call.d;
+  if (key.accumulate) {
+    const size_t bytes = static_cast<size_t>(key.ldd) * static_cast<size_t>(key.n) * dtype_bytes(key.d_type);
+    if (cudaMalloc(&res.scratch, bytes) != cudaSuccess) {
+      (void)cudaGetLastError();
+      res.scratch = nullptr;
+      note = strprintf("no memory for a %zu-byte scratch output to time an accumulating GEMM", bytes);
+      return -1;
+    }
+    FP8TRON_CUDA_CHECK(cudaMemsetAsync(res.scratch, 0, bytes, stream));
+    out = res.scratch;
+  }
+  const int iters = options.tuning_iterations;
+  const size_t n = cands.size();
+  std::vector<cudaEvent_t>& events = res.events;
+  events.assign(n * static_cast<size_t>(iters + 1), nullptr);
+  for (auto& e : events) FP8TRON_CUDA_CHECK(cudaEventCreate(&e));
+  std::vector<bool> ok(n, true);
+  std::vector<double> best(n, -1.0);
+  auto run = [&](size_t i) {
+    const cublasStatus_t st = cublasLtMatmul(lt, p.desc, &call.alpha, call.a, p.a, call.b, p.b, &call.beta, out, p.c,
+                                             out, p.d, &cands[i].algo, ws, options.workspace_bytes, stream);
+    if (st != CUBLAS_STATUS_SUCCESS) ok[i] = false;
+  };
+  for (int pass = 0; pass < 2; ++pass) {  // forward, then reverse: clock drift favours no one
+    for (size_t j = 0; j < n; ++j) {
+      const size_t i = pass == 0 ? j : n - 1 - j;
+      run(i);
+      run(i);  // warm-up
+      cudaEvent_t* ev = &events[i * static_cast<size_t>(iters + 1)];
+      FP8TRON_CUDA_CHECK(cudaEventRecord(ev[0], stream));
+      for (int t = 0; t < iters; ++t) {
+        run(i);
+        FP8TRON_CUDA_CHECK(cudaEventRecord(ev[t + 1], stream));
+      }
+    }
+    FP8TRON_CUDA_CHECK(cudaStreamSynchronize(stream));
+    for (size_t i = 0; i < n; ++i) {
+      if (!ok[i]) continue;
+      const cudaEvent_t* ev = &events[i * static_cast<size_t>(iters + 1)];
+      std::vector<double> ms(static_cast<size_t>(iters));
+      for (int t = 0; t < iters; ++t) {
+        float e = 0.0f;
+        FP8TRON_CUDA_CHECK(cudaEventElapsedTime(&e, ev[t], ev[t + 1]));
+        ms[static_cast<size_t>(t)] = e;
+      }
+      const double m = median(ms);
+      best[i] = best[i] < 0 ? m : std::min(best[i], m);
+    }
+  }
+  // The heuristic's order breaks near-ties: a candidate within 2% of the fastest time (timing noise,
+  // or launch-bound small GEMMs where every kernel looks alike) loses to a better-ranked one.
+  double fastest_ms = -1.0;
+  for (size_t i = 0; i < n; ++i) {
+    timings[i].median_ms = ok[i] ? best[i] : -1.0;
+    if (ok[i] && (fastest_ms < 0 || best[i] < fastest_ms)) fastest_ms = best[i];
+  }
+  if (fastest_ms < 0) {
+    note = "no candidate ran";
+    return -1;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (ok[i] && best[i] <= 1.02 * fastest_ms) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+Plan& GemmHandle::Impl::plan(const PlanKey& key, const CallArgs& call, CUstream_st* stream) {
   {
     std::lock_guard<std::mutex> lock(mutex);
     auto it = plans.find(key);
@@ -211,13 +420,19 @@ Plan& GemmHandle::Impl::plan(const PlanKey& key) {
   if (is_fp8(key.a_type)) {
     const int8_t fast = key.fast_accum ? 1 : 0;
     set_desc(p->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast);
-    set_desc(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, scale_mode(key.a_scaling));
-    set_desc(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, scale_mode(key.b_scaling));
+    const int32_t a_mode = scale_mode(key.a_scaling), b_mode = scale_mode(key.b_scaling);
+    set_desc(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, a_mode);
+    set_desc(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, b_mode);
   }
   if (key.has_bias) {
-    set_desc(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BIAS);
-    set_desc(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, cuda_type(key.bias_type));
+    const uint32_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    const int32_t bias_type = cuda_type(key.bias_type);
+    set_desc(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue);
+    set_desc(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, bias_type);
   }
+  // The heuristic sees the real pointers, as in TE and torch._scaled_mm. Without them every
+  // block-scaled query failed (CUBLAS_STATUS_INVALID_VALUE) on the first H200 run.
+  set_call_pointers(p->desc, key, call);
   // Stored shapes: op(A) is m x k, so A is k x m when transposed; op(B) is k x n.
   FP8TRON_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, cuda_type(key.a_type), key.trans_a ? key.k : key.m,
                                                   key.trans_a ? key.m : key.k, key.lda));
@@ -228,8 +443,8 @@ Plan& GemmHandle::Impl::plan(const PlanKey& key) {
 
   cublasLtMatmulPreference_t pref = nullptr;
   FP8TRON_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  const uint64_t ws = workspace_bytes;
-  cublasLtMatmulHeuristicResult_t result{};
+  const uint64_t ws = options.workspace_bytes;
+  std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<size_t>(options.max_candidates));
   int found = 0;
   cublasStatus_t status = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
                                                                sizeof(ws));
@@ -241,21 +456,62 @@ Plan& GemmHandle::Impl::plan(const PlanKey& key) {
   for (const auto& [attr, value] : aligns) {
     if (status == CUBLAS_STATUS_SUCCESS) status = cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value));
   }
-  if (status == CUBLAS_STATUS_SUCCESS) {
-    status = cublasLtMatmulAlgoGetHeuristic(lt, p->desc, p->a, p->b, p->c, p->d, pref, 1, &result, &found);
+  auto query = [&] {
+    return cublasLtMatmulAlgoGetHeuristic(lt, p->desc, p->a, p->b, p->c, p->d, pref, options.max_candidates,
+                                          results.data(), &found);
+  };
+  if (status == CUBLAS_STATUS_SUCCESS) status = query();
+  std::vector<cublasLtMatmulHeuristicResult_t> cands;
+  for (int i = 0; status == CUBLAS_STATUS_SUCCESS && i < found; ++i) {
+    if (results[static_cast<size_t>(i)].state == CUBLAS_STATUS_SUCCESS) cands.push_back(results[static_cast<size_t>(i)]);
   }
-  cublasLtMatmulPreferenceDestroy(pref);
-  if (status != CUBLAS_STATUS_SUCCESS || found == 0) {
+  if (cands.empty()) {
+    const std::string log = status == CUBLAS_STATUS_SUCCESS ? std::string() : cublaslt_error_log([&] { query(); });
+    cublasLtMatmulPreferenceDestroy(pref);
     throw_internal_error(__FILE__, __LINE__, __func__,
                          "cuBLASLt has no algorithm for " + key.describe() + " (" +
                              (status == CUBLAS_STATUS_SUCCESS ? std::string("no heuristic result")
                                                               : std::string(cublasLtGetStatusName(status))) +
-                             ")");
+                             strprintf("; cuBLASLt %zu", cublasLtGetVersion()) +
+                             (log.empty() ? std::string() : "; cuBLASLt log: " + log) + ")");
   }
-  p->algo = result.algo;
-  p->workspace_needed = result.workspaceSize;
+  cublasLtMatmulPreferenceDestroy(pref);
+
+  GemmPlanInfo& info = p->info;
+  info.problem = key.describe();
+  info.heuristic_results = static_cast<int>(cands.size());
+  int chosen = 0;
+  if (options.algo_selection != AlgoSelection::kAutotune) {
+    info.note = "heuristic's first choice (algo selection: heuristic)";
+  } else if (cands.size() == 1) {
+    info.note = "the heuristic offered one algorithm";
+  } else if (stream_is_capturing(stream)) {
+    info.note = "heuristic's first choice: created during CUDA graph capture, where nothing can be timed";
+  } else {
+    std::vector<GemmCandidateTiming> timings(cands.size());
+    for (size_t i = 0; i < cands.size(); ++i) {
+      timings[i].heuristic_rank = static_cast<int>(i);
+      timings[i].algo = describe_algo(cands[i].algo);
+      timings[i].workspace_bytes = cands[i].workspaceSize;
+      timings[i].waves = cands[i].wavesCount;
+    }
+    std::string note;
+    const int fastest = autotune(*p, key, call, cands, stream, timings, note);
+    if (fastest >= 0) {
+      chosen = fastest;
+      info.autotuned = true;
+    } else {
+      info.note = "heuristic's first choice: " + note;
+    }
+    info.candidates = std::move(timings);
+  }
+  p->algo = cands[static_cast<size_t>(chosen)].algo;
+  p->workspace_needed = cands[static_cast<size_t>(chosen)].workspaceSize;
+  info.heuristic_rank = chosen;
+  info.algo = describe_algo(p->algo);
 
   std::lock_guard<std::mutex> lock(mutex);
+  p->serial = plans.size();
   auto [it, inserted] = plans.emplace(key, std::move(p));  // a racing thread may have won: keep its plan
   return *it->second;
 }
@@ -310,22 +566,32 @@ void gemm(GemmHandle& handle, const GemmOperand& a, const GemmOperand& b, const 
     FP8TRON_CHECK(a_block == b_block, "FP8 GEMM operands must both be tensor-scaled or both block-scaled");
     FP8TRON_CHECK(!(a.scaling == ScalingMode::kBlock128x128 && b.scaling == ScalingMode::kBlock128x128),
                   "cuBLASLt has no 128x128 x 128x128 block-scaled GEMM (use 1x128 for one operand)");
+    if (a_block) {
+      FP8TRON_CHECK(key.m % 4 == 0 && key.n % 4 == 0,
+                    "block-scaled GEMMs need m and n divisible by 4 (cuBLASLt): " + key.describe());
+      FP8TRON_CHECK(alignment_of(a.scale_inv) >= 16 && alignment_of(b.scale_inv) >= 16,
+                    "block-scaled GEMMs need 16-byte aligned scale pointers (cuBLASLt): " + key.describe());
+    }
     key.fast_accum = config.fast_accumulation && !a_block;
   } else {
     FP8TRON_CHECK(a.dtype == DType::kBF16 && b.dtype == DType::kBF16, "high-precision GEMMs take BF16 operands");
   }
 
-  Plan& plan = h.plan(key);
+  CallArgs call;
+  call.a = a.data;
+  call.b = b.data;
+  call.d = d.data;
+  call.a_scale = a.scale_inv;
+  call.b_scale = b.scale_inv;
+  call.bias = config.bias;
+  call.alpha = config.alpha;
+  call.beta = config.accumulate ? 1.0f : 0.0f;
+  Plan& plan = h.plan(key, call, stream);
   void* workspace = h.workspace(stream);
-  const float alpha = config.alpha, beta = config.accumulate ? 1.0f : 0.0f;
   std::lock_guard<std::mutex> lock(plan.mutex);
-  if (is_fp8(a.dtype)) {
-    set_desc(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, a.scale_inv);
-    set_desc(plan.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, b.scale_inv);
-  }
-  if (key.has_bias) set_desc(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, config.bias);
-  FP8TRON_CUBLAS_CHECK(cublasLtMatmul(h.lt, plan.desc, &alpha, a.data, plan.a, b.data, plan.b, &beta, d.data, plan.c,
-                                      d.data, plan.d, &plan.algo, workspace, h.workspace_bytes, stream));
+  set_call_pointers(plan.desc, key, call);
+  FP8TRON_CUBLAS_CHECK(cublasLtMatmul(h.lt, plan.desc, &call.alpha, call.a, plan.a, call.b, plan.b, &call.beta, call.d,
+                                      plan.c, call.d, plan.d, &plan.algo, workspace, h.options.workspace_bytes, stream));
 }
 
 RowMajorMatrix rowwise_matrix(const Fp8TensorView& t) {

@@ -20,20 +20,46 @@
 //
 // Scaling: tensor scaling passes one device float per operand (scale_inv, the dequantization
 // factor); blockwise passes the fp32 block scales of fp8_tensor.h (cuBLASLt VEC128_32F for 1x128,
-// BLK128x128_32F for 128x128; 128x128 x 128x128 is not supported by cuBLASLt). MXFP8 has no Hopper
-// GEMM: gemm() refuses it (the MXFP8 recipe runs emulated).
+// BLK128x128_32F for 128x128; 128x128 x 128x128 is not supported by cuBLASLt). Block-scaled GEMMs
+// need m and n divisible by 4 and 16-byte aligned scale pointers (cuBLAS docs, "128-element 1D and
+// 128x128 2D block scaling"). MXFP8 has no Hopper GEMM: gemm() refuses it (the MXFP8 recipe runs
+// emulated). The scale pointers of the first call are set before the heuristic query, as TE and
+// torch._scaled_mm do (with them unset, the first H200 run got CUBLAS_STATUS_INVALID_VALUE for
+// every block-scaled problem), and replaced on every call.
 //
-// Accumulation is fp32. fast_accumulation (CUBLASLT_MATMUL_DESC_FAST_ACCUM) trades accuracy for
-// speed on Hopper; TE uses it in fprop only; it is ignored (forced off) for block scaling.
+// Accumulation: the compute type is fp32, but Hopper's FP8 tensor cores accumulate each MMA
+// (k = 32) in a 22-bit format (8-bit exponent, 13-bit mantissa, truncation; DeepSeek-V3 report
+// "around 14 bits", SageAttention2 and PyTorch measure e8m13). Without fast_accumulation cuBLASLt
+// promotes the partial sums to fp32 every 128 products ("split accumulator"); with it
+// (CUBLASLT_MATMUL_DESC_FAST_ACCUM) it never does, which is faster and less accurate. Measured on
+// H200 / CUDA 13.0 and replayed bit for bit in tests/fp8/test_gpu_gemm.cpp, which also derives the
+// error bounds. TE uses fast accumulation in fprop only; it is ignored (forced off) for block
+// scaling, whose per-128-k scales are applied at each promotion.
 // Output: bf16 or fp32. Optional bias epilogue (length m in column-major terms = N in gemm_nt).
 //
 // Threading and streams: a GemmHandle belongs to one device. Its plan cache is thread-safe. It
 // keeps one 32 MiB workspace per stream it has seen, so GEMMs on different streams may overlap.
+//
+// Algorithm choice: cuBLASLt's heuristic ranks kernels with a performance model and its first
+// choice is not always the fastest on the device at hand. With AlgoSelection::kAutotune (the
+// default) the first call of every new problem (a plan: shapes, types, layouts, scaling modes,
+// epilogue, pointer alignments) asks the heuristic for up to max_candidates algorithms, times each
+// on the caller's stream with the caller's operands (warm-up, median of tuning_iterations runs, two
+// passes in opposite orders) and caches the fastest (the heuristic's order breaks ties within 2%,
+// i.e. timing noise and launch-bound small GEMMs). That costs a few milliseconds per problem and
+// synchronizes the stream once; an accumulating GEMM is timed into a scratch output so D is not
+// touched. While the stream is being captured into a CUDA graph nothing is timed (the heuristic's
+// first choice is cached), so run every GEMM once before capturing. kHeuristic always takes the
+// heuristic's first choice, as Transformer Engine and torch._scaled_mm do: the same kernel in every
+// run and on every rank (autotuned choices may differ between runs, and kernels differ in rounding).
+// FP8TRON_GEMM_AUTOTUNE=0 or 1 in the environment overrides the option. plan_infos() reports each
+// plan's candidates, their timings and the choice.
 #pragma once
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "fp8/fp8_tensor.h"
 
@@ -68,9 +94,41 @@ struct GemmConfig {
   bool fast_accumulation = false;
   const void* bias = nullptr;  // device vector of m values (bias_dtype), added to every column of D
   DType bias_dtype = DType::kBF16;
-  bool accumulate = false;  // D = result + D (beta = 1)
+  bool accumulate = false;  // D = result + D (beta = 1). With a bf16 D cuBLASLt's FP8 kernels round
+                            // alpha * result to bf16 before adding D (two roundings, measured on
+                            // H200): accumulate gradients into an fp32 D.
   float alpha = 1.0f;
   int sm_count = 0;  // cap on SMs used (CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET) for overlap; 0 = all
+};
+
+enum class AlgoSelection : uint8_t { kHeuristic, kAutotune };
+const char* algo_selection_name(AlgoSelection selection);
+
+struct GemmHandleOptions {
+  size_t workspace_bytes = size_t{32} << 20;
+  AlgoSelection algo_selection = AlgoSelection::kAutotune;
+  int max_candidates = 16;    // heuristic results requested (all timed when autotuning)
+  int tuning_iterations = 7;  // timed runs per candidate and pass, after two warm-up runs
+};
+
+// One timed candidate of a plan.
+struct GemmCandidateTiming {
+  int heuristic_rank = 0;  // position in cuBLASLt's heuristic list (0: its first choice)
+  std::string algo;        // algorithm configuration (ids of cublasLt.h's enums)
+  size_t workspace_bytes = 0;
+  float waves = 0.0f;      // the heuristic's waves count (1: one full wave of CTAs)
+  double median_ms = -1;   // best of the two passes' medians; < 0 when the candidate failed to run
+};
+
+// What a cached plan runs and how it was chosen.
+struct GemmPlanInfo {
+  std::string problem;     // shapes, types, layouts, scaling, epilogue
+  std::string algo;        // the chosen algorithm
+  int heuristic_rank = 0;  // its rank in the heuristic's list
+  int heuristic_results = 0;
+  bool autotuned = false;
+  std::string note;        // why it was not autotuned, when it was not
+  std::vector<GemmCandidateTiming> candidates;  // the timed candidates; empty when none was timed
 };
 
 class GemmHandle {
@@ -79,12 +137,16 @@ class GemmHandle {
 
   // Binds to the current CUDA device.
   explicit GemmHandle(size_t workspace_bytes = kDefaultWorkspaceBytes);
+  explicit GemmHandle(const GemmHandleOptions& options);
   ~GemmHandle();
   GemmHandle(const GemmHandle&) = delete;
   GemmHandle& operator=(const GemmHandle&) = delete;
 
   int device() const;
+  const GemmHandleOptions& options() const;  // after the FP8TRON_GEMM_AUTOTUNE override
   size_t cached_plans() const;
+  // Every cached plan, in creation order.
+  std::vector<GemmPlanInfo> plan_infos() const;
   // Allocates the workspace for `stream` now (call before capturing a CUDA graph on it).
   void reserve_workspace(CUstream_st* stream);
 

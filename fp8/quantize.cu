@@ -102,7 +102,8 @@ __device__ __forceinline__ float block_max(float v, float* red) {
   return red[kWarps];
 }
 
-// amax values are >= 0 (and never NaN: fmaxf drops NaNs), so the float order is the int order.
+// amax values are >= 0 and never NaN (fmaxf drops NaNs: the amax rule of scale_math.h, which
+// max_ignoring_nan implements on the host), so the float order is the int order.
 __device__ __forceinline__ void atomic_max_amax(float* address, float value) {
   atomicMax(reinterpret_cast<int*>(address), __float_as_int(value));
 }

@@ -37,8 +37,9 @@ struct BlockScalingOptions {
 };
 
 // (a) *amax = max(*amax, max |x[i]|) over n bf16 values (block reduction, then one atomicMax on the
-// float's bits per block). NaNs are ignored (fmaxf), as in Transformer Engine. Zero *amax first
-// for a fresh reduction.
+// float's bits per block). The amax rule of scale_math.h holds for every amax in this file (tensor,
+// block and MX amaxes alike): NaN elements (quiet or signaling) are ignored, as by fmaxf and
+// Transformer Engine; an inf element makes the amax +inf. Zero *amax first for a fresh reduction.
 void amax_bf16(const uint16_t* x, size_t n, float* amax, CudaStream stream);
 
 // (b) Delayed (per-tensor, given scale) cast. out: scaling_mode kTensor, format E4M3, E5M2 or HiF8;

@@ -29,7 +29,7 @@ float* floats(void* p) { return static_cast<float*>(p); }
 
 float amax_bf16(const uint16_t* x, size_t n) {
   float m = 0.0f;
-  for (size_t i = 0; i < n; ++i) m = std::fmax(m, std::fabs(bf16_to_float(x[i])));
+  for (size_t i = 0; i < n; ++i) m = amax_fold(m, bf16_to_float(x[i]));
   return m;
 }
 
@@ -52,7 +52,7 @@ void quantize_tensor_delayed(const uint16_t* x, const Fp8TensorView& out) {
   FP8TRON_CHECK(out.scaling_mode == ScalingMode::kTensor && out.scale != nullptr, "delayed cast needs a tensor scale");
   check_element_format(out, true);
   const float scale = *out.scale;
-  if (out.amax) *out.amax = std::fmax(*out.amax, amax_bf16(x, out.numel()));
+  if (out.amax) *out.amax = max_ignoring_nan(*out.amax, amax_bf16(x, out.numel()));
   if (out.scale_inv) *floats(out.scale_inv) = 1.0f / scale;
   cast_tensor(x, out, scale);
 }
@@ -87,7 +87,7 @@ void quantize_blockwise(const uint16_t* x, const Fp8TensorView& out, const Block
         for (size_t c0 = 0; c0 < cols; c0 += kBlockLen) {
           const size_t c1 = std::min(cols, c0 + kBlockLen);
           float amax = 0.0f;
-          for (size_t c = c0; c < c1; ++c) amax = std::fmax(amax, std::fabs(xv(r, c)));
+          for (size_t c = c0; c < c1; ++c) amax = amax_fold(amax, xv(r, c));
           const float scale = scale_of(amax);
           floats(out.scale_inv)[scale_index(out.scaling_mode, layout, r, c0)] = 1.0f / scale;
           for (size_t c = c0; c < c1; ++c) bytes(out.data)[r * cols + c] = encode_sat(out.format, xv(r, c) * scale);
@@ -100,7 +100,7 @@ void quantize_blockwise(const uint16_t* x, const Fp8TensorView& out, const Block
         for (size_t r0 = 0; r0 < rows; r0 += kBlockLen) {
           const size_t r1 = std::min(rows, r0 + kBlockLen);
           float amax = 0.0f;
-          for (size_t r = r0; r < r1; ++r) amax = std::fmax(amax, std::fabs(xv(r, c)));
+          for (size_t r = r0; r < r1; ++r) amax = amax_fold(amax, xv(r, c));
           const float scale = scale_of(amax);
           floats(out.scale_inv_t)[scale_index(out.scaling_mode, layout_t, c, r0)] = 1.0f / scale;
           for (size_t r = r0; r < r1; ++r) bytes(out.data_t)[c * rows + r] = encode_sat(out.format, xv(r, c) * scale);
@@ -117,7 +117,7 @@ void quantize_blockwise(const uint16_t* x, const Fp8TensorView& out, const Block
       const size_t r1 = std::min(rows, r0 + kBlockLen), c1 = std::min(cols, c0 + kBlockLen);
       float amax = 0.0f;
       for (size_t r = r0; r < r1; ++r) {
-        for (size_t c = c0; c < c1; ++c) amax = std::fmax(amax, std::fabs(xv(r, c)));
+        for (size_t c = c0; c < c1; ++c) amax = amax_fold(amax, xv(r, c));
       }
       const float scale = scale_of(amax), scale_inv = 1.0f / scale;
       if (out.data) floats(out.scale_inv)[scale_index(out.scaling_mode, layout, r0, c0)] = scale_inv;
@@ -145,7 +145,7 @@ void quantize_mxfp8(const uint16_t* x, const Fp8TensorView& out) {
       for (size_t c0 = 0; c0 < cols; c0 += kMxBlock) {
         const size_t c1 = std::min(cols, c0 + kMxBlock);
         float amax = 0.0f;
-        for (size_t c = c0; c < c1; ++c) amax = std::fmax(amax, std::fabs(xv(r, c)));
+        for (size_t c = c0; c < c1; ++c) amax = amax_fold(amax, xv(r, c));
         const uint8_t e = mx_block_scale(amax, rcp);
         const float mult = codec::e8m0_reciprocal(e);
         bytes(out.scale_inv)[scale_index(out.scaling_mode, layout, r, c0)] = e;
@@ -159,7 +159,7 @@ void quantize_mxfp8(const uint16_t* x, const Fp8TensorView& out) {
       for (size_t r0 = 0; r0 < rows; r0 += kMxBlock) {
         const size_t r1 = std::min(rows, r0 + kMxBlock);
         float amax = 0.0f;
-        for (size_t r = r0; r < r1; ++r) amax = std::fmax(amax, std::fabs(xv(r, c)));
+        for (size_t r = r0; r < r1; ++r) amax = amax_fold(amax, xv(r, c));
         const uint8_t e = mx_block_scale(amax, rcp);
         const float mult = codec::e8m0_reciprocal(e);
         bytes(out.scale_inv_t)[scale_index(out.scaling_mode, layout_t, c, r0)] = e;

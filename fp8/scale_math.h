@@ -25,6 +25,33 @@ FP8TRON_HD bool finite_positive(float x) {
   return (u >> 31) == 0 && u != 0 && (u & codec::kF32AbsMask) < codec::kF32Inf;
 }
 
+FP8TRON_HD bool is_nan_bits(float x) { return (codec::float_bits(x) & codec::kF32AbsMask) > codec::kF32Inf; }
+
+// The amax rule, one definition for every path (kernels, CPU reference, scaling state):
+//   amax = max |x| over the elements that are not NaN; +-inf gives +inf; no non-NaN element
+//   leaves the running value unchanged (0 for a fresh reduction).
+// This is CUDA's fmaxf (IEEE 754-2008 maxNum without the signaling-NaN clause: a NaN operand is
+// treated as missing data) and hence Transformer Engine's, whose amax reductions are
+// fmaxf(fabsf(x), amax). A NaN therefore never becomes an amax; an inf does, and the scale
+// formulas below then keep (delayed) or reset (current, block) the scale.
+// The host side must not use std::fmax: glibc's fmax follows maxNum to the letter and returns NaN
+// when either operand is a *signaling* NaN (bf16 0x7F81..0x7FBF widen to fp32 sNaNs), after which
+// the next fmax drops the NaN and with it every value seen before.
+FP8TRON_HD float max_ignoring_nan(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return fmaxf(a, b);
+#else
+  if (is_nan_bits(b)) return a;
+  if (is_nan_bits(a)) return b;
+  return a < b ? b : a;
+#endif
+}
+
+// m = max(m, |x|) under the amax rule (m is a running amax: >= 0, never NaN).
+FP8TRON_HD float amax_fold(float m, float x) {
+  return max_ignoring_nan(m, codec::bits_float(codec::float_bits(x) & codec::kF32AbsMask));
+}
+
 // Keep only the exponent: the largest power of two <= scale (for positive normal scales).
 FP8TRON_HD float round_down_to_power_of_2(float scale) {
   return codec::bits_float(codec::float_bits(scale) & 0xFF800000u);

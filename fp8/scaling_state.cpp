@@ -41,7 +41,7 @@ void update_delayed_scaling_cpu(const ScalingBuffers& b, const DelayedUpdatePara
       // Roll: row i takes row i+1, the last row takes the current amax, row 0 is cleared.
       for (size_t i = 0; i < len; ++i) {
         const float a = i + 1 < len ? h[(i + 1) * n] : now;
-        amax = std::fmax(amax, a);
+        amax = max_ignoring_nan(amax, a);
         h[i * n] = i > 0 ? a : 0.0f;
       }
     }
@@ -75,7 +75,7 @@ size_t DelayedScalingState::slot(size_t num_gemms, size_t gemm, TensorRole role)
 
 void DelayedScalingState::record_amax(size_t slot, float amax) {
   FP8TRON_CHECK(slot < num_slots(), "slot out of range");
-  history_[slot] = std::fmax(history_[slot], amax);
+  history_[slot] = max_ignoring_nan(history_[slot], amax);
 }
 
 ScalingBuffers DelayedScalingState::buffers() {

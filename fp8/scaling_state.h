@@ -17,8 +17,8 @@
 //                       row 0 = 0
 //   amax = max over the history (max) or amax_now (most_recent); a slot that saw no data keeps its
 //          history untouched and its scale (amax = 0)
-//   scale = (fp8_max / amax) / 2^margin, kept when amax is 0, inf or NaN (fmax ignores NaNs in the
-//           max, as TE's fmaxf); FLT_MAX when the quotient overflows
+//   scale = (fp8_max / amax) / 2^margin, kept when amax is 0, inf or NaN (the max ignores NaNs:
+//           max_ignoring_nan of scale_math.h, TE's fmaxf); FLT_MAX when the quotient overflows
 //   scale_inv = 1 / scale
 // Between updates (interval > 1) row 0 keeps accumulating, so the next update sees the max over
 // the whole interval.

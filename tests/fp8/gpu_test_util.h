@@ -4,6 +4,8 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <functional>
 #include <string>
@@ -112,6 +114,47 @@ inline double time_ms(const std::function<void()>& fn, int warmup = 5, int iters
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   return static_cast<double>(ms) / iters;
+}
+
+struct RunTimes {
+  double median_ms = 0, mean_ms = 0, min_ms = 0, max_ms = 0;
+  int runs = 0;
+};
+
+// Benchmark timing on the default stream: fn(i) is the i-th run (rotate buffers with i). First
+// runs until `warmup_ms` of wall time have passed (clocks and power settle, plans and autotuning
+// are done), then times `iters` runs one by one with events between them; the median is the
+// figure to report (robust to the odd slow run), mean/min/max show the spread.
+inline RunTimes time_runs(const std::function<void(int)>& fn, int iters = 50, double warmup_ms = 300.0) {
+  int call = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  do {
+    for (int i = 0; i < 5; ++i) fn(call++);
+    FP8TRON_CUDA_CHECK(cudaDeviceSynchronize());
+  } while (std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() < warmup_ms);
+  std::vector<cudaEvent_t> ev(static_cast<size_t>(iters) + 1);
+  for (auto& e : ev) FP8TRON_CUDA_CHECK(cudaEventCreate(&e));
+  FP8TRON_CUDA_CHECK(cudaEventRecord(ev[0], nullptr));
+  for (int i = 0; i < iters; ++i) {
+    fn(call++);
+    FP8TRON_CUDA_CHECK(cudaEventRecord(ev[static_cast<size_t>(i) + 1], nullptr));
+  }
+  FP8TRON_CUDA_CHECK(cudaEventSynchronize(ev.back()));
+  std::vector<double> ms(static_cast<size_t>(iters));
+  for (size_t i = 0; i < ms.size(); ++i) {
+    float e = 0.0f;
+    FP8TRON_CUDA_CHECK(cudaEventElapsedTime(&e, ev[i], ev[i + 1]));
+    ms[i] = e;
+  }
+  for (auto& e : ev) cudaEventDestroy(e);
+  RunTimes r;
+  r.runs = iters;
+  for (double m : ms) r.mean_ms += m / iters;
+  std::sort(ms.begin(), ms.end());
+  r.min_ms = ms.front();
+  r.max_ms = ms.back();
+  r.median_ms = ms.size() % 2 ? ms[ms.size() / 2] : 0.5 * (ms[ms.size() / 2 - 1] + ms[ms.size() / 2]);
+  return r;
 }
 
 inline std::string device_name() {

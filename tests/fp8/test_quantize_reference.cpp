@@ -5,12 +5,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <vector>
 
 #include "fp8/format_codec.h"
 #include "fp8/formats.h"
 #include "fp8/quantize_reference.h"
+#include "fp8/scale_math.h"
 #include "fp8_test_util.h"
 
 namespace fp8tron::fp8 {
@@ -112,6 +114,38 @@ TEST(ReferenceQuantize, PowerOfTwoCurrentScales) {
   EXPECT_EQ(std::frexp(q.scale, &exp), 0.5f);
   EXPECT_LE(q.scale * q.amax, 448.0f);
   EXPECT_GT(q.scale * q.amax, 224.0f);
+}
+
+// The amax rule (scale_math.h): NaNs, quiet or signaling, are ignored; inf propagates. The GPU
+// kernels use fmaxf, which behaves this way; glibc's std::fmax does not for signaling NaNs (it
+// returned NaN on 0x7F81, and the next fmax dropped that NaN together with the inf seen earlier).
+TEST(ReferenceQuantize, AmaxIgnoresNansAndKeepsInf) {
+  const uint16_t kInf = 0x7F80, kSNaN = 0x7F81, kQNaN = 0x7FC0, kNegSNaN = 0xFF81, kNegInf = 0xFF80;
+  const uint16_t two = codec::float_to_bf16(2.0f), minus_three = codec::float_to_bf16(-3.0f);
+  auto amax = [](std::vector<uint16_t> v) { return reference::amax_bf16(v.data(), v.size()); };
+  EXPECT_EQ(amax({two, kSNaN, minus_three, kQNaN}), 3.0f);
+  EXPECT_EQ(amax({kSNaN, kNegSNaN, kQNaN}), 0.0f);  // nothing but NaNs: the running value (0)
+  EXPECT_EQ(amax({kInf, kSNaN, two}), std::numeric_limits<float>::infinity());
+  EXPECT_EQ(amax({two, kNegInf, kNegSNaN}), std::numeric_limits<float>::infinity());
+  EXPECT_EQ(max_ignoring_nan(1.0f, std::numeric_limits<float>::quiet_NaN()), 1.0f);
+  EXPECT_EQ(max_ignoring_nan(std::numeric_limits<float>::quiet_NaN(), 1.0f), 1.0f);
+  EXPECT_EQ(amax_fold(0.0f, -0.0f), 0.0f);
+  // Every bf16 pattern in order (the GPU test's input): inf is the amax.
+  std::vector<uint16_t> all(65536);
+  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<uint16_t>(i);
+  EXPECT_EQ(codec::float_bits(reference::amax_bf16(all.data(), all.size())), codec::kF32Inf);
+  HostQuantized q(ScalingMode::kTensor, Format::kE4M3, 256, 256, true, false);
+  q.scale = 1.0f;
+  reference::quantize_tensor_delayed(all.data(), q.view);  // max-accumulates into q.amax (0)
+  EXPECT_EQ(codec::float_bits(q.amax), codec::kF32Inf);
+  // Block modes: a NaN inside a block does not decide its scale; the finite values do.
+  std::vector<uint16_t> x(16 * 128, codec::float_to_bf16(1.0f));
+  x[5] = kSNaN;
+  x[7] = codec::float_to_bf16(-7.0f);
+  HostQuantized b(ScalingMode::kBlock1x128, Format::kE4M3, 16, 128);
+  reference::quantize_blockwise(x.data(), b.view, {false, 0.0f});
+  EXPECT_EQ(b.sinv(0), 1.0f / (448.0f / 7.0f));
+  EXPECT_TRUE(is_nan_code(Format::kE4M3, b.data[5]));
 }
 
 TEST(ReferenceQuantize, ZeroTensorGetsUnitScale) {
