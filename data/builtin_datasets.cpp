@@ -1,5 +1,6 @@
 #include "data/builtin_datasets.h"
 
+#include <algorithm>
 #include <cmath>
 #include <mutex>
 
@@ -94,23 +95,6 @@ double builtin_source_entropy() {
   double h = 0;
   for (double p : kSuccessorProbs) h -= p * std::log(p);
   return h;
-}
-
-BatchLoader::BatchLoader(std::shared_ptr<SampleSource> source, Split split, int64_t seq_length, int64_t micro_batch,
-                         torch::Device device)
-    : source_(std::move(source)), split_(split), seq_length_(seq_length), micro_batch_(micro_batch), device_(device) {}
-
-Batch BatchLoader::load(int64_t first_sample) const {
-  auto buffer = torch::empty({micro_batch_, seq_length_ + 1}, torch::kInt64);
-  if (device_.is_cuda()) buffer = buffer.pin_memory();
-  int64_t* data = buffer.data_ptr<int64_t>();
-  for (int64_t i = 0; i < micro_batch_; ++i) source_->sample(split_, first_sample + i, data + i * (seq_length_ + 1));
-  auto on_device = buffer.to(device_, /*non_blocking=*/true);
-  Batch batch;
-  batch.tokens = on_device.narrow(1, 0, seq_length_);
-  batch.labels = on_device.narrow(1, 1, seq_length_);
-  batch.loss_mask = torch::ones({micro_batch_, seq_length_}, torch::TensorOptions().device(device_));
-  return batch;
 }
 
 }  // namespace fp8tron

@@ -47,7 +47,7 @@ SelfAttentionImpl::SelfAttentionImpl(const ModelConfig& m, const std::string& pr
   if (m.position_embedding == PositionEmbedding::Rope) rope_ = RotaryEmbedding(m.kv_channels, m.rotary_percent, m.rotary_base);
 }
 
-torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x) {
+torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& attention_mask) {
   const auto& m = config_;
   auto qkv = linear_qkv(x);  // [s, b, local (q + 2 kv)]
   const int64_t s = qkv.size(0), b = qkv.size(1), d = m.kv_channels;
@@ -74,7 +74,10 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x) {
     v = v.repeat_interleave(per_group, 1);
   }
   const double p = is_training() ? m.attention_dropout : 0.0;
-  auto out = at::scaled_dot_product_attention(q, k, v, {}, p, /*is_causal=*/true);
+  // A document mask (--reset-attention-mask) already contains causality; it takes SDPA's
+  // unfused-mask path, so plain causal attention keeps the fused kernels.
+  auto out = attention_mask.defined() ? at::scaled_dot_product_attention(q, k, v, attention_mask, p, /*is_causal=*/false)
+                                      : at::scaled_dot_product_attention(q, k, v, {}, p, /*is_causal=*/true);
   out = out.permute({2, 0, 1, 3}).reshape({s, b, local_heads_ * d});
   return linear_proj(out);
 }
@@ -111,8 +114,8 @@ TransformerLayerImpl::TransformerLayerImpl(const ModelConfig& m, const std::stri
   mlp = register_module("mlp", Mlp(m, prefix + ".mlp", f));
 }
 
-torch::Tensor TransformerLayerImpl::forward(const torch::Tensor& x) {
-  auto h = x + maybe_dropout(self_attention(x), hidden_dropout_, is_training());
+torch::Tensor TransformerLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& attention_mask) {
+  auto h = x + maybe_dropout(self_attention(x, attention_mask), hidden_dropout_, is_training());
   return h + maybe_dropout(mlp(h), hidden_dropout_, is_training());
 }
 
@@ -169,11 +172,14 @@ torch::Tensor GptModelImpl::shared_embedding_weight() const {
   return {};
 }
 
-torch::Tensor GptModelImpl::embed(const torch::Tensor& tokens) {
+torch::Tensor GptModelImpl::embed(const torch::Tensor& tokens, const torch::Tensor& position_ids) {
   auto t = tokens.t();  // [s, b]
   const int64_t vocab_start = tp_.rank * (config_.padded_vocab_size / tp_.size);
   auto h = vocab_parallel_embedding(t, word_embeddings_->named_parameters(false)["weight"], vocab_start, *tp_.comm);
-  if (position_embeddings_) h = h + position_embeddings_->named_parameters(false)["weight"].narrow(0, 0, t.size(0)).unsqueeze(1);
+  if (position_embeddings_) {
+    auto table = position_embeddings_->named_parameters(false)["weight"];
+    h = position_ids.defined() ? h + F::embedding(position_ids.t(), table) : h + table.narrow(0, 0, t.size(0)).unsqueeze(1);
+  }
   if (tp_.sequence_parallel) h = scatter_to_sp(h, *tp_.comm);
   return maybe_dropout(h, config_.hidden_dropout, is_training());
 }
@@ -184,9 +190,17 @@ torch::Tensor GptModelImpl::head_logits(const torch::Tensor& hidden) {
   return tied ? output_layer_->forward_with(h, shared_embedding_weight()) : output_layer_(h);  // [s, b, V/tp]
 }
 
-torch::Tensor GptModelImpl::forward_stage(const torch::Tensor& input, const torch::Tensor& labels, const torch::Tensor& loss_mask) {
-  auto h = stage_.has_embedding ? embed(input) : input;
-  for (auto& layer : layers_) h = layer->forward(h);
+torch::Tensor GptModelImpl::forward_stage(const torch::Tensor& input, const torch::Tensor& labels, const torch::Tensor& loss_mask,
+                                          const torch::Tensor& position_ids, const torch::Tensor& segment_ids) {
+  auto h = stage_.has_embedding ? embed(input, position_ids) : input;
+  torch::Tensor attention_mask;
+  if (segment_ids.defined()) {
+    // Attend to earlier positions of the same document only: [b, 1, s, s].
+    const int64_t s = segment_ids.size(1);
+    auto same = segment_ids.unsqueeze(2) == segment_ids.unsqueeze(1);
+    attention_mask = same.logical_and(torch::ones({s, s}, same.options()).tril()).unsqueeze(1);
+  }
+  for (auto& layer : layers_) h = layer->forward(h, attention_mask);
   if (!stage_.has_head) return h;
   auto logits = head_logits(h);
   const int64_t vocab_start = tp_.rank * (config_.padded_vocab_size / tp_.size);
@@ -202,7 +216,7 @@ torch::Tensor GptModelImpl::loss(const torch::Tensor& tokens, const torch::Tenso
 
 torch::Tensor GptModelImpl::forward(const torch::Tensor& tokens) {
   FP8TRON_CHECK(stage_.has_embedding && stage_.has_head && tp_.size == 1, "forward() needs the whole model on one rank");
-  auto h = embed(tokens);
+  auto h = embed(tokens, {});
   for (auto& layer : layers_) h = layer->forward(h);
   return head_logits(h).transpose(0, 1);
 }

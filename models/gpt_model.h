@@ -19,7 +19,8 @@ namespace fp8tron {
 class SelfAttentionImpl : public torch::nn::Module {
  public:
   SelfAttentionImpl(const ModelConfig& m, const std::string& prefix, const ParamFactory& factory);
-  torch::Tensor forward(const torch::Tensor& x);
+  // attention_mask: [b, 1, s, s] bool (true = may attend), or undefined for plain causal.
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& attention_mask);
 
   TELayerNormColumnParallelLinear linear_qkv{nullptr};
   TELayerNorm q_layernorm{nullptr}, k_layernorm{nullptr};
@@ -48,7 +49,7 @@ TORCH_MODULE(Mlp);
 class TransformerLayerImpl : public torch::nn::Module {
  public:
   TransformerLayerImpl(const ModelConfig& m, const std::string& prefix, const ParamFactory& factory);
-  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& attention_mask = {});
 
   SelfAttention self_attention{nullptr};
   Mlp mlp{nullptr};
@@ -74,7 +75,10 @@ class GptModelImpl : public torch::nn::Module {
 
   // One pipeline chunk: tokens [b, s] (first stage) or hidden states from the previous stage in,
   // hidden states out, or on the last stage the mean loss over loss_mask (labels/mask [b, s]).
-  torch::Tensor forward_stage(const torch::Tensor& input, const torch::Tensor& labels, const torch::Tensor& loss_mask);
+  // position_ids [b, s] (--reset-position-ids, learned positions) and segment_ids [b, s]
+  // (--reset-attention-mask: no attention across documents) are optional.
+  torch::Tensor forward_stage(const torch::Tensor& input, const torch::Tensor& labels, const torch::Tensor& loss_mask,
+                              const torch::Tensor& position_ids = {}, const torch::Tensor& segment_ids = {});
   // Whole model, one tensor-parallel rank: mean cross entropy (fp32) where loss_mask is 1.
   torch::Tensor loss(const torch::Tensor& tokens, const torch::Tensor& labels, const torch::Tensor& loss_mask);
   // Whole model without tensor parallelism: logits [b, s, padded_vocab].
@@ -87,7 +91,7 @@ class GptModelImpl : public torch::nn::Module {
   torch::Tensor shared_embedding_weight() const;
 
  private:
-  torch::Tensor embed(const torch::Tensor& tokens);  // [b, s] -> [s(/tp), b, h]
+  torch::Tensor embed(const torch::Tensor& tokens, const torch::Tensor& position_ids);  // [b, s] -> [s(/tp), b, h]
   torch::Tensor head_logits(const torch::Tensor& hidden);
 
   ModelConfig config_;

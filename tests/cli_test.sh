@@ -34,6 +34,31 @@ WORLD_SIZE=1000 expect 0 "world 1000 = TP 2 x CP 1 x DP 250 x PP 2" -- "${TINY[@
 if ! command -v nvidia-smi >/dev/null 2>&1; then
   expect 1 "--device cuda: no CUDA GPU" -- "${TINY[@]}" --device cuda
 fi
+# Checkpoints: save, resume, a mismatched model, Megatron's --ckpt-format values.
+CKPT=$(mktemp -d)
+expect 0 "successfully saved checkpoint from iteration       4 to $CKPT [ t 1/1, p 1/1 ]" -- "${TINY[@]}" --save "$CKPT"
+expect 0 "successfully loaded checkpoint from $CKPT [ t 1/1, p 1/1 ] at iteration 4" -- "${TINY[@]}" --train-iters 6 --load "$CKPT"
+expect 1 "hidden_size is 32 in the checkpoint but 64 here (--hidden-size)" -- "${TINY[@]}" --load "$CKPT" --hidden-size 64
+expect 0 "fp8tron reads and writes its own checkpoint format" -- "${TINY[@]}" --ckpt-format torch_dist
+# fp8tron-export (built next to fp8tron): the checkpoint as a Hugging Face directory.
+EXPORT="$(dirname "$BIN")/fp8tron-export"
+if out=$("$EXPORT" --load "$CKPT" --output "$CKPT/hf" 2>&1) && grep -qF "as a gpt2 model to $CKPT/hf" <<<"$out" &&
+   [ -f "$CKPT/hf/model.safetensors" ] && [ -f "$CKPT/hf/config.json" ]; then
+  echo "ok: fp8tron-export writes a gpt2 directory"
+else
+  echo "FAIL: fp8tron-export --load $CKPT --output $CKPT/hf (is $EXPORT built?)"; echo "$out" | tail -3; fail=1
+fi
+# --exit-signal-handler: SIGTERM saves at the next iteration boundary and exits with status 0.
+"$BIN" "${TINY[@]}" --train-iters 1000000 --save "$CKPT/sig" --exit-signal-handler >"$CKPT/sig.log" 2>&1 &
+pid=$!
+for _ in $(seq 600); do grep -q "^training \.\.\." "$CKPT/sig.log" 2>/dev/null && break; sleep 0.1; done
+kill -TERM $pid; wait $pid; rc=$?
+if [ $rc = 0 ] && grep -qF "exiting program after receiving SIGTERM." "$CKPT/sig.log" && [ -f "$CKPT/sig/latest_checkpointed_iteration.txt" ]; then
+  echo "ok: SIGTERM saves and exits cleanly"
+else
+  echo "FAIL: SIGTERM with --exit-signal-handler -> rc $rc"; tail -5 "$CKPT/sig.log"; fail=1
+fi
+rm -rf "$CKPT"
 for cfg in "$SRC"/configs/*.json; do
   expect 0 "dry run: configuration is valid" -- --config "$cfg" --dry-run
 done

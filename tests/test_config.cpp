@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <csignal>
 #include <cstdlib>
 
 #include "core/error.h"
@@ -74,13 +75,43 @@ TEST(Config, InvalidCombinationsNameTheFlags) {
 }
 
 TEST(Config, MissingRequiredFlags) {
-  EXPECT_USER_ERROR(build({"--num-layers", "2"}), "missing required flag --hidden-size");
+  EXPECT_USER_ERROR(build({"--num-layers", "2", "--builtin-data", "--vocab-size", "64"}), "missing required flag --hidden-size");
   auto args = tiny_args();
   args.erase(args.begin() + 10, args.begin() + 12);  // drop --lr
   EXPECT_USER_ERROR(build(args), "--lr is required");
   args = tiny_args();
   args.pop_back();  // drop --builtin-data
   EXPECT_USER_ERROR(build(args), "no training data");
+}
+
+TEST(Config, DataFlags) {
+  auto files = [](std::initializer_list<std::string> extra) {
+    auto args = tiny_args(extra);
+    args.erase(std::find(args.begin(), args.end(), "--builtin-data"));
+    return args;
+  };
+  EXPECT_USER_ERROR(build(files({"--data-path", "/data/x"})), "--data-path needs --tokenizer-type");
+  EXPECT_USER_ERROR(build(files({"--data-path", "/data/x", "--tokenizer-type", "GPT2BPETokenizer"})), "needs the trainer to build the tokenizer");
+  EXPECT_USER_ERROR(build(tiny_args({"--split", "90,10,0"})), "--split applies to --data-path only");
+  EXPECT_USER_ERROR(build(files({"--data-path", "a", "--valid-data-path", "b", "--tokenizer-type", "NullTokenizer"})),
+                    "cannot be combined");
+  Config c = build(files({"--data-path", "0.3", "a", "0.7", "b", "--tokenizer-type", "NullTokenizer", "--split", "98,2,0",
+                          "--eod-mask-loss", "--reset-position-ids"}));
+  EXPECT_EQ(c.data.source, DataSource::Files);
+  EXPECT_EQ(c.data.split, "98,2,0");
+  EXPECT_EQ(c.data.eod, 64);              // NullTokenizer: eod = --vocab-size
+  EXPECT_EQ(c.model.vocab_size, 65);
+  EXPECT_TRUE(c.data.eod_mask_loss && c.data.reset_position_ids);
+  // A real tokenizer decides the vocabulary through the resolver the trainer passes.
+  LaunchEnv env;
+  Config g = build_config(parse(files({"--data-path", "a", "--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", "v.json",
+                                       "--merge-file", "m.txt"})),
+                          env, false, [](const DataConfig& d) {
+                            EXPECT_EQ(d.vocab_file, "v.json");
+                            return TokenizerInfo{50257, 50256};
+                          });
+  EXPECT_EQ(g.model.padded_vocab_size, 50304);
+  EXPECT_EQ(g.data.eod, 50256);
 }
 
 TEST(Config, TrainSamplesConvertsToIterations) {
@@ -94,15 +125,42 @@ TEST(Config, TrainSamplesConvertsToIterations) {
 
 TEST(Config, SupportLevels) {
   // Planned features are recorded (training refuses them); their defaults are harmless.
-  Config c = build(tiny_args({"--tensor-model-parallel-size", "1", "--save", "/tmp/x"}));
+  Config c = build(tiny_args({"--tensor-model-parallel-size", "1", "--non-persistent-save-interval", "5"}));
   ASSERT_EQ(c.not_supported_yet.size(), 1u);
-  EXPECT_NE(c.not_supported_yet[0].find("--save"), std::string::npos);
+  EXPECT_NE(c.not_supported_yet[0].find("--non-persistent-save-interval"), std::string::npos);
   // Data parallelism is there.
   EXPECT_TRUE(build(tiny_args({"--global-batch-size", "4"}), 2).not_supported_yet.empty());
   EXPECT_EQ(build(tiny_args({"--overlap-grad-reduce"})).not_supported_yet.size(), 1u);
   // Hint-only flags warn; math-changing flags we do not implement fail naming the flag.
   EXPECT_EQ(build(tiny_args({"--no-masked-softmax-fusion"})).hint_warnings.size(), 1u);
   EXPECT_USER_ERROR(build(tiny_args({"--openai-gelu"})), "--openai-gelu is not supported by fp8tron");
+}
+
+TEST(Config, CheckpointFlags) {
+  Config c = build(tiny_args({"--save", "/tmp/a", "--load", "/tmp/b", "--save-interval", "50", "--no-save-optim",
+                              "--no-load-rng", "--finetune", "--exit-signal-handler", "--exit-signal", "SIGUSR1",
+                              "--ckpt-step", "100"}));
+  EXPECT_TRUE(c.not_supported_yet.empty());
+  EXPECT_EQ(c.checkpoint.save, "/tmp/a");
+  EXPECT_EQ(c.checkpoint.load, "/tmp/b");
+  EXPECT_EQ(c.checkpoint.save_interval, 50);
+  EXPECT_FALSE(c.checkpoint.save_optim);
+  EXPECT_TRUE(c.checkpoint.save_rng);
+  EXPECT_TRUE(c.checkpoint.load_optim);
+  EXPECT_FALSE(c.checkpoint.load_rng);
+  EXPECT_TRUE(c.checkpoint.finetune);
+  EXPECT_TRUE(c.checkpoint.exit_signal_handler);
+  EXPECT_EQ(c.checkpoint.exit_signal, SIGUSR1);
+  EXPECT_EQ(c.checkpoint.ckpt_step, 100);
+  EXPECT_EQ(build(tiny_args()).checkpoint.exit_signal, SIGTERM);
+  // Megatron's formats are accepted with a notice; ours is used.
+  auto notices = build(tiny_args({"--ckpt-format", "torch_dist"})).hint_warnings;
+  ASSERT_EQ(notices.size(), 1u);
+  EXPECT_NE(notices[0].find("its own checkpoint format"), std::string::npos);
+  EXPECT_USER_ERROR(build(tiny_args({"--ckpt-format", "zarr2"})), "--ckpt-format");
+  EXPECT_USER_ERROR(build(tiny_args({"--save-interval", "0"})), "--save-interval must be positive");
+  EXPECT_USER_ERROR(build(tiny_args({"--exit-signal", "SIGKILL"})), "cannot be caught");
+  EXPECT_TRUE(build(tiny_args({"--async-save"})).checkpoint.async_save);
 }
 
 TEST(Config, ParallelFlags) {

@@ -72,7 +72,8 @@ TEST(Training, ExitIntervalStopsEarly) {
 }
 
 TEST(Training, RefusesFeaturesThatHaveNotLanded) {
-  EXPECT_USER_ERROR(train(training_config({"--train-iters", "2", "--save", "/tmp/ckpt"})), "not supported yet: --save");
+  EXPECT_USER_ERROR(train(training_config({"--train-iters", "2", "--non-persistent-save-interval", "5"})),
+                    "not supported yet: --non-persistent-save-interval");
 }
 
 TEST(BuiltinData, DeterministicPerIndexAndSplit) {

@@ -113,7 +113,15 @@ struct LoggingConfig {
 
 struct DataConfig {
   DataSource source = DataSource::Builtin;
-  std::vector<std::string> data_path;
+  std::vector<std::string> data_path;  // [weight] prefix ... (--data-path)
+  std::vector<std::string> train_data_path, valid_data_path, test_data_path;
+  std::string split = "969, 30, 1";
+  std::string data_cache_path;
+  std::string tokenizer_type, vocab_file, merge_file, tokenizer_model;
+  std::optional<int64_t> null_vocab_size;  // --vocab-size for the NullTokenizer
+  int64_t eod = -1;                        // the tokenizer's end-of-document id (-1: none)
+  bool eod_mask_loss = false, reset_position_ids = false, reset_attention_mask = false;
+  int num_workers = 2;                     // batches prepared ahead by the loader thread
 };
 
 // How the model and its training are spread over ranks, beyond the rank grid itself.
@@ -123,6 +131,22 @@ struct DistributedConfig {
   std::optional<int64_t> first_stage_layers, last_stage_layers;
   bool distributed_optimizer = false;
   int timeout_minutes = 10;
+};
+
+// Megatron's --save/--load family (trainer/checkpointing.h).
+struct CheckpointConfig {
+  std::string save, load;             // directories; "" = none
+  std::optional<int64_t> save_interval;
+  bool save_optim = true, save_rng = true;   // --no-save-optim, --no-save-rng
+  bool load_optim = true, load_rng = true;   // --no-load-optim, --no-load-rng
+  bool finetune = false;              // weights only, iteration and counters from 0
+  bool load_main_params_from_ckpt = false;   // weights-only loads take the fp32 main weights
+  std::optional<int64_t> ckpt_step;   // load this iteration instead of the tracker's
+  bool exit_on_missing_checkpoint = false;
+  bool async_save = false;            // write in the background (AsyncCheckpointSaver)
+  bool exit_signal_handler = false;   // save and exit at the next iteration on exit_signal
+  int exit_signal = 15;               // SIGTERM
+  std::string exit_signal_name = "SIGTERM";
 };
 
 struct Config {
@@ -135,6 +159,7 @@ struct Config {
   DataConfig data;
   ParallelSizes parallel;
   DistributedConfig distributed;
+  CheckpointConfig checkpoint;
   LaunchEnv launch;
   std::string device;      // "cpu" | "cuda"
   bool dry_run = false;

@@ -1,6 +1,7 @@
 #include "trainer/config_builder.h"
 
 #include <cmath>
+#include <csignal>
 
 #include "core/error.h"
 #include "core/text.h"
@@ -32,7 +33,7 @@ void classify_given_flags(const FlagValues& flags, Config& c) {
   }
 }
 
-ModelConfig build_model(const FlagValues& f, int tp) {
+ModelConfig build_model(const FlagValues& f, int tp, int64_t vocab_size) {
   ModelConfig m;
   m.num_layers = f.get_int("num-layers");
   m.hidden_size = f.get_int("hidden-size");
@@ -74,11 +75,7 @@ ModelConfig build_model(const FlagValues& f, int tp) {
   m.qk_layernorm = f.get_bool("qk-layernorm");
   m.attention_softmax_in_fp32 = f.get_bool("attention-softmax-in-fp32");
   m.transformer_engine_modules = f.get_string("transformer-impl") == "transformer_engine";
-  // The built-in and mock datasets use Megatron's NullTokenizer: vocab-size ids plus one EOD.
-  auto vocab = f.opt_int("vocab-size");
-  if (!vocab) throw UserError("--vocab-size is required (the built-in and mock datasets use a NullTokenizer)");
-  if (*vocab <= 1) throw UserError("--vocab-size must be at least 2");
-  m.vocab_size = *vocab + 1;
+  m.vocab_size = vocab_size;
   const int64_t divisible_by = f.get_int("make-vocab-size-divisible-by");
   if (divisible_by <= 0) throw UserError("--make-vocab-size-divisible-by must be positive");
   m.padded_vocab_size = padded_vocab_size(m.vocab_size, divisible_by, tp);
@@ -214,6 +211,61 @@ std::string format_value(const FlagSpec& spec, const FlagValues& f) {
   return *spec.default_value ? spec.default_value : "None";
 }
 
+// Data source and tokenizer. The built-in and mock datasets, and --tokenizer-type NullTokenizer,
+// use Megatron's NullTokenizer: --vocab-size ids plus one end-of-document id.
+struct DataWithVocab : DataConfig {
+  int64_t tokenizer_vocab_size = 0;
+};
+DataWithVocab build_data(const FlagValues& f, const TokenizerResolver& tokenizer) {
+  DataWithVocab d;
+  const bool files = f.given("data-path") || f.given("train-data-path") || f.given("valid-data-path") || f.given("test-data-path");
+  const int sources = int(files) + int(f.get_bool("mock-data")) + int(f.get_bool("builtin-data"));
+  if (sources == 0) throw UserError("no training data: pass --data-path PREFIX, --mock-data or --builtin-data");
+  if (sources > 1) throw UserError("choose one data source: --data-path, --mock-data or --builtin-data");
+  d.source = f.get_bool("mock-data") ? DataSource::Mock : f.get_bool("builtin-data") ? DataSource::Builtin : DataSource::Files;
+  d.data_path = f.get_list("data-path");
+  d.train_data_path = f.get_list("train-data-path");
+  d.valid_data_path = f.get_list("valid-data-path");
+  d.test_data_path = f.get_list("test-data-path");
+  if (f.given("data-path") && (f.given("train-data-path") || f.given("valid-data-path") || f.given("test-data-path")))
+    throw UserError("--data-path cannot be combined with --train/valid/test-data-path");
+  if (f.given("split")) {
+    if (!f.given("data-path")) throw UserError("--split applies to --data-path only");
+    d.split = f.get_string("split");
+  }
+  d.data_cache_path = f.get_string("data-cache-path");
+  d.tokenizer_type = f.get_string("tokenizer-type");
+  d.vocab_file = f.get_string("vocab-file");
+  d.merge_file = f.get_string("merge-file");
+  d.tokenizer_model = f.get_string("tokenizer-model");
+  d.null_vocab_size = f.opt_int("vocab-size");
+  d.eod_mask_loss = f.get_bool("eod-mask-loss");
+  d.reset_position_ids = f.get_bool("reset-position-ids");
+  d.reset_attention_mask = f.get_bool("reset-attention-mask");
+  d.num_workers = int(f.get_int("num-workers"));
+  if (d.num_workers < 0) throw UserError("--num-workers must not be negative");
+  if (d.source == DataSource::Files) {
+    if (d.tokenizer_type.empty()) throw UserError("--data-path needs --tokenizer-type (and its files)");
+    if (d.tokenizer_type == "NullTokenizer" && !d.null_vocab_size)
+      throw UserError("--tokenizer-type NullTokenizer needs --vocab-size");
+  } else if (!d.tokenizer_type.empty() && d.tokenizer_type != "NullTokenizer") {
+    throw UserError("--tokenizer-type is only used with --data-path (the built-in and mock datasets use --vocab-size)");
+  }
+  if (d.source != DataSource::Files || d.tokenizer_type == "NullTokenizer") {
+    if (!d.null_vocab_size) throw UserError("--vocab-size is required (the built-in and mock datasets use a NullTokenizer)");
+    if (*d.null_vocab_size <= 1) throw UserError("--vocab-size must be at least 2");
+    d.tokenizer_vocab_size = *d.null_vocab_size + 1;
+    d.eod = *d.null_vocab_size;
+    if (d.source == DataSource::Builtin) d.eod = -1;  // the synthetic text has no documents
+  } else {
+    if (!tokenizer) throw UserError("--tokenizer-type " + d.tokenizer_type + " needs the trainer to build the tokenizer");
+    TokenizerInfo info = tokenizer(d);
+    d.tokenizer_vocab_size = info.vocab_size;
+    d.eod = info.eod;
+  }
+  return d;
+}
+
 DistributedConfig build_distributed(const FlagValues& f, const ParallelSizes& p) {
   DistributedConfig d;
   d.sequence_parallel = f.get_bool("sequence-parallel") && p.tp > 1;  // Megatron ignores SP without TP
@@ -241,6 +293,47 @@ DistributedConfig build_distributed(const FlagValues& f, const ParallelSizes& p)
   return d;
 }
 
+// Megatron's --exit-signal names; SIGKILL and SIGSTOP cannot be caught.
+int signal_number(const std::string& name) {
+  static const std::vector<std::pair<const char*, int>> table = {
+      {"SIGHUP", SIGHUP},   {"SIGINT", SIGINT},     {"SIGQUIT", SIGQUIT},     {"SIGILL", SIGILL},   {"SIGTRAP", SIGTRAP},
+      {"SIGABRT", SIGABRT}, {"SIGBUS", SIGBUS},     {"SIGFPE", SIGFPE},       {"SIGUSR1", SIGUSR1}, {"SIGSEGV", SIGSEGV},
+      {"SIGUSR2", SIGUSR2}, {"SIGPIPE", SIGPIPE},   {"SIGALRM", SIGALRM},     {"SIGTERM", SIGTERM}, {"SIGSTKFLT", SIGSTKFLT},
+      {"SIGCHLD", SIGCHLD}, {"SIGCONT", SIGCONT},   {"SIGTSTP", SIGTSTP},     {"SIGTTIN", SIGTTIN}, {"SIGTTOU", SIGTTOU},
+      {"SIGURG", SIGURG},   {"SIGXCPU", SIGXCPU},   {"SIGXFSZ", SIGXFSZ},     {"SIGVTALRM", SIGVTALRM},
+      {"SIGPROF", SIGPROF}, {"SIGWINCH", SIGWINCH}, {"SIGIO", SIGIO},         {"SIGPWR", SIGPWR},   {"SIGSYS", SIGSYS},
+      {"SIGRTMIN", SIGRTMIN}, {"SIGRTMAX", SIGRTMAX}};
+  for (const auto& [n, number] : table)
+    if (name == n) return number;
+  throw UserError("--exit-signal " + name + ": this signal cannot be caught; choose e.g. SIGTERM, SIGINT or SIGUSR1");
+}
+
+CheckpointConfig build_checkpoint(const FlagValues& f, std::vector<std::string>& notices) {
+  CheckpointConfig k;
+  k.save = f.get_string("save");
+  k.load = f.get_string("load");
+  k.save_interval = f.opt_int("save-interval");
+  if (k.save_interval && *k.save_interval <= 0) throw UserError("--save-interval must be positive");
+  k.save_optim = !f.get_bool("no-save-optim");
+  k.save_rng = !f.get_bool("no-save-rng");
+  k.load_optim = !f.get_bool("no-load-optim");
+  k.load_rng = !f.get_bool("no-load-rng");
+  k.finetune = f.get_bool("finetune");
+  k.load_main_params_from_ckpt = f.get_bool("load-main-params-from-ckpt");
+  k.ckpt_step = f.opt_int("ckpt-step");
+  if (k.ckpt_step && *k.ckpt_step < 0) throw UserError("--ckpt-step must not be negative");
+  k.exit_on_missing_checkpoint = f.get_bool("exit-on-missing-checkpoint");
+  k.async_save = f.get_bool("async-save");
+  k.exit_signal_handler = f.get_bool("exit-signal-handler");
+  k.exit_signal_name = f.get_string("exit-signal");
+  k.exit_signal = signal_number(k.exit_signal_name);
+  if (f.given("ckpt-format"))
+    notices.push_back("--ckpt-format " + f.get_string("ckpt-format") +
+                      ": fp8tron reads and writes its own checkpoint format (per-rank safetensors shards + one JSON "
+                      "metadata file in Megatron's iter_NNNNNNN layout), whatever the value");
+  return k;
+}
+
 }  // namespace
 
 int64_t padded_vocab_size(int64_t vocab_size, int64_t divisible_by, int64_t tp) {
@@ -248,7 +341,7 @@ int64_t padded_vocab_size(int64_t vocab_size, int64_t divisible_by, int64_t tp) 
   return (vocab_size + multiple - 1) / multiple * multiple;
 }
 
-Config build_config(const FlagValues& flags, const LaunchEnv& launch, bool gpu_available) {
+Config build_config(const FlagValues& flags, const LaunchEnv& launch, bool gpu_available, const TokenizerResolver& tokenizer) {
   Config c;
   c.launch = launch;
   c.dry_run = flags.get_bool("dry-run");
@@ -261,7 +354,10 @@ Config build_config(const FlagValues& flags, const LaunchEnv& launch, bool gpu_a
                                      int(flags.opt_int("expert-tensor-parallel-size").value_or(tp)),
                                      flags.get_bool("use-tp-pp-dp-mapping"));
   c.distributed = build_distributed(flags, c.parallel);
-  c.model = build_model(flags, tp);
+  c.checkpoint = build_checkpoint(flags, c.hint_warnings);
+  const DataWithVocab data = build_data(flags, tokenizer);
+  c.data = data;
+  c.model = build_model(flags, tp, data.tokenizer_vocab_size);
   c.precision = build_precision(flags);
   c.model.params_dtype = c.precision.params_dtype;
   c.training = build_training(flags, c.parallel.dp);
@@ -276,15 +372,6 @@ Config build_config(const FlagValues& flags, const LaunchEnv& launch, bool gpu_a
   c.logging.tensorboard_dir = flags.get_string("tensorboard-dir");
   c.logging.tensorboard_log_interval = flags.get_int("tensorboard-log-interval");
   c.logging.log_all_ranks = flags.get_bool("log-all-ranks");
-
-  const int sources = int(flags.given("data-path") || flags.given("train-data-path")) + int(flags.get_bool("mock-data")) +
-                      int(flags.get_bool("builtin-data"));
-  if (sources == 0) throw UserError("no training data: pass --data-path PREFIX, --mock-data or --builtin-data");
-  if (sources > 1) throw UserError("choose one data source: --data-path, --mock-data or --builtin-data");
-  c.data.source = flags.get_bool("mock-data") ? DataSource::Mock
-                  : flags.get_bool("builtin-data") ? DataSource::Builtin
-                                                   : DataSource::Files;
-  c.data.data_path = flags.get_list("data-path");
 
   c.device = flags.get_string("device");
   if (c.device.empty()) c.device = gpu_available ? "cuda" : "cpu";

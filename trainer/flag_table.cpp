@@ -12,7 +12,6 @@ using S = Support;
 constexpr const char* kParallel = "parallel runtime (issue 4)";
 constexpr const char* kFp8 = "FP8 training engine (issue 5)";
 constexpr const char* kData = "data pipeline (issue 3)";
-constexpr const char* kCkpt = "checkpointing (issue 6)";
 }  // namespace
 
 const std::vector<FlagSpec>& flag_table() {
@@ -140,35 +139,35 @@ const std::vector<FlagSpec>& flag_table() {
       {"fp8-param-gather", K::Bool, "", S::NotYet, kFp8, "", "Keep parameters in FP8 and all-gather them in FP8."},
 
       // ---- data (issue 3) -----------------------------------------------------------------------------
-      {"data-path", K::StringList, "", S::NotYet, kData, "", "Dataset prefixes, optionally weighted: [w1] p1 [w2] p2 ..."},
-      {"split", K::String, "", S::NotYet, kData, "", "Train/valid/test split, e.g. 969,30,1."},
-      {"train-data-path", K::StringList, "", S::NotYet, kData, "", "Training dataset prefixes."},
-      {"valid-data-path", K::StringList, "", S::NotYet, kData, "", "Validation dataset prefixes."},
-      {"test-data-path", K::StringList, "", S::NotYet, kData, "", "Test dataset prefixes."},
-      {"data-cache-path", K::String, "", S::NotYet, kData, "", "Where to cache dataset indices."},
-      {"tokenizer-type", K::String, "", S::NotYet, kData, "GPT2BPETokenizer|HuggingFaceTokenizer|SentencePieceTokenizer|GPTSentencePieceTokenizer|NullTokenizer", "Tokenizer."},
-      {"vocab-file", K::String, "", S::NotYet, kData, "", "Vocabulary file."},
-      {"merge-file", K::String, "", S::NotYet, kData, "", "BPE merges file."},
-      {"tokenizer-model", K::String, "", S::NotYet, kData, "", "Tokenizer model file."},
-      {"eod-mask-loss", K::Bool, "", S::NotYet, kData, "", "Mask the loss at end-of-document tokens."},
-      {"reset-position-ids", K::Bool, "", S::NotYet, kData, "", "Restart position ids after each end-of-document token."},
-      {"reset-attention-mask", K::Bool, "", S::NotYet, kData, "", "Do not attend across end-of-document tokens."},
-      {"num-workers", K::Int, "2", S::NotYet, kData, "", "Data loader workers."},
-      {"dataloader-type", K::String, "", S::NotYet, kData, "single|cyclic|external", "Data loader type."},
+      {"data-path", K::StringList, "", S::Yes, "", "", "Dataset prefixes, optionally weighted: [w1] p1 [w2] p2 ..."},
+      {"split", K::String, "969, 30, 1", S::Yes, "", "", "Train/valid/test split of --data-path, e.g. 969,30,1."},
+      {"train-data-path", K::StringList, "", S::Yes, "", "", "Training dataset prefixes."},
+      {"valid-data-path", K::StringList, "", S::Yes, "", "", "Validation dataset prefixes."},
+      {"test-data-path", K::StringList, "", S::Yes, "", "", "Test dataset prefixes."},
+      {"data-cache-path", K::String, "", S::Yes, "", "", "Where to cache dataset indices."},
+      {"tokenizer-type", K::String, "", S::Yes, "", "GPT2BPETokenizer|HuggingFaceTokenizer|SentencePieceTokenizer|GPTSentencePieceTokenizer|NullTokenizer", "Tokenizer."},
+      {"vocab-file", K::String, "", S::Yes, "", "", "Vocabulary file."},
+      {"merge-file", K::String, "", S::Yes, "", "", "BPE merges file."},
+      {"tokenizer-model", K::String, "", S::Yes, "", "", "Tokenizer model file."},
+      {"eod-mask-loss", K::Bool, "", S::Yes, "", "", "Mask the loss at end-of-document tokens."},
+      {"reset-position-ids", K::Bool, "", S::Yes, "", "", "Restart position ids after each end-of-document token."},
+      {"reset-attention-mask", K::Bool, "", S::Yes, "", "", "Do not attend across end-of-document tokens."},
+      {"num-workers", K::Int, "2", S::Yes, "", "", "Batches the loader thread prepares ahead (0: load on demand)."},
+      {"dataloader-type", K::String, "single", S::NotYet, "cyclic and external data loaders", "single|cyclic|external", "Data loader type (fp8tron's is Megatron's single)."},
 
       // ---- checkpointing (issue 6) --------------------------------------------------------------------
-      {"save", K::String, "", S::NotYet, kCkpt, "", "Directory to save checkpoints to."},
-      {"load", K::String, "", S::NotYet, kCkpt, "", "Directory to load a checkpoint from."},
-      {"save-interval", K::Int, "", S::NotYet, kCkpt, "", "Iterations between checkpoints."},
-      {"no-save-optim", K::Bool, "", S::NotYet, kCkpt, "", "Do not save the optimizer state."},
-      {"no-save-rng", K::Bool, "", S::NotYet, kCkpt, "", "Do not save the RNG state."},
-      {"no-load-optim", K::Bool, "", S::NotYet, kCkpt, "", "Do not load the optimizer state."},
-      {"no-load-rng", K::Bool, "", S::NotYet, kCkpt, "", "Do not load the RNG state."},
-      {"finetune", K::Bool, "", S::NotYet, kCkpt, "", "Load weights only and reset the iteration count."},
-      {"exit-signal-handler", K::Bool, "", S::NotYet, kCkpt, "", "Save and exit cleanly on SIGTERM."},
-      {"async-save", K::Bool, "", S::NotYet, kCkpt, "", "Save checkpoints asynchronously."},
-      {"use-checkpoint-args", K::Bool, "", S::NotYet, kCkpt, "", "Take model arguments from the checkpoint."},
-      {"ckpt-format", K::String, "torch_dist", S::NotYet, kCkpt, "torch|torch_dist|zarr|fsdp_dtensor", "Checkpoint format."},
+      {"save", K::String, "", S::Yes, "", "", "Directory to save checkpoints to (iter_NNNNNNN/ + latest_checkpointed_iteration.txt)."},
+      {"load", K::String, "", S::Yes, "", "", "Directory to load a checkpoint from (any parallel layout)."},
+      {"save-interval", K::Int, "", S::Yes, "", "", "Iterations between checkpoints (with --save; one is also saved at the end and on exit)."},
+      {"no-save-optim", K::Bool, "", S::Yes, "", "", "Do not save the optimizer state."},
+      {"no-save-rng", K::Bool, "", S::Yes, "", "", "Do not save the RNG state."},
+      {"no-load-optim", K::Bool, "", S::Yes, "", "", "Do not load the optimizer state (nor the LR scheduler and loss scaler)."},
+      {"no-load-rng", K::Bool, "", S::Yes, "", "", "Do not load the RNG state."},
+      {"finetune", K::Bool, "", S::Yes, "", "", "Load weights only and reset the iteration count."},
+      {"exit-signal-handler", K::Bool, "", S::Yes, "", "", "Save and exit cleanly on SIGTERM (--exit-signal)."},
+      {"async-save", K::Bool, "", S::Yes, "", "", "Save checkpoints asynchronously: training waits only for the copy to host memory."},
+      {"use-checkpoint-args", K::Bool, "", S::Yes, "", "", "Take the model arguments from the checkpoint --load names (the parallel layout stays this run's)."},
+      {"ckpt-format", K::String, "torch_dist", S::Yes, "", "torch|torch_dist|zarr|fsdp_dtensor", "Accepted for Megatron compatibility; fp8tron always uses its own format (safetensors shards + JSON metadata)."},
 
 #include "trainer/flag_table_megatron.inc"
   };

@@ -4,7 +4,9 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "data/tokenizer.h"
 #include "parallel/launch_env.h"
+#include "trainer/checkpoint_args.h"
 #include "trainer/config_builder.h"
 #include "trainer/dry_run.h"
 #include "trainer/flags.h"
@@ -23,7 +25,14 @@ int main(int argc, char** argv) {
     // A dry run never touches a GPU: it plans for cuda unless told otherwise.
     const bool gpu = dry_run ? parsed.values.get_string("device") != "cpu" : cuda_available();
     log::init(launch.rank, parsed.values.get_bool("log-all-ranks"));
-    const Config config = build_config(parsed.values, launch, gpu);
+    apply_checkpoint_args(parsed.values);  // --use-checkpoint-args
+    // Real datasets: the tokenizer says the vocabulary size (padded later) and the eod id.
+    auto tokenizer_info = [](const DataConfig& d) {
+      data::TokenizerOptions o{d.tokenizer_type, d.vocab_file, d.merge_file, d.tokenizer_model, d.null_vocab_size};
+      auto tokenizer = data::build_tokenizer(o);
+      return TokenizerInfo{tokenizer->vocab_size(), tokenizer->eod()};
+    };
+    const Config config = build_config(parsed.values, launch, gpu, tokenizer_info);
     for (const auto& w : config.hint_warnings) log::warning(w);
     log::info(format_arguments(config));
     log::info(format_plan(config));

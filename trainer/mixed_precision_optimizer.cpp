@@ -73,6 +73,7 @@ MixedPrecisionOptimizer::MixedPrecisionOptimizer(const std::vector<NamedParam>& 
     // (parameter-dtype) gradient into an existing .grad with `+=`, so an fp32 buffer under a
     // bf16 parameter accumulates micro-batches in fp32, as Megatron's main_grad does.
     t.mutable_grad() = main_grads_.narrow(0, offset, n).view(t.sizes());
+    slots_.push_back(ParamSlot{p->name, offset, n, t.sizes().vec(), p->info});
     offset += n;
   }
   main_params_ = distributed_ ? all_main.narrow(0, shard_begin_, shard_numel_).clone() : all_main;
@@ -165,6 +166,12 @@ StepResult MixedPrecisionOptimizer::step(double lr, double weight_decay, double 
       p.sub_(m * (lr * keep));
     }
   }
+  publish_model_params();
+  return result;
+}
+
+void MixedPrecisionOptimizer::publish_model_params() {
+  torch::NoGradGuard no_grad;
   if (distributed_) {
     auto mine = model_params_.narrow(0, shard_begin_, shard_numel_);
     mine.copy_(main_params_);
@@ -173,7 +180,16 @@ StepResult MixedPrecisionOptimizer::step(double lr, double weight_decay, double 
   } else if (separate_main_weights_) {
     model_params_.narrow(0, 0, numel_).copy_(main_params_.narrow(0, 0, numel_));
   }
-  return result;
+}
+
+double MixedPrecisionOptimizer::step_count() const {
+  double steps = 0;
+  for (const auto& s : step_counts_) steps = std::max(steps, s.item<double>());
+  return steps;
+}
+
+void MixedPrecisionOptimizer::set_step_count(double steps) {
+  for (auto& s : step_counts_) s.fill_(steps);
 }
 
 torch::Tensor MixedPrecisionOptimizer::params_norm() {

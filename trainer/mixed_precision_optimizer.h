@@ -50,6 +50,32 @@ class MixedPrecisionOptimizer {
   int64_t num_parameters() const { return numel_; }
   const torch::Tensor& main_grads() const { return main_grads_; }
 
+  // ---- for checkpoints: where each parameter and its optimizer state live ----
+  struct ParamSlot {
+    std::string name;
+    int64_t offset = 0, numel = 0;  // in the flat buffers
+    std::vector<int64_t> shape;     // this rank's shard
+    ParamInfo info;
+  };
+  const std::vector<ParamSlot>& param_slots() const { return slots_; }  // in buffer order
+  bool distributed() const { return distributed_; }
+  // The fp32 main weights and Adam states (exp_avg is SGD's momentum) hold the elements
+  // [shard_begin, shard_begin + shard_numel) of the flat buffer: all of it, or with
+  // --use-distributed-optimizer this data-parallel rank's shard (the padding included).
+  int64_t shard_begin() const { return shard_begin_; }
+  int64_t shard_numel() const { return shard_numel_; }
+  // Flat views (the buffers themselves: writing into them changes the state).
+  torch::Tensor model_params() const { return model_params_.narrow(0, 0, numel_); }
+  torch::Tensor main_params() const { return main_params_; }
+  torch::Tensor exp_avg() const { return exp_avg_; }
+  torch::Tensor exp_avg_sq() const { return exp_avg_sq_; }  // undefined for SGD
+  // Adam's step count (every segment this rank updates holds the same one).
+  double step_count() const;
+  void set_step_count(double steps);
+  // Model parameters := main weights (cast to the parameter dtype; all-gathered over
+  // data-parallel ranks with the distributed optimizer), as after an optimizer step.
+  void publish_model_params();
+
  private:
   struct Segment {
     int64_t offset, numel;
@@ -75,6 +101,7 @@ class MixedPrecisionOptimizer {
   torch::Tensor grad_shard_;    // distributed optimizer: this rank's reduced gradients (fp32)
   torch::Tensor exp_avg_, exp_avg_sq_;
   std::vector<torch::Tensor> step_counts_;  // one per segment
+  std::vector<ParamSlot> slots_;
 };
 
 }  // namespace fp8tron

@@ -6,14 +6,19 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 
 #include "core/error.h"
 #include "core/log.h"
 #include "core/text.h"
+#include "data/batch_loader.h"
 #include "data/builtin_datasets.h"
+#include "data/file_source.h"
 #include "models/gpt_model.h"
 #include "parallel/layer_split.h"
 #include "parallel/pipeline_schedule.h"
+#include "trainer/checkpointing.h"
+#include "trainer/exit_signal.h"
 #include "trainer/iteration_log.h"
 #include "trainer/loss_scaler.h"
 #include "trainer/lr_schedule.h"
@@ -69,9 +74,9 @@ std::shared_ptr<SampleSource> make_source(const Config& c) {
   switch (c.data.source) {
     case DataSource::Mock: return make_mock_source(c.model.seq_length, c.model.vocab_size, c.training.seed);
     case DataSource::Builtin: return make_builtin_source(c.model.seq_length, c.model.vocab_size, c.training.seed);
-    case DataSource::Files: break;
+    case DataSource::Files: return make_file_source(c);
   }
-  throw UserError("not supported yet: --data-path (data pipeline, issue 3)");
+  FP8TRON_CHECK(false, "unknown data source");
 }
 
 // Running sums over a log interval, kept on the device so the loop never waits for the GPU.
@@ -99,7 +104,7 @@ class Trainer {
  private:
   void synchronize() const { if (device_.is_cuda()) torch::cuda::synchronize(device_.index()); }
   void build();
-  torch::Tensor forward_chunk(int chunk, int64_t micro_batch, const torch::Tensor& input, const BatchLoader& loader,
+  torch::Tensor forward_chunk(int chunk, int64_t micro_batch, const torch::Tensor& input, BatchLoader& loader,
                               int64_t first_sample);
   // Mean loss of a global batch, averaged over micro-batches and data-parallel ranks (all ranks).
   torch::Tensor average_loss(torch::Tensor loss_sum) const;
@@ -108,6 +113,9 @@ class Trainer {
   void log_interval(int64_t iteration, double seconds, int64_t iterations_in_interval);
   void write_tensorboard(int64_t iteration, const torch::Tensor& loss);
   void collect_weights(TrainResult& result);
+  TrainingState checkpoint_state();
+  void save(int64_t iteration);
+  bool checkpoint_and_decide_exit(int64_t iteration, Clock::time_point start, const ExitSignalHandler* signal);
 
   const Config& c_;
   TrainOptions options_;
@@ -124,6 +132,8 @@ class Trainer {
   IntervalStats interval_;
   StepResult last_step_;
   int64_t consumed_train_samples_ = 0, consumed_valid_samples_ = 0;
+  int64_t last_saved_iteration_ = -1;
+  std::unique_ptr<AsyncCheckpointSaver> async_saver_;  // --async-save
 };
 
 void Trainer::build() {
@@ -156,8 +166,12 @@ void Trainer::build() {
                                                  std::vector<int64_t>{s, c_.training.micro_batch_size, c_.model.hidden_size},
                                                  param_dtype(c_), device_);
   auto source = make_source(c_);
-  train_loader_ = std::make_unique<BatchLoader>(source, Split::Train, c_.model.seq_length, c_.training.micro_batch_size, device_);
-  valid_loader_ = std::make_unique<BatchLoader>(source, Split::Valid, c_.model.seq_length, c_.training.micro_batch_size, device_);
+  BatchOptions batch{c_.model.seq_length, c_.training.micro_batch_size, c_.data.eod, c_.data.eod_mask_loss,
+                     c_.data.reset_position_ids, c_.data.reset_attention_mask, c_.data.num_workers,
+                     c_.training.micro_batch_size * parallel_.sizes.dp};
+  train_loader_ = std::make_unique<BatchLoader>(source, Split::Train, batch, device_);
+  valid_loader_ = std::make_unique<BatchLoader>(source, Split::Valid, batch, device_);
+  if (c_.training.eval_iters > 0 && !valid_loader_->has_data()) log::info(" > no validation data: evaluation is skipped");
   if (!c_.logging.tensorboard_dir.empty() && log::rank() == 0)
     tensorboard_ = std::make_unique<TensorBoardWriter>(c_.logging.tensorboard_dir);
 
@@ -170,18 +184,20 @@ void Trainer::build() {
   interval_.reset(device_);
 }
 
-torch::Tensor Trainer::forward_chunk(int chunk, int64_t micro_batch, const torch::Tensor& input, const BatchLoader& loader,
+torch::Tensor Trainer::forward_chunk(int chunk, int64_t micro_batch, const torch::Tensor& input, BatchLoader& loader,
                                      int64_t first_sample) {
   auto& model = chunks_[size_t(chunk)];
   const StageSpec& stage = model->stage();
   // Megatron's sampler: micro-batch m of data-parallel rank r starts at m*mbs*dp + r*mbs.
   const int64_t mbs = c_.training.micro_batch_size;
   const int64_t sample = first_sample + micro_batch * mbs * parallel_.sizes.dp + parallel_.dp_rank * mbs;
-  if (!stage.has_embedding && !stage.has_head) return model->forward_stage(input, {}, {});
+  // Middle stages need the batch only for the document mask of --reset-attention-mask.
+  if (!stage.has_embedding && !stage.has_head && !c_.data.reset_attention_mask) return model->forward_stage(input, {}, {});
   timers_.start("batch-generator", 2);
   Batch batch = loader.load(sample);
   timers_.stop("batch-generator", 2);
-  return model->forward_stage(stage.has_embedding ? batch.tokens : input, batch.labels, batch.loss_mask);
+  return model->forward_stage(stage.has_embedding ? batch.tokens : input, batch.labels, batch.loss_mask, batch.position_ids,
+                              batch.segment_ids);
 }
 
 torch::Tensor Trainer::average_loss(torch::Tensor loss_sum) const {
@@ -300,10 +316,65 @@ void Trainer::collect_weights(TrainResult& result) {
   }
 }
 
+TrainingState Trainer::checkpoint_state() {
+  return {c_, parallel_, device_, *optimizer_, schedule_, scaler_, consumed_train_samples_, consumed_valid_samples_};
+}
+
+void Trainer::save(int64_t iteration) {
+  if (c_.checkpoint.async_save) {
+    if (!async_saver_) async_saver_ = std::make_unique<AsyncCheckpointSaver>();
+    async_saver_->save(checkpoint_state(), iteration);
+  } else {
+    save_checkpoint(checkpoint_state(), iteration);
+  }
+  last_saved_iteration_ = iteration;
+}
+
+// Megatron's checkpoint_and_decide_exit, after every iteration: an exit signal, the save interval,
+// the time limit and the exit interval, in that order. Exits save first when --save is given.
+bool Trainer::checkpoint_and_decide_exit(int64_t iteration, Clock::time_point start, const ExitSignalHandler* signal) {
+  const auto& t = c_.training;
+  const auto& k = c_.checkpoint;
+  const bool saving = !k.save.empty();
+  if (async_saver_) async_saver_->finalize(checkpoint_state(), /*blocking=*/false);  // commits a finished one
+  if (signal) {
+    // Every rank stops at the same iteration: a signal on any rank counts.
+    auto got = torch::full({1}, signal->received() ? 1.0f : 0.0f, torch::TensorOptions().device(device_));
+    if (parallel_.sizes.world_size > 1) parallel_.world->all_reduce(got, ReduceOp::Max);
+    if (got.item<float>() > 0) {
+      if (saving) save(iteration);
+      log::info("exiting program after receiving " + k.exit_signal_name + ".");
+      return true;
+    }
+  }
+  if (saving && k.save_interval && iteration % *k.save_interval == 0) save(iteration);
+  if (t.exit_duration_in_mins) {
+    // Every rank must stop at the same iteration: rank 0's clock decides.
+    auto over = torch::tensor({std::chrono::duration<double>(Clock::now() - start).count() / 60.0 >
+                                       double(*t.exit_duration_in_mins) ? 1.0f : 0.0f});
+    if (parallel_.sizes.world_size > 1) { over = over.to(device_); parallel_.world->broadcast(over, 0); }
+    if (over.item<float>() > 0) {
+      if (saving && last_saved_iteration_ != iteration) save(iteration);
+      log::info(strprintf("exiting program after %lld minutes", (long long)*t.exit_duration_in_mins));
+      return true;
+    }
+  }
+  if (t.exit_interval && iteration % *t.exit_interval == 0) {
+    if (saving && last_saved_iteration_ != iteration) save(iteration);
+    log::info(strprintf("exiting program at iteration %lld", (long long)iteration));
+    return true;
+  }
+  return false;
+}
+
 TrainResult Trainer::run() {
   build();
+  const int64_t first_iteration = load_checkpoint(checkpoint_state()) + 1;
+  std::optional<ExitSignalHandler> exit_signal;
+  if (c_.checkpoint.exit_signal_handler) exit_signal.emplace(c_.checkpoint.exit_signal);
   const auto& t = c_.training;
   TrainResult result;
+  result.iterations = first_iteration - 1;
   std::vector<torch::Tensor> losses;
   losses.reserve(size_t(t.train_iters));
   log::info("training ...");
@@ -311,8 +382,7 @@ TrainResult Trainer::run() {
   auto interval_start = start;
   int64_t interval_iterations = 0;
   bool memory_reported = false;
-  const bool track_exit_time = t.exit_duration_in_mins.has_value();
-  for (int64_t iteration = 1; iteration <= t.train_iters; ++iteration) {
+  for (int64_t iteration = first_iteration; iteration <= t.train_iters; ++iteration) {
     losses.push_back(train_step());
     ++interval_iterations;
     result.iterations = iteration;
@@ -329,7 +399,7 @@ TrainResult Trainer::run() {
       interval_start = Clock::now();
       interval_iterations = 0;
     }
-    if (t.eval_iters > 0 && iteration % t.eval_interval == 0) {
+    if (t.eval_iters > 0 && valid_loader_->has_data() && iteration % t.eval_interval == 0) {
       const auto eval_start = Clock::now();
       result.last_validation_loss = evaluate();
       log::info(format_validation_block(strprintf("validation loss at iteration %lld", (long long)iteration),
@@ -340,22 +410,16 @@ TrainResult Trainer::run() {
       }
       interval_start += Clock::now() - eval_start;  // evaluation time is not training time
     }
-    if (t.exit_interval && iteration % *t.exit_interval == 0) {
-      log::info(strprintf("exiting program at iteration %lld", (long long)iteration));
-      break;
-    }
-    if (track_exit_time) {
-      // Every rank must stop at the same iteration: rank 0's clock decides.
-      auto over = torch::tensor({std::chrono::duration<double>(Clock::now() - start).count() / 60.0 >
-                                         double(*t.exit_duration_in_mins) ? 1.0f : 0.0f});
-      if (parallel_.sizes.world_size > 1) { over = over.to(device_); parallel_.world->broadcast(over, 0); }
-      if (over.item<float>() > 0) {
-        log::info(strprintf("exiting program after %lld minutes", (long long)*t.exit_duration_in_mins));
-        break;
-      }
-    }
+    const auto decide_start = Clock::now();
+    const bool exit = checkpoint_and_decide_exit(iteration, start, exit_signal ? &*exit_signal : nullptr);
+    interval_start += Clock::now() - decide_start;  // neither is saving
+    if (exit) break;
   }
-  if (t.eval_iters > 0 && result.iterations % t.eval_interval != 0) {
+  // As Megatron: a checkpoint at the end of training unless the last iteration was just saved.
+  if (!c_.checkpoint.save.empty() && result.iterations >= first_iteration && last_saved_iteration_ != result.iterations)
+    save(result.iterations);
+  if (async_saver_) async_saver_->finalize(checkpoint_state(), /*blocking=*/true);
+  if (t.eval_iters > 0 && valid_loader_->has_data() && result.iterations % t.eval_interval != 0) {
     result.last_validation_loss = evaluate();
     log::info(format_validation_block("validation loss at the end of training for val data", result.last_validation_loss));
   }

@@ -20,9 +20,10 @@ struct TrainOptions {
 };
 
 struct TrainResult {
-  std::vector<double> losses;  // lm loss of every iteration, averaged over data-parallel ranks
+  std::vector<double> losses;  // lm loss of every iteration run, averaged over data-parallel ranks
   double last_validation_loss = 0;
-  int64_t iterations = 0;      // iterations run (fewer than train_iters after an exit condition)
+  int64_t iterations = 0;      // the last iteration reached (< train_iters after an exit condition;
+                               // a run resumed from a checkpoint counts the loaded iterations too)
   int64_t consumed_samples = 0;
   std::vector<double> final_weights_sample;          // a few values, for determinism tests
   std::map<std::string, torch::Tensor> final_weights;  // with collect_final_weights

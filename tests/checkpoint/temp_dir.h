@@ -7,6 +7,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "trainer/checkpoint/file_io.h"
+
 namespace fp8tron::checkpoint::testing {
 
 class TempDir {
@@ -17,10 +19,7 @@ class TempDir {
     if (!mkdtemp(pattern.data())) throw std::runtime_error("mkdtemp failed for " + pattern);
     path_ = pattern;
   }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
+  ~TempDir() { remove_tree(path_); }
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
 

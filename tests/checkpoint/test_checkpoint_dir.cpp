@@ -101,6 +101,24 @@ std::string error_of(const std::function<void()>& f) {
   return "";
 }
 
+TEST(CheckpointDir, RemoveTreeRemovesEverythingAndFollowsNoLinks) {
+  TempDir dir;
+  const std::string outside = dir / "outside";
+  fs::create_directories(outside);
+  spit(outside + "/keep", "x");
+  const std::string tree = dir / "tree";
+  fs::create_directories(tree + "/a/b");
+  spit(tree + "/a/b/file", "y");
+  spit(tree + "/top", "z");
+  fs::create_directory_symlink(outside, tree + "/a/link");
+  EXPECT_TRUE(remove_tree(tree));
+  EXPECT_FALSE(fs::exists(tree));
+  EXPECT_TRUE(fs::exists(outside + "/keep")) << "a symlinked directory's contents stay";
+  EXPECT_TRUE(remove_tree(tree)) << "a missing path is already removed";
+  EXPECT_TRUE(remove_tree(outside + "/keep"));
+  EXPECT_FALSE(fs::exists(outside + "/keep"));
+}
+
 TEST(CheckpointDir, MegatronNames) {
   EXPECT_EQ(checkpoint_dir_name(100), "iter_0000100");
   EXPECT_EQ(checkpoint_dir_name(0), "iter_0000000");

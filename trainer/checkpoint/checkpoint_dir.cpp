@@ -309,18 +309,14 @@ void commit_save(const SaveTarget& target, const CommitOptions& options) {
   }
   for (const auto& [from, to] : restore) fs::rename(from, to, ec);
   if (!restore.empty()) fsync_path(save);
-  for (const auto& p : doomed) {
-    std::error_code rm;
-    fs::remove_all(p, rm);  // best effort: a leftover is retried by the next commit
-  }
+  for (const auto& p : doomed) remove_tree(p.string());  // best effort: a leftover is retried by the next commit
   step(CommitStep::kCleanedUp);
 }
 
 void abort_save(const SaveTarget& target) noexcept {
   try {
     if (!valid_token(target.token)) return;
-    std::error_code ec;
-    fs::remove_all(temp_dir_path(target), ec);
+    remove_tree(temp_dir_path(target));
   } catch (...) {
   }
 }

@@ -1,6 +1,7 @@
 #include "trainer/checkpoint/file_io.h"
 
 #include <fcntl.h>
+#include <ftw.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -184,6 +185,21 @@ std::string read_file(const std::string& path) {
   }
   ::close(fd);
   return out;
+}
+
+namespace {
+int remove_entry(const char* path, const struct stat*, int, struct FTW*) {
+  if (::remove(path) != 0 && errno != ENOENT) return 1;
+  return 0;
+}
+}  // namespace
+
+bool remove_tree(const std::string& path) noexcept {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return errno == ENOENT;
+  if (!S_ISDIR(st.st_mode)) return ::unlink(path.c_str()) == 0 || errno == ENOENT;
+  // Depth first (children before their directory), not following symlinks or crossing mounts.
+  return ::nftw(path.c_str(), remove_entry, 32, FTW_DEPTH | FTW_PHYS | FTW_MOUNT) == 0;
 }
 
 }  // namespace fp8tron::checkpoint

@@ -69,4 +69,10 @@ void write_file_atomically(const std::string& path, const std::string& contents,
 // The whole file as a string; UserError naming the file when it cannot be read.
 std::string read_file(const std::string& path);
 
+// Removes `path` and, for a directory, everything under it (symlinks are removed, not followed).
+// Best effort: returns false when something could not be removed; never throws. Use this, not
+// std::filesystem::remove_all: libtorch exports its own remove_all, built against a newer
+// libstdc++, and in a binary linked with libtorch that one is called and crashes on GCC 12.
+bool remove_tree(const std::string& path) noexcept;
+
 }  // namespace fp8tron::checkpoint

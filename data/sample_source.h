@@ -1,0 +1,21 @@
+// What the trainer samples from: seq_length + 1 tokens per global sample index and split. The
+// same index gives the same tokens whatever the parallel layout (Megatron's GPT dataset
+// semantics). Implementations: the built-in and mock sources (builtin_datasets.h) and Megatron
+// indexed datasets (file_source.h).
+#pragma once
+#include <cstdint>
+
+namespace fp8tron {
+
+enum class Split { Train = 0, Valid = 1, Test = 2 };
+
+class SampleSource {
+ public:
+  virtual ~SampleSource() = default;
+  // Writes seq_length + 1 tokens of sample `index` of `split` into out.
+  virtual void sample(Split split, int64_t index, int64_t* out) const = 0;
+  // Whether the split has data (a data path can leave the validation split empty).
+  virtual bool has(Split) const { return true; }
+};
+
+}  // namespace fp8tron

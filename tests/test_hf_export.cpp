@@ -1,0 +1,205 @@
+// fp8tron-export: a trained checkpoint becomes a Hugging Face directory whose weights, run through
+// Hugging Face's GPT2LMHeadModel / LlamaForCausalLM computation (written out below from
+// transformers' modeling code: Conv1D, split q/k/v, rotate-half RoPE, repeat_kv, RMSNorm), give
+// fp8tron's logits. (On the GPU machine, where transformers is installed, the same check runs
+// against transformers itself.)
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/temp_dir.h"
+#include "models/gpt_model.h"
+#include "test_helpers.h"
+#include "trainer/checkpoint/checkpoint_dir.h"
+#include "trainer/checkpoint/safetensors.h"
+#include "trainer/checkpoint/sharded_io.h"
+#include "trainer/hf_export.h"
+#include "trainer/trainer.h"
+
+namespace fp8tron {
+namespace {
+using namespace fp8tron::testing;
+using checkpoint::testing::TempDir;
+using Weights = std::map<std::string, torch::Tensor>;
+
+Weights read_safetensors(const std::string& path) {
+  auto file = checkpoint::SafetensorsFile::open(path);
+  Weights out;
+  for (const auto& t : file.tensors()) {
+    const auto dtype = t.dtype == checkpoint::DType::BF16 ? torch::kBFloat16
+                       : t.dtype == checkpoint::DType::F16 ? torch::kFloat16 : torch::kFloat32;
+    auto tensor = torch::empty(t.shape, torch::TensorOptions().dtype(dtype));
+    std::memcpy(tensor.data_ptr(), t.data, t.nbytes);
+    out[t.name] = tensor.to(torch::kFloat32);
+  }
+  return out;
+}
+
+nlohmann::json read_json(const std::string& path) { return nlohmann::json::parse(checkpoint::testing::slurp(path)); }
+
+torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+  const int64_t s = q.size(2);
+  auto scores = torch::matmul(q, k.transpose(-1, -2)) / std::sqrt(double(q.size(-1)));
+  auto mask = torch::ones({s, s}, torch::kBool).triu(1);
+  return torch::matmul(scores.masked_fill(mask, -INFINITY).softmax(-1), v);
+}
+
+// transformers' GPT2LMHeadModel forward (eval).
+torch::Tensor hf_gpt2_logits(Weights& w, const nlohmann::json& c, const torch::Tensor& ids) {
+  const int64_t b = ids.size(0), s = ids.size(1), H = c["n_embd"], nh = c["n_head"], d = H / nh;
+  const double eps = c["layer_norm_epsilon"];
+  EXPECT_EQ(c["activation_function"], "gelu_new");
+  auto ln = [&](const torch::Tensor& x, const std::string& p) {
+    return torch::layer_norm(x, {H}, w.at(p + ".weight"), w.at(p + ".bias"), eps);
+  };
+  auto conv1d = [&](const torch::Tensor& x, const std::string& p) { return torch::addmm(w.at(p + ".bias"), x.reshape({-1, x.size(-1)}), w.at(p + ".weight")).view({b, s, -1}); };
+  auto h = w.at("transformer.wte.weight").index_select(0, ids.reshape({-1})).view({b, s, H}) +
+           w.at("transformer.wpe.weight").narrow(0, 0, s);
+  for (int64_t i = 0; i < int64_t(c["n_layer"]); ++i) {
+    const std::string p = "transformer.h." + std::to_string(i);
+    auto qkv = conv1d(ln(h, p + ".ln_1"), p + ".attn.c_attn").split(H, 2);
+    auto heads = [&](const torch::Tensor& t) { return t.view({b, s, nh, d}).transpose(1, 2); };
+    auto a = causal_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2])).transpose(1, 2).reshape({b, s, H});
+    h = h + conv1d(a, p + ".attn.c_proj");
+    auto m = torch::gelu(conv1d(ln(h, p + ".ln_2"), p + ".mlp.c_fc"), "tanh");
+    h = h + conv1d(m, p + ".mlp.c_proj");
+  }
+  h = ln(h, "transformer.ln_f");
+  const auto& head = c["tie_word_embeddings"].get<bool>() ? w.at("transformer.wte.weight") : w.at("lm_head.weight");
+  return torch::matmul(h, head.t());
+}
+
+// transformers' LlamaForCausalLM forward (eval).
+torch::Tensor hf_llama_logits(Weights& w, const nlohmann::json& c, const torch::Tensor& ids) {
+  const int64_t b = ids.size(0), s = ids.size(1), H = c["hidden_size"], nh = c["num_attention_heads"],
+                ng = c["num_key_value_heads"], d = c["head_dim"];
+  const double eps = c["rms_norm_eps"], theta = c["rope_theta"];
+  EXPECT_EQ(c["hidden_act"], "silu");
+  auto rms = [&](const torch::Tensor& x, const std::string& p) {
+    return w.at(p + ".weight") * (x * torch::rsqrt(x.pow(2).mean(-1, true) + eps));
+  };
+  auto linear = [&](const torch::Tensor& x, const std::string& p) {
+    auto y = torch::matmul(x, w.at(p + ".weight").t());
+    return w.count(p + ".bias") ? y + w.at(p + ".bias") : y;
+  };
+  auto inv_freq = 1.0 / torch::pow(theta, torch::arange(0, d, 2, torch::kFloat64) / double(d));
+  auto freqs = torch::outer(torch::arange(s, torch::kFloat64), inv_freq);
+  auto emb = torch::cat({freqs, freqs}, -1);
+  auto cos = emb.cos().to(torch::kFloat32), sin = emb.sin().to(torch::kFloat32);
+  auto rotate_half = [&](const torch::Tensor& x) { return torch::cat({-x.narrow(-1, d / 2, d / 2), x.narrow(-1, 0, d / 2)}, -1); };
+  auto rope = [&](const torch::Tensor& x) { return x * cos + rotate_half(x) * sin; };
+  auto h = w.at("model.embed_tokens.weight").index_select(0, ids.reshape({-1})).view({b, s, H});
+  for (int64_t i = 0; i < int64_t(c["num_hidden_layers"]); ++i) {
+    const std::string p = "model.layers." + std::to_string(i);
+    auto x = rms(h, p + ".input_layernorm");
+    auto q = rope(linear(x, p + ".self_attn.q_proj").view({b, s, nh, d}).transpose(1, 2));
+    auto k = rope(linear(x, p + ".self_attn.k_proj").view({b, s, ng, d}).transpose(1, 2));
+    auto v = linear(x, p + ".self_attn.v_proj").view({b, s, ng, d}).transpose(1, 2);
+    // repeat_kv: each key/value head serves nh / ng consecutive query heads.
+    k = k.unsqueeze(2).expand({b, ng, nh / ng, s, d}).reshape({b, nh, s, d});
+    v = v.unsqueeze(2).expand({b, ng, nh / ng, s, d}).reshape({b, nh, s, d});
+    auto a = causal_attention(q, k, v).transpose(1, 2).reshape({b, s, nh * d});
+    h = h + linear(a, p + ".self_attn.o_proj");
+    auto m = rms(h, p + ".post_attention_layernorm");
+    h = h + linear(torch::silu(linear(m, p + ".mlp.gate_proj")) * linear(m, p + ".mlp.up_proj"), p + ".mlp.down_proj");
+  }
+  h = rms(h, "model.norm");
+  const auto& head = c["tie_word_embeddings"].get<bool>() ? w.at("model.embed_tokens.weight") : w.at("lm_head.weight");
+  return torch::matmul(h, head.t());
+}
+
+// fp8tron's logits for the checkpoint's weights (one process, fp32).
+torch::Tensor fp8tron_logits(const Config& c, const std::string& dir, const torch::Tensor& ids) {
+  torch::NoGradGuard no_grad;
+  GptModel model(c.model);
+  model->eval();
+  checkpoint::CheckpointReader reader(checkpoint::locate_latest_checkpoint(dir));
+  for (auto& item : model->named_parameters()) {
+    const std::string main = "optimizer.state.fp32_param." + item.key();
+    const std::string name = reader.has_tensor(main) ? main : item.key();
+    auto t = torch::empty(item.value().sizes(), torch::kFloat32);
+    reader.read(name, checkpoint::DType::F32, t.sizes().vec(), checkpoint::whole(t.sizes().vec()), t.data_ptr());
+    item.value().copy_(t);
+  }
+  return model->forward(ids).narrow(-1, 0, c.model.vocab_size);
+}
+
+Config export_config(const std::vector<std::string>& model) {
+  auto args = tiny_args({"--num-layers", "2", "--global-batch-size", "4", "--lr", "1e-2", "--log-interval", "1000",
+                         "--eval-iters", "0", "--train-iters", "3", "--hidden-dropout", "0", "--attention-dropout", "0"});
+  args.insert(args.end(), model.begin(), model.end());
+  return build(args);
+}
+
+double relative(const torch::Tensor& a, const torch::Tensor& b) { return ((a - b).norm() / b.norm()).item<double>(); }
+
+void check_export(const std::vector<std::string>& model, const std::string& format, const std::string& dtype = "auto") {
+  TempDir ckpt, out;
+  std::vector<std::string> saving = model;
+  saving.insert(saving.end(), {"--save", ckpt.path()});
+  const Config c = export_config(saving);
+  train(c);
+  ExportResult r = export_hugging_face(ExportOptions{ckpt.path(), {}, out.path(), "auto", dtype});
+  EXPECT_EQ(r.format, format);
+  EXPECT_EQ(r.iteration, 3);
+  Weights w = read_safetensors(out / "model.safetensors");
+  const nlohmann::json config = read_json(out / "config.json");
+  EXPECT_EQ(config["model_type"], format);
+  EXPECT_EQ(config["vocab_size"], c.model.vocab_size);  // the padded rows are cut
+  const auto ids = torch::randint(0, c.model.vocab_size, {2, 16}, torch::kInt64);
+  const auto ours = fp8tron_logits(c, ckpt.path(), ids);
+  const auto theirs = format == "gpt2" ? hf_gpt2_logits(w, config, ids) : hf_llama_logits(w, config, ids);
+  ASSERT_EQ(ours.sizes(), theirs.sizes());
+  EXPECT_LT(relative(theirs, ours), dtype == "bf16" ? 2e-2 : 1e-5);
+}
+
+TEST(HfExport, Gpt2StyleGivesTheSameLogits) { check_export({}, "gpt2"); }
+
+TEST(HfExport, Gpt2StyleZeroCentredGammaUntiedNoBias) {
+  check_export({"--apply-layernorm-1p", "--untie-embeddings-and-output-weights", "--disable-bias-linear"}, "gpt2");
+}
+
+TEST(HfExport, LlamaStyleGivesTheSameLogits) {
+  check_export({"--swiglu", "--normalization", "RMSNorm", "--position-embedding-type", "rope", "--disable-bias-linear",
+                "--group-query-attention", "--num-query-groups", "2", "--untie-embeddings-and-output-weights"},
+               "llama");
+}
+
+TEST(HfExport, LlamaStyleFromBf16WithQkvBiasAndTiedEmbeddings) {
+  check_export({"--bf16", "--swiglu", "--normalization", "RMSNorm", "--position-embedding-type", "rope",
+                "--disable-bias-linear", "--add-qkv-bias", "--group-query-attention", "--num-query-groups", "2"},
+               "llama", "fp32");
+  check_export({"--bf16", "--swiglu", "--normalization", "RMSNorm", "--position-embedding-type", "rope"}, "llama", "bf16");
+}
+
+TEST(HfExport, ReferenceLogitsForTheTransformersCheck) {
+  TempDir ckpt, out;
+  const Config c = export_config({"--swiglu", "--normalization", "RMSNorm", "--position-embedding-type", "rope",
+                                  "--group-query-attention", "--num-query-groups", "2", "--bf16", "--save", ckpt.path()});
+  train(c);
+  ExportOptions o{ckpt.path(), {}, out.path()};
+  o.reference_tokens = 12;
+  export_hugging_face(o);
+  Weights w = read_safetensors(out / "model.safetensors");
+  auto file = checkpoint::SafetensorsFile::open(out / "fp8tron_reference.safetensors");
+  const auto& ids_view = file.at("input_ids");
+  ASSERT_EQ(ids_view.shape, (std::vector<int64_t>{1, 12}));
+  auto ids = torch::from_blob(const_cast<std::byte*>(ids_view.data), {1, 12}, torch::kInt64).clone();
+  const auto& logits_view = file.at("logits");
+  auto logits = torch::from_blob(const_cast<std::byte*>(logits_view.data), logits_view.shape, torch::kFloat32).clone();
+  // The reference uses the exported (bf16) weights: Hugging Face's computation matches it closely.
+  EXPECT_LT(relative(hf_llama_logits(w, read_json(out / "config.json"), ids), logits), 1e-5);
+}
+
+TEST(HfExport, ModelsHuggingFaceCannotExpressAreClearErrors) {
+  TempDir ckpt, out;
+  train(export_config({"--swiglu", "--save", ckpt.path()}));  // learned positions + SwiGLU
+  EXPECT_USER_ERROR(export_hugging_face(ExportOptions{ckpt.path(), {}, out.path()}), "neither GPT-2-style");
+  TempDir ckpt2;
+  train(export_config({"--group-query-attention", "--num-query-groups", "2", "--save", ckpt2.path()}));
+  EXPECT_USER_ERROR(export_hugging_face(ExportOptions{ckpt2.path(), {}, out.path()}), "grouped-query attention");
+  EXPECT_USER_ERROR(export_hugging_face(ExportOptions{out.path() + "/nothing", {}, out.path()}), "nothing");
+}
+
+}  // namespace
+}  // namespace fp8tron

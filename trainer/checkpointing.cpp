@@ -1,0 +1,635 @@
+#include "trainer/checkpointing.h"
+
+#include <ATen/Context.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "core/text.h"
+#include "trainer/checkpoint/checkpoint_dir.h"
+#include "trainer/checkpoint/metadata.h"
+#include "trainer/checkpoint/sharded_io.h"
+#include "trainer/loss_scaler.h"
+#include "trainer/lr_schedule.h"
+#include "trainer/mixed_precision_optimizer.h"
+
+namespace fp8tron {
+namespace ck = checkpoint;
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using Slot = MixedPrecisionOptimizer::ParamSlot;
+
+constexpr const char* kMainParamPrefix = "optimizer.state.fp32_param.";
+constexpr const char* kStepName = "optimizer.state.step";
+constexpr const char* kEmbeddingName = "embedding.word_embeddings.weight";
+
+ck::DType checkpoint_dtype(torch::ScalarType t) {
+  switch (t) {
+    case torch::kFloat32: return ck::DType::F32;
+    case torch::kBFloat16: return ck::DType::BF16;
+    case torch::kFloat16: return ck::DType::F16;
+    case torch::kFloat64: return ck::DType::F64;
+    default: break;
+  }
+  FP8TRON_CHECK(false, std::string("no checkpoint dtype for ") + c10::toString(t));
+}
+
+torch::ScalarType torch_dtype(ck::DType d, const std::string& tensor) {
+  switch (d) {
+    case ck::DType::F32: return torch::kFloat32;
+    case ck::DType::BF16: return torch::kBFloat16;
+    case ck::DType::F16: return torch::kFloat16;
+    case ck::DType::F64: return torch::kFloat64;
+    default: break;
+  }
+  throw UserError(strprintf("checkpoint tensor '%s' is %s; model weights and optimizer states must be F32, BF16, F16 "
+                            "or F64", tensor.c_str(), ck::dtype_name(d)));
+}
+
+// The optimizer's per-parameter states besides the main weights: Adam's moments or SGD's
+// momentum, as (tensor-name prefix, flat buffer laid out from shard_begin()).
+std::vector<std::pair<std::string, torch::Tensor>> optimizer_states(const MixedPrecisionOptimizer& o,
+                                                                    const OptimizerConfig& c) {
+  if (c.optimizer == "adam")
+    return {{"optimizer.state.exp_avg.", o.exp_avg()}, {"optimizer.state.exp_avg_sq.", o.exp_avg_sq()}};
+  return {{"optimizer.state.momentum_buffer.", o.exp_avg()}};
+}
+
+// The name a parameter has in checkpoints: its own, except the last stage's tied-embedding copy.
+std::string checkpoint_name(const Slot& slot) { return slot.info.shared_embedding_copy ? kEmbeddingName : slot.name; }
+
+// A rank's shard of a parameter as boxes of the global tensor: the local elements
+// [begin, begin + numel) (row-major in the local shape) are `box` row-major. One box, or with an
+// interleaved partition (SwiGLU fc1: [2 x ffn, h] split per block) one per block.
+struct Piece {
+  ck::Box box;
+  int64_t begin = 0, numel = 0;
+};
+
+std::vector<Piece> param_pieces(const Slot& slot, int tp_rank, int tp_size) {
+  const auto& info = slot.info;
+  const std::vector<int64_t>& g = info.global_shape;
+  if (info.partition_dim < 0 || tp_size == 1) {
+    FP8TRON_CHECK(slot.shape == g, slot.name + ": a replicated parameter's shape differs from its global shape");
+    return {Piece{ck::whole(g), 0, slot.numel}};
+  }
+  const size_t d = size_t(info.partition_dim);
+  const int64_t k = info.interleave;
+  FP8TRON_CHECK(k == 1 || d == 0, slot.name + ": interleaved partitions are supported along dim 0 only");
+  const int64_t block = g[d] / k, piece = block / tp_size;
+  std::vector<Piece> pieces;
+  for (int64_t j = 0; j < k; ++j) {
+    Piece p;
+    p.box = ck::whole(g);
+    p.box.offset[d] = j * block + tp_rank * piece;
+    p.box.shape[d] = piece;
+    p.numel = ck::box_volume(p.box);
+    p.begin = j * p.numel;
+    pieces.push_back(std::move(p));
+  }
+  std::vector<int64_t> local = g;
+  local[d] = k * piece;
+  FP8TRON_CHECK(local == slot.shape && k * pieces.front().numel == slot.numel,
+                slot.name + ": the local shard does not match its global shape and partition");
+  return pieces;
+}
+
+const char* bytes_at(const torch::Tensor& t, int64_t element) {
+  return static_cast<const char*>(t.data_ptr()) + element * int64_t(t.element_size());
+}
+
+// ---- collectives over all ranks ----------------------------------------------------------------
+
+bool any_rank(const ParallelState& p, const torch::Device& device, bool flag) {
+  if (p.sizes.world_size == 1) return flag;
+  auto t = torch::full({1}, flag ? 1.0f : 0.0f, torch::TensorOptions().device(device));
+  p.world->all_reduce(t, ReduceOp::Max);
+  return t.item<float>() > 0;
+}
+
+void barrier(const ParallelState& p) {
+  if (p.sizes.world_size > 1) p.world->barrier();
+}
+
+std::vector<std::string> all_gather_strings(const ParallelState& p, const torch::Device& device, const std::string& mine) {
+  const int n = p.sizes.world_size;
+  if (n == 1) return {mine};
+  const auto on_device = torch::TensorOptions().device(device);
+  auto length = torch::full({1}, int64_t(mine.size()), on_device.dtype(torch::kInt64));
+  auto lengths = torch::empty({n}, length.options());
+  p.world->all_gather(lengths, length);
+  lengths = lengths.cpu();
+  const int64_t longest = std::max<int64_t>(1, lengths.max().item<int64_t>());
+  auto buffer = torch::zeros({longest}, torch::kUInt8);
+  if (!mine.empty()) std::memcpy(buffer.data_ptr(), mine.data(), mine.size());
+  buffer = buffer.to(device);
+  auto all = torch::empty({n * longest}, buffer.options());
+  p.world->all_gather(all, buffer);
+  all = all.cpu();
+  std::vector<std::string> out;
+  for (int r = 0; r < n; ++r)
+    out.emplace_back(reinterpret_cast<const char*>(all.data_ptr()) + r * longest, size_t(lengths[r].item<int64_t>()));
+  return out;
+}
+
+// Length-prefixed fields in one string (for one all-gather).
+std::string pack(const std::vector<std::string>& fields) {
+  std::string out;
+  for (const auto& f : fields) {
+    const uint64_t n = f.size();
+    out.append(reinterpret_cast<const char*>(&n), sizeof n);
+    out += f;
+  }
+  return out;
+}
+
+std::vector<std::string> unpack(const std::string& packed) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  while (at < packed.size()) {
+    uint64_t n = 0;
+    FP8TRON_CHECK(at + sizeof n <= packed.size(), "truncated field");
+    std::memcpy(&n, packed.data() + at, sizeof n);
+    at += sizeof n;
+    FP8TRON_CHECK(at + n <= packed.size(), "truncated field");
+    out.push_back(packed.substr(at, n));
+    at += n;
+  }
+  return out;
+}
+
+// ---- RNG ---------------------------------------------------------------------------------------
+
+std::string generator_state(const torch::Device& device) {
+  at::Generator g = at::globalContext().defaultGenerator(device);
+  std::lock_guard<std::mutex> lock(g.mutex());
+  torch::Tensor state = g.get_state().contiguous();
+  return std::string(static_cast<const char*>(state.data_ptr()), size_t(state.numel() * state.element_size()));
+}
+
+void set_generator_state(const torch::Device& device, const std::string& bytes, const std::string& source) {
+  at::Generator g = at::globalContext().defaultGenerator(device);
+  auto state = torch::empty({int64_t(bytes.size())}, torch::kUInt8);
+  if (!bytes.empty()) std::memcpy(state.data_ptr(), bytes.data(), bytes.size());
+  try {
+    std::lock_guard<std::mutex> lock(g.mutex());
+    g.set_state(state);
+  } catch (const c10::Error& e) {
+    throw UserError(strprintf("%s: the %s RNG state cannot be restored (%s)", source.c_str(), device.str().c_str(),
+                              e.what_without_backtrace()));
+  }
+}
+
+// ---- what identifies the model -----------------------------------------------------------------
+
+struct ModelField {
+  std::string key, value, flags;
+};
+
+std::vector<ModelField> model_fields(const ModelConfig& m) {
+  auto b = [](bool v) { return std::string(v ? "true" : "false"); };
+  auto i = [](int64_t v) { return std::to_string(v); };
+  const bool learned = m.position_embedding == PositionEmbedding::LearnedAbsolute;
+  return {
+      {"num_layers", i(m.num_layers), "--num-layers"},
+      {"hidden_size", i(m.hidden_size), "--hidden-size"},
+      {"ffn_hidden_size", i(m.ffn_hidden_size), "--ffn-hidden-size"},
+      {"num_attention_heads", i(m.num_attention_heads), "--num-attention-heads"},
+      {"kv_channels", i(m.kv_channels), "--kv-channels"},
+      {"num_query_groups", i(m.num_query_groups), "--num-query-groups"},
+      {"vocab_size", i(m.vocab_size), "--vocab-size or the tokenizer"},
+      {"padded_vocab_size", i(m.padded_vocab_size),
+       "--make-vocab-size-divisible-by x --tensor-model-parallel-size pads the vocabulary"},
+      {"position_embedding_type", learned ? "learned_absolute" : "rope", "--position-embedding-type"},
+      {"max_position_embeddings", learned ? i(m.max_position_embeddings) : "none", "--max-position-embeddings"},
+      {"normalization", m.normalization == Normalization::RMSNorm ? "RMSNorm" : "LayerNorm", "--normalization"},
+      {"apply_layernorm_1p", b(m.apply_layernorm_1p), "--apply-layernorm-1p"},
+      {"swiglu", b(m.swiglu), "--swiglu"},
+      {"add_bias_linear", b(m.add_bias_linear), "--disable-bias-linear"},
+      {"add_qkv_bias", b(m.add_qkv_bias), "--add-qkv-bias"},
+      {"untie_embeddings_and_output_weights", b(m.untie_embeddings_and_output_weights),
+       "--untie-embeddings-and-output-weights"},
+      {"qk_layernorm", b(m.qk_layernorm), "--qk-layernorm"},
+  };
+}
+
+void check_model(const ck::CheckpointMetadata& m, const Config& c, const std::string& path) {
+  std::vector<std::string> differences;
+  for (const auto& f : model_fields(c.model)) {
+    auto it = m.args.find("model." + f.key);
+    if (it == m.args.end() || it->second == f.value) continue;
+    differences.push_back(strprintf("%s is %s in the checkpoint but %s here (%s)", f.key.c_str(), it->second.c_str(),
+                                    f.value.c_str(), f.flags.c_str()));
+  }
+  if (!differences.empty())
+    throw UserError("checkpoint " + path + " was saved from a different model: " + join(differences, "; "));
+}
+
+ck::ParallelLayout layout_of(const TrainingState& s) {
+  const ParallelSizes& z = s.parallel.sizes;
+  ck::ParallelLayout l;
+  l.tp = z.tp;
+  l.pp = z.pp;
+  l.dp = z.dp;
+  l.cp = z.cp;
+  l.ep = z.ep;
+  l.vpp = s.config.distributed.virtual_stages;
+  l.world_size = z.world_size;
+  return l;
+}
+
+std::string layout_string(const ck::ParallelLayout& l) {
+  std::string s = strprintf("(TP, PP, DP) = (%d, %d, %d)", l.tp, l.pp, l.dp);
+  if (l.vpp > 1) s += strprintf(" with %d virtual stages", l.vpp);
+  return s;
+}
+
+// ---- saving ------------------------------------------------------------------------------------
+
+// This rank's shard file: the writer points into host copies of the buffers kept here.
+struct RankShards {
+  explicit RankShards(int rank) : writer(ck::rank_file_name(rank)) {}
+  ck::RankShardWriter writer;
+  std::vector<torch::Tensor> host_buffers;
+  float step = 0;
+};
+
+// The buffers on the host. Synchronous saves write CPU buffers in place (training waits);
+// `snapshot` (asynchronous saves) copies them into reusable host memory (pinned for a GPU) that
+// training does not touch.
+torch::Tensor host_copy(const torch::Tensor& t, std::vector<torch::Tensor>* snapshot, size_t index) {
+  if (!snapshot) return t.detach().to(torch::kCPU).contiguous();
+  if (index >= snapshot->size()) snapshot->resize(index + 1);
+  torch::Tensor& buffer = (*snapshot)[index];
+  if (!buffer.defined() || buffer.sizes() != t.sizes() || buffer.scalar_type() != t.scalar_type())
+    buffer = torch::empty(t.sizes(), torch::TensorOptions().dtype(t.scalar_type()).pinned_memory(t.is_cuda()));
+  buffer.copy_(t.detach());
+  return buffer;
+}
+
+std::unique_ptr<RankShards> collect_shards(const TrainingState& s, std::vector<torch::Tensor>* snapshot) {
+  const MixedPrecisionOptimizer& o = s.optimizer;
+  const ParallelState& p = s.parallel;
+  const int tp = p.sizes.tp, dp = p.sizes.dp;
+  auto out = std::make_unique<RankShards>(p.world_rank);
+  auto host = [&](const torch::Tensor& t) {
+    out->host_buffers.push_back(host_copy(t, snapshot, out->host_buffers.size()));
+    return out->host_buffers.back();
+  };
+  const torch::Tensor model = host(o.model_params());
+  const ck::DType model_dtype = checkpoint_dtype(model.scalar_type());
+  std::vector<std::pair<std::string, torch::Tensor>> states;  // flat buffers from shard_begin()
+  if (s.config.checkpoint.save_optim) {
+    if (model.scalar_type() != torch::kFloat32) states.emplace_back(kMainParamPrefix, host(o.main_params()));
+    for (const auto& [prefix, buffer] : optimizer_states(o, s.config.optimizer)) states.emplace_back(prefix, host(buffer));
+  }
+  const int64_t shard_begin = o.shard_begin(), shard_end = o.shard_begin() + o.shard_numel();
+  for (const Slot& slot : o.param_slots()) {
+    if (slot.info.shared_embedding_copy) continue;            // stored by the first stage
+    if (slot.info.partition_dim < 0 && p.tp_rank != 0) continue;  // replicated over TP: rank 0 stores it
+    const auto& g = slot.info.global_shape;
+    const auto pieces = param_pieces(slot, p.tp_rank, tp);
+    const int replicas = dp * (slot.info.partition_dim < 0 ? tp : 1);
+    if (p.dp_rank == 0)
+      for (const auto& piece : pieces)
+        out->writer.add(slot.name, model_dtype, g, piece.box, bytes_at(model, slot.offset + piece.begin), replicas);
+    for (const auto& [prefix, buffer] : states) {
+      const std::string name = prefix + slot.name;
+      if (!o.distributed()) {
+        if (p.dp_rank == 0)
+          for (const auto& piece : pieces)
+            out->writer.add(name, ck::DType::F32, g, piece.box, bytes_at(buffer, slot.offset + piece.begin), replicas);
+        continue;
+      }
+      // Distributed optimizer: this rank's part of the flat buffer, as flat ranges of the boxes.
+      const int64_t lo = std::max(slot.offset, shard_begin), hi = std::min(slot.offset + slot.numel, shard_end);
+      for (const auto& piece : pieces) {
+        const int64_t first = slot.offset + piece.begin;
+        const int64_t a = std::max(lo, first), b = std::min(hi, first + piece.numel);
+        if (a < b)
+          out->writer.add_flat_range(name, ck::DType::F32, g, piece.box, a - first, b - first,
+                                     bytes_at(buffer, a - shard_begin));
+      }
+    }
+  }
+  if (s.config.checkpoint.save_optim && p.world_rank == 0) {
+    out->step = float(o.step_count());
+    out->writer.add(kStepName, ck::DType::F32, {1}, ck::whole({1}), &out->step);
+  }
+  return out;
+}
+
+// Rank 0's metadata for the checkpoint, from every rank's packed (tensor table, RNG states).
+ck::CheckpointMetadata build_metadata(const TrainingState& s, int64_t iteration, const std::vector<std::string>& packed) {
+  ck::CheckpointMetadata m;
+  m.iteration = iteration;
+  m.consumed_train_samples = s.consumed_train_samples;
+  m.consumed_valid_samples = s.consumed_valid_samples;
+  // The data loaders are positioned by the samples consumed (Megatron's sampler).
+  m.data_loader = {{"train_consumed_samples", s.consumed_train_samples},
+                   {"valid_consumed_samples", s.consumed_valid_samples}};
+  m.parallel = layout_of(s);
+  for (const auto& [name, value] : s.config.resolved_flags) m.args[name] = value;
+  for (const auto& f : model_fields(s.config.model)) m.args["model." + f.key] = f.value;
+  m.lr_scheduler_num_steps = s.schedule.num_steps();
+  m.loss_scaler = ck::LossScalerState{s.scaler.scale(), s.scaler.growth_tracker(), s.scaler.hysteresis_tracker()};
+  for (size_t rank = 0; rank < packed.size(); ++rank) {
+    const auto fields = unpack(packed[rank]);
+    FP8TRON_CHECK(!fields.empty() && fields.size() % 2 == 1, "malformed shard description");
+    ck::merge_tensor_tables(m.tensors, ck::parse_tensor_table(fields[0], ck::rank_file_name(int(rank))));
+    for (size_t i = 1; i + 1 < fields.size(); i += 2) m.rng.push_back(ck::RngState{int(rank), fields[i], fields[i + 1]});
+  }
+  return m;
+}
+
+// Every rank learns whether any rank failed; all throw (the failing ones with their message) and
+// the temporary directory is removed, so the previous checkpoint stays the latest.
+void fail_together(const ParallelState& p, const torch::Device& device, const ck::SaveTarget& target,
+                   const std::string& error) {
+  if (!any_rank(p, device, !error.empty())) return;
+  if (p.world_rank == 0) ck::abort_save(target);
+  throw UserError(!error.empty() ? error
+                                 : strprintf("saving the checkpoint of iteration %lld to %s failed on another rank "
+                                             "(its error is in its log)",
+                                             (long long)target.iteration, target.save_dir.c_str()));
+}
+
+// The same token on every rank: rank 0's clock.
+std::string agree_on_token(const ParallelState& p, const torch::Device& device) {
+  const int64_t now = std::chrono::duration_cast<std::chrono::microseconds>(
+                          std::chrono::system_clock::now().time_since_epoch()).count();
+  auto t = torch::full({1}, now ^ (int64_t(getpid()) << 40), torch::TensorOptions().dtype(torch::kInt64).device(device));
+  if (p.sizes.world_size > 1) p.world->broadcast(t, 0);
+  return std::to_string(std::abs(t.cpu().item<int64_t>()));
+}
+
+}  // namespace
+
+// A save between its phases: prepared (host copies, tables, metadata) by every rank together,
+// written by each rank alone (possibly on another thread), finalized (committed) together.
+struct PendingSave {
+  ck::SaveTarget target;
+  std::unique_ptr<RankShards> shards;
+  std::optional<ck::CheckpointMetadata> metadata;  // rank 0
+  std::string error;
+  uint64_t bytes = 0;
+  Clock::time_point start;
+};
+
+namespace {
+
+std::unique_ptr<PendingSave> prepare_save(const TrainingState& s, int64_t iteration, std::vector<torch::Tensor>* snapshot) {
+  const CheckpointConfig& k = s.config.checkpoint;
+  const ParallelState& p = s.parallel;
+  auto save = std::make_unique<PendingSave>();
+  save->start = Clock::now();
+  log::info(strprintf("saving checkpoint at iteration %7lld to %s in fp8tron format", (long long)iteration, k.save.c_str()));
+  save->target = ck::SaveTarget{k.save, iteration, false, agree_on_token(p, s.device)};
+  save->shards = collect_shards(s, snapshot);
+  // Rank 0 gathers every rank's tensor table and RNG states for the metadata.
+  std::vector<std::string> fields = {ck::serialize_tensor_table(save->shards->writer.table())};
+  if (k.save_rng) {
+    fields.insert(fields.end(), {"cpu", generator_state(torch::Device(torch::kCPU))});
+    if (s.device.is_cuda()) fields.insert(fields.end(), {"cuda", generator_state(s.device)});
+  }
+  const std::vector<std::string> packed = all_gather_strings(p, s.device, pack(fields));
+  try {
+    if (p.world_rank == 0) save->metadata = build_metadata(s, iteration, packed);
+    ck::begin_save(save->target);
+  } catch (const UserError& e) {
+    save->error = e.what();
+  }
+  return save;
+}
+
+// Every rank's shard file (and rank 0's metadata) into the temporary directory. No collectives,
+// no torch: safe on a background thread.
+void write_shards(PendingSave& save) noexcept {
+  if (!save.error.empty()) return;
+  try {
+    const std::string dir = ck::temp_dir_path(save.target);
+    save.bytes = save.shards->writer.write(dir).bytes;
+    if (save.metadata) ck::write_metadata(dir, *save.metadata);
+  } catch (const std::exception& e) {
+    save.error = e.what();
+  }
+}
+
+// Every rank: agree that all files are there, rank 0 commits, all learn the outcome.
+void finalize_save(const TrainingState& s, PendingSave& save) {
+  const ParallelState& p = s.parallel;
+  save.shards.reset();
+  fail_together(p, s.device, save.target, save.error);
+  if (p.world_rank == 0) {
+    try {
+      ck::CommitOptions commit;
+      for (int r = 0; r < p.sizes.world_size; ++r) commit.expected_files.push_back(ck::rank_file_name(r));
+      commit.expected_files.push_back(ck::kMetadataFileName);
+      commit.expected_file_count = int64_t(commit.expected_files.size());
+      ck::commit_save(save.target, commit);
+    } catch (const UserError& e) {
+      save.error = e.what();
+    }
+  }
+  fail_together(p, s.device, save.target, save.error);
+  const double seconds = std::chrono::duration<double>(Clock::now() - save.start).count();
+  log::info(strprintf("  successfully saved checkpoint from iteration %7lld to %s [ t %d/%d, p %d/%d ]",
+                      (long long)save.target.iteration, save.target.save_dir.c_str(), p.tp_rank + 1, p.sizes.tp,
+                      p.pp_rank + 1, p.sizes.pp));
+  log::info(strprintf("  checkpoint save took %.2f s (rank 0 wrote %.1f MB, %.2f GB/s)", seconds, double(save.bytes) / 1e6,
+                      double(save.bytes) / 1e9 / std::max(seconds, 1e-9)));
+}
+
+// ---- loading -----------------------------------------------------------------------------------
+
+// The elements [begin, end) of this rank's shard of a parameter (row-major in its local shape),
+// read from checkpoint tensor `name` in the dtype it was saved in.
+torch::Tensor read_local_range(ck::CheckpointReader& reader, const std::string& name, const Slot& slot,
+                               const std::vector<Piece>& pieces, int64_t begin, int64_t end) {
+  const auto& tensors = reader.metadata().tensors;
+  auto it = tensors.find(name);
+  const ck::DType dtype = it == tensors.end() ? ck::DType::F32 : it->second.dtype;  // missing: read() explains
+  auto out = torch::empty({end - begin}, torch::TensorOptions().dtype(torch_dtype(dtype, name)));
+  char* dst = static_cast<char*>(out.data_ptr());
+  const int64_t element_size = int64_t(ck::dtype_size(dtype));
+  for (const auto& piece : pieces) {
+    const int64_t a = std::max(begin, piece.begin), b = std::min(end, piece.begin + piece.numel);
+    if (a >= b) continue;
+    int64_t at = a - begin;
+    for (const auto& box : ck::flat_range_to_boxes(piece.box, a - piece.begin, b - piece.begin)) {
+      reader.read(name, dtype, slot.info.global_shape, box, dst + at * element_size);
+      at += ck::box_volume(box);
+    }
+  }
+  return out;
+}
+
+void load_parameters(ck::CheckpointReader& reader, const TrainingState& s, bool load_optim) {
+  MixedPrecisionOptimizer& o = s.optimizer;
+  const ParallelState& p = s.parallel;
+  torch::NoGradGuard no_grad;
+  // Main weights come from the fp32 copy when the optimizer state is loaded (exact resume) or
+  // --load-main-params-from-ckpt asks; otherwise from the model weights, as Megatron does.
+  const bool fp32_main = load_optim || s.config.checkpoint.load_main_params_from_ckpt;
+  const auto states = optimizer_states(o, s.config.optimizer);
+  const torch::Tensor main = o.main_params();
+  const int64_t shard_begin = o.shard_begin(), shard_end = o.shard_begin() + o.shard_numel();
+  for (const Slot& slot : o.param_slots()) {
+    const int64_t lo = std::max(slot.offset, shard_begin), hi = std::min(slot.offset + slot.numel, shard_end);
+    if (lo >= hi) continue;
+    const std::string name = checkpoint_name(slot);
+    const auto pieces = param_pieces(slot, p.tp_rank, p.sizes.tp);
+    const int64_t begin = lo - slot.offset, end = hi - slot.offset;
+    const std::string source = fp32_main && reader.has_tensor(kMainParamPrefix + name) ? kMainParamPrefix + name : name;
+    main.narrow(0, lo - shard_begin, hi - lo).copy_(read_local_range(reader, source, slot, pieces, begin, end).to(torch::kFloat32));
+    if (!load_optim) continue;
+    for (const auto& [prefix, buffer] : states)
+      buffer.narrow(0, lo - shard_begin, hi - lo)
+          .copy_(read_local_range(reader, prefix + name, slot, pieces, begin, end).to(torch::kFloat32));
+  }
+  if (load_optim) {
+    float step = 0;
+    reader.read(kStepName, ck::DType::F32, {1}, ck::whole({1}), &step);
+    o.set_step_count(step);
+  }
+  // Model weights = main weights in the parameter dtype (data-parallel all-gather with the
+  // distributed optimizer), exactly what the step after the save published.
+  o.publish_model_params();
+}
+
+void restore_rng(const ck::CheckpointMetadata& m, const TrainingState& s, const std::string& path) {
+  if (m.rng.empty())
+    throw UserError("checkpoint " + path + " holds no RNG state (saved with --no-save-rng); pass --no-load-rng to "
+                    "continue with the RNG seeded from --seed");
+  const ck::ParallelLayout here = layout_of(s);
+  if (!(m.parallel == here)) {
+    log::info(" > RNG states not restored: the checkpoint's layout " + layout_string(m.parallel) + " differs from " +
+              layout_string(here) + "; random streams (dropout) continue from --seed");
+    return;
+  }
+  bool cuda_restored = false;
+  for (const auto& r : m.rng) {
+    if (r.rank != s.parallel.world_rank) continue;
+    if (r.name == "cpu") set_generator_state(torch::Device(torch::kCPU), r.state, path);
+    if (r.name == "cuda" && s.device.is_cuda()) {
+      set_generator_state(s.device, r.state, path);
+      cuda_restored = true;
+    }
+  }
+  if (s.device.is_cuda() && !cuda_restored)
+    log::info(" > the checkpoint holds no CUDA RNG state (saved on the CPU?); the CUDA generator continues from --seed");
+}
+
+}  // namespace
+
+void save_checkpoint(const TrainingState& s, int64_t iteration) {
+  std::unique_ptr<PendingSave> save = prepare_save(s, iteration, nullptr);
+  write_shards(*save);
+  finalize_save(s, *save);
+}
+
+AsyncCheckpointSaver::AsyncCheckpointSaver() = default;
+
+AsyncCheckpointSaver::~AsyncCheckpointSaver() {
+  // An unfinished save is left uncommitted; the next successful commit there removes it.
+  if (writer_.joinable()) writer_.join();
+}
+
+void AsyncCheckpointSaver::save(const TrainingState& s, int64_t iteration) {
+  finalize(s, true);  // one save in flight: its host buffers are this one's
+  const auto start = Clock::now();
+  pending_ = prepare_save(s, iteration, &snapshot_);
+  done_ = false;
+  writer_ = std::thread([this] {
+    write_shards(*pending_);
+    done_ = true;
+  });
+  log::info(strprintf("  training blocked %.2f s; the checkpoint is written in the background",
+                      std::chrono::duration<double>(Clock::now() - start).count()));
+}
+
+void AsyncCheckpointSaver::finalize(const TrainingState& s, bool blocking) {
+  if (!pending_) return;  // saves happen at the same iterations on every rank: all agree
+  if (!blocking) {
+    // Commit only once every rank's writer is done; until then training goes on.
+    bool all_done = done_;
+    if (s.parallel.sizes.world_size > 1) all_done = !any_rank(s.parallel, s.device, !done_);
+    if (!all_done) return;
+  }
+  writer_.join();
+  std::unique_ptr<PendingSave> save = std::move(pending_);
+  finalize_save(s, *save);
+}
+
+int64_t load_checkpoint(const TrainingState& s) {
+  const CheckpointConfig& k = s.config.checkpoint;
+  if (k.load.empty()) return 0;
+  const ParallelState& p = s.parallel;
+  ck::CheckpointLocation location;
+  if (k.ckpt_step) {
+    location = ck::locate_checkpoint(k.load, *k.ckpt_step);
+  } else {
+    if (!ck::read_tracker(k.load)) {
+      const std::string tracker = k.load + "/" + ck::kTrackerFileName;
+      std::string found;
+      for (int64_t it : ck::list_checkpoint_iterations(k.load)) found += (found.empty() ? "" : ", ") + std::to_string(it);
+      const std::string hint = found.empty() ? "" : " (complete checkpoints for iterations " + found +
+                                                        " are there: --ckpt-step N loads one)";
+      if (k.exit_on_missing_checkpoint)
+        throw UserError("--load " + k.load + ": no checkpoint to load, " + tracker + " is missing" + hint +
+                        "; exiting as --exit-on-missing-checkpoint asks");
+      log::warning("could not find the metadata file " + tracker + hint +
+                   "; will not load any checkpoints and will start from random");
+      return 0;
+    }
+    location = ck::locate_latest_checkpoint(k.load);
+  }
+  log::info(strprintf("loading checkpoint from %s at iteration %lld", k.load.c_str(), (long long)location.iteration));
+  ck::CheckpointReader reader(location);
+  const ck::CheckpointMetadata& m = reader.metadata();
+  check_model(m, s.config, location.path);
+  const ck::ParallelLayout here = layout_of(s);
+  if (!(m.parallel == here))
+    log::info(" > resharding: the checkpoint was saved with " + layout_string(m.parallel) + ", this run uses " +
+              layout_string(here));
+
+  const bool restart = k.finetune || location.release;  // weights only, counters from zero
+  const bool load_optim = k.load_optim && !restart;
+  if (load_optim) {
+    if (!reader.has_tensor(kStepName))
+      throw UserError("checkpoint " + location.path + " holds no optimizer state (saved with --no-save-optim); pass "
+                      "--no-load-optim or --finetune to load only the weights");
+    auto saved = m.args.find("optimizer");
+    if (saved != m.args.end() && saved->second != s.config.optimizer.optimizer)
+      throw UserError("checkpoint " + location.path + " was saved with --optimizer " + saved->second +
+                      " but this run uses " + s.config.optimizer.optimizer +
+                      "; pass --no-load-optim to start the optimizer afresh");
+  }
+  load_parameters(reader, s, load_optim);
+  if (load_optim) {
+    s.schedule.set_num_steps(m.lr_scheduler_num_steps);
+    s.scaler.restore(m.loss_scaler.scale, m.loss_scaler.growth_tracker, int(m.loss_scaler.hysteresis_tracker));
+  }
+  if (!restart) {
+    s.consumed_train_samples = m.consumed_train_samples;
+    s.consumed_valid_samples = m.consumed_valid_samples;
+    if (k.load_rng) restore_rng(m, s, location.path);
+  }
+  reader.close_files();
+  barrier(p);
+  const int64_t iteration = restart ? 0 : m.iteration;
+  log::info(strprintf("  successfully loaded checkpoint from %s [ t %d/%d, p %d/%d ] at iteration %lld", k.load.c_str(),
+                      p.tp_rank + 1, p.sizes.tp, p.pp_rank + 1, p.sizes.pp, (long long)iteration));
+  return iteration;
+}
+
+}  // namespace fp8tron

@@ -1,0 +1,87 @@
+// Training checkpoints: Megatron's --save / --load on top of the torch-free core in
+// trainer/checkpoint/ (safetensors shards, iter_NNNNNNN layout with atomic commit, metadata JSON,
+// resharding).
+//
+// Tensors, named by the model's global parameter names (the same in every parallel layout):
+//   <param>                                  model weights, in the parameter dtype
+//   optimizer.state.fp32_param.<param>       fp32 main weights (bf16/fp16 runs; in fp32 runs the
+//                                            weights are the main weights)
+//   optimizer.state.exp_avg.<param>          Adam's moments (SGD: optimizer.state.momentum_buffer.)
+//   optimizer.state.exp_avg_sq.<param>
+//   optimizer.state.step                     Adam's step count, shape [1]
+// Every rank writes rank_NNNNN.safetensors with the boxes of the global tensors it holds:
+// tensor-parallel shards as boxes, distributed-optimizer shards as flat ranges, each replica
+// (over data-parallel ranks, and over tensor-parallel ranks for replicated parameters) once. The
+// last pipeline stage's copy of a tied embedding is not stored; it is loaded from the embedding.
+// Rank 0 writes the metadata (iteration, consumed samples, layout, arguments, LR scheduler,
+// loss scaler, every rank's CPU/CUDA RNG state, the tensor table) and commits the directory.
+//
+// The fp32 main weights, optimizer moments and step, scheduler, loss scaler, consumed samples
+// and RNG states are the whole training state, so a resume in the same layout continues bit for
+// bit; a different layout reads its own boxes out of the saved ones (RNG streams then restart).
+#pragma once
+#include <torch/torch.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "parallel/parallel_state.h"
+#include "trainer/config.h"
+
+namespace fp8tron {
+
+class MixedPrecisionOptimizer;
+class LrSchedule;
+class LossScaler;
+
+// The trainer's state that a checkpoint saves and restores.
+struct TrainingState {
+  const Config& config;
+  const ParallelState& parallel;
+  torch::Device device;
+  MixedPrecisionOptimizer& optimizer;  // holds the parameters (flat buffers) and their state
+  LrSchedule& schedule;
+  LossScaler& scaler;
+  int64_t& consumed_train_samples;
+  int64_t& consumed_valid_samples;
+};
+
+// Every rank calls this at the same iteration; returns when the checkpoint is committed (or
+// throws UserError on every rank, leaving the previous checkpoint and tracker untouched).
+void save_checkpoint(const TrainingState& state, int64_t iteration);
+
+// --async-save: training waits only while the state is copied to host memory (reused between
+// saves; pinned for a GPU) and the tables are gathered; a background thread per rank writes the
+// shard files, and the checkpoint is committed (tracker updated) once every rank's writer is done:
+// finalize(blocking = false) at each iteration boundary checks that with one tiny all-reduce,
+// finalize(blocking = true) waits. One save is in flight at a time: save() finalizes the
+// previous one first. Every rank calls save() and finalize() at the same points.
+struct PendingSave;
+class AsyncCheckpointSaver {
+ public:
+  AsyncCheckpointSaver();
+  AsyncCheckpointSaver(const AsyncCheckpointSaver&) = delete;
+  AsyncCheckpointSaver& operator=(const AsyncCheckpointSaver&) = delete;
+  ~AsyncCheckpointSaver();  // waits for the writer; an unfinalized save stays uncommitted
+
+  void save(const TrainingState& state, int64_t iteration);
+  void finalize(const TrainingState& state, bool blocking);
+  bool pending() const { return pending_ != nullptr; }
+
+ private:
+  std::unique_ptr<PendingSave> pending_;
+  std::thread writer_;
+  std::atomic<bool> done_{false};
+  std::vector<torch::Tensor> snapshot_;
+};
+
+// Every rank, after the model and optimizer are built: loads --load (the tracker's iteration or
+// --ckpt-step) honouring --finetune, --no-load-optim, --no-load-rng and
+// --load-main-params-from-ckpt. Returns the iteration to continue from; 0 when nothing was loaded
+// or with --finetune.
+int64_t load_checkpoint(const TrainingState& state);
+
+}  // namespace fp8tron

@@ -1,0 +1,40 @@
+// Export of an fp8tron checkpoint to a Hugging Face model directory (model.safetensors +
+// config.json), read by transformers' GPT2LMHeadModel or LlamaForCausalLM:
+//   gpt2   learned absolute positions, LayerNorm, GeLU (tanh: "gelu_new"), heads = query groups
+//   llama  RoPE (rotate-half, all dimensions), RMSNorm, SwiGLU, grouped-query attention
+// Megatron's fused tensors are split the Hugging Face way: linear_qkv (per query group: its query
+// heads, one key, one value) into q/k/v (GPT-2: one Conv1D [in, out] with all queries, then keys,
+// then values), SwiGLU's linear_fc1 into gate and up; the padded vocabulary is cut back to the
+// tokenizer's; zero-centred norm weights (--apply-layernorm-1p) get their 1 back. The FP8 extra
+// state is not exported. Works from any parallel layout (the checkpoint's tensors are global).
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace fp8tron {
+
+struct ExportOptions {
+  std::string load;                 // checkpoint directory (--load of the training run)
+  std::optional<int64_t> ckpt_step; // default: the tracker's iteration
+  std::string output;               // Hugging Face directory to write (created)
+  std::string format = "auto";      // auto | gpt2 | llama
+  std::string dtype = "auto";       // auto (the training's parameter dtype) | fp32 | bf16 | fp16
+  // > 0: also write fp8tron_reference.safetensors: "input_ids" [1, n] (random, seed 1234) and
+  // fp8tron's fp32 "logits" [1, n, vocab] for the exported weights (scripts/check_hf_export.py
+  // compares transformers' logits with them).
+  int64_t reference_tokens = 0;
+};
+
+struct ExportResult {
+  std::string format;  // gpt2 | llama
+  int64_t iteration = 0;
+  int64_t tensors = 0;
+  uint64_t bytes = 0;  // of model.safetensors
+};
+
+// UserError for models Hugging Face's class cannot express (naming the feature) and for
+// missing or damaged checkpoints.
+ExportResult export_hugging_face(const ExportOptions& options);
+
+}  // namespace fp8tron
