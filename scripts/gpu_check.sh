@@ -58,5 +58,18 @@ with open('$OUT/corpus.jsonl', 'w') as f:
         --log-throughput > "$OUT/data-1.3b.log" 2>&1
       grep -E " iteration +30/|batch-generator|forward-backward|optimizer|validation loss" "$OUT/data-1.3b.log" | cut -c1-240 ;;
     parallel-bench) echo "== multi-GPU benchmarks"; ./scripts/bench_parallel.sh "$GPUS" ;;
+    checkpoint)
+      echo "== checkpoints: speed, async blocking, exact resume (1.3B)"
+      ./scripts/bench_checkpoint.sh gpt-1.3b
+      echo "== export to Hugging Face, checked with transformers"
+      for style in gpt2 llama; do
+        flags=(--num-layers 2 --hidden-size 128 --num-attention-heads 4 --seq-length 64 --micro-batch-size 4
+               --train-iters 5 --lr 1e-3 --vocab-size 500 --builtin-data --eval-iters 0 --save /tmp/hf-$style --save-interval 5)
+        [ $style = llama ] && flags+=(--position-embedding-type rope --normalization RMSNorm --swiglu --group-query-attention
+                                      --num-query-groups 2 --disable-bias-linear --untie-embeddings-and-output-weights)
+        ./build/fp8tron "${flags[@]}" > "$OUT/export-$style.log" 2>&1 || { tail -2 "$OUT/export-$style.log"; continue; }
+        ./build/fp8tron-export --load /tmp/hf-$style --output /tmp/hf-$style-out --reference-tokens 64 >> "$OUT/export-$style.log" 2>&1 \
+          && python3 scripts/check_hf_export.py /tmp/hf-$style-out 2>&1 | tail -2
+      done ;;
   esac
 done
