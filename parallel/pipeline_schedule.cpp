@@ -34,7 +34,8 @@ PipelineSchedule::PipelineSchedule(const ParallelState& parallel, int chunks, st
                                    torch::Device device)
     : parallel_(parallel), chunks_(chunks), shape_(std::move(shape)), options_(torch::TensorOptions().dtype(dtype).device(device)) {}
 
-torch::Tensor PipelineSchedule::run(int64_t num_micro, const ForwardFn& forward, double loss_scale) {
+torch::Tensor PipelineSchedule::run(int64_t num_micro, const ForwardFn& forward, double loss_scale,
+                                    const std::function<void()>& before_last_backward) {
   const int pp = parallel_.sizes.pp, rank = parallel_.pp_rank;
   const int virtual_stages = pp * chunks_;
   if (chunks_ > 1 && num_micro % pp != 0)
@@ -61,8 +62,11 @@ torch::Tensor PipelineSchedule::run(int64_t num_micro, const ForwardFn& forward,
   std::map<std::pair<int, int64_t>, std::pair<torch::Tensor, torch::Tensor>> in_flight;  // (chunk, micro) -> (input, output)
   auto loss_sum = torch::zeros({}, options_.dtype(torch::kFloat32));
   const int prev = (rank - 1 + pp) % pp, next = (rank + 1) % pp;
-  for (const auto& step : pipeline_order(pp, rank, chunks_, num_micro)) {
+  const auto order = pipeline_order(pp, rank, chunks_, num_micro);
+  for (size_t i = 0; i < order.size(); ++i) {
+    const PipelineStep& step = order[i];
     const int stage = stage_of(step.chunk);
+    if (i + 1 == order.size() && before_last_backward) before_last_backward();
     const bool first = stage == 0, last = stage == virtual_stages - 1;
     if (step.forward) {
       torch::Tensor input;

@@ -33,7 +33,9 @@ class PipelineSchedule {
   // states. Backward scales each loss by `loss_scale`. Returns the sum of the losses (zero on
   // ranks without the last stage).
   using ForwardFn = std::function<torch::Tensor(int chunk, int64_t micro_batch, const torch::Tensor& input)>;
-  torch::Tensor run(int64_t num_micro_batches, const ForwardFn& forward, double loss_scale);
+  // `before_last_backward` runs just before the step's last backward pass (gradient overlap).
+  torch::Tensor run(int64_t num_micro_batches, const ForwardFn& forward, double loss_scale,
+                    const std::function<void()>& before_last_backward = {});
   // Forward only (evaluation), micro-batch by micro-batch through the virtual stages.
   torch::Tensor run_forward_only(int64_t num_micro_batches, const ForwardFn& forward);
 

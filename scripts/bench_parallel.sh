@@ -33,8 +33,10 @@ if [ "$N" -ge 4 ]; then
   run pp2_dp2 --micro-batch-size 4 --pipeline-model-parallel-size 2
   run pp4_interleaved --micro-batch-size 4 --pipeline-model-parallel-size 4 --num-layers-per-virtual-pipeline-stage 3
   run dp4_distopt --micro-batch-size 4 --use-distributed-optimizer
+  run dp4_overlap --micro-batch-size 4 --overlap-grad-reduce
 else
   run dp2 --micro-batch-size 4
   run tp2_sp --micro-batch-size 4 --tensor-model-parallel-size 2 --sequence-parallel
   run pp2 --micro-batch-size 4 --pipeline-model-parallel-size 2
+  run dp2_overlap --micro-batch-size 4 --overlap-grad-reduce
 fi

@@ -37,7 +37,9 @@ for step in "$@"; do
       else
         timeout 240 torchrun --nproc-per-node 2 --no-python $EQ --device cuda --bf16 --tensor-model-parallel-size 2 \
           --sequence-parallel --tolerance 2e-2 2>&1 | grep -E "\[rank 0\].*(equivalent|MISMATCH)|rror"
-      fi ;;
+      fi
+      $MPI -np 2 $EQ --device cuda --overlap-grad-reduce --ddp-bucket-size 3000 --tolerance 1e-4 2>&1 | grep -E "\[rank 0\].*(equivalent|MISMATCH)|error"
+      $MPI -np 2 $EQ --device cuda --bf16 --use-distributed-optimizer --tolerance 2e-2 2>&1 | grep -E "\[rank 0\].*(equivalent|MISMATCH)|error" ;;
     bench) echo "== single-GPU benchmarks"; ./scripts/bench.sh gpt2-124m gpt-1.3b ;;
     data)
       # Real indexed data through the prefetching loader: the batch-generator timer against the step.

@@ -23,7 +23,7 @@ expect 0 "validation loss at iteration 4" -- "${TINY[@]}"
 expect 0 "usage: fp8tron" -- --help
 expect 1 "did you mean '--num-layers'?" -- "${TINY[@]}" --num-layer 3
 expect 1 "--bf16 and --fp16 cannot be used together" -- "${TINY[@]}" --bf16 --fp16
-expect 1 "not supported yet: --overlap-grad-reduce" -- "${TINY[@]}" --overlap-grad-reduce
+expect 1 "not supported yet: --overlap-param-gather" -- "${TINY[@]}" --overlap-param-gather
 WORLD_SIZE=2 expect 1 "multi-process CPU runs use MPI: launch with mpirun" -- "${TINY[@]}" --tensor-model-parallel-size 2
 expect 1 "--openai-gelu is not supported by fp8tron" -- "${TINY[@]}" --openai-gelu
 expect 0 "has no effect in fp8tron" -- "${TINY[@]}" --no-masked-softmax-fusion

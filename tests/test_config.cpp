@@ -130,7 +130,8 @@ TEST(Config, SupportLevels) {
   EXPECT_NE(c.not_supported_yet[0].find("--non-persistent-save-interval"), std::string::npos);
   // Data parallelism is there.
   EXPECT_TRUE(build(tiny_args({"--global-batch-size", "4"}), 2).not_supported_yet.empty());
-  EXPECT_EQ(build(tiny_args({"--overlap-grad-reduce"})).not_supported_yet.size(), 1u);
+  EXPECT_EQ(build(tiny_args({"--overlap-param-gather"})).not_supported_yet.size(), 1u);
+  EXPECT_USER_ERROR(build(tiny_args({"--overlap-grad-reduce", "--use-distributed-optimizer"})), "not supported yet: --overlap-grad-reduce with");
   // Hint-only flags warn; math-changing flags we do not implement fail naming the flag.
   EXPECT_EQ(build(tiny_args({"--no-masked-softmax-fusion"})).hint_warnings.size(), 1u);
   EXPECT_USER_ERROR(build(tiny_args({"--openai-gelu"})), "--openai-gelu is not supported by fp8tron");

@@ -130,6 +130,8 @@ struct DistributedConfig {
   int virtual_stages = 1;  // model chunks per pipeline rank (interleaved schedule when > 1)
   std::optional<int64_t> first_stage_layers, last_stage_layers;
   bool distributed_optimizer = false;
+  bool overlap_grad_reduce = false;
+  int64_t bucket_numel = 40000000;  // --ddp-bucket-size (Megatron: max(40M, 1M x dp) elements)
   int timeout_minutes = 10;
 };
 

@@ -118,12 +118,12 @@ const std::vector<FlagSpec>& flag_table() {
       {"num-virtual-stages-per-pipeline-rank", K::Int, "", S::Yes, "", "", "Virtual pipeline stages per pipeline rank."},
       {"decoder-first-pipeline-num-layers", K::Int, "", S::Yes, "", "", "Layers on the first pipeline stage."},
       {"decoder-last-pipeline-num-layers", K::Int, "", S::Yes, "", "", "Layers on the last pipeline stage."},
-      {"overlap-grad-reduce", K::Bool, "", S::NotYet, "overlapped gradient reduction (parallel runtime, issue 4)", "", "Overlap the data-parallel gradient reduction with backward."},
+      {"overlap-grad-reduce", K::Bool, "", S::Yes, "", "", "Overlap the data-parallel gradient reduction with backward."},
       {"overlap-param-gather", K::Bool, "", S::NotYet, "overlapped parameter all-gather (parallel runtime, issue 4)", "", "Overlap the distributed optimizer's parameter all-gather."},
       {"use-distributed-optimizer", K::Bool, "", S::Yes, "", "", "Shard optimizer state over data-parallel ranks."},
       {"distributed-backend", K::String, "nccl", S::Yes, "", "nccl|gloo", "Collective backend."},
       {"distributed-timeout-minutes", K::Int, "10", S::Yes, "", "", "Timeout of collective operations."},
-      {"ddp-bucket-size", K::Int, "", S::NotYet, "gradient buckets (parallel runtime, issue 4)", "", "Gradient bucket size (elements)."},
+      {"ddp-bucket-size", K::Int, "", S::Yes, "", "", "Gradient bucket size (elements)."},
 
       // ---- FP8 (issue 5) ------------------------------------------------------------------------------
       {"fp8-format", K::String, "", S::NotYet, kFp8, "e4m3|hybrid|hif8", "FP8 format: e4m3, hybrid (E4M3 forward, E5M2 gradients) or hif8."},

@@ -73,6 +73,7 @@ MixedPrecisionOptimizer::MixedPrecisionOptimizer(const std::vector<NamedParam>& 
     // (parameter-dtype) gradient into an existing .grad with `+=`, so an fp32 buffer under a
     // bf16 parameter accumulates micro-batches in fp32, as Megatron's main_grad does.
     t.mutable_grad() = main_grads_.narrow(0, offset, n).view(t.sizes());
+    buffer_order_.push_back({t, offset, n});
     slots_.push_back(ParamSlot{p->name, offset, n, t.sizes().vec(), p->info});
     offset += n;
   }
@@ -83,10 +84,26 @@ MixedPrecisionOptimizer::MixedPrecisionOptimizer(const std::vector<NamedParam>& 
   for (size_t i = 0; i < segments_.size(); ++i) step_counts_.push_back(torch::zeros({}, fp32));
 }
 
+void MixedPrecisionOptimizer::enable_grad_overlap(int64_t bucket_numel) {
+  if (parallel_.sizes.dp == 1) return;  // nothing to reduce
+  if (distributed_)
+    throw UserError("not supported yet: --overlap-grad-reduce with --use-distributed-optimizer (parallel runtime, issue 4)");
+  if (main_grads_.scalar_type() != torch::kFloat32 && !main_grads_.is_cuda())
+    throw UserError("--overlap-grad-reduce on CPU needs fp32 gradients (--bf16 or --accumulate-allreduce-grads-in-fp32)");
+  buckets_ = std::make_unique<GradBuckets>(main_grads_, buffer_order_, bucket_numel, parallel_.dp);
+}
+
+void MixedPrecisionOptimizer::arm_grad_overlap() {
+  if (buckets_) buckets_->arm();
+}
+
 void MixedPrecisionOptimizer::zero_grad() { main_grads_.zero_(); }
 
 void MixedPrecisionOptimizer::finalize_grads() {
   torch::NoGradGuard no_grad;
+  // Overlapped data-parallel buckets must land before anything else touches the buffer. (The
+  // reductions below are sums over other groups: they commute with the data-parallel average.)
+  if (buckets_) buckets_->finish();
   for (auto [off, n] : tp_partial_ranges_) {
     auto view = main_grads_.narrow(0, off, n);
     parallel_.tp->all_reduce(view);
@@ -98,6 +115,7 @@ void MixedPrecisionOptimizer::finalize_grads() {
     }
   const int dp = parallel_.sizes.dp;
   if (dp == 1) return;
+  if (buckets_) return;  // averaged and reduced during backward
   main_grads_.mul_(1.0 / dp);  // average over data-parallel ranks
   if (distributed_) {
     auto shard = main_grads_.scalar_type() == torch::kFloat32 ? grad_shard_ : torch::empty({shard_numel_}, main_grads_.options());

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "models/sharded_parameter.h"
+#include "parallel/grad_buckets.h"
 #include "parallel/parallel_state.h"
 #include "trainer/config.h"
 
@@ -43,6 +44,10 @@ class MixedPrecisionOptimizer {
   // After the last micro-batch's backward: sums partial tensor-parallel gradients, the tied
   // embedding's two copies, and averages over data-parallel ranks.
   void finalize_grads();
+  // --overlap-grad-reduce: reduce gradient buckets during backward, as they complete. Call
+  // arm_grad_overlap() before the backward pass of the last micro-batch.
+  void enable_grad_overlap(int64_t bucket_numel);
+  void arm_grad_overlap();
   // Unscales by 1/loss_scale, checks for inf/nan, clips, updates, publishes the new weights.
   StepResult step(double lr, double weight_decay, double loss_scale);
 
@@ -90,6 +95,8 @@ class MixedPrecisionOptimizer {
   OptimizerConfig config_;
   const ParallelState& parallel_;
   bool distributed_;
+  std::unique_ptr<GradBuckets> buckets_;
+  std::vector<GradBuckets::Param> buffer_order_;  // parameters in flat-buffer order
   bool separate_main_weights_;
   int64_t numel_ = 0, padded_numel_ = 0, shard_begin_ = 0, shard_numel_ = 0;
   std::vector<Segment> segments_;

@@ -161,6 +161,7 @@ void Trainer::build() {
     chunks_.push_back(chunk);
   }
   optimizer_ = std::make_unique<MixedPrecisionOptimizer>(params, c_.optimizer, c_.precision, parallel_, d.distributed_optimizer);
+  if (d.overlap_grad_reduce) optimizer_->enable_grad_overlap(d.bucket_numel);
   const int64_t s = c_.model.seq_length / (parallel_.sequence_parallel ? parallel_.sizes.tp : 1);
   pipeline_ = std::make_unique<PipelineSchedule>(parallel_, d.virtual_stages,
                                                  std::vector<int64_t>{s, c_.training.micro_batch_size, c_.model.hidden_size},
@@ -216,7 +217,7 @@ torch::Tensor Trainer::train_step() {
       [&](int chunk, int64_t mb, const torch::Tensor& input) {
         return forward_chunk(chunk, mb, input, *train_loader_, consumed_train_samples_);
       },
-      backward_scale);
+      backward_scale, [&] { optimizer_->arm_grad_overlap(); });
   timers_.stop("forward-backward", 1);
 
   timers_.start("optimizer", 1);
