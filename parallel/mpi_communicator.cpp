@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/text.h"
 #include "parallel/communicator.h"
+#include "parallel/topology.h"
 
 namespace fp8tron {
 namespace {
@@ -192,15 +193,10 @@ class MpiTransport : public Transport {
   int world_size() const override { return size_; }
 
   std::shared_ptr<Communicator> new_group(const std::string& name, const std::vector<std::vector<int>>& groups) override {
-    int color = -1, key = 0;
-    std::vector<int> members;
-    for (size_t g = 0; g < groups.size(); ++g)
-      for (size_t i = 0; i < groups[g].size(); ++i)
-        if (groups[g][i] == rank_) { color = int(g); key = int(i); members = groups[g]; }
-    FP8TRON_CHECK(color >= 0, "rank " + std::to_string(rank_) + " is in no '" + name + "' group");
+    const GroupMembership m = membership_of(groups, rank_, name);
     MPI_Comm comm;
-    check_mpi(MPI_Comm_split(MPI_COMM_WORLD, color, key, &comm), "MPI_Comm_split");
-    return std::make_shared<MpiCommunicator>(name, comm, members, rank_, timeout_);
+    check_mpi(MPI_Comm_split(MPI_COMM_WORLD, m.color, m.key, &comm), "MPI_Comm_split");
+    return std::make_shared<MpiCommunicator>(name, comm, m.members, rank_, timeout_);
   }
 
  private:

@@ -24,6 +24,7 @@
 #include "core/log.h"
 #include "core/text.h"
 #include "parallel/communicator.h"
+#include "parallel/topology.h"
 #include "parallel/launch_env.h"
 
 namespace fp8tron {
@@ -248,15 +249,10 @@ class NcclTransport : public Transport {
   int world_size() const override { return size_; }
 
   std::shared_ptr<Communicator> new_group(const std::string& name, const std::vector<std::vector<int>>& groups) override {
-    int color = -1, key = 0;
-    std::vector<int> members;
-    for (size_t g = 0; g < groups.size(); ++g)
-      for (size_t i = 0; i < groups[g].size(); ++i)
-        if (groups[g][i] == rank_) { color = int(g); key = int(i); members = groups[g]; }
-    FP8TRON_CHECK(color >= 0, "rank " + std::to_string(rank_) + " is in no '" + name + "' group");
+    const GroupMembership m = membership_of(groups, rank_, name);
     ncclComm_t comm;
-    check_nccl(ncclCommSplit(world_, color, key, &comm, nullptr), "ncclCommSplit");
-    return std::make_shared<NcclCommunicator>(name, comm, members, rank_, device_, watchdog_);
+    check_nccl(ncclCommSplit(world_, m.color, m.key, &comm, nullptr), "ncclCommSplit");
+    return std::make_shared<NcclCommunicator>(name, comm, m.members, rank_, device_, watchdog_);
   }
 
  private:

@@ -82,6 +82,14 @@ std::vector<std::vector<int>> orthogonal_rank_groups(const std::vector<std::pair
   return groups;
 }
 
+GroupMembership membership_of(const std::vector<std::vector<int>>& groups, int rank, const std::string& group_name) {
+  for (size_t g = 0; g < groups.size(); ++g)
+    for (size_t i = 0; i < groups[g].size(); ++i)
+      if (groups[g][i] == rank) return GroupMembership{int(g), int(i), groups[g]};
+  FP8TRON_CHECK(false, "rank " + std::to_string(rank) + " is in no '" + group_name + "' group");
+  return {};
+}
+
 std::vector<std::vector<int>> dense_rank_groups(const ParallelSizes& s, const std::string& token) {
   // The dense grid has no expert dimension (ep = 1 there), as Megatron's decoder RankGenerator.
   std::vector<std::pair<std::string, int>> dims = {{"tp", s.tp}, {"cp", s.cp}};
