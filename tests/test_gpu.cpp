@@ -67,9 +67,10 @@ void check_gpu_resume(std::initializer_list<std::string> model) {
     args.insert(args.end(), extra.begin(), extra.end());
     return build_config(parse(args), LaunchEnv{}, /*gpu_available=*/true);
   };
-  TrainResult a = train(config({})), b = train(config({}));
+  const TrainOptions weights{.collect_final_weights = true};
+  TrainResult a = train(config({}), weights), b = train(config({}), weights);
   train(config({"--exit-interval", "10", "--save", dir}));
-  TrainResult resumed = train(config({"--load", dir}));
+  TrainResult resumed = train(config({"--load", dir}), weights);
   checkpoint::remove_tree(dir);  // not std::filesystem::remove_all: see file_io.h
   ASSERT_EQ(resumed.losses.size(), 10u);
   const std::vector<double> tail(a.losses.begin() + 10, a.losses.end());

@@ -33,7 +33,8 @@ TEST(Training, TinyModelLossFalls) {
 
 TEST(Training, SameSeedGivesIdenticalLosses) {
   auto config = training_config({"--train-iters", "8", "--hidden-dropout", "0.1", "--attention-dropout", "0.1"});
-  TrainResult a = train(config), b = train(config);
+  const TrainOptions weights{.collect_final_weights = true};
+  TrainResult a = train(config, weights), b = train(config, weights);
   EXPECT_EQ(a.losses, b.losses);
   EXPECT_EQ(a.final_weights_sample, b.final_weights_sample);
   TrainResult c = train(training_config({"--train-iters", "8", "--seed", "99"}));

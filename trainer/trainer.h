@@ -15,7 +15,8 @@ namespace fp8tron {
 struct TrainOptions {
   // Single-process groups even under a launcher (tests compare against this on every rank).
   bool force_single_process = false;
-  // Return the global (TP-gathered) fp32 weights of this rank's parameters.
+  // Return the global (TP-gathered) fp32 weights of this rank's parameters (final_weights and
+  // final_weights_sample); real runs leave this off.
   bool collect_final_weights = false;
 };
 
