@@ -122,9 +122,10 @@ torch::Tensor TransformerLayerImpl::forward(const torch::Tensor& x, const torch:
 // ---- model -------------------------------------------------------------------------------------------
 GptModelImpl::GptModelImpl(const ModelConfig& m) : GptModelImpl(m, no_tensor_parallel(), StageSpec::whole(m)) {}
 
-GptModelImpl::GptModelImpl(const ModelConfig& m, const TensorParallelContext& tp, const StageSpec& stage)
+GptModelImpl::GptModelImpl(const ModelConfig& m, const TensorParallelContext& tp, const StageSpec& stage,
+                           std::shared_ptr<fp8::Fp8Engine> fp8)
     : config_(m), tp_(tp), stage_(stage) {
-  const ParamFactory f(m.seed, tp);
+  const ParamFactory f(m.seed, tp, std::move(fp8));
   const bool tied = !m.untie_embeddings_and_output_weights;
   ParamInfo word;
   word.global_shape = {m.padded_vocab_size, m.hidden_size};
@@ -149,6 +150,7 @@ GptModelImpl::GptModelImpl(const ModelConfig& m, const TensorParallelContext& tp
     // Under SP the final norm runs on sequence shards: partial gradients per rank.
     final_layernorm_ = decoder->register_module("final_layernorm", TELayerNorm(NormOptions::from(m, m.hidden_size), tp.sequence_parallel, f));
     LinearOptions out{m.hidden_size, m.padded_vocab_size, false, m.init_method_std, 1, "output_layer", tied};
+    out.fp8 = false;  // the logits GEMM stays bf16, as Megatron's output layer
     output_layer_ = register_module("output_layer", TEColumnParallelLinear(out, f));
     if (tied) {
       // The output layer reuses the word embedding. A last stage without the embedding keeps a

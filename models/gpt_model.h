@@ -70,7 +70,9 @@ struct StageSpec {
 
 class GptModelImpl : public torch::nn::Module {
  public:
-  GptModelImpl(const ModelConfig& m, const TensorParallelContext& tp, const StageSpec& stage);
+  // `fp8`: the engine the chunk's linear layers register with (null: bf16 GEMMs).
+  GptModelImpl(const ModelConfig& m, const TensorParallelContext& tp, const StageSpec& stage,
+               std::shared_ptr<fp8::Fp8Engine> fp8 = nullptr);
   explicit GptModelImpl(const ModelConfig& m);  // whole model, one process
 
   // One pipeline chunk: tokens [b, s] (first stage) or hidden states from the previous stage in,

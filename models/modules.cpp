@@ -1,5 +1,6 @@
 #include "models/modules.h"
 
+#include "fp8/fp8_linear.h"
 #include "parallel/tensor_parallel.h"
 
 namespace fp8tron {
@@ -42,6 +43,21 @@ void add_norm_params(ShardedModule& m, const NormOptions& o, bool partial_grads,
 torch::Tensor enter_tp(const torch::Tensor& x, const TensorParallelContext& tp) {
   return tp.sequence_parallel ? gather_from_sp(x, *tp.comm) : copy_to_tp(x, *tp.comm);
 }
+// "decoder.layers.12.mlp.linear_fc1" -> 12; -1 outside the transformer layers.
+int64_t layer_number(const std::string& name) {
+  const std::string prefix = "decoder.layers.";
+  if (name.rfind(prefix, 0) != 0) return -1;
+  return std::stoll(name.substr(prefix.size()));
+}
+// Registers the linear with the FP8 engine when there is one; [out, in] are this rank's features.
+std::shared_ptr<fp8::Fp8Site> fp8_site_for(const LinearOptions& o, const ParamFactory& f, int64_t out, int64_t in) {
+  if (!f.fp8() || !o.fp8) return nullptr;
+  return f.fp8()->add_site(o.init_name, layer_number(o.init_name), out, in);
+}
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
+                     const std::shared_ptr<fp8::Fp8Site>& site) {
+  return site ? fp8::fp8_linear(x, w, b, *site) : F::linear(x, w, b);
+}
 }  // namespace
 
 TELayerNormImpl::TELayerNormImpl(const NormOptions& o, bool partial_grads, const ParamFactory& f) : options(o) {
@@ -56,10 +72,11 @@ TEColumnParallelLinearImpl::TEColumnParallelLinearImpl(const LinearOptions& o, c
     const ParamInfo b = split({o.out_features}, 0, o.interleave);
     bias = add_param("bias", f.constant(b, 0.0), b);
   }
+  fp8_site = fp8_site_for(o, f, o.out_features / tp.size, o.in_features);
 }
 torch::Tensor TEColumnParallelLinearImpl::forward(const torch::Tensor& x) { return forward_with(x, weight); }
 torch::Tensor TEColumnParallelLinearImpl::forward_with(const torch::Tensor& x, const torch::Tensor& w) {
-  return F::linear(enter_tp(x, tp), w, bias);
+  return linear(enter_tp(x, tp), w, bias, fp8_site);
 }
 
 TELayerNormColumnParallelLinearImpl::TELayerNormColumnParallelLinearImpl(const NormOptions& n, const LinearOptions& l,
@@ -73,10 +90,11 @@ TELayerNormColumnParallelLinearImpl::TELayerNormColumnParallelLinearImpl(const N
     const ParamInfo b = split({l.out_features}, 0, l.interleave);
     bias = add_param("bias", f.constant(b, 0.0), b);
   }
+  fp8_site = fp8_site_for(l, f, l.out_features / tp.size, l.in_features);
 }
 torch::Tensor TELayerNormColumnParallelLinearImpl::forward(const torch::Tensor& x) {
   auto normed = apply_norm(x, norm_options, layer_norm_weight, layer_norm_bias);
-  return F::linear(enter_tp(normed, tp), weight, bias);
+  return linear(enter_tp(normed, tp), weight, bias, fp8_site);
 }
 
 TERowParallelLinearImpl::TERowParallelLinearImpl(const LinearOptions& o, const ParamFactory& f) : options(o), tp(f.tp()) {
@@ -87,9 +105,10 @@ TERowParallelLinearImpl::TERowParallelLinearImpl(const LinearOptions& o, const P
     const ParamInfo b = replicated({o.out_features}, tp.sequence_parallel && tp.size > 1);
     bias = add_param("bias", f.constant(b, 0.0), b);
   }
+  fp8_site = fp8_site_for(o, f, o.out_features, o.in_features / tp.size);
 }
 torch::Tensor TERowParallelLinearImpl::forward(const torch::Tensor& x) {
-  auto partial = F::linear(x, weight);
+  auto partial = linear(x, weight, {}, fp8_site);
   auto y = tp.sequence_parallel ? reduce_scatter_to_sp(partial, *tp.comm) : reduce_from_tp(partial, *tp.comm);
   return bias.defined() ? y + bias : y;
 }

@@ -3,7 +3,8 @@
 // TE), TERowParallelLinear. Parameter names follow TE (layer_norm_weight, weight, bias) so state
 // dicts read like Megatron-Core's. Activations are [sequence, batch, hidden]; with sequence
 // parallelism, tensors outside the column/row pair are split along the sequence.
-// The FP8 engine slots in behind the same modules (fp8/).
+// With an FP8 engine in the ParamFactory the linears run their GEMMs in FP8 (fp8/fp8_linear.h);
+// the sequence-parallel all-gather stays bf16 and the GEMM input is quantized after it.
 #pragma once
 #include <torch/torch.h>
 
@@ -31,7 +32,12 @@ struct LinearOptions {
   int interleave = 1;        // column-parallel: output blocks split separately (SwiGLU's gate|up)
   std::string init_name;     // full parameter-name prefix, seeds the initialisation
   bool external_weight = false;  // the weight is passed to forward_with (tied output layer)
+  bool fp8 = true;               // may run in FP8 (the output layer stays bf16, as in Megatron)
 };
+
+namespace fp8 {
+struct Fp8Site;
+}
 
 // TELayerNorm. `partial_grads`: the input is a sequence shard (SP) or a head shard (QK norm), so
 // each tensor-parallel rank holds a partial gradient that must be summed over the group.
@@ -55,6 +61,7 @@ class TEColumnParallelLinearImpl : public ShardedModule {
   LinearOptions options;
   TensorParallelContext tp;
   torch::Tensor weight, bias;
+  std::shared_ptr<fp8::Fp8Site> fp8_site;  // null: bf16 GEMMs
 };
 TORCH_MODULE(TEColumnParallelLinear);
 
@@ -66,6 +73,7 @@ class TELayerNormColumnParallelLinearImpl : public ShardedModule {
   LinearOptions linear_options;
   TensorParallelContext tp;
   torch::Tensor layer_norm_weight, layer_norm_bias, weight, bias;
+  std::shared_ptr<fp8::Fp8Site> fp8_site;
 };
 TORCH_MODULE(TELayerNormColumnParallelLinear);
 
@@ -78,6 +86,7 @@ class TERowParallelLinearImpl : public ShardedModule {
   LinearOptions options;
   TensorParallelContext tp;
   torch::Tensor weight, bias;
+  std::shared_ptr<fp8::Fp8Site> fp8_site;
 };
 TORCH_MODULE(TERowParallelLinear);
 

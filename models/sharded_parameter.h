@@ -13,6 +13,9 @@
 #include "parallel/communicator.h"
 
 namespace fp8tron {
+namespace fp8 {
+class Fp8Engine;
+}
 
 struct ParamInfo {
   std::vector<int64_t> global_shape;
@@ -34,16 +37,20 @@ struct TensorParallelContext {
 // Draws global tensors and keeps this rank's shard.
 class ParamFactory {
  public:
-  ParamFactory(uint64_t seed, TensorParallelContext tp) : seed_(seed), tp_(std::move(tp)) {}
+  ParamFactory(uint64_t seed, TensorParallelContext tp, std::shared_ptr<fp8::Fp8Engine> fp8 = nullptr)
+      : seed_(seed), tp_(std::move(tp)), fp8_(std::move(fp8)) {}
   // normal(0, std) of the global shape, seeded by `init_name` (usually the parameter's own name).
   torch::Tensor normal(const std::string& init_name, const ParamInfo& info, double std) const;
   torch::Tensor constant(const ParamInfo& info, double value) const;
   torch::Tensor shard(const torch::Tensor& global, const ParamInfo& info) const;
   const TensorParallelContext& tp() const { return tp_; }
+  // The FP8 engine linear layers register with (null: bf16 model).
+  const std::shared_ptr<fp8::Fp8Engine>& fp8() const { return fp8_; }
 
  private:
   uint64_t seed_;
   TensorParallelContext tp_;
+  std::shared_ptr<fp8::Fp8Engine> fp8_;
 };
 
 // A module that records ParamInfo for the parameters it registers.

@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/text.h"
+#include "fp8/fp8_linear.h"
 #include "trainer/checkpoint/checkpoint_dir.h"
 #include "trainer/checkpoint/metadata.h"
 #include "trainer/checkpoint/sharded_io.h"
@@ -31,6 +32,7 @@ using Slot = MixedPrecisionOptimizer::ParamSlot;
 constexpr const char* kMainParamPrefix = "optimizer.state.fp32_param.";
 constexpr const char* kStepName = "optimizer.state.step";
 constexpr const char* kEmbeddingName = "embedding.word_embeddings.weight";
+constexpr const char* kFp8StateSuffix = "._extra_state";
 
 ck::DType checkpoint_dtype(torch::ScalarType t) {
   switch (t) {
@@ -321,6 +323,17 @@ std::unique_ptr<RankShards> collect_shards(const TrainingState& s, std::vector<t
       }
     }
   }
+  // FP8 recipe state: the same on every tensor- and data-parallel rank of a stage (amaxes are
+  // reduced over them), so the first of them stores it.
+  if (s.fp8 && p.tp_rank == 0 && p.dp_rank == 0) {
+    for (const auto& site : s.fp8->sites()) {
+      const torch::Tensor state = s.fp8->site_state(*site);
+      if (!state.defined()) continue;
+      const torch::Tensor buffer = host(state);
+      out->writer.add(site->name + kFp8StateSuffix, ck::DType::F32, {buffer.numel()}, ck::whole({buffer.numel()}),
+                      buffer.data_ptr(), tp * dp);
+    }
+  }
   if (s.config.checkpoint.save_optim && p.world_rank == 0) {
     out->step = float(o.step_count());
     out->writer.add(kStepName, ck::DType::F32, {1}, ck::whole({1}), &out->step);
@@ -504,6 +517,32 @@ void load_parameters(ck::CheckpointReader& reader, const TrainingState& s, bool 
   // Model weights = main weights in the parameter dtype (data-parallel all-gather with the
   // distributed optimizer), exactly what the step after the save published.
   o.publish_model_params();
+  if (s.fp8) s.fp8->invalidate_weights();
+}
+
+// The FP8 scales and amax histories, so a resumed run quantizes with the scales it would have
+// used. A checkpoint without them (bf16 run, or another recipe) starts the recipe afresh.
+void load_fp8_state(ck::CheckpointReader& reader, const TrainingState& s) {
+  if (!s.fp8) return;
+  int64_t restored = 0, missing = 0;
+  for (const auto& site : s.fp8->sites()) {
+    const std::string name = site->name + kFp8StateSuffix;
+    if (!reader.has_tensor(name)) {
+      ++missing;
+      continue;
+    }
+    const auto& shape = reader.metadata().tensors.at(name).shape;
+    auto state = torch::empty(shape, torch::kFloat32);
+    reader.read(name, ck::DType::F32, shape, ck::whole(shape), state.data_ptr());
+    s.fp8->load_site_state(*site, state);
+    ++restored;
+  }
+  if (restored > 0 && missing > 0)
+    throw UserError(strprintf("checkpoint holds the FP8 recipe state of %lld linear layers but not of %lld others; "
+                              "was it saved with another --first-last-layers-bf16 / --fp8-min-features?",
+                              (long long)restored, (long long)missing));
+  if (restored == 0 && recipe_kind(s.fp8->recipe()) == fp8::RecipeKind::kDelayed)
+    log::info(" > the checkpoint holds no FP8 delayed-scaling state: scales start from 1, as in a new run");
 }
 
 void restore_rng(const ck::CheckpointMetadata& m, const TrainingState& s, const std::string& path) {
@@ -615,6 +654,7 @@ int64_t load_checkpoint(const TrainingState& s) {
                       "; pass --no-load-optim to start the optimizer afresh");
   }
   load_parameters(reader, s, load_optim);
+  load_fp8_state(reader, s);  // part of the model state, as TE's extra state (also with --finetune)
   if (load_optim) {
     s.schedule.set_num_steps(m.lr_scheduler_num_steps);
     s.scaler.restore(m.loss_scaler.scale, m.loss_scaler.growth_tracker, int(m.loss_scaler.hysteresis_tracker));

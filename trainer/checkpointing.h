@@ -9,6 +9,9 @@
 //   optimizer.state.exp_avg.<param>          Adam's moments (SGD: optimizer.state.momentum_buffer.)
 //   optimizer.state.exp_avg_sq.<param>
 //   optimizer.state.step                     Adam's step count, shape [1]
+//   <linear>._extra_state                    FP8 delayed-scaling state of a linear layer (its
+//                                            amax histories, scales, the recipe's step count),
+//                                            as TE's extra state: replicated, one copy stored
 // Every rank writes rank_NNNNN.safetensors with the boxes of the global tensors it holds:
 // tensor-parallel shards as boxes, distributed-optimizer shards as flat ranges, each replica
 // (over data-parallel ranks, and over tensor-parallel ranks for replicated parameters) once. The
@@ -34,6 +37,9 @@
 namespace fp8tron {
 
 class MixedPrecisionOptimizer;
+namespace fp8 {
+class Fp8Engine;
+}
 class LrSchedule;
 class LossScaler;
 
@@ -47,6 +53,7 @@ struct TrainingState {
   LossScaler& scaler;
   int64_t& consumed_train_samples;
   int64_t& consumed_valid_samples;
+  fp8::Fp8Engine* fp8 = nullptr;  // FP8 recipe state (null: no FP8)
 };
 
 // Every rank calls this at the same iteration; returns when the checkpoint is committed (or

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "fp8/recipe.h"
 #include "parallel/launch_env.h"
 #include "parallel/topology.h"
 
@@ -76,8 +77,19 @@ struct LrScheduleConfig {
   WeightDecayIncrStyle wd_incr_style = WeightDecayIncrStyle::Constant;
 };
 
+// FP8 linear layers (--fp8-format and friends). Off when `recipe` is empty.
+struct Fp8Config {
+  std::optional<fp8::Recipe> recipe;
+  bool tp_only_amax_reduction = false;  // --tp-only-amax-red: amaxes reduced over TP only, not TP x DP
+  int64_t bf16_first_layers = 0;        // --first-last-layers-bf16 with --num-layers-at-start-in-bf16
+  int64_t bf16_last_layers = 0;         //                             and --num-layers-at-end-in-bf16
+  int64_t min_features = 0;             // --fp8-min-features: smaller linears stay bf16
+  bool enabled() const { return recipe.has_value(); }
+};
+
 struct PrecisionConfig {
   ParamDtype params_dtype = ParamDtype::Fp32;
+  Fp8Config fp8;
   bool grads_in_fp32 = true;                 // main gradients accumulate in fp32
   std::optional<double> static_loss_scale;   // --loss-scale
   double initial_loss_scale = 4294967296.0;

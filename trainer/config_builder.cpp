@@ -98,6 +98,35 @@ PrecisionConfig build_precision(const FlagValues& f) {
   return p;
 }
 
+// --fp8-format turns FP8 on (Megatron: no format, no FP8); the other --fp8-* flags shape the recipe.
+Fp8Config build_fp8(const FlagValues& f, const ModelConfig& m, const PrecisionConfig& p, bool gpu) {
+  Fp8Config c;
+  const std::string format = f.get_string("fp8-format");
+  if (format.empty()) return c;
+  if (!m.transformer_engine_modules)
+    throw UserError("--fp8-format needs --transformer-impl transformer_engine (the local modules are plain bf16)");
+  if (gpu && p.params_dtype != ParamDtype::Bf16)
+    throw UserError("--fp8-format needs --bf16 on the GPU (the FP8 kernels read bf16 activations)");
+  c.recipe = fp8::make_recipe(fp8::parse_recipe_kind(f.get_string("fp8-recipe")), fp8::parse_fp8_format(format),
+                              int(f.get_int("fp8-margin")), int(f.get_int("fp8-interval")),
+                              int(f.get_int("fp8-amax-history-len")),
+                              fp8::parse_amax_compute_algo(f.get_string("fp8-amax-compute-algo")));
+  c.tp_only_amax_reduction = f.get_bool("tp-only-amax-red");
+  if (f.get_bool("first-last-layers-bf16")) {
+    c.bf16_first_layers = f.get_int("num-layers-at-start-in-bf16");
+    c.bf16_last_layers = f.get_int("num-layers-at-end-in-bf16");
+    if (c.bf16_first_layers < 0 || c.bf16_last_layers < 0)
+      throw UserError("--num-layers-at-start-in-bf16 and --num-layers-at-end-in-bf16 must be >= 0");
+    if (c.bf16_first_layers + c.bf16_last_layers > m.num_layers)
+      throw UserError(strprintf("--num-layers-at-start-in-bf16 (%lld) + --num-layers-at-end-in-bf16 (%lld) exceed "
+                                "--num-layers (%lld)",
+                                (long long)c.bf16_first_layers, (long long)c.bf16_last_layers, (long long)m.num_layers));
+  }
+  c.min_features = f.get_int("fp8-min-features");
+  if (c.min_features < 0) throw UserError("--fp8-min-features must be >= 0");
+  return c;
+}
+
 TrainingConfig build_training(const FlagValues& f, int dp) {
   TrainingConfig t;
   t.micro_batch_size = f.get_int("micro-batch-size");
@@ -382,6 +411,7 @@ Config build_config(const FlagValues& flags, const LaunchEnv& launch, bool gpu_a
   if (c.device.empty()) c.device = gpu_available ? "cuda" : "cpu";
   if (c.device == "cuda" && !gpu_available && !c.dry_run)
     throw UserError("--device cuda: no CUDA GPU is visible to this process (use --device cpu)");
+  c.precision.fp8 = build_fp8(flags, c.model, c.precision, c.device == "cuda");
 
   for (const auto& spec : flag_table())
     if (spec.support == Support::Yes || flags.given(spec.name)) c.resolved_flags.emplace_back(spec.name, format_value(spec, flags));

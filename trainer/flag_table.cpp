@@ -126,16 +126,18 @@ const std::vector<FlagSpec>& flag_table() {
       {"ddp-bucket-size", K::Int, "", S::Yes, "", "", "Gradient bucket size (elements)."},
 
       // ---- FP8 (issue 5) ------------------------------------------------------------------------------
-      {"fp8-format", K::String, "", S::NotYet, kFp8, "e4m3|hybrid|hif8", "FP8 format: e4m3, hybrid (E4M3 forward, E5M2 gradients) or hif8."},
-      {"fp8-recipe", K::String, "delayed", S::NotYet, kFp8, "delayed|tensorwise|blockwise|mxfp8", "FP8 scaling recipe."},
-      {"fp8-margin", K::Int, "0", S::NotYet, kFp8, "", "Scaling margin (powers of two)."},
-      {"fp8-interval", K::Int, "1", S::NotYet, kFp8, "", "Steps between scale updates."},
-      {"fp8-amax-history-len", K::Int, "1", S::NotYet, kFp8, "", "Length of the amax history."},
-      {"fp8-amax-compute-algo", K::String, "most_recent", S::NotYet, kFp8, "most_recent|max", "How the scale is computed from the amax history."},
+      {"fp8-format", K::String, "", S::Yes, "", "e4m3|hybrid|hif8", "FP8 format (turns FP8 on): e4m3, hybrid (E4M3 forward, E5M2 gradients) or hif8 (emulated)."},
+      {"fp8-recipe", K::String, "delayed", S::Yes, "", "delayed|tensorwise|blockwise|mxfp8", "FP8 scaling recipe (mxfp8 is emulated on Hopper)."},
+      {"fp8-margin", K::Int, "0", S::Yes, "", "", "Delayed scaling: scale margin (powers of two)."},
+      {"fp8-interval", K::Int, "1", S::Yes, "", "", "Delayed scaling: steps between scale updates."},
+      {"fp8-amax-history-len", K::Int, "1", S::Yes, "", "", "Delayed scaling: length of the amax history."},
+      {"fp8-amax-compute-algo", K::String, "most_recent", S::Yes, "", "most_recent|max", "Delayed scaling: scale from the most recent amax or the history's max."},
+      {"tp-only-amax-red", K::Bool, "", S::Yes, "", "", "Reduce FP8 amaxes over the tensor-parallel group only (default: tensor x data parallel)."},
+      {"fp8-min-features", K::Int, "0", S::Yes, "", "", "fp8tron: linear layers with fewer input or output features per tensor-parallel rank stay bf16 (small GEMMs lose with FP8)."},
       {"no-use-gmm-fp8", K::Bool, "", S::NotYet, kFp8, "", "Run grouped expert GEMMs in bf16 instead of FP8."},
-      {"first-last-layers-bf16", K::Bool, "", S::NotYet, kFp8, "", "Keep the first and last layers in bf16."},
-      {"num-layers-at-start-in-bf16", K::Int, "1", S::NotYet, kFp8, "", "Layers at the start kept in bf16."},
-      {"num-layers-at-end-in-bf16", K::Int, "1", S::NotYet, kFp8, "", "Layers at the end kept in bf16."},
+      {"first-last-layers-bf16", K::Bool, "", S::Yes, "", "", "Keep the first and last transformer layers' linears in bf16."},
+      {"num-layers-at-start-in-bf16", K::Int, "1", S::Yes, "", "", "Layers at the start kept in bf16 (with --first-last-layers-bf16)."},
+      {"num-layers-at-end-in-bf16", K::Int, "1", S::Yes, "", "", "Layers at the end kept in bf16 (with --first-last-layers-bf16)."},
       {"fp8-param-gather", K::Bool, "", S::NotYet, kFp8, "", "Keep parameters in FP8 and all-gather them in FP8."},
 
       // ---- data (issue 3) -----------------------------------------------------------------------------

@@ -14,6 +14,7 @@
 #include "data/batch_loader.h"
 #include "data/builtin_datasets.h"
 #include "data/file_source.h"
+#include "fp8/fp8_linear.h"
 #include "models/gpt_model.h"
 #include "parallel/layer_split.h"
 #include "parallel/pipeline_schedule.h"
@@ -109,6 +110,7 @@ class Trainer {
   // Mean loss of a global batch, averaged over micro-batches and data-parallel ranks (all ranks).
   torch::Tensor average_loss(torch::Tensor loss_sum) const;
   torch::Tensor train_step();
+  void end_fp8_step();
   double evaluate();
   void log_interval(int64_t iteration, double seconds, int64_t iterations_in_interval);
   void write_tensorboard(int64_t iteration, const torch::Tensor& loss);
@@ -134,6 +136,7 @@ class Trainer {
   int64_t consumed_train_samples_ = 0, consumed_valid_samples_ = 0;
   int64_t last_saved_iteration_ = -1;
   std::unique_ptr<AsyncCheckpointSaver> async_saver_;  // --async-save
+  std::shared_ptr<fp8::Fp8Engine> fp8_;                // --fp8-format: every chunk's FP8 linears
 };
 
 void Trainer::build() {
@@ -147,13 +150,18 @@ void Trainer::build() {
   const auto& d = c_.distributed;
   const auto ranges = split_layers(c_.model.num_layers, parallel_.sizes.pp, parallel_.pp_rank, d.virtual_stages,
                                    d.first_stage_layers, d.last_stage_layers);
+  if (c_.precision.fp8.enabled()) {
+    const Fp8Config& f = c_.precision.fp8;
+    fp8::Fp8EngineOptions o{*f.recipe, f.min_features, f.bf16_first_layers, f.bf16_last_layers, c_.model.num_layers};
+    fp8_ = std::make_shared<fp8::Fp8Engine>(o, device_);
+  }
   std::vector<NamedParam> params;
   for (size_t k = 0; k < ranges.size(); ++k) {
     StageSpec spec{ranges[k].first, ranges[k].count, k == 0 && parallel_.first_stage(),
                    k + 1 == ranges.size() && parallel_.last_stage()};
     // Weights are drawn on the CPU in fp32 from (seed, name): every layout and device starts from
     // the same global weights; then they move to the device and the optimizer casts them.
-    GptModel chunk(c_.model, tp, spec);
+    GptModel chunk(c_.model, tp, spec, fp8_);
     chunk->to(device_);
     chunk->train();
     const auto infos = chunk->param_infos();
@@ -182,7 +190,18 @@ void Trainer::build() {
   log::info(" > attention: " + backend);
   if (device_.is_cuda() && backend != "cuDNN fused attention")
     log::warning("cuDNN attention is not available for these shapes/settings; using " + backend);
+  if (fp8_) log::info(" > " + fp8_->describe());
   interval_.reset(device_);
+}
+
+void Trainer::end_fp8_step() {
+  // Megatron's amax reduction group: tensor x data parallel (x context parallel), or with
+  // --tp-only-amax-red the tensor-parallel group only, so every rank of a stage shares scales.
+  const bool over_dp = parallel_.sizes.dp > 1 && !c_.precision.fp8.tp_only_amax_reduction;
+  fp8_->end_step([&](torch::Tensor& amaxes) {
+    if (parallel_.sizes.tp > 1) parallel_.tp->all_reduce(amaxes, ReduceOp::Max);
+    if (over_dp) parallel_.dp->all_reduce(amaxes, ReduceOp::Max);
+  });
 }
 
 torch::Tensor Trainer::forward_chunk(int chunk, int64_t micro_batch, const torch::Tensor& input, BatchLoader& loader,
@@ -223,6 +242,7 @@ torch::Tensor Trainer::train_step() {
   timers_.start("optimizer", 1);
   optimizer_->finalize_grads();
   last_step_ = optimizer_->step(schedule_.lr(), schedule_.weight_decay(), scaler_.scale());
+  if (fp8_) end_fp8_step();  // new weights to quantize; delayed scaling: new scales
   timers_.stop("optimizer", 1);
   bool advance_schedule = true;
   if (scaler_.dynamic()) {
@@ -318,7 +338,8 @@ void Trainer::collect_weights(TrainResult& result) {
 }
 
 TrainingState Trainer::checkpoint_state() {
-  return {c_, parallel_, device_, *optimizer_, schedule_, scaler_, consumed_train_samples_, consumed_valid_samples_};
+  return {c_, parallel_, device_, *optimizer_, schedule_, scaler_, consumed_train_samples_, consumed_valid_samples_,
+          fp8_.get()};
 }
 
 void Trainer::save(int64_t iteration) {

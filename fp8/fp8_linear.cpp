@@ -1,0 +1,401 @@
+#include "fp8/fp8_linear.h"
+
+#include <ATen/cuda/CUDAContext.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+
+
+#include "core/error.h"
+#include "core/text.h"
+#include "fp8/gemm.h"
+#include "fp8/quantize.h"
+#include "fp8/quantize_reference.h"
+#include "fp8/scaling_state.h"
+
+namespace fp8tron::fp8 {
+
+using torch::autograd::variable_list;
+
+namespace {
+
+constexpr size_t kRolesPerSite = DelayedScalingState::kForwardRoles + DelayedScalingState::kBackwardRoles;
+constexpr TensorRole kRoles[kRolesPerSite] = {TensorRole::kInput, TensorRole::kWeight, TensorRole::kOutput,
+                                              TensorRole::kGradOutput, TensorRole::kGradInput};
+constexpr float kStepSplit = 1048576.0f;  // steps are stored as two floats (exact up to 2^44)
+
+enum class Path { kNative, kEmulated, kCpu };
+
+CudaStream current_stream(const torch::Device& device) {
+  return at::cuda::getCurrentCUDAStream(device.index()).stream();
+}
+
+}  // namespace
+
+// A quantized 2-D tensor: the view the kernels and GEMMs take, the torch tensors that own its
+// memory, and on the emulated and CPU paths the dequantized copies the high-precision GEMMs use.
+struct Quantized {
+  Fp8TensorView view;
+  torch::Tensor data, data_t, scale, scale_inv, scale_inv_t, amax;
+  torch::Tensor dequantized, dequantized_t;  // [rows, cols] and [cols, rows]
+};
+
+namespace {
+
+Path path_of(const Fp8Engine& e) {
+  if (!e.device().is_cuda()) return Path::kCpu;
+  return e.emulated() ? Path::kEmulated : Path::kNative;
+}
+
+void* ptr(torch::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
+
+// Allocates the scale factors a copy needs: one fp32 for tensor scaling (shared by both copies),
+// the block grid of fp8_tensor.h otherwise (E8M0 bytes for MXFP8).
+torch::Tensor scale_storage(const ScaleLayout& layout, const torch::Device& device) {
+  const auto dtype = layout.element_bytes == 1 ? torch::kUInt8 : torch::kFloat32;
+  return torch::empty({int64_t(layout.elements())}, torch::TensorOptions().device(device).dtype(dtype));
+}
+
+// Quantizes x2d [rows, cols] for `role` of `site`: the row-wise copy and/or the transposed copy.
+// `record_amax`: delayed scaling max-accumulates the amax into the site's history slot.
+std::shared_ptr<Quantized> quantize(Fp8Engine& e, const Fp8Site& site, TensorRole role, const torch::Tensor& x2d,
+                                    bool rowwise, bool transposed, bool record_amax) {
+  const Recipe& recipe = e.recipe();
+  const Path path = path_of(e);
+  auto q = std::make_shared<Quantized>();
+  Fp8TensorView& v = q->view;
+  v.format = tensor_format(recipe, role);
+  v.scaling_mode = scaling_mode(recipe, role);
+  v.rows = size_t(x2d.size(0));
+  v.cols = size_t(x2d.size(1));
+  const auto device = x2d.device();
+  const auto bytes = torch::TensorOptions().device(device).dtype(torch::kUInt8);
+  const auto floats = bytes.dtype(torch::kFloat32);
+  if (rowwise) q->data = torch::empty({x2d.size(0), x2d.size(1)}, bytes);
+  if (transposed) q->data_t = torch::empty({x2d.size(1), x2d.size(0)}, bytes);
+  v.data = ptr(q->data);
+  v.data_t = ptr(q->data_t);
+  // The quantizers read bf16: on the CPU path an fp32 model's activations are rounded to bf16
+  // first, as the GPU path's bf16 activations are.
+  const torch::Tensor xb = x2d.to(torch::kBFloat16).contiguous();
+  const auto* x = static_cast<const uint16_t*>(xb.data_ptr());
+  const bool cpu = path == Path::kCpu;
+  CudaStream stream = cpu ? nullptr : current_stream(device);
+
+  switch (v.scaling_mode) {
+    case ScalingMode::kTensor: {
+      q->scale_inv = torch::empty({1}, floats);
+      v.scale_inv = ptr(q->scale_inv);
+      if (recipe_kind(recipe) == RecipeKind::kDelayed) {
+        const size_t s = e.slot(site, role);
+        v.scale = e.scale().data_ptr<float>() + s;
+        v.amax = record_amax ? e.history().data_ptr<float>() + s : nullptr;
+        cpu ? reference::quantize_tensor_delayed(x, v) : quantize_tensor_delayed(x, v, stream);
+      } else {
+        const auto& current = std::get<CurrentScaling>(recipe);
+        const CurrentScalingOptions options{current.power_2_scales, current.amax_epsilon};
+        q->scale = torch::empty({1}, floats);
+        q->amax = torch::empty({1}, floats);
+        v.scale = q->scale.data_ptr<float>();
+        v.amax = q->amax.data_ptr<float>();
+        cpu ? reference::quantize_tensor_current(x, v, options) : quantize_tensor_current(x, v, options, stream);
+      }
+      break;
+    }
+    case ScalingMode::kBlock1x128:
+    case ScalingMode::kBlock128x128: {
+      const auto& block = std::get<BlockwiseScaling>(recipe);
+      const BlockScalingOptions options{block.power_2_scales, block.amax_epsilon};
+      if (rowwise) q->scale_inv = scale_storage(v.layout(), device);
+      if (transposed) q->scale_inv_t = scale_storage(v.layout_t(), device);
+      v.scale_inv = ptr(q->scale_inv);
+      v.scale_inv_t = ptr(q->scale_inv_t);
+      cpu ? reference::quantize_blockwise(x, v, options) : quantize_blockwise(x, v, options, stream);
+      break;
+    }
+    case ScalingMode::kMxfp8: {
+      if (rowwise) q->scale_inv = scale_storage(v.layout(), device);
+      if (transposed) q->scale_inv_t = scale_storage(v.layout_t(), device);
+      v.scale_inv = ptr(q->scale_inv);
+      v.scale_inv_t = ptr(q->scale_inv_t);
+      cpu ? reference::quantize_mxfp8(x, v) : quantize_mxfp8(x, v, stream);
+      break;
+    }
+  }
+  if (path == Path::kNative) return q;
+  // Emulation: the GEMMs run in high precision on the dequantized values (bf16 on the GPU as the
+  // tensor cores would see them after the scale; fp32 on the CPU).
+  auto dequantize_copy = [&](bool t) {
+    const int64_t r = t ? x2d.size(1) : x2d.size(0), c = t ? x2d.size(0) : x2d.size(1);
+    if (cpu) {
+      auto out = torch::empty({r, c}, torch::kFloat32);
+      reference::dequantize_to_float(v, t, out.data_ptr<float>());
+      return out;
+    }
+    auto out = torch::empty({r, c}, torch::TensorOptions().device(device).dtype(torch::kBFloat16));
+    dequantize(v, t, static_cast<uint16_t*>(out.data_ptr()), stream);
+    return out;
+  };
+  if (rowwise) q->dequantized = dequantize_copy(false);
+  if (transposed) q->dequantized_t = dequantize_copy(true);
+  return q;
+}
+
+// out [a_rows, b_rows] = A B^T (+ bias), A and B being the row-wise or transposed copies of two
+// quantized tensors with the same inner dimension.
+torch::Tensor gemm(Fp8Engine& e, const Quantized& a, bool a_transposed, const Quantized& b, bool b_transposed,
+                   const torch::Tensor& bias, GemmKind kind, torch::ScalarType out_dtype) {
+  if (path_of(e) != Path::kNative) {
+    const auto& A = a_transposed ? a.dequantized_t : a.dequantized;
+    const auto& B = b_transposed ? b.dequantized_t : b.dequantized;
+    auto y = bias.defined() ? torch::addmm(bias.to(A.scalar_type()), A, B.t()) : torch::mm(A, B.t());
+    return y.to(out_dtype);
+  }
+  const RowMajorMatrix am = a_transposed ? transposed_matrix(a.view) : rowwise_matrix(a.view);
+  const RowMajorMatrix bm = b_transposed ? transposed_matrix(b.view) : rowwise_matrix(b.view);
+  auto y = torch::empty({am.rows, bm.rows}, torch::TensorOptions().device(e.device()).dtype(torch::kBFloat16));
+  GemmConfig config;
+  config.fast_accumulation = use_fast_accumulation(e.recipe(), kind);
+  torch::Tensor bias_bf16;
+  if (bias.defined()) {
+    bias_bf16 = bias.to(torch::kBFloat16).contiguous();
+    config.bias = bias_bf16.data_ptr();
+    config.bias_dtype = DType::kBF16;
+  }
+  gemm_nt(e.gemm_handle(), am, bm, y.data_ptr(), DType::kBF16, bm.rows, config, current_stream(e.device()));
+  return out_dtype == torch::kBFloat16 ? y : y.to(out_dtype);
+}
+
+// The weight of the current optimizer step, quantized once (both copies) and shared by every
+// micro-batch; re-quantized when the optimizer (or a checkpoint load) changed it.
+std::shared_ptr<Quantized> quantized_weight(Fp8Site& site, const torch::Tensor& weight, bool record_amax) {
+  Fp8Engine& e = *site.engine;
+  const bool fresh = site.weight && site.weight_generation == e.weight_generation() &&
+                     site.weight_data == weight.data_ptr() && site.weight_version == int64_t(weight._version());
+  if (fresh) return site.weight;
+  // Evaluation quantizes without recording amaxes and without caching, so the next training
+  // step still records its weight amax.
+  if (!record_amax) return quantize(e, site, TensorRole::kWeight, weight.detach(), true, true, false);
+  site.weight = quantize(e, site, TensorRole::kWeight, weight.detach(), true, true, true);
+  site.weight_generation = e.weight_generation();
+  site.weight_data = weight.data_ptr();
+  site.weight_version = int64_t(weight._version());
+  return site.weight;
+}
+
+void check_rows(const Fp8Site& site, int64_t rows) {
+  if (rows % 16 != 0)
+    throw UserError(strprintf("FP8 linear %s: %lld tokens per micro-batch (sequence x micro-batch, per tensor-parallel "
+                              "rank) is not a multiple of 16, which FP8 GEMMs need; change --seq-length or "
+                              "--micro-batch-size",
+                              site.name.c_str(), (long long)rows));
+}
+
+// Backward of fp8_linear: inputs (x, weight, bias) in that order.
+struct Fp8LinearBackward : public torch::autograd::Node {
+  Fp8Site* site = nullptr;
+  std::shared_ptr<Quantized> input;   // transposed copy only (wgrad)
+  std::shared_ptr<Quantized> weight;  // both copies (dgrad uses the transposed one)
+  std::vector<int64_t> input_shape;
+  torch::ScalarType input_dtype = torch::kBFloat16, weight_dtype = torch::kBFloat16, bias_dtype = torch::kBFloat16;
+  bool has_bias = false;
+
+  std::string name() const override { return "Fp8LinearBackward"; }
+  void release_variables() override {
+    input.reset();
+    weight.reset();
+  }
+
+  variable_list apply(variable_list&& grads) override {
+    FP8TRON_CHECK(input || weight, "Fp8LinearBackward ran twice (retain_graph is not supported for FP8 linears)");
+    Fp8Engine& e = *site->engine;
+    const bool need_dx = task_should_compute_output(0), need_dw = task_should_compute_output(1);
+    const bool need_db = has_bias && task_should_compute_output(2);
+    variable_list out(3);
+    if (!grads[0].defined()) return out;
+    const auto dy = grads[0].reshape({-1, site->out_features});
+    auto dyq = quantize(e, *site, TensorRole::kGradOutput, dy, need_dx, need_dw, /*record_amax=*/true);
+    if (need_dx)  // dX [M, K] = dY [M, N] * (W^T [K, N])^T
+      out[0] = gemm(e, *dyq, false, *weight, true, {}, GemmKind::kDgrad, input_dtype).view(input_shape);
+    if (need_dw)  // dW [N, K] = dY^T [N, M] * (X^T [K, M])^T
+      out[1] = gemm(e, *dyq, true, *input, true, {}, GemmKind::kWgrad, weight_dtype);
+    if (need_db) out[2] = dy.sum(0, false, torch::kFloat32).to(bias_dtype);
+    release_variables();
+    return out;
+  }
+};
+
+}  // namespace
+
+// ---- engine ----------------------------------------------------------------------------------------
+
+Fp8Engine::Fp8Engine(const Fp8EngineOptions& options, torch::Device device) : options_(options), device_(device) {
+  validate(options_.recipe);
+  if (device_.is_cuda()) {
+    const auto* props = at::cuda::getDeviceProperties(device_.index());
+    emulated_ = !runs_natively(options_.recipe, props->major);
+  }
+}
+
+Fp8Engine::~Fp8Engine() = default;
+
+std::shared_ptr<Fp8Site> Fp8Engine::add_site(const std::string& name, int64_t layer, int64_t out_features,
+                                             int64_t in_features) {
+  FP8TRON_CHECK(!history_.defined(), "FP8 sites must all be registered before the first forward pass");
+  const auto& o = options_;
+  const bool edge_layer = layer >= 0 && (layer < o.bf16_first_layers || layer >= o.num_layers - o.bf16_last_layers);
+  const bool small = std::min(out_features, in_features) < o.min_features;
+  // FP8 GEMMs need leading dimensions that are multiples of 16 (block scaling: of 128 is not
+  // needed, partial blocks are handled).
+  const bool misaligned = out_features % 16 != 0 || in_features % 16 != 0;
+  if (edge_layer || small || misaligned) {
+    ++bf16_sites_;
+    return nullptr;
+  }
+  auto site = std::make_shared<Fp8Site>();
+  site->engine = this;
+  site->name = name;
+  site->index = sites_.size();
+  site->out_features = out_features;
+  site->in_features = in_features;
+  sites_.push_back(site);
+  return site;
+}
+
+void Fp8Engine::ensure_state() {
+  if (history_.defined() || recipe_kind(options_.recipe) != RecipeKind::kDelayed) return;
+  const auto& d = std::get<DelayedScaling>(options_.recipe);
+  const int64_t slots = int64_t(sites_.size() * kRolesPerSite);
+  const auto floats = torch::TensorOptions().device(device_).dtype(torch::kFloat32);
+  history_ = torch::zeros({d.amax_history_len, slots}, floats);
+  scale_ = torch::ones({slots}, floats);  // TE starts from scale 1
+  scale_inv_ = torch::ones({slots}, floats);
+}
+
+size_t Fp8Engine::slot(const Fp8Site& site, TensorRole role) const {
+  return DelayedScalingState::slot(sites_.size(), site.index, role);
+}
+
+void Fp8Engine::end_step(const AmaxReducer& reduce) {
+  ++weight_generation_;
+  ++steps_;
+  if (recipe_kind(options_.recipe) != RecipeKind::kDelayed || sites_.empty()) return;
+  ensure_state();
+  const auto& d = std::get<DelayedScaling>(options_.recipe);
+  if (steps_ % uint64_t(d.interval) != 0) return;  // row 0 keeps accumulating over the interval
+  if (reduce && d.reduce_amax) {
+    auto current = history_[0];  // contiguous: every slot's amax of this interval
+    reduce(current);
+  }
+  const ScalingBuffers buffers{history_.data_ptr<float>(), scale_.data_ptr<float>(), scale_inv_.data_ptr<float>(),
+                               size_t(history_.size(0)), size_t(history_.size(1))};
+  const auto params = delayed_update_params(d, sites_.size());
+  if (device_.is_cuda()) {
+    update_delayed_scaling_cuda(buffers, params, current_stream(device_));
+  } else {
+    update_delayed_scaling_cpu(buffers, params);
+  }
+}
+
+torch::Tensor Fp8Engine::site_state(const Fp8Site& site) {
+  if (recipe_kind(options_.recipe) != RecipeKind::kDelayed) return {};
+  ensure_state();
+  std::vector<int64_t> slots;
+  for (TensorRole role : kRoles) slots.push_back(int64_t(slot(site, role)));
+  auto index = torch::tensor(slots, torch::kInt64).to(device_);
+  auto history = history_.index_select(1, index).reshape({-1});
+  const uint64_t split = uint64_t(kStepSplit);
+  auto header = torch::tensor({float(steps_ % split), float(steps_ / split)}, torch::kFloat32);
+  return torch::cat({header, history.cpu(), scale_.index_select(0, index).cpu(), scale_inv_.index_select(0, index).cpu()});
+}
+
+void Fp8Engine::load_site_state(const Fp8Site& site, const torch::Tensor& state) {
+  if (recipe_kind(options_.recipe) != RecipeKind::kDelayed) return;
+  ensure_state();
+  const int64_t roles = int64_t(kRolesPerSite), n = state.numel();
+  const int64_t saved_len = (n - 2 - 2 * roles) / roles;
+  if (state.dim() != 1 || saved_len < 1 || n != 2 + saved_len * roles + 2 * roles)
+    throw UserError(strprintf("checkpoint: the FP8 recipe state of %s has %lld values, which is not a delayed-scaling "
+                              "state (2 + history_len x 5 + 10)",
+                              site.name.c_str(), (long long)n));
+  auto s = state.to(torch::kFloat32).cpu().contiguous();
+  const float* v = s.data_ptr<float>();
+  steps_ = uint64_t(v[0]) + uint64_t(v[1]) * uint64_t(kStepSplit);
+  auto saved = s.narrow(0, 2, saved_len * roles).view({saved_len, roles});
+  const int64_t len = history_.size(0);
+  auto restored = torch::zeros({len, roles}, torch::kFloat32);
+  restored[0].copy_(saved[0]);  // the amax being recorded
+  const int64_t keep = std::min(len, saved_len) - 1;  // the most recent completed steps
+  if (keep > 0) restored.narrow(0, len - keep, keep).copy_(saved.narrow(0, saved_len - keep, keep));
+  std::vector<int64_t> slots;
+  for (TensorRole role : kRoles) slots.push_back(int64_t(slot(site, role)));
+  auto index = torch::tensor(slots, torch::kInt64).to(device_);
+  history_.index_copy_(1, index, restored.to(device_));
+  scale_.index_copy_(0, index, s.narrow(0, 2 + saved_len * roles, roles).to(device_));
+  scale_inv_.index_copy_(0, index, s.narrow(0, 2 + saved_len * roles + roles, roles).to(device_));
+}
+
+GemmHandle& Fp8Engine::gemm_handle() {
+  if (!gemm_) gemm_ = std::make_unique<GemmHandle>();
+  return *gemm_;
+}
+
+std::string Fp8Engine::describe() const {
+  const char* where = !device_.is_cuda() ? "CPU emulation (reference quantizers, fp32 GEMMs)"
+                      : emulated_        ? "GPU emulation (quantize, dequantize, bf16 GEMMs)"
+                                         : "FP8 tensor cores (cuBLASLt)";
+  std::string s = strprintf("FP8: %s; %s; %zu linear layers in FP8", fp8::describe(options_.recipe).c_str(), where,
+                            sites_.size());
+  if (bf16_sites_ > 0)
+    s += strprintf(", %lld kept in bf16 (--first-last-layers-bf16, --fp8-min-features %lld, or features not a multiple "
+                   "of 16)",
+                   (long long)bf16_sites_, (long long)options_.min_features);
+  return s;
+}
+
+// ---- the autograd function -------------------------------------------------------------------------
+
+torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias, Fp8Site& site) {
+  Fp8Engine& e = *site.engine;
+  FP8TRON_CHECK(x.size(-1) == site.in_features && weight.size(0) == site.out_features &&
+                    weight.size(1) == site.in_features,
+                "fp8_linear: shapes do not match the site " + site.name);
+  const bool grad_mode = torch::GradMode::is_enabled();
+  const bool need_dw = grad_mode && weight.requires_grad();
+  const bool track = grad_mode && (x.requires_grad() || need_dw || (bias.defined() && bias.requires_grad()));
+  const auto x2d = x.reshape({-1, site.in_features});
+  check_rows(site, x2d.size(0));
+
+  std::shared_ptr<Quantized> xq, wq;
+  torch::Tensor y;
+  {
+    torch::NoGradGuard no_grad;
+    // Amaxes are recorded for training steps only: evaluation must not move the scales.
+    xq = quantize(e, site, TensorRole::kInput, x2d.detach(), true, need_dw, /*record_amax=*/track);
+    wq = quantized_weight(site, weight, /*record_amax=*/track);
+    y = gemm(e, *xq, false, *wq, false, bias.defined() ? bias.detach() : bias, GemmKind::kFprop, x.scalar_type());
+    std::vector<int64_t> shape = x.sizes().vec();
+    shape.back() = site.out_features;
+    // Not a view: autograd attaches this node to y as to any function's fresh output.
+    y = at::_unsafe_view(y, shape);
+  }
+  if (!track) return y;
+
+  // Keep only what backward reads: X's transposed copy (wgrad) and the weight.
+  xq->data = torch::Tensor();
+  xq->view.data = nullptr;
+  xq->dequantized = torch::Tensor();
+  auto node = std::shared_ptr<Fp8LinearBackward>(new Fp8LinearBackward(), torch::autograd::deleteNode);
+  node->site = &site;
+  node->input = need_dw ? xq : nullptr;
+  node->weight = wq;
+  node->input_shape = x.sizes().vec();
+  node->input_dtype = x.scalar_type();
+  node->weight_dtype = weight.scalar_type();
+  node->has_bias = bias.defined();
+  if (bias.defined()) node->bias_dtype = bias.scalar_type();
+  node->set_next_edges(torch::autograd::collect_next_edges(x, weight, bias));
+  torch::autograd::set_history(y, node);
+  return y;
+}
+
+}  // namespace fp8tron::fp8

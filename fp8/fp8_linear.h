@@ -1,0 +1,129 @@
+// The FP8 linear layer as LibTorch sees it: an engine that owns the recipe state of a model chunk
+// (delayed-scaling amax histories and scales as device tensors, the cuBLASLt handle) and an
+// autograd node that runs a linear layer's three GEMMs in FP8 (Transformer Engine's
+// fp8_autocast + Linear, without the Python).
+//
+//   forward   Y  = X W^T (+ b)   X quantized (row-wise for fprop, transposed copy kept for wgrad),
+//                                W quantized once per optimizer step (row-wise + transposed copy,
+//                                cached across micro-batches), bf16 output
+//   backward  dX = dY W          dY quantized (row-wise for dgrad, transposed copy for wgrad)
+//             dW = dY^T X        from the saved transposed copies; db = sum of dY
+//
+// Three execution paths share the quantizers' semantics (fp8/quantize.h; the CPU ones are the
+// bit-identical references of quantize_reference.h):
+//   native     GPU, per-tensor and blockwise recipes with E4M3/E5M2: FP8 GEMMs through cuBLASLt
+//   emulated   GPU, MXFP8 on Hopper and HiF8 anywhere: quantize, dequantize to bf16, bf16 GEMM
+//   cpu        quantize with the reference, dequantize to fp32, fp32 GEMM (CI tests the math here)
+// fp8/ stays torch-free; this file (compiled into fp8tron_torch) is the bridge.
+//
+// Delayed scaling: every FP8 GEMM site owns five slots of the engine's [history_len][slots]
+// history (scaling_state.h's layout). Quantizers max-accumulate amaxes into row 0 during the step;
+// end_step() reduces row 0 over the amax group (tensor-parallel, by default also data-parallel,
+// as Megatron's amax reduction group) in one all-reduce and updates every scale on the device.
+#pragma once
+#include <torch/torch.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fp8/recipe.h"
+
+namespace fp8tron::fp8 {
+
+class GemmHandle;
+
+struct Fp8EngineOptions {
+  Recipe recipe;
+  // GEMMs whose input or output features (per tensor-parallel rank) are below this stay bf16:
+  // their casts cost more than the faster FP8 GEMM saves (see docs/benchmarks.md). 0: all FP8.
+  int64_t min_features = 0;
+  // --first-last-layers-bf16: global layer numbers [0, bf16_first) and [num_layers - bf16_last,
+  // num_layers) stay bf16.
+  int64_t bf16_first_layers = 0, bf16_last_layers = 0, num_layers = 0;
+};
+
+// Replaces row 0 of the amax history (a [num_slots] fp32 tensor) by its maximum over the ranks
+// that must share scales. Null: no reduction (one process).
+using AmaxReducer = std::function<void(torch::Tensor& amaxes)>;
+
+class Fp8Engine;
+struct Quantized;
+
+// One FP8 GEMM site: a linear layer of a model chunk, registered by its module.
+struct Fp8Site {
+  Fp8Engine* engine = nullptr;
+  std::string name;  // the module's global name, e.g. "decoder.layers.3.mlp.linear_fc1"
+  size_t index = 0;  // GEMM number: its slots in the delayed-scaling state
+  int64_t out_features = 0, in_features = 0;
+  // The weight quantized for the current optimizer step, shared by every micro-batch.
+  uint64_t weight_generation = ~uint64_t{0};
+  const void* weight_data = nullptr;
+  int64_t weight_version = -1;
+  std::shared_ptr<Quantized> weight;
+};
+
+class Fp8Engine {
+ public:
+  Fp8Engine(const Fp8EngineOptions& options, torch::Device device);
+  ~Fp8Engine();
+
+  const Recipe& recipe() const { return options_.recipe; }
+  const Fp8EngineOptions& options() const { return options_; }
+  torch::Device device() const { return device_; }
+  bool emulated() const { return emulated_; }  // GPU without FP8 tensor cores for this recipe
+
+  // Module construction: registers the GEMM site `name` (the module's global name, e.g.
+  // "decoder.layers.3.mlp.linear_fc1") of a linear with local [out, in] features. Returns null
+  // when the site runs in bf16 (size threshold, --first-last-layers-bf16).
+  std::shared_ptr<Fp8Site> add_site(const std::string& name, int64_t layer, int64_t out_features, int64_t in_features);
+  size_t num_sites() const { return sites_.size(); }
+  const std::vector<std::shared_ptr<Fp8Site>>& sites() const { return sites_; }
+
+  // After each optimizer step: the weights changed (cached FP8 weights are stale); with delayed
+  // scaling, on every --fp8-interval-th step the amaxes are reduced and the scales updated.
+  void end_step(const AmaxReducer& reduce);
+  // The weights were replaced (checkpoint load): drop cached FP8 weights.
+  void invalidate_weights() { ++weight_generation_; }
+  uint64_t weight_generation() const { return weight_generation_; }
+  uint64_t steps() const { return steps_; }
+
+  // Delayed scaling buffers (allocated when the first site runs): history [len][slots], scale and
+  // scale_inv [slots]; undefined for other recipes.
+  torch::Tensor& history() { ensure_state(); return history_; }
+  torch::Tensor& scale() { ensure_state(); return scale_; }
+  torch::Tensor& scale_inv() { ensure_state(); return scale_inv_; }
+  size_t slot(const Fp8Site& site, TensorRole role) const;
+
+  // Checkpoints: the recipe state of one site as a flat fp32 tensor (CPU): its five slots'
+  // histories (history_len x 5, oldest completed step last as in the engine), scales and
+  // scale_invs, so a resumed run continues with identical scales in any parallel layout. Empty
+  // for recipes without state.
+  torch::Tensor site_state(const Fp8Site& site);
+  void load_site_state(const Fp8Site& site, const torch::Tensor& state);  // UserError on mismatch
+  void set_steps(uint64_t steps) { steps_ = steps; }
+
+  GemmHandle& gemm_handle();
+  // One log line describing the recipe, the path (native / emulated / CPU) and the bf16 sites.
+  std::string describe() const;
+
+ private:
+  void ensure_state();
+
+  Fp8EngineOptions options_;
+  torch::Device device_;
+  bool emulated_ = false;
+  std::vector<std::shared_ptr<Fp8Site>> sites_;
+  int64_t bf16_sites_ = 0;
+  uint64_t weight_generation_ = 0;
+  uint64_t steps_ = 0;
+  torch::Tensor history_, scale_, scale_inv_;
+  std::unique_ptr<GemmHandle> gemm_;
+};
+
+// y = x W^T + b through the site's FP8 GEMMs. x [..., in], weight [out, in], bias [out] or
+// undefined. Differentiable in x, weight and bias.
+torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias, Fp8Site& site);
+
+}  // namespace fp8tron::fp8
