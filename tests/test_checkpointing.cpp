@@ -79,6 +79,13 @@ TEST(Checkpointing, ExactResumeFp16KeepsTheLossScaler) {
   check_exact_resume({"--fp16", "--initial-loss-scale", "65536", "--loss-scale-window", "4"});
 }
 
+TEST(Checkpointing, ExactResumeFp8DelayedScaling) {
+  // A history longer than the interval and the max rule: the resumed scales depend on the saved
+  // histories and step count, so a resume that dropped them would diverge.
+  check_exact_resume({"--fp8-format", "hybrid", "--fp8-amax-history-len", "4", "--fp8-amax-compute-algo", "max",
+                      "--fp8-interval", "3"});
+}
+
 TEST(Checkpointing, ExactResumeSgd) { check_exact_resume({"--optimizer", "sgd", "--lr", "0.1"}); }
 
 TEST(Checkpointing, ExactResumeAfterAsynchronousSaves) {
