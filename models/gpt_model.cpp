@@ -133,6 +133,7 @@ GptModelImpl::GptModelImpl(const ModelConfig& m, const TensorParallelContext& tp
   word.tied_embedding = tied;
   if (stage.has_embedding) {
     auto embedding = register_module("embedding", std::make_shared<torch::nn::Module>("LanguageModelEmbedding"));
+    embedding_ = embedding;
     word_embeddings_ = embedding->register_module("word_embeddings", std::make_shared<ShardedModule>("VocabParallelEmbedding"));
     word_embeddings_->add_param("weight", f.normal("embedding.word_embeddings.weight", word, m.init_method_std), word);
     if (m.position_embedding == PositionEmbedding::LearnedAbsolute) {
@@ -175,6 +176,7 @@ torch::Tensor GptModelImpl::shared_embedding_weight() const {
 }
 
 torch::Tensor GptModelImpl::embed(const torch::Tensor& tokens, const torch::Tensor& position_ids) {
+  params_ready(*embedding_);
   auto t = tokens.t();  // [s, b]
   const int64_t vocab_start = tp_.rank * (config_.padded_vocab_size / tp_.size);
   auto h = vocab_parallel_embedding(t, word_embeddings_->named_parameters(false)["weight"], vocab_start, *tp_.comm);
@@ -187,6 +189,9 @@ torch::Tensor GptModelImpl::embed(const torch::Tensor& tokens, const torch::Tens
 }
 
 torch::Tensor GptModelImpl::head_logits(const torch::Tensor& hidden) {
+  params_ready(*final_layernorm_);
+  params_ready(*output_layer_);
+  if (output_copy_) params_ready(*output_copy_);  // (a first stage's embedding is ready already)
   auto h = final_layernorm_(hidden);
   const bool tied = !config_.untie_embeddings_and_output_weights;
   return tied ? output_layer_->forward_with(h, shared_embedding_weight()) : output_layer_(h);  // [s, b, V/tp]
@@ -202,7 +207,10 @@ torch::Tensor GptModelImpl::forward_stage(const torch::Tensor& input, const torc
     auto same = segment_ids.unsqueeze(2) == segment_ids.unsqueeze(1);
     attention_mask = same.logical_and(torch::ones({s, s}, same.options()).tril()).unsqueeze(1);
   }
-  for (auto& layer : layers_) h = layer->forward(h, attention_mask);
+  for (auto& layer : layers_) {
+    params_ready(*layer);
+    h = layer->forward(h, attention_mask);
+  }
   if (!stage_.has_head) return h;
   auto logits = head_logits(h);
   const int64_t vocab_start = tp_.rank * (config_.padded_vocab_size / tp_.size);
@@ -219,7 +227,10 @@ torch::Tensor GptModelImpl::loss(const torch::Tensor& tokens, const torch::Tenso
 torch::Tensor GptModelImpl::forward(const torch::Tensor& tokens) {
   FP8TRON_CHECK(stage_.has_embedding && stage_.has_head && tp_.size == 1, "forward() needs the whole model on one rank");
   auto h = embed(tokens, {});
-  for (auto& layer : layers_) h = layer->forward(h);
+  for (auto& layer : layers_) {
+    params_ready(*layer);
+    h = layer->forward(h);
+  }
   return head_logits(h).transpose(0, 1);
 }
 

@@ -11,6 +11,8 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <functional>
+
 #include "models/modules.h"
 #include "trainer/config.h"
 
@@ -91,14 +93,24 @@ class GptModelImpl : public torch::nn::Module {
   std::map<std::string, ParamInfo> param_infos() const { return collect_param_infos(*this); }
   // The tied word embedding (first stage) or its last-stage copy; undefined if untied.
   torch::Tensor shared_embedding_weight() const;
+  // Called with each part of the chunk (the embedding, every layer, the head) just before the
+  // forward pass first reads its parameters: --overlap-param-gather waits there for the
+  // data-parallel all-gather of those weights.
+  using ParamsReadyHook = std::function<void(const torch::nn::Module&)>;
+  void set_params_ready_hook(ParamsReadyHook hook) { params_ready_ = std::move(hook); }
 
  private:
   torch::Tensor embed(const torch::Tensor& tokens, const torch::Tensor& position_ids);  // [b, s] -> [s(/tp), b, h]
   torch::Tensor head_logits(const torch::Tensor& hidden);
+  void params_ready(const torch::nn::Module& part) const {
+    if (params_ready_) params_ready_(part);
+  }
 
   ModelConfig config_;
   TensorParallelContext tp_;
   StageSpec stage_;
+  ParamsReadyHook params_ready_;
+  std::shared_ptr<torch::nn::Module> embedding_;
   std::shared_ptr<ShardedModule> word_embeddings_, position_embeddings_;
   std::vector<TransformerLayer> layers_;
   TELayerNorm final_layernorm_{nullptr};

@@ -37,6 +37,20 @@ class Communicator {
   virtual std::unique_ptr<CommWork> all_gather_async(torch::Tensor& out, const torch::Tensor& in) = 0;
   // in holds size() chunks along dim 0; out receives the sum of everyone's chunk rank().
   virtual std::unique_ptr<CommWork> reduce_scatter_async(torch::Tensor& out, const torch::Tensor& in) = 0;
+  // Uneven variants, for pieces of a buffer whose owners hold unequal parts of it (a gradient
+  // bucket that straddles the distributed optimizer's contiguous shards). `counts` has size()
+  // entries, some possibly 0; piece r is the counts[r] elements after the first r pieces.
+  //  - reduce_scatter_v: `in` holds all pieces; `out` (counts[rank()] elements) receives the
+  //    group's sum of piece rank(). `out` may be that piece of `in` itself (in place).
+  //  - all_gather_v: `out` holds all pieces; rank r contributes piece r from `in`
+  //    (counts[rank()] elements), which may be that piece of `out` itself (in place).
+  // NCCL runs them as one group of ncclReduce / ncclBroadcast calls, one per non-empty piece
+  // rooted at its owner (as torch does for uneven reduce-scatters); MPI as MPI_Ireduce_scatter /
+  // MPI_Iallgatherv.
+  virtual std::unique_ptr<CommWork> reduce_scatter_v_async(torch::Tensor& out, const torch::Tensor& in,
+                                                           const std::vector<int64_t>& counts) = 0;
+  virtual std::unique_ptr<CommWork> all_gather_v_async(torch::Tensor& out, const torch::Tensor& in,
+                                                       const std::vector<int64_t>& counts) = 0;
   virtual void broadcast(torch::Tensor& tensor, int root) = 0;
   // Point-to-point within the group (pipeline stages). Sends and receives issued inside one
   // batch() call progress together, so paired exchanges cannot deadlock.
@@ -52,6 +66,11 @@ class Communicator {
   void all_reduce(torch::Tensor& t, ReduceOp op = ReduceOp::Sum) { all_reduce_async(t, op)->wait(); }
   void all_gather(torch::Tensor& out, const torch::Tensor& in) { all_gather_async(out, in)->wait(); }
   void reduce_scatter(torch::Tensor& out, const torch::Tensor& in) { reduce_scatter_async(out, in)->wait(); }
+
+  // Checks an uneven operation's shapes (`whole` holds every piece, `mine` this rank's) and
+  // returns where each piece starts, in elements.
+  std::vector<int64_t> piece_offsets(const char* op, const torch::Tensor& whole, const torch::Tensor& mine,
+                                     const std::vector<int64_t>& counts) const;
 
  protected:
   Communicator(std::string name, int rank, int size, std::vector<int> global_ranks)

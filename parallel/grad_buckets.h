@@ -1,33 +1,71 @@
-// --overlap-grad-reduce: the data-parallel reduction of the flat gradient buffer, in buckets that
-// start as soon as every gradient in them is final, while backward still runs (Megatron's
-// param_and_grad_buffer). Buckets are contiguous ranges of the buffer holding whole parameters,
-// launched in the same order on every rank (the order their gradients complete, which the
-// identical autograd graphs make identical).
+// Data-parallel buckets of the flat parameter/gradient buffers (Megatron's param_and_grad_buffer):
+// contiguous ranges holding whole parameters, communicated as units so that communication
+// overlaps computation.
+//  - GradBuckets (--overlap-grad-reduce): a bucket's reduction starts as soon as every gradient in
+//    it is final, while backward still runs. Without the distributed optimizer it is an all-reduce;
+//    with it, a reduction onto the ranks that own the bucket's elements (see GradBuckets).
+//  - ParamGather (parallel/param_gather.h, --overlap-param-gather) uses the same buckets.
+// Buckets are launched in the same order on every rank of the group (the order their gradients
+// complete, which the identical autograd graphs make identical), as MPI and NCCL require.
 #pragma once
 #include <torch/torch.h>
 
+#include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "parallel/communicator.h"
 
 namespace fp8tron {
 
+// A parameter's place in a flat buffer.
+struct BufferParam {
+  torch::Tensor tensor;  // the parameter (its AccumulateGrad node gets the gradient hook)
+  int64_t offset = 0;    // where it lies in the flat buffer
+  int64_t numel = 0;
+  int64_t first_use = 0;  // its position in the model's parameter list: forward order
+};
+
+// Buckets over a flat buffer of `buffer_numel` elements whose `params` are in offset order: a new
+// bucket starts when the current one holds `bucket_numel` elements or more (or at a gap). The
+// padding after the last parameter (distributed-optimizer alignment) rides with the last bucket.
+struct BucketSpan {
+  int64_t offset = 0, numel = 0;
+  std::vector<size_t> params;  // indices into `params`
+};
+std::vector<BucketSpan> bucket_spans(const std::vector<BufferParam>& params, int64_t bucket_numel, int64_t buffer_numel);
+
+// How many elements of [offset, offset + numel) each of `ranks` contiguous shards of
+// `shard_numel` elements owns (rank r owns [r * shard_numel, (r + 1) * shard_numel)): the counts
+// of the uneven reduce-scatter / all-gather of that range.
+std::vector<int64_t> shard_counts(int64_t offset, int64_t numel, int64_t shard_numel, int ranks);
+
 class GradBuckets {
  public:
-  struct Param {
-    torch::Tensor tensor;  // the parameter (its AccumulateGrad node gets the hook)
-    int64_t offset = 0;    // where its gradient lies in `grads`
-    int64_t numel = 0;
+  using Param = BufferParam;
+  struct Options {
+    int64_t bucket_numel = 40000000;
+    // 0: every bucket is all-reduced. > 0 (distributed optimizer): data-parallel rank r keeps
+    // the elements [r * shard_numel, (r + 1) * shard_numel) of the buffer, and a bucket is
+    // reduced onto the ranks owning its elements only (an uneven reduce-scatter; the other
+    // ranks' copies of those elements are left unreduced).
+    int64_t shard_numel = 0;
+    // Buffer ranges (offset, numel) that another group must sum before the data-parallel
+    // reduction (with shard_numel: the tied embedding's two pipeline copies, whose offsets, and
+    // so whose shard owners, differ between the stages). Buckets touching them are not launched
+    // during backward but in finish(), after `before_deferred`.
+    std::vector<std::pair<int64_t, int64_t>> deferred;
   };
   // `grads` is the flat gradient buffer; `params` cover [0, grads.numel()) in offset order.
-  GradBuckets(torch::Tensor grads, const std::vector<Param>& params, int64_t bucket_numel, std::shared_ptr<Communicator> dp);
+  GradBuckets(torch::Tensor grads, const std::vector<Param>& params, const Options& options, std::shared_ptr<Communicator> dp);
 
   // The coming backward pass gives the final gradients (last micro-batch): reduce as they come.
   void arm();
-  // Launches buckets that did not complete (parameters without gradients) and waits for all;
-  // gradients are then averaged over the data-parallel group.
-  void finish();
+  // Launches the buckets that did not complete (parameters without gradients), runs
+  // `before_deferred`, launches the deferred buckets and waits for all. Gradients are then
+  // averaged over the data-parallel group (where this rank owns them, with shard_numel).
+  void finish(const std::function<void()>& before_deferred = {});
   size_t num_buckets() const { return buckets_.size(); }
 
  private:
@@ -35,6 +73,7 @@ class GradBuckets {
     int64_t offset, numel;
     int params = 0;
     int pending = 0;
+    bool deferred = false;
     std::unique_ptr<CommWork> work;
   };
   void param_ready(size_t bucket);
@@ -42,6 +81,7 @@ class GradBuckets {
 
   torch::Tensor grads_;
   std::shared_ptr<Communicator> dp_;
+  int64_t shard_numel_;
   std::vector<Bucket> buckets_;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keeps the hooked nodes alive
   bool armed_ = false;

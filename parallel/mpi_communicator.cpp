@@ -2,6 +2,7 @@
 // through an fp32 copy (CPU runs are for correctness tests, not speed).
 #include <mpi.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <mutex>
 #include <thread>
@@ -134,6 +135,39 @@ class MpiCommunicator : public Communicator {
     return work;
   }
 
+  std::unique_ptr<CommWork> reduce_scatter_v_async(torch::Tensor& out, const torch::Tensor& in,
+                                                   const std::vector<int64_t>& counts) override {
+    piece_offsets("reduce_scatter_v", in, out, counts);
+    auto work = make_work("reduce_scatter_v");
+    auto src = reduction_buffer(in);
+    // A buffer of its own: MPI forbids the result to alias the input (`out` is often a piece of it).
+    auto dst = torch::empty({counts[size_t(rank_)]}, src.options());
+    const std::vector<int> recvcounts = to_int(counts, 1, "reduce_scatter_v");
+    check_mpi(MPI_Ireduce_scatter(src.data_ptr(), dst.data_ptr(), recvcounts.data(), mpi_type(src.scalar_type()), MPI_SUM,
+                                  comm_, &add(*work)),
+              "MPI_Ireduce_scatter");
+    work->finish = [out, dst]() mutable { out.copy_(dst.view(out.sizes())); };
+    work->keep_alive = {out, src, dst};
+    return work;
+  }
+
+  std::unique_ptr<CommWork> all_gather_v_async(torch::Tensor& out, const torch::Tensor& in,
+                                               const std::vector<int64_t>& counts) override {
+    const auto offsets = piece_offsets("all_gather_v", out, in, counts);
+    FP8TRON_CHECK(out.device().is_cpu(), "the MPI transport works on CPU tensors");
+    auto work = make_work("all_gather_v");
+    const int64_t element = out.element_size();
+    const std::vector<int> bytes = to_int(counts, element, "all_gather_v");
+    const std::vector<int> displacements = to_int(offsets, element, "all_gather_v");
+    auto* base = static_cast<char*>(out.data_ptr());
+    const bool in_place = in.numel() == 0 || in.data_ptr() == base + offsets[size_t(rank_)] * element;
+    check_mpi(MPI_Iallgatherv(in_place ? MPI_IN_PLACE : in.data_ptr(), bytes[size_t(rank_)], MPI_BYTE, base, bytes.data(),
+                              displacements.data(), MPI_BYTE, comm_, &add(*work)),
+              "MPI_Iallgatherv");
+    work->keep_alive = {out, in};
+    return work;
+  }
+
   void broadcast(torch::Tensor& tensor, int root) override {
     FP8TRON_CHECK(tensor.is_contiguous(), "broadcast needs a contiguous tensor");
     auto work = make_work("broadcast");
@@ -169,6 +203,15 @@ class MpiCommunicator : public Communicator {
   static MPI_Request& add(MpiWork& w) {
     w.requests.push_back(MPI_REQUEST_NULL);
     return w.requests.back();
+  }
+  // MPI counts are ints: values (times `scale`) must fit.
+  static std::vector<int> to_int(const std::vector<int64_t>& values, int64_t scale, const char* op) {
+    std::vector<int> out;
+    for (int64_t v : values) {
+      FP8TRON_CHECK(v * scale <= INT32_MAX, std::string(op) + ": too large for one MPI call");
+      out.push_back(int(v * scale));
+    }
+    return out;
   }
   // A contiguous tensor of an MPI reduction type holding `t`'s values (t itself when possible).
   static torch::Tensor reduction_buffer(const torch::Tensor& t) {

@@ -143,6 +143,42 @@ class NcclCommunicator : public Communicator {
                  "ncclReduceScatter");
     });
   }
+  // Uneven pieces: one NCCL group of reductions (broadcasts) rooted at each piece's owner. A
+  // non-root's recvbuff is never written; it gets its own send pointer so that no argument is null.
+  std::unique_ptr<CommWork> reduce_scatter_v_async(torch::Tensor& out, const torch::Tensor& in,
+                                                   const std::vector<int64_t>& counts) override {
+    const auto offsets = piece_offsets("reduce_scatter_v", in, out, counts);
+    return enqueue("reduce_scatter_v", {out, in}, [&] {
+      const auto type = nccl_type(in.scalar_type());
+      auto* base = static_cast<char*>(in.data_ptr());
+      const int64_t element = in.element_size();
+      check_nccl(ncclGroupStart(), "ncclGroupStart");
+      for (int r = 0; r < size_; ++r) {
+        if (counts[size_t(r)] == 0) continue;
+        void* piece = base + offsets[size_t(r)] * element;
+        check_nccl(ncclReduce(piece, r == rank_ ? out.data_ptr() : piece, size_t(counts[size_t(r)]), type, ncclSum, r, comm_, stream_),
+                   "ncclReduce");
+      }
+      check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+    });
+  }
+  std::unique_ptr<CommWork> all_gather_v_async(torch::Tensor& out, const torch::Tensor& in,
+                                               const std::vector<int64_t>& counts) override {
+    const auto offsets = piece_offsets("all_gather_v", out, in, counts);
+    return enqueue("all_gather_v", {out, in}, [&] {
+      const auto type = nccl_type(out.scalar_type());
+      auto* base = static_cast<char*>(out.data_ptr());
+      const int64_t element = out.element_size();
+      check_nccl(ncclGroupStart(), "ncclGroupStart");
+      for (int r = 0; r < size_; ++r) {
+        if (counts[size_t(r)] == 0) continue;
+        void* piece = base + offsets[size_t(r)] * element;
+        check_nccl(ncclBroadcast(r == rank_ ? in.data_ptr() : piece, piece, size_t(counts[size_t(r)]), type, r, comm_, stream_),
+                   "ncclBroadcast");
+      }
+      check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+    });
+  }
   void broadcast(torch::Tensor& t, int root) override {
     FP8TRON_CHECK(t.is_contiguous(), "broadcast needs a contiguous tensor");
     enqueue("broadcast", {t}, [&] {
@@ -177,7 +213,8 @@ class NcclCommunicator : public Communicator {
     ready.record(compute);
     ready.block(stream_);
     // The caching allocator must not hand these buffers out again before the stream is done.
-    for (const auto& t : tensors) c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), stream_);
+    for (const auto& t : tensors)
+      if (t.storage().data() != nullptr) c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), stream_);
     {
       c10::cuda::CUDAStreamGuard guard(stream_);
       issue();

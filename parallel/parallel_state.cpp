@@ -24,6 +24,18 @@ class SelfCommunicator : public Communicator {
     if (!out.is_same(in)) out.copy_(in.view_as(out));
     return std::make_unique<DoneWork>();
   }
+  std::unique_ptr<CommWork> reduce_scatter_v_async(torch::Tensor& out, const torch::Tensor& in,
+                                                   const std::vector<int64_t>& counts) override {
+    piece_offsets("reduce_scatter_v", in, out, counts);
+    if (out.numel() > 0 && out.data_ptr() != in.data_ptr()) out.copy_(in.reshape(out.sizes()));
+    return std::make_unique<DoneWork>();
+  }
+  std::unique_ptr<CommWork> all_gather_v_async(torch::Tensor& out, const torch::Tensor& in,
+                                               const std::vector<int64_t>& counts) override {
+    piece_offsets("all_gather_v", out, in, counts);
+    if (out.numel() > 0 && out.data_ptr() != in.data_ptr()) out.copy_(in.reshape(out.sizes()));
+    return std::make_unique<DoneWork>();
+  }
   void broadcast(torch::Tensor&, int) override {}
   std::unique_ptr<CommWork> batch_p2p_async(std::vector<P2POp> ops) override {
     FP8TRON_CHECK(ops.empty(), "point-to-point on a group of one rank");
@@ -42,6 +54,7 @@ ParallelState single_process_state() {
   ParallelState s;
   s.sizes = ParallelSizes::derive(1, 1, 1, 1, 1, 1, false);
   s.world = s.tp = s.dp = s.pp = s.cp = s.embedding = make_self_communicator("world", 0);
+  s.ep = s.expert_tp = s.expert_tp_ep = s.expert_dp = s.world;
   s.forward_senders = s.backward_senders = {s.pp};
   return s;
 }
@@ -68,6 +81,26 @@ ParallelState build_parallel_state(std::shared_ptr<Transport> transport, const P
   s.cp_rank = s.cp->rank();
   s.dp_rank = s.dp->rank();
   s.pp_rank = s.pp->rank();
+  // Expert groups. Every rank takes the same decisions (they depend on the sizes only), so the
+  // transport's collective group creation stays in step.
+  std::vector<std::pair<std::vector<std::vector<int>>, std::shared_ptr<Communicator>>> built = {
+      {dense_rank_groups(sizes, "tp"), s.tp}, {dense_rank_groups(sizes, "dp"), s.dp}, {{all}, s.world}};
+  auto expert_group = [&](const std::string& name, const std::string& token) {
+    const auto groups = expert_rank_groups(sizes, token);
+    for (const auto& [g, comm] : built)
+      if (g == groups) return comm;
+    const bool singletons = std::all_of(groups.begin(), groups.end(), [](const auto& g) { return g.size() == 1; });
+    auto comm = singletons ? make_self_communicator(name, s.world_rank) : transport->new_group(name, groups);
+    built.emplace_back(groups, comm);
+    return comm;
+  };
+  s.expert_tp = expert_group("expert-tp", "etp");
+  s.ep = expert_group("ep", "ep");
+  s.expert_tp_ep = expert_group("expert-tp-ep", "etp-ep");
+  s.expert_dp = expert_group("expert-dp", "edp");
+  s.ep_rank = s.ep->rank();
+  s.expert_tp_rank = s.expert_tp->rank();
+  s.expert_dp_rank = s.expert_dp->rank();
   // Embedding groups: first and last rank of every pipeline (just one rank when pp == 1).
   std::vector<std::vector<int>> embedding_groups;
   for (const auto& pipeline : dense_rank_groups(sizes, "pp")) {

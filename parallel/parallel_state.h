@@ -18,6 +18,13 @@ struct ParallelState {
   int tp_rank = 0, cp_rank = 0, dp_rank = 0, pp_rank = 0;
   bool sequence_parallel = false;
   std::shared_ptr<Communicator> world, tp, dp, pp, cp;
+  // The expert grid (etp-ep-edp-pp, Megatron's expert RankGenerator) for mixture-of-experts
+  // layers: expert_tp shards each expert's weights, ep spreads the experts over ranks (the token
+  // all-to-all runs over expert_tp_ep), expert_dp holds replicas of the same experts (their
+  // gradients' data-parallel group). A group equal to a dense one shares its communicator (with
+  // ep = 1, expert_tp is tp and expert_dp is dp).
+  int ep_rank = 0, expert_tp_rank = 0, expert_dp_rank = 0;
+  std::shared_ptr<Communicator> ep, expert_tp, expert_tp_ep, expert_dp;
   // First and last pipeline stages of this rank's pipeline: they share the tied embedding.
   std::shared_ptr<Communicator> embedding;
   // Pipeline messages: each rank sends activations on forward_senders[its pp rank] and gradients

@@ -34,9 +34,12 @@ if [ "$N" -ge 4 ]; then
   run pp4_interleaved --micro-batch-size 4 --pipeline-model-parallel-size 4 --num-layers-per-virtual-pipeline-stage 3
   run dp4_distopt --micro-batch-size 4 --use-distributed-optimizer
   run dp4_overlap --micro-batch-size 4 --overlap-grad-reduce
+  run dp4_distopt_overlap --micro-batch-size 4 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather
 else
   run dp2 --micro-batch-size 4
   run tp2_sp --micro-batch-size 4 --tensor-model-parallel-size 2 --sequence-parallel
   run pp2 --micro-batch-size 4 --pipeline-model-parallel-size 2
   run dp2_overlap --micro-batch-size 4 --overlap-grad-reduce
+  run dp2_distopt --micro-batch-size 4 --use-distributed-optimizer
+  run dp2_distopt_overlap --micro-batch-size 4 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather
 fi

@@ -39,7 +39,17 @@ for step in "$@"; do
           --sequence-parallel --tolerance 2e-2 2>&1 | grep -E "\[rank 0\].*(equivalent|MISMATCH)|rror"
       fi
       $MPI -np 2 $EQ --device cuda --overlap-grad-reduce --ddp-bucket-size 3000 --tolerance 1e-4 2>&1 | grep -E "\[rank 0\].*(equivalent|MISMATCH)|error"
-      $MPI -np 2 $EQ --device cuda --bf16 --use-distributed-optimizer --tolerance 2e-2 2>&1 | grep -E "\[rank 0\].*(equivalent|MISMATCH)|error" ;;
+      $MPI -np 2 $EQ --device cuda --bf16 --use-distributed-optimizer --tolerance 2e-2 2>&1 | grep -E "\[rank 0\].*(equivalent|MISMATCH)|error"
+      # Overlapped distributed optimizer: buckets reduced onto their owners during backward, the
+      # weights' all-gather overlapped with the next forward (bitwise the run without it).
+      $MPI -np 2 $EQ --device cuda --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather --ddp-bucket-size 3000 \
+        --tolerance 1e-4 --identical-without --overlap-param-gather 2>&1 | grep -E "\[rank 0\].*(equivalent|MISMATCH)|rror|differ"
+      if [ "$GPUS" -ge 4 ]; then
+        $MPI -np 4 $EQ --device cuda --bf16 --pipeline-model-parallel-size 2 --use-distributed-optimizer --overlap-grad-reduce \
+          --overlap-param-gather --ddp-bucket-size 3000 --tolerance 2e-2 2>&1 | grep -E "\[rank 0\].*(equivalent|MISMATCH)|error"
+        $MPI -np 4 $EQ --device cuda --bf16 --tensor-model-parallel-size 2 --sequence-parallel --use-distributed-optimizer \
+          --overlap-grad-reduce --overlap-param-gather --ddp-bucket-size 3000 --tolerance 2e-2 2>&1 | grep -E "\[rank 0\].*(equivalent|MISMATCH)|error"
+      fi ;;
     bench) echo "== single-GPU benchmarks"; ./scripts/bench.sh gpt2-124m gpt-1.3b ;;
     data)
       # Real indexed data through the prefetching loader: the batch-generator timer against the step.

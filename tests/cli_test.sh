@@ -23,7 +23,9 @@ expect 0 "validation loss at iteration 4" -- "${TINY[@]}"
 expect 0 "usage: fp8tron" -- --help
 expect 1 "did you mean '--num-layers'?" -- "${TINY[@]}" --num-layer 3
 expect 1 "--bf16 and --fp16 cannot be used together" -- "${TINY[@]}" --bf16 --fp16
-expect 1 "not supported yet: --overlap-param-gather" -- "${TINY[@]}" --overlap-param-gather
+WORLD_SIZE=2 expect 1 "--expert-model-parallel-size 2 needs --num-experts" -- "${TINY[@]}" --expert-model-parallel-size 2 --dry-run
+expect 1 "--overlap-param-gather is only supported with --use-distributed-optimizer" -- "${TINY[@]}" --overlap-param-gather
+expect 0 "iteration        4/       4 |" -- "${TINY[@]}" --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather
 WORLD_SIZE=2 expect 1 "multi-process CPU runs use MPI: launch with mpirun" -- "${TINY[@]}" --tensor-model-parallel-size 2
 expect 1 "--openai-gelu is not supported by fp8tron" -- "${TINY[@]}" --openai-gelu
 expect 0 "has no effect in fp8tron" -- "${TINY[@]}" --no-masked-softmax-fusion

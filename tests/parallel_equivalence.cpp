@@ -4,6 +4,9 @@
 // reference within 1e-5 relative (fp32, dropout 0; `--tolerance X` for bf16 runs on GPUs;
 // `--weights-tolerance` / `--tensor-tolerance` for FP8 runs, where a summation-order difference
 // of 1e-7 flips an FP8 rounding now and then and Adam turns the flips into lr-sized steps).
+// `--identical-without --flag` (repeatable) trains the layout a third time without that switch and
+// requires bitwise-identical losses and weights (for flags that must not change the arithmetic,
+// such as --overlap-param-gather: a weight used before its all-gather lands would show).
 // Each rank's exit status says whether it agrees; the launcher fails the job if any rank fails.
 // Works under mpirun (CPU or GPU) and torchrun (GPU).
 #include <cmath>
@@ -43,7 +46,8 @@ std::vector<std::string> without_layout_flags(const std::vector<std::string>& ar
   static const std::set<std::string> layout = {
       "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--num-layers-per-virtual-pipeline-stage",
       "--num-virtual-stages-per-pipeline-rank", "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers"};
-  static const std::set<std::string> layout_switches = {"--sequence-parallel", "--use-distributed-optimizer"};
+  static const std::set<std::string> layout_switches = {"--sequence-parallel", "--use-distributed-optimizer",
+                                                        "--overlap-param-gather"};
   std::vector<std::string> out;
   for (size_t i = 0; i < args.size(); ++i) {
     if (layout.count(args[i])) { ++i; continue; }
@@ -60,6 +64,7 @@ double relative_difference(const torch::Tensor& a, const torch::Tensor& b) {
 int main(int argc, char** argv) {
   try {
     std::vector<std::string> layout;
+    std::set<std::string> identical_without;
     double tolerance = 1e-5;
     std::optional<double> weights_tolerance, tensor_tolerance;
     for (int i = 1; i < argc; ++i) {
@@ -67,6 +72,7 @@ int main(int argc, char** argv) {
       if (a == "--tolerance" && i + 1 < argc) tolerance = std::stod(argv[++i]);
       else if (a == "--weights-tolerance" && i + 1 < argc) weights_tolerance = std::stod(argv[++i]);
       else if (a == "--tensor-tolerance" && i + 1 < argc) tensor_tolerance = std::stod(argv[++i]);
+      else if (a == "--identical-without" && i + 1 < argc) identical_without.insert(argv[++i]);
       else layout.push_back(a);
     }
     const LaunchEnv env = read_launch_env();
@@ -110,6 +116,23 @@ int main(int argc, char** argv) {
     }
     const double weights_rel = std::sqrt(diff_sq / std::max(ref_sq, 1e-30));
     if (!(weights_rel <= weights_tolerance.value_or(tolerance))) { std::fprintf(stderr, "[rank %d] weights differ by %.2e relative\n", env.rank, weights_rel); ++failures; }
+    if (!identical_without.empty()) {
+      std::vector<std::string> plain_layout;
+      for (const auto& a : layout)
+        if (!identical_without.count(a)) plain_layout.push_back(a);
+      TrainResult plain = train(make_config(plain_layout, env), parallel_options);
+      if (plain.losses != parallel.losses || plain.last_validation_loss != parallel.last_validation_loss) {
+        std::fprintf(stderr, "[rank %d] losses differ from the run without the --identical-without flags\n", env.rank);
+        ++failures;
+      }
+      for (const auto& [name, w] : parallel.final_weights) {
+        auto it = plain.final_weights.find(name);
+        if (it == plain.final_weights.end() || !torch::equal(w, it->second)) {
+          std::fprintf(stderr, "[rank %d] %s differs from the run without the --identical-without flags\n", env.rank, name.c_str());
+          ++failures;
+        }
+      }
+    }
     const int total = failures;
     {
       std::string joined;
@@ -119,7 +142,9 @@ int main(int argc, char** argv) {
         worst = std::max(worst, std::abs(parallel.losses[i] - reference.losses[i]) / std::abs(reference.losses[i]));
       std::printf("[rank %d] %s: losses %.6f -> %.6f, worst relative loss difference %.2e, weights %.2e: %s\n", env.rank,
                   joined.c_str(), reference.losses.front(), reference.losses.back(), worst, weights_rel,
-                  total == 0 ? "equivalent to one process" : "MISMATCH");
+                  total == 0 ? (identical_without.empty() ? "equivalent to one process"
+                                                          : "equivalent to one process, bitwise identical without the flags")
+                             : "MISMATCH");
     }
     return total == 0 ? 0 : 1;
   } catch (const std::exception& e) {

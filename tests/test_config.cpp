@@ -130,11 +130,28 @@ TEST(Config, SupportLevels) {
   EXPECT_NE(c.not_supported_yet[0].find("--non-persistent-save-interval"), std::string::npos);
   // Data parallelism is there.
   EXPECT_TRUE(build(tiny_args({"--global-batch-size", "4"}), 2).not_supported_yet.empty());
-  EXPECT_EQ(build(tiny_args({"--overlap-param-gather"})).not_supported_yet.size(), 1u);
-  EXPECT_USER_ERROR(build(tiny_args({"--overlap-grad-reduce", "--use-distributed-optimizer"})), "not supported yet: --overlap-grad-reduce with");
+  // Overlapped data-parallel communication, with Megatron's rules for the parameter all-gather.
+  Config overlapped = build(tiny_args({"--overlap-grad-reduce", "--use-distributed-optimizer", "--overlap-param-gather"}));
+  EXPECT_TRUE(overlapped.not_supported_yet.empty());
+  EXPECT_TRUE(overlapped.distributed.overlap_grad_reduce && overlapped.distributed.overlap_param_gather);
+  EXPECT_USER_ERROR(build(tiny_args({"--overlap-param-gather", "--overlap-grad-reduce"})),
+                    "--overlap-param-gather is only supported with --use-distributed-optimizer");
+  EXPECT_USER_ERROR(build(tiny_args({"--overlap-param-gather", "--use-distributed-optimizer"})),
+                    "--overlap-param-gather needs --overlap-grad-reduce");
   // Hint-only flags warn; math-changing flags we do not implement fail naming the flag.
   EXPECT_EQ(build(tiny_args({"--no-masked-softmax-fusion"})).hint_warnings.size(), 1u);
   EXPECT_USER_ERROR(build(tiny_args({"--openai-gelu"})), "--openai-gelu is not supported by fp8tron");
+}
+
+TEST(Config, ExpertParallelismNeedsExperts) {
+  // As Megatron: expert parallelism splits a mixture-of-experts model's experts.
+  EXPECT_USER_ERROR(build(tiny_args({"--expert-model-parallel-size", "2", "--global-batch-size", "4"}), 2),
+                    "--expert-model-parallel-size 2 needs --num-experts");
+  // With experts the layout is valid; training still refuses both flags until the MoE model lands.
+  Config c = build(tiny_args({"--expert-model-parallel-size", "2", "--num-experts", "4", "--global-batch-size", "4"}), 2);
+  EXPECT_EQ(c.parallel.ep, 2);
+  EXPECT_EQ(c.parallel.edp, 1);
+  EXPECT_EQ(c.not_supported_yet.size(), 2u);
 }
 
 TEST(Config, CheckpointFlags) {

@@ -279,6 +279,7 @@ torch::Tensor host_copy(const torch::Tensor& t, std::vector<torch::Tensor>* snap
 }
 
 std::unique_ptr<RankShards> collect_shards(const TrainingState& s, std::vector<torch::Tensor>* snapshot) {
+  s.optimizer.finish_param_gather();  // --overlap-param-gather: the model weights must be complete
   const MixedPrecisionOptimizer& o = s.optimizer;
   const ParallelState& p = s.parallel;
   const int tp = p.sizes.tp, dp = p.sizes.dp;

@@ -143,6 +143,7 @@ struct DistributedConfig {
   std::optional<int64_t> first_stage_layers, last_stage_layers;
   bool distributed_optimizer = false;
   bool overlap_grad_reduce = false;
+  bool overlap_param_gather = false;  // needs distributed_optimizer and overlap_grad_reduce (Megatron)
   int64_t bucket_numel = 40000000;  // --ddp-bucket-size (Megatron: max(40M, 1M x dp) elements)
   int timeout_minutes = 10;
 };

@@ -318,8 +318,7 @@ DistributedConfig build_distributed(const FlagValues& f, const ParallelSizes& p)
   d.last_stage_layers = f.opt_int("decoder-last-pipeline-num-layers");
   d.distributed_optimizer = f.get_bool("use-distributed-optimizer");
   d.overlap_grad_reduce = f.get_bool("overlap-grad-reduce");
-  if (d.overlap_grad_reduce && d.distributed_optimizer)
-    throw UserError("not supported yet: --overlap-grad-reduce with --use-distributed-optimizer (parallel runtime, issue 4)");
+  d.overlap_param_gather = f.get_bool("overlap-param-gather");
   d.bucket_numel = f.opt_int("ddp-bucket-size").value_or(std::max<int64_t>(40000000, 1000000 * int64_t(p.dp)));
   if (d.bucket_numel <= 0) throw UserError("--ddp-bucket-size must be positive");
   d.timeout_minutes = int(f.get_int("distributed-timeout-minutes"));

@@ -119,7 +119,7 @@ const std::vector<FlagSpec>& flag_table() {
       {"decoder-first-pipeline-num-layers", K::Int, "", S::Yes, "", "", "Layers on the first pipeline stage."},
       {"decoder-last-pipeline-num-layers", K::Int, "", S::Yes, "", "", "Layers on the last pipeline stage."},
       {"overlap-grad-reduce", K::Bool, "", S::Yes, "", "", "Overlap the data-parallel gradient reduction with backward."},
-      {"overlap-param-gather", K::Bool, "", S::NotYet, "overlapped parameter all-gather (parallel runtime, issue 4)", "", "Overlap the distributed optimizer's parameter all-gather."},
+      {"overlap-param-gather", K::Bool, "", S::Yes, "", "", "Overlap the distributed optimizer's parameter all-gather with the next forward pass (needs --use-distributed-optimizer and --overlap-grad-reduce)."},
       {"use-distributed-optimizer", K::Bool, "", S::Yes, "", "", "Shard optimizer state over data-parallel ranks."},
       {"distributed-backend", K::String, "nccl", S::Yes, "", "nccl|gloo", "Collective backend."},
       {"distributed-timeout-minutes", K::Int, "10", S::Yes, "", "", "Timeout of collective operations."},

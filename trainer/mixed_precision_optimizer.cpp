@@ -31,6 +31,7 @@ MixedPrecisionOptimizer::MixedPrecisionOptimizer(const std::vector<NamedParam>& 
   // Order: decay first; within it normal, TP-duplicated (partial-gradient ones first), excluded.
   std::vector<const NamedParam*> ordered;
   for (const auto& p : params) ordered.push_back(&p);
+  auto model_order = [&](const NamedParam* p) { return int64_t(p - params.data()); };
   std::stable_sort(ordered.begin(), ordered.end(), [](const NamedParam* a, const NamedParam* b) {
     auto key = [](const NamedParam* p) { return std::make_tuple(!decays(*p), norm_class(*p), !p->info.reduce_grad_over_tp); };
     return key(a) < key(b);
@@ -73,7 +74,7 @@ MixedPrecisionOptimizer::MixedPrecisionOptimizer(const std::vector<NamedParam>& 
     // (parameter-dtype) gradient into an existing .grad with `+=`, so an fp32 buffer under a
     // bf16 parameter accumulates micro-batches in fp32, as Megatron's main_grad does.
     t.mutable_grad() = main_grads_.narrow(0, offset, n).view(t.sizes());
-    buffer_order_.push_back({t, offset, n});
+    buffer_order_.push_back({t, offset, n, model_order(p)});
     slots_.push_back(ParamSlot{p->name, offset, n, t.sizes().vec(), p->info});
     offset += n;
   }
@@ -86,36 +87,80 @@ MixedPrecisionOptimizer::MixedPrecisionOptimizer(const std::vector<NamedParam>& 
 
 void MixedPrecisionOptimizer::enable_grad_overlap(int64_t bucket_numel) {
   if (parallel_.sizes.dp == 1) return;  // nothing to reduce
-  if (distributed_)
-    throw UserError("not supported yet: --overlap-grad-reduce with --use-distributed-optimizer (parallel runtime, issue 4)");
   if (main_grads_.scalar_type() != torch::kFloat32 && !main_grads_.is_cuda())
     throw UserError("--overlap-grad-reduce on CPU needs fp32 gradients (--bf16 or --accumulate-allreduce-grads-in-fp32)");
-  buckets_ = std::make_unique<GradBuckets>(main_grads_, buffer_order_, bucket_numel, parallel_.dp);
+  GradBuckets::Options options;
+  options.bucket_numel = bucket_numel;
+  if (distributed_) {
+    options.shard_numel = shard_numel_;
+    // The tied embedding's copies lie at different offsets on the first and last stage, so their
+    // shard owners differ: they must be summed before the data-parallel reduction (Megatron gives
+    // them a bucket of their own for the same reason).
+    if (parallel_.embedding->size() > 1) options.deferred = embedding_ranges_;
+  }
+  buckets_ = std::make_unique<GradBuckets>(main_grads_, buffer_order_, options, parallel_.dp);
 }
 
 void MixedPrecisionOptimizer::arm_grad_overlap() {
   if (buckets_) buckets_->arm();
 }
 
+void MixedPrecisionOptimizer::enable_param_gather_overlap(int64_t bucket_numel) {
+  if (!distributed_) return;  // one data-parallel rank holds everything: nothing to gather
+  param_gather_ = std::make_unique<ParamGather>(model_params_, buffer_order_, bucket_numel, shard_numel_, parallel_.dp);
+}
+
+void MixedPrecisionOptimizer::wait_for_params(const torch::nn::Module& module) {
+  if (param_gather_) param_gather_->wait_for(module);
+}
+
+void MixedPrecisionOptimizer::finish_param_gather() {
+  if (param_gather_) param_gather_->finish();
+}
+
 void MixedPrecisionOptimizer::zero_grad() { main_grads_.zero_(); }
+
+void MixedPrecisionOptimizer::sum_tensor_parallel_partials(bool own_shard_only) {
+  // Tensor-parallel ranks lay the buffer out identically, so with the distributed optimizer they
+  // own the same elements: summing only those is enough after an overlapped reduce-scatter.
+  const int64_t lo_bound = own_shard_only ? shard_begin_ : 0, hi_bound = own_shard_only ? shard_begin_ + shard_numel_ : numel_;
+  for (auto [off, n] : tp_partial_ranges_) {
+    const int64_t lo = std::max(off, lo_bound), hi = std::min(off + n, hi_bound);
+    if (hi <= lo) continue;
+    auto view = main_grads_.narrow(0, lo, hi - lo);
+    parallel_.tp->all_reduce(view);
+  }
+}
+
+void MixedPrecisionOptimizer::sum_embedding_copies() {
+  if (parallel_.embedding->size() == 1) return;
+  for (auto [off, n] : embedding_ranges_) {
+    auto view = main_grads_.narrow(0, off, n);
+    parallel_.embedding->all_reduce(view);
+  }
+}
 
 void MixedPrecisionOptimizer::finalize_grads() {
   torch::NoGradGuard no_grad;
-  // Overlapped data-parallel buckets must land before anything else touches the buffer. (The
-  // reductions below are sums over other groups: they commute with the data-parallel average.)
-  if (buckets_) buckets_->finish();
-  for (auto [off, n] : tp_partial_ranges_) {
-    auto view = main_grads_.narrow(0, off, n);
-    parallel_.tp->all_reduce(view);
-  }
-  if (parallel_.embedding->size() > 1)
-    for (auto [off, n] : embedding_ranges_) {
-      auto view = main_grads_.narrow(0, off, n);
-      parallel_.embedding->all_reduce(view);
+  if (buckets_) {
+    // Overlapped data-parallel reductions must land before anything else touches the buffer. The
+    // other groups' sums commute with the data-parallel average; with the distributed optimizer
+    // the embedding copies are summed first (their buckets wait for it, see enable_grad_overlap).
+    if (distributed_) {
+      buckets_->finish([this] { sum_embedding_copies(); });
+      sum_tensor_parallel_partials(/*own_shard_only=*/true);
+      grad_shard_.copy_(main_grads_.narrow(0, shard_begin_, shard_numel_));
+    } else {
+      buckets_->finish();
+      sum_tensor_parallel_partials(/*own_shard_only=*/false);
+      sum_embedding_copies();
     }
+    return;
+  }
+  sum_tensor_parallel_partials(/*own_shard_only=*/false);
+  sum_embedding_copies();
   const int dp = parallel_.sizes.dp;
   if (dp == 1) return;
-  if (buckets_) return;  // averaged and reduced during backward
   main_grads_.mul_(1.0 / dp);  // average over data-parallel ranks
   if (distributed_) {
     auto shard = main_grads_.scalar_type() == torch::kFloat32 ? grad_shard_ : torch::empty({shard_numel_}, main_grads_.options());
@@ -184,12 +229,19 @@ StepResult MixedPrecisionOptimizer::step(double lr, double weight_decay, double 
       p.sub_(m * (lr * keep));
     }
   }
-  publish_model_params();
+  if (param_gather_) {
+    param_gather_->finish();  // nothing may still read this rank's shard
+    model_params_.narrow(0, shard_begin_, shard_numel_).copy_(main_params_);
+    param_gather_->start();
+  } else {
+    publish_model_params();
+  }
   return result;
 }
 
 void MixedPrecisionOptimizer::publish_model_params() {
   torch::NoGradGuard no_grad;
+  finish_param_gather();
   if (distributed_) {
     auto mine = model_params_.narrow(0, shard_begin_, shard_numel_);
     mine.copy_(main_params_);

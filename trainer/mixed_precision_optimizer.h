@@ -19,6 +19,7 @@
 
 #include "models/sharded_parameter.h"
 #include "parallel/grad_buckets.h"
+#include "parallel/param_gather.h"
 #include "parallel/parallel_state.h"
 #include "trainer/config.h"
 
@@ -44,10 +45,19 @@ class MixedPrecisionOptimizer {
   // After the last micro-batch's backward: sums partial tensor-parallel gradients, the tied
   // embedding's two copies, and averages over data-parallel ranks.
   void finalize_grads();
-  // --overlap-grad-reduce: reduce gradient buckets during backward, as they complete. Call
-  // arm_grad_overlap() before the backward pass of the last micro-batch.
+  // --overlap-grad-reduce: reduce gradient buckets during backward, as they complete (with the
+  // distributed optimizer, onto the ranks owning each bucket's elements). Call arm_grad_overlap()
+  // before the backward pass of the last micro-batch.
   void enable_grad_overlap(int64_t bucket_numel);
   void arm_grad_overlap();
+  // --overlap-param-gather (distributed optimizer): the step publishes the new weights by issuing
+  // the data-parallel all-gathers bucket by bucket without waiting; the forward pass calls
+  // wait_for_params(module) before a module uses its weights, and whatever else reads the model
+  // weights calls finish_param_gather() first. Without it both are no-ops.
+  void enable_param_gather_overlap(int64_t bucket_numel);
+  void wait_for_params(const torch::nn::Module& module);
+  void finish_param_gather();
+  bool param_gather_overlapped() const { return param_gather_ != nullptr; }
   // Unscales by 1/loss_scale, checks for inf/nan, clips, updates, publishes the new weights.
   StepResult step(double lr, double weight_decay, double loss_scale);
 
@@ -78,7 +88,7 @@ class MixedPrecisionOptimizer {
   double step_count() const;
   void set_step_count(double steps);
   // Model parameters := main weights (cast to the parameter dtype; all-gathered over
-  // data-parallel ranks with the distributed optimizer), as after an optimizer step.
+  // data-parallel ranks with the distributed optimizer), as after an optimizer step. Waits.
   void publish_model_params();
 
  private:
@@ -91,12 +101,16 @@ class MixedPrecisionOptimizer {
   // summed over the groups that hold different parts of the model.
   torch::Tensor global_norm_squared(const torch::Tensor& buffer, int64_t base);
   void all_reduce_model_groups(torch::Tensor& value);
+  // The sums over other groups that finalize_grads() adds to the data-parallel one.
+  void sum_tensor_parallel_partials(bool own_shard_only);
+  void sum_embedding_copies();
 
   OptimizerConfig config_;
   const ParallelState& parallel_;
   bool distributed_;
   std::unique_ptr<GradBuckets> buckets_;
-  std::vector<GradBuckets::Param> buffer_order_;  // parameters in flat-buffer order
+  std::unique_ptr<ParamGather> param_gather_;
+  std::vector<BufferParam> buffer_order_;  // parameters in flat-buffer order
   bool separate_main_weights_;
   int64_t numel_ = 0, padded_numel_ = 0, shard_begin_ = 0, shard_numel_ = 0;
   std::vector<Segment> segments_;

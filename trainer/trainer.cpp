@@ -170,6 +170,12 @@ void Trainer::build() {
   }
   optimizer_ = std::make_unique<MixedPrecisionOptimizer>(params, c_.optimizer, c_.precision, parallel_, d.distributed_optimizer);
   if (d.overlap_grad_reduce) optimizer_->enable_grad_overlap(d.bucket_numel);
+  if (d.overlap_param_gather) optimizer_->enable_param_gather_overlap(d.bucket_numel);
+  if (optimizer_->param_gather_overlapped()) {
+    MixedPrecisionOptimizer* optimizer = optimizer_.get();
+    for (auto& chunk : chunks_)
+      chunk->set_params_ready_hook([optimizer](const torch::nn::Module& part) { optimizer->wait_for_params(part); });
+  }
   const int64_t s = c_.model.seq_length / (parallel_.sequence_parallel ? parallel_.sizes.tp : 1);
   pipeline_ = std::make_unique<PipelineSchedule>(parallel_, d.virtual_stages,
                                                  std::vector<int64_t>{s, c_.training.micro_batch_size, c_.model.hidden_size},
@@ -241,6 +247,9 @@ torch::Tensor Trainer::train_step() {
 
   timers_.start("optimizer", 1);
   optimizer_->finalize_grads();
+  // Averaged before the step: with --overlap-param-gather the step leaves the weights' all-gathers
+  // in flight on the data-parallel group, and a collective queued behind them would wait for all.
+  auto loss = average_loss(loss_sum);
   last_step_ = optimizer_->step(schedule_.lr(), schedule_.weight_decay(), scaler_.scale());
   if (fp8_) end_fp8_step();  // new weights to quantize; delayed scaling: new scales
   timers_.stop("optimizer", 1);
@@ -256,7 +265,6 @@ torch::Tensor Trainer::train_step() {
 
   // Megatron's counters: "skipped" = the update was not applied; "nan" = the loss was not finite.
   // Without a dynamic loss scale (bf16, fp32) a non-finite gradient is a nan iteration as well.
-  auto loss = average_loss(loss_sum);
   auto loss_ok = loss.isfinite().to(torch::kFloat32);
   auto applied = 1.0 - last_step_.found_inf;
   interval_.loss_sum += torch::where(loss.isfinite(), loss, torch::zeros_like(loss)) * applied;
@@ -267,6 +275,7 @@ torch::Tensor Trainer::train_step() {
 }
 
 double Trainer::evaluate() {
+  optimizer_->finish_param_gather();  // as Megatron: evaluation does not overlap the gather
   for (auto& m : chunks_) m->eval();
   const auto& t = c_.training;
   auto total = torch::zeros({}, torch::TensorOptions().device(device_).dtype(torch::kFloat32));
@@ -324,6 +333,7 @@ void Trainer::write_tensorboard(int64_t iteration, const torch::Tensor& loss) {
 
 void Trainer::collect_weights(TrainResult& result) {
   torch::NoGradGuard no_grad;
+  optimizer_->finish_param_gather();
   for (auto& chunk : chunks_) {
     const auto infos = chunk->param_infos();
     for (const auto& item : chunk->named_parameters()) {
@@ -445,6 +455,7 @@ TrainResult Trainer::run() {
     result.last_validation_loss = evaluate();
     log::info(format_validation_block("validation loss at the end of training for val data", result.last_validation_loss));
   }
+  optimizer_->finish_param_gather();  // the weights are complete when training returns
   synchronize();
   for (const auto& l : losses) result.losses.push_back(l.item<double>());
   result.consumed_samples = consumed_train_samples_;

@@ -142,6 +142,25 @@ const std::vector<Rule>& rules() {
            return "--accumulate-allreduce-grads-in-fp32 needs --bf16 or --fp16";
          return "";
        }},
+      {"expert parallelism needs experts",
+       [](const Config& c, const FlagValues& f) -> std::string {
+         // As Megatron-LM: expert parallelism splits the experts of a mixture-of-experts model.
+         if (c.parallel.ep > 1 && !f.opt_int("num-experts").value_or(0))
+           return "--expert-model-parallel-size " + ll(c.parallel.ep) +
+                  " needs --num-experts (a mixture-of-experts model; fp8tron has none yet)";
+         return "";
+       }},
+      {"overlapped data-parallel communication",
+       [](const Config& c, const FlagValues&) -> std::string {
+         // Megatron-LM's rules: the parameter all-gather exists only with the distributed
+         // optimizer, and its buckets are those of the overlapped gradient reduction.
+         const auto& d = c.distributed;
+         if (d.overlap_param_gather && !d.distributed_optimizer)
+           return "--overlap-param-gather is only supported with --use-distributed-optimizer";
+         if (d.overlap_param_gather && !d.overlap_grad_reduce)
+           return "--overlap-param-gather needs --overlap-grad-reduce";
+         return "";
+       }},
       {"intervals",
        [](const Config& c, const FlagValues&) -> std::string {
          if (c.logging.log_interval <= 0) return "--log-interval must be positive";

@@ -1,0 +1,67 @@
+#include "parallel/param_gather.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "core/error.h"
+
+namespace fp8tron {
+
+ParamGather::ParamGather(torch::Tensor params, const std::vector<BufferParam>& layout, int64_t bucket_numel,
+                         int64_t shard_numel, std::shared_ptr<Communicator> dp)
+    : params_(std::move(params)), dp_(std::move(dp)), shard_numel_(shard_numel) {
+  FP8TRON_CHECK(params_.is_contiguous() && params_.dim() == 1, "the weight buffer must be flat");
+  FP8TRON_CHECK(shard_numel_ * dp_->size() == params_.numel(), "the shards must tile the buffer");
+  std::vector<int64_t> first_use;
+  for (const auto& span : bucket_spans(layout, bucket_numel, params_.numel())) {
+    buckets_.push_back(Bucket{span.offset, span.numel, shard_counts(span.offset, span.numel, shard_numel_, dp_->size()), nullptr});
+    int64_t first = INT64_MAX;
+    for (size_t i : span.params) first = std::min(first, layout[i].first_use);
+    first_use.push_back(first);
+  }
+  // The buffer is ordered by weight decay before model order (the first layer's norms sit near the
+  // end), so offset order is not forward order: launch by each bucket's earliest-used parameter.
+  launch_order_.resize(buckets_.size());
+  std::iota(launch_order_.begin(), launch_order_.end(), size_t(0));
+  std::stable_sort(launch_order_.begin(), launch_order_.end(), [&](size_t a, size_t b) { return first_use[a] < first_use[b]; });
+}
+
+void ParamGather::start() {
+  finish();  // the previous round must be done before this rank's shard is read again
+  for (size_t i : launch_order_) {
+    Bucket& b = buckets_[i];
+    auto whole = params_.narrow(0, b.offset, b.numel);
+    const int64_t mine = std::max(b.offset, dp_->rank() * shard_numel_);
+    auto own = params_.narrow(0, std::min(mine, b.offset + b.numel), b.counts[size_t(dp_->rank())]);  // in place
+    b.work = dp_->all_gather_v_async(whole, own, b.counts);
+    ++in_flight_;
+  }
+}
+
+void ParamGather::wait(Bucket& b) {
+  if (!b.work) return;
+  b.work->wait();
+  b.work.reset();
+  --in_flight_;
+}
+
+void ParamGather::wait_for(const torch::nn::Module& module) {
+  if (in_flight_ == 0) return;
+  const auto* base = static_cast<const char*>(params_.data_ptr());
+  const int64_t element = params_.element_size();
+  for (const auto& p : module.parameters()) {
+    const int64_t offset = (static_cast<const char*>(p.data_ptr()) - base) / element;
+    FP8TRON_CHECK(offset >= 0 && offset + p.numel() <= params_.numel(), "a parameter outside the flat weight buffer");
+    // The last bucket starting at or before the parameter holds it (buckets hold whole parameters).
+    auto it = std::upper_bound(buckets_.begin(), buckets_.end(), offset,
+                               [](int64_t off, const Bucket& b) { return off < b.offset; });
+    FP8TRON_CHECK(it != buckets_.begin(), "no bucket holds the parameter");
+    wait(*std::prev(it));
+  }
+}
+
+void ParamGather::finish() {
+  for (auto& b : buckets_) wait(b);
+}
+
+}  // namespace fp8tron

@@ -1,0 +1,52 @@
+// --overlap-param-gather: after the distributed optimizer's step each data-parallel rank holds the
+// new weights of its own shard only. The all-gather that completes the flat weight buffer is issued
+// bucket by bucket without waiting (start(), right after the step), in the order the forward pass
+// first uses the buckets, and the forward pass waits for a bucket only just before a module that
+// uses its parameters runs (wait_for(), Megatron's forward pre-hooks). Anything else that reads the
+// weights (evaluation, checkpoints, the end of training) calls finish() first.
+// Buckets are those of GradBuckets (--ddp-bucket-size); each is an uneven all-gather from the
+// owners of its elements (the shards are contiguous ranges of the buffer, see grad_buckets.cpp).
+#pragma once
+#include <torch/torch.h>
+
+#include <memory>
+#include <vector>
+
+#include "parallel/communicator.h"
+#include "parallel/grad_buckets.h"
+
+namespace fp8tron {
+
+class ParamGather {
+ public:
+  // `params` is the flat weight buffer; `layout` covers it in offset order; rank r of `dp` owns
+  // [r * shard_numel, (r + 1) * shard_numel).
+  ParamGather(torch::Tensor params, const std::vector<BufferParam>& layout, int64_t bucket_numel, int64_t shard_numel,
+              std::shared_ptr<Communicator> dp);
+
+  // Issues every bucket's all-gather (this rank's shard of `params` must hold its new weights).
+  void start();
+  // Waits for the buckets that hold `module`'s parameters (all of them must live in the buffer).
+  void wait_for(const torch::nn::Module& module);
+  // Waits for every bucket still in flight.
+  void finish();
+  bool in_flight() const { return in_flight_ > 0; }
+  size_t num_buckets() const { return buckets_.size(); }
+
+ private:
+  struct Bucket {
+    int64_t offset, numel;
+    std::vector<int64_t> counts;
+    std::unique_ptr<CommWork> work;
+  };
+  void wait(Bucket& b);
+
+  torch::Tensor params_;
+  std::shared_ptr<Communicator> dp_;
+  int64_t shard_numel_;
+  std::vector<Bucket> buckets_;        // in offset order
+  std::vector<size_t> launch_order_;   // by first use in the forward pass
+  int in_flight_ = 0;
+};
+
+}  // namespace fp8tron
