@@ -20,6 +20,8 @@ grep -E "tests passed|\*\*\*Failed" "$OUT/gpu-tests.log" | head -20
 # The FP8 GEMM/kernel diagnostics print only when the binary runs directly.
 (cd build && ./tests/fp8/fp8tron_fp8_gpu_tests > "$OUT/fp8-gpu.log" 2>&1)
 grep -E "fp8-bench\].*(TFLOP|GB/s|x bf16)|PASSED|FAILED" "$OUT/fp8-gpu.log" | head -30
+(cd build && ./tests/fp8tron_gpu_tests --gtest_filter='GpuFp8*' > "$OUT/fp8-module.log" 2>&1)
+grep -hE "fp8-module|FAILED|Failure" "$OUT/fp8-module.log" | cut -c1-200
 for step in "$@"; do
   case $step in
     equivalence)
@@ -51,6 +53,13 @@ for step in "$@"; do
           --overlap-grad-reduce --overlap-param-gather --ddp-bucket-size 3000 --tolerance 2e-2 2>&1 | grep -E "\[rank 0\].*(equivalent|MISMATCH)|error"
       fi ;;
     bench) echo "== single-GPU benchmarks"; ./scripts/bench.sh gpt2-124m gpt-1.3b ;;
+    fp8-bench)
+      echo "== FP8 throughput (bf16, delayed, tensorwise)"
+      ./scripts/bench.sh gpt-1.3b gpt2-124m
+      BENCH_TAG=delayed ./scripts/bench.sh gpt-1.3b gpt2-124m -- --fp8-format hybrid
+      BENCH_TAG=tensorwise ./scripts/bench.sh gpt-1.3b gpt2-124m -- --fp8-format hybrid --fp8-recipe tensorwise
+      grep -h "FP8:" "$OUT"/gpt-1.3b-delayed.log | head -2 | cut -c1-250 ;;
+    fp8-convergence) echo "== FP8 convergence, GPT-2 124M, 500 steps"; ./scripts/fp8_convergence.sh 500 ;;
     data)
       # Real indexed data through the prefetching loader: the batch-generator timer against the step.
       echo "== data pipeline on the 1.3B model"

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# FP8 convergence check (issue 5): GPT-2 124M on the built-in dataset, 500 steps, bf16 and each
+# FP8 recipe from the same seed; prints the final loss (mean of the last 50 iterations) of each and
+# its difference from bf16 (target: within 2%). Logs go to $BENCH_OUT (default bench-logs/).
+# Usage: scripts/fp8_convergence.sh [iterations]
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+source .setup/env.sh
+OUT=${BENCH_OUT:-bench-logs}
+mkdir -p "$OUT"
+ITERS=${1:-500}
+recipes=("bf16" "delayed hybrid" "tensorwise hybrid" "blockwise e4m3" "mxfp8 hybrid" "tensorwise hif8")
+echo "| recipe | format | final loss (last 50 its) | vs bf16 | tokens/s |"
+echo "| --- | --- | --- | --- | --- |"
+baseline=""
+for r in "${recipes[@]}"; do
+  set -- $r
+  flags=()
+  [ "$1" != bf16 ] && flags=(--fp8-recipe "$1" --fp8-format "$2")
+  log="$OUT/convergence-${1}-${2:-bf16}.log"
+  ./build/fp8tron --config configs/gpt2-124m.json --train-iters "$ITERS" --lr-warmup-iters 50 --log-interval 50 \
+    "${flags[@]}" >"$log" 2>&1 || { echo "| $1 | ${2:-} | failed: $(tail -1 "$log") | | |"; continue; }
+  last=$(grep " iteration " "$log" | tail -1)
+  loss=$(sed -n 's/.*lm loss: \([0-9.E+-]*\).*/\1/p' <<<"$last")
+  tps=$(sed -n 's/.*tokens per second: \([0-9.]*\).*/\1/p' <<<"$last")
+  [ -z "$baseline" ] && baseline=$loss
+  diff=$(python3 -c "print(f'{100*($loss-$baseline)/$baseline:+.2f}%')")
+  echo "| $1 | ${2:-} | $loss | $diff | $tps |"
+done
