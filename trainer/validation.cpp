@@ -1,12 +1,14 @@
 // Named validation rules over the built configuration. Each rule is small and states one
 // invariant; the message names the flags and says how to fix it.
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 
 #include "core/error.h"
 #include "core/text.h"
 #include "parallel/layer_split.h"
 #include "trainer/config_builder.h"
+#include "trainer/determinism_env.h"
 
 namespace fp8tron {
 namespace {
@@ -140,6 +142,16 @@ const std::vector<Rule>& rules() {
          if (p.hysteresis <= 0) return "--hysteresis must be positive";
          if (f.given("accumulate-allreduce-grads-in-fp32") && p.params_dtype == ParamDtype::Fp32)
            return "--accumulate-allreduce-grads-in-fp32 needs --bf16 or --fp16";
+         return "";
+       }},
+      {"deterministic mode environment",
+       [](const Config& c, const FlagValues&) -> std::string {
+         if (!c.training.deterministic || c.device != "cuda") return "";
+         try {
+           deterministic_environment([](const char* name) { return std::getenv(name); });
+         } catch (const UserError& e) {
+           return e.what();
+         }
          return "";
        }},
       {"intervals",
