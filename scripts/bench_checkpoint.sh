@@ -39,11 +39,12 @@ ms_per_iteration() {  # the mean of the logged per-iteration times from iteratio
   awk '/ iteration +[0-9]+\// && match($0, /per iteration \(ms\): [0-9.]+/) { v = substr($0, RSTART, RLENGTH);
        sub(/.*: /, "", v); if (++it >= 3) { s += v; n++ } } END { if (n) printf "%.0f", s / n }' "$1"
 }
-shard_hash() { sha256sum "$1"/rank_*.safetensors | sha256sum | cut -c1-16; }
+shard_hash() { (cd "$1" && sha256sum rank_*.safetensors) | sha256sum | cut -c1-16; }  # names, not paths
 same() { [ "$1" = "$2" ] && echo identical || echo DIFFERENT; }
 
 rm -rf "$DIR"
-say "== checkpoints of $model on $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) ($(git rev-parse --short HEAD))"
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)
+say "== checkpoints of $model on ${gpu:-the CPU} ($(git rev-parse --short HEAD))"
 # 1. Deterministic mode: straight (saving at 10 and 20), resumed from 10, and a second straight run.
 D=(--deterministic-mode)
 run "$OUT/ckpt-det-straight.log" "${D[@]}" --save "$DIR/det" --save-interval 10
@@ -72,4 +73,5 @@ d=$(losses "$OUT/ckpt-async.log" 1 20); a=$(losses "$OUT/ckpt-det-straight.log" 
 say "  default vs deterministic mode, losses of 1-20: $(same "$d" "$a") (at 20: $(echo $d | cut -d' ' -f20) vs" \
     "$(echo $a | cut -d' ' -f20))"
 say "asynchronous saves (default mode, iterations 10 and 20):"
-grep -E "training blocked|checkpoint save took" "$OUT/ckpt-async.log" | sed 's/^ */  /' | tee -a "$SUMMARY"
+grep -E "reserved in the background:|training blocked|checkpoint save took" "$OUT/ckpt-async.log" | sed 's/^ *>* */  /' |
+  tee -a "$SUMMARY"

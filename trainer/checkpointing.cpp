@@ -802,7 +802,8 @@ void AsyncCheckpointSaver::reserve(const TrainingState& s) {
     wanted.push_back({src.end - src.begin, src.buffer.scalar_type(), pin_device(src.buffer)});
   SnapshotBuffers* snapshot = snapshot_.get();
   AsyncSaveStats* stats = &stats_;
-  snapshot->reserving = std::thread([snapshot, stats, wanted] {
+  const bool pinned = s.device.is_cuda();
+  snapshot->reserving = std::thread([snapshot, stats, wanted, pinned] {
     const auto start = Clock::now();
     try {
       for (const Wanted& w : wanted) {
@@ -817,6 +818,9 @@ void AsyncCheckpointSaver::reserve(const TrainingState& s) {
       snapshot->reserve_error = e.what();
     }
     snapshot->reserve_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    if (snapshot->reserve_error.empty())
+      log::info(strprintf(" > host memory for --async-save reserved in the background: %.2f GB%s in %.2f s",
+                          double(stats->bytes_reserved) / 1e9, pinned ? " (pinned)" : "", snapshot->reserve_seconds.load()));
   });
 }
 
