@@ -178,6 +178,9 @@ TEST(Config, CheckpointFlags) {
   EXPECT_TRUE(np.checkpoint.non_persistent_global);
   EXPECT_EQ(np.checkpoint.non_persistent_dir, "/tmp/np");
   EXPECT_USER_ERROR(build(tiny_args({"--non-persistent-save-interval", "5"})), "needs --non-persistent-ckpt-type global");
+  EXPECT_USER_ERROR(build(tiny_args({"--save", "/tmp/c", "--non-persistent-ckpt-type", "global",
+                                     "--non-persistent-global-ckpt-dir", "/tmp/c/"})),
+                    "--non-persistent-global-ckpt-dir must differ from --save and --load");
   EXPECT_USER_ERROR(build(tiny_args({"--non-persistent-ckpt-type", "local"})), "only global non-persistent checkpoints");
   EXPECT_USER_ERROR(build(tiny_args({"--non-persistent-ckpt-type", "in_memory"})), "only global non-persistent");
   // Fully parallel saves are Megatron's default.

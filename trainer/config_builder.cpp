@@ -339,6 +339,14 @@ CheckpointConfig build_checkpoint(const FlagValues& f, std::vector<std::string>&
       throw UserError("--non-persistent-save-interval needs --non-persistent-ckpt-type global");
   }
   k.non_persistent_dir = f.get_string("non-persistent-global-ckpt-dir");
+  auto trimmed = [](std::string d) {
+    while (d.size() > 1 && d.back() == '/') d.pop_back();
+    return d;
+  };
+  if (!k.non_persistent_dir.empty() &&
+      (trimmed(k.non_persistent_dir) == trimmed(k.save) || trimmed(k.non_persistent_dir) == trimmed(k.load)))
+    throw UserError("--non-persistent-global-ckpt-dir must differ from --save and --load: only the newest "
+                    "non-persistent checkpoint is kept there, so the others would be deleted");
   k.save_optim = !f.get_bool("no-save-optim");
   k.save_rng = !f.get_bool("no-save-rng");
   k.load_optim = !f.get_bool("no-load-optim");
