@@ -109,7 +109,7 @@ TEST(Gpu, DeterministicModeRepeatsAndResumesBitwise) {
   const torch::Device gpu(torch::kCUDA, 0);
   configure_attention_backends();
   {
-    DeterministicMode mode(c, gpu);
+    DeterministicMode mode(gpu);
     EXPECT_TRUE(at::globalContext().deterministicAlgorithms());
     EXPECT_EQ(attention_backend_name(c.model, 8, gpu, torch::kBFloat16), "flash attention");
     const char* workspace = std::getenv("CUBLAS_WORKSPACE_CONFIG");

@@ -11,8 +11,10 @@
 //   optimizer.state.step                     Adam's step count, shape [1]
 // Every rank writes rank_NNNNN.safetensors with the boxes of the global tensors it holds:
 // tensor-parallel shards as boxes, distributed-optimizer shards as flat ranges, each replica
-// (over data-parallel ranks, and over tensor-parallel ranks for replicated parameters) once. The
-// last pipeline stage's copy of a tied embedding is not stored; it is loaded from the embedding.
+// (over data-parallel ranks, and over tensor-parallel ranks for replicated parameters) once; a
+// buffer replicated over data-parallel ranks is written in equal parts by all of them (Megatron's
+// fully parallel save; --no-ckpt-fully-parallel-save: by data-parallel rank 0). The last pipeline
+// stage's copy of a tied embedding is not stored; it is loaded from the embedding.
 // Rank 0 writes the metadata (iteration, consumed samples, layout, arguments, LR scheduler,
 // loss scaler, every rank's CPU/CUDA RNG state, the tensor table) and commits the directory.
 //

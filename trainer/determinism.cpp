@@ -11,7 +11,7 @@
 
 namespace fp8tron {
 
-DeterministicMode::DeterministicMode(const Config& /*config*/, const torch::Device& device) {
+DeterministicMode::DeterministicMode(const torch::Device& device) {
   auto& ctx = at::globalContext();
   algorithms_ = ctx.deterministicAlgorithms();
   warn_only_ = ctx.deterministicAlgorithmsWarnOnly();

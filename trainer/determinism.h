@@ -19,13 +19,12 @@
 #pragma once
 #include <torch/torch.h>
 
-#include "trainer/config.h"
 
 namespace fp8tron {
 
 class DeterministicMode {
  public:
-  DeterministicMode(const Config& config, const torch::Device& device);
+  explicit DeterministicMode(const torch::Device& device);
   ~DeterministicMode();
   DeterministicMode(const DeterministicMode&) = delete;
   DeterministicMode& operator=(const DeterministicMode&) = delete;

@@ -67,7 +67,7 @@ torch::Tensor allocate_host_tensor(int64_t numel, torch::ScalarType dtype, int p
     cudaError_t status = cudaSetDevice(pin_for_device);
     if (status == cudaSuccess) status = cudaHostRegister(data, mapped, cudaHostRegisterDefault);
     if (status != cudaSuccess) {
-      (void)cudaGetLastError();  // clear the sticky-free error so later CUDA calls do not see it
+      (void)cudaGetLastError();  // clear it, so that no later CUDA call on this thread reports it
       throw UserError(strprintf("cannot pin %.2f GB of host memory for the checkpoint snapshot (--async-save): %s "
                                 "(is the locked-memory limit, ulimit -l, too low?)",
                                 gb, cudaGetErrorString(status)));

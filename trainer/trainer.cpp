@@ -144,7 +144,7 @@ void Trainer::build() {
     configure_attention_backends();
   }
   // Before the first NCCL communicator and cuBLAS handle: it sets the environment they read.
-  if (c_.training.deterministic) deterministic_.emplace(c_, device_);
+  if (c_.training.deterministic) deterministic_.emplace(device_);
   parallel_ = make_parallel_state(c_, options_.force_single_process);
   torch::manual_seed(c_.training.seed + 100 * uint64_t(parallel_.pp_rank));  // dropout streams, as Megatron seeds them
   TensorParallelContext tp{parallel_.tp, parallel_.tp_rank, parallel_.sizes.tp, parallel_.sequence_parallel};
