@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Everything the GPU machine checks in one go (its machines start bare): build, GPU tests (ctest
 # label gpu), multi-GPU equivalence under mpirun and torchrun, and the benchmarks. Results go to
-# $OUT (or gpu-check/). Usage: scripts/gpu_check.sh [equivalence] [bench] [parallel-bench]
+# $OUT (or gpu-check/). Usage: scripts/gpu_check.sh [equivalence] [bench] [parallel-bench] [data] [checkpoint]
+# (checkpoint: save speed, --async-save blocking, --deterministic-mode repeat and resume on the
+# 1.3B model, summary in $OUT/checkpoint-summary.txt; then the Hugging Face export check)
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -80,7 +82,7 @@ with open('$OUT/corpus.jsonl', 'w') as f:
       grep -E " iteration +30/|batch-generator|forward-backward|optimizer|validation loss" "$OUT/data-1.3b.log" | cut -c1-240 ;;
     parallel-bench) echo "== multi-GPU benchmarks"; ./scripts/bench_parallel.sh "$GPUS" ;;
     checkpoint)
-      echo "== checkpoints: speed, async blocking, exact resume (1.3B)"
+      echo "== checkpoints: speed, async blocking, deterministic repeat and resume (1.3B)"
       ./scripts/bench_checkpoint.sh gpt-1.3b
       echo "== export to Hugging Face, checked with transformers"
       for style in gpt2 llama; do

@@ -8,11 +8,16 @@
 // run's within 1e-5 relative, and the weights the single-process run's (same criteria as
 // parallel_equivalence). Each rank's exit status says whether it agrees.
 //
-//   fp8tron_checkpoint_resume --dir D --save tp=2,pp=2 --load single --load tp=4 [--exact] [model flags]
-// Layout specs: comma-separated tp=N, pp=N, vpp=N (layers per virtual stage), sp, distopt; "single"
-// trains in one process on every rank.
+//   fp8tron_checkpoint_resume --dir D --save tp=2,pp=2 --load single --load tp=4 [--exact]
+//                             [--files-with-weights N] [model flags]
+// Layout specs: comma-separated tp=N, pp=N, vpp=N (layers per virtual stage), sp, distopt, dp (data
+// parallel over the remaining ranks, as always; a spec of its own); "single" trains in one
+// process on every rank. --files-with-weights N: the saved checkpoint must hold model weights in
+// N shard files (data-parallel ranks share the writing of replicas unless
+// --no-ckpt-fully-parallel-save).
 #include <cmath>
 #include <cstdio>
+#include <set>
 #include <sstream>
 
 #include "core/error.h"
@@ -20,6 +25,7 @@
 #include "core/text.h"
 #include "parallel/launch_env.h"
 #include "trainer/checkpoint/file_io.h"
+#include "trainer/checkpoint/metadata.h"
 #include "trainer/config_builder.h"
 #include "trainer/flags.h"
 #include "trainer/trainer.h"
@@ -54,6 +60,7 @@ Layout parse_layout(const std::string& spec) {
     else if (key == "sp") l.flags.push_back("--sequence-parallel");
     else if (key == "distopt") l.flags.push_back("--use-distributed-optimizer");
     else if (key == "single") l.single = true;
+    else if (key == "dp") continue;
     else throw UserError("unknown layout item '" + item + "' in " + spec);
   }
   return l;
@@ -93,9 +100,11 @@ int main(int argc, char** argv) {
     std::vector<Layout> loads;
     std::vector<std::string> model;
     bool exact = false;
+    int files_with_weights = 0;
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
       if (a == "--dir" && i + 1 < argc) dir = argv[++i];
+      else if (a == "--files-with-weights" && i + 1 < argc) files_with_weights = std::stoi(argv[++i]);
       else if (a == "--save" && i + 1 < argc) save = parse_layout(argv[++i]);
       else if (a == "--load" && i + 1 < argc) loads.push_back(parse_layout(argv[++i]));
       else if (a == "--exact") exact = true;
@@ -113,6 +122,14 @@ int main(int argc, char** argv) {
     const TrainResult first = run(model, save, {"--exit-interval", "10", "--save", dir}, env);
     if (std::vector<double>(straight.losses.begin(), straight.losses.begin() + 10) != first.losses)
       check.fail(save.spec + ": the first 10 iterations differ from the straight run");
+    if (files_with_weights > 0 && env.rank == 0) {
+      std::set<std::string> files;
+      for (const auto& [name, tensor] : checkpoint::read_metadata(dir + "/iter_0000010").tensors)
+        if (name.rfind("optimizer.", 0) != 0)
+          for (const auto& shard : tensor.shards) files.insert(shard.file);
+      if (int(files.size()) != files_with_weights)
+        check.fail(strprintf("the model weights are in %zu shard files, expected %d", files.size(), files_with_weights));
+    }
 
     for (const Layout& load : loads) {
       const TrainResult resumed = run(model, load, {"--load", dir}, env);

@@ -15,6 +15,11 @@
 #include "trainer/checkpoint/metadata.h"
 #include "trainer/checkpoint/sharded_io.h"
 #include "trainer/checkpoint_args.h"
+#include "trainer/checkpointing.h"
+#include "trainer/loss_scaler.h"
+#include "trainer/lr_schedule.h"
+#include "trainer/mixed_precision_optimizer.h"
+#include "models/gpt_model.h"
 #include "trainer/trainer.h"
 
 namespace fp8tron {
@@ -92,6 +97,10 @@ TEST(Checkpointing, ExactResumeAfterAsynchronousSaves) {
   check_exact_resume({"--bf16"}, {"--async-save", "--save-interval", "3"});
 }
 
+TEST(Checkpointing, ExactResumeInDeterministicMode) {
+  check_exact_resume({"--bf16", "--deterministic-mode", "--hidden-dropout", "0.1"});
+}
+
 TEST(Checkpointing, AsynchronousSavesAreAllCommitted) {
   TempDir dir;
   TrainResult r = run({"--train-iters", "10", "--save", dir.path(), "--save-interval", "2", "--async-save"});
@@ -100,6 +109,98 @@ TEST(Checkpointing, AsynchronousSavesAreAllCommitted) {
   // Each is complete and what training had at that iteration: resuming from 6 replays 7..10.
   TrainResult resumed = run({"--train-iters", "10", "--load", dir.path(), "--ckpt-step", "6"});
   EXPECT_EQ(std::vector<double>(r.losses.begin() + 6, r.losses.end()), resumed.losses);
+}
+
+// The training state of one process without the training loop: a model, its optimizer (with
+// state that differs per element), schedule, scaler and counters.
+class StateRig {
+ public:
+  explicit StateRig(Config c)
+      : config_(std::move(c)), parallel_(single_process_state()), model_(config_.model), schedule_(config_.lr_schedule),
+        scaler_(config_.precision) {
+    std::vector<NamedParam> params;
+    const auto infos = model_->param_infos();
+    for (const auto& item : model_->named_parameters()) params.push_back({item.key(), item.value(), infos.at(item.key())});
+    optimizer_ = std::make_unique<MixedPrecisionOptimizer>(params, config_.optimizer, config_.precision, parallel_, false);
+  }
+  void scramble(uint64_t seed) {
+    torch::NoGradGuard no_grad;
+    torch::manual_seed(seed);
+    optimizer_->main_params().normal_();
+    optimizer_->exp_avg().normal_();
+    optimizer_->exp_avg_sq().uniform_();
+    optimizer_->set_step_count(double(seed));
+    optimizer_->publish_model_params();
+    schedule_.set_num_steps(int64_t(seed) * 4);
+  }
+  TrainingState state() {
+    return {config_, parallel_, torch::Device(torch::kCPU), *optimizer_, schedule_, scaler_, train_samples_,
+            valid_samples_};
+  }
+  const MixedPrecisionOptimizer& optimizer() const { return *optimizer_; }
+
+ private:
+  Config config_;
+  ParallelState parallel_;
+  GptModel model_;
+  std::unique_ptr<MixedPrecisionOptimizer> optimizer_;
+  LrSchedule schedule_;
+  LossScaler scaler_;
+  int64_t train_samples_ = 0, valid_samples_ = 0;
+};
+
+void expect_same_state(const MixedPrecisionOptimizer& a, const MixedPrecisionOptimizer& b) {
+  EXPECT_TRUE(torch::equal(a.model_params(), b.model_params()));
+  EXPECT_TRUE(torch::equal(a.main_params(), b.main_params()));
+  EXPECT_TRUE(torch::equal(a.exp_avg(), b.exp_avg()));
+  EXPECT_TRUE(torch::equal(a.exp_avg_sq(), b.exp_avg_sq()));
+  EXPECT_EQ(a.step_count(), b.step_count());
+}
+
+TEST(AsyncCheckpointSaver, FirstSaveUsesHostMemoryReservedBeforeIt) {
+  TempDir dir;
+  StateRig rig(checkpoint_config({"--bf16", "--save", dir.path(), "--async-save"}));
+  rig.scramble(3);
+  const int64_t n = rig.optimizer().num_parameters();
+  AsyncCheckpointSaver saver;
+  saver.reserve(rig.state());
+  saver.save(rig.state(), 1);
+  saver.finalize(rig.state(), /*blocking=*/true);
+  const AsyncSaveStats& stats = saver.stats();
+  // bf16 weights, fp32 main weights and two Adam moments: four buffers, all made by reserve().
+  EXPECT_EQ(stats.buffers_reserved, 4);
+  EXPECT_EQ(stats.bytes_reserved, n * 2 + 3 * n * 4);
+  EXPECT_EQ(stats.buffers_allocated_by_saves, 0) << "the first save allocated host memory";
+  EXPECT_EQ(stats.last_copied_bytes, stats.bytes_reserved);
+  EXPECT_GE(stats.last_blocked_seconds, stats.last_copy_seconds);
+  // Later saves reuse the same memory, and each checkpoint holds the state of its iteration.
+  rig.scramble(5);
+  saver.save(rig.state(), 2);
+  rig.scramble(7);  // training moves on while the writer works: the snapshot must not see it
+  saver.finalize(rig.state(), true);
+  EXPECT_EQ(stats.buffers_allocated_by_saves, 0);
+  EXPECT_EQ(stats.saves, 2);
+  StateRig expected(checkpoint_config({"--bf16"}));
+  expected.scramble(5);
+  StateRig loaded(checkpoint_config({"--bf16", "--load", dir.path()}));
+  EXPECT_EQ(load_checkpoint(loaded.state()), 2);
+  expect_same_state(loaded.optimizer(), expected.optimizer());
+}
+
+TEST(AsyncCheckpointSaver, SaveOfOtherSizesThanReservedAllocatesWhatItNeeds) {
+  TempDir dir;
+  StateRig reserved_for(checkpoint_config({"--save", dir.path(), "--async-save"}));  // fp32: three buffers
+  StateRig larger(checkpoint_config({"--bf16", "--hidden-size", "64", "--save", dir.path(), "--async-save"}));
+  larger.scramble(11);
+  AsyncCheckpointSaver saver;
+  saver.reserve(reserved_for.state());
+  saver.save(larger.state(), 4);
+  saver.finalize(larger.state(), true);
+  EXPECT_EQ(saver.stats().buffers_reserved, 3);
+  EXPECT_EQ(saver.stats().buffers_allocated_by_saves, 4);
+  StateRig loaded(checkpoint_config({"--bf16", "--hidden-size", "64", "--load", dir.path()}));
+  EXPECT_EQ(load_checkpoint(loaded.state()), 4);
+  expect_same_state(loaded.optimizer(), larger.optimizer());
 }
 
 TEST(Checkpointing, LayoutAndMetadata) {
@@ -188,6 +289,86 @@ TEST(Checkpointing, FinetuneLoadsWeightsOnlyAndStartsAtIterationZero) {
   EXPECT_EQ(no_optim.consumed_samples, 48);
 }
 
+TEST(Checkpointing, SaveRetainIntervalKeepsMultiplesAndTheLatest) {
+  for (const char* mode : {"--save-interval", "--persistent-save-interval"}) {  // Megatron's two names
+    TempDir dir, async_dir;
+    run({"--train-iters", "10", "--save", dir.path(), mode, "2", "--save-retain-interval", "4"});
+    // Each save deletes the previous latest unless it is a multiple of 4: 2 and 6 go.
+    EXPECT_EQ(checkpoint::list_checkpoint_iterations(dir.path()), (std::vector<int64_t>{4, 8, 10})) << mode;
+    run({"--train-iters", "10", "--save", async_dir.path(), mode, "2", "--save-retain-interval", "4", "--async-save"});
+    EXPECT_EQ(checkpoint::list_checkpoint_iterations(async_dir.path()), (std::vector<int64_t>{4, 8, 10})) << mode;
+  }
+}
+
+TEST(Checkpointing, NonPersistentCheckpointsKeepOnlyTheNewestAndLoadWhenNewer) {
+  TempDir dir;
+  const std::vector<std::string> np = {"--non-persistent-ckpt-type", "global"};
+  TrainResult straight =
+      run(with({"--train-iters", "10", "--save", dir.path(), "--save-interval", "4", "--non-persistent-save-interval", "3"},
+               np));
+  // Persistent at 4, 8 and the end; non-persistent at 3, 6, 9 (only the newest kept) in <save>/non_persistent.
+  EXPECT_EQ(checkpoint::list_checkpoint_iterations(dir.path()), (std::vector<int64_t>{4, 8, 10}));
+  EXPECT_EQ(checkpoint::list_checkpoint_iterations(dir / "non_persistent"), (std::vector<int64_t>{9}));
+  EXPECT_EQ(checkpoint::read_tracker(dir / "non_persistent")->iteration, 9);
+  // As Megatron: the non-persistent checkpoint is taken when it is at least as new as the
+  // persistent one asked for (here --ckpt-step 8), and resumes exactly.
+  TrainResult from_np = run(with({"--train-iters", "10", "--load", dir.path(), "--ckpt-step", "8"}, np));
+  ASSERT_EQ(from_np.losses.size(), 1u);
+  EXPECT_EQ(from_np.losses[0], straight.losses[9]);
+  EXPECT_EQ(run({"--train-iters", "10", "--load", dir.path(), "--ckpt-step", "8"}).losses.size(), 2u);
+  EXPECT_EQ(run(with({"--train-iters", "12", "--load", dir.path()}, np)).losses.size(), 2u) << "10 is newer than 9";
+  // An explicit directory.
+  TempDir elsewhere;
+  run(with({"--train-iters", "4", "--save", dir.path(), "--non-persistent-save-interval", "2",
+            "--non-persistent-global-ckpt-dir", elsewhere.path()},
+           np));
+  EXPECT_EQ(checkpoint::list_checkpoint_iterations(elsewhere.path()), (std::vector<int64_t>{4}));
+}
+
+TEST(Checkpointing, MegatronCheckpointFormatsAreNamed) {
+  TempDir dir;
+  checkpoint::testing::spit(dir / "latest_checkpointed_iteration.txt", "5");
+  std::filesystem::create_directories(dir / "iter_0000005");
+  checkpoint::testing::spit(dir / "iter_0000005/metadata.json", "{\"sharded_backend\": \"torch_dist\", "
+                                                               "\"sharded_backend_version\": 1}");
+  checkpoint::testing::spit(dir / "iter_0000005/common.pt", "x");
+  EXPECT_USER_ERROR(run({"--train-iters", "6", "--load", dir.path(), "--auto-detect-ckpt-format"}),
+                    "is in the Megatron torch_dist (distributed) format; fp8tron reads only its own format");
+  TempDir legacy;
+  checkpoint::testing::spit(legacy / "latest_checkpointed_iteration.txt", "5");
+  std::filesystem::create_directories(legacy / "iter_0000005/mp_rank_00");
+  EXPECT_USER_ERROR(run({"--train-iters", "6", "--load", legacy.path()}), "Megatron legacy torch");
+}
+
+TEST(Checkpointing, DistCkptStrictnessHandlesTensorMismatches) {
+  TempDir dir;
+  run({"--train-iters", "4", "--save", dir.path()});
+  const std::string iter = dir / "iter_0000004";
+  auto m = checkpoint::read_metadata(iter);
+  const std::string gone = "optimizer.state.exp_avg.decoder.final_layernorm.weight";
+  const auto kept = m.tensors.at(gone);
+  m.tensors.erase(gone);
+  m.tensors["extra.weight"] = m.tensors.at("decoder.final_layernorm.weight");
+  checkpoint::write_metadata(iter, m);
+  auto resume = [&](const std::string& strictness) {
+    return run({"--train-iters", "6", "--load", dir.path(), "--dist-ckpt-strictness", strictness});
+  };
+  // A tensor the model needs is absent: the default fails reading it, raise_* before reading.
+  EXPECT_USER_ERROR(resume("assume_ok_unexpected"), "has no tensor '" + gone + "'");
+  EXPECT_USER_ERROR(resume("raise_unexpected"),
+                    "lacks tensors this model needs (--dist-ckpt-strictness raise_unexpected): " + gone);
+  EXPECT_USER_ERROR(resume("raise_all"), "lacks tensors this model needs");
+  for (const char* lenient : {"log_unexpected", "log_all", "return_unexpected", "return_all", "ignore_all"})
+    EXPECT_EQ(resume(lenient).losses.size(), 2u) << lenient;
+  // Only a tensor no rank reads: raise_all refuses it, the others load.
+  m.tensors[gone] = kept;
+  checkpoint::write_metadata(iter, m);
+  EXPECT_USER_ERROR(resume("raise_all"),
+                    "holds tensors this model does not read (--dist-ckpt-strictness raise_all): extra.weight");
+  EXPECT_EQ(resume("raise_unexpected").losses.size(), 2u);
+  EXPECT_EQ(resume("assume_ok_unexpected").losses.size(), 2u);
+}
+
 TEST(Checkpointing, NoSaveOptimAndNoSaveRng) {
   TempDir dir;
   run({"--train-iters", "4", "--save", dir.path(), "--no-save-optim", "--no-save-rng"});
@@ -216,12 +397,19 @@ TEST(Checkpointing, CkptStepLoadsAnOlderIteration) {
 
 TEST(Checkpointing, UseCheckpointArgsTakesTheModelFromTheCheckpoint) {
   TempDir dir;
-  run({"--train-iters", "2", "--save", dir.path(), "--swiglu", "--num-layers", "3"});
-  FlagValues flags = parse(with(tiny_args({"--global-batch-size", "4", "--lr", "3e-3", "--log-interval", "1000",
-                                           "--eval-iters", "0", "--train-iters", "4", "--hidden-size", "64"}),
-                                {"--load", dir.path(), "--use-checkpoint-args"}));
+  // (The built-in data needs no tokenizer file; the checkpoint records the flag all the same.)
+  run({"--train-iters", "2", "--save", dir.path(), "--swiglu", "--num-layers", "3", "--tokenizer-model", "/data/t.model"});
+  auto args = with(tiny_args({"--global-batch-size", "4", "--lr", "3e-3", "--log-interval", "1000", "--eval-iters", "0",
+                              "--train-iters", "4", "--hidden-size", "64"}),
+                   {"--load", dir.path(), "--use-checkpoint-args"});
+  FlagValues keep_tokenizer = parse(with(args, {"--no-use-tokenizer-model-from-checkpoint-args"}));
+  apply_checkpoint_args(keep_tokenizer);
+  EXPECT_EQ(keep_tokenizer.get_string("tokenizer-model"), "");
+  EXPECT_EQ(keep_tokenizer.get_int("num-layers"), 3);
+  FlagValues flags = parse(args);
   apply_checkpoint_args(flags);
   const Config c = build_config(flags, LaunchEnv{}, false);
+  EXPECT_EQ(c.data.tokenizer_model, "/data/t.model");  // as Megatron, unless told not to
   EXPECT_EQ(c.model.hidden_size, 32);
   EXPECT_EQ(c.model.num_layers, 3);
   EXPECT_TRUE(c.model.swiglu);

@@ -2,10 +2,12 @@
 
 #include <csignal>
 #include <cstdlib>
+#include <map>
 
 #include "core/error.h"
 #include "parallel/launch_env.h"
 #include "test_helpers.h"
+#include "trainer/determinism_env.h"
 #include "trainer/dry_run.h"
 
 namespace fp8tron {
@@ -125,9 +127,9 @@ TEST(Config, TrainSamplesConvertsToIterations) {
 
 TEST(Config, SupportLevels) {
   // Planned features are recorded (training refuses them); their defaults are harmless.
-  Config c = build(tiny_args({"--tensor-model-parallel-size", "1", "--non-persistent-save-interval", "5"}));
+  Config c = build(tiny_args({"--tensor-model-parallel-size", "1", "--override-ckpt-iteration", "5"}));
   ASSERT_EQ(c.not_supported_yet.size(), 1u);
-  EXPECT_NE(c.not_supported_yet[0].find("--non-persistent-save-interval"), std::string::npos);
+  EXPECT_NE(c.not_supported_yet[0].find("--override-ckpt-iteration"), std::string::npos);
   // Data parallelism is there.
   EXPECT_TRUE(build(tiny_args({"--global-batch-size", "4"}), 2).not_supported_yet.empty());
   // Overlapped data-parallel communication, with Megatron's rules for the parameter all-gather.
@@ -179,6 +181,84 @@ TEST(Config, CheckpointFlags) {
   EXPECT_USER_ERROR(build(tiny_args({"--save-interval", "0"})), "--save-interval must be positive");
   EXPECT_USER_ERROR(build(tiny_args({"--exit-signal", "SIGKILL"})), "cannot be caught");
   EXPECT_TRUE(build(tiny_args({"--async-save"})).checkpoint.async_save);
+  // Megatron's second name for --save-interval.
+  EXPECT_EQ(build(tiny_args({"--persistent-save-interval", "30"})).checkpoint.save_interval, 30);
+  EXPECT_EQ(build(tiny_args({"--persistent-save-interval", "30", "--save-interval", "30"})).checkpoint.save_interval, 30);
+  EXPECT_USER_ERROR(build(tiny_args({"--persistent-save-interval", "30", "--save-interval", "20"})), "name the same setting");
+  EXPECT_EQ(build(tiny_args({"--save-retain-interval", "1000"})).checkpoint.save_retain_interval, 1000);
+  EXPECT_USER_ERROR(build(tiny_args({"--save-retain-interval", "0"})), "--save-retain-interval must be positive");
+  // Non-persistent checkpoints: global only.
+  Config np = build(tiny_args({"--non-persistent-save-interval", "5", "--non-persistent-ckpt-type", "global",
+                               "--non-persistent-global-ckpt-dir", "/tmp/np"}));
+  EXPECT_TRUE(np.not_supported_yet.empty());
+  EXPECT_EQ(np.checkpoint.non_persistent_save_interval, 5);
+  EXPECT_TRUE(np.checkpoint.non_persistent_global);
+  EXPECT_EQ(np.checkpoint.non_persistent_dir, "/tmp/np");
+  EXPECT_USER_ERROR(build(tiny_args({"--non-persistent-save-interval", "5"})), "needs --non-persistent-ckpt-type global");
+  EXPECT_USER_ERROR(build(tiny_args({"--save", "/tmp/c", "--non-persistent-ckpt-type", "global",
+                                     "--non-persistent-global-ckpt-dir", "/tmp/c/"})),
+                    "--non-persistent-global-ckpt-dir must differ from --save and --load");
+  EXPECT_USER_ERROR(build(tiny_args({"--non-persistent-ckpt-type", "local"})), "only global non-persistent checkpoints");
+  EXPECT_USER_ERROR(build(tiny_args({"--non-persistent-ckpt-type", "in_memory"})), "only global non-persistent");
+  // Fully parallel saves are Megatron's default.
+  EXPECT_TRUE(build(tiny_args()).checkpoint.fully_parallel_save);
+  EXPECT_FALSE(build(tiny_args({"--no-ckpt-fully-parallel-save"})).checkpoint.fully_parallel_save);
+  EXPECT_EQ(build(tiny_args()).checkpoint.dist_ckpt_strictness, "assume_ok_unexpected");
+  EXPECT_EQ(build(tiny_args({"--dist-ckpt-strictness", "log_all"})).checkpoint.dist_ckpt_strictness, "log_all");
+  EXPECT_USER_ERROR(build(tiny_args({"--dist-ckpt-strictness", "lenient"})), "--dist-ckpt-strictness");
+  // Megatron's own async/fully-parallel-load knobs are accepted with a notice.
+  Config hints = build(tiny_args({"--ckpt-fully-parallel-load", "--async-strategy", "mcore", "--ckpt-fully-parallel-save"}));
+  EXPECT_TRUE(hints.not_supported_yet.empty());
+  EXPECT_EQ(hints.hint_warnings.size(), 3u);
+}
+
+TEST(Config, DeterministicMode) {
+  EXPECT_FALSE(build(tiny_args()).training.deterministic);
+  const Config c = build(tiny_args({"--deterministic-mode"}));
+  EXPECT_TRUE(c.training.deterministic);
+  EXPECT_TRUE(c.hint_warnings.empty());
+  EXPECT_TRUE(c.not_supported_yet.empty());
+}
+
+TEST(DeterministicEnvironment, SetsWhatIsUnsetKeepsAcceptedValuesRefusesOthers) {
+  std::map<std::string, std::string> env;
+  auto lookup = [&env](const char* name) -> const char* {
+    auto it = env.find(name);
+    return it == env.end() ? nullptr : it->second.c_str();
+  };
+  auto value = [](const std::vector<EnvSetting>& settings, const std::string& name) {
+    for (const auto& s : settings)
+      if (s.name == name) return s.value + (s.already_set ? " kept" : " set");
+    return std::string("missing");
+  };
+  auto fresh = deterministic_environment(lookup);
+  EXPECT_EQ(value(fresh, "CUBLAS_WORKSPACE_CONFIG"), ":4096:8 set");
+  EXPECT_EQ(value(fresh, "NCCL_ALGO"), "Ring set");
+  EXPECT_EQ(value(fresh, "FP8TRON_GEMM_AUTOTUNE"), "0 set");
+  env = {{"CUBLAS_WORKSPACE_CONFIG", ":16:8"}, {"NCCL_ALGO", "Tree"}, {"FP8TRON_GEMM_AUTOTUNE", "0"}};
+  auto given = deterministic_environment(lookup);
+  EXPECT_EQ(value(given, "CUBLAS_WORKSPACE_CONFIG"), ":16:8 kept");
+  EXPECT_EQ(value(given, "NCCL_ALGO"), "Tree kept");
+  EXPECT_EQ(value(given, "FP8TRON_GEMM_AUTOTUNE"), "0 kept");
+  env["NCCL_ALGO"] = "NVLS";
+  EXPECT_USER_ERROR(deterministic_environment(lookup), "NCCL_ALGO=NVLS is not one of");
+  env["NCCL_ALGO"] = "^NVLS";
+  env["CUBLAS_WORKSPACE_CONFIG"] = ":0:0";
+  EXPECT_USER_ERROR(deterministic_environment(lookup), "CUBLAS_WORKSPACE_CONFIG=:0:0");
+  env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8";
+  env["FP8TRON_GEMM_AUTOTUNE"] = "1";
+  EXPECT_USER_ERROR(deterministic_environment(lookup), "FP8TRON_GEMM_AUTOTUNE=1");
+}
+
+TEST(DeterministicEnvironment, ValidationRefusesABadEnvironmentForGpuRuns) {
+  const char* previous = std::getenv("NCCL_ALGO");
+  const std::string saved = previous ? previous : "";
+  setenv("NCCL_ALGO", "NVLS", 1);
+  // A dry run plans for the GPU without one; the environment is checked all the same.
+  EXPECT_USER_ERROR(build(tiny_args({"--deterministic-mode", "--dry-run", "--device", "cuda"})),
+                    "invalid configuration (deterministic mode environment): --deterministic-mode: NCCL_ALGO=NVLS");
+  EXPECT_NO_THROW(build(tiny_args({"--deterministic-mode", "--device", "cpu"})));  // no NCCL, no cuBLAS
+  if (previous) setenv("NCCL_ALGO", saved.c_str(), 1); else unsetenv("NCCL_ALGO");
 }
 
 TEST(Config, ParallelFlags) {

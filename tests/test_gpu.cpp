@@ -1,12 +1,16 @@
 // GPU tests (ctest label `gpu`): skipped where no CUDA device is visible; run on the GPU machine.
 #include <gtest/gtest.h>
 
+#include <ATen/Context.h>
+
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 
 #include "models/gpt_model.h"
 #include "test_helpers.h"
 #include "trainer/checkpoint/file_io.h"
+#include "trainer/determinism.h"
 #include "trainer/trainer.h"
 
 namespace fp8tron {
@@ -56,7 +60,7 @@ TEST(Gpu, Bf16GqaRopeSwigluTrains) {
 // Exact resume on the GPU: 20 iterations straight vs 10 + save + load + 10. Bitwise only where
 // the GPU kernels are deterministic, which a second straight run tells; otherwise the test
 // reports the run-to-run difference and skips.
-void check_gpu_resume(std::initializer_list<std::string> model) {
+void check_gpu_resume(std::initializer_list<std::string> model, bool must_repeat = false) {
   const std::string dir = temp_file("gpu_ckpt", "");
   std::remove(dir.c_str());
   auto config = [&](std::vector<std::string> extra) {
@@ -74,7 +78,10 @@ void check_gpu_resume(std::initializer_list<std::string> model) {
   checkpoint::remove_tree(dir);  // not std::filesystem::remove_all: see file_io.h
   ASSERT_EQ(resumed.losses.size(), 10u);
   const std::vector<double> tail(a.losses.begin() + 10, a.losses.end());
-  if (a.losses != b.losses) {
+  if (must_repeat) {
+    EXPECT_EQ(a.losses, b.losses) << "two identical runs differ";
+    EXPECT_EQ(a.final_weights_sample, b.final_weights_sample) << "two identical runs differ";
+  } else if (a.losses != b.losses) {
     double worst = 0;
     for (size_t i = 0; i < a.losses.size(); ++i) worst = std::max(worst, std::abs(a.losses[i] - b.losses[i]));
     GTEST_SKIP() << "two identical GPU runs differ (largest loss difference " << worst
@@ -92,6 +99,28 @@ TEST(Gpu, CheckpointResumeIsExactFp32) {
 TEST(Gpu, CheckpointResumeIsExactBf16WithDropout) {
   REQUIRE_GPU();
   check_gpu_resume({"--bf16", "--hidden-dropout", "0.1", "--attention-dropout", "0.1"});
+}
+
+// --deterministic-mode: cuDNN attention (no deterministic backward) gives way to flash attention
+// with its deterministic backward; runs repeat and resume bit for bit, dropout included.
+TEST(Gpu, DeterministicModeRepeatsAndResumesBitwise) {
+  REQUIRE_GPU();
+  Config c = gpu_config({"--train-iters", "1", "--bf16", "--device", "cuda", "--deterministic-mode"});
+  const torch::Device gpu(torch::kCUDA, 0);
+  configure_attention_backends();
+  {
+    DeterministicMode mode(gpu);
+    EXPECT_TRUE(at::globalContext().deterministicAlgorithms());
+    EXPECT_EQ(attention_backend_name(c.model, 8, gpu, torch::kBFloat16), "flash attention");
+    const char* workspace = std::getenv("CUBLAS_WORKSPACE_CONFIG");
+    ASSERT_NE(workspace, nullptr);
+    EXPECT_TRUE(std::string(workspace) == ":4096:8" || std::string(workspace) == ":16:8") << workspace;
+  }
+  EXPECT_FALSE(at::globalContext().deterministicAlgorithms());
+  EXPECT_EQ(attention_backend_name(c.model, 8, gpu, torch::kBFloat16), "cuDNN fused attention");
+  check_gpu_resume({"--bf16", "--deterministic-mode", "--hidden-dropout", "0.1", "--attention-dropout", "0.1",
+                    "--vocab-size", "32"},
+                   /*must_repeat=*/true);
 }
 
 }  // namespace fp8tron

@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <ATen/Context.h>
+
 #include <cmath>
 
 #include "data/builtin_datasets.h"
@@ -9,13 +11,15 @@
 namespace fp8tron {
 using namespace fp8tron::testing;
 
-Config training_config(std::initializer_list<std::string> extra) {
+std::vector<std::string> training_args(const std::vector<std::string>& extra) {
   auto args = tiny_args({"--hidden-size", "64", "--seq-length", "32", "--micro-batch-size", "8", "--global-batch-size", "16",
                          "--vocab-size", "128", "--lr", "3e-3", "--attention-dropout", "0", "--hidden-dropout", "0",
                          "--log-interval", "1000", "--eval-iters", "0"});
   args.insert(args.end(), extra.begin(), extra.end());
-  return build(args);
+  return args;
 }
+
+Config training_config(std::initializer_list<std::string> extra) { return build(training_args(extra)); }
 
 double mean(const std::vector<double>& v, size_t from, size_t to) {
   double s = 0;
@@ -39,6 +43,26 @@ TEST(Training, SameSeedGivesIdenticalLosses) {
   EXPECT_EQ(a.final_weights_sample, b.final_weights_sample);
   TrainResult c = train(training_config({"--train-iters", "8", "--seed", "99"}));
   EXPECT_NE(a.losses, c.losses);
+}
+
+TEST(Training, DeterministicModeOnTheCpuRepeatsAndChangesNothing) {
+  // The CPU kernels are deterministic already: the mode must not change a single bit (e.g. by
+  // exposing a read of uninitialized memory, which torch's deterministic mode fills with NaN).
+  const TrainOptions weights{.collect_final_weights = true};
+  for (const char* precision : {"--fp16", "--bf16"}) {
+    std::vector<std::string> flags = {"--train-iters", "6", "--hidden-dropout", "0.1", "--attention-dropout", "0.1",
+                                      "--swiglu", precision};
+    TrainResult reference = train(build(training_args(flags)), weights);
+    flags.push_back("--deterministic-mode");
+    const Config deterministic = build(training_args(flags));
+    ASSERT_TRUE(deterministic.training.deterministic);
+    TrainResult a = train(deterministic, weights), b = train(deterministic, weights);
+    EXPECT_EQ(a.losses, reference.losses) << precision;
+    EXPECT_EQ(a.losses, b.losses) << precision;
+    EXPECT_EQ(a.final_weights_sample, reference.final_weights_sample) << precision;
+    EXPECT_EQ(a.final_weights_sample, b.final_weights_sample) << precision;
+    EXPECT_FALSE(at::globalContext().deterministicAlgorithms()) << "torch's switch is restored after the run";
+  }
 }
 
 TEST(Training, Bf16LossFalls) {
@@ -73,8 +97,8 @@ TEST(Training, ExitIntervalStopsEarly) {
 }
 
 TEST(Training, RefusesFeaturesThatHaveNotLanded) {
-  EXPECT_USER_ERROR(train(training_config({"--train-iters", "2", "--non-persistent-save-interval", "5"})),
-                    "not supported yet: --non-persistent-save-interval");
+  EXPECT_USER_ERROR(train(training_config({"--train-iters", "2", "--override-ckpt-iteration", "5"})),
+                    "not supported yet: --override-ckpt-iteration");
 }
 
 TEST(BuiltinData, DeterministicPerIndexAndSplit) {

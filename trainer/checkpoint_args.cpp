@@ -1,5 +1,8 @@
 #include "trainer/checkpoint_args.h"
 
+#include <iterator>
+#include <vector>
+
 #include "core/error.h"
 #include "core/log.h"
 #include "trainer/checkpoint/checkpoint_dir.h"
@@ -25,7 +28,12 @@ void apply_checkpoint_args(FlagValues& flags) {
       "rotary-percent", "disable-bias-linear", "add-qkv-bias", "swiglu", "untie-embeddings-and-output-weights",
       "apply-layernorm-1p", "normalization", "norm-epsilon", "qk-layernorm", "attention-dropout", "hidden-dropout",
       "tokenizer-type", "vocab-size", "make-vocab-size-divisible-by", "init-method-std", "transformer-impl"};
-  for (const char* name : kModelFlags) {
+  std::vector<const char*> names(std::begin(kModelFlags), std::end(kModelFlags));
+  // Megatron also takes the tokenizer model unless told not to.
+  if (!flags.get_bool("no-use-tokenizer-model-from-checkpoint-args") &&
+      !flags.get_bool("disable-use-tokenizer-model-from-checkpoint-args"))
+    names.push_back("tokenizer-model");
+  for (const char* name : names) {
     auto it = metadata.args.find(name);
     if (it == metadata.args.end()) continue;
     const FlagSpec* spec = find_flag(name);

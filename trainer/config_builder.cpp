@@ -156,6 +156,7 @@ TrainingConfig build_training(const FlagValues& f, int dp) {
   t.eval_interval = f.get_int("eval-interval");
   t.eval_iters = f.get_int("eval-iters");
   t.seed = uint64_t(f.get_int("seed"));
+  t.deterministic = f.get_bool("deterministic-mode");
   return t;
 }
 
@@ -346,7 +347,34 @@ CheckpointConfig build_checkpoint(const FlagValues& f, std::vector<std::string>&
   k.save = f.get_string("save");
   k.load = f.get_string("load");
   k.save_interval = f.opt_int("save-interval");
+  if (auto alias = f.opt_int("persistent-save-interval")) {  // Megatron's second name for it
+    if (k.save_interval && *k.save_interval != *alias)
+      throw UserError("--save-interval and --persistent-save-interval name the same setting; give one value");
+    k.save_interval = alias;
+  }
   if (k.save_interval && *k.save_interval <= 0) throw UserError("--save-interval must be positive");
+  k.save_retain_interval = f.opt_int("save-retain-interval");
+  if (k.save_retain_interval && *k.save_retain_interval <= 0) throw UserError("--save-retain-interval must be positive");
+  k.non_persistent_save_interval = f.opt_int("non-persistent-save-interval");
+  const std::string np_type = f.get_string("non-persistent-ckpt-type");
+  if (np_type == "local" || np_type == "in_memory")
+    throw UserError("--non-persistent-ckpt-type " + np_type + ": only global non-persistent checkpoints are "
+                    "implemented (local and in-memory ones need NVIDIA's resiliency extension); use global");
+  k.non_persistent_global = np_type == "global";
+  if (k.non_persistent_save_interval) {
+    if (*k.non_persistent_save_interval <= 0) throw UserError("--non-persistent-save-interval must be positive");
+    if (!k.non_persistent_global)
+      throw UserError("--non-persistent-save-interval needs --non-persistent-ckpt-type global");
+  }
+  k.non_persistent_dir = f.get_string("non-persistent-global-ckpt-dir");
+  auto trimmed = [](std::string d) {
+    while (d.size() > 1 && d.back() == '/') d.pop_back();
+    return d;
+  };
+  if (!k.non_persistent_dir.empty() &&
+      (trimmed(k.non_persistent_dir) == trimmed(k.save) || trimmed(k.non_persistent_dir) == trimmed(k.load)))
+    throw UserError("--non-persistent-global-ckpt-dir must differ from --save and --load: only the newest "
+                    "non-persistent checkpoint is kept there, so the others would be deleted");
   k.save_optim = !f.get_bool("no-save-optim");
   k.save_rng = !f.get_bool("no-save-rng");
   k.load_optim = !f.get_bool("no-load-optim");
@@ -357,6 +385,8 @@ CheckpointConfig build_checkpoint(const FlagValues& f, std::vector<std::string>&
   if (k.ckpt_step && *k.ckpt_step < 0) throw UserError("--ckpt-step must not be negative");
   k.exit_on_missing_checkpoint = f.get_bool("exit-on-missing-checkpoint");
   k.async_save = f.get_bool("async-save");
+  k.fully_parallel_save = !f.get_bool("no-ckpt-fully-parallel-save");
+  k.dist_ckpt_strictness = f.get_string("dist-ckpt-strictness");
   k.exit_signal_handler = f.get_bool("exit-signal-handler");
   k.exit_signal_name = f.get_string("exit-signal");
   k.exit_signal = signal_number(k.exit_signal_name);

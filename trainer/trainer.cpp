@@ -19,6 +19,7 @@
 #include "parallel/layer_split.h"
 #include "parallel/pipeline_schedule.h"
 #include "trainer/checkpointing.h"
+#include "trainer/determinism.h"
 #include "trainer/exit_signal.h"
 #include "trainer/iteration_log.h"
 #include "trainer/loss_scaler.h"
@@ -116,7 +117,7 @@ class Trainer {
   void write_tensorboard(int64_t iteration, const torch::Tensor& loss);
   void collect_weights(TrainResult& result);
   TrainingState checkpoint_state();
-  void save(int64_t iteration);
+  void save(int64_t iteration, bool non_persistent = false);
   bool checkpoint_and_decide_exit(int64_t iteration, Clock::time_point start, const ExitSignalHandler* signal);
 
   const Config& c_;
@@ -137,6 +138,7 @@ class Trainer {
   int64_t last_saved_iteration_ = -1;
   std::unique_ptr<AsyncCheckpointSaver> async_saver_;  // --async-save
   std::shared_ptr<fp8::Fp8Engine> fp8_;                // --fp8-format: every chunk's FP8 linears
+  std::optional<DeterministicMode> deterministic_;     // --deterministic-mode, for the whole run
 };
 
 void Trainer::build() {
@@ -144,6 +146,8 @@ void Trainer::build() {
     c10::cuda::set_device(device_.index());
     configure_attention_backends();
   }
+  // Before the first NCCL communicator and cuBLAS handle: it sets the environment they read.
+  if (c_.training.deterministic) deterministic_.emplace(device_);
   parallel_ = make_parallel_state(c_, options_.force_single_process);
   torch::manual_seed(c_.training.seed + 100 * uint64_t(parallel_.pp_rank));  // dropout streams, as Megatron seeds them
   TensorParallelContext tp{parallel_.tp, parallel_.tp_rank, parallel_.sizes.tp, parallel_.sequence_parallel};
@@ -193,9 +197,13 @@ void Trainer::build() {
   log::info(strprintf(" > number of parameters on (tensor, pipeline) model parallel rank (%d, %d): %lld", parallel_.tp_rank,
                       parallel_.pp_rank, (long long)optimizer_->num_parameters()));
   const std::string backend = attention_backend_name(c_.model, c_.training.micro_batch_size, device_, param_dtype(c_));
-  log::info(" > attention: " + backend);
-  if (device_.is_cuda() && backend != "cuDNN fused attention")
-    log::warning("cuDNN attention is not available for these shapes/settings; using " + backend);
+  if (device_.is_cuda() && c_.training.deterministic) {
+    log::info(" > attention: " + backend + " with its deterministic backward (--deterministic-mode)");
+  } else {
+    log::info(" > attention: " + backend);
+    if (device_.is_cuda() && backend != "cuDNN fused attention")
+      log::warning("cuDNN attention is not available for these shapes/settings; using " + backend);
+  }
   if (fp8_) log::info(" > " + fp8_->describe());
   interval_.reset(device_);
 }
@@ -352,14 +360,15 @@ TrainingState Trainer::checkpoint_state() {
           fp8_.get()};
 }
 
-void Trainer::save(int64_t iteration) {
+void Trainer::save(int64_t iteration, bool non_persistent) {
   if (c_.checkpoint.async_save) {
     if (!async_saver_) async_saver_ = std::make_unique<AsyncCheckpointSaver>();
-    async_saver_->save(checkpoint_state(), iteration);
+    async_saver_->save(checkpoint_state(), iteration, non_persistent);
   } else {
-    save_checkpoint(checkpoint_state(), iteration);
+    save_checkpoint(checkpoint_state(), iteration, non_persistent);
   }
-  last_saved_iteration_ = iteration;
+  // A non-persistent checkpoint does not stand in for the persistent one at the end or on exit.
+  if (!non_persistent) last_saved_iteration_ = iteration;
 }
 
 // Megatron's checkpoint_and_decide_exit, after every iteration: an exit signal, the save interval,
@@ -379,7 +388,10 @@ bool Trainer::checkpoint_and_decide_exit(int64_t iteration, Clock::time_point st
       return true;
     }
   }
-  if (saving && k.save_interval && iteration % *k.save_interval == 0) save(iteration);
+  if (saving && k.save_interval && iteration % *k.save_interval == 0)
+    save(iteration);
+  else if (saving && k.non_persistent_save_interval && iteration % *k.non_persistent_save_interval == 0)
+    save(iteration, /*non_persistent=*/true);
   if (t.exit_duration_in_mins) {
     // Every rank must stop at the same iteration: rank 0's clock decides.
     auto over = torch::tensor({std::chrono::duration<double>(Clock::now() - start).count() / 60.0 >
@@ -401,6 +413,11 @@ bool Trainer::checkpoint_and_decide_exit(int64_t iteration, Clock::time_point st
 
 TrainResult Trainer::run() {
   build();
+  if (c_.checkpoint.async_save && !c_.checkpoint.save.empty()) {
+    // The host memory of the snapshots is allocated in the background from now on.
+    async_saver_ = std::make_unique<AsyncCheckpointSaver>();
+    async_saver_->reserve(checkpoint_state());
+  }
   const int64_t first_iteration = load_checkpoint(checkpoint_state()) + 1;
   std::optional<ExitSignalHandler> exit_signal;
   if (c_.checkpoint.exit_signal_handler) exit_signal.emplace(c_.checkpoint.exit_signal);

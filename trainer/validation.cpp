@@ -1,12 +1,14 @@
 // Named validation rules over the built configuration. Each rule is small and states one
 // invariant; the message names the flags and says how to fix it.
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 
 #include "core/error.h"
 #include "core/text.h"
 #include "parallel/layer_split.h"
 #include "trainer/config_builder.h"
+#include "trainer/determinism_env.h"
 
 namespace fp8tron {
 namespace {
@@ -159,6 +161,16 @@ const std::vector<Rule>& rules() {
            return "--overlap-param-gather is only supported with --use-distributed-optimizer";
          if (d.overlap_param_gather && !d.overlap_grad_reduce)
            return "--overlap-param-gather needs --overlap-grad-reduce";
+         return "";
+       }},
+      {"deterministic mode environment",
+       [](const Config& c, const FlagValues&) -> std::string {
+         if (!c.training.deterministic || c.device != "cuda") return "";
+         try {
+           deterministic_environment([](const char* name) { return std::getenv(name); });
+         } catch (const UserError& e) {
+           return e.what();
+         }
          return "";
        }},
       {"intervals",
