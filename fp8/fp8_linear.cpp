@@ -57,10 +57,15 @@ torch::Tensor scale_storage(const ScaleLayout& layout, const torch::Device& devi
 
 // Quantizes x2d [rows, cols] for `role` of `site`: the row-wise copy and/or the transposed copy.
 // `record_amax`: delayed scaling max-accumulates the amax into the site's history slot.
-std::shared_ptr<Quantized> quantize(Fp8Engine& e, const Fp8Site& site, TensorRole role, const torch::Tensor& x2d,
-                                    bool rowwise, bool transposed, bool record_amax) {
+std::shared_ptr<Quantized> quantize(Fp8Engine& e, const Fp8Site& site, TensorRole role, torch::Tensor x2d,
+                                    bool rowwise, bool transposed, bool record_amax, TensorCastFusion fusion = {}) {
   const Recipe& recipe = e.recipe();
   const Path path = path_of(e);
+  // The fused kernels serve per-tensor scaling on the GPU; elsewhere the prologue runs first.
+  const bool fusable = path != Path::kCpu && scaling_mode(recipe, role) == ScalingMode::kTensor && transposed;
+  if (fusion.prologue == Prologue::kGeluTanh && !fusable) x2d = at::gelu(x2d, "tanh");
+  FP8TRON_CHECK(fusion.column_sums == nullptr || fusable, "column sums need the fused per-tensor GPU cast");
+  if (!fusable) fusion.prologue = Prologue::kNone;
   auto q = std::make_shared<Quantized>();
   Fp8TensorView& v = q->view;
   v.format = tensor_format(recipe, role);
@@ -89,7 +94,7 @@ std::shared_ptr<Quantized> quantize(Fp8Engine& e, const Fp8Site& site, TensorRol
         const size_t s = e.slot(site, role);
         v.scale = e.scale().data_ptr<float>() + s;
         v.amax = record_amax ? e.history().data_ptr<float>() + s : nullptr;
-        cpu ? reference::quantize_tensor_delayed(x, v) : quantize_tensor_delayed(x, v, stream);
+        cpu ? reference::quantize_tensor_delayed(x, v) : quantize_tensor_delayed(x, v, stream, fusion);
       } else {
         const auto& current = std::get<CurrentScaling>(recipe);
         const CurrentScalingOptions options{current.power_2_scales, current.amax_epsilon};
@@ -97,7 +102,7 @@ std::shared_ptr<Quantized> quantize(Fp8Engine& e, const Fp8Site& site, TensorRol
         q->amax = torch::empty({1}, floats);
         v.scale = q->scale.data_ptr<float>();
         v.amax = q->amax.data_ptr<float>();
-        cpu ? reference::quantize_tensor_current(x, v, options) : quantize_tensor_current(x, v, options, stream);
+        cpu ? reference::quantize_tensor_current(x, v, options) : quantize_tensor_current(x, v, options, stream, fusion);
       }
       break;
     }
@@ -195,6 +200,7 @@ struct Fp8LinearBackward : public torch::autograd::Node {
   Fp8Site* site = nullptr;
   std::shared_ptr<Quantized> input;   // transposed copy only (wgrad)
   std::shared_ptr<Quantized> weight;  // both copies (dgrad uses the transposed one)
+  torch::Tensor activation_input;     // Prologue::kGeluTanh: the GeLU's input (its backward reads it)
   std::vector<int64_t> input_shape;
   torch::ScalarType input_dtype = torch::kBFloat16, weight_dtype = torch::kBFloat16, bias_dtype = torch::kBFloat16;
   bool has_bias = false;
@@ -203,6 +209,7 @@ struct Fp8LinearBackward : public torch::autograd::Node {
   void release_variables() override {
     input.reset();
     weight.reset();
+    activation_input = torch::Tensor();
   }
 
   variable_list apply(variable_list&& grads) override {
@@ -213,12 +220,23 @@ struct Fp8LinearBackward : public torch::autograd::Node {
     variable_list out(3);
     if (!grads[0].defined()) return out;
     const auto dy = grads[0].reshape({-1, site->out_features});
-    auto dyq = quantize(e, *site, TensorRole::kGradOutput, dy, need_dx, need_dw, /*record_amax=*/true);
-    if (need_dx)  // dX [M, K] = dY [M, N] * (W^T [K, N])^T
+    // The bias gradient comes out of the cast kernel when it can (one read of dY fewer).
+    TensorCastFusion fusion;
+    torch::Tensor db;
+    const bool fused_db = need_db && need_dw && path_of(e) == Path::kNative && !e.options().deterministic &&
+                          scaling_mode(e.recipe(), TensorRole::kGradOutput) == ScalingMode::kTensor;
+    if (fused_db) {
+      db = torch::zeros({site->out_features}, dy.options().dtype(torch::kFloat32));
+      fusion.column_sums = db.data_ptr<float>();
+    }
+    auto dyq = quantize(e, *site, TensorRole::kGradOutput, dy, need_dx, need_dw, /*record_amax=*/true, fusion);
+    if (need_dx) {  // dX [M, K] = dY [M, N] * (W^T [K, N])^T
       out[0] = gemm(e, *dyq, false, *weight, true, {}, GemmKind::kDgrad, input_dtype).view(input_shape);
+      if (activation_input.defined()) out[0] = at::gelu_backward(out[0], activation_input, "tanh");
+    }
     if (need_dw)  // dW [N, K] = dY^T [N, M] * (X^T [K, M])^T
       out[1] = gemm(e, *dyq, true, *input, true, {}, GemmKind::kWgrad, weight_dtype);
-    if (need_db) out[2] = dy.sum(0, false, torch::kFloat32).to(bias_dtype);
+    if (need_db) out[2] = (fused_db ? db : dy.sum(0, false, torch::kFloat32)).to(bias_dtype);
     release_variables();
     return out;
   }
@@ -354,7 +372,8 @@ std::string Fp8Engine::describe() const {
 
 // ---- the autograd function -------------------------------------------------------------------------
 
-torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias, Fp8Site& site) {
+torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias, Fp8Site& site,
+                         Prologue prologue) {
   Fp8Engine& e = *site.engine;
   FP8TRON_CHECK(x.size(-1) == site.in_features && weight.size(0) == site.out_features &&
                     weight.size(1) == site.in_features,
@@ -370,7 +389,8 @@ torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight, co
   {
     torch::NoGradGuard no_grad;
     // Amaxes are recorded for training steps only: evaluation must not move the scales.
-    xq = quantize(e, site, TensorRole::kInput, x2d.detach(), true, need_dw, /*record_amax=*/track);
+    xq = quantize(e, site, TensorRole::kInput, x2d.detach(), true, need_dw, /*record_amax=*/track,
+                  TensorCastFusion{prologue, nullptr});
     wq = quantized_weight(site, weight, /*record_amax=*/track);
     y = gemm(e, *xq, false, *wq, false, bias.defined() ? bias.detach() : bias, GemmKind::kFprop, x.scalar_type());
     std::vector<int64_t> shape = x.sizes().vec();
@@ -392,6 +412,7 @@ torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight, co
   node->input_dtype = x.scalar_type();
   node->weight_dtype = weight.scalar_type();
   node->has_bias = bias.defined();
+  if (prologue != Prologue::kNone) node->activation_input = x.detach();
   if (bias.defined()) node->bias_dtype = bias.scalar_type();
   node->set_next_edges(torch::autograd::collect_next_edges(x, weight, bias));
   torch::autograd::set_history(y, node);

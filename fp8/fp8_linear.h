@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "fp8/quantize.h"
 #include "fp8/recipe.h"
 
 namespace fp8tron::fp8 {
@@ -42,6 +43,8 @@ struct Fp8EngineOptions {
   // --first-last-layers-bf16: global layer numbers [0, bf16_first) and [num_layers - bf16_last,
   // num_layers) stay bf16.
   int64_t bf16_first_layers = 0, bf16_last_layers = 0, num_layers = 0;
+  // --deterministic-mode: no atomically accumulated bias gradients.
+  bool deterministic = false;
 };
 
 // Replaces row 0 of the amax history (a [num_slots] fp32 tensor) by its maximum over the ranks
@@ -122,8 +125,11 @@ class Fp8Engine {
   std::unique_ptr<GemmHandle> gemm_;
 };
 
-// y = x W^T + b through the site's FP8 GEMMs. x [..., in], weight [out, in], bias [out] or
-// undefined. Differentiable in x, weight and bias.
-torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias, Fp8Site& site);
+// y = f(x) W^T + b through the site's FP8 GEMMs. x [..., in], weight [out, in], bias [out] or
+// undefined. Differentiable in x, weight and bias. f is the prologue: identity, or GeLU (tanh)
+// fused into the cast of x (an MLP's fc2: the GeLU output is never stored in bf16; backward
+// applies GeLU's derivative to the dgrad output).
+torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias, Fp8Site& site,
+                         Prologue prologue = Prologue::kNone);
 
 }  // namespace fp8tron::fp8

@@ -47,6 +47,28 @@ __device__ __forceinline__ float abs_max8(const uint4& v, float m) {
   return m;
 }
 
+// torch's gelu(x, approximate="tanh") in fp32, as its bf16 kernel computes it.
+__device__ __forceinline__ float gelu_tanh(float x) {
+  constexpr float kBeta = 0.7978845608028654f;  // sqrt(2 / pi)
+  constexpr float kKappa = 0.044715f;
+  const float x_cube = x * x * x;
+  const float inner = kBeta * (x + kKappa * x_cube);
+  return 0.5f * x * (1.0f + tanhf(inner));
+}
+
+// The prologue on eight packed bf16 values; results rounded to bf16 as a stored activation is.
+__device__ __forceinline__ uint4 apply_prologue(const uint4& v, Prologue p) {
+  if (p == Prologue::kNone) return v;
+  uint32_t w[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const uint16_t lo = codec::float_to_bf16(gelu_tanh(unpack(v, 2 * k)));
+    const uint16_t hi = codec::float_to_bf16(gelu_tanh(unpack(v, 2 * k + 1)));
+    w[k] = static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 template <Format F>
 __device__ __forceinline__ uint32_t encode2(float a, float b) {  // a -> low byte
   if constexpr (F == Format::kE4M3) {
@@ -110,7 +132,8 @@ __device__ __forceinline__ void atomic_max_amax(float* address, float value) {
 
 // ---- (a) amax ---------------------------------------------------------------------------------------
 
-__global__ void __launch_bounds__(kThreads) amax_kernel(const uint16_t* x, size_t n, bool vectorized, float* amax) {
+__global__ void __launch_bounds__(kThreads) amax_kernel(const uint16_t* x, size_t n, bool vectorized, float* amax,
+                                                        Prologue prologue = Prologue::kNone) {
   __shared__ float red[kWarps + 1];
   const size_t stride = static_cast<size_t>(gridDim.x) * kThreads;
   const size_t start = static_cast<size_t>(blockIdx.x) * kThreads + threadIdx.x;
@@ -121,17 +144,22 @@ __global__ void __launch_bounds__(kThreads) amax_kernel(const uint16_t* x, size_
     const size_t nv = n / 8;
     size_t i = start;
     for (; i + 3 * stride < nv; i += 4 * stride) {
-      const uint4 a = __ldg(xv + i), b = __ldg(xv + i + stride), c = __ldg(xv + i + 2 * stride),
-                  d = __ldg(xv + i + 3 * stride);
+      const uint4 a = apply_prologue(__ldg(xv + i), prologue), b = apply_prologue(__ldg(xv + i + stride), prologue),
+                  c = apply_prologue(__ldg(xv + i + 2 * stride), prologue),
+                  d = apply_prologue(__ldg(xv + i + 3 * stride), prologue);
       m = abs_max8(a, m);
       m = abs_max8(b, m);
       m = abs_max8(c, m);
       m = abs_max8(d, m);
     }
-    for (; i < nv; i += stride) m = abs_max8(__ldg(xv + i), m);
+    for (; i < nv; i += stride) m = abs_max8(apply_prologue(__ldg(xv + i), prologue), m);
     scalar_begin = nv * 8;
   }
-  for (size_t i = scalar_begin + start; i < n; i += stride) m = fmaxf(m, fabsf(codec::bf16_to_float(x[i])));
+  for (size_t i = scalar_begin + start; i < n; i += stride) {
+    float v = codec::bf16_to_float(x[i]);
+    if (prologue == Prologue::kGeluTanh) v = codec::bf16_to_float(codec::float_to_bf16(gelu_tanh(v)));
+    m = fmaxf(m, fabsf(v));
+  }
   m = block_max(m, red);
   if (threadIdx.x == 0) atomic_max_amax(amax, m);
 }
@@ -147,6 +175,8 @@ struct TensorScaleArgs {
   float* scale_out = nullptr;      // current: the derived scale (optional)
   float* scale_inv_out = nullptr;  // 1 / scale (optional)
   float* amax_out = nullptr;       // delayed: max-accumulate |x| (optional)
+  Prologue prologue = Prologue::kNone;
+  float* column_sums = nullptr;    // tile kernel only
 };
 
 template <bool kFromAmax>
@@ -179,7 +209,7 @@ __global__ void __launch_bounds__(kThreads)
     uint4* ov = reinterpret_cast<uint4*>(out);
     const size_t nv = n / 16;
     for (size_t i = start; i < nv; i += stride) {
-      const uint4 a = __ldg(xv + 2 * i), b = __ldg(xv + 2 * i + 1);
+      const uint4 a = apply_prologue(__ldg(xv + 2 * i), s.prologue), b = apply_prologue(__ldg(xv + 2 * i + 1), s.prologue);
       if (want_amax) m = abs_max8(b, abs_max8(a, m));
       float fa[8], fb[8];
 #pragma unroll
@@ -193,7 +223,8 @@ __global__ void __launch_bounds__(kThreads)
     scalar_begin = nv * 16;
   }
   for (size_t i = scalar_begin + start; i < n; i += stride) {
-    const float v = codec::bf16_to_float(x[i]);
+    float v = codec::bf16_to_float(x[i]);
+    if (s.prologue == Prologue::kGeluTanh) v = codec::bf16_to_float(codec::float_to_bf16(gelu_tanh(v)));
     if (want_amax) m = fmaxf(m, fabsf(v));
     out[i] = encode1<F>(v * scale);
   }
@@ -238,6 +269,7 @@ __global__ void __launch_bounds__(kThreads) quantize_tile_kernel(const TileArgs 
   __shared__ float col_partial[kColumnStats ? 16 : 1][kColumnStats ? kTile : 1];
   __shared__ float col_mult[kColumnStats ? kColBlocks : 1][kColumnStats ? kTile : 1];
   __shared__ float red[kWarps + 1];
+  __shared__ float col_sum_partial[kTensorMode ? 16 : 1][kTensorMode ? kTile : 1];
 
   const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
   const size_t r0 = static_cast<size_t>(blockIdx.y) * kTile, c0 = static_cast<size_t>(blockIdx.x) * kTile;
@@ -251,6 +283,28 @@ __global__ void __launch_bounds__(kThreads) quantize_tile_kernel(const TileArgs 
     const size_t row = row0 + i;
     v[i] = (col_ok && row < a.rows) ? __ldg(reinterpret_cast<const uint4*>(a.x + row * a.cols + col))
                                     : make_uint4(0, 0, 0, 0);
+  }
+  if constexpr (kTensorMode) {
+    if (a.tensor.prologue != Prologue::kNone) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[i] = apply_prologue(v[i], a.tensor.prologue);
+    }
+    if (a.tensor.column_sums != nullptr) {  // the bias gradient: sums over the tile's rows, one atomic per column
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) sum += unpack(v[i], j);
+        col_sum_partial[ty][8 * tx + j] = sum;
+      }
+      __syncthreads();
+      if (tid < kTile && c0 + tid < a.cols) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int g = 0; g < 16; ++g) sum += col_sum_partial[g][tid];
+        atomicAdd(a.tensor.column_sums + c0 + tid, sum);
+      }
+    }
   }
 
   // ---- statistics and scales ----
@@ -526,6 +580,7 @@ void cast_tensor(const uint16_t* x, const Fp8TensorView& out, const TensorScaleA
   if (out.numel() == 0) return;
   if (out.data_t == nullptr) {
     FP8TRON_CHECK(out.data != nullptr, "quantize: neither data nor data_t given");
+    FP8TRON_CHECK(s.column_sums == nullptr, "quantize: column sums need the transposed copy (tile kernel)");
     dispatch_flat<kFromAmax>(out.format, x, out.numel(), static_cast<uint8_t*>(out.data), s, stream);
     return;
   }
@@ -551,7 +606,8 @@ void amax_bf16(const uint16_t* x, size_t n, float* amax, CudaStream stream) {
   FP8TRON_CUDA_CHECK_LAUNCH("amax_kernel");
 }
 
-void quantize_tensor_delayed(const uint16_t* x, const Fp8TensorView& out, CudaStream stream) {
+void quantize_tensor_delayed(const uint16_t* x, const Fp8TensorView& out, CudaStream stream,
+                             const TensorCastFusion& fusion) {
   FP8TRON_CHECK(out.scaling_mode == ScalingMode::kTensor, "quantize_tensor_delayed needs tensor scaling");
   FP8TRON_CHECK(out.scale != nullptr, "delayed scaling needs out.scale");
   check_element_format(out.format, true);
@@ -559,17 +615,26 @@ void quantize_tensor_delayed(const uint16_t* x, const Fp8TensorView& out, CudaSt
   s.scale_in = out.scale;
   s.scale_inv_out = static_cast<float*>(out.scale_inv);
   s.amax_out = out.amax;
+  s.prologue = fusion.prologue;
+  s.column_sums = fusion.column_sums;
   cast_tensor<false>(x, out, s, stream);
 }
 
 void quantize_tensor_current(const uint16_t* x, const Fp8TensorView& out, const CurrentScalingOptions& options,
-                             CudaStream stream) {
+                             CudaStream stream, const TensorCastFusion& fusion) {
   FP8TRON_CHECK(out.scaling_mode == ScalingMode::kTensor, "quantize_tensor_current needs tensor scaling");
   FP8TRON_CHECK(out.amax != nullptr && out.scale_inv != nullptr, "current scaling needs out.amax and out.scale_inv");
   check_element_format(out.format, true);
   FP8TRON_CUDA_CHECK(cudaMemsetAsync(out.amax, 0, sizeof(float), stream));
-  amax_bf16(x, out.numel(), out.amax, stream);
+  if (out.numel() > 0) {
+    const bool vec = aligned16(x);
+    const size_t n = out.numel();
+    amax_kernel<<<grid_for(vec ? ceil_div(n, 8 * 4) : n), kThreads, 0, stream>>>(x, n, vec, out.amax, fusion.prologue);
+    FP8TRON_CUDA_CHECK_LAUNCH("amax_kernel");
+  }
   TensorScaleArgs s;
+  s.prologue = fusion.prologue;
+  s.column_sums = fusion.column_sums;
   s.amax_in = out.amax;
   s.fp8_max = max_finite(out.format);
   s.power_2 = options.power_2_scales;

@@ -31,6 +31,20 @@ struct CurrentScalingOptions {
   float amax_epsilon = 0.0f;
 };
 
+// Fusions of the per-tensor casts (b) and (c), so that activations and gradients are read once:
+//   prologue     an elementwise function applied to x first: kGeluTanh quantizes
+//                bf16(gelu_tanh(x)) (torch's tanh approximation in fp32, rounded to bf16), the
+//                GeLU output of an MLP never stored in bf16;
+//   column_sums  fp32 [cols], zeroed by the caller: the kernel adds the column sums of the
+//                (post-prologue) values, i.e. a linear layer's bias gradient from its output
+//                gradient. Atomic adds: the summation order varies between runs. Needs data_t
+//                (the tile kernel).
+enum class Prologue : uint8_t { kNone, kGeluTanh };
+struct TensorCastFusion {
+  Prologue prologue = Prologue::kNone;
+  float* column_sums = nullptr;
+};
+
 struct BlockScalingOptions {
   bool power_2_scales = true;  // TE's default for the blockwise recipe
   float amax_epsilon = 0.0f;
@@ -46,13 +60,14 @@ void amax_bf16(const uint16_t* x, size_t n, float* amax, CudaStream stream);
 // reads *out.scale; writes out.data and/or out.data_t (each may be null), *out.scale_inv = 1/scale
 // when non-null, and max-accumulates |x| into *out.amax when non-null (the delayed-scaling
 // history slot), all in one pass over x.
-void quantize_tensor_delayed(const uint16_t* x, const Fp8TensorView& out, CudaStream stream);
+void quantize_tensor_delayed(const uint16_t* x, const Fp8TensorView& out, CudaStream stream,
+                             const TensorCastFusion& fusion = {});
 
 // (c) Current (tensorwise) scaling: *out.amax = max |x| (out.amax is required; it is zeroed here),
 // then scale = scale_from_amax(amax, fp8_max, options) computed on the device; writes *out.scale
 // (when non-null), *out.scale_inv and the codes. Two passes over x (amax, then cast).
 void quantize_tensor_current(const uint16_t* x, const Fp8TensorView& out, const CurrentScalingOptions& options,
-                             CudaStream stream);
+                             CudaStream stream, const TensorCastFusion& fusion = {});
 
 // (d) Block scaling, mode kBlock1x128 or kBlock128x128 (E4M3 or E5M2): writes data + scale_inv
 // and/or data_t + scale_inv_t in the layouts of fp8_tensor.h (cuBLASLt's VEC128_32F /

@@ -98,13 +98,9 @@ MlpImpl::MlpImpl(const ModelConfig& m, const std::string& prefix, const ParamFac
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
   auto h = linear_fc1(x);
-  if (swiglu_) {
-    auto halves = h.chunk(2, -1);  // this rank's gate and up shards
-    h = F::silu(halves[0]) * halves[1];
-  } else {
-    h = at::gelu(h, "tanh");  // Megatron's fused bias-GeLU and TE use the tanh approximation
-  }
-  return linear_fc2(h);
+  if (!swiglu_) return linear_fc2->forward_gelu(h);  // GeLU (tanh, as Megatron and TE), fused into FP8
+  auto halves = h.chunk(2, -1);  // this rank's gate and up shards
+  return linear_fc2(F::silu(halves[0]) * halves[1]);
 }
 
 // ---- layer -------------------------------------------------------------------------------------------

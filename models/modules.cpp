@@ -107,8 +107,14 @@ TERowParallelLinearImpl::TERowParallelLinearImpl(const LinearOptions& o, const P
   }
   fp8_site = fp8_site_for(o, f, o.out_features, o.in_features / tp.size);
 }
+torch::Tensor TERowParallelLinearImpl::forward_gelu(const torch::Tensor& x) {
+  if (!fp8_site) return forward(at::gelu(x, "tanh"));
+  return reduce_and_add_bias(fp8::fp8_linear(x, weight, {}, *fp8_site, fp8::Prologue::kGeluTanh));
+}
 torch::Tensor TERowParallelLinearImpl::forward(const torch::Tensor& x) {
-  auto partial = linear(x, weight, {}, fp8_site);
+  return reduce_and_add_bias(linear(x, weight, {}, fp8_site));
+}
+torch::Tensor TERowParallelLinearImpl::reduce_and_add_bias(const torch::Tensor& partial) {
   auto y = tp.sequence_parallel ? reduce_scatter_to_sp(partial, *tp.comm) : reduce_from_tp(partial, *tp.comm);
   return bias.defined() ? y + bias : y;
 }

@@ -83,10 +83,16 @@ class TERowParallelLinearImpl : public ShardedModule {
  public:
   TERowParallelLinearImpl(const LinearOptions& options, const ParamFactory& factory);
   torch::Tensor forward(const torch::Tensor& x);
+  // forward(gelu_tanh(x)); with FP8 the GeLU is fused into the cast of the GEMM input.
+  torch::Tensor forward_gelu(const torch::Tensor& x);
   LinearOptions options;
   TensorParallelContext tp;
   torch::Tensor weight, bias;
   std::shared_ptr<fp8::Fp8Site> fp8_site;
+
+ private:
+  // Partial outputs summed over the group (all-reduce, or reduce-scatter under SP), then the bias.
+  torch::Tensor reduce_and_add_bias(const torch::Tensor& partial);
 };
 TORCH_MODULE(TERowParallelLinear);
 

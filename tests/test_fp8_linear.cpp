@@ -86,6 +86,25 @@ TEST(Fp8Linear, TensorwiseForwardAndBackwardMatchTheEmulation) {
   }
 }
 
+TEST(Fp8Linear, GeluPrologueIsTheLinearOfTheGelu) {
+  for (auto kind : {fp8::RecipeKind::kTensorwise, fp8::RecipeKind::kMxfp8}) {
+    auto engine = cpu_engine(recipe_of(kind, fp8::Fp8Format::kHybrid));
+    auto site = engine->add_site("decoder.layers.1.mlp.linear_fc2", 1, kOut, kIn);
+    auto in = random_inputs(9);
+    auto dy = torch::randn({kRows, kOut});
+    auto fused = fp8::fp8_linear(in.x, in.w, {}, *site, fp8::Prologue::kGeluTanh);
+    fused.backward(dy);
+    auto dx_fused = in.x.grad().clone(), dw_fused = in.w.grad().clone();
+    in.x.grad().zero_();
+    in.w.grad().zero_();
+    auto plain = fp8::fp8_linear(at::gelu(in.x, "tanh"), in.w, {}, *site);
+    plain.backward(dy);
+    EXPECT_TRUE(torch::equal(fused, plain));
+    EXPECT_TRUE(torch::allclose(dx_fused, in.x.grad(), 1e-6, 1e-7));
+    EXPECT_TRUE(torch::equal(dw_fused, in.w.grad()));
+  }
+}
+
 TEST(Fp8Linear, BlockAndMxRecipesAreCloseToTheExactProduct) {
   for (auto [kind, format] : {std::pair{fp8::RecipeKind::kBlockwise, fp8::Fp8Format::kE4M3},
                               std::pair{fp8::RecipeKind::kMxfp8, fp8::Fp8Format::kE4M3},

@@ -156,7 +156,8 @@ void Trainer::build() {
                                    d.first_stage_layers, d.last_stage_layers);
   if (c_.precision.fp8.enabled()) {
     const Fp8Config& f = c_.precision.fp8;
-    fp8::Fp8EngineOptions o{*f.recipe, f.min_features, f.bf16_first_layers, f.bf16_last_layers, c_.model.num_layers};
+    fp8::Fp8EngineOptions o{*f.recipe, f.min_features, f.bf16_first_layers, f.bf16_last_layers, c_.model.num_layers,
+                            c_.training.deterministic};
     fp8_ = std::make_shared<fp8::Fp8Engine>(o, device_);
   }
   std::vector<NamedParam> params;
