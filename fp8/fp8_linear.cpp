@@ -146,9 +146,11 @@ std::shared_ptr<Quantized> quantize(Fp8Engine& e, const Fp8Site& site, TensorRol
 }
 
 // out [a_rows, b_rows] = A B^T (+ bias), A and B being the row-wise or transposed copies of two
-// quantized tensors with the same inner dimension.
+// quantized tensors with the same inner dimension. With `accumulate_into` (fp32, native path) the
+// product is added to it in the GEMM's epilogue instead (the wgrad into the main gradient).
 torch::Tensor gemm(Fp8Engine& e, const Quantized& a, bool a_transposed, const Quantized& b, bool b_transposed,
-                   const torch::Tensor& bias, GemmKind kind, torch::ScalarType out_dtype) {
+                   const torch::Tensor& bias, GemmKind kind, torch::ScalarType out_dtype,
+                   const torch::Tensor& accumulate_into = {}) {
   if (path_of(e) != Path::kNative) {
     const auto& A = a_transposed ? a.dequantized_t : a.dequantized;
     const auto& B = b_transposed ? b.dequantized_t : b.dequantized;
@@ -157,9 +159,18 @@ torch::Tensor gemm(Fp8Engine& e, const Quantized& a, bool a_transposed, const Qu
   }
   const RowMajorMatrix am = a_transposed ? transposed_matrix(a.view) : rowwise_matrix(a.view);
   const RowMajorMatrix bm = b_transposed ? transposed_matrix(b.view) : rowwise_matrix(b.view);
-  auto y = torch::empty({am.rows, bm.rows}, torch::TensorOptions().device(e.device()).dtype(torch::kBFloat16));
   GemmConfig config;
   config.fast_accumulation = use_fast_accumulation(e.recipe(), kind);
+  if (accumulate_into.defined()) {
+    FP8TRON_CHECK(accumulate_into.scalar_type() == torch::kFloat32 && accumulate_into.is_contiguous() &&
+                      accumulate_into.size(0) == am.rows && accumulate_into.size(1) == bm.rows && !bias.defined(),
+                  "gemm: accumulation target must be a contiguous fp32 [a_rows, b_rows] tensor");
+    config.accumulate = true;
+    gemm_nt(e.gemm_handle(), am, bm, accumulate_into.data_ptr(), DType::kFP32, bm.rows, config,
+            current_stream(e.device()));
+    return accumulate_into;
+  }
+  auto y = torch::empty({am.rows, bm.rows}, torch::TensorOptions().device(e.device()).dtype(torch::kBFloat16));
   torch::Tensor bias_bf16;
   if (bias.defined()) {
     bias_bf16 = bias.to(torch::kBFloat16).contiguous();
@@ -201,6 +212,7 @@ struct Fp8LinearBackward : public torch::autograd::Node {
   std::shared_ptr<Quantized> input;   // transposed copy only (wgrad)
   std::shared_ptr<Quantized> weight;  // both copies (dgrad uses the transposed one)
   torch::Tensor activation_input;     // Prologue::kGeluTanh: the GeLU's input (its backward reads it)
+  torch::Tensor weight_param;         // the parameter: its fp32 main gradient takes the wgrad directly
   std::vector<int64_t> input_shape;
   torch::ScalarType input_dtype = torch::kBFloat16, weight_dtype = torch::kBFloat16, bias_dtype = torch::kBFloat16;
   bool has_bias = false;
@@ -210,6 +222,7 @@ struct Fp8LinearBackward : public torch::autograd::Node {
     input.reset();
     weight.reset();
     activation_input = torch::Tensor();
+    weight_param = torch::Tensor();
   }
 
   variable_list apply(variable_list&& grads) override {
@@ -234,8 +247,19 @@ struct Fp8LinearBackward : public torch::autograd::Node {
       out[0] = gemm(e, *dyq, false, *weight, true, {}, GemmKind::kDgrad, input_dtype).view(input_shape);
       if (activation_input.defined()) out[0] = at::gelu_backward(out[0], activation_input, "tanh");
     }
-    if (need_dw)  // dW [N, K] = dY^T [N, M] * (X^T [K, M])^T
-      out[1] = gemm(e, *dyq, true, *input, true, {}, GemmKind::kWgrad, weight_dtype);
+    if (need_dw) {  // dW [N, K] = dY^T [N, M] * (X^T [K, M])^T
+      // Gradient-accumulation fusion (Megatron's, with TE): when the parameter's gradient is an
+      // fp32 main-gradient buffer, the GEMM adds into it and autograd gets no weight gradient
+      // (AccumulateGrad then has nothing to add, and its hooks still run). Saves writing dW in
+      // bf16 and the separate read-add-write of the fp32 buffer.
+      const torch::Tensor main_grad = weight_param.defined() ? weight_param.grad() : torch::Tensor();
+      if (path_of(e) == Path::kNative && main_grad.defined() && main_grad.scalar_type() == torch::kFloat32 &&
+          main_grad.is_contiguous() && main_grad.sizes() == weight_param.sizes()) {
+        gemm(e, *dyq, true, *input, true, {}, GemmKind::kWgrad, torch::kFloat32, main_grad);
+      } else {
+        out[1] = gemm(e, *dyq, true, *input, true, {}, GemmKind::kWgrad, weight_dtype);
+      }
+    }
     if (need_db) out[2] = (fused_db ? db : dy.sum(0, false, torch::kFloat32)).to(bias_dtype);
     release_variables();
     return out;
@@ -413,6 +437,7 @@ torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight, co
   node->weight_dtype = weight.scalar_type();
   node->has_bias = bias.defined();
   if (prologue != Prologue::kNone) node->activation_input = x.detach();
+  if (need_dw && weight.is_leaf()) node->weight_param = weight;
   if (bias.defined()) node->bias_dtype = bias.scalar_type();
   node->set_next_edges(torch::autograd::collect_next_edges(x, weight, bias));
   torch::autograd::set_history(y, node);
