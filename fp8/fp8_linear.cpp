@@ -65,6 +65,7 @@ std::shared_ptr<Quantized> quantize(Fp8Engine& e, const Fp8Site& site, TensorRol
   const bool fusable = path != Path::kCpu && scaling_mode(recipe, role) == ScalingMode::kTensor && transposed;
   if (fusion.prologue == Prologue::kGeluTanh && !fusable) x2d = at::gelu(x2d, "tanh");
   FP8TRON_CHECK(fusion.column_sums == nullptr || fusable, "column sums need the fused per-tensor GPU cast");
+  FP8TRON_CHECK(fusion.prologue != Prologue::kGeluTanhBackward || fusable, "the GeLU-backward cast needs the fused path");
   if (!fusable) fusion.prologue = Prologue::kNone;
   auto q = std::make_shared<Quantized>();
   Fp8TensorView& v = q->view;
@@ -213,6 +214,11 @@ struct Fp8LinearBackward : public torch::autograd::Node {
   std::shared_ptr<Quantized> weight;  // both copies (dgrad uses the transposed one)
   torch::Tensor activation_input;     // Prologue::kGeluTanh: the GeLU's input (its backward reads it)
   torch::Tensor weight_param;         // the parameter: its fp32 main gradient takes the wgrad directly
+  // This node's output is the input of a GeLU fused into the next FP8 linear, which hands back the
+  // gradient of the GeLU's *output*; this node applies GeLU's derivative (fused into its gradient
+  // cast when it can). Holds that output (the GeLU input).
+  torch::Tensor deferred_gelu_input;
+  bool gelu_grad_deferred = false;    // the consumer side: return dGeLU-output, not dGeLU-input
   std::vector<int64_t> input_shape;
   torch::ScalarType input_dtype = torch::kBFloat16, weight_dtype = torch::kBFloat16, bias_dtype = torch::kBFloat16;
   bool has_bias = false;
@@ -223,6 +229,7 @@ struct Fp8LinearBackward : public torch::autograd::Node {
     weight.reset();
     activation_input = torch::Tensor();
     weight_param = torch::Tensor();
+    deferred_gelu_input = torch::Tensor();
   }
 
   variable_list apply(variable_list&& grads) override {
@@ -232,9 +239,25 @@ struct Fp8LinearBackward : public torch::autograd::Node {
     const bool need_db = has_bias && task_should_compute_output(2);
     variable_list out(3);
     if (!grads[0].defined()) return out;
-    const auto dy = grads[0].reshape({-1, site->out_features});
-    // The bias gradient comes out of the cast kernel when it can (one read of dY fewer).
+    auto dy = grads[0].reshape({-1, site->out_features});
     TensorCastFusion fusion;
+    torch::Tensor gelu_input;
+    if (deferred_gelu_input.defined()) {
+      // The incoming gradient is the GeLU output's: dY = dGeLU * gelu'(this node's output).
+      gelu_input = deferred_gelu_input.reshape({-1, site->out_features}).contiguous();
+      const bool fusable = path_of(e) != Path::kCpu && need_dw &&
+                           scaling_mode(e.recipe(), TensorRole::kGradOutput) == ScalingMode::kTensor;
+      if (fusable) {
+        dy = dy.contiguous();
+        fusion.prologue = Prologue::kGeluTanhBackward;
+        fusion.aux = static_cast<const uint16_t*>(gelu_input.data_ptr());
+        FP8TRON_CHECK(gelu_input.scalar_type() == torch::kBFloat16 && dy.scalar_type() == torch::kBFloat16,
+                      "fused GeLU backward needs bf16 tensors");
+      } else {
+        dy = at::gelu_backward(dy, gelu_input, "tanh");
+      }
+    }
+    // The bias gradient comes out of the cast kernel when it can (one read of dY fewer).
     torch::Tensor db;
     const bool fused_db = need_db && need_dw && path_of(e) == Path::kNative && !e.options().deterministic &&
                           scaling_mode(e.recipe(), TensorRole::kGradOutput) == ScalingMode::kTensor;
@@ -245,7 +268,8 @@ struct Fp8LinearBackward : public torch::autograd::Node {
     auto dyq = quantize(e, *site, TensorRole::kGradOutput, dy, need_dx, need_dw, /*record_amax=*/true, fusion);
     if (need_dx) {  // dX [M, K] = dY [M, N] * (W^T [K, N])^T
       out[0] = gemm(e, *dyq, false, *weight, true, {}, GemmKind::kDgrad, input_dtype).view(input_shape);
-      if (activation_input.defined()) out[0] = at::gelu_backward(out[0], activation_input, "tanh");
+      if (activation_input.defined() && !gelu_grad_deferred)
+        out[0] = at::gelu_backward(out[0], activation_input, "tanh");
     }
     if (need_dw) {  // dW [N, K] = dY^T [N, M] * (X^T [K, M])^T
       // Gradient-accumulation fusion (Megatron's, with TE): when the parameter's gradient is an
@@ -260,7 +284,12 @@ struct Fp8LinearBackward : public torch::autograd::Node {
         out[1] = gemm(e, *dyq, true, *input, true, {}, GemmKind::kWgrad, weight_dtype);
       }
     }
-    if (need_db) out[2] = (fused_db ? db : dy.sum(0, false, torch::kFloat32)).to(bias_dtype);
+    if (need_db) {
+      // Unfused with a fused GeLU-backward cast: the bias gradient is that of the cast's input.
+      const bool unfused_gelu = fusion.prologue == Prologue::kGeluTanhBackward && !fused_db;
+      const torch::Tensor g = unfused_gelu ? at::gelu_backward(dy, gelu_input, "tanh") : dy;
+      out[2] = (fused_db ? db : g.sum(0, false, torch::kFloat32)).to(bias_dtype);
+    }
     release_variables();
     return out;
   }
@@ -436,7 +465,18 @@ torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight, co
   node->input_dtype = x.scalar_type();
   node->weight_dtype = weight.scalar_type();
   node->has_bias = bias.defined();
-  if (prologue != Prologue::kNone) node->activation_input = x.detach();
+  if (prologue == Prologue::kGeluTanh) {
+    // When x comes straight from another FP8 linear, that node applies GeLU's derivative inside
+    // its own gradient cast (no bf16 dGeLU-input tensor); otherwise this node applies it.
+    auto producer = std::dynamic_pointer_cast<Fp8LinearBackward>(x.grad_fn());
+    if (producer && x.output_nr() == 0 && !producer->deferred_gelu_input.defined() &&
+        x.scalar_type() == torch::kBFloat16) {
+      producer->deferred_gelu_input = x.detach();
+      node->gelu_grad_deferred = true;
+    } else {
+      node->activation_input = x.detach();
+    }
+  }
   if (need_dw && weight.is_leaf()) node->weight_param = weight;
   if (bias.defined()) node->bias_dtype = bias.scalar_type();
   node->set_next_edges(torch::autograd::collect_next_edges(x, weight, bias));

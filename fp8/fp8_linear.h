@@ -127,8 +127,10 @@ class Fp8Engine {
 
 // y = f(x) W^T + b through the site's FP8 GEMMs. x [..., in], weight [out, in], bias [out] or
 // undefined. Differentiable in x, weight and bias. f is the prologue: identity, or GeLU (tanh)
-// fused into the cast of x (an MLP's fc2: the GeLU output is never stored in bf16; backward
-// applies GeLU's derivative to the dgrad output).
+// fused into the cast of x (an MLP's fc2: the GeLU output is never stored in bf16). Backward:
+// when x is the output of another fp8_linear (fc1), that node applies GeLU's derivative inside its
+// gradient cast, so the bf16 gradient of the GeLU input is never stored either; x must then have
+// no other consumer. Otherwise this node applies it to its dgrad output.
 torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias, Fp8Site& site,
                          Prologue prologue = Prologue::kNone);
 

@@ -56,17 +56,50 @@ __device__ __forceinline__ float gelu_tanh(float x) {
   return 0.5f * x * (1.0f + tanhf(inner));
 }
 
-// The prologue on eight packed bf16 values; results rounded to bf16 as a stored activation is.
-__device__ __forceinline__ uint4 apply_prologue(const uint4& v, Prologue p) {
+// torch's gelu_backward(dy, x, approximate="tanh") in fp32.
+__device__ __forceinline__ float gelu_tanh_backward(float dy, float x) {
+  constexpr float kBeta = 0.7978845608028654f;
+  constexpr float kKappa = 0.044715f;
+  const float x_sq = x * x;
+  const float x_cube = x_sq * x;
+  const float inner = kBeta * (x + kKappa * x_cube);
+  const float tanh_inner = tanhf(inner);
+  const float left = 0.5f * x;
+  const float right = 1.0f + tanh_inner;
+  const float left_derivative = 0.5f * right;
+  const float right_derivative = left * (1.0f - tanh_inner * tanh_inner) * kBeta * (1.0f + 3.0f * kKappa * x_sq);
+  return dy * (left_derivative + right_derivative);
+}
+
+__device__ __forceinline__ float prologue1(float v, float aux, Prologue p) {
+  if (p == Prologue::kGeluTanh) return codec::bf16_to_float(codec::float_to_bf16(gelu_tanh(v)));
+  if (p == Prologue::kGeluTanhBackward) return codec::bf16_to_float(codec::float_to_bf16(gelu_tanh_backward(v, aux)));
+  return v;
+}
+
+// The prologue on eight packed bf16 values (aux: the second operand's eight values, read only by
+// kGeluTanhBackward); results rounded to bf16 as a stored tensor is.
+__device__ __forceinline__ uint4 apply_prologue(const uint4& v, Prologue p, const uint4& aux = make_uint4(0, 0, 0, 0)) {
   if (p == Prologue::kNone) return v;
   uint32_t w[4];
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
-    const uint16_t lo = codec::float_to_bf16(gelu_tanh(unpack(v, 2 * k)));
-    const uint16_t hi = codec::float_to_bf16(gelu_tanh(unpack(v, 2 * k + 1)));
+    const uint16_t lo = codec::float_to_bf16(prologue1(unpack(v, 2 * k), unpack(aux, 2 * k), p));
+    const uint16_t hi = codec::float_to_bf16(prologue1(unpack(v, 2 * k + 1), unpack(aux, 2 * k + 1), p));
     w[k] = static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
   }
   return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// Vector i of x after the prologue (aux: the second operand, same layout, or null).
+__device__ __forceinline__ uint4 load_with_prologue(const uint4* x, const uint4* aux, size_t i, Prologue p) {
+  const uint4 v = __ldg(x + i);
+  if (p == Prologue::kNone) return v;
+  return apply_prologue(v, p, p == Prologue::kGeluTanhBackward ? __ldg(aux + i) : make_uint4(0, 0, 0, 0));
+}
+__device__ __forceinline__ float scalar_with_prologue(const uint16_t* x, const uint16_t* aux, size_t i, Prologue p) {
+  const float v = codec::bf16_to_float(x[i]);
+  return p == Prologue::kNone ? v : prologue1(v, aux ? codec::bf16_to_float(aux[i]) : 0.0f, p);
 }
 
 template <Format F>
@@ -133,7 +166,8 @@ __device__ __forceinline__ void atomic_max_amax(float* address, float value) {
 // ---- (a) amax ---------------------------------------------------------------------------------------
 
 __global__ void __launch_bounds__(kThreads) amax_kernel(const uint16_t* x, size_t n, bool vectorized, float* amax,
-                                                        Prologue prologue = Prologue::kNone) {
+                                                        Prologue prologue = Prologue::kNone,
+                                                        const uint16_t* aux = nullptr) {
   __shared__ float red[kWarps + 1];
   const size_t stride = static_cast<size_t>(gridDim.x) * kThreads;
   const size_t start = static_cast<size_t>(blockIdx.x) * kThreads + threadIdx.x;
@@ -144,22 +178,19 @@ __global__ void __launch_bounds__(kThreads) amax_kernel(const uint16_t* x, size_
     const size_t nv = n / 8;
     size_t i = start;
     for (; i + 3 * stride < nv; i += 4 * stride) {
-      const uint4 a = apply_prologue(__ldg(xv + i), prologue), b = apply_prologue(__ldg(xv + i + stride), prologue),
-                  c = apply_prologue(__ldg(xv + i + 2 * stride), prologue),
-                  d = apply_prologue(__ldg(xv + i + 3 * stride), prologue);
+      const uint4* av = reinterpret_cast<const uint4*>(aux);
+      const uint4 a = load_with_prologue(xv, av, i, prologue), b = load_with_prologue(xv, av, i + stride, prologue),
+                  c = load_with_prologue(xv, av, i + 2 * stride, prologue),
+                  d = load_with_prologue(xv, av, i + 3 * stride, prologue);
       m = abs_max8(a, m);
       m = abs_max8(b, m);
       m = abs_max8(c, m);
       m = abs_max8(d, m);
     }
-    for (; i < nv; i += stride) m = abs_max8(apply_prologue(__ldg(xv + i), prologue), m);
+    for (; i < nv; i += stride) m = abs_max8(load_with_prologue(xv, reinterpret_cast<const uint4*>(aux), i, prologue), m);
     scalar_begin = nv * 8;
   }
-  for (size_t i = scalar_begin + start; i < n; i += stride) {
-    float v = codec::bf16_to_float(x[i]);
-    if (prologue == Prologue::kGeluTanh) v = codec::bf16_to_float(codec::float_to_bf16(gelu_tanh(v)));
-    m = fmaxf(m, fabsf(v));
-  }
+  for (size_t i = scalar_begin + start; i < n; i += stride) m = fmaxf(m, fabsf(scalar_with_prologue(x, aux, i, prologue)));
   m = block_max(m, red);
   if (threadIdx.x == 0) atomic_max_amax(amax, m);
 }
@@ -177,6 +208,7 @@ struct TensorScaleArgs {
   float* amax_out = nullptr;       // delayed: max-accumulate |x| (optional)
   Prologue prologue = Prologue::kNone;
   float* column_sums = nullptr;    // tile kernel only
+  const uint16_t* aux = nullptr;   // kGeluTanhBackward's second operand
 };
 
 template <bool kFromAmax>
@@ -209,7 +241,8 @@ __global__ void __launch_bounds__(kThreads)
     uint4* ov = reinterpret_cast<uint4*>(out);
     const size_t nv = n / 16;
     for (size_t i = start; i < nv; i += stride) {
-      const uint4 a = apply_prologue(__ldg(xv + 2 * i), s.prologue), b = apply_prologue(__ldg(xv + 2 * i + 1), s.prologue);
+      const uint4* av = reinterpret_cast<const uint4*>(s.aux);
+      const uint4 a = load_with_prologue(xv, av, 2 * i, s.prologue), b = load_with_prologue(xv, av, 2 * i + 1, s.prologue);
       if (want_amax) m = abs_max8(b, abs_max8(a, m));
       float fa[8], fb[8];
 #pragma unroll
@@ -223,8 +256,7 @@ __global__ void __launch_bounds__(kThreads)
     scalar_begin = nv * 16;
   }
   for (size_t i = scalar_begin + start; i < n; i += stride) {
-    float v = codec::bf16_to_float(x[i]);
-    if (s.prologue == Prologue::kGeluTanh) v = codec::bf16_to_float(codec::float_to_bf16(gelu_tanh(v)));
+    const float v = scalar_with_prologue(x, s.aux, i, s.prologue);
     if (want_amax) m = fmaxf(m, fabsf(v));
     out[i] = encode1<F>(v * scale);
   }
@@ -287,7 +319,14 @@ __global__ void __launch_bounds__(kThreads) quantize_tile_kernel(const TileArgs 
   if constexpr (kTensorMode) {
     if (a.tensor.prologue != Prologue::kNone) {
 #pragma unroll
-      for (int i = 0; i < 8; ++i) v[i] = apply_prologue(v[i], a.tensor.prologue);
+      for (int i = 0; i < 8; ++i) {
+        const size_t row = row0 + i;
+        const bool in = col_ok && row < a.rows;
+        const uint4 aux = (a.tensor.prologue == Prologue::kGeluTanhBackward && in)
+                              ? __ldg(reinterpret_cast<const uint4*>(a.tensor.aux + row * a.cols + col))
+                              : make_uint4(0, 0, 0, 0);
+        if (in) v[i] = apply_prologue(v[i], a.tensor.prologue, aux);
+      }
     }
     if (a.tensor.column_sums != nullptr) {  // the bias gradient: sums over the tile's rows, one atomic per column
 #pragma unroll
@@ -558,7 +597,7 @@ void dispatch_tile(Format f, const TileArgs& args, CudaStream stream) {
 
 template <bool kFromAmax, Format F>
 void launch_flat(const uint16_t* x, size_t n, uint8_t* out, const TensorScaleArgs& s, CudaStream stream) {
-  const bool vec = aligned16(x) && aligned16(out);
+  const bool vec = aligned16(x) && aligned16(out) && (s.aux == nullptr || aligned16(s.aux));
   cast_flat_kernel<F, kFromAmax><<<grid_for(vec ? n / 16 : n), kThreads, 0, stream>>>(x, n, vec, out, s);
   FP8TRON_CUDA_CHECK_LAUNCH("cast_flat_kernel");
 }
@@ -585,6 +624,7 @@ void cast_tensor(const uint16_t* x, const Fp8TensorView& out, const TensorScaleA
     return;
   }
   check_tile_shape(x, out);
+  FP8TRON_CHECK(s.aux == nullptr || aligned16(s.aux), "quantize: the prologue's second operand must be 16-byte aligned");
   TileArgs args;
   args.x = x;
   args.rows = out.rows;
@@ -617,6 +657,7 @@ void quantize_tensor_delayed(const uint16_t* x, const Fp8TensorView& out, CudaSt
   s.amax_out = out.amax;
   s.prologue = fusion.prologue;
   s.column_sums = fusion.column_sums;
+  s.aux = fusion.aux;
   cast_tensor<false>(x, out, s, stream);
 }
 
@@ -629,12 +670,14 @@ void quantize_tensor_current(const uint16_t* x, const Fp8TensorView& out, const 
   if (out.numel() > 0) {
     const bool vec = aligned16(x);
     const size_t n = out.numel();
-    amax_kernel<<<grid_for(vec ? ceil_div(n, 8 * 4) : n), kThreads, 0, stream>>>(x, n, vec, out.amax, fusion.prologue);
+    amax_kernel<<<grid_for(vec ? ceil_div(n, 8 * 4) : n), kThreads, 0, stream>>>(
+        x, n, vec && (fusion.aux == nullptr || aligned16(fusion.aux)), out.amax, fusion.prologue, fusion.aux);
     FP8TRON_CUDA_CHECK_LAUNCH("amax_kernel");
   }
   TensorScaleArgs s;
   s.prologue = fusion.prologue;
   s.column_sums = fusion.column_sums;
+  s.aux = fusion.aux;
   s.amax_in = out.amax;
   s.fp8_max = max_finite(out.format);
   s.power_2 = options.power_2_scales;

@@ -34,15 +34,18 @@ struct CurrentScalingOptions {
 // Fusions of the per-tensor casts (b) and (c), so that activations and gradients are read once:
 //   prologue     an elementwise function applied to x first: kGeluTanh quantizes
 //                bf16(gelu_tanh(x)) (torch's tanh approximation in fp32, rounded to bf16), the
-//                GeLU output of an MLP never stored in bf16;
+//                GeLU output of an MLP never stored in bf16; kGeluTanhBackward quantizes
+//                bf16(x * gelu_tanh'(aux)) (torch's gelu_backward), the gradient of the GeLU's
+//                input from the gradient of its output x and its input aux (same shape);
 //   column_sums  fp32 [cols], zeroed by the caller: the kernel adds the column sums of the
 //                (post-prologue) values, i.e. a linear layer's bias gradient from its output
 //                gradient. Atomic adds: the summation order varies between runs. Needs data_t
 //                (the tile kernel).
-enum class Prologue : uint8_t { kNone, kGeluTanh };
+enum class Prologue : uint8_t { kNone, kGeluTanh, kGeluTanhBackward };
 struct TensorCastFusion {
   Prologue prologue = Prologue::kNone;
   float* column_sums = nullptr;
+  const uint16_t* aux = nullptr;  // kGeluTanhBackward: the GeLU input, bf16 [rows, cols]
 };
 
 struct BlockScalingOptions {

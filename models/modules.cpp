@@ -109,12 +109,18 @@ TERowParallelLinearImpl::TERowParallelLinearImpl(const LinearOptions& o, const P
 }
 torch::Tensor TERowParallelLinearImpl::forward_gelu(const torch::Tensor& x) {
   if (!fp8_site) return forward(at::gelu(x, "tanh"));
-  return reduce_and_add_bias(fp8::fp8_linear(x, weight, {}, *fp8_site, fp8::Prologue::kGeluTanh));
+  return reduce_and_add_bias(fp8::fp8_linear(x, weight, own_bias(), *fp8_site, fp8::Prologue::kGeluTanh));
 }
 torch::Tensor TERowParallelLinearImpl::forward(const torch::Tensor& x) {
-  return reduce_and_add_bias(linear(x, weight, {}, fp8_site));
+  return reduce_and_add_bias(linear(x, weight, own_bias(), fp8_site));
+}
+torch::Tensor TERowParallelLinearImpl::own_bias() const {
+  // One rank holds the whole sum: the bias rides in the GEMM's epilogue (and its gradient comes
+  // from the GEMM's backward) instead of a separate add after the reduction.
+  return tp.size == 1 ? bias : torch::Tensor();
 }
 torch::Tensor TERowParallelLinearImpl::reduce_and_add_bias(const torch::Tensor& partial) {
+  if (tp.size == 1) return partial;
   auto y = tp.sequence_parallel ? reduce_scatter_to_sp(partial, *tp.comm) : reduce_from_tp(partial, *tp.comm);
   return bias.defined() ? y + bias : y;
 }

@@ -93,6 +93,7 @@ class TERowParallelLinearImpl : public ShardedModule {
  private:
   // Partial outputs summed over the group (all-reduce, or reduce-scatter under SP), then the bias.
   torch::Tensor reduce_and_add_bias(const torch::Tensor& partial);
+  torch::Tensor own_bias() const;  // the bias the GEMM adds itself (without tensor parallelism)
 };
 TORCH_MODULE(TERowParallelLinear);
 

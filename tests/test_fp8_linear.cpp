@@ -105,6 +105,28 @@ TEST(Fp8Linear, GeluPrologueIsTheLinearOfTheGelu) {
   }
 }
 
+TEST(Fp8Linear, MlpWithDeferredGeluBackwardMatchesTheUnfusedChain) {
+  auto engine = cpu_engine(recipe_of(fp8::RecipeKind::kDelayed, fp8::Fp8Format::kHybrid));
+  auto fc1 = engine->add_site("decoder.layers.1.mlp.linear_fc1", 1, kOut, kIn);
+  auto fc2 = engine->add_site("decoder.layers.1.mlp.linear_fc2", 1, kIn, kOut);
+  auto in = random_inputs(11);
+  auto w2 = (torch::randn({kIn, kOut}) * 0.05).requires_grad_(true);
+  auto b2 = torch::zeros({kIn}).requires_grad_(true);
+  auto dy = torch::randn({kRows, kIn});
+  auto run = [&](bool fused) {
+    for (auto* t : {&in.x, &in.w, &in.b, &w2, &b2})
+      if (t->grad().defined()) t->grad().zero_();
+    auto h = fp8::fp8_linear(in.x, in.w, in.b, *fc1);
+    auto y = fused ? fp8::fp8_linear(h, w2, b2, *fc2, fp8::Prologue::kGeluTanh)
+                   : fp8::fp8_linear(at::gelu(h, "tanh"), w2, b2, *fc2);
+    y.backward(dy);
+    return std::vector<torch::Tensor>{y.detach(), in.x.grad().clone(), in.w.grad().clone(), in.b.grad().clone(),
+                                      w2.grad().clone(), b2.grad().clone()};
+  };
+  auto fused = run(true), plain = run(false);
+  for (size_t i = 0; i < fused.size(); ++i) EXPECT_TRUE(torch::allclose(fused[i], plain[i], 1e-5, 1e-7)) << "output " << i;
+}
+
 TEST(Fp8Linear, BlockAndMxRecipesAreCloseToTheExactProduct) {
   for (auto [kind, format] : {std::pair{fp8::RecipeKind::kBlockwise, fp8::Fp8Format::kE4M3},
                               std::pair{fp8::RecipeKind::kMxfp8, fp8::Fp8Format::kE4M3},
