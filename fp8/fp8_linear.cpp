@@ -151,7 +151,7 @@ std::shared_ptr<Quantized> quantize(Fp8Engine& e, const Fp8Site& site, TensorRol
 // product is added to it in the GEMM's epilogue instead (the wgrad into the main gradient).
 torch::Tensor gemm(Fp8Engine& e, const Quantized& a, bool a_transposed, const Quantized& b, bool b_transposed,
                    const torch::Tensor& bias, GemmKind kind, torch::ScalarType out_dtype,
-                   const torch::Tensor& accumulate_into = {}) {
+                   const torch::Tensor& accumulate_into = {}, bool overwrite = false) {
   if (path_of(e) != Path::kNative) {
     const auto& A = a_transposed ? a.dequantized_t : a.dequantized;
     const auto& B = b_transposed ? b.dequantized_t : b.dequantized;
@@ -166,7 +166,7 @@ torch::Tensor gemm(Fp8Engine& e, const Quantized& a, bool a_transposed, const Qu
     FP8TRON_CHECK(accumulate_into.scalar_type() == torch::kFloat32 && accumulate_into.is_contiguous() &&
                       accumulate_into.size(0) == am.rows && accumulate_into.size(1) == bm.rows && !bias.defined(),
                   "gemm: accumulation target must be a contiguous fp32 [a_rows, b_rows] tensor");
-    config.accumulate = true;
+    config.accumulate = !overwrite;
     gemm_nt(e.gemm_handle(), am, bm, accumulate_into.data_ptr(), DType::kFP32, bm.rows, config,
             current_stream(e.device()));
     return accumulate_into;
@@ -279,8 +279,13 @@ struct Fp8LinearBackward : public torch::autograd::Node {
       const torch::Tensor main_grad = weight_param.defined() ? weight_param.grad() : torch::Tensor();
       if (path_of(e) == Path::kNative && main_grad.defined() && main_grad.scalar_type() == torch::kFloat32 &&
           main_grad.is_contiguous() && main_grad.sizes() == weight_param.sizes()) {
-        gemm(e, *dyq, true, *input, true, {}, GemmKind::kWgrad, torch::kFloat32, main_grad);
+        // With the optimizer not zeroing these gradients, the step's first backward overwrites.
+        const bool overwrite = e.overwrite_main_grads() && site->main_grad_generation != e.weight_generation();
+        site->main_grad_generation = e.weight_generation();
+        gemm(e, *dyq, true, *input, true, {}, GemmKind::kWgrad, torch::kFloat32, main_grad, overwrite);
       } else {
+        FP8TRON_CHECK(!e.overwrite_main_grads(), site->name + ": the optimizer leaves this weight's gradient to the "
+                                                 "wgrad GEMM, but it is not an fp32 main gradient");
         out[1] = gemm(e, *dyq, true, *input, true, {}, GemmKind::kWgrad, weight_dtype);
       }
     }

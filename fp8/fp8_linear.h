@@ -60,11 +60,15 @@ struct Fp8Site {
   std::string name;  // the module's global name, e.g. "decoder.layers.3.mlp.linear_fc1"
   size_t index = 0;  // GEMM number: its slots in the delayed-scaling state
   int64_t out_features = 0, in_features = 0;
+  torch::Tensor parameter;  // the module's weight (set by the module that registered the site)
   // The weight quantized for the current optimizer step, shared by every micro-batch.
   uint64_t weight_generation = ~uint64_t{0};
   const void* weight_data = nullptr;
   int64_t weight_version = -1;
   std::shared_ptr<Quantized> weight;
+  // The step (weight generation) whose wgrad the main gradient holds: the first backward of a
+  // step overwrites it, later micro-batches accumulate (see Fp8Engine::overwrites_main_grads).
+  uint64_t main_grad_generation = ~uint64_t{0};
 };
 
 class Fp8Engine {
@@ -87,6 +91,12 @@ class Fp8Engine {
   // After each optimizer step: the weights changed (cached FP8 weights are stale); with delayed
   // scaling, on every --fp8-interval-th step the amaxes are reduced and the scales updated.
   void end_step(const AmaxReducer& reduce);
+  // Whether the wgrad GEMMs write the fp32 main gradients themselves, overwriting them in the first
+  // backward of each step (the native path): the optimizer need not zero those gradients. Call
+  // before the first step; requires every site's weight gradient in every step (a GPT's linears).
+  bool overwrites_main_grads() const { return !emulated_ && device_.is_cuda(); }
+  void set_overwrite_main_grads(bool on) { overwrite_main_grads_ = on && overwrites_main_grads(); }
+  bool overwrite_main_grads() const { return overwrite_main_grads_; }
   // The weights were replaced (checkpoint load): drop cached FP8 weights.
   void invalidate_weights() { ++weight_generation_; }
   uint64_t weight_generation() const { return weight_generation_; }
@@ -121,6 +131,7 @@ class Fp8Engine {
   int64_t bf16_sites_ = 0;
   uint64_t weight_generation_ = 0;
   uint64_t steps_ = 0;
+  bool overwrite_main_grads_ = false;
   torch::Tensor history_, scale_, scale_inv_;
   std::unique_ptr<GemmHandle> gemm_;
 };

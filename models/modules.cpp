@@ -54,6 +54,9 @@ std::shared_ptr<fp8::Fp8Site> fp8_site_for(const LinearOptions& o, const ParamFa
   if (!f.fp8() || !o.fp8) return nullptr;
   return f.fp8()->add_site(o.init_name, layer_number(o.init_name), out, in);
 }
+void attach_weight(const std::shared_ptr<fp8::Fp8Site>& site, const torch::Tensor& weight) {
+  if (site) site->parameter = weight;
+}
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
                      const std::shared_ptr<fp8::Fp8Site>& site) {
   return site ? fp8::fp8_linear(x, w, b, *site) : F::linear(x, w, b);
@@ -73,6 +76,7 @@ TEColumnParallelLinearImpl::TEColumnParallelLinearImpl(const LinearOptions& o, c
     bias = add_param("bias", f.constant(b, 0.0), b);
   }
   fp8_site = fp8_site_for(o, f, o.out_features / tp.size, o.in_features);
+  attach_weight(fp8_site, weight);
 }
 torch::Tensor TEColumnParallelLinearImpl::forward(const torch::Tensor& x) { return forward_with(x, weight); }
 torch::Tensor TEColumnParallelLinearImpl::forward_with(const torch::Tensor& x, const torch::Tensor& w) {
@@ -91,6 +95,7 @@ TELayerNormColumnParallelLinearImpl::TELayerNormColumnParallelLinearImpl(const N
     bias = add_param("bias", f.constant(b, 0.0), b);
   }
   fp8_site = fp8_site_for(l, f, l.out_features / tp.size, l.in_features);
+  attach_weight(fp8_site, weight);
 }
 torch::Tensor TELayerNormColumnParallelLinearImpl::forward(const torch::Tensor& x) {
   auto normed = apply_norm(x, norm_options, layer_norm_weight, layer_norm_bias);
@@ -106,6 +111,7 @@ TERowParallelLinearImpl::TERowParallelLinearImpl(const LinearOptions& o, const P
     bias = add_param("bias", f.constant(b, 0.0), b);
   }
   fp8_site = fp8_site_for(o, f, o.out_features, o.in_features / tp.size);
+  attach_weight(fp8_site, weight);
 }
 torch::Tensor TERowParallelLinearImpl::forward_gelu(const torch::Tensor& x) {
   if (!fp8_site) return forward(at::gelu(x, "tanh"));

@@ -43,6 +43,19 @@ for step in "$@"; do
           --sequence-parallel --tolerance 2e-2 2>&1 | grep -E "\[rank 0\].*(equivalent|MISMATCH)|rror"
       fi
       $MPI -np 2 $EQ --device cuda --overlap-grad-reduce --ddp-bucket-size 3000 --tolerance 1e-4 2>&1 | grep -E "\[rank 0\].*(equivalent|MISMATCH)|error"
+      # FP8 over NCCL: delayed scaling with amaxes reduced over the tensor-parallel group.
+      $MPI -np 2 $EQ --device cuda --bf16 --tensor-model-parallel-size 2 --sequence-parallel --fp8-format hybrid \
+        --tolerance 2e-2 2>&1 | grep -E "\[rank 0\].*(equivalent|MISMATCH)|error"
+      $MPI -np 2 $EQ --device cuda --bf16 --fp8-format hybrid --fp8-recipe tensorwise --use-distributed-optimizer \
+        --overlap-grad-reduce --ddp-bucket-size 3000 --tolerance 2e-2 2>&1 | grep -E "\[rank 0\].*(equivalent|MISMATCH)|error"
+      # srun's environment (no SLURM here): two processes with SLURM_* set as srun sets them.
+      for r in 0 1; do
+        SLURM_PROCID=$r SLURM_NTASKS=2 SLURM_LOCALID=$r SLURM_NTASKS_PER_NODE=2 SLURM_NNODES=1 SLURM_NODEID=0 \
+          SLURM_JOB_ID=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29533 timeout 240 $EQ --device cuda --bf16 \
+          --tensor-model-parallel-size 2 --tolerance 2e-2 > "$OUT/srun-$r.log" 2>&1 &
+      done
+      wait
+      grep -hE "\[rank 0\].*(equivalent|MISMATCH)|rror" "$OUT/srun-0.log" | sed 's/^/srun-style launch: /' 
       $MPI -np 2 $EQ --device cuda --bf16 --use-distributed-optimizer --tolerance 2e-2 2>&1 | grep -E "\[rank 0\].*(equivalent|MISMATCH)|error"
       # Overlapped distributed optimizer: buckets reduced onto their owners during backward, the
       # weights' all-gather overlapped with the next forward (bitwise the run without it).

@@ -91,6 +91,20 @@ void check_gpu_resume(std::initializer_list<std::string> model, bool must_repeat
   EXPECT_EQ(a.final_weights_sample, resumed.final_weights_sample);
 }
 
+// FP8 through the whole trainer (two micro-batches per step: the wgrad overwrite-then-accumulate
+// path, delayed-scaling updates, fused GeLU both ways): trains like bf16 on the tiny model.
+TEST(Gpu, Fp8TrainingTracksBf16) {
+  REQUIRE_GPU();
+  const auto bf16 = train(gpu_config({"--bf16", "--train-iters", "60"}));
+  for (const char* recipe : {"delayed", "tensorwise"}) {
+    const auto fp8 = train(gpu_config({"--bf16", "--train-iters", "60", "--fp8-format", "hybrid", "--fp8-recipe", recipe}));
+    const double a = bf16.losses.back(), b = fp8.losses.back();
+    std::printf("[fp8-module] tiny model, 60 steps, %s: loss %.4f (bf16 %.4f, first %.4f)\n", recipe, b, a, fp8.losses.front());
+    EXPECT_LT(b, 0.6 * fp8.losses.front());
+    EXPECT_LT(std::abs(b - a) / a, 0.03);
+  }
+}
+
 TEST(Gpu, CheckpointResumeIsExactFp32) {
   REQUIRE_GPU();
   check_gpu_resume({"--attention-dropout", "0", "--hidden-dropout", "0"});

@@ -175,6 +175,25 @@ TEST(GpuFp8, WgradAccumulatesIntoTheMainGradient) {
   std::printf("[fp8-module] wgrad accumulated into the fp32 main gradient: %.2e from the unfused bf16 sum\n", err);
   EXPECT_LT(err, 5e-3);  // the unfused path rounds each micro-batch's dW to bf16
   EXPECT_GT(main_grad.abs().sum().item<float>(), 0.0f);
+
+  // With the optimizer not zeroing it: the next step's first micro-batch overwrites the stale sum.
+  engine.set_overwrite_main_grads(true);
+  ASSERT_TRUE(engine.overwrite_main_grads());
+  engine.end_step(nullptr);
+  main_grad.fill_(1e6);
+  reference.zero_();
+  for (int micro = 0; micro < 2; ++micro) {
+    auto x = torch::randn({2048, 512}, opts).requires_grad_(true);
+    auto dy = torch::randn({2048, 1024}, opts) * 1e-2;
+    engine.set_overwrite_main_grads(false);
+    w.mutable_grad() = torch::Tensor();
+    fp8::fp8_linear(x, w, {}, *site).backward(dy);
+    reference += w.grad().to(torch::kFloat32);
+    engine.set_overwrite_main_grads(true);
+    w.mutable_grad() = main_grad;
+    fp8::fp8_linear(x, w, {}, *site).backward(dy);
+  }
+  EXPECT_LT(relative_error(main_grad, reference), 5e-3);
 }
 
 }  // namespace

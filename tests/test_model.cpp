@@ -133,6 +133,24 @@ TEST(MixedPrecisionOptimizer, Bf16GradientsAccumulateInFp32) {
   for (const auto& [name, p, info] : named) EXPECT_EQ(p.grad().scalar_type(), torch::kFloat32) << name;
 }
 
+// Gradients that FP8 wgrad GEMMs overwrite are left alone by zero_grad; the rest is zeroed.
+TEST(MixedPrecisionOptimizer, SkipZeroingLeavesOnlyTheNamedGradients) {
+  auto a = torch::randn({4, 3}).requires_grad_(true), b = torch::randn({3}).requires_grad_(true),
+       c = torch::randn({5, 2}).requires_grad_(true);
+  const ParallelState single = single_process_state();
+  ParamInfo info;
+  MixedPrecisionOptimizer optimizer({{"a.weight", a, info}, {"b.bias", b, info}, {"c.weight", c, info}}, OptimizerConfig{},
+                                    PrecisionConfig{}, single, false);
+  optimizer.skip_zeroing({a, c});
+  for (auto* t : {&a, &b, &c}) t->mutable_grad().fill_(7.0);
+  optimizer.zero_grad();
+  EXPECT_TRUE(torch::equal(a.grad(), torch::full({4, 3}, 7.0)));
+  EXPECT_TRUE(torch::equal(c.grad(), torch::full({5, 2}, 7.0)));
+  EXPECT_TRUE(torch::equal(b.grad(), torch::zeros({3})));
+  // Everything outside the skipped parameters (padding included) is zero.
+  EXPECT_EQ(optimizer.main_grads().sum().item<double>(), 7.0 * 22);
+}
+
 // One AdamW step over the flat buffers equals torch::optim::AdamW (decoupled weight decay),
 // with no decay on biases and norm weights, after clipping to the global norm.
 TEST(MixedPrecisionOptimizer, AdamWMatchesReference) {

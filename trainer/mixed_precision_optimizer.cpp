@@ -118,7 +118,33 @@ void MixedPrecisionOptimizer::finish_param_gather() {
   if (param_gather_) param_gather_->finish();
 }
 
-void MixedPrecisionOptimizer::zero_grad() { main_grads_.zero_(); }
+void MixedPrecisionOptimizer::zero_grad() {
+  if (zeroed_ranges_.empty()) {
+    main_grads_.zero_();
+    return;
+  }
+  for (auto [offset, n] : zeroed_ranges_) main_grads_.narrow(0, offset, n).zero_();
+}
+
+void MixedPrecisionOptimizer::skip_zeroing(const std::vector<torch::Tensor>& params) {
+  std::vector<std::pair<int64_t, int64_t>> skipped;
+  const auto* base = static_cast<const char*>(main_grads_.data_ptr());
+  for (const auto& p : params) {
+    const torch::Tensor g = p.grad();
+    FP8TRON_CHECK(g.defined() && g.scalar_type() == main_grads_.scalar_type(), "skip_zeroing: not a main-gradient view");
+    const int64_t offset = (static_cast<const char*>(g.data_ptr()) - base) / int64_t(main_grads_.element_size());
+    FP8TRON_CHECK(offset >= 0 && offset + g.numel() <= main_grads_.numel(), "skip_zeroing: gradient outside the buffer");
+    skipped.emplace_back(offset, g.numel());
+  }
+  std::sort(skipped.begin(), skipped.end());
+  zeroed_ranges_.clear();
+  int64_t at = 0;
+  for (auto [offset, n] : skipped) {
+    if (offset > at) zeroed_ranges_.emplace_back(at, offset - at);
+    at = std::max(at, offset + n);
+  }
+  if (at < main_grads_.numel()) zeroed_ranges_.emplace_back(at, main_grads_.numel() - at);
+}
 
 void MixedPrecisionOptimizer::sum_tensor_parallel_partials(bool own_shard_only) {
   // Tensor-parallel ranks lay the buffer out identically, so with the distributed optimizer they

@@ -42,6 +42,9 @@ class MixedPrecisionOptimizer {
                           const PrecisionConfig& precision, const ParallelState& parallel, bool distributed);
 
   void zero_grad();
+  // Gradients of `params` are overwritten by the first backward of every step (FP8 wgrad GEMMs
+  // writing into the main gradient), so zero_grad() leaves them alone.
+  void skip_zeroing(const std::vector<torch::Tensor>& params);
   // After the last micro-batch's backward: sums partial tensor-parallel gradients, the tied
   // embedding's two copies, and averages over data-parallel ranks.
   void finalize_grads();
@@ -123,6 +126,7 @@ class MixedPrecisionOptimizer {
   torch::Tensor exp_avg_, exp_avg_sq_;
   std::vector<torch::Tensor> step_counts_;  // one per segment
   std::vector<ParamSlot> slots_;
+  std::vector<std::pair<int64_t, int64_t>> zeroed_ranges_;  // (offset, numel); empty: all of main_grads_
 };
 
 }  // namespace fp8tron

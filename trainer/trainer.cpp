@@ -175,6 +175,14 @@ void Trainer::build() {
   }
   optimizer_ = std::make_unique<MixedPrecisionOptimizer>(params, c_.optimizer, c_.precision, parallel_, d.distributed_optimizer);
   if (d.overlap_grad_reduce) optimizer_->enable_grad_overlap(d.bucket_numel);
+  if (fp8_ && fp8_->overwrites_main_grads() && c_.precision.grads_in_fp32) {
+    // FP8 wgrad GEMMs write their fp32 main gradients (overwriting in a step's first backward):
+    // zeroing those 95% of the gradient buffer every step would be wasted bandwidth.
+    std::vector<torch::Tensor> weights;
+    for (const auto& site : fp8_->sites()) weights.push_back(site->parameter);
+    optimizer_->skip_zeroing(weights);
+    fp8_->set_overwrite_main_grads(true);
+  }
   if (d.overlap_param_gather) optimizer_->enable_param_gather_overlap(d.bucket_numel);
   if (optimizer_->param_gather_overlapped()) {
     MixedPrecisionOptimizer* optimizer = optimizer_.get();
