@@ -4,6 +4,8 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
 
+#include <optional>
+
 
 #include "core/error.h"
 #include "core/text.h"
@@ -66,6 +68,8 @@ std::shared_ptr<Quantized> quantize(Fp8Engine& e, const Fp8Site& site, TensorRol
   if (fusion.prologue == Prologue::kGeluTanh && !fusable) x2d = at::gelu(x2d, "tanh");
   FP8TRON_CHECK(fusion.column_sums == nullptr || fusable, "column sums need the fused per-tensor GPU cast");
   FP8TRON_CHECK(fusion.prologue != Prologue::kGeluTanhBackward || fusable, "the GeLU-backward cast needs the fused path");
+  FP8TRON_CHECK(fusion.prologue != Prologue::kLayerNorm || (fusable && recipe_kind(recipe) == RecipeKind::kDelayed),
+                "the LayerNorm cast needs the fused delayed-scaling path");
   if (!fusable) fusion.prologue = Prologue::kNone;
   auto q = std::make_shared<Quantized>();
   Fp8TensorView& v = q->view;
@@ -219,6 +223,12 @@ struct Fp8LinearBackward : public torch::autograd::Node {
   // cast when it can). Holds that output (the GeLU input).
   torch::Tensor deferred_gelu_input;
   bool gelu_grad_deferred = false;    // the consumer side: return dGeLU-output, not dGeLU-input
+  // fp8_layernorm_linear: the norm's input, statistics and affine parameters (the node's inputs 3
+  // and 4 are gamma and beta); backward runs the LayerNorm backward on the dgrad output.
+  struct Norm {
+    torch::Tensor input, mean, rstd, gamma, beta;  // input [rows, H]; mean/rstd fp32 [rows]
+  };
+  std::optional<Norm> norm;
   std::vector<int64_t> input_shape;
   torch::ScalarType input_dtype = torch::kBFloat16, weight_dtype = torch::kBFloat16, bias_dtype = torch::kBFloat16;
   bool has_bias = false;
@@ -230,14 +240,16 @@ struct Fp8LinearBackward : public torch::autograd::Node {
     activation_input = torch::Tensor();
     weight_param = torch::Tensor();
     deferred_gelu_input = torch::Tensor();
+    norm.reset();
   }
 
   variable_list apply(variable_list&& grads) override {
     FP8TRON_CHECK(input || weight, "Fp8LinearBackward ran twice (retain_graph is not supported for FP8 linears)");
     Fp8Engine& e = *site->engine;
-    const bool need_dx = task_should_compute_output(0), need_dw = task_should_compute_output(1);
+    const bool need_dgamma = norm && task_should_compute_output(3), need_dbeta = norm && task_should_compute_output(4);
+    const bool need_dx = task_should_compute_output(0) || need_dgamma || need_dbeta, need_dw = task_should_compute_output(1);
     const bool need_db = has_bias && task_should_compute_output(2);
-    variable_list out(3);
+    variable_list out(5);
     if (!grads[0].defined()) return out;
     auto dy = grads[0].reshape({-1, site->out_features});
     TensorCastFusion fusion;
@@ -270,6 +282,15 @@ struct Fp8LinearBackward : public torch::autograd::Node {
       out[0] = gemm(e, *dyq, false, *weight, true, {}, GemmKind::kDgrad, input_dtype).view(input_shape);
       if (activation_input.defined() && !gelu_grad_deferred)
         out[0] = at::gelu_backward(out[0], activation_input, "tanh");
+      if (norm) {
+        const int64_t rows = norm->input.size(0), h = norm->input.size(1);
+        auto grads_norm = at::native_layer_norm_backward(
+            out[0].reshape({rows, h}), norm->input, {h}, norm->mean.view({rows, 1}), norm->rstd.view({rows, 1}), norm->gamma,
+            norm->beta, {task_should_compute_output(0), need_dgamma, need_dbeta});
+        out[0] = std::get<0>(grads_norm).defined() ? std::get<0>(grads_norm).view(input_shape) : torch::Tensor();
+        out[3] = std::get<1>(grads_norm);
+        out[4] = std::get<2>(grads_norm);
+      }
     }
     if (need_dw) {  // dW [N, K] = dY^T [N, M] * (X^T [K, M])^T
       // Gradient-accumulation fusion (Megatron's, with TE): when the parameter's gradient is an
@@ -430,15 +451,26 @@ std::string Fp8Engine::describe() const {
 
 // ---- the autograd function -------------------------------------------------------------------------
 
-torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias, Fp8Site& site,
-                         Prologue prologue) {
+namespace {
+
+// What fp8_layernorm_linear adds to a linear: the norm's parameters (as the caller holds them),
+// the effective gamma (zero-centred: gamma + 1), and the statistics of x.
+struct NormInputs {
+  torch::Tensor gamma_param, beta_param;  // graph inputs 3 and 4
+  torch::Tensor gamma, beta, mean, rstd;
+};
+
+torch::Tensor linear_impl(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias, Fp8Site& site,
+                          Prologue prologue, const NormInputs* norm) {
   Fp8Engine& e = *site.engine;
   FP8TRON_CHECK(x.size(-1) == site.in_features && weight.size(0) == site.out_features &&
                     weight.size(1) == site.in_features,
                 "fp8_linear: shapes do not match the site " + site.name);
   const bool grad_mode = torch::GradMode::is_enabled();
   const bool need_dw = grad_mode && weight.requires_grad();
-  const bool track = grad_mode && (x.requires_grad() || need_dw || (bias.defined() && bias.requires_grad()));
+  auto wants_grad = [](const torch::Tensor& t) { return t.defined() && t.requires_grad(); };
+  const bool track = grad_mode && (x.requires_grad() || need_dw || wants_grad(bias) ||
+                                   (norm && (wants_grad(norm->gamma_param) || wants_grad(norm->beta_param))));
   const auto x2d = x.reshape({-1, site.in_features});
   check_rows(site, x2d.size(0));
 
@@ -447,8 +479,13 @@ torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight, co
   {
     torch::NoGradGuard no_grad;
     // Amaxes are recorded for training steps only: evaluation must not move the scales.
-    xq = quantize(e, site, TensorRole::kInput, x2d.detach(), true, need_dw, /*record_amax=*/track,
-                  TensorCastFusion{prologue, nullptr});
+    TensorCastFusion fusion{prologue, nullptr};
+    if (norm) {
+      fusion.norm = NormPrologue{norm->mean.data_ptr<float>(), norm->rstd.data_ptr<float>(),
+                                 static_cast<const uint16_t*>(norm->gamma.data_ptr()),
+                                 norm->beta.defined() ? static_cast<const uint16_t*>(norm->beta.data_ptr()) : nullptr};
+    }
+    xq = quantize(e, site, TensorRole::kInput, x2d.detach(), true, need_dw, /*record_amax=*/track, fusion);
     wq = quantized_weight(site, weight, /*record_amax=*/track);
     y = gemm(e, *xq, false, *wq, false, bias.defined() ? bias.detach() : bias, GemmKind::kFprop, x.scalar_type());
     std::vector<int64_t> shape = x.sizes().vec();
@@ -484,9 +521,47 @@ torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight, co
   }
   if (need_dw && weight.is_leaf()) node->weight_param = weight;
   if (bias.defined()) node->bias_dtype = bias.scalar_type();
-  node->set_next_edges(torch::autograd::collect_next_edges(x, weight, bias));
+  torch::Tensor gamma_param, beta_param;
+  if (norm) {
+    node->norm = Fp8LinearBackward::Norm{x2d.detach().contiguous(), norm->mean, norm->rstd, norm->gamma, norm->beta};
+    gamma_param = norm->gamma_param;
+    beta_param = norm->beta_param;
+  }
+  node->set_next_edges(torch::autograd::collect_next_edges(x, weight, bias, gamma_param, beta_param));
   torch::autograd::set_history(y, node);
   return y;
+}
+
+}  // namespace
+
+torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias, Fp8Site& site,
+                         Prologue prologue) {
+  return linear_impl(x, weight, bias, site, prologue, nullptr);
+}
+
+torch::Tensor fp8_layernorm_linear(const torch::Tensor& x, const torch::Tensor& gamma, const torch::Tensor& beta,
+                                   double eps, bool zero_centered_gamma, const torch::Tensor& weight,
+                                   const torch::Tensor& bias, Fp8Site& site) {
+  Fp8Engine& e = *site.engine;
+  const int64_t h = site.in_features;
+  const torch::Tensor effective_gamma = zero_centered_gamma ? gamma + 1 : gamma;
+  // The fused cast is the delayed-scaling tile kernel (training: the transposed copy exists).
+  const bool fusable = path_of(e) == Path::kNative && recipe_kind(e.recipe()) == RecipeKind::kDelayed &&
+                       torch::GradMode::is_enabled() && weight.requires_grad() && x.scalar_type() == torch::kBFloat16 &&
+                       gamma.scalar_type() == torch::kBFloat16 && (!beta.defined() || beta.scalar_type() == torch::kBFloat16);
+  if (!fusable) return linear_impl(at::layer_norm(x, {h}, effective_gamma, beta, eps), weight, bias, site, Prologue::kNone, nullptr);
+  NormInputs n;
+  n.gamma_param = gamma;
+  n.beta_param = beta;
+  n.gamma = effective_gamma.detach().contiguous();
+  n.beta = beta.defined() ? beta.detach().contiguous() : beta;
+  const auto x2d = x.detach().reshape({-1, h}).contiguous();
+  const auto floats = torch::TensorOptions().device(x.device()).dtype(torch::kFloat32);
+  n.mean = torch::empty({x2d.size(0)}, floats);
+  n.rstd = torch::empty({x2d.size(0)}, floats);
+  layer_norm_stats(static_cast<const uint16_t*>(x2d.data_ptr()), size_t(x2d.size(0)), size_t(h), float(eps),
+                   n.mean.data_ptr<float>(), n.rstd.data_ptr<float>(), current_stream(x.device()));
+  return linear_impl(x, weight, bias, site, Prologue::kLayerNorm, &n);
 }
 
 }  // namespace fp8tron::fp8

@@ -209,6 +209,7 @@ struct TensorScaleArgs {
   Prologue prologue = Prologue::kNone;
   float* column_sums = nullptr;    // tile kernel only
   const uint16_t* aux = nullptr;   // kGeluTanhBackward's second operand
+  NormPrologue norm;               // kLayerNorm (tile kernel only)
 };
 
 template <bool kFromAmax>
@@ -317,7 +318,25 @@ __global__ void __launch_bounds__(kThreads) quantize_tile_kernel(const TileArgs 
                                     : make_uint4(0, 0, 0, 0);
   }
   if constexpr (kTensorMode) {
-    if (a.tensor.prologue != Prologue::kNone) {
+    if (a.tensor.prologue == Prologue::kLayerNorm) {
+      const NormPrologue& n = a.tensor.norm;
+      const uint4 g = col_ok ? __ldg(reinterpret_cast<const uint4*>(n.gamma + col)) : make_uint4(0, 0, 0, 0);
+      const uint4 b = (col_ok && n.beta) ? __ldg(reinterpret_cast<const uint4*>(n.beta + col)) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const size_t row = row0 + i;
+        if (!col_ok || row >= a.rows) continue;
+        const float mean = __ldg(n.mean + row), rstd = __ldg(n.rstd + row);
+        uint32_t w[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const float lo = unpack(g, 2 * k) * (rstd * (unpack(v[i], 2 * k) - mean)) + unpack(b, 2 * k);
+          const float hi = unpack(g, 2 * k + 1) * (rstd * (unpack(v[i], 2 * k + 1) - mean)) + unpack(b, 2 * k + 1);
+          w[k] = static_cast<uint32_t>(codec::float_to_bf16(lo)) | (static_cast<uint32_t>(codec::float_to_bf16(hi)) << 16);
+        }
+        v[i] = make_uint4(w[0], w[1], w[2], w[3]);
+      }
+    } else if (a.tensor.prologue != Prologue::kNone) {
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         const size_t row = row0 + i;
@@ -546,6 +565,41 @@ __global__ void __launch_bounds__(kThreads) dequantize_blocks_kernel(const uint8
   }
 }
 
+// ---- LayerNorm statistics: one warp per row ----------------------------------------------------------------
+
+__global__ void __launch_bounds__(kThreads)
+    layer_norm_stats_kernel(const uint16_t* x, size_t rows, size_t cols, float eps, float* mean_out, float* rstd_out) {
+  const size_t row = static_cast<size_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= rows) return;
+  const uint4* xr = reinterpret_cast<const uint4*>(x + row * cols);
+  const size_t nv = cols / 8;
+  float sum = 0.0f;
+  for (size_t i = lane; i < nv; i += 32) {
+    const uint4 v = __ldg(xr + i);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) sum += unpack(v, j);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
+  const float mean = sum / static_cast<float>(cols);
+  float sq = 0.0f;
+  for (size_t i = lane; i < nv; i += 32) {
+    const uint4 v = __ldg(xr + i);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float d = unpack(v, j) - mean;
+      sq += d * d;
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) sq += __shfl_xor_sync(0xFFFFFFFFu, sq, o);
+  if (lane == 0) {
+    mean_out[row] = mean;
+    rstd_out[row] = rsqrtf(sq / static_cast<float>(cols) + eps);
+  }
+}
+
 // ---- host-side launch helpers ---------------------------------------------------------------------------
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
@@ -639,6 +693,15 @@ void cast_tensor(const uint16_t* x, const Fp8TensorView& out, const TensorScaleA
 
 // ---- public API -----------------------------------------------------------------------------------------
 
+void layer_norm_stats(const uint16_t* x, size_t rows, size_t cols, float eps, float* mean, float* rstd,
+                      CudaStream stream) {
+  FP8TRON_CHECK(cols % 8 == 0 && aligned16(x), "layer_norm_stats needs cols % 8 == 0 and a 16-byte aligned input");
+  if (rows == 0) return;
+  layer_norm_stats_kernel<<<static_cast<unsigned>(ceil_div(rows, kWarps)), kThreads, 0, stream>>>(x, rows, cols, eps, mean,
+                                                                                                   rstd);
+  FP8TRON_CUDA_CHECK_LAUNCH("layer_norm_stats_kernel");
+}
+
 void amax_bf16(const uint16_t* x, size_t n, float* amax, CudaStream stream) {
   if (n == 0) return;
   const bool vec = aligned16(x);
@@ -658,6 +721,11 @@ void quantize_tensor_delayed(const uint16_t* x, const Fp8TensorView& out, CudaSt
   s.prologue = fusion.prologue;
   s.column_sums = fusion.column_sums;
   s.aux = fusion.aux;
+  s.norm = fusion.norm;
+  FP8TRON_CHECK(fusion.prologue != Prologue::kLayerNorm ||
+                    (out.data_t != nullptr && fusion.norm.mean && fusion.norm.rstd && fusion.norm.gamma &&
+                     aligned16(fusion.norm.gamma) && (!fusion.norm.beta || aligned16(fusion.norm.beta))),
+                "the LayerNorm cast needs the transposed copy, statistics and 16-byte aligned gamma/beta");
   cast_tensor<false>(x, out, s, stream);
 }
 
@@ -675,6 +743,7 @@ void quantize_tensor_current(const uint16_t* x, const Fp8TensorView& out, const 
     FP8TRON_CUDA_CHECK_LAUNCH("amax_kernel");
   }
   TensorScaleArgs s;
+  FP8TRON_CHECK(fusion.prologue != Prologue::kLayerNorm, "the LayerNorm cast takes delayed (given) scales only");
   s.prologue = fusion.prologue;
   s.column_sums = fusion.column_sums;
   s.aux = fusion.aux;

@@ -41,12 +41,28 @@ struct CurrentScalingOptions {
 //                (post-prologue) values, i.e. a linear layer's bias gradient from its output
 //                gradient. Atomic adds: the summation order varies between runs. Needs data_t
 //                (the tile kernel).
-enum class Prologue : uint8_t { kNone, kGeluTanh, kGeluTanhBackward };
+//                kLayerNorm quantizes bf16(gamma[c] * (rstd[r] * (x - mean[r])) + beta[c]), a
+//                LayerNorm's output from its input and row statistics (layer_norm_stats): the
+//                norm of TELayerNormColumnParallelLinear fused into the cast. kLayerNorm runs in
+//                the tile kernel (data_t given) with delayed (given) scales only.
+enum class Prologue : uint8_t { kNone, kGeluTanh, kGeluTanhBackward, kLayerNorm };
+struct NormPrologue {
+  const float* mean = nullptr;       // [rows]
+  const float* rstd = nullptr;       // [rows]
+  const uint16_t* gamma = nullptr;   // bf16 [cols], 16-byte aligned
+  const uint16_t* beta = nullptr;    // bf16 [cols] or null
+};
 struct TensorCastFusion {
   Prologue prologue = Prologue::kNone;
   float* column_sums = nullptr;
   const uint16_t* aux = nullptr;  // kGeluTanhBackward: the GeLU input, bf16 [rows, cols]
+  NormPrologue norm;              // kLayerNorm
 };
+
+// LayerNorm row statistics of x [rows, cols] (bf16) in fp32, as torch's layer_norm: mean and
+// rstd = 1 / sqrt(biased variance + eps). One warp per row, two passes over the row. cols % 8 == 0.
+void layer_norm_stats(const uint16_t* x, size_t rows, size_t cols, float eps, float* mean, float* rstd,
+                      CudaStream stream);
 
 struct BlockScalingOptions {
   bool power_2_scales = true;  // TE's default for the blockwise recipe

@@ -127,6 +127,25 @@ TEST(Fp8Linear, MlpWithDeferredGeluBackwardMatchesTheUnfusedChain) {
   for (size_t i = 0; i < fused.size(); ++i) EXPECT_TRUE(torch::allclose(fused[i], plain[i], 1e-5, 1e-7)) << "output " << i;
 }
 
+TEST(Fp8Linear, LayerNormLinearIsTheLinearOfTheNorm) {
+  // On the CPU (and for recipes without the fused cast) it is layer_norm then fp8_linear; the
+  // gradients reach gamma and beta (zero-centred gamma: stored as gamma - 1).
+  auto engine = cpu_engine(recipe_of(fp8::RecipeKind::kDelayed, fp8::Fp8Format::kHybrid));
+  auto site = engine->add_site("decoder.layers.1.self_attention.linear_qkv", 1, kOut, kIn);
+  auto in = random_inputs(12);
+  auto gamma = (torch::randn({kIn}) * 0.1).requires_grad_(true), beta = torch::randn({kIn}).requires_grad_(true);
+  auto dy = torch::randn({kRows, kOut});
+  fp8::fp8_layernorm_linear(in.x, gamma, beta, 1e-5, true, in.w, in.b, *site).backward(dy);
+  auto grads = std::vector<torch::Tensor>{in.x.grad().clone(), gamma.grad().clone(), beta.grad().clone(), in.w.grad().clone()};
+  for (auto* t : {&in.x, &gamma, &beta, &in.w, &in.b}) t->grad().zero_();
+  fp8::fp8_linear(at::layer_norm(in.x, {kIn}, gamma + 1, beta, 1e-5), in.w, in.b, *site).backward(dy);
+  EXPECT_TRUE(torch::equal(grads[0], in.x.grad()));
+  EXPECT_TRUE(torch::equal(grads[1], gamma.grad()));
+  EXPECT_TRUE(torch::equal(grads[2], beta.grad()));
+  EXPECT_TRUE(torch::equal(grads[3], in.w.grad()));
+  EXPECT_GT(gamma.grad().abs().sum().item<float>(), 0.0f);
+}
+
 TEST(Fp8Linear, BlockAndMxRecipesAreCloseToTheExactProduct) {
   for (auto [kind, format] : {std::pair{fp8::RecipeKind::kBlockwise, fp8::Fp8Format::kE4M3},
                               std::pair{fp8::RecipeKind::kMxfp8, fp8::Fp8Format::kE4M3},
