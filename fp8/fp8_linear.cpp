@@ -226,7 +226,7 @@ struct Fp8LinearBackward : public torch::autograd::Node {
   // fp8_layernorm_linear: the norm's input, statistics and affine parameters (the node's inputs 3
   // and 4 are gamma and beta); backward runs the LayerNorm backward on the dgrad output.
   struct Norm {
-    torch::Tensor input, mean, rstd, gamma, beta;  // input [rows, H]; mean/rstd fp32 [rows]
+    torch::Tensor input, mean, rstd, gamma, beta;  // input [rows, H]; mean/rstd fp32 [rows]; RMSNorm: no mean, beta
   };
   std::optional<Norm> norm;
   std::vector<int64_t> input_shape;
@@ -284,12 +284,22 @@ struct Fp8LinearBackward : public torch::autograd::Node {
         out[0] = at::gelu_backward(out[0], activation_input, "tanh");
       if (norm) {
         const int64_t rows = norm->input.size(0), h = norm->input.size(1);
-        auto grads_norm = at::native_layer_norm_backward(
-            out[0].reshape({rows, h}), norm->input, {h}, norm->mean.view({rows, 1}), norm->rstd.view({rows, 1}), norm->gamma,
-            norm->beta, {task_should_compute_output(0), need_dgamma, need_dbeta});
-        out[0] = std::get<0>(grads_norm).defined() ? std::get<0>(grads_norm).view(input_shape) : torch::Tensor();
-        out[3] = std::get<1>(grads_norm);
-        out[4] = std::get<2>(grads_norm);
+        const auto dnormed = out[0].reshape({rows, h});
+        torch::Tensor dx;
+        if (norm->mean.defined()) {
+          auto g = at::native_layer_norm_backward(dnormed, norm->input, {h}, norm->mean.view({rows, 1}),
+                                                  norm->rstd.view({rows, 1}), norm->gamma, norm->beta,
+                                                  {task_should_compute_output(0), need_dgamma, need_dbeta});
+          dx = std::get<0>(g);
+          out[3] = std::get<1>(g);
+          out[4] = std::get<2>(g);
+        } else {
+          auto g = at::_fused_rms_norm_backward(dnormed, norm->input, {h}, norm->rstd.view({rows, 1}), norm->gamma,
+                                                {task_should_compute_output(0), need_dgamma});
+          dx = std::get<0>(g);
+          out[3] = std::get<1>(g);
+        }
+        out[0] = dx.defined() ? dx.view(input_shape) : torch::Tensor();
       }
     }
     if (need_dw) {  // dW [N, K] = dY^T [N, M] * (X^T [K, M])^T
@@ -481,7 +491,7 @@ torch::Tensor linear_impl(const torch::Tensor& x, const torch::Tensor& weight, c
     // Amaxes are recorded for training steps only: evaluation must not move the scales.
     TensorCastFusion fusion{prologue, nullptr};
     if (norm) {
-      fusion.norm = NormPrologue{norm->mean.data_ptr<float>(), norm->rstd.data_ptr<float>(),
+      fusion.norm = NormPrologue{norm->mean.defined() ? norm->mean.data_ptr<float>() : nullptr, norm->rstd.data_ptr<float>(),
                                  static_cast<const uint16_t*>(norm->gamma.data_ptr()),
                                  norm->beta.defined() ? static_cast<const uint16_t*>(norm->beta.data_ptr()) : nullptr};
     }
@@ -539,9 +549,9 @@ torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight, co
   return linear_impl(x, weight, bias, site, prologue, nullptr);
 }
 
-torch::Tensor fp8_layernorm_linear(const torch::Tensor& x, const torch::Tensor& gamma, const torch::Tensor& beta,
-                                   double eps, bool zero_centered_gamma, const torch::Tensor& weight,
-                                   const torch::Tensor& bias, Fp8Site& site) {
+torch::Tensor fp8_norm_linear(const torch::Tensor& x, bool rms, const torch::Tensor& gamma, const torch::Tensor& beta,
+                              double eps, bool zero_centered_gamma, const torch::Tensor& weight, const torch::Tensor& bias,
+                              Fp8Site& site) {
   Fp8Engine& e = *site.engine;
   const int64_t h = site.in_features;
   const torch::Tensor effective_gamma = zero_centered_gamma ? gamma + 1 : gamma;
@@ -549,7 +559,10 @@ torch::Tensor fp8_layernorm_linear(const torch::Tensor& x, const torch::Tensor& 
   const bool fusable = path_of(e) == Path::kNative && recipe_kind(e.recipe()) == RecipeKind::kDelayed &&
                        torch::GradMode::is_enabled() && weight.requires_grad() && x.scalar_type() == torch::kBFloat16 &&
                        gamma.scalar_type() == torch::kBFloat16 && (!beta.defined() || beta.scalar_type() == torch::kBFloat16);
-  if (!fusable) return linear_impl(at::layer_norm(x, {h}, effective_gamma, beta, eps), weight, bias, site, Prologue::kNone, nullptr);
+  if (!fusable) {
+    const auto normed = rms ? at::rms_norm(x, {h}, effective_gamma, eps) : at::layer_norm(x, {h}, effective_gamma, beta, eps);
+    return linear_impl(normed, weight, bias, site, Prologue::kNone, nullptr);
+  }
   NormInputs n;
   n.gamma_param = gamma;
   n.beta_param = beta;
@@ -557,10 +570,10 @@ torch::Tensor fp8_layernorm_linear(const torch::Tensor& x, const torch::Tensor& 
   n.beta = beta.defined() ? beta.detach().contiguous() : beta;
   const auto x2d = x.detach().reshape({-1, h}).contiguous();
   const auto floats = torch::TensorOptions().device(x.device()).dtype(torch::kFloat32);
-  n.mean = torch::empty({x2d.size(0)}, floats);
+  if (!rms) n.mean = torch::empty({x2d.size(0)}, floats);
   n.rstd = torch::empty({x2d.size(0)}, floats);
-  layer_norm_stats(static_cast<const uint16_t*>(x2d.data_ptr()), size_t(x2d.size(0)), size_t(h), float(eps),
-                   n.mean.data_ptr<float>(), n.rstd.data_ptr<float>(), current_stream(x.device()));
+  norm_row_stats(static_cast<const uint16_t*>(x2d.data_ptr()), size_t(x2d.size(0)), size_t(h), float(eps),
+                 rms ? nullptr : n.mean.data_ptr<float>(), n.rstd.data_ptr<float>(), current_stream(x.device()));
   return linear_impl(x, weight, bias, site, Prologue::kLayerNorm, &n);
 }
 

@@ -145,13 +145,14 @@ class Fp8Engine {
 torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias, Fp8Site& site,
                          Prologue prologue = Prologue::kNone);
 
-// layer_norm(x) W^T + b (TE's LayerNormLinear). With delayed scaling on FP8 tensor cores, in
-// training, the LayerNorm is fused into the cast of the GEMM input: row statistics, then one pass
-// that normalizes, quantizes (both copies) and records the amax, so the bf16 norm output is never
-// stored; backward runs the dgrad GEMM, then LayerNorm's backward from the saved statistics.
-// Elsewhere it is layer_norm followed by fp8_linear. Differentiable in x, gamma, beta, weight, bias.
-torch::Tensor fp8_layernorm_linear(const torch::Tensor& x, const torch::Tensor& gamma, const torch::Tensor& beta,
-                                   double eps, bool zero_centered_gamma, const torch::Tensor& weight,
-                                   const torch::Tensor& bias, Fp8Site& site);
+// norm(x) W^T + b (TE's LayerNormLinear), norm = LayerNorm, or RMSNorm when `rms` (beta unused).
+// With delayed scaling on FP8 tensor cores, in training, the norm is fused into the cast of the
+// GEMM input: row statistics, then one pass that normalizes, quantizes (both copies) and records
+// the amax, so the bf16 norm output is never stored; backward runs the dgrad GEMM, then the norm's
+// backward from the saved statistics. Elsewhere it is the norm followed by fp8_linear.
+// Differentiable in x, gamma, beta, weight, bias.
+torch::Tensor fp8_norm_linear(const torch::Tensor& x, bool rms, const torch::Tensor& gamma, const torch::Tensor& beta,
+                              double eps, bool zero_centered_gamma, const torch::Tensor& weight, const torch::Tensor& bias,
+                              Fp8Site& site);
 
 }  // namespace fp8tron::fp8

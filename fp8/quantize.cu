@@ -326,7 +326,7 @@ __global__ void __launch_bounds__(kThreads) quantize_tile_kernel(const TileArgs 
       for (int i = 0; i < 8; ++i) {
         const size_t row = row0 + i;
         if (!col_ok || row >= a.rows) continue;
-        const float mean = __ldg(n.mean + row), rstd = __ldg(n.rstd + row);
+        const float mean = n.mean ? __ldg(n.mean + row) : 0.0f, rstd = __ldg(n.rstd + row);
         uint32_t w[4];
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
@@ -574,15 +574,18 @@ __global__ void __launch_bounds__(kThreads)
   if (row >= rows) return;
   const uint4* xr = reinterpret_cast<const uint4*>(x + row * cols);
   const size_t nv = cols / 8;
-  float sum = 0.0f;
-  for (size_t i = lane; i < nv; i += 32) {
-    const uint4 v = __ldg(xr + i);
+  float mean = 0.0f;  // RMSNorm: squares about 0
+  if (mean_out != nullptr) {
+    float sum = 0.0f;
+    for (size_t i = lane; i < nv; i += 32) {
+      const uint4 v = __ldg(xr + i);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) sum += unpack(v, j);
+      for (int j = 0; j < 8; ++j) sum += unpack(v, j);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
+    mean = sum / static_cast<float>(cols);
   }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
-  const float mean = sum / static_cast<float>(cols);
   float sq = 0.0f;
   for (size_t i = lane; i < nv; i += 32) {
     const uint4 v = __ldg(xr + i);
@@ -595,7 +598,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) sq += __shfl_xor_sync(0xFFFFFFFFu, sq, o);
   if (lane == 0) {
-    mean_out[row] = mean;
+    if (mean_out != nullptr) mean_out[row] = mean;
     rstd_out[row] = rsqrtf(sq / static_cast<float>(cols) + eps);
   }
 }
@@ -693,9 +696,8 @@ void cast_tensor(const uint16_t* x, const Fp8TensorView& out, const TensorScaleA
 
 // ---- public API -----------------------------------------------------------------------------------------
 
-void layer_norm_stats(const uint16_t* x, size_t rows, size_t cols, float eps, float* mean, float* rstd,
-                      CudaStream stream) {
-  FP8TRON_CHECK(cols % 8 == 0 && aligned16(x), "layer_norm_stats needs cols % 8 == 0 and a 16-byte aligned input");
+void norm_row_stats(const uint16_t* x, size_t rows, size_t cols, float eps, float* mean, float* rstd, CudaStream stream) {
+  FP8TRON_CHECK(cols % 8 == 0 && aligned16(x), "norm_row_stats needs cols % 8 == 0 and a 16-byte aligned input");
   if (rows == 0) return;
   layer_norm_stats_kernel<<<static_cast<unsigned>(ceil_div(rows, kWarps)), kThreads, 0, stream>>>(x, rows, cols, eps, mean,
                                                                                                    rstd);
@@ -723,7 +725,7 @@ void quantize_tensor_delayed(const uint16_t* x, const Fp8TensorView& out, CudaSt
   s.aux = fusion.aux;
   s.norm = fusion.norm;
   FP8TRON_CHECK(fusion.prologue != Prologue::kLayerNorm ||
-                    (out.data_t != nullptr && fusion.norm.mean && fusion.norm.rstd && fusion.norm.gamma &&
+                    (out.data_t != nullptr && fusion.norm.rstd && fusion.norm.gamma &&
                      aligned16(fusion.norm.gamma) && (!fusion.norm.beta || aligned16(fusion.norm.beta))),
                 "the LayerNorm cast needs the transposed copy, statistics and 16-byte aligned gamma/beta");
   cast_tensor<false>(x, out, s, stream);

@@ -42,12 +42,13 @@ struct CurrentScalingOptions {
 //                gradient. Atomic adds: the summation order varies between runs. Needs data_t
 //                (the tile kernel).
 //                kLayerNorm quantizes bf16(gamma[c] * (rstd[r] * (x - mean[r])) + beta[c]), a
-//                LayerNorm's output from its input and row statistics (layer_norm_stats): the
+//                LayerNorm's (mean and beta null: RMSNorm's) output from its input and row
+//                statistics (norm_row_stats): the
 //                norm of TELayerNormColumnParallelLinear fused into the cast. kLayerNorm runs in
 //                the tile kernel (data_t given) with delayed (given) scales only.
 enum class Prologue : uint8_t { kNone, kGeluTanh, kGeluTanhBackward, kLayerNorm };
 struct NormPrologue {
-  const float* mean = nullptr;       // [rows]
+  const float* mean = nullptr;       // [rows]; null for RMSNorm (mean 0)
   const float* rstd = nullptr;       // [rows]
   const uint16_t* gamma = nullptr;   // bf16 [cols], 16-byte aligned
   const uint16_t* beta = nullptr;    // bf16 [cols] or null
@@ -59,10 +60,10 @@ struct TensorCastFusion {
   NormPrologue norm;              // kLayerNorm
 };
 
-// LayerNorm row statistics of x [rows, cols] (bf16) in fp32, as torch's layer_norm: mean and
-// rstd = 1 / sqrt(biased variance + eps). One warp per row, two passes over the row. cols % 8 == 0.
-void layer_norm_stats(const uint16_t* x, size_t rows, size_t cols, float eps, float* mean, float* rstd,
-                      CudaStream stream);
+// Norm row statistics of x [rows, cols] (bf16) in fp32, as torch computes them: LayerNorm (mean
+// non-null) mean and rstd = 1 / sqrt(biased variance + eps); RMSNorm (mean null) rstd =
+// 1 / sqrt(mean of squares + eps). One warp per row. cols % 8 == 0.
+void norm_row_stats(const uint16_t* x, size_t rows, size_t cols, float eps, float* mean, float* rstd, CudaStream stream);
 
 struct BlockScalingOptions {
   bool power_2_scales = true;  // TE's default for the blockwise recipe

@@ -99,9 +99,9 @@ TELayerNormColumnParallelLinearImpl::TELayerNormColumnParallelLinearImpl(const N
 }
 torch::Tensor TELayerNormColumnParallelLinearImpl::forward(const torch::Tensor& x) {
   // Without tensor parallelism the norm's output goes straight into the GEMM: FP8 fuses the two.
-  if (fp8_site && norm_options.kind == Normalization::LayerNorm && tp.size == 1)
-    return fp8::fp8_layernorm_linear(x, layer_norm_weight, layer_norm_bias, norm_options.epsilon,
-                                     norm_options.zero_centered_gamma, weight, bias, *fp8_site);
+  if (fp8_site && tp.size == 1)
+    return fp8::fp8_norm_linear(x, norm_options.kind == Normalization::RMSNorm, layer_norm_weight, layer_norm_bias,
+                                norm_options.epsilon, norm_options.zero_centered_gamma, weight, bias, *fp8_site);
   auto normed = apply_norm(x, norm_options, layer_norm_weight, layer_norm_bias);
   return linear(enter_tp(normed, tp), weight, bias, fp8_site);
 }

@@ -149,42 +149,47 @@ TEST(GpuFp8, MlpWithFusedGeluBothWaysMatchesTheUnfusedChain) {
 
 // LayerNorm fused into the cast of the GEMM input (delayed scaling) against layer_norm + fp8_linear:
 // the statistics and the normalization round like torch's up to an occasional bf16 ulp.
-TEST(GpuFp8, LayerNormFusedIntoTheCastMatchesTheUnfusedPath) {
+TEST(GpuFp8, NormFusedIntoTheCastMatchesTheUnfusedPath) {
   REQUIRE_GPU();
-  fp8::Fp8EngineOptions o;
-  o.recipe = fp8::make_recipe(fp8::RecipeKind::kDelayed, fp8::Fp8Format::kHybrid);
-  o.num_layers = 1;
-  fp8::Fp8Engine fused_engine(o, torch::Device(torch::kCUDA, 0)), plain_engine(o, torch::Device(torch::kCUDA, 0));
-  auto fs = fused_engine.add_site("decoder.layers.0.self_attention.linear_qkv", 0, 1536, 512);
-  auto ps = plain_engine.add_site("decoder.layers.0.self_attention.linear_qkv", 0, 1536, 512);
-  auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
-  torch::manual_seed(17);
-  auto x0 = torch::randn({1024, 512}, opts) * 3 + 1, g0 = torch::randn({512}, opts) * 0.1 + 1, be0 = torch::randn({512}, opts) * 0.1;
-  auto w0 = torch::randn({1536, 512}, opts) * 0.02, b0 = torch::randn({1536}, opts) * 0.1;
-  auto dy = torch::randn({1024, 1536}, opts) * 1e-2;
-  auto run = [&](bool fused) {
-    auto x = x0.clone().requires_grad_(true), g = g0.clone().requires_grad_(true), be = be0.clone().requires_grad_(true);
-    auto w = w0.clone().requires_grad_(true), b = b0.clone().requires_grad_(true);
-    torch::Tensor y;
-    for (int step = 0; step < 2; ++step) {  // the second step quantizes with the recorded amaxes
-      for (auto* t : {&x, &g, &be, &w, &b}) t->mutable_grad() = torch::Tensor();
-      y = fused ? fp8::fp8_layernorm_linear(x, g, be, 1e-5, false, w, b, *fs)
-                : fp8::fp8_linear(at::layer_norm(x, {512}, g, be, 1e-5), w, b, *ps);
-      y.backward(dy);
-      (fused ? fused_engine : plain_engine).end_step(nullptr);
+  for (bool rms : {false, true}) {
+    fp8::Fp8EngineOptions o;
+    o.recipe = fp8::make_recipe(fp8::RecipeKind::kDelayed, fp8::Fp8Format::kHybrid);
+    o.num_layers = 1;
+    fp8::Fp8Engine fused_engine(o, torch::Device(torch::kCUDA, 0)), plain_engine(o, torch::Device(torch::kCUDA, 0));
+    auto fs = fused_engine.add_site("decoder.layers.0.self_attention.linear_qkv", 0, 1536, 512);
+    auto ps = plain_engine.add_site("decoder.layers.0.self_attention.linear_qkv", 0, 1536, 512);
+    auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
+    torch::manual_seed(17);
+    auto x0 = torch::randn({1024, 512}, opts) * 3 + 1, g0 = torch::randn({512}, opts) * 0.1 + 1, be0 = torch::randn({512}, opts) * 0.1;
+    auto w0 = torch::randn({1536, 512}, opts) * 0.02, b0 = torch::randn({1536}, opts) * 0.1;
+    auto dy = torch::randn({1024, 1536}, opts) * 1e-2;
+    auto run = [&](bool fused) {
+      auto x = x0.clone().requires_grad_(true), g = g0.clone().requires_grad_(true), be = be0.clone().requires_grad_(!rms);
+      auto w = w0.clone().requires_grad_(true), b = b0.clone().requires_grad_(true);
+      torch::Tensor y;
+      for (int step = 0; step < 2; ++step) {  // the second step quantizes with the recorded amaxes
+        for (auto* t : {&x, &g, &be, &w, &b}) t->mutable_grad() = torch::Tensor();
+        const auto normed = rms ? at::rms_norm(x, {512}, g, 1e-5) : at::layer_norm(x, {512}, g, be, 1e-5);
+        y = fused ? fp8::fp8_norm_linear(x, rms, g, rms ? torch::Tensor() : be, 1e-5, false, w, b, *fs)
+                  : fp8::fp8_linear(normed, w, b, *ps);
+        y.backward(dy);
+        (fused ? fused_engine : plain_engine).end_step(nullptr);
+      }
+      std::vector<torch::Tensor> out{y.detach(), x.grad(), g.grad(), w.grad(), b.grad()};
+      if (!rms) out.push_back(be.grad());
+      return out;
+    };
+    auto f = run(true), p = run(false);
+    const char* names[] = {"y", "dX", "dgamma", "dW", "db", "dbeta"};
+    std::string line;
+    for (size_t i = 0; i < f.size(); ++i) {
+      const double err = relative_error(f[i], p[i]);
+      line += std::string(" ") + names[i] + " " + std::to_string(err);
+      EXPECT_LT(err, 1e-2) << names[i] << (rms ? " (RMSNorm)" : " (LayerNorm)");
     }
-    return std::vector<torch::Tensor>{y.detach(), x.grad(), g.grad(), be.grad(), w.grad(), b.grad()};
-  };
-  auto f = run(true), p = run(false);
-  const char* names[] = {"y", "dX", "dgamma", "dbeta", "dW", "db"};
-  std::string line;
-  for (size_t i = 0; i < f.size(); ++i) {
-    const double err = relative_error(f[i], p[i]);
-    line += std::string(" ") + names[i] + " " + std::to_string(err);
-    EXPECT_LT(err, 1e-2) << names[i];
+    EXPECT_TRUE(torch::equal(fused_engine.scale().cpu(), plain_engine.scale().cpu()));
+    std::printf("[fp8-module] %s fused into the cast vs norm + fp8_linear:%s\n", rms ? "RMSNorm" : "LayerNorm", line.c_str());
   }
-  EXPECT_TRUE(torch::equal(fused_engine.scale().cpu(), plain_engine.scale().cpu()));
-  std::printf("[fp8-module] LayerNorm fused into the cast vs layer_norm + fp8_linear:%s\n", line.c_str());
 }
 
 // With an fp32 main gradient on the weight, the wgrad GEMM accumulates into it (autograd gets no
