@@ -50,6 +50,19 @@ Path path_of(const Fp8Engine& e) {
 
 void* ptr(torch::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
 
+// silu(gate) * up of [..., 2f] -> [..., f] (a SwiGLU fc1 output: gate half, then up half), and its
+// backward (the gradient of both halves from the gradient of the product).
+torch::Tensor swiglu(const torch::Tensor& h) {
+  auto halves = h.chunk(2, -1);
+  return at::silu(halves[0]) * halves[1];
+}
+torch::Tensor swiglu_backward(const torch::Tensor& grad, const torch::Tensor& h) {
+  auto halves = h.chunk(2, -1);
+  const auto& gate = halves[0];
+  const auto& up = halves[1];
+  return torch::cat({at::silu_backward(grad * up, gate), grad * at::silu(gate)}, -1);
+}
+
 // Allocates the scale factors a copy needs: one fp32 for tensor scaling (shared by both copies),
 // the block grid of fp8_tensor.h otherwise (E8M0 bytes for MXFP8).
 torch::Tensor scale_storage(const ScaleLayout& layout, const torch::Device& device) {
@@ -66,6 +79,10 @@ std::shared_ptr<Quantized> quantize(Fp8Engine& e, const Fp8Site& site, TensorRol
   // The fused kernels serve per-tensor scaling on the GPU; elsewhere the prologue runs first.
   const bool fusable = path != Path::kCpu && scaling_mode(recipe, role) == ScalingMode::kTensor && transposed;
   if (fusion.prologue == Prologue::kGeluTanh && !fusable) x2d = at::gelu(x2d, "tanh");
+  if (fusion.prologue == Prologue::kSwiglu && !(fusable && recipe_kind(recipe) == RecipeKind::kDelayed)) {
+    x2d = swiglu(x2d);
+    fusion.prologue = Prologue::kNone;
+  }
   FP8TRON_CHECK(fusion.column_sums == nullptr || fusable, "column sums need the fused per-tensor GPU cast");
   FP8TRON_CHECK(fusion.prologue != Prologue::kGeluTanhBackward || fusable, "the GeLU-backward cast needs the fused path");
   FP8TRON_CHECK(fusion.prologue != Prologue::kLayerNorm || (fusable && recipe_kind(recipe) == RecipeKind::kDelayed),
@@ -76,12 +93,13 @@ std::shared_ptr<Quantized> quantize(Fp8Engine& e, const Fp8Site& site, TensorRol
   v.format = tensor_format(recipe, role);
   v.scaling_mode = scaling_mode(recipe, role);
   v.rows = size_t(x2d.size(0));
-  v.cols = size_t(x2d.size(1));
+  v.cols = size_t(x2d.size(1) / (fusion.prologue == Prologue::kSwiglu ? 2 : 1));  // SwiGLU halves the width
   const auto device = x2d.device();
   const auto bytes = torch::TensorOptions().device(device).dtype(torch::kUInt8);
   const auto floats = bytes.dtype(torch::kFloat32);
-  if (rowwise) q->data = torch::empty({x2d.size(0), x2d.size(1)}, bytes);
-  if (transposed) q->data_t = torch::empty({x2d.size(1), x2d.size(0)}, bytes);
+  const int64_t rows = int64_t(v.rows), cols = int64_t(v.cols);
+  if (rowwise) q->data = torch::empty({rows, cols}, bytes);
+  if (transposed) q->data_t = torch::empty({cols, rows}, bytes);
   v.data = ptr(q->data);
   v.data_t = ptr(q->data_t);
   // The quantizers read bf16: on the CPU path an fp32 model's activations are rounded to bf16
@@ -135,7 +153,7 @@ std::shared_ptr<Quantized> quantize(Fp8Engine& e, const Fp8Site& site, TensorRol
   // Emulation: the GEMMs run in high precision on the dequantized values (bf16 on the GPU as the
   // tensor cores would see them after the scale; fp32 on the CPU).
   auto dequantize_copy = [&](bool t) {
-    const int64_t r = t ? x2d.size(1) : x2d.size(0), c = t ? x2d.size(0) : x2d.size(1);
+    const int64_t r = t ? cols : rows, c = t ? rows : cols;
     if (cpu) {
       auto out = torch::empty({r, c}, torch::kFloat32);
       reference::dequantize_to_float(v, t, out.data_ptr<float>());
@@ -223,6 +241,7 @@ struct Fp8LinearBackward : public torch::autograd::Node {
   // cast when it can). Holds that output (the GeLU input).
   torch::Tensor deferred_gelu_input;
   bool gelu_grad_deferred = false;    // the consumer side: return dGeLU-output, not dGeLU-input
+  bool swiglu = false;                // Prologue::kSwiglu: activation_input is the [.., 2f] fc1 output
   // fp8_layernorm_linear: the norm's input, statistics and affine parameters (the node's inputs 3
   // and 4 are gamma and beta); backward runs the LayerNorm backward on the dgrad output.
   struct Norm {
@@ -279,9 +298,14 @@ struct Fp8LinearBackward : public torch::autograd::Node {
     }
     auto dyq = quantize(e, *site, TensorRole::kGradOutput, dy, need_dx, need_dw, /*record_amax=*/true, fusion);
     if (need_dx) {  // dX [M, K] = dY [M, N] * (W^T [K, N])^T
-      out[0] = gemm(e, *dyq, false, *weight, true, {}, GemmKind::kDgrad, input_dtype).view(input_shape);
-      if (activation_input.defined() && !gelu_grad_deferred)
-        out[0] = at::gelu_backward(out[0], activation_input, "tanh");
+      out[0] = gemm(e, *dyq, false, *weight, true, {}, GemmKind::kDgrad, input_dtype);
+      if (swiglu) {
+        out[0] = swiglu_backward(out[0], activation_input.reshape({-1, 2 * site->in_features})).view(input_shape);
+      } else {
+        out[0] = out[0].view(input_shape);
+        if (activation_input.defined() && !gelu_grad_deferred)
+          out[0] = at::gelu_backward(out[0], activation_input, "tanh");
+      }
       if (norm) {
         const int64_t rows = norm->input.size(0), h = norm->input.size(1);
         const auto dnormed = out[0].reshape({rows, h});
@@ -473,15 +497,15 @@ struct NormInputs {
 torch::Tensor linear_impl(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias, Fp8Site& site,
                           Prologue prologue, const NormInputs* norm) {
   Fp8Engine& e = *site.engine;
-  FP8TRON_CHECK(x.size(-1) == site.in_features && weight.size(0) == site.out_features &&
-                    weight.size(1) == site.in_features,
+  const int64_t x_width = prologue == Prologue::kSwiglu ? 2 * site.in_features : site.in_features;
+  FP8TRON_CHECK(x.size(-1) == x_width && weight.size(0) == site.out_features && weight.size(1) == site.in_features,
                 "fp8_linear: shapes do not match the site " + site.name);
   const bool grad_mode = torch::GradMode::is_enabled();
   const bool need_dw = grad_mode && weight.requires_grad();
   auto wants_grad = [](const torch::Tensor& t) { return t.defined() && t.requires_grad(); };
   const bool track = grad_mode && (x.requires_grad() || need_dw || wants_grad(bias) ||
                                    (norm && (wants_grad(norm->gamma_param) || wants_grad(norm->beta_param))));
-  const auto x2d = x.reshape({-1, site.in_features});
+  const auto x2d = x.reshape({-1, x_width});
   check_rows(site, x2d.size(0));
 
   std::shared_ptr<Quantized> xq, wq;
@@ -517,6 +541,10 @@ torch::Tensor linear_impl(const torch::Tensor& x, const torch::Tensor& weight, c
   node->input_dtype = x.scalar_type();
   node->weight_dtype = weight.scalar_type();
   node->has_bias = bias.defined();
+  if (prologue == Prologue::kSwiglu) {
+    node->activation_input = x.detach();
+    node->swiglu = true;
+  }
   if (prologue == Prologue::kGeluTanh) {
     // When x comes straight from another FP8 linear, that node applies GeLU's derivative inside
     // its own gradient cast (no bf16 dGeLU-input tensor); otherwise this node applies it.

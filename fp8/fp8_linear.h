@@ -141,7 +141,9 @@ class Fp8Engine {
 // fused into the cast of x (an MLP's fc2: the GeLU output is never stored in bf16). Backward:
 // when x is the output of another fp8_linear (fc1), that node applies GeLU's derivative inside its
 // gradient cast, so the bf16 gradient of the GeLU input is never stored either; x must then have
-// no other consumer. Otherwise this node applies it to its dgrad output.
+// no other consumer. Otherwise this node applies it to its dgrad output. Prologue::kSwiglu: x is
+// [..., 2 in] (gate half, up half) and f(x) = silu(gate) * up, fused into the cast with delayed
+// scaling (elsewhere computed first); backward applies SwiGLU's derivative to the dgrad output.
 torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias, Fp8Site& site,
                          Prologue prologue = Prologue::kNone);
 

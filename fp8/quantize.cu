@@ -314,11 +314,33 @@ __global__ void __launch_bounds__(kThreads) quantize_tile_kernel(const TileArgs 
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const size_t row = row0 + i;
-    v[i] = (col_ok && row < a.rows) ? __ldg(reinterpret_cast<const uint4*>(a.x + row * a.cols + col))
+    // kSwiglu reads the gate half of rows twice as long (the up half follows at + cols).
+    const size_t ld = a.tensor.prologue == Prologue::kSwiglu ? 2 * a.cols : a.cols;
+    v[i] = (col_ok && row < a.rows) ? __ldg(reinterpret_cast<const uint4*>(a.x + row * ld + col))
                                     : make_uint4(0, 0, 0, 0);
   }
   if constexpr (kTensorMode) {
-    if (a.tensor.prologue == Prologue::kLayerNorm) {
+    if (a.tensor.prologue == Prologue::kSwiglu) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const size_t row = row0 + i;
+        if (!col_ok || row >= a.rows) continue;
+        const uint4 up = __ldg(reinterpret_cast<const uint4*>(a.x + row * 2 * a.cols + a.cols + col));
+        uint32_t w[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          float r[2];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const float g = unpack(v[i], 2 * k + h);
+            const float silu = codec::bf16_to_float(codec::float_to_bf16(g / (1.0f + expf(-g))));
+            r[h] = silu * unpack(up, 2 * k + h);
+          }
+          w[k] = static_cast<uint32_t>(codec::float_to_bf16(r[0])) | (static_cast<uint32_t>(codec::float_to_bf16(r[1])) << 16);
+        }
+        v[i] = make_uint4(w[0], w[1], w[2], w[3]);
+      }
+    } else if (a.tensor.prologue == Prologue::kLayerNorm) {
       const NormPrologue& n = a.tensor.norm;
       const uint4 g = col_ok ? __ldg(reinterpret_cast<const uint4*>(n.gamma + col)) : make_uint4(0, 0, 0, 0);
       const uint4 b = (col_ok && n.beta) ? __ldg(reinterpret_cast<const uint4*>(n.beta + col)) : make_uint4(0, 0, 0, 0);
@@ -724,6 +746,7 @@ void quantize_tensor_delayed(const uint16_t* x, const Fp8TensorView& out, CudaSt
   s.column_sums = fusion.column_sums;
   s.aux = fusion.aux;
   s.norm = fusion.norm;
+  FP8TRON_CHECK(fusion.prologue != Prologue::kSwiglu || out.data_t != nullptr, "the SwiGLU cast needs the transposed copy");
   FP8TRON_CHECK(fusion.prologue != Prologue::kLayerNorm ||
                     (out.data_t != nullptr && fusion.norm.rstd && fusion.norm.gamma &&
                      aligned16(fusion.norm.gamma) && (!fusion.norm.beta || aligned16(fusion.norm.beta))),
@@ -745,7 +768,8 @@ void quantize_tensor_current(const uint16_t* x, const Fp8TensorView& out, const 
     FP8TRON_CUDA_CHECK_LAUNCH("amax_kernel");
   }
   TensorScaleArgs s;
-  FP8TRON_CHECK(fusion.prologue != Prologue::kLayerNorm, "the LayerNorm cast takes delayed (given) scales only");
+  FP8TRON_CHECK(fusion.prologue != Prologue::kLayerNorm && fusion.prologue != Prologue::kSwiglu,
+                "the LayerNorm and SwiGLU casts take delayed (given) scales only");
   s.prologue = fusion.prologue;
   s.column_sums = fusion.column_sums;
   s.aux = fusion.aux;

@@ -46,7 +46,10 @@ struct CurrentScalingOptions {
 //                statistics (norm_row_stats): the
 //                norm of TELayerNormColumnParallelLinear fused into the cast. kLayerNorm runs in
 //                the tile kernel (data_t given) with delayed (given) scales only.
-enum class Prologue : uint8_t { kNone, kGeluTanh, kGeluTanhBackward, kLayerNorm };
+//                kSwiglu quantizes bf16(bf16(silu(x[r, c])) * x[r, c + cols]) from x [rows, 2 cols]
+//                (row stride 2 cols: the gate and up halves of a SwiGLU fc1 output), as torch's
+//                silu(gate) * up rounds; tile kernel, delayed scales.
+enum class Prologue : uint8_t { kNone, kGeluTanh, kGeluTanhBackward, kLayerNorm, kSwiglu };
 struct NormPrologue {
   const float* mean = nullptr;       // [rows]; null for RMSNorm (mean 0)
   const float* rstd = nullptr;       // [rows]

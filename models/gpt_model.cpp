@@ -98,9 +98,8 @@ MlpImpl::MlpImpl(const ModelConfig& m, const std::string& prefix, const ParamFac
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
   auto h = linear_fc1(x);
-  if (!swiglu_) return linear_fc2->forward_gelu(h);  // GeLU (tanh, as Megatron and TE), fused into FP8
-  auto halves = h.chunk(2, -1);  // this rank's gate and up shards
-  return linear_fc2(F::silu(halves[0]) * halves[1]);
+  // GeLU (tanh, as Megatron and TE) or SwiGLU on this rank's gate|up shards, fused into FP8 casts.
+  return swiglu_ ? linear_fc2->forward_swiglu(h) : linear_fc2->forward_gelu(h);
 }
 
 // ---- layer -------------------------------------------------------------------------------------------

@@ -121,6 +121,13 @@ torch::Tensor TERowParallelLinearImpl::forward_gelu(const torch::Tensor& x) {
   if (!fp8_site) return forward(at::gelu(x, "tanh"));
   return reduce_and_add_bias(fp8::fp8_linear(x, weight, own_bias(), *fp8_site, fp8::Prologue::kGeluTanh));
 }
+torch::Tensor TERowParallelLinearImpl::forward_swiglu(const torch::Tensor& x) {
+  if (!fp8_site) {
+    auto halves = x.chunk(2, -1);
+    return forward(F::silu(halves[0]) * halves[1]);
+  }
+  return reduce_and_add_bias(fp8::fp8_linear(x, weight, own_bias(), *fp8_site, fp8::Prologue::kSwiglu));
+}
 torch::Tensor TERowParallelLinearImpl::forward(const torch::Tensor& x) {
   return reduce_and_add_bias(linear(x, weight, own_bias(), fp8_site));
 }

@@ -146,6 +146,26 @@ TEST(Fp8Linear, LayerNormLinearIsTheLinearOfTheNorm) {
   EXPECT_GT(gamma.grad().abs().sum().item<float>(), 0.0f);
 }
 
+TEST(Fp8Linear, SwigluPrologueIsTheLinearOfTheSwiglu) {
+  auto engine = cpu_engine(recipe_of(fp8::RecipeKind::kDelayed, fp8::Fp8Format::kHybrid));
+  auto site = engine->add_site("decoder.layers.1.mlp.linear_fc2", 1, kOut, kIn);
+  torch::manual_seed(21);
+  auto h = torch::randn({kRows, 2 * kIn}).requires_grad_(true);
+  auto w = (torch::randn({kOut, kIn}) * 0.05).requires_grad_(true);
+  auto dy = torch::randn({kRows, kOut});
+  auto fused = fp8::fp8_linear(h, w, {}, *site, fp8::Prologue::kSwiglu);
+  fused.backward(dy);
+  auto dh = h.grad().clone(), dw = w.grad().clone();
+  h.grad().zero_();
+  w.grad().zero_();
+  auto halves = h.chunk(2, -1);
+  auto plain = fp8::fp8_linear(at::silu(halves[0]) * halves[1], w, {}, *site);
+  plain.backward(dy);
+  EXPECT_TRUE(torch::equal(fused, plain));
+  EXPECT_TRUE(torch::allclose(dh, h.grad(), 1e-6, 1e-7));
+  EXPECT_TRUE(torch::equal(dw, w.grad()));
+}
+
 TEST(Fp8Linear, BlockAndMxRecipesAreCloseToTheExactProduct) {
   for (auto [kind, format] : {std::pair{fp8::RecipeKind::kBlockwise, fp8::Fp8Format::kE4M3},
                               std::pair{fp8::RecipeKind::kMxfp8, fp8::Fp8Format::kE4M3},

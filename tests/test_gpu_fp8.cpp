@@ -192,6 +192,39 @@ TEST(GpuFp8, NormFusedIntoTheCastMatchesTheUnfusedPath) {
   }
 }
 
+// SwiGLU fused into the cast of fc2's input against silu(gate) * up then fp8_linear.
+TEST(GpuFp8, SwigluFusedIntoTheCastMatchesTheUnfusedPath) {
+  REQUIRE_GPU();
+  fp8::Fp8EngineOptions o;
+  o.recipe = fp8::make_recipe(fp8::RecipeKind::kDelayed, fp8::Fp8Format::kHybrid);
+  o.num_layers = 1;
+  fp8::Fp8Engine fused_engine(o, torch::Device(torch::kCUDA, 0)), plain_engine(o, torch::Device(torch::kCUDA, 0));
+  auto fs = fused_engine.add_site("decoder.layers.0.mlp.linear_fc2", 0, 512, 1024);
+  auto ps = plain_engine.add_site("decoder.layers.0.mlp.linear_fc2", 0, 512, 1024);
+  auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
+  torch::manual_seed(19);
+  auto h0 = torch::randn({1024, 2048}, opts) * 2, w0 = torch::randn({512, 1024}, opts) * 0.02;
+  auto dy = torch::randn({1024, 512}, opts) * 1e-2;
+  auto run = [&](bool fused) {
+    auto h = h0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+    torch::Tensor y;
+    if (fused) {
+      y = fp8::fp8_linear(h, w, {}, *fs, fp8::Prologue::kSwiglu);
+    } else {
+      auto halves = h.chunk(2, -1);
+      y = fp8::fp8_linear(at::silu(halves[0]) * halves[1], w, {}, *ps);
+    }
+    y.backward(dy);
+    return std::vector<torch::Tensor>{y.detach(), h.grad(), w.grad()};
+  };
+  auto f = run(true), p = run(false);
+  const double ey = relative_error(f[0], p[0]), eh = relative_error(f[1], p[1]), ew = relative_error(f[2], p[2]);
+  std::printf("[fp8-module] SwiGLU fused into the cast vs silu * up + fp8_linear: y %.2e dH %.2e dW %.2e\n", ey, eh, ew);
+  EXPECT_LT(ey, 1e-2);
+  EXPECT_LT(eh, 1e-2);
+  EXPECT_LT(ew, 1e-2);
+}
+
 // With an fp32 main gradient on the weight, the wgrad GEMM accumulates into it (autograd gets no
 // weight gradient): the sum over micro-batches matches the unfused bf16 wgrads added in fp32.
 TEST(GpuFp8, WgradAccumulatesIntoTheMainGradient) {
