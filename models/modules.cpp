@@ -17,6 +17,12 @@ torch::Tensor apply_norm(const torch::Tensor& x, const NormOptions& o, const tor
   return at::layer_norm(x, {o.size}, gamma, bias, o.epsilon);
 }
 
+int64_t layer_number(const std::string& name) {
+  const std::string prefix = "decoder.layers.";
+  if (name.rfind(prefix, 0) != 0) return -1;
+  return std::stoll(name.substr(prefix.size()));
+}
+
 namespace {
 ParamInfo replicated(std::vector<int64_t> shape, bool partial_grads) {
   ParamInfo info;
@@ -42,12 +48,6 @@ void add_norm_params(ShardedModule& m, const NormOptions& o, bool partial_grads,
 // all-reduce in backward.
 torch::Tensor enter_tp(const torch::Tensor& x, const TensorParallelContext& tp) {
   return tp.sequence_parallel ? gather_from_sp(x, *tp.comm) : copy_to_tp(x, *tp.comm);
-}
-// "decoder.layers.12.mlp.linear_fc1" -> 12; -1 outside the transformer layers.
-int64_t layer_number(const std::string& name) {
-  const std::string prefix = "decoder.layers.";
-  if (name.rfind(prefix, 0) != 0) return -1;
-  return std::stoll(name.substr(prefix.size()));
 }
 // Registers the linear with the FP8 engine when there is one; [out, in] are this rank's features.
 std::shared_ptr<fp8::Fp8Site> fp8_site_for(const LinearOptions& o, const ParamFactory& f, int64_t out, int64_t in) {

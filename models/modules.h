@@ -24,6 +24,10 @@ struct NormOptions {
 torch::Tensor apply_norm(const torch::Tensor& x, const NormOptions& o, const torch::Tensor& weight,
                          const torch::Tensor& bias);
 
+// The global layer number in a module's name ("decoder.layers.12.mlp.linear_fc1" -> 12); -1
+// outside the transformer layers. FP8 sites use it for --first-last-layers-bf16.
+int64_t layer_number(const std::string& name);
+
 struct LinearOptions {
   int64_t in_features = 0;   // global sizes
   int64_t out_features = 0;

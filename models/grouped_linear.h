@@ -1,0 +1,75 @@
+// TEGroupedLinear: Transformer Engine's GroupedLinear for mixture-of-experts layers (Megatron-Core's
+// TEGroupedLinear / TEColumnParallelGroupedLinear / TERowParallelGroupedLinear). num_gemms experts,
+// each with its own weight<i> [out, in] (and bias<i> [out]), TE's parameter names. The tokens
+// arrive permuted so that each expert's are contiguous: forward(x [tokens, in], m_splits) runs rows
+// [m_splits[0] + ... + m_splits[i-1], + m_splits[i]) through expert i and returns [tokens, out].
+//
+// Tensor parallelism is Megatron's explicit expert communication: this module communicates
+// nothing, the token dispatcher moves tokens around it.
+//   column  weight<i> split by output rows ([out / tp, in], `interleave` blocks split separately
+//           for SwiGLU's gate|up), bias<i> likewise; outputs are this rank's output features.
+//   row     weight<i> split by input columns ([out, in / tp]). Outputs are PARTIAL SUMS, returned
+//           unreduced: Megatron's grouped MLP reduces after the token combine, once for all
+//           experts. Their sum over the group is the layer's output: tensor-parallel rank 0 adds
+//           the biases, the other ranks do not (so the bias gradient lives on rank 0 and is summed
+//           over the group: ParamInfo::reduce_grad_over_tp, where TERowParallelLinear needs that
+//           only under sequence parallelism).
+//
+// FP8: with an engine in the ParamFactory each expert is one FP8 site ("<init_name>.weight<i>")
+// and its slice runs through fp8::fp8_linear. Expert GEMMs stay bf16 (F::linear per slice) when
+// there is no engine, with use_fp8 = false (--no-use-gmm-fp8), or when the recipe has no FP8
+// grouped GEMM (blockwise: logged once). FP8 GEMMs need token counts that are multiples of 16: an
+// expert receiving another count is refused with a UserError (pad with
+// --moe-router-padding-for-fp8, as Transformer Engine requires), never silently run in bf16.
+//
+// Experts that receive no tokens: no FP8 GEMM runs for them, but their weight (and bias) still get
+// a gradient, zero, in every backward. The autograd graph therefore does not depend on the
+// routing, so data-parallel ranks, which route differently, complete their gradient buckets in the
+// same order (parallel/grad_buckets.h).
+#pragma once
+#include <torch/torch.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "models/sharded_parameter.h"
+
+namespace fp8tron {
+namespace fp8 {
+struct Fp8Site;
+}
+
+enum class GroupedParallelMode : uint8_t { kColumn, kRow };
+
+struct GroupedLinearOptions {
+  int64_t in_features = 0;   // one expert's global sizes
+  int64_t out_features = 0;
+  int64_t num_gemms = 1;     // experts held by this module
+  bool bias = true;
+  double init_std = 0.02;
+  std::string init_name;     // module name: weight<i> is seeded from "<init_name>.weight<i>"
+  GroupedParallelMode parallel_mode = GroupedParallelMode::kColumn;
+  int interleave = 1;        // column mode: the output stacks this many blocks, each split (SwiGLU)
+  bool use_fp8 = true;       // false: bf16 expert GEMMs even with an FP8 engine (--no-use-gmm-fp8)
+};
+
+class TEGroupedLinearImpl : public ShardedModule {
+ public:
+  TEGroupedLinearImpl(const GroupedLinearOptions& options, const ParamFactory& factory);
+  // x [tokens, local in features]; m_splits: tokens per expert (num_gemms counts, >= 0, summing to
+  // tokens; UserError otherwise). Returns [tokens, local out features] (row mode: partial sums).
+  torch::Tensor forward(const torch::Tensor& x, const std::vector<int64_t>& m_splits);
+
+  GroupedLinearOptions options;
+  TensorParallelContext tp;
+  std::vector<torch::Tensor> weights, biases;            // weight<i>, bias<i> (no biases without bias)
+  std::vector<std::shared_ptr<fp8::Fp8Site>> fp8_sites;  // one per expert; empty: bf16 GEMMs
+
+ private:
+  void check_splits(const torch::Tensor& x, const std::vector<int64_t>& m_splits) const;
+  torch::Tensor gemm_bias(size_t expert) const;  // the bias this rank adds (undefined: none)
+};
+TORCH_MODULE(TEGroupedLinear);
+
+}  // namespace fp8tron
