@@ -340,6 +340,8 @@ TEST(Fp8Flags, RulesAreEnforcedWithClearErrors) {
   EXPECT_EQ(d.amax_compute_algo, fp8::AmaxComputeAlgo::kMax);
   EXPECT_TRUE(c.precision.fp8.tp_only_amax_reduction);
   EXPECT_EQ(c.precision.fp8.min_features, 512);
+  EXPECT_TRUE(c.precision.fp8.grouped_gemm_fp8);
+  EXPECT_FALSE(build(tiny_args({"--fp8-format", "hybrid", "--no-use-gmm-fp8"})).precision.fp8.grouped_gemm_fp8);
   EXPECT_FALSE(build(tiny_args()).precision.fp8.enabled());
 }
 

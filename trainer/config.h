@@ -84,6 +84,7 @@ struct Fp8Config {
   int64_t bf16_first_layers = 0;        // --first-last-layers-bf16 with --num-layers-at-start-in-bf16
   int64_t bf16_last_layers = 0;         //                             and --num-layers-at-end-in-bf16
   int64_t min_features = 0;             // --fp8-min-features: smaller linears stay bf16
+  bool grouped_gemm_fp8 = true;         // !--no-use-gmm-fp8: TEGroupedLinear's use_fp8 (MoE experts)
   bool enabled() const { return recipe.has_value(); }
 };
 

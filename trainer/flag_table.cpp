@@ -9,9 +9,9 @@ namespace fp8tron {
 namespace {
 using K = FlagKind;
 using S = Support;
-constexpr const char* kParallel = "parallel runtime (issue 4)";
-constexpr const char* kFp8 = "FP8 training engine (issue 5)";
-constexpr const char* kData = "data pipeline (issue 3)";
+constexpr const char* kParallel = "a parallel-runtime option fp8tron does not implement yet";
+constexpr const char* kFp8 = "FP8 option fp8tron does not implement yet";
+constexpr const char* kData = "a data option fp8tron does not implement yet";
 }  // namespace
 
 const std::vector<FlagSpec>& flag_table() {
@@ -134,7 +134,7 @@ const std::vector<FlagSpec>& flag_table() {
       {"fp8-amax-compute-algo", K::String, "most_recent", S::Yes, "", "most_recent|max", "Delayed scaling: scale from the most recent amax or the history's max."},
       {"tp-only-amax-red", K::Bool, "", S::Yes, "", "", "Reduce FP8 amaxes over the tensor-parallel group only (default: tensor x data parallel)."},
       {"fp8-min-features", K::Int, "0", S::Yes, "", "", "fp8tron: linear layers with fewer input or output features per tensor-parallel rank stay bf16 (small GEMMs lose with FP8)."},
-      {"no-use-gmm-fp8", K::Bool, "", S::NotYet, kFp8, "", "Run grouped expert GEMMs in bf16 instead of FP8."},
+      {"no-use-gmm-fp8", K::Bool, "", S::Yes, "", "", "Run grouped expert GEMMs (TEGroupedLinear, MoE experts) in bf16 instead of FP8; no effect in a dense model."},
       {"first-last-layers-bf16", K::Bool, "", S::Yes, "", "", "Keep the first and last transformer layers' linears in bf16."},
       {"num-layers-at-start-in-bf16", K::Int, "1", S::Yes, "", "", "Layers at the start kept in bf16 (with --first-last-layers-bf16)."},
       {"num-layers-at-end-in-bf16", K::Int, "1", S::Yes, "", "", "Layers at the end kept in bf16 (with --first-last-layers-bf16)."},
