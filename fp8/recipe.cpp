@@ -194,7 +194,7 @@ std::string describe(const Recipe& recipe) {
             return strprintf("delayed scaling, format %s, margin %d, interval %d, amax history %d (%s)%s",
                              fp8_format_name(r.format), r.margin, r.interval, r.amax_history_len,
                              amax_compute_algo_name(r.amax_compute_algo),
-                             r.reduce_amax ? ", amax reduced over tensor-parallel ranks" : "");
+                             r.reduce_amax ? ", amaxes shared over the amax group (tensor x data parallel, or --tp-only-amax-red)" : "");
           },
           [](const CurrentScaling& r) {
             return strprintf("tensorwise current scaling, format %s%s", fp8_format_name(r.format),
