@@ -74,24 +74,24 @@ FP8TRON_HD uint32_t fp8_round_magnitude(uint32_t abs_bits) {
   return (static_cast<uint32_t>(target_exp) << kMan) + (q - (1u << kMan));
 }
 
-// E4M3 (OCP e4m3fn): bias 7, max 448 (0x7E), no infinity, NaN = S.1111.111.
-// saturate = true: |x| > 448 and +-inf give +-448 (TE's saturating cast, PTX cvt .satfinite).
-// saturate = false: values that round above 448 and +-inf give NaN (0x7F).
-// NaN input gives 0x7F (canonical, sign dropped). Zero keeps its sign.
-FP8TRON_HD uint8_t encode_e4m3(float x, bool saturate) {
+// The OCP formats' encoder: round the magnitude (kMan mantissa bits, bias kBias), then clamp to
+// kMaxCode, or give kOverflowCode (E4M3: NaN, E5M2: inf) without saturation; +-inf likewise; a NaN
+// input gives 0x7F (canonical, sign dropped). Zero keeps its sign.
+template <int kMan, int kBias, uint32_t kMaxCode, uint32_t kOverflowCode>
+FP8TRON_HD uint8_t encode_ocp_fp8(float x, bool saturate) {
   const uint32_t u = float_bits(x);
   const uint32_t sign = (u >> 24) & 0x80u;
   const uint32_t a = u & kF32AbsMask;
   if (a > kF32Inf) return 0x7F;
-  uint32_t mag;
-  if (a == kF32Inf) {
-    mag = saturate ? 0x7Eu : 0x7Fu;
-  } else {
-    mag = fp8_round_magnitude<3, 7>(a);
-    if (mag > 0x7Eu) mag = saturate ? 0x7Eu : 0x7Fu;
-  }
+  uint32_t mag = a == kF32Inf ? kOverflowCode : fp8_round_magnitude<kMan, kBias>(a);
+  if (mag > kMaxCode) mag = saturate ? kMaxCode : kOverflowCode;
   return static_cast<uint8_t>(sign | mag);
 }
+
+// E4M3 (OCP e4m3fn): bias 7, max 448 (0x7E), no infinity, NaN = S.1111.111.
+// saturate = true: |x| > 448 and +-inf give +-448 (TE's saturating cast, PTX cvt .satfinite).
+// saturate = false: values that round above 448 and +-inf give NaN (0x7F).
+FP8TRON_HD uint8_t encode_e4m3(float x, bool saturate) { return encode_ocp_fp8<3, 7, 0x7Eu, 0x7Fu>(x, saturate); }
 
 FP8TRON_HD float decode_e4m3(uint8_t c) {
   const uint32_t sign = static_cast<uint32_t>(c & 0x80u) << 24;
@@ -103,21 +103,8 @@ FP8TRON_HD float decode_e4m3(uint8_t c) {
 
 // E5M2: bias 15, max 57344 (0x7B), +-inf = S.11111.00, NaN = S.11111.{01,10,11}.
 // saturate = true: |x| > 57344 and +-inf give +-57344. saturate = false: overflow gives +-inf and
-// +-inf stays +-inf. NaN input gives 0x7F. Zero keeps its sign.
-FP8TRON_HD uint8_t encode_e5m2(float x, bool saturate) {
-  const uint32_t u = float_bits(x);
-  const uint32_t sign = (u >> 24) & 0x80u;
-  const uint32_t a = u & kF32AbsMask;
-  if (a > kF32Inf) return 0x7F;
-  uint32_t mag;
-  if (a == kF32Inf) {
-    mag = saturate ? 0x7Bu : 0x7Cu;
-  } else {
-    mag = fp8_round_magnitude<2, 15>(a);
-    if (mag > 0x7Bu) mag = saturate ? 0x7Bu : 0x7Cu;
-  }
-  return static_cast<uint8_t>(sign | mag);
-}
+// +-inf stays +-inf.
+FP8TRON_HD uint8_t encode_e5m2(float x, bool saturate) { return encode_ocp_fp8<2, 15, 0x7Bu, 0x7Cu>(x, saturate); }
 
 FP8TRON_HD float decode_e5m2(uint8_t c) {
   const uint32_t sign = static_cast<uint32_t>(c & 0x80u) << 24;

@@ -240,7 +240,6 @@ struct Fp8LinearBackward : public torch::autograd::Node {
   // gradient of the GeLU's *output*; this node applies GeLU's derivative (fused into its gradient
   // cast when it can). Holds that output (the GeLU input).
   torch::Tensor deferred_gelu_input;
-  bool gelu_grad_deferred = false;    // the consumer side: return dGeLU-output, not dGeLU-input
   bool swiglu = false;                // Prologue::kSwiglu: activation_input is the [.., 2f] fc1 output
   // fp8_layernorm_linear: the norm's input, statistics and affine parameters (the node's inputs 3
   // and 4 are gamma and beta); backward runs the LayerNorm backward on the dgrad output.
@@ -303,8 +302,8 @@ struct Fp8LinearBackward : public torch::autograd::Node {
         out[0] = swiglu_backward(out[0], activation_input.reshape({-1, 2 * site->in_features})).view(input_shape);
       } else {
         out[0] = out[0].view(input_shape);
-        if (activation_input.defined() && !gelu_grad_deferred)
-          out[0] = at::gelu_backward(out[0], activation_input, "tanh");
+        // GeLU's derivative, unless the producing FP8 linear applies it (activation_input unset).
+        if (activation_input.defined()) out[0] = at::gelu_backward(out[0], activation_input, "tanh");
       }
       if (norm) {
         const int64_t rows = norm->input.size(0), h = norm->input.size(1);
@@ -551,8 +550,7 @@ torch::Tensor linear_impl(const torch::Tensor& x, const torch::Tensor& weight, c
     auto producer = std::dynamic_pointer_cast<Fp8LinearBackward>(x.grad_fn());
     if (producer && x.output_nr() == 0 && !producer->deferred_gelu_input.defined() &&
         x.scalar_type() == torch::kBFloat16) {
-      producer->deferred_gelu_input = x.detach();
-      node->gelu_grad_deferred = true;
+      producer->deferred_gelu_input = x.detach();  // this node hands back dGeLU-output as is
     } else {
       node->activation_input = x.detach();
     }

@@ -714,6 +714,34 @@ void cast_tensor(const uint16_t* x, const Fp8TensorView& out, const TensorScaleA
   dispatch_tile<kFromAmax ? TileMode::kTensorFromAmax : TileMode::kTensorGiven>(out.format, args, stream);
 }
 
+// max |prologue(x)| of n values, max-accumulated into *amax (aux: the prologue's second operand).
+void launch_amax(const uint16_t* x, size_t n, float* amax, Prologue prologue, const uint16_t* aux, CudaStream stream) {
+  if (n == 0) return;
+  const bool vec = aligned16(x) && (aux == nullptr || aligned16(aux));
+  amax_kernel<<<grid_for(vec ? ceil_div(n, 8 * 4) : n), kThreads, 0, stream>>>(x, n, vec, amax, prologue, aux);
+  FP8TRON_CUDA_CHECK_LAUNCH("amax_kernel");
+}
+
+// The arguments every block-scaled tile cast shares (checks included); false when x is empty.
+bool block_tile_args(const uint16_t* x, const Fp8TensorView& out, const char* name, TileArgs& args) {
+  check_element_format(out.format, false);
+  FP8TRON_CHECK(out.data != nullptr || out.data_t != nullptr, "quantize: neither data nor data_t given");
+  FP8TRON_CHECK(out.data == nullptr || out.scale_inv != nullptr, std::string(name) + ": data needs scale_inv");
+  FP8TRON_CHECK(out.data_t == nullptr || out.scale_inv_t != nullptr, std::string(name) + ": data_t needs scale_inv_t");
+  if (out.numel() == 0) return false;
+  check_tile_shape(x, out);
+  args.x = x;
+  args.rows = out.rows;
+  args.cols = out.cols;
+  args.out = static_cast<uint8_t*>(out.data);
+  args.out_t = static_cast<uint8_t*>(out.data_t);
+  args.scale_inv = out.scale_inv;
+  args.scale_inv_t = out.scale_inv_t;
+  args.ld = out.layout().ld;
+  args.ld_t = out.layout_t().ld;
+  return true;
+}
+
 }  // namespace
 
 // ---- public API -----------------------------------------------------------------------------------------
@@ -727,10 +755,7 @@ void norm_row_stats(const uint16_t* x, size_t rows, size_t cols, float eps, floa
 }
 
 void amax_bf16(const uint16_t* x, size_t n, float* amax, CudaStream stream) {
-  if (n == 0) return;
-  const bool vec = aligned16(x);
-  amax_kernel<<<grid_for(vec ? ceil_div(n, 8 * 4) : n), kThreads, 0, stream>>>(x, n, vec, amax);
-  FP8TRON_CUDA_CHECK_LAUNCH("amax_kernel");
+  launch_amax(x, n, amax, Prologue::kNone, nullptr, stream);
 }
 
 void quantize_tensor_delayed(const uint16_t* x, const Fp8TensorView& out, CudaStream stream,
@@ -760,13 +785,7 @@ void quantize_tensor_current(const uint16_t* x, const Fp8TensorView& out, const 
   FP8TRON_CHECK(out.amax != nullptr && out.scale_inv != nullptr, "current scaling needs out.amax and out.scale_inv");
   check_element_format(out.format, true);
   FP8TRON_CUDA_CHECK(cudaMemsetAsync(out.amax, 0, sizeof(float), stream));
-  if (out.numel() > 0) {
-    const bool vec = aligned16(x);
-    const size_t n = out.numel();
-    amax_kernel<<<grid_for(vec ? ceil_div(n, 8 * 4) : n), kThreads, 0, stream>>>(
-        x, n, vec && (fusion.aux == nullptr || aligned16(fusion.aux)), out.amax, fusion.prologue, fusion.aux);
-    FP8TRON_CUDA_CHECK_LAUNCH("amax_kernel");
-  }
+  launch_amax(x, out.numel(), out.amax, fusion.prologue, fusion.aux, stream);
   TensorScaleArgs s;
   FP8TRON_CHECK(fusion.prologue != Prologue::kLayerNorm && fusion.prologue != Prologue::kSwiglu,
                 "the LayerNorm and SwiGLU casts take delayed (given) scales only");
@@ -786,22 +805,8 @@ void quantize_blockwise(const uint16_t* x, const Fp8TensorView& out, const Block
                         CudaStream stream) {
   FP8TRON_CHECK(out.scaling_mode == ScalingMode::kBlock1x128 || out.scaling_mode == ScalingMode::kBlock128x128,
                 "quantize_blockwise needs a 1x128 or 128x128 scaling mode");
-  check_element_format(out.format, false);
-  FP8TRON_CHECK(out.data != nullptr || out.data_t != nullptr, "quantize: neither data nor data_t given");
-  FP8TRON_CHECK(out.data == nullptr || out.scale_inv != nullptr, "quantize_blockwise: data needs scale_inv");
-  FP8TRON_CHECK(out.data_t == nullptr || out.scale_inv_t != nullptr, "quantize_blockwise: data_t needs scale_inv_t");
-  if (out.numel() == 0) return;
-  check_tile_shape(x, out);
   TileArgs args;
-  args.x = x;
-  args.rows = out.rows;
-  args.cols = out.cols;
-  args.out = static_cast<uint8_t*>(out.data);
-  args.out_t = static_cast<uint8_t*>(out.data_t);
-  args.scale_inv = out.scale_inv;
-  args.scale_inv_t = out.scale_inv_t;
-  args.ld = out.layout().ld;
-  args.ld_t = out.layout_t().ld;
+  if (!block_tile_args(x, out, "quantize_blockwise", args)) return;
   args.fp8_max = max_finite(out.format);
   args.power_2 = options.power_2_scales;
   args.epsilon = options.amax_epsilon;
@@ -814,22 +819,8 @@ void quantize_blockwise(const uint16_t* x, const Fp8TensorView& out, const Block
 
 void quantize_mxfp8(const uint16_t* x, const Fp8TensorView& out, CudaStream stream) {
   FP8TRON_CHECK(out.scaling_mode == ScalingMode::kMxfp8, "quantize_mxfp8 needs the MXFP8 scaling mode");
-  check_element_format(out.format, false);
-  FP8TRON_CHECK(out.data != nullptr || out.data_t != nullptr, "quantize: neither data nor data_t given");
-  FP8TRON_CHECK(out.data == nullptr || out.scale_inv != nullptr, "quantize_mxfp8: data needs scale_inv");
-  FP8TRON_CHECK(out.data_t == nullptr || out.scale_inv_t != nullptr, "quantize_mxfp8: data_t needs scale_inv_t");
-  if (out.numel() == 0) return;
-  check_tile_shape(x, out);
   TileArgs args;
-  args.x = x;
-  args.rows = out.rows;
-  args.cols = out.cols;
-  args.out = static_cast<uint8_t*>(out.data);
-  args.out_t = static_cast<uint8_t*>(out.data_t);
-  args.scale_inv = out.scale_inv;
-  args.scale_inv_t = out.scale_inv_t;
-  args.ld = out.layout().ld;
-  args.ld_t = out.layout_t().ld;
+  if (!block_tile_args(x, out, "quantize_mxfp8", args)) return;
   args.fp8_max_rcp = 1.0f / max_finite(out.format);
   dispatch_tile<TileMode::kMx>(out.format, args, stream);
 }

@@ -46,6 +46,23 @@ void cast_tensor(const uint16_t* x, const Fp8TensorView& out, float scale) {
   }
 }
 
+// One copy quantized in 1-D runs (1x128 blocks, MX blocks): `lines` lines of `length` elements,
+// value(line, i), cut into runs of `run` elements. store_scale(line, first, amax) records the
+// run's scale and returns the factor its elements are multiplied by.
+template <class Value, class StoreScale>
+void quantize_runs(size_t lines, size_t length, size_t run, Value value, Format format, uint8_t* codes,
+                   StoreScale store_scale) {
+  for (size_t l = 0; l < lines; ++l) {
+    for (size_t i0 = 0; i0 < length; i0 += run) {
+      const size_t i1 = std::min(length, i0 + run);
+      float amax = 0.0f;
+      for (size_t i = i0; i < i1; ++i) amax = amax_fold(amax, value(l, i));
+      const float mult = store_scale(l, i0, amax);
+      for (size_t i = i0; i < i1; ++i) codes[l * length + i] = encode_sat(format, value(l, i) * mult);
+    }
+  }
+}
+
 }  // namespace
 
 void quantize_tensor_delayed(const uint16_t* x, const Fp8TensorView& out) {
@@ -81,31 +98,18 @@ void quantize_blockwise(const uint16_t* x, const Fp8TensorView& out, const Block
   auto xv = [&](size_t r, size_t c) { return bf16_to_float(x[r * cols + c]); };
 
   if (out.scaling_mode == ScalingMode::kBlock1x128) {
-    if (out.data) {  // 1x128 runs along each row of x
-      const ScaleLayout layout = out.layout();
-      for (size_t r = 0; r < rows; ++r) {
-        for (size_t c0 = 0; c0 < cols; c0 += kBlockLen) {
-          const size_t c1 = std::min(cols, c0 + kBlockLen);
-          float amax = 0.0f;
-          for (size_t c = c0; c < c1; ++c) amax = amax_fold(amax, xv(r, c));
-          const float scale = scale_of(amax);
-          floats(out.scale_inv)[scale_index(out.scaling_mode, layout, r, c0)] = 1.0f / scale;
-          for (size_t c = c0; c < c1; ++c) bytes(out.data)[r * cols + c] = encode_sat(out.format, xv(r, c) * scale);
-        }
-      }
-    }
-    if (out.data_t) {  // 1x128 runs along each row of x^T, i.e. down each column of x
-      const ScaleLayout layout_t = out.layout_t();
-      for (size_t c = 0; c < cols; ++c) {
-        for (size_t r0 = 0; r0 < rows; r0 += kBlockLen) {
-          const size_t r1 = std::min(rows, r0 + kBlockLen);
-          float amax = 0.0f;
-          for (size_t r = r0; r < r1; ++r) amax = amax_fold(amax, xv(r, c));
-          const float scale = scale_of(amax);
-          floats(out.scale_inv_t)[scale_index(out.scaling_mode, layout_t, c, r0)] = 1.0f / scale;
-          for (size_t r = r0; r < r1; ++r) bytes(out.data_t)[c * rows + r] = encode_sat(out.format, xv(r, c) * scale);
-        }
-      }
+    auto store = [&](void* scale_inv, const ScaleLayout& layout) {
+      return [&, scale_inv, layout](size_t line, size_t first, float amax) {
+        const float scale = scale_of(amax);
+        floats(scale_inv)[scale_index(out.scaling_mode, layout, line, first)] = 1.0f / scale;
+        return scale;
+      };
+    };
+    // 1x128 runs along each row of x, and for the transposed copy down each column of x.
+    if (out.data) quantize_runs(rows, cols, kBlockLen, xv, out.format, bytes(out.data), store(out.scale_inv, out.layout()));
+    if (out.data_t) {
+      auto xt = [&](size_t c, size_t r) { return xv(r, c); };
+      quantize_runs(cols, rows, kBlockLen, xt, out.format, bytes(out.data_t), store(out.scale_inv_t, out.layout_t()));
     }
     return;
   }
@@ -139,33 +143,17 @@ void quantize_mxfp8(const uint16_t* x, const Fp8TensorView& out) {
   const size_t rows = out.rows, cols = out.cols;
   const float rcp = 1.0f / max_finite(out.format);
   auto xv = [&](size_t r, size_t c) { return bf16_to_float(x[r * cols + c]); };
-  if (out.data) {
-    const ScaleLayout layout = out.layout();
-    for (size_t r = 0; r < rows; ++r) {
-      for (size_t c0 = 0; c0 < cols; c0 += kMxBlock) {
-        const size_t c1 = std::min(cols, c0 + kMxBlock);
-        float amax = 0.0f;
-        for (size_t c = c0; c < c1; ++c) amax = amax_fold(amax, xv(r, c));
-        const uint8_t e = mx_block_scale(amax, rcp);
-        const float mult = codec::e8m0_reciprocal(e);
-        bytes(out.scale_inv)[scale_index(out.scaling_mode, layout, r, c0)] = e;
-        for (size_t c = c0; c < c1; ++c) bytes(out.data)[r * cols + c] = encode_sat(out.format, xv(r, c) * mult);
-      }
-    }
-  }
+  auto store = [&](void* scale_inv, const ScaleLayout& layout) {
+    return [&, scale_inv, layout](size_t line, size_t first, float amax) {
+      const uint8_t e = mx_block_scale(amax, rcp);
+      bytes(scale_inv)[scale_index(out.scaling_mode, layout, line, first)] = e;
+      return codec::e8m0_reciprocal(e);
+    };
+  };
+  if (out.data) quantize_runs(rows, cols, kMxBlock, xv, out.format, bytes(out.data), store(out.scale_inv, out.layout()));
   if (out.data_t) {
-    const ScaleLayout layout_t = out.layout_t();
-    for (size_t c = 0; c < cols; ++c) {
-      for (size_t r0 = 0; r0 < rows; r0 += kMxBlock) {
-        const size_t r1 = std::min(rows, r0 + kMxBlock);
-        float amax = 0.0f;
-        for (size_t r = r0; r < r1; ++r) amax = amax_fold(amax, xv(r, c));
-        const uint8_t e = mx_block_scale(amax, rcp);
-        const float mult = codec::e8m0_reciprocal(e);
-        bytes(out.scale_inv_t)[scale_index(out.scaling_mode, layout_t, c, r0)] = e;
-        for (size_t r = r0; r < r1; ++r) bytes(out.data_t)[c * rows + r] = encode_sat(out.format, xv(r, c) * mult);
-      }
-    }
+    auto xt = [&](size_t c, size_t r) { return xv(r, c); };
+    quantize_runs(cols, rows, kMxBlock, xt, out.format, bytes(out.data_t), store(out.scale_inv_t, out.layout_t()));
   }
 }
 

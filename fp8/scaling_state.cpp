@@ -32,25 +32,7 @@ DelayedUpdateParams delayed_update_params(const DelayedScaling& recipe, size_t n
 void update_delayed_scaling_cpu(const ScalingBuffers& b, const DelayedUpdateParams& p) {
   FP8TRON_CHECK(p.slot_end <= b.num_slots && p.slot_begin <= p.slot_end, "slot range out of bounds");
   FP8TRON_CHECK(b.history_len >= 1, "empty amax history");
-  const size_t n = b.num_slots, len = b.history_len;
-  for (size_t s = p.slot_begin; s < p.slot_end; ++s) {
-    float* h = b.history + s;  // h[row * n]
-    const float now = h[0];
-    float amax = 0.0f;
-    if (now != 0.0f) {
-      // Roll: row i takes row i+1, the last row takes the current amax, row 0 is cleared.
-      for (size_t i = 0; i < len; ++i) {
-        const float a = i + 1 < len ? h[(i + 1) * n] : now;
-        amax = max_ignoring_nan(amax, a);
-        h[i * n] = i > 0 ? a : 0.0f;
-      }
-    }
-    if (p.algo == AmaxComputeAlgo::kMostRecent) amax = now;
-    const float scaled_max = s < p.forward_slots ? p.forward_scaled_max : p.backward_scaled_max;
-    const float scale = delayed_scale(amax, scaled_max, b.scale[s]);
-    b.scale[s] = scale;
-    b.scale_inv[s] = 1.0f / scale;
-  }
+  for (size_t s = p.slot_begin; s < p.slot_end; ++s) update_delayed_slot(b, p, s);
 }
 
 DelayedScalingState::DelayedScalingState(const DelayedScaling& recipe, size_t num_gemms)

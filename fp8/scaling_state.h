@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "fp8/recipe.h"
+#include "fp8/scale_math.h"
 
 struct CUstream_st;
 
@@ -63,6 +64,28 @@ struct DelayedUpdateParams {
 };
 
 DelayedUpdateParams delayed_update_params(const DelayedScaling& recipe, size_t num_gemms);
+
+// The update of slot s (the rule above), shared by the CPU loop and the CUDA kernel so both give
+// the same bits (max_ignoring_nan is fmaxf on the device; div_rn is IEEE division on both).
+FP8TRON_HD void update_delayed_slot(const ScalingBuffers& b, const DelayedUpdateParams& p, size_t s) {
+  const size_t n = b.num_slots, len = b.history_len;
+  float* h = b.history + s;  // h[row * n]
+  const float now = h[0];
+  float amax = 0.0f;
+  if (now != 0.0f) {
+    // Roll: row i takes row i+1, the last row takes the current amax, row 0 is cleared.
+    for (size_t i = 0; i < len; ++i) {
+      const float a = i + 1 < len ? h[(i + 1) * n] : now;
+      amax = max_ignoring_nan(amax, a);
+      h[i * n] = i > 0 ? a : 0.0f;
+    }
+  }
+  if (p.algo == AmaxComputeAlgo::kMostRecent) amax = now;
+  const float scaled_max = s < p.forward_slots ? p.forward_scaled_max : p.backward_scaled_max;
+  const float scale = delayed_scale(amax, scaled_max, b.scale[s]);
+  b.scale[s] = scale;
+  b.scale_inv[s] = div_rn(1.0f, scale);
+}
 
 // The update on host memory.
 void update_delayed_scaling_cpu(const ScalingBuffers& buffers, const DelayedUpdateParams& params);

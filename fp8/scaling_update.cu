@@ -15,22 +15,7 @@ namespace {
 __global__ void delayed_update_kernel(ScalingBuffers b, DelayedUpdateParams p) {
   const size_t s = p.slot_begin + static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (s >= p.slot_end) return;
-  const size_t n = b.num_slots, len = b.history_len;
-  float* h = b.history + s;
-  const float now = h[0];
-  float amax = 0.0f;
-  if (now != 0.0f) {
-    for (size_t i = 0; i < len; ++i) {
-      const float a = i + 1 < len ? h[(i + 1) * n] : now;
-      amax = fmaxf(amax, a);
-      h[i * n] = i > 0 ? a : 0.0f;
-    }
-  }
-  if (p.algo == AmaxComputeAlgo::kMostRecent) amax = now;
-  const float scaled_max = s < p.forward_slots ? p.forward_scaled_max : p.backward_scaled_max;
-  const float scale = delayed_scale(amax, scaled_max, b.scale[s]);
-  b.scale[s] = scale;
-  b.scale_inv[s] = __frcp_rn(scale);
+  update_delayed_slot(b, p, s);
 }
 
 }  // namespace
