@@ -17,14 +17,11 @@
 #include <string>
 #include <variant>
 
+#include "core/config/precision_config.h"  // the recipe types: DelayedScaling, ..., Recipe
 #include "fp8/formats.h"
 #include "fp8/fp8_tensor.h"
 
 namespace fp8tron::fp8 {
-
-enum class Fp8Format : uint8_t { kE4M3, kHybrid, kHiF8 };
-enum class RecipeKind : uint8_t { kDelayed, kTensorwise, kBlockwise, kMxfp8 };
-enum class AmaxComputeAlgo : uint8_t { kMax, kMostRecent };
 
 // The quantized tensors of one linear layer, as Transformer Engine's fp8 meta: the forward pass has
 // input, weight, output; the backward pass grad_output and grad_input.
@@ -36,35 +33,6 @@ const char* tensor_role_name(TensorRole role);
 
 // The three GEMMs of a linear layer: Y = X W^T (fprop), dX = dY W (dgrad), dW = dY^T X (wgrad).
 enum class GemmKind : uint8_t { kFprop, kDgrad, kWgrad };
-
-// Defaults are Megatron-LM's (--fp8-margin 0, --fp8-interval 1, --fp8-amax-history-len 1,
-// --fp8-amax-compute-algo most_recent); Transformer Engine's own defaults are 1024 / max.
-struct DelayedScaling {
-  Fp8Format format = Fp8Format::kHybrid;
-  int margin = 0;            // scale = (fp8_max / amax) / 2^margin
-  int interval = 1;          // update scales every `interval` steps
-  int amax_history_len = 1;  // steps of amax history kept per tensor
-  AmaxComputeAlgo amax_compute_algo = AmaxComputeAlgo::kMostRecent;
-  bool reduce_amax = true;   // all-reduce amaxes over the tensor-parallel group
-};
-
-struct CurrentScaling {
-  Fp8Format format = Fp8Format::kHybrid;
-  bool power_2_scales = false;  // round scales down to a power of two
-  float amax_epsilon = 0.0f;    // floor for amax before computing the scale
-};
-
-struct BlockwiseScaling {
-  Fp8Format format = Fp8Format::kE4M3;  // E4M3 only
-  bool power_2_scales = true;           // TE's default for block scaling
-  float amax_epsilon = 0.0f;
-};
-
-struct Mxfp8Scaling {
-  Fp8Format format = Fp8Format::kE4M3;  // E4M3 or hybrid
-};
-
-using Recipe = std::variant<DelayedScaling, CurrentScaling, BlockwiseScaling, Mxfp8Scaling>;
 
 // Throws UserError naming the flags when the combination is invalid.
 void validate(const Recipe& recipe);

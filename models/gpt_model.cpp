@@ -27,7 +27,7 @@ TensorParallelContext no_tensor_parallel() {
 }  // namespace
 
 // ---- attention -----------------------------------------------------------------------------------
-SelfAttentionImpl::SelfAttentionImpl(const ModelConfig& m, const std::string& prefix, const ParamFactory& f)
+SelfAttentionImpl::SelfAttentionImpl(const ModelConfig& m, const std::string& prefix, const ModuleFactory& f)
     : config_(m),
       local_heads_(m.num_attention_heads / f.tp().size),
       local_groups_(m.num_query_groups / f.tp().size) {
@@ -83,7 +83,7 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, const torch::Te
 }
 
 // ---- MLP -------------------------------------------------------------------------------------------
-MlpImpl::MlpImpl(const ModelConfig& m, const std::string& prefix, const ParamFactory& f) : swiglu_(m.swiglu) {
+MlpImpl::MlpImpl(const ModelConfig& m, const std::string& prefix, const ModuleFactory& f) : swiglu_(m.swiglu) {
   const int64_t fc1_out = m.swiglu ? 2 * m.ffn_hidden_size : m.ffn_hidden_size;
   linear_fc1 = register_module(
       "linear_fc1", TELayerNormColumnParallelLinear(NormOptions::from(m, m.hidden_size),
@@ -103,7 +103,7 @@ torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
 }
 
 // ---- layer -------------------------------------------------------------------------------------------
-TransformerLayerImpl::TransformerLayerImpl(const ModelConfig& m, const std::string& prefix, const ParamFactory& f)
+TransformerLayerImpl::TransformerLayerImpl(const ModelConfig& m, const std::string& prefix, const ModuleFactory& f)
     : hidden_dropout_(m.hidden_dropout) {
   self_attention = register_module("self_attention", SelfAttention(m, prefix + ".self_attention", f));
   mlp = register_module("mlp", Mlp(m, prefix + ".mlp", f));
@@ -120,7 +120,7 @@ GptModelImpl::GptModelImpl(const ModelConfig& m) : GptModelImpl(m, no_tensor_par
 GptModelImpl::GptModelImpl(const ModelConfig& m, const TensorParallelContext& tp, const StageSpec& stage,
                            std::shared_ptr<fp8::Fp8Engine> fp8)
     : config_(m), tp_(tp), stage_(stage) {
-  const ParamFactory f(m.seed, tp, std::move(fp8));
+  const ModuleFactory f(m.seed, tp, std::move(fp8));
   const bool tied = !m.untie_embeddings_and_output_weights;
   ParamInfo word;
   word.global_shape = {m.padded_vocab_size, m.hidden_size};

@@ -14,13 +14,13 @@
 #include <functional>
 
 #include "models/modules.h"
-#include "trainer/config.h"
+#include "core/config/model_config.h"
 
 namespace fp8tron {
 
 class SelfAttentionImpl : public torch::nn::Module {
  public:
-  SelfAttentionImpl(const ModelConfig& m, const std::string& prefix, const ParamFactory& factory);
+  SelfAttentionImpl(const ModelConfig& m, const std::string& prefix, const ModuleFactory& factory);
   // attention_mask: [b, 1, s, s] bool (true = may attend), or undefined for plain causal.
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& attention_mask);
 
@@ -37,7 +37,7 @@ TORCH_MODULE(SelfAttention);
 
 class MlpImpl : public torch::nn::Module {
  public:
-  MlpImpl(const ModelConfig& m, const std::string& prefix, const ParamFactory& factory);
+  MlpImpl(const ModelConfig& m, const std::string& prefix, const ModuleFactory& factory);
   torch::Tensor forward(const torch::Tensor& x);
 
   TELayerNormColumnParallelLinear linear_fc1{nullptr};
@@ -50,7 +50,7 @@ TORCH_MODULE(Mlp);
 
 class TransformerLayerImpl : public torch::nn::Module {
  public:
-  TransformerLayerImpl(const ModelConfig& m, const std::string& prefix, const ParamFactory& factory);
+  TransformerLayerImpl(const ModelConfig& m, const std::string& prefix, const ModuleFactory& factory);
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& attention_mask = {});
 
   SelfAttention self_attention{nullptr};

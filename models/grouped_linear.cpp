@@ -13,7 +13,7 @@ namespace F = torch::nn::functional;
 
 namespace {
 // The FP8 engine the experts register with: null when the expert GEMMs stay bf16.
-std::shared_ptr<fp8::Fp8Engine> grouped_engine(const GroupedLinearOptions& o, const ParamFactory& f) {
+std::shared_ptr<fp8::Fp8Engine> grouped_engine(const GroupedLinearOptions& o, const ModuleFactory& f) {
   if (!f.fp8() || !o.use_fp8) return nullptr;
   if (!fp8::supports_fp8_grouped_gemm(f.fp8()->recipe())) {
     log::warning_once("grouped-gemm-notice", fp8::grouped_gemm_notice(f.fp8()->recipe()));
@@ -41,7 +41,7 @@ void claim_idle_main_grad(fp8::Fp8Site& site, const torch::Tensor& weight) {
 }
 }  // namespace
 
-TEGroupedLinearImpl::TEGroupedLinearImpl(const GroupedLinearOptions& o, const ParamFactory& f) : options(o), tp(f.tp()) {
+TEGroupedLinearImpl::TEGroupedLinearImpl(const GroupedLinearOptions& o, const ModuleFactory& f) : options(o), tp(f.tp()) {
   FP8TRON_CHECK(o.num_gemms >= 1, "TEGroupedLinear needs at least one GEMM");
   const bool column = o.parallel_mode == GroupedParallelMode::kColumn;
   FP8TRON_CHECK(column || o.interleave == 1, "interleaved blocks are a column-parallel layout");

@@ -15,7 +15,7 @@
 //           over the group: ParamInfo::reduce_grad_over_tp, where TERowParallelLinear needs that
 //           only under sequence parallelism).
 //
-// FP8: with an engine in the ParamFactory each expert is one FP8 site ("<init_name>.weight<i>")
+// FP8: with an engine in the ModuleFactory each expert is one FP8 site ("<init_name>.weight<i>")
 // and its slice runs through fp8::fp8_linear. Expert GEMMs stay bf16 (F::linear per slice) when
 // there is no engine, with use_fp8 = false (--no-use-gmm-fp8), or when the recipe has no FP8
 // grouped GEMM (blockwise: logged once). FP8 GEMMs need token counts that are multiples of 16: an
@@ -33,7 +33,7 @@
 #include <string>
 #include <vector>
 
-#include "models/sharded_parameter.h"
+#include "models/module_factory.h"
 
 namespace fp8tron {
 namespace fp8 {
@@ -56,7 +56,7 @@ struct GroupedLinearOptions {
 
 class TEGroupedLinearImpl : public ShardedModule {
  public:
-  TEGroupedLinearImpl(const GroupedLinearOptions& options, const ParamFactory& factory);
+  TEGroupedLinearImpl(const GroupedLinearOptions& options, const ModuleFactory& factory);
   // x [tokens, local in features]; m_splits: tokens per expert (num_gemms counts, >= 0, summing to
   // tokens; UserError otherwise). Returns [tokens, local out features] (row mode: partial sums).
   torch::Tensor forward(const torch::Tensor& x, const std::vector<int64_t>& m_splits);

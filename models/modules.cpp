@@ -38,7 +38,7 @@ ParamInfo split(std::vector<int64_t> shape, int dim, int interleave = 1) {
   return info;
 }
 // Norm parameters: gamma starts at 1 (0 when stored zero-centred), beta at 0.
-void add_norm_params(ShardedModule& m, const NormOptions& o, bool partial_grads, const ParamFactory& f,
+void add_norm_params(ShardedModule& m, const NormOptions& o, bool partial_grads, const ModuleFactory& f,
                      const std::string& prefix, torch::Tensor& weight, torch::Tensor& bias) {
   const ParamInfo info = replicated({o.size}, partial_grads);
   weight = m.add_param(prefix + "weight", f.constant(info, o.zero_centered_gamma ? 0.0 : 1.0), info);
@@ -50,7 +50,7 @@ torch::Tensor enter_tp(const torch::Tensor& x, const TensorParallelContext& tp) 
   return tp.sequence_parallel ? gather_from_sp(x, *tp.comm) : copy_to_tp(x, *tp.comm);
 }
 // Registers the linear with the FP8 engine when there is one; [out, in] are this rank's features.
-std::shared_ptr<fp8::Fp8Site> fp8_site_for(const LinearOptions& o, const ParamFactory& f, int64_t out, int64_t in) {
+std::shared_ptr<fp8::Fp8Site> fp8_site_for(const LinearOptions& o, const ModuleFactory& f, int64_t out, int64_t in) {
   if (!f.fp8() || !o.fp8) return nullptr;
   return f.fp8()->add_site(o.init_name, layer_number(o.init_name), out, in);
 }
@@ -63,12 +63,12 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, const torch
 }
 }  // namespace
 
-TELayerNormImpl::TELayerNormImpl(const NormOptions& o, bool partial_grads, const ParamFactory& f) : options(o) {
+TELayerNormImpl::TELayerNormImpl(const NormOptions& o, bool partial_grads, const ModuleFactory& f) : options(o) {
   add_norm_params(*this, o, partial_grads && f.tp().size > 1, f, "", weight, bias);
 }
 torch::Tensor TELayerNormImpl::forward(const torch::Tensor& x) { return apply_norm(x, options, weight, bias); }
 
-TEColumnParallelLinearImpl::TEColumnParallelLinearImpl(const LinearOptions& o, const ParamFactory& f) : options(o), tp(f.tp()) {
+TEColumnParallelLinearImpl::TEColumnParallelLinearImpl(const LinearOptions& o, const ModuleFactory& f) : options(o), tp(f.tp()) {
   const ParamInfo w = split({o.out_features, o.in_features}, 0, o.interleave);
   if (!o.external_weight) weight = add_param("weight", f.normal(o.init_name + ".weight", w, o.init_std), w);
   if (o.bias) {
@@ -84,7 +84,7 @@ torch::Tensor TEColumnParallelLinearImpl::forward_with(const torch::Tensor& x, c
 }
 
 TELayerNormColumnParallelLinearImpl::TELayerNormColumnParallelLinearImpl(const NormOptions& n, const LinearOptions& l,
-                                                                         const ParamFactory& f)
+                                                                         const ModuleFactory& f)
     : norm_options(n), linear_options(l), tp(f.tp()) {
   // The norm runs on sequence shards under SP: its gradients are partial per rank.
   add_norm_params(*this, n, tp.sequence_parallel && tp.size > 1, f, "layer_norm_", layer_norm_weight, layer_norm_bias);
@@ -106,7 +106,7 @@ torch::Tensor TELayerNormColumnParallelLinearImpl::forward(const torch::Tensor& 
   return linear(enter_tp(normed, tp), weight, bias, fp8_site);
 }
 
-TERowParallelLinearImpl::TERowParallelLinearImpl(const LinearOptions& o, const ParamFactory& f) : options(o), tp(f.tp()) {
+TERowParallelLinearImpl::TERowParallelLinearImpl(const LinearOptions& o, const ModuleFactory& f) : options(o), tp(f.tp()) {
   const ParamInfo w = split({o.out_features, o.in_features}, 1);
   weight = add_param("weight", f.normal(o.init_name + ".weight", w, o.init_std), w);
   if (o.bias) {

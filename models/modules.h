@@ -3,13 +3,13 @@
 // TE), TERowParallelLinear. Parameter names follow TE (layer_norm_weight, weight, bias) so state
 // dicts read like Megatron-Core's. Activations are [sequence, batch, hidden]; with sequence
 // parallelism, tensors outside the column/row pair are split along the sequence.
-// With an FP8 engine in the ParamFactory the linears run their GEMMs in FP8 (fp8/fp8_linear.h);
+// With an FP8 engine in the ModuleFactory the linears run their GEMMs in FP8 (fp8/fp8_linear.h);
 // the sequence-parallel all-gather stays bf16 and the GEMM input is quantized after it.
 #pragma once
 #include <torch/torch.h>
 
-#include "models/sharded_parameter.h"
-#include "trainer/config.h"
+#include "models/module_factory.h"
+#include "core/config/model_config.h"
 
 namespace fp8tron {
 
@@ -47,7 +47,7 @@ struct Fp8Site;
 // each tensor-parallel rank holds a partial gradient that must be summed over the group.
 class TELayerNormImpl : public ShardedModule {
  public:
-  TELayerNormImpl(const NormOptions& options, bool partial_grads, const ParamFactory& factory);
+  TELayerNormImpl(const NormOptions& options, bool partial_grads, const ModuleFactory& factory);
   torch::Tensor forward(const torch::Tensor& x);
   NormOptions options;
   torch::Tensor weight, bias;
@@ -58,7 +58,7 @@ TORCH_MODULE(TELayerNorm);
 // parallel region (copy, or all-gather of sequence shards with SP).
 class TEColumnParallelLinearImpl : public ShardedModule {
  public:
-  TEColumnParallelLinearImpl(const LinearOptions& options, const ParamFactory& factory);
+  TEColumnParallelLinearImpl(const LinearOptions& options, const ModuleFactory& factory);
   torch::Tensor forward(const torch::Tensor& x);
   // Shares an existing weight (the tied output layer uses the word embedding).
   torch::Tensor forward_with(const torch::Tensor& x, const torch::Tensor& weight);
@@ -71,7 +71,7 @@ TORCH_MODULE(TEColumnParallelLinear);
 
 class TELayerNormColumnParallelLinearImpl : public ShardedModule {
  public:
-  TELayerNormColumnParallelLinearImpl(const NormOptions& norm, const LinearOptions& linear, const ParamFactory& factory);
+  TELayerNormColumnParallelLinearImpl(const NormOptions& norm, const LinearOptions& linear, const ModuleFactory& factory);
   torch::Tensor forward(const torch::Tensor& x);
   NormOptions norm_options;
   LinearOptions linear_options;
@@ -85,7 +85,7 @@ TORCH_MODULE(TELayerNormColumnParallelLinear);
 // (all-reduce, or reduce-scatter to sequence shards with SP) before the bias.
 class TERowParallelLinearImpl : public ShardedModule {
  public:
-  TERowParallelLinearImpl(const LinearOptions& options, const ParamFactory& factory);
+  TERowParallelLinearImpl(const LinearOptions& options, const ModuleFactory& factory);
   torch::Tensor forward(const torch::Tensor& x);
   // forward(gelu_tanh(x)); with FP8 the GeLU is fused into the cast of the GEMM input.
   torch::Tensor forward_gelu(const torch::Tensor& x);

@@ -4,18 +4,9 @@
 #pragma once
 #include <string>
 
-namespace fp8tron {
+#include "core/config/parallel_config.h"
 
-struct LaunchEnv {
-  std::string launcher = "single process";  // "mpirun", "torchrun", "srun", "single process"
-  int world_size = 1;
-  int rank = 0;
-  int local_rank = 0;
-  int local_world_size = 1;
-  std::string master_addr;  // torchrun / srun rendezvous
-  int master_port = 0;
-  bool agent_store = false;  // TORCHELASTIC_USE_AGENT_STORE=True: torchrun's agent hosts the store
-};
+namespace fp8tron {
 
 // Reads the process environment. Throws UserError when variables are inconsistent.
 LaunchEnv read_launch_env();

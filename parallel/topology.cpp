@@ -16,37 +16,6 @@ std::vector<std::string> split_dashes(const std::string& s) {
 }
 }  // namespace
 
-ParallelSizes ParallelSizes::derive(int world_size, int tp, int cp, int pp, int ep, int etp, bool tp_pp_dp_order) {
-  ParallelSizes s;
-  s.world_size = world_size;
-  s.tp = tp; s.cp = cp; s.pp = pp; s.ep = ep; s.etp = etp;
-  s.tp_pp_dp_order = tp_pp_dp_order;
-  for (auto [v, flag] : {std::pair{tp, "--tensor-model-parallel-size"}, {cp, "--context-parallel-size"},
-                         {pp, "--pipeline-model-parallel-size"}, {ep, "--expert-model-parallel-size"},
-                         {etp, "--expert-tensor-parallel-size"}})
-    if (v < 1) throw UserError(std::string(flag) + " must be at least 1");
-  const int model = tp * cp * pp;
-  if (world_size % model != 0)
-    throw UserError(strprintf("world size %d is not divisible by --tensor-model-parallel-size (%d) x "
-                              "--context-parallel-size (%d) x --pipeline-model-parallel-size (%d) = %d",
-                              world_size, tp, cp, pp, model));
-  s.dp = world_size / model;
-  const int expert_model = etp * ep * pp;
-  if (world_size % expert_model != 0)
-    throw UserError(strprintf("world size %d is not divisible by --expert-tensor-parallel-size (%d) x "
-                              "--expert-model-parallel-size (%d) x --pipeline-model-parallel-size (%d)",
-                              world_size, etp, ep, pp));
-  s.edp = world_size / expert_model;
-  return s;
-}
-
-std::string ParallelSizes::order() const { return tp_pp_dp_order ? "tp-cp-ep-pp-dp" : "tp-cp-ep-dp-pp"; }
-
-std::string ParallelSizes::describe() const {
-  return strprintf("world %d = TP %d x CP %d x DP %d x PP %d (order %s) | experts: ETP %d x EP %d x EDP %d x PP %d",
-                   world_size, tp, cp, dp, pp, order().c_str(), etp, ep, edp, pp);
-}
-
 std::vector<std::vector<int>> orthogonal_rank_groups(const std::vector<std::pair<std::string, int>>& dims,
                                                      const std::string& token) {
   const auto names = split_dashes(token);

@@ -5,24 +5,9 @@
 #include <string>
 #include <vector>
 
+#include "core/config/parallel_config.h"
+
 namespace fp8tron {
-
-struct ParallelSizes {
-  int world_size = 1;
-  int tp = 1;   // tensor model parallel
-  int cp = 1;   // context parallel
-  int pp = 1;   // pipeline model parallel
-  int ep = 1;   // expert model parallel
-  int etp = 1;  // expert tensor parallel
-  int dp = 1;   // data parallel (derived: world / (tp * cp * pp))
-  int edp = 1;  // expert data parallel (derived: world / (etp * ep * pp))
-  bool tp_pp_dp_order = false;  // --use-tp-pp-dp-mapping
-
-  // Fills dp and edp from world_size; throws UserError naming the flags when sizes do not divide.
-  static ParallelSizes derive(int world_size, int tp, int cp, int pp, int ep, int etp, bool tp_pp_dp_order);
-  std::string order() const;         // "tp-cp-ep-dp-pp" or "tp-cp-ep-pp-dp"
-  std::string describe() const;      // one line: "TP=2 CP=1 PP=2 DP=4 | experts: ETP=2 EP=1 EDP=8"
-};
 
 // Groups for `token` ("tp", "dp", "tp-pp", "cp-dp", ...) in the dense (attention/MLP) grid.
 // Each group lists global ranks, ordered by the token's dimensions (first fastest).

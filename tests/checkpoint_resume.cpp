@@ -26,8 +26,8 @@
 #include "parallel/launch_env.h"
 #include "trainer/checkpoint/file_io.h"
 #include "trainer/checkpoint/metadata.h"
-#include "trainer/config_builder.h"
-#include "trainer/flags.h"
+#include "trainer/cli/config_builder.h"
+#include "trainer/cli/flags.h"
 #include "trainer/trainer.h"
 
 using namespace fp8tron;

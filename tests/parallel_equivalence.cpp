@@ -17,8 +17,8 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "parallel/launch_env.h"
-#include "trainer/config_builder.h"
-#include "trainer/flags.h"
+#include "trainer/cli/config_builder.h"
+#include "trainer/cli/flags.h"
 #include "trainer/trainer.h"
 
 using namespace fp8tron;

@@ -7,8 +7,8 @@
 #include "core/error.h"
 #include "parallel/launch_env.h"
 #include "test_helpers.h"
-#include "trainer/determinism_env.h"
-#include "trainer/dry_run.h"
+#include "trainer/cli/determinism_env.h"
+#include "trainer/cli/dry_run.h"
 
 namespace fp8tron {
 using namespace fp8tron::testing;

@@ -291,7 +291,7 @@ TEST(GpuFp8, GroupedLinearExpertsMatchPerExpertLinearsAndClearIdleGradients) {
   g.out_features = 768;
   g.num_gemms = 3;
   g.init_name = "decoder.layers.1.mlp.experts.linear_fc1";
-  TEGroupedLinear grouped(g, ParamFactory(7, tp, engine));
+  TEGroupedLinear grouped(g, ModuleFactory(7, tp, engine));
   grouped->to(torch::Device(torch::kCUDA, 0), torch::kBFloat16);
   ASSERT_EQ(grouped->fp8_sites.size(), 3u);
   std::vector<std::shared_ptr<fp8::Fp8Site>> sites;

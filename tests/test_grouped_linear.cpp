@@ -16,9 +16,9 @@ constexpr int64_t kIn = 32, kOut = 48, kExperts = 4;
 constexpr uint64_t kSeed = 1234;
 const std::string kName = "decoder.layers.1.mlp.experts.linear_fc1";
 
-ParamFactory factory(std::shared_ptr<fp8::Fp8Engine> engine = nullptr, int tp_size = 1, int tp_rank = 0) {
+ModuleFactory factory(std::shared_ptr<fp8::Fp8Engine> engine = nullptr, int tp_size = 1, int tp_rank = 0) {
   TensorParallelContext tp{make_self_communicator("tp", tp_rank), tp_rank, tp_size, false};
-  return ParamFactory(kSeed, tp, std::move(engine));
+  return ModuleFactory(kSeed, tp, std::move(engine));
 }
 
 std::shared_ptr<fp8::Fp8Engine> cpu_engine(fp8::RecipeKind kind) {

@@ -9,8 +9,8 @@
 #include <unistd.h>
 
 #include "core/error.h"
-#include "trainer/config_builder.h"
-#include "trainer/flags.h"
+#include "trainer/cli/config_builder.h"
+#include "trainer/cli/flags.h"
 
 namespace fp8tron::testing {
 

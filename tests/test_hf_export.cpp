@@ -13,7 +13,7 @@
 #include "trainer/checkpoint/checkpoint_dir.h"
 #include "trainer/checkpoint/safetensors.h"
 #include "trainer/checkpoint/sharded_io.h"
-#include "trainer/hf_export.h"
+#include "trainer/export/hf_export.h"
 #include "trainer/trainer.h"
 
 namespace fp8tron {

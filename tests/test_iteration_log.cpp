@@ -2,7 +2,7 @@
 
 #include <regex>
 
-#include "trainer/iteration_log.h"
+#include "trainer/logging/iteration_log.h"
 
 namespace fp8tron {
 

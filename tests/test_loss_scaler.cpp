@@ -1,6 +1,6 @@
 #include <gtest/gtest.h>
 
-#include "trainer/loss_scaler.h"
+#include "trainer/optim/loss_scaler.h"
 
 namespace fp8tron {
 

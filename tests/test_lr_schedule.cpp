@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "trainer/lr_schedule.h"
+#include "trainer/optim/lr_schedule.h"
 
 namespace fp8tron {
 

@@ -4,8 +4,8 @@
 
 #include "models/gpt_model.h"
 #include "test_helpers.h"
-#include "trainer/mixed_precision_optimizer.h"
-#include "trainer/model_math.h"
+#include "trainer/optim/mixed_precision_optimizer.h"
+#include "trainer/cli/model_math.h"
 
 namespace fp8tron {
 using namespace fp8tron::testing;

@@ -1,7 +1,7 @@
 #include <gtest/gtest.h>
 
 #include "test_helpers.h"
-#include "trainer/model_math.h"
+#include "trainer/cli/model_math.h"
 
 namespace fp8tron {
 using namespace fp8tron::testing;

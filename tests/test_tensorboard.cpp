@@ -13,7 +13,8 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
-#include "trainer/tensorboard_writer.h"
+#include "trainer/checkpoint/file_io.h"
+#include "trainer/logging/tensorboard_writer.h"
 
 namespace fp8tron {
 namespace {
@@ -26,9 +27,10 @@ class TensorBoardTest : public ::testing::Test {
     dir_ = fs::temp_directory_path() /
            ("fp8tron_tb_" + std::to_string(getpid()) + "_" +
             ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
+    checkpoint::remove_tree(dir_.string());
   }
-  void TearDown() override { fs::remove_all(dir_); }
+  // Not std::filesystem::remove_all: libtorch exports a broken copy of it (file_io.h).
+  void TearDown() override { checkpoint::remove_tree(dir_.string()); }
 
   fs::path dir_;
 };

@@ -4,7 +4,7 @@
 
 #include <cmath>
 
-#include "data/builtin_datasets.h"
+#include "data/loader/builtin_datasets.h"
 #include "test_helpers.h"
 #include "trainer/trainer.h"
 

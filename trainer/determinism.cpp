@@ -7,7 +7,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/text.h"
-#include "trainer/determinism_env.h"
+#include "trainer/cli/determinism_env.h"
 
 namespace fp8tron {
 

@@ -6,10 +6,10 @@
 #include "core/log.h"
 #include "data/tokenizer.h"
 #include "parallel/launch_env.h"
-#include "trainer/checkpoint_args.h"
-#include "trainer/config_builder.h"
-#include "trainer/dry_run.h"
-#include "trainer/flags.h"
+#include "trainer/cli/checkpoint_args.h"
+#include "trainer/cli/config_builder.h"
+#include "trainer/cli/dry_run.h"
+#include "trainer/cli/flags.h"
 #include "trainer/trainer.h"
 
 int main(int argc, char** argv) {

@@ -11,23 +11,25 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/text.h"
-#include "data/batch_loader.h"
-#include "data/builtin_datasets.h"
-#include "data/file_source.h"
+#include "data/loader/batch_loader.h"
+#include "data/loader/builtin_datasets.h"
+#include "data/loader/file_source.h"
 #include "fp8/fp8_linear.h"
 #include "models/gpt_model.h"
 #include "parallel/layer_split.h"
 #include "parallel/pipeline_schedule.h"
-#include "trainer/checkpointing.h"
+#include "trainer/checkpoint/async_saver.h"
+#include "trainer/checkpoint/load.h"
+#include "trainer/checkpoint/save.h"
 #include "trainer/determinism.h"
 #include "trainer/exit_signal.h"
-#include "trainer/iteration_log.h"
-#include "trainer/loss_scaler.h"
-#include "trainer/lr_schedule.h"
-#include "trainer/mixed_precision_optimizer.h"
-#include "trainer/model_math.h"
-#include "trainer/tensorboard_writer.h"
-#include "trainer/timers.h"
+#include "trainer/logging/iteration_log.h"
+#include "trainer/optim/loss_scaler.h"
+#include "trainer/optim/lr_schedule.h"
+#include "trainer/optim/mixed_precision_optimizer.h"
+#include "trainer/cli/model_math.h"
+#include "trainer/logging/tensorboard_writer.h"
+#include "trainer/logging/timers.h"
 
 namespace fp8tron {
 
@@ -76,7 +78,13 @@ std::shared_ptr<SampleSource> make_source(const Config& c) {
   switch (c.data.source) {
     case DataSource::Mock: return make_mock_source(c.model.seq_length, c.model.vocab_size, c.training.seed);
     case DataSource::Builtin: return make_builtin_source(c.model.seq_length, c.model.vocab_size, c.training.seed);
-    case DataSource::Files: return make_file_source(c);
+    case DataSource::Files: {
+      const auto& t = c.training;
+      FileSourceSizes sizes{megatron_split_samples(t.train_iters, t.train_samples, t.global_batch_size, t.eval_interval,
+                                                   t.eval_iters),
+                            c.model.seq_length, t.seed};
+      return make_file_source(c.data, sizes);
+    }
   }
   FP8TRON_CHECK(false, "unknown data source");
 }

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "parallel/parallel_state.h"
-#include "trainer/config.h"
+#include "core/config/config.h"
 
 namespace fp8tron {
 

@@ -98,6 +98,10 @@ std::string checkpoint_dir_name(int64_t iteration, bool release) {
   return strprintf("iter_%07lld", (long long)iteration);
 }
 
+std::string non_persistent_dir(const std::string& configured, const std::string& base) {
+  return configured.empty() ? base + "/non_persistent" : configured;
+}
+
 const char* commit_step_name(CommitStep step) {
   switch (step) {
     case CommitStep::kFilesVerified: return "files verified";

@@ -31,6 +31,10 @@ inline constexpr const char* kTrackerFileName = "latest_checkpointed_iteration.t
 // "iter_0000100" (Megatron's iter_%07d), or "release".
 std::string checkpoint_dir_name(int64_t iteration, bool release = false);
 
+// Where the non-persistent checkpoints of `base` (--save or --load) live: `configured`
+// (--non-persistent-global-ckpt-dir) when given, else <base>/non_persistent.
+std::string non_persistent_dir(const std::string& configured, const std::string& base);
+
 struct Tracker {
   int64_t iteration = 0;  // meaningful when !release
   bool release = false;

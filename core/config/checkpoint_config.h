@@ -1,0 +1,35 @@
+// Megatron's --save/--load family (trainer/checkpoint/).
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace fp8tron {
+
+struct CheckpointConfig {
+  std::string save, load;             // directories; "" = none
+  std::optional<int64_t> save_interval;
+  bool save_optim = true, save_rng = true;   // --no-save-optim, --no-save-rng
+  bool load_optim = true, load_rng = true;   // --no-load-optim, --no-load-rng
+  bool finetune = false;              // weights only, iteration and counters from 0
+  bool load_main_params_from_ckpt = false;   // weights-only loads take the fp32 main weights
+  std::optional<int64_t> ckpt_step;   // load this iteration instead of the tracker's
+  bool exit_on_missing_checkpoint = false;
+  bool async_save = false;            // write in the background (AsyncCheckpointSaver)
+  // Megatron's default: the data-parallel replicas of a tensor are written in equal parts by the
+  // data-parallel ranks; --no-ckpt-fully-parallel-save: data-parallel rank 0 writes them.
+  bool fully_parallel_save = true;
+  std::string dist_ckpt_strictness = "assume_ok_unexpected";  // tensor mismatches on load (Megatron's values)
+  // Only the checkpoints of iterations that are multiples of this (and the latest) are kept.
+  std::optional<int64_t> save_retain_interval;
+  // Non-persistent checkpoints (Megatron's "global" type): every non_persistent_save_interval
+  // iterations into non_persistent_dir, only the latest kept; loads take the newer of the two.
+  std::optional<int64_t> non_persistent_save_interval;
+  bool non_persistent_global = false;  // --non-persistent-ckpt-type global
+  std::string non_persistent_dir;      // --non-persistent-global-ckpt-dir; "": <save or load>/non_persistent
+  bool exit_signal_handler = false;   // save and exit at the next iteration on exit_signal
+  int exit_signal = 15;               // SIGTERM
+  std::string exit_signal_name = "SIGTERM";
+};
+
+}  // namespace fp8tron

@@ -1,0 +1,43 @@
+// The model's shape and math (--num-layers, --hidden-size, --swiglu, ...): what models/ builds.
+#pragma once
+#include <cstdint>
+
+#include "core/config/precision_config.h"
+
+namespace fp8tron {
+
+enum class PositionEmbedding { LearnedAbsolute, Rope };
+enum class Normalization { LayerNorm, RMSNorm };
+
+struct ModelConfig {
+  int64_t num_layers = 0;
+  int64_t hidden_size = 0;
+  int64_t ffn_hidden_size = 0;
+  int64_t num_attention_heads = 0;
+  int64_t kv_channels = 0;        // per-head dimension
+  int64_t num_query_groups = 0;   // == num_attention_heads without GQA
+  int64_t seq_length = 0;
+  int64_t max_position_embeddings = 0;
+  PositionEmbedding position_embedding = PositionEmbedding::LearnedAbsolute;
+  double rotary_base = 10000;
+  double rotary_percent = 1.0;
+  Normalization normalization = Normalization::LayerNorm;
+  double norm_epsilon = 1e-5;
+  bool apply_layernorm_1p = false;
+  bool swiglu = false;
+  bool add_bias_linear = true;
+  bool add_qkv_bias = true;
+  bool untie_embeddings_and_output_weights = false;
+  double init_method_std = 0.02;
+  double attention_dropout = 0.1;
+  double hidden_dropout = 0.1;
+  int64_t vocab_size = 0;         // the tokenizer's
+  int64_t padded_vocab_size = 0;  // padded as Megatron pads it
+  bool qk_layernorm = false;
+  bool attention_softmax_in_fp32 = false;
+  bool transformer_engine_modules = true;  // --transformer-impl
+  ParamDtype params_dtype = ParamDtype::Fp32;
+  uint64_t seed = 1234;  // initialisation seed
+};
+
+}  // namespace fp8tron

@@ -1,0 +1,1 @@
+// Anchors the precompiled LibTorch header (core/CMakeLists.txt); intentionally empty.

@@ -1,0 +1,94 @@
+#include "data/loader/batch_loader.h"
+
+#include "data/gpt_inputs.h"
+
+namespace fp8tron {
+
+BatchLoader::BatchLoader(std::shared_ptr<SampleSource> source, Split split, BatchOptions options, torch::Device device)
+    : source_(std::move(source)), split_(split), options_(options), device_(device) {
+  if (options_.prefetch > 0 && options_.stride > 0) thread_ = std::thread([this] { run(); });
+}
+
+BatchLoader::~BatchLoader() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  changed_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+Batch BatchLoader::prepare(int64_t start) const {
+  const int64_t b = options_.micro_batch_size, s = options_.seq_length;
+  auto host = [&](torch::Dtype dtype) {
+    auto t = torch::empty({b, s}, dtype);
+    return device_.is_cuda() ? t.pin_memory() : t;
+  };
+  Batch batch;
+  batch.tokens = host(torch::kInt64);
+  batch.labels = host(torch::kInt64);
+  batch.loss_mask = host(torch::kFloat32);
+  batch.position_ids = host(torch::kInt64);
+  if (options_.reset_attention_mask) batch.segment_ids = host(torch::kInt32);
+  data::GptInputOptions gpt{options_.eod_mask_loss, options_.reset_position_ids, options_.reset_attention_mask};
+  std::vector<int64_t> sample(size_t(s + 1));
+  for (int64_t i = 0; i < b; ++i) {
+    source_->sample(split_, start + i, sample.data());
+    data::make_gpt_inputs(sample.data(), s, options_.eod, gpt, batch.tokens.data_ptr<int64_t>() + i * s,
+                          batch.labels.data_ptr<int64_t>() + i * s, batch.loss_mask.data_ptr<float>() + i * s,
+                          batch.position_ids.data_ptr<int64_t>() + i * s,
+                          batch.segment_ids.defined() ? batch.segment_ids.data_ptr<int32_t>() + i * s : nullptr);
+  }
+  if (!options_.reset_position_ids) batch.position_ids = torch::Tensor();  // positions are 0..s-1
+  return batch;
+}
+
+void BatchLoader::run() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    changed_.wait(lock, [&] { return stop_ || (next_start_ >= 0 && int(ready_.size()) < options_.prefetch); });
+    if (stop_) return;
+    const int64_t start = next_start_;
+    const uint64_t generation = generation_;
+    lock.unlock();
+    Batch batch;
+    bool ok = true;
+    try {
+      batch = prepare(start);
+    } catch (...) {
+      ok = false;  // e.g. past the end of the data: the trainer's direct load reports it
+    }
+    lock.lock();
+    if (generation != generation_) continue;  // the trainer moved elsewhere meanwhile
+    if (!ok) { next_start_ = -1; continue; }
+    ready_.push_back({start, std::move(batch)});
+    next_start_ = start + options_.stride;
+    changed_.notify_all();
+  }
+}
+
+Batch BatchLoader::load(int64_t first_sample) {
+  Batch host;
+  bool found = false;
+  if (thread_.joinable()) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    // Wait for the thread if it is working on exactly this batch.
+    changed_.wait(lock, [&] { return !ready_.empty() || next_start_ != first_sample; });
+    while (!ready_.empty() && ready_.front().start < first_sample) ready_.pop_front();
+    if (!ready_.empty() && ready_.front().start == first_sample) {
+      host = std::move(ready_.front().host);
+      ready_.pop_front();
+      found = true;
+    } else {
+      ready_.clear();
+      ++generation_;
+      next_start_ = first_sample + options_.stride;
+    }
+    changed_.notify_all();
+  }
+  if (!found) host = prepare(first_sample);
+  auto move = [&](const torch::Tensor& t) { return t.defined() ? t.to(device_, /*non_blocking=*/true) : t; };
+  return Batch{move(host.tokens), move(host.labels), move(host.loss_mask), move(host.position_ids), move(host.segment_ids)};
+}
+
+}  // namespace fp8tron

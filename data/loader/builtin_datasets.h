@@ -1,0 +1,25 @@
+// Datasets that need no files: Megatron's --mock-data and fp8tron's --builtin-data (a learnable
+// synthetic text). Both are pure functions of (split, global sample index): the same index gives
+// the same tokens whatever the parallel layout, as Megatron's GPT dataset does.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "data/loader/sample_source.h"
+
+namespace fp8tron {
+
+// Megatron's mock dataset: documents of pseudo-random length in [1, 4096) holding 1, 2, ..., n-1
+// and an end-of-document token, packed back to back into samples.
+std::unique_ptr<SampleSource> make_mock_source(int64_t seq_length, int64_t vocab_size, uint64_t seed);
+
+// First-order Markov text over min(vocab, 1024) "active" tokens: each token has four possible
+// successors with probabilities 0.55/0.25/0.15/0.05 (entropy 1.11 nats), so a small GPT's loss
+// falls far below ln(vocab) within a few hundred steps.
+std::unique_ptr<SampleSource> make_builtin_source(int64_t seq_length, int64_t vocab_size, uint64_t seed);
+
+// Entropy rate of the built-in text in nats per token: the loss a perfect model reaches.
+double builtin_source_entropy();
+
+}  // namespace fp8tron

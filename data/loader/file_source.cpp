@@ -1,0 +1,58 @@
+#include "data/loader/file_source.h"
+
+#include "core/error.h"
+#include "core/text.h"
+#include "data/data_spec.h"
+#include "data/dataset_builder.h"
+
+namespace fp8tron {
+namespace {
+
+class FileSource : public SampleSource {
+ public:
+  explicit FileSource(data::SplitDatasets datasets) : datasets_(std::move(datasets)) {}
+  void sample(Split split, int64_t index, int64_t* out) const override {
+    const auto& d = datasets_[size_t(split)];
+    FP8TRON_CHECK(d != nullptr, "sampling from an empty split");
+    if (index >= d->size())
+      throw UserError(strprintf("the %s split has %lld samples; sample %lld was requested (more iterations than the "
+                                "dataset was built for)",
+                                split == Split::Train ? "train" : split == Split::Valid ? "validation" : "test",
+                                (long long)d->size(), (long long)index));
+    d->sample(index, out);
+  }
+  bool has(Split split) const override { return datasets_[size_t(split)] != nullptr; }
+
+ private:
+  data::SplitDatasets datasets_;
+};
+
+std::optional<data::Blend> blend_of(const std::vector<std::string>& paths) {
+  if (paths.empty()) return std::nullopt;
+  return data::parse_blend(paths);
+}
+
+}  // namespace
+
+std::array<int64_t, 3> megatron_split_samples(int64_t train_iters, std::optional<int64_t> train_samples,
+                                              int64_t global_batch_size, int64_t eval_interval, int64_t eval_iters) {
+  const int64_t gbs = global_batch_size;
+  return {train_samples.value_or(train_iters * gbs), (train_iters / eval_interval + 1) * eval_iters * gbs,
+          eval_iters * gbs};
+}
+
+std::unique_ptr<SampleSource> make_file_source(const DataConfig& data, const FileSourceSizes& sizes) {
+  data::GptDatasetsConfig dc;
+  dc.blend = blend_of(data.data_path);
+  dc.blend_per_split = {blend_of(data.train_data_path), blend_of(data.valid_data_path), blend_of(data.test_data_path)};
+  dc.split = data.split;
+  dc.sizes = {sizes.samples[0], sizes.samples[1], sizes.samples[2]};
+  dc.gpt.sequence_length = sizes.seq_length;
+  dc.gpt.seed = uint32_t(sizes.seed);
+  dc.gpt.cache_dir = data.data_cache_path;
+  auto datasets = data::build_gpt_datasets(dc);
+  if (!datasets[0]) throw UserError("the training split is empty: check --data-path/--train-data-path and --split");
+  return std::make_unique<FileSource>(std::move(datasets));
+}
+
+}  // namespace fp8tron

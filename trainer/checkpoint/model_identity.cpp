@@ -1,0 +1,67 @@
+#include "trainer/checkpoint/model_identity.h"
+
+#include "core/error.h"
+#include "core/text.h"
+
+namespace fp8tron {
+namespace ck = checkpoint;
+
+std::vector<ModelField> model_fields(const ModelConfig& m) {
+  auto b = [](bool v) { return std::string(v ? "true" : "false"); };
+  auto i = [](int64_t v) { return std::to_string(v); };
+  const bool learned = m.position_embedding == PositionEmbedding::LearnedAbsolute;
+  return {
+      {"num_layers", i(m.num_layers), "--num-layers"},
+      {"hidden_size", i(m.hidden_size), "--hidden-size"},
+      {"ffn_hidden_size", i(m.ffn_hidden_size), "--ffn-hidden-size"},
+      {"num_attention_heads", i(m.num_attention_heads), "--num-attention-heads"},
+      {"kv_channels", i(m.kv_channels), "--kv-channels"},
+      {"num_query_groups", i(m.num_query_groups), "--num-query-groups"},
+      {"vocab_size", i(m.vocab_size), "--vocab-size or the tokenizer"},
+      {"padded_vocab_size", i(m.padded_vocab_size),
+       "--make-vocab-size-divisible-by x --tensor-model-parallel-size pads the vocabulary"},
+      {"position_embedding_type", learned ? "learned_absolute" : "rope", "--position-embedding-type"},
+      {"max_position_embeddings", learned ? i(m.max_position_embeddings) : "none", "--max-position-embeddings"},
+      {"normalization", m.normalization == Normalization::RMSNorm ? "RMSNorm" : "LayerNorm", "--normalization"},
+      {"apply_layernorm_1p", b(m.apply_layernorm_1p), "--apply-layernorm-1p"},
+      {"swiglu", b(m.swiglu), "--swiglu"},
+      {"add_bias_linear", b(m.add_bias_linear), "--disable-bias-linear"},
+      {"add_qkv_bias", b(m.add_qkv_bias), "--add-qkv-bias"},
+      {"untie_embeddings_and_output_weights", b(m.untie_embeddings_and_output_weights),
+       "--untie-embeddings-and-output-weights"},
+      {"qk_layernorm", b(m.qk_layernorm), "--qk-layernorm"},
+  };
+}
+
+void check_model(const ck::CheckpointMetadata& m, const Config& c, const std::string& path) {
+  std::vector<std::string> differences;
+  for (const auto& f : model_fields(c.model)) {
+    auto it = m.args.find("model." + f.key);
+    if (it == m.args.end() || it->second == f.value) continue;
+    differences.push_back(strprintf("%s is %s in the checkpoint but %s here (%s)", f.key.c_str(), it->second.c_str(),
+                                    f.value.c_str(), f.flags.c_str()));
+  }
+  if (!differences.empty())
+    throw UserError("checkpoint " + path + " was saved from a different model: " + join(differences, "; "));
+}
+
+ck::ParallelLayout layout_of(const TrainingState& s) {
+  const ParallelSizes& z = s.parallel.sizes;
+  ck::ParallelLayout l;
+  l.tp = z.tp;
+  l.pp = z.pp;
+  l.dp = z.dp;
+  l.cp = z.cp;
+  l.ep = z.ep;
+  l.vpp = s.config.distributed.virtual_stages;
+  l.world_size = z.world_size;
+  return l;
+}
+
+std::string layout_string(const ck::ParallelLayout& l) {
+  std::string s = strprintf("(TP, PP, DP) = (%d, %d, %d)", l.tp, l.pp, l.dp);
+  if (l.vpp > 1) s += strprintf(" with %d virtual stages", l.vpp);
+  return s;
+}
+
+}  // namespace fp8tron

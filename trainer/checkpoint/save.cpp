@@ -1,0 +1,306 @@
+#include "trainer/checkpoint/save.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "core/text.h"
+#include "fp8/fp8_linear.h"
+#include "trainer/checkpoint/model_identity.h"
+#include "trainer/checkpoint/rank_agreement.h"
+#include "trainer/checkpoint/rng_state.h"
+#include "trainer/checkpoint/saved_tensors.h"
+#include "trainer/checkpoint/sharded_io.h"
+#include "trainer/optim/loss_scaler.h"
+#include "trainer/optim/lr_schedule.h"
+
+namespace fp8tron {
+namespace ck = checkpoint;
+
+using Clock = std::chrono::steady_clock;
+
+// This rank's shard file: the writer points into host copies of the buffers kept here.
+struct RankShards {
+  explicit RankShards(int rank) : writer(ck::rank_file_name(rank)) {}
+  ck::RankShardWriter writer;
+  std::vector<torch::Tensor> host_buffers;
+  float step = 0;
+};
+
+PendingSave::PendingSave() = default;
+PendingSave::~PendingSave() = default;
+
+namespace {
+
+// The part of a buffer replicated over data-parallel ranks that this rank writes: all of it on
+// data-parallel rank 0 only, or with fully parallel saves (Megatron's default) an equal part on
+// every data-parallel rank.
+std::pair<int64_t, int64_t> replica_part(const TrainingState& s, int64_t numel) {
+  const int dp = s.parallel.sizes.dp, r = s.parallel.dp_rank;
+  if (!s.config.checkpoint.fully_parallel_save || dp == 1) return {0, r == 0 ? numel : 0};
+  const int64_t part = (numel + dp - 1) / dp;
+  return {std::min(numel, r * part), std::min(numel, (r + 1) * part)};
+}
+
+// The host bytes of a source's elements [begin, end).
+struct HostRange {
+  torch::Tensor host;  // 1-D, contiguous, on the CPU
+  int64_t begin = 0;
+  const char* at(int64_t element, int64_t count) const {
+    FP8TRON_CHECK(element >= begin && element + count <= begin + host.numel(),
+                  "a checkpoint tensor lies outside the host copy of its buffer");
+    return bytes_at(host, element - begin);
+  }
+};
+
+// Host copies of the sources' ranges. Synchronous saves (`snapshot` null) read CPU buffers in
+// place (training waits) and copy GPU ones to pageable memory; asynchronous ones copy into the
+// reusable snapshot buffers, which training does not touch.
+std::vector<HostRange> host_ranges(const std::vector<SaveSource>& sources, SnapshotBuffers* snapshot,
+                                   std::vector<torch::Tensor>& keep, int64_t* bytes_copied) {
+  torch::NoGradGuard no_grad;
+  std::vector<HostRange> out;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    const SaveSource& src = sources[i];
+    const torch::Tensor range = src.buffer.detach().narrow(0, src.begin, src.end - src.begin);
+    torch::Tensor host;
+    if (!snapshot) {
+      host = range.to(torch::kCPU).contiguous();
+    } else {
+      host = snapshot->get(i, range.numel(), range.scalar_type(), pin_device(range));
+      if (range.numel() > 0) host.copy_(range);
+      *bytes_copied += range.numel() * int64_t(range.element_size());
+    }
+    keep.push_back(host);
+    out.push_back(HostRange{host, src.begin});
+  }
+  return out;
+}
+
+std::unique_ptr<RankShards> collect_shards(const TrainingState& s, SnapshotBuffers* snapshot, int64_t* bytes_copied) {
+  s.optimizer.finish_param_gather();  // --overlap-param-gather: the model weights must be complete
+  const MixedPrecisionOptimizer& o = s.optimizer;
+  const ParallelState& p = s.parallel;
+  const int tp = p.sizes.tp, dp = p.sizes.dp;
+  auto out = std::make_unique<RankShards>(p.world_rank);
+  const std::vector<SaveSource> sources = save_sources(s);
+  const std::vector<HostRange> host = host_ranges(sources, snapshot, out->host_buffers, bytes_copied);
+  const int64_t shard_begin = o.distributed() ? o.shard_begin() : 0;  // where the optimizer's buffers start
+  for (const Slot& slot : o.param_slots()) {
+    if (slot.info.shared_embedding_copy) continue;            // stored by the first stage
+    if (slot.info.partition_dim < 0 && p.tp_rank != 0) continue;  // replicated over TP: rank 0 stores it
+    const auto& g = slot.info.global_shape;
+    const auto pieces = param_pieces(slot, p.tp_rank, tp);
+    const int replicas = dp * (slot.info.partition_dim < 0 ? tp : 1);
+    for (size_t i = 0; i < sources.size(); ++i) {
+      const SaveSource& src = sources[i];
+      const std::string name = src.prefix + slot.name;
+      const ck::DType dtype = checkpoint_dtype(src.buffer.scalar_type());
+      const bool replicated = i == 0 || !o.distributed();  // over data-parallel ranks
+      const int64_t base = i == 0 ? 0 : shard_begin;        // flat-buffer index of the source's element 0
+      const int64_t lo = base + src.begin, hi = base + src.end;  // what this rank writes, in flat-buffer indices
+      for (const auto& piece : pieces) {
+        const int64_t first = slot.offset + piece.begin;
+        const int64_t a = std::max(lo, first), b = std::min(hi, first + piece.numel);
+        if (a >= b) continue;
+        if (replicated && a == first && b == first + piece.numel)
+          out->writer.add(name, dtype, g, piece.box, host[i].at(a - base, b - a), replicas);
+        else  // a distributed-optimizer shard, or this rank's part of a replica cut by the split
+          out->writer.add_flat_range(name, dtype, g, piece.box, a - first, b - first, host[i].at(a - base, b - a));
+      }
+    }
+  }
+  // FP8 recipe state: the same on every tensor- and data-parallel rank of a stage (amaxes are
+  // reduced over them), so the first of them stores it.
+  if (s.fp8 && p.tp_rank == 0 && p.dp_rank == 0) {
+    for (const auto& site : s.fp8->sites()) {
+      const torch::Tensor state = s.fp8->site_state(*site);
+      if (!state.defined()) continue;
+      const torch::Tensor buffer = state;  // a fresh host tensor: kept alive with the shard's buffers
+      out->host_buffers.push_back(buffer);
+      out->writer.add(site->name + kFp8StateSuffix, ck::DType::F32, {buffer.numel()}, ck::whole({buffer.numel()}),
+                      buffer.data_ptr(), tp * dp);
+    }
+  }
+  if (s.config.checkpoint.save_optim && p.world_rank == 0) {
+    out->step = float(o.step_count());
+    out->writer.add(kStepName, ck::DType::F32, {1}, ck::whole({1}), &out->step);
+  }
+  return out;
+}
+
+// Rank 0's metadata for the checkpoint, from every rank's packed (tensor table, RNG states).
+ck::CheckpointMetadata build_metadata(const TrainingState& s, int64_t iteration, const std::vector<std::string>& packed) {
+  ck::CheckpointMetadata m;
+  m.iteration = iteration;
+  m.consumed_train_samples = s.consumed_train_samples;
+  m.consumed_valid_samples = s.consumed_valid_samples;
+  // The data loaders are positioned by the samples consumed (Megatron's sampler).
+  m.data_loader = {{"train_consumed_samples", s.consumed_train_samples},
+                   {"valid_consumed_samples", s.consumed_valid_samples}};
+  m.parallel = layout_of(s);
+  for (const auto& [name, value] : s.config.resolved_flags) m.args[name] = value;
+  for (const auto& f : model_fields(s.config.model)) m.args["model." + f.key] = f.value;
+  m.lr_scheduler_num_steps = s.schedule.num_steps();
+  m.loss_scaler = ck::LossScalerState{s.scaler.scale(), s.scaler.growth_tracker(), s.scaler.hysteresis_tracker()};
+  for (size_t rank = 0; rank < packed.size(); ++rank) {
+    const auto fields = unpack(packed[rank]);
+    FP8TRON_CHECK(!fields.empty() && fields.size() % 2 == 1, "malformed shard description");
+    ck::merge_tensor_tables(m.tensors, ck::parse_tensor_table(fields[0], ck::rank_file_name(int(rank))));
+    for (size_t i = 1; i + 1 < fields.size(); i += 2) m.rng.push_back(ck::RngState{int(rank), fields[i], fields[i + 1]});
+  }
+  return m;
+}
+
+// Every rank learns whether any rank failed; all throw (the failing ones with their message) and
+// the temporary directory is removed, so the previous checkpoint stays the latest.
+void fail_together(const ParallelState& p, const torch::Device& device, const ck::SaveTarget& target,
+                   const std::string& error) {
+  if (!any_rank(p, device, !error.empty())) return;
+  if (p.world_rank == 0) ck::abort_save(target);
+  throw UserError(!error.empty() ? error
+                                 : strprintf("saving the checkpoint of iteration %lld to %s failed on another rank "
+                                             "(its error is in its log)",
+                                             (long long)target.iteration, target.save_dir.c_str()));
+}
+
+// Removes the committed checkpoint of `iteration` in `dir` (best effort: a failure is logged; a
+// symbolic link is left alone, as Megatron does).
+void delete_checkpoint(const std::string& dir, int64_t iteration) {
+  const std::string path = dir + "/" + ck::checkpoint_dir_name(iteration);
+  struct stat st {};
+  if (lstat(path.c_str(), &st) != 0) return;
+  if (S_ISLNK(st.st_mode)) {
+    log::info(strprintf("  skipping deleting checkpoint from iteration %7lld at %s since it is a symbolic link",
+                        (long long)iteration, dir.c_str()));
+    return;
+  }
+  if (ck::remove_tree(path))
+    log::info(strprintf("  successfully deleted checkpoint from iteration %7lld at %s", (long long)iteration, dir.c_str()));
+  else
+    log::warning(strprintf("could not delete all of the checkpoint of iteration %lld at %s", (long long)iteration,
+                           dir.c_str()));
+}
+
+// Rank 0, once a save is committed. --save-retain-interval (Megatron's rule): the previous
+// latest checkpoint goes unless its iteration is a multiple of the interval. Non-persistent
+// checkpoints: every other one in their directory goes (the new one is complete by now).
+void clean_up_after_commit(const CheckpointConfig& k, const PendingSave& save, std::optional<ck::Tracker> previous) {
+  const ck::SaveTarget& t = save.target;
+  if (save.non_persistent) {
+    for (int64_t it : ck::list_checkpoint_iterations(t.save_dir))
+      if (it != t.iteration) delete_checkpoint(t.save_dir, it);
+    return;
+  }
+  if (k.save_retain_interval && previous && !previous->release && previous->iteration > 0 &&
+      previous->iteration != t.iteration && previous->iteration % *k.save_retain_interval != 0)
+    delete_checkpoint(t.save_dir, previous->iteration);
+}
+
+}  // namespace
+
+// Distributed-optimizer shards are written by the rank holding them, replicas over data-parallel
+// ranks once (replica_part).
+std::vector<SaveSource> save_sources(const TrainingState& s) {
+  const MixedPrecisionOptimizer& o = s.optimizer;
+  const torch::Tensor model = o.model_params();
+  const auto [first, last] = replica_part(s, model.numel());
+  std::vector<SaveSource> sources = {{"", model, first, last}};
+  if (s.config.checkpoint.save_optim) {
+    auto add = [&](const std::string& prefix, const torch::Tensor& buffer) {
+      const auto [a, b] = o.distributed() ? std::pair<int64_t, int64_t>{0, buffer.numel()} : replica_part(s, buffer.numel());
+      sources.push_back({prefix, buffer, a, b});
+    };
+    if (model.scalar_type() != torch::kFloat32) add(kMainParamPrefix, o.main_params());
+    for (const auto& [prefix, buffer] : optimizer_states(o, s.config.optimizer)) add(prefix, buffer);
+  }
+  return sources;
+}
+
+int pin_device(const torch::Tensor& t) { return t.is_cuda() ? int(t.device().index()) : -1; }
+
+std::unique_ptr<PendingSave> prepare_save(const TrainingState& s, int64_t iteration, bool non_persistent,
+                                          SnapshotBuffers* snapshot) {
+  const CheckpointConfig& k = s.config.checkpoint;
+  const ParallelState& p = s.parallel;
+  auto save = std::make_unique<PendingSave>();
+  save->start = Clock::now();
+  save->non_persistent = non_persistent;
+  const std::string dir = non_persistent ? ck::non_persistent_dir(k.non_persistent_dir, k.save) : k.save;
+  log::info(strprintf("saving %scheckpoint at iteration %7lld to %s in fp8tron format", non_persistent ? "non-persistent " : "",
+                      (long long)iteration, dir.c_str()));
+  save->target = ck::SaveTarget{dir, iteration, false, agree_on_token(p, s.device)};
+  const auto copy_start = Clock::now();
+  save->shards = collect_shards(s, snapshot, &save->bytes_copied);
+  save->copy_seconds = std::chrono::duration<double>(Clock::now() - copy_start).count();
+  // Rank 0 gathers every rank's tensor table and RNG states for the metadata.
+  std::vector<std::string> fields = {ck::serialize_tensor_table(save->shards->writer.table())};
+  if (k.save_rng) {
+    fields.insert(fields.end(), {"cpu", generator_state(torch::Device(torch::kCPU))});
+    if (s.device.is_cuda()) fields.insert(fields.end(), {"cuda", generator_state(s.device)});
+  }
+  const std::vector<std::string> packed = all_gather_strings(p, s.device, pack(fields));
+  try {
+    if (p.world_rank == 0) save->metadata = build_metadata(s, iteration, packed);
+    ck::begin_save(save->target);
+  } catch (const UserError& e) {
+    save->error = e.what();
+  }
+  return save;
+}
+
+// Every rank's shard file (and rank 0's metadata) into the temporary directory. No collectives,
+// no torch: safe on a background thread.
+void write_shards(PendingSave& save) noexcept {
+  if (!save.error.empty()) return;
+  try {
+    const std::string dir = ck::temp_dir_path(save.target);
+    save.bytes = save.shards->writer.write(dir).bytes;
+    if (save.metadata) ck::write_metadata(dir, *save.metadata);
+  } catch (const std::exception& e) {
+    save.error = e.what();
+  }
+}
+
+// Every rank: agree that all files are there, rank 0 commits, all learn the outcome.
+void finalize_save(const TrainingState& s, PendingSave& save) {
+  const ParallelState& p = s.parallel;
+  save.shards.reset();
+  fail_together(p, s.device, save.target, save.error);
+  std::optional<ck::Tracker> previous;
+  if (p.world_rank == 0) {
+    try {
+      previous = ck::read_tracker(save.target.save_dir);
+    } catch (const UserError&) {
+      // a garbage tracker is replaced by the commit; nothing to retain or delete
+    }
+    try {
+      ck::CommitOptions commit;
+      for (int r = 0; r < p.sizes.world_size; ++r) commit.expected_files.push_back(ck::rank_file_name(r));
+      commit.expected_files.push_back(ck::kMetadataFileName);
+      commit.expected_file_count = int64_t(commit.expected_files.size());
+      ck::commit_save(save.target, commit);
+    } catch (const UserError& e) {
+      save.error = e.what();
+    }
+  }
+  fail_together(p, s.device, save.target, save.error);
+  const double seconds = std::chrono::duration<double>(Clock::now() - save.start).count();
+  log::info(strprintf("  successfully saved checkpoint from iteration %7lld to %s [ t %d/%d, p %d/%d ]",
+                      (long long)save.target.iteration, save.target.save_dir.c_str(), p.tp_rank + 1, p.sizes.tp,
+                      p.pp_rank + 1, p.sizes.pp));
+  log::info(strprintf("  checkpoint save took %.2f s (rank 0 wrote %.1f MB, %.2f GB/s)", seconds, double(save.bytes) / 1e6,
+                      double(save.bytes) / 1e9 / std::max(seconds, 1e-9)));
+  if (p.world_rank == 0) clean_up_after_commit(s.config.checkpoint, save, previous);
+}
+
+void save_checkpoint(const TrainingState& s, int64_t iteration, bool non_persistent) {
+  std::unique_ptr<PendingSave> save = prepare_save(s, iteration, non_persistent, nullptr);
+  write_shards(*save);
+  finalize_save(s, *save);
+}
+
+}  // namespace fp8tron

@@ -1,0 +1,60 @@
+#include "trainer/cli/checkpoint_args.h"
+
+#include <iterator>
+#include <vector>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "trainer/checkpoint/checkpoint_dir.h"
+#include "trainer/checkpoint/metadata.h"
+
+namespace fp8tron {
+
+void apply_checkpoint_args(FlagValues& flags) {
+  if (!flags.get_bool("use-checkpoint-args")) return;
+  const std::string load = flags.get_string("load");
+  if (load.empty()) throw UserError("--use-checkpoint-args needs --load");
+  const auto step = flags.opt_int("ckpt-step");
+  if (!step && !checkpoint::read_tracker(load))
+    throw UserError("--use-checkpoint-args: no checkpoint in " + load + " to take the arguments from (" + load + "/" +
+                    checkpoint::kTrackerFileName + " is missing)");
+  const checkpoint::CheckpointLocation location =
+      step ? checkpoint::locate_checkpoint(load, *step) : checkpoint::locate_latest_checkpoint(load);
+  const checkpoint::CheckpointMetadata metadata = checkpoint::read_metadata(location.path);
+  // What Megatron forces from the checkpoint (those fp8tron has).
+  static const char* const kModelFlags[] = {
+      "num-layers", "hidden-size", "ffn-hidden-size", "seq-length", "num-attention-heads", "group-query-attention",
+      "num-query-groups", "kv-channels", "max-position-embeddings", "position-embedding-type", "rotary-base",
+      "rotary-percent", "disable-bias-linear", "add-qkv-bias", "swiglu", "untie-embeddings-and-output-weights",
+      "apply-layernorm-1p", "normalization", "norm-epsilon", "qk-layernorm", "attention-dropout", "hidden-dropout",
+      "tokenizer-type", "vocab-size", "make-vocab-size-divisible-by", "init-method-std", "transformer-impl"};
+  std::vector<const char*> names(std::begin(kModelFlags), std::end(kModelFlags));
+  // Megatron also takes the tokenizer model unless told not to.
+  if (!flags.get_bool("no-use-tokenizer-model-from-checkpoint-args") &&
+      !flags.get_bool("disable-use-tokenizer-model-from-checkpoint-args"))
+    names.push_back("tokenizer-model");
+  for (const char* name : names) {
+    auto it = metadata.args.find(name);
+    if (it == metadata.args.end()) continue;
+    const FlagSpec* spec = find_flag(name);
+    FP8TRON_CHECK(spec != nullptr, std::string("not a flag: ") + name);
+    const std::string& value = it->second;
+    std::vector<std::string> values;
+    if (spec->kind == FlagKind::Bool) {
+      if (value != "true" && value != "false") continue;
+      values = {value};
+      if (flags.get_bool(name) == (value == "true")) continue;
+    } else {
+      if (value == "None") continue;  // unset when saved: this run's value (or default) stands
+      values = {value};
+      if (flags.given(name) && flags.get_list(name) == values) continue;
+      if (!flags.given(name) && *spec->default_value && value == spec->default_value) continue;
+    }
+    std::string key = name;
+    for (char& c : key) c = c == '-' ? '_' : c;
+    log::info("Setting " + key + " to " + value + " from checkpoint");
+    flags.set(name, values);
+  }
+}
+
+}  // namespace fp8tron

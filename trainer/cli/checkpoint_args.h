@@ -1,0 +1,16 @@
+// Megatron's --use-checkpoint-args: the model's arguments are taken from the checkpoint being
+// loaded, overriding the command line (Megatron's load_args_from_checkpoint with force=True).
+// The parallel layout stays this run's: checkpoints reshard on load. Torch-free.
+#pragma once
+#include "trainer/cli/flags.h"
+
+namespace fp8tron {
+
+// When --use-checkpoint-args is set: reads the metadata of the checkpoint --load names (the
+// tracker's, or --ckpt-step) and sets the model flags from its arguments, and the tokenizer model
+// unless --no-use-tokenizer-model-from-checkpoint-args, logging each change as Megatron does
+// ("Setting num_layers to 24 from checkpoint"). UserError without --load or when there is no
+// checkpoint to read.
+void apply_checkpoint_args(FlagValues& flags);
+
+}  // namespace fp8tron

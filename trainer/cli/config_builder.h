@@ -1,0 +1,30 @@
+// Flags (+ JSON config) + launcher environment -> the validated Config. Everything that can be
+// wrong with a configuration is reported here, before any allocation, as one UserError line
+// naming the flags.
+#pragma once
+#include <functional>
+
+#include "core/config/config.h"
+#include "trainer/cli/flags.h"
+
+namespace fp8tron {
+
+// The tokenizer's vocabulary size (before padding) and end-of-document id. The trainer builds
+// the tokenizer (data/) to answer; torch-free callers without real data pass none.
+struct TokenizerInfo {
+  int64_t vocab_size = 0;
+  int64_t eod = -1;
+};
+using TokenizerResolver = std::function<TokenizerInfo(const DataConfig&)>;
+
+// `gpu_available` decides the default --device.
+Config build_config(const FlagValues& flags, const LaunchEnv& launch, bool gpu_available,
+                    const TokenizerResolver& tokenizer = {});
+
+// Megatron's vocabulary padding: up to a multiple of make_vocab_size_divisible_by * tp.
+int64_t padded_vocab_size(int64_t vocab_size, int64_t divisible_by, int64_t tp);
+
+// Named validation rules over the built config (trainer/validation.cpp).
+void validate_config(const Config& config, const FlagValues& flags);
+
+}  // namespace fp8tron

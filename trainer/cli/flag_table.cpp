@@ -1,0 +1,195 @@
+// The flags fp8tron implements or will implement (issues named in the notes), with Megatron-LM's
+// names and defaults, followed by every other Megatron-LM flag (flag_table_megatron.inc), so that
+// unknown names can be told apart from Megatron flags we do not implement.
+#include "trainer/cli/flag_table.h"
+
+#include <unordered_map>
+
+namespace fp8tron {
+namespace {
+using K = FlagKind;
+using S = Support;
+constexpr const char* kParallel = "a parallel-runtime option fp8tron does not implement yet";
+constexpr const char* kFp8 = "FP8 option fp8tron does not implement yet";
+constexpr const char* kData = "a data option fp8tron does not implement yet";
+}  // namespace
+
+const std::vector<FlagSpec>& flag_table() {
+  static const std::vector<FlagSpec> table = {
+      // ---- fp8tron's own -----------------------------------------------------------------------------
+      {"config", K::String, "", S::Yes, "", "", "JSON file of flags (keys = flag names without '--'); command-line flags win."},
+      {"dry-run", K::Bool, "", S::Yes, "", "", "Resolve and validate everything, print the plan and estimates, exit without touching data or GPUs."},
+      {"device", K::String, "", S::Yes, "", "cpu|cuda", "Where to train (default: cuda when a GPU is present, else cpu)."},
+      {"builtin-data", K::Bool, "", S::Yes, "", "", "Train on fp8tron's embedded learnable synthetic dataset (first-order Markov text)."},
+      {"log-all-ranks", K::Bool, "", S::Yes, "", "", "Print info lines from every rank, not only rank 0."},
+
+      // ---- network size ------------------------------------------------------------------------------
+      {"num-layers", K::Int, "", S::Yes, "", "", "Number of transformer layers."},
+      {"hidden-size", K::Int, "", S::Yes, "", "", "Transformer hidden size."},
+      {"ffn-hidden-size", K::Int, "", S::Yes, "", "", "MLP hidden size (default 4*hidden-size; with --swiglu 2/3 of that, rounded down to 64)."},
+      {"num-attention-heads", K::Int, "", S::Yes, "", "", "Number of attention heads."},
+      {"kv-channels", K::Int, "", S::Yes, "", "", "Projection size per head (default hidden-size / num-attention-heads)."},
+      {"group-query-attention", K::Bool, "", S::Yes, "", "", "Use grouped-query attention."},
+      {"num-query-groups", K::Int, "1", S::Yes, "", "", "Number of key/value groups with --group-query-attention."},
+      {"seq-length", K::Int, "", S::Yes, "", "", "Maximum sequence length to process."},
+      {"max-position-embeddings", K::Int, "", S::Yes, "", "", "Maximum number of position embeddings (default seq-length)."},
+      {"position-embedding-type", K::String, "learned_absolute", S::Yes, "", "learned_absolute|rope", "Position embedding type."},
+      {"rotary-base", K::Int, "10000", S::Yes, "", "", "Base of the rotary position embedding."},
+      {"rotary-percent", K::Float, "1.0", S::Yes, "", "", "Fraction of each head's dimensions that get rotary embeddings."},
+      {"normalization", K::String, "LayerNorm", S::Yes, "", "LayerNorm|RMSNorm", "Normalization layer."},
+      {"norm-epsilon", K::Float, "1e-5", S::Yes, "", "", "Epsilon of the normalization layers."},
+      {"apply-layernorm-1p", K::Bool, "", S::Yes, "", "", "LayerNorm weight stored as (gamma - 1): zero-centred gamma."},
+      {"swiglu", K::Bool, "", S::Yes, "", "", "Use the gated SwiGLU MLP."},
+      {"disable-bias-linear", K::Bool, "", S::Yes, "", "", "No biases in the linear layers."},
+      {"add-qkv-bias", K::Bool, "", S::Yes, "", "", "Keep the QKV bias even with --disable-bias-linear."},
+      {"untie-embeddings-and-output-weights", K::Bool, "", S::Yes, "", "", "Separate output-layer weights from the input embedding."},
+      {"init-method-std", K::Float, "0.02", S::Yes, "", "", "Standard deviation of the normal weight initialisation."},
+      {"attention-dropout", K::Float, "0.1", S::Yes, "", "", "Dropout on attention probabilities."},
+      {"hidden-dropout", K::Float, "0.1", S::Yes, "", "", "Dropout on the hidden states (after attention and MLP, and on embeddings)."},
+      {"vocab-size", K::Int, "", S::Yes, "", "", "Vocabulary size (NullTokenizer / synthetic data)."},
+      {"make-vocab-size-divisible-by", K::Int, "128", S::Yes, "", "", "Pad the vocabulary to a multiple of this (times tensor-parallel size)."},
+      {"qk-layernorm", K::Bool, "", S::Yes, "", "", "Normalise queries and keys per head before attention."},
+      {"attention-softmax-in-fp32", K::Bool, "", S::Yes, "", "", "Compute the attention softmax in fp32 (fused attention always accumulates it in fp32)."},
+      {"transformer-impl", K::String, "transformer_engine", S::Yes, "", "transformer_engine|local", "Module implementation: Transformer-Engine-compatible modules or plain local ones."},
+
+      // ---- training ----------------------------------------------------------------------------------
+      {"micro-batch-size", K::Int, "", S::Yes, "", "", "Batch size per model instance (local batch size)."},
+      {"global-batch-size", K::Int, "", S::Yes, "", "", "Training batch size across all data-parallel ranks (default micro-batch-size * data-parallel size)."},
+      {"rampup-batch-size", K::StringList, "", S::NotYet, "batch-size ramp-up", "", "Batch size ramp-up: <start batch size> <increment> <ramp-up samples>."},
+      {"train-iters", K::Int, "", S::Yes, "", "", "Total number of iterations to train."},
+      {"train-samples", K::Int, "", S::Yes, "", "", "Total number of samples to train (alternative to --train-iters)."},
+      {"exit-interval", K::Int, "", S::Yes, "", "", "Exit when the iteration is divisible by this value."},
+      {"exit-duration-in-mins", K::Int, "", S::Yes, "", "", "Exit after this many minutes."},
+      {"seed", K::Int, "1234", S::Yes, "", "", "Random seed."},
+      {"optimizer", K::String, "adam", S::Yes, "", "adam|sgd", "Optimizer (adam is AdamW: decoupled weight decay)."},
+      {"lr", K::Float, "", S::Yes, "", "", "Peak learning rate."},
+      {"min-lr", K::Float, "0.0", S::Yes, "", "", "Minimum learning rate."},
+      {"lr-decay-style", K::String, "linear", S::Yes, "", "constant|linear|cosine|inverse-square-root|WSD", "Learning-rate decay function."},
+      {"lr-decay-iters", K::Int, "", S::Yes, "", "", "Iterations to decay the learning rate over (default --train-iters)."},
+      {"lr-decay-samples", K::Int, "", S::Yes, "", "", "Samples to decay the learning rate over (default --train-samples)."},
+      {"lr-warmup-fraction", K::Float, "", S::Yes, "", "", "Fraction of the decay span used for warmup."},
+      {"lr-warmup-iters", K::Int, "0", S::Yes, "", "", "Iterations of linear warmup."},
+      {"lr-warmup-samples", K::Int, "0", S::Yes, "", "", "Samples of linear warmup."},
+      {"lr-warmup-init", K::Float, "0.0", S::Yes, "", "", "Learning rate at the start of warmup."},
+      {"lr-wsd-decay-style", K::String, "exponential", S::Yes, "", "exponential|linear|cosine|minus_sqrt", "Annealing function of the WSD schedule."},
+      {"lr-wsd-decay-iters", K::Int, "", S::Yes, "", "", "Iterations of the WSD annealing phase."},
+      {"lr-wsd-decay-samples", K::Int, "", S::Yes, "", "", "Samples of the WSD annealing phase."},
+      {"weight-decay", K::Float, "0.01", S::Yes, "", "", "Weight decay (not applied to biases and norm weights)."},
+      {"start-weight-decay", K::Float, "", S::Yes, "", "", "Initial weight decay with --weight-decay-incr-style."},
+      {"end-weight-decay", K::Float, "", S::Yes, "", "", "Final weight decay with --weight-decay-incr-style."},
+      {"weight-decay-incr-style", K::String, "constant", S::Yes, "", "constant|linear|cosine", "Weight-decay increment function."},
+      {"clip-grad", K::Float, "1.0", S::Yes, "", "", "Gradient clipping by global L2 norm (0 disables)."},
+      {"adam-beta1", K::Float, "0.9", S::Yes, "", "", "Adam beta1."},
+      {"adam-beta2", K::Float, "0.999", S::Yes, "", "", "Adam beta2."},
+      {"adam-eps", K::Float, "1e-08", S::Yes, "", "", "Adam epsilon."},
+      {"sgd-momentum", K::Float, "0.9", S::Yes, "", "", "SGD momentum."},
+
+      // ---- mixed precision ---------------------------------------------------------------------------
+      {"bf16", K::Bool, "", S::Yes, "", "", "bf16 parameters and compute, fp32 main weights and gradient accumulation."},
+      {"fp16", K::Bool, "", S::Yes, "", "", "fp16 parameters and compute with dynamic loss scaling, fp32 main weights."},
+      {"loss-scale", K::Float, "", S::Yes, "", "", "Static loss scale (positive power of 2); unset means dynamic scaling with --fp16."},
+      {"initial-loss-scale", K::Float, "4294967296", S::Yes, "", "", "Initial dynamic loss scale."},
+      {"min-loss-scale", K::Float, "1.0", S::Yes, "", "", "Minimum dynamic loss scale."},
+      {"loss-scale-window", K::Float, "1000", S::Yes, "", "", "Iterations without overflow before the loss scale doubles."},
+      {"hysteresis", K::Int, "2", S::Yes, "", "", "Overflows tolerated before the loss scale halves."},
+      {"accumulate-allreduce-grads-in-fp32", K::Bool, "", S::Yes, "", "", "Accumulate and all-reduce gradients in fp32 (always on with --bf16)."},
+
+      // ---- validation and logging --------------------------------------------------------------------
+      {"eval-interval", K::Int, "1000", S::Yes, "", "", "Iterations between validation runs."},
+      {"eval-iters", K::Int, "100", S::Yes, "", "", "Iterations per validation run."},
+      {"log-interval", K::Int, "100", S::Yes, "", "", "Iterations between log lines."},
+      {"log-throughput", K::Bool, "", S::Yes, "", "", "Log TFLOP/s per GPU."},
+      {"log-params-norm", K::Bool, "", S::Yes, "", "", "Log the L2 norm of the parameters."},
+      {"timing-log-level", K::Int, "0", S::Yes, "", "0|1|2", "Timers to log: 0 none, 1 per-iteration phases, 2 finer ones."},
+      {"timing-log-option", K::String, "minmax", S::Yes, "", "max|minmax|all", "How timers across ranks are reported."},
+      {"tensorboard-dir", K::String, "", S::Yes, "", "", "Write TensorBoard scalars here."},
+      {"tensorboard-log-interval", K::Int, "1", S::Yes, "", "", "Iterations between TensorBoard points."},
+      {"mock-data", K::Bool, "", S::Yes, "", "", "Train on Megatron's mock dataset (counting sequences ending in EOD)."},
+
+      // ---- parallel layout and data parallelism (issue 4) -----------------------------------------------
+      {"tensor-model-parallel-size", K::Int, "1", S::Yes, "", "", "Degree of tensor model parallelism."},
+      {"pipeline-model-parallel-size", K::Int, "1", S::Yes, "", "", "Degree of pipeline model parallelism."},
+      {"context-parallel-size", K::Int, "1", S::NotYet, "context parallelism", "", "Degree of context parallelism."},
+      {"expert-model-parallel-size", K::Int, "1", S::NotYet, "mixture of experts", "", "Degree of expert model parallelism."},
+      {"expert-tensor-parallel-size", K::Int, "", S::NotYet, "mixture of experts", "", "Tensor parallelism of expert layers (default tensor-model-parallel-size)."},
+      {"sequence-parallel", K::Bool, "", S::Yes, "", "", "Sequence parallelism over the tensor-parallel group."},
+      {"use-tp-pp-dp-mapping", K::Bool, "", S::Yes, "", "", "Rank order tp-pp-dp instead of tp-cp-ep-dp-pp."},
+      {"num-layers-per-virtual-pipeline-stage", K::Int, "", S::Yes, "", "", "Layers per virtual pipeline stage (interleaved schedule)."},
+      {"num-virtual-stages-per-pipeline-rank", K::Int, "", S::Yes, "", "", "Virtual pipeline stages per pipeline rank."},
+      {"decoder-first-pipeline-num-layers", K::Int, "", S::Yes, "", "", "Layers on the first pipeline stage."},
+      {"decoder-last-pipeline-num-layers", K::Int, "", S::Yes, "", "", "Layers on the last pipeline stage."},
+      {"overlap-grad-reduce", K::Bool, "", S::Yes, "", "", "Overlap the data-parallel gradient reduction with backward."},
+      {"overlap-param-gather", K::Bool, "", S::Yes, "", "", "Overlap the distributed optimizer's parameter all-gather with the next forward pass (needs --use-distributed-optimizer and --overlap-grad-reduce)."},
+      {"use-distributed-optimizer", K::Bool, "", S::Yes, "", "", "Shard optimizer state over data-parallel ranks."},
+      {"distributed-backend", K::String, "nccl", S::Yes, "", "nccl|gloo", "Collective backend."},
+      {"distributed-timeout-minutes", K::Int, "10", S::Yes, "", "", "Timeout of collective operations."},
+      {"ddp-bucket-size", K::Int, "", S::Yes, "", "", "Gradient bucket size (elements)."},
+
+      // ---- FP8 (issue 5) ------------------------------------------------------------------------------
+      {"fp8-format", K::String, "", S::Yes, "", "e4m3|hybrid|hif8", "FP8 format (turns FP8 on): e4m3, hybrid (E4M3 forward, E5M2 gradients) or hif8 (emulated)."},
+      {"fp8-recipe", K::String, "delayed", S::Yes, "", "delayed|tensorwise|blockwise|mxfp8", "FP8 scaling recipe (mxfp8 is emulated on Hopper)."},
+      {"fp8-margin", K::Int, "0", S::Yes, "", "", "Delayed scaling: scale margin (powers of two)."},
+      {"fp8-interval", K::Int, "1", S::Yes, "", "", "Delayed scaling: steps between scale updates."},
+      {"fp8-amax-history-len", K::Int, "1", S::Yes, "", "", "Delayed scaling: length of the amax history."},
+      {"fp8-amax-compute-algo", K::String, "most_recent", S::Yes, "", "most_recent|max", "Delayed scaling: scale from the most recent amax or the history's max."},
+      {"tp-only-amax-red", K::Bool, "", S::Yes, "", "", "Reduce FP8 amaxes over the tensor-parallel group only (default: tensor x data parallel)."},
+      {"fp8-min-features", K::Int, "0", S::Yes, "", "", "fp8tron: linear layers with fewer input or output features per tensor-parallel rank stay bf16 (small GEMMs lose with FP8)."},
+      {"no-use-gmm-fp8", K::Bool, "", S::Yes, "", "", "Run grouped expert GEMMs (TEGroupedLinear, MoE experts) in bf16 instead of FP8; no effect in a dense model."},
+      {"first-last-layers-bf16", K::Bool, "", S::Yes, "", "", "Keep the first and last transformer layers' linears in bf16."},
+      {"num-layers-at-start-in-bf16", K::Int, "1", S::Yes, "", "", "Layers at the start kept in bf16 (with --first-last-layers-bf16)."},
+      {"num-layers-at-end-in-bf16", K::Int, "1", S::Yes, "", "", "Layers at the end kept in bf16 (with --first-last-layers-bf16)."},
+      {"fp8-param-gather", K::Bool, "", S::NotYet, kFp8, "", "Keep parameters in FP8 and all-gather them in FP8."},
+
+      // ---- data (issue 3) -----------------------------------------------------------------------------
+      {"data-path", K::StringList, "", S::Yes, "", "", "Dataset prefixes, optionally weighted: [w1] p1 [w2] p2 ..."},
+      {"split", K::String, "969, 30, 1", S::Yes, "", "", "Train/valid/test split of --data-path, e.g. 969,30,1."},
+      {"train-data-path", K::StringList, "", S::Yes, "", "", "Training dataset prefixes."},
+      {"valid-data-path", K::StringList, "", S::Yes, "", "", "Validation dataset prefixes."},
+      {"test-data-path", K::StringList, "", S::Yes, "", "", "Test dataset prefixes."},
+      {"data-cache-path", K::String, "", S::Yes, "", "", "Where to cache dataset indices."},
+      {"tokenizer-type", K::String, "", S::Yes, "", "GPT2BPETokenizer|HuggingFaceTokenizer|SentencePieceTokenizer|GPTSentencePieceTokenizer|NullTokenizer", "Tokenizer."},
+      {"vocab-file", K::String, "", S::Yes, "", "", "Vocabulary file."},
+      {"merge-file", K::String, "", S::Yes, "", "", "BPE merges file."},
+      {"tokenizer-model", K::String, "", S::Yes, "", "", "Tokenizer model file."},
+      {"eod-mask-loss", K::Bool, "", S::Yes, "", "", "Mask the loss at end-of-document tokens."},
+      {"reset-position-ids", K::Bool, "", S::Yes, "", "", "Restart position ids after each end-of-document token."},
+      {"reset-attention-mask", K::Bool, "", S::Yes, "", "", "Do not attend across end-of-document tokens."},
+      {"num-workers", K::Int, "2", S::Yes, "", "", "Batches the loader thread prepares ahead (0: load on demand)."},
+      {"dataloader-type", K::String, "single", S::NotYet, "cyclic and external data loaders", "single|cyclic|external", "Data loader type (fp8tron's is Megatron's single)."},
+
+      // ---- checkpointing (issue 6) --------------------------------------------------------------------
+      {"save", K::String, "", S::Yes, "", "", "Directory to save checkpoints to (iter_NNNNNNN/ + latest_checkpointed_iteration.txt)."},
+      {"load", K::String, "", S::Yes, "", "", "Directory to load a checkpoint from (any parallel layout)."},
+      {"save-interval", K::Int, "", S::Yes, "", "", "Iterations between checkpoints (with --save; one is also saved at the end and on exit)."},
+      {"no-save-optim", K::Bool, "", S::Yes, "", "", "Do not save the optimizer state."},
+      {"no-save-rng", K::Bool, "", S::Yes, "", "", "Do not save the RNG state."},
+      {"no-load-optim", K::Bool, "", S::Yes, "", "", "Do not load the optimizer state (nor the LR scheduler and loss scaler)."},
+      {"no-load-rng", K::Bool, "", S::Yes, "", "", "Do not load the RNG state."},
+      {"finetune", K::Bool, "", S::Yes, "", "", "Load weights only and reset the iteration count."},
+      {"exit-signal-handler", K::Bool, "", S::Yes, "", "", "Save and exit cleanly on SIGTERM (--exit-signal)."},
+      {"async-save", K::Bool, "", S::Yes, "", "", "Save checkpoints asynchronously: training waits only for the copy to host memory."},
+      {"use-checkpoint-args", K::Bool, "", S::Yes, "", "", "Take the model arguments from the checkpoint --load names (the parallel layout stays this run's)."},
+      {"ckpt-format", K::String, "torch_dist", S::Yes, "", "torch|torch_dist|zarr|fsdp_dtensor", "Accepted for Megatron compatibility; fp8tron always uses its own format (safetensors shards + JSON metadata)."},
+
+#include "trainer/cli/flag_table_megatron.inc"
+  };
+  return table;
+}
+
+const FlagSpec* find_flag(const std::string& name) {
+  static const std::unordered_map<std::string, const FlagSpec*> index = [] {
+    std::unordered_map<std::string, const FlagSpec*> m;
+    for (const auto& f : flag_table()) m.emplace(f.name, &f);
+    return m;
+  }();
+  auto it = index.find(name);
+  return it == index.end() ? nullptr : it->second;
+}
+
+std::vector<std::string> all_flag_names() {
+  std::vector<std::string> names;
+  for (const auto& f : flag_table()) names.emplace_back(f.name);
+  return names;
+}
+
+}  // namespace fp8tron

@@ -1,0 +1,75 @@
+#include "trainer/cli/model_math.h"
+
+#include <algorithm>
+
+namespace fp8tron {
+
+ParameterCount count_parameters(const ModelConfig& m) {
+  ParameterCount p;
+  const int64_t h = m.hidden_size, f = m.ffn_hidden_size;
+  const int64_t q = m.num_attention_heads * m.kv_channels, kv = m.num_query_groups * m.kv_channels;
+  const bool ln = m.normalization == Normalization::LayerNorm;
+  const int64_t norm = ln ? 2 * h : h;  // weight (+ bias for LayerNorm)
+  p.embedding = m.padded_vocab_size * h +
+                (m.position_embedding == PositionEmbedding::LearnedAbsolute ? m.max_position_embeddings * h : 0);
+  int64_t layer = 0;
+  layer += norm;                                                  // input norm
+  layer += h * (q + 2 * kv) + (m.add_qkv_bias ? q + 2 * kv : 0);  // QKV
+  if (m.qk_layernorm) layer += 2 * (ln ? 2 * m.kv_channels : m.kv_channels);
+  layer += q * h + (m.add_bias_linear ? h : 0);  // attention output projection
+  layer += norm;                                 // pre-MLP norm
+  const int64_t fc1_out = m.swiglu ? 2 * f : f;
+  layer += h * fc1_out + (m.add_bias_linear ? fc1_out : 0);
+  layer += f * h + (m.add_bias_linear ? h : 0);
+  p.per_layer = layer;
+  p.final_norm = norm;
+  p.output_layer = m.untie_embeddings_and_output_weights ? m.padded_vocab_size * h : 0;
+  p.total = p.embedding + m.num_layers * p.per_layer + p.final_norm + p.output_layer;
+  return p;
+}
+
+double training_flops_per_token(const ModelConfig& m) {
+  // 12 = 3 (fwd + 2x bwd) x 2 (multiply-add) x 2 (the GEMM pairs of the formula).
+  const double h = double(m.hidden_size), L = double(m.num_layers), s = double(m.seq_length);
+  const double heads = double(m.num_attention_heads), groups = double(m.num_query_groups);
+  const double q_ratio = double(m.kv_channels) * heads / h;
+  const double gated = m.swiglu ? 1.5 : 1.0;
+  const double attention = (1.0 + groups / heads + s / h) * q_ratio;
+  const double mlp = double(m.ffn_hidden_size) / h * gated;
+  const double logits = double(m.padded_vocab_size) / (2.0 * L * h);
+  return 12.0 * L * h * h * (attention + mlp + logits);
+}
+
+MemoryEstimate estimate_memory(const Config& c) {
+  const ModelConfig& m = c.model;
+  const ParallelSizes& par = c.parallel;
+  MemoryEstimate e;
+  const ParameterCount p = count_parameters(m);
+  // First pipeline stage: its layers plus the embedding (and the output layer when pp == 1).
+  const double layers_here = double(m.num_layers) / par.pp;
+  double params = layers_here * p.per_layer / par.tp + double(p.embedding) / par.tp;
+  if (par.pp == 1) params += double(p.final_norm + p.output_layer) / par.tp;
+  const bool low_precision = c.precision.params_dtype != ParamDtype::Fp32;
+  e.weights = params * (low_precision ? 2 : 4);
+  e.main_weights = low_precision ? params * 4 : 0;
+  e.grads = params * (c.precision.grads_in_fp32 ? 4 : 2);
+  e.optimizer_states = c.optimizer.optimizer == "adam" ? params * 8 : params * 4;
+
+  // Activations per layer in bytes (16-bit activations): s*b*h*(34 + 5*a*s/h) without parallelism;
+  // tensor parallel without SP: s*b*h*(10 + 24/t + 5*a*s/(h*t)). The 5as/h term is the stored
+  // attention scores, softmax and its dropout mask, which fused attention does not keep; it keeps
+  // per-row softmax statistics instead (4 bytes x a x s).
+  const double s = double(m.seq_length), b = double(c.training.micro_batch_size), h = double(m.hidden_size);
+  const double a = double(m.num_attention_heads), t = double(par.tp);
+  const double linear_part = s * b * h * (10.0 + 24.0 / t);
+  const double scores = s * b * h * 5.0 * a * s / (h * t);
+  const double softmax_stats = 4.0 * a / t * s * b;
+  // 1F1B keeps up to pp micro-batches in flight on the first stage: L/pp layers x pp = L layers.
+  const double stored_layers = par.pp > 1 ? double(m.num_layers) : layers_here;
+  e.activations_paper = stored_layers * (linear_part + scores);
+  e.activations_fused = stored_layers * (linear_part + softmax_stats);
+  if (par.pp == 1) e.logits = s * b * double(m.padded_vocab_size) / t * (2.0 + 4.0);  // bf16 logits + fp32 loss input
+  return e;
+}
+
+}  // namespace fp8tron

@@ -1,0 +1,35 @@
+// Closed-form figures of a GPT configuration: parameter count, training FLOPs per token
+// (Megatron's formula) and a per-GPU memory estimate (weights, gradients, optimizer states, and
+// activations by Korthikanti et al., "Reducing Activation Recomputation in Large Transformer
+// Models", 2022). Used by --dry-run, by the throughput log and checked against the real model.
+#pragma once
+#include <cstdint>
+
+#include "core/config/config.h"
+
+namespace fp8tron {
+
+struct ParameterCount {
+  int64_t embedding = 0;   // word (+ learned position) embeddings
+  int64_t per_layer = 0;   // one transformer layer
+  int64_t final_norm = 0;
+  int64_t output_layer = 0;  // 0 when tied
+  int64_t total = 0;
+};
+ParameterCount count_parameters(const ModelConfig& m);
+
+// Forward + backward FLOPs per token (x 3 of the forward matmuls), Megatron's
+// num_floating_point_operations divided by the tokens of a batch.
+double training_flops_per_token(const ModelConfig& m);
+
+struct MemoryEstimate {
+  double weights = 0, main_weights = 0, grads = 0, optimizer_states = 0;
+  double activations_paper = 0;  // Korthikanti et al. with the stored attention scores (5as/h term)
+  double activations_fused = 0;  // the same with fused attention (no stored s x s scores)
+  double logits = 0;             // output-layer logits and the fp32 copy for the loss
+  double total() const { return weights + main_weights + grads + optimizer_states + activations_fused + logits; }
+};
+// Per GPU of the most loaded (first) pipeline stage.
+MemoryEstimate estimate_memory(const Config& c);
+
+}  // namespace fp8tron

@@ -1,0 +1,372 @@
+#include "trainer/export/hf_export.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/text.h"
+#include "models/gpt_model.h"
+#include "trainer/checkpoint/checkpoint_dir.h"
+#include "trainer/checkpoint/file_io.h"
+#include "trainer/checkpoint/metadata.h"
+#include "trainer/checkpoint/safetensors.h"
+#include "trainer/checkpoint/sharded_io.h"
+
+namespace fp8tron {
+namespace {
+namespace ck = checkpoint;
+
+torch::ScalarType torch_dtype(ck::DType d) {
+  switch (d) {
+    case ck::DType::F32: return torch::kFloat32;
+    case ck::DType::BF16: return torch::kBFloat16;
+    case ck::DType::F16: return torch::kFloat16;
+    case ck::DType::F64: return torch::kFloat64;
+    default: throw UserError(std::string("cannot export a tensor of dtype ") + ck::dtype_name(d));
+  }
+}
+
+ck::DType checkpoint_dtype(torch::ScalarType t) {
+  return t == torch::kBFloat16 ? ck::DType::BF16 : t == torch::kFloat16 ? ck::DType::F16 : ck::DType::F32;
+}
+
+const char* hf_dtype_name(torch::ScalarType t) {
+  return t == torch::kBFloat16 ? "bfloat16" : t == torch::kFloat16 ? "float16" : "float32";
+}
+
+// The model as the checkpoint describes it (its arguments), and its tensors.
+class Source {
+ public:
+  explicit Source(const ck::CheckpointLocation& location) : reader_(location) {}
+
+  const ck::CheckpointMetadata& metadata() const { return reader_.metadata(); }
+
+  std::string arg(const std::string& key) const {
+    auto it = metadata().args.find(key);
+    if (it == metadata().args.end() || it->second == "None")
+      throw UserError("checkpoint " + reader_.location().path + " does not record '" + key +
+                      "'; it cannot be exported (was it written by an older fp8tron?)");
+    return it->second;
+  }
+  int64_t integer(const std::string& key) const { return std::stoll(arg(key)); }
+  double number(const std::string& key) const { return std::stod(arg(key)); }
+  bool flag(const std::string& key) const { return arg(key) == "true"; }
+  bool has(const std::string& name) const { return reader_.has_tensor(name); }
+
+  // A whole global tensor: the fp32 main weights when they exist and fp32 is asked for, else the
+  // model weights; converted to `dtype`.
+  torch::Tensor tensor(const std::string& name, torch::ScalarType dtype) {
+    std::string source = name;
+    const std::string main = "optimizer.state.fp32_param." + name;
+    if (dtype == torch::kFloat32 && has(main)) source = main;
+    if (!has(source)) {
+      // read() names the missing tensor with a suggestion.
+      float dummy = 0;
+      reader_.read(source, ck::DType::F32, {1}, ck::whole({1}), &dummy);
+    }
+    const ck::TensorEntry& entry = metadata().tensors.at(source);
+    auto out = torch::empty(entry.shape, torch::TensorOptions().dtype(torch_dtype(entry.dtype)));
+    reader_.read(source, entry.dtype, entry.shape, ck::whole(entry.shape), out.data_ptr());
+    return out.to(dtype);
+  }
+
+ private:
+  ck::CheckpointReader reader_;
+};
+
+struct Model {
+  int64_t layers, hidden, ffn, heads, groups, head_dim, vocab, padded_vocab;
+  bool learned_positions, rms_norm, swiglu, bias_linear, qkv_bias, untied, qk_layernorm, layernorm_1p;
+  double eps, rotary_percent, rotary_base, std;
+  int64_t max_positions, seq_length;
+  double attention_dropout, hidden_dropout;
+  std::string tokenizer_type;
+};
+
+Model read_model(const Source& s) {
+  Model m;
+  m.layers = s.integer("model.num_layers");
+  m.hidden = s.integer("model.hidden_size");
+  m.ffn = s.integer("model.ffn_hidden_size");
+  m.heads = s.integer("model.num_attention_heads");
+  m.groups = s.integer("model.num_query_groups");
+  m.head_dim = s.integer("model.kv_channels");
+  m.vocab = s.integer("model.vocab_size");
+  m.padded_vocab = s.integer("model.padded_vocab_size");
+  m.learned_positions = s.arg("model.position_embedding_type") == "learned_absolute";
+  m.rms_norm = s.arg("model.normalization") == "RMSNorm";
+  m.swiglu = s.flag("model.swiglu");
+  m.bias_linear = s.flag("model.add_bias_linear");
+  m.qkv_bias = s.flag("model.add_qkv_bias");
+  m.untied = s.flag("model.untie_embeddings_and_output_weights");
+  m.qk_layernorm = s.flag("model.qk_layernorm");
+  m.layernorm_1p = s.flag("model.apply_layernorm_1p");
+  m.eps = s.number("norm-epsilon");
+  m.rotary_percent = s.number("rotary-percent");
+  m.rotary_base = s.number("rotary-base");
+  m.std = s.number("init-method-std");
+  m.seq_length = s.integer("seq-length");
+  m.max_positions = m.learned_positions ? s.integer("model.max_position_embeddings") : m.seq_length;
+  m.attention_dropout = s.number("attention-dropout");
+  m.hidden_dropout = s.number("hidden-dropout");
+  auto tok = s.metadata().args.find("tokenizer-type");
+  m.tokenizer_type = tok == s.metadata().args.end() ? "" : tok->second;
+  return m;
+}
+
+std::string detect_format(const Model& m) {
+  if (m.learned_positions && !m.rms_norm && !m.swiglu) return "gpt2";
+  if (!m.learned_positions && m.rms_norm && m.swiglu) return "llama";
+  throw UserError(strprintf("this model (%s positions, %s, %s) is neither GPT-2-style (learned positions, LayerNorm, "
+                            "GeLU) nor LLaMA-style (RoPE, RMSNorm, SwiGLU); Hugging Face has no class for it",
+                            m.learned_positions ? "learned" : "rotary", m.rms_norm ? "RMSNorm" : "LayerNorm",
+                            m.swiglu ? "SwiGLU" : "GeLU"));
+}
+
+void require(bool ok, const std::string& format, const std::string& what) {
+  if (!ok) throw UserError("cannot export to " + format + ": " + what);
+}
+
+// The tensors to write, in order, and the config.json.
+struct HfModel {
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  nlohmann::ordered_json config;
+  void add(const std::string& name, torch::Tensor t) { tensors.emplace_back(name, t.contiguous()); }
+};
+
+// Megatron's fused QKV rows (per query group: its query heads, a key, a value) as q, k, v rows.
+struct Qkv {
+  torch::Tensor q, k, v;
+};
+Qkv split_qkv(const torch::Tensor& qkv, const Model& m) {
+  const int64_t per_group = m.heads / m.groups;
+  auto grouped = qkv.reshape({m.groups, per_group + 2, m.head_dim, -1});
+  auto rows = [&](const torch::Tensor& t) { return qkv.dim() == 1 ? t.reshape({-1}) : t.reshape({-1, qkv.size(1)}); };
+  return {rows(grouped.narrow(1, 0, per_group)), rows(grouped.select(1, per_group)), rows(grouped.select(1, per_group + 1))};
+}
+
+class Converter {
+ public:
+  Converter(Source& s, const Model& m, torch::ScalarType dtype) : s_(s), m_(m), dtype_(dtype) {}
+
+  torch::Tensor get(const std::string& name) { return s_.tensor(name, dtype_); }
+  // A norm's weight as Hugging Face applies it (zero-centred gamma gets its 1 back, in fp32).
+  torch::Tensor norm_weight(const std::string& name) {
+    auto w = s_.tensor(name, torch::kFloat32);
+    return (m_.layernorm_1p ? w + 1 : w).to(dtype_);
+  }
+  torch::Tensor bias_or_zeros(const std::string& name, int64_t n) {
+    return s_.has(name) ? get(name) : torch::zeros({n}, torch::TensorOptions().dtype(dtype_));
+  }
+  torch::Tensor vocab_rows(const std::string& name) { return get(name).narrow(0, 0, m_.vocab); }
+
+  HfModel gpt2() {
+    const std::string f = "gpt2";
+    require(m_.groups == m_.heads, f, "grouped-query attention (--num-query-groups) has no GPT-2 equivalent");
+    require(m_.head_dim * m_.heads == m_.hidden, f, "GPT-2 needs --kv-channels x --num-attention-heads = --hidden-size");
+    require(!m_.qk_layernorm, f, "--qk-layernorm has no GPT-2 equivalent");
+    HfModel hf;
+    hf.add("transformer.wte.weight", vocab_rows("embedding.word_embeddings.weight"));
+    hf.add("transformer.wpe.weight", get("embedding.position_embeddings.weight"));
+    for (int64_t i = 0; i < m_.layers; ++i) {
+      const std::string p = "decoder.layers." + std::to_string(i) + ".", h = "transformer.h." + std::to_string(i) + ".";
+      hf.add(h + "ln_1.weight", norm_weight(p + "self_attention.linear_qkv.layer_norm_weight"));
+      hf.add(h + "ln_1.bias", get(p + "self_attention.linear_qkv.layer_norm_bias"));
+      // Conv1D stores [in, out]; the output is all queries, then keys, then values.
+      Qkv w = split_qkv(get(p + "self_attention.linear_qkv.weight"), m_);
+      hf.add(h + "attn.c_attn.weight", torch::cat({w.q, w.k, w.v}, 0).t());
+      Qkv b = split_qkv(bias_or_zeros(p + "self_attention.linear_qkv.bias", (m_.heads + 2 * m_.groups) * m_.head_dim), m_);
+      hf.add(h + "attn.c_attn.bias", torch::cat({b.q, b.k, b.v}, 0));
+      hf.add(h + "attn.c_proj.weight", get(p + "self_attention.linear_proj.weight").t());
+      hf.add(h + "attn.c_proj.bias", bias_or_zeros(p + "self_attention.linear_proj.bias", m_.hidden));
+      hf.add(h + "ln_2.weight", norm_weight(p + "mlp.linear_fc1.layer_norm_weight"));
+      hf.add(h + "ln_2.bias", get(p + "mlp.linear_fc1.layer_norm_bias"));
+      hf.add(h + "mlp.c_fc.weight", get(p + "mlp.linear_fc1.weight").t());
+      hf.add(h + "mlp.c_fc.bias", bias_or_zeros(p + "mlp.linear_fc1.bias", m_.ffn));
+      hf.add(h + "mlp.c_proj.weight", get(p + "mlp.linear_fc2.weight").t());
+      hf.add(h + "mlp.c_proj.bias", bias_or_zeros(p + "mlp.linear_fc2.bias", m_.hidden));
+    }
+    hf.add("transformer.ln_f.weight", norm_weight("decoder.final_layernorm.weight"));
+    hf.add("transformer.ln_f.bias", get("decoder.final_layernorm.bias"));
+    if (m_.untied) hf.add("lm_head.weight", vocab_rows("output_layer.weight"));
+    hf.config = {{"architectures", {"GPT2LMHeadModel"}},
+                 {"model_type", "gpt2"},
+                 {"vocab_size", m_.vocab},
+                 {"n_positions", m_.max_positions},
+                 {"n_ctx", m_.max_positions},
+                 {"n_embd", m_.hidden},
+                 {"n_layer", m_.layers},
+                 {"n_head", m_.heads},
+                 {"n_inner", m_.ffn},
+                 {"activation_function", "gelu_new"},  // GeLU's tanh approximation, as fp8tron's
+                 {"layer_norm_epsilon", m_.eps},
+                 {"resid_pdrop", m_.hidden_dropout},
+                 {"embd_pdrop", m_.hidden_dropout},
+                 {"attn_pdrop", m_.attention_dropout},
+                 {"initializer_range", m_.std},
+                 {"scale_attn_weights", true},
+                 {"tie_word_embeddings", !m_.untied},
+                 {"torch_dtype", hf_dtype_name(dtype_)}};
+    if (m_.tokenizer_type == "GPT2BPETokenizer") {
+      hf.config["bos_token_id"] = 50256;
+      hf.config["eos_token_id"] = 50256;
+    }
+    return hf;
+  }
+
+  HfModel llama() {
+    const std::string f = "llama";
+    require(m_.rotary_percent == 1.0, f, "LlamaForCausalLM rotates every dimension (--rotary-percent 1)");
+    require(!m_.qk_layernorm, f, "--qk-layernorm has no LlamaForCausalLM equivalent");
+    const bool attention_bias = m_.qkv_bias || m_.bias_linear;
+    HfModel hf;
+    hf.add("model.embed_tokens.weight", vocab_rows("embedding.word_embeddings.weight"));
+    for (int64_t i = 0; i < m_.layers; ++i) {
+      const std::string p = "decoder.layers." + std::to_string(i) + ".", h = "model.layers." + std::to_string(i) + ".";
+      hf.add(h + "input_layernorm.weight", norm_weight(p + "self_attention.linear_qkv.layer_norm_weight"));
+      // Query head j of group g is head g * (heads / groups) + j: Hugging Face's repeat_kv order.
+      Qkv w = split_qkv(get(p + "self_attention.linear_qkv.weight"), m_);
+      hf.add(h + "self_attn.q_proj.weight", w.q);
+      hf.add(h + "self_attn.k_proj.weight", w.k);
+      hf.add(h + "self_attn.v_proj.weight", w.v);
+      hf.add(h + "self_attn.o_proj.weight", get(p + "self_attention.linear_proj.weight"));
+      if (attention_bias) {
+        Qkv b = split_qkv(bias_or_zeros(p + "self_attention.linear_qkv.bias", (m_.heads + 2 * m_.groups) * m_.head_dim), m_);
+        hf.add(h + "self_attn.q_proj.bias", b.q);
+        hf.add(h + "self_attn.k_proj.bias", b.k);
+        hf.add(h + "self_attn.v_proj.bias", b.v);
+        hf.add(h + "self_attn.o_proj.bias", bias_or_zeros(p + "self_attention.linear_proj.bias", m_.hidden));
+      }
+      hf.add(h + "post_attention_layernorm.weight", norm_weight(p + "mlp.linear_fc1.layer_norm_weight"));
+      // SwiGLU's fc1 stacks [gate; up]: silu(gate) * up.
+      auto fc1 = get(p + "mlp.linear_fc1.weight");
+      hf.add(h + "mlp.gate_proj.weight", fc1.narrow(0, 0, m_.ffn));
+      hf.add(h + "mlp.up_proj.weight", fc1.narrow(0, m_.ffn, m_.ffn));
+      hf.add(h + "mlp.down_proj.weight", get(p + "mlp.linear_fc2.weight"));
+      if (m_.bias_linear) {
+        auto b1 = get(p + "mlp.linear_fc1.bias");
+        hf.add(h + "mlp.gate_proj.bias", b1.narrow(0, 0, m_.ffn));
+        hf.add(h + "mlp.up_proj.bias", b1.narrow(0, m_.ffn, m_.ffn));
+        hf.add(h + "mlp.down_proj.bias", get(p + "mlp.linear_fc2.bias"));
+      }
+    }
+    hf.add("model.norm.weight", norm_weight("decoder.final_layernorm.weight"));
+    if (m_.untied) hf.add("lm_head.weight", vocab_rows("output_layer.weight"));
+    hf.config = {{"architectures", {"LlamaForCausalLM"}},
+                 {"model_type", "llama"},
+                 {"vocab_size", m_.vocab},
+                 {"hidden_size", m_.hidden},
+                 {"intermediate_size", m_.ffn},
+                 {"num_hidden_layers", m_.layers},
+                 {"num_attention_heads", m_.heads},
+                 {"num_key_value_heads", m_.groups},
+                 {"head_dim", m_.head_dim},
+                 {"hidden_act", "silu"},
+                 {"max_position_embeddings", m_.max_positions},
+                 {"rms_norm_eps", m_.eps},
+                 {"rope_theta", m_.rotary_base},
+                 {"attention_bias", attention_bias},
+                 {"mlp_bias", m_.bias_linear},
+                 {"attention_dropout", m_.attention_dropout},
+                 {"initializer_range", m_.std},
+                 {"tie_word_embeddings", !m_.untied},
+                 {"torch_dtype", hf_dtype_name(dtype_)}};
+    return hf;
+  }
+
+ private:
+  Source& s_;
+  const Model& m_;
+  torch::ScalarType dtype_;
+};
+
+torch::ScalarType output_dtype(const std::string& option, const Source& s) {
+  if (option == "fp32") return torch::kFloat32;
+  if (option == "bf16") return torch::kBFloat16;
+  if (option == "fp16") return torch::kFloat16;
+  if (option != "auto") throw UserError("--dtype " + option + ": choose auto, fp32, bf16 or fp16");
+  auto it = s.metadata().tensors.find("embedding.word_embeddings.weight");
+  return it == s.metadata().tensors.end() ? torch::kFloat32 : torch_dtype(it->second.dtype);
+}
+
+// fp8tron's own logits for `tokens` random token ids, with the weights as exported (rounded to
+// the export dtype), computed in fp32 on the CPU: the reference a transformers run must match.
+void write_reference_logits(Source& s, const Model& m, torch::ScalarType dtype, int64_t tokens, const std::string& path) {
+  ModelConfig c;
+  c.num_layers = m.layers;
+  c.hidden_size = m.hidden;
+  c.ffn_hidden_size = m.ffn;
+  c.num_attention_heads = m.heads;
+  c.kv_channels = m.head_dim;
+  c.num_query_groups = m.groups;
+  c.seq_length = std::max(m.seq_length, tokens);
+  c.max_position_embeddings = m.max_positions;
+  c.position_embedding = m.learned_positions ? PositionEmbedding::LearnedAbsolute : PositionEmbedding::Rope;
+  c.rotary_base = m.rotary_base;
+  c.rotary_percent = m.rotary_percent;
+  c.normalization = m.rms_norm ? Normalization::RMSNorm : Normalization::LayerNorm;
+  c.norm_epsilon = m.eps;
+  c.apply_layernorm_1p = m.layernorm_1p;
+  c.swiglu = m.swiglu;
+  c.add_bias_linear = m.bias_linear;
+  c.add_qkv_bias = m.qkv_bias;
+  c.untie_embeddings_and_output_weights = m.untied;
+  c.attention_dropout = c.hidden_dropout = 0;
+  c.vocab_size = m.vocab;
+  c.padded_vocab_size = m.padded_vocab;
+  c.qk_layernorm = m.qk_layernorm;
+  if (m.learned_positions && tokens > m.max_positions)
+    throw UserError(strprintf("--reference-tokens %lld exceeds the model's %lld positions", (long long)tokens,
+                              (long long)m.max_positions));
+  torch::NoGradGuard no_grad;
+  GptModel model(c);
+  model->eval();
+  for (auto& item : model->named_parameters()) item.value().copy_(s.tensor(item.key(), dtype).to(torch::kFloat32));
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(1234);
+  auto ids = torch::randint(0, m.vocab, {1, tokens}, generator, torch::kInt64);
+  auto logits = model->forward(ids).narrow(-1, 0, m.vocab).contiguous();
+  std::vector<ck::TensorToWrite> out = {{"input_ids", ck::DType::I64, ids.sizes().vec(), ids.data_ptr(), {}},
+                                        {"logits", ck::DType::F32, logits.sizes().vec(), logits.data_ptr(), {}}};
+  ck::write_safetensors(path, out, {{"format", "pt"}});
+}
+
+}  // namespace
+
+ExportResult export_hugging_face(const ExportOptions& o) {
+  if (o.load.empty()) throw UserError("--load is required: the checkpoint directory to export");
+  if (o.output.empty()) throw UserError("--output is required: the Hugging Face directory to write");
+  const ck::CheckpointLocation location =
+      o.ckpt_step ? ck::locate_checkpoint(o.load, *o.ckpt_step) : ck::locate_latest_checkpoint(o.load);
+  Source source(location);
+  const Model model = read_model(source);
+  ExportResult result;
+  result.iteration = location.iteration;
+  result.format = o.format == "auto" ? detect_format(model) : o.format;
+  if (result.format != "gpt2" && result.format != "llama")
+    throw UserError("--format " + o.format + ": choose auto, gpt2 or llama");
+  if (result.format != detect_format(model))
+    throw UserError("--format " + result.format + " does not match this model, which is " + detect_format(model) + "-style");
+  const torch::ScalarType converter_dtype = output_dtype(o.dtype, source);
+  Converter converter(source, model, converter_dtype);
+  HfModel hf = result.format == "gpt2" ? converter.gpt2() : converter.llama();
+
+  std::error_code ec;
+  std::filesystem::create_directories(o.output, ec);
+  if (ec) throw UserError("cannot create " + o.output + ": " + ec.message());
+  std::vector<ck::TensorToWrite> tensors;
+  for (const auto& [name, t] : hf.tensors)
+    tensors.push_back(ck::TensorToWrite{name, checkpoint_dtype(t.scalar_type()), t.sizes().vec(), t.data_ptr(), {}});
+  result.bytes = ck::write_safetensors(o.output + "/model.safetensors", tensors, {{"format", "pt"}}).bytes;
+  result.tensors = int64_t(tensors.size());
+  ck::write_file_atomically(o.output + "/config.json", hf.config.dump(2) + "\n");
+  if (o.reference_tokens > 0)
+    write_reference_logits(source, model, converter_dtype, o.reference_tokens, o.output + "/fp8tron_reference.safetensors");
+  return result;
+}
+
+}  // namespace fp8tron

@@ -1,0 +1,26 @@
+// Megatron's OptimizerParamScheduler: learning rate and weight decay as functions of the number
+// of samples consumed. The trainer advances it by the global batch after each optimizer step.
+#pragma once
+#include <cstdint>
+
+#include "core/config/training_config.h"
+
+namespace fp8tron {
+
+class LrSchedule {
+ public:
+  explicit LrSchedule(const LrScheduleConfig& config) : c_(config) {}
+  double lr_at(int64_t num_steps) const;
+  double weight_decay_at(int64_t num_steps) const;
+  void step(int64_t increment) { num_steps_ += increment; }
+  int64_t num_steps() const { return num_steps_; }
+  void set_num_steps(int64_t n) { num_steps_ = n; }
+  double lr() const { return lr_at(num_steps_); }
+  double weight_decay() const { return weight_decay_at(num_steps_); }
+
+ private:
+  LrScheduleConfig c_;
+  int64_t num_steps_ = 0;
+};
+
+}  // namespace fp8tron
