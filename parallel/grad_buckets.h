@@ -56,6 +56,9 @@ class GradBuckets {
     // so whose shard owners, differ between the stages). Buckets touching them are not launched
     // during backward but in finish(), after `before_deferred`.
     std::vector<std::pair<int64_t, int64_t>> deferred;
+    // Multiplies a bucket before its sum (0: 1 / the group's size, an average over it). Expert
+    // gradients are scaled by the dense data-parallel size and summed over their own group.
+    double grad_scale = 0.0;
   };
   // `grads` is the flat gradient buffer; `params` cover [0, grads.numel()) in offset order.
   GradBuckets(torch::Tensor grads, const std::vector<Param>& params, const Options& options, std::shared_ptr<Communicator> dp);
@@ -82,6 +85,7 @@ class GradBuckets {
   torch::Tensor grads_;
   std::shared_ptr<Communicator> dp_;
   int64_t shard_numel_;
+  double grad_scale_;
   std::vector<Bucket> buckets_;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keeps the hooked nodes alive
   bool armed_ = false;
