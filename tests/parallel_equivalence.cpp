@@ -1,5 +1,5 @@
-// Multi-process equivalence check, run under mpirun by ctest: every rank trains the tiny GPT
-// twice, once alone (the reference) and once in the parallel layout given on the command line,
+// Multi-process equivalence check, run under mpirun by ctest: every rank trains the tiny GPT (or
+// the tiny mixture-of-experts GPT, with the MoE flags in the test's arguments) twice, once alone (the reference) and once in the parallel layout given on the command line,
 // and compares the 10 losses and its final (tensor-parallel-gathered) weights with the
 // reference within 1e-5 relative (fp32, dropout 0; `--tolerance X` for bf16 runs on GPUs;
 // `--weights-tolerance` / `--tensor-tolerance` for FP8 runs, where a summation-order difference
@@ -43,9 +43,12 @@ Config make_config(const std::vector<std::string>& extra, const LaunchEnv& env) 
 
 // Flags that change only the layout; the reference run gets every other flag too.
 std::vector<std::string> without_layout_flags(const std::vector<std::string>& args) {
+  // The token dispatcher counts as layout: the reference (one process) runs the default allgather
+  // dispatcher, so a layout with --moe-token-dispatcher-type alltoall compares the two.
   static const std::set<std::string> layout = {
       "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--num-layers-per-virtual-pipeline-stage",
-      "--num-virtual-stages-per-pipeline-rank", "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers"};
+      "--num-virtual-stages-per-pipeline-rank", "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
+      "--expert-model-parallel-size", "--expert-tensor-parallel-size", "--moe-token-dispatcher-type"};
   static const std::set<std::string> layout_switches = {"--sequence-parallel", "--use-distributed-optimizer",
                                                         "--overlap-param-gather"};
   std::vector<std::string> out;

@@ -118,11 +118,28 @@ struct UnpermuteFn : torch::autograd::Function<UnpermuteFn> {
     auto flat = ctx->saved_data["flat_of_row"].toTensor();
     const int64_t experts = row_of.size(1);
     auto dout = grad[0];
-    torch::Tensor scale = probs.defined() ? probs.reshape({-1}).index_select(0, flat) : torch::Tensor();
-    auto dy = gather(dout, flat, experts, scale).to(y.scalar_type());
+    auto dy = gather(dout, flat, experts, probs.reshape({-1}).index_select(0, flat)).to(y.scalar_type());
     torch::Tensor dprobs;
-    if (probs.defined() && probs.requires_grad()) dprobs = prob_grads(y, dout, row_of, flat).to(probs.scalar_type());
+    if (probs.requires_grad()) dprobs = prob_grads(y, dout, row_of, flat).to(probs.scalar_type());
     return {dy, dprobs, {}, {}, {}};
+  }
+};
+
+// unpermute without probabilities: each token sums its rows; backward gives every row its token's
+// gradient.
+struct CombineFn : torch::autograd::Function<CombineFn> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& y, torch::Tensor row_of, torch::Tensor flat_of_row,
+                               int64_t out_dtype) {
+    ctx->saved_data["row_of"] = row_of;
+    ctx->saved_data["flat_of_row"] = flat_of_row;
+    ctx->saved_data["y_dtype"] = int64_t(y.scalar_type());
+    return combine(y, row_of, flat_of_row, {}, torch::Dtype(out_dtype));
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    auto row_of = ctx->saved_data["row_of"].toTensor();
+    auto flat = ctx->saved_data["flat_of_row"].toTensor();
+    const auto y_dtype = torch::Dtype(ctx->saved_data["y_dtype"].toInt());
+    return {gather(grad[0], flat, row_of.size(1), {}).to(y_dtype), {}, {}, {}};
   }
 };
 
@@ -214,6 +231,7 @@ torch::Tensor unpermute(const torch::Tensor& y, const PermuteIndex& index, const
   FP8TRON_CHECK(y.dim() == 2 && y.size(0) == index.rows, "unpermute: y must hold the permuted rows");
   FP8TRON_CHECK(!probs.defined() || (probs.dim() == 2 && probs.size(0) == index.tokens() && probs.size(1) == index.experts()),
                 "unpermute: probs must be [tokens, experts]");
+  if (!probs.defined()) return CombineFn::apply(y, index.row_of, index.flat_of_row, int64_t(out_dtype));
   return UnpermuteFn::apply(y, probs, index.row_of, index.flat_of_row, int64_t(out_dtype));
 }
 

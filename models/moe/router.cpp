@@ -14,28 +14,38 @@ torch::Dtype router_dtype(MoeRouterDtype d, torch::Dtype input) {
 
 // Megatron's RouterGatingLinearFunction: logits = x W^T (+ b) computed in the router dtype while
 // saving the (bf16) input and weight, not their fp32/fp64 copies; gradients return in the
-// input's and the weight's dtypes.
+// input's and the weight's dtypes. (Two nodes: autograd inputs must be defined tensors.)
+torch::Tensor gating_forward(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias, torch::Dtype d) {
+  auto out = torch::mm(x.to(d), weight.to(d).t());
+  return bias.defined() ? out + bias.to(d) : out;
+}
+variable_list gating_backward(AutogradContext* ctx, const torch::Tensor& grad) {
+  const auto saved = ctx->get_saved_variables();
+  const auto& x = saved[0];
+  const auto& weight = saved[1];
+  const auto d = torch::Dtype(ctx->saved_data["dtype"].toInt());
+  auto g = grad.to(d);
+  variable_list out = {torch::mm(g, weight.to(d)).to(x.scalar_type()), torch::mm(g.t(), x.to(d)).to(weight.scalar_type())};
+  if (saved.size() > 2) out.push_back(g.sum(0).to(saved[2].scalar_type()));
+  out.push_back({});  // the dtype argument
+  return out;
+}
 struct RouterGating : torch::autograd::Function<RouterGating> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight, int64_t dtype) {
+    ctx->save_for_backward({x, weight});
+    ctx->saved_data["dtype"] = dtype;
+    return gating_forward(x, weight, {}, torch::Dtype(dtype));
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) { return gating_backward(ctx, grad[0]); }
+};
+struct RouterGatingWithBias : torch::autograd::Function<RouterGatingWithBias> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight,
                                const torch::Tensor& bias, int64_t dtype) {
     ctx->save_for_backward({x, weight, bias});
     ctx->saved_data["dtype"] = dtype;
-    const auto d = torch::Dtype(dtype);
-    auto out = torch::mm(x.to(d), weight.to(d).t());
-    return bias.defined() ? out + bias.to(d) : out;
+    return gating_forward(x, weight, bias, torch::Dtype(dtype));
   }
-  static variable_list backward(AutogradContext* ctx, variable_list grad) {
-    const auto saved = ctx->get_saved_variables();
-    const auto& x = saved[0];
-    const auto& weight = saved[1];
-    const auto& bias = saved[2];
-    const auto d = torch::Dtype(ctx->saved_data["dtype"].toInt());
-    auto g = grad[0].to(d);
-    auto dx = torch::mm(g, weight.to(d)).to(x.scalar_type());
-    auto dw = torch::mm(g.t(), x.to(d)).to(weight.scalar_type());
-    torch::Tensor db = bias.defined() ? g.sum(0).to(bias.scalar_type()) : torch::Tensor();
-    return {dx, dw, db, {}};
-  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) { return gating_backward(ctx, grad[0]); }
 };
 
 const char* metric_name(MoeBalancing type) {
@@ -69,7 +79,8 @@ TopKRouterImpl::TopKRouterImpl(const ModelConfig& m, const std::string& prefix, 
 
 torch::Tensor TopKRouterImpl::gating(const torch::Tensor& x2d) const {
   const auto dtype = router_dtype(config_.router_dtype, x2d.scalar_type());
-  return RouterGating::apply(x2d, weight, bias, int64_t(dtype));
+  return bias.defined() ? RouterGatingWithBias::apply(x2d, weight, bias, int64_t(dtype))
+                        : RouterGating::apply(x2d, weight, int64_t(dtype));
 }
 
 torch::Tensor TopKRouterImpl::counts_over(const torch::Tensor& map, Communicator& group) const {

@@ -163,6 +163,8 @@ const std::vector<Rule>& rules() {
        [](const Config& c, const FlagValues&) -> std::string {
          const auto& moe = c.model.moe;
          if (!moe.enabled()) return "";
+         if (moe.num_moe_layers() == 0)
+           return "--moe-layer-freq selects no layer: a mixture-of-experts model needs at least one MoE layer";
          if (moe.ffn_hidden_size <= 0) return "--moe-ffn-hidden-size must be positive";
          if (moe.ffn_hidden_size % c.parallel.etp != 0)
            return "--moe-ffn-hidden-size (" + ll(moe.ffn_hidden_size) + ") is not divisible by --expert-tensor-parallel-size (" +
@@ -220,6 +222,9 @@ const std::vector<Rule>& rules() {
          for (const auto& t : moe.balancing)
            if (t.type == MoeBalancing::kSinkhorn && t.coeff != 0)
              return "--moe-router-load-balancing-type sinkhorn needs --moe-aux-loss-coeff 0 for it";
+         // Megatron routes with sinkhorn only when it is the one type given (in a list it is ignored).
+         if (sinkhorn && moe.balancing.size() > 1)
+           return "--moe-router-load-balancing-type sinkhorn cannot be combined with other types";
          if (moe.num_groups && *moe.num_groups <= 0) return "--moe-router-num-groups must be positive";
          if (moe.group_topk) {
            if (!moe.num_groups) return "--moe-router-group-topk needs --moe-router-num-groups";
