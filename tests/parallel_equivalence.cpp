@@ -97,6 +97,22 @@ int main(int argc, char** argv) {
         ++failures;
       }
     }
+    // The MoE losses (load_balancing_loss, z_loss, ...) are reduced over the layout's groups to
+    // the same values as one process's.
+    for (const auto& [name, values] : reference.moe_losses) {
+      auto it = parallel.moe_losses.find(name);
+      if (it == parallel.moe_losses.end() || it->second.size() != values.size()) {
+        std::fprintf(stderr, "[rank %d] MoE metric %s missing\n", env.rank, name.c_str());
+        ++failures;
+        continue;
+      }
+      for (size_t i = 0; i < values.size(); ++i)
+        if (!(std::abs(it->second[i] - values[i]) <= tolerance * std::max(std::abs(values[i]), 1.0))) {
+          std::fprintf(stderr, "[rank %d] iteration %zu: %s %.8f vs reference %.8f\n", env.rank, i + 1, name.c_str(),
+                       it->second[i], values[i]);
+          ++failures;
+        }
+    }
     const double valid_rel = std::abs(parallel.last_validation_loss - reference.last_validation_loss) / reference.last_validation_loss;
     if (!(valid_rel <= tolerance)) {
       std::fprintf(stderr, "[rank %d] validation loss %.8f vs %.8f\n", env.rank, parallel.last_validation_loss, reference.last_validation_loss);

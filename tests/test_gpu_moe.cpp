@@ -124,5 +124,21 @@ TEST(GpuMoe, Bf16AndFp8Train) {
   }
 }
 
+// --moe-shared-expert-overlap runs the shared expert on a side stream during the dispatch: the same
+// math (fp32: the same losses to rounding), and bf16 trains as without it.
+TEST(GpuMoe, SharedExpertOverlapKeepsTheMath) {
+  REQUIRE_GPU();
+  const std::vector<std::string> shared = {"--moe-shared-expert-intermediate-size", "256", "--moe-shared-expert-gate",
+                                           "--moe-token-dispatcher-type", "alltoall", "--device", "cuda", "--train-iters", "5"};
+  auto with = shared;
+  with.push_back("--moe-shared-expert-overlap");
+  const auto a = train(moe_gpu_config(shared)), b = train(moe_gpu_config(with));
+  for (size_t i = 0; i < a.losses.size(); ++i) EXPECT_NEAR(a.losses[i], b.losses[i], 1e-5 * a.losses[i]) << i;
+  auto bf16 = with;
+  bf16.insert(bf16.end(), {"--bf16", "--train-iters", "40"});
+  const auto r = train(moe_gpu_config(bf16));
+  EXPECT_LT(r.losses.back(), 0.7 * r.losses.front());
+}
+
 }  // namespace
 }  // namespace fp8tron

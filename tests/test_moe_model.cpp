@@ -12,8 +12,12 @@
 #include "models/moe/moe_layer.h"
 #include "parallel/parallel_state.h"
 #include "test_helpers.h"
+#include "trainer/checkpoint/file_io.h"
 #include "trainer/cli/model_math.h"
+#include "trainer/logging/tensorboard_writer.h"
 #include "trainer/trainer.h"
+
+#include <dirent.h>
 
 namespace fp8tron {
 namespace {
@@ -215,6 +219,38 @@ TEST(MoeTraining, Fp8TrainsEmulatedOnTheCpu) {
     const TrainResult r = train(c);
     EXPECT_TRUE(learns(r.losses)) << r.losses.front() << " -> " << r.losses.back();
   }
+}
+
+// Megatron's names every iteration in TensorBoard, per layer with --moe-per-layer-logging, and the
+// same values in the run's result (what the iteration line averages).
+TEST(MoeTraining, TensorBoardHasTheMoeLossesPerIterationAndPerLayer) {
+  const std::string dir = temp_file("moe_tb", "");
+  std::remove(dir.c_str());
+  const Config c = train_config({"--moe-aux-loss-coeff", "1e-2", "--moe-z-loss-coeff", "1e-3", "--moe-per-layer-logging",
+                                 "--tensorboard-dir", dir, "--tensorboard-log-interval", "5"});
+  const TrainResult r = train(c);
+  std::string file;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d))
+      if (std::string(e->d_name).rfind("events.out.tfevents", 0) == 0) file = dir + "/" + e->d_name;
+    closedir(d);
+  }
+  ASSERT_FALSE(file.empty());
+  std::map<std::string, std::vector<double>> by_tag;
+  for (const auto& ev : read_tensorboard_scalars(file)) by_tag[ev.tag].push_back(ev.value);
+  ASSERT_EQ(by_tag["load_balancing_loss"].size(), 12u);  // every iteration, not every 5th
+  ASSERT_EQ(by_tag["z_loss"].size(), 12u);
+  for (size_t i = 0; i < 12; ++i) {
+    EXPECT_NEAR(by_tag["load_balancing_loss"][i], r.moe_losses.at("load_balancing_loss")[i], 1e-6);
+    EXPECT_NEAR(by_tag["z_loss"][i], r.moe_losses.at("z_loss")[i], 1e-5);
+  }
+  // Layer 0 is dense (zeros); with one MoE layer of two, its value is the mean over MoE layers.
+  ASSERT_EQ(by_tag["moe/load_balancing_loss_layer_1"].size(), 12u);
+  EXPECT_EQ(by_tag["moe/load_balancing_loss_layer_0"][3], 0.0);
+  EXPECT_NEAR(by_tag["moe/load_balancing_loss_layer_1"][3], by_tag["load_balancing_loss"][3], 1e-6);
+  // The aux loss at near-uniform routing of a fresh model is close to 1.
+  EXPECT_NEAR(r.moe_losses.at("load_balancing_loss")[0], 1.0, 0.1);
+  checkpoint::remove_tree(dir);
 }
 
 }  // namespace

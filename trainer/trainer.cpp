@@ -164,6 +164,7 @@ class Trainer {
   std::shared_ptr<fp8::Fp8Engine> fp8_;                // --fp8-format: every chunk's FP8 linears
   std::shared_ptr<MoeContext> moe_;                    // --num-experts: the chunks' MoE state
   torch::Tensor expert_amax_slots_;                    // FP8 slots of expert sites (their own amax group)
+  std::map<std::string, std::vector<torch::Tensor>> moe_history_;  // MoE losses per iteration (TrainResult)
   std::optional<DeterministicMode> deterministic_;     // --deterministic-mode, for the whole run
 };
 
@@ -190,6 +191,10 @@ void Trainer::build() {
     ExpertParallelGroups g{parallel_.ep, parallel_.expert_tp, parallel_.expert_tp_ep, parallel_.tp_cp, parallel_.tp_dp_cp,
                            parallel_.ep_rank, parallel_.expert_tp_rank};
     moe_ = std::make_shared<MoeContext>(c_.model.moe, c_.model.num_layers, std::move(g));
+    moe_->set_timer([this](const char* name, bool start) {
+      if (start) timers_.start(name, 2);
+      else timers_.stop(name, 2);
+    });
   }
   std::vector<NamedParam> params;
   for (size_t k = 0; k < ranges.size(); ++k) {
@@ -378,7 +383,10 @@ double Trainer::evaluate() {
 
 void Trainer::report_moe(int64_t iteration) {
   const MoeMetricsReport r = report_moe_metrics(*moe_, parallel_, c_.training.num_micro_batches, device_);
-  for (const auto& [name, value] : r.scalars) interval_.add_moe(name, value);
+  for (const auto& [name, value] : r.scalars) {
+    interval_.add_moe(name, value);
+    moe_history_[name].push_back(value);
+  }
   if (!tensorboard_) return;
   // Every iteration, as Megatron's training_log (not gated by --tensorboard-log-interval).
   for (const auto& [name, value] : r.scalars) tensorboard_->add_scalar(name, value.item<double>(), iteration);
@@ -575,6 +583,8 @@ TrainResult Trainer::run() {
   optimizer_->finish_param_gather();  // the weights are complete when training returns
   synchronize();
   for (const auto& l : losses) result.losses.push_back(l.item<double>());
+  for (const auto& [name, values] : moe_history_)
+    for (const auto& v : values) result.moe_losses[name].push_back(v.item<double>());
   result.consumed_samples = consumed_train_samples_;
   // Gathering every global weight to the host is for tests; a real run skips it.
   if (options_.collect_final_weights) collect_weights(result);

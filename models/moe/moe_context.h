@@ -5,6 +5,7 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -56,6 +57,14 @@ class MoeContext {
   // Metric names reported every iteration (Megatron's track_names in training_log).
   std::vector<std::string> tracked_metric_names() const;
 
+  // Timers around the token dispatch and combine (the trainer's --timing-log-level 2 timers;
+  // forward exchanges only: the backward's run inside autograd).
+  using Timer = std::function<void(const char* name, bool start)>;
+  void set_timer(Timer timer) { timer_ = std::move(timer); }
+  void time(const char* name, bool start) const {
+    if (timer_) timer_(name, start);
+  }
+
   void register_router(TopKRouterImpl* router) { routers_.push_back(router); }
   const std::vector<TopKRouterImpl*>& routers() const { return routers_; }
   // After the gradients are final and before the optimizer step (Megatron's finalize_model_grads):
@@ -71,6 +80,7 @@ class MoeContext {
   double aux_grad_scale_ = 1.0;
   std::map<std::string, MoeMetric> metrics_;
   std::vector<TopKRouterImpl*> routers_;
+  Timer timer_;
 };
 
 }  // namespace fp8tron

@@ -37,7 +37,7 @@ MoeLayerImpl::MoeLayerImpl(const ModelConfig& m, const std::string& prefix, int6
                                                   fp8_experts));
   if (m.moe.shared_expert_size > 0)
     shared_experts = register_module("shared_experts", SharedExpertMlp(m, prefix + ".shared_experts", dense));
-  DispatcherOptions options{m.moe.num_experts, local, router_padding(m, dense), g};
+  DispatcherOptions options{m.moe.num_experts, local, router_padding(m, dense), g, context_.get()};
   dispatcher_ = make_token_dispatcher(m.moe.dispatcher, options);
   overlap_shared_ = m.moe.shared_expert_overlap && shared_experts;
 }

@@ -20,6 +20,7 @@ class AllGatherDispatcher : public TokenDispatcher {
 
   DispatchedTokens dispatch(const torch::Tensor& x, const torch::Tensor& probs, const torch::Tensor& map) override {
     input_dtype_ = x.scalar_type();
+    time("moe-token-dispatch", true);
     Communicator& group = *options_.groups.expert_tp_ep;
     // Every rank of the group sees all of the group's tokens (group-rank order).
     auto all_x = gather_rows(x, group);
@@ -30,17 +31,21 @@ class AllGatherDispatcher : public TokenDispatcher {
     local_probs_ = all_probs.narrow(1, first, local);
     const auto counts = to_host(local_map.sum(0));
     index_ = moe::make_permute_index(local_map, counts);
-    return DispatchedTokens{moe::permute(all_x, index_), counts};
+    DispatchedTokens out{moe::permute(all_x, index_), counts};
+    time("moe-token-dispatch", false);
+    return out;
   }
 
   torch::Tensor combine(const torch::Tensor& y) override {
     // The weighted sum in the probs' dtype (fp32 with --moe-router-dtype fp32), reduced over the
     // group in it (summing the expert-TP partial sums and the other ranks' experts), then cast.
+    time("moe-token-combine", true);
     auto out = moe::unpermute(y, index_, local_probs_, local_probs_.scalar_type());
-    out = reduce_scatter_rows(out, *options_.groups.expert_tp_ep);
+    out = reduce_scatter_rows(out, *options_.groups.expert_tp_ep).to(input_dtype_);
     index_ = {};
     local_probs_ = torch::Tensor();
-    return out.to(input_dtype_);
+    time("moe-token-combine", false);
+    return out;
   }
 
  private:
@@ -54,6 +59,7 @@ class AllToAllDispatcher : public TokenDispatcher {
 
   DispatchedTokens dispatch(const torch::Tensor& x, const torch::Tensor& probs, const torch::Tensor& map_in) override {
     input_dtype_ = x.scalar_type();
+    time("moe-token-dispatch", true);
     probs_ = probs;
     torch::Tensor map = map_in;
     if (options_.pad_multiple > 0) map = moe::pad_routing_map(map, options_.pad_multiple);
@@ -63,10 +69,12 @@ class AllToAllDispatcher : public TokenDispatcher {
     rows = all_to_all_rows(rows, *options_.groups.ep, input_splits_, output_splits_);
     if (options_.groups.expert_tp->size() > 1) rows = all_gather_rows_v(rows, *options_.groups.expert_tp, output_splits_tp_);
     if (options_.num_local_experts > 1) rows = moe::sort_chunks(rows, chunk_sizes_, by_expert_);
+    time("moe-token-dispatch", false);
     return DispatchedTokens{rows, tokens_per_expert_};
   }
 
   torch::Tensor combine(const torch::Tensor& y_in) override {
+    time("moe-token-combine", true);
     auto y = y_in;
     if (options_.num_local_experts > 1) y = moe::sort_chunks(y, regrouped_sizes_, by_source_);
     // Completes the row-parallel fc2's partial sums and keeps the rows this rank received.
@@ -75,6 +83,7 @@ class AllToAllDispatcher : public TokenDispatcher {
     auto out = moe::unpermute(y, index_, probs_, input_dtype_);
     index_ = {};
     probs_ = torch::Tensor();
+    time("moe-token-combine", false);
     return out;
   }
 

@@ -31,6 +31,7 @@ struct DispatcherOptions {
   int64_t num_local_experts = 0;  // num_experts / EP; this rank's are [ep_rank * L, (ep_rank + 1) * L)
   int64_t pad_multiple = 0;       // --moe-router-padding-for-quantization: 16 or 32 (0: off)
   ExpertParallelGroups groups;
+  const MoeContext* context = nullptr;  // timers (may be null)
 };
 
 class TokenDispatcher {
@@ -44,6 +45,9 @@ class TokenDispatcher {
   virtual torch::Tensor combine(const torch::Tensor& y) = 0;
 
  protected:
+  void time(const char* name, bool start) const {
+    if (options_.context) options_.context->time(name, start);
+  }
   DispatcherOptions options_;
   torch::Dtype input_dtype_ = torch::kFloat32;
 };
