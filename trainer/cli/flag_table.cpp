@@ -104,6 +104,13 @@ const std::vector<FlagSpec>& flag_table() {
       {"timing-log-option", K::String, "minmax", S::Yes, "", "max|minmax|all", "How timers across ranks are reported."},
       {"tensorboard-dir", K::String, "", S::Yes, "", "", "Write TensorBoard scalars here."},
       {"tensorboard-log-interval", K::Int, "1", S::Yes, "", "", "Iterations between TensorBoard points."},
+      {"log-timers-to-tensorboard", K::Bool, "", S::Yes, "", "", "Write timers to TensorBoard."},
+      {"log-validation-ppl-to-tensorboard", K::Bool, "", S::Yes, "", "", "Write validation perplexity to TensorBoard."},
+      {"log-memory-to-tensorboard", K::Bool, "", S::Yes, "", "", "Enable memory logging to tensorboard."},
+      {"log-world-size-to-tensorboard", K::Bool, "", S::Yes, "", "", "Enable world size logging to tensorboard."},
+      {"no-log-loss-scale-to-tensorboard", K::Bool, "", S::Yes, "", "", "Disable loss-scale logging to tensorboard."},
+      {"disable-log-loss-scale-to-tensorboard", K::Bool, "", S::Yes, "", "", "Disable loss-scale logging to tensorboard."},
+      {"start-eval-at-iter", K::Int, "", S::Yes, "", "", "Start evaluation only after this iteration."},
       {"mock-data", K::Bool, "", S::Yes, "", "", "Train on Megatron's mock dataset (counting sequences ending in EOD)."},
 
       // ---- parallel layout and data parallelism (issue 4) -----------------------------------------------
@@ -121,7 +128,7 @@ const std::vector<FlagSpec>& flag_table() {
       {"overlap-grad-reduce", K::Bool, "", S::Yes, "", "", "Overlap the data-parallel gradient reduction with backward."},
       {"overlap-param-gather", K::Bool, "", S::Yes, "", "", "Overlap the distributed optimizer's parameter all-gather with the next forward pass (needs --use-distributed-optimizer and --overlap-grad-reduce)."},
       {"use-distributed-optimizer", K::Bool, "", S::Yes, "", "", "Shard optimizer state over data-parallel ranks."},
-      {"distributed-backend", K::String, "nccl", S::Yes, "", "nccl|gloo", "Collective backend."},
+      {"distributed-backend", K::String, "nccl", S::Yes, "", "nccl|gloo", "Collective backend: NCCL on GPUs (fp8tron uses MPI for CPU runs; gloo is refused)."},
       {"distributed-timeout-minutes", K::Int, "10", S::Yes, "", "", "Timeout of collective operations."},
       {"ddp-bucket-size", K::Int, "", S::Yes, "", "", "Gradient bucket size (elements)."},
 
