@@ -20,7 +20,7 @@ echo "| model | flags | tokens/s | TFLOP/s/GPU | ms/iter | max allocated (MB) |"
 echo "| --- | --- | --- | --- | --- | --- |"
 for m in "${models[@]}"; do
   log="$OUT/$m${BENCH_TAG:+-$BENCH_TAG}.log"
-  ./build/fp8tron --config "configs/$m.json" --train-iters "$ITERS" --log-interval 20 --eval-iters 0 "${extra[@]}" >"$log" 2>&1 || {
+  ./build/fp8tron --config "configs/$m.json" --train-iters "$ITERS" --log-interval $((ITERS < 20 ? ITERS : 20)) --eval-iters 0 "${extra[@]}" >"$log" 2>&1 || {
     echo "| $m | ${extra[*]} | failed: $(tail -1 "$log") | | | |"; failed=1; continue; }
   # The last interval excludes start-up (kernel selection, allocator warm-up).
   last=$(grep " iteration " "$log" | tail -1)

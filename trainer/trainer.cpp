@@ -18,6 +18,7 @@
 #include "models/gpt_model.h"
 #include "parallel/layer_split.h"
 #include "parallel/pipeline_schedule.h"
+#include "trainer/cli/config_builder.h"
 #include "trainer/checkpoint/async_saver.h"
 #include "trainer/checkpoint/load.h"
 #include "trainer/checkpoint/save.h"
@@ -562,11 +563,7 @@ TrainResult Trainer::run() {
 }  // namespace
 
 TrainResult train(const Config& config, const TrainOptions& options) {
-  if (!config.not_supported_yet.empty())
-    throw UserError("not supported yet: " + config.not_supported_yet.front() +
-                    (config.not_supported_yet.size() > 1 ? strprintf(" (and %zu more; --dry-run lists them)",
-                                                                     config.not_supported_yet.size() - 1)
-                                                         : ""));
+  require_supported(config);
   Trainer trainer(config, options);
   return trainer.run();
 }

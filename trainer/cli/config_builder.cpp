@@ -457,4 +457,12 @@ Config build_config(const FlagValues& flags, const LaunchEnv& launch, bool gpu_a
   return c;
 }
 
+void require_supported(const Config& config) {
+  if (config.not_supported_yet.empty()) return;
+  throw UserError("not supported yet: " + config.not_supported_yet.front() +
+                  (config.not_supported_yet.size() > 1
+                       ? strprintf(" (and %zu more; --dry-run lists them)", config.not_supported_yet.size() - 1)
+                       : ""));
+}
+
 }  // namespace fp8tron
