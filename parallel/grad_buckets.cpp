@@ -37,10 +37,7 @@ std::vector<int64_t> shard_counts(int64_t offset, int64_t numel, int64_t shard_n
 
 GradBuckets::GradBuckets(torch::Tensor grads, const std::vector<Param>& params, const Options& options,
                          std::shared_ptr<Communicator> dp)
-    : grads_(std::move(grads)),
-      dp_(std::move(dp)),
-      shard_numel_(options.shard_numel),
-      grad_scale_(options.grad_scale != 0.0 ? options.grad_scale : 1.0 / dp_->size()) {
+    : grads_(std::move(grads)), dp_(std::move(dp)), shard_numel_(options.shard_numel) {
   FP8TRON_CHECK(shard_numel_ == 0 || shard_numel_ * dp_->size() == grads_.numel(), "the shards must tile the buffer");
   const auto spans = bucket_spans(params, options.bucket_numel, grads_.numel());
   std::vector<size_t> bucket_of(params.size());
@@ -90,7 +87,6 @@ void GradBuckets::param_ready(size_t bucket) {
 void GradBuckets::launch(Bucket& b) {
   torch::NoGradGuard no_grad;
   auto slice = grads_.narrow(0, b.offset, b.numel);
-  slice.mul_(grad_scale_);  // the mean over data-parallel ranks
   if (shard_numel_ == 0) {
     b.work = dp_->all_reduce_async(slice, ReduceOp::Sum);
     return;

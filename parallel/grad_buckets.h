@@ -56,9 +56,6 @@ class GradBuckets {
     // so whose shard owners, differ between the stages). Buckets touching them are not launched
     // during backward but in finish(), after `before_deferred`.
     std::vector<std::pair<int64_t, int64_t>> deferred;
-    // Multiplies a bucket before its sum (0: 1 / the group's size, an average over it). Expert
-    // gradients are scaled by the dense data-parallel size and summed over their own group.
-    double grad_scale = 0.0;
   };
   // `grads` is the flat gradient buffer; `params` cover [0, grads.numel()) in offset order.
   GradBuckets(torch::Tensor grads, const std::vector<Param>& params, const Options& options, std::shared_ptr<Communicator> dp);
@@ -67,7 +64,8 @@ class GradBuckets {
   void arm();
   // Launches the buckets that did not complete (parameters without gradients), runs
   // `before_deferred`, launches the deferred buckets and waits for all. Gradients are then
-  // averaged over the data-parallel group (where this rank owns them, with shard_numel).
+  // summed over the data-parallel group (where this rank owns them, with shard_numel); the caller
+  // scales the backward pass so that the sum is the mean (trainer.cpp, train_step).
   void finish(const std::function<void()>& before_deferred = {});
   size_t num_buckets() const { return buckets_.size(); }
 
@@ -85,7 +83,6 @@ class GradBuckets {
   torch::Tensor grads_;
   std::shared_ptr<Communicator> dp_;
   int64_t shard_numel_;
-  double grad_scale_;
   std::vector<Bucket> buckets_;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keeps the hooked nodes alive
   bool armed_ = false;

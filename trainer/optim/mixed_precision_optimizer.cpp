@@ -8,7 +8,6 @@ DomainGroups dense_domain_groups(const ParallelState& p) {
   DomainGroups g;
   g.name = "dense";
   g.dp = p.dp;
-  g.grad_scale = 1.0 / p.sizes.dp;
   g.tp = p.tp;
   g.model_parallel = {p.tp, p.pp};
   g.embedding = p.embedding;
@@ -19,7 +18,6 @@ DomainGroups expert_domain_groups(const ParallelState& p) {
   DomainGroups g;
   g.name = "expert";
   g.dp = p.expert_dp;
-  g.grad_scale = 1.0 / p.sizes.dp;  // the dense data-parallel size (see DomainGroups::grad_scale)
   g.tp = p.expert_tp;
   // Expert tensor-parallel ranks hold different shards, expert-parallel ranks different experts.
   g.model_parallel = {p.expert_tp_ep, p.pp};

@@ -97,7 +97,6 @@ void OptimizerDomain::enable_grad_overlap(int64_t bucket_numel) {
     // them a bucket of their own for the same reason).
     if (groups_.embedding && groups_.embedding->size() > 1) options.deferred = embedding_ranges_;
   }
-  options.grad_scale = groups_.grad_scale;
   buckets_ = std::make_unique<GradBuckets>(main_grads_, buffer_order_, options, groups_.dp);
 }
 
@@ -197,9 +196,10 @@ void OptimizerDomain::finalize_grads() {
   }
   sum_tensor_parallel_partials(/*own_shard_only=*/false);
   sum_embedding_copies();
-  // The mean over data-parallel ranks: scaled, then summed over the domain's group (for experts
-  // the scale is the dense data-parallel one even when the expert data-parallel group is 1).
-  if (groups_.grad_scale != 1.0) main_grads_.mul_(groups_.grad_scale);
+  // The data-parallel mean is a sum here: backward already scaled each micro-batch's loss by
+  // 1 / (micro-batches x data-parallel ranks) (trainer.cpp, train_step). For experts the sum over
+  // the expert data-parallel group then gives Megatron's expert gradient (1/|DP| x the sum over
+  // expert-DP replicas: an expert already holds every expert-parallel rank's tokens).
   if (dp_size() == 1) return;
   if (distributed_) {
     auto shard = main_grads_.scalar_type() == torch::kFloat32 ? grad_shard_ : torch::empty({shard_numel_}, main_grads_.options());

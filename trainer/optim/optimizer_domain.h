@@ -36,12 +36,11 @@ struct NamedParam {
 // The groups a domain's parameters are reduced, sharded and normed over.
 struct DomainGroups {
   std::string name;                  // "dense" | "expert"
-  std::shared_ptr<Communicator> dp;  // gradient sum and distributed-optimizer shards
-  // Multiplies the gradients before their sum over `dp`: 1 / data-parallel size for both domains
-  // (an expert's gradient already holds every expert-parallel rank's tokens: summed over its
-  // expert data-parallel replicas and scaled by the DENSE data-parallel size, it is the same mean
-  // over data-parallel ranks the dense weights get; Megatron's expert gradient scaling).
-  double grad_scale = 1.0;
+  // Gradient sum and distributed-optimizer shards. The backward seeds carry 1 / (micro-batches x
+  // data-parallel ranks), so summing over this group gives the data-parallel mean for the dense
+  // weights and, for the experts (summed over their expert data-parallel replicas, each already
+  // holding every expert-parallel rank's tokens), Megatron's expert gradient.
+  std::shared_ptr<Communicator> dp;
   std::shared_ptr<Communicator> tp;  // partitions the weights; sums partial (reduce_grad_over_tp) grads
   // Groups holding other parts of the model, summed over for the gradient norm (after tp).
   std::vector<std::shared_ptr<Communicator>> model_parallel;
