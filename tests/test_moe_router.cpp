@@ -177,6 +177,17 @@ TEST(MoeRouting, RoutingMapPaddingForFp8UsesTheEarliestUnroutedTokens) {
   EXPECT_TRUE(torch::equal(moe::pad_routing_map(padded, 16), padded));
 }
 
+TEST(MoeRouting, InputJitterStaysInItsRangeAndKeepsTheGradient) {
+  torch::manual_seed(9);
+  auto x = torch::full({64, 16}, 2.0, torch::kFloat64).requires_grad_(true);
+  auto y = moe::input_jitter(x, 0.01);
+  EXPECT_GE(y.min().item<double>(), 2.0 * 0.99);
+  EXPECT_LE(y.max().item<double>(), 2.0 * 1.01);
+  EXPECT_GT(y.std().item<double>(), 0.0);
+  y.sum().backward();
+  EXPECT_TRUE(torch::allclose(x.grad(), y.detach() / 2.0));  // d(x u)/dx = u
+}
+
 TEST(MoeAuxLoss, UnscaledLossIsOneAtPerfectBalance) {
   // The example's aux top-2 (full softmax): {0,1}, {2,3}, {0,2}, {1,3}: counts [2, 2, 2, 2].
   const auto aux = moe::aux_loss_scores(example_logits(), 2, MoeScoreFunction::kSoftmax);
@@ -256,6 +267,34 @@ TEST(MoeAuxLoss, AutoscalerSeedsTheLossesWithTheContextScale) {
   // The aux losses are recorded unscaled (divided by their coefficients).
   EXPECT_NEAR(context->metrics()["load_balancing_loss"].values[0].item<double>(), balance.item<double>() / 0.3, 1e-5);
   EXPECT_NEAR(context->metrics()["z_loss"].values[0].item<double>(), z.item<double>() / 0.1, 1e-4);
+}
+
+// global_aux_loss: the counts of the step's micro-batches so far, averaged; restarted by end_step.
+TEST(MoeAuxLoss, GlobalAuxLossAveragesTheCountsOverTheStepsMicroBatches) {
+  const auto m = router_model({"--moe-router-load-balancing-type", "global_aux_loss", "--moe-aux-loss-coeff", "0.5",
+                               "--disable-bias-linear"});
+  auto context = context_for(m);
+  TopKRouter router(m, "decoder.layers.0.mlp.router", 0, plain_factory(7), context);
+  router->train();
+  torch::manual_seed(12);
+  auto x1 = torch::randn({4, 2, m.hidden_size}), x2 = torch::randn({4, 2, m.hidden_size}) * 3;
+  router(x1);
+  router(x2);
+  const auto w = router->weight.detach();
+  auto aux = [&](const torch::Tensor& x) {
+    return moe::aux_loss_scores(torch::mm(x.reshape({8, m.hidden_size}), w.t()), 2, MoeScoreFunction::kSoftmax);
+  };
+  const auto a1 = aux(x1), a2 = aux(x2);
+  auto c1 = a1.map.sum(0).to(torch::kFloat32), c2 = a2.map.sum(0).to(torch::kFloat32);
+  const double l1 = moe::switch_load_balancing_loss(a1.scores, c1, 8, 2, 4, 1.0).item<double>();
+  const double l2 = moe::switch_load_balancing_loss(a2.scores, (c1 + c2) / 2, 8, 2, 4, 1.0).item<double>();
+  EXPECT_NEAR(context->metrics()["global_load_balancing_loss"].values[0].item<double>(), l1 + l2, 1e-5);
+  // A new step starts from its own first micro-batch.
+  context->end_step();
+  context->metrics()["global_load_balancing_loss"].values.zero_();
+  router(x2);
+  const double fresh = moe::switch_load_balancing_loss(a2.scores, c2, 8, 2, 4, 1.0).item<double>();
+  EXPECT_NEAR(context->metrics()["global_load_balancing_loss"].values[0].item<double>(), fresh, 1e-5);
 }
 
 TEST(MoeRouter, ExpertBiasMovesTowardsTheMeanCount) {

@@ -46,7 +46,7 @@ class MoeContext {
 
   // Megatron's MoEAuxLossAutoScaler.main_loss_backward_scale: the gradient the auxiliary losses
   // start their backward with, read when the backward runs. The trainer sets it before each
-  // step's backward passes to loss_scale * cp / num_micro_batches, the factors the lm loss gets.
+  // step's backward passes to the factors the lm loss gets (loss scale / (micro-batches x DP)).
   void set_aux_grad_scale(double scale) { aux_grad_scale_ = scale; }
   double aux_grad_scale() const { return aux_grad_scale_; }
 

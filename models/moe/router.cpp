@@ -150,11 +150,8 @@ moe::Routing TopKRouterImpl::forward(const torch::Tensor& x) {
   FP8TRON_CHECK(x.dim() == 3, "the router takes [sequence, batch, hidden]");
   const int64_t seq = x.size(0), batch = x.size(1);
   auto input = x.reshape({seq * batch, x.size(2)});
-  if (config_.input_jitter_eps) {
-    // Multiplicative noise from the default generator (as Megatron; dropout's stream).
-    const double eps = *config_.input_jitter_eps;
-    input = input * torch::empty_like(input).uniform_(1.0 - eps, 1.0 + eps);
-  }
+  // Multiplicative noise from the default generator (as Megatron; dropout's stream).
+  if (config_.input_jitter_eps) input = moe::input_jitter(input, *config_.input_jitter_eps);
   auto logits = gating(input);
   const bool training = is_training() && torch::GradMode::is_enabled();
   if (training && config_.z_loss_coeff) logits = attach_z_loss(logits);

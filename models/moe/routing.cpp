@@ -131,6 +131,10 @@ Routing apply_capacity(const Routing& r, int64_t topk, double capacity_factor, M
   return Routing{r.probs * map, map};
 }
 
+torch::Tensor input_jitter(const torch::Tensor& x, double eps) {
+  return x * torch::empty_like(x, x.options().requires_grad(false)).uniform_(1.0 - eps, 1.0 + eps);
+}
+
 torch::Tensor pad_routing_map(const torch::Tensor& map, int64_t multiple) {
   auto per_expert = map.t().to(torch::kInt64);  // [E, T]
   auto count = per_expert.sum(1, true);

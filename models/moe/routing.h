@@ -59,6 +59,10 @@ int64_t expert_capacity(int64_t num_tokens, int64_t topk, int64_t num_experts, d
 Routing apply_capacity(const Routing& routing, int64_t topk, double capacity_factor, MoeDropPolicy policy,
                        bool pad_to_capacity);
 
+// --moe-input-jitter-eps: x * U(1 - eps, 1 + eps) elementwise, drawn from the default generator
+// (Megatron's rsample: gradients flow through x).
+torch::Tensor input_jitter(const torch::Tensor& x, double eps);
+
 // --moe-router-padding-for-quantization: per expert, switch on the earliest unrouted tokens until
 // its count is a multiple of `multiple` (their probs stay 0). Throws UserError when an expert
 // would need more tokens than there are.
