@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Everything the GPU machine checks in one go (its machines start bare): build, GPU tests (ctest
 # label gpu), multi-GPU equivalence under mpirun and torchrun, and the benchmarks. Results go to
-# $OUT (or gpu-check/). Usage: scripts/gpu_check.sh [equivalence] [bench] [parallel-bench] [data] [checkpoint]
+# $OUT (or gpu-check/). Usage: scripts/gpu_check.sh [equivalence] [bench] [grouped] [parallel-bench] [data] [checkpoint]
+# (grouped: the MoE expert GEMM benchmark, scripts/bench_grouped_gemm.sh)
 # (checkpoint: save speed, --async-save blocking, --deterministic-mode repeat and resume on the
 # 1.3B model, summary in $OUT/checkpoint-summary.txt; then the Hugging Face export check)
 set -uo pipefail
@@ -68,6 +69,7 @@ for step in "$@"; do
           --overlap-grad-reduce --overlap-param-gather --ddp-bucket-size 3000 --tolerance 2e-2 2>&1 | grep -E "\[rank 0\].*(equivalent|MISMATCH)|error"
       fi ;;
     bench) echo "== single-GPU benchmarks"; ./scripts/bench.sh gpt2-124m gpt-1.3b ;;
+    grouped) echo "== MoE expert GEMMs: fp8tron grouped vs torch._grouped_mm / _scaled_grouped_mm"; ./scripts/bench_grouped_gemm.sh ;;
     fp8-bench)
       echo "== FP8 throughput (bf16, delayed, tensorwise)"
       ./scripts/bench.sh gpt-1.3b gpt2-124m
