@@ -534,9 +534,10 @@ __global__ void __launch_bounds__(kThreads) quantize_tile_kernel(const TileArgs 
 
 // ---- (g) grouped tensors: every segment in one launch ---------------------------------------------------
 
-// Up to kMaxSegments segments of a grouped tensor (segments.h), passed by value (well within the
-// 4 KiB of kernel parameters); more segments take several launches. Offsets are relative to the
-// first segment of the launch, except `first`, its index in the whole tensor.
+// Up to kMaxSegments segments of a grouped tensor (segments.h), passed by value (about 2.3 KiB,
+// within the 4 KiB of kernel parameters); more segments take several launches. Rows and scale
+// offsets are the whole tensor's; tiles are counted from the launch's first segment, whose index
+// in the whole tensor is `first`.
 constexpr int kMaxSegments = 64;
 struct SegmentTable {
   int count = 0;
@@ -588,6 +589,8 @@ __device__ __forceinline__ TileArgs segment_tile_args(const TileArgs& base, cons
   a.ld_t = t.ld_t[s];
   return a;
 }
+
+static_assert(sizeof(TileArgs) + sizeof(SegmentTable) <= 4096, "the grouped cast's kernel parameters exceed 4 KiB");
 
 // Grid: (column tiles, the launch's 128-row tiles over all its segments).
 template <Format F, TileMode M>

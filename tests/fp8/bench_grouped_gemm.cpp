@@ -8,7 +8,8 @@
 //               linear issues them (bucketed plans); bf16 ours through cuBLASLt and through at::mm
 //               per expert; dense = one GEMM over all tokens (the ceiling).
 //   layer       fp8::grouped_linear as TEGroupedLinear runs it: forward with the quantize pass
-//               (delayed scaling, hybrid), and forward + backward (3 GEMMs: 3x the FLOPs); torch:
+//               (delayed scaling, hybrid), and forward + backward (3 GEMMs: 3x the FLOPs; the wgrad
+//               adds into fp32 main gradients, as in training); torch:
 //               its rowwise quantization in eager ops + _scaled_grouped_mm (forward), and
 //               _grouped_mm forward + backward through autograd (bf16).
 // Timing: "eager" = CUDA events around `iters` back-to-back calls after warm-up (host launch
@@ -208,6 +209,8 @@ void bench(const Shape& s, bool skewed) {
     owned.push_back(engine.add_site("decoder.layers.0.mlp.experts.linear_fc1.weight" + std::to_string(e), 0, N, K));
     sites.push_back(owned.back().get());
     weights.push_back(w[e].clone().requires_grad_(true));
+    // As in training: an fp32 main gradient the wgrad GEMM adds into.
+    weights.back().mutable_grad() = torch::zeros({N, K}, f32);
   }
   const auto xg = x.clone().requires_grad_(true);
   const auto dy = torch::randn({M, N}, bf) * 1e-3;
@@ -216,7 +219,7 @@ void bench(const Shape& s, bool skewed) {
   };
   auto fwd_bwd = [&](const std::vector<Fp8Site*>& ss) {
     return [&, ss] {
-      for (auto& wt : weights) wt.mutable_grad() = torch::Tensor();
+      xg.mutable_grad() = torch::Tensor();
       grouped_linear(xg, splits, weights, biases, ss).backward(dy);
     };
   };
