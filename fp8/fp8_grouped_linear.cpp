@@ -143,7 +143,10 @@ bool choose_cublas_lt(Bf16Pass pass, const Bf16Key& key, const std::vector<Bf16J
                 pass == Bf16Pass::kFprop ? "fprop" : "dgrad", (long long)std::get<4>(key), (long long)std::get<3>(key),
                 (long long)std::get<2>(key), std::get<5>(key) ? " + bias" : "", lt_ms, mm_ms, lt ? "cuBLASLt" : "at::mm");
   std::lock_guard<std::mutex> lock(g_bf16_mutex);
-  if (g_bf16_uses_lt.emplace(key, lt).second) g_bf16_choices.push_back(line);
+  if (g_bf16_uses_lt.emplace(key, lt).second) {
+    g_bf16_choices.push_back(line);
+    log::info(line);
+  }
   return lt;
 }
 

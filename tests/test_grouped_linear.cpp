@@ -262,6 +262,39 @@ TEST(TEGroupedLinear, Fp8ExpertRowsDoNotDependOnTheOtherExperts) {
   }
 }
 
+// Inference (no autograd) gives the training forward's output; an input that needs no gradient
+// still gives the weights theirs, and the weights that need none get none.
+TEST(TEGroupedLinear, InferenceAndPartialGradients) {
+  const std::vector<int64_t> splits = {9, 0, 23, 16};
+  for (const bool fp8_run : {false, true}) {
+    SCOPED_TRACE(fp8_run ? "fp8" : "bf16");
+    auto engine = fp8_run ? cpu_engine({fp8::RecipeKind::kTensorwise, fp8::Fp8Format::kHybrid}) : nullptr;
+    auto m = TEGroupedLinear(options(), factory(engine));
+    randomize_biases(m, 21);
+    torch::manual_seed(22);
+    auto x = torch::randn({total(splits), kIn});
+    auto dy = torch::randn({total(splits), kOut});
+    const Result full = run_module(m, x, splits, dy);
+    torch::Tensor y_inference;
+    {
+      torch::NoGradGuard no_grad;
+      y_inference = m->forward(x, splits);
+    }
+    EXPECT_TRUE(torch::equal(y_inference, full.y));
+    EXPECT_FALSE(y_inference.requires_grad());
+    for (auto& p : m->parameters()) p.mutable_grad() = torch::Tensor();
+    m->weights[2].requires_grad_(false);
+    auto y = m->forward(x, splits);  // x needs no gradient
+    y.backward(dy);
+    EXPECT_TRUE(torch::equal(y, full.y));
+    EXPECT_FALSE(m->weights[2].grad().defined());
+    EXPECT_TRUE(torch::equal(m->weights[0].grad(), full.dw[0]));
+    EXPECT_TRUE(torch::equal(m->weights[3].grad(), full.dw[3]));
+    EXPECT_TRUE(torch::equal(m->biases[2].grad(), full.db[2]));
+    m->weights[2].requires_grad_(true);
+  }
+}
+
 TEST(TEGroupedLinear, Fp8WithoutTokensAtAll) {
   auto engine = cpu_engine({fp8::RecipeKind::kDelayed, fp8::Fp8Format::kHybrid});
   auto m = TEGroupedLinear(options(), factory(engine));
