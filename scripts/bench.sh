@@ -15,12 +15,13 @@ extra=("$@")
 [ ${#models[@]} -gt 0 ] || models=(gpt2-124m gpt-1.3b)
 ITERS=${BENCH_ITERS:-60}
 
+failed=0
 echo "| model | flags | tokens/s | TFLOP/s/GPU | ms/iter | max allocated (MB) |"
 echo "| --- | --- | --- | --- | --- | --- |"
 for m in "${models[@]}"; do
   log="$OUT/$m${BENCH_TAG:+-$BENCH_TAG}.log"
-  ./build/fp8tron --config "configs/$m.json" --train-iters "$ITERS" --log-interval 20 --eval-iters 0 "${extra[@]}" >"$log" 2>&1 || {
-    echo "| $m | ${extra[*]} | failed: $(tail -1 "$log") | | | |"; continue; }
+  ./build/fp8tron --config "configs/$m.json" --train-iters "$ITERS" --log-interval $((ITERS < 20 ? ITERS : 20)) --eval-iters 0 "${extra[@]}" >"$log" 2>&1 || {
+    echo "| $m | ${extra[*]} | failed: $(tail -1 "$log") | | | |"; failed=1; continue; }
   # The last interval excludes start-up (kernel selection, allocator warm-up).
   last=$(grep " iteration " "$log" | tail -1)
   tps=$(sed -n 's/.*tokens per second: \([0-9.]*\).*/\1/p' <<<"$last")
@@ -29,3 +30,4 @@ for m in "${models[@]}"; do
   mem=$(sed -n 's/.*max allocated: \([0-9.]*\).*/\1/p' "$log" | head -1)
   echo "| $m | ${extra[*]} | $tps | $tfl | $ms | $mem |"
 done
+exit $failed

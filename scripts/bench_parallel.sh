@@ -11,12 +11,13 @@ mkdir -p "$OUT"
 N=${1:-$(nvidia-smi -L | wc -l)}
 ITERS=${BENCH_ITERS:-10}
 GBS=${BENCH_GBS:-64}
+failed=0
 run() {  # run <name> <flags...>
   local name=$1; shift
   local log="$OUT/parallel-$name.log"
   timeout 300 mpirun --allow-run-as-root --bind-to none -np "$N" -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH -x OMP_NUM_THREADS=8 \
     ./build/fp8tron --config configs/gpt-1.3b.json --train-iters "$ITERS" --log-interval 5 --global-batch-size "$GBS" \
-    --distributed-timeout-minutes 2 "$@" >"$log" 2>&1 || { echo "| $name | $* | failed: $(grep -m1 -i error "$log" | cut -c1-120) | | |"; return; }
+    --distributed-timeout-minutes 2 "$@" >"$log" 2>&1 || { echo "| $name | $* | failed: $(grep -m1 -i error "$log" | cut -c1-120) | | |"; failed=1; return; }
   local last; last=$(grep " iteration " "$log" | tail -1)
   local tps tfl mem
   tps=$(sed -n 's/.*tokens per second: \([0-9.]*\).*/\1/p' <<<"$last")
@@ -43,3 +44,4 @@ else
   run dp2_distopt --micro-batch-size 4 --use-distributed-optimizer
   run dp2_distopt_overlap --micro-batch-size 4 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather
 fi
+exit $failed

@@ -1,9 +1,9 @@
 // Multi-process equivalence check, run under mpirun by ctest: every rank trains the tiny GPT
 // twice, once alone (the reference) and once in the parallel layout given on the command line,
 // and compares the 10 losses and its final (tensor-parallel-gathered) weights with the
-// reference within 1e-5 relative (fp32, dropout 0; `--tolerance X` for bf16 runs on GPUs;
-// `--weights-tolerance` / `--tensor-tolerance` for FP8 runs, where a summation-order difference
-// of 1e-7 flips an FP8 rounding now and then and Adam turns the flips into lr-sized steps).
+// reference: losses within 1e-5 relative (fp32, dropout 0; `--tolerance X` for bf16 runs on GPUs),
+// every tensor within 1e-2 of its own update (see the weights check; `--tensor-tolerance`,
+// `--weights-tolerance` where a layout changes the rounding, each documented where it is passed).
 // `--identical-without --flag` (repeatable) trains the layout a third time without that switch and
 // requires bitwise-identical losses and weights (for flags that must not change the arithmetic,
 // such as --overlap-param-gather: a weight used before its all-gather lands would show).
@@ -56,9 +56,6 @@ std::vector<std::string> without_layout_flags(const std::vector<std::string>& ar
   return out;
 }
 
-double relative_difference(const torch::Tensor& a, const torch::Tensor& b) {
-  return ((a - b).norm() / b.norm().clamp_min(1e-12)).item<double>();
-}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -80,7 +77,8 @@ int main(int argc, char** argv) {
     LaunchEnv alone;  // the reference: one process, same flags minus the layout
     Config reference_config = make_config(without_layout_flags(layout), alone);
     Config parallel_config = make_config(layout, env);
-    TrainOptions reference_options{.force_single_process = true, .collect_final_weights = true};
+    TrainOptions reference_options{.force_single_process = true, .collect_final_weights = true,
+                                   .collect_initial_weights = true};
     TrainOptions parallel_options{.force_single_process = false, .collect_final_weights = true};
     TrainResult reference = train(reference_config, reference_options);
     TrainResult parallel = train(parallel_config, parallel_options);
@@ -99,20 +97,32 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "[rank %d] validation loss %.8f vs %.8f\n", env.rank, parallel.last_validation_loss, reference.last_validation_loss);
       ++failures;
     }
-    // Weights: relative difference over all of this rank's weights within 1e-5, and every
-    // tensor within 1e-3. (The key bias receives only rounding-noise gradients, mathematically
-    // zero, which Adam turns into lr-sized steps; those few values differ between layouts at the
-    // 1e-4 level relative to their tiny size.)
+    // Weights, two measures.
+    // 1. All of this rank's weights together: ||w - ref|| / ||ref|| within --weights-tolerance
+    //    (default: the loss tolerance).
+    // 2. Each tensor against how far training moved it in the reference run:
+    //    ||w - ref|| / ||ref - init||. A wrong gradient on a single tensor (a missing tensor-parallel
+    //    reduction, a gradient taken from the wrong shard) changes the direction of that tensor's
+    //    updates and shows as a ratio of order 1 even when the tensor is tiny next to the rest;
+    //    layout rounding noise moves it by far less. Default --tensor-tolerance: 1e-2 (fp32 layouts
+    //    measure below 1e-3, the K part of the QKV bias included, whose true gradient is zero).
     if (parallel.final_weights.empty()) { std::fprintf(stderr, "[rank %d] holds no weights\n", env.rank); ++failures; }
-    double diff_sq = 0, ref_sq = 0;
+    double diff_sq = 0, ref_sq = 0, worst_update_ratio = 0;
+    std::string worst_tensor;
     for (const auto& [name, w] : parallel.final_weights) {
       auto it = reference.final_weights.find(name);
       if (it == reference.final_weights.end()) { std::fprintf(stderr, "[rank %d] unknown parameter %s\n", env.rank, name.c_str()); ++failures; continue; }
       if (w.sizes() != it->second.sizes()) { std::fprintf(stderr, "[rank %d] %s: shape differs\n", env.rank, name.c_str()); ++failures; continue; }
-      diff_sq += (w - it->second).pow(2).sum().item<double>();
-      ref_sq += it->second.pow(2).sum().item<double>();
-      const double rel = relative_difference(w, it->second);
-      if (!(rel <= tensor_tolerance.value_or(std::max(1e-3, 100 * tolerance)))) { std::fprintf(stderr, "[rank %d] %s: weights differ by %.2e relative\n", env.rank, name.c_str(), rel); ++failures; }
+      const torch::Tensor& ref = it->second;
+      diff_sq += (w - ref).pow(2).sum().item<double>();
+      ref_sq += ref.pow(2).sum().item<double>();
+      const double moved = (ref - reference.initial_weights.at(name)).norm().item<double>();
+      const double ratio = (w - ref).norm().item<double>() / std::max(moved, 1e-30);
+      if (ratio > worst_update_ratio) { worst_update_ratio = ratio; worst_tensor = name; }
+      if (!(ratio <= tensor_tolerance.value_or(1e-2))) {
+        std::fprintf(stderr, "[rank %d] %s: differs by %.2e of its update in the reference run\n", env.rank, name.c_str(), ratio);
+        ++failures;
+      }
     }
     const double weights_rel = std::sqrt(diff_sq / std::max(ref_sq, 1e-30));
     if (!(weights_rel <= weights_tolerance.value_or(tolerance))) { std::fprintf(stderr, "[rank %d] weights differ by %.2e relative\n", env.rank, weights_rel); ++failures; }
@@ -140,8 +150,10 @@ int main(int argc, char** argv) {
       double worst = 0;
       for (size_t i = 0; i < reference.losses.size(); ++i)
         worst = std::max(worst, std::abs(parallel.losses[i] - reference.losses[i]) / std::abs(reference.losses[i]));
-      std::printf("[rank %d] %s: losses %.6f -> %.6f, worst relative loss difference %.2e, weights %.2e: %s\n", env.rank,
+      std::printf("[rank %d] %s: losses %.6f -> %.6f, worst relative loss difference %.2e, weights %.2e, worst tensor "
+                  "%s at %.2e of its update: %s\n", env.rank,
                   joined.c_str(), reference.losses.front(), reference.losses.back(), worst, weights_rel,
+                  worst_tensor.c_str(), worst_update_ratio,
                   total == 0 ? (identical_without.empty() ? "equivalent to one process"
                                                           : "equivalent to one process, bitwise identical without the flags")
                              : "MISMATCH");

@@ -1,4 +1,4 @@
-// The flags fp8tron implements or will implement (issues named in the notes), with Megatron-LM's
+// The flags fp8tron implements or will implement (the feature named in the notes), with Megatron-LM's
 // names and defaults, followed by every other Megatron-LM flag (flag_table_megatron.inc), so that
 // unknown names can be told apart from Megatron flags we do not implement.
 #include "trainer/cli/flag_table.h"
@@ -104,9 +104,16 @@ const std::vector<FlagSpec>& flag_table() {
       {"timing-log-option", K::String, "minmax", S::Yes, "", "max|minmax|all", "How timers across ranks are reported."},
       {"tensorboard-dir", K::String, "", S::Yes, "", "", "Write TensorBoard scalars here."},
       {"tensorboard-log-interval", K::Int, "1", S::Yes, "", "", "Iterations between TensorBoard points."},
+      {"log-timers-to-tensorboard", K::Bool, "", S::Yes, "", "", "Write timers to TensorBoard."},
+      {"log-validation-ppl-to-tensorboard", K::Bool, "", S::Yes, "", "", "Write validation perplexity to TensorBoard."},
+      {"log-memory-to-tensorboard", K::Bool, "", S::Yes, "", "", "Enable memory logging to tensorboard."},
+      {"log-world-size-to-tensorboard", K::Bool, "", S::Yes, "", "", "Enable world size logging to tensorboard."},
+      {"no-log-loss-scale-to-tensorboard", K::Bool, "", S::Yes, "", "", "Disable loss-scale logging to tensorboard."},
+      {"disable-log-loss-scale-to-tensorboard", K::Bool, "", S::Yes, "", "", "Disable loss-scale logging to tensorboard."},
+      {"start-eval-at-iter", K::Int, "", S::Yes, "", "", "Start evaluation only after this iteration."},
       {"mock-data", K::Bool, "", S::Yes, "", "", "Train on Megatron's mock dataset (counting sequences ending in EOD)."},
 
-      // ---- parallel layout and data parallelism (issue 4) -----------------------------------------------
+      // ---- parallel layout and data parallelism ------------------------------------------------
       {"tensor-model-parallel-size", K::Int, "1", S::Yes, "", "", "Degree of tensor model parallelism."},
       {"pipeline-model-parallel-size", K::Int, "1", S::Yes, "", "", "Degree of pipeline model parallelism."},
       {"context-parallel-size", K::Int, "1", S::NotYet, "context parallelism", "", "Degree of context parallelism."},
@@ -121,11 +128,11 @@ const std::vector<FlagSpec>& flag_table() {
       {"overlap-grad-reduce", K::Bool, "", S::Yes, "", "", "Overlap the data-parallel gradient reduction with backward."},
       {"overlap-param-gather", K::Bool, "", S::Yes, "", "", "Overlap the distributed optimizer's parameter all-gather with the next forward pass (needs --use-distributed-optimizer and --overlap-grad-reduce)."},
       {"use-distributed-optimizer", K::Bool, "", S::Yes, "", "", "Shard optimizer state over data-parallel ranks."},
-      {"distributed-backend", K::String, "nccl", S::Yes, "", "nccl|gloo", "Collective backend."},
+      {"distributed-backend", K::String, "nccl", S::Yes, "", "nccl|gloo", "Collective backend: NCCL on GPUs (fp8tron uses MPI for CPU runs; gloo is refused)."},
       {"distributed-timeout-minutes", K::Int, "10", S::Yes, "", "", "Timeout of collective operations."},
       {"ddp-bucket-size", K::Int, "", S::Yes, "", "", "Gradient bucket size (elements)."},
 
-      // ---- FP8 (issue 5) ------------------------------------------------------------------------------
+      // ---- FP8 -------------------------------------------------------------------------------
       {"fp8-format", K::String, "", S::Yes, "", "e4m3|hybrid|hif8", "FP8 format (turns FP8 on): e4m3, hybrid (E4M3 forward, E5M2 gradients) or hif8 (emulated)."},
       {"fp8-recipe", K::String, "delayed", S::Yes, "", "delayed|tensorwise|blockwise|mxfp8", "FP8 scaling recipe (mxfp8 is emulated on Hopper)."},
       {"fp8-margin", K::Int, "0", S::Yes, "", "", "Delayed scaling: scale margin (powers of two)."},
@@ -140,7 +147,7 @@ const std::vector<FlagSpec>& flag_table() {
       {"num-layers-at-end-in-bf16", K::Int, "1", S::Yes, "", "", "Layers at the end kept in bf16 (with --first-last-layers-bf16)."},
       {"fp8-param-gather", K::Bool, "", S::NotYet, kFp8, "", "Keep parameters in FP8 and all-gather them in FP8."},
 
-      // ---- data (issue 3) -----------------------------------------------------------------------------
+      // ---- data ------------------------------------------------------------------------------
       {"data-path", K::StringList, "", S::Yes, "", "", "Dataset prefixes, optionally weighted: [w1] p1 [w2] p2 ..."},
       {"split", K::String, "969, 30, 1", S::Yes, "", "", "Train/valid/test split of --data-path, e.g. 969,30,1."},
       {"train-data-path", K::StringList, "", S::Yes, "", "", "Training dataset prefixes."},
@@ -157,7 +164,7 @@ const std::vector<FlagSpec>& flag_table() {
       {"num-workers", K::Int, "2", S::Yes, "", "", "Batches the loader thread prepares ahead (0: load on demand)."},
       {"dataloader-type", K::String, "single", S::NotYet, "cyclic and external data loaders", "single|cyclic|external", "Data loader type (fp8tron's is Megatron's single)."},
 
-      // ---- checkpointing (issue 6) --------------------------------------------------------------------
+      // ---- checkpointing ---------------------------------------------------------------------
       {"save", K::String, "", S::Yes, "", "", "Directory to save checkpoints to (iter_NNNNNNN/ + latest_checkpointed_iteration.txt)."},
       {"load", K::String, "", S::Yes, "", "", "Directory to load a checkpoint from (any parallel layout)."},
       {"save-interval", K::Int, "", S::Yes, "", "", "Iterations between checkpoints (with --save; one is also saved at the end and on exit)."},

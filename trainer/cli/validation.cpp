@@ -76,6 +76,13 @@ const std::vector<Rule>& rules() {
            return "the padded vocabulary is not divisible by --tensor-model-parallel-size";
          return "";
        }},
+      {"collective backend",
+       [](const Config&, const FlagValues& f) -> std::string {
+         if (f.get_string("distributed-backend") == "gloo")
+           return "--distributed-backend gloo is not available: fp8tron runs its collectives on NCCL on GPUs and on MPI "
+                  "on CPUs (launch CPU jobs with mpirun); drop the flag";
+         return "";
+       }},
       {"positive sizes",
        [](const Config& c, const FlagValues&) -> std::string {
          const auto& m = c.model;
