@@ -121,7 +121,7 @@ std::shared_ptr<fp8::Fp8Engine> cpu_engine(fp8::RecipeKind kind) {
   return std::make_shared<fp8::Fp8Engine>(o, torch::Device(torch::kCPU));
 }
 
-// FP8 experts pad each expert's rows to a multiple of 16 with zero rows, inside the module: the
+// FP8 experts pad each expert's rows to a multiple of 16 with zero rows (inside TEGroupedLinear): the
 // output rows do not depend on the padding (current scaling: a zero row changes no amax; each
 // output row depends on its own input row only), so they equal per-expert FP8 linears on the
 // expert's rows padded differently (to 48).
@@ -212,6 +212,7 @@ TEST(MoeTraining, TrainsWithEachDispatcherAndFeature) {
 TEST(MoeTraining, Fp8TrainsEmulatedOnTheCpu) {
   for (auto extra : {std::initializer_list<std::string>{"--fp8-format", "hybrid"},
                      {"--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"},
+                     {"--fp8-format", "e4m3", "--fp8-recipe", "blockwise"},
                      {"--fp8-format", "hybrid", "--moe-token-dispatcher-type", "alltoall", "--moe-router-padding-for-fp8",
                       "--seq-length", "64"},
                      {"--fp8-format", "hybrid", "--no-use-gmm-fp8"}}) {

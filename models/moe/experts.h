@@ -4,12 +4,9 @@
 // decoder.layers.N.mlp.experts.linear_fc{1,2}.weight<g> with g the GLOBAL expert index, drawn
 // from (seed, name): the same experts in every expert-parallel layout.
 //
-// FP8: FP8 GEMMs need each expert's token count to be a multiple of 16 (32 for MXFP8). As
-// Megatron's TEGroupedMLP (Fp8Padding), the experts pad each expert's rows with zero rows to that
-// multiple, run the grouped GEMMs on the padded layout and drop the padding rows from the output:
-// zero rows change neither the outputs nor the weight gradients (with expert biases, the padding
-// rows' fc1 bias does reach fc2's input amax). Counts that are already aligned
-// (--moe-router-padding-for-quantization) pass through unchanged.
+// FP8: the expert GEMMs run in FP8 through TEGroupedLinear (one site per expert), which pads each
+// expert's rows to the FP8 alignment inside (Megatron's TEGroupedMLP/Fp8Padding): unaligned counts
+// are never refused and change no output. --no-use-gmm-fp8 keeps them in bf16.
 #pragma once
 #include <torch/torch.h>
 
@@ -34,9 +31,7 @@ class GroupedMlpImpl : public torch::nn::Module {
   TEGroupedLinear linear_fc1{nullptr}, linear_fc2{nullptr};
 
  private:
-  int64_t fp8_alignment() const;  // 0 when the expert GEMMs are not FP8
   bool swiglu_;
-  int64_t alignment_ = 0;
 };
 TORCH_MODULE(GroupedMlp);
 
