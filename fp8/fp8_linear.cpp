@@ -1,4 +1,5 @@
 #include "fp8/fp8_linear.h"
+#include "fp8/wgrad_fusion.h"
 
 #include <ATen/cuda/CUDAContext.h>
 #include <torch/csrc/autograd/function.h>
@@ -324,7 +325,8 @@ struct Fp8LinearBackward : public torch::autograd::Node {
       // (AccumulateGrad then has nothing to add, and its hooks still run). Saves writing dW in
       // bf16 and the separate read-add-write of the fp32 buffer.
       const torch::Tensor main_grad = weight_param.defined() ? weight_param.grad() : torch::Tensor();
-      if (path_of(e) == Path::kNative && main_grad.defined() && main_grad.scalar_type() == torch::kFloat32 &&
+      if (path_of(e) == Path::kNative && gradient_accumulation_fusion() && main_grad.defined() &&
+          main_grad.scalar_type() == torch::kFloat32 &&
           main_grad.is_contiguous() && main_grad.sizes() == weight_param.sizes()) {
         // With the optimizer not zeroing these gradients, the step's first backward overwrites.
         const bool overwrite = e.overwrite_main_grads() && site->main_grad_generation != e.weight_generation();

@@ -36,7 +36,7 @@ SegmentCast prepare_scales(Fp8Engine& e, const std::vector<Fp8Site*>& sites, Ten
     case RecipeKind::kDelayed: {
       cast.kind = SegmentCast::Kind::kDelayed;
       const size_t stride = slot_stride(e, sites, role), first = e.slot(*sites[0], role);
-      q.scale_inv = torch::empty({segments}, floats);
+      q.scale_inv = torch::empty({int64_t(l.scale_elements())}, floats);
       v.scale = e.scale().data_ptr<float>() + first;
       v.scale_stride = stride;
       v.amax = record_amax ? e.history().data_ptr<float>() + first : nullptr;
@@ -47,7 +47,7 @@ SegmentCast prepare_scales(Fp8Engine& e, const std::vector<Fp8Site*>& sites, Ten
       cast.kind = SegmentCast::Kind::kCurrent;
       const auto& current = std::get<CurrentScaling>(recipe);
       cast.current = CurrentScalingOptions{current.power_2_scales, current.amax_epsilon};
-      q.scale_inv = torch::empty({segments}, floats);
+      q.scale_inv = torch::empty({int64_t(l.scale_elements())}, floats);
       q.scale = torch::empty({segments}, floats);
       q.amax = torch::empty({segments}, floats);
       v.scale = q.scale.data_ptr<float>();

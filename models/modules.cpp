@@ -1,6 +1,7 @@
 #include "models/modules.h"
 
 #include "fp8/fp8_linear.h"
+#include "models/fused_linear.h"
 #include "parallel/tensor_parallel.h"
 
 namespace fp8tron {
@@ -59,7 +60,7 @@ void attach_weight(const std::shared_ptr<fp8::Fp8Site>& site, const torch::Tenso
 }
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
                      const std::shared_ptr<fp8::Fp8Site>& site) {
-  return site ? fp8::fp8_linear(x, w, b, *site) : F::linear(x, w, b);
+  return site ? fp8::fp8_linear(x, w, b, *site) : linear_with_grad_accumulation_fusion(x, w, b);
 }
 }  // namespace
 

@@ -15,6 +15,7 @@
 #include "data/loader/builtin_datasets.h"
 #include "data/loader/file_source.h"
 #include "fp8/fp8_linear.h"
+#include "fp8/wgrad_fusion.h"
 #include "models/gpt_model.h"
 #include "parallel/layer_split.h"
 #include "parallel/pipeline_schedule.h"
@@ -217,7 +218,8 @@ void Trainer::build() {
   optimizer_ = std::make_unique<MixedPrecisionOptimizer>(params, c_.optimizer, c_.precision, parallel_, d.distributed_optimizer,
                                                          c_.model.moe.enabled());
   if (d.overlap_grad_reduce) optimizer_->enable_grad_overlap(d.bucket_numel);
-  if (fp8_ && fp8_->overwrites_main_grads() && c_.precision.grads_in_fp32) {
+  set_gradient_accumulation_fusion(c_.precision.gradient_accumulation_fusion);
+  if (fp8_ && fp8_->overwrites_main_grads() && c_.precision.grads_in_fp32 && c_.precision.gradient_accumulation_fusion) {
     // FP8 wgrad GEMMs write their fp32 main gradients (overwriting in a step's first backward):
     // zeroing those 95% of the gradient buffer every step would be wasted bandwidth.
     std::vector<torch::Tensor> weights;

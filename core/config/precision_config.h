@@ -62,6 +62,8 @@ struct PrecisionConfig {
   ParamDtype params_dtype = ParamDtype::Fp32;
   Fp8Config fp8;
   bool grads_in_fp32 = true;                 // main gradients accumulate in fp32
+  // !--no-gradient-accumulation-fusion: wgrad GEMMs accumulate into the fp32 main gradients
+  bool gradient_accumulation_fusion = true;
   std::optional<double> static_loss_scale;   // --loss-scale
   double initial_loss_scale = 4294967296.0;
   double min_loss_scale = 1.0;

@@ -91,6 +91,7 @@ PrecisionConfig build_precision(const FlagValues& f) {
   if (bf16 && fp16) throw UserError("--bf16 and --fp16 cannot be used together; choose one");
   p.params_dtype = bf16 ? ParamDtype::Bf16 : fp16 ? ParamDtype::Fp16 : ParamDtype::Fp32;
   // Megatron forces fp32 gradient accumulation and reduction for bf16.
+  p.gradient_accumulation_fusion = !f.get_bool("no-gradient-accumulation-fusion");
   p.grads_in_fp32 = p.params_dtype == ParamDtype::Fp32 || bf16 || f.get_bool("accumulate-allreduce-grads-in-fp32");
   p.static_loss_scale = f.opt_float("loss-scale");
   p.initial_loss_scale = f.get_float("initial-loss-scale");

@@ -92,6 +92,8 @@ const std::vector<FlagSpec>& flag_table() {
       {"min-loss-scale", K::Float, "1.0", S::Yes, "", "", "Minimum dynamic loss scale."},
       {"loss-scale-window", K::Float, "1000", S::Yes, "", "", "Iterations without overflow before the loss scale doubles."},
       {"hysteresis", K::Int, "2", S::Yes, "", "", "Overflows tolerated before the loss scale halves."},
+      {"no-gradient-accumulation-fusion", K::Bool, "", S::Yes, "", "",
+       "Do not fuse gradient accumulation into the weight-gradient GEMM (dW is written in the weight's dtype and added to the fp32 main gradient separately)."},
       {"accumulate-allreduce-grads-in-fp32", K::Bool, "", S::Yes, "", "", "Accumulate and all-reduce gradients in fp32 (always on with --bf16)."},
 
       // ---- validation and logging --------------------------------------------------------------------

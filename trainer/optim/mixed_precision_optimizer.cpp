@@ -87,12 +87,16 @@ StepResult MixedPrecisionOptimizer::step(double lr, double weight_decay, double 
   StepResult result;
   result.grad_norm = squared.sqrt();
   result.found_inf = result.grad_norm.isfinite().logical_not().to(torch::kFloat32);
+  torch::Tensor coeff;
   if (clip_grad_ > 0) {
     // Megatron: clip_coeff = max_norm / (total_norm + 1e-6), applied when below 1.
-    auto coeff = torch::nan_to_num((clip_grad_ / (result.grad_norm + 1e-6)).clamp_max(1.0), 0.0, 0.0, 0.0);
-    for (auto& g : grads) g.mul_(coeff);
+    coeff = torch::nan_to_num((clip_grad_ / (result.grad_norm + 1e-6)).clamp_max(1.0), 0.0, 0.0, 0.0);
   }
-  for (size_t i = 0; i < domains_.size(); ++i) domains_[i]->update(grads[i], lr, weight_decay, result.found_inf);
+  for (size_t i = 0; i < domains_.size(); ++i) {
+    const bool folded = coeff.defined() && domains_[i]->folds_clipping(grads[i]);
+    if (coeff.defined() && !folded) grads[i].mul_(coeff);
+    domains_[i]->update(grads[i], lr, weight_decay, result.found_inf, folded ? coeff : torch::Tensor());
+  }
   return result;
 }
 

@@ -219,6 +219,21 @@ void OptimizerDomain::all_reduce_model_groups(torch::Tensor& value) {
   if (distributed_) groups_.dp->all_reduce(value);
 }
 
+namespace {
+// On GPUs dot products (fp32 accumulation, no [numel] temporary of squares) over chunks below
+// cuBLAS's 2^31-element limit; the CPU path keeps the elementwise squares.
+torch::Tensor sum_of_squares(const torch::Tensor& v) {
+  if (!v.is_cuda()) return v.pow(2).sum();
+  constexpr int64_t kChunk = int64_t{1} << 30;
+  torch::Tensor total;
+  for (int64_t at = 0; at < v.numel(); at += kChunk) {
+    const auto c = v.narrow(0, at, std::min(kChunk, v.numel() - at));
+    total = total.defined() ? total + at::dot(c, c) : at::dot(c, c);
+  }
+  return total.defined() ? total : torch::zeros({}, v.options());
+}
+}  // namespace
+
 torch::Tensor OptimizerDomain::global_norm_squared(const torch::Tensor& buffer, int64_t base) {
   auto total = torch::zeros({}, buffer.options().dtype(torch::kFloat32));
   const int64_t end = base + buffer.numel();
@@ -226,7 +241,7 @@ torch::Tensor OptimizerDomain::global_norm_squared(const torch::Tensor& buffer, 
     const int64_t lo = std::max(s.offset, base), hi = std::min(s.offset + s.numel, end);
     if (hi <= lo || s.norm_weight == 0.0) continue;
     auto part = buffer.narrow(0, lo - base, hi - lo).to(torch::kFloat32);
-    total += s.norm_weight * part.pow(2).sum();
+    total += s.norm_weight * sum_of_squares(part);
   }
   all_reduce_model_groups(total);
   return total;
@@ -244,8 +259,17 @@ torch::Tensor OptimizerDomain::unscaled_grads(double loss_scale) {
 
 torch::Tensor OptimizerDomain::norm_squared(const torch::Tensor& grads) { return global_norm_squared(grads, shard_begin_); }
 
-void OptimizerDomain::update(const torch::Tensor& grads, double lr, double weight_decay, const torch::Tensor& found_inf) {
+bool OptimizerDomain::folds_clipping(const torch::Tensor& grads) const {
+  return grads.is_cuda() && config_.optimizer == "adam";
+}
+
+void OptimizerDomain::update(const torch::Tensor& grads, double lr, double weight_decay, const torch::Tensor& found_inf,
+                             const torch::Tensor& clip_coeff) {
   torch::NoGradGuard no_grad;
+  FP8TRON_CHECK(!clip_coeff.defined() || folds_clipping(grads), "update: clipping is folded only into fused Adam on GPUs");
+  // The fused kernel divides each gradient by grad_scale as it reads it.
+  const std::optional<torch::Tensor> grad_divisor =
+      clip_coeff.defined() ? std::optional<torch::Tensor>(clip_coeff.reciprocal()) : std::nullopt;
   const int64_t shard_end = shard_begin_ + shard_numel_;
   auto keep = 1.0 - found_inf;
   for (size_t i = 0; i < segments_.size(); ++i) {
@@ -259,7 +283,7 @@ void OptimizerDomain::update(const torch::Tensor& grads, double lr, double weigh
       auto v = exp_avg_sq_.narrow(0, off, n);
       step_counts_[i].add_(keep);  // a skipped step does not advance bias correction
       at::_fused_adamw_({p}, {g}, {m}, {v}, {}, {step_counts_[i]}, lr, config_.adam_beta1, config_.adam_beta2, wd,
-                        config_.adam_eps, false, false, std::nullopt, found_inf);
+                        config_.adam_eps, false, false, grad_divisor, found_inf);
     } else {
       // SGD with momentum (torch.optim.SGD semantics); skipped steps leave everything unchanged.
       auto d = torch::nan_to_num(g, 0.0, 0.0, 0.0) + wd * p;

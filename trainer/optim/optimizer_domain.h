@@ -71,7 +71,11 @@ class OptimizerDomain {
   // The step in three parts so that one global norm covers every domain:
   torch::Tensor unscaled_grads(double loss_scale);       // fp32 grads laid out from shard_begin()
   torch::Tensor norm_squared(const torch::Tensor& grads);  // summed over the domain's groups
-  void update(const torch::Tensor& grads, double lr, double weight_decay, const torch::Tensor& found_inf);
+  void update(const torch::Tensor& grads, double lr, double weight_decay, const torch::Tensor& found_inf,
+              const torch::Tensor& clip_coeff = {});
+  // Whether update() applies a clip coefficient inside the fused Adam kernel (the GPU path: saves a
+  // read-modify-write pass over every gradient) instead of the caller scaling the gradients.
+  bool folds_clipping(const torch::Tensor& grads) const;
   torch::Tensor params_norm_squared();
 
   int64_t num_parameters() const { return numel_; }
