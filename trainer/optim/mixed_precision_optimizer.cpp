@@ -288,6 +288,22 @@ void MixedPrecisionOptimizer::set_step_count(double steps) {
   for (auto& s : step_counts_) s.fill_(steps);
 }
 
+std::optional<std::pair<int64_t, std::string>> MixedPrecisionOptimizer::first_nonfinite_grad() const {
+  torch::NoGradGuard no_grad;
+  // The gradients step() used, laid out from `base` (the step unscales and clips them in place;
+  // clipping by a non-finite norm multiplies by 0, which keeps NaN and inf non-finite).
+  const torch::Tensor grads = grad_shard_.defined() ? grad_shard_ : main_grads_.narrow(0, 0, numel_);
+  const int64_t base = distributed_ ? shard_begin_ : 0;
+  std::optional<std::pair<int64_t, std::string>> first;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const int64_t lo = std::max(slots_[i].offset, base), hi = std::min(slots_[i].offset + slots_[i].numel, base + grads.numel());
+    if (lo >= hi || (first && first->first < buffer_order_[i].first_use)) continue;
+    if (!torch::isfinite(grads.narrow(0, lo - base, hi - lo)).all().item<bool>())
+      first = std::make_pair(buffer_order_[i].first_use, slots_[i].name);
+  }
+  return first;
+}
+
 torch::Tensor MixedPrecisionOptimizer::params_norm() {
   torch::NoGradGuard no_grad;
   return global_norm_squared(main_params_, shard_begin_).sqrt();

@@ -13,6 +13,7 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -66,6 +67,11 @@ class MixedPrecisionOptimizer {
   StepResult step(double lr, double weight_decay, double loss_scale);
 
   torch::Tensor params_norm();  // of the fp32 main weights (global)
+  // After a step whose gradient norm was not finite: the first of this rank's parameters, in the
+  // model's order, whose gradient (as the step saw it) holds NaN or inf, as (its position in the
+  // model's parameter list, its name); nullopt when none does on this rank. One check per
+  // parameter: for the error report only.
+  std::optional<std::pair<int64_t, std::string>> first_nonfinite_grad() const;
   int64_t num_parameters() const { return numel_; }
   const torch::Tensor& main_grads() const { return main_grads_; }
 
