@@ -4,9 +4,12 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <sys/resource.h>
 
+#include <array>
 #include <chrono>
+#include <map>
 #include <memory>
 #include <optional>
+#include <sstream>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -131,6 +134,8 @@ class Trainer {
   void lock_save_dirs();
   std::string first_nonfinite_grad_everywhere();
   void inject_nan_gradient();
+  bool fp8_stats_due(int64_t iteration) const;
+  void log_fp8_stats(int64_t iteration);
   void end_fp8_step();
   double evaluate();
   void log_interval(int64_t iteration, double seconds, int64_t iterations_in_interval);
@@ -310,6 +315,7 @@ torch::Tensor Trainer::train_step(int64_t iteration) {
   const auto& t = c_.training;
   check_numerics();  // the previous step's, before its gradients are zeroed
   iteration_ = iteration;
+  if (fp8_) fp8_->collect_stats(fp8_stats_due(iteration));
   timers_.start("forward-backward", 1);
   optimizer_->zero_grad();
   // Each micro-batch's loss is scaled by 1 / (micro-batches x data-parallel ranks) in backward, and
@@ -354,7 +360,43 @@ torch::Tensor Trainer::train_step(int64_t iteration) {
   interval_.skipped += last_step_.found_inf;
   interval_.nan += scaler_.dynamic() ? 1.0 - loss_ok : torch::maximum(1.0 - loss_ok, last_step_.found_inf);
   numerics_->record(iteration, loss, last_step_.grad_norm);
+  if (fp8_) fp8_->collect_stats(false);  // evaluation's casts are not the step's
   return loss;
+}
+
+// --log-fp8-stats-to-tensorboard: statistics are gathered in the steps TensorBoard logs.
+bool Trainer::fp8_stats_due(int64_t iteration) const {
+  const auto& g = c_.logging;
+  return fp8_ && g.log_fp8_stats_to_tensorboard && !g.tensorboard_dir.empty() && iteration % g.tensorboard_log_interval == 0;
+}
+
+// Every rank's FP8 cast statistics of this step to rank 0's TensorBoard: a layer's tensor-parallel
+// shards and data-parallel replicas add up (their amaxes: the maximum).
+void Trainer::log_fp8_stats(int64_t iteration) {
+  std::string mine;
+  for (const auto& s : fp8_->take_stats())
+    mine += strprintf("%s %s %.17g %.17g %.17g %.17g\n", s.site.c_str(), fp8::tensor_role_name(s.role), s.amax, s.underflows,
+                      s.overflows, s.elements);
+  const std::vector<std::string> all = all_gather_strings(parallel_, device_, mine);
+  if (!tensorboard_) return;
+  std::map<std::string, std::array<double, 4>> merged;  // "<site>/<role>" -> amax, underflows, overflows, elements
+  for (const std::string& text : all) {
+    std::istringstream in(text);
+    std::string site, role;
+    std::array<double, 4> v{};
+    while (in >> site >> role >> v[0] >> v[1] >> v[2] >> v[3]) {
+      auto [it, fresh] = merged.try_emplace(site + "/" + role, v);
+      if (fresh) continue;
+      it->second[0] = std::max(it->second[0], v[0]);
+      for (int i = 1; i < 4; ++i) it->second[size_t(i)] += v[size_t(i)];
+    }
+  }
+  for (const auto& [key, v] : merged) {
+    tensorboard_->add_scalar("fp8/" + key + "/amax", v[0], iteration);
+    tensorboard_->add_scalar("fp8/" + key + "/underflows", v[1], iteration);
+    tensorboard_->add_scalar("fp8/" + key + "/overflows", v[2], iteration);
+    tensorboard_->add_scalar("fp8/" + key + "/elements", v[3], iteration);
+  }
 }
 
 // --fp8tron-test-inject-nan ITER:PARAM: NaN in the first element of PARAM's gradient, on the
@@ -603,6 +645,7 @@ TrainResult Trainer::run() {
     if ((tensorboard_ || c_.logging.log_params_norm) && !c_.logging.tensorboard_dir.empty() &&
         iteration % c_.logging.tensorboard_log_interval == 0)
       write_tensorboard(iteration, losses.back());
+    if (fp8_stats_due(iteration)) log_fp8_stats(iteration);
     if (iteration % c_.logging.log_interval == 0) {
       synchronize();
       const auto now = Clock::now();

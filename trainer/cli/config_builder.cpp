@@ -503,6 +503,7 @@ Config build_config(const FlagValues& flags, const LaunchEnv& launch, bool gpu_a
   c.logging.log_validation_ppl_to_tensorboard = flags.get_bool("log-validation-ppl-to-tensorboard");
   c.logging.log_memory_to_tensorboard = flags.get_bool("log-memory-to-tensorboard");
   c.logging.log_world_size_to_tensorboard = flags.get_bool("log-world-size-to-tensorboard");
+  c.logging.log_fp8_stats_to_tensorboard = flags.get_bool("log-fp8-stats-to-tensorboard");
   c.logging.log_loss_scale_to_tensorboard =
       !flags.get_bool("no-log-loss-scale-to-tensorboard") && !flags.get_bool("disable-log-loss-scale-to-tensorboard");
   c.logging.log_all_ranks = flags.get_bool("log-all-ranks");

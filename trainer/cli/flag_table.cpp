@@ -109,6 +109,7 @@ const std::vector<FlagSpec>& flag_table() {
       {"log-validation-ppl-to-tensorboard", K::Bool, "", S::Yes, "", "", "Write validation perplexity to TensorBoard."},
       {"log-memory-to-tensorboard", K::Bool, "", S::Yes, "", "", "Enable memory logging to tensorboard."},
       {"log-world-size-to-tensorboard", K::Bool, "", S::Yes, "", "", "Enable world size logging to tensorboard."},
+      {"log-fp8-stats-to-tensorboard", K::Bool, "", S::Yes, "", "", "fp8tron: every --tensorboard-log-interval iterations, write each FP8 linear's per-tensor amax and underflow/overflow counts (fp8/<layer>/<tensor>/...)."},
       {"no-log-loss-scale-to-tensorboard", K::Bool, "", S::Yes, "", "", "Disable loss-scale logging to tensorboard."},
       {"disable-log-loss-scale-to-tensorboard", K::Bool, "", S::Yes, "", "", "Disable loss-scale logging to tensorboard."},
       {"start-eval-at-iter", K::Int, "", S::Yes, "", "", "Start evaluation only after this iteration."},
