@@ -67,8 +67,12 @@ std::string ProgressBoard::group_key(const std::string& name, const std::vector<
 }
 
 void ProgressBoard::iteration_finished(int64_t iteration) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  last_iteration_ = iteration;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    last_iteration_ = iteration;
+    iteration_changed_ = true;
+  }
+  wakeup().notify_all();  // published soon (at most every 200 ms), not only at the next second
 }
 
 uint64_t ProgressBoard::entered(const std::string& key) {
@@ -130,10 +134,12 @@ void ProgressBoard::publish() {
 void ProgressBoard::loop() {
   std::unique_lock<std::mutex> lock(mutex_);
   while (!stop_) {
-    wakeup().wait_for(lock, options_.publish_every, [this] { return stop_; });
+    wakeup().wait_for(lock, options_.publish_every, [this] { return stop_ || iteration_changed_; });
     if (stop_) return;
+    iteration_changed_ = false;
     lock.unlock();
     publish();
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // at most five publishes a second
     lock.lock();
   }
 }

@@ -42,7 +42,7 @@ class ProgressBoard {
 
   const Options& options() const { return options_; }
 
-  // The trainer, after each iteration.
+  // The trainer, after each iteration (published within 200 ms).
   void iteration_finished(int64_t iteration);
 
   // Communicators. A group is named by its name and its members' global ranks ("dp[0,2]").
@@ -82,6 +82,7 @@ class ProgressBoard {
   uint64_t wait_seq_ = 0;
   int64_t wait_since_ms_ = 0;
   bool stop_ = false;
+  bool iteration_changed_ = false;
   std::thread thread_;
 };
 

@@ -11,6 +11,7 @@
 
 #include "checkpoint/temp_dir.h"
 #include "data/indexed_dataset.h"
+#include "fp8/fp8_linear.h"
 #include "models/gpt_model.h"
 #include "parallel/progress_board.h"
 #include "test_helpers.h"
@@ -20,6 +21,7 @@
 #include "trainer/checkpoint/save.h"
 #include "trainer/checkpoint/save_dir_lock.h"
 #include "trainer/cli/checkpoint_args.h"
+#include "trainer/logging/tensorboard_writer.h"
 #include "trainer/numerics_guard.h"
 #include "trainer/optim/loss_scaler.h"
 #include "trainer/optim/lr_schedule.h"
@@ -256,11 +258,12 @@ TEST(TokenIds, AnIdOutsideTheVocabularyNamesTheDatasetDocumentAndId) {
     }
     builder.finalize(data::idx_path(prefix));
   }
-  EXPECT_USER_ERROR(run({"--train-iters", "40", "--data-path", prefix, "--tokenizer-type", "NullTokenizer", "--split",
-                         "100,0,0", "--data-cache-path", dir / "cache"}),
-                    "token id 700 in train sample ");
-  EXPECT_USER_ERROR(run({"--train-iters", "40", "--data-path", prefix, "--tokenizer-type", "NullTokenizer", "--split",
-                         "100,0,0", "--data-cache-path", dir / "cache"}),
+  std::vector<std::string> args = tiny_args({"--global-batch-size", "4", "--eval-iters", "0", "--train-iters", "40",
+                                              "--data-path", prefix, "--tokenizer-type", "NullTokenizer", "--split",
+                                              "100,0,0", "--data-cache-path", dir / "cache"});
+  args.erase(std::find(args.begin(), args.end(), "--builtin-data"));
+  EXPECT_USER_ERROR(train(build(args)), "token id 700 in train sample ");
+  EXPECT_USER_ERROR(train(build(args)),
                     "dataset " + prefix + ", document 13, token 20 of it) is outside the vocabulary of 65 tokens");
 }
 
@@ -272,6 +275,55 @@ TEST(SaveDirLock, ASecondJobOnTheSameSaveIsRefusedWithOneLine) {
   other.reset();
   run({"--train-iters", "2", "--save", dir.path()});
   EXPECT_EQ(checkpoint::read_tracker(dir.path())->iteration, 2);
+}
+
+TEST(Fp8Stats, EachFp8LinearsAmaxUnderflowsAndOverflowsGoToTensorBoard) {
+  TempDir dir;
+  run({"--train-iters", "4", "--fp8-format", "hybrid", "--fp8-recipe", "delayed", "--tensorboard-dir", dir.path(),
+       "--tensorboard-log-interval", "2", "--log-fp8-stats-to-tensorboard"});
+  std::string file;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path())) file = e.path().string();
+  std::map<std::string, std::vector<double>> by_tag;
+  for (const auto& e : read_tensorboard_scalars(file))
+    if (e.tag.rfind("fp8/", 0) == 0) by_tag[e.tag].push_back(e.value);
+  const std::string qkv = "fp8/decoder.layers.0.self_attention.linear_qkv/";
+  for (const char* role : {"input", "weight", "grad_output"}) {
+    ASSERT_EQ(by_tag[qkv + role + "/amax"].size(), 2u) << role << ": at iterations 2 and 4";
+    EXPECT_GT(by_tag[qkv + role + "/amax"][0], 0.0) << role;
+    EXPECT_GT(by_tag[qkv + role + "/elements"][0], 0.0) << role;
+  }
+  // Every layer's four linears are there.
+  int layers = 0;
+  for (const auto& [tag, v] : by_tag) layers += tag.find("/weight/amax") != std::string::npos;
+  EXPECT_EQ(layers, 8);
+}
+
+TEST(Fp8Stats, UnderflowsAndOverflowsAreCountedPerCast) {
+  // Delayed scaling's first step casts at scale 1: 1e-6 rounds to zero in E4M3 (smallest
+  // subnormal 2^-9) and 1000 saturates at 448; zeros are not underflows.
+  fp8::Fp8EngineOptions o;
+  o.recipe = fp8::make_recipe(fp8::RecipeKind::kDelayed, fp8::Fp8Format::kHybrid);
+  fp8::Fp8Engine engine(o, torch::Device(torch::kCPU));
+  auto site = engine.add_site("decoder.layers.0.mlp.linear_fc1", 0, 16, 16);
+  auto x = torch::ones({4, 16});
+  x.index_put_({0, torch::indexing::Slice(0, 3)}, 1e-6);  // 3 underflows
+  x.index_put_({1, torch::indexing::Slice(0, 5)}, 1000.0);  // 5 overflows
+  x.index_put_({2, torch::indexing::Slice(0, 2)}, 0.0);  // zeros
+  auto w = torch::full({16, 16}, 0.01).requires_grad_(true);
+  engine.collect_stats(true);
+  fp8::fp8_linear(x, w, {}, *site);
+  engine.collect_stats(false);
+  fp8::fp8_linear(x, w, {}, *site);  // not collected
+  std::map<std::string, fp8::Fp8Engine::CastStats> by_role;
+  for (const auto& s : engine.take_stats()) by_role[fp8::tensor_role_name(s.role)] = s;
+  ASSERT_TRUE(by_role.count("input"));
+  EXPECT_EQ(by_role["input"].site, "decoder.layers.0.mlp.linear_fc1");
+  EXPECT_EQ(by_role["input"].amax, 1000.0);
+  EXPECT_EQ(by_role["input"].underflows, 3.0);
+  EXPECT_EQ(by_role["input"].overflows, 5.0);
+  EXPECT_EQ(by_role["input"].elements, 64.0);
+  EXPECT_EQ(by_role["weight"].underflows, 0.0);
+  EXPECT_TRUE(engine.take_stats().empty()) << "taken once";
 }
 
 TEST(ProgressBoard, AHangReportNamesWhoDidNotArriveAndEveryRanksIteration) {

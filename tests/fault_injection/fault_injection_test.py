@@ -139,8 +139,8 @@ def check_resume(scenario, save_dir, ranks=1, extra=()):
         return fail(scenario, f"resumed run differs from the uninterrupted one in {differing}")
     counts["resumes checked"] += 1
     losses.append(last_loss(out))
-    log(f"ok   {scenario}: resumed from iteration {tracker_before.get(save_dir, '?')}, final state bitwise equal "
-        f"(last loss {last_loss(out)} = {want_loss})")
+    log(f"ok   {scenario}: resumed from iteration {tracker_before.get(save_dir) or '0 (none saved)'}, final state "
+        f"bitwise equal (last loss {last_loss(out)} = {want_loss})")
 
 
 tracker_before = {}
@@ -199,15 +199,16 @@ def random_kills(n):
         d = fresh("random")
         extra = ["--async-save"] if i % 2 else []
         p, out = start(["--save", d] + extra)
-        if not wait_for(out, r"training \.\.\.", 60):
+        at = rng.randrange(1, ITERS)  # a random iteration, and a random moment in it
+        if not wait_for(out, r"iteration\s+%d/" % at, 60):
             kill_group(p)
-            fail("random kill", "the run did not start")
+            fail("random kill", "the run did not reach iteration %d" % at)
             continue
-        time.sleep(rng.uniform(0.0, 1.5))
+        time.sleep(rng.uniform(0.0, 0.02))
         kill_group(p)
         counts["faults injected"] += 1
         tracker_before[d] = tracker(d)
-        check_resume(f"SIGKILL at a random moment #{i + 1}{' (async saves)' if extra else ''}", d)
+        check_resume(f"SIGKILL at a random moment of iteration {at}{' (async saves)' if extra else ''}", d)
 
 
 def mpi_rank_pids(mpirun_pid):
@@ -395,11 +396,13 @@ def bad_token_ids():
 
 def second_job():
     d = fresh("second_job")
-    p, out = start(["--save", d, "--train-iters", str(ITERS)])
-    if not wait_for(out, r"training \.\.\.", 60):
+    p, out = start(["--save", d])
+    if not wait_for(out, r"iteration\s+2/", 60):
         kill_group(p)
         return fail("second job", "the first job did not start")
+    os.killpg(p.pid, signal.SIGSTOP)  # the first job holds the lock while the second starts
     rc, text = run(["--save", d])
+    os.killpg(p.pid, signal.SIGCONT)
     counts["faults injected"] += 1
     if rc == 0 or not re.search(r"--save .* is in use by another fp8tron job \(host=\S+ pid=\d+", text):
         kill_group(p)
