@@ -62,7 +62,10 @@ ProgressBoard::~ProgressBoard() {
 
 std::string ProgressBoard::group_key(const std::string& name, const std::vector<int>& members) {
   std::string key = name + "[";
-  for (size_t i = 0; i < members.size(); ++i) key += (i ? "," : "") + std::to_string(members[i]);
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (i) key += ',';
+    key += std::to_string(members[i]);
+  }
   return key + "]";
 }
 
@@ -190,11 +193,15 @@ ProgressBoard::Report ProgressBoard::describe(const std::string& group_name, con
   const int shown = std::min(world_size_, 32);
   for (int r = 0; r < shown; ++r)
     iterations += strprintf("%s%d:%s", r ? " " : "", r,
-                            records[size_t(r)].present ? std::to_string(records[size_t(r)].iteration).c_str() : "?");
+                            records[size_t(r)].present ? strprintf("%lld", (long long)records[size_t(r)].iteration).c_str()
+                                                       : "?");
   if (shown < world_size_) iterations += " ...";
 
   std::string members_text;
-  for (size_t i = 0; i < members.size() && i < 16; ++i) members_text += (i ? "," : "") + std::to_string(members[i]);
+  for (size_t i = 0; i < members.size() && i < 16; ++i) {
+    if (i) members_text += ',';
+    members_text += std::to_string(members[i]);
+  }
   if (members.size() > 16) members_text += ",...";
   std::string who = missing.empty() ? "every rank of the group has entered it (the transport itself is stuck: network "
                                       "or NCCL)"

@@ -17,7 +17,7 @@ below what a change to the math moves. A deliberate change to the math is re-pin
 --update after the reference agrees with it.
 
 usage: golden_test.py EXPORT_TOOL WORK_DIR VARIANT [--update]
-VARIANT: fp32 | fp8 (--fp8-format e4m3 --fp8-recipe tensorwise)
+VARIANT: fp32 | fp8 (--fp8-format e4m3 --fp8-recipe tensorwise) | sgd (--optimizer sgd)
 """
 import json
 import os
@@ -31,8 +31,13 @@ import reference_gpt  # noqa: E402
 VARIANTS = {
     # flags on top of tiny_golden.json; tolerances (max relative difference per iteration) of
     # fp8tron vs pinned and fp8tron vs reference
-    "fp32": ([], 1e-5, 1e-4),
-    "fp8": ([("fp8-format", "e4m3"), ("fp8-recipe", "tensorwise")], 1e-5, 2e-3),
+    # (measured when pinned: fp32 1.5e-7 from the reference; FP8 4.4e-4, growing from 0 at the
+    # first iteration as FP8 roundings flip on the two implementations' tiny differences)
+    "fp32": ([], 1e-5, 1e-5),
+    "fp8": ([("fp8-format", "e4m3"), ("fp8-recipe", "tensorwise")], 1e-4, 1e-3),
+    # SGD's update is linear in the gradients: a change of their scale (the loss normalisation)
+    # shows here even where Adam's ratio hides it
+    "sgd": ([("optimizer", "sgd"), ("lr", "0.3"), ("min-lr", "0.03")], 1e-5, 1e-5),
 }
 
 

@@ -12,7 +12,9 @@ final LayerNorm and the output layer tied to the word embedding over the padded 
 
 Only the initial weights (fp8tron's initialisation is per parameter name and seed, which this
 file does not re-implement) and the token samples come from fp8tron, through
-fp8tron_golden_export; with --fp8 the transformer layers' linear GEMMs are emulated in FP8 with
+fp8tron_golden_export. Adam barely sees a change of the gradients' scale (its update is a ratio),
+so the golden runs also train with SGD (torch.optim.SGD semantics: momentum, weight decay added to
+the gradient), which does. With --fp8 the transformer layers' linear GEMMs are emulated in FP8 with
 current (tensorwise) scaling: inputs, weights and output gradients rounded to bf16, scaled by
 fp8_max / amax, cast to E4M3 (E5M2 for gradients under hybrid), multiplied in fp32.
 """
@@ -45,13 +47,16 @@ class Flags:
 
     def __init__(self, path, overrides=()):
         self.values = json.load(open(path))
-        for flag, value in overrides:
-            self.values[flag] = value
+        for flag, value in overrides:  # command-line text: numbers become numbers
+            try:
+                self.values[flag] = json.loads(value) if isinstance(value, str) else value
+            except ValueError:
+                self.values[flag] = value
 
     def __getitem__(self, name):
         defaults = {"make-vocab-size-divisible-by": 128, "norm-epsilon": 1e-5, "lr-warmup-iters": 0, "min-lr": 0.0,
                     "lr-decay-style": "linear", "weight-decay": 0.01, "adam-beta1": 0.9, "adam-beta2": 0.999,
-                    "adam-eps": 1e-8, "clip-grad": 1.0, "fp8-format": None}
+                    "adam-eps": 1e-8, "clip-grad": 1.0, "fp8-format": None, "optimizer": "adam", "sgd-momentum": 0.9}
         return self.values.get(name, defaults.get(name))
 
 
@@ -154,10 +159,12 @@ def train(flags, weights, samples):
     model = Gpt(flags, weights)
     decay = [t for n, t in model.w.items() if t.dim() > 1 and "bias" not in n]
     no_decay = [t for n, t in model.w.items() if not (t.dim() > 1 and "bias" not in n)]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": flags["weight-decay"]},
-                                   {"params": no_decay, "weight_decay": 0.0}],
-                                  lr=0.0, betas=(flags["adam-beta1"], flags["adam-beta2"]), eps=flags["adam-eps"],
-                                  foreach=False)
+    groups = [{"params": decay, "weight_decay": flags["weight-decay"]}, {"params": no_decay, "weight_decay": 0.0}]
+    if flags["optimizer"] == "sgd":  # torch.optim.SGD: weight decay added to the gradient, no dampening
+        optimizer = torch.optim.SGD(groups, lr=0.0, momentum=flags["sgd-momentum"], foreach=False)
+    else:  # AdamW: decoupled weight decay
+        optimizer = torch.optim.AdamW(groups, lr=0.0, betas=(flags["adam-beta1"], flags["adam-beta2"]),
+                                      eps=flags["adam-eps"], foreach=False)
     gbs, mbs = flags["global-batch-size"], flags["micro-batch-size"]
     micro_batches = gbs // mbs
     losses = []
