@@ -245,8 +245,8 @@ TEST(Checkpointing, ResavingAnIterationReplacesIt) {
   TrainResult second = run({"--train-iters", "2", "--save", dir.path(), "--seed", "7"});
   EXPECT_EQ(checkpoint::list_checkpoint_iterations(dir.path()), (std::vector<int64_t>{2}));
   EXPECT_EQ(checkpoint::read_metadata(dir / "iter_0000002").args.at("seed"), "7");
-  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir.path()), std::filesystem::directory_iterator()), 2)
-      << "only iter_0000002 and the tracker: the replaced copy is deleted";
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir.path()), std::filesystem::directory_iterator()), 3)
+      << "only iter_0000002, the tracker and the lock file: the replaced copy is deleted";
 }
 
 TEST(Checkpointing, MismatchedModelIsAClearError) {
@@ -354,7 +354,8 @@ TEST(Checkpointing, DistCkptStrictnessHandlesTensorMismatches) {
   m.tensors["extra.weight"] = m.tensors.at("decoder.final_layernorm.weight");
   checkpoint::write_metadata(iter, m);
   auto resume = [&](const std::string& strictness) {
-    return run({"--train-iters", "6", "--load", dir.path(), "--dist-ckpt-strictness", strictness});
+    return run({"--train-iters", "6", "--load", dir.path(), "--dist-ckpt-strictness", strictness,
+                "--override-opt-param-scheduler"});
   };
   // A tensor the model needs is absent: the default fails reading it, raise_* before reading.
   EXPECT_USER_ERROR(resume("assume_ok_unexpected"), "has no tensor '" + gone + "'");
@@ -404,7 +405,7 @@ TEST(Checkpointing, UseCheckpointArgsTakesTheModelFromTheCheckpoint) {
   run({"--train-iters", "2", "--save", dir.path(), "--swiglu", "--num-layers", "3", "--tokenizer-model", "/data/t.model"});
   auto args = with(tiny_args({"--global-batch-size", "4", "--lr", "3e-3", "--log-interval", "1000", "--eval-iters", "0",
                               "--train-iters", "4", "--hidden-size", "64"}),
-                   {"--load", dir.path(), "--use-checkpoint-args"});
+                   {"--load", dir.path(), "--use-checkpoint-args", "--override-opt-param-scheduler"});
   FlagValues keep_tokenizer = parse(with(args, {"--no-use-tokenizer-model-from-checkpoint-args"}));
   apply_checkpoint_args(keep_tokenizer);
   EXPECT_EQ(keep_tokenizer.get_string("tokenizer-model"), "");

@@ -303,9 +303,11 @@ TEST(Fp8Stats, UnderflowsAndOverflowsAreCountedPerCast) {
   // subnormal 2^-9) and 1000 saturates at 448; zeros are not underflows.
   fp8::Fp8EngineOptions o;
   o.recipe = fp8::make_recipe(fp8::RecipeKind::kDelayed, fp8::Fp8Format::kHybrid);
+  o.num_layers = 2;
   fp8::Fp8Engine engine(o, torch::Device(torch::kCPU));
   auto site = engine.add_site("decoder.layers.0.mlp.linear_fc1", 0, 16, 16);
-  auto x = torch::ones({4, 16});
+  ASSERT_TRUE(site);
+  auto x = torch::ones({16, 16});
   x.index_put_({0, torch::indexing::Slice(0, 3)}, 1e-6);  // 3 underflows
   x.index_put_({1, torch::indexing::Slice(0, 5)}, 1000.0);  // 5 overflows
   x.index_put_({2, torch::indexing::Slice(0, 2)}, 0.0);  // zeros
@@ -321,7 +323,7 @@ TEST(Fp8Stats, UnderflowsAndOverflowsAreCountedPerCast) {
   EXPECT_EQ(by_role["input"].amax, 1000.0);
   EXPECT_EQ(by_role["input"].underflows, 3.0);
   EXPECT_EQ(by_role["input"].overflows, 5.0);
-  EXPECT_EQ(by_role["input"].elements, 64.0);
+  EXPECT_EQ(by_role["input"].elements, 256.0);
   EXPECT_EQ(by_role["weight"].underflows, 0.0);
   EXPECT_TRUE(engine.take_stats().empty()) << "taken once";
 }
