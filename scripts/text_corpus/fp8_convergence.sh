@@ -37,7 +37,7 @@ for recipe in "${RECIPES[@]}"; do
     --tokenizer-type GPT2BPETokenizer --vocab-file "$CORPUS/gpt2-vocab.json" --merge-file "$CORPUS/gpt2-merges.txt" \
     --train-iters "$ITERS" --lr 6e-4 --min-lr 6e-5 --lr-decay-style cosine --lr-warmup-iters 200 \
     --weight-decay 0.1 --adam-beta2 0.95 --clip-grad 1.0 --attention-dropout 0 --hidden-dropout 0 --seed 1234 \
-    --log-interval 100 --log-throughput --eval-interval 500 --eval-iters 20 \
+    --log-interval 100 --log-throughput --eval-interval 500 --eval-iters 10 \
     --tensorboard-dir "$OUT/tb/$recipe" --tensorboard-log-interval 100 --log-validation-ppl-to-tensorboard \
     --log-fp8-stats-to-tensorboard "${fp8[@]}" >"$log" 2>&1 || echo "!! $recipe failed: $(tail -1 "$log")"
 done
