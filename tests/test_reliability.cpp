@@ -328,6 +328,34 @@ TEST(Fp8Stats, UnderflowsAndOverflowsAreCountedPerCast) {
   EXPECT_TRUE(engine.take_stats().empty()) << "taken once";
 }
 
+TEST(InertFlags, FlagsThatDoNothingHereAreWarnedAbout) {
+  auto warnings_of = [](const std::vector<std::string>& extra) { return config_of(extra).hint_warnings; };
+  auto has = [](const std::vector<std::string>& warnings, const std::string& text) {
+    for (const auto& w : warnings)
+      if (w.find(text) != std::string::npos) return true;
+    return false;
+  };
+  // Megatron's own text.
+  EXPECT_TRUE(has(warnings_of({"--sequence-parallel"}), "Disabling sequence parallelism because tensor model parallelism is disabled"));
+  EXPECT_FALSE(config_of({"--sequence-parallel"}).distributed.sequence_parallel);
+  EXPECT_TRUE(has(warnings_of({"--fp8-recipe", "tensorwise", "--fp8-margin", "1"}),
+                  "--fp8-recipe, --fp8-margin have no effect without --fp8-format"));
+  EXPECT_TRUE(has(warnings_of({"--fp8-format", "hybrid", "--fp8-recipe", "tensorwise", "--fp8-margin", "1"}),
+                  "--fp8-margin: delayed-scaling settings, ignored with --fp8-recipe tensorwise"));
+  EXPECT_TRUE(has(warnings_of({"--hysteresis", "4"}), "--hysteresis: loss scaling applies to --fp16 only"));
+  EXPECT_TRUE(has(warnings_of({"--use-distributed-optimizer"}), "nothing to shard or overlap with data-parallel size 1"));
+  EXPECT_TRUE(has(warnings_of({"--save-interval", "5"}), "--save-interval has no effect without --save"));
+  EXPECT_TRUE(has(warnings_of({"--ckpt-step", "5", "--no-load-optim"}), "--ckpt-step, --no-load-optim have no effect without --load"));
+  EXPECT_TRUE(has(warnings_of({"--sgd-momentum", "0.8"}), "--sgd-momentum: not used by --optimizer adam"));
+  EXPECT_TRUE(has(warnings_of({"--rotary-base", "500000"}), "rotary settings, ignored without --position-embedding-type rope"));
+  EXPECT_TRUE(has(warnings_of({"--log-fp8-stats-to-tensorboard"}), "--log-fp8-stats-to-tensorboard has no effect without --fp8-format"));
+  EXPECT_TRUE(config_of({}).hint_warnings.empty()) << "the tiny configuration has no inert flags";
+  // Checksum verification: on by default.
+  EXPECT_TRUE(config_of({}).checkpoint.verify_checksums);
+  EXPECT_FALSE(config_of({"--no-verify-integrity"}).checkpoint.verify_checksums);
+  EXPECT_USER_ERROR(config_of({"--verify-integrity", "--no-verify-integrity"}), "contradict");
+}
+
 TEST(ProgressBoard, AHangReportNamesWhoDidNotArriveAndEveryRanksIteration) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   std::shared_ptr<c10d::Store> shared(store.get(), [keep = store](c10d::Store*) {});
