@@ -134,12 +134,15 @@ class StateRig {
     std::vector<NamedParam> params;
     const auto infos = model_->param_infos();
     for (const auto& item : model_->named_parameters()) params.push_back({item.key(), item.value(), infos.at(item.key())});
-    optimizer_ = std::make_unique<MixedPrecisionOptimizer>(params, config_.optimizer, config_.precision, parallel_, false);
+    optimizer_ = std::make_unique<MixedPrecisionOptimizer>(params, config_.optimizer, config_.precision, parallel_, false,
+                                                           config_.model.moe.enabled());
   }
   TrainingState state() {
     return {config_, parallel_, torch::Device(torch::kCPU), *optimizer_, schedule_, scaler_, samples_, samples_};
   }
   MixedPrecisionOptimizer& optimizer() { return *optimizer_; }
+  OptimizerDomain& dense() { return *optimizer_->domains().front(); }
+  OptimizerDomain& experts() { return *optimizer_->domains().at(1); }
 
  private:
   Config config_;
@@ -156,18 +159,58 @@ TEST(NanCheck, NoCheckpointWithNonFiniteStateIsEverCommitted) {
   StateRig rig(config_of({"--bf16", "--save", dir.path()}));
   save_checkpoint(rig.state(), 1);
   torch::NoGradGuard no_grad;
-  const auto& slot = rig.optimizer().param_slots()[3];
-  rig.optimizer().exp_avg_sq().narrow(0, slot.offset + 1, 1).fill_(std::numeric_limits<float>::infinity());
+  const auto& slot = rig.dense().param_slots()[3];
+  rig.dense().exp_avg_sq().narrow(0, slot.offset + 1, 1).fill_(std::numeric_limits<float>::infinity());
   EXPECT_USER_ERROR(save_checkpoint(rig.state(), 2),
                     "refusing to save the checkpoint of iteration 2: 'optimizer.state.exp_avg_sq." + slot.name +
                         "' holds NaN or inf");
-  rig.optimizer().exp_avg_sq().zero_();
-  rig.optimizer().main_params().narrow(0, 0, 1).fill_(std::nan(""));
+  rig.dense().exp_avg_sq().zero_();
+  rig.dense().main_params().narrow(0, 0, 1).fill_(std::nan(""));
   EXPECT_USER_ERROR(save_checkpoint(rig.state(), 3), "holds NaN or inf (the run has diverged)");
   EXPECT_EQ(checkpoint::read_tracker(dir.path())->iteration, 1);
   EXPECT_EQ(checkpoint::list_checkpoint_iterations(dir.path()), (std::vector<int64_t>{1}));
   // The version that wrote it is recorded.
   EXPECT_NE(checkpoint::read_metadata(dir / "iter_0000001").fp8tron_commit, "");
+}
+
+// Mixture of experts: the routed experts' gradients and optimizer state live in their own
+// optimizer domain (expert data-parallel); the NaN check and the save's check cover it as well.
+std::vector<std::string> moe_args() {
+  return {"--num-experts", "4", "--moe-ffn-hidden-size", "32", "--moe-layer-freq", "([0]+[1])", "--moe-router-topk", "2"};
+}
+
+TEST(NanCheck, AnExpertsNonFiniteGradientStopsTheRunAndIsNamed) {
+  TempDir dir;
+  EXPECT_USER_ERROR(run(with(moe_args(), {"--train-iters", "6", "--save", dir.path(), "--save-interval", "2",
+                                          "--fp8tron-test-inject-nan", "3:decoder.layers.1.mlp.experts.linear_fc1.weight2"})),
+                    "iteration 3: the gradient norm is NaN (the first parameter whose gradient is not finite: "
+                    "decoder.layers.1.mlp.experts.linear_fc1.weight2)");
+  EXPECT_EQ(checkpoint::read_tracker(dir.path())->iteration, 2);
+  // With the distributed optimizer (the experts' shard of the state) the same.
+  EXPECT_USER_ERROR(run(with(moe_args(), {"--train-iters", "6", "--use-distributed-optimizer", "--fp8tron-test-inject-nan",
+                                          "4:decoder.layers.1.mlp.experts.linear_fc2.weight0"})),
+                    "iteration 4: the gradient norm is NaN (the first parameter whose gradient is not finite: "
+                    "decoder.layers.1.mlp.experts.linear_fc2.weight0)");
+  // A dense parameter earlier in the model than the expert is named first.
+  EXPECT_USER_ERROR(run(with(moe_args(), {"--train-iters", "6", "--fp8tron-test-inject-nan", "3"})),
+                    "(the first parameter whose gradient is not finite: embedding.word_embeddings.weight)");
+}
+
+TEST(NanCheck, NoCheckpointWithNonFiniteExpertStateIsCommitted) {
+  TempDir dir;
+  StateRig rig(config_of(with(moe_args(), {"--bf16", "--save", dir.path()})));
+  ASSERT_EQ(rig.optimizer().domains().size(), 2u);
+  save_checkpoint(rig.state(), 1);
+  torch::NoGradGuard no_grad;
+  const auto& slot = rig.experts().param_slots().back();
+  ASSERT_NE(slot.name.find(".experts."), std::string::npos) << slot.name;
+  rig.experts().exp_avg().narrow(0, slot.offset + slot.numel - 1, 1).fill_(std::nan(""));
+  EXPECT_USER_ERROR(save_checkpoint(rig.state(), 2), "refusing to save the checkpoint of iteration 2: 'optimizer.state.exp_avg." +
+                                                         slot.name + "' holds NaN or inf");
+  rig.experts().exp_avg().zero_();
+  rig.experts().main_params().narrow(0, slot.offset, 1).fill_(std::numeric_limits<float>::infinity());
+  EXPECT_USER_ERROR(save_checkpoint(rig.state(), 3), "'optimizer.state.fp32_param." + slot.name + "' holds NaN or inf");
+  EXPECT_EQ(checkpoint::list_checkpoint_iterations(dir.path()), (std::vector<int64_t>{1}));
 }
 
 TEST(ScheduleOnResume, AChangedScheduleIsRefusedUnlessOverriddenOrTakenFromTheCheckpoint) {

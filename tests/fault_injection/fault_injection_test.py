@@ -34,6 +34,10 @@ MODEL = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4
          "--lr-warmup-iters", "2", "--train-iters", str(ITERS), "--log-interval", "1", "--eval-iters", "0",
          "--save-interval", "2", "--device", "cpu", "--seed", "7"]
 DP2 = ["--use-distributed-optimizer"]
+# A mixture-of-experts run: 4 experts over 2 expert-parallel ranks (each rank holds 2), the first
+# layer dense; the experts' gradients and optimizer state are their own optimizer domain.
+MOE_EP2 = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "32", "--moe-layer-freq", "([0]+[1])",
+           "--moe-aux-loss-coeff", "1e-2", "--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall"]
 
 counts = {"faults injected": 0, "resumes checked": 0, "clear errors checked": 0, "skipped": 0, "failures": 0}
 losses = []
@@ -112,14 +116,16 @@ def last_loss(output):
 REFERENCE = {}
 
 
-def reference(ranks):
-    if ranks not in REFERENCE:
-        d = fresh(f"reference_{ranks}")
-        rc, out = run(["--save", d] + (DP2 if ranks > 1 else []), ranks)
+def reference(ranks, model=()):
+    """The uninterrupted run with `ranks` ranks and the extra model flags `model` (e.g. MOE_EP2)."""
+    key = (ranks, tuple(model))
+    if key not in REFERENCE:
+        d = fresh(f"reference_{ranks}" + ("_moe" if model else ""))
+        rc, out = run(["--save", d] + (DP2 if ranks > 1 else []) + list(model), ranks)
         if rc != 0:
-            raise SystemExit(f"the uninterrupted reference run ({ranks} ranks) failed:\n{out[-3000:]}")
-        REFERENCE[ranks] = (final_state(d), last_loss(out), d)
-    return REFERENCE[ranks]
+            raise SystemExit(f"the uninterrupted reference run ({ranks} ranks {' '.join(model)}) failed:\n{out[-3000:]}")
+        REFERENCE[key] = (final_state(d), last_loss(out), d)
+    return REFERENCE[key]
 
 
 def tracker(save_dir):
@@ -127,10 +133,10 @@ def tracker(save_dir):
     return open(path).read().strip() if os.path.exists(path) else None
 
 
-def check_resume(scenario, save_dir, ranks=1, extra=()):
+def check_resume(scenario, save_dir, ranks=1, extra=(), model=()):
     """Resumes from whatever `save_dir` holds and compares the end with the uninterrupted run."""
-    want, want_loss, _ = reference(ranks)
-    rc, out = run(["--load", save_dir, "--save", save_dir] + (DP2 if ranks > 1 else []) + list(extra), ranks)
+    want, want_loss, _ = reference(ranks, model)
+    rc, out = run(["--load", save_dir, "--save", save_dir] + (DP2 if ranks > 1 else []) + list(model) + list(extra), ranks)
     if rc != 0:
         return fail(scenario, f"resume failed (exit {rc}):\n{out[-2000:]}")
     got = final_state(save_dir)
@@ -146,9 +152,9 @@ def check_resume(scenario, save_dir, ranks=1, extra=()):
 tracker_before = {}
 
 
-def killed_at(scenario, args, ranks=1, save_dir=None):
+def killed_at(scenario, args, ranks=1, save_dir=None, model=()):
     """Runs until a SIGKILL; checks the tracker names a complete checkpoint; resumes."""
-    rc, out = run(args, ranks)
+    rc, out = run(args + list(model), ranks)
     counts["faults injected"] += 1
     if rc == 0:
         return fail(scenario, "the run was not killed")
@@ -159,7 +165,7 @@ def killed_at(scenario, args, ranks=1, save_dir=None):
     if t is not None and not os.path.exists(os.path.join(save_dir, f"iter_{int(t):07d}", "fp8tron_checkpoint.json")) \
             and not any(n.startswith(f"iter_{int(t):07d}.old.") for n in os.listdir(save_dir)):
         return fail(scenario, f"the tracker names iteration {t}, which is not complete")
-    check_resume(scenario, save_dir, ranks)
+    check_resume(scenario, save_dir, ranks, model=model)
 
 
 def kill_points():
@@ -430,6 +436,28 @@ def nan_loss():
     check_resume("resume after the NaN stop", d)
 
 
+def moe_faults():
+    """Mixture of experts under mpirun (2 ranks, expert parallel 2, distributed optimizer): a kill
+    inside a save, and a NaN in one expert's gradient, which only rank 1 holds: the run stops
+    naming that expert, and the last good checkpoint resumes bitwise equal."""
+    d = fresh("moe_kill")
+    killed_at("SIGKILL at commit:files-synced (MoE, expert parallel 2, mpirun)",
+              ["--save", d, "--fp8tron-test-kill-at", "commit:files-synced@2"] + DP2, ranks=2, save_dir=d, model=MOE_EP2)
+    d = fresh("moe_nan")
+    expert = "decoder.layers.1.mlp.experts.linear_fc1.weight3"
+    rc, out = run(["--save", d, "--fp8tron-test-inject-nan", f"7:{expert}"] + DP2 + MOE_EP2, ranks=2)
+    counts["faults injected"] += 1
+    want = r"iteration 7: the gradient norm is NaN \(the first parameter whose gradient is not finite: %s\)" % re.escape(expert)
+    if rc == 0 or not re.search(want, out):
+        return fail("NaN in an expert's gradient", f"exit {rc}:\n{out[-1500:]}")
+    if tracker(d) != "6":
+        return fail("NaN in an expert's gradient", f"tracker names {tracker(d)}, not 6")
+    counts["clear errors checked"] += 1
+    log("ok   NaN in an expert's gradient (rank 1) at iteration 7: " + re.search(r"fp8tron: error: .*", out).group(0)[:160])
+    tracker_before[d] = "6"
+    check_resume("resume after the expert NaN stop (MoE)", d, ranks=2, model=MOE_EP2)
+
+
 def main():
     os.makedirs(WORK, exist_ok=True)
     start_time = time.time()
@@ -444,6 +472,7 @@ def main():
     bad_token_ids()
     second_job()
     nan_loss()
+    moe_faults()
     log("fault injection report: " + ", ".join(f"{v} {k}" for k, v in counts.items()) +
         f"; {len(losses)} resumed runs ended with the reference's last loss; {time.time() - start_time:.0f} s")
     sys.exit(1 if counts["failures"] else 0)
