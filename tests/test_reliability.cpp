@@ -341,6 +341,29 @@ TEST(Fp8Stats, EachFp8LinearsAmaxUnderflowsAndOverflowsGoToTensorBoard) {
   EXPECT_EQ(layers, 8);
 }
 
+// The routed experts' grouped casts (one pass over every expert's tokens) are recorded per expert,
+// as a per-tensor cast is.
+TEST(Fp8Stats, EachExpertsGroupedCastsGoToTensorBoard) {
+  TempDir dir;
+  run(with(moe_args(), {"--train-iters", "2", "--fp8-format", "hybrid", "--fp8-recipe", "delayed", "--tensorboard-dir",
+                        dir.path(), "--tensorboard-log-interval", "2", "--log-fp8-stats-to-tensorboard"}));
+  std::string file;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path())) file = e.path().string();
+  std::map<std::string, double> elements;  // per expert site and role
+  for (const auto& e : read_tensorboard_scalars(file))
+    if (e.tag.rfind("fp8/", 0) == 0 && e.tag.find(".experts.") != std::string::npos &&
+        e.tag.size() > 9 && e.tag.compare(e.tag.size() - 9, 9, "/elements") == 0)
+      elements[e.tag] += e.value;
+  for (const char* role : {"/input/", "/weight/", "/grad_output/"}) {
+    int sites = 0;
+    double total = 0;
+    for (const auto& [tag, n] : elements)
+      if (tag.find(role) != std::string::npos) ++sites, total += n;
+    EXPECT_GT(sites, 0) << role << " of the experts' linears";
+    EXPECT_GT(total, 0.0) << role;
+  }
+}
+
 TEST(Fp8Stats, UnderflowsAndOverflowsAreCountedPerCast) {
   // Delayed scaling's first step casts at scale 1: 1e-6 rounds to zero in E4M3 (smallest
   // subnormal 2^-9) and 1000 saturates at 448; zeros are not underflows.
