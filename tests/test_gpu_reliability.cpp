@@ -4,8 +4,10 @@
 // the casts, which record_cast_stats re-applies -- agree with the CPU emulation's.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
+#include <tuple>
 
 #include "checkpoint/temp_dir.h"
 #include "core/text.h"
@@ -38,6 +40,21 @@ TEST(GpuReliability, ANanStopsTheRunAtItsIterationAndNamesTheParameter) {
                                              "--fp8tron-test-inject-nan", "5:decoder.layers.1.mlp.linear_fc1.weight"})),
                     "iteration 5: the gradient norm is NaN (the first parameter whose gradient is not finite: "
                     "decoder.layers.1.mlp.linear_fc1.weight)");
+  EXPECT_EQ(checkpoint::read_tracker(dir.path())->iteration, 4);
+}
+
+// A mixture-of-experts model: 4 routed experts in the second layer (grouped GEMMs on the GPU).
+const std::vector<std::string> kMoe = {"--num-experts", "4", "--moe-ffn-hidden-size", "128", "--moe-layer-freq",
+                                       "([0]+[1])", "--moe-router-topk", "2"};
+
+TEST(GpuReliability, ANanInAnExpertsGradientStopsTheRunAndNamesTheExpert) {
+  REQUIRE_GPU();
+  TempDir dir;
+  std::vector<std::string> extra = {"--train-iters", "8", "--save", dir.path(), "--save-interval", "2",
+                                    "--fp8tron-test-inject-nan", "5:decoder.layers.1.mlp.experts.linear_fc1.weight2"};
+  extra.insert(extra.end(), kMoe.begin(), kMoe.end());
+  EXPECT_USER_ERROR(train(config_on("cuda", extra)), "iteration 5: the gradient norm is NaN (the first parameter whose "
+                                                     "gradient is not finite: decoder.layers.1.mlp.experts.linear_fc1.weight2)");
   EXPECT_EQ(checkpoint::read_tracker(dir.path())->iteration, 4);
 }
 
@@ -76,6 +93,41 @@ TEST(GpuReliability, Fp8CastStatisticsOfTheFusedKernelsMatchTheCpuEmulation) {
       else  // underflows, overflows: counts of a few borderline elements may differ
         EXPECT_NEAR(got, want, 0.02 * gpu.at(tag.substr(0, tag.rfind('/')) + "/elements")[0] + 2) << tag;
     }
+  }
+}
+
+// The experts' grouped casts: the GPU may route a few tokens differently from the CPU (bf16
+// router logits), so per role the sums over the experts are compared: the elements cast (every
+// routed token once per expert it went to: the same on both), the largest amax, the under- and
+// overflows within a few per mille of the elements.
+TEST(GpuReliability, Fp8CastStatisticsOfTheGroupedExpertCastsMatchTheCpuEmulation) {
+  REQUIRE_GPU();
+  std::vector<std::string> recipe = {"--fp8-format", "hybrid"};
+  recipe.insert(recipe.end(), kMoe.begin(), kMoe.end());
+  const auto gpu = fp8_stats("cuda", recipe), cpu = fp8_stats("cpu", recipe);
+  auto experts = [](const std::map<std::string, std::vector<double>>& stats, const std::string& role, const std::string& stat) {
+    double sum = 0, max = 0;
+    int sites = 0;
+    for (const auto& [tag, values] : stats)
+      if (tag.find(".experts.") != std::string::npos && tag.find("/" + role + "/" + stat) != std::string::npos) {
+        sum += values[0];
+        max = std::max(max, values[0]);
+        ++sites;
+      }
+    return std::make_tuple(sum, max, sites);
+  };
+  for (const std::string role : {"input", "weight", "grad_output"}) {
+    SCOPED_TRACE(role);
+    const auto [cpu_elements, cpu_e_max, cpu_sites] = experts(cpu, role, "elements");
+    const auto [gpu_elements, gpu_e_max, gpu_sites] = experts(gpu, role, "elements");
+    ASSERT_GT(cpu_sites, 0);
+    EXPECT_EQ(gpu_sites, cpu_sites);
+    EXPECT_EQ(gpu_elements, cpu_elements);
+    const double cpu_amax = std::get<1>(experts(cpu, role, "amax")), gpu_amax = std::get<1>(experts(gpu, role, "amax"));
+    EXPECT_NEAR(gpu_amax, cpu_amax, 0.05 * cpu_amax);
+    for (const std::string stat : {"underflows", "overflows"})
+      EXPECT_NEAR(std::get<0>(experts(gpu, role, stat)), std::get<0>(experts(cpu, role, stat)), 0.005 * cpu_elements + 2)
+          << stat;
   }
 }
 
