@@ -62,6 +62,41 @@ torch::Tensor scale_storage(const ScaleLayout& layout, const torch::Device& devi
   return torch::empty({int64_t(layout.elements())}, torch::TensorOptions().device(device).dtype(dtype));
 }
 
+namespace {
+
+// --log-fp8-stats-to-tensorboard: the values a cast quantized (a fused prologue applied as the
+// kernel applies it), against its FP8 codes (`transposed`: the codes are the transposed copy).
+void record_cast_stats(Fp8Engine& e, const Fp8Site& site, TensorRole role, Format format, const torch::Tensor& xb,
+                       const TensorCastFusion& fusion, const torch::Tensor& codes, bool transposed) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor values = xb;
+  const auto floats = torch::TensorOptions().device(xb.device()).dtype(torch::kFloat32);
+  switch (fusion.prologue) {
+    case Prologue::kNone: break;
+    case Prologue::kGeluTanh: values = at::gelu(xb, "tanh"); break;
+    case Prologue::kSwiglu: values = swiglu(xb); break;
+    case Prologue::kGeluTanhBackward: {
+      auto aux = torch::from_blob(const_cast<uint16_t*>(fusion.aux), xb.sizes(), floats.dtype(torch::kBFloat16));
+      values = at::gelu_backward(xb, aux, "tanh");
+      break;
+    }
+    case Prologue::kLayerNorm: {
+      const int64_t rows = xb.size(0), cols = xb.size(1);
+      auto rstd = torch::from_blob(const_cast<float*>(fusion.norm.rstd), {rows, 1}, floats);
+      auto x = xb.to(torch::kFloat32);
+      if (fusion.norm.mean) x = x - torch::from_blob(const_cast<float*>(fusion.norm.mean), {rows, 1}, floats);
+      x = x * rstd * torch::from_blob(const_cast<uint16_t*>(fusion.norm.gamma), {cols}, floats.dtype(torch::kBFloat16));
+      if (fusion.norm.beta)
+        x = x + torch::from_blob(const_cast<uint16_t*>(fusion.norm.beta), {cols}, floats.dtype(torch::kBFloat16));
+      values = x;
+      break;
+    }
+  }
+  e.record_stats(site, role, format, values, transposed ? codes.t() : codes);
+}
+
+}  // namespace
+
 std::shared_ptr<Quantized> quantize(Fp8Engine& e, const Fp8Site& site, TensorRole role, torch::Tensor x2d,
                                     bool rowwise, bool transposed, bool record_amax, TensorCastFusion fusion) {
   const Recipe& recipe = e.recipe();
@@ -139,6 +174,8 @@ std::shared_ptr<Quantized> quantize(Fp8Engine& e, const Fp8Site& site, TensorRol
       break;
     }
   }
+  if (e.collecting_stats()) record_cast_stats(e, site, role, v.format, xb, fusion, q->data.defined() ? q->data : q->data_t,
+                                              !q->data.defined());
   if (path == Path::kNative) return q;
   // Emulation: the GEMMs run in high precision on the dequantized values (bf16 on the GPU as the
   // tensor cores would see them after the scale; fp32 on the CPU).
@@ -457,6 +494,33 @@ void Fp8Engine::load_site_state(const Fp8Site& site, const torch::Tensor& state)
   history_.index_copy_(1, index, restored.to(device_));
   scale_.index_copy_(0, index, s.narrow(0, 2 + saved_len * roles, roles).to(device_));
   scale_inv_.index_copy_(0, index, s.narrow(0, 2 + saved_len * roles + roles, roles).to(device_));
+}
+
+void Fp8Engine::record_stats(const Fp8Site& site, TensorRole role, Format format, const torch::Tensor& values,
+                             const torch::Tensor& codes) {
+  torch::NoGradGuard no_grad;
+  auto& entry = stats_[{site.index, int(role)}];
+  if (!entry.defined()) entry = torch::zeros({4}, torch::TensorOptions().device(device_).dtype(torch::kFloat64));
+  // Magnitude codes: 0 is zero; the largest finite is 0x7E in E4M3 (448), 0x7B in E5M2 (57344).
+  const auto magnitude = torch::bitwise_and(codes, 0x7F);
+  const int top = format == Format::kE4M3 ? 0x7E : format == Format::kE5M2 ? 0x7B : -1;
+  const auto v = values.to(torch::kFloat32);
+  auto add = torch::stack({v.abs().max().to(torch::kFloat64),
+                           (magnitude == 0).logical_and(v != 0).sum().to(torch::kFloat64),
+                           top < 0 ? torch::zeros({}, entry.options()) : (magnitude == top).sum().to(torch::kFloat64),
+                           torch::full({}, double(v.numel()), entry.options())});
+  entry.copy_(torch::stack({torch::maximum(entry[0], add[0]), entry[1] + add[1], entry[2] + add[2], entry[3] + add[3]}));
+}
+
+std::vector<Fp8Engine::CastStats> Fp8Engine::take_stats() {
+  std::vector<CastStats> out;
+  for (const auto& [key, values] : stats_) {
+    const auto host = values.cpu();
+    const double* x = host.data_ptr<double>();
+    out.push_back({sites_[key.first]->name, TensorRole(key.second), x[0], x[1], x[2], x[3]});
+  }
+  stats_.clear();
+  return out;
 }
 
 GemmHandle& Fp8Engine::gemm_handle() {

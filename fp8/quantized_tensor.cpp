@@ -97,6 +97,27 @@ void dequantize_copies(QuantizedSegments& q, bool cpu, CudaStream stream) {
   if (q.data_t.defined()) q.dequantized_t = copy(true);
 }
 
+// --log-fp8-stats-to-tensorboard: each segment's values (xb's rows, unpadded) against its FP8
+// codes (the row-wise copy, or the transposed one; the alignment padding left out), under its
+// expert's site, as fp8_linear records a per-tensor cast.
+void record_segment_stats(Fp8Engine& e, const std::vector<Fp8Site*>& sites, TensorRole role, const torch::Tensor& xb,
+                          const std::vector<int64_t>& rows, const QuantizedSegments& q) {
+  torch::NoGradGuard no_grad;
+  const SegmentLayout& l = q.layout;
+  const int64_t cols = int64_t(l.cols);
+  int64_t x_begin = 0;
+  for (size_t i = 0; i < sites.size(); ++i) {
+    const int64_t n = rows[i], begin = int64_t(l.row_begin[i]), padded = int64_t(l.padded[i]);
+    if (n > 0) {
+      const torch::Tensor codes = q.data.defined()
+                                      ? q.data.narrow(0, begin, n)
+                                      : q.data_t.narrow(0, begin * cols, cols * padded).view({cols, padded}).narrow(1, 0, n).t();
+      e.record_stats(*sites[i], role, q.view.format, xb.narrow(0, x_begin, n), codes);
+    }
+    x_begin += n;
+  }
+}
+
 }  // namespace
 
 torch::Tensor QuantizedSegments::dequantized_rows(size_t e) const {
@@ -139,6 +160,7 @@ std::shared_ptr<QuantizedSegments> quantize_grouped(Fp8Engine& e, const std::vec
   const bool cpu = path == Path::kCpu;
   const CudaStream stream = cpu ? nullptr : current_stream(x2d.device());
   if (total > 0) cpu ? reference::quantize_segments(x, l, v, cast) : quantize_segments(x, l, v, cast, stream);
+  if (e.collecting_stats()) record_segment_stats(e, sites, role, xb, rows, *q);
   if (path != Path::kNative) dequantize_copies(*q, cpu, stream);
   return q;
 }

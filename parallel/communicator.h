@@ -2,8 +2,9 @@
 // Operations are ordered like torch.distributed's: on the GPU they are enqueued on the group's
 // communication stream after the current compute stream's work, and the compute stream waits
 // for them; `*_async` variants return a handle instead of making the compute stream wait, so
-// compute can overlap. Every wait honours --distributed-timeout-minutes: a hang becomes an
-// error naming the group, the operation and the rank.
+// compute can overlap. A collective that has not completed after --hang-report-seconds is
+// reported (progress_board.h: who did not arrive, every rank's last iteration); after
+// --distributed-timeout-minutes it ends the job with an error naming the group and operation.
 #pragma once
 #include <torch/torch.h>
 
@@ -13,6 +14,8 @@
 #include <vector>
 
 namespace fp8tron {
+
+class ProgressBoard;
 
 enum class ReduceOp { Sum, Max, Min };
 
@@ -103,15 +106,24 @@ class Transport {
   virtual ~Transport() = default;
   virtual int world_rank() const = 0;
   virtual int world_size() const = 0;
+  // Where the job's ranks publish their progress for hang reports (progress_board.h); null for
+  // one process, or when no side channel could be set up.
+  virtual std::shared_ptr<ProgressBoard> progress_board() const { return nullptr; }
   // `groups` partitions the world; the caller's group is returned.
   virtual std::shared_ptr<Communicator> new_group(const std::string& name, const std::vector<std::vector<int>>& groups) = 0;
 };
 
 struct LaunchEnv;
+// When a collective that has not completed is reported (`report_after`, --hang-report-seconds)
+// and when it ends the job (`timeout`, --distributed-timeout-minutes).
+struct CommTimeouts {
+  std::chrono::milliseconds timeout{600000};
+  std::chrono::milliseconds report_after{90000};
+};
 // MPI over CPU tensors (mpirun, or a single process). Initialises MPI once per process.
-std::unique_ptr<Transport> make_mpi_transport(std::chrono::milliseconds timeout);
+std::unique_ptr<Transport> make_mpi_transport(CommTimeouts timeouts);
 // NCCL over GPU tensors: ids exchanged through MPI under mpirun, else through c10d's TCPStore
 // (torchrun: the agent's store; srun: MASTER_ADDR/MASTER_PORT, rank 0 hosts).
-std::unique_ptr<Transport> make_nccl_transport(const LaunchEnv& env, int device, std::chrono::milliseconds timeout);
+std::unique_ptr<Transport> make_nccl_transport(const LaunchEnv& env, int device, CommTimeouts timeouts);
 
 }  // namespace fp8tron

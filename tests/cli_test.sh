@@ -43,7 +43,11 @@ fi
 # Checkpoints: save, resume, a mismatched model, Megatron's --ckpt-format values.
 CKPT=$(mktemp -d)
 expect 0 "successfully saved checkpoint from iteration       4 to $CKPT [ t 1/1, p 1/1 ]" -- "${TINY[@]}" --save "$CKPT"
-expect 0 "successfully loaded checkpoint from $CKPT [ t 1/1, p 1/1 ] at iteration 4" -- "${TINY[@]}" --train-iters 6 --load "$CKPT"
+expect 0 "successfully loaded checkpoint from $CKPT [ t 1/1, p 1/1 ] at iteration 4" -- "${TINY[@]}" --train-iters 6 --load "$CKPT" \
+  --override-opt-param-scheduler
+# Extending --train-iters changes the LR and weight-decay spans: refused unless a schedule is chosen, as Megatron does.
+expect 1 "total number of iterations is" -- "${TINY[@]}" --train-iters 6 --load "$CKPT"
+expect 0 "fp8tron 0.1.0 (commit " -- --version
 expect 1 "hidden_size is 32 in the checkpoint but 64 here (--hidden-size)" -- "${TINY[@]}" --load "$CKPT" --hidden-size 64
 expect 0 "fp8tron reads and writes its own checkpoint format" -- "${TINY[@]}" --ckpt-format torch_dist
 # fp8tron-export (built next to fp8tron): the checkpoint as a Hugging Face directory.

@@ -4,9 +4,12 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <sys/resource.h>
 
+#include <array>
 #include <chrono>
+#include <map>
 #include <memory>
 #include <optional>
+#include <sstream>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -33,6 +36,10 @@
 #include "trainer/cli/model_math.h"
 #include "trainer/logging/tensorboard_writer.h"
 #include "trainer/logging/timers.h"
+#include "trainer/checkpoint/fault_points.h"
+#include "trainer/checkpoint/rank_agreement.h"
+#include "trainer/checkpoint/save_dir_lock.h"
+#include "trainer/numerics_guard.h"
 #include "trainer/moe_metrics.h"
 
 namespace fp8tron {
@@ -41,7 +48,8 @@ bool cuda_available() { return torch::cuda::is_available(); }
 
 ParallelState make_parallel_state(const Config& c, bool force_single_process) {
   if (force_single_process || c.parallel.world_size == 1) return single_process_state();
-  const auto timeout = std::chrono::minutes(c.distributed.timeout_minutes);
+  const CommTimeouts timeout{std::chrono::minutes(c.distributed.timeout_minutes),
+                             std::chrono::seconds(c.distributed.hang_report_seconds)};
   if (c.device == "cuda") {
     const int devices = std::max(1, int(torch::cuda::device_count()));
     return build_parallel_state(make_nccl_transport(c.launch, c.launch.local_rank % devices, timeout), c.parallel,
@@ -134,7 +142,15 @@ class Trainer {
                               int64_t first_sample);
   // Mean loss of a global batch, averaged over micro-batches and data-parallel ranks (all ranks).
   torch::Tensor average_loss(torch::Tensor loss_sum) const;
-  torch::Tensor train_step();
+  torch::Tensor train_step(int64_t iteration);
+  // Judges the last step's loss and gradient norm (NumericsGuard); stops the run with one line
+  // naming the iteration and the first parameter whose gradient is not finite.
+  void check_numerics();
+  void lock_save_dirs();
+  std::string first_nonfinite_grad_everywhere();
+  void inject_nan_gradient();
+  bool fp8_stats_due(int64_t iteration) const;
+  void log_fp8_stats(int64_t iteration);
   void end_fp8_step();
   void report_moe(int64_t iteration);
   void log_moe_layout();
@@ -172,6 +188,9 @@ class Trainer {
   torch::Tensor expert_amax_slots_;                    // FP8 slots of expert sites (their own amax group)
   std::map<std::string, std::vector<torch::Tensor>> moe_history_;  // MoE losses per iteration (TrainResult)
   std::optional<DeterministicMode> deterministic_;     // --deterministic-mode, for the whole run
+  std::unique_ptr<NumericsGuard> numerics_;            // --check-for-nan-in-loss-and-grad and friends
+  std::vector<std::unique_ptr<checkpoint::SaveDirLock>> save_locks_;  // rank 0: one job per --save
+  int64_t iteration_ = 0;                              // the iteration train_step() runs
 };
 
 void Trainer::build() {
@@ -182,6 +201,7 @@ void Trainer::build() {
   // Before the first NCCL communicator and cuBLAS handle: it sets the environment they read.
   if (c_.training.deterministic) deterministic_.emplace(device_);
   parallel_ = make_parallel_state(c_, options_.force_single_process);
+  lock_save_dirs();
   torch::manual_seed(c_.training.seed + 100 * uint64_t(parallel_.pp_rank));  // dropout streams, as Megatron seeds them
   TensorParallelContext tp{parallel_.tp, parallel_.tp_rank, parallel_.sizes.tp, parallel_.sequence_parallel};
   const auto& d = c_.distributed;
@@ -240,7 +260,7 @@ void Trainer::build() {
   auto source = make_source(c_);
   BatchOptions batch{c_.model.seq_length, c_.training.micro_batch_size, c_.data.eod, c_.data.eod_mask_loss,
                      c_.data.reset_position_ids, c_.data.reset_attention_mask, c_.data.num_workers,
-                     c_.training.micro_batch_size * parallel_.sizes.dp};
+                     c_.training.micro_batch_size * parallel_.sizes.dp, c_.model.vocab_size};
   train_loader_ = std::make_unique<BatchLoader>(source, Split::Train, batch, device_);
   valid_loader_ = std::make_unique<BatchLoader>(source, Split::Valid, batch, device_);
   if (c_.training.eval_iters > 0 && !valid_loader_->has_data()) log::info(" > no validation data: evaluation is skipped");
@@ -260,6 +280,32 @@ void Trainer::build() {
   if (fp8_) log::info(" > " + fp8_->describe());
   if (moe_) log_moe_layout();
   interval_.reset(device_);
+  numerics_ = std::make_unique<NumericsGuard>(c_.training.numerics, device_);
+}
+
+// One job per save directory (checkpoint/save_dir_lock.h): rank 0 holds the locks of --save (and
+// of a separate --non-persistent-global-ckpt-dir); every rank stops with rank 0's refusal.
+void Trainer::lock_save_dirs() {
+  const auto& k = c_.checkpoint;
+  if (k.save.empty()) return;
+  std::vector<std::string> dirs = {k.save};
+  if (k.non_persistent_save_interval && !k.non_persistent_dir.empty()) dirs.push_back(k.non_persistent_dir);
+  std::string error;
+  if (parallel_.world_rank == 0) {
+    try {
+      for (const auto& dir : dirs) {
+        auto lock = checkpoint::SaveDirLock::acquire(dir);
+        if (!lock->taken_over().empty())
+          log::info(" > " + lock->path() + ": taking over the lock of a job that is gone (" + lock->taken_over() + ")");
+        save_locks_.push_back(std::move(lock));
+      }
+    } catch (const UserError& e) {
+      error = e.what();
+      save_locks_.clear();
+    }
+  }
+  const std::string refusal = all_gather_strings(parallel_, device_, error).front();
+  if (!refusal.empty()) throw UserError(refusal);
 }
 
 void Trainer::log_moe_layout() {
@@ -317,8 +363,12 @@ torch::Tensor Trainer::forward_chunk(int chunk, int64_t micro_batch, const torch
   timers_.start("batch-generator", 2);
   Batch batch = loader.load(sample);
   timers_.stop("batch-generator", 2);
-  return model->forward_stage(stage.has_embedding ? batch.tokens : input, batch.labels, batch.loss_mask, batch.position_ids,
-                              batch.segment_ids);
+  torch::Tensor out = model->forward_stage(stage.has_embedding ? batch.tokens : input, batch.labels, batch.loss_mask,
+                                           batch.position_ids, batch.segment_ids);
+  const NumericsChecks& n = c_.training.numerics;
+  if (stage.has_head && model->is_training() && n.test_nan_iteration == iteration_ && n.test_nan_param.empty())
+    out = out * std::nan("");  // --fp8tron-test-inject-nan ITER: a NaN loss, and so NaN gradients
+  return out;
 }
 
 torch::Tensor Trainer::average_loss(torch::Tensor loss_sum) const {
@@ -327,8 +377,11 @@ torch::Tensor Trainer::average_loss(torch::Tensor loss_sum) const {
   return loss_sum / double(c_.training.num_micro_batches * parallel_.sizes.dp);
 }
 
-torch::Tensor Trainer::train_step() {
+torch::Tensor Trainer::train_step(int64_t iteration) {
   const auto& t = c_.training;
+  check_numerics();  // the previous step's, before its gradients are zeroed
+  iteration_ = iteration;
+  if (fp8_) fp8_->collect_stats(fp8_stats_due(iteration));
   timers_.start("forward-backward", 1);
   optimizer_->zero_grad();
   // Each micro-batch's loss is scaled by 1 / (micro-batches x data-parallel ranks) in backward, and
@@ -347,6 +400,7 @@ torch::Tensor Trainer::train_step() {
       },
       backward_scale, [&] { optimizer_->arm_grad_overlap(); });
   timers_.stop("forward-backward", 1);
+  if (t.numerics.test_nan_iteration == iteration && !t.numerics.test_nan_param.empty()) inject_nan_gradient();
 
   timers_.start("optimizer", 1);
   optimizer_->finalize_grads();
@@ -375,7 +429,81 @@ torch::Tensor Trainer::train_step() {
   interval_.loss_count += loss_ok * applied;
   interval_.skipped += last_step_.found_inf;
   interval_.nan += scaler_.dynamic() ? 1.0 - loss_ok : torch::maximum(1.0 - loss_ok, last_step_.found_inf);
+  numerics_->record(iteration, loss, last_step_.grad_norm);
+  if (fp8_) fp8_->collect_stats(false);  // evaluation's casts are not the step's
   return loss;
+}
+
+// --log-fp8-stats-to-tensorboard: statistics are gathered in the steps TensorBoard logs.
+bool Trainer::fp8_stats_due(int64_t iteration) const {
+  const auto& g = c_.logging;
+  return fp8_ && g.log_fp8_stats_to_tensorboard && !g.tensorboard_dir.empty() && iteration % g.tensorboard_log_interval == 0;
+}
+
+// Every rank's FP8 cast statistics of this step to rank 0's TensorBoard: a layer's tensor-parallel
+// shards and data-parallel replicas add up (their amaxes: the maximum).
+void Trainer::log_fp8_stats(int64_t iteration) {
+  std::string mine;
+  for (const auto& s : fp8_->take_stats())
+    mine += strprintf("%s %s %.17g %.17g %.17g %.17g\n", s.site.c_str(), fp8::tensor_role_name(s.role), s.amax, s.underflows,
+                      s.overflows, s.elements);
+  const std::vector<std::string> all = all_gather_strings(parallel_, device_, mine);
+  if (!tensorboard_) return;
+  std::map<std::string, std::array<double, 4>> merged;  // "<site>/<role>" -> amax, underflows, overflows, elements
+  for (const std::string& text : all) {
+    std::istringstream in(text);
+    std::string site, role;
+    std::array<double, 4> v{};
+    while (in >> site >> role >> v[0] >> v[1] >> v[2] >> v[3]) {
+      auto [it, fresh] = merged.try_emplace(site + "/" + role, v);
+      if (fresh) continue;
+      it->second[0] = std::max(it->second[0], v[0]);
+      for (int i = 1; i < 4; ++i) it->second[size_t(i)] += v[size_t(i)];
+    }
+  }
+  for (const auto& [key, v] : merged) {
+    tensorboard_->add_scalar("fp8/" + key + "/amax", v[0], iteration);
+    tensorboard_->add_scalar("fp8/" + key + "/underflows", v[1], iteration);
+    tensorboard_->add_scalar("fp8/" + key + "/overflows", v[2], iteration);
+    tensorboard_->add_scalar("fp8/" + key + "/elements", v[3], iteration);
+  }
+}
+
+// --fp8tron-test-inject-nan ITER:PARAM: NaN in the first element of PARAM's gradient, on the
+// ranks holding it.
+void Trainer::inject_nan_gradient() {
+  torch::NoGradGuard no_grad;
+  for (auto& chunk : chunks_)
+    for (const auto& item : chunk->named_parameters())
+      if (item.key() == c_.training.numerics.test_nan_param && item.value().grad().defined() && item.value().numel() > 0)
+        item.value().grad().view({-1})[0].fill_(std::nan(""));
+}
+
+std::string Trainer::first_nonfinite_grad_everywhere() {
+  // Each rank's first, then the first of all in pipeline order: (pipeline rank, position, name).
+  std::string mine;
+  if (const auto first = optimizer_->first_nonfinite_grad())
+    mine = strprintf("%06d %012lld %s", parallel_.pp_rank, (long long)first->first, first->second.c_str());
+  std::string best;
+  for (const std::string& other : all_gather_strings(parallel_, device_, mine))
+    if (!other.empty() && (best.empty() || other < best)) best = other;
+  return best.empty() ? "" : best.substr(20);
+}
+
+void Trainer::check_numerics() {
+  const std::optional<NumericsFailure> failure = numerics_->check();
+  if (!failure) return;
+  const std::string param = failure->gradient ? first_nonfinite_grad_everywhere() : "";
+  // A save prepared before this step holds a good state: it is committed before stopping.
+  if (async_saver_) async_saver_->finalize(checkpoint_state(), /*blocking=*/true);
+  std::string where;
+  if (!param.empty()) where = " (the first parameter whose gradient is not finite: " + param + ")";
+  else if (failure->gradient) where = " (every gradient element is finite: their squares overflow the norm)";
+  throw UserError(strprintf("iteration %lld: %s%s; stopping, as --check-for-nan-in-loss-and-grad asks%s. Resume from "
+                            "the last checkpoint with a lower --lr or other data, or pass "
+                            "--no-check-for-nan-in-loss-and-grad to skip such iterations instead",
+                            (long long)failure->iteration, failure->what.c_str(), where.c_str(),
+                            failure->gradient ? " (this iteration's update was not applied)" : ""));
 }
 
 double Trainer::evaluate() {
@@ -514,6 +642,7 @@ TrainingState Trainer::checkpoint_state() {
 }
 
 void Trainer::save(int64_t iteration, bool non_persistent) {
+  check_numerics();  // a step that went non-finite is never saved
   if (c_.checkpoint.async_save) {
     if (!async_saver_) async_saver_ = std::make_unique<AsyncCheckpointSaver>();
     async_saver_->save(checkpoint_state(), iteration, non_persistent);
@@ -606,13 +735,15 @@ TrainResult Trainer::run() {
   bool memory_reported = false;
   for (int64_t iteration = first_iteration; iteration <= t.train_iters; ++iteration) {
     profiler.before_iteration(iteration, [this] { synchronize(); });
-    losses.push_back(train_step());
+    losses.push_back(train_step(iteration));
     if (moe_) report_moe(iteration);
     ++interval_iterations;
     result.iterations = iteration;
+    if (parallel_.progress) parallel_.progress->iteration_finished(iteration);
     if ((tensorboard_ || c_.logging.log_params_norm) && !c_.logging.tensorboard_dir.empty() &&
         iteration % c_.logging.tensorboard_log_interval == 0)
       write_tensorboard(iteration, losses.back());
+    if (fp8_stats_due(iteration)) log_fp8_stats(iteration);
     if (iteration % c_.logging.log_interval == 0) {
       synchronize();
       const auto now = Clock::now();
@@ -641,6 +772,7 @@ TrainResult Trainer::run() {
     if (exit) break;
   }
   profiler.finish();  // a window that reaches past the last iteration ends here
+  check_numerics();  // the last step's
   // As Megatron: a checkpoint at the end of training unless the last iteration was just saved.
   if (!c_.checkpoint.save.empty() && result.iterations >= first_iteration && last_saved_iteration_ != result.iterations)
     save(result.iterations);
@@ -665,6 +797,7 @@ TrainResult Trainer::run() {
 
 TrainResult train(const Config& config, const TrainOptions& options) {
   require_supported(config);
+  if (!config.checkpoint.test_kill_at.empty()) checkpoint::arm_fault_point(config.checkpoint.test_kill_at);
   Trainer trainer(config, options);
   return trainer.run();
 }

@@ -47,7 +47,8 @@ struct DistributedConfig {
   bool overlap_grad_reduce = false;
   bool overlap_param_gather = false;  // needs distributed_optimizer and overlap_grad_reduce (Megatron)
   int64_t bucket_numel = 40000000;  // --ddp-bucket-size (Megatron: max(40M, 1M x dp) elements)
-  int timeout_minutes = 10;
+  int timeout_minutes = 10;      // --distributed-timeout-minutes: a collective that long ends the job
+  int hang_report_seconds = 90;  // --hang-report-seconds: a collective that long is reported (parallel/hang_report.h)
 };
 
 }  // namespace fp8tron

@@ -83,6 +83,7 @@ const std::vector<FlagSpec>& flag_table() {
       {"adam-beta2", K::Float, "0.999", S::Yes, "", "", "Adam beta2."},
       {"adam-eps", K::Float, "1e-08", S::Yes, "", "", "Adam epsilon."},
       {"sgd-momentum", K::Float, "0.9", S::Yes, "", "", "SGD momentum."},
+      {"check-for-nan-in-loss-and-grad", K::Bool, "", S::Yes, "", "", "Stop at the first iteration whose loss or gradient norm is NaN or inf, naming the first parameter whose gradient is not finite (on by default, as in Megatron, which has only the --no- form; off with fp16's dynamic loss scale)."},
 
       // ---- mixed precision ---------------------------------------------------------------------------
       {"bf16", K::Bool, "", S::Yes, "", "", "bf16 parameters and compute, fp32 main weights and gradient accumulation."},
@@ -110,6 +111,7 @@ const std::vector<FlagSpec>& flag_table() {
       {"log-validation-ppl-to-tensorboard", K::Bool, "", S::Yes, "", "", "Write validation perplexity to TensorBoard."},
       {"log-memory-to-tensorboard", K::Bool, "", S::Yes, "", "", "Enable memory logging to tensorboard."},
       {"log-world-size-to-tensorboard", K::Bool, "", S::Yes, "", "", "Enable world size logging to tensorboard."},
+      {"log-fp8-stats-to-tensorboard", K::Bool, "", S::Yes, "", "", "fp8tron: every --tensorboard-log-interval iterations, write each FP8 linear's per-tensor amax and underflow/overflow counts (fp8/<layer>/<tensor>/...)."},
       {"no-log-loss-scale-to-tensorboard", K::Bool, "", S::Yes, "", "", "Disable loss-scale logging to tensorboard."},
       {"disable-log-loss-scale-to-tensorboard", K::Bool, "", S::Yes, "", "", "Disable loss-scale logging to tensorboard."},
       {"start-eval-at-iter", K::Int, "", S::Yes, "", "", "Start evaluation only after this iteration."},
@@ -139,6 +141,7 @@ const std::vector<FlagSpec>& flag_table() {
       {"distributed-backend", K::String, "nccl", S::Yes, "", "nccl|gloo", "Collective backend: NCCL on GPUs (fp8tron uses MPI for CPU runs; gloo is refused)."},
       {"distributed-timeout-minutes", K::Int, "10", S::Yes, "", "", "Timeout of collective operations."},
       {"ddp-bucket-size", K::Int, "", S::Yes, "", "", "Gradient bucket size (elements)."},
+      {"hang-report-seconds", K::Int, "90", S::Yes, "", "", "fp8tron: report a collective that has not completed after this many seconds, naming the group, the operation, the ranks that did not arrive and every rank's last finished iteration (--distributed-timeout-minutes still ends the job)."},
 
       // ---- mixture of experts (models/moe/, docs/moe.md) ---------------------------------------------
       {"num-experts", K::Int, "", S::Yes, "", "", "Number of experts per MoE layer (unset or 0: a dense model)."},
@@ -214,9 +217,14 @@ const std::vector<FlagSpec>& flag_table() {
       {"exit-signal-handler", K::Bool, "", S::Yes, "", "", "Save and exit cleanly on SIGTERM (--exit-signal)."},
       {"async-save", K::Bool, "", S::Yes, "", "", "Save checkpoints asynchronously: training waits only for the copy to host memory."},
       {"use-checkpoint-args", K::Bool, "", S::Yes, "", "", "Take the model arguments from the checkpoint --load names (the parallel layout stays this run's)."},
+      {"no-verify-integrity", K::Bool, "", S::Yes, "", "", "fp8tron: do not verify checkpoint tensors against their checksums on load."},
       {"ckpt-format", K::String, "torch_dist", S::Yes, "", "torch|torch_dist|zarr|fsdp_dtensor", "Accepted for Megatron compatibility; fp8tron always uses its own format (safetensors shards + JSON metadata)."},
 
 #include "trainer/cli/flag_table_megatron.inc"
+
+      // ---- for fp8tron's own tests only (hidden from --help and the argument list) -----------------
+      {"fp8tron-test-kill-at", K::String, "", S::Yes, "", "", "TESTS ONLY: SIGKILL this process at the named checkpoint step, NAME[@HIT] (trainer/checkpoint/fault_points.h)."},
+      {"fp8tron-test-inject-nan", K::String, "", S::Yes, "", "", "TESTS ONLY: ITER[:PARAM]: at iteration ITER make the loss (or PARAM's gradient) NaN."},
   };
   return table;
 }
@@ -230,6 +238,8 @@ const FlagSpec* find_flag(const std::string& name) {
   auto it = index.find(name);
   return it == index.end() ? nullptr : it->second;
 }
+
+bool is_test_flag(const FlagSpec& spec) { return std::string(spec.name).rfind("fp8tron-test-", 0) == 0; }
 
 std::vector<std::string> all_flag_names() {
   std::vector<std::string> names;

@@ -31,6 +31,7 @@ MixedPrecisionOptimizer::MixedPrecisionOptimizer(const std::vector<NamedParam>& 
   FP8TRON_CHECK(!params.empty(), "no parameters");
   std::vector<NamedParam> dense, experts;
   for (const auto& p : params) (p.info.expert ? experts : dense).push_back(p);
+  for (size_t i = 0; i < params.size(); ++i) model_order_.emplace(params[i].name, int64_t(i));
   FP8TRON_CHECK(!dense.empty(), "no dense parameters");
   FP8TRON_CHECK(expert_domain || experts.empty(), "expert parameters in a model without an expert domain");
   const auto device = dense.front().tensor.device();
@@ -120,6 +121,19 @@ void MixedPrecisionOptimizer::set_step_count(double steps) {
 
 void MixedPrecisionOptimizer::publish_model_params() {
   for (auto& d : domains_) d->publish_model_params();
+}
+
+std::optional<std::pair<int64_t, std::string>> MixedPrecisionOptimizer::first_nonfinite_grad() const {
+  std::optional<std::pair<int64_t, std::string>> first;
+  // Each domain's first in its own order (the model's order restricted to the domain), then the
+  // earlier of the dense and the expert one in the model's order.
+  for (const auto& d : domains_) {
+    const std::optional<std::string> name = d->first_nonfinite_grad();
+    if (!name) continue;
+    const int64_t position = model_order_.at(*name);
+    if (!first || position < first->first) first = std::make_pair(position, *name);
+  }
+  return first;
 }
 
 }  // namespace fp8tron

@@ -9,7 +9,11 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <map>
 #include <memory>
+#include <optional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "core/config/precision_config.h"
@@ -57,6 +61,11 @@ class MixedPrecisionOptimizer {
   StepResult step(double lr, double weight_decay, double loss_scale);
 
   torch::Tensor params_norm();  // of the fp32 main weights (global)
+  // After a step whose gradient norm was not finite: the first of this rank's parameters (dense or
+  // expert), in the model's order, whose gradient (as the step saw it) holds NaN or inf, as (its
+  // position in the model's parameter list, its name); nullopt when none does on this rank. One
+  // check per parameter: for the error report only.
+  std::optional<std::pair<int64_t, std::string>> first_nonfinite_grad() const;
   int64_t num_parameters() const;
   // Adam's step count (every segment a rank updates holds the same one).
   double step_count() const;
@@ -71,6 +80,7 @@ class MixedPrecisionOptimizer {
  private:
   std::vector<std::unique_ptr<OptimizerDomain>> domains_;
   double clip_grad_;
+  std::map<std::string, int64_t> model_order_;  // parameter name -> position in the model's list
 };
 
 // The groups of the dense and the expert domain in `parallel`.

@@ -257,6 +257,23 @@ torch::Tensor OptimizerDomain::unscaled_grads(double loss_scale) {
   return grads;
 }
 
+std::optional<std::string> OptimizerDomain::first_nonfinite_grad() const {
+  torch::NoGradGuard no_grad;
+  // The gradients step() used, laid out from `base` as unscaled_grads() returns them (the step
+  // clips them in place; clipping by a non-finite norm multiplies by 0, which keeps NaN and inf).
+  const torch::Tensor grads = grad_shard_.defined() ? grad_shard_ : main_grads_.narrow(0, 0, numel_);
+  const int64_t base = distributed_ ? shard_begin_ : 0;
+  std::optional<std::pair<int64_t, std::string>> first;  // (model order, name)
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const int64_t lo = std::max(slots_[i].offset, base), hi = std::min(slots_[i].offset + slots_[i].numel, base + grads.numel());
+    if (lo >= hi || (first && first->first < buffer_order_[i].first_use)) continue;
+    if (!torch::isfinite(grads.narrow(0, lo - base, hi - lo)).all().item<bool>())
+      first = std::make_pair(buffer_order_[i].first_use, slots_[i].name);
+  }
+  if (!first) return std::nullopt;
+  return first->second;
+}
+
 torch::Tensor OptimizerDomain::norm_squared(const torch::Tensor& grads) { return global_norm_squared(grads, shard_begin_); }
 
 bool OptimizerDomain::folds_clipping(const torch::Tensor& grads) const {

@@ -15,6 +15,7 @@
 #include <torch/torch.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -77,6 +78,10 @@ class OptimizerDomain {
   // read-modify-write pass over every gradient) instead of the caller scaling the gradients.
   bool folds_clipping(const torch::Tensor& grads) const;
   torch::Tensor params_norm_squared();
+  // After a step whose gradient norm was not finite: the name of the first of this rank's
+  // parameters of the domain, in the model's order, whose gradient (as the step saw it) holds NaN
+  // or inf; nullopt when none does. One check per parameter: for the error report only.
+  std::optional<std::string> first_nonfinite_grad() const;
 
   int64_t num_parameters() const { return numel_; }
   const torch::Tensor& main_grads() const { return main_grads_; }
