@@ -2,7 +2,7 @@
 # Everything the GPU machine checks in one go (its machines start bare): build, GPU tests (ctest
 # label gpu), multi-GPU equivalence under mpirun and torchrun, and the benchmarks. Results go to
 # $OUT (or gpu-check/). Usage: scripts/gpu_check.sh [equivalence] [bench] [fp8-bench] [fp8-convergence]
-# [grouped] [parallel-bench] [data] [checkpoint] [moe] [moe-equivalence] [moe-parallel-bench]
+# [grouped] [parallel-bench] [data] [checkpoint] [moe] [moe-equivalence] [moe-parallel-bench] [moe-convergence]
 # (grouped: the MoE expert GEMMs against torch's grouped GEMMs, scripts/bench_grouped_gemm.sh;
 # moe: the MoE GPU tests' lines and the Mixtral-style benchmark on one GPU; moe-equivalence and
 # moe-parallel-bench need 2+ GPUs: expert parallelism over NCCL)
@@ -108,6 +108,10 @@ for step in "$@"; do
       check fp8-bench-tensorwise "^\|" env BENCH_TAG=tensorwise ./scripts/bench.sh gpt-1.3b gpt2-124m -- --fp8-format hybrid \
         --fp8-recipe tensorwise ;;
     fp8-convergence) echo "== FP8 convergence, GPT-2 124M, 500 steps"; check fp8-convergence "^\|" ./scripts/fp8_convergence.sh 500 ;;
+    moe-convergence)
+      echo "== MoE FP8 convergence, Mixtral-style (global batch 2 x 2048), 500 steps: FP8 within 0.5% of bf16"
+      check moe-convergence "^\|" env CONVERGENCE_CONFIG=configs/mixtral-style.json \
+        CONVERGENCE_RECIPES="bf16;delayed hybrid;tensorwise hybrid" ./scripts/fp8_convergence.sh 500 ;;
     data)
       # Real indexed data through the prefetching loader: the batch-generator timer against the step.
       echo "== data pipeline on the 1.3B model"
