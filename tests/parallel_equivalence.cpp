@@ -4,7 +4,8 @@
 // reference within 1e-5 relative (fp32, dropout 0; `--tolerance X` for bf16 runs on GPUs;
 // `--weights-tolerance` / `--tensor-tolerance` for FP8 runs, where a summation-order difference
 // of 1e-7 flips an FP8 rounding now and then and Adam turns the flips into lr-sized steps).
-// `--identical-without --flag` (repeatable) trains the layout a third time without that switch and
+// `--identical-without --flag` (repeatable) trains the layout a third time without that flag (and its
+// value, for a valued flag) and
 // requires bitwise-identical losses and weights (for flags that must not change the arithmetic,
 // such as --overlap-param-gather: a weight used before its all-gather lands would show).
 // Each rank's exit status says whether it agrees; the launcher fails the job if any rank fails.
@@ -18,6 +19,7 @@
 #include "core/log.h"
 #include "parallel/launch_env.h"
 #include "trainer/cli/config_builder.h"
+#include "trainer/cli/flag_table.h"
 #include "trainer/cli/flags.h"
 #include "trainer/trainer.h"
 
@@ -45,9 +47,15 @@ Config make_config(const std::vector<std::string>& extra, const LaunchEnv& env) 
 std::vector<std::string> without_layout_flags(const std::vector<std::string>& args) {
   static const std::set<std::string> layout = {
       "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--num-layers-per-virtual-pipeline-stage",
-      "--num-virtual-stages-per-pipeline-rank", "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers"};
-  static const std::set<std::string> layout_switches = {"--sequence-parallel", "--use-distributed-optimizer",
-                                                        "--overlap-param-gather"};
+      "--num-virtual-stages-per-pipeline-rank", "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
+      "--tp-comm-overlap-cfg", "--coc-parallel-num", "--coc-mode"};
+  // The tensor-parallel overlap flags need TP and SP: one process runs without them.
+  static const std::set<std::string> layout_switches = {
+      "--sequence-parallel", "--use-distributed-optimizer", "--overlap-param-gather", "--tp-comm-overlap",
+      "--disable-tp-comm-overlap-ag", "--disable-tp-comm-overlap-rs", "--disable-tp-comm-bulk-dgrad",
+      "--disable-tp-comm-bulk-wgrad", "--no-tp-comm-overlap-ag", "--no-tp-comm-overlap-rs", "--no-tp-comm-bulk-dgrad",
+      "--no-tp-comm-bulk-wgrad", "--tp-comm-overlap-rs-dgrad", "--tp-comm-overlap-disable-qkv",
+      "--tp-comm-overlap-disable-fc1", "--use-ascend-mc2", "--use-ascend-coc", "--coc-fused-kernel"};
   std::vector<std::string> out;
   for (size_t i = 0; i < args.size(); ++i) {
     if (layout.count(args[i])) { ++i; continue; }
@@ -118,8 +126,11 @@ int main(int argc, char** argv) {
     if (!(weights_rel <= weights_tolerance.value_or(tolerance))) { std::fprintf(stderr, "[rank %d] weights differ by %.2e relative\n", env.rank, weights_rel); ++failures; }
     if (!identical_without.empty()) {
       std::vector<std::string> plain_layout;
-      for (const auto& a : layout)
-        if (!identical_without.count(a)) plain_layout.push_back(a);
+      for (size_t i = 0; i < layout.size(); ++i) {
+        if (!identical_without.count(layout[i])) { plain_layout.push_back(layout[i]); continue; }
+        const FlagSpec* spec = find_flag(layout[i].substr(2));
+        if (spec && spec->kind != FlagKind::Bool) ++i;  // a valued flag goes with its value
+      }
       TrainResult plain = train(make_config(plain_layout, env), parallel_options);
       if (plain.losses != parallel.losses || plain.last_validation_loss != parallel.last_validation_loss) {
         std::fprintf(stderr, "[rank %d] losses differ from the run without the --identical-without flags\n", env.rank);

@@ -17,6 +17,7 @@
 #include "fp8/fp8_linear.h"
 #include "models/gpt_model.h"
 #include "parallel/layer_split.h"
+#include "parallel/overlap/comm_timer.h"
 #include "parallel/pipeline_schedule.h"
 #include "trainer/checkpoint/async_saver.h"
 #include "trainer/checkpoint/load.h"
@@ -28,6 +29,7 @@
 #include "trainer/optim/lr_schedule.h"
 #include "trainer/optim/mixed_precision_optimizer.h"
 #include "trainer/cli/model_math.h"
+#include "trainer/cli/tp_overlap_args.h"
 #include "trainer/logging/tensorboard_writer.h"
 #include "trainer/logging/timers.h"
 
@@ -120,6 +122,7 @@ class Trainer {
   torch::Tensor average_loss(torch::Tensor loss_sum) const;
   torch::Tensor train_step();
   void end_fp8_step();
+  void log_tp_overlap() const;
   double evaluate();
   void log_interval(int64_t iteration, double seconds, int64_t iterations_in_interval);
   void write_tensorboard(int64_t iteration, const torch::Tensor& loss);
@@ -147,6 +150,7 @@ class Trainer {
   std::unique_ptr<AsyncCheckpointSaver> async_saver_;  // --async-save
   std::shared_ptr<fp8::Fp8Engine> fp8_;                // --fp8-format: every chunk's FP8 linears
   std::optional<DeterministicMode> deterministic_;     // --deterministic-mode, for the whole run
+  std::shared_ptr<overlap::CommTimer> tp_comm_timer_;  // --timing-log-level >= 1 with TP: exposed TP communication
 };
 
 void Trainer::build() {
@@ -159,6 +163,11 @@ void Trainer::build() {
   parallel_ = make_parallel_state(c_, options_.force_single_process);
   torch::manual_seed(c_.training.seed + 100 * uint64_t(parallel_.pp_rank));  // dropout streams, as Megatron seeds them
   TensorParallelContext tp{parallel_.tp, parallel_.tp_rank, parallel_.sizes.tp, parallel_.sequence_parallel};
+  if (c_.distributed.tp_overlap.enabled()) tp.overlap = std::make_shared<TpOverlapConfig>(c_.distributed.tp_overlap);
+  if (timers_.enabled(1) && parallel_.sizes.tp > 1) {
+    tp_comm_timer_ = std::make_shared<overlap::CommTimer>(device_.is_cuda());
+    parallel_.tp->set_wait_observer(tp_comm_timer_);
+  }
   const auto& d = c_.distributed;
   const auto ranges = split_layers(c_.model.num_layers, parallel_.sizes.pp, parallel_.pp_rank, d.virtual_stages,
                                    d.first_stage_layers, d.last_stage_layers);
@@ -222,7 +231,20 @@ void Trainer::build() {
       log::warning("cuDNN attention is not available for these shapes/settings; using " + backend);
   }
   if (fp8_) log::info(" > " + fp8_->describe());
+  log_tp_overlap();
   interval_.reset(device_);
+}
+
+// The resolved overlap plan and how it maps onto this machine, once.
+void Trainer::log_tp_overlap() const {
+  const auto& plan = c_.distributed.tp_overlap;
+  if (!plan.enabled()) return;
+  log::info(" > " + plan.describe());
+  const std::string ascend = ascend_mapping_notice(plan);
+  if (!ascend.empty()) log::info(" > " + ascend);
+  if (device_.is_cuda())
+    log::info(" > tensor-parallel overlap transport: NCCL point-to-point and collectives on the group's own stream; "
+              "NVLink multicast is not used");
 }
 
 void Trainer::end_fp8_step() {
@@ -269,6 +291,8 @@ torch::Tensor Trainer::train_step() {
       },
       backward_scale, [&] { optimizer_->arm_grad_overlap(); });
   timers_.stop("forward-backward", 1);
+  // After the timer's synchronization: the step's communication events are complete.
+  if (tp_comm_timer_) timers_.add("tp-comm-exposed", 1, tp_comm_timer_->take_ms());
 
   timers_.start("optimizer", 1);
   optimizer_->finalize_grads();
@@ -312,7 +336,9 @@ double Trainer::evaluate() {
   }
   for (auto& m : chunks_) m->train();
   auto mean = average_loss(total);
-  return mean.item<double>() / double(std::max<int64_t>(1, t.eval_iters));
+  const double loss = mean.item<double>() / double(std::max<int64_t>(1, t.eval_iters));
+  if (tp_comm_timer_) tp_comm_timer_->take_ms();  // evaluation's waits are not a training step's
+  return loss;
 }
 
 void Trainer::log_interval(int64_t iteration, double seconds, int64_t iterations_in_interval) {

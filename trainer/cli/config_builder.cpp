@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "core/text.h"
 #include "fp8/recipe.h"
+#include "trainer/cli/tp_overlap_args.h"
 
 namespace fp8tron {
 namespace {
@@ -326,7 +327,19 @@ DistributedConfig build_distributed(const FlagValues& f, const ParallelSizes& p)
   if (d.bucket_numel <= 0) throw UserError("--ddp-bucket-size must be positive");
   d.timeout_minutes = int(f.get_int("distributed-timeout-minutes"));
   if (d.timeout_minutes <= 0) throw UserError("--distributed-timeout-minutes must be positive");
+  d.overlap_p2p = !f.get_bool("no-overlap-p2p-communication");
+  d.overlap_p2p_warmup_flush = f.get_bool("overlap-p2p-communication-warmup-flush");
   return d;
+}
+
+// Megatron: p2p overlap exists in the interleaved schedule only; elsewhere it is switched off,
+// with a warning when there is a pipeline at all.
+void resolve_p2p_overlap(DistributedConfig& d, const ParallelSizes& p, std::vector<std::string>& notices) {
+  if (d.virtual_stages > 1) return;
+  if (d.overlap_p2p && p.pp > 1)
+    notices.push_back("pipeline p2p overlap (--no-overlap-p2p-communication not given) is switched off: the "
+                      "non-interleaved schedule does not overlap p2p communication (Megatron)");
+  d.overlap_p2p = false;
 }
 
 // Megatron's --exit-signal names; SIGKILL and SIGSTOP cannot be caught.
@@ -419,6 +432,7 @@ Config build_config(const FlagValues& flags, const LaunchEnv& launch, bool gpu_a
                                      int(flags.opt_int("expert-tensor-parallel-size").value_or(tp)),
                                      flags.get_bool("use-tp-pp-dp-mapping"));
   c.distributed = build_distributed(flags, c.parallel);
+  resolve_p2p_overlap(c.distributed, c.parallel, c.hint_warnings);
   c.checkpoint = build_checkpoint(flags, c.hint_warnings);
   const DataWithVocab data = build_data(flags, tokenizer);
   c.data = data;
@@ -443,6 +457,7 @@ Config build_config(const FlagValues& flags, const LaunchEnv& launch, bool gpu_a
   if (c.device == "cuda" && !gpu_available && !c.dry_run)
     throw UserError("--device cuda: no CUDA GPU is visible to this process (use --device cpu)");
   c.precision.fp8 = build_fp8(flags, c.model, c.precision, c.device == "cuda");
+  c.distributed.tp_overlap = build_tp_overlap(flags, tp, c.precision.fp8.enabled(), c.hint_warnings);
 
   for (const auto& spec : flag_table())
     if (spec.support == Support::Yes || flags.given(spec.name)) c.resolved_flags.emplace_back(spec.name, format_value(spec, flags));

@@ -23,6 +23,13 @@ class Timers {
     sync_();
     elapsed_ms_[name] += std::chrono::duration<double, std::milli>(Clock::now() - starts_[name]).count();
   }
+  // Adds a duration measured elsewhere (no synchronization), e.g. the exposed communication that
+  // parallel/overlap/comm_timer.h accumulates over a step.
+  void add(const std::string& name, int level, double ms) {
+    if (level > level_) return;
+    elapsed_ms_[name] += ms;
+  }
+  bool enabled(int level) const { return level <= level_; }
   // Megatron's "(min, max) time across ranks (ms):" block, averaged over `normalizer` iterations;
   // resets the accumulated times. Empty when nothing was timed.
   std::string report(double normalizer) {
