@@ -41,7 +41,8 @@ std::string check_overlap_split(const Config& c, TpGemm g) {
   if (o.method != OverlapMethod::kPipeline) return "";
   const bool coc = c.distributed.tp_overlap.source == TpOverlapSource::kCoc;
   const std::string what = coc ? "--coc-parallel-num " + ll(o.num_splits)
-                               : std::string("--tp-comm-overlap-cfg ") + tp_gemm_name(g) + " num_splits " + ll(o.num_splits);
+                               : std::string(tp_gemm_name(g)) + "'s pipeline num_splits " + ll(o.num_splits) +
+                                     " (Transformer Engine's default is 4; --tp-comm-overlap-cfg sets it)";
   const bool gathers = g == TpGemm::kQkvFprop || g == TpGemm::kFc1Fprop || g == TpGemm::kProjDgrad || g == TpGemm::kFc2Dgrad;
   const auto& fp8 = c.precision.fp8;
   if (gathers) {  // CoC pieces of each rank's tokens
