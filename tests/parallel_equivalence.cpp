@@ -8,6 +8,8 @@
 // value, for a valued flag) and
 // requires bitwise-identical losses and weights (for flags that must not change the arithmetic,
 // such as --overlap-param-gather: a weight used before its all-gather lands would show).
+// `--identical-swapped --a --b` trains the layout once more with switch --a replaced by --b and
+// requires bitwise-identical losses and weights (--use-ascend-mc2 and --tp-comm-overlap).
 // Each rank's exit status says whether it agrees; the launcher fails the job if any rank fails.
 // Works under mpirun (CPU or GPU) and torchrun (GPU).
 #include <cmath>
@@ -73,6 +75,7 @@ int main(int argc, char** argv) {
   try {
     std::vector<std::string> layout;
     std::set<std::string> identical_without;
+    std::optional<std::pair<std::string, std::string>> swapped;
     double tolerance = 1e-5;
     std::optional<double> weights_tolerance, tensor_tolerance;
     for (int i = 1; i < argc; ++i) {
@@ -81,6 +84,7 @@ int main(int argc, char** argv) {
       else if (a == "--weights-tolerance" && i + 1 < argc) weights_tolerance = std::stod(argv[++i]);
       else if (a == "--tensor-tolerance" && i + 1 < argc) tensor_tolerance = std::stod(argv[++i]);
       else if (a == "--identical-without" && i + 1 < argc) identical_without.insert(argv[++i]);
+      else if (a == "--identical-swapped" && i + 2 < argc) { swapped = {argv[i + 1], argv[i + 2]}; i += 2; }
       else layout.push_back(a);
     }
     const LaunchEnv env = read_launch_env();
@@ -140,6 +144,25 @@ int main(int argc, char** argv) {
         auto it = plain.final_weights.find(name);
         if (it == plain.final_weights.end() || !torch::equal(w, it->second)) {
           std::fprintf(stderr, "[rank %d] %s differs from the run without the --identical-without flags\n", env.rank, name.c_str());
+          ++failures;
+        }
+      }
+    }
+    if (swapped) {
+      // The same layout with one switch replaced by another that must mean the same run.
+      std::vector<std::string> other = layout;
+      for (auto& a : other)
+        if (a == swapped->first) a = swapped->second;
+      TrainResult alt = train(make_config(other, env), parallel_options);
+      if (alt.losses != parallel.losses || alt.last_validation_loss != parallel.last_validation_loss) {
+        std::fprintf(stderr, "[rank %d] losses differ with %s instead of %s\n", env.rank, swapped->second.c_str(), swapped->first.c_str());
+        ++failures;
+      }
+      for (const auto& [name, w] : parallel.final_weights) {
+        auto it = alt.final_weights.find(name);
+        if (it == alt.final_weights.end() || !torch::equal(w, it->second)) {
+          std::fprintf(stderr, "[rank %d] %s differs with %s instead of %s\n", env.rank, name.c_str(), swapped->second.c_str(),
+                       swapped->first.c_str());
           ++failures;
         }
       }
