@@ -57,7 +57,8 @@ std::vector<std::string> without_layout_flags(const std::vector<std::string>& ar
       "--disable-tp-comm-overlap-ag", "--disable-tp-comm-overlap-rs", "--disable-tp-comm-bulk-dgrad",
       "--disable-tp-comm-bulk-wgrad", "--no-tp-comm-overlap-ag", "--no-tp-comm-overlap-rs", "--no-tp-comm-bulk-dgrad",
       "--no-tp-comm-bulk-wgrad", "--tp-comm-overlap-rs-dgrad", "--tp-comm-overlap-disable-qkv",
-      "--tp-comm-overlap-disable-fc1", "--use-ascend-mc2", "--use-ascend-coc", "--coc-fused-kernel"};
+      "--tp-comm-overlap-disable-fc1", "--use-ascend-mc2", "--use-ascend-coc", "--coc-fused-kernel",
+      "--overlap-p2p-communication", "--no-overlap-p2p-communication", "--overlap-p2p-communication-warmup-flush"};
   std::vector<std::string> out;
   for (size_t i = 0; i < args.size(); ++i) {
     if (layout.count(args[i])) { ++i; continue; }
@@ -176,9 +177,11 @@ int main(int argc, char** argv) {
         worst = std::max(worst, std::abs(parallel.losses[i] - reference.losses[i]) / std::abs(reference.losses[i]));
       std::printf("[rank %d] %s: losses %.6f -> %.6f, worst relative loss difference %.2e, weights %.2e: %s\n", env.rank,
                   joined.c_str(), reference.losses.front(), reference.losses.back(), worst, weights_rel,
-                  total == 0 ? (identical_without.empty() ? "equivalent to one process"
-                                                          : "equivalent to one process, bitwise identical without the flags")
-                             : "MISMATCH");
+                  total > 0                                 ? "MISMATCH"
+                  : !identical_without.empty() && swapped    ? "equivalent to one process, bitwise identical without the flags and with the swapped one"
+                  : !identical_without.empty()               ? "equivalent to one process, bitwise identical without the flags"
+                  : swapped                                  ? "equivalent to one process, bitwise identical with the swapped flag"
+                                                             : "equivalent to one process");
     }
     return total == 0 ? 0 : 1;
   } catch (const std::exception& e) {

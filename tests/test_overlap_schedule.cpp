@@ -6,6 +6,7 @@
 #include <set>
 
 #include "parallel/overlap/schedule.h"
+#include "parallel/pipeline_schedule.h"
 
 using namespace fp8tron::overlap;
 
@@ -151,4 +152,25 @@ TEST(OverlapSchedule, SplitsAndPieces) {
   EXPECT_EQ(piece_rows(8, 2, 3, 1).count, 4);
   EXPECT_EQ(piece_rows(8, 2, 0, 0).begin, 0);
   EXPECT_THROW(even_splits(30, 4), std::exception);
+}
+
+// Megatron's overlap_p2p_comm over the interleaved order: receives prefetched in the steady state
+// (from the last warmup step on), not in the cool-down, everywhere with warmup_flush, nowhere
+// without the overlap.
+TEST(PipelineOverlap, WhichStepsPrefetchTheirReceive) {
+  using fp8tron::PipelineOverlap;
+  using fp8tron::PipelineStep;
+  // pp 2, rank 0, 2 chunks, 4 micro-batches: warmup of (2 - 0 - 1) * 2 + (2 - 1) * 2 = 4 forwards,
+  // then 4 forward/backward pairs (steps 4..11), then 4 backwards.
+  const std::vector<PipelineStep> order = fp8tron::pipeline_order(2, 0, 2, 4);
+  ASSERT_EQ(order.size(), 16u);
+  ASSERT_TRUE(order[3].forward && order[4].forward && !order[5].forward && order[10].forward && !order[11].forward &&
+              !order[12].forward);
+  for (size_t i = 0; i < order.size(); ++i) {
+    EXPECT_FALSE(fp8tron::prefetches_next_receive(order, i, PipelineOverlap{false, false})) << i;
+    EXPECT_EQ(fp8tron::prefetches_next_receive(order, i, PipelineOverlap{true, true}), i + 1 < order.size()) << i;
+    // Steady state: steps 4..11 (the last warmup step, 3, prefetches step 4's).
+    const bool steady = i + 1 >= 4 && i + 1 <= 11;
+    EXPECT_EQ(fp8tron::prefetches_next_receive(order, i, PipelineOverlap{true, false}), steady) << i;
+  }
 }

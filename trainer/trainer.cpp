@@ -151,6 +151,7 @@ class Trainer {
   std::shared_ptr<fp8::Fp8Engine> fp8_;                // --fp8-format: every chunk's FP8 linears
   std::optional<DeterministicMode> deterministic_;     // --deterministic-mode, for the whole run
   std::shared_ptr<overlap::CommTimer> tp_comm_timer_;  // --timing-log-level >= 1 with TP: exposed TP communication
+  std::shared_ptr<overlap::CommTimer> pp_comm_timer_;  // ... with PP: exposed pipeline receives
 };
 
 void Trainer::build() {
@@ -209,7 +210,14 @@ void Trainer::build() {
   const int64_t s = c_.model.seq_length / (parallel_.sequence_parallel ? parallel_.sizes.tp : 1);
   pipeline_ = std::make_unique<PipelineSchedule>(parallel_, d.virtual_stages,
                                                  std::vector<int64_t>{s, c_.training.micro_batch_size, c_.model.hidden_size},
-                                                 param_dtype(c_), device_);
+                                                 param_dtype(c_), device_,
+                                                 PipelineOverlap{d.overlap_p2p, d.overlap_p2p_warmup_flush});
+  if (timers_.enabled(1) && parallel_.sizes.pp > 1) {
+    // The stall of the pipeline's receives (what --overlap-p2p-communication hides).
+    pp_comm_timer_ = std::make_shared<overlap::CommTimer>(device_.is_cuda());
+    for (auto* senders : {&parallel_.forward_senders, &parallel_.backward_senders})
+      for (auto& comm : *senders) comm->set_wait_observer(pp_comm_timer_);
+  }
   auto source = make_source(c_);
   BatchOptions batch{c_.model.seq_length, c_.training.micro_batch_size, c_.data.eod, c_.data.eod_mask_loss,
                      c_.data.reset_position_ids, c_.data.reset_attention_mask, c_.data.num_workers,
@@ -293,6 +301,7 @@ torch::Tensor Trainer::train_step() {
   timers_.stop("forward-backward", 1);
   // After the timer's synchronization: the step's communication events are complete.
   if (tp_comm_timer_) timers_.add("tp-comm-exposed", 1, tp_comm_timer_->take_ms());
+  if (pp_comm_timer_) timers_.add("pp-comm-exposed", 1, pp_comm_timer_->take_ms());
 
   timers_.start("optimizer", 1);
   optimizer_->finalize_grads();
@@ -337,7 +346,8 @@ double Trainer::evaluate() {
   for (auto& m : chunks_) m->train();
   auto mean = average_loss(total);
   const double loss = mean.item<double>() / double(std::max<int64_t>(1, t.eval_iters));
-  if (tp_comm_timer_) tp_comm_timer_->take_ms();  // evaluation's waits are not a training step's
+  for (auto* timer : {tp_comm_timer_.get(), pp_comm_timer_.get()})
+    if (timer) timer->take_ms();  // evaluation's waits are not a training step's
   return loss;
 }
 
