@@ -181,9 +181,10 @@ std::shared_ptr<Quantized> quantize(Fp8Engine& e, const Fp8Site& site, TensorRol
 // out [a_rows, b_rows] = A B^T (+ bias), A and B being the row-wise or transposed copies of two
 // quantized tensors with the same inner dimension. With `accumulate_into` (fp32, native path) the
 // product is added to it in the GEMM's epilogue instead (the wgrad into the main gradient).
+// `sm_count` > 0 caps the SMs of a native GEMM that runs beside SM-based communication.
 torch::Tensor gemm(Fp8Engine& e, const Quantized& a, bool a_transposed, const Quantized& b, bool b_transposed,
                    const torch::Tensor& bias, GemmKind kind, torch::ScalarType out_dtype,
-                   const torch::Tensor& accumulate_into = {}, bool overwrite = false) {
+                   const torch::Tensor& accumulate_into = {}, bool overwrite = false, int sm_count = 0) {
   if (path_of(e) != Path::kNative) {
     const auto& A = a_transposed ? a.dequantized_t : a.dequantized;
     const auto& B = b_transposed ? b.dequantized_t : b.dequantized;
@@ -194,6 +195,7 @@ torch::Tensor gemm(Fp8Engine& e, const Quantized& a, bool a_transposed, const Qu
   const RowMajorMatrix bm = b_transposed ? transposed_matrix(b.view) : rowwise_matrix(b.view);
   GemmConfig config;
   config.fast_accumulation = use_fast_accumulation(e.recipe(), kind);
+  config.sm_count = sm_count;
   if (accumulate_into.defined()) {
     FP8TRON_CHECK(accumulate_into.scalar_type() == torch::kFloat32 && accumulate_into.is_contiguous() &&
                       accumulate_into.size(0) == am.rows && accumulate_into.size(1) == bm.rows && !bias.defined(),
@@ -758,8 +760,8 @@ std::shared_ptr<Quantized> transposed_from_rowwise_blocks(Fp8Engine& e, const st
 
 torch::Tensor fp8_gemm(Fp8Engine& e, const Quantized& a, bool a_transposed, const Quantized& b, bool b_transposed,
                        const torch::Tensor& bias, GemmKind kind, torch::ScalarType out_dtype,
-                       const torch::Tensor& accumulate_into, bool overwrite) {
-  return gemm(e, a, a_transposed, b, b_transposed, bias, kind, out_dtype, accumulate_into, overwrite);
+                       const torch::Tensor& accumulate_into, bool overwrite, int sm_count) {
+  return gemm(e, a, a_transposed, b, b_transposed, bias, kind, out_dtype, accumulate_into, overwrite, sm_count);
 }
 
 std::shared_ptr<Quantized> step_weight(Fp8Site& site, const torch::Tensor& weight, bool record_amax) {

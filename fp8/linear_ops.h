@@ -52,9 +52,10 @@ std::shared_ptr<Quantized> transposed_from_rowwise_blocks(Fp8Engine& engine, con
 
 // out = A B^T (+ bias) as fp8_linear's GEMMs (A, B the row-wise or transposed copies); with
 // `accumulate_into` (fp32, native path) added into it instead (wgrad into a main gradient).
+// `sm_count` > 0 caps a native GEMM's SMs (it runs beside SM-based communication; 0: all).
 torch::Tensor fp8_gemm(Fp8Engine& engine, const Quantized& a, bool a_transposed, const Quantized& b, bool b_transposed,
                        const torch::Tensor& bias, GemmKind kind, torch::ScalarType out_dtype,
-                       const torch::Tensor& accumulate_into = {}, bool overwrite = false);
+                       const torch::Tensor& accumulate_into = {}, bool overwrite = false, int sm_count = 0);
 
 // The weight quantized for the current optimizer step (both copies), cached on the site.
 std::shared_ptr<Quantized> step_weight(Fp8Site& site, const torch::Tensor& weight, bool record_amax);

@@ -2,6 +2,8 @@
 
 #include <ATen/cuda/CUDAContext.h>
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace fp8tron {
@@ -77,6 +79,12 @@ void Fp8LinearKernels::fuse_norm(bool rms, const torch::Tensor& gamma, const tor
 
 bool Fp8LinearKernels::tensor_scaled(TensorRole role) const {
   return fp8::scaling_mode(engine_.recipe(), role) == fp8::ScalingMode::kTensor;
+}
+
+int Fp8LinearKernels::sm_budget(const GemmOverlap& how) const {
+  if (!how.enabled() || !how.sm_margin || fp8::fp8_path(engine_) != fp8::Fp8Path::kNative) return 0;
+  const int sms = at::cuda::getDeviceProperties(engine_.device().index())->multiProcessorCount;
+  return std::max(1, sms - how.num_sm);
 }
 
 const Quantized& Fp8LinearKernels::weight_q() {
@@ -179,7 +187,8 @@ void Fp8LinearKernels::fprop(const Operand& x, Range rows, Range cols, torch::Te
   const auto a = all_rows ? b->q : fp8::slice_rows(engine_, *b->q, rows.begin, rows.count);
   const auto wb = all_cols ? weight_q_ : fp8::slice_rows(engine_, w, cols.begin, cols.count);
   const torch::Tensor bias = bias_.defined() ? bias_.narrow(0, cols.begin, cols.count) : bias_;
-  out.copy_(fp8::fp8_gemm(engine_, *a, false, *wb, false, bias, fp8::GemmKind::kFprop, out.scalar_type()));
+  out.copy_(fp8::fp8_gemm(engine_, *a, false, *wb, false, bias, fp8::GemmKind::kFprop, out.scalar_type(), {}, false,
+                          sm_budget(plan_.fprop)));
 }
 
 Operand Fp8LinearKernels::saved_input(const Operand& x, bool gathered_in_backward) {
@@ -243,7 +252,8 @@ void Fp8LinearKernels::dgrad(const Operand& dy, Range rows, Range cols, torch::T
   const bool all_cols = cols.begin == 0 && cols.count == weight_.size(1);
   const auto a = all_rows ? b->q : fp8::slice_rows(engine_, *b->q, rows.begin, rows.count);
   const auto wt = all_cols ? weight_q_ : fp8::slice_cols_transposed(engine_, w, cols.begin, cols.count);
-  out.copy_(fp8::fp8_gemm(engine_, *a, false, *wt, true, {}, fp8::GemmKind::kDgrad, out.scalar_type()));
+  out.copy_(fp8::fp8_gemm(engine_, *a, false, *wt, true, {}, fp8::GemmKind::kDgrad, out.scalar_type(), {}, false,
+                          sm_budget(plan_.dgrad)));
 }
 
 Operand Fp8LinearKernels::join(const std::vector<Operand>& blocks, bool grad_output) {
@@ -276,11 +286,13 @@ overlap::WeightGrads Fp8LinearKernels::wgrad(const Operand& dy, const Operand& x
         main_grad.scalar_type() == torch::kFloat32 && main_grad.is_contiguous() && main_grad.sizes() == weight_param_.sizes()) {
       const bool overwrite = engine_.overwrite_main_grads() && site_.main_grad_generation != engine_.weight_generation();
       site_.main_grad_generation = engine_.weight_generation();
-      fp8::fp8_gemm(engine_, *d->q, true, xt, true, {}, fp8::GemmKind::kWgrad, torch::kFloat32, main_grad, overwrite);
+      fp8::fp8_gemm(engine_, *d->q, true, xt, true, {}, fp8::GemmKind::kWgrad, torch::kFloat32, main_grad, overwrite,
+                    sm_budget(plan_.wgrad));
     } else {
       FP8TRON_CHECK(!engine_.overwrite_main_grads(), site_.name + ": the optimizer leaves this weight's gradient to the "
                                                       "wgrad GEMM, but it is not an fp32 main gradient");
-      g.weight = fp8::fp8_gemm(engine_, *d->q, true, xt, true, {}, fp8::GemmKind::kWgrad, weight_.scalar_type());
+      g.weight = fp8::fp8_gemm(engine_, *d->q, true, xt, true, {}, fp8::GemmKind::kWgrad, weight_.scalar_type(), {}, false,
+                               sm_budget(plan_.wgrad));
     }
   }
   if (need_db && bias_.defined())

@@ -59,6 +59,8 @@ class Fp8LinearKernels : public overlap::LinearKernels {
   struct Norm;
   static std::shared_ptr<Block> block_of(const overlap::Operand& op);
   bool tensor_scaled(fp8::TensorRole role) const;
+  // The SM budget of a native GEMM overlapped as `how` says (TE's set_sm_margin / num_sm).
+  int sm_budget(const GemmOverlap& how) const;
   const fp8::Quantized& weight_q();
   overlap::Operand operand(std::shared_ptr<Block> block, std::vector<torch::Tensor> wire) const;
   std::shared_ptr<fp8::Quantized> quantize_gathered_rows(fp8::TensorRole role, const torch::Tensor& rows, bool record_amax);

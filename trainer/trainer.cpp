@@ -250,9 +250,13 @@ void Trainer::log_tp_overlap() const {
   log::info(" > " + plan.describe());
   const std::string ascend = ascend_mapping_notice(plan);
   if (!ascend.empty()) log::info(" > " + ascend);
-  if (device_.is_cuda())
+  if (device_.is_cuda()) {
     log::info(" > tensor-parallel overlap transport: NCCL point-to-point and collectives on the group's own stream; "
               "NVLink multicast is not used");
+    if (!fp8_)
+      log::info(" > the overlapped linears' bf16 GEMMs run through ATen (cuBLAS) without an SM budget: "
+                "set_sm_margin applies to FP8 GEMMs");
+  }
 }
 
 void Trainer::end_fp8_step() {

@@ -82,7 +82,7 @@ struct CfgReader {
 
 // What the file sets, per GEMM, on top of the defaults (TE: dict.update of the default entry).
 struct CfgOverlay {
-  bool has_method = false, has_splits = false, fp8_buf = false, use_ce_given = false;
+  bool has_method = false, has_splits = false, fp8_buf = false, use_ce_given = false, comm_sms_given = false;
 };
 
 void apply_field(const CfgReader& r, G g, GemmOverlap& o, CfgOverlay& seen, bool fp8, std::vector<std::string>& notices) {
@@ -99,10 +99,12 @@ void apply_field(const CfgReader& r, G g, GemmOverlap& o, CfgOverlay& seen, bool
     seen.fp8_buf = r.boolean();
   } else if (k == "num_sm") {
     o.num_sm = r.integer(1, 1024);
+    seen.comm_sms_given = true;
   } else if (k == "set_sm_margin") {
     o.sm_margin = r.boolean();
   } else if (k == "cga_size") {
     o.cga_size = r.integer(1, 8);
+    seen.comm_sms_given = true;
   } else if (k == "use_ce") {
     o.use_ce = r.boolean();
     seen.use_ce_given = o.use_ce;
@@ -208,8 +210,14 @@ void apply_switches(const FlagValues& f, std::array<GemmOverlap, kNumTpGemms>& p
 // Knobs that do not change fp8tron's schedule, said once each.
 void note_ring_knobs(std::array<GemmOverlap, kNumTpGemms>& plan, const std::array<CfgOverlay, kNumTpGemms>& seen,
                      int tp, std::vector<std::string>& notices) {
-  bool ce_noted = false;
+  bool ce_noted = false, sms_noted = false;
   for (size_t i = 0; i < kNumTpGemms; ++i) {
+    if (seen[i].comm_sms_given && !sms_noted) {
+      notices.push_back("--tp-comm-overlap-cfg num_sm/cga_size size Transformer Engine's communication kernels; fp8tron's "
+                        "are NCCL's on the tensor-parallel group, which choose their own CTAs: num_sm only sets the SM "
+                        "budget of the overlapped FP8 GEMMs (with set_sm_margin)");
+      sms_noted = true;
+    }
     GemmOverlap& g = plan[i];
     if (g.method == M::kRingExchange && seen[i].has_splits && g.num_splits != tp)
       notices.push_back(strprintf("--tp-comm-overlap-cfg: %s num_splits %d ignored: ring exchange always uses one chunk "
