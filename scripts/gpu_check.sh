@@ -2,6 +2,9 @@
 # Everything the GPU machine checks in one go (its machines start bare): build, GPU tests (ctest
 # label gpu), multi-GPU equivalence under mpirun and torchrun, and the benchmarks. Results go to
 # $OUT (or gpu-check/). Usage: scripts/gpu_check.sh [equivalence] [bench] [parallel-bench] [data] [checkpoint]
+# [overlap] [overlap-bench]
+# (overlap: the tensor-parallel overlap under NCCL against the same runs without it, bf16 and FP8,
+# plus the one-GPU tests of its FP8 functor; overlap-bench: bench_parallel.sh's overlap tables)
 # (checkpoint: save speed, --async-save blocking, --deterministic-mode repeat and resume on the
 # 1.3B model, summary in $OUT/checkpoint-summary.txt; then the Hugging Face export check)
 set -uo pipefail
@@ -93,7 +96,13 @@ with open('$OUT/corpus.jsonl', 'w') as f:
         --data-cache-path /tmp/cache --log-interval 10 --timing-log-level 2 --eval-iters 2 --eval-interval 30 \
         --log-throughput > "$OUT/data-1.3b.log" 2>&1
       grep -E " iteration +30/|batch-generator|forward-backward|optimizer|validation loss" "$OUT/data-1.3b.log" | cut -c1-240 ;;
-    parallel-bench) echo "== multi-GPU benchmarks"; ./scripts/bench_parallel.sh "$GPUS" ;;
+    parallel-bench) echo "== multi-GPU benchmarks"; ./scripts/bench_parallel.sh "$GPUS" layouts ;;
+    overlap)
+      echo "== tensor-parallel overlap: FP8 functor on one GPU, NCCL equivalence on $GPUS GPUs"
+      (cd build && ./tests/fp8tron_gpu_tests --gtest_filter='*Overlap*' > "$OUT/overlap-gpu.log" 2>&1)
+      grep -hE "overlap-gpu|FAILED|PASSED|Failure" "$OUT/overlap-gpu.log" | cut -c1-200
+      ./tests/gpu_overlap_equivalence.sh ./build/tests/fp8tron_parallel_equivalence "$ROOT" 2>&1 | tee "$OUT/overlap-nccl.log" ;;
+    overlap-bench) echo "== tensor-parallel overlap benchmarks"; ./scripts/bench_parallel.sh "$GPUS" overlap ;;
     checkpoint)
       echo "== checkpoints: speed, async blocking, deterministic repeat and resume (1.3B)"
       ./scripts/bench_checkpoint.sh gpt-1.3b
