@@ -220,6 +220,17 @@ torch::Tensor gemm(Fp8Engine& e, const Quantized& a, bool a_transposed, const Qu
 // micro-batch; re-quantized when the optimizer (or a checkpoint load) changed it.
 std::shared_ptr<Quantized> quantized_weight(Fp8Site& site, const torch::Tensor& weight, bool record_amax) {
   Fp8Engine& e = *site.engine;
+  if (site.codes.defined() && site.codes_generation == e.weight_generation()) {
+    // --fp8-param-gather: the gathered codes are this step's weight (its amax was recorded when
+    // the optimizer cast it).
+    if (!(site.weight && site.weight_generation == e.weight_generation() && site.weight_data == site.codes.data_ptr())) {
+      site.weight = weight_from_codes(e, site);
+      site.weight_generation = e.weight_generation();
+      site.weight_data = site.codes.data_ptr();
+      site.weight_version = -1;
+    }
+    return site.weight;
+  }
   const bool fresh = site.weight && site.weight_generation == e.weight_generation() &&
                      site.weight_data == weight.data_ptr() && site.weight_version == int64_t(weight._version());
   if (fresh) return site.weight;
@@ -755,6 +766,27 @@ std::shared_ptr<Quantized> transposed_from_rowwise_blocks(Fp8Engine& e, const st
   v.data_t = q->data_t.data_ptr();
   v.scale_inv = q->scale_inv.data_ptr();
   if (path_of(e) != Path::kNative) q->dequantized_t = dequantize_view(e, v, true);
+  return q;
+}
+
+std::shared_ptr<Quantized> weight_from_codes(Fp8Engine& e, const Fp8Site& site) {
+  FP8TRON_CHECK(scaling_mode(e.recipe(), TensorRole::kWeight) == ScalingMode::kTensor, "FP8 parameters need tensor scaling");
+  auto q = std::make_shared<Quantized>();
+  Fp8TensorView& v = q->view;
+  v.format = tensor_format(e.recipe(), TensorRole::kWeight);
+  v.scaling_mode = ScalingMode::kTensor;
+  v.rows = size_t(site.out_features);
+  v.cols = size_t(site.in_features);
+  q->data = site.codes.view({site.out_features, site.in_features});
+  q->data_t = q->data.t().contiguous();
+  q->scale_inv = site.codes_scale_inv;
+  v.data = q->data.data_ptr();
+  v.data_t = q->data_t.data_ptr();
+  v.scale_inv = q->scale_inv.data_ptr();
+  if (path_of(e) != Path::kNative) {
+    q->dequantized = dequantize_view(e, v, false);
+    q->dequantized_t = dequantize_view(e, v, true);
+  }
   return q;
 }
 

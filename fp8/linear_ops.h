@@ -57,6 +57,10 @@ torch::Tensor fp8_gemm(Fp8Engine& engine, const Quantized& a, bool a_transposed,
                        const torch::Tensor& bias, GemmKind kind, torch::ScalarType out_dtype,
                        const torch::Tensor& accumulate_into = {}, bool overwrite = false, int sm_count = 0);
 
+// --fp8-param-gather: both copies of a tensor-scaled weight from the site's gathered codes (the
+// transposed copy is their byte transpose) and dequantization factor.
+std::shared_ptr<Quantized> weight_from_codes(Fp8Engine& engine, const Fp8Site& site);
+
 // The weight quantized for the current optimizer step (both copies), cached on the site.
 std::shared_ptr<Quantized> step_weight(Fp8Site& site, const torch::Tensor& weight, bool record_amax);
 

@@ -289,4 +289,19 @@ TEST(PipelineOverlapFlags, MegatronDefaultsAndRules) {
                     "only compatible with overlap_p2p_comm");
 }
 
+TEST(Fp8ParamGatherFlag, MegatronRules) {
+  auto dp2 = [](std::initializer_list<std::string> extra) {
+    std::vector<std::string> a = tiny_args({"--fp8-format", "hybrid", "--fp8-param-gather"});
+    a.insert(a.end(), extra.begin(), extra.end());
+    return build(a, 2);
+  };
+  EXPECT_TRUE(dp2({"--use-distributed-optimizer"}).precision.fp8.param_gather);
+  EXPECT_USER_ERROR(dp2({}), "--fp8-param-gather only supported with distributed optimizer");
+  EXPECT_USER_ERROR(dp2({"--use-distributed-optimizer", "--fp8-recipe", "blockwise", "--fp8-format", "e4m3"}),
+                    "--fp8-param-gather with --fp8-recipe blockwise is not supported yet");
+  EXPECT_USER_ERROR(dp2({"--use-distributed-optimizer", "--fp8-recipe", "tensorwise", "--fp8-format", "hif8"}),
+                    "--fp8-format hif8 is not supported");
+  EXPECT_USER_ERROR(build(tiny_args({"--fp8-param-gather", "--use-distributed-optimizer"}), 2), "it needs --fp8-format");
+}
+
 }  // namespace fp8tron

@@ -24,6 +24,7 @@
 #include "trainer/checkpoint/save.h"
 #include "trainer/determinism.h"
 #include "trainer/exit_signal.h"
+#include "trainer/fp8_param_gather.h"
 #include "trainer/logging/iteration_log.h"
 #include "trainer/optim/loss_scaler.h"
 #include "trainer/optim/lr_schedule.h"
@@ -152,6 +153,7 @@ class Trainer {
   std::optional<DeterministicMode> deterministic_;     // --deterministic-mode, for the whole run
   std::shared_ptr<overlap::CommTimer> tp_comm_timer_;  // --timing-log-level >= 1 with TP: exposed TP communication
   std::shared_ptr<overlap::CommTimer> pp_comm_timer_;  // ... with PP: exposed pipeline receives
+  std::unique_ptr<Fp8ParamGather> fp8_param_gather_;   // --fp8-param-gather
 };
 
 void Trainer::build() {
@@ -191,7 +193,14 @@ void Trainer::build() {
     for (const auto& item : chunk->named_parameters()) params.push_back({item.key(), item.value(), infos.at(item.key())});
     chunks_.push_back(chunk);
   }
-  optimizer_ = std::make_unique<MixedPrecisionOptimizer>(params, c_.optimizer, c_.precision, parallel_, d.distributed_optimizer);
+  std::vector<torch::Tensor> byte_params;
+  if (fp8_ && c_.precision.fp8.param_gather && fp8_->num_sites() > 0) {
+    fp8_param_gather_ = std::make_unique<Fp8ParamGather>(fp8_, parallel_);
+    byte_params = fp8_param_gather_->params();
+  }
+  optimizer_ = std::make_unique<MixedPrecisionOptimizer>(params, c_.optimizer, c_.precision, parallel_, d.distributed_optimizer,
+                                                         byte_params);
+  if (fp8_param_gather_) optimizer_->enable_byte_publish(fp8_param_gather_->publish(*optimizer_));
   if (d.overlap_grad_reduce) optimizer_->enable_grad_overlap(d.bucket_numel);
   if (fp8_ && fp8_->overwrites_main_grads() && c_.precision.grads_in_fp32) {
     // FP8 wgrad GEMMs write their fp32 main gradients (overwriting in a step's first backward):
@@ -312,8 +321,11 @@ torch::Tensor Trainer::train_step() {
   // Averaged before the step: with --overlap-param-gather the step leaves the weights' all-gathers
   // in flight on the data-parallel group, and a collective queued behind them would wait for all.
   auto loss = average_loss(loss_sum);
+  // New scales (delayed scaling) and new weights to quantize before the step: --fp8-param-gather
+  // casts the new weights with them in the step (as the next forward would), and the amax
+  // reduction does not queue behind --overlap-param-gather's gathers.
+  if (fp8_) end_fp8_step();
   last_step_ = optimizer_->step(schedule_.lr(), schedule_.weight_decay(), scaler_.scale());
-  if (fp8_) end_fp8_step();  // new weights to quantize; delayed scaling: new scales
   timers_.stop("optimizer", 1);
   bool advance_schedule = true;
   if (scaler_.dynamic()) {
@@ -476,6 +488,9 @@ TrainResult Trainer::run() {
     async_saver_->reserve(checkpoint_state());
   }
   const int64_t first_iteration = load_checkpoint(checkpoint_state()) + 1;
+  // --fp8-param-gather: the loaded weights cast with the loaded FP8 scales, as the step that
+  // saved them published them.
+  if (fp8_param_gather_ && first_iteration > 1) optimizer_->publish_model_params();
   std::optional<ExitSignalHandler> exit_signal;
   if (c_.checkpoint.exit_signal_handler) exit_signal.emplace(c_.checkpoint.exit_signal);
   const auto& t = c_.training;

@@ -104,7 +104,11 @@ PrecisionConfig build_precision(const FlagValues& f) {
 Fp8Config build_fp8(const FlagValues& f, const ModelConfig& m, const PrecisionConfig& p, bool gpu) {
   Fp8Config c;
   const std::string format = f.get_string("fp8-format");
-  if (format.empty()) return c;
+  if (format.empty()) {
+    if (f.get_bool("fp8-param-gather"))
+      throw UserError("--fp8-param-gather keeps the FP8 linears' weights in FP8: it needs --fp8-format");
+    return c;
+  }
   if (!m.transformer_engine_modules)
     throw UserError("--fp8-format needs --transformer-impl transformer_engine (the local modules are plain bf16)");
   if (gpu && p.params_dtype != ParamDtype::Bf16)
@@ -126,6 +130,7 @@ Fp8Config build_fp8(const FlagValues& f, const ModelConfig& m, const PrecisionCo
   }
   c.min_features = f.get_int("fp8-min-features");
   c.grouped_gemm_fp8 = !f.get_bool("no-use-gmm-fp8");
+  c.param_gather = f.get_bool("fp8-param-gather");
   if (c.min_features < 0) throw UserError("--fp8-min-features must be >= 0");
   return c;
 }

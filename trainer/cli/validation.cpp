@@ -265,6 +265,21 @@ const std::vector<Rule>& rules() {
          }
          return "";
        }},
+      {"FP8 parameters",
+       [](const Config& c, const FlagValues&) -> std::string {
+         const auto& fp8 = c.precision.fp8;
+         if (!fp8.param_gather) return "";
+         if (!c.distributed.distributed_optimizer)
+           return "--fp8-param-gather only supported with distributed optimizer, torch fsdp2, megatron fsdp, or inference "
+                  "mode (Megatron): add --use-distributed-optimizer";
+         const auto kind = fp8::recipe_kind(*fp8.recipe);
+         if (kind == fp8::RecipeKind::kBlockwise || kind == fp8::RecipeKind::kMxfp8)
+           return std::string("--fp8-param-gather with --fp8-recipe ") + fp8::recipe_kind_name(kind) +
+                  " is not supported yet: fp8tron casts FP8 parameters with per-tensor scales (delayed, tensorwise)";
+         if (fp8::recipe_format(*fp8.recipe) == fp8::Fp8Format::kHiF8)
+           return "--fp8-param-gather with --fp8-format hif8 is not supported: HiF8 runs emulated (E4M3/E5M2 weights only)";
+         return "";
+       }},
       {"pipeline p2p overlap in warmup and flush",
        [](const Config& c, const FlagValues&) -> std::string {
          const auto& d = c.distributed;
