@@ -698,7 +698,7 @@ std::shared_ptr<Quantized> rowwise_from_codes(Fp8Engine& e, const Quantized& lik
   return q;
 }
 
-std::shared_ptr<Quantized> slice_rows(Fp8Engine& e, const Quantized& q, int64_t begin, int64_t count) {
+std::shared_ptr<Quantized> slice_rows(Fp8Engine&, const Quantized& q, int64_t begin, int64_t count) {
   FP8TRON_CHECK(q.data.defined(), "slice_rows needs the row-wise copy");
   auto s = std::make_shared<Quantized>();
   Fp8TensorView& v = s->view;
@@ -714,7 +714,7 @@ std::shared_ptr<Quantized> slice_rows(Fp8Engine& e, const Quantized& q, int64_t 
   return s;
 }
 
-std::shared_ptr<Quantized> slice_cols_transposed(Fp8Engine& e, const Quantized& q, int64_t begin, int64_t count) {
+std::shared_ptr<Quantized> slice_cols_transposed(Fp8Engine&, const Quantized& q, int64_t begin, int64_t count) {
   FP8TRON_CHECK(q.data_t.defined(), "slice_cols_transposed needs the transposed copy");
   auto s = std::make_shared<Quantized>();
   Fp8TensorView& v = s->view;
@@ -745,7 +745,6 @@ std::shared_ptr<Quantized> slice_cols_transposed(Fp8Engine& e, const Quantized& 
       break;
   }
   if (q.dequantized_t.defined()) s->dequantized_t = q.dequantized_t.narrow(0, begin, count);
-  (void)e;
   return s;
 }
 

@@ -168,7 +168,7 @@ TpLinearPlan column(GemmOverlap fprop, GemmOverlap dgrad, GemmOverlap wgrad) { r
 TpLinearPlan row(GemmOverlap fprop, GemmOverlap dgrad) { return {false, fprop, dgrad, GemmOverlap{}}; }
 
 // Every method of every direction (the ones a group size allows).
-std::vector<Case> cases(bool fp8) {
+std::vector<Case> cases() {
   const bool four = tp().size() >= 4 && tp().size() % 2 == 0;
   std::vector<Case> c = {
       {"column plain collectives", column(how(M::kOff), how(M::kOff), how(M::kOff))},
@@ -186,34 +186,33 @@ std::vector<Case> cases(bool fp8) {
     c.push_back({"column aggregated ring", column(how(M::kRingExchange, 4, true), how(M::kBulk), how(M::kBulk))});
     c.push_back({"row aggregated dgrad ring", row(how(M::kOff), how(M::kRingExchange, 4, true))});
   }
-  (void)fp8;
   return c;
 }
 
 TEST(TpLinear, PlainEqualsTheMappingsBitwise) {
   Harness h(std::nullopt, 32);
-  for (const auto& c : cases(false)) h.check(c);
+  for (const auto& c : cases()) h.check(c);
 }
 
 TEST(TpLinear, Fp8DelayedEqualsBitwise) {
   Harness h(fp8::make_recipe(fp8::RecipeKind::kDelayed, fp8::Fp8Format::kHybrid, 0, 1, 4), 32);
-  for (const auto& c : cases(true)) h.check(c);
+  for (const auto& c : cases()) h.check(c);
 }
 
 TEST(TpLinear, Fp8TensorwiseEqualsBitwise) {
   Harness h(fp8::make_recipe(fp8::RecipeKind::kTensorwise, fp8::Fp8Format::kHybrid), 32);
-  for (const auto& c : cases(true)) h.check(c);
+  for (const auto& c : cases()) h.check(c);
 }
 
 // 128x128 weight blocks: column splits of 128 (width 256, two splits).
 TEST(TpLinear, Fp8BlockwiseEqualsBitwise) {
   Harness h(fp8::make_recipe(fp8::RecipeKind::kBlockwise, fp8::Fp8Format::kE4M3), 256);
-  for (const auto& c : cases(true)) h.check(c);
+  for (const auto& c : cases()) h.check(c);
 }
 
 TEST(TpLinear, Fp8Mxfp8EqualsBitwise) {
   Harness h(fp8::make_recipe(fp8::RecipeKind::kMxfp8, fp8::Fp8Format::kE4M3), 64);
-  for (const auto& c : cases(true)) h.check(c);
+  for (const auto& c : cases()) h.check(c);
 }
 
 // FP8 partials on the wire (fp8_buf): another rounding, so within a tolerance (each partial's

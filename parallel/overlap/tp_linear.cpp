@@ -210,9 +210,11 @@ torch::Tensor scatter_pipeline(Communicator& comm, LinearKernels& k, const GemmO
     works.push_back(comm.reduce_scatter_async(results.back(), parts[j]));
   };
   for (size_t j = 0; j < splits.size(); ++j) {
+    // Issued before GEMM j is: the reduce-scatter of split j - 1 then waits only for GEMMs up to
+    // j - 1 and runs beside GEMM j.
+    if (j > 0) issue(j - 1);
     parts.push_back(torch::empty({rows, splits[j].count}, options));
     produce({0, rows}, splits[j], parts[j]);
-    if (j > 0) issue(j - 1);
   }
   issue(splits.size() - 1);
   auto out = torch::empty({local, cols}, options);

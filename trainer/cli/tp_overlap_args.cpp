@@ -208,7 +208,7 @@ void apply_switches(const FlagValues& f, std::array<GemmOverlap, kNumTpGemms>& p
 }
 
 // Knobs that do not change fp8tron's schedule, said once each.
-void note_ring_knobs(std::array<GemmOverlap, kNumTpGemms>& plan, const std::array<CfgOverlay, kNumTpGemms>& seen,
+void note_ignored_knobs(std::array<GemmOverlap, kNumTpGemms>& plan, const std::array<CfgOverlay, kNumTpGemms>& seen,
                      int tp, std::vector<std::string>& notices) {
   bool ce_noted = false, sms_noted = false;
   for (size_t i = 0; i < kNumTpGemms; ++i) {
@@ -244,7 +244,7 @@ TpOverlapConfig megatron_plan(const FlagValues& f, int tp, bool fp8, std::vector
   const auto seen = overlay_cfg(f.get_string("tp-comm-overlap-cfg"), c.gemms, fp8, notices);
   set_wires(c.gemms, seen, fp8);
   apply_switches(f, c.gemms, seen);
-  note_ring_knobs(c.gemms, seen, tp, notices);
+  note_ignored_knobs(c.gemms, seen, tp, notices);
   return c;
 }
 
