@@ -1,5 +1,6 @@
-// The pieces of the FP8 linear (fp8_linear.h) for linears that run their GEMMs on row blocks and
-// move quantized rows between ranks: the communicating op of parallel/overlap, through
+// The pieces of the FP8 linear (fp8_linear.h; the quantized tensors and quantizers of
+// quantized_tensor.h) for linears that run their GEMMs on row blocks and move quantized rows
+// between ranks: the communicating op of parallel/overlap, through
 // models/linear_kernels_fp8.h. The same quantizers, GEMMs and weight cache as fp8_linear, so a
 // linear computed in pieces from the same codes and scales gives the same products. fp8/ knows
 // nothing of process groups: a cross-rank amax reduction is a callback (AmaxReducer).
@@ -11,20 +12,10 @@
 
 #include "fp8/fp8_linear.h"
 #include "fp8/quantize.h"
+#include "fp8/quantized_tensor.h"
 #include "fp8/recipe.h"
 
 namespace fp8tron::fp8 {
-
-// A quantized 2-D tensor: the view the kernels and GEMMs take, the torch tensors that own its
-// memory, and on the emulated and CPU paths the dequantized copies the high-precision GEMMs use.
-struct Quantized {
-  Fp8TensorView view;
-  torch::Tensor data, data_t, scale, scale_inv, scale_inv_t, amax;
-  torch::Tensor dequantized, dequantized_t;  // [rows, cols] and [cols, rows]
-};
-
-enum class Fp8Path { kNative, kEmulated, kCpu };
-Fp8Path fp8_path(const Fp8Engine& engine);
 
 // Quantizes x2d [rows, cols] for `role` of `site` as fp8_linear does: the row-wise copy and/or the
 // transposed copy, recording the amax (delayed scaling) when `record_amax`. With tensorwise
@@ -61,8 +52,7 @@ torch::Tensor fp8_gemm(Fp8Engine& engine, const Quantized& a, bool a_transposed,
 // transposed copy is their byte transpose) and dequantization factor.
 std::shared_ptr<Quantized> weight_from_codes(Fp8Engine& engine, const Fp8Site& site);
 
-// The weight quantized for the current optimizer step (both copies), cached on the site.
-std::shared_ptr<Quantized> step_weight(Fp8Site& site, const torch::Tensor& weight, bool record_amax);
+// (The weight of the current optimizer step: quantized_weight, quantized_tensor.h.)
 
 // The high-precision values of a copy (fp32 on the CPU, bf16 on the GPU).
 torch::Tensor dequantized_copy(Fp8Engine& engine, const Quantized& q, bool transposed);

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "models/cross_entropy.h"
 #include "parallel/parallel_state.h"
 #include "parallel/tensor_parallel.h"
 
@@ -209,7 +210,7 @@ torch::Tensor GptModelImpl::forward_stage(const torch::Tensor& input, const torc
   if (!stage_.has_head) return h;
   auto logits = head_logits(h);
   const int64_t vocab_start = tp_.rank * (config_.padded_vocab_size / tp_.size);
-  auto per_token = vocab_parallel_cross_entropy(logits, labels.t(), vocab_start, *tp_.comm);  // [s, b]
+  auto per_token = fused_vocab_parallel_cross_entropy(logits, labels.t(), vocab_start, *tp_.comm);  // [s, b]
   auto mask = loss_mask.t().to(torch::kFloat32);
   return (per_token * mask).sum() / mask.sum().clamp_min(1.0);
 }

@@ -44,7 +44,7 @@ torch::Tensor swiglu_backward(const torch::Tensor& grad, const torch::Tensor& h)
 bool fused_norm_cast_available(const fp8::Fp8Site& site, const torch::Tensor& x, const torch::Tensor& gamma,
                                const torch::Tensor& beta) {
   const fp8::Fp8Engine& e = *site.engine;
-  return fp8::fp8_path(e) == fp8::Fp8Path::kNative && fp8::recipe_kind(e.recipe()) == fp8::RecipeKind::kDelayed &&
+  return fp8::path_of(e) == fp8::Path::kNative && fp8::recipe_kind(e.recipe()) == fp8::RecipeKind::kDelayed &&
          torch::GradMode::is_enabled() && site.parameter.requires_grad() && x.scalar_type() == torch::kBFloat16 &&
          gamma.scalar_type() == torch::kBFloat16 && (!beta.defined() || beta.scalar_type() == torch::kBFloat16);
 }
@@ -82,13 +82,13 @@ bool Fp8LinearKernels::tensor_scaled(TensorRole role) const {
 }
 
 int Fp8LinearKernels::sm_budget(const GemmOverlap& how) const {
-  if (!how.enabled() || !how.sm_margin || fp8::fp8_path(engine_) != fp8::Fp8Path::kNative) return 0;
+  if (!how.enabled() || !how.sm_margin || fp8::path_of(engine_) != fp8::Path::kNative) return 0;
   const int sms = at::cuda::getDeviceProperties(engine_.device().index())->multiProcessorCount;
   return std::max(1, sms - how.num_sm);
 }
 
 const Quantized& Fp8LinearKernels::weight_q() {
-  if (!weight_q_) weight_q_ = fp8::step_weight(site_, weight_param_, track_);
+  if (!weight_q_) weight_q_ = fp8::quantized_weight(site_, weight_param_, track_);
   return *weight_q_;
 }
 
@@ -232,7 +232,7 @@ Operand Fp8LinearKernels::prepare_grad_output(const torch::Tensor& dy, bool to_g
   // A column-parallel dY is whole on every rank: both copies, as fp8_linear's backward; the bias
   // gradient comes out of the cast where it can.
   fp8::TensorCastFusion fusion;
-  const bool fused_db = bias_.defined() && fp8::fp8_path(engine_) == fp8::Fp8Path::kNative &&
+  const bool fused_db = bias_.defined() && fp8::path_of(engine_) == fp8::Path::kNative &&
                         !engine_.options().deterministic && tensor_scaled(TensorRole::kGradOutput);
   torch::Tensor rows = dy;
   if (fused_db) {
@@ -282,7 +282,7 @@ overlap::WeightGrads Fp8LinearKernels::wgrad(const Operand& dy, const Operand& x
     // (gradient-accumulation fusion, as fp8_linear).
     const Quantized& xt = *block_of(x)->q;
     const torch::Tensor main_grad = weight_param_.grad();
-    if (fp8::fp8_path(engine_) == fp8::Fp8Path::kNative && main_grad.defined() &&
+    if (fp8::path_of(engine_) == fp8::Path::kNative && main_grad.defined() &&
         main_grad.scalar_type() == torch::kFloat32 && main_grad.is_contiguous() && main_grad.sizes() == weight_param_.sizes()) {
       const bool overwrite = engine_.overwrite_main_grads() && site_.main_grad_generation != engine_.weight_generation();
       site_.main_grad_generation = engine_.weight_generation();

@@ -87,7 +87,6 @@ void GradBuckets::param_ready(size_t bucket) {
 void GradBuckets::launch(Bucket& b) {
   torch::NoGradGuard no_grad;
   auto slice = grads_.narrow(0, b.offset, b.numel);
-  slice.mul_(1.0 / dp_->size());  // average over data-parallel ranks
   if (shard_numel_ == 0) {
     b.work = dp_->all_reduce_async(slice, ReduceOp::Sum);
     return;

@@ -64,7 +64,8 @@ class GradBuckets {
   void arm();
   // Launches the buckets that did not complete (parameters without gradients), runs
   // `before_deferred`, launches the deferred buckets and waits for all. Gradients are then
-  // averaged over the data-parallel group (where this rank owns them, with shard_numel).
+  // summed over the data-parallel group (where this rank owns them, with shard_numel); the caller
+  // scales the backward pass so that the sum is the mean (trainer.cpp, train_step).
   void finish(const std::function<void()>& before_deferred = {});
   size_t num_buckets() const { return buckets_.size(); }
 

@@ -23,6 +23,7 @@ N=${1:-$(nvidia-smi -L | wc -l)}
 WHAT=${2:-all}
 ITERS=${BENCH_ITERS:-10}
 GBS=${BENCH_GBS:-64}
+failed=0  # any failed run makes the script exit non-zero
 
 # launch <log> <config> <flags...>: one training run; false when it failed.
 launch() {
@@ -40,7 +41,7 @@ run() {  # run <name> <flags...>: one row of the layout table
   local name=$1; shift
   local log="$OUT/parallel-$name.log"
   launch "$log" configs/gpt-1.3b.json --global-batch-size "$GBS" "$@" ||
-    { echo "| $name | $* | failed: $(grep -m1 -i error "$log" | cut -c1-120) | | |"; return; }
+    { echo "| $name | $* | failed: $(grep -m1 -i error "$log" | cut -c1-120) | | |"; failed=1; return; }
   local mem; mem=$(sed -n 's/.*max allocated: \([0-9.]*\).*/\1/p' "$log" | head -1)
   echo "| $name | $* | $(tokens_per_second "$log") | $(tflops "$log") | $mem |"
 }
@@ -88,6 +89,7 @@ overlap_pair() {
     [ "$variant" != none ] && extra=(--$variant)
     if ! launch "$log" "$config" --timing-log-level 1 "$@" "${extra[@]}"; then
       echo "| $model | $layout | $precision | $variant | failed: $(grep -m1 -i error "$log" | cut -c1-100) | | | | |"
+      failed=1
       continue
     fi
     local tps exposed cut speedup
@@ -131,3 +133,4 @@ case $WHAT in
   all) layouts; overlap_tables ;;
   *) echo "usage: $0 [GPUS] [layouts|overlap|all]" >&2; exit 2 ;;
 esac
+exit $failed

@@ -14,13 +14,14 @@ recipes=("bf16" "delayed hybrid" "tensorwise hybrid" "blockwise e4m3" "mxfp8 hyb
 echo "| recipe | format | final loss (last 50 its) | vs bf16 | tokens/s |"
 echo "| --- | --- | --- | --- | --- |"
 baseline=""
+failed=0
 for r in "${recipes[@]}"; do
   set -- $r
   flags=()
   [ "$1" != bf16 ] && flags=(--fp8-recipe "$1" --fp8-format "$2")
   log="$OUT/convergence-${1}-${2:-bf16}.log"
   ./build/fp8tron --config configs/gpt2-124m.json --train-iters "$ITERS" --lr-warmup-iters 50 --log-interval 50 \
-    "${flags[@]}" >"$log" 2>&1 || { echo "| $1 | ${2:-} | failed: $(tail -1 "$log") | | |"; continue; }
+    "${flags[@]}" >"$log" 2>&1 || { echo "| $1 | ${2:-} | failed: $(tail -1 "$log") | | |"; failed=1; continue; }
   last=$(grep " iteration " "$log" | tail -1)
   loss=$(sed -n 's/.*lm loss: \([0-9.E+-]*\).*/\1/p' <<<"$last")
   tps=$(sed -n 's/.*tokens per second: \([0-9.]*\).*/\1/p' <<<"$last")
@@ -28,3 +29,4 @@ for r in "${recipes[@]}"; do
   diff=$(python3 -c "print(f'{100*($loss-$baseline)/$baseline:+.2f}%')")
   echo "| $1 | ${2:-} | $loss | $diff | $tps |"
 done
+exit $failed

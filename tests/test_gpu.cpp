@@ -57,10 +57,17 @@ TEST(Gpu, Bf16GqaRopeSwigluTrains) {
   EXPECT_LT(r.losses.back(), r.losses.front() - 2.5);
 }
 
-// Exact resume on the GPU: 20 iterations straight vs 10 + save + load + 10. Bitwise only where
-// the GPU kernels are deterministic, which a second straight run tells; otherwise the test
-// reports the run-to-run difference and skips.
-void check_gpu_resume(std::initializer_list<std::string> model, bool must_repeat = false) {
+// Resume on the GPU: 20 iterations straight (twice) vs 10 + save + load + 10.
+//   kBitwise: the run must repeat bit for bit (--deterministic-mode) and the resumed run must equal
+//             the straight one bit for bit.
+//   kWithinRunToRunNoise: default kernels (cuDNN attention's backward, atomics) are not
+//             deterministic, so two straight runs differ a little; the resumed run must stay
+//             within that run-to-run difference (4x its largest value, and never more than 1e-4
+//             relative: a resume that loses the optimizer state, the schedule or the RNG shows up
+//             as far more). A difference is a failure, never a skip.
+enum class ResumeCheck { kBitwise, kWithinRunToRunNoise };
+
+void check_gpu_resume(std::initializer_list<std::string> model, ResumeCheck check) {
   const std::string dir = temp_file("gpu_ckpt", "");
   std::remove(dir.c_str());
   auto config = [&](std::vector<std::string> extra) {
@@ -78,17 +85,22 @@ void check_gpu_resume(std::initializer_list<std::string> model, bool must_repeat
   checkpoint::remove_tree(dir);  // not std::filesystem::remove_all: see file_io.h
   ASSERT_EQ(resumed.losses.size(), 10u);
   const std::vector<double> tail(a.losses.begin() + 10, a.losses.end());
-  if (must_repeat) {
+  if (check == ResumeCheck::kBitwise) {
     EXPECT_EQ(a.losses, b.losses) << "two identical runs differ";
     EXPECT_EQ(a.final_weights_sample, b.final_weights_sample) << "two identical runs differ";
-  } else if (a.losses != b.losses) {
-    double worst = 0;
-    for (size_t i = 0; i < a.losses.size(); ++i) worst = std::max(worst, std::abs(a.losses[i] - b.losses[i]));
-    GTEST_SKIP() << "two identical GPU runs differ (largest loss difference " << worst
-                 << "): the kernels are not deterministic here, so bitwise resume cannot be checked";
+    EXPECT_EQ(tail, resumed.losses) << "resumed run differs from the straight run";
+    EXPECT_EQ(a.final_weights_sample, resumed.final_weights_sample);
+    return;
   }
-  EXPECT_EQ(tail, resumed.losses) << "resumed run differs from the straight run";
-  EXPECT_EQ(a.final_weights_sample, resumed.final_weights_sample);
+  double noise = 0;
+  for (size_t i = 0; i < a.losses.size(); ++i) noise = std::max(noise, std::abs(a.losses[i] - b.losses[i]));
+  std::printf("[gpu-resume] run-to-run loss difference %.3g\n", noise);
+  for (size_t i = 0; i < tail.size(); ++i) {
+    const double bound = std::min(std::max(4 * noise, 1e-7 * std::abs(tail[i])), 1e-4 * std::abs(tail[i]));
+    EXPECT_LE(std::abs(resumed.losses[i] - tail[i]), bound)
+        << "resumed iteration " << 11 + i << ": " << resumed.losses[i] << " vs straight " << tail[i]
+        << " (run-to-run difference " << noise << ")";
+  }
 }
 
 // FP8 through the whole trainer (two micro-batches per step: the wgrad overwrite-then-accumulate
@@ -107,12 +119,19 @@ TEST(Gpu, Fp8TrainingTracksBf16) {
 
 TEST(Gpu, CheckpointResumeIsExactFp32) {
   REQUIRE_GPU();
-  check_gpu_resume({"--attention-dropout", "0", "--hidden-dropout", "0"});
+  check_gpu_resume({"--attention-dropout", "0", "--hidden-dropout", "0", "--deterministic-mode"}, ResumeCheck::kBitwise);
 }
 
 TEST(Gpu, CheckpointResumeIsExactBf16WithDropout) {
   REQUIRE_GPU();
-  check_gpu_resume({"--bf16", "--hidden-dropout", "0.1", "--attention-dropout", "0.1"});
+  check_gpu_resume({"--bf16", "--hidden-dropout", "0.1", "--attention-dropout", "0.1", "--deterministic-mode"},
+                   ResumeCheck::kBitwise);
+}
+
+TEST(Gpu, CheckpointResumeStaysWithinRunToRunNoiseWithDefaultKernels) {
+  REQUIRE_GPU();
+  check_gpu_resume({"--bf16", "--hidden-dropout", "0.1", "--attention-dropout", "0.1"},
+                   ResumeCheck::kWithinRunToRunNoise);
 }
 
 // --deterministic-mode: cuDNN attention (no deterministic backward) gives way to flash attention
@@ -134,7 +153,7 @@ TEST(Gpu, DeterministicModeRepeatsAndResumesBitwise) {
   EXPECT_EQ(attention_backend_name(c.model, 8, gpu, torch::kBFloat16), "cuDNN fused attention");
   check_gpu_resume({"--bf16", "--deterministic-mode", "--hidden-dropout", "0.1", "--attention-dropout", "0.1",
                     "--vocab-size", "32"},
-                   /*must_repeat=*/true);
+                   ResumeCheck::kBitwise);
 }
 
 }  // namespace fp8tron

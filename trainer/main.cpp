@@ -37,6 +37,7 @@ int main(int argc, char** argv) {
     log::info(format_arguments(config));
     log::info(format_plan(config));
     if (config.dry_run) {
+      require_supported(config);  // the real run would be refused: so is the plan
       log::info("dry run: configuration is valid; exiting without reading data or touching a GPU");
       return 0;
     }

@@ -19,12 +19,14 @@
 #include "parallel/layer_split.h"
 #include "parallel/overlap/comm_timer.h"
 #include "parallel/pipeline_schedule.h"
+#include "trainer/cli/config_builder.h"
 #include "trainer/checkpoint/async_saver.h"
 #include "trainer/checkpoint/load.h"
 #include "trainer/checkpoint/save.h"
 #include "trainer/determinism.h"
 #include "trainer/exit_signal.h"
 #include "trainer/fp8_param_gather.h"
+#include "trainer/profiling.h"
 #include "trainer/logging/iteration_log.h"
 #include "trainer/optim/loss_scaler.h"
 #include "trainer/optim/lr_schedule.h"
@@ -84,7 +86,7 @@ std::shared_ptr<SampleSource> make_source(const Config& c) {
     case DataSource::Files: {
       const auto& t = c.training;
       FileSourceSizes sizes{megatron_split_samples(t.train_iters, t.train_samples, t.global_batch_size, t.eval_interval,
-                                                   t.eval_iters),
+                                                   t.eval_iters, t.start_eval_at_iter),
                             c.model.seq_length, t.seed};
       return make_file_source(c.data, sizes);
     }
@@ -127,7 +129,10 @@ class Trainer {
   double evaluate();
   void log_interval(int64_t iteration, double seconds, int64_t iterations_in_interval);
   void write_tensorboard(int64_t iteration, const torch::Tensor& loss);
-  void collect_weights(TrainResult& result);
+  Timers::Report timer_report(double iterations);
+  bool evaluation_due(int64_t iteration) const;
+  void write_validation_tensorboard(int64_t iteration, double loss);
+  std::map<std::string, torch::Tensor> global_weights(std::vector<double>* sample = nullptr);
   TrainingState checkpoint_state();
   void save(int64_t iteration, bool non_persistent = false);
   bool checkpoint_and_decide_exit(int64_t iteration, Clock::time_point start, const ExitSignalHandler* signal);
@@ -304,7 +309,12 @@ torch::Tensor Trainer::train_step() {
   const auto& t = c_.training;
   timers_.start("forward-backward", 1);
   optimizer_->zero_grad();
-  const double backward_scale = scaler_.scale() / double(t.num_micro_batches);
+  // Each micro-batch's loss is scaled by 1 / (micro-batches x data-parallel ranks) in backward, and
+  // the data-parallel reduction then sums: the same mean gradient as Megatron's local average
+  // followed by a data-parallel average, but every micro-batch's gradients have the same magnitude
+  // in every layout, so FP8 casts with scales from earlier steps (delayed scaling) round them alike
+  // whatever the data-parallel size.
+  const double backward_scale = scaler_.scale() / double(t.num_micro_batches * parallel_.sizes.dp);
   auto loss_sum = pipeline_->run(
       t.num_micro_batches,
       [&](int chunk, int64_t mb, const torch::Tensor& input) {
@@ -398,30 +408,65 @@ void Trainer::write_tensorboard(int64_t iteration, const torch::Tensor& loss) {
   const double l = loss.item<double>();
   const double params_norm = c_.logging.log_params_norm ? optimizer_->params_norm().item<double>() : 0.0;
   if (!tensorboard_) return;  // every rank joins the norm's collectives; rank 0 writes
-  tensorboard_->add_scalar("learning-rate", schedule_.lr(), iteration);
-  tensorboard_->add_scalar("learning-rate vs samples", schedule_.lr(), consumed_train_samples_);
-  tensorboard_->add_scalar("batch-size", double(c_.training.global_batch_size), iteration);
-  tensorboard_->add_scalar("lm loss", l, iteration);
-  tensorboard_->add_scalar("lm loss vs samples", l, consumed_train_samples_);
-  tensorboard_->add_scalar("loss-scale", scaler_.scale(), iteration);
-  tensorboard_->add_scalar("grad-norm", last_step_.grad_norm.item<double>(), iteration);
-  if (c_.logging.log_params_norm) tensorboard_->add_scalar("params-norm", params_norm, iteration);
+  // Megatron's training_log scalars, each also against the consumed samples.
+  const auto& g = c_.logging;
+  auto both = [&](const std::string& tag, double value) {
+    tensorboard_->add_scalar(tag, value, iteration);
+    tensorboard_->add_scalar(tag + " vs samples", value, consumed_train_samples_);
+  };
+  both("learning-rate", schedule_.lr());
+  both("batch-size", double(c_.training.global_batch_size));
+  both("lm loss", l);
+  if (g.log_loss_scale_to_tensorboard) both("loss-scale", scaler_.scale());
+  if (g.log_world_size_to_tensorboard) both("world-size", double(c_.parallel.world_size));
+  both("grad-norm", last_step_.grad_norm.item<double>());
+  if (g.log_params_norm) both("params-norm", params_norm);
+  if (g.log_memory_to_tensorboard && device_.is_cuda()) {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device_.index());
+    const auto all = size_t(c10::CachingAllocator::StatType::AGGREGATE);
+    tensorboard_->add_scalar("mem-reserved-bytes", double(stats.reserved_bytes[all].current), iteration);
+    tensorboard_->add_scalar("mem-allocated-bytes", double(stats.allocated_bytes[all].current), iteration);
+    tensorboard_->add_scalar("mem-max-allocated-bytes", double(stats.allocated_bytes[all].peak), iteration);
+    tensorboard_->add_scalar("mem-allocated-count", double(stats.allocation[all].current), iteration);
+  }
 }
 
-void Trainer::collect_weights(TrainResult& result) {
+// The timers' report, in Megatron's log order, with every rank's times gathered over the world.
+Timers::Report Trainer::timer_report(double iterations) {
+  // tp-comm-exposed / pp-comm-exposed: the waits for tensor-parallel collectives and pipeline
+  // receives that no computation hid (parallel/overlap/comm_timer.h).
+  static const std::vector<std::string> kLogOrder = {"forward-backward", "batch-generator", "optimizer",
+                                                     "tp-comm-exposed", "pp-comm-exposed"};
+  auto gather = [this](const std::vector<double>& mine) {
+    const int n = parallel_.sizes.world_size;
+    auto local = torch::tensor(mine, torch::TensorOptions().dtype(torch::kFloat64)).to(device_);
+    auto all = torch::empty({n * int64_t(mine.size())}, local.options());
+    parallel_.world->all_gather(all, local);
+    all = all.cpu();
+    return std::vector<double>(all.data_ptr<double>(), all.data_ptr<double>() + all.numel());
+  };
+  return timers_.report(kLogOrder, iterations, c_.logging.timing_log_option, gather, parallel_.sizes.world_size);
+}
+
+// The global (tensor-parallel-gathered) fp32 value of each of this rank's parameters, and a few
+// values of each in `sample` (determinism tests compare those).
+std::map<std::string, torch::Tensor> Trainer::global_weights(std::vector<double>* sample) {
   torch::NoGradGuard no_grad;
   optimizer_->finish_param_gather();
+  std::map<std::string, torch::Tensor> out;
   for (auto& chunk : chunks_) {
     const auto infos = chunk->param_infos();
     for (const auto& item : chunk->named_parameters()) {
       const ParamInfo& info = infos.at(item.key());
       auto global = gather_global_param(item.value().detach().to(torch::kFloat32), info, *parallel_.tp).cpu();
-      if (!info.shared_embedding_copy) result.final_weights[item.key()] = global;
+      if (!info.shared_embedding_copy) out[item.key()] = global;
+      if (!sample) continue;
       auto flat = global.reshape({-1}).to(torch::kFloat64);
-      result.final_weights_sample.push_back(flat[0].item<double>());
-      result.final_weights_sample.push_back(flat.sum().item<double>());
+      sample->push_back(flat[0].item<double>());
+      sample->push_back(flat.sum().item<double>());
     }
   }
+  return out;
 }
 
 TrainingState Trainer::checkpoint_state() {
@@ -438,6 +483,24 @@ void Trainer::save(int64_t iteration, bool non_persistent) {
   }
   // A non-persistent checkpoint does not stand in for the persistent one at the end or on exit.
   if (!non_persistent) last_saved_iteration_ = iteration;
+}
+
+// Megatron's rule: every --eval-interval iterations, from --start-eval-at-iter on.
+bool Trainer::evaluation_due(int64_t iteration) const {
+  const auto& t = c_.training;
+  return t.eval_iters > 0 && valid_loader_->has_data() && iteration % t.eval_interval == 0 &&
+         (!t.start_eval_at_iter || iteration >= *t.start_eval_at_iter);
+}
+
+void Trainer::write_validation_tensorboard(int64_t iteration, double loss) {
+  if (!tensorboard_) return;
+  tensorboard_->add_scalar("lm loss validation", loss, iteration);
+  tensorboard_->add_scalar("lm loss validation vs samples", loss, consumed_train_samples_);
+  if (c_.logging.log_validation_ppl_to_tensorboard) {
+    const double ppl = std::exp(std::min(20.0, loss));
+    tensorboard_->add_scalar("lm loss validation ppl", ppl, iteration);
+    tensorboard_->add_scalar("lm loss validation ppl vs samples", ppl, consumed_train_samples_);
+  }
 }
 
 // Megatron's checkpoint_and_decide_exit, after every iteration: an exit signal, the save interval,
@@ -491,10 +554,12 @@ TrainResult Trainer::run() {
   // --fp8-param-gather: the loaded weights cast with the loaded FP8 scales, as the step that
   // saved them published them.
   if (fp8_param_gather_ && first_iteration > 1) optimizer_->publish_model_params();
+  TrainResult result;
+  if (options_.collect_initial_weights) result.initial_weights = global_weights();
   std::optional<ExitSignalHandler> exit_signal;
   if (c_.checkpoint.exit_signal_handler) exit_signal.emplace(c_.checkpoint.exit_signal);
+  StepProfiler profiler(c_.profiling, parallel_.world_rank, c_.logging.tensorboard_dir, device_.is_cuda());
   const auto& t = c_.training;
-  TrainResult result;
   result.iterations = first_iteration - 1;
   std::vector<torch::Tensor> losses;
   losses.reserve(size_t(t.train_iters));
@@ -504,6 +569,7 @@ TrainResult Trainer::run() {
   int64_t interval_iterations = 0;
   bool memory_reported = false;
   for (int64_t iteration = first_iteration; iteration <= t.train_iters; ++iteration) {
+    profiler.before_iteration(iteration, [this] { synchronize(); });
     losses.push_back(train_step());
     ++interval_iterations;
     result.iterations = iteration;
@@ -514,20 +580,21 @@ TrainResult Trainer::run() {
       synchronize();
       const auto now = Clock::now();
       log_interval(iteration, std::chrono::duration<double>(now - interval_start).count(), interval_iterations);
-      std::string timing = timers_.report(double(interval_iterations));
-      if (!timing.empty()) log::info(timing);
+      const Timers::Report timing = timer_report(double(interval_iterations));
+      if (!timing.text.empty()) log::info(timing.text);
+      if (tensorboard_ && c_.logging.log_timers_to_tensorboard)
+        for (const auto& [name, ms] : timing.max_ms) tensorboard_->add_scalar(name + "-time", ms, iteration);
       if (!memory_reported) { log::info(memory_report(device_, iteration)); memory_reported = true; }
       interval_start = Clock::now();
       interval_iterations = 0;
     }
-    if (t.eval_iters > 0 && valid_loader_->has_data() && iteration % t.eval_interval == 0) {
+    if (evaluation_due(iteration)) {
       const auto eval_start = Clock::now();
       result.last_validation_loss = evaluate();
       log::info(format_validation_block(strprintf("validation loss at iteration %lld", (long long)iteration),
                                         result.last_validation_loss));
       if (tensorboard_) {
-        tensorboard_->add_scalar("lm loss validation", result.last_validation_loss, iteration);
-        tensorboard_->add_scalar("lm loss validation ppl", std::exp(std::min(20.0, result.last_validation_loss)), iteration);
+        write_validation_tensorboard(iteration, result.last_validation_loss);
       }
       interval_start += Clock::now() - eval_start;  // evaluation time is not training time
     }
@@ -536,6 +603,7 @@ TrainResult Trainer::run() {
     interval_start += Clock::now() - decide_start;  // neither is saving
     if (exit) break;
   }
+  profiler.finish();  // a window that reaches past the last iteration ends here
   // As Megatron: a checkpoint at the end of training unless the last iteration was just saved.
   if (!c_.checkpoint.save.empty() && result.iterations >= first_iteration && last_saved_iteration_ != result.iterations)
     save(result.iterations);
@@ -549,7 +617,7 @@ TrainResult Trainer::run() {
   for (const auto& l : losses) result.losses.push_back(l.item<double>());
   result.consumed_samples = consumed_train_samples_;
   // Gathering every global weight to the host is for tests; a real run skips it.
-  if (options_.collect_final_weights) collect_weights(result);
+  if (options_.collect_final_weights) result.final_weights = global_weights(&result.final_weights_sample);
   if (tensorboard_) tensorboard_->flush();
   return result;
 }
@@ -557,11 +625,7 @@ TrainResult Trainer::run() {
 }  // namespace
 
 TrainResult train(const Config& config, const TrainOptions& options) {
-  if (!config.not_supported_yet.empty())
-    throw UserError("not supported yet: " + config.not_supported_yet.front() +
-                    (config.not_supported_yet.size() > 1 ? strprintf(" (and %zu more; --dry-run lists them)",
-                                                                     config.not_supported_yet.size() - 1)
-                                                         : ""));
+  require_supported(config);
   Trainer trainer(config, options);
   return trainer.run();
 }

@@ -18,6 +18,8 @@ struct TrainOptions {
   // Return the global (TP-gathered) fp32 weights of this rank's parameters (final_weights and
   // final_weights_sample); real runs leave this off.
   bool collect_final_weights = false;
+  // Return the same global weights as they are before the first iteration (initial_weights).
+  bool collect_initial_weights = false;
 };
 
 struct TrainResult {
@@ -27,7 +29,8 @@ struct TrainResult {
                                // a run resumed from a checkpoint counts the loaded iterations too)
   int64_t consumed_samples = 0;
   std::vector<double> final_weights_sample;          // a few values, for determinism tests
-  std::map<std::string, torch::Tensor> final_weights;  // with collect_final_weights
+  std::map<std::string, torch::Tensor> final_weights;    // with collect_final_weights
+  std::map<std::string, torch::Tensor> initial_weights;  // with collect_initial_weights
 };
 
 TrainResult train(const Config& config, const TrainOptions& options = {});

@@ -2,6 +2,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace fp8tron {
 
@@ -10,10 +11,26 @@ struct LoggingConfig {
   bool log_throughput = false;
   bool log_params_norm = false;
   int timing_log_level = 0;
-  std::string timing_log_option = "minmax";
+  std::string timing_log_option = "minmax";  // max | minmax | all: how timers across ranks are printed
   std::string tensorboard_dir;
   int64_t tensorboard_log_interval = 1;
+  bool log_timers_to_tensorboard = false;          // "<timer>-time", the maximum over ranks
+  bool log_validation_ppl_to_tensorboard = false;  // "lm loss validation ppl"
+  bool log_memory_to_tensorboard = false;          // "mem-reserved-bytes", ... (CUDA allocator)
+  bool log_world_size_to_tensorboard = false;      // "world-size"
+  bool log_loss_scale_to_tensorboard = true;       // "loss-scale" (off: --no-log-loss-scale-to-tensorboard)
   bool log_all_ranks = false;
+};
+
+// Megatron's --profile family: which iterations (counted from 0, [start, end)) of which ranks are
+// profiled, and how (an Nsight Systems capture range, or the PyTorch/Kineto profiler).
+struct ProfilingConfig {
+  bool enabled = false;             // --profile
+  int64_t step_start = 10;          // --profile-step-start
+  int64_t step_end = 12;            // --profile-step-end
+  std::vector<int> ranks = {0};     // --profile-ranks
+  bool pytorch_profiler = false;    // --use-pytorch-profiler (trace into --tensorboard-dir)
+  bool record_shapes = false;       // --pytorch-profiler-collect-shapes
 };
 
 }  // namespace fp8tron

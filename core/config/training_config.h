@@ -17,6 +17,7 @@ struct TrainingConfig {
   std::optional<int64_t> exit_duration_in_mins;
   int64_t eval_interval = 1000;
   int64_t eval_iters = 100;
+  std::optional<int64_t> start_eval_at_iter;  // evaluations before this iteration are skipped
   uint64_t seed = 1234;
   bool deterministic = false;  // --deterministic-mode (trainer/determinism.h)
 };

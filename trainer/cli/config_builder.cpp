@@ -163,6 +163,7 @@ TrainingConfig build_training(const FlagValues& f, int dp) {
   t.exit_duration_in_mins = f.opt_int("exit-duration-in-mins");
   t.eval_interval = f.get_int("eval-interval");
   t.eval_iters = f.get_int("eval-iters");
+  t.start_eval_at_iter = f.opt_int("start-eval-at-iter");
   t.seed = uint64_t(f.get_int("seed"));
   t.deterministic = f.get_bool("deterministic-mode");
   return t;
@@ -455,6 +456,21 @@ Config build_config(const FlagValues& flags, const LaunchEnv& launch, bool gpu_a
   c.logging.timing_log_option = flags.get_string("timing-log-option");
   c.logging.tensorboard_dir = flags.get_string("tensorboard-dir");
   c.logging.tensorboard_log_interval = flags.get_int("tensorboard-log-interval");
+  c.logging.log_timers_to_tensorboard = flags.get_bool("log-timers-to-tensorboard");
+  c.logging.log_validation_ppl_to_tensorboard = flags.get_bool("log-validation-ppl-to-tensorboard");
+  c.logging.log_memory_to_tensorboard = flags.get_bool("log-memory-to-tensorboard");
+  c.logging.log_world_size_to_tensorboard = flags.get_bool("log-world-size-to-tensorboard");
+  c.profiling.enabled = flags.get_bool("profile");
+  c.profiling.step_start = flags.get_int("profile-step-start");
+  c.profiling.step_end = flags.get_int("profile-step-end");
+  if (flags.given("profile-ranks")) {
+    c.profiling.ranks.clear();
+    for (const auto& r : flags.get_list("profile-ranks")) c.profiling.ranks.push_back(std::stoi(r));
+  }
+  c.profiling.pytorch_profiler = flags.get_bool("use-pytorch-profiler");
+  c.profiling.record_shapes = flags.get_bool("pytorch-profiler-collect-shapes");
+  c.logging.log_loss_scale_to_tensorboard =
+      !flags.get_bool("no-log-loss-scale-to-tensorboard") && !flags.get_bool("disable-log-loss-scale-to-tensorboard");
   c.logging.log_all_ranks = flags.get_bool("log-all-ranks");
 
   c.device = flags.get_string("device");
@@ -468,6 +484,14 @@ Config build_config(const FlagValues& flags, const LaunchEnv& launch, bool gpu_a
     if (spec.support == Support::Yes || flags.given(spec.name)) c.resolved_flags.emplace_back(spec.name, format_value(spec, flags));
   validate_config(c, flags);
   return c;
+}
+
+void require_supported(const Config& config) {
+  if (config.not_supported_yet.empty()) return;
+  throw UserError("not supported yet: " + config.not_supported_yet.front() +
+                  (config.not_supported_yet.size() > 1
+                       ? strprintf(" (and %zu more; --dry-run lists them)", config.not_supported_yet.size() - 1)
+                       : ""));
 }
 
 }  // namespace fp8tron

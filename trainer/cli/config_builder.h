@@ -24,7 +24,12 @@ Config build_config(const FlagValues& flags, const LaunchEnv& launch, bool gpu_a
 // Megatron's vocabulary padding: up to a multiple of make_vocab_size_divisible_by * tp.
 int64_t padded_vocab_size(int64_t vocab_size, int64_t divisible_by, int64_t tp);
 
-// Named validation rules over the built config (trainer/validation.cpp).
+// Named validation rules over the built config (trainer/cli/validation.cpp).
 void validate_config(const Config& config, const FlagValues& flags);
+
+// Throws the UserError a run with this config gets when it uses a flag whose feature has not
+// landed ("not supported yet: --flag (feature)"). Training calls it before anything is built, and
+// --dry-run after printing the plan, so a dry run fails exactly when the real run would.
+void require_supported(const Config& config);
 
 }  // namespace fp8tron

@@ -1,4 +1,4 @@
-// The flags fp8tron implements or will implement (issues named in the notes), with Megatron-LM's
+// The flags fp8tron implements or will implement (the feature named in the notes), with Megatron-LM's
 // names and defaults, followed by every other Megatron-LM flag (flag_table_megatron.inc), so that
 // unknown names can be told apart from Megatron flags we do not implement.
 #include "trainer/cli/flag_table.h"
@@ -104,9 +104,22 @@ const std::vector<FlagSpec>& flag_table() {
       {"timing-log-option", K::String, "minmax", S::Yes, "", "max|minmax|all", "How timers across ranks are reported."},
       {"tensorboard-dir", K::String, "", S::Yes, "", "", "Write TensorBoard scalars here."},
       {"tensorboard-log-interval", K::Int, "1", S::Yes, "", "", "Iterations between TensorBoard points."},
+      {"log-timers-to-tensorboard", K::Bool, "", S::Yes, "", "", "Write timers to TensorBoard."},
+      {"log-validation-ppl-to-tensorboard", K::Bool, "", S::Yes, "", "", "Write validation perplexity to TensorBoard."},
+      {"log-memory-to-tensorboard", K::Bool, "", S::Yes, "", "", "Enable memory logging to tensorboard."},
+      {"log-world-size-to-tensorboard", K::Bool, "", S::Yes, "", "", "Enable world size logging to tensorboard."},
+      {"no-log-loss-scale-to-tensorboard", K::Bool, "", S::Yes, "", "", "Disable loss-scale logging to tensorboard."},
+      {"disable-log-loss-scale-to-tensorboard", K::Bool, "", S::Yes, "", "", "Disable loss-scale logging to tensorboard."},
+      {"start-eval-at-iter", K::Int, "", S::Yes, "", "", "Start evaluation only after this iteration."},
+      {"profile", K::Bool, "", S::Yes, "", "", "Profile iterations [--profile-step-start, --profile-step-end) on --profile-ranks: an Nsight Systems capture range (cudaProfilerStart/Stop; run under nsys --capture-range=cudaProfilerApi), or with --use-pytorch-profiler the PyTorch (Kineto) profiler."},
+      {"profile-step-start", K::Int, "10", S::Yes, "", "", "Iteration (counted from 0) at which profiling starts."},
+      {"profile-step-end", K::Int, "12", S::Yes, "", "", "Iteration (counted from 0) at which profiling stops."},
+      {"profile-ranks", K::IntList, "0", S::Yes, "", "", "Global ranks to profile."},
+      {"use-pytorch-profiler", K::Bool, "", S::Yes, "", "", "With --profile: the PyTorch (Kineto) profiler; its Chrome trace is written to --tensorboard-dir as <host>_<pid>.<time>.pt.trace.json."},
+      {"pytorch-profiler-collect-shapes", K::Bool, "", S::Yes, "", "", "Record operator input shapes in the PyTorch profiler's trace."},
       {"mock-data", K::Bool, "", S::Yes, "", "", "Train on Megatron's mock dataset (counting sequences ending in EOD)."},
 
-      // ---- parallel layout and data parallelism (issue 4) -----------------------------------------------
+      // ---- parallel layout and data parallelism ------------------------------------------------
       {"tensor-model-parallel-size", K::Int, "1", S::Yes, "", "", "Degree of tensor model parallelism."},
       {"pipeline-model-parallel-size", K::Int, "1", S::Yes, "", "", "Degree of pipeline model parallelism."},
       {"context-parallel-size", K::Int, "1", S::NotYet, "context parallelism", "", "Degree of context parallelism."},
@@ -121,11 +134,11 @@ const std::vector<FlagSpec>& flag_table() {
       {"overlap-grad-reduce", K::Bool, "", S::Yes, "", "", "Overlap the data-parallel gradient reduction with backward."},
       {"overlap-param-gather", K::Bool, "", S::Yes, "", "", "Overlap the distributed optimizer's parameter all-gather with the next forward pass (needs --use-distributed-optimizer and --overlap-grad-reduce)."},
       {"use-distributed-optimizer", K::Bool, "", S::Yes, "", "", "Shard optimizer state over data-parallel ranks."},
-      {"distributed-backend", K::String, "nccl", S::Yes, "", "nccl|gloo", "Collective backend."},
+      {"distributed-backend", K::String, "nccl", S::Yes, "", "nccl|gloo", "Collective backend: NCCL on GPUs (fp8tron uses MPI for CPU runs; gloo is refused)."},
       {"distributed-timeout-minutes", K::Int, "10", S::Yes, "", "", "Timeout of collective operations."},
       {"ddp-bucket-size", K::Int, "", S::Yes, "", "", "Gradient bucket size (elements)."},
 
-      // ---- FP8 (issue 5) ------------------------------------------------------------------------------
+      // ---- FP8 -------------------------------------------------------------------------------
       {"fp8-format", K::String, "", S::Yes, "", "e4m3|hybrid|hif8", "FP8 format (turns FP8 on): e4m3, hybrid (E4M3 forward, E5M2 gradients) or hif8 (emulated)."},
       {"fp8-recipe", K::String, "delayed", S::Yes, "", "delayed|tensorwise|blockwise|mxfp8", "FP8 scaling recipe (mxfp8 is emulated on Hopper)."},
       {"fp8-margin", K::Int, "0", S::Yes, "", "", "Delayed scaling: scale margin (powers of two)."},
@@ -150,7 +163,7 @@ const std::vector<FlagSpec>& flag_table() {
       {"coc-fused-kernel", K::Bool, "", S::Yes, "", "", "MindSpeed: Ascend's fused CoC kernels; on NVIDIA GPUs the ring-exchange schedule of --use-ascend-mc2 (--coc-parallel-num unused)."},
       {"overlap-p2p-communication", K::Bool, "", S::Yes, "", "", "Older Megatron's spelling: overlap pipeline p2p communication with computation (the default now; no effect)."},
 
-      // ---- data (issue 3) -----------------------------------------------------------------------------
+      // ---- data ------------------------------------------------------------------------------
       {"data-path", K::StringList, "", S::Yes, "", "", "Dataset prefixes, optionally weighted: [w1] p1 [w2] p2 ..."},
       {"split", K::String, "969, 30, 1", S::Yes, "", "", "Train/valid/test split of --data-path, e.g. 969,30,1."},
       {"train-data-path", K::StringList, "", S::Yes, "", "", "Training dataset prefixes."},
@@ -167,7 +180,7 @@ const std::vector<FlagSpec>& flag_table() {
       {"num-workers", K::Int, "2", S::Yes, "", "", "Batches the loader thread prepares ahead (0: load on demand)."},
       {"dataloader-type", K::String, "single", S::NotYet, "cyclic and external data loaders", "single|cyclic|external", "Data loader type (fp8tron's is Megatron's single)."},
 
-      // ---- checkpointing (issue 6) --------------------------------------------------------------------
+      // ---- checkpointing ---------------------------------------------------------------------
       {"save", K::String, "", S::Yes, "", "", "Directory to save checkpoints to (iter_NNNNNNN/ + latest_checkpointed_iteration.txt)."},
       {"load", K::String, "", S::Yes, "", "", "Directory to load a checkpoint from (any parallel layout)."},
       {"save-interval", K::Int, "", S::Yes, "", "", "Iterations between checkpoints (with --save; one is also saved at the end and on exit)."},

@@ -1,5 +1,5 @@
 // Command line + JSON config -> raw flag values, checked against the flag table (names, kinds,
-// choices). Typed access with Megatron's defaults. trainer/config_builder.cpp turns these into the
+// choices). Typed access with Megatron's defaults. trainer/cli/config_builder.cpp turns these into the
 // typed Config; nobody else reads flags.
 #pragma once
 #include <cstdint>

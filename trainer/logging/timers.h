@@ -1,11 +1,14 @@
 // Megatron-style named timers (--timing-log-level): each has a level; timers above the
 // configured level cost nothing. Enabled timers synchronize the device around their interval so
-// GPU work is measured, not its launch.
+// GPU work is measured, not its launch. The report gathers every rank's times and prints them in
+// Megatron's --timing-log-option forms (minmax, max, all).
 #pragma once
 #include <chrono>
 #include <functional>
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace fp8tron {
 
@@ -13,16 +16,8 @@ class Timers {
  public:
   Timers(int log_level, std::function<void()> synchronize) : level_(log_level), sync_(std::move(synchronize)) {}
 
-  void start(const std::string& name, int level) {
-    if (level > level_) return;
-    sync_();
-    starts_[name] = Clock::now();
-  }
-  void stop(const std::string& name, int level) {
-    if (level > level_) return;
-    sync_();
-    elapsed_ms_[name] += std::chrono::duration<double, std::milli>(Clock::now() - starts_[name]).count();
-  }
+  void start(const std::string& name, int level);
+  void stop(const std::string& name, int level);
   // Adds a duration measured elsewhere (no synchronization), e.g. the exposed communication that
   // parallel/overlap/comm_timer.h accumulates over a step.
   void add(const std::string& name, int level, double ms) {
@@ -30,21 +25,22 @@ class Timers {
     elapsed_ms_[name] += ms;
   }
   bool enabled(int level) const { return level <= level_; }
-  // Megatron's "(min, max) time across ranks (ms):" block, averaged over `normalizer` iterations;
-  // resets the accumulated times. Empty when nothing was timed.
-  std::string report(double normalizer) {
-    if (elapsed_ms_.empty()) return "";
-    std::string out = "(min, max) time across ranks (ms):";
-    for (const auto& [name, ms] : elapsed_ms_) {
-      const double v = ms / normalizer;
-      std::string dots(name.size() < 48 ? 48 - name.size() : 1, '.');
-      char line[160];
-      std::snprintf(line, sizeof line, "\n    %s %s: (%.2f, %.2f)", name.c_str(), dots.c_str(), v, v);
-      out += line;
-    }
-    elapsed_ms_.clear();
-    return out;
-  }
+
+  // Every rank's values of `mine` (world_size x mine.size(), rank-major); all ranks call it with the
+  // same number of values.
+  using GatherAllRanks = std::function<std::vector<double>(const std::vector<double>& mine)>;
+
+  struct Report {
+    std::string text;  // "" when nothing was timed on any rank
+    std::vector<std::pair<std::string, double>> max_ms;  // per timer, the maximum over ranks (TensorBoard)
+  };
+  // The times accumulated since the last report, averaged over `normalizer` iterations, for the
+  // timers in `names` (Megatron's log order; every rank passes the same list). A rank that did not
+  // run a timer (a pipeline stage without a data loader, say) does not count towards its min/max,
+  // as in Megatron. `option`: "minmax" ("(min, max) time across ranks (ms):"), "max" or "all"
+  // (every rank's time). Resets the accumulated times.
+  Report report(const std::vector<std::string>& names, double normalizer, const std::string& option,
+                const GatherAllRanks& gather, int world_size);
 
  private:
   using Clock = std::chrono::steady_clock;

@@ -240,9 +240,9 @@ void MixedPrecisionOptimizer::finalize_grads() {
   }
   sum_tensor_parallel_partials(/*own_shard_only=*/false);
   sum_embedding_copies();
-  const int dp = parallel_.sizes.dp;
-  if (dp == 1) return;
-  main_grads_.mul_(1.0 / dp);  // average over data-parallel ranks
+  // The data-parallel mean is a sum here: backward already scaled each micro-batch's loss by
+  // 1 / (micro-batches x data-parallel ranks) (trainer.cpp, train_step).
+  if (parallel_.sizes.dp == 1) return;
   if (distributed_) {
     auto shard = main_grads_.scalar_type() == torch::kFloat32 ? grad_shard_ : torch::empty({shard_numel_}, main_grads_.options());
     parallel_.dp->reduce_scatter(shard, main_grads_);

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Runs every command of README.md's "Running" block, as printed, on this machine's CPU, scaled down:
+# a small model's flags are appended to each fp8tron command line (command-line flags win over a
+# --config file), `./scripts/bench.sh` runs 2 iterations of the same small model, and the torchrun
+# line runs as a --dry-run (multi-process CPU runs use MPI, so its real run needs GPUs). The inputs
+# the commands name (docs.jsonl, vocab.json, merges.txt) are made first, in a scratch directory.
+# Usage: readme_commands_test.sh SOURCE_DIR BUILD_DIR
+set -uo pipefail
+SRC=$1
+BUILD=$2
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+cd "$WORK"
+ln -s "$BUILD" build
+ln -s "$SRC/configs" configs
+ln -s "$SRC/scripts" scripts
+mkdir -p .setup && ln -s "$SRC/.setup/env.sh" .setup/env.sh
+source "$SRC/.setup/env.sh"
+export OMP_NUM_THREADS=1 OMPI_MCA_rmaps_base_oversubscribe=1 BENCH_OUT="$WORK/bench" BENCH_ITERS=2 BENCH_REFERENCE_ITERS=1 BENCH_REFERENCE_WARMUP=1
+SMALL=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --num-query-groups 4 --ffn-hidden-size 128
+       --seq-length 64 --max-position-embeddings 64 --micro-batch-size 2 --train-iters 2 --lr-warmup-iters 1 --eval-iters 1
+       --eval-interval 2 --log-interval 1 --device cpu)
+
+# The inputs: a few documents and a byte-level GPT-2 vocabulary (every byte a token, no merges).
+printf '{"text": "hello world"}\n{"text": "fp8tron trains GPT models"}\n' > docs.jsonl
+"$FP8TRON_PYTHON" - <<'PY'
+import json
+bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+cs, n = bs[:], 0
+for b in range(256):
+    if b not in bs: bs.append(b); cs.append(256 + n); n += 1
+vocab = {chr(c): i for i, c in enumerate(cs)}
+vocab["<|endoftext|>"] = len(vocab)
+json.dump(vocab, open("vocab.json", "w"))
+open("merges.txt", "w").write("#version: 0.2\n")
+PY
+
+# The block's commands, one per line (continuation lines joined, trailing comments dropped).
+mapfile -t COMMANDS < <(awk '/^## Running/ {inside = 1; next}
+  inside && /^```/ { if (started) exit; started = 1; next }
+  started { line = line $0; if (line ~ /\\$/) { sub(/\\$/, "", line); next } print line; line = "" }' "$SRC/README.md" |
+  sed -E 's/[[:space:]]+#[^"]*$//')
+[ ${#COMMANDS[@]} -ge 8 ] || { echo "FAIL: found ${#COMMANDS[@]} commands in README.md's Running block"; exit 1; }
+
+fail=0
+for cmd in "${COMMANDS[@]}"; do
+  run=$cmd
+  case $cmd in
+    *"--dry-run"*) ;;                                          # plans a job: nothing to scale
+    torchrun*) run="${cmd/torchrun/$FP8TRON_PYTHON -m torch.distributed.run} ${SMALL[*]} --dry-run" ;;
+    ./scripts/bench.sh*) run="$cmd -- ${SMALL[*]}" ;;
+    *fp8tron-preprocess*|*fp8tron-export*) ;;
+    *) run="$cmd ${SMALL[*]}" ;;
+  esac
+  if out=$(eval "$run" 2>&1); then
+    echo "ok: $cmd"
+  else
+    echo "FAIL: $cmd"; echo "  ran: $run"; echo "$out" | tail -5 | sed 's/^/  /'; fail=1
+  fi
+done
+[ -f hf-gpt/model.safetensors ] || { echo "FAIL: the export command wrote no hf-gpt/model.safetensors"; fail=1; }
+[ $fail = 0 ] && echo "README commands: all ran"
+exit $fail
