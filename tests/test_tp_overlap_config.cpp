@@ -245,7 +245,16 @@ TEST(TpOverlapRules, MessagesNameTheFlags) {
   EXPECT_USER_ERROR(tp2({"--tp-comm-overlap", "--use-ascend-mc2"}), "give one");
   EXPECT_USER_ERROR(tp2({"--tp-comm-overlap", "--deterministic-mode"}), "--deterministic-mode requires tp_comm_overlap=False");
   EXPECT_USER_ERROR(tp2({"--use-ascend-mc2", "--deterministic-mode"}), "drop --use-ascend-mc2");
-  EXPECT_USER_ERROR(tp2({"--use-ascend-mc2", "--num-experts", "4"}), "mc2/coc is not compatible with moe models");
+  EXPECT_USER_ERROR(tp2({"--use-ascend-mc2", "--num-experts", "4", "--disable-bias-linear"}),
+                    "mc2/coc is not compatible with moe models");
+  // --tp-comm-overlap with experts: the routed experts' GEMMs stay unoverlapped (Megatron), the
+  // dense and shared-expert linears overlap; not beside the shared expert's side stream.
+  EXPECT_TRUE(tp2({"--tp-comm-overlap", "--hidden-size", "64", "--num-experts", "4", "--disable-bias-linear"})
+                  .distributed.tp_overlap.enabled());
+  EXPECT_USER_ERROR(tp2({"--tp-comm-overlap", "--hidden-size", "64", "--num-experts", "4", "--disable-bias-linear",
+                         "--moe-token-dispatcher-type", "alltoall", "--moe-shared-expert-intermediate-size", "32",
+                         "--moe-shared-expert-overlap"}),
+                    "--tp-comm-overlap with --moe-shared-expert-overlap is not supported by fp8tron");
   // Pieces that do not divide: the hidden size (pipelined reduce-scatter) or the rank's tokens (CoC).
   const std::string three = temp_file("three.yaml", "proj_fprop:\n  method: pipeline\n  num_splits: 3\n");
   EXPECT_USER_ERROR(tp2({"--tp-comm-overlap", "--tp-comm-overlap-cfg", three}),
@@ -302,6 +311,8 @@ TEST(Fp8ParamGatherFlag, MegatronRules) {
   EXPECT_USER_ERROR(dp2({"--use-distributed-optimizer", "--fp8-recipe", "tensorwise", "--fp8-format", "hif8"}),
                     "--fp8-format hif8 is not supported");
   EXPECT_USER_ERROR(build(tiny_args({"--fp8-param-gather", "--use-distributed-optimizer"}), 2), "it needs --fp8-format");
+  EXPECT_USER_ERROR(dp2({"--use-distributed-optimizer", "--num-experts", "4"}),
+                    "--fp8-param-gather with --num-experts is not supported yet");
 }
 
 }  // namespace fp8tron

@@ -54,7 +54,8 @@ std::vector<torch::Tensor> Fp8ParamGather::params() const {
 }
 
 BytePublish Fp8ParamGather::publish(const MixedPrecisionOptimizer& optimizer) {
-  const auto base = optimizer.model_params();
+  // The FP8 linears' weights are dense parameters: the dense domain holds them.
+  const auto base = optimizer.domains().front()->model_params();
   const auto* begin = static_cast<const char*>(base.data_ptr());
   entries_.clear();
   for (const auto& site : engine_->sites()) {

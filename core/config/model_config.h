@@ -2,6 +2,7 @@
 #pragma once
 #include <cstdint>
 
+#include "core/config/moe_config.h"
 #include "core/config/precision_config.h"
 
 namespace fp8tron {
@@ -38,6 +39,7 @@ struct ModelConfig {
   bool transformer_engine_modules = true;  // --transformer-impl
   ParamDtype params_dtype = ParamDtype::Fp32;
   uint64_t seed = 1234;  // initialisation seed
+  MoeConfig moe;         // mixture of experts (off: a dense model)
 };
 
 }  // namespace fp8tron

@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "core/text.h"
 #include "fp8/recipe.h"
+#include "trainer/cli/moe_args.h"
 #include "trainer/cli/tp_overlap_args.h"
 
 namespace fp8tron {
@@ -443,6 +444,7 @@ Config build_config(const FlagValues& flags, const LaunchEnv& launch, bool gpu_a
   const DataWithVocab data = build_data(flags, tokenizer);
   c.data = data;
   c.model = build_model(flags, tp, data.tokenizer_vocab_size);
+  c.model.moe = build_moe_config(flags, c.model, c.hint_warnings);
   c.precision = build_precision(flags);
   c.model.params_dtype = c.precision.params_dtype;
   c.training = build_training(flags, c.parallel.dp);
@@ -478,6 +480,7 @@ Config build_config(const FlagValues& flags, const LaunchEnv& launch, bool gpu_a
   if (c.device == "cuda" && !gpu_available && !c.dry_run)
     throw UserError("--device cuda: no CUDA GPU is visible to this process (use --device cpu)");
   c.precision.fp8 = build_fp8(flags, c.model, c.precision, c.device == "cuda");
+  c.model.moe.expert_gemm_fp8 = c.precision.fp8.grouped_gemm_fp8;
   c.distributed.tp_overlap = build_tp_overlap(flags, tp, c.precision.fp8.enabled(), c.hint_warnings);
 
   for (const auto& spec : flag_table())
