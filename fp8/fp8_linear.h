@@ -70,6 +70,11 @@ struct Fp8Site {
   // The step (weight generation) whose wgrad the main gradient holds: the first backward of a
   // step overwrites it, later micro-batches accumulate (see Fp8Engine::overwrites_main_grads).
   uint64_t main_grad_generation = ~uint64_t{0};
+  // --fp8-param-gather: the weight's FP8 codes [out, in] as the distributed optimizer cast them
+  // from the fp32 main weights and gathered them, with their dequantization factor; used instead
+  // of quantizing `parameter` while `codes_generation` is the engine's weight generation.
+  torch::Tensor codes, codes_scale_inv;
+  uint64_t codes_generation = ~uint64_t{0};
 };
 
 class Fp8Engine {

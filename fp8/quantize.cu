@@ -986,6 +986,21 @@ void quantize_tensor_current(const uint16_t* x, const Fp8TensorView& out, const 
   cast_tensor<true>(x, out, s, stream);
 }
 
+void quantize_tensor_current_given_amax(const uint16_t* x, const Fp8TensorView& out, const CurrentScalingOptions& options,
+                                        CudaStream stream) {
+  FP8TRON_CHECK(out.scaling_mode == ScalingMode::kTensor, "quantize_tensor_current_given_amax needs tensor scaling");
+  FP8TRON_CHECK(out.amax != nullptr && out.scale_inv != nullptr, "current scaling needs out.amax and out.scale_inv");
+  check_element_format(out.format, true);
+  TensorScaleArgs s;
+  s.amax_in = out.amax;
+  s.fp8_max = max_finite(out.format);
+  s.power_2 = options.power_2_scales;
+  s.epsilon = options.amax_epsilon;
+  s.scale_out = out.scale;
+  s.scale_inv_out = static_cast<float*>(out.scale_inv);
+  cast_tensor<true>(x, out, s, stream);
+}
+
 void quantize_blockwise(const uint16_t* x, const Fp8TensorView& out, const BlockScalingOptions& options,
                         CudaStream stream) {
   FP8TRON_CHECK(out.scaling_mode == ScalingMode::kBlock1x128 || out.scaling_mode == ScalingMode::kBlock128x128,

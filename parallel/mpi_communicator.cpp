@@ -157,16 +157,23 @@ class MpiCommunicator : public Communicator {
     return work;
   }
 
+  // An all-to-all of the pieces, then their sum in rank order on each rank: MPI's own
+  // reduce-scatter picks its algorithm (and so the order of the additions) by message size.
   std::unique_ptr<CommWork> reduce_scatter_async(torch::Tensor& out, const torch::Tensor& in) override {
     FP8TRON_CHECK(in.numel() == out.numel() * size_, "reduce_scatter: input must hold size x output");
     auto work = make_work("reduce_scatter");
     auto src = reduction_buffer(in);
-    auto dst = reduction_buffer(out);
-    check_mpi(MPI_Ireduce_scatter_block(src.data_ptr(), dst.data_ptr(), int(dst.numel()), mpi_type(dst.scalar_type()),
-                                        MPI_SUM, comm_, &add(*work)),
-              "MPI_Ireduce_scatter_block");
-    if (!dst.is_same(out)) work->finish = [out, dst]() mutable { out.copy_(dst); };
-    work->keep_alive = {out, src, dst};
+    auto pieces = torch::empty({int64_t(size_), out.numel()}, src.options());
+    FP8TRON_CHECK(out.numel() <= INT32_MAX, "reduce_scatter: too large for one MPI call");
+    check_mpi(MPI_Ialltoall(src.data_ptr(), int(out.numel()), mpi_type(src.scalar_type()), pieces.data_ptr(),
+                            int(out.numel()), mpi_type(src.scalar_type()), comm_, &add(*work)),
+              "MPI_Ialltoall");
+    work->finish = [out, pieces]() mutable {
+      auto sum = pieces[0].clone();
+      for (int64_t s = 1; s < pieces.size(0); ++s) sum.add_(pieces[s]);
+      out.copy_(sum.view(out.sizes()));
+    };
+    work->keep_alive = {out, src, pieces};
     return work;
   }
 

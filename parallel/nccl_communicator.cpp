@@ -247,6 +247,8 @@ class NcclCommunicator : public Communicator {
       check_nccl(ncclGroupEnd(), "ncclGroupEnd");
     });
   }
+  // The group's operations run on its one stream in issue order: a later one already follows `work`.
+  void order_after(CommWork&) override {}
   void barrier() override {
     auto t = torch::zeros({1}, torch::TensorOptions().device(torch::kCUDA, stream_.device_index()));
     all_reduce(t);

@@ -3,9 +3,12 @@
 # label gpu), multi-GPU equivalence under mpirun and torchrun, and the benchmarks. Results go to
 # $OUT (or gpu-check/). Usage: scripts/gpu_check.sh [equivalence] [bench] [fp8-bench] [fp8-convergence]
 # [grouped] [parallel-bench] [data] [checkpoint] [moe] [moe-equivalence] [moe-parallel-bench] [moe-convergence]
+# [overlap] [overlap-bench]
 # (grouped: the MoE expert GEMMs against torch's grouped GEMMs, scripts/bench_grouped_gemm.sh;
 # moe: the MoE GPU tests' lines and the Mixtral-style benchmark on one GPU; moe-equivalence and
 # moe-parallel-bench need 2+ GPUs: expert parallelism over NCCL)
+# (overlap: the tensor-parallel overlap under NCCL against the same runs without it, bf16 and FP8,
+# plus the one-GPU tests of its FP8 functor; overlap-bench: bench_parallel.sh's overlap tables)
 # (checkpoint: save speed, --async-save blocking, --deterministic-mode repeat and resume on the
 # 1.3B model, summary in $OUT/checkpoint-summary.txt; then the Hugging Face export check)
 #
@@ -132,7 +135,13 @@ with open('$OUT/corpus.jsonl', 'w') as f:
           --log-throughput
       }
       check data-1.3b " iteration +30/|batch-generator|forward-backward|optimizer|validation loss" data_run ;;
-    parallel-bench) echo "== multi-GPU benchmarks"; check parallel-bench "^\|" ./scripts/bench_parallel.sh "$GPUS" ;;
+    parallel-bench) echo "== multi-GPU benchmarks"; check parallel-bench "^\|" ./scripts/bench_parallel.sh "$GPUS" layouts ;;
+    overlap)
+      echo "== tensor-parallel overlap: FP8 functor on one GPU, NCCL equivalence on $GPUS GPUs"
+      check overlap-gpu "overlap-gpu|FAILED|Failure" ./build/tests/fp8tron_gpu_tests --gtest_filter='*Overlap*'
+      if [ "$GPUS" -ge 2 ]; then check overlap-nccl "$EQUIV_LINES|FAILED" ./tests/gpu_overlap_equivalence.sh $EQ "$ROOT"
+      else echo "overlap-nccl: skipped, $GPUS GPU (needs 2)"; fi ;;
+    overlap-bench) echo "== tensor-parallel overlap benchmarks"; check overlap-bench "^\|" ./scripts/bench_parallel.sh "$GPUS" overlap ;;
     checkpoint)
       echo "== checkpoints: speed, async blocking, deterministic repeat and resume (1.3B)"
       check checkpoint-bench "." ./scripts/bench_checkpoint.sh gpt-1.3b

@@ -32,6 +32,13 @@ expect 1 "--overlap-param-gather is only supported with --use-distributed-optimi
 expect 0 "iteration        4/       4 |" -- "${TINY[@]}" --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather
 WORLD_SIZE=2 expect 1 "multi-process CPU runs use MPI: launch with mpirun" -- "${TINY[@]}" --tensor-model-parallel-size 2
 expect 1 "--openai-gelu is not supported by fp8tron" -- "${TINY[@]}" --openai-gelu
+# Tensor-parallel overlap: the plan in the dry run, Megatron's and MindSpeed's refusals.
+WORLD_SIZE=4 expect 0 "qkv_fprop ring_exchange, qkv_dgrad bulk" -- "${TINY[@]}" --tensor-model-parallel-size 4 \
+  --sequence-parallel --tp-comm-overlap --dry-run
+WORLD_SIZE=2 expect 1 "can happen only when sequence parallelism is enabled" -- "${TINY[@]}" --tensor-model-parallel-size 2 \
+  --tp-comm-overlap --dry-run
+WORLD_SIZE=2 expect 1 "mc2 and coc can not be used together" -- "${TINY[@]}" --tensor-model-parallel-size 2 \
+  --sequence-parallel --use-ascend-mc2 --use-ascend-coc --dry-run
 expect 0 "has no effect in fp8tron" -- "${TINY[@]}" --no-masked-softmax-fusion
 expect 0 "dry run: configuration is valid" -- "${TINY[@]}" --dry-run
 # A 1,000-GPU job planned on this machine without connecting to anyone.

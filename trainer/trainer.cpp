@@ -21,6 +21,7 @@
 #include "fp8/wgrad_fusion.h"
 #include "models/gpt_model.h"
 #include "parallel/layer_split.h"
+#include "parallel/overlap/comm_timer.h"
 #include "parallel/pipeline_schedule.h"
 #include "trainer/cli/config_builder.h"
 #include "trainer/checkpoint/async_saver.h"
@@ -28,12 +29,14 @@
 #include "trainer/checkpoint/save.h"
 #include "trainer/determinism.h"
 #include "trainer/exit_signal.h"
+#include "trainer/fp8_param_gather.h"
 #include "trainer/profiling.h"
 #include "trainer/logging/iteration_log.h"
 #include "trainer/optim/loss_scaler.h"
 #include "trainer/optim/lr_schedule.h"
 #include "trainer/optim/mixed_precision_optimizer.h"
 #include "trainer/cli/model_math.h"
+#include "trainer/cli/tp_overlap_args.h"
 #include "trainer/logging/tensorboard_writer.h"
 #include "trainer/logging/timers.h"
 #include "trainer/checkpoint/fault_points.h"
@@ -152,6 +155,7 @@ class Trainer {
   bool fp8_stats_due(int64_t iteration) const;
   void log_fp8_stats(int64_t iteration);
   void end_fp8_step();
+  void log_tp_overlap() const;
   void report_moe(int64_t iteration);
   void log_moe_layout();
   MoeContext* moe() const { return moe_.get(); }
@@ -191,6 +195,9 @@ class Trainer {
   std::unique_ptr<NumericsGuard> numerics_;            // --check-for-nan-in-loss-and-grad and friends
   std::vector<std::unique_ptr<checkpoint::SaveDirLock>> save_locks_;  // rank 0: one job per --save
   int64_t iteration_ = 0;                              // the iteration train_step() runs
+  std::shared_ptr<overlap::CommTimer> tp_comm_timer_;  // --timing-log-level >= 1 with TP: exposed TP communication
+  std::shared_ptr<overlap::CommTimer> pp_comm_timer_;  // ... with PP: exposed pipeline receives
+  std::unique_ptr<Fp8ParamGather> fp8_param_gather_;   // --fp8-param-gather
 };
 
 void Trainer::build() {
@@ -204,6 +211,11 @@ void Trainer::build() {
   lock_save_dirs();
   torch::manual_seed(c_.training.seed + 100 * uint64_t(parallel_.pp_rank));  // dropout streams, as Megatron seeds them
   TensorParallelContext tp{parallel_.tp, parallel_.tp_rank, parallel_.sizes.tp, parallel_.sequence_parallel};
+  if (c_.distributed.tp_overlap.enabled()) tp.overlap = std::make_shared<TpOverlapConfig>(c_.distributed.tp_overlap);
+  if (timers_.enabled(1) && parallel_.sizes.tp > 1) {
+    tp_comm_timer_ = std::make_shared<overlap::CommTimer>(device_.is_cuda());
+    parallel_.tp->set_wait_observer(tp_comm_timer_);
+  }
   const auto& d = c_.distributed;
   const auto ranges = split_layers(c_.model.num_layers, parallel_.sizes.pp, parallel_.pp_rank, d.virtual_stages,
                                    d.first_stage_layers, d.last_stage_layers);
@@ -235,8 +247,14 @@ void Trainer::build() {
     for (const auto& item : chunk->named_parameters()) params.push_back({item.key(), item.value(), infos.at(item.key())});
     chunks_.push_back(chunk);
   }
+  std::vector<torch::Tensor> byte_params;
+  if (fp8_ && c_.precision.fp8.param_gather && fp8_->num_sites() > 0) {
+    fp8_param_gather_ = std::make_unique<Fp8ParamGather>(fp8_, parallel_);
+    byte_params = fp8_param_gather_->params();
+  }
   optimizer_ = std::make_unique<MixedPrecisionOptimizer>(params, c_.optimizer, c_.precision, parallel_, d.distributed_optimizer,
-                                                         c_.model.moe.enabled());
+                                                         c_.model.moe.enabled(), byte_params);
+  if (fp8_param_gather_) optimizer_->enable_byte_publish(fp8_param_gather_->publish(*optimizer_));
   if (d.overlap_grad_reduce) optimizer_->enable_grad_overlap(d.bucket_numel);
   set_gradient_accumulation_fusion(c_.precision.gradient_accumulation_fusion);
   if (fp8_ && fp8_->overwrites_main_grads() && c_.precision.grads_in_fp32 && c_.precision.gradient_accumulation_fusion) {
@@ -256,7 +274,14 @@ void Trainer::build() {
   const int64_t s = c_.model.seq_length / (parallel_.sequence_parallel ? parallel_.sizes.tp : 1);
   pipeline_ = std::make_unique<PipelineSchedule>(parallel_, d.virtual_stages,
                                                  std::vector<int64_t>{s, c_.training.micro_batch_size, c_.model.hidden_size},
-                                                 param_dtype(c_), device_);
+                                                 param_dtype(c_), device_,
+                                                 PipelineOverlap{d.overlap_p2p, d.overlap_p2p_warmup_flush});
+  if (timers_.enabled(1) && parallel_.sizes.pp > 1) {
+    // The stall of the pipeline's receives (what --overlap-p2p-communication hides).
+    pp_comm_timer_ = std::make_shared<overlap::CommTimer>(device_.is_cuda());
+    for (auto* senders : {&parallel_.forward_senders, &parallel_.backward_senders})
+      for (auto& comm : *senders) comm->set_wait_observer(pp_comm_timer_);
+  }
   auto source = make_source(c_);
   BatchOptions batch{c_.model.seq_length, c_.training.micro_batch_size, c_.data.eod, c_.data.eod_mask_loss,
                      c_.data.reset_position_ids, c_.data.reset_attention_mask, c_.data.num_workers,
@@ -278,6 +303,7 @@ void Trainer::build() {
       log::warning("cuDNN attention is not available for these shapes/settings; using " + backend);
   }
   if (fp8_) log::info(" > " + fp8_->describe());
+  log_tp_overlap();
   if (moe_) log_moe_layout();
   interval_.reset(device_);
   numerics_ = std::make_unique<NumericsGuard>(c_.training.numerics, device_);
@@ -306,6 +332,22 @@ void Trainer::lock_save_dirs() {
   }
   const std::string refusal = all_gather_strings(parallel_, device_, error).front();
   if (!refusal.empty()) throw UserError(refusal);
+}
+
+// The resolved overlap plan and how it maps onto this machine, once.
+void Trainer::log_tp_overlap() const {
+  const auto& plan = c_.distributed.tp_overlap;
+  if (!plan.enabled()) return;
+  log::info(" > " + plan.describe());
+  const std::string ascend = ascend_mapping_notice(plan);
+  if (!ascend.empty()) log::info(" > " + ascend);
+  if (device_.is_cuda()) {
+    log::info(" > tensor-parallel overlap transport: NCCL point-to-point and collectives on the group's own stream; "
+              "NVLink multicast is not used");
+    if (!fp8_)
+      log::info(" > the overlapped linears' bf16 GEMMs run through ATen (cuBLAS) without an SM budget: "
+                "set_sm_margin applies to FP8 GEMMs");
+  }
 }
 
 void Trainer::log_moe_layout() {
@@ -401,6 +443,9 @@ torch::Tensor Trainer::train_step(int64_t iteration) {
       backward_scale, [&] { optimizer_->arm_grad_overlap(); });
   timers_.stop("forward-backward", 1);
   if (t.numerics.test_nan_iteration == iteration && !t.numerics.test_nan_param.empty()) inject_nan_gradient();
+  // After the timer's synchronization: the step's communication events are complete.
+  if (tp_comm_timer_) timers_.add("tp-comm-exposed", 1, tp_comm_timer_->take_ms());
+  if (pp_comm_timer_) timers_.add("pp-comm-exposed", 1, pp_comm_timer_->take_ms());
 
   timers_.start("optimizer", 1);
   optimizer_->finalize_grads();
@@ -408,8 +453,11 @@ torch::Tensor Trainer::train_step(int64_t iteration) {
   // Averaged before the step: with --overlap-param-gather the step leaves the weights' all-gathers
   // in flight on the data-parallel group, and a collective queued behind them would wait for all.
   auto loss = average_loss(loss_sum);
+  // New scales (delayed scaling) and new weights to quantize before the step: --fp8-param-gather
+  // casts the new weights with them in the step (as the next forward would), and the amax
+  // reduction does not queue behind --overlap-param-gather's gathers.
+  if (fp8_) end_fp8_step();
   last_step_ = optimizer_->step(schedule_.lr(), schedule_.weight_decay(), scaler_.scale());
-  if (fp8_) end_fp8_step();  // new weights to quantize; delayed scaling: new scales
   timers_.stop("optimizer", 1);
   bool advance_schedule = true;
   if (scaler_.dynamic()) {
@@ -519,7 +567,10 @@ double Trainer::evaluate() {
   }
   for (auto& m : chunks_) m->train();
   auto mean = average_loss(total);
-  return mean.item<double>() / double(std::max<int64_t>(1, t.eval_iters));
+  const double loss = mean.item<double>() / double(std::max<int64_t>(1, t.eval_iters));
+  for (auto* timer : {tp_comm_timer_.get(), pp_comm_timer_.get()})
+    if (timer) timer->take_ms();  // evaluation's waits are not a training step's
+  return loss;
 }
 
 void Trainer::report_moe(int64_t iteration) {
@@ -598,8 +649,11 @@ void Trainer::write_tensorboard(int64_t iteration, const torch::Tensor& loss) {
 
 // The timers' report, in Megatron's log order, with every rank's times gathered over the world.
 Timers::Report Trainer::timer_report(double iterations) {
+  // tp-comm-exposed / pp-comm-exposed: the waits for tensor-parallel collectives and pipeline
+  // receives that no computation hid (parallel/overlap/comm_timer.h).
   static const std::vector<std::string> kLogOrder = {"forward-backward", "batch-generator", "moe-token-dispatch",
-                                                      "moe-token-combine", "optimizer"};
+                                                     "moe-token-combine", "optimizer", "tp-comm-exposed",
+                                                     "pp-comm-exposed"};
   auto gather = [this](const std::vector<double>& mine) {
     const int n = parallel_.sizes.world_size;
     auto local = torch::tensor(mine, torch::TensorOptions().dtype(torch::kFloat64)).to(device_);
@@ -719,6 +773,9 @@ TrainResult Trainer::run() {
     async_saver_->reserve(checkpoint_state());
   }
   const int64_t first_iteration = load_checkpoint(checkpoint_state()) + 1;
+  // --fp8-param-gather: the loaded weights cast with the loaded FP8 scales, as the step that
+  // saved them published them.
+  if (fp8_param_gather_ && first_iteration > 1) optimizer_->publish_model_params();
   TrainResult result;
   if (options_.collect_initial_weights) result.initial_weights = global_weights();
   std::optional<ExitSignalHandler> exit_signal;

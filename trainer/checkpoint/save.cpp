@@ -302,7 +302,8 @@ std::vector<SaveSource> save_sources(const TrainingState& s) {
       const auto [a, b] = o.distributed() ? std::pair<int64_t, int64_t>{0, buffer.numel()} : replica_part(s, o, buffer.numel());
       sources.push_back({prefix, buffer, a, b, di});
     };
-    if (model.scalar_type() != torch::kFloat32) add(kMainParamPrefix, o.main_params());
+    // fp32 model weights are the main weights, unless --fp8-param-gather made some FP8.
+    if (model.scalar_type() != torch::kFloat32 || o.byte_published()) add(kMainParamPrefix, o.main_params());
     for (const auto& [prefix, buffer] : optimizer_states(o, s.config.optimizer)) add(prefix, buffer);
   }
   return sources;

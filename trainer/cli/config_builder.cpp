@@ -9,6 +9,7 @@
 #include "fp8/recipe.h"
 #include "trainer/checkpoint/fault_points.h"
 #include "trainer/cli/moe_args.h"
+#include "trainer/cli/tp_overlap_args.h"
 
 namespace fp8tron {
 namespace {
@@ -118,7 +119,11 @@ PrecisionConfig build_precision(const FlagValues& f) {
 Fp8Config build_fp8(const FlagValues& f, const ModelConfig& m, const PrecisionConfig& p, bool gpu) {
   Fp8Config c;
   const std::string format = f.get_string("fp8-format");
-  if (format.empty()) return c;
+  if (format.empty()) {
+    if (f.get_bool("fp8-param-gather"))
+      throw UserError("--fp8-param-gather keeps the FP8 linears' weights in FP8: it needs --fp8-format");
+    return c;
+  }
   if (!m.transformer_engine_modules)
     throw UserError("--fp8-format needs --transformer-impl transformer_engine (the local modules are plain bf16)");
   if (gpu && p.params_dtype != ParamDtype::Bf16)
@@ -140,6 +145,7 @@ Fp8Config build_fp8(const FlagValues& f, const ModelConfig& m, const PrecisionCo
   }
   c.min_features = f.get_int("fp8-min-features");
   c.grouped_gemm_fp8 = !f.get_bool("no-use-gmm-fp8");
+  c.param_gather = f.get_bool("fp8-param-gather");
   if (c.min_features < 0) throw UserError("--fp8-min-features must be >= 0");
   return c;
 }
@@ -374,7 +380,19 @@ DistributedConfig build_distributed(const FlagValues& f, const ParallelSizes& p)
   if (d.timeout_minutes <= 0) throw UserError("--distributed-timeout-minutes must be positive");
   d.hang_report_seconds = int(f.get_int("hang-report-seconds"));
   if (d.hang_report_seconds <= 0) throw UserError("--hang-report-seconds must be positive");
+  d.overlap_p2p = !f.get_bool("no-overlap-p2p-communication");
+  d.overlap_p2p_warmup_flush = f.get_bool("overlap-p2p-communication-warmup-flush");
   return d;
+}
+
+// Megatron: p2p overlap exists in the interleaved schedule only; elsewhere it is switched off,
+// with a warning when there is a pipeline at all.
+void resolve_p2p_overlap(DistributedConfig& d, const ParallelSizes& p, std::vector<std::string>& notices) {
+  if (d.virtual_stages > 1) return;
+  if (d.overlap_p2p && p.pp > 1)
+    notices.push_back("pipeline p2p overlap (--no-overlap-p2p-communication not given) is switched off: the "
+                      "non-interleaved schedule does not overlap p2p communication (Megatron)");
+  d.overlap_p2p = false;
 }
 
 // Megatron's --exit-signal names; SIGKILL and SIGSTOP cannot be caught.
@@ -483,6 +501,7 @@ Config build_config(const FlagValues& flags, const LaunchEnv& launch, bool gpu_a
                                      int(flags.opt_int("expert-tensor-parallel-size").value_or(tp)),
                                      flags.get_bool("use-tp-pp-dp-mapping"));
   c.distributed = build_distributed(flags, c.parallel);
+  resolve_p2p_overlap(c.distributed, c.parallel, c.hint_warnings);
   c.checkpoint = build_checkpoint(flags, c.hint_warnings);
   const DataWithVocab data = build_data(flags, tokenizer);
   c.data = data;
@@ -526,6 +545,7 @@ Config build_config(const FlagValues& flags, const LaunchEnv& launch, bool gpu_a
     throw UserError("--device cuda: no CUDA GPU is visible to this process (use --device cpu)");
   c.precision.fp8 = build_fp8(flags, c.model, c.precision, c.device == "cuda");
   c.model.moe.expert_gemm_fp8 = c.precision.fp8.grouped_gemm_fp8;
+  c.distributed.tp_overlap = build_tp_overlap(flags, tp, c.precision.fp8.enabled(), c.hint_warnings);
 
   for (const auto& spec : flag_table())
     if ((spec.support == Support::Yes && !is_test_flag(spec)) || flags.given(spec.name))

@@ -186,7 +186,17 @@ const std::vector<FlagSpec>& flag_table() {
       {"first-last-layers-bf16", K::Bool, "", S::Yes, "", "", "Keep the first and last transformer layers' linears in bf16."},
       {"num-layers-at-start-in-bf16", K::Int, "1", S::Yes, "", "", "Layers at the start kept in bf16 (with --first-last-layers-bf16)."},
       {"num-layers-at-end-in-bf16", K::Int, "1", S::Yes, "", "", "Layers at the end kept in bf16 (with --first-last-layers-bf16)."},
-      {"fp8-param-gather", K::Bool, "", S::NotYet, kFp8, "", "Keep parameters in FP8 and all-gather them in FP8."},
+      {"fp8-param-gather", K::Bool, "", S::Yes, "", "", "Keep the FP8 linears' weights in FP8: the distributed optimizer casts its fp32 shards to FP8 and all-gathers FP8 (delayed and tensorwise recipes; needs --use-distributed-optimizer)."},
+
+      // ---- tensor-parallel communication overlap (docs/overlap.md) --------------------------------------
+      {"tp-comm-overlap-disable-qkv", K::Bool, "", S::Yes, "", "", "fp8tron extension named after Megatron's tp_comm_overlap_disable_qkv config field (no flag in Megatron): with --tp-comm-overlap, no all-gather/reduce-scatter overlap in qkv's forward and dgrad (bulk overlaps stay)."},
+      {"tp-comm-overlap-disable-fc1", K::Bool, "", S::Yes, "", "", "fp8tron extension named after Megatron's tp_comm_overlap_disable_fc1 config field (no flag in Megatron): with --tp-comm-overlap, no all-gather/reduce-scatter overlap in fc1's forward and dgrad (bulk overlaps stay)."},
+      {"use-ascend-mc2", K::Bool, "", S::Yes, "", "", "MindSpeed: fused all-gather+matmul / matmul+reduce-scatter in the tensor-parallel linears; on NVIDIA GPUs the --tp-comm-overlap schedule (plus the output layer). Needs --sequence-parallel."},
+      {"use-ascend-coc", K::Bool, "", S::Yes, "", "", "MindSpeed communication-over-computation: each tensor-parallel collective split into --coc-parallel-num pieces overlapped with the GEMMs. Needs --sequence-parallel."},
+      {"coc-parallel-num", K::Int, "1", S::Yes, "", "1|2|4|8", "MindSpeed: pieces per GEMM with --use-ascend-coc."},
+      {"coc-mode", K::Int, "-1", S::Yes, "", "-1|0|1|2", "MindSpeed: -1 auto (0 with one piece, else 2), 0 original linears, 1 rewritten linears without splitting, 2 CoC."},
+      {"coc-fused-kernel", K::Bool, "", S::Yes, "", "", "MindSpeed: Ascend's fused CoC kernels; on NVIDIA GPUs the ring-exchange schedule of --use-ascend-mc2 (--coc-parallel-num unused)."},
+      {"overlap-p2p-communication", K::Bool, "", S::Yes, "", "", "Older Megatron's spelling: overlap pipeline p2p communication with computation (the default now; no effect)."},
 
       // ---- data ------------------------------------------------------------------------------
       {"data-path", K::StringList, "", S::Yes, "", "", "Dataset prefixes, optionally weighted: [w1] p1 [w2] p2 ..."},

@@ -26,7 +26,8 @@ DomainGroups expert_domain_groups(const ParallelState& p) {
 
 MixedPrecisionOptimizer::MixedPrecisionOptimizer(const std::vector<NamedParam>& params, const OptimizerConfig& optimizer,
                                                  const PrecisionConfig& precision, const ParallelState& parallel,
-                                                 bool distributed, bool expert_domain)
+                                                 bool distributed, bool expert_domain,
+                                                 const std::vector<torch::Tensor>& byte_params)
     : clip_grad_(optimizer.clip_grad) {
   FP8TRON_CHECK(!params.empty(), "no parameters");
   std::vector<NamedParam> dense, experts;
@@ -35,8 +36,10 @@ MixedPrecisionOptimizer::MixedPrecisionOptimizer(const std::vector<NamedParam>& 
   FP8TRON_CHECK(!dense.empty(), "no dense parameters");
   FP8TRON_CHECK(expert_domain || experts.empty(), "expert parameters in a model without an expert domain");
   const auto device = dense.front().tensor.device();
+  for (const auto& b : byte_params)
+    for (const auto& p : experts) FP8TRON_CHECK(!b.is_same(p.tensor), "expert parameters cannot be published as bytes");
   domains_.push_back(std::make_unique<OptimizerDomain>(dense, optimizer, precision, dense_domain_groups(parallel),
-                                                       distributed, device));
+                                                       distributed, device, byte_params));
   if (expert_domain)
     domains_.push_back(std::make_unique<OptimizerDomain>(experts, optimizer, precision, expert_domain_groups(parallel),
                                                          distributed, device));

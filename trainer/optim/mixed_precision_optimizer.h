@@ -32,10 +32,15 @@ class MixedPrecisionOptimizer {
  public:
   // `expert_domain`: the model has routed experts (ParamInfo::expert). Every rank of such a model
   // builds the expert domain, empty on pipeline stages without MoE layers, so the norm's
-  // collectives line up.
+  // collectives line up. `byte_params` (dense parameters): published as bytes later
+  // (enable_byte_publish, --fp8-param-gather); the dense domain lays them out first.
   MixedPrecisionOptimizer(const std::vector<NamedParam>& params, const OptimizerConfig& optimizer,
                           const PrecisionConfig& precision, const ParallelState& parallel, bool distributed,
-                          bool expert_domain = false);
+                          bool expert_domain = false, const std::vector<torch::Tensor>& byte_params = {});
+  // Call before enable_param_gather_overlap; `publish.params` must be the constructor's byte_params.
+  void enable_byte_publish(BytePublish publish) { domains_.front()->enable_byte_publish(std::move(publish)); }
+  // Whether some model parameters hold other values than their fp32 main weights (published as bytes).
+  bool byte_published() const { return domains_.front()->byte_published(); }
 
   void zero_grad();
   // Gradients of `params` are overwritten by the first backward of every step (FP8 wgrad GEMMs

@@ -20,7 +20,8 @@ int norm_class(const NamedParam& p) {
 }  // namespace
 
 OptimizerDomain::OptimizerDomain(const std::vector<NamedParam>& params, const OptimizerConfig& optimizer,
-                                 const PrecisionConfig& precision, DomainGroups groups, bool distributed, torch::Device device)
+                                 const PrecisionConfig& precision, DomainGroups groups, bool distributed, torch::Device device,
+                                 const std::vector<torch::Tensor>& byte_params)
     : config_(optimizer),
       groups_(std::move(groups)),
       distributed_(distributed && groups_.dp->size() > 1),
@@ -30,10 +31,22 @@ OptimizerDomain::OptimizerDomain(const std::vector<NamedParam>& params, const Op
   std::vector<const NamedParam*> ordered;
   for (const auto& p : params) ordered.push_back(&p);
   auto model_order = [&](const NamedParam* p) { return int64_t(p - params.data()); };
-  std::stable_sort(ordered.begin(), ordered.end(), [](const NamedParam* a, const NamedParam* b) {
-    auto key = [](const NamedParam* p) { return std::make_tuple(!decays(*p), norm_class(*p), !p->info.reduce_grad_over_tp); };
+  // Byte-published parameters (FP8 linears' weights: decayed, normal norm class) come first.
+  auto published_as_bytes = [&](const NamedParam* p) {
+    for (const auto& b : byte_params)
+      if (b.is_same(p->tensor)) return true;
+    return false;
+  };
+  std::stable_sort(ordered.begin(), ordered.end(), [&](const NamedParam* a, const NamedParam* b) {
+    auto key = [&](const NamedParam* p) {
+      return std::make_tuple(!decays(*p), norm_class(*p), !published_as_bytes(p), !p->info.reduce_grad_over_tp);
+    };
     return key(a) < key(b);
   });
+  for (const auto* p : ordered) {
+    if (!published_as_bytes(p)) break;
+    byte_numel_ += p->tensor.numel();
+  }
   const int tp_size = groups_.tp->size();
   const double tp = double(tp_size);
   const bool pipeline_copies = groups_.embedding && groups_.embedding->size() > 1;
@@ -104,9 +117,52 @@ void OptimizerDomain::arm_grad_overlap() {
   if (buckets_) buckets_->arm();
 }
 
+void OptimizerDomain::enable_byte_publish(BytePublish publish) {
+  int64_t numel = 0;
+  for (const auto& p : publish.params) numel += p.numel();
+  FP8TRON_CHECK(numel == byte_numel_ && byte_numel_ > 0, "byte-published parameters must be the constructor's");
+  FP8TRON_CHECK(!param_gather_, "enable_byte_publish comes before enable_param_gather_overlap");
+  if (!separate_main_weights_)
+    throw UserError("--fp8-param-gather needs fp32 main weights separate from the model's: train with --bf16, or "
+                    "with --use-distributed-optimizer over more than one data-parallel rank");
+  codes_ = torch::zeros({padded_numel_}, model_params_.options().dtype(torch::kUInt8));
+  byte_publish_ = std::move(publish);
+}
+
+void OptimizerDomain::encode_own_shard() {
+  // This rank's part of the byte-published range, from its fp32 main weights.
+  const int64_t lo = std::min(shard_begin_, byte_numel_), hi = std::min(shard_begin_ + shard_numel_, byte_numel_);
+  const auto main = main_params_.narrow(0, lo - shard_begin_, hi - lo);
+  auto codes = codes_.narrow(0, lo, hi - lo);
+  byte_publish_.encode(main, codes, lo);
+}
+
+// The byte range and the rest of the buffer, each all-gathered from the shards' owners.
+void OptimizerDomain::gather_and_decode() {
+  if (distributed_) {
+    const int dp = dp_size();
+    auto own = [&](torch::Tensor& buffer, int64_t offset, int64_t numel) {
+      const int64_t lo = std::clamp(shard_begin_, offset, offset + numel);
+      const int64_t hi = std::clamp(shard_begin_ + shard_numel_, offset, offset + numel);
+      return buffer.narrow(0, lo, hi - lo);
+    };
+    auto codes = codes_.narrow(0, 0, byte_numel_);
+    groups_.dp->wait(*groups_.dp->all_gather_v_async(codes, own(codes_, 0, byte_numel_),
+                                                     shard_counts(0, byte_numel_, shard_numel_, dp)));
+    auto rest = model_params_.narrow(0, byte_numel_, padded_numel_ - byte_numel_);
+    groups_.dp->wait(*groups_.dp->all_gather_v_async(rest, own(model_params_, byte_numel_, padded_numel_ - byte_numel_),
+                                                     shard_counts(byte_numel_, padded_numel_ - byte_numel_, shard_numel_, dp)));
+  } else {
+    model_params_.narrow(0, byte_numel_, numel_ - byte_numel_).copy_(main_params_.narrow(0, byte_numel_, numel_ - byte_numel_));
+  }
+  byte_publish_.decode(codes_.narrow(0, 0, byte_numel_), 0, byte_numel_);
+}
+
 void OptimizerDomain::enable_param_gather_overlap(int64_t bucket_numel) {
   if (!distributed_) return;  // one data-parallel rank holds everything: nothing to gather
-  param_gather_ = std::make_unique<ParamGather>(model_params_, buffer_order_, bucket_numel, shard_numel_, groups_.dp);
+  ParamGather::Bytes bytes;
+  if (codes_.defined()) bytes = {codes_, byte_numel_, byte_publish_.decode};
+  param_gather_ = std::make_unique<ParamGather>(model_params_, buffer_order_, bucket_numel, shard_numel_, groups_.dp, bytes);
 }
 
 void OptimizerDomain::wait_for_params(const torch::nn::Module& module) {
@@ -311,6 +367,7 @@ void OptimizerDomain::update(const torch::Tensor& grads, double lr, double weigh
   if (param_gather_) {
     param_gather_->finish();  // nothing may still read this rank's shard
     model_params_.narrow(0, shard_begin_, shard_numel_).copy_(main_params_);
+    if (codes_.defined()) encode_own_shard();
     param_gather_->start();
   } else {
     publish_model_params();
@@ -320,6 +377,12 @@ void OptimizerDomain::update(const torch::Tensor& grads, double lr, double weigh
 void OptimizerDomain::publish_model_params() {
   torch::NoGradGuard no_grad;
   finish_param_gather();
+  if (codes_.defined()) {
+    if (distributed_) model_params_.narrow(0, shard_begin_, shard_numel_).copy_(main_params_);
+    encode_own_shard();
+    gather_and_decode();
+    return;
+  }
   if (distributed_) {
     auto mine = model_params_.narrow(0, shard_begin_, shard_numel_);
     mine.copy_(main_params_);
