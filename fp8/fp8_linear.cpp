@@ -786,17 +786,8 @@ std::shared_ptr<Quantized> slice_cols_transposed(Fp8Engine&, const Quantized& q,
       s->scale_inv = q.scale_inv;
       v.scale_inv = s->scale_inv.data_ptr();
       break;
-    case ScalingMode::kBlock128x128: {  // both copies share the grid of the [rows, cols] weight
-      FP8TRON_CHECK(begin % int64_t(kBlockLen) == 0, "a 128x128-scaled slice must start at a block boundary");
-      const ScaleLayout l = q.view.layout(), n = v.layout();
-      auto grid = torch::zeros({int64_t(n.outer), int64_t(n.ld)}, q.scale_inv.options());
-      grid.narrow(1, 0, int64_t(n.inner))
-          .copy_(q.scale_inv.view({int64_t(l.outer), int64_t(l.ld)}).narrow(1, begin / int64_t(kBlockLen), int64_t(n.inner)));
-      s->scale_inv = grid.view({-1});
-      v.scale_inv = s->scale_inv.data_ptr();
-      break;
-    }
-    default:  // the transposed copy's own scales, rows of the [cols, rows] matrix
+    default:  // block modes: the transposed copy's own scales (scale_inv_t, the grid of the
+              // [cols, rows] matrix; 128x128 included), its rows [begin, begin + count)
       s->scale_inv_t = slice_scale_rows(v.scaling_mode, q.scale_inv_t, q.view.cols, q.view.rows, begin, count);
       v.scale_inv_t = s->scale_inv_t.data_ptr();
       break;

@@ -27,7 +27,7 @@ using M = OverlapMethod;
 namespace F = torch::nn::functional;
 
 Communicator& tp() {
-  static std::shared_ptr<Transport> transport = make_mpi_transport(std::chrono::minutes(2));
+  static std::shared_ptr<Transport> transport = make_mpi_transport(CommTimeouts{std::chrono::minutes(2), std::chrono::seconds(90)});
   static std::shared_ptr<Communicator> comm = [] {
     std::vector<int> all;
     for (int r = 0; r < transport->world_size(); ++r) all.push_back(r);
