@@ -16,6 +16,7 @@
 #include "data/loader/file_source.h"
 #include "fp8/fp8_linear.h"
 #include "models/gpt_model.h"
+#include "parallel/context_parallel.h"
 #include "parallel/layer_split.h"
 #include "parallel/pipeline_schedule.h"
 #include "trainer/cli/config_builder.h"
@@ -121,6 +122,7 @@ class Trainer {
   // Mean loss of a global batch, averaged over micro-batches and data-parallel ranks (all ranks).
   torch::Tensor average_loss(torch::Tensor loss_sum) const;
   torch::Tensor train_step();
+  void build_context_parallel();  // groups and the data-parallel view (collective)
   void end_fp8_step();
   double evaluate();
   void log_interval(int64_t iteration, double seconds, int64_t iterations_in_interval);
@@ -137,6 +139,10 @@ class Trainer {
   TrainOptions options_;
   torch::Device device_;
   ParallelState parallel_;
+  // What gradients, the optimizer, checkpoints and FP8 amaxes see as data parallelism: the real
+  // data-parallel group, or with context parallelism data x context parallel.
+  ParallelState data_parallel_;
+  ContextParallelContext cp_;
   std::vector<GptModel> chunks_;
   std::unique_ptr<MixedPrecisionOptimizer> optimizer_;
   std::unique_ptr<PipelineSchedule> pipeline_;
@@ -164,6 +170,7 @@ void Trainer::build() {
   parallel_ = make_parallel_state(c_, options_.force_single_process);
   torch::manual_seed(c_.training.seed + 100 * uint64_t(parallel_.pp_rank));  // dropout streams, as Megatron seeds them
   TensorParallelContext tp{parallel_.tp, parallel_.tp_rank, parallel_.sizes.tp, parallel_.sequence_parallel};
+  build_context_parallel();
   const auto& d = c_.distributed;
   const auto ranges = split_layers(c_.model.num_layers, parallel_.sizes.pp, parallel_.pp_rank, d.virtual_stages,
                                    d.first_stage_layers, d.last_stage_layers);
@@ -179,14 +186,15 @@ void Trainer::build() {
                    k + 1 == ranges.size() && parallel_.last_stage()};
     // Weights are drawn on the CPU in fp32 from (seed, name): every layout and device starts from
     // the same global weights; then they move to the device and the optimizer casts them.
-    GptModel chunk(c_.model, tp, spec, fp8_);
+    GptModel chunk(c_.model, tp, spec, fp8_, cp_);
     chunk->to(device_);
     chunk->train();
     const auto infos = chunk->param_infos();
     for (const auto& item : chunk->named_parameters()) params.push_back({item.key(), item.value(), infos.at(item.key())});
     chunks_.push_back(chunk);
   }
-  optimizer_ = std::make_unique<MixedPrecisionOptimizer>(params, c_.optimizer, c_.precision, parallel_, d.distributed_optimizer);
+  optimizer_ = std::make_unique<MixedPrecisionOptimizer>(params, c_.optimizer, c_.precision, data_parallel_,
+                                                         d.distributed_optimizer);
   if (d.overlap_grad_reduce) optimizer_->enable_grad_overlap(d.bucket_numel);
   if (fp8_ && fp8_->overwrites_main_grads() && c_.precision.grads_in_fp32) {
     // FP8 wgrad GEMMs write their fp32 main gradients (overwriting in a step's first backward):
@@ -202,7 +210,7 @@ void Trainer::build() {
     for (auto& chunk : chunks_)
       chunk->set_params_ready_hook([optimizer](const torch::nn::Module& part) { optimizer->wait_for_params(part); });
   }
-  const int64_t s = c_.model.seq_length / (parallel_.sequence_parallel ? parallel_.sizes.tp : 1);
+  const int64_t s = c_.model.seq_length / parallel_.sizes.cp / (parallel_.sequence_parallel ? parallel_.sizes.tp : 1);
   pipeline_ = std::make_unique<PipelineSchedule>(parallel_, d.virtual_stages,
                                                  std::vector<int64_t>{s, c_.training.micro_batch_size, c_.model.hidden_size},
                                                  param_dtype(c_), device_);
@@ -230,13 +238,25 @@ void Trainer::build() {
   interval_.reset(device_);
 }
 
+void Trainer::build_context_parallel() {
+  data_parallel_ = parallel_;
+  if (parallel_.sizes.cp == 1) return;
+  // The hierarchical levels exist for a2a+p2p layers only (Megatron creates them regardless).
+  bool hierarchical = false;
+  for (CpCommType t : c_.context_parallel.comm_types) hierarchical = hierarchical || t == CpCommType::A2AP2P;
+  const auto groups = build_context_parallel_groups(
+      parallel_, hierarchical ? c_.context_parallel.hierarchical_sizes : std::vector<int>{});
+  cp_ = ContextParallelContext{c_.context_parallel, parallel_.cp, groups.a2a_level, groups.p2p_level};
+  data_parallel_ = with_context_parallel_in_data_parallel(parallel_, groups.dp_cp);
+}
+
 void Trainer::end_fp8_step() {
   // Megatron's amax reduction group: tensor x data parallel (x context parallel), or with
   // --tp-only-amax-red the tensor-parallel group only, so every rank of a stage shares scales.
-  const bool over_dp = parallel_.sizes.dp > 1 && !c_.precision.fp8.tp_only_amax_reduction;
+  const bool over_dp = data_parallel_.sizes.dp > 1 && !c_.precision.fp8.tp_only_amax_reduction;
   fp8_->end_step([&](torch::Tensor& amaxes) {
     if (parallel_.sizes.tp > 1) parallel_.tp->all_reduce(amaxes, ReduceOp::Max);
-    if (over_dp) parallel_.dp->all_reduce(amaxes, ReduceOp::Max);
+    if (over_dp) data_parallel_.dp->all_reduce(amaxes, ReduceOp::Max);
   });
 }
 
@@ -251,6 +271,11 @@ torch::Tensor Trainer::forward_chunk(int chunk, int64_t micro_batch, const torch
   if (!stage.has_embedding && !stage.has_head && !c_.data.reset_attention_mask) return model->forward_stage(input, {}, {});
   timers_.start("batch-generator", 2);
   Batch batch = loader.load(sample);
+  // Megatron's get_batch_on_this_cp_rank: every context-parallel rank loads the micro-batch and
+  // keeps its shard of the sequence.
+  if (cp_.enabled())
+    for (torch::Tensor* t : {&batch.tokens, &batch.labels, &batch.loss_mask, &batch.position_ids, &batch.segment_ids})
+      if (t->defined()) *t = cp_shard(*t, 1, cp_.size(), cp_.rank());
   timers_.stop("batch-generator", 2);
   return model->forward_stage(stage.has_embedding ? batch.tokens : input, batch.labels, batch.loss_mask, batch.position_ids,
                               batch.segment_ids);
@@ -258,7 +283,8 @@ torch::Tensor Trainer::forward_chunk(int chunk, int64_t micro_batch, const torch
 
 torch::Tensor Trainer::average_loss(torch::Tensor loss_sum) const {
   if (parallel_.sizes.pp > 1) parallel_.pp->all_reduce(loss_sum);  // only the last stage holds it
-  if (parallel_.sizes.dp > 1) parallel_.dp->all_reduce(loss_sum);
+  // Context-parallel ranks hold parts of each micro-batch's loss: summed with the replicas.
+  if (data_parallel_.sizes.dp > 1) data_parallel_.dp->all_reduce(loss_sum);
   return loss_sum / double(c_.training.num_micro_batches * parallel_.sizes.dp);
 }
 
@@ -415,7 +441,7 @@ std::map<std::string, torch::Tensor> Trainer::global_weights(std::vector<double>
 }
 
 TrainingState Trainer::checkpoint_state() {
-  return {c_, parallel_, device_, *optimizer_, schedule_, scaler_, consumed_train_samples_, consumed_valid_samples_,
+  return {c_, data_parallel_, device_, *optimizer_, schedule_, scaler_, consumed_train_samples_, consumed_valid_samples_,
           fp8_.get()};
 }
 

@@ -3,6 +3,7 @@
 #include <cstdint>
 
 #include "core/config/precision_config.h"
+#include "core/config/recompute_config.h"
 
 namespace fp8tron {
 
@@ -38,6 +39,7 @@ struct ModelConfig {
   bool transformer_engine_modules = true;  // --transformer-impl
   ParamDtype params_dtype = ParamDtype::Fp32;
   uint64_t seed = 1234;  // initialisation seed
+  RecomputeConfig recompute;  // --recompute-*
 };
 
 }  // namespace fp8tron

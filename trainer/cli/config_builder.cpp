@@ -6,6 +6,8 @@
 #include "core/error.h"
 #include "core/text.h"
 #include "fp8/recipe.h"
+#include "trainer/cli/context_parallel_args.h"
+#include "trainer/cli/recompute_args.h"
 
 namespace fp8tron {
 namespace {
@@ -424,6 +426,8 @@ Config build_config(const FlagValues& flags, const LaunchEnv& launch, bool gpu_a
   const DataWithVocab data = build_data(flags, tokenizer);
   c.data = data;
   c.model = build_model(flags, tp, data.tokenizer_vocab_size);
+  c.model.recompute = build_recompute_config(flags, c.hint_warnings);
+  c.context_parallel = build_context_parallel_config(flags);
   c.precision = build_precision(flags);
   c.model.params_dtype = c.precision.params_dtype;
   c.training = build_training(flags, c.parallel.dp);

@@ -8,7 +8,9 @@
 #include "core/text.h"
 #include "parallel/layer_split.h"
 #include "trainer/cli/config_builder.h"
+#include "trainer/cli/context_parallel_args.h"
 #include "trainer/cli/determinism_env.h"
+#include "trainer/cli/recompute_args.h"
 
 namespace fp8tron {
 namespace {
@@ -193,6 +195,8 @@ const std::vector<Rule>& rules() {
          }
          return "";
        }},
+      {"activation recomputation", recompute_problem},
+      {"context parallelism", context_parallel_problem},
       {"intervals",
        [](const Config& c, const FlagValues&) -> std::string {
          if (c.logging.log_interval <= 0) return "--log-interval must be positive";
