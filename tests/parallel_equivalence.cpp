@@ -45,12 +45,16 @@ Config make_config(const std::vector<std::string>& extra, const LaunchEnv& env) 
 std::vector<std::string> without_layout_flags(const std::vector<std::string>& args) {
   static const std::set<std::string> layout = {
       "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--num-layers-per-virtual-pipeline-stage",
-      "--num-virtual-stages-per-pipeline-rank", "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers"};
+      "--num-virtual-stages-per-pipeline-rank", "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
+      "--context-parallel-size", "--hierarchical-context-parallel-sizes"};
   static const std::set<std::string> layout_switches = {"--sequence-parallel", "--use-distributed-optimizer",
-                                                        "--overlap-param-gather"};
+                                                        "--overlap-param-gather", "--distribute-saved-activations"};
   std::vector<std::string> out;
   for (size_t i = 0; i < args.size(); ++i) {
-    if (layout.count(args[i])) { ++i; continue; }
+    if (layout.count(args[i])) {  // with its value(s)
+      while (i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0) ++i;
+      continue;
+    }
     if (!layout_switches.count(args[i])) out.push_back(args[i]);
   }
   return out;

@@ -105,6 +105,11 @@ std::string recompute_problem(const Config& c, const FlagValues& f) {
     return "--recompute-modules gdn_norm_out/gdp_in_proj/gdp_qkv need --experimental-attention-variant (gated delta "
            "net layers), which fp8tron does not have";
   if (named.count("mhc")) return "--recompute-modules mhc requires --enable-mhc-connections, which fp8tron does not have";
+  for (const char* moe : {"moe", "moe_act", "shared_experts"})
+    if (named.count(moe))
+      return strprintf("--recompute-modules %s: recomputing mixture-of-experts parts is not implemented in fp8tron yet "
+                       "(use core_attn, mlp, or --recompute-granularity full)",
+                       moe);
   if (c.precision.fp8.enabled() && (r.modules.moe_act || r.modules.layernorm) &&
       std::holds_alternative<fp8::DelayedScaling>(*c.precision.fp8.recipe))
     return "--recompute-modules moe_act and layernorm are not supported with --fp8-recipe delayed (Megatron: delayed "
