@@ -46,7 +46,7 @@ std::vector<std::string> without_layout_flags(const std::vector<std::string>& ar
   static const std::set<std::string> layout = {
       "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--num-layers-per-virtual-pipeline-stage",
       "--num-virtual-stages-per-pipeline-rank", "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
-      "--context-parallel-size", "--hierarchical-context-parallel-sizes"};
+      "--context-parallel-size", "--hierarchical-context-parallel-sizes", "--cp-comm-type"};
   static const std::set<std::string> layout_switches = {"--sequence-parallel", "--use-distributed-optimizer",
                                                         "--overlap-param-gather", "--distribute-saved-activations"};
   std::vector<std::string> out;
