@@ -96,17 +96,28 @@ torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
 }
 
 // ---- layer -------------------------------------------------------------------------------------------
-TransformerLayerImpl::TransformerLayerImpl(const ModelConfig& m, const std::string& prefix, const ModuleFactory& f)
+TransformerLayerImpl::TransformerLayerImpl(const ModelConfig& m, const std::string& prefix, int64_t layer,
+                                           const ModuleFactory& f, std::shared_ptr<MoeContext> moe_context)
     : hidden_dropout_(m.hidden_dropout), recompute_mlp_(m.recompute.selective(&RecomputeModules::mlp)) {
   self_attention = register_module("self_attention", SelfAttention(m, prefix + ".self_attention", f));
-  mlp = register_module("mlp", Mlp(m, prefix + ".mlp", f));
+  if (!m.moe.is_moe_layer(layer)) {
+    mlp = register_module("mlp", Mlp(m, prefix + ".mlp", f));
+    return;
+  }
+  FP8TRON_CHECK(moe_context != nullptr, "an MoE layer needs the model's MoE context");
+  // Under SP the norm runs on sequence shards: partial gradients per rank.
+  pre_mlp_layernorm =
+      register_module("pre_mlp_layernorm", TELayerNorm(NormOptions::from(m, m.hidden_size), f.tp().sequence_parallel, f));
+  moe = register_module("mlp", MoeLayer(m, prefix + ".mlp", layer, f, std::move(moe_context)));
 }
 
 torch::Tensor TransformerLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& attention_mask) {
   auto h = x + maybe_dropout(self_attention(x, attention_mask), hidden_dropout_, is_training());
-  // --recompute-modules mlp: only the MLP's input is kept (the module outlives its graphs).
-  auto m = recompute_mlp_ && is_training() ? recompute([this](const std::vector<torch::Tensor>& in) { return mlp(in[0]); }, {h})
-                                           : mlp(h);
+  // --recompute-modules mlp (dense layers): only the MLP's input is kept (the module outlives its graphs).
+  auto m = moe ? moe(pre_mlp_layernorm(h))
+               : recompute_mlp_ && is_training()
+                   ? recompute([this](const std::vector<torch::Tensor>& in) { return mlp(in[0]); }, {h})
+                   : mlp(h);
   return h + maybe_dropout(m, hidden_dropout_, is_training());
 }
 
@@ -114,9 +125,13 @@ torch::Tensor TransformerLayerImpl::forward(const torch::Tensor& x, const torch:
 GptModelImpl::GptModelImpl(const ModelConfig& m) : GptModelImpl(m, no_tensor_parallel(), StageSpec::whole(m)) {}
 
 GptModelImpl::GptModelImpl(const ModelConfig& m, const TensorParallelContext& tp, const StageSpec& stage,
-                           std::shared_ptr<fp8::Fp8Engine> fp8, ContextParallelContext cp)
-    : config_(m), tp_(tp), cp_(std::move(cp)), stage_(stage) {
+                           std::shared_ptr<fp8::Fp8Engine> fp8, std::shared_ptr<MoeContext> moe, ContextParallelContext cp)
+    : config_(m), tp_(tp), cp_(std::move(cp)), stage_(stage), moe_(std::move(moe)) {
   const ModuleFactory f(m.seed, tp, std::move(fp8), cp_);
+  if (m.moe.enabled() && !moe_) {
+    FP8TRON_CHECK(tp.size == 1, "a tensor-parallel MoE model needs its MoE context (the expert-parallel groups)");
+    moe_ = std::make_shared<MoeContext>(m.moe, m.num_layers, ExpertParallelGroups::single_process());
+  }
   const bool tied = !m.untie_embeddings_and_output_weights;
   ParamInfo word;
   word.global_shape = {m.padded_vocab_size, m.hidden_size};
@@ -137,7 +152,8 @@ GptModelImpl::GptModelImpl(const ModelConfig& m, const TensorParallelContext& tp
   auto decoder = register_module("decoder", std::make_shared<torch::nn::Module>("TransformerBlock"));
   auto layers = decoder->register_module("layers", std::make_shared<torch::nn::Module>("Layers"));
   for (int64_t i = stage.first_layer; i < stage.first_layer + stage.num_layers; ++i)
-    layers_.push_back(layers->register_module(std::to_string(i), TransformerLayer(m, "decoder.layers." + std::to_string(i), f)));
+    layers_.push_back(
+        layers->register_module(std::to_string(i), TransformerLayer(m, "decoder.layers." + std::to_string(i), i, f, moe_)));
   if (stage.has_head) {
     // Under SP the final norm runs on sequence shards: partial gradients per rank.
     final_layernorm_ = decoder->register_module("final_layernorm", TELayerNorm(NormOptions::from(m, m.hidden_size), tp.sequence_parallel, f));

@@ -2,8 +2,10 @@
 # Everything the GPU machine checks in one go (its machines start bare): build, GPU tests (ctest
 # label gpu), multi-GPU equivalence under mpirun and torchrun, and the benchmarks. Results go to
 # $OUT (or gpu-check/). Usage: scripts/gpu_check.sh [equivalence] [bench] [fp8-bench] [fp8-convergence]
-# [grouped] [parallel-bench] [data] [checkpoint]
-# (grouped: the MoE expert GEMMs against torch's grouped GEMMs, scripts/bench_grouped_gemm.sh)
+# [grouped] [parallel-bench] [data] [checkpoint] [moe] [moe-equivalence] [moe-parallel-bench]
+# (grouped: the MoE expert GEMMs against torch's grouped GEMMs, scripts/bench_grouped_gemm.sh;
+# moe: the MoE GPU tests' lines and the Mixtral-style benchmark on one GPU; moe-equivalence and
+# moe-parallel-bench need 2+ GPUs: expert parallelism over NCCL)
 # (checkpoint: save speed, --async-save blocking, --deterministic-mode repeat and resume on the
 # 1.3B model, summary in $OUT/checkpoint-summary.txt; then the Hugging Face export check)
 #
@@ -44,6 +46,8 @@ check gpu-tests "tests passed|\*\*\*Failed" bash -c "cd build && timeout 600 cte
 # The FP8 GEMM/kernel diagnostics print only when the binary runs directly.
 check fp8-gpu "fp8-bench\].*(TFLOP|GB/s|x bf16)|FAILED" ./build/tests/fp8/fp8tron_fp8_gpu_tests
 check fp8-module "fp8-module|FAILED|Failure" ./build/tests/fp8tron_gpu_tests --gtest_filter='GpuFp8*'
+# Recomputation (bitwise with dropout and FP8, peak memory) and the CP attention blocks on the fused kernels.
+check recompute-cp-gpu "recompute-memory|cp-blocks|FAILED|Failure" ./build/tests/fp8tron_recompute_cp_gpu_tests
 
 EQ=./build/tests/fp8tron_parallel_equivalence
 MPI=(timeout 240 mpirun --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH -x OMP_NUM_THREADS=4)
@@ -64,6 +68,23 @@ for step in "$@"; do
           --tensor-model-parallel-size 2 --sequence-parallel --tolerance 2e-2
       fi
       check eq-dp2-overlap "$EQUIV_LINES" "${MPI[@]}" -np 2 $EQ --device cuda --overlap-grad-reduce --ddp-bucket-size 3000 --tolerance 1e-4
+      # Context parallelism over NCCL: the ring's overlapped send/receive on the communication
+      # stream, the fused attention kernels as blocks (LSE merge), all-to-all and all-gather.
+      check eq-cp2-p2p-fp32 "$EQUIV_LINES" "${MPI[@]}" -np 2 $EQ --device cuda --context-parallel-size 2 --tolerance 1e-4
+      check eq-cp2-p2p-bf16 "$EQUIV_LINES" "${MPI[@]}" -np 2 $EQ --device cuda --bf16 --context-parallel-size 2 --seq-length 256 \
+        --tolerance 2e-2
+      check eq-cp2-a2a-bf16 "$EQUIV_LINES" "${MPI[@]}" -np 2 $EQ --device cuda --bf16 --context-parallel-size 2 --cp-comm-type a2a \
+        --tolerance 2e-2
+      check eq-cp2-allgather-bf16 "$EQUIV_LINES" "${MPI[@]}" -np 2 $EQ --device cuda --bf16 --context-parallel-size 2 \
+        --cp-comm-type all_gather --tolerance 2e-2
+      check eq-cp2-recompute-fp8 "$EQUIV_LINES" "${MPI[@]}" -np 2 $EQ --device cuda --bf16 --context-parallel-size 2 \
+        --fp8-format hybrid --recompute-granularity full --recompute-method uniform --recompute-num-layers 1 --tolerance 2e-2
+      if [ "$GPUS" -ge 4 ]; then
+        check eq-cp2-tp2-sp "$EQUIV_LINES" "${MPI[@]}" -np 4 $EQ --device cuda --bf16 --context-parallel-size 2 \
+          --tensor-model-parallel-size 2 --sequence-parallel --tolerance 2e-2
+        check eq-cp4-a2a-p2p "$EQUIV_LINES" "${MPI[@]}" -np 4 $EQ --device cuda --bf16 --context-parallel-size 4 \
+          --cp-comm-type a2a+p2p --hierarchical-context-parallel-sizes 2 2 --tolerance 2e-2
+      fi
       # FP8 over NCCL: delayed scaling with amaxes reduced over the tensor-parallel group.
       check eq-tp2-sp-fp8 "$EQUIV_LINES" "${MPI[@]}" -np 2 $EQ --device cuda --bf16 --tensor-model-parallel-size 2 \
         --sequence-parallel --fp8-format hybrid --tolerance 2e-2
@@ -141,6 +162,33 @@ with open('$OUT/corpus.jsonl', 'w') as f:
           --reference-tokens 64 && python3 scripts/check_hf_export.py /tmp/hf-$style-out
       }
       for style in gpt2 llama; do check export-$style "logits|match|rror" export_check $style; done ;;
+    moe)
+      echo "== mixture of experts: GPU tests, Mixtral-style benchmark (bf16, FP8)"
+      check moe-gpu "moe-fp8|FAILED|Failure|OK \]" ./build/tests/fp8tron_gpu_tests --gtest_filter='GpuMoe*'
+      check moe-bench "^\|" ./scripts/bench_moe.sh ;;
+    moe-equivalence)
+      echo "== MoE equivalence under NCCL (bf16, tolerance 2e-2; fp32 1e-4)"
+      MOE=(--num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 64 --moe-layer-freq "([0]+[1]*3)" --moe-aux-loss-coeff 1e-2
+           --moe-z-loss-coeff 1e-3 --swiglu --disable-bias-linear --moe-router-dtype fp32)
+      check eq-moe-ep2-fp32 "$EQUIV_LINES" "${MPI[@]}" -np 2 $EQ --device cuda "${MOE[@]}" --expert-model-parallel-size 2 \
+        --moe-token-dispatcher-type alltoall --tolerance 1e-4
+      check eq-moe-ep2-allgather "$EQUIV_LINES" "${MPI[@]}" -np 2 $EQ --device cuda --bf16 "${MOE[@]}" \
+        --expert-model-parallel-size 2 --tolerance 2e-2
+      if [ "$GPUS" -ge 4 ]; then
+        for d in alltoall allgather; do
+          check eq-moe-ep4-$d "$EQUIV_LINES" "${MPI[@]}" -np 4 $EQ --device cuda --bf16 "${MOE[@]}" --expert-model-parallel-size 4 \
+            --moe-token-dispatcher-type $d --tolerance 2e-2
+        done
+        check eq-moe-ep2-tp2-sp "$EQUIV_LINES" "${MPI[@]}" -np 4 $EQ --device cuda --bf16 "${MOE[@]}" --expert-model-parallel-size 2 \
+          --tensor-model-parallel-size 2 --sequence-parallel --moe-token-dispatcher-type alltoall --tolerance 2e-2
+        check eq-moe-ep2-dp2-distopt "$EQUIV_LINES" "${MPI[@]}" -np 4 $EQ --device cuda --bf16 "${MOE[@]}" \
+          --expert-model-parallel-size 2 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather \
+          --ddp-bucket-size 3000 --moe-token-dispatcher-type alltoall --tolerance 2e-2
+        check ckpt-moe-ep4-to-ep2 "resume OK|MISMATCH|rror|first loss" timeout 600 mpirun --allow-run-as-root --bind-to none -np 4 \
+          -x LD_LIBRARY_PATH ./build/tests/fp8tron_checkpoint_resume --dir /tmp/moe-ckpt --save ep=4,alltoall --load ep=2,alltoall \
+          --load single "${MOE[@]}" --device cuda
+      fi ;;
+    moe-parallel-bench) echo "== MoE multi-GPU benchmarks"; check moe-parallel-bench "^\|" ./scripts/bench_moe.sh "$GPUS" ;;
     *) echo "unknown step '$step'"; FAILED+=("unknown step $step") ;;
   esac
 done

@@ -9,6 +9,7 @@
 #include "models/recompute.h"
 #include "parallel/parallel_state.h"
 #include "test_helpers.h"
+#include "trainer/cli/model_math.h"
 #include "trainer/trainer.h"
 
 namespace fp8tron {
@@ -147,6 +148,26 @@ TEST(Recompute, RefusesWhatMegatronRefusesByName) {
   EXPECT_USER_ERROR(build(tiny_args({"--distribute-saved-activations", "--recompute-granularity", "full",
                                      "--recompute-method", "uniform", "--recompute-num-layers", "1"})),
                     "--distribute-saved-activations");
+}
+
+// The dry run's memory estimate: full recomputation keeps one 16-bit input per unit plus one
+// unit's activations; selective core_attn drops the paper formula's attention scores; context
+// parallelism halves every rank's tokens.
+TEST(Recompute, DryRunEstimateFollowsRecomputationAndContextParallelism) {
+  auto big = [](std::initializer_list<std::string> extra) {
+    auto a = tiny_args({"--num-layers", "8", "--hidden-size", "256", "--seq-length", "256"});
+    a.insert(a.end(), extra.begin(), extra.end());
+    return estimate_memory(build(a, 2));
+  };
+  const MemoryEstimate none = big({}), full = big({"--recompute-granularity", "full", "--recompute-method", "uniform",
+                                                   "--recompute-num-layers", "1"});
+  const double s = 256, b = 2, h = 256, per_layer = s * b * h * 34;
+  EXPECT_DOUBLE_EQ(none.activations_fused - 8 * 4.0 * 4 * s * b, 8 * per_layer);
+  EXPECT_DOUBLE_EQ(full.activations_fused - 4.0 * 4 * s * b, 8 * 2 * s * b * h + per_layer);
+  const MemoryEstimate block = big({"--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", "4"});
+  EXPECT_DOUBLE_EQ(block.activations_fused - 5 * 4.0 * 4 * s * b, 4 * per_layer + 4 * 2 * s * b * h + per_layer);
+  EXPECT_LT(big({"--recompute-activations"}).activations_paper, none.activations_paper);
+  EXPECT_DOUBLE_EQ(big({"--context-parallel-size", "2"}).activations_fused, none.activations_fused / 2);
 }
 
 TEST(Recompute, ActivationsFlagMeansSelectiveCoreAttention) {

@@ -2,6 +2,7 @@
 #pragma once
 #include <cstdint>
 
+#include "core/config/moe_config.h"
 #include "core/config/precision_config.h"
 #include "core/config/recompute_config.h"
 
@@ -40,6 +41,7 @@ struct ModelConfig {
   ParamDtype params_dtype = ParamDtype::Fp32;
   uint64_t seed = 1234;  // initialisation seed
   RecomputeConfig recompute;  // --recompute-*
+  MoeConfig moe;         // mixture of experts (off: a dense model)
 };
 
 }  // namespace fp8tron

@@ -27,7 +27,10 @@ void apply_checkpoint_args(FlagValues& flags) {
       "num-query-groups", "kv-channels", "max-position-embeddings", "position-embedding-type", "rotary-base",
       "rotary-percent", "disable-bias-linear", "add-qkv-bias", "swiglu", "untie-embeddings-and-output-weights",
       "apply-layernorm-1p", "normalization", "norm-epsilon", "qk-layernorm", "attention-dropout", "hidden-dropout",
-      "tokenizer-type", "vocab-size", "make-vocab-size-divisible-by", "init-method-std", "transformer-impl"};
+      "tokenizer-type", "vocab-size", "make-vocab-size-divisible-by", "init-method-std", "transformer-impl",
+      "num-experts", "moe-layer-freq", "moe-ffn-hidden-size", "moe-router-topk", "moe-router-pre-softmax",
+      "moe-grouped-gemm", "moe-shared-expert-intermediate-size", "moe-router-score-function",
+      "moe-router-enable-expert-bias", "moe-router-topk-scaling-factor"};
   std::vector<const char*> names(std::begin(kModelFlags), std::end(kModelFlags));
   // Megatron also takes the tokenizer model unless told not to.
   if (!flags.get_bool("no-use-tokenizer-model-from-checkpoint-args") &&

@@ -8,6 +8,7 @@
 #include "fp8/recipe.h"
 #include "trainer/cli/context_parallel_args.h"
 #include "trainer/cli/recompute_args.h"
+#include "trainer/cli/moe_args.h"
 
 namespace fp8tron {
 namespace {
@@ -428,6 +429,7 @@ Config build_config(const FlagValues& flags, const LaunchEnv& launch, bool gpu_a
   c.model = build_model(flags, tp, data.tokenizer_vocab_size);
   c.model.recompute = build_recompute_config(flags, c.hint_warnings);
   c.context_parallel = build_context_parallel_config(flags);
+  c.model.moe = build_moe_config(flags, c.model, c.hint_warnings);
   c.precision = build_precision(flags);
   c.model.params_dtype = c.precision.params_dtype;
   c.training = build_training(flags, c.parallel.dp);
@@ -463,6 +465,7 @@ Config build_config(const FlagValues& flags, const LaunchEnv& launch, bool gpu_a
   if (c.device == "cuda" && !gpu_available && !c.dry_run)
     throw UserError("--device cuda: no CUDA GPU is visible to this process (use --device cpu)");
   c.precision.fp8 = build_fp8(flags, c.model, c.precision, c.device == "cuda");
+  c.model.moe.expert_gemm_fp8 = c.precision.fp8.grouped_gemm_fp8;
 
   for (const auto& spec : flag_table())
     if (spec.support == Support::Yes || flags.given(spec.name)) c.resolved_flags.emplace_back(spec.name, format_value(spec, flags));

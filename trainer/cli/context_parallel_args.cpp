@@ -63,6 +63,9 @@ std::string context_parallel_problem(const Config& c, const FlagValues& f) {
     return strprintf("--seq-length (%lld) must be a multiple of 2 x --context-parallel-size (%d): the load-balanced "
                      "split gives each context-parallel rank two of 2 x %d equal chunks",
                      (long long)m.seq_length, 2 * size, size);
+  if (m.moe.enabled())
+    return "--context-parallel-size > 1 with --num-experts is not implemented in fp8tron yet (the expert data-parallel "
+           "group would have to span the context-parallel ranks)";
   if (!m.transformer_engine_modules)
     return "--context-parallel-size > 1 needs --transformer-impl transformer_engine (Megatron's local attention has no "
            "context parallelism)";

@@ -25,10 +25,45 @@ ParameterCount count_parameters(const ModelConfig& m) {
   p.final_norm = norm;
   p.output_layer = m.untie_embeddings_and_output_weights ? m.padded_vocab_size * h : 0;
   p.total = p.embedding + m.num_layers * p.per_layer + p.final_norm + p.output_layer;
+  p.active = p.total;
+  if (!m.moe.enabled()) return p;
+  // An MoE layer: the dense layer's attention and norms, a router and experts instead of the MLP.
+  const MoeConfig& e = m.moe;
+  const int64_t dense_mlp = h * fc1_out + (m.add_bias_linear ? fc1_out : 0) + f * h + (m.add_bias_linear ? h : 0);
+  const int64_t ef = e.ffn_hidden_size, expert_fc1 = m.swiglu ? 2 * ef : ef;
+  const int64_t expert = h * expert_fc1 + (m.add_bias_linear ? expert_fc1 : 0) + ef * h + (m.add_bias_linear ? h : 0);
+  const int64_t shared_fc1 = m.swiglu ? 2 * e.shared_expert_size : e.shared_expert_size;
+  const int64_t shared = h * shared_fc1 + e.shared_expert_size * h + (e.shared_expert_gate ? h : 0);
+  const int64_t router = e.num_experts * h + (m.add_bias_linear ? e.num_experts : 0);
+  p.moe_layers = e.num_moe_layers();
+  p.experts_per_moe_layer = e.num_experts * expert;
+  p.per_moe_layer = p.per_layer - dense_mlp + router + p.experts_per_moe_layer + shared;
+  p.total = p.embedding + (m.num_layers - p.moe_layers) * p.per_layer + p.moe_layers * p.per_moe_layer + p.final_norm +
+            p.output_layer;
+  p.active = p.total - p.moe_layers * (e.num_experts - e.topk) * expert;
   return p;
 }
 
+namespace {
+// Megatron's transformer_flops for an MoE model (training.py), per token.
+double moe_training_flops_per_token(const ModelConfig& m) {
+  const MoeConfig& e = m.moe;
+  const double h = double(m.hidden_size), layers = double(m.num_layers), s = double(m.seq_length);
+  const double f = m.swiglu ? 3.0 : 2.0;  // the stacked fc1 (gate|up) and fc2 GEMMs
+  const double moe_layers = double(e.num_moe_layers()), dense_layers = layers - moe_layers;
+  const double q = double(m.kv_channels * m.num_attention_heads), kv = double(m.kv_channels * m.num_query_groups);
+  const double mlp = 6.0 * h *
+                     (double(m.ffn_hidden_size) * f * dense_layers + double(e.ffn_hidden_size) * double(e.topk) * f * moe_layers +
+                      double(e.shared_expert_size) * f * moe_layers);
+  const double projections = 6.0 * layers * (h * (q + 2.0 * kv) + q * h);
+  const double logits = 6.0 * h * double(m.padded_vocab_size);
+  const double core_attention = 6.0 * q * s * layers;  // QK^T and AV, halved for the causal mask
+  return mlp + projections + logits + core_attention;
+}
+}  // namespace
+
 double training_flops_per_token(const ModelConfig& m) {
+  if (m.moe.enabled()) return moe_training_flops_per_token(m);
   // 12 = 3 (fwd + 2x bwd) x 2 (multiply-add) x 2 (the GEMM pairs of the formula).
   const double h = double(m.hidden_size), L = double(m.num_layers), s = double(m.seq_length);
   const double heads = double(m.num_attention_heads), groups = double(m.num_query_groups);
@@ -47,7 +82,12 @@ MemoryEstimate estimate_memory(const Config& c) {
   const ParameterCount p = count_parameters(m);
   // First pipeline stage: its layers plus the embedding (and the output layer when pp == 1).
   const double layers_here = double(m.num_layers) / par.pp;
-  double params = layers_here * p.per_layer / par.tp + double(p.embedding) / par.tp;
+  // MoE layers: their experts spread over the expert-parallel and expert tensor-parallel ranks.
+  const double moe_fraction = m.moe.enabled() ? double(p.moe_layers) / double(m.num_layers) : 0.0;
+  const double dense_layer_params =
+      (1.0 - moe_fraction) * double(p.per_layer) + moe_fraction * double(p.per_moe_layer - p.experts_per_moe_layer);
+  double params = layers_here * dense_layer_params / par.tp + double(p.embedding) / par.tp;
+  if (m.moe.enabled()) params += layers_here * moe_fraction * double(p.experts_per_moe_layer) / double(par.ep * par.etp);
   if (par.pp == 1) params += double(p.final_norm + p.output_layer) / par.tp;
   const bool low_precision = c.precision.params_dtype != ParamDtype::Fp32;
   e.weights = params * (low_precision ? 2 : 4);
@@ -59,15 +99,35 @@ MemoryEstimate estimate_memory(const Config& c) {
   // tensor parallel without SP: s*b*h*(10 + 24/t + 5*a*s/(h*t)). The 5as/h term is the stored
   // attention scores, softmax and its dropout mask, which fused attention does not keep; it keeps
   // per-row softmax statistics instead (4 bytes x a x s).
-  const double s = double(m.seq_length), b = double(c.training.micro_batch_size), h = double(m.hidden_size);
-  const double a = double(m.num_attention_heads), t = double(par.tp);
+  // Context parallelism: each rank holds s / cp of the tokens (its queries still see all s keys).
+  const double s_all = double(m.seq_length), s = s_all / par.cp, b = double(c.training.micro_batch_size);
+  const double h = double(m.hidden_size), a = double(m.num_attention_heads), t = double(par.tp);
   const double linear_part = s * b * h * (10.0 + 24.0 / t);
-  const double scores = s * b * h * 5.0 * a * s / (h * t);
+  const double scores = s * b * h * 5.0 * a * s_all / (h * t);
   const double softmax_stats = 4.0 * a / t * s * b;
   // 1F1B keeps up to pp micro-batches in flight on the first stage: L/pp layers x pp = L layers.
   const double stored_layers = par.pp > 1 ? double(m.num_layers) : layers_here;
-  e.activations_paper = stored_layers * (linear_part + scores);
+  const RecomputeConfig& r = m.recompute;
+  // Selective recomputation of core_attn keeps no scores (the paper's 34 s b h per layer).
+  const double kept_scores = r.selective(&RecomputeModules::core_attn) ? 0.0 : scores;
+  e.activations_paper = stored_layers * (linear_part + kept_scores);
   e.activations_fused = stored_layers * (linear_part + softmax_stats);
+  if (r.full() && r.num_layers > 0) {
+    // Recomputed layers keep their unit's 16-bit input (split over TP with SP or
+    // --distribute-saved-activations); one unit at a time is replayed with everything.
+    const double chunk_layers = layers_here / std::max<int64_t>(1, c.distributed.virtual_stages);
+    const double split = c.distributed.sequence_parallel || r.distribute_saved_activations ? t : 1.0;
+    const double input = 2.0 * s * b * h / split;
+    const double recomputed_fraction =
+        r.method == RecomputeMethod::Uniform ? 1.0 : std::min(1.0, double(r.num_layers) / chunk_layers);
+    const double unit = r.method == RecomputeMethod::Uniform ? std::min(chunk_layers, double(r.num_layers)) : 1.0;
+    auto with_recompute = [&](double per_layer) {
+      const double kept = stored_layers * (1.0 - recomputed_fraction) * per_layer;
+      return kept + stored_layers * recomputed_fraction * input / unit + unit * per_layer;
+    };
+    e.activations_paper = with_recompute(linear_part + kept_scores);
+    e.activations_fused = with_recompute(linear_part + softmax_stats);
+  }
   if (par.pp == 1) e.logits = s * b * double(m.padded_vocab_size) / t * (2.0 + 4.0);  // bf16 logits + fp32 loss input
   return e;
 }

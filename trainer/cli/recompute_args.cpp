@@ -61,7 +61,7 @@ RecomputeConfig build_recompute_config(const FlagValues& f, std::vector<std::str
   if (r.granularity == RecomputeGranularity::Selective && r.modules.layernorm)
     notices.push_back("--recompute-modules layernorm: the input and pre-MLP norms of dense layers are fused into "
                       "linear_qkv and linear_fc1 (TELayerNormColumnParallelLinear) and have nothing to recompute, as "
-                      "in Megatron with Transformer Engine; only standalone norms (MoE layers) are recomputed");
+                      "in Megatron with Transformer Engine");
   return r;
 }
 
@@ -80,6 +80,10 @@ std::string recompute_problem(const Config& c, const FlagValues& f) {
              "already split over the tensor-parallel ranks)";
   }
   if (r.granularity == RecomputeGranularity::None) return "";
+  if (r.full() && c.model.moe.enabled())
+    return "--recompute-granularity full with --num-experts is not implemented in fp8tron yet (a replayed MoE layer "
+           "would dispatch its tokens and record its router losses and metrics a second time); use "
+           "--recompute-granularity selective with core_attn";
   if (r.granularity == RecomputeGranularity::Selective) {
     if (r.method != RecomputeMethod::None)
       return "--recompute-method is not supported with --recompute-granularity selective (it applies to full; "
@@ -105,6 +109,9 @@ std::string recompute_problem(const Config& c, const FlagValues& f) {
     return "--recompute-modules gdn_norm_out/gdp_in_proj/gdp_qkv need --experimental-attention-variant (gated delta "
            "net layers), which fp8tron does not have";
   if (named.count("mhc")) return "--recompute-modules mhc requires --enable-mhc-connections, which fp8tron does not have";
+  if (named.count("layernorm") && c.model.moe.enabled())
+    return "--recompute-modules layernorm with --num-experts is not implemented in fp8tron yet (the MoE layers' "
+           "standalone pre-MLP norm would not be recomputed)";
   for (const char* moe : {"moe", "moe_act", "shared_experts"})
     if (named.count(moe))
       return strprintf("--recompute-modules %s: recomputing mixture-of-experts parts is not implemented in fp8tron yet "

@@ -20,6 +20,7 @@ std::string format_iteration_line(const IterationStats& s) {
   line += strprintf(" learning rate: %.6E |", s.learning_rate);
   line += strprintf(" global batch size: %5lld |", (long long)s.global_batch_size);
   line += strprintf(" lm loss: %.6E |", s.lm_loss);
+  for (const auto& [name, value] : s.moe_losses) line += strprintf(" %s: %.6E |", name.c_str(), value);
   line += strprintf(" loss scale: %.1f |", s.loss_scale);
   if (s.grad_norm) line += strprintf(" grad norm: %.3f |", *s.grad_norm);
   if (s.params_norm) line += strprintf(" params norm: %.3f |", *s.params_norm);

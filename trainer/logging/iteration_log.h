@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace fp8tron {
 
@@ -16,6 +18,9 @@ struct IterationStats {
   double learning_rate = 0;
   int64_t global_batch_size = 0;
   double lm_loss = 0;
+  // Mixture of experts: load_balancing_loss, z_loss, ... (averaged over the interval), printed
+  // after the lm loss as Megatron prints its total_loss_dict.
+  std::vector<std::pair<std::string, double>> moe_losses;
   double loss_scale = 1;
   std::optional<double> grad_norm;
   std::optional<double> params_norm;  // with --log-params-norm
