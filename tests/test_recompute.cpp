@@ -145,6 +145,15 @@ TEST(Recompute, RefusesWhatMegatronRefusesByName) {
                     "--recompute-modules attn");
   EXPECT_USER_ERROR(build(tiny_args({"--recompute-granularity", "selective", "--recompute-modules", "mla_up_proj"})),
                     "--recompute-modules mla_up_proj");
+  EXPECT_USER_ERROR(build(tiny_args({"--recompute-granularity", "selective", "--recompute-modules", "moe"})),
+                    "--recompute-modules moe");
+  EXPECT_USER_ERROR(build(tiny_args({"--num-experts", "4", "--recompute-granularity", "full", "--recompute-method",
+                                     "uniform", "--recompute-num-layers", "1"})),
+                    "with --num-experts is not implemented");
+  EXPECT_USER_ERROR(build(tiny_args({"--num-experts", "4", "--context-parallel-size", "2"}), 2), "with --num-experts is not implemented");
+  EXPECT_USER_ERROR(build(tiny_args({"--context-parallel-size", "2", "--reset-attention-mask"}), 2),
+                    "--reset-attention-mask");
+  EXPECT_USER_ERROR(build(tiny_args({"--context-parallel-size", "2", "--seq-length", "18"}), 2), "--seq-length");
   EXPECT_USER_ERROR(build(tiny_args({"--distribute-saved-activations", "--recompute-granularity", "full",
                                      "--recompute-method", "uniform", "--recompute-num-layers", "1"})),
                     "--distribute-saved-activations");
