@@ -2,7 +2,7 @@
 # Everything the GPU machine checks in one go (its machines start bare): build, GPU tests (ctest
 # label gpu), multi-GPU equivalence under mpirun and torchrun, and the benchmarks. Results go to
 # $OUT (or gpu-check/). Usage: scripts/gpu_check.sh [equivalence] [bench] [fp8-bench] [fp8-convergence]
-# [grouped] [parallel-bench] [data] [checkpoint] [moe] [moe-equivalence] [moe-parallel-bench]
+# [grouped] [parallel-bench] [data] [checkpoint] [moe] [moe-equivalence] [moe-parallel-bench] [recompute-cp-bench]
 # (grouped: the MoE expert GEMMs against torch's grouped GEMMs, scripts/bench_grouped_gemm.sh;
 # moe: the MoE GPU tests' lines and the Mixtral-style benchmark on one GPU; moe-equivalence and
 # moe-parallel-bench need 2+ GPUs: expert parallelism over NCCL)
@@ -148,6 +148,9 @@ with open('$OUT/corpus.jsonl', 'w') as f:
       }
       check data-1.3b " iteration +30/|batch-generator|forward-backward|optimizer|validation loss" data_run ;;
     parallel-bench) echo "== multi-GPU benchmarks"; check parallel-bench "^\|" ./scripts/bench_parallel.sh "$GPUS" ;;
+    recompute-cp-bench)
+      echo "== recomputation (memory, 1 GPU) and context parallelism (throughput, $GPUS GPUs) on the 1.3B model"
+      check recompute-cp-bench "^\|" ./scripts/bench_recompute_cp.sh "$GPUS" ;;
     checkpoint)
       echo "== checkpoints: speed, async blocking, deterministic repeat and resume (1.3B)"
       check checkpoint-bench "." ./scripts/bench_checkpoint.sh gpt-1.3b
