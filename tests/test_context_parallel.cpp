@@ -8,6 +8,7 @@
 #include "models/attention_block.h"
 #include "models/context_parallel_attention.h"
 #include "parallel/context_parallel.h"
+#include "test_helpers.h"
 
 namespace fp8tron {
 namespace {
@@ -75,6 +76,37 @@ TEST(ContextParallel, MergedBlocksEqualWholeAttentionWithGradients) {
   EXPECT_TRUE(torch::allclose(ga.dq + gc.dq, qr.grad().narrow(2, 4, 4), 1e-5, 1e-5));
   EXPECT_TRUE(torch::allclose(torch::cat({ga.dk, gc.dk}, 2), kr.grad(), 1e-5, 1e-5));
   EXPECT_TRUE(torch::allclose(torch::cat({ga.dv, gc.dv}, 2), vr.grad(), 1e-5, 1e-5));
+}
+
+
+// With --tp-comm-overlap each tensor-parallel rank multiplies its share of its context-parallel
+// rank's shard: 32 tokens / CP 2 x micro-batch 1 / TP 2 = 8, not an FP8 GEMM operand (16 without
+// counting CP). Flags of context parallelism without it are warned about as inert, and the
+// distributed optimizer shards over data x context parallel (not inert with DP 1, CP 2).
+TEST(ContextParallel, OverlapChecksCountTheShardAndInertFlagsKnowContextParallelism) {
+  auto args = [](std::vector<std::string> extra) {
+    std::vector<std::string> a = testing::tiny_args();
+    for (size_t i = 0; i + 1 < a.size(); ++i) {
+      if (a[i] == "--seq-length") a[i + 1] = "32";
+      if (a[i] == "--micro-batch-size") a[i + 1] = "1";
+    }
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  EXPECT_USER_ERROR(testing::build(args({"--context-parallel-size", "2", "--tensor-model-parallel-size", "2",
+                                         "--sequence-parallel", "--tp-comm-overlap", "--fp8-format", "hybrid"}),
+                                   4),
+                    "each rank's 8 tokens (--seq-length / --context-parallel-size x --micro-batch-size");
+  auto has = [](const Config& c, const std::string& text) {
+    for (const auto& w : c.hint_warnings)
+      if (w.find(text) != std::string::npos) return true;
+    return false;
+  };
+  EXPECT_TRUE(has(testing::build(args({"--cp-comm-type", "a2a"})),
+                  "--cp-comm-type has no effect without --context-parallel-size > 1"));
+  EXPECT_FALSE(has(testing::build(args({"--context-parallel-size", "2", "--use-distributed-optimizer"}), 2),
+                   "nothing to shard"));
+  EXPECT_TRUE(has(testing::build(args({"--use-distributed-optimizer"})), "nothing to shard"));
 }
 
 }  // namespace

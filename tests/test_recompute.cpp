@@ -3,9 +3,13 @@
 // replayed FP8 forward pass records no amax, and the flags Megatron refuses are refused by name.
 #include <gtest/gtest.h>
 
+#include <optional>
+
+#include "fp8/forward_replay.h"
 #include "fp8/fp8_linear.h"
 #include "fp8/recipe.h"
 #include "models/gpt_model.h"
+#include "models/linear_kernels_fp8.h"
 #include "models/recompute.h"
 #include "parallel/parallel_state.h"
 #include "test_helpers.h"
@@ -130,6 +134,40 @@ TEST(Recompute, ReplayedFp8ForwardRecordsNoAmax) {
       EXPECT_GT(history[0][int64_t(engine->slot(*site, fp8::TensorRole::kGradOutput))].item<float>(), 0.0f) << site->name;
     }
     for (const auto& p : model->parameters()) EXPECT_TRUE(p.grad().defined());
+  }
+}
+
+// The same for the overlapped tensor-parallel linears' FP8 kernels (--tp-comm-overlap): their
+// input casts (the gathered rows and a row-parallel input) and the FP8 reduce-scatter's partials
+// record amaxes in a training step, and none in a replay. The replay runs first, so that no FP8
+// weight is cached yet.
+TEST(Recompute, ReplayedOverlappedFp8KernelsRecordNoAmax) {
+  fp8::Fp8EngineOptions o;
+  o.recipe = fp8::make_recipe(fp8::RecipeKind::kDelayed, fp8::Fp8Format::kHybrid);
+  o.num_layers = 1;
+  auto engine = std::make_shared<fp8::Fp8Engine>(o, torch::Device(torch::kCPU));
+  auto site = engine->add_site("decoder.layers.0.mlp.linear_fc1", 0, 32, 32);
+  ASSERT_NE(site, nullptr);
+  auto tp = make_self_communicator("tp", 0);
+  torch::manual_seed(5);
+  const auto weight = torch::randn({32, 32}).requires_grad_(true);
+  const auto x = torch::randn({16, 32});
+  auto& history = engine->history();
+  const auto recorded = [&](fp8::TensorRole role) {
+    return history[0][int64_t(engine->slot(*site, role))].item<float>();
+  };
+  for (const bool replay : {true, false}) {
+    history.zero_();
+    std::optional<fp8::ForwardReplayGuard> guard;
+    if (replay) guard.emplace();
+    Fp8LinearKernels kernels(weight, {}, *site, *tp, overlap::TpLinearPlan{}, fp8::Prologue::kNone);
+    kernels.prepare_input(x, /*to_gather=*/true);
+    kernels.prepare_input(x, /*to_gather=*/false);
+    kernels.quantize_partial(x);
+    for (auto role : {fp8::TensorRole::kInput, fp8::TensorRole::kOutput}) {
+      if (replay) EXPECT_EQ(recorded(role), 0.0f) << "replay, role " << int(role);
+      else EXPECT_GT(recorded(role), 0.0f) << "training step, role " << int(role);
+    }
   }
 }
 

@@ -7,6 +7,19 @@
 
 namespace fp8tron {
 
+// Megatron's checks of the loss and gradients (trainer/numerics_guard.h).
+struct NumericsChecks {
+  // --check-for-nan-in-loss-and-grad (on; --no-...): stop at the first non-finite loss or
+  // gradient norm. Off with fp16's dynamic loss scale, whose overflow skips are expected.
+  bool nan_in_loss_and_grad = true;
+  bool spiky_loss = false;   // --check-for-spiky-loss: warn at a loss >= 10x the first 100's largest
+  bool large_grads = false;  // --check-for-large-grads: same for the gradient norm
+  // Hidden test flag --fp8tron-test-inject-nan ITER[:PARAM]: at iteration ITER the loss (or the
+  // gradient of PARAM) becomes NaN.
+  int64_t test_nan_iteration = 0;
+  std::string test_nan_param;
+};
+
 struct TrainingConfig {
   int64_t micro_batch_size = 0;
   int64_t global_batch_size = 0;
@@ -20,6 +33,7 @@ struct TrainingConfig {
   std::optional<int64_t> start_eval_at_iter;  // evaluations before this iteration are skipped
   uint64_t seed = 1234;
   bool deterministic = false;  // --deterministic-mode (trainer/determinism.h)
+  NumericsChecks numerics;
 };
 
 struct OptimizerConfig {

@@ -4,6 +4,7 @@
 // indexed datasets (file_source.h).
 #pragma once
 #include <cstdint>
+#include <string>
 
 namespace fp8tron {
 
@@ -16,6 +17,9 @@ class SampleSource {
   virtual void sample(Split split, int64_t index, int64_t* out) const = 0;
   // Whether the split has data (a data path can leave the validation split empty).
   virtual bool has(Split) const { return true; }
+  // Where token `position` of sample `index` comes from (dataset, document), for error
+  // messages; "" when the source cannot say.
+  virtual std::string token_origin(Split, int64_t /*index*/, int64_t /*position*/) const { return ""; }
 };
 
 }  // namespace fp8tron

@@ -10,6 +10,9 @@ namespace fp8tron {
 class LrSchedule {
  public:
   explicit LrSchedule(const LrScheduleConfig& config) : c_(config) {}
+  const LrScheduleConfig& config() const { return c_; }
+  // --use-checkpoint-opt_param-scheduler: the checkpoint's schedule replaces the command line's.
+  void set_config(const LrScheduleConfig& config) { c_ = config; }
   double lr_at(int64_t num_steps) const;
   double weight_decay_at(int64_t num_steps) const;
   void step(int64_t increment) { num_steps_ += increment; }
