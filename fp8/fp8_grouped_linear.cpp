@@ -17,6 +17,7 @@
 #include "core/log.h"
 #include "core/text.h"
 #include "fp8/cuda_check.h"
+#include "fp8/forward_replay.h"
 #include "fp8/gemm.h"
 #include "fp8/grouped_gemm.h"
 #include "fp8/quantized_tensor.h"
@@ -593,7 +594,8 @@ torch::Tensor grouped_linear(const torch::Tensor& x_in, const std::vector<int64_
       node->input_hp = need_dw ? x : torch::Tensor();
       node->weights = w;
     } else {
-      Fp8Forward f = fp8_forward(x, splits, w, b, sites, need_dw, /*record_amax=*/track);
+      // A recomputed forward pass (activation recomputation) records nothing: the original pass did.
+      Fp8Forward f = fp8_forward(x, splits, w, b, sites, need_dw, /*record_amax=*/track && !forward_replay_active());
       y = f.y;
       // Keep only what backward reads: X's transposed copies (wgrad) and the weights.
       if (need_dw) {

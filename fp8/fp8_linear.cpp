@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/text.h"
+#include "fp8/forward_replay.h"
 #include "fp8/gemm.h"
 #include "fp8/linear_ops.h"
 #include "fp8/quantize.h"
@@ -606,8 +607,10 @@ torch::Tensor linear_impl(const torch::Tensor& x, const torch::Tensor& weight, c
                                  static_cast<const uint16_t*>(norm->gamma.data_ptr()),
                                  norm->beta.defined() ? static_cast<const uint16_t*>(norm->beta.data_ptr()) : nullptr};
     }
-    xq = quantize(e, site, TensorRole::kInput, x2d.detach(), true, need_dw, /*record_amax=*/track, fusion);
-    wq = quantized_weight(site, weight, /*record_amax=*/track);
+    // A recomputed forward pass (activation recomputation) records nothing: the original pass did.
+    const bool record = track && !forward_replay_active();
+    xq = quantize(e, site, TensorRole::kInput, x2d.detach(), true, need_dw, /*record_amax=*/record, fusion);
+    wq = quantized_weight(site, weight, /*record_amax=*/record);
     y = gemm(e, *xq, false, *wq, false, bias.defined() ? bias.detach() : bias, GemmKind::kFprop, x.scalar_type());
     std::vector<int64_t> shape = x.sizes().vec();
     shape.back() = site.out_features;

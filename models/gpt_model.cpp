@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "models/cross_entropy.h"
+#include "models/recompute.h"
 #include "parallel/parallel_state.h"
 #include "parallel/tensor_parallel.h"
 
@@ -45,7 +46,12 @@ SelfAttentionImpl::SelfAttentionImpl(const ModelConfig& m, const std::string& pr
   linear_proj = register_module(
       "linear_proj",
       TERowParallelLinear(LinearOptions{q, m.hidden_size, m.add_bias_linear, output_std(m), 1, prefix + ".linear_proj"}, f));
-  if (m.position_embedding == PositionEmbedding::Rope) rope_ = RotaryEmbedding(m.kv_channels, m.rotary_percent, m.rotary_base);
+  // Under context parallelism the tokens are this rank's shard: their own positions.
+  const auto& cp = f.cp();
+  const torch::Tensor positions = cp.enabled() ? cp_positions(m.seq_length, cp.size(), cp.rank()) : torch::Tensor();
+  if (m.position_embedding == PositionEmbedding::Rope)
+    rope_ = RotaryEmbedding(m.kv_channels, m.rotary_percent, m.rotary_base, positions);
+  core_attention_ = CoreAttention(m, layer_number(prefix), cp);
 }
 
 torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& attention_mask) {
@@ -65,22 +71,8 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, const torch::Te
     q = rope_.apply(q);
     k = rope_.apply(k);
   }
-  // SDPA takes [b, heads, s, d]; grouped keys/values are repeated per query head so every
-  // backend (cuDNN included) accepts them.
-  q = q.permute({1, 2, 0, 3});
-  k = k.permute({1, 2, 0, 3});
-  v = v.permute({1, 2, 0, 3});
-  if (per_group > 1) {
-    k = k.repeat_interleave(per_group, 1);
-    v = v.repeat_interleave(per_group, 1);
-  }
   const double p = is_training() ? m.attention_dropout : 0.0;
-  // A document mask (--reset-attention-mask) already contains causality; it takes SDPA's
-  // unfused-mask path, so plain causal attention keeps the fused kernels.
-  auto out = attention_mask.defined() ? at::scaled_dot_product_attention(q, k, v, attention_mask, p, /*is_causal=*/false)
-                                      : at::scaled_dot_product_attention(q, k, v, {}, p, /*is_causal=*/true);
-  out = out.permute({2, 0, 1, 3}).reshape({s, b, local_heads_ * d});
-  return linear_proj(out);
+  return linear_proj(core_attention_.forward(q, k, v, attention_mask, p, is_training()));
 }
 
 // ---- MLP -------------------------------------------------------------------------------------------
@@ -106,7 +98,7 @@ torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
 // ---- layer -------------------------------------------------------------------------------------------
 TransformerLayerImpl::TransformerLayerImpl(const ModelConfig& m, const std::string& prefix, int64_t layer,
                                            const ModuleFactory& f, std::shared_ptr<MoeContext> moe_context)
-    : hidden_dropout_(m.hidden_dropout) {
+    : hidden_dropout_(m.hidden_dropout), recompute_mlp_(m.recompute.selective(&RecomputeModules::mlp)) {
   self_attention = register_module("self_attention", SelfAttention(m, prefix + ".self_attention", f));
   if (!m.moe.is_moe_layer(layer)) {
     mlp = register_module("mlp", Mlp(m, prefix + ".mlp", f));
@@ -121,7 +113,11 @@ TransformerLayerImpl::TransformerLayerImpl(const ModelConfig& m, const std::stri
 
 torch::Tensor TransformerLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& attention_mask) {
   auto h = x + maybe_dropout(self_attention(x, attention_mask), hidden_dropout_, is_training());
-  auto m = moe ? moe(pre_mlp_layernorm(h)) : mlp(h);
+  // --recompute-modules mlp (dense layers): only the MLP's input is kept (the module outlives its graphs).
+  auto m = moe ? moe(pre_mlp_layernorm(h))
+               : recompute_mlp_ && is_training()
+                   ? recompute([this](const std::vector<torch::Tensor>& in) { return mlp(in[0]); }, {h})
+                   : mlp(h);
   return h + maybe_dropout(m, hidden_dropout_, is_training());
 }
 
@@ -129,9 +125,9 @@ torch::Tensor TransformerLayerImpl::forward(const torch::Tensor& x, const torch:
 GptModelImpl::GptModelImpl(const ModelConfig& m) : GptModelImpl(m, no_tensor_parallel(), StageSpec::whole(m)) {}
 
 GptModelImpl::GptModelImpl(const ModelConfig& m, const TensorParallelContext& tp, const StageSpec& stage,
-                           std::shared_ptr<fp8::Fp8Engine> fp8, std::shared_ptr<MoeContext> moe)
-    : config_(m), tp_(tp), stage_(stage), moe_(std::move(moe)) {
-  const ModuleFactory f(m.seed, tp, std::move(fp8));
+                           std::shared_ptr<fp8::Fp8Engine> fp8, std::shared_ptr<MoeContext> moe, ContextParallelContext cp)
+    : config_(m), tp_(tp), cp_(std::move(cp)), stage_(stage), moe_(std::move(moe)) {
+  const ModuleFactory f(m.seed, tp, std::move(fp8), cp_);
   if (m.moe.enabled() && !moe_) {
     FP8TRON_CHECK(tp.size == 1, "a tensor-parallel MoE model needs its MoE context (the expert-parallel groups)");
     moe_ = std::make_shared<MoeContext>(m.moe, m.num_layers, ExpertParallelGroups::single_process());
@@ -193,7 +189,12 @@ torch::Tensor GptModelImpl::embed(const torch::Tensor& tokens, const torch::Tens
   auto h = vocab_parallel_embedding(t, word_embeddings_->named_parameters(false)["weight"], vocab_start, *tp_.comm);
   if (position_embeddings_) {
     auto table = position_embeddings_->named_parameters(false)["weight"];
-    h = position_ids.defined() ? h + F::embedding(position_ids.t(), table) : h + table.narrow(0, 0, t.size(0)).unsqueeze(1);
+    torch::Tensor rows;  // the positions of the tokens: 0..s-1, or a context-parallel shard's own
+    if (!position_ids.defined() && cp_.enabled())
+      rows = table.index_select(0, cp_positions(config_.seq_length, cp_.size(), cp_.rank()).to(table.device()));
+    else if (!position_ids.defined())
+      rows = table.narrow(0, 0, t.size(0));
+    h = position_ids.defined() ? h + F::embedding(position_ids.t(), table) : h + rows.unsqueeze(1);
   }
   if (tp_.sequence_parallel) h = scatter_to_sp(h, *tp_.comm);
   return maybe_dropout(h, config_.hidden_dropout, is_training());
@@ -218,16 +219,45 @@ torch::Tensor GptModelImpl::forward_stage(const torch::Tensor& input, const torc
     auto same = segment_ids.unsqueeze(2) == segment_ids.unsqueeze(1);
     attention_mask = same.logical_and(torch::ones({s, s}, same.options()).tril()).unsqueeze(1);
   }
-  for (auto& layer : layers_) {
-    params_ready(*layer);
-    h = layer->forward(h, attention_mask);
-  }
+  h = run_layers(h, attention_mask);
   if (!stage_.has_head) return h;
   auto logits = head_logits(h);
   const int64_t vocab_start = tp_.rank * (config_.padded_vocab_size / tp_.size);
   auto per_token = fused_vocab_parallel_cross_entropy(logits, labels.t(), vocab_start, *tp_.comm);  // [s, b]
   auto mask = loss_mask.t().to(torch::kFloat32);
-  return (per_token * mask).sum() / mask.sum().clamp_min(1.0);
+  auto tokens = mask.sum();
+  if (cp_.enabled()) {
+    // The mean over the whole sequence: this shard's sum over all shards' tokens. The context-
+    // parallel ranks' losses then add up to the micro-batch's (their gradients are summed with
+    // the data-parallel reduction, over data x context parallel).
+    tokens = tokens.detach().clone();
+    cp_.group->all_reduce(tokens);
+  }
+  return (per_token * mask).sum() / tokens.clamp_min(1.0);
+}
+
+torch::Tensor GptModelImpl::run_layers(torch::Tensor h, const torch::Tensor& attention_mask) {
+  RecomputeOptions options;
+  if (config_.recompute.distribute_saved_activations && tp_.size > 1) options.distribute_over = tp_.comm.get();
+  for (const LayerUnit& unit : layer_units(config_.recompute, int64_t(layers_.size()))) {
+    if (!unit.recomputed || !is_training()) {
+      for (int64_t i = unit.begin; i < unit.end; ++i) {
+        params_ready(*layers_[size_t(i)]);
+        h = layers_[size_t(i)]->forward(h, attention_mask);
+      }
+      continue;
+    }
+    for (int64_t i = unit.begin; i < unit.end; ++i) params_ready(*layers_[size_t(i)]);
+    // Called again in backward: captures by value (the model outlives its graphs).
+    h = recompute(
+        [this, unit, attention_mask](const std::vector<torch::Tensor>& in) {
+          torch::Tensor x = in[0];
+          for (int64_t i = unit.begin; i < unit.end; ++i) x = layers_[size_t(i)]->forward(x, attention_mask);
+          return x;
+        },
+        {h}, options);
+  }
+  return h;
 }
 
 torch::Tensor GptModelImpl::loss(const torch::Tensor& tokens, const torch::Tensor& labels, const torch::Tensor& loss_mask) {
@@ -236,7 +266,8 @@ torch::Tensor GptModelImpl::loss(const torch::Tensor& tokens, const torch::Tenso
 }
 
 torch::Tensor GptModelImpl::forward(const torch::Tensor& tokens) {
-  FP8TRON_CHECK(stage_.has_embedding && stage_.has_head && tp_.size == 1, "forward() needs the whole model on one rank");
+  FP8TRON_CHECK(stage_.has_embedding && stage_.has_head && tp_.size == 1 && !cp_.enabled(),
+                "forward() needs the whole model on one rank");
   auto h = embed(tokens, {});
   for (auto& layer : layers_) {
     params_ready(*layer);

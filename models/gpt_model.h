@@ -13,6 +13,7 @@
 
 #include <functional>
 
+#include "models/core_attention.h"
 #include "models/modules.h"
 #include "models/moe/moe_layer.h"
 #include "core/config/model_config.h"
@@ -33,6 +34,7 @@ class SelfAttentionImpl : public torch::nn::Module {
   ModelConfig config_;
   int64_t local_heads_, local_groups_;
   RotaryEmbedding rope_;
+  CoreAttention core_attention_;
 };
 TORCH_MODULE(SelfAttention);
 
@@ -65,6 +67,7 @@ class TransformerLayerImpl : public torch::nn::Module {
 
  private:
   double hidden_dropout_;
+  bool recompute_mlp_ = false;  // --recompute-modules mlp
 };
 TORCH_MODULE(TransformerLayer);
 
@@ -81,9 +84,11 @@ class GptModelImpl : public torch::nn::Module {
  public:
   // `fp8`: the engine the chunk's linear layers register with (null: bf16 GEMMs). `moe`: the MoE
   // state shared by the model's chunks (its groups, aux-loss scale, metrics); null in an MoE
-  // model builds a single-process one.
+  // model builds a single-process one. `cp`: context parallelism (inputs are then this rank's
+  // sequence shards, models/context_parallel_attention.h).
   GptModelImpl(const ModelConfig& m, const TensorParallelContext& tp, const StageSpec& stage,
-               std::shared_ptr<fp8::Fp8Engine> fp8 = nullptr, std::shared_ptr<MoeContext> moe = nullptr);
+               std::shared_ptr<fp8::Fp8Engine> fp8 = nullptr, std::shared_ptr<MoeContext> moe = nullptr,
+               ContextParallelContext cp = {});
   explicit GptModelImpl(const ModelConfig& m);  // whole model, one process
 
   // One pipeline chunk: tokens [b, s] (first stage) or hidden states from the previous stage in,
@@ -112,12 +117,15 @@ class GptModelImpl : public torch::nn::Module {
  private:
   torch::Tensor embed(const torch::Tensor& tokens, const torch::Tensor& position_ids);  // [b, s] -> [s(/tp), b, h]
   torch::Tensor head_logits(const torch::Tensor& hidden);
+  // The chunk's layers, with full recomputation by recompute units when it is on.
+  torch::Tensor run_layers(torch::Tensor h, const torch::Tensor& attention_mask);
   void params_ready(const torch::nn::Module& part) const {
     if (params_ready_) params_ready_(part);
   }
 
   ModelConfig config_;
   TensorParallelContext tp_;
+  ContextParallelContext cp_;
   StageSpec stage_;
   std::shared_ptr<MoeContext> moe_;
   ParamsReadyHook params_ready_;

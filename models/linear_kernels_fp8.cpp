@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "fp8/forward_replay.h"
 #include "fp8/wgrad_fusion.h"
 
 namespace fp8tron {
@@ -62,6 +63,9 @@ Fp8LinearKernels::Fp8LinearKernels(torch::Tensor weight, torch::Tensor bias, fp8
       bias_(bias.defined() ? bias.detach() : bias) {
   // Amaxes are recorded for training steps only (evaluation must not move the scales), as fp8_linear.
   track_ = torch::GradMode::is_enabled() && weight.requires_grad();
+  // A recomputed forward pass (activation recomputation, models/recompute.h) keeps what backward
+  // needs but records no amax: the original pass did, with the same scales.
+  record_ = track_ && !fp8::forward_replay_active();
   reduce_over_tp_ = [this](torch::Tensor& amax) { tp_.all_reduce(amax, ReduceOp::Max); };
 }
 
@@ -89,7 +93,7 @@ int Fp8LinearKernels::sm_budget(const GemmOverlap& how) const {
 }
 
 const Quantized& Fp8LinearKernels::weight_q() {
-  if (!weight_q_) weight_q_ = fp8::quantized_weight(site_, weight_param_, track_);
+  if (!weight_q_) weight_q_ = fp8::quantized_weight(site_, weight_param_, record_);
   return *weight_q_;
 }
 
@@ -119,7 +123,7 @@ Operand Fp8LinearKernels::prepare_input(const torch::Tensor& x, bool to_gather) 
   if (!to_gather) {
     // A row-parallel input stays on this rank: quantized as fp8_linear does, with the prologue.
     fp8::check_fp8_rows(site_, x.size(0));
-    b->q = fp8::quantize_rows(engine_, site_, TensorRole::kInput, x, true, track_, track_, {prologue_, nullptr});
+    b->q = fp8::quantize_rows(engine_, site_, TensorRole::kInput, x, true, track_, record_, {prologue_, nullptr});
     if (track_ && prologue_ != fp8::Prologue::kNone) activation_input_ = x;
     return operand(b, {});
   }
@@ -139,12 +143,12 @@ Operand Fp8LinearKernels::prepare_input(const torch::Tensor& x, bool to_gather) 
     fusion.norm = fp8::NormPrologue{n.rms ? nullptr : n.mean.data_ptr<float>(), n.rstd.data_ptr<float>(),
                                     static_cast<const uint16_t*>(n.gamma.data_ptr()),
                                     n.beta.defined() ? static_cast<const uint16_t*>(n.beta.data_ptr()) : nullptr};
-    b->q = fp8::quantize_rows(engine_, site_, TensorRole::kInput, n.input, true, true, track_, fusion);
+    b->q = fp8::quantize_rows(engine_, site_, TensorRole::kInput, n.input, true, true, record_, fusion);
     b->q->data_t = torch::Tensor();  // only the row-wise codes travel; the gathered codes are transposed later
     b->q->view.data_t = nullptr;
     return operand(b, {b->q->data});
   }
-  b->q = quantize_gathered_rows(TensorRole::kInput, x, track_);
+  b->q = quantize_gathered_rows(TensorRole::kInput, x, record_);
   if (tensor_scaled(TensorRole::kInput)) return operand(b, {b->q->data});
   b->high = x.contiguous();  // wgrad's transposed copy is quantized from the gathered rows
   return operand(b, {b->q->data, b->q->scale_inv});
@@ -330,7 +334,7 @@ Operand Fp8LinearKernels::quantize_partial(const torch::Tensor& rows) {
   b->kind = Block::Kind::kPartial;
   // Each rank scales its own partial (the output slot's scale for delayed scaling, its own amax
   // otherwise): the factors travel with the codes.
-  b->q = fp8::quantize_rows(engine_, site_, TensorRole::kOutput, rows.contiguous(), true, false, track_);
+  b->q = fp8::quantize_rows(engine_, site_, TensorRole::kOutput, rows.contiguous(), true, false, record_);
   return operand(b, {b->q->data, b->q->scale_inv});
 }
 

@@ -71,7 +71,8 @@ class Fp8LinearKernels : public overlap::LinearKernels {
   overlap::TpLinearPlan plan_;
   fp8::Prologue prologue_;
   torch::Tensor weight_param_, weight_, bias_;
-  bool track_ = false;  // a training step: record amaxes, keep what backward needs
+  bool track_ = false;   // a training step: keep what backward needs
+  bool record_ = false;  // ... and record amaxes (not in a recomputed forward pass)
   std::shared_ptr<fp8::Quantized> weight_q_;
   fp8::AmaxReducer reduce_over_tp_;
   // backward state

@@ -6,6 +6,7 @@
 #include <memory>
 #include <utility>
 
+#include "parallel/context_parallel.h"
 #include "parallel/sharding.h"
 
 namespace fp8tron {
@@ -15,13 +16,17 @@ class Fp8Engine;
 
 class ModuleFactory : public ParamFactory {
  public:
-  ModuleFactory(uint64_t seed, TensorParallelContext tp, std::shared_ptr<fp8::Fp8Engine> fp8 = nullptr)
-      : ParamFactory(seed, std::move(tp)), fp8_(std::move(fp8)) {}
+  ModuleFactory(uint64_t seed, TensorParallelContext tp, std::shared_ptr<fp8::Fp8Engine> fp8 = nullptr,
+                ContextParallelContext cp = {})
+      : ParamFactory(seed, std::move(tp)), fp8_(std::move(fp8)), cp_(std::move(cp)) {}
   // The FP8 engine linear layers register with (null: bf16 model).
   const std::shared_ptr<fp8::Fp8Engine>& fp8() const { return fp8_; }
+  // Context parallelism (attention, positions); disabled by default.
+  const ContextParallelContext& cp() const { return cp_; }
 
  private:
   std::shared_ptr<fp8::Fp8Engine> fp8_;
+  ContextParallelContext cp_;
 };
 
 }  // namespace fp8tron

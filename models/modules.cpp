@@ -1,5 +1,6 @@
 #include "models/modules.h"
 
+#include "core/error.h"
 #include "fp8/fp8_linear.h"
 #include "models/fused_linear.h"
 #include "models/linear_kernels_fp8.h"
@@ -189,8 +190,8 @@ torch::Tensor TERowParallelLinearImpl::reduce_and_add_bias(const torch::Tensor& 
   return bias.defined() ? y + bias : y;
 }
 
-RotaryEmbedding::RotaryEmbedding(int64_t head_dim, double percent, double base)
-    : rotary_dim_(int64_t(double(head_dim) * percent)), base_(base) {}
+RotaryEmbedding::RotaryEmbedding(int64_t head_dim, double percent, double base, torch::Tensor positions)
+    : rotary_dim_(int64_t(double(head_dim) * percent)), base_(base), positions_(std::move(positions)) {}
 
 torch::Tensor RotaryEmbedding::apply(const torch::Tensor& x) const {
   const int64_t s = x.size(0);
@@ -198,7 +199,8 @@ torch::Tensor RotaryEmbedding::apply(const torch::Tensor& x) const {
     // Tables in fp32, then cast: inv_freq = base^(-2i/dim), angle = position x inv_freq.
     auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(x.device());
     auto inv_freq = 1.0 / torch::pow(base_, torch::arange(0, rotary_dim_, 2, opts) / double(rotary_dim_));
-    auto angles = torch::outer(torch::arange(s, opts), inv_freq);
+    FP8TRON_CHECK(!positions_.defined() || positions_.size(0) == s, "rotary embedding: one position per token");
+    auto angles = torch::outer(positions_.defined() ? positions_.to(opts) : torch::arange(s, opts), inv_freq);
     auto emb = torch::cat({angles, angles}, -1);  // [s, rotary_dim]
     cos_ = emb.cos().to(x.scalar_type()).view({s, 1, 1, rotary_dim_});
     sin_ = emb.sin().to(x.scalar_type()).view({s, 1, 1, rotary_dim_});

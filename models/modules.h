@@ -117,16 +117,18 @@ class TERowParallelLinearImpl : public ShardedModule {
 TORCH_MODULE(TERowParallelLinear);
 
 // Rotary position embedding (Megatron's non-interleaved "rotate half" form) on the first
-// rotary_dim channels of each head; x is [s, b, heads, d].
+// rotary_dim channels of each head; x is [s, b, heads, d]. `positions` [s] (CPU int64): the
+// sequence positions of x's tokens when they are not 0..s-1 (a context-parallel shard).
 class RotaryEmbedding {
  public:
   RotaryEmbedding() = default;
-  RotaryEmbedding(int64_t head_dim, double percent, double base);
+  RotaryEmbedding(int64_t head_dim, double percent, double base, torch::Tensor positions = {});
   torch::Tensor apply(const torch::Tensor& x) const;
 
  private:
   int64_t rotary_dim_ = 0;
   double base_ = 10000;
+  torch::Tensor positions_;
   mutable torch::Tensor cos_, sin_;  // cached per (device, dtype, length)
 };
 

@@ -3,7 +3,7 @@
 # label gpu), multi-GPU equivalence under mpirun and torchrun, and the benchmarks. Results go to
 # $OUT (or gpu-check/). Usage: scripts/gpu_check.sh [equivalence] [bench] [fp8-bench] [fp8-convergence]
 # [grouped] [parallel-bench] [data] [checkpoint] [moe] [moe-equivalence] [moe-parallel-bench] [moe-convergence]
-# [overlap] [overlap-bench]
+# [overlap] [overlap-bench] [recompute-cp-bench]
 # (grouped: the MoE expert GEMMs against torch's grouped GEMMs, scripts/bench_grouped_gemm.sh;
 # moe: the MoE GPU tests' lines and the Mixtral-style benchmark on one GPU; moe-equivalence and
 # moe-parallel-bench need 2+ GPUs: expert parallelism over NCCL)
@@ -49,6 +49,8 @@ check gpu-tests "tests passed|\*\*\*Failed" bash -c "cd build && timeout 600 cte
 # The FP8 GEMM/kernel diagnostics print only when the binary runs directly.
 check fp8-gpu "fp8-bench\].*(TFLOP|GB/s|x bf16)|FAILED" ./build/tests/fp8/fp8tron_fp8_gpu_tests
 check fp8-module "fp8-module|FAILED|Failure" ./build/tests/fp8tron_gpu_tests --gtest_filter='GpuFp8*'
+# Recomputation (bitwise with dropout and FP8, peak memory) and the CP attention blocks on the fused kernels.
+check recompute-cp-gpu "recompute-memory|cp-blocks|FAILED|Failure" ./build/tests/fp8tron_recompute_cp_gpu_tests
 
 EQ=./build/tests/fp8tron_parallel_equivalence
 MPI=(timeout 240 mpirun --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH -x OMP_NUM_THREADS=4)
@@ -69,6 +71,23 @@ for step in "$@"; do
           --tensor-model-parallel-size 2 --sequence-parallel --tolerance 2e-2
       fi
       check eq-dp2-overlap "$EQUIV_LINES" "${MPI[@]}" -np 2 $EQ --device cuda --overlap-grad-reduce --ddp-bucket-size 3000 --tolerance 1e-4
+      # Context parallelism over NCCL: the ring's overlapped send/receive on the communication
+      # stream, the fused attention kernels as blocks (LSE merge), all-to-all and all-gather.
+      check eq-cp2-p2p-fp32 "$EQUIV_LINES" "${MPI[@]}" -np 2 $EQ --device cuda --context-parallel-size 2 --tolerance 1e-4
+      check eq-cp2-p2p-bf16 "$EQUIV_LINES" "${MPI[@]}" -np 2 $EQ --device cuda --bf16 --context-parallel-size 2 --seq-length 256 \
+        --tolerance 2e-2
+      check eq-cp2-a2a-bf16 "$EQUIV_LINES" "${MPI[@]}" -np 2 $EQ --device cuda --bf16 --context-parallel-size 2 --cp-comm-type a2a \
+        --tolerance 2e-2
+      check eq-cp2-allgather-bf16 "$EQUIV_LINES" "${MPI[@]}" -np 2 $EQ --device cuda --bf16 --context-parallel-size 2 \
+        --cp-comm-type all_gather --tolerance 2e-2
+      check eq-cp2-recompute-fp8 "$EQUIV_LINES" "${MPI[@]}" -np 2 $EQ --device cuda --bf16 --context-parallel-size 2 \
+        --fp8-format hybrid --recompute-granularity full --recompute-method uniform --recompute-num-layers 1 --tolerance 2e-2
+      if [ "$GPUS" -ge 4 ]; then
+        check eq-cp2-tp2-sp "$EQUIV_LINES" "${MPI[@]}" -np 4 $EQ --device cuda --bf16 --context-parallel-size 2 \
+          --tensor-model-parallel-size 2 --sequence-parallel --tolerance 2e-2
+        check eq-cp4-a2a-p2p "$EQUIV_LINES" "${MPI[@]}" -np 4 $EQ --device cuda --bf16 --context-parallel-size 4 \
+          --cp-comm-type a2a+p2p --hierarchical-context-parallel-sizes 2 2 --tolerance 2e-2
+      fi
       # FP8 over NCCL: delayed scaling with amaxes reduced over the tensor-parallel group.
       check eq-tp2-sp-fp8 "$EQUIV_LINES" "${MPI[@]}" -np 2 $EQ --device cuda --bf16 --tensor-model-parallel-size 2 \
         --sequence-parallel --fp8-format hybrid --tolerance 2e-2
@@ -142,6 +161,9 @@ with open('$OUT/corpus.jsonl', 'w') as f:
       if [ "$GPUS" -ge 2 ]; then check overlap-nccl "$EQUIV_LINES|FAILED" ./tests/gpu_overlap_equivalence.sh $EQ "$ROOT"
       else echo "overlap-nccl: skipped, $GPUS GPU (needs 2)"; fi ;;
     overlap-bench) echo "== tensor-parallel overlap benchmarks"; check overlap-bench "^\|" ./scripts/bench_parallel.sh "$GPUS" overlap ;;
+    recompute-cp-bench)
+      echo "== recomputation (memory, 1 GPU) and context parallelism (throughput, $GPUS GPUs) on the 1.3B model"
+      check recompute-cp-bench "^\|" ./scripts/bench_recompute_cp.sh "$GPUS" ;;
     checkpoint)
       echo "== checkpoints: speed, async blocking, deterministic repeat and resume (1.3B)"
       check checkpoint-bench "." ./scripts/bench_checkpoint.sh gpt-1.3b

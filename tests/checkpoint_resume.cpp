@@ -10,7 +10,7 @@
 //
 //   fp8tron_checkpoint_resume --dir D --save tp=2,pp=2 --load single --load tp=4 [--exact]
 //                             [--files-with-weights N] [model flags]
-// Layout specs: comma-separated tp=N, pp=N, vpp=N (layers per virtual stage), sp, distopt, ep=N, etp=N
+// Layout specs: comma-separated tp=N, pp=N, cp=N, vpp=N (layers per virtual stage), sp, distopt, ep=N, etp=N
 // (expert and expert tensor parallelism), alltoall (the MoE dispatcher), dp (data parallel over the
 // remaining ranks, as always; a spec of its own); "single" trains in one
 // process on every rank. --files-with-weights N: the saved checkpoint must hold model weights in
@@ -57,6 +57,7 @@ Layout parse_layout(const std::string& spec) {
     const std::string key = item.substr(0, eq), value = eq == std::string::npos ? "" : item.substr(eq + 1);
     if (key == "tp") l.flags.insert(l.flags.end(), {"--tensor-model-parallel-size", value});
     else if (key == "pp") l.flags.insert(l.flags.end(), {"--pipeline-model-parallel-size", value});
+    else if (key == "cp") l.flags.insert(l.flags.end(), {"--context-parallel-size", value});
     else if (key == "vpp") l.flags.insert(l.flags.end(), {"--num-layers-per-virtual-pipeline-stage", value});
     else if (key == "sp") l.flags.push_back("--sequence-parallel");
     else if (key == "distopt") l.flags.push_back("--use-distributed-optimizer");

@@ -2,9 +2,9 @@
 # GPU test (ctest label gpu): the tensor-parallel overlap under NCCL on the GPUs present, against the
 # same layout without it. Needs at least 2 GPUs (exit 77 = skipped otherwise); any mismatch fails.
 # bf16 and FP8 (delayed, tensorwise, blockwise) at TP2 with sequence parallelism (TP4 when 4 GPUs are
-# there), every overlap on; --use-ascend-mc2 against --tp-comm-overlap. GPU GEMMs pick kernels by
-# shape and NCCL's reductions round differently from the ring's fp32 sums, so runs are held to the
-# bf16 tolerance (2e-2 relative on losses) instead of bitwise. NVLink multicast stays off.
+# there), every overlap on; --use-ascend-mc2 against --tp-comm-overlap; CP2 x TP2 with recomputation
+# (4 GPUs). GPU GEMMs pick kernels by shape and NCCL's reductions round differently from the ring's
+# fp32 sums, so runs are held to the bf16 tolerance (2e-2 relative on losses) instead of bitwise. NVLink multicast stays off.
 # Usage: gpu_overlap_equivalence.sh <fp8tron_parallel_equivalence> <source dir>
 set -uo pipefail
 EQ=$1
@@ -36,4 +36,11 @@ for tp in 2 4; do
   run $tp "${base[@]}" --fp8-format e4m3 --fp8-recipe blockwise --tp-comm-overlap --tp-comm-overlap-cfg "$CFG/ring_rs.yaml" \
       --identical-without --tp-comm-overlap
 done
+# With context parallelism (4 GPUs: CP2 x TP2) and activation recomputation: the ring attention's
+# transfers on the CP group between the overlapped linears, the replay running them again.
+if [ "$GPUS" -ge 4 ]; then
+  run 4 --context-parallel-size 2 --tensor-model-parallel-size 2 --sequence-parallel --seq-length 64 --fp8-format hybrid \
+      --tp-comm-overlap --tp-comm-overlap-cfg "$CFG/splits2.yaml" --recompute-activations --recompute-modules core_attn mlp \
+      --identical-without --tp-comm-overlap
+fi
 exit $fail

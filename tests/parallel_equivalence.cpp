@@ -58,6 +58,7 @@ std::vector<std::string> without_layout_flags(const std::vector<std::string>& ar
   static const std::set<std::string> layout = {
       "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--num-layers-per-virtual-pipeline-stage",
       "--num-virtual-stages-per-pipeline-rank", "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
+      "--context-parallel-size", "--hierarchical-context-parallel-sizes", "--cp-comm-type",
       "--tp-comm-overlap-cfg", "--coc-parallel-num", "--coc-mode", "--expert-model-parallel-size",
       "--expert-tensor-parallel-size", "--moe-token-dispatcher-type"};
   // The tensor-parallel overlap needs TP and SP, --fp8-param-gather the distributed optimizer, the
@@ -69,10 +70,13 @@ std::vector<std::string> without_layout_flags(const std::vector<std::string>& ar
       "--no-tp-comm-bulk-wgrad", "--tp-comm-overlap-rs-dgrad", "--tp-comm-overlap-disable-qkv",
       "--tp-comm-overlap-disable-fc1", "--use-ascend-mc2", "--use-ascend-coc", "--coc-fused-kernel",
       "--overlap-p2p-communication", "--no-overlap-p2p-communication", "--overlap-p2p-communication-warmup-flush",
-      "--fp8-param-gather"};
+      "--fp8-param-gather", "--distribute-saved-activations"};
   std::vector<std::string> out;
   for (size_t i = 0; i < args.size(); ++i) {
-    if (layout.count(args[i])) { ++i; continue; }
+    if (layout.count(args[i])) {  // with its value(s)
+      while (i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0) ++i;
+      continue;
+    }
     if (!layout_switches.count(args[i])) out.push_back(args[i]);
   }
   return out;

@@ -20,6 +20,7 @@
 #include "fp8/fp8_linear.h"
 #include "fp8/wgrad_fusion.h"
 #include "models/gpt_model.h"
+#include "parallel/context_parallel.h"
 #include "parallel/layer_split.h"
 #include "parallel/overlap/comm_timer.h"
 #include "parallel/pipeline_schedule.h"
@@ -146,6 +147,7 @@ class Trainer {
   // Mean loss of a global batch, averaged over micro-batches and data-parallel ranks (all ranks).
   torch::Tensor average_loss(torch::Tensor loss_sum) const;
   torch::Tensor train_step(int64_t iteration);
+  void build_context_parallel();  // groups and the data-parallel view (collective)
   // Judges the last step's loss and gradient norm (NumericsGuard); stops the run with one line
   // naming the iteration and the first parameter whose gradient is not finite.
   void check_numerics();
@@ -174,6 +176,10 @@ class Trainer {
   TrainOptions options_;
   torch::Device device_;
   ParallelState parallel_;
+  // What gradients, the optimizer, checkpoints and FP8 amaxes see as data parallelism: the real
+  // data-parallel group, or with context parallelism data x context parallel.
+  ParallelState data_parallel_;
+  ContextParallelContext cp_;
   std::vector<GptModel> chunks_;
   std::unique_ptr<MixedPrecisionOptimizer> optimizer_;
   std::unique_ptr<PipelineSchedule> pipeline_;
@@ -211,6 +217,7 @@ void Trainer::build() {
   lock_save_dirs();
   torch::manual_seed(c_.training.seed + 100 * uint64_t(parallel_.pp_rank));  // dropout streams, as Megatron seeds them
   TensorParallelContext tp{parallel_.tp, parallel_.tp_rank, parallel_.sizes.tp, parallel_.sequence_parallel};
+  build_context_parallel();
   if (c_.distributed.tp_overlap.enabled()) tp.overlap = std::make_shared<TpOverlapConfig>(c_.distributed.tp_overlap);
   if (timers_.enabled(1) && parallel_.sizes.tp > 1) {
     tp_comm_timer_ = std::make_shared<overlap::CommTimer>(device_.is_cuda());
@@ -240,7 +247,7 @@ void Trainer::build() {
                    k + 1 == ranges.size() && parallel_.last_stage()};
     // Weights are drawn on the CPU in fp32 from (seed, name): every layout and device starts from
     // the same global weights; then they move to the device and the optimizer casts them.
-    GptModel chunk(c_.model, tp, spec, fp8_, moe_);
+    GptModel chunk(c_.model, tp, spec, fp8_, moe_, cp_);
     chunk->to(device_);
     chunk->train();
     const auto infos = chunk->param_infos();
@@ -249,10 +256,10 @@ void Trainer::build() {
   }
   std::vector<torch::Tensor> byte_params;
   if (fp8_ && c_.precision.fp8.param_gather && fp8_->num_sites() > 0) {
-    fp8_param_gather_ = std::make_unique<Fp8ParamGather>(fp8_, parallel_);
+    fp8_param_gather_ = std::make_unique<Fp8ParamGather>(fp8_, data_parallel_);
     byte_params = fp8_param_gather_->params();
   }
-  optimizer_ = std::make_unique<MixedPrecisionOptimizer>(params, c_.optimizer, c_.precision, parallel_, d.distributed_optimizer,
+  optimizer_ = std::make_unique<MixedPrecisionOptimizer>(params, c_.optimizer, c_.precision, data_parallel_, d.distributed_optimizer,
                                                          c_.model.moe.enabled(), byte_params);
   if (fp8_param_gather_) optimizer_->enable_byte_publish(fp8_param_gather_->publish(*optimizer_));
   if (d.overlap_grad_reduce) optimizer_->enable_grad_overlap(d.bucket_numel);
@@ -271,7 +278,7 @@ void Trainer::build() {
     for (auto& chunk : chunks_)
       chunk->set_params_ready_hook([optimizer](const torch::nn::Module& part) { optimizer->wait_for_params(part); });
   }
-  const int64_t s = c_.model.seq_length / (parallel_.sequence_parallel ? parallel_.sizes.tp : 1);
+  const int64_t s = c_.model.seq_length / parallel_.sizes.cp / (parallel_.sequence_parallel ? parallel_.sizes.tp : 1);
   pipeline_ = std::make_unique<PipelineSchedule>(parallel_, d.virtual_stages,
                                                  std::vector<int64_t>{s, c_.training.micro_batch_size, c_.model.hidden_size},
                                                  param_dtype(c_), device_,
@@ -350,6 +357,18 @@ void Trainer::log_tp_overlap() const {
   }
 }
 
+void Trainer::build_context_parallel() {
+  data_parallel_ = parallel_;
+  if (parallel_.sizes.cp == 1) return;
+  // The hierarchical levels exist for a2a+p2p layers only (Megatron creates them regardless).
+  bool hierarchical = false;
+  for (CpCommType t : c_.context_parallel.comm_types) hierarchical = hierarchical || t == CpCommType::A2AP2P;
+  const auto groups = build_context_parallel_groups(
+      parallel_, hierarchical ? c_.context_parallel.hierarchical_sizes : std::vector<int>{});
+  cp_ = ContextParallelContext{c_.context_parallel, parallel_.cp, groups.a2a_level, groups.p2p_level};
+  data_parallel_ = with_context_parallel_in_data_parallel(parallel_, groups.dp_cp);
+}
+
 void Trainer::log_moe_layout() {
   const auto& m = c_.model.moe;
   const ParallelSizes& z = parallel_.sizes;
@@ -378,14 +397,15 @@ void Trainer::end_fp8_step() {
   // Megatron's amax reduction group: tensor x data parallel (x context parallel), or with
   // --tp-only-amax-red the tensor-parallel group only, so every rank of a stage shares scales.
   // Expert sites: over the ranks holding the same expert (expert tensor x expert data parallel),
-  // not slot by slot over ranks that hold different experts at the same place.
-  const bool over_dp = parallel_.sizes.dp > 1 && !c_.precision.fp8.tp_only_amax_reduction;
+  // not slot by slot over ranks that hold different experts at the same place. Dense sites: over
+  // data (x context) parallel.
+  const bool over_dp = data_parallel_.sizes.dp > 1 && !c_.precision.fp8.tp_only_amax_reduction;
   const bool over_edp = parallel_.sizes.edp > 1 && !c_.precision.fp8.tp_only_amax_reduction;
   fp8_->end_step([&](torch::Tensor& amaxes) {
     torch::Tensor experts;
     if (expert_amax_slots_.defined()) experts = amaxes.index_select(0, expert_amax_slots_);
     if (parallel_.sizes.tp > 1) parallel_.tp->all_reduce(amaxes, ReduceOp::Max);
-    if (over_dp) parallel_.dp->all_reduce(amaxes, ReduceOp::Max);
+    if (over_dp) data_parallel_.dp->all_reduce(amaxes, ReduceOp::Max);
     if (!experts.defined()) return;
     if (parallel_.sizes.etp > 1) parallel_.expert_tp->all_reduce(experts, ReduceOp::Max);
     if (over_edp) parallel_.expert_dp->all_reduce(experts, ReduceOp::Max);
@@ -404,6 +424,11 @@ torch::Tensor Trainer::forward_chunk(int chunk, int64_t micro_batch, const torch
   if (!stage.has_embedding && !stage.has_head && !c_.data.reset_attention_mask) return model->forward_stage(input, {}, {});
   timers_.start("batch-generator", 2);
   Batch batch = loader.load(sample);
+  // Megatron's get_batch_on_this_cp_rank: every context-parallel rank loads the micro-batch and
+  // keeps its shard of the sequence.
+  if (cp_.enabled())
+    for (torch::Tensor* t : {&batch.tokens, &batch.labels, &batch.loss_mask, &batch.position_ids, &batch.segment_ids})
+      if (t->defined()) *t = cp_shard(*t, 1, cp_.size(), cp_.rank());
   timers_.stop("batch-generator", 2);
   torch::Tensor out = model->forward_stage(stage.has_embedding ? batch.tokens : input, batch.labels, batch.loss_mask,
                                            batch.position_ids, batch.segment_ids);
@@ -415,7 +440,8 @@ torch::Tensor Trainer::forward_chunk(int chunk, int64_t micro_batch, const torch
 
 torch::Tensor Trainer::average_loss(torch::Tensor loss_sum) const {
   if (parallel_.sizes.pp > 1) parallel_.pp->all_reduce(loss_sum);  // only the last stage holds it
-  if (parallel_.sizes.dp > 1) parallel_.dp->all_reduce(loss_sum);
+  // Context-parallel ranks hold parts of each micro-batch's loss: summed with the replicas.
+  if (data_parallel_.sizes.dp > 1) data_parallel_.dp->all_reduce(loss_sum);
   return loss_sum / double(c_.training.num_micro_batches * parallel_.sizes.dp);
 }
 
@@ -688,7 +714,7 @@ std::map<std::string, torch::Tensor> Trainer::global_weights(std::vector<double>
 }
 
 TrainingState Trainer::checkpoint_state() {
-  TrainingState state{c_, parallel_, device_, *optimizer_, schedule_, scaler_, consumed_train_samples_, consumed_valid_samples_,
+  TrainingState state{c_, data_parallel_, device_, *optimizer_, schedule_, scaler_, consumed_train_samples_, consumed_valid_samples_,
                       fp8_.get()};
   for (auto& chunk : chunks_)
     for (const auto& item : chunk->named_buffers()) state.buffers.emplace_back(item.key(), item.value());

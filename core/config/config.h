@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/config/checkpoint_config.h"
+#include "core/config/context_parallel_config.h"
 #include "core/config/data_config.h"
 #include "core/config/logging_config.h"
 #include "core/config/model_config.h"
@@ -27,6 +28,7 @@ struct Config {
   DataConfig data;
   ParallelSizes parallel;
   DistributedConfig distributed;
+  ContextParallelConfig context_parallel;  // --cp-comm-type, --hierarchical-context-parallel-sizes
   CheckpointConfig checkpoint;
   LaunchEnv launch;
   std::string device;      // "cpu" | "cuda"

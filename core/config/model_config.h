@@ -4,6 +4,7 @@
 
 #include "core/config/moe_config.h"
 #include "core/config/precision_config.h"
+#include "core/config/recompute_config.h"
 
 namespace fp8tron {
 
@@ -39,6 +40,7 @@ struct ModelConfig {
   bool transformer_engine_modules = true;  // --transformer-impl
   ParamDtype params_dtype = ParamDtype::Fp32;
   uint64_t seed = 1234;  // initialisation seed
+  RecomputeConfig recompute;  // --recompute-*
   MoeConfig moe;         // mixture of experts (off: a dense model)
 };
 

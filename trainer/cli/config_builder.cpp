@@ -8,7 +8,9 @@
 #include "core/text.h"
 #include "fp8/recipe.h"
 #include "trainer/checkpoint/fault_points.h"
+#include "trainer/cli/context_parallel_args.h"
 #include "trainer/cli/moe_args.h"
+#include "trainer/cli/recompute_args.h"
 #include "trainer/cli/tp_overlap_args.h"
 
 namespace fp8tron {
@@ -506,6 +508,8 @@ Config build_config(const FlagValues& flags, const LaunchEnv& launch, bool gpu_a
   const DataWithVocab data = build_data(flags, tokenizer);
   c.data = data;
   c.model = build_model(flags, tp, data.tokenizer_vocab_size);
+  c.model.recompute = build_recompute_config(flags, c.hint_warnings);
+  c.context_parallel = build_context_parallel_config(flags);
   c.model.moe = build_moe_config(flags, c.model, c.hint_warnings);
   c.precision = build_precision(flags);
   c.model.params_dtype = c.precision.params_dtype;

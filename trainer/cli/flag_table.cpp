@@ -126,7 +126,9 @@ const std::vector<FlagSpec>& flag_table() {
       // ---- parallel layout and data parallelism ------------------------------------------------
       {"tensor-model-parallel-size", K::Int, "1", S::Yes, "", "", "Degree of tensor model parallelism."},
       {"pipeline-model-parallel-size", K::Int, "1", S::Yes, "", "", "Degree of pipeline model parallelism."},
-      {"context-parallel-size", K::Int, "1", S::NotYet, "context parallelism", "", "Degree of context parallelism."},
+      {"context-parallel-size", K::Int, "1", S::Yes, "", "", "Degree of context parallelism: each sequence split over this many ranks (load-balanced: 2 x CP chunks, rank r holds chunks r and 2 CP - 1 - r)."},
+      {"cp-comm-type", K::StringList, "p2p", S::Yes, "", "", "Context-parallel attention: p2p (ring), a2a (Ulysses all-to-all), all_gather (alias allgather) or a2a+p2p (hierarchical); one for all layers or one per layer."},
+      {"hierarchical-context-parallel-sizes", K::IntList, "", S::Yes, "", "", "Levels of hierarchical context parallelism for a2a+p2p: the all-to-all level (consecutive ranks), then the ring level; their product is --context-parallel-size."},
       {"expert-model-parallel-size", K::Int, "1", S::Yes, "", "", "Degree of expert model parallelism (the experts of each MoE layer are spread over this many ranks)."},
       {"expert-tensor-parallel-size", K::Int, "", S::Yes, "", "", "Tensor parallelism of expert layers (default tensor-model-parallel-size)."},
       {"sequence-parallel", K::Bool, "", S::Yes, "", "", "Sequence parallelism over the tensor-parallel group."},
@@ -142,6 +144,14 @@ const std::vector<FlagSpec>& flag_table() {
       {"distributed-timeout-minutes", K::Int, "10", S::Yes, "", "", "Timeout of collective operations."},
       {"ddp-bucket-size", K::Int, "", S::Yes, "", "", "Gradient bucket size (elements)."},
       {"hang-report-seconds", K::Int, "90", S::Yes, "", "", "fp8tron: report a collective that has not completed after this many seconds, naming the group, the operation, the ranks that did not arrive and every rank's last finished iteration (--distributed-timeout-minutes still ends the job)."},
+
+      // ---- activation recomputation ----------------------------------------------------------
+      {"recompute-activations", K::Bool, "", S::Yes, "", "", "Recompute activations to save memory (sets --recompute-granularity selective)."},
+      {"recompute-granularity", K::String, "", S::Yes, "", "full|selective", "Activation recomputation: full (whole layers, by --recompute-method) or selective (the --recompute-modules of every layer)."},
+      {"recompute-method", K::String, "", S::Yes, "", "uniform|block", "Full recomputation: uniform (units of --recompute-num-layers consecutive layers) or block (the first --recompute-num-layers layers of each pipeline chunk)."},
+      {"recompute-num-layers", K::Int, "", S::Yes, "", "", "Layers per recompute unit (uniform) or recomputed layers per pipeline chunk (block)."},
+      {"distribute-saved-activations", K::Bool, "", S::Yes, "", "", "Split each recompute unit's saved input over the tensor-parallel ranks (full recomputation without sequence parallelism)."},
+      {"recompute-modules", K::StringList, "", S::Yes, "", "", "Submodules recomputed with --recompute-granularity selective: core_attn (the default), mlp, layernorm (dense layers: fused into the linears, nothing to recompute); moe, moe_act and shared_experts are refused (not yet)."},
 
       // ---- mixture of experts (models/moe/, docs/moe.md) ---------------------------------------------
       {"num-experts", K::Int, "", S::Yes, "", "", "Number of experts per MoE layer (unset or 0: a dense model)."},

@@ -55,7 +55,8 @@ const std::vector<Rule>& rules() {
         return g.empty() ? "" : g + ": loss scaling applies to --fp16 only; ignored";
       },
       [](const Config& c, const FlagValues& f) -> std::string {
-        if (c.parallel.dp > 1) return "";
+        // Under context parallelism gradients and optimizer shards span data x context parallel.
+        if (c.parallel.dp * c.parallel.cp > 1) return "";
         const std::string g = given_among(f, {"use-distributed-optimizer", "overlap-grad-reduce", "overlap-param-gather",
                                               "ddp-bucket-size"});
         return g.empty() ? "" : g + ": nothing to shard or overlap with data-parallel size 1";
@@ -100,6 +101,12 @@ const std::vector<Rule>& rules() {
                                               "log-world-size-to-tensorboard", "log-fp8-stats-to-tensorboard"});
         return g.empty() ? "" : g + " ha" + (g.find(',') == std::string::npos ? "s" : "ve") +
                                     " no effect without --tensorboard-dir";
+      },
+      [](const Config& c, const FlagValues& f) -> std::string {
+        if (c.parallel.cp > 1) return "";
+        const std::string g = given_among(f, {"cp-comm-type", "hierarchical-context-parallel-sizes"});
+        return g.empty() ? "" : g + " ha" + (g.find(',') == std::string::npos ? "s" : "ve") +
+                                    " no effect without --context-parallel-size > 1";
       },
       [](const Config&, const FlagValues& f) -> std::string {
         if (!f.given("padded-vocab-size") || !f.given("make-vocab-size-divisible-by")) return "";

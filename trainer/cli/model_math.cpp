@@ -99,15 +99,35 @@ MemoryEstimate estimate_memory(const Config& c) {
   // tensor parallel without SP: s*b*h*(10 + 24/t + 5*a*s/(h*t)). The 5as/h term is the stored
   // attention scores, softmax and its dropout mask, which fused attention does not keep; it keeps
   // per-row softmax statistics instead (4 bytes x a x s).
-  const double s = double(m.seq_length), b = double(c.training.micro_batch_size), h = double(m.hidden_size);
-  const double a = double(m.num_attention_heads), t = double(par.tp);
+  // Context parallelism: each rank holds s / cp of the tokens (its queries still see all s keys).
+  const double s_all = double(m.seq_length), s = s_all / par.cp, b = double(c.training.micro_batch_size);
+  const double h = double(m.hidden_size), a = double(m.num_attention_heads), t = double(par.tp);
   const double linear_part = s * b * h * (10.0 + 24.0 / t);
-  const double scores = s * b * h * 5.0 * a * s / (h * t);
+  const double scores = s * b * h * 5.0 * a * s_all / (h * t);
   const double softmax_stats = 4.0 * a / t * s * b;
   // 1F1B keeps up to pp micro-batches in flight on the first stage: L/pp layers x pp = L layers.
   const double stored_layers = par.pp > 1 ? double(m.num_layers) : layers_here;
-  e.activations_paper = stored_layers * (linear_part + scores);
+  const RecomputeConfig& r = m.recompute;
+  // Selective recomputation of core_attn keeps no scores (the paper's 34 s b h per layer).
+  const double kept_scores = r.selective(&RecomputeModules::core_attn) ? 0.0 : scores;
+  e.activations_paper = stored_layers * (linear_part + kept_scores);
   e.activations_fused = stored_layers * (linear_part + softmax_stats);
+  if (r.full() && r.num_layers > 0) {
+    // Recomputed layers keep their unit's 16-bit input (split over TP with SP or
+    // --distribute-saved-activations); one unit at a time is replayed with everything.
+    const double chunk_layers = layers_here / std::max<int64_t>(1, c.distributed.virtual_stages);
+    const double split = c.distributed.sequence_parallel || r.distribute_saved_activations ? t : 1.0;
+    const double input = 2.0 * s * b * h / split;
+    const double recomputed_fraction =
+        r.method == RecomputeMethod::Uniform ? 1.0 : std::min(1.0, double(r.num_layers) / chunk_layers);
+    const double unit = r.method == RecomputeMethod::Uniform ? std::min(chunk_layers, double(r.num_layers)) : 1.0;
+    auto with_recompute = [&](double per_layer) {
+      const double kept = stored_layers * (1.0 - recomputed_fraction) * per_layer;
+      return kept + stored_layers * recomputed_fraction * input / unit + unit * per_layer;
+    };
+    e.activations_paper = with_recompute(linear_part + kept_scores);
+    e.activations_fused = with_recompute(linear_part + softmax_stats);
+  }
   if (par.pp == 1) e.logits = s * b * double(m.padded_vocab_size) / t * (2.0 + 4.0);  // bf16 logits + fp32 loss input
   return e;
 }

@@ -9,7 +9,9 @@
 #include "fp8/recipe.h"
 #include "parallel/layer_split.h"
 #include "trainer/cli/config_builder.h"
+#include "trainer/cli/context_parallel_args.h"
 #include "trainer/cli/determinism_env.h"
+#include "trainer/cli/recompute_args.h"
 
 namespace fp8tron {
 namespace {
@@ -29,9 +31,14 @@ std::string overlap_flag(const FlagValues& f) {
   return "";
 }
 
-// Tokens each tensor-parallel rank holds per micro-batch under sequence parallelism.
+// Tokens each tensor-parallel rank holds per micro-batch under sequence parallelism (of its
+// context-parallel rank's share of the sequence), and how they are counted, for messages.
 int64_t local_tokens(const Config& c) {
-  return c.model.seq_length * c.training.micro_batch_size / std::max(1, c.parallel.tp);
+  return c.model.seq_length / std::max(1, c.parallel.cp) * c.training.micro_batch_size / std::max(1, c.parallel.tp);
+}
+std::string local_tokens_formula(const Config& c) {
+  return std::string("(--seq-length") + (c.parallel.cp > 1 ? " / --context-parallel-size" : "") +
+         " x --micro-batch-size / --tensor-model-parallel-size)";
 }
 
 // The split of a pipelined reduce-scatter (output columns = hidden size) or of CoC's all-gather
@@ -48,8 +55,8 @@ std::string check_overlap_split(const Config& c, TpGemm g) {
   if (gathers) {  // CoC pieces of each rank's tokens
     const int64_t rows = local_tokens(c);
     if (rows % o.num_splits != 0)
-      return what + " does not divide the " + ll(rows) + " tokens each tensor-parallel rank holds (--seq-length x "
-             "--micro-batch-size / --tensor-model-parallel-size); pieces must be equal";
+      return what + " does not divide the " + ll(rows) + " tokens each tensor-parallel rank holds " +
+             local_tokens_formula(c) + "; pieces must be equal";
     if (fp8.enabled() && (rows / o.num_splits) % 16 != 0)
       return what + ": with FP8 each piece of " + ll(rows / o.num_splits) + " tokens is an FP8 GEMM operand and needs a "
              "multiple of 16 tokens; use fewer pieces or change --seq-length or --micro-batch-size";
@@ -344,6 +351,8 @@ const std::vector<Rule>& rules() {
          }
          return "";
        }},
+      {"activation recomputation", recompute_problem},
+      {"context parallelism", context_parallel_problem},
       {"tensor-parallel overlap needs sequence parallelism",
        [](const Config& c, const FlagValues& f) -> std::string {
          const std::string flag = overlap_flag(f);
@@ -390,8 +399,8 @@ const std::vector<Rule>& rules() {
          if (!plan.enabled() || c.parallel.tp < 2) return "";
          const int64_t rows = local_tokens(c);
          if (c.precision.fp8.enabled() && rows % 16 != 0)
-           return overlap_flag(f) + " with FP8: each rank's " + ll(rows) + " tokens (--seq-length x --micro-batch-size / "
-                  "--tensor-model-parallel-size) are multiplied in their own FP8 GEMM, which needs a multiple of 16; "
+           return overlap_flag(f) + " with FP8: each rank's " + ll(rows) + " tokens " + local_tokens_formula(c) +
+                  " are multiplied in their own FP8 GEMM, which needs a multiple of 16; "
                   "change --seq-length or --micro-batch-size";
          for (size_t i = 0; i < kNumTpGemms; ++i) {
            std::string problem = check_overlap_split(c, TpGemm(i));
