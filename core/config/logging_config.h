@@ -19,6 +19,7 @@ struct LoggingConfig {
   bool log_world_size_to_tensorboard = false;      // "world-size"
   bool log_loss_scale_to_tensorboard = true;       // "loss-scale" (off: --no-log-loss-scale-to-tensorboard)
   bool log_all_ranks = false;
+  bool log_num_zeros_in_grad = false;              // " num zeros:" and TensorBoard "num-zeros"
 };
 
 }  // namespace fp8tron

@@ -2,11 +2,12 @@
 #pragma once
 #include <cstdint>
 
+#include "core/config/model_variants.h"
 #include "core/config/precision_config.h"
 
 namespace fp8tron {
 
-enum class PositionEmbedding { LearnedAbsolute, Rope };
+enum class PositionEmbedding { LearnedAbsolute, Rope, Yarn, None };
 enum class Normalization { LayerNorm, RMSNorm };
 
 struct ModelConfig {
@@ -38,6 +39,10 @@ struct ModelConfig {
   bool transformer_engine_modules = true;  // --transformer-impl
   ParamDtype params_dtype = ParamDtype::Fp32;
   uint64_t seed = 1234;  // initialisation seed
+  bool squared_relu = false;  // --squared-relu: relu(x)^2 instead of GeLU
+  RotaryConfig rotary;        // rotary-embedding variants
+  MlaConfig mla;              // multi-latent attention
+  MtpConfig mtp;              // multi-token prediction
 };
 
 }  // namespace fp8tron

@@ -4,6 +4,7 @@
 // indexed datasets (file_source.h).
 #pragma once
 #include <cstdint>
+#include <optional>
 
 namespace fp8tron {
 
@@ -16,6 +17,8 @@ class SampleSource {
   virtual void sample(Split split, int64_t index, int64_t* out) const = 0;
   // Whether the split has data (a data path can leave the validation split empty).
   virtual bool has(Split) const { return true; }
+  // The number of samples of the split, where it is finite (an indexed dataset's).
+  virtual std::optional<int64_t> size(Split) const { return std::nullopt; }
 };
 
 }  // namespace fp8tron

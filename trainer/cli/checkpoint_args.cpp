@@ -27,7 +27,11 @@ void apply_checkpoint_args(FlagValues& flags) {
       "num-query-groups", "kv-channels", "max-position-embeddings", "position-embedding-type", "rotary-base",
       "rotary-percent", "disable-bias-linear", "add-qkv-bias", "swiglu", "untie-embeddings-and-output-weights",
       "apply-layernorm-1p", "normalization", "norm-epsilon", "qk-layernorm", "attention-dropout", "hidden-dropout",
-      "tokenizer-type", "vocab-size", "make-vocab-size-divisible-by", "init-method-std", "transformer-impl"};
+      "tokenizer-type", "vocab-size", "make-vocab-size-divisible-by", "init-method-std", "transformer-impl",
+      // model variants
+      "squared-relu", "rotary-interleaved", "use-rope-scaling", "rope-scaling-factor", "rotary-scaling-factor", "mscale",
+      "mscale-all-dim", "multi-latent-attention", "q-lora-rank", "kv-lora-rank", "qk-head-dim", "qk-pos-emb-head-dim",
+      "v-head-dim", "rope-type", "mtp-num-layers"};
   std::vector<const char*> names(std::begin(kModelFlags), std::end(kModelFlags));
   // Megatron also takes the tokenizer model unless told not to.
   if (!flags.get_bool("no-use-tokenizer-model-from-checkpoint-args") &&

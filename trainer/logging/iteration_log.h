@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace fp8tron {
 
@@ -16,8 +17,10 @@ struct IterationStats {
   double learning_rate = 0;
   int64_t global_batch_size = 0;
   double lm_loss = 0;
+  std::vector<double> mtp_losses;  // multi-token prediction: " mtp_<k> loss:" for k = 1, 2, ...
   double loss_scale = 1;
   std::optional<double> grad_norm;
+  std::optional<int64_t> num_zeros;   // with --log-num-zeros-in-grad
   std::optional<double> params_norm;  // with --log-params-norm
   int64_t skipped_iterations = 0;
   int64_t nan_iterations = 0;

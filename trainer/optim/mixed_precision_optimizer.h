@@ -13,6 +13,7 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,12 +24,14 @@
 #include "parallel/parallel_state.h"
 #include "core/config/precision_config.h"
 #include "core/config/training_config.h"
+#include "trainer/optim/muon.h"
 
 namespace fp8tron {
 
 struct StepResult {
   torch::Tensor grad_norm;  // 0-dim fp32, before clipping (inf/nan when the step was skipped)
   torch::Tensor found_inf;  // 0-dim fp32, 1 when the update was skipped
+  torch::Tensor num_zeros;  // 0-dim int64 with count_zeros(): zero gradient elements (global)
 };
 
 struct NamedParam {
@@ -63,7 +66,21 @@ class MixedPrecisionOptimizer {
   void finish_param_gather();
   bool param_gather_overlapped() const { return param_gather_ != nullptr; }
   // Unscales by 1/loss_scale, checks for inf/nan, clips, updates, publishes the new weights.
-  StepResult step(double lr, double weight_decay, double loss_scale);
+  // `decoupled_lr`: the learning rate of the embedding and output layer (--decoupled-lr).
+  StepResult step(double lr, double weight_decay, double loss_scale, std::optional<double> decoupled_lr = std::nullopt);
+  // The same with the gradients divided by a device scalar (the loss scale times, with
+  // --calculate-per-token-loss, the global token count), so the step never waits on the device.
+  StepResult step(double lr, double weight_decay, const torch::Tensor& grad_divisor,
+                  std::optional<double> decoupled_lr = std::nullopt);
+  // --log-num-zeros-in-grad: every step also counts the zero gradient elements (Megatron's
+  // count_zeros_fp32: each parameter once, after clipping, over every rank holding a part).
+  void count_zeros(bool on) { count_zeros_ = on; }
+  // Muon: the fused QKV weight's rows per query group (Q heads, K, V), for --muon-no-split-qkv's
+  // opposite (set before the first step by the trainer from the model config).
+  void set_qkv_rows(std::vector<int64_t> rows) {
+    qkv_rows_ = rows;
+    for (auto& slot : muon_slots_) if (slot.param.qkv) slot.param.qkv_rows = rows;
+  }
 
   torch::Tensor params_norm();  // of the fp32 main weights (global)
   int64_t num_parameters() const { return numel_; }
@@ -100,7 +117,16 @@ class MixedPrecisionOptimizer {
     int64_t offset, numel;
     bool decay;
     double norm_weight;  // 1, 1/tp for tensor-parallel duplicates, 0 for the tied-embedding copy
+    int lr_group = 0;    // 1: the decoupled learning rate (embedding and output layer)
+    bool muon = false;   // updated by Muon (2-D hidden weights with --optimizer muon)
   };
+  struct MuonSlot {
+    int64_t offset;               // in the flat buffers
+    std::vector<int64_t> shape;   // this rank's shard
+    MuonParam param;
+  };
+  void muon_step(const Segment& s, const torch::Tensor& grads, double lr, double wd, const torch::Tensor& found_inf);
+  torch::Tensor zeros_in(const torch::Tensor& grads);  // laid out from shard_begin_
   // Squared norm of `buffer` (laid out like the flat buffer from `base`) weighted per segment,
   // summed over the groups that hold different parts of the model.
   torch::Tensor global_norm_squared(const torch::Tensor& buffer, int64_t base);
@@ -127,6 +153,9 @@ class MixedPrecisionOptimizer {
   torch::Tensor exp_avg_, exp_avg_sq_;
   std::vector<torch::Tensor> step_counts_;  // one per segment
   std::vector<ParamSlot> slots_;
+  std::vector<MuonSlot> muon_slots_;
+  std::vector<int64_t> qkv_rows_;
+  bool count_zeros_ = false;
   std::vector<std::pair<int64_t, int64_t>> zeroed_ranges_;  // (offset, numel); empty: all of main_grads_
 };
 
