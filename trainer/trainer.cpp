@@ -157,7 +157,8 @@ class Trainer {
   std::unique_ptr<PipelineSchedule> pipeline_;
   LrSchedule schedule_;
   BatchSchedule batches_;
-  int64_t micro_batches_ = 0;  // of the current step
+  int64_t micro_batches_ = 0;        // of the current step
+  int64_t current_global_batch_ = 0;  // the global batch size Megatron reports for the current step
   LossScaler scaler_;
   Timers timers_;
   std::unique_ptr<BatchLoader> train_loader_, valid_loader_;
@@ -344,6 +345,7 @@ void Trainer::update_batch_size(int64_t iteration) {
     log::info(strprintf("setting initial batch size to %lld", (long long)batches_.global_batch(consumed_train_samples_)));
   }
   micro_batches_ = micro;
+  current_global_batch_ = batches_.global_batch(consumed_train_samples_);
 }
 
 torch::Tensor Trainer::train_step() {
@@ -436,14 +438,14 @@ void Trainer::log_interval(int64_t iteration, double seconds, int64_t iterations
   s.train_iters = t.train_iters;
   s.consumed_samples = consumed_train_samples_;
   s.elapsed_ms_per_iteration = seconds * 1000.0 / double(iterations_in_interval);
-  const double tokens_per_iteration = double(batches_.running_batch(consumed_train_samples_) * c_.model.seq_length);
+  const double tokens_per_iteration = double(micro_batches_ * t.micro_batch_size * parallel_.sizes.dp * c_.model.seq_length);
   const double per_iteration_s = seconds / double(iterations_in_interval);
   if (c_.logging.log_throughput)
     s.tflops_per_gpu = training_flops_per_token(c_.model) * tokens_per_iteration / per_iteration_s /
                        double(c_.parallel.world_size) / 1e12;
   s.tokens_per_second = tokens_per_iteration / per_iteration_s;
   s.learning_rate = schedule_.lr();
-  s.global_batch_size = batches_.global_batch(consumed_train_samples_);
+  s.global_batch_size = current_global_batch_;
   const double count = interval_.loss_count.item<double>();
   s.lm_loss = count > 0 ? interval_.loss_sum.item<double>() / count : std::nan("");
   for (int64_t k = 0; k < c_.model.mtp.num_layers; ++k)
@@ -470,7 +472,7 @@ void Trainer::write_tensorboard(int64_t iteration, const torch::Tensor& loss) {
     tensorboard_->add_scalar(tag + " vs samples", value, consumed_train_samples_);
   };
   both("learning-rate", schedule_.lr());
-  both("batch-size", double(batches_.global_batch(consumed_train_samples_)));
+  both("batch-size", double(current_global_batch_));
   both("lm loss", l);
   if (g.log_loss_scale_to_tensorboard) both("loss-scale", scaler_.scale());
   if (g.log_world_size_to_tensorboard) both("world-size", double(c_.parallel.world_size));

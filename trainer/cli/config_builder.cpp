@@ -20,15 +20,16 @@ void classify_given_flags(const FlagValues& flags, Config& c) {
   for (const auto& [name, values] : flags.all_given()) {
     const FlagSpec* spec = find_flag(name);
     const std::string flag = "--" + name;
+    // A value flag given at Megatron's default asks for nothing fp8tron lacks.
+    const bool at_default =
+        spec->kind != FlagKind::Bool && values.size() == 1 && *spec->default_value && values[0] == spec->default_value;
+    if (at_default && spec->support != Support::Yes) continue;
     switch (spec->support) {
       case Support::Yes:
         break;
-      case Support::NotYet: {
-        bool is_default = spec->kind != FlagKind::Bool && values.size() == 1 && *spec->default_value &&
-                          values[0] == spec->default_value;
-        if (!is_default) c.not_supported_yet.push_back(flag + " (" + spec->note + ")");
+      case Support::NotYet:
+        c.not_supported_yet.push_back(flag + " (" + spec->note + ")");
         break;
-      }
       case Support::HintOnly:
         c.hint_warnings.push_back(flag + " is accepted but has no effect in fp8tron: " + spec->note);
         break;

@@ -124,6 +124,8 @@ const std::vector<Rule>& rules() {
            if (rot != std::floor(rot) || int64_t(rot) % 2 != 0)
              return "--kv-channels x --rotary-percent must be an even whole number of dimensions for rope";
          }
+         if (m.position_embedding == PositionEmbedding::Yarn && m.kv_channels % 2 != 0)
+           return "--kv-channels must be even for --position-embedding-type yarn (YaRN rotates every channel pair)";
          return "";
        }},
       {"dropout probabilities",
@@ -252,6 +254,11 @@ const std::vector<Rule>& rules() {
          if (m.position_embedding == PositionEmbedding::Yarn)
            return "Multi-Token Prediction (MTP) is not supported with 'yarn' position embedding type (supported: "
                   "learned_absolute, rope, none)";
+         // The MTP layers embed the shifted tokens on the loss stage; learned position embeddings
+         // live only with the embedding.
+         if (m.position_embedding == PositionEmbedding::LearnedAbsolute && c.parallel.pp > 1)
+           return "--mtp-num-layers with learned absolute positions needs the embedding and the loss on one pipeline stage "
+                  "(--pipeline-model-parallel-size 1); use --position-embedding-type rope or none with pipeline parallelism";
          // fp8tron runs the MTP layers in the pipeline stage that computes the loss.
          for (const auto& stage : c.distributed.pipeline_layout)
            if (stage.find('m') != std::string::npos && stage.find('L') == std::string::npos)
