@@ -11,6 +11,7 @@
 #include "core/text.h"
 #include "fp8/gemm.h"
 #include "fp8/quantize.h"
+#include "fp8/quantized_tensor.h"
 #include "fp8/quantize_reference.h"
 #include "fp8/scaling_state.h"
 
@@ -25,28 +26,18 @@ constexpr TensorRole kRoles[kRolesPerSite] = {TensorRole::kInput, TensorRole::kW
                                               TensorRole::kGradOutput, TensorRole::kGradInput};
 constexpr float kStepSplit = 1048576.0f;  // steps are stored as two floats (exact up to 2^44)
 
-enum class Path { kNative, kEmulated, kCpu };
+}  // namespace
 
 CudaStream current_stream(const torch::Device& device) {
   return at::cuda::getCurrentCUDAStream(device.index()).stream();
 }
 
-}  // namespace
-
-// A quantized 2-D tensor: the view the kernels and GEMMs take, the torch tensors that own its
-// memory, and on the emulated and CPU paths the dequantized copies the high-precision GEMMs use.
-struct Quantized {
-  Fp8TensorView view;
-  torch::Tensor data, data_t, scale, scale_inv, scale_inv_t, amax;
-  torch::Tensor dequantized, dequantized_t;  // [rows, cols] and [cols, rows]
-};
-
-namespace {
-
 Path path_of(const Fp8Engine& e) {
   if (!e.device().is_cuda()) return Path::kCpu;
   return e.emulated() ? Path::kEmulated : Path::kNative;
 }
+
+namespace {
 
 void* ptr(torch::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
 
@@ -63,17 +54,15 @@ torch::Tensor swiglu_backward(const torch::Tensor& grad, const torch::Tensor& h)
   return torch::cat({at::silu_backward(grad * up, gate), grad * at::silu(gate)}, -1);
 }
 
-// Allocates the scale factors a copy needs: one fp32 for tensor scaling (shared by both copies),
-// the block grid of fp8_tensor.h otherwise (E8M0 bytes for MXFP8).
+}  // namespace
+
 torch::Tensor scale_storage(const ScaleLayout& layout, const torch::Device& device) {
   const auto dtype = layout.element_bytes == 1 ? torch::kUInt8 : torch::kFloat32;
   return torch::empty({int64_t(layout.elements())}, torch::TensorOptions().device(device).dtype(dtype));
 }
 
-// Quantizes x2d [rows, cols] for `role` of `site`: the row-wise copy and/or the transposed copy.
-// `record_amax`: delayed scaling max-accumulates the amax into the site's history slot.
 std::shared_ptr<Quantized> quantize(Fp8Engine& e, const Fp8Site& site, TensorRole role, torch::Tensor x2d,
-                                    bool rowwise, bool transposed, bool record_amax, TensorCastFusion fusion = {}) {
+                                    bool rowwise, bool transposed, bool record_amax, TensorCastFusion fusion) {
   const Recipe& recipe = e.recipe();
   const Path path = path_of(e);
   // The fused kernels serve per-tensor scaling on the GPU; elsewhere the prologue runs first.
@@ -168,6 +157,8 @@ std::shared_ptr<Quantized> quantize(Fp8Engine& e, const Fp8Site& site, TensorRol
   return q;
 }
 
+namespace {
+
 // out [a_rows, b_rows] = A B^T (+ bias), A and B being the row-wise or transposed copies of two
 // quantized tensors with the same inner dimension. With `accumulate_into` (fp32, native path) the
 // product is added to it in the GEMM's epilogue instead (the wgrad into the main gradient).
@@ -204,8 +195,8 @@ torch::Tensor gemm(Fp8Engine& e, const Quantized& a, bool a_transposed, const Qu
   return out_dtype == torch::kBFloat16 ? y : y.to(out_dtype);
 }
 
-// The weight of the current optimizer step, quantized once (both copies) and shared by every
-// micro-batch; re-quantized when the optimizer (or a checkpoint load) changed it.
+}  // namespace
+
 std::shared_ptr<Quantized> quantized_weight(Fp8Site& site, const torch::Tensor& weight, bool record_amax) {
   Fp8Engine& e = *site.engine;
   const bool fresh = site.weight && site.weight_generation == e.weight_generation() &&
@@ -220,6 +211,8 @@ std::shared_ptr<Quantized> quantized_weight(Fp8Site& site, const torch::Tensor& 
   site.weight_version = int64_t(weight._version());
   return site.weight;
 }
+
+namespace {
 
 void check_rows(const Fp8Site& site, int64_t rows) {
   if (rows % 16 != 0)

@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <functional>
 #include <mutex>
@@ -56,22 +57,33 @@ struct PlanKey {
   bool trans_a = false, trans_b = false, fast_accum = false, has_bias = false, accumulate = false;
   int sm_count = 0;
   uint32_t align_a = 0, align_b = 0, align_d = 0;
+  GemmBucket bucket = GemmBucket::kNone;  // kN / kK: n / k (and the lds along it) are the bucket's
 
   bool operator==(const PlanKey& o) const {
     return m == o.m && n == o.n && k == o.k && lda == o.lda && ldb == o.ldb && ldd == o.ldd && a_type == o.a_type &&
            b_type == o.b_type && d_type == o.d_type && bias_type == o.bias_type && a_scaling == o.a_scaling &&
            b_scaling == o.b_scaling && trans_a == o.trans_a && trans_b == o.trans_b && fast_accum == o.fast_accum &&
            has_bias == o.has_bias && accumulate == o.accumulate && sm_count == o.sm_count && align_a == o.align_a &&
-           align_b == o.align_b && align_d == o.align_d;
+           align_b == o.align_b && align_d == o.align_d && bucket == o.bucket;
   }
 
+  // The stored shapes (rows, cols, ld) of A, B and C/D: op(A) is m x k, so A is k x m when
+  // transposed; op(B) is k x n.
+  struct Layout {
+    int64_t rows, cols, ld;
+  };
+  Layout layout_a() const { return {trans_a ? k : m, trans_a ? m : k, lda}; }
+  Layout layout_b() const { return {trans_b ? n : k, trans_b ? k : n, ldb}; }
+  Layout layout_d() const { return {m, n, ldd}; }
+
   std::string describe() const {
-    return strprintf("m=%lld n=%lld k=%lld, A %s%s (%s, ld %lld), B %s%s (%s, ld %lld), D %s (ld %lld)%s%s%s",
+    const char* bucketed = bucket == GemmBucket::kN ? ", bucketed n" : bucket == GemmBucket::kK ? ", bucketed k" : "";
+    return strprintf("m=%lld n=%lld k=%lld, A %s%s (%s, ld %lld), B %s%s (%s, ld %lld), D %s (ld %lld)%s%s%s%s",
                      static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k),
                      dtype_name(a_type), trans_a ? "^T" : "", scaling_mode_name(a_scaling), static_cast<long long>(lda),
                      dtype_name(b_type), trans_b ? "^T" : "", scaling_mode_name(b_scaling), static_cast<long long>(ldb),
                      dtype_name(d_type), static_cast<long long>(ldd), fast_accum ? ", fast accumulation" : "",
-                     has_bias ? ", bias" : "", accumulate ? ", accumulate" : "");
+                     has_bias ? ", bias" : "", accumulate ? ", accumulate" : "", bucketed);
   }
 };
 
@@ -89,7 +101,7 @@ struct PlanKeyHash {
         (static_cast<uint64_t>(k.d_type) << 16) | (static_cast<uint64_t>(k.bias_type) << 24) |
         (static_cast<uint64_t>(k.a_scaling) << 32) | (static_cast<uint64_t>(k.b_scaling) << 40));
     mix((k.trans_a ? 1u : 0u) | (k.trans_b ? 2u : 0u) | (k.fast_accum ? 4u : 0u) | (k.has_bias ? 8u : 0u) |
-        (k.accumulate ? 16u : 0u));
+        (k.accumulate ? 16u : 0u) | (static_cast<uint64_t>(k.bucket) << 8));
     mix(static_cast<uint64_t>(k.sm_count));
     mix((static_cast<uint64_t>(k.align_a) << 0) | (static_cast<uint64_t>(k.align_b) << 16) |
         (static_cast<uint64_t>(k.align_d) << 32));
@@ -116,6 +128,7 @@ struct Plan {
   size_t workspace_needed = 0;
   size_t serial = 0;  // creation order
   GemmPlanInfo info;
+  std::atomic<int64_t> bucket_misses{0};
   std::mutex mutex;
 
   Plan() = default;
@@ -216,6 +229,34 @@ bool stream_is_capturing(CUstream_st* stream) {
 
 size_t dtype_bytes(DType d) { return d == DType::kFP32 ? 4 : d == DType::kBF16 ? 2 : 1; }
 
+// Turns an exact key into its bucket's: the varying dimension becomes its bucket, and so does the
+// leading dimension of an operand stored with that dimension as its (contiguous) rows, the
+// transposed copies of the wgrad. Alignments are capped at 16 bytes, which every expert's slice
+// has, so the experts of one call share their plans.
+void bucket_key(PlanKey& key, GemmBucket bucket) {
+  key.bucket = bucket;
+  int64_t& dim = bucket == GemmBucket::kN ? key.n : key.k;
+  const int64_t exact = dim;
+  dim = gemm_bucket(exact);
+  auto grow = [&](int64_t& ld) { ld = ld == exact ? dim : std::max(ld, dim); };
+  const bool a_rows_vary = bucket == GemmBucket::kK && key.trans_a;  // A stored k x m when transposed
+  const bool b_rows_vary = bucket == GemmBucket::kK ? !key.trans_b : key.trans_b;  // B: k x n, or n x k
+  if (a_rows_vary) grow(key.lda);
+  if (b_rows_vary) grow(key.ldb);
+  key.align_a = std::min<uint32_t>(key.align_a, 16);
+  key.align_b = std::min<uint32_t>(key.align_b, 16);
+  key.align_d = std::min<uint32_t>(key.align_d, 16);
+}
+
+bool same_layouts(const PlanKey& x, const PlanKey& y) {
+  return x.m == y.m && x.n == y.n && x.k == y.k && x.lda == y.lda && x.ldb == y.ldb && x.ldd == y.ldd;
+}
+
+void init_layout(cublasLtMatrixLayoutOpaque_t* layout, DType type, const PlanKey::Layout& l) {
+  FP8TRON_CUBLAS_CHECK(cublasLtMatrixLayoutInit(layout, cuda_type(type), static_cast<uint64_t>(l.rows),
+                                                static_cast<uint64_t>(l.cols), l.ld));
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
@@ -232,6 +273,16 @@ const char* dtype_name(DType dtype) {
     case DType::kFP32: return "FP32";
   }
   return "?";
+}
+
+int64_t gemm_bucket(int64_t v) {
+  int64_t base = 32;  // buckets 4, 5, 6, 7 x base, doubling base
+  while (true) {
+    for (int64_t f = 4; f < 8; ++f) {
+      if (f * base >= v) return f * base;
+    }
+    base *= 2;
+  }
 }
 
 const char* algo_selection_name(AlgoSelection selection) {
@@ -262,7 +313,8 @@ struct GemmHandle::Impl {
     return p;
   }
 
-  Plan& plan(const PlanKey& key, const CallArgs& call, CUstream_st* stream);
+  // The cached plan of `key`, created on first use (heuristic_only: never autotuned).
+  Plan& plan(const PlanKey& key, const CallArgs& call, CUstream_st* stream, bool heuristic_only);
   // Times the candidates on `stream`; returns the index of the fastest (or -1 and a note).
   int autotune(Plan& p, const PlanKey& key, const CallArgs& call, const std::vector<cublasLtMatmulHeuristicResult_t>& cands,
                CUstream_st* stream, std::vector<GemmCandidateTiming>& timings, std::string& note);
@@ -311,7 +363,10 @@ std::vector<GemmPlanInfo> GemmHandle::plan_infos() const {
   std::vector<std::pair<size_t, GemmPlanInfo>> ordered;
   {
     std::lock_guard<std::mutex> lock(impl_->mutex);
-    for (const auto& [key, plan] : impl_->plans) ordered.emplace_back(plan->serial, plan->info);
+    for (const auto& [key, plan] : impl_->plans) {
+      ordered.emplace_back(plan->serial, plan->info);
+      ordered.back().second.bucket_misses = plan->bucket_misses.load();
+    }
   }
   std::sort(ordered.begin(), ordered.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
   std::vector<GemmPlanInfo> out;
@@ -404,7 +459,7 @@ int GemmHandle::Impl::autotune(Plan& p, const PlanKey& key, const CallArgs& call
   return -1;
 }
 
-Plan& GemmHandle::Impl::plan(const PlanKey& key, const CallArgs& call, CUstream_st* stream) {
+Plan& GemmHandle::Impl::plan(const PlanKey& key, const CallArgs& call, CUstream_st* stream, bool heuristic_only) {
   {
     std::lock_guard<std::mutex> lock(mutex);
     auto it = plans.find(key);
@@ -433,13 +488,11 @@ Plan& GemmHandle::Impl::plan(const PlanKey& key, const CallArgs& call, CUstream_
   // The heuristic sees the real pointers, as in TE and torch._scaled_mm. Without them every
   // block-scaled query failed (CUBLAS_STATUS_INVALID_VALUE) on the first H200 run.
   set_call_pointers(p->desc, key, call);
-  // Stored shapes: op(A) is m x k, so A is k x m when transposed; op(B) is k x n.
-  FP8TRON_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, cuda_type(key.a_type), key.trans_a ? key.k : key.m,
-                                                  key.trans_a ? key.m : key.k, key.lda));
-  FP8TRON_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, cuda_type(key.b_type), key.trans_b ? key.n : key.k,
-                                                  key.trans_b ? key.k : key.n, key.ldb));
-  FP8TRON_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, cuda_type(key.d_type), key.m, key.n, key.ldd));
-  FP8TRON_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->d, cuda_type(key.d_type), key.m, key.n, key.ldd));
+  const PlanKey::Layout la = key.layout_a(), lb = key.layout_b(), ld = key.layout_d();
+  FP8TRON_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, cuda_type(key.a_type), la.rows, la.cols, la.ld));
+  FP8TRON_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, cuda_type(key.b_type), lb.rows, lb.cols, lb.ld));
+  FP8TRON_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, cuda_type(key.d_type), ld.rows, ld.cols, ld.ld));
+  FP8TRON_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->d, cuda_type(key.d_type), ld.rows, ld.cols, ld.ld));
 
   cublasLtMatmulPreference_t pref = nullptr;
   FP8TRON_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -480,8 +533,13 @@ Plan& GemmHandle::Impl::plan(const PlanKey& key, const CallArgs& call, CUstream_
   GemmPlanInfo& info = p->info;
   info.problem = key.describe();
   info.heuristic_results = static_cast<int>(cands.size());
+  info.bucketed = key.bucket != GemmBucket::kNone;
   int chosen = 0;
-  if (options.algo_selection != AlgoSelection::kAutotune) {
+  if (info.bucketed) {
+    info.note = "heuristic's first choice for the bucket's largest size (bucketed plan)";
+  } else if (heuristic_only) {
+    info.note = "heuristic's first choice (exact-size fallback of a bucketed plan)";
+  } else if (options.algo_selection != AlgoSelection::kAutotune) {
     info.note = "heuristic's first choice (algo selection: heuristic)";
   } else if (cands.size() == 1) {
     info.note = "the heuristic offered one algorithm";
@@ -586,12 +644,37 @@ void gemm(GemmHandle& handle, const GemmOperand& a, const GemmOperand& b, const 
   call.bias = config.bias;
   call.alpha = config.alpha;
   call.beta = config.accumulate ? 1.0f : 0.0f;
-  Plan& plan = h.plan(key, call, stream);
+  const PlanKey exact = key;
+  const bool bucketed = config.bucket != GemmBucket::kNone;
+  if (bucketed) bucket_key(key, config.bucket);
+  Plan& plan = h.plan(key, call, stream, bucketed);
   void* workspace = h.workspace(stream);
-  std::lock_guard<std::mutex> lock(plan.mutex);
-  set_call_pointers(plan.desc, key, call);
-  FP8TRON_CUBLAS_CHECK(cublasLtMatmul(h.lt, plan.desc, &call.alpha, call.a, plan.a, call.b, plan.b, &call.beta, call.d,
-                                      plan.c, call.d, plan.d, &plan.algo, workspace, h.options.workspace_bytes, stream));
+  auto run = [&](Plan& p, const PlanKey& plan_key) {
+    std::lock_guard<std::mutex> lock(p.mutex);
+    set_call_pointers(p.desc, plan_key, call);
+    if (same_layouts(plan_key, exact)) {
+      return cublasLtMatmul(h.lt, p.desc, &call.alpha, call.a, p.a, call.b, p.b, &call.beta, call.d, p.c, call.d, p.d,
+                            &p.algo, workspace, h.options.workspace_bytes, stream);
+    }
+    // A bucketed plan on a smaller size: the same descriptor and algorithm, exact layouts.
+    cublasLtMatrixLayoutOpaque_t la, lb, ld;
+    init_layout(&la, exact.a_type, exact.layout_a());
+    init_layout(&lb, exact.b_type, exact.layout_b());
+    init_layout(&ld, exact.d_type, exact.layout_d());
+    return cublasLtMatmul(h.lt, p.desc, &call.alpha, call.a, &la, call.b, &lb, &call.beta, call.d, &ld, call.d, &ld,
+                          &p.algo, workspace, h.options.workspace_bytes, stream);
+  };
+  cublasStatus_t status = run(plan, key);
+  if (status != CUBLAS_STATUS_SUCCESS && bucketed) {
+    // cuBLASLt checks the algorithm against the exact problem on every call: refused, this size
+    // gets its own plan (the heuristic's first choice for it).
+    ++plan.bucket_misses;
+    status = run(h.plan(exact, call, stream, true), exact);
+  }
+  if (status != CUBLAS_STATUS_SUCCESS)
+    throw_internal_error(__FILE__, __LINE__, __func__,
+                         std::string("cublasLtMatmul failed: ") + cublasLtGetStatusName(status) + " (" +
+                             cublasLtGetStatusString(status) + ") for " + exact.describe());
 }
 
 RowMajorMatrix rowwise_matrix(const Fp8TensorView& t) {
@@ -606,17 +689,24 @@ RowMajorMatrix transposed_matrix(const Fp8TensorView& t) {
           static_cast<int64_t>(t.rows), t.scale_inv_for_t(), t.scaling_mode};
 }
 
-void gemm_nt(GemmHandle& handle, const RowMajorMatrix& x, const RowMajorMatrix& w, void* y, DType y_dtype, int64_t ldy,
-             const GemmConfig& config, CUstream_st* stream) {
+GemmProblem nt_problem(const RowMajorMatrix& x, const RowMajorMatrix& w, void* y, DType y_dtype, int64_t ldy) {
   FP8TRON_CHECK(x.cols == w.cols, strprintf("gemm_nt: X is [%lld, %lld] but W is [%lld, %lld]",
                                             static_cast<long long>(x.rows), static_cast<long long>(x.cols),
                                             static_cast<long long>(w.rows), static_cast<long long>(w.cols)));
+  GemmProblem p;
   // Row-major W [N, K] is column-major K x N: A = W, op = transpose -> N x K.
-  GemmOperand a{w.data, w.dtype, w.cols, w.rows, w.ld, true, w.scale_inv, w.scaling};
+  p.a = GemmOperand{w.data, w.dtype, w.cols, w.rows, w.ld, true, w.scale_inv, w.scaling};
   // Row-major X [M, K] is column-major K x M: B = X, no transpose.
-  GemmOperand b{x.data, x.dtype, x.cols, x.rows, x.ld, false, x.scale_inv, x.scaling};
+  p.b = GemmOperand{x.data, x.dtype, x.cols, x.rows, x.ld, false, x.scale_inv, x.scaling};
   // D column-major N x M with ld = ldy is row-major Y [M, N].
-  gemm(handle, a, b, GemmOutput{y, y_dtype, ldy}, config, stream);
+  p.d = GemmOutput{y, y_dtype, ldy};
+  return p;
+}
+
+void gemm_nt(GemmHandle& handle, const RowMajorMatrix& x, const RowMajorMatrix& w, void* y, DType y_dtype, int64_t ldy,
+             const GemmConfig& config, CUstream_st* stream) {
+  const GemmProblem p = nt_problem(x, w, y, y_dtype, ldy);
+  gemm(handle, p.a, p.b, p.d, config, stream);
 }
 
 }  // namespace fp8tron::fp8

@@ -54,6 +54,17 @@
 // run and on every rank (autotuned choices may differ between runs, and kernels differ in rounding).
 // FP8TRON_GEMM_AUTOTUNE=0 or 1 in the environment overrides the option. plan_infos() reports each
 // plan's candidates, their timings and the choice.
+//
+// Bucketed plans (grouped GEMMs: one GEMM per MoE expert, token counts that change every call):
+// GemmConfig::bucket names the dimension that varies (n: the rows of X in gemm_nt, i.e. fprop and
+// dgrad; k: the reduction, i.e. wgrad over tokens). The plan is then keyed by gemm_bucket(that
+// dimension) instead of its value (and by pointer alignments capped at 16 bytes, which every
+// expert's slice of an FP8 tensor has), created once per bucket with the heuristic's first choice
+// for the bucket's upper bound, never autotuned (whatever FP8TRON_GEMM_AUTOTUNE says: timing
+// every bucket would stall the first steps), and each call runs that algorithm with layouts of
+// its exact size initialised on the stack. Should cuBLASLt refuse the bucket's algorithm for an
+// exact size (it checks every call), that call falls back to a plan for its exact size (the
+// heuristic's first choice), counted in GemmPlanInfo::bucket_misses.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -68,6 +79,7 @@ struct CUstream_st;
 namespace fp8tron::fp8 {
 
 enum class DType : uint8_t { kE4M3, kE5M2, kBF16, kFP32 };
+enum class GemmBucket : uint8_t { kNone, kN, kK };
 const char* dtype_name(DType dtype);
 DType dtype_of(Format format);  // E4M3 / E5M2 only
 inline bool is_fp8(DType d) { return d == DType::kE4M3 || d == DType::kE5M2; }
@@ -99,7 +111,13 @@ struct GemmConfig {
                             // H200): accumulate gradients into an fp32 D.
   float alpha = 1.0f;
   int sm_count = 0;  // cap on SMs used (CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET) for overlap; 0 = all
+  GemmBucket bucket = GemmBucket::kNone;  // the dimension that varies between calls (header comment)
 };
+
+// The bucket of a token count: the smallest value >= v of the form {4, 5, 6, 7} x 2^j, at least 128
+// (quarter-octave steps, so a plan serves sizes at most 25% below its own; ..., 1024, 1280, 1536,
+// 1792, 2048, ...). Balanced MoE counts such as 1536 or 4096 are buckets themselves.
+int64_t gemm_bucket(int64_t v);
 
 enum class AlgoSelection : uint8_t { kHeuristic, kAutotune };
 const char* algo_selection_name(AlgoSelection selection);
@@ -129,6 +147,8 @@ struct GemmPlanInfo {
   bool autotuned = false;
   std::string note;        // why it was not autotuned, when it was not
   std::vector<GemmCandidateTiming> candidates;  // the timed candidates; empty when none was timed
+  bool bucketed = false;   // serves every size of its bucket (GemmConfig::bucket)
+  int64_t bucket_misses = 0;  // calls whose exact size refused the bucket's algorithm
 };
 
 class GemmHandle {
@@ -176,7 +196,15 @@ struct RowMajorMatrix {
 RowMajorMatrix rowwise_matrix(const Fp8TensorView& t);
 RowMajorMatrix transposed_matrix(const Fp8TensorView& t);
 
+// The gemm() operands of gemm_nt's product (below): A = W transposed, B = X, D = Y.
+struct GemmProblem {
+  GemmOperand a, b;
+  GemmOutput d;
+};
+GemmProblem nt_problem(const RowMajorMatrix& x, const RowMajorMatrix& w, void* y, DType y_dtype, int64_t ldy);
+
 // Y[M, N] = alpha * X[M, K] * W[N, K]^T (+ bias[N]) (+ Y), row-major; y has row stride ldy >= N.
+// With GemmConfig::bucket, kN buckets M (the rows of X) and kK buckets K.
 void gemm_nt(GemmHandle& handle, const RowMajorMatrix& x, const RowMajorMatrix& w, void* y, DType y_dtype, int64_t ldy,
              const GemmConfig& config, CUstream_st* stream);
 

@@ -16,6 +16,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <vector>
 
 #include "core/error.h"
 #include "core/text.h"
@@ -212,15 +213,16 @@ struct TensorScaleArgs {
   NormPrologue norm;               // kLayerNorm (tile kernel only)
 };
 
+// The scale of a per-tensor cast; the first block (`first`) also stores scale and scale_inv.
 template <bool kFromAmax>
-__device__ __forceinline__ float tensor_scale(const TensorScaleArgs& s) {
+__device__ __forceinline__ float tensor_scale(const TensorScaleArgs& s, bool first) {
   float scale;
   if constexpr (kFromAmax) {
     scale = scale_from_amax(*s.amax_in, s.fp8_max, s.power_2, s.epsilon);
   } else {
     scale = *s.scale_in;
   }
-  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
+  if (first && threadIdx.x == 0) {
     if (kFromAmax && s.scale_out) *s.scale_out = scale;
     if (s.scale_inv_out) *s.scale_inv_out = __frcp_rn(scale);
   }
@@ -231,7 +233,7 @@ template <Format F, bool kFromAmax>
 __global__ void __launch_bounds__(kThreads)
     cast_flat_kernel(const uint16_t* x, size_t n, bool vectorized, uint8_t* out, const TensorScaleArgs s) {
   __shared__ float red[kWarps + 1];
-  const float scale = tensor_scale<kFromAmax>(s);
+  const float scale = tensor_scale<kFromAmax>(s, blockIdx.x == 0);
   const bool want_amax = s.amax_out != nullptr;
   const size_t stride = static_cast<size_t>(gridDim.x) * kThreads;
   const size_t start = static_cast<size_t>(blockIdx.x) * kThreads + threadIdx.x;
@@ -274,6 +276,7 @@ enum class TileMode { kTensorGiven, kTensorFromAmax, kBlock1x128, kBlock128x128,
 struct TileArgs {
   const uint16_t* x = nullptr;
   size_t rows = 0, cols = 0;
+  size_t x_rows = 0;         // rows present in x (<= rows): the rest are zero rows (segment padding)
   uint8_t* out = nullptr;    // [rows, cols] or null
   uint8_t* out_t = nullptr;  // [cols, rows] or null
   TensorScaleArgs tensor;    // tensor modes
@@ -292,8 +295,10 @@ struct TileArgs {
 // 8-byte writes of a half-warp over twice as many banks as a plain layout.
 __device__ __forceinline__ int t_slot(int chunk, int c) { return chunk ^ (((c >> 3) & 7) << 1); }
 
+// One 128x128 tile, rows [r0, r0 + 128) and columns [c0, c0 + 128) of the output; `first`: the
+// tile that stores a tensor scale (once per tensor).
 template <Format F, TileMode M>
-__global__ void __launch_bounds__(kThreads) quantize_tile_kernel(const TileArgs a) {
+__device__ __forceinline__ void quantize_tile(const TileArgs& a, size_t r0, size_t c0, bool first) {
   constexpr bool kTensorMode = M == TileMode::kTensorGiven || M == TileMode::kTensorFromAmax;
   constexpr bool kColumnStats = M == TileMode::kBlock1x128 || M == TileMode::kMx;
   constexpr int kColBlocks = M == TileMode::kMx ? kTile / 32 : 1;  // column scale blocks per tile
@@ -305,7 +310,6 @@ __global__ void __launch_bounds__(kThreads) quantize_tile_kernel(const TileArgs 
   __shared__ float col_sum_partial[kTensorMode ? 16 : 1][kTensorMode ? kTile : 1];
 
   const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
-  const size_t r0 = static_cast<size_t>(blockIdx.y) * kTile, c0 = static_cast<size_t>(blockIdx.x) * kTile;
   const size_t col = c0 + 8 * tx;  // this thread's 8 columns: col .. col+7
   const bool col_ok = col < a.cols;
   const size_t row0 = r0 + 8 * ty;  // this thread's 8 rows
@@ -316,7 +320,7 @@ __global__ void __launch_bounds__(kThreads) quantize_tile_kernel(const TileArgs 
     const size_t row = row0 + i;
     // kSwiglu reads the gate half of rows twice as long (the up half follows at + cols).
     const size_t ld = a.tensor.prologue == Prologue::kSwiglu ? 2 * a.cols : a.cols;
-    v[i] = (col_ok && row < a.rows) ? __ldg(reinterpret_cast<const uint4*>(a.x + row * ld + col))
+    v[i] = (col_ok && row < a.x_rows) ? __ldg(reinterpret_cast<const uint4*>(a.x + row * ld + col))
                                     : make_uint4(0, 0, 0, 0);
   }
   if constexpr (kTensorMode) {
@@ -324,7 +328,7 @@ __global__ void __launch_bounds__(kThreads) quantize_tile_kernel(const TileArgs 
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         const size_t row = row0 + i;
-        if (!col_ok || row >= a.rows) continue;
+        if (!col_ok || row >= a.x_rows) continue;
         const uint4 up = __ldg(reinterpret_cast<const uint4*>(a.x + row * 2 * a.cols + a.cols + col));
         uint32_t w[4];
 #pragma unroll
@@ -347,7 +351,7 @@ __global__ void __launch_bounds__(kThreads) quantize_tile_kernel(const TileArgs 
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         const size_t row = row0 + i;
-        if (!col_ok || row >= a.rows) continue;
+        if (!col_ok || row >= a.x_rows) continue;
         const float mean = n.mean ? __ldg(n.mean + row) : 0.0f, rstd = __ldg(n.rstd + row);
         uint32_t w[4];
 #pragma unroll
@@ -362,7 +366,7 @@ __global__ void __launch_bounds__(kThreads) quantize_tile_kernel(const TileArgs 
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         const size_t row = row0 + i;
-        const bool in = col_ok && row < a.rows;
+        const bool in = col_ok && row < a.x_rows;
         const uint4 aux = (a.tensor.prologue == Prologue::kGeluTanhBackward && in)
                               ? __ldg(reinterpret_cast<const uint4*>(a.tensor.aux + row * a.cols + col))
                               : make_uint4(0, 0, 0, 0);
@@ -394,7 +398,7 @@ __global__ void __launch_bounds__(kThreads) quantize_tile_kernel(const TileArgs 
   for (int i = 0; i < 8; ++i) row_scale[i] = 1.0f;
 
   if constexpr (M == TileMode::kTensorGiven || M == TileMode::kTensorFromAmax) {
-    uniform_scale = tensor_scale<M == TileMode::kTensorFromAmax>(a.tensor);
+    uniform_scale = tensor_scale<M == TileMode::kTensorFromAmax>(a.tensor, first);
     if (a.tensor.amax_out != nullptr) {  // uniform over the grid
       float m = 0.0f;
 #pragma unroll
@@ -520,6 +524,104 @@ __global__ void __launch_bounds__(kThreads) quantize_tile_kernel(const TileArgs 
       }
     }
   }
+}
+
+template <Format F, TileMode M>
+__global__ void __launch_bounds__(kThreads) quantize_tile_kernel(const TileArgs a) {
+  quantize_tile<F, M>(a, static_cast<size_t>(blockIdx.y) * kTile, static_cast<size_t>(blockIdx.x) * kTile,
+                      blockIdx.x == 0 && blockIdx.y == 0);
+}
+
+// ---- (g) grouped tensors: every segment in one launch ---------------------------------------------------
+
+// Up to kMaxSegments segments of a grouped tensor (segments.h), passed by value (about 2.3 KiB,
+// within the 4 KiB of kernel parameters); more segments take several launches. Rows and scale
+// offsets are the whole tensor's; tiles are counted from the launch's first segment, whose index
+// in the whole tensor is `first`.
+constexpr int kMaxSegments = 64;
+struct SegmentTable {
+  int count = 0;
+  uint32_t first = 0;
+  uint32_t tile_begin[kMaxSegments + 1];  // 128-row tiles of the padded rows, prefix sums
+  uint32_t src_row[kMaxSegments];         // first row of x
+  uint32_t x_rows[kMaxSegments];          // rows of x (the rest of the padded rows are zeros)
+  uint32_t dst_row[kMaxSegments];         // first padded row (data; data_t at dst_row * cols)
+  uint32_t rows[kMaxSegments];            // padded rows
+  uint32_t scale_begin[kMaxSegments], scale_t_begin[kMaxSegments];  // block scale grids (elements)
+  uint32_t ld[kMaxSegments], ld_t[kMaxSegments];                    // their leading dimensions
+  uint32_t scale_stride = 1, amax_stride = 1;                       // tensor scales (segments.h)
+};
+
+// The segment holding tile row `tile`: the last one whose tiles start at or before it (empty
+// segments own no tiles and are passed over).
+__device__ __forceinline__ int segment_of_tile(const SegmentTable& t, uint32_t tile) {
+  int lo = 0, hi = t.count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (t.tile_begin[mid] <= tile) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
+// Segment s's tile arguments from the whole tensor's (`base`: pointers to segment 0's data and
+// scales, tensor scale pointers to segment 0's).
+template <TileMode M>
+__device__ __forceinline__ TileArgs segment_tile_args(const TileArgs& base, const SegmentTable& t, int s) {
+  TileArgs a = base;
+  const size_t e = t.first + static_cast<size_t>(s);
+  a.x = base.x + static_cast<size_t>(t.src_row[s]) * base.cols;
+  a.x_rows = t.x_rows[s];
+  a.rows = t.rows[s];
+  const size_t codes = static_cast<size_t>(t.dst_row[s]) * base.cols;
+  a.out = base.out ? base.out + codes : nullptr;
+  a.out_t = base.out_t ? base.out_t + codes : nullptr;
+  TensorScaleArgs& ts = a.tensor;
+  if (ts.scale_in) ts.scale_in += e * t.scale_stride;
+  if (ts.scale_out) ts.scale_out += e * t.scale_stride;
+  if (ts.amax_in) ts.amax_in += e;
+  if (ts.amax_out) ts.amax_out += e * t.amax_stride;
+  if (ts.scale_inv_out) ts.scale_inv_out += e;
+  if (ts.column_sums) ts.column_sums += e * base.cols;
+  constexpr size_t kScaleBytes = M == TileMode::kMx ? 1 : 4;
+  if (a.scale_inv) a.scale_inv = static_cast<uint8_t*>(a.scale_inv) + t.scale_begin[s] * kScaleBytes;
+  if (a.scale_inv_t) a.scale_inv_t = static_cast<uint8_t*>(a.scale_inv_t) + t.scale_t_begin[s] * kScaleBytes;
+  a.ld = t.ld[s];
+  a.ld_t = t.ld_t[s];
+  return a;
+}
+
+static_assert(sizeof(TileArgs) + sizeof(SegmentTable) <= 4096, "the grouped cast's kernel parameters exceed 4 KiB");
+
+// Grid: (column tiles, the launch's 128-row tiles over all its segments).
+template <Format F, TileMode M>
+__global__ void __launch_bounds__(kThreads) quantize_segments_kernel(const TileArgs base, const SegmentTable t) {
+  const int s = segment_of_tile(t, blockIdx.y);
+  const uint32_t tile = blockIdx.y - t.tile_begin[s];
+  const TileArgs a = segment_tile_args<M>(base, t, s);
+  quantize_tile<F, M>(a, static_cast<size_t>(tile) * kTile, static_cast<size_t>(blockIdx.x) * kTile,
+                      tile == 0 && blockIdx.x == 0);
+}
+
+// Current scaling's first pass: amax[first + s] = max |x| over segment s, one 128x128 tile per
+// block (amaxes zeroed by the caller).
+__global__ void __launch_bounds__(kThreads)
+    segment_amax_kernel(const uint16_t* x, size_t cols, const SegmentTable t, float* amax) {
+  __shared__ float red[kWarps + 1];
+  const int s = segment_of_tile(t, blockIdx.y);
+  const size_t r0 = static_cast<size_t>(blockIdx.y - t.tile_begin[s]) * kTile;
+  const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
+  const size_t col = static_cast<size_t>(blockIdx.x) * kTile + 8 * tx;
+  const uint16_t* xs = x + static_cast<size_t>(t.src_row[s]) * cols;
+  float m = 0.0f;
+  if (col < cols) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const size_t row = r0 + 8 * ty + i;
+      if (row < t.x_rows[s]) m = abs_max8(__ldg(reinterpret_cast<const uint4*>(xs + row * cols + col)), m);
+    }
+  }
+  m = block_max(m, red);
+  if (threadIdx.x == 0) atomic_max_amax(amax + t.first + s, m);
 }
 
 // ---- (f) dequantize --------------------------------------------------------------------------------------
@@ -707,6 +809,7 @@ void cast_tensor(const uint16_t* x, const Fp8TensorView& out, const TensorScaleA
   TileArgs args;
   args.x = x;
   args.rows = out.rows;
+  args.x_rows = out.rows;
   args.cols = out.cols;
   args.out = static_cast<uint8_t*>(out.data);
   args.out_t = static_cast<uint8_t*>(out.data_t);
@@ -732,6 +835,7 @@ bool block_tile_args(const uint16_t* x, const Fp8TensorView& out, const char* na
   check_tile_shape(x, out);
   args.x = x;
   args.rows = out.rows;
+  args.x_rows = out.rows;
   args.cols = out.cols;
   args.out = static_cast<uint8_t*>(out.data);
   args.out_t = static_cast<uint8_t*>(out.data_t);
@@ -740,6 +844,87 @@ bool block_tile_args(const uint16_t* x, const Fp8TensorView& out, const char* na
   args.ld = out.layout().ld;
   args.ld_t = out.layout_t().ld;
   return true;
+}
+
+// The launches of a grouped tensor: kMaxSegments segments each.
+std::vector<SegmentTable> segment_tables(const SegmentLayout& l, size_t amax_stride, size_t scale_stride) {
+  FP8TRON_CHECK(l.total_padded() < (size_t{1} << 32) && l.scale_elements() < (size_t{1} << 32) &&
+                    l.scale_t_elements() < (size_t{1} << 32),
+                "grouped tensor too large for 32-bit segment offsets");
+  std::vector<SegmentTable> tables;
+  for (size_t f = 0; f < l.segments(); f += kMaxSegments) {
+    SegmentTable t;
+    t.count = static_cast<int>(std::min<size_t>(kMaxSegments, l.segments() - f));
+    t.first = static_cast<uint32_t>(f);
+    t.scale_stride = static_cast<uint32_t>(scale_stride);
+    t.amax_stride = static_cast<uint32_t>(amax_stride);
+    for (int i = 0; i <= t.count; ++i) t.tile_begin[i] = static_cast<uint32_t>(l.tile_begin[f + i] - l.tile_begin[f]);
+    for (int i = 0; i < t.count; ++i) {
+      const size_t e = f + static_cast<size_t>(i);
+      t.src_row[i] = static_cast<uint32_t>(l.src_begin[e]);
+      t.x_rows[i] = static_cast<uint32_t>(l.rows[e]);
+      t.dst_row[i] = static_cast<uint32_t>(l.row_begin[e]);
+      t.rows[i] = static_cast<uint32_t>(l.padded[e]);
+      t.scale_begin[i] = static_cast<uint32_t>(l.scale_begin[e]);
+      t.scale_t_begin[i] = static_cast<uint32_t>(l.scale_t_begin[e]);
+      t.ld[i] = static_cast<uint32_t>(scale_layout(l.mode, l.padded[e], l.cols).ld);
+      t.ld_t[i] = static_cast<uint32_t>(scale_layout(l.mode, l.cols, l.padded[e]).ld);
+    }
+    FP8TRON_CHECK(t.tile_begin[t.count] <= 65535u, "too many rows in one grouped launch for the tile grid");
+    tables.push_back(t);
+  }
+  return tables;
+}
+
+dim3 segment_grid(size_t cols, const SegmentTable& t) {
+  return dim3(static_cast<unsigned>(ceil_div(cols, kTile)), t.tile_begin[t.count]);
+}
+
+template <TileMode M, Format F>
+void launch_segments(const TileArgs& base, const std::vector<SegmentTable>& tables, CudaStream stream) {
+  for (const SegmentTable& t : tables) {
+    if (t.tile_begin[t.count] == 0) continue;  // only empty segments
+    quantize_segments_kernel<F, M><<<segment_grid(base.cols, t), kThreads, 0, stream>>>(base, t);
+    FP8TRON_CUDA_CHECK_LAUNCH("quantize_segments_kernel");
+  }
+}
+
+template <TileMode M>
+void dispatch_segments(Format f, const TileArgs& base, const std::vector<SegmentTable>& tables, CudaStream stream) {
+  constexpr bool kTensorMode = M == TileMode::kTensorGiven || M == TileMode::kTensorFromAmax;
+  switch (f) {
+    case Format::kE4M3: launch_segments<M, Format::kE4M3>(base, tables, stream); return;
+    case Format::kE5M2: launch_segments<M, Format::kE5M2>(base, tables, stream); return;
+    case Format::kHiF8:
+      if constexpr (kTensorMode) {
+        launch_segments<M, Format::kHiF8>(base, tables, stream);
+        return;
+      }
+      break;
+    default: break;
+  }
+  FP8TRON_CHECK(false, std::string("no grouped quantizer for format ") + format_name(f));
+}
+
+void check_segments(const uint16_t* x, const SegmentLayout& l, const SegmentedFp8View& out, const SegmentCast& cast) {
+  FP8TRON_CHECK(out.data != nullptr || out.data_t != nullptr, "quantize_segments: neither data nor data_t given");
+  FP8TRON_CHECK(l.cols % 16 == 0, strprintf("quantize_segments: %zu columns, not a multiple of 16", l.cols));
+  for (size_t e = 0; e < l.segments(); ++e)
+    FP8TRON_CHECK(l.padded[e] % 16 == 0, "quantize_segments: padded segment rows must be multiples of 16");
+  FP8TRON_CHECK(aligned16(x) && aligned16(out.data) && aligned16(out.data_t),
+                "quantize_segments: pointers must be 16-byte aligned");
+  FP8TRON_CHECK(l.mode == out.scaling_mode, "quantize_segments: the layout's and the view's scaling modes differ");
+  using Kind = SegmentCast::Kind;
+  const bool tensor = out.scaling_mode == ScalingMode::kTensor;
+  const bool block = out.scaling_mode == ScalingMode::kBlock1x128 || out.scaling_mode == ScalingMode::kBlock128x128;
+  FP8TRON_CHECK((cast.kind == Kind::kDelayed || cast.kind == Kind::kCurrent) == tensor &&
+                    (cast.kind == Kind::kBlockwise) == block &&
+                    (cast.kind == Kind::kMxfp8) == (out.scaling_mode == ScalingMode::kMxfp8),
+                "quantize_segments: the cast kind does not match the scaling mode");
+  FP8TRON_CHECK(cast.column_sums == nullptr || tensor, "quantize_segments: column sums need a per-tensor cast");
+  FP8TRON_CHECK(tensor || ((out.data == nullptr || out.scale_inv != nullptr) &&
+                           (out.data_t == nullptr || out.scale_inv_t != nullptr)),
+                "quantize_segments: block-scaled copies need their scale_inv");
 }
 
 }  // namespace
@@ -823,6 +1008,65 @@ void quantize_mxfp8(const uint16_t* x, const Fp8TensorView& out, CudaStream stre
   if (!block_tile_args(x, out, "quantize_mxfp8", args)) return;
   args.fp8_max_rcp = 1.0f / max_finite(out.format);
   dispatch_tile<TileMode::kMx>(out.format, args, stream);
+}
+
+void quantize_segments(const uint16_t* x, const SegmentLayout& l, const SegmentedFp8View& out, const SegmentCast& cast,
+                       CudaStream stream) {
+  check_segments(x, l, out, cast);
+  check_element_format(out.format, out.scaling_mode == ScalingMode::kTensor);
+  if (l.total_padded() == 0) return;
+  const std::vector<SegmentTable> tables = segment_tables(l, out.amax_stride, out.scale_stride);
+  TileArgs base;
+  base.x = x;
+  base.cols = l.cols;
+  base.out = static_cast<uint8_t*>(out.data);
+  base.out_t = static_cast<uint8_t*>(out.data_t);
+  base.tensor.column_sums = cast.column_sums;
+  switch (cast.kind) {
+    case SegmentCast::Kind::kDelayed:
+      FP8TRON_CHECK(out.scale != nullptr && out.scale_inv != nullptr, "delayed scaling needs scale and scale_inv");
+      base.tensor.scale_in = out.scale;
+      base.tensor.scale_inv_out = static_cast<float*>(out.scale_inv);
+      base.tensor.amax_out = out.amax;
+      dispatch_segments<TileMode::kTensorGiven>(out.format, base, tables, stream);
+      return;
+    case SegmentCast::Kind::kCurrent: {
+      FP8TRON_CHECK(out.amax != nullptr && out.amax_stride == 1 && out.scale_inv != nullptr,
+                    "current scaling needs contiguous amaxes and scale_inv");
+      FP8TRON_CUDA_CHECK(cudaMemsetAsync(out.amax, 0, l.segments() * sizeof(float), stream));
+      for (const SegmentTable& t : tables) {
+        if (t.tile_begin[t.count] == 0) continue;
+        segment_amax_kernel<<<segment_grid(l.cols, t), kThreads, 0, stream>>>(x, l.cols, t, out.amax);
+        FP8TRON_CUDA_CHECK_LAUNCH("segment_amax_kernel");
+      }
+      base.tensor.amax_in = out.amax;
+      base.tensor.fp8_max = max_finite(out.format);
+      base.tensor.power_2 = cast.current.power_2_scales;
+      base.tensor.epsilon = cast.current.amax_epsilon;
+      base.tensor.scale_out = out.scale;
+      base.tensor.scale_inv_out = static_cast<float*>(out.scale_inv);
+      dispatch_segments<TileMode::kTensorFromAmax>(out.format, base, tables, stream);
+      return;
+    }
+    case SegmentCast::Kind::kBlockwise:
+      base.scale_inv = out.scale_inv;
+      base.scale_inv_t = out.scale_inv_t;
+      base.fp8_max = max_finite(out.format);
+      base.power_2 = cast.block.power_2_scales;
+      base.epsilon = cast.block.amax_epsilon;
+      if (out.scaling_mode == ScalingMode::kBlock1x128) {
+        dispatch_segments<TileMode::kBlock1x128>(out.format, base, tables, stream);
+      } else {
+        dispatch_segments<TileMode::kBlock128x128>(out.format, base, tables, stream);
+      }
+      return;
+    case SegmentCast::Kind::kMxfp8:
+      base.scale_inv = out.scale_inv;
+      base.scale_inv_t = out.scale_inv_t;
+      base.fp8_max_rcp = 1.0f / max_finite(out.format);
+      dispatch_segments<TileMode::kMx>(out.format, base, tables, stream);
+      return;
+  }
 }
 
 void dequantize(const Fp8TensorView& in, bool transposed_copy, uint16_t* y, CudaStream stream) {

@@ -19,6 +19,7 @@
 #include <cstdint>
 
 #include "fp8/fp8_tensor.h"
+#include "fp8/segments.h"
 
 struct CUstream_st;
 
@@ -103,6 +104,25 @@ void quantize_blockwise(const uint16_t* x, const Fp8TensorView& out, const Block
 // transposed copy with 1x32 blocks along the rows of x^T (data_t + scale_inv_t). Scale of a block:
 // the smallest power of two s with amax / s <= fp8_max (TE's rule).
 void quantize_mxfp8(const uint16_t* x, const Fp8TensorView& out, CudaStream stream);
+
+// (g) Grouped tensors (segments.h): x [total_rows, cols] bf16, segment e's rows at src_begin_e,
+// quantized in one pass over x (current scaling: two, amaxes then codes) into the padded layout,
+// each segment with its own scales, exactly as that segment alone, padded with zero rows, would be
+// quantized by (b)-(e): that is the CPU reference, bit for bit. out.scaling_mode must be the
+// layout's and match the kind: kDelayed / kCurrent tensor scaling (E4M3, E5M2, HiF8), kBlockwise
+// 1x128 or 128x128, kMxfp8. cols % 16 == 0 and 16-byte aligned pointers.
+struct SegmentCast {
+  enum class Kind : uint8_t { kDelayed, kCurrent, kBlockwise, kMxfp8 };
+  Kind kind = Kind::kDelayed;
+  CurrentScalingOptions current;
+  BlockScalingOptions block;
+  // Per-tensor kinds: fp32 [segments][cols], zeroed by the caller; adds segment e's column sums
+  // (a linear layer's bias gradients from its output gradient) into row e. Atomic adds: the
+  // summation order varies between runs.
+  float* column_sums = nullptr;
+};
+void quantize_segments(const uint16_t* x, const SegmentLayout& layout, const SegmentedFp8View& out,
+                       const SegmentCast& cast, CudaStream stream);
 
 // (f) Dequantize the row-wise copy (transposed_copy = false, y is [rows, cols]) or the transposed
 // copy (y is [cols, rows]) to bf16, for every format and scaling mode.

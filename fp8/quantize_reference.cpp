@@ -157,6 +157,29 @@ void quantize_mxfp8(const uint16_t* x, const Fp8TensorView& out) {
   }
 }
 
+void quantize_segments(const uint16_t* x, const SegmentLayout& l, const SegmentedFp8View& out, const SegmentCast& cast) {
+  FP8TRON_CHECK(l.mode == out.scaling_mode, "quantize_segments: the layout's and the view's scaling modes differ");
+  const size_t cols = l.cols;
+  for (size_t e = 0; e < l.segments(); ++e) {
+    if (l.padded[e] == 0) continue;  // an empty segment has no copies and keeps its scales
+    std::vector<uint16_t> padded(l.padded[e] * cols, 0);  // bf16 +0
+    const uint16_t* src = x + l.src_begin[e] * cols;
+    std::copy(src, src + l.rows[e] * cols, padded.begin());
+    const Fp8TensorView v = segment_view(out, l, e);
+    switch (cast.kind) {
+      case SegmentCast::Kind::kDelayed: quantize_tensor_delayed(padded.data(), v); break;
+      case SegmentCast::Kind::kCurrent: quantize_tensor_current(padded.data(), v, cast.current); break;
+      case SegmentCast::Kind::kBlockwise: quantize_blockwise(padded.data(), v, cast.block); break;
+      case SegmentCast::Kind::kMxfp8: quantize_mxfp8(padded.data(), v); break;
+    }
+    if (cast.column_sums) {
+      float* sums = cast.column_sums + e * cols;
+      for (size_t r = 0; r < l.rows[e]; ++r)
+        for (size_t c = 0; c < cols; ++c) sums[c] += bf16_to_float(src[r * cols + c]);
+    }
+  }
+}
+
 void dequantize_to_float(const Fp8TensorView& in, bool transposed_copy, float* y) {
   const size_t rows = transposed_copy ? in.cols : in.rows;
   const size_t cols = transposed_copy ? in.rows : in.cols;

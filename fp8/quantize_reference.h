@@ -17,6 +17,11 @@ void quantize_tensor_current(const uint16_t* x, const Fp8TensorView& out, const 
 void quantize_blockwise(const uint16_t* x, const Fp8TensorView& out, const BlockScalingOptions& options);
 void quantize_mxfp8(const uint16_t* x, const Fp8TensorView& out);
 
+// Segment by segment: its rows copied into a zero-padded buffer, then the cast above of its kind.
+// Column sums are plain fp32 sums in row order.
+void quantize_segments(const uint16_t* x, const SegmentLayout& layout, const SegmentedFp8View& out,
+                       const SegmentCast& cast);
+
 void dequantize(const Fp8TensorView& in, bool transposed_copy, uint16_t* y);
 // decode(q) * scale_inv in fp32, without the bf16 rounding (reference GEMM inputs).
 void dequantize_to_float(const Fp8TensorView& in, bool transposed_copy, float* y);

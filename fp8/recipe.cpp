@@ -180,12 +180,7 @@ std::string emulation_notice(const Recipe& recipe, int compute_capability_major)
                    recipe_kind_name(recipe_kind(recipe)), compute_capability_major * 10);
 }
 
-bool supports_fp8_grouped_gemm(const Recipe& recipe) { return recipe_kind(recipe) != RecipeKind::kBlockwise; }
-
-std::string grouped_gemm_notice(const Recipe& recipe) {
-  if (supports_fp8_grouped_gemm(recipe)) return "";
-  return "FP8: the blockwise recipe has no low-precision grouped GEMM; expert GEMMs run in bf16";
-}
+size_t fp8_token_alignment(const Recipe& recipe) { return recipe_kind(recipe) == RecipeKind::kMxfp8 ? 32 : 16; }
 
 std::string describe(const Recipe& recipe) {
   return std::visit(

@@ -57,9 +57,10 @@ bool runs_natively(const Recipe& recipe, int compute_capability_major);
 // One line for the log when the recipe is emulated on that GPU; "" when native.
 std::string emulation_notice(const Recipe& recipe, int compute_capability_major);
 
-// Grouped GEMMs (MoE experts): blockwise has no low-precision grouped GEMM and falls back to bf16.
-bool supports_fp8_grouped_gemm(const Recipe& recipe);
-std::string grouped_gemm_notice(const Recipe& recipe);  // "" when FP8 grouped GEMM is used
+// Grouped GEMMs (MoE experts): the multiple each expert's token count is padded to inside the
+// grouped linear, Megatron's get_fp8_align_size: 32 for MXFP8 (its 1x32 blocks run along the
+// tokens in the wgrad operands), 16 otherwise (FP8 GEMM leading dimensions).
+size_t fp8_token_alignment(const Recipe& recipe);
 
 // One line describing the recipe, for the startup log.
 std::string describe(const Recipe& recipe);

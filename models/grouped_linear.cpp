@@ -3,41 +3,16 @@
 #include <numeric>
 
 #include "core/error.h"
-#include "core/log.h"
 #include "core/text.h"
-#include "fp8/fp8_linear.h"
+#include "fp8/fp8_grouped_linear.h"
 #include "models/modules.h"
 
 namespace fp8tron {
-namespace F = torch::nn::functional;
 
 namespace {
 // The FP8 engine the experts register with: null when the expert GEMMs stay bf16.
 std::shared_ptr<fp8::Fp8Engine> grouped_engine(const GroupedLinearOptions& o, const ModuleFactory& f) {
-  if (!f.fp8() || !o.use_fp8) return nullptr;
-  if (!fp8::supports_fp8_grouped_gemm(f.fp8()->recipe())) {
-    log::warning_once("grouped-gemm-notice", fp8::grouped_gemm_notice(f.fp8()->recipe()));
-    return nullptr;
-  }
-  return f.fp8();
-}
-
-// An expert without tokens has no FP8 GEMM, so its wgrad GEMM does not run in this micro-batch.
-// When the optimizer leaves the weight's fp32 main gradient to that GEMM (which overwrites it in
-// the step's first backward instead of the optimizer zeroing it: Fp8Engine::overwrite_main_grads),
-// the expert may get no GEMM in the whole step and would keep the last step's gradient. So the
-// first micro-batch of a step that finds the expert idle claims the gradient: zeroes it and marks
-// it as this step's (the site's main_grad_generation), so later wgrad GEMMs accumulate onto it.
-void claim_idle_main_grad(fp8::Fp8Site& site, const torch::Tensor& weight) {
-  const fp8::Fp8Engine& e = *site.engine;
-  if (!e.overwrite_main_grads() || !torch::GradMode::is_enabled() || !weight.requires_grad()) return;
-  if (site.main_grad_generation == e.weight_generation()) return;  // already this step's
-  torch::Tensor grad = weight.grad();
-  if (grad.defined()) {
-    torch::NoGradGuard no_grad;
-    grad.zero_();
-  }
-  site.main_grad_generation = e.weight_generation();
+  return o.use_fp8 ? f.fp8() : nullptr;
 }
 }  // namespace
 
@@ -92,35 +67,24 @@ void TEGroupedLinearImpl::check_splits(const torch::Tensor& x, const std::vector
   if (total != x.size(0))
     throw UserError(strprintf("%s: m_splits sum to %lld tokens but the input has %lld", name.c_str(),
                               (long long)total, (long long)x.size(0)));
-  for (size_t i = 0; i < fp8_sites.size(); ++i)
-    if (fp8_sites[i] && m_splits[i] % 16 != 0)
-      throw UserError(strprintf("%s: expert %zu received %lld tokens, not a multiple of 16 as FP8 GEMMs need; pad "
-                                "each expert's tokens with --moe-router-padding-for-fp8, or run the expert GEMMs in "
-                                "bf16 with --no-use-gmm-fp8",
-                                name.c_str(), i, (long long)m_splits[i]));
+}
+
+std::vector<fp8::Fp8Site*> TEGroupedLinearImpl::gemm_sites() const {
+  std::vector<fp8::Fp8Site*> sites;
+  for (const auto& site : fp8_sites) {
+    if (!site) return {};  // the engine keeps this layer's experts in bf16 (all of them: one shape, one layer)
+    sites.push_back(site.get());
+  }
+  return sites;
 }
 
 torch::Tensor TEGroupedLinearImpl::forward(const torch::Tensor& x, const std::vector<int64_t>& m_splits) {
   FP8TRON_CHECK(x.dim() == 2 && x.size(1) == weights.front().size(1),
                 "TEGroupedLinear: the input must be [tokens, local in features]");
   check_splits(x, m_splits);
-  std::vector<torch::Tensor> outputs;
-  outputs.reserve(weights.size());
-  int64_t row = 0;
-  for (size_t i = 0; i < weights.size(); ++i) {
-    const torch::Tensor slice = x.narrow(0, row, m_splits[i]);
-    row += m_splits[i];
-    const std::shared_ptr<fp8::Fp8Site> site = fp8_sites.empty() ? nullptr : fp8_sites[i];
-    if (site && m_splits[i] > 0) {
-      outputs.push_back(fp8::fp8_linear(slice, weights[i], gemm_bias(i), *site));
-      continue;
-    }
-    // bf16, or an expert without tokens: the empty product still gives its weight and bias a
-    // (zero) gradient, keeping the graph independent of the routing.
-    if (site) claim_idle_main_grad(*site, weights[i]);
-    outputs.push_back(F::linear(slice, weights[i], gemm_bias(i)));
-  }
-  return outputs.size() == 1 ? outputs.front() : torch::cat(outputs, 0);
+  std::vector<torch::Tensor> gemm_biases;
+  for (size_t i = 0; i < weights.size(); ++i) gemm_biases.push_back(gemm_bias(i));
+  return fp8::grouped_linear(x, m_splits, weights, gemm_biases, gemm_sites());
 }
 
 }  // namespace fp8tron

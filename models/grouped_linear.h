@@ -15,17 +15,20 @@
 //           over the group: ParamInfo::reduce_grad_over_tp, where TERowParallelLinear needs that
 //           only under sequence parallelism).
 //
-// FP8: with an engine in the ModuleFactory each expert is one FP8 site ("<init_name>.weight<i>")
-// and its slice runs through fp8::fp8_linear. Expert GEMMs stay bf16 (F::linear per slice) when
-// there is no engine, with use_fp8 = false (--no-use-gmm-fp8), or when the recipe has no FP8
-// grouped GEMM (blockwise: logged once). FP8 GEMMs need token counts that are multiples of 16: an
-// expert receiving another count is refused with a UserError (pad with
-// --moe-router-padding-for-fp8, as Transformer Engine requires), never silently run in bf16.
+// The experts run as one grouped GEMM (fp8/fp8_grouped_linear.h): one autograd node, every
+// expert's GEMMs of a pass in one launch sequence over a few CUDA streams, outputs written in place.
+// FP8: with an engine in the ModuleFactory each expert is one FP8 site ("<init_name>.weight<i>",
+// its own scaling state), every recipe (delayed, tensorwise, blockwise on FP8 tensor cores; MXFP8
+// and HiF8 emulated as in dense layers), the input and output gradient of all experts quantized in
+// one pass. Token counts that are not a multiple of 16 (32 for MXFP8) are padded inside, as
+// Megatron/TE's Fp8Padding does: never refused, never silently bf16. Expert GEMMs stay bf16 when
+// there is no engine, with use_fp8 = false (--no-use-gmm-fp8), or when the engine keeps the layer
+// in bf16 (--first-last-layers-bf16, --fp8-min-features).
 //
-// Experts that receive no tokens: no FP8 GEMM runs for them, but their weight (and bias) still get
-// a gradient, zero, in every backward. The autograd graph therefore does not depend on the
-// routing, so data-parallel ranks, which route differently, complete their gradient buckets in the
-// same order (parallel/grad_buckets.h).
+// Experts that receive no tokens: no GEMM runs for them, but their weight (and bias) still get a
+// gradient, zero, in every backward. The autograd graph therefore does not depend on the routing,
+// so data-parallel ranks, which route differently, complete their gradient buckets in the same
+// order (parallel/grad_buckets.h).
 #pragma once
 #include <torch/torch.h>
 
@@ -58,7 +61,8 @@ class TEGroupedLinearImpl : public ShardedModule {
  public:
   TEGroupedLinearImpl(const GroupedLinearOptions& options, const ModuleFactory& factory);
   // x [tokens, local in features]; m_splits: tokens per expert (num_gemms counts, >= 0, summing to
-  // tokens; UserError otherwise). Returns [tokens, local out features] (row mode: partial sums).
+  // tokens; UserError otherwise), host values (no device synchronisation). Returns [tokens, local
+  // out features] (row mode: partial sums).
   torch::Tensor forward(const torch::Tensor& x, const std::vector<int64_t>& m_splits);
 
   GroupedLinearOptions options;
@@ -69,6 +73,7 @@ class TEGroupedLinearImpl : public ShardedModule {
  private:
   void check_splits(const torch::Tensor& x, const std::vector<int64_t>& m_splits) const;
   torch::Tensor gemm_bias(size_t expert) const;  // the bias this rank adds (undefined: none)
+  std::vector<fp8::Fp8Site*> gemm_sites() const;  // empty: bf16 GEMMs
 };
 TORCH_MODULE(TEGroupedLinear);
 

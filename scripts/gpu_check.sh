@@ -2,7 +2,8 @@
 # Everything the GPU machine checks in one go (its machines start bare): build, GPU tests (ctest
 # label gpu), multi-GPU equivalence under mpirun and torchrun, and the benchmarks. Results go to
 # $OUT (or gpu-check/). Usage: scripts/gpu_check.sh [equivalence] [bench] [fp8-bench] [fp8-convergence]
-# [parallel-bench] [data] [checkpoint]
+# [grouped] [parallel-bench] [data] [checkpoint]
+# (grouped: the MoE expert GEMMs against torch's grouped GEMMs, scripts/bench_grouped_gemm.sh)
 # (checkpoint: save speed, --async-save blocking, --deterministic-mode repeat and resume on the
 # 1.3B model, summary in $OUT/checkpoint-summary.txt; then the Hugging Face export check)
 #
@@ -95,6 +96,9 @@ for step in "$@"; do
           --tolerance 2e-2
       fi ;;
     bench) echo "== single-GPU benchmarks"; check bench "^\|" ./scripts/bench.sh gpt2-124m gpt-1.3b ;;
+    grouped)
+      echo "== MoE expert GEMMs: fp8tron grouped vs torch._grouped_mm / torch._scaled_grouped_mm (TFLOP/s eager / graph)"
+      check grouped "^== |agreement|TFLOP|FP8 |bf16 |grouped-bench" ./scripts/bench_grouped_gemm.sh ;;
     fp8-bench)
       echo "== FP8 throughput (bf16, delayed, tensorwise)"
       check fp8-bench-bf16 "^\|" ./scripts/bench.sh gpt-1.3b gpt2-124m

@@ -61,6 +61,12 @@ else
   echo "FAIL: SIGTERM with --exit-signal-handler -> rc $rc"; tail -5 "$CKPT/sig.log"; fail=1
 fi
 rm -rf "$CKPT"
+# --profile --use-pytorch-profiler: a Chrome trace of iterations 2..3 in the TensorBoard directory.
+PROF=$(mktemp -d)
+expect 0 "profile written to $PROF/" -- "${TINY[@]}" --profile --use-pytorch-profiler --profile-step-start 1 \
+  --profile-step-end 3 --tensorboard-dir "$PROF"
+expect 1 "--use-pytorch-profiler writes its trace to --tensorboard-dir" -- "${TINY[@]}" --profile --use-pytorch-profiler
+rm -rf "$PROF"
 # pretrain_gpt.py's defaults and Megatron's rules, as a Megatron script meets them.
 MOCK=(--num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 16 --micro-batch-size 2 --lr 1e-3
       --train-iters 4 --mock-data --log-interval 2 --eval-iters 1 --eval-interval 4 --device cpu)

@@ -16,7 +16,7 @@ ln -s "$SRC/configs" configs
 ln -s "$SRC/scripts" scripts
 mkdir -p .setup && ln -s "$SRC/.setup/env.sh" .setup/env.sh
 source "$SRC/.setup/env.sh"
-export OMP_NUM_THREADS=1 OMPI_MCA_rmaps_base_oversubscribe=1 BENCH_OUT="$WORK/bench" BENCH_ITERS=2
+export OMP_NUM_THREADS=1 OMPI_MCA_rmaps_base_oversubscribe=1 BENCH_OUT="$WORK/bench" BENCH_ITERS=2 BENCH_REFERENCE_ITERS=1 BENCH_REFERENCE_WARMUP=1
 SMALL=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --num-query-groups 4 --ffn-hidden-size 128
        --seq-length 64 --max-position-embeddings 64 --micro-batch-size 2 --train-iters 2 --lr-warmup-iters 1 --eval-iters 1
        --eval-interval 2 --log-interval 1 --device cpu)

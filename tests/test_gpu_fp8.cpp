@@ -3,11 +3,14 @@
 // and fp32 GEMMs of the dequantized values). What remains is the GEMM: FP8 tensor-core
 // accumulation (or bf16 GEMMs when emulated) and the bf16 output. Prints each error for the record.
 #include <gtest/gtest.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <torch/torch.h>
 
 #include <cstdio>
 
+#include "fp8/fp8_grouped_linear.h"
 #include "fp8/fp8_linear.h"
+#include "fp8/grouped_gemm.h"
 #include "models/grouped_linear.h"
 #include "parallel/parallel_state.h"
 
@@ -305,7 +308,7 @@ TEST(GpuFp8, GroupedLinearExpertsMatchPerExpertLinearsAndClearIdleGradients) {
   }
   engine->set_overwrite_main_grads(true);
   engine->end_step(nullptr);
-  const std::vector<int64_t> splits = {512, 0, 256};
+  const std::vector<int64_t> splits = {500, 0, 268};  // not multiples of 16: padded inside
   auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
   torch::manual_seed(23);
   auto x = torch::randn({768, 512}, opts);
@@ -320,13 +323,237 @@ TEST(GpuFp8, GroupedLinearExpertsMatchPerExpertLinearsAndClearIdleGradients) {
       continue;
     }
     auto w = grouped->weights[i].detach().clone().requires_grad_(true);
-    auto yi = fp8::fp8_linear(x.narrow(0, row, splits[i]), w, grouped->biases[i].detach(), *sites[i]);
+    const int64_t padded = (splits[i] + 15) / 16 * 16;
+    auto pad = [&](const torch::Tensor& t) { return torch::cat({t, torch::zeros({padded - t.size(0), t.size(1)}, t.options())}); };
+    auto yi = fp8::fp8_linear(pad(x.narrow(0, row, splits[i])), w, grouped->biases[i].detach(), *sites[i]).narrow(0, 0, splits[i]);
     yi.backward(dy.narrow(0, row, splits[i]));
     worst = std::max({worst, relative_error(y.narrow(0, row, splits[i]), yi), relative_error(main_grads[i], w.grad())});
     row += splits[i];
   }
   std::printf("[fp8-module] TEGroupedLinear (3 FP8 experts, one idle) vs per-expert fp8_linear: %.2e\n", worst);
   EXPECT_LT(worst, 5e-3);
+}
+
+// The grouped FP8 linear, every recipe, token counts that are not multiples of the alignment and
+// an idle expert, two steps: against one fp8_linear per expert on its zero-padded rows (GPU: the
+// same codes, other GEMM algorithms) and against the grouped CPU emulation (the reference
+// quantizers and fp32 GEMMs); delayed scales equal on all three (same amaxes, same update).
+TEST(GpuFp8, GroupedLinearEveryRecipeMatchesPaddedPerExpertLinearsAndCpuEmulation) {
+  REQUIRE_GPU();
+  const Case cases[] = {{fp8::RecipeKind::kDelayed, fp8::Fp8Format::kHybrid},    {fp8::RecipeKind::kDelayed, fp8::Fp8Format::kE4M3},
+                        {fp8::RecipeKind::kTensorwise, fp8::Fp8Format::kHybrid}, {fp8::RecipeKind::kTensorwise, fp8::Fp8Format::kHiF8},
+                        {fp8::RecipeKind::kBlockwise, fp8::Fp8Format::kE4M3},    {fp8::RecipeKind::kMxfp8, fp8::Fp8Format::kE4M3},
+                        {fp8::RecipeKind::kMxfp8, fp8::Fp8Format::kHybrid}};
+  const int64_t in = 512, out = 768;
+  const std::vector<int64_t> splits = {300, 0, 517, 1000, 64};
+  const size_t experts = splits.size();
+  int64_t rows = 0;
+  for (auto m : splits) rows += m;
+  for (const Case& c : cases) {
+    const fp8::Recipe recipe = fp8::make_recipe(c.kind, c.format);
+    SCOPED_TRACE(fp8::describe(recipe));
+    fp8::Fp8EngineOptions o;
+    o.recipe = recipe;
+    o.num_layers = 1;
+    const torch::Device cuda(torch::kCUDA, 0), cpu_device(torch::kCPU);
+    fp8::Fp8Engine gpu(o, cuda), reference(o, cuda), cpu(o, cpu_device);
+    std::vector<fp8::Fp8Site*> gsites, csites;
+    std::vector<std::shared_ptr<fp8::Fp8Site>> owned, rsites;
+    for (size_t i = 0; i < experts; ++i) {
+      const std::string name = "decoder.layers.0.mlp.experts.linear_fc1.weight" + std::to_string(i);
+      owned.push_back(gpu.add_site(name, 0, out, in));
+      gsites.push_back(owned.back().get());
+      owned.push_back(cpu.add_site(name, 0, out, in));
+      csites.push_back(owned.back().get());
+      rsites.push_back(reference.add_site(name, 0, out, in));
+    }
+    const int64_t align = int64_t(fp8::fp8_token_alignment(recipe));
+    auto bf = [](torch::Tensor t) { return t.to(torch::kBFloat16).to(torch::kFloat32); };
+    torch::manual_seed(31);
+    std::vector<torch::Tensor> w0, b0;
+    for (size_t i = 0; i < experts; ++i) {
+      w0.push_back(bf(torch::randn({out, in}) * 0.03));
+      b0.push_back(bf(torch::randn({out}) * 0.1));
+    }
+    double worst_ref[4] = {0, 0, 0, 0}, worst_cpu[4] = {0, 0, 0, 0};
+    for (int step = 0; step < 2; ++step) {
+      auto x0 = bf(torch::randn({rows, in}) * (step + 1));
+      auto dy0 = bf(torch::randn({rows, out}) * 1e-3);
+      // Returns y, dx, then dW and db of every expert.
+      auto run_grouped = [&](const torch::Device& d, const std::vector<fp8::Fp8Site*>& sites) {
+        const auto dtype = d.is_cuda() ? torch::kBFloat16 : torch::kFloat32;
+        auto x = x0.to(d, dtype).requires_grad_(true);
+        std::vector<torch::Tensor> w, b;
+        for (size_t i = 0; i < experts; ++i) {
+          w.push_back(w0[i].to(d, dtype).requires_grad_(true));
+          b.push_back(b0[i].to(d, dtype).requires_grad_(true));
+        }
+        auto y = fp8::grouped_linear(x, splits, w, b, sites);
+        y.backward(dy0.to(d, dtype));
+        std::vector<torch::Tensor> r{y.detach(), x.grad()};
+        for (size_t i = 0; i < experts; ++i) {
+          r.push_back(w[i].grad());
+          r.push_back(b[i].grad());
+        }
+        return r;
+      };
+      auto run_reference = [&] {
+        auto x = x0.to(cuda, torch::kBFloat16).requires_grad_(true);
+        std::vector<torch::Tensor> w, b, ys;
+        int64_t row = 0;
+        for (size_t i = 0; i < experts; ++i) {
+          w.push_back(w0[i].to(cuda, torch::kBFloat16).requires_grad_(true));
+          b.push_back(b0[i].to(cuda, torch::kBFloat16).requires_grad_(true));
+          if (splits[i] > 0) {
+            const int64_t padded = (splits[i] + align - 1) / align * align;
+            auto xi = x.narrow(0, row, splits[i]);
+            xi = torch::cat({xi, torch::zeros({padded - splits[i], in}, xi.options())});
+            ys.push_back(fp8::fp8_linear(xi, w[i], b[i], *rsites[i]).narrow(0, 0, splits[i]));
+          }
+          row += splits[i];
+        }
+        auto y = torch::cat(ys);
+        y.backward(dy0.to(cuda, torch::kBFloat16));
+        std::vector<torch::Tensor> r{y.detach(), x.grad()};
+        for (size_t i = 0; i < experts; ++i) {
+          r.push_back(w[i].grad().defined() ? w[i].grad() : torch::zeros_like(w[i]));
+          r.push_back(b[i].grad().defined() ? b[i].grad() : torch::zeros_like(b[i]));
+        }
+        return r;
+      };
+      const auto g = run_grouped(cuda, gsites), cp = run_grouped(cpu_device, csites), ref = run_reference();
+      for (size_t k = 0; k < g.size(); ++k) {
+        const size_t what = k < 2 ? k : 2 + (k - 2) % 2;  // y, dx, dW, db
+        const size_t expert = k < 2 ? 0 : (k - 2) / 2;
+        if (k >= 2 && splits[expert] == 0) {
+          ASSERT_TRUE(g[k].defined());
+          EXPECT_EQ(g[k].abs().max().item<float>(), 0.0f) << "idle expert " << expert;
+          continue;
+        }
+        worst_ref[what] = std::max(worst_ref[what], relative_error(g[k], ref[k]));
+        worst_cpu[what] = std::max(worst_cpu[what], relative_error(g[k], cp[k]));
+      }
+      gpu.end_step(nullptr);
+      reference.end_step(nullptr);
+      cpu.end_step(nullptr);
+      if (c.kind == fp8::RecipeKind::kDelayed) {
+        EXPECT_TRUE(torch::equal(gpu.scale().cpu(), cpu.scale())) << "step " << step;
+        EXPECT_TRUE(torch::equal(gpu.scale(), reference.scale())) << "step " << step;
+      }
+    }
+    std::printf("[fp8-module] grouped %-62s %s: vs padded per-expert y %.2e dX %.2e dW %.2e db %.2e; vs CPU y %.2e dX "
+                "%.2e dW %.2e db %.2e\n",
+                fp8::describe(recipe).c_str(), gpu.emulated() ? "emulated" : "native  ", worst_ref[0], worst_ref[1],
+                worst_ref[2], worst_ref[3], worst_cpu[0], worst_cpu[1], worst_cpu[2], worst_cpu[3]);
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_LT(worst_ref[i], 5e-3) << "quantity " << i;  // same codes; GEMM algorithms and bf16 rounding differ
+      EXPECT_LT(worst_cpu[i], 1e-2) << "quantity " << i;  // as the dense layer against its CPU emulation
+    }
+  }
+}
+
+// The bf16 grouped linear on the GPU, each backend and the timed choice, with fp32 main gradients
+// (the wgrad adds into them) and an idle expert, against per-expert F::linear.
+TEST(GpuFp8, GroupedLinearBf16MatchesPerExpertLinears) {
+  REQUIRE_GPU();
+  const int64_t in = 1024, out = 512;
+  const std::vector<int64_t> splits = {777, 0, 1536, 33};
+  int64_t rows = 0;
+  for (auto m : splits) rows += m;
+  auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
+  torch::manual_seed(41);
+  auto x0 = torch::randn({rows, in}, opts), dy = torch::randn({rows, out}, opts) * 1e-2;
+  std::vector<torch::Tensor> w0, b0;
+  for (size_t i = 0; i < splits.size(); ++i) {
+    w0.push_back(torch::randn({out, in}, opts) * 0.02);
+    b0.push_back(torch::randn({out}, opts) * 0.1);
+  }
+  // Reference: autograd through F::linear per expert, bf16 gradients summed into fp32.
+  auto xr = x0.clone().requires_grad_(true);
+  std::vector<torch::Tensor> wr, br, ys;
+  int64_t row = 0;
+  for (size_t i = 0; i < splits.size(); ++i) {
+    wr.push_back(w0[i].clone().requires_grad_(true));
+    br.push_back(b0[i].clone().requires_grad_(true));
+    ys.push_back(torch::nn::functional::linear(xr.narrow(0, row, splits[i]), wr[i], br[i]));
+    row += splits[i];
+  }
+  auto yr = torch::cat(ys);
+  yr.backward(dy);
+  for (auto backend : {fp8::Bf16GroupedBackend::kCublasLt, fp8::Bf16GroupedBackend::kAtenMm, fp8::Bf16GroupedBackend::kAuto}) {
+    SCOPED_TRACE(int(backend));
+    auto x = x0.clone().requires_grad_(true);
+    std::vector<torch::Tensor> w, b, main_grads;
+    for (size_t i = 0; i < splits.size(); ++i) {
+      w.push_back(w0[i].clone().requires_grad_(true));
+      b.push_back(b0[i].clone().requires_grad_(true));
+      main_grads.push_back(torch::full({out, in}, 0.5, opts.dtype(torch::kFloat32)));
+      w[i].mutable_grad() = main_grads[i];
+    }
+    auto y = fp8::grouped_linear(x, splits, w, b, {}, backend);
+    y.backward(dy);
+    double worst = std::max(relative_error(y, yr), relative_error(x.grad(), xr.grad()));
+    for (size_t i = 0; i < splits.size(); ++i) {
+      const auto want_w = wr[i].grad().defined() ? wr[i].grad().to(torch::kFloat32) : torch::zeros({out, in}, opts.dtype(torch::kFloat32));
+      const auto dw = main_grads[i] - 0.5;
+      if (splits[i] == 0) {
+        EXPECT_EQ(dw.abs().max().item<float>(), 0.0f) << "idle expert " << i;
+        EXPECT_EQ(b[i].grad().abs().max().item<float>(), 0.0f) << "idle expert " << i;
+        continue;
+      }
+      EXPECT_TRUE(w[i].grad().is_same(main_grads[i])) << "the wgrad went into the main gradient";
+      worst = std::max({worst, relative_error(dw, want_w), relative_error(b[i].grad(), br[i].grad())});
+    }
+    std::printf("[fp8-module] grouped bf16 (%s) vs per-expert F::linear: %.2e\n",
+                backend == fp8::Bf16GroupedBackend::kAuto ? "timed choice" : backend == fp8::Bf16GroupedBackend::kCublasLt ? "cuBLASLt" : "at::mm",
+                worst);
+    EXPECT_LT(worst, 1e-2);
+  }
+  for (const auto& line : fp8::bf16_grouped_backend_choices()) std::printf("[fp8-module] %s\n", line.c_str());
+}
+
+// Steady state of a training loop with routing that changes every call: no new GEMM plan for token
+// counts within the buckets already seen, and no synchronising torch op.
+TEST(GpuFp8, GroupedLinearCreatesNoPlanPerTokenCountAndDoesNotSynchronise) {
+  REQUIRE_GPU();
+  fp8::Fp8EngineOptions o;
+  o.recipe = fp8::make_recipe(fp8::RecipeKind::kDelayed, fp8::Fp8Format::kHybrid);
+  o.num_layers = 1;
+  fp8::Fp8Engine engine(o, torch::Device(torch::kCUDA, 0));
+  std::vector<fp8::Fp8Site*> sites;
+  std::vector<std::shared_ptr<fp8::Fp8Site>> owned;
+  for (int i = 0; i < 4; ++i) {
+    owned.push_back(engine.add_site("decoder.layers.0.mlp.experts.linear_fc2.weight" + std::to_string(i), 0, 512, 1024));
+    sites.push_back(owned.back().get());
+  }
+  auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
+  std::vector<torch::Tensor> w, b(4);
+  for (int i = 0; i < 4; ++i) w.push_back((torch::randn({512, 1024}, opts) * 0.02).requires_grad_(true));
+  auto run = [&](const std::vector<int64_t>& splits) {
+    int64_t rows = 0;
+    for (auto m : splits) rows += m;
+    auto x = torch::randn({rows, 1024}, opts).requires_grad_(true);
+    fp8::grouped_linear(x, splits, w, b, sites).backward(torch::randn({rows, 512}, opts));
+  };
+  auto& handle = fp8::grouped_gemm_resources().handle;
+  run({1000, 1020, 1024, 1001});  // buckets: 1024 (fprop, dgrad, wgrad)
+  const size_t plans = handle.cached_plans();
+  auto& sync_debug = c10::cuda::warning_state();
+  const auto mode = sync_debug.get_sync_debug_mode();
+  sync_debug.set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
+  try {
+    run({1010, 999, 1023, 1017});
+    run({1024, 1003, 1011, 1019});
+  } catch (const std::exception& e) {
+    sync_debug.set_sync_debug_mode(mode);
+    FAIL() << "grouped linear synchronised: " << e.what();
+  }
+  sync_debug.set_sync_debug_mode(mode);
+  EXPECT_EQ(handle.cached_plans(), plans) << "a new plan for token counts in buckets already seen";
+  int64_t misses = 0;
+  for (const auto& info : handle.plan_infos()) misses += info.bucket_misses;
+  std::printf("[fp8-module] grouped GEMM plans: %zu for 12 calls of 4 token-count patterns, %lld bucket misses\n", plans,
+              (long long)misses);
 }
 
 }  // namespace

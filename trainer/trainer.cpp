@@ -26,6 +26,7 @@
 #include "trainer/checkpoint/save.h"
 #include "trainer/determinism.h"
 #include "trainer/exit_signal.h"
+#include "trainer/profiling.h"
 #include "trainer/logging/iteration_log.h"
 #include "trainer/optim/loss_scaler.h"
 #include "trainer/optim/lr_schedule.h"
@@ -618,6 +619,7 @@ TrainResult Trainer::run() {
   if (options_.collect_initial_weights) result.initial_weights = global_weights();
   std::optional<ExitSignalHandler> exit_signal;
   if (c_.checkpoint.exit_signal_handler) exit_signal.emplace(c_.checkpoint.exit_signal);
+  StepProfiler profiler(c_.profiling, parallel_.world_rank, c_.logging.tensorboard_dir, device_.is_cuda());
   const auto& t = c_.training;
   result.iterations = first_iteration - 1;
   if (c_.training.weight_hash_interval) check_weight_hashes_across_replicas(result.iterations);
@@ -629,6 +631,7 @@ TrainResult Trainer::run() {
   int64_t interval_iterations = 0;
   bool memory_reported = false;
   for (int64_t iteration = first_iteration; iteration <= t.train_iters; ++iteration) {
+    profiler.before_iteration(iteration, [this] { synchronize(); });
     update_batch_size(iteration);
     losses.push_back(train_step());
     ++interval_iterations;
@@ -664,6 +667,7 @@ TrainResult Trainer::run() {
     interval_start += Clock::now() - decide_start;  // neither is saving
     if (exit) break;
   }
+  profiler.finish();  // a window that reaches past the last iteration ends here
   // As Megatron: a checkpoint at the end of training unless the last iteration was just saved.
   if (!c_.checkpoint.save.empty() && result.iterations >= first_iteration && last_saved_iteration_ != result.iterations)
     save(result.iterations);

@@ -23,6 +23,7 @@ struct Config {
   PrecisionConfig precision;
   TrainingConfig training;
   LoggingConfig logging;
+  ProfilingConfig profiling;
   DataConfig data;
   ParallelSizes parallel;
   DistributedConfig distributed;

@@ -2,6 +2,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace fp8tron {
 
@@ -20,6 +21,17 @@ struct LoggingConfig {
   bool log_loss_scale_to_tensorboard = true;       // "loss-scale" (off: --no-log-loss-scale-to-tensorboard)
   bool log_all_ranks = false;
   bool log_num_zeros_in_grad = false;              // " num zeros:" and TensorBoard "num-zeros"
+};
+
+// Megatron's --profile family: which iterations (counted from 0, [start, end)) of which ranks are
+// profiled, and how (an Nsight Systems capture range, or the PyTorch/Kineto profiler).
+struct ProfilingConfig {
+  bool enabled = false;             // --profile
+  int64_t step_start = 10;          // --profile-step-start
+  int64_t step_end = 12;            // --profile-step-end
+  std::vector<int> ranks = {0};     // --profile-ranks
+  bool pytorch_profiler = false;    // --use-pytorch-profiler (trace into --tensorboard-dir)
+  bool record_shapes = false;       // --pytorch-profiler-collect-shapes
 };
 
 }  // namespace fp8tron

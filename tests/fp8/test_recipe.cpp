@@ -108,9 +108,13 @@ TEST(Recipe, NativeOrEmulated) {
   EXPECT_EQ(emulation_notice(Recipe(DelayedScaling{}), 9), "");
   EXPECT_TRUE(contains(emulation_notice(Recipe(Mxfp8Scaling{}), 9), "emulating"));
   EXPECT_TRUE(contains(emulation_notice(Recipe(CurrentScaling{Fp8Format::kHiF8}), 9), "HiF8"));
-  EXPECT_FALSE(supports_fp8_grouped_gemm(Recipe(BlockwiseScaling{})));
-  EXPECT_TRUE(contains(grouped_gemm_notice(Recipe(BlockwiseScaling{})), "bf16"));
-  EXPECT_EQ(grouped_gemm_notice(Recipe(DelayedScaling{})), "");
+}
+
+TEST(Recipe, GroupedTokenAlignmentIsMegatrons) {  // megatron/core/fp8_utils.py get_fp8_align_size
+  EXPECT_EQ(fp8_token_alignment(Recipe(DelayedScaling{})), 16u);
+  EXPECT_EQ(fp8_token_alignment(Recipe(CurrentScaling{})), 16u);
+  EXPECT_EQ(fp8_token_alignment(Recipe(BlockwiseScaling{})), 16u);
+  EXPECT_EQ(fp8_token_alignment(Recipe(Mxfp8Scaling{})), 32u);
 }
 
 TEST(Recipe, FlagParsing) {

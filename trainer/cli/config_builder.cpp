@@ -632,6 +632,15 @@ Config build_config(const FlagValues& flags, const LaunchEnv& launch, bool gpu_a
   c.logging.log_validation_ppl_to_tensorboard = flags.get_bool("log-validation-ppl-to-tensorboard");
   c.logging.log_memory_to_tensorboard = flags.get_bool("log-memory-to-tensorboard");
   c.logging.log_world_size_to_tensorboard = flags.get_bool("log-world-size-to-tensorboard");
+  c.profiling.enabled = flags.get_bool("profile");
+  c.profiling.step_start = flags.get_int("profile-step-start");
+  c.profiling.step_end = flags.get_int("profile-step-end");
+  if (flags.given("profile-ranks")) {
+    c.profiling.ranks.clear();
+    for (const auto& r : flags.get_list("profile-ranks")) c.profiling.ranks.push_back(std::stoi(r));
+  }
+  c.profiling.pytorch_profiler = flags.get_bool("use-pytorch-profiler");
+  c.profiling.record_shapes = flags.get_bool("pytorch-profiler-collect-shapes");
   c.logging.log_loss_scale_to_tensorboard =
       !flags.get_bool("no-log-loss-scale-to-tensorboard") && !flags.get_bool("disable-log-loss-scale-to-tensorboard");
   c.logging.log_all_ranks = flags.get_bool("log-all-ranks");

@@ -111,6 +111,12 @@ const std::vector<FlagSpec>& flag_table() {
       {"no-log-loss-scale-to-tensorboard", K::Bool, "", S::Yes, "", "", "Disable loss-scale logging to tensorboard."},
       {"disable-log-loss-scale-to-tensorboard", K::Bool, "", S::Yes, "", "", "Disable loss-scale logging to tensorboard."},
       {"start-eval-at-iter", K::Int, "", S::Yes, "", "", "Start evaluation only after this iteration."},
+      {"profile", K::Bool, "", S::Yes, "", "", "Profile iterations [--profile-step-start, --profile-step-end) on --profile-ranks: an Nsight Systems capture range (cudaProfilerStart/Stop; run under nsys --capture-range=cudaProfilerApi), or with --use-pytorch-profiler the PyTorch (Kineto) profiler."},
+      {"profile-step-start", K::Int, "10", S::Yes, "", "", "Iteration (counted from 0) at which profiling starts."},
+      {"profile-step-end", K::Int, "12", S::Yes, "", "", "Iteration (counted from 0) at which profiling stops."},
+      {"profile-ranks", K::IntList, "0", S::Yes, "", "", "Global ranks to profile."},
+      {"use-pytorch-profiler", K::Bool, "", S::Yes, "", "", "With --profile: the PyTorch (Kineto) profiler; its Chrome trace is written to --tensorboard-dir as <host>_<pid>.<time>.pt.trace.json."},
+      {"pytorch-profiler-collect-shapes", K::Bool, "", S::Yes, "", "", "Record operator input shapes in the PyTorch profiler's trace."},
       {"mock-data", K::Bool, "", S::Yes, "", "", "Train on Megatron's mock dataset (counting sequences ending in EOD)."},
 
       // ---- parallel layout and data parallelism ------------------------------------------------

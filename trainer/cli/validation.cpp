@@ -92,6 +92,19 @@ const std::vector<Rule>& rules() {
            return "the padded vocabulary is not divisible by --tensor-model-parallel-size";
          return "";
        }},
+      {"profiling",
+       [](const Config& c, const FlagValues& f) -> std::string {
+         const auto& p = c.profiling;
+         if ((p.pytorch_profiler || p.record_shapes || f.given("profile-ranks")) && !p.enabled)
+           return "--use-pytorch-profiler, --pytorch-profiler-collect-shapes and --profile-ranks need --profile";
+         if (p.enabled && (p.step_start < 0 || p.step_end <= p.step_start))
+           return "--profile-step-end (" + ll(p.step_end) + ") must be greater than --profile-step-start (" +
+                  ll(p.step_start) + "), which must not be negative";
+         if (p.pytorch_profiler && c.logging.tensorboard_dir.empty())
+           return "--use-pytorch-profiler writes its trace to --tensorboard-dir (as Megatron's tensorboard_trace_handler); "
+                  "give --tensorboard-dir";
+         return "";
+       }},
       {"collective backend",
        [](const Config&, const FlagValues& f) -> std::string {
          if (f.get_string("distributed-backend") == "gloo")

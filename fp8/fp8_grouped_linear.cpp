@@ -1,0 +1,635 @@
+#include "fp8/fp8_grouped_linear.h"
+
+#include <ATen/ExpandUtils.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+
+#include <functional>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "core/text.h"
+#include "fp8/cuda_check.h"
+#include "fp8/gemm.h"
+#include "fp8/grouped_gemm.h"
+#include "fp8/quantized_tensor.h"
+
+namespace fp8tron::fp8 {
+
+using torch::autograd::variable_list;
+
+namespace {
+
+using Splits = std::vector<int64_t>;
+
+std::vector<int64_t> row_begins(const Splits& splits) {
+  std::vector<int64_t> begin(splits.size() + 1, 0);
+  for (size_t e = 0; e < splits.size(); ++e) begin[e + 1] = begin[e] + splits[e];
+  return begin;
+}
+
+bool is_bf16(const torch::Tensor& t) { return t.scalar_type() == torch::kBFloat16; }
+
+// The fp32 main gradient the wgrad GEMM may write into (gradient-accumulation fusion), or undefined.
+torch::Tensor main_grad_of(const torch::Tensor& weight_param) {
+  if (!weight_param.defined() || !weight_param.is_cuda()) return {};
+  torch::Tensor g = weight_param.grad();
+  const bool ok = g.defined() && g.scalar_type() == torch::kFloat32 && g.is_contiguous() &&
+                  g.sizes() == weight_param.sizes();
+  return ok ? g : torch::Tensor();
+}
+
+// The gradient of a parameter that got none from a GEMM (an expert without tokens): zero. With a
+// gradient already there, adding zero changes nothing, so none is returned (AccumulateGrad's hooks
+// still run).
+torch::Tensor idle_grad(const torch::Tensor& param, torch::IntArrayRef sizes, const torch::TensorOptions& options) {
+  if (param.defined() && param.grad().defined()) return {};
+  return torch::zeros(sizes, options);
+}
+
+RowMajorMatrix bf16_rows(const torch::Tensor& t) {  // a contiguous bf16 [rows, cols] tensor
+  return {t.data_ptr(), DType::kBF16, t.size(0), t.size(1), t.size(1), nullptr, ScalingMode::kTensor};
+}
+
+GemmConfig bucketed(GemmBucket bucket) {
+  GemmConfig c;
+  c.bucket = bucket;
+  return c;
+}
+
+// ---- bf16 GEMMs ------------------------------------------------------------------------------------
+
+// One expert's GEMM, in both forms: the cuBLASLt problem and the equivalent at::mm call.
+struct Bf16Job {
+  GroupedGemm lt;
+  std::function<void()> aten;
+  double work = 0;
+};
+
+void run_bf16_jobs(const std::vector<Bf16Job>& jobs, bool cublas_lt, const torch::Device& device) {
+  if (jobs.empty()) return;
+  GroupedGemmResources& res = grouped_gemm_resources();
+  const CudaStream main = current_stream(device);
+  if (cublas_lt) {
+    std::vector<GroupedGemm> gemms;
+    for (const Bf16Job& j : jobs) gemms.push_back(j.lt);
+    grouped_gemm(res.handle, res.streams, gemms, main);
+    return;
+  }
+  FanOut fan(res.streams, main, jobs.size());
+  for (const Bf16Job& j : jobs) {
+    const c10::cuda::CUDAStreamGuard guard(c10::cuda::getStreamFromExternal(fan.stream_for(j.work), device.index()));
+    j.aten();
+  }
+}
+
+// Which backend runs a (pass, shape, experts, bias) of bf16 grouped GEMMs: timed once per process.
+enum class Bf16Pass : uint8_t { kFprop, kDgrad };
+using Bf16Key = std::tuple<int, int, int64_t, int64_t, int64_t, bool>;  // device, pass, out, in, experts, bias
+std::mutex g_bf16_mutex;
+std::map<Bf16Key, bool> g_bf16_uses_lt;
+std::vector<std::string> g_bf16_choices;
+
+bool capturing(CudaStream stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return true;
+  }
+  return status != cudaStreamCaptureStatusNone;
+}
+
+// Mean milliseconds of run() over a few calls after a warm-up call (plans, handles, workspaces).
+double time_ms(const std::function<void()>& run, CudaStream stream) {
+  constexpr int kCalls = 3;
+  run();
+  cudaEvent_t start = nullptr, stop = nullptr;
+  FP8TRON_CUDA_CHECK(cudaEventCreate(&start));
+  FP8TRON_CUDA_CHECK(cudaEventCreate(&stop));
+  FP8TRON_CUDA_CHECK(cudaEventRecord(start, stream));
+  for (int i = 0; i < kCalls; ++i) run();
+  FP8TRON_CUDA_CHECK(cudaEventRecord(stop, stream));
+  FP8TRON_CUDA_CHECK(cudaEventSynchronize(stop));
+  float ms = 0;
+  FP8TRON_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return double(ms) / kCalls;
+}
+
+bool choose_cublas_lt(Bf16Pass pass, const Bf16Key& key, const std::vector<Bf16Job>& jobs, const torch::Device& device,
+                      Bf16GroupedBackend forced) {
+  if (forced != Bf16GroupedBackend::kAuto) return forced == Bf16GroupedBackend::kCublasLt;
+  {
+    std::lock_guard<std::mutex> lock(g_bf16_mutex);
+    auto it = g_bf16_uses_lt.find(key);
+    if (it != g_bf16_uses_lt.end()) return it->second;
+  }
+  // Nothing can be timed inside a CUDA graph capture: cuBLASLt, decided later.
+  if (capturing(current_stream(device))) return true;
+  // Both write the same outputs (the real call follows), so they are timed in place.
+  const CudaStream stream = current_stream(device);
+  const double lt_ms = time_ms([&] { run_bf16_jobs(jobs, true, device); }, stream);
+  const double mm_ms = time_ms([&] { run_bf16_jobs(jobs, false, device); }, stream);
+  const bool lt = lt_ms <= mm_ms;
+  const std::string line =
+      strprintf("grouped bf16 %s, %lld experts, %lld -> %lld features%s: cuBLASLt %.3f ms, at::mm %.3f ms: %s",
+                pass == Bf16Pass::kFprop ? "fprop" : "dgrad", (long long)std::get<4>(key), (long long)std::get<3>(key),
+                (long long)std::get<2>(key), std::get<5>(key) ? " + bias" : "", lt_ms, mm_ms, lt ? "cuBLASLt" : "at::mm");
+  std::lock_guard<std::mutex> lock(g_bf16_mutex);
+  if (g_bf16_uses_lt.emplace(key, lt).second) {
+    g_bf16_choices.push_back(line);
+    log::info(line);
+  }
+  return lt;
+}
+
+// y[rows of e] = x[rows of e] W_e^T (+ b_e).
+torch::Tensor bf16_forward(const torch::Tensor& x, const Splits& splits, const std::vector<torch::Tensor>& w,
+                           const std::vector<torch::Tensor>& b, Bf16GroupedBackend forced) {
+  const int64_t out_features = w[0].size(0);
+  auto y = torch::empty({x.size(0), out_features}, x.options());
+  const auto begin = row_begins(splits);
+  std::vector<Bf16Job> jobs;
+  bool lt_ok = x.is_cuda() && is_bf16(x);
+  for (size_t e = 0; e < w.size(); ++e) {
+    lt_ok = lt_ok && is_bf16(w[e]) && (!b[e].defined() || is_bf16(b[e]));
+    if (splits[e] == 0) continue;
+    const torch::Tensor xe = x.narrow(0, begin[e], splits[e]);
+    torch::Tensor ye = y.narrow(0, begin[e], splits[e]);
+    const torch::Tensor we = w[e], be = b[e].defined() ? b[e].contiguous() : b[e];
+    Bf16Job j;
+    j.aten = [xe, ye, we, be]() mutable { be.defined() ? at::addmm_out(ye, be, xe, we.t()) : at::mm_out(ye, xe, we.t()); };
+    j.work = double(splits[e]);
+    if (x.is_cuda() && is_bf16(x) && is_bf16(we) && (!be.defined() || is_bf16(be))) {
+      j.lt.problem = nt_problem(bf16_rows(xe), bf16_rows(we), ye.data_ptr(), DType::kBF16, out_features);
+      j.lt.config = bucketed(GemmBucket::kN);
+      j.lt.config.bias = be.defined() ? be.data_ptr() : nullptr;
+    }
+    jobs.push_back(std::move(j));
+  }
+  if (!x.is_cuda()) {  // F::linear's addmm, bit for bit
+    for (const Bf16Job& j : jobs) j.aten();
+    return y;
+  }
+  const Bf16Key key{x.get_device(), int(Bf16Pass::kFprop), out_features, x.size(1), int64_t(w.size()), b[0].defined()};
+  run_bf16_jobs(jobs, lt_ok && choose_cublas_lt(Bf16Pass::kFprop, key, jobs, x.device(), forced), x.device());
+  return y;
+}
+
+// dx[rows of e] = dy[rows of e] W_e.
+torch::Tensor bf16_dgrad(const torch::Tensor& dy, const Splits& splits, const std::vector<torch::Tensor>& w,
+                         Bf16GroupedBackend forced, bool has_bias) {
+  const int64_t in_features = w[0].size(1), out_features = w[0].size(0);
+  auto dx = torch::empty({dy.size(0), in_features}, dy.options());
+  const auto begin = row_begins(splits);
+  std::vector<Bf16Job> jobs;
+  bool lt_ok = dy.is_cuda() && is_bf16(dy);
+  for (size_t e = 0; e < w.size(); ++e) {
+    lt_ok = lt_ok && is_bf16(w[e]);
+    if (splits[e] == 0) continue;
+    const torch::Tensor dye = dy.narrow(0, begin[e], splits[e]);
+    torch::Tensor dxe = dx.narrow(0, begin[e], splits[e]);
+    const torch::Tensor we = w[e];
+    Bf16Job j;
+    j.aten = [dye, dxe, we]() mutable { at::mm_out(dxe, dye, we); };
+    j.work = double(splits[e]);
+    if (lt_ok) {
+      // Column-major: dX^T [K x m] = W^T [K x N] (W row-major [N, K]) * dY^T [N x m].
+      j.lt.problem.a = GemmOperand{we.data_ptr(), DType::kBF16, in_features, out_features, in_features, false};
+      j.lt.problem.b = GemmOperand{dye.data_ptr(), DType::kBF16, out_features, splits[e], out_features, false};
+      j.lt.problem.d = GemmOutput{dxe.data_ptr(), DType::kBF16, in_features};
+      j.lt.config = bucketed(GemmBucket::kN);
+    }
+    jobs.push_back(std::move(j));
+  }
+  if (!dy.is_cuda()) {  // addmm's mat1 backward, bit for bit
+    for (const Bf16Job& j : jobs) j.aten();
+    return dx;
+  }
+  const Bf16Key key{dy.get_device(), int(Bf16Pass::kDgrad), out_features, in_features, int64_t(w.size()), has_bias};
+  run_bf16_jobs(jobs, lt_ok && choose_cublas_lt(Bf16Pass::kDgrad, key, jobs, dy.device(), forced), dy.device());
+  return dx;
+}
+
+// ---- FP8 GEMMs -------------------------------------------------------------------------------------
+
+// Rows of an output [total rows, width] that the experts' fprop or dgrad GEMMs write. Tensor
+// scaling: each expert's exact rows. Block scaling with padding: the padded rows, into `padded`,
+// gathered into `out` after the GEMMs.
+struct RowOutput {
+  torch::Tensor out, padded;
+};
+
+bool block_scaled(const QuantizedSegments& q) { return q.view.scaling_mode != ScalingMode::kTensor; }
+
+RowOutput row_output(const QuantizedSegments& a, int64_t width, const torch::TensorOptions& options) {
+  RowOutput r;
+  r.out = torch::empty({int64_t(a.layout.total_rows()), width}, options);
+  if (block_scaled(a) && a.layout.padding()) r.padded = torch::empty({int64_t(a.layout.total_padded()), width}, options);
+  return r;
+}
+
+// Appends out[rows of e] = A_e B_e^T (+ bias_e) for every expert with rows: A_e segment e of `a`
+// (row-wise copy), B_e = b(e) as gemm_nt's W.
+void add_row_products(const QuantizedSegments& a, const std::function<RowMajorMatrix(size_t)>& b,
+                      const std::vector<torch::Tensor>& bias_bf16, bool fast_accumulation, RowOutput& r,
+                      std::vector<GroupedGemm>& gemms) {
+  const SegmentLayout& l = a.layout;
+  const int64_t width = r.out.size(1);
+  for (size_t e = 0; e < l.segments(); ++e) {
+    if (l.rows[e] == 0) continue;
+    RowMajorMatrix am = rowwise_matrix(a.segment(e));
+    void* out = nullptr;
+    if (r.padded.defined()) {
+      out = static_cast<uint16_t*>(r.padded.data_ptr()) + l.row_begin[e] * size_t(width);
+    } else {
+      if (!block_scaled(a)) am.rows = int64_t(l.rows[e]);  // rows are independent: skip the padding
+      out = static_cast<uint16_t*>(r.out.data_ptr()) + l.src_begin[e] * size_t(width);
+    }
+    GroupedGemm g;
+    g.problem = nt_problem(am, b(e), out, DType::kBF16, width);
+    g.config = bucketed(GemmBucket::kN);
+    g.config.fast_accumulation = fast_accumulation;
+    if (!bias_bf16.empty() && bias_bf16[e].defined()) g.config.bias = bias_bf16[e].data_ptr();
+    gemms.push_back(g);
+  }
+}
+
+// The real rows of a padded output (after the GEMMs), one copy.
+void gather_rows(const QuantizedSegments& a, RowOutput& r) {
+  if (!r.padded.defined()) return;
+  const SegmentLayout& l = a.layout;
+  std::vector<torch::Tensor> parts;
+  for (size_t e = 0; e < l.segments(); ++e)
+    if (l.rows[e] > 0) parts.push_back(r.padded.narrow(0, int64_t(l.row_begin[e]), int64_t(l.rows[e])));
+  if (!parts.empty()) at::cat_out(r.out, parts, 0);
+  r.padded = torch::Tensor();
+}
+
+// Emulated / CPU: one expert's A B^T (+ bias) on the dequantized copies, as fp8_linear's gemm().
+torch::Tensor high_precision_product(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& bias) {
+  return bias.defined() ? torch::addmm(bias.to(a.scalar_type()), a, b.t()) : torch::mm(a, b.t());
+}
+
+std::vector<torch::Tensor> bf16_biases(const std::vector<torch::Tensor>& biases) {
+  std::vector<torch::Tensor> out;
+  for (const auto& b : biases) out.push_back(b.defined() ? b.detach().to(torch::kBFloat16).contiguous() : b);
+  return out;
+}
+
+struct Fp8Forward {
+  torch::Tensor y;
+  std::shared_ptr<QuantizedSegments> input;
+  std::vector<std::shared_ptr<Quantized>> weights;
+};
+
+Fp8Forward fp8_forward(const torch::Tensor& x, const Splits& splits, const std::vector<torch::Tensor>& weights,
+                       const std::vector<torch::Tensor>& biases, const std::vector<Fp8Site*>& sites, bool need_dw,
+                       bool record_amax) {
+  Fp8Engine& e = *sites[0]->engine;
+  const Path path = path_of(e);
+  Fp8Forward f;
+  // Amaxes are recorded for training steps only: evaluation must not move the scales.
+  f.input = quantize_grouped(e, sites, TensorRole::kInput, x, splits, true, need_dw, record_amax);
+  f.weights.resize(sites.size());
+  for (size_t i = 0; i < sites.size(); ++i)
+    if (splits[i] > 0) f.weights[i] = quantized_weight(*sites[i], weights[i], record_amax);
+  const QuantizedSegments& xq = *f.input;
+  const int64_t out_features = weights[0].size(0);
+  if (path == Path::kNative) {
+    const auto bias = bf16_biases(biases);
+    RowOutput r = row_output(xq, out_features, x.options().dtype(torch::kBFloat16));
+    std::vector<GroupedGemm> gemms;
+    add_row_products(xq, [&](size_t i) { return rowwise_matrix(f.weights[i]->view); }, bias,
+                     use_fast_accumulation(e.recipe(), GemmKind::kFprop), r, gemms);
+    GroupedGemmResources& res = grouped_gemm_resources();
+    grouped_gemm(res.handle, res.streams, gemms, current_stream(x.device()));
+    gather_rows(xq, r);
+    f.y = r.out.to(x.scalar_type());
+    return f;
+  }
+  f.y = torch::empty({x.size(0), out_features}, x.options());
+  const SegmentLayout& l = xq.layout;
+  for (size_t i = 0; i < sites.size(); ++i) {
+    if (splits[i] == 0) continue;
+    const auto p = high_precision_product(xq.dequantized_rows(i), f.weights[i]->dequantized,
+                                          biases[i].defined() ? biases[i].detach() : biases[i]);
+    f.y.narrow(0, int64_t(l.src_begin[i]), splits[i]).copy_(p.narrow(0, 0, splits[i]));
+  }
+  return f;
+}
+
+// ---- the autograd node -------------------------------------------------------------------------------
+
+// Backward of grouped_linear. Inputs: x, weight 0..E-1, bias 0..E-1.
+struct GroupedLinearBackward : public torch::autograd::Node {
+  std::vector<Fp8Site*> sites;  // FP8; empty: bf16
+  Splits splits;
+  std::shared_ptr<QuantizedSegments> input;             // FP8: x's transposed copies (wgrad)
+  std::vector<std::shared_ptr<Quantized>> weights_q;    // FP8: W_e (both copies) of experts with tokens
+  torch::Tensor input_hp;                               // bf16: x (wgrad)
+  std::vector<torch::Tensor> weights;                   // bf16: W_e (dgrad)
+  std::vector<torch::Tensor> weight_params;             // the leaf weights (main gradients)
+  std::vector<torch::Tensor> bias_params;               // defined where the expert has a bias
+  torch::ScalarType input_dtype = torch::kBFloat16, weight_dtype = torch::kBFloat16;
+  torch::TensorOptions weight_options;
+  int64_t in_features = 0, out_features = 0;
+  Bf16GroupedBackend bf16_backend = Bf16GroupedBackend::kAuto;
+
+  size_t experts() const { return splits.size(); }
+  std::string name() const override { return "GroupedLinearBackward"; }
+  void release_variables() override {
+    input.reset();
+    weights_q.clear();
+    input_hp = torch::Tensor();
+    weights.clear();
+    weight_params.clear();
+    bias_params.clear();
+  }
+
+  variable_list apply(variable_list&& grads) override {
+    FP8TRON_CHECK(!weight_params.empty(), "GroupedLinearBackward ran twice (retain_graph is not supported)");
+    variable_list out(1 + 2 * experts());
+    if (!grads[0].defined()) return out;
+    const torch::Tensor dy = grads[0].contiguous();
+    sites.empty() ? bf16_backward(dy, out) : fp8_backward(dy, out);
+    release_variables();
+    return out;
+  }
+
+  bool need_dw(size_t e) { return task_should_compute_output(1 + e); }
+  bool need_db(size_t e) { return bias_params[e].defined() && task_should_compute_output(1 + experts() + e); }
+  torch::Tensor idle_weight_grad(size_t e) {
+    return idle_grad(weight_params[e], {out_features, in_features}, weight_options);
+  }
+  bool any_dw() {
+    for (size_t e = 0; e < experts(); ++e)
+      if (need_dw(e)) return true;
+    return false;
+  }
+
+  // Bias gradients that are plain sums of dY (bf16 path, and FP8 without the fused cast sums).
+  void sum_bias_grads(const torch::Tensor& dy, variable_list& out, bool fp32_sum) {
+    const auto begin = row_begins(splits);
+    for (size_t e = 0; e < experts(); ++e) {
+      if (!need_db(e)) continue;
+      const auto& b = bias_params[e];
+      if (splits[e] == 0) {
+        out[1 + experts() + e] = idle_grad(b, b.sizes(), b.options());
+        continue;
+      }
+      const auto g = dy.narrow(0, begin[e], splits[e]);
+      out[1 + experts() + e] = (fp32_sum ? g.sum(0, false, torch::kFloat32) : at::sum_to(g, b.sizes())).to(b.scalar_type());
+    }
+  }
+
+  void bf16_backward(const torch::Tensor& dy, variable_list& out) {
+    const auto begin = row_begins(splits);
+    if (task_should_compute_output(0)) {
+      bool has_bias = false;
+      for (const auto& b : bias_params) has_bias = has_bias || b.defined();
+      out[0] = bf16_dgrad(dy, splits, weights, bf16_backend, has_bias).to(input_dtype);
+    }
+    std::vector<GroupedGemm> gemms;
+    for (size_t e = 0; e < experts(); ++e) {
+      if (!need_dw(e)) continue;
+      const auto& param = weight_params[e];
+      if (splits[e] == 0) {
+        out[1 + e] = idle_grad(param, weights[e].sizes(), weights[e].options());
+        continue;
+      }
+      const torch::Tensor x_e = input_hp.narrow(0, begin[e], splits[e]), dy_e = dy.narrow(0, begin[e], splits[e]);
+      const bool lt = dy.is_cuda() && is_bf16(dy) && is_bf16(input_hp);
+      const torch::Tensor main_grad = lt ? main_grad_of(param) : torch::Tensor();
+      if (!lt || (!main_grad.defined() && !is_bf16(weights[e]))) {
+        out[1 + e] = at::mm(dy_e.t(), x_e).to(weight_dtype);  // addmm's mat2 backward, bit for bit
+        continue;
+      }
+      // Column-major: dW^T [K x N] = X^T [K x m] * dY [m x N] (dY^T stored N x m, transposed).
+      GroupedGemm g;
+      g.problem.a = GemmOperand{x_e.data_ptr(), DType::kBF16, in_features, splits[e], in_features, false};
+      g.problem.b = GemmOperand{dy_e.data_ptr(), DType::kBF16, out_features, splits[e], out_features, true};
+      g.config = bucketed(GemmBucket::kK);
+      torch::Tensor target = main_grad;
+      if (main_grad.defined()) {
+        g.config.accumulate = true;  // the optimizer zeroes bf16 experts' main gradients
+      } else {
+        target = torch::empty({out_features, in_features}, dy.options());
+        out[1 + e] = target;
+      }
+      g.problem.d = GemmOutput{target.data_ptr(), main_grad.defined() ? DType::kFP32 : DType::kBF16, in_features};
+      gemms.push_back(g);
+    }
+    if (!gemms.empty()) {
+      GroupedGemmResources& res = grouped_gemm_resources();
+      grouped_gemm(res.handle, res.streams, gemms, current_stream(dy.device()));
+    }
+    sum_bias_grads(dy, out, false);
+  }
+
+  void fp8_backward(const torch::Tensor& dy, variable_list& out) {
+    Fp8Engine& e = *sites[0]->engine;
+    const Path path = path_of(e);
+    const bool need_dx = task_should_compute_output(0), want_dw = any_dw();
+    bool want_db = false;
+    for (size_t i = 0; i < experts(); ++i) want_db = want_db || need_db(i);
+    const bool quantize_dy = need_dx || want_dw;
+    // The bias gradients come out of the cast kernel when they can (one read of dY fewer).
+    const bool fused_db = want_db && quantize_dy && path == Path::kNative && !e.options().deterministic &&
+                          scaling_mode(e.recipe(), TensorRole::kGradOutput) == ScalingMode::kTensor;
+    torch::Tensor db;
+    if (fused_db) db = torch::zeros({int64_t(experts()), out_features}, dy.options().dtype(torch::kFloat32));
+    std::shared_ptr<QuantizedSegments> dyq;
+    if (quantize_dy)
+      dyq = quantize_grouped(e, sites, TensorRole::kGradOutput, dy, splits, need_dx, want_dw, /*record_amax=*/true,
+                             fused_db ? db.data_ptr<float>() : nullptr);
+    if (path == Path::kNative && quantize_dy) {
+      native_gemms(e, dyq, need_dx, out);
+    } else if (quantize_dy) {
+      high_precision_gemms(*dyq, need_dx, out);
+    }
+    if (fused_db) {
+      for (size_t i = 0; i < experts(); ++i)
+        if (need_db(i)) out[1 + experts() + i] = db[int64_t(i)].to(bias_params[i].scalar_type());
+    } else if (path == Path::kCpu) {
+      cpu_bias_grads(dy, out);
+    } else {
+      sum_bias_grads(dy, out, true);
+    }
+  }
+
+  // dgrad and wgrad of every expert in one grouped launch sequence.
+  void native_gemms(Fp8Engine& e, const std::shared_ptr<QuantizedSegments>& dyq, bool need_dx, variable_list& out) {
+    std::vector<GroupedGemm> gemms;
+    RowOutput dx;
+    if (need_dx) {
+      dx = row_output(*dyq, in_features, dyq->data.options().dtype(torch::kBFloat16));
+      add_row_products(*dyq, [&](size_t i) { return transposed_matrix(weights_q[i]->view); }, {}, false, dx, gemms);
+    }
+    std::vector<torch::Tensor> wgrads(experts());
+    for (size_t i = 0; i < experts(); ++i) {
+      if (!need_dw(i)) continue;
+      Fp8Site& site = *sites[i];
+      const torch::Tensor main_grad = main_grad_of(weight_params[i]);
+      // With the optimizer not zeroing these gradients, the step's first backward overwrites.
+      const bool overwrite = main_grad.defined() && e.overwrite_main_grads() &&
+                             site.main_grad_generation != e.weight_generation();
+      if (main_grad.defined()) site.main_grad_generation = e.weight_generation();
+      if (splits[i] == 0) {  // no GEMM: the main gradient of this step starts at zero
+        if (overwrite) main_grad.zero_();
+        out[1 + i] = main_grad.defined() ? torch::Tensor() : idle_weight_grad(i);
+        continue;
+      }
+      FP8TRON_CHECK(main_grad.defined() || !e.overwrite_main_grads(),
+                    site.name + ": the optimizer leaves this weight's gradient to the wgrad GEMM, but it is not an fp32 "
+                                "main gradient");
+      // dW [N, K] = dY^T [N, m] * (X^T [K, m])^T over the padded tokens (the padding is zeros).
+      GroupedGemm g;
+      torch::Tensor target = main_grad;
+      if (!main_grad.defined()) target = wgrads[i] = torch::empty({out_features, in_features}, dyq->data_t.options().dtype(torch::kBFloat16));
+      g.problem = nt_problem(transposed_matrix(dyq->segment(i)), transposed_matrix(input->segment(i)), target.data_ptr(),
+                             main_grad.defined() ? DType::kFP32 : DType::kBF16, in_features);
+      g.config = bucketed(GemmBucket::kK);
+      g.config.accumulate = main_grad.defined() && !overwrite;
+      gemms.push_back(g);
+    }
+    GroupedGemmResources& res = grouped_gemm_resources();
+    grouped_gemm(res.handle, res.streams, gemms, current_stream(e.device()));
+    if (need_dx) {
+      gather_rows(*dyq, dx);
+      out[0] = dx.out.to(input_dtype);
+    }
+    for (size_t i = 0; i < experts(); ++i)
+      if (wgrads[i].defined()) out[1 + i] = wgrads[i].to(weight_dtype);
+  }
+
+  // Emulated / CPU: per expert on the dequantized copies, over the padded rows, as fp8_linear on
+  // the expert's padded rows computes them.
+  void high_precision_gemms(const QuantizedSegments& dyq, bool need_dx, variable_list& out) {
+    const SegmentLayout& l = dyq.layout;
+    if (need_dx) out[0] = torch::empty({int64_t(l.total_rows()), in_features}, dyq.dequantized.options().dtype(input_dtype));
+    for (size_t i = 0; i < experts(); ++i) {
+      const int64_t m = splits[i];
+      if (need_dx && m > 0) {
+        const auto p = high_precision_product(dyq.dequantized_rows(i), weights_q[i]->dequantized_t, {});
+        out[0].narrow(0, int64_t(l.src_begin[i]), m).copy_(p.narrow(0, 0, m));
+      }
+      if (!need_dw(i)) continue;
+      out[1 + i] = m > 0 ? high_precision_product(dyq.dequantized_cols(i), input->dequantized_cols(i), {}).to(weight_dtype)
+                         : idle_weight_grad(i);
+    }
+  }
+
+  // CPU: fp8_linear's bias gradient of the expert's padded rows (fp32 sums over the padded dY).
+  void cpu_bias_grads(const torch::Tensor& dy, variable_list& out) {
+    const auto begin = row_begins(splits);
+    const size_t align = fp8_token_alignment(sites[0]->engine->recipe());
+    for (size_t i = 0; i < experts(); ++i) {
+      if (!need_db(i)) continue;
+      const auto& b = bias_params[i];
+      if (splits[i] == 0) {
+        out[1 + experts() + i] = idle_grad(b, b.sizes(), b.options());
+        continue;
+      }
+      const int64_t m = splits[i], padded = int64_t(padded_rows(size_t(m), align));
+      auto g = dy.narrow(0, begin[i], m);
+      if (padded != m) g = torch::cat({g, torch::zeros({padded - m, g.size(1)}, g.options())});
+      out[1 + experts() + i] = g.sum(0, false, torch::kFloat32).to(b.scalar_type());
+    }
+  }
+};
+
+void check_inputs(const torch::Tensor& x, const Splits& splits, const std::vector<torch::Tensor>& weights,
+                  const std::vector<torch::Tensor>& biases, const std::vector<Fp8Site*>& sites) {
+  const size_t n = weights.size();
+  FP8TRON_CHECK(n >= 1 && splits.size() == n && biases.size() == n && (sites.empty() || sites.size() == n),
+                "grouped_linear: one token count, weight, bias slot (maybe undefined) and FP8 site (or none) per expert");
+  FP8TRON_CHECK(x.dim() == 2, "grouped_linear: the input must be [tokens, in features]");
+  const auto shape = weights[0].sizes();
+  int64_t total = 0;
+  for (size_t e = 0; e < n; ++e) {
+    FP8TRON_CHECK(weights[e].dim() == 2 && weights[e].sizes() == shape, "grouped_linear: experts' weights differ in shape");
+    FP8TRON_CHECK(!biases[e].defined() || biases[e].sizes() == torch::IntArrayRef{shape[0]}, "grouped_linear: bad bias shape");
+    FP8TRON_CHECK(splits[e] >= 0, "grouped_linear: negative token count");
+    if (!sites.empty())
+      FP8TRON_CHECK(sites[e] && sites[e]->out_features == shape[0] && sites[e]->in_features == shape[1],
+                    "grouped_linear: an FP8 site does not match its expert's weight");
+    total += splits[e];
+  }
+  FP8TRON_CHECK(x.size(1) == shape[1] && total == x.size(0), "grouped_linear: the input does not match the experts");
+}
+
+}  // namespace
+
+torch::Tensor grouped_linear(const torch::Tensor& x_in, const std::vector<int64_t>& splits,
+                             const std::vector<torch::Tensor>& weights, const std::vector<torch::Tensor>& biases,
+                             const std::vector<Fp8Site*>& sites, Bf16GroupedBackend bf16_backend) {
+  check_inputs(x_in, splits, weights, biases, sites);
+  const size_t n = weights.size();
+  const bool grad_mode = torch::GradMode::is_enabled();
+  bool need_dw = false, track = grad_mode && x_in.requires_grad();
+  for (size_t e = 0; e < n; ++e) {
+    need_dw = need_dw || (grad_mode && weights[e].requires_grad());
+    track = track || need_dw || (grad_mode && biases[e].defined() && biases[e].requires_grad());
+  }
+  const torch::Tensor x = x_in.detach().contiguous();
+  auto node = std::shared_ptr<GroupedLinearBackward>(new GroupedLinearBackward(), torch::autograd::deleteNode);
+  torch::Tensor y;
+  {
+    torch::NoGradGuard no_grad;
+    std::vector<torch::Tensor> w, b;
+    for (size_t e = 0; e < n; ++e) {
+      w.push_back(weights[e].detach());
+      b.push_back(biases[e].defined() ? biases[e].detach() : biases[e]);
+    }
+    if (sites.empty()) {
+      y = bf16_forward(x, splits, w, b, bf16_backend);
+      node->input_hp = need_dw ? x : torch::Tensor();
+      node->weights = w;
+    } else {
+      Fp8Forward f = fp8_forward(x, splits, w, b, sites, need_dw, /*record_amax=*/track);
+      y = f.y;
+      // Keep only what backward reads: X's transposed copies (wgrad) and the weights.
+      if (need_dw) {
+        f.input->data = torch::Tensor();
+        f.input->view.data = nullptr;
+        f.input->dequantized = torch::Tensor();
+        node->input = f.input;
+      }
+      node->weights_q = std::move(f.weights);
+    }
+  }
+  if (!track) return y;
+  node->sites = sites;
+  node->splits = splits;
+  node->input_dtype = x_in.scalar_type();
+  node->weight_dtype = weights[0].scalar_type();
+  node->weight_options = weights[0].options();
+  node->in_features = weights[0].size(1);
+  node->out_features = weights[0].size(0);
+  node->bf16_backend = bf16_backend;
+  for (size_t e = 0; e < n; ++e) {
+    node->weight_params.push_back(weights[e].is_leaf() ? weights[e] : torch::Tensor());
+    node->bias_params.push_back(biases[e]);
+  }
+  std::vector<torch::Tensor> inputs{x_in};
+  inputs.insert(inputs.end(), weights.begin(), weights.end());
+  inputs.insert(inputs.end(), biases.begin(), biases.end());
+  node->set_next_edges(torch::autograd::collect_next_edges(inputs));
+  torch::autograd::set_history(y, node);
+  return y;
+}
+
+std::vector<std::string> bf16_grouped_backend_choices() {
+  std::lock_guard<std::mutex> lock(g_bf16_mutex);
+  return g_bf16_choices;
+}
+
+}  // namespace fp8tron::fp8

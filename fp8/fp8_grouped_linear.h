@@ -1,0 +1,60 @@
+// The grouped linear of a mixture-of-experts layer (Transformer Engine's GroupedLinear, the math of
+// models/grouped_linear.h's TEGroupedLinear): x [tokens, in] holds the tokens of E experts one
+// after the other, m_splits[e] rows for expert e, and
+//     y[rows of e] = x[rows of e] W_e^T (+ b_e),   W_e [out, in], b_e [out] or undefined.
+// One autograd node for all experts; every GEMM of a pass (fprop; dgrad and wgrad together) is
+// issued in one launch sequence over a few side streams (grouped_gemm.h), each expert writing its
+// rows of one preallocated output (no concatenation).
+//
+// FP8 (sites: one Fp8Site per expert, registered one after the other): each expert is its own FP8
+// site with its own scaling state, exactly as one fp8_linear per expert, but the input (forward)
+// and the output gradient (backward) are quantized for all experts in ONE pass
+// (quantize_grouped). Every recipe:
+//   native    delayed, tensorwise (E4M3 / hybrid) and blockwise (1x128 activations and gradients,
+//             128x128 weights) on FP8 tensor cores, per-expert cuBLASLt GEMMs on the side streams
+//   emulated  MXFP8 on Hopper and HiF8: the same quantization, dequantized, bf16 GEMMs per expert
+//   cpu       reference quantizers, fp32 GEMMs per expert (the CPU tests check the math here)
+// Token counts that are not a multiple of the recipe's alignment (16; 32 for MXFP8) are padded
+// inside, as Megatron/TE's Fp8Padding pads each expert's rows with zero rows: the padding exists in
+// the quantized copies only (written by the quantize pass), so it changes no amax, no output and no
+// gradient. Results equal one fp8_linear per expert on its rows padded with zero rows, the padding
+// rows of the output dropped (bit for bit on the CPU). On the native path tensor-scaled fprop and
+// dgrad GEMMs run the exact rows (rows are independent); block-scaled ones run the padded rows into
+// a padded buffer, whose real rows are then gathered (one copy, only when some count is unaligned).
+//
+// bf16 (sites empty): per expert addmm on the CPU (bit for bit F::linear's forward and backward);
+// on the GPU per-expert GEMMs on the side streams, through cuBLASLt (bucketed plans) or at::mm,
+// whichever is faster for the layer's shape: the first call of each (pass, shape, experts, bias)
+// times both on its own operands (a few ms and one synchronisation, once per shape for the
+// process) and keeps the faster; `bf16_backend` forces one (tests). Wgrad always runs through
+// cuBLASLt, adding into the fp32 main gradient when the weight has one.
+//
+// Gradients: the weight gradient of an expert goes straight into its fp32 main gradient on the GPU
+// (gradient-accumulation fusion, as fp8_linear; FP8 sites overwrite it in a step's first backward
+// when the engine says so), otherwise it is returned. An expert without tokens runs no GEMM but
+// its weight and bias still get a gradient, zero (returned when the parameter has none yet; with
+// an overwritten main gradient, cleared in the step's first backward), so the autograd graph does
+// not depend on the routing. No device-to-host synchronisation: the token counts are host values.
+#pragma once
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "fp8/fp8_linear.h"
+
+namespace fp8tron::fp8 {
+
+enum class Bf16GroupedBackend : uint8_t { kAuto, kCublasLt, kAtenMm };
+
+torch::Tensor grouped_linear(const torch::Tensor& x, const std::vector<int64_t>& m_splits,
+                             const std::vector<torch::Tensor>& weights, const std::vector<torch::Tensor>& biases,
+                             const std::vector<Fp8Site*>& sites,
+                             Bf16GroupedBackend bf16_backend = Bf16GroupedBackend::kAuto);
+
+// The bf16 backend choices made so far, one line each (shape, timings, choice), for logs and
+// benchmarks.
+std::vector<std::string> bf16_grouped_backend_choices();
+
+}  // namespace fp8tron::fp8

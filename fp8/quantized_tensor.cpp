@@ -1,0 +1,146 @@
+#include "fp8/quantized_tensor.h"
+
+#include "core/error.h"
+#include "core/text.h"
+#include "fp8/quantize_reference.h"
+#include "fp8/recipe.h"
+
+namespace fp8tron::fp8 {
+
+namespace {
+
+void* ptr(const torch::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
+
+// Delayed scaling: the slots of `role` of consecutive sites are equally spaced (scaling_state.h:
+// forward roles 3 apart, backward roles 2 apart), so segment e's scale is base[e * stride].
+size_t slot_stride(const Fp8Engine& e, const std::vector<Fp8Site*>& sites, TensorRole role) {
+  const size_t first = e.slot(*sites[0], role);
+  const size_t stride = sites.size() > 1 ? e.slot(*sites[1], role) - first : 1;
+  for (size_t i = 0; i < sites.size(); ++i)
+    FP8TRON_CHECK(e.slot(*sites[i], role) == first + i * stride,
+                  "grouped FP8 linear: the expert sites were not registered one after the other (" + sites[i]->name +
+                      ")");
+  return stride;
+}
+
+// Points the view's scales at their storage and says how to cast (per recipe).
+SegmentCast prepare_scales(Fp8Engine& e, const std::vector<Fp8Site*>& sites, TensorRole role, bool rowwise,
+                           bool transposed, bool record_amax, QuantizedSegments& q) {
+  const Recipe& recipe = e.recipe();
+  const SegmentLayout& l = q.layout;
+  SegmentedFp8View& v = q.view;
+  const auto floats = torch::TensorOptions().device(e.device()).dtype(torch::kFloat32);
+  const auto segments = int64_t(l.segments());
+  SegmentCast cast;
+  switch (recipe_kind(recipe)) {
+    case RecipeKind::kDelayed: {
+      cast.kind = SegmentCast::Kind::kDelayed;
+      const size_t stride = slot_stride(e, sites, role), first = e.slot(*sites[0], role);
+      q.scale_inv = torch::empty({segments}, floats);
+      v.scale = e.scale().data_ptr<float>() + first;
+      v.scale_stride = stride;
+      v.amax = record_amax ? e.history().data_ptr<float>() + first : nullptr;
+      v.amax_stride = stride;
+      break;
+    }
+    case RecipeKind::kTensorwise: {
+      cast.kind = SegmentCast::Kind::kCurrent;
+      const auto& current = std::get<CurrentScaling>(recipe);
+      cast.current = CurrentScalingOptions{current.power_2_scales, current.amax_epsilon};
+      q.scale_inv = torch::empty({segments}, floats);
+      q.scale = torch::empty({segments}, floats);
+      q.amax = torch::empty({segments}, floats);
+      v.scale = q.scale.data_ptr<float>();
+      v.amax = q.amax.data_ptr<float>();
+      break;
+    }
+    case RecipeKind::kBlockwise:
+    case RecipeKind::kMxfp8: {
+      const bool mx = recipe_kind(recipe) == RecipeKind::kMxfp8;
+      cast.kind = mx ? SegmentCast::Kind::kMxfp8 : SegmentCast::Kind::kBlockwise;
+      if (!mx) {
+        const auto& block = std::get<BlockwiseScaling>(recipe);
+        cast.block = BlockScalingOptions{block.power_2_scales, block.amax_epsilon};
+      }
+      const auto grid = floats.dtype(mx ? torch::kUInt8 : torch::kFloat32);
+      if (rowwise) q.scale_inv = torch::empty({int64_t(l.scale_elements())}, grid);
+      if (transposed) q.scale_inv_t = torch::empty({int64_t(l.scale_t_elements())}, grid);
+      break;
+    }
+  }
+  v.scale_inv = ptr(q.scale_inv);
+  v.scale_inv_t = ptr(q.scale_inv_t);
+  return cast;
+}
+
+// The emulated and CPU paths' high-precision copies: bf16 on the GPU, fp32 on the CPU.
+void dequantize_copies(QuantizedSegments& q, bool cpu, CudaStream stream) {
+  const SegmentLayout& l = q.layout;
+  const int64_t cols = int64_t(l.cols), total = int64_t(l.total_padded());
+  const auto options = q.data.defined() ? q.data.options() : q.data_t.options();
+  const auto dtype = cpu ? torch::kFloat32 : torch::kBFloat16;
+  auto copy = [&](bool t) {
+    const std::vector<int64_t> shape = t ? std::vector<int64_t>{total * cols} : std::vector<int64_t>{total, cols};
+    auto out = torch::empty(shape, options.dtype(dtype));
+    for (size_t e = 0; e < l.segments(); ++e) {
+      if (l.padded[e] == 0) continue;
+      const size_t offset = l.row_begin[e] * l.cols;
+      if (cpu) {
+        reference::dequantize_to_float(q.segment(e), t, out.data_ptr<float>() + offset);
+      } else {
+        dequantize(q.segment(e), t, static_cast<uint16_t*>(out.data_ptr()) + offset, stream);
+      }
+    }
+    return out;
+  };
+  if (q.data.defined()) q.dequantized = copy(false);
+  if (q.data_t.defined()) q.dequantized_t = copy(true);
+}
+
+}  // namespace
+
+torch::Tensor QuantizedSegments::dequantized_rows(size_t e) const {
+  return dequantized.narrow(0, int64_t(layout.row_begin[e]), int64_t(layout.padded[e]));
+}
+
+torch::Tensor QuantizedSegments::dequantized_cols(size_t e) const {
+  const int64_t cols = int64_t(layout.cols), padded = int64_t(layout.padded[e]);
+  return dequantized_t.narrow(0, int64_t(layout.row_begin[e]) * cols, cols * padded).view({cols, padded});
+}
+
+std::shared_ptr<QuantizedSegments> quantize_grouped(Fp8Engine& e, const std::vector<Fp8Site*>& sites, TensorRole role,
+                                                    const torch::Tensor& x2d, const std::vector<int64_t>& rows,
+                                                    bool rowwise, bool transposed, bool record_amax,
+                                                    float* column_sums) {
+  FP8TRON_CHECK(!sites.empty() && sites.size() == rows.size(), "quantize_grouped: one site per segment");
+  FP8TRON_CHECK(rowwise || transposed, "quantize_grouped: neither copy requested");
+  const Recipe& recipe = e.recipe();
+  const Path path = path_of(e);
+  auto q = std::make_shared<QuantizedSegments>();
+  const ScalingMode mode = scaling_mode(recipe, role);
+  q->layout = make_segment_layout(mode, size_t(x2d.size(1)), rows, fp8_token_alignment(recipe));
+  const SegmentLayout& l = q->layout;
+  FP8TRON_CHECK(l.total_rows() == size_t(x2d.size(0)), "quantize_grouped: the segments do not cover the rows");
+  SegmentedFp8View& v = q->view;
+  v.format = tensor_format(recipe, role);
+  v.scaling_mode = mode;
+  const auto bytes = torch::TensorOptions().device(x2d.device()).dtype(torch::kUInt8);
+  const int64_t cols = int64_t(l.cols), total = int64_t(l.total_padded());
+  if (rowwise) q->data = torch::empty({total, cols}, bytes);
+  if (transposed) q->data_t = torch::empty({total * cols}, bytes);
+  v.data = ptr(q->data);
+  v.data_t = ptr(q->data_t);
+  SegmentCast cast = prepare_scales(e, sites, role, rowwise, transposed, record_amax, *q);
+  cast.column_sums = column_sums;
+  // The quantizers read bf16: on the CPU path an fp32 model's activations are rounded first, as
+  // the GPU path's activations are bf16 (fp8_linear does the same).
+  const torch::Tensor xb = x2d.to(torch::kBFloat16).contiguous();
+  const auto* x = static_cast<const uint16_t*>(xb.data_ptr());
+  const bool cpu = path == Path::kCpu;
+  const CudaStream stream = cpu ? nullptr : current_stream(x2d.device());
+  if (total > 0) cpu ? reference::quantize_segments(x, l, v, cast) : quantize_segments(x, l, v, cast, stream);
+  if (path != Path::kNative) dequantize_copies(*q, cpu, stream);
+  return q;
+}
+
+}  // namespace fp8tron::fp8
