@@ -134,7 +134,7 @@ TEST(LossVariants, CyclicSamplerOrderMatchesMegatron) {
 }
 
 TEST(LossVariants, NoAttentionMaskInTheDataLoader) {
-  auto source = make_mock_source(16, 16, 15, 0);
+  std::shared_ptr<SampleSource> source = make_mock_source(16, 16, 15, 0);
   BatchOptions o;
   o.seq_length = 16;
   o.micro_batch_size = 2;

@@ -68,7 +68,8 @@ TEST(MegatronRules, IterationsAndSamples) {
   samples.push_back("--lr-decay-iters");
   samples.push_back("5");
   EXPECT_USER_ERROR(build(samples), "--lr-decay-iters is for --train-iters");
-  EXPECT_USER_ERROR(build(tiny_args({"--rampup-batch-size", "2", "2", "10"})), "needs sample-based training");
+  EXPECT_USER_ERROR(build(tiny_args({"--global-batch-size", "6", "--rampup-batch-size", "2", "2", "10"})),
+                    "needs sample-based training");
 }
 
 TEST(MegatronRules, VirtualPipelineAndInterleavedMicroBatches) {
@@ -181,7 +182,7 @@ TEST(MegatronRules, ModelVariantRules) {
   EXPECT_USER_ERROR(build(tiny_args({"--rope-type", "yarn"})), "--rope-type yarn is for --multi-latent-attention");
   EXPECT_USER_ERROR(build(tiny_args({"--calculate-per-token-loss", "--ddp-average-in-collective"})), "cannot be combined");
   EXPECT_USER_ERROR(build(tiny_args({"--q-lora-rank", "8"})), "need --multi-latent-attention");
-  Config muon = build(tiny_args({"--optimizer", "dist_muon", "--global-batch-size", "4"}), 2);
+  Config muon = build(tiny_args({"--optimizer", "dist_muon"}));
   EXPECT_EQ(muon.optimizer.optimizer, "muon");
   EXPECT_TRUE(muon.distributed.distributed_optimizer);
   EXPECT_USER_ERROR(build(tiny_args({"--optimizer", "muon", "--muon-fp32-matmul-prec", "low"})), "not a torch matmul precision");

@@ -87,7 +87,9 @@ TEST(Rotary, LayoutsRotateTheirChannelPairs) {
   EXPECT_NEAR(mla[0].item<float>(), 1 * c0 - 2 * s0, 1e-6);
   EXPECT_NEAR(mla[2].item<float>(), 2 * c0 + 1 * s0, 1e-6);
   EXPECT_NEAR(mla[1].item<float>(), 3 * c1 - 4 * s1, 1e-6);
-  EXPECT_TRUE(torch::equal(RotaryEmbedding(s).apply(x)[0], x[0]));  // position 0: no rotation
+  // Position 0 is not rotated; MLA's output stays de-interleaved, as Megatron's.
+  auto at0 = RotaryEmbedding(s).apply(x)[0].flatten();
+  EXPECT_TRUE(torch::equal(at0, torch::tensor({1.0f, 3.0f, 2.0f, 4.0f})));
 }
 
 TEST(ModelVariants, SquaredReluMlp) {
@@ -157,8 +159,9 @@ TEST(ModelVariants, MultiTokenPredictionObjective) {
   auto objective = model->forward_stage(tokens, labels, mask, {}, {}, tokens);
   // By hand: the decoder, its final norm, the output layer; then each MTP depth.
   auto ce = [&](const torch::Tensor& h, const torch::Tensor& lab) {  // [s, b]
-    auto logits = F::linear(h, model->named_parameters()["output_layer.weight"]).narrow(-1, 0, m.vocab_size);
-    return F::cross_entropy(logits.reshape({-1, m.vocab_size}), lab.t().reshape({-1}),
+    // Over the padded vocabulary, as Megatron (the padded logits are not masked).
+    auto logits = F::linear(h, model->named_parameters()["output_layer.weight"]);
+    return F::cross_entropy(logits.reshape({-1, m.padded_vocab_size}), lab.t().reshape({-1}),
                             F::CrossEntropyFuncOptions().reduction(torch::kNone)).view({s, b});
   };
   model->eval();  // the same modules without the MTP training term
