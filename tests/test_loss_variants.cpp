@@ -109,6 +109,25 @@ TEST(LossVariants, BatchRampupSchedule) {
   EXPECT_EQ(r.consumed_samples, 4 + 4 + 8 + 8);
 }
 
+// --step-batch-size-schedule "0:4 0.128K:8" over --seq-length 16: batch 4 below 8 consumed
+// samples, then 8: 4 + 4 + 8 + 8 = 24 samples in 4 iterations. A falling batch stops training
+// with Megatron's message when it applies.
+TEST(LossVariants, StepBatchSizeScheduleThroughTheTrainer) {
+  auto run_args = [](const std::string& schedule, const std::string& samples) {
+    auto args = tiny_args({"--train-samples", samples, "--step-batch-size-schedule", schedule, "--eval-iters", "0",
+                           "--log-interval", "1"});
+    args.erase(std::find(args.begin(), args.end(), "--train-iters"), std::find(args.begin(), args.end(), "--train-iters") + 2);
+    return args;
+  };
+  const Config c = build(run_args("0:4 0.128K:8", "24"));
+  ASSERT_EQ(c.model.seq_length, 16);
+  EXPECT_EQ(c.training.train_iters, 4);
+  EXPECT_EQ(train(c).consumed_samples, 4 + 4 + 8 + 8);
+  EXPECT_USER_ERROR(train(build(run_args("0:8 0.128K:4", "16"))), "Number of microbatches should not decrease; going from 4 to 2");
+  // Early entries are checked when they apply: 3 is not a multiple of micro-batch 2.
+  EXPECT_USER_ERROR(train(build(run_args("0:3 0.128K:8", "16"))), "current global batch size (3) is not divisible");
+}
+
 // torch.randperm(12, generator seeded 0) = [8, 0, 5, 9, 7, 4, 2, 10, 3, 1, 11, 6] and seeded 1 =
 // [1, 4, 6, 8, 11, 0, 5, 3, 2, 9, 10, 7] (PyTorch 2.11); 26 samples, micro-batch 2, data-parallel
 // 2: active 24, buckets of 12 per rank.

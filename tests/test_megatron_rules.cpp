@@ -4,6 +4,7 @@
 // layouts and the account-for flags, model-variant rules, the pipeline schedule table.
 #include <gtest/gtest.h>
 
+#include "core/config/batch_schedule.h"
 #include "parallel/layer_split.h"
 #include "parallel/pipeline_layout.h"
 #include "parallel/pipeline_schedule.h"
@@ -189,6 +190,33 @@ TEST(MegatronRules, ModelVariantRules) {
   EXPECT_USER_ERROR(build(tiny_args({"--optimizer", "lion"})), "--optimizer lion is not supported");
   EXPECT_USER_ERROR(build(tiny_args({"--decoupled-min-lr", "1e-5"})), "--decoupled-min-lr needs --decoupled-lr");
   EXPECT_USER_ERROR(build(tiny_args({"--export-kd-cfg", "x"})), "NVIDIA ModelOpt flags");
+}
+
+// --step-batch-size-schedule: thresholds in tokens (K/M/B/T suffixes) over --seq-length (16):
+// 0.064K tokens = 4 samples; update_train_iters walks it (4, then 8 per step).
+TEST(MegatronRules, StepBatchSizeSchedule) {
+  auto args = without(tiny_args({"--train-samples", "24", "--step-batch-size-schedule", "0:4, 0.064K:8"}), "--train-iters", 1);
+  Config c = build(args);
+  ASSERT_EQ(c.training.step_batch_schedule.size(), 2u);
+  EXPECT_EQ(c.training.step_batch_schedule[1], (std::pair<int64_t, int64_t>{64 / 16, 8}));
+  const BatchSchedule s = BatchSchedule::of(c.training, 1);
+  EXPECT_EQ(s.global_batch(0), 4);
+  EXPECT_EQ(s.global_batch(4), 8);
+  EXPECT_EQ(c.training.train_iters, 4);  // 0 -> 4 -> 12 -> 20 -> 28 >= 24
+  EXPECT_EQ(c.training.global_batch_size, 2);  // micro x dp: the evaluation batch, as Megatron's
+  args.push_back("--global-batch-size");
+  args.push_back("8");
+  EXPECT_USER_ERROR(build(args), "Cannot specify both --step-batch-size-schedule and --global-batch-size");
+  EXPECT_USER_ERROR(build(without(tiny_args({"--train-samples", "24", "--step-batch-size-schedule", "16:4"}), "--train-iters", 1)),
+                    "the first entry must have threshold 0");
+  auto schedule = [&](const std::string& text) {
+    return build(without(tiny_args({"--train-samples", "24", "--step-batch-size-schedule", text}), "--train-iters", 1));
+  };
+  EXPECT_USER_ERROR(schedule("0:4 -16:8"), "'-16' is not a non-negative number");
+  EXPECT_USER_ERROR(schedule("0:4 infK:8"), "'infK' is not a non-negative number");
+  EXPECT_USER_ERROR(schedule("0:4 16"), "invalid entry \"16\"");
+  EXPECT_USER_ERROR(schedule("0:4 16:8 31:12"), "strictly increasing");  // 16 and 31 tokens are both 1 sample
+  EXPECT_EQ(schedule("1.5k:8,0:4").training.step_batch_schedule.front().second, 4);  // sorted, lower-case suffix
 }
 
 // Megatron's schedule table for M = 5, N = 5, VPP 2: all five micro-batches on chunk 0, then on

@@ -113,8 +113,7 @@ class Trainer {
         device_(c.device == "cuda" ? torch::Device(torch::kCUDA, c.launch.local_rank % std::max(1, int(torch::cuda::device_count())))
                                    : torch::Device(torch::kCPU)),
         schedule_(c.lr_schedule),
-        batches_(c.training.global_batch_size, c.training.micro_batch_size * c.parallel.dp, c.training.rampup,
-                 c.training.decrease_batch_size_if_needed),
+        batches_(BatchSchedule::of(c.training, c.parallel.dp)),
         scaler_(c.precision),
         timers_(c.logging.timing_log_level, [this] { synchronize(); }) {}
 
@@ -272,6 +271,16 @@ void Trainer::build() {
                         (long long)t.rampup->start, (long long)t.global_batch_size, (long long)t.rampup->increment,
                         (long long)t.rampup->samples));
   }
+  if (!t.step_batch_schedule.empty()) {  // Megatron's StepBatchsizeNumMicroBatchesCalculator messages
+    const int64_t micro_dp = t.micro_batch_size * parallel_.sizes.dp;
+    log::info("> initializing step batch size schedule");
+    log::info(strprintf("  seq_length: %lld (thresholds interpreted as tokens)", (long long)c_.model.seq_length));
+    log::info(strprintf("step batch size schedule (%zu steps):", t.step_batch_schedule.size()));
+    for (const auto& [threshold, batch] : t.step_batch_schedule)
+      log::info(strprintf("  >= %lld tokens (%lld samples) -> batch_size=%lld, num_microbatches=%lld",
+                          (long long)(threshold * c_.model.seq_length), (long long)threshold, (long long)batch,
+                          (long long)(batch / micro_dp)));
+  }
   if (t.train_samples) log::info(strprintf("setting training iterations to %lld", (long long)t.train_iters));
 }
 
@@ -334,17 +343,27 @@ void Trainer::collect_mtp_losses(int64_t micro_batches) {
 }
 
 void Trainer::update_batch_size(int64_t iteration) {
+  // Megatron's order: the micro-batch count first (a change saves a checkpoint), then the
+  // divisibility of the current batch (which only a step schedule can break at this point).
+  const int64_t micro_dp = c_.training.micro_batch_size * parallel_.sizes.dp;
   const int64_t micro = batches_.micro_batches(consumed_train_samples_);
   if (micro_batches_ != 0 && micro != micro_batches_) {
-    FP8TRON_CHECK(micro > micro_batches_, "the number of micro-batches should grow during a batch-size ramp-up");
-    log::info(strprintf("ramping up batch size from %lld to %lld",
-                        (long long)(micro_batches_ * c_.training.micro_batch_size * parallel_.sizes.dp),
+    if (micro < micro_batches_)  // a step schedule whose batch falls; Megatron asserts the same
+      throw UserError(strprintf("Number of microbatches should not decrease; going from %lld to %lld "
+                                "(--step-batch-size-schedule: the batch sizes must not fall)",
+                                (long long)micro_batches_, (long long)micro));
+    log::info(strprintf("ramping up batch size from %lld to %lld", (long long)(micro_batches_ * micro_dp),
                         (long long)batches_.running_batch(consumed_train_samples_)));
     // Megatron saves a checkpoint whenever the micro-batch count changes.
     if (!c_.checkpoint.save.empty() && iteration > 1 && last_saved_iteration_ != iteration - 1) save(iteration - 1);
   } else if (micro_batches_ == 0 && batches_.ramps()) {
     log::info(strprintf("setting initial batch size to %lld", (long long)batches_.global_batch(consumed_train_samples_)));
   }
+  if (batches_.running_batch(consumed_train_samples_) % micro_dp != 0)
+    throw UserError(strprintf("current global batch size (%lld) is not divisible by micro_batch_size (%lld) * "
+                              "data_parallel_size (%lld)",
+                              (long long)batches_.running_batch(consumed_train_samples_),
+                              (long long)c_.training.micro_batch_size, (long long)parallel_.sizes.dp));
   micro_batches_ = micro;
   current_global_batch_ = batches_.global_batch(consumed_train_samples_);
 }

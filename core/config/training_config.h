@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace fp8tron {
 
@@ -28,6 +30,8 @@ struct TrainingConfig {
   uint64_t seed = 1234;
   bool deterministic = false;  // --deterministic-mode (trainer/determinism.h)
   std::optional<BatchRampup> rampup;   // --rampup-batch-size (sample-based training only)
+  // --step-batch-size-schedule as (consumed samples from which, global batch size), ascending from 0.
+  std::vector<std::pair<int64_t, int64_t>> step_batch_schedule;
   bool decrease_batch_size_if_needed = false;  // with a ramp-up: round the batch down to mbs x dp
   // --calculate-per-token-loss: the loss is summed over tokens and the gradients divided by the
   // global batch's loss-token count, instead of averaging each micro-batch's mean.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <csignal>
+#include <sstream>
 
 #include "core/config/batch_schedule.h"
 #include "core/error.h"
@@ -154,6 +155,43 @@ std::optional<BatchRampup> parse_rampup(const FlagValues& f) {
   return r;
 }
 
+// --step-batch-size-schedule "THRESHOLD:BS ...": entries split on spaces or commas, numbers with
+// K/M/B/T suffixes (parsed as floats, then truncated), thresholds in tokens (// --seq-length).
+std::vector<std::pair<int64_t, int64_t>> parse_step_schedule(const std::string& text, int64_t seq_length) {
+  auto number = [](const std::string& word) -> int64_t {
+    std::string v = word;
+    double multiplier = 1;
+    for (auto& ch : v) ch = char(std::toupper(static_cast<unsigned char>(ch)));
+    if (!v.empty() && std::string("KMBT").find(v.back()) != std::string::npos) {
+      multiplier = v.back() == 'K' ? 1e3 : v.back() == 'M' ? 1e6 : v.back() == 'B' ? 1e9 : 1e12;
+      v.pop_back();
+    }
+    try {
+      size_t pos = 0;
+      const double d = std::stod(v, &pos) * multiplier;
+      // Negative values would floor differently from Python (and are meaningless); inf/nan and
+      // values past int64 have no integer (Megatron's int() raises on them).
+      if (pos != v.size() || !(d >= 0 && d < 9.2e18)) throw std::invalid_argument(v);
+      return int64_t(d);  // int(float(...)): truncation
+    } catch (const std::exception&) {
+      throw UserError("--step-batch-size-schedule: '" + word + "' is not a non-negative number");
+    }
+  };
+  std::string spaced = text;
+  std::replace(spaced.begin(), spaced.end(), ',', ' ');
+  std::vector<std::pair<int64_t, int64_t>> out;
+  std::istringstream in(spaced);
+  for (std::string entry; in >> entry;) {
+    const size_t colon = entry.find(':');
+    if (colon == std::string::npos)
+      throw UserError("--step-batch-size-schedule: invalid entry \"" + entry + "\" (expected THRESHOLD:BATCH_SIZE)");
+    out.emplace_back(number(entry.substr(0, colon)) / seq_length, number(entry.substr(colon + 1)));
+  }
+  if (out.empty()) throw UserError("--step-batch-size-schedule needs at least one THRESHOLD:BATCH_SIZE entry");
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  return out;
+}
+
 TrainingConfig build_training(const FlagValues& f, int dp) {
   TrainingConfig t;
   t.micro_batch_size = f.get_int("micro-batch-size");
@@ -162,13 +200,22 @@ TrainingConfig build_training(const FlagValues& f, int dp) {
   if (t.global_batch_size <= 0) throw UserError("--global-batch-size must be positive");
   t.rampup = parse_rampup(f);
   t.decrease_batch_size_if_needed = f.get_bool("decrease-batch-size-if-needed");
+  if (f.given("step-batch-size-schedule")) {
+    // Megatron: the schedule sets the training batches; --global-batch-size stays micro x dp (the
+    // evaluation batch) and may not be given.
+    if (f.given("global-batch-size"))
+      throw UserError("Cannot specify both --step-batch-size-schedule and --global-batch-size");
+    t.step_batch_schedule = parse_step_schedule(f.get_string("step-batch-size-schedule"), f.get_int("seq-length"));
+  }
   const int64_t micro_times_dp = t.micro_batch_size * dp;
   if (t.global_batch_size % micro_times_dp != 0 && !(t.rampup && t.decrease_batch_size_if_needed))
     throw UserError(strprintf("--global-batch-size (%lld) is not divisible by --micro-batch-size (%lld) x "
                               "data-parallel size (%d)",
                               (long long)t.global_batch_size, (long long)t.micro_batch_size, dp));
-  const BatchSchedule batches(t.global_batch_size, micro_times_dp, t.rampup, t.decrease_batch_size_if_needed);
-  t.num_micro_batches = batches.micro_batches(int64_t(1) << 62);  // after any ramp-up
+  const BatchSchedule batches = BatchSchedule::of(t, dp);
+  // After any ramp-up (the evaluation batch with a step schedule, as Megatron's).
+  t.num_micro_batches = t.step_batch_schedule.empty() ? batches.micro_batches(int64_t(1) << 62)
+                                                      : t.global_batch_size / micro_times_dp;
   // Megatron: iteration mode is "--train-iters given and non-zero"; sample mode likewise.
   const auto iters = f.opt_int("train-iters");
   const auto samples = f.opt_int("train-samples");
@@ -615,9 +662,16 @@ Config build_config(const FlagValues& flags, const LaunchEnv& launch, bool gpu_a
   const DataWithVocab data = build_data(flags, tokenizer, c.notices, c.hint_warnings);
   c.data = data;
   c.model = build_model(flags, tp, data.tokenizer_vocab_size);
+  if (c.model.rotary.llama3_scaling && c.model.rotary.llama3_factor != 8.0)
+    c.notices.push_back(strprintf("--rope-scaling-factor %g: fp8tron scales by it; Megatron's pretrain_gpt.py ignores the "
+                                  "flag and always scales by 8",
+                                  c.model.rotary.llama3_factor));
   c.precision = build_precision(flags);
   c.model.params_dtype = c.precision.params_dtype;
   c.training = build_training(flags, c.parallel.dp);
+  if (c.training.rampup)
+    c.notices.push_back("--rampup-batch-size: the batch grows as in Megatron-LM before April 2026 (the newest Megatron-LM "
+                        "deprecates the flag and trains at --global-batch-size from the start)");
   c.optimizer = build_optimizer(flags);
   c.lr_schedule = build_lr_schedule(flags, c.optimizer, c.training, c.hint_warnings);
 

@@ -69,8 +69,7 @@ const std::vector<Rule>& rules() {
          if (d.virtual_stages <= 1) return "";
          const int64_t pp = c.parallel.pp, n = d.microbatch_group_size > 0 ? d.microbatch_group_size : pp;
          const auto& t = c.training;
-         const BatchSchedule batches(t.global_batch_size, t.micro_batch_size * c.parallel.dp, t.rampup,
-                                     t.decrease_batch_size_if_needed);
+         const BatchSchedule batches = BatchSchedule::of(t, c.parallel.dp);
          for (int64_t batch : batches.running_batches()) {
            const int64_t m = batch / (t.micro_batch_size * c.parallel.dp);
            if (n < pp || n > m)
@@ -282,17 +281,20 @@ const std::vector<Rule>& rules() {
       {"batch-size ramp-up",
        [](const Config& c, const FlagValues&) -> std::string {
          const auto& t = c.training;
-         if (!t.rampup) return "";
+         if (!t.rampup && t.step_batch_schedule.empty()) return "";
          const int64_t micro_dp = t.micro_batch_size * c.parallel.dp;
-         const BatchSchedule batches(t.global_batch_size, micro_dp, t.rampup, t.decrease_batch_size_if_needed);
+         const BatchSchedule batches = BatchSchedule::of(t, c.parallel.dp);
          for (int64_t batch : batches.running_batches()) {
            if (batch <= 0)
-             return "--rampup-batch-size: a ramp-up batch is smaller than --micro-batch-size x data-parallel size (" +
+             return "--rampup-batch-size / --step-batch-size-schedule: a batch is smaller than --micro-batch-size x data-parallel size (" +
                     ll(micro_dp) + ")";
-           if (batch % micro_dp != 0)
+           // A step schedule's entries are checked when they apply (Megatron: early entries may
+           // predate a scale-up of the data-parallel size).
+           if (batch % micro_dp != 0 && t.step_batch_schedule.empty())
              return "current global batch size (" + ll(batch) + ") is not divisible by micro-batch-size (" +
                     ll(t.micro_batch_size) + ") times data parallel size (" + ll(c.parallel.dp) +
-                    ") (--rampup-batch-size; --decrease-batch-size-if-needed rounds it down)";
+                    ") (--rampup-batch-size, --step-batch-size-schedule; with the ramp-up --decrease-batch-size-if-needed "
+                    "rounds it down)";
          }
          return "";
        }},
