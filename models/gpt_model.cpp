@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "models/mla_attention.h"
 #include "models/mtp.h"
+#include "models/cross_entropy.h"
 #include "parallel/parallel_state.h"
 #include "parallel/tensor_parallel.h"
 
@@ -130,7 +131,8 @@ torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
 }
 
 // ---- layer -------------------------------------------------------------------------------------------
-TransformerLayerImpl::TransformerLayerImpl(const ModelConfig& m, const std::string& prefix, const ModuleFactory& f)
+TransformerLayerImpl::TransformerLayerImpl(const ModelConfig& m, const std::string& prefix, int64_t layer,
+                                           const ModuleFactory& f, std::shared_ptr<MoeContext> moe_context)
     : hidden_dropout_(m.hidden_dropout) {
   if (m.mla.enabled) {
     // MLA's input norm is a module of its own (its down projections are not norm-fused linears);
@@ -141,22 +143,35 @@ TransformerLayerImpl::TransformerLayerImpl(const ModelConfig& m, const std::stri
   } else {
     self_attention = register_module("self_attention", SelfAttention(m, prefix + ".self_attention", f));
   }
-  mlp = register_module("mlp", Mlp(m, prefix + ".mlp", f));
+  if (!m.moe.is_moe_layer(layer)) {
+    mlp = register_module("mlp", Mlp(m, prefix + ".mlp", f));
+    return;
+  }
+  FP8TRON_CHECK(moe_context != nullptr, "an MoE layer needs the model's MoE context");
+  // Under SP the norm runs on sequence shards: partial gradients per rank.
+  pre_mlp_layernorm =
+      register_module("pre_mlp_layernorm", TELayerNorm(NormOptions::from(m, m.hidden_size), f.tp().sequence_parallel, f));
+  moe = register_module("mlp", MoeLayer(m, prefix + ".mlp", layer, f, std::move(moe_context)));
 }
 
 torch::Tensor TransformerLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& attention_mask) {
   auto attention = mla_attention ? mla_attention->forward(input_layernorm(x), attention_mask) : self_attention(x, attention_mask);
   auto h = x + maybe_dropout(attention, hidden_dropout_, is_training());
-  return h + maybe_dropout(mlp(h), hidden_dropout_, is_training());
+  auto m = moe ? moe(pre_mlp_layernorm(h)) : mlp(h);
+  return h + maybe_dropout(m, hidden_dropout_, is_training());
 }
 
 // ---- model -------------------------------------------------------------------------------------------
 GptModelImpl::GptModelImpl(const ModelConfig& m) : GptModelImpl(m, no_tensor_parallel(), StageSpec::whole(m)) {}
 
 GptModelImpl::GptModelImpl(const ModelConfig& m, const TensorParallelContext& tp, const StageSpec& stage,
-                           std::shared_ptr<fp8::Fp8Engine> fp8)
-    : config_(m), tp_(tp), stage_(stage) {
+                           std::shared_ptr<fp8::Fp8Engine> fp8, std::shared_ptr<MoeContext> moe)
+    : config_(m), tp_(tp), stage_(stage), moe_(std::move(moe)) {
   const ModuleFactory f(m.seed, tp, std::move(fp8));
+  if (m.moe.enabled() && !moe_) {
+    FP8TRON_CHECK(tp.size == 1, "a tensor-parallel MoE model needs its MoE context (the expert-parallel groups)");
+    moe_ = std::make_shared<MoeContext>(m.moe, m.num_layers, ExpertParallelGroups::single_process());
+  }
   const bool tied = !m.untie_embeddings_and_output_weights;
   const bool mtp = m.mtp.num_layers > 0;
   ParamInfo word;
@@ -179,7 +194,8 @@ GptModelImpl::GptModelImpl(const ModelConfig& m, const TensorParallelContext& tp
   auto decoder = register_module("decoder", std::make_shared<torch::nn::Module>("TransformerBlock"));
   auto layers = decoder->register_module("layers", std::make_shared<torch::nn::Module>("Layers"));
   for (int64_t i = stage.first_layer; i < stage.first_layer + stage.num_layers; ++i)
-    layers_.push_back(layers->register_module(std::to_string(i), TransformerLayer(m, "decoder.layers." + std::to_string(i), f)));
+    layers_.push_back(
+        layers->register_module(std::to_string(i), TransformerLayer(m, "decoder.layers." + std::to_string(i), i, f, moe_)));
   // The decoder's final norm closes the last transformer layer: on the loss stage, or with MTP on
   // the stage holding the last layer (the MTP layers start from the normed hidden states).
   final_norm_here_ = mtp ? stage.num_layers > 0 && stage.first_layer + stage.num_layers == m.num_layers : stage.has_head;
@@ -251,7 +267,7 @@ torch::Tensor GptModelImpl::output_logits(const torch::Tensor& h) {
 
 torch::Tensor GptModelImpl::token_losses(const torch::Tensor& logits, const torch::Tensor& labels) {
   const int64_t vocab_start = tp_.rank * (config_.padded_vocab_size / tp_.size);
-  return vocab_parallel_cross_entropy(logits, labels.t(), vocab_start, *tp_.comm);  // [s, b]
+  return fused_vocab_parallel_cross_entropy(logits, labels.t(), vocab_start, *tp_.comm);  // [s, b]
 }
 
 // Megatron's process_mtp_loss: depth k predicts the labels rolled k more positions (the last k

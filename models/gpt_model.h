@@ -14,6 +14,7 @@
 #include <functional>
 
 #include "models/modules.h"
+#include "models/moe/moe_layer.h"
 #include "core/config/model_config.h"
 
 namespace fp8tron {
@@ -50,9 +51,13 @@ TORCH_MODULE(Mlp);
 
 class MlaSelfAttentionImpl;
 
+// A dense layer's MLP carries its norm fused into linear_fc1; an MoE layer (--moe-layer-freq) has
+// a separate pre_mlp_layernorm and the MoeLayer registered as "mlp" (Megatron's MoE layer spec).
 class TransformerLayerImpl : public torch::nn::Module {
  public:
-  TransformerLayerImpl(const ModelConfig& m, const std::string& prefix, const ModuleFactory& factory);
+  // `layer`: the global 0-based layer number; `moe`: the model's MoE context (MoE layers only).
+  TransformerLayerImpl(const ModelConfig& m, const std::string& prefix, int64_t layer, const ModuleFactory& factory,
+                       std::shared_ptr<MoeContext> moe = nullptr);
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& attention_mask = {});
 
   SelfAttention self_attention{nullptr};
@@ -60,6 +65,8 @@ class TransformerLayerImpl : public torch::nn::Module {
   std::shared_ptr<MlaSelfAttentionImpl> mla_attention;
   TELayerNorm input_layernorm{nullptr};
   Mlp mlp{nullptr};
+  TELayerNorm pre_mlp_layernorm{nullptr};  // MoE layers
+  MoeLayer moe{nullptr};                   // MoE layers (named "mlp")
 
  private:
   double hidden_dropout_;
@@ -79,9 +86,11 @@ struct StageSpec {
 
 class GptModelImpl : public torch::nn::Module {
  public:
-  // `fp8`: the engine the chunk's linear layers register with (null: bf16 GEMMs).
+  // `fp8`: the engine the chunk's linear layers register with (null: bf16 GEMMs). `moe`: the MoE
+  // state shared by the model's chunks (its groups, aux-loss scale, metrics); null in an MoE
+  // model builds a single-process one.
   GptModelImpl(const ModelConfig& m, const TensorParallelContext& tp, const StageSpec& stage,
-               std::shared_ptr<fp8::Fp8Engine> fp8 = nullptr);
+               std::shared_ptr<fp8::Fp8Engine> fp8 = nullptr, std::shared_ptr<MoeContext> moe = nullptr);
   explicit GptModelImpl(const ModelConfig& m);  // whole model, one process
 
   // One pipeline chunk: tokens [b, s] (first stage) or hidden states from the previous stage in,
@@ -107,6 +116,7 @@ class GptModelImpl : public torch::nn::Module {
 
   const ModelConfig& config() const { return config_; }
   const StageSpec& stage() const { return stage_; }
+  const std::shared_ptr<MoeContext>& moe_context() const { return moe_; }
   std::map<std::string, ParamInfo> param_infos() const { return collect_param_infos(*this); }
   // The tied word embedding (first stage) or its last-stage copy; undefined if untied.
   torch::Tensor shared_embedding_weight() const;
@@ -134,6 +144,7 @@ class GptModelImpl : public torch::nn::Module {
   ModelConfig config_;
   TensorParallelContext tp_;
   StageSpec stage_;
+  std::shared_ptr<MoeContext> moe_;
   ParamsReadyHook params_ready_;
   std::shared_ptr<torch::nn::Module> embedding_;
   std::shared_ptr<ShardedModule> word_embeddings_, position_embeddings_;

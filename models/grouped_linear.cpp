@@ -24,8 +24,10 @@ TEGroupedLinearImpl::TEGroupedLinearImpl(const GroupedLinearOptions& o, const Mo
   w.global_shape = {o.out_features, o.in_features};
   w.partition_dim = column ? 0 : 1;
   w.interleave = o.interleave;
+  w.expert = o.is_expert;
   ParamInfo b;
   b.global_shape = {o.out_features};
+  b.expert = o.is_expert;
   if (column) {
     b.partition_dim = 0;
     b.interleave = o.interleave;
@@ -36,9 +38,10 @@ TEGroupedLinearImpl::TEGroupedLinearImpl(const GroupedLinearOptions& o, const Mo
   const int64_t in = column ? o.in_features : o.in_features / tp.size;
   const auto engine = grouped_engine(o, f);
   for (int64_t i = 0; i < o.num_gemms; ++i) {
-    const std::string weight_name = "weight" + std::to_string(i);
+    const int64_t g = o.expert_offset + i;
+    const std::string weight_name = "weight" + std::to_string(g);
     weights.push_back(add_param(weight_name, f.normal(o.init_name + "." + weight_name, w, o.init_std), w));
-    if (o.bias) biases.push_back(add_param("bias" + std::to_string(i), f.constant(b, 0.0), b));
+    if (o.bias) biases.push_back(add_param("bias" + std::to_string(g), f.constant(b, 0.0), b));
     if (engine) {
       const std::string site_name = o.init_name + "." + weight_name;
       auto site = engine->add_site(site_name, layer_number(o.init_name), out, in);

@@ -17,7 +17,7 @@
 //
 // The experts run as one grouped GEMM (fp8/fp8_grouped_linear.h): one autograd node, every
 // expert's GEMMs of a pass in one launch sequence over a few CUDA streams, outputs written in place.
-// FP8: with an engine in the ModuleFactory each expert is one FP8 site ("<init_name>.weight<i>",
+// FP8: with an engine in the ModuleFactory each expert is one FP8 site ("<init_name>.weight<g>",
 // its own scaling state), every recipe (delayed, tensorwise, blockwise on FP8 tensor cores; MXFP8
 // and HiF8 emulated as in dense layers), the input and output gradient of all experts quantized in
 // one pass. Token counts that are not a multiple of 16 (32 for MXFP8) are padded inside, as
@@ -49,9 +49,14 @@ struct GroupedLinearOptions {
   int64_t in_features = 0;   // one expert's global sizes
   int64_t out_features = 0;
   int64_t num_gemms = 1;     // experts held by this module
+  // The global index of this module's first expert (expert-parallel rank x num_gemms). Experts are
+  // registered, seeded and named by their global index g = expert_offset + i (weight<g>, FP8 site
+  // "<init_name>.weight<g>"), so initialisation and checkpoints do not depend on the layout.
+  int64_t expert_offset = 0;
+  bool is_expert = false;    // routed experts (ParamInfo::expert): reduced over the expert data-parallel group
   bool bias = true;
   double init_std = 0.02;
-  std::string init_name;     // module name: weight<i> is seeded from "<init_name>.weight<i>"
+  std::string init_name;     // module name: weight<g> is seeded from "<init_name>.weight<g>"
   GroupedParallelMode parallel_mode = GroupedParallelMode::kColumn;
   int interleave = 1;        // column mode: the output stacks this many blocks, each split (SwiGLU)
   bool use_fp8 = true;       // false: bf16 expert GEMMs even with an FP8 engine (--no-use-gmm-fp8)
@@ -67,7 +72,7 @@ class TEGroupedLinearImpl : public ShardedModule {
 
   GroupedLinearOptions options;
   TensorParallelContext tp;
-  std::vector<torch::Tensor> weights, biases;            // weight<i>, bias<i> (no biases without bias)
+  std::vector<torch::Tensor> weights, biases;            // local expert i = weight<expert_offset + i>, bias<...>
   std::vector<std::shared_ptr<fp8::Fp8Site>> fp8_sites;  // one per expert; empty: bf16 GEMMs
 
  private:

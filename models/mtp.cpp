@@ -14,7 +14,8 @@ MtpLayerImpl::MtpLayerImpl(const ModelConfig& m, int64_t depth, const ModuleFact
       "eh_proj", TEColumnParallelLinear(LinearOptions{2 * m.hidden_size, m.hidden_size, false, m.init_method_std, 1,
                                                       prefix + ".eh_proj"},
                                         f));
-  transformer_layer = register_module("transformer_layer", TransformerLayer(m, prefix + ".transformer_layer", f));
+  // A dense layer (layer -1 is never an MoE layer): MTP with MoE is refused in validation.
+  transformer_layer = register_module("transformer_layer", TransformerLayer(m, prefix + ".transformer_layer", -1, f));
   final_layernorm = register_module("final_layernorm", TELayerNorm(NormOptions::from(m, m.hidden_size), sp, f));
 }
 

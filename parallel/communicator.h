@@ -51,6 +51,15 @@ class Communicator {
                                                            const std::vector<int64_t>& counts) = 0;
   virtual std::unique_ptr<CommWork> all_gather_v_async(torch::Tensor& out, const torch::Tensor& in,
                                                        const std::vector<int64_t>& counts) = 0;
+  // Uneven all-to-all of rows (the mixture-of-experts token exchange). A row is everything after
+  // dim 0; `in` and `out` share the dtype and the row size. Rows [sum(send_rows[<r]),
+  // + send_rows[r]) of `in` go to group rank r; the recv_rows[r] rows from rank r land in `out` at
+  // [sum(recv_rows[<r]), ...). Counts are host values (after the dispatcher's one device-to-host
+  // copy) and must pair up: rank r's send_rows[me] == my recv_rows[r]. NCCL runs one group of
+  // ncclSend/ncclRecv, MPI one MPI_Ialltoallv over a row datatype.
+  virtual std::unique_ptr<CommWork> all_to_all_v_async(torch::Tensor& out, const torch::Tensor& in,
+                                                       const std::vector<int64_t>& send_rows,
+                                                       const std::vector<int64_t>& recv_rows) = 0;
   virtual void broadcast(torch::Tensor& tensor, int root) = 0;
   // Point-to-point within the group (pipeline stages). Sends and receives issued inside one
   // batch() call progress together, so paired exchanges cannot deadlock.
@@ -66,11 +75,18 @@ class Communicator {
   void all_reduce(torch::Tensor& t, ReduceOp op = ReduceOp::Sum) { all_reduce_async(t, op)->wait(); }
   void all_gather(torch::Tensor& out, const torch::Tensor& in) { all_gather_async(out, in)->wait(); }
   void reduce_scatter(torch::Tensor& out, const torch::Tensor& in) { reduce_scatter_async(out, in)->wait(); }
+  void all_to_all_v(torch::Tensor& out, const torch::Tensor& in, const std::vector<int64_t>& send_rows,
+                    const std::vector<int64_t>& recv_rows) {
+    all_to_all_v_async(out, in, send_rows, recv_rows)->wait();
+  }
 
   // Checks an uneven operation's shapes (`whole` holds every piece, `mine` this rank's) and
   // returns where each piece starts, in elements.
   std::vector<int64_t> piece_offsets(const char* op, const torch::Tensor& whole, const torch::Tensor& mine,
                                      const std::vector<int64_t>& counts) const;
+  // Checks an all-to-all-v's shapes and returns the elements per row.
+  int64_t check_all_to_all_v(const torch::Tensor& out, const torch::Tensor& in, const std::vector<int64_t>& send_rows,
+                             const std::vector<int64_t>& recv_rows) const;
 
  protected:
   Communicator(std::string name, int rank, int size, std::vector<int> global_ranks)

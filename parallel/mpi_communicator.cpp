@@ -168,6 +168,40 @@ class MpiCommunicator : public Communicator {
     return work;
   }
 
+  // Counts and displacements in rows of a contiguous row datatype, so ints reach far (OpenMPI 4
+  // has no large-count MPI-4 calls). The datatype lives until the request completes.
+  std::unique_ptr<CommWork> all_to_all_v_async(torch::Tensor& out, const torch::Tensor& in,
+                                               const std::vector<int64_t>& send_rows,
+                                               const std::vector<int64_t>& recv_rows) override {
+    const int64_t row_elements = check_all_to_all_v(out, in, send_rows, recv_rows);
+    FP8TRON_CHECK(in.device().is_cpu() && out.device().is_cpu(), "the MPI transport works on CPU tensors");
+    auto work = make_work("all_to_all_v");
+    const int64_t row_bytes = row_elements * int64_t(in.element_size());
+    FP8TRON_CHECK(row_bytes > 0 && row_bytes <= INT32_MAX, "all_to_all_v: rows too large for one MPI call");
+    auto type = std::make_shared<MPI_Datatype>();
+    check_mpi(MPI_Type_contiguous(int(row_bytes), MPI_BYTE, type.get()), "MPI_Type_contiguous");
+    check_mpi(MPI_Type_commit(type.get()), "MPI_Type_commit");
+    auto displacements = [](const std::vector<int64_t>& counts) {
+      std::vector<int64_t> d(counts.size(), 0);
+      for (size_t r = 1; r < counts.size(); ++r) d[r] = d[r - 1] + counts[r - 1];
+      return d;
+    };
+    // Held by the work: MPI reads the count arrays until the request completes.
+    auto arrays = std::make_shared<std::vector<std::vector<int>>>(std::vector<std::vector<int>>{
+        to_int(send_rows, 1, "all_to_all_v"), to_int(displacements(send_rows), 1, "all_to_all_v"),
+        to_int(recv_rows, 1, "all_to_all_v"), to_int(displacements(recv_rows), 1, "all_to_all_v")});
+    // MPI needs valid buffer pointers even for zero rows.
+    static char empty = 0;
+    void* send = in.numel() > 0 ? const_cast<void*>(in.data_ptr()) : &empty;
+    void* recv = out.numel() > 0 ? out.data_ptr() : &empty;
+    auto& a = *arrays;
+    check_mpi(MPI_Ialltoallv(send, a[0].data(), a[1].data(), *type, recv, a[2].data(), a[3].data(), *type, comm_, &add(*work)),
+              "MPI_Ialltoallv");
+    work->finish = [type, arrays]() { MPI_Type_free(type.get()); };
+    work->keep_alive = {out, in};
+    return work;
+  }
+
   void broadcast(torch::Tensor& tensor, int root) override {
     FP8TRON_CHECK(tensor.is_contiguous(), "broadcast needs a contiguous tensor");
     auto work = make_work("broadcast");

@@ -179,6 +179,27 @@ class NcclCommunicator : public Communicator {
       check_nccl(ncclGroupEnd(), "ncclGroupEnd");
     });
   }
+  // One NCCL group of point-to-point calls: each peer's rows as bytes (any dtype, FP8 included);
+  // the self block goes through the group too (NCCL pairs a rank's send and receive to itself).
+  std::unique_ptr<CommWork> all_to_all_v_async(torch::Tensor& out, const torch::Tensor& in,
+                                               const std::vector<int64_t>& send_rows,
+                                               const std::vector<int64_t>& recv_rows) override {
+    const int64_t row_bytes = check_all_to_all_v(out, in, send_rows, recv_rows) * int64_t(in.element_size());
+    return enqueue("all_to_all_v", {out, in}, [&] {
+      const auto* send = static_cast<const char*>(in.data_ptr());
+      auto* recv = static_cast<char*>(out.data_ptr());
+      int64_t send_at = 0, recv_at = 0;
+      check_nccl(ncclGroupStart(), "ncclGroupStart");
+      for (int r = 0; r < size_; ++r) {
+        const int64_t s = send_rows[size_t(r)], v = recv_rows[size_t(r)];
+        if (s > 0) check_nccl(ncclSend(send + send_at * row_bytes, size_t(s * row_bytes), ncclUint8, r, comm_, stream_), "ncclSend");
+        if (v > 0) check_nccl(ncclRecv(recv + recv_at * row_bytes, size_t(v * row_bytes), ncclUint8, r, comm_, stream_), "ncclRecv");
+        send_at += s;
+        recv_at += v;
+      }
+      check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+    });
+  }
   void broadcast(torch::Tensor& t, int root) override {
     FP8TRON_CHECK(t.is_contiguous(), "broadcast needs a contiguous tensor");
     enqueue("broadcast", {t}, [&] {

@@ -36,6 +36,13 @@ class SelfCommunicator : public Communicator {
     if (out.numel() > 0 && out.data_ptr() != in.data_ptr()) out.copy_(in.reshape(out.sizes()));
     return std::make_unique<DoneWork>();
   }
+  std::unique_ptr<CommWork> all_to_all_v_async(torch::Tensor& out, const torch::Tensor& in,
+                                               const std::vector<int64_t>& send_rows,
+                                               const std::vector<int64_t>& recv_rows) override {
+    check_all_to_all_v(out, in, send_rows, recv_rows);
+    if (out.numel() > 0 && out.data_ptr() != in.data_ptr()) out.copy_(in.view(out.sizes()));
+    return std::make_unique<DoneWork>();
+  }
   void broadcast(torch::Tensor&, int) override {}
   std::unique_ptr<CommWork> batch_p2p_async(std::vector<P2POp> ops) override {
     FP8TRON_CHECK(ops.empty(), "point-to-point on a group of one rank");
@@ -54,7 +61,7 @@ ParallelState single_process_state() {
   ParallelState s;
   s.sizes = ParallelSizes::derive(1, 1, 1, 1, 1, 1, false);
   s.world = s.tp = s.dp = s.pp = s.cp = s.embedding = make_self_communicator("world", 0);
-  s.ep = s.expert_tp = s.expert_tp_ep = s.expert_dp = s.world;
+  s.ep = s.expert_tp = s.expert_tp_ep = s.expert_dp = s.tp_cp = s.tp_dp_cp = s.world;
   s.forward_senders = s.backward_senders = {s.pp};
   return s;
 }
@@ -98,6 +105,16 @@ ParallelState build_parallel_state(std::shared_ptr<Transport> transport, const P
   s.ep = expert_group("ep", "ep");
   s.expert_tp_ep = expert_group("expert-tp-ep", "etp-ep");
   s.expert_dp = expert_group("expert-dp", "edp");
+  auto dense_group = [&](const std::string& name, const std::string& token) {
+    const auto groups = dense_rank_groups(sizes, token);
+    for (const auto& [g, comm] : built)
+      if (g == groups) return comm;
+    auto comm = transport->new_group(name, groups);
+    built.emplace_back(groups, comm);
+    return comm;
+  };
+  s.tp_cp = dense_group("tp-cp", "tp-cp");
+  s.tp_dp_cp = dense_group("tp-dp-cp", "tp-cp-dp");
   s.ep_rank = s.ep->rank();
   s.expert_tp_rank = s.expert_tp->rank();
   s.expert_dp_rank = s.expert_dp->rank();

@@ -25,6 +25,10 @@ struct ParallelState {
   // ep = 1, expert_tp is tp and expert_dp is dp).
   int ep_rank = 0, expert_tp_rank = 0, expert_dp_rank = 0;
   std::shared_ptr<Communicator> ep, expert_tp, expert_tp_ep, expert_dp;
+  // Dense groups the MoE router reduces over (Megatron's tp_cp and tp_dp_cp groups): aux-loss
+  // token counts and the z-loss normalisation over tp x cp; expert-bias counts, the global aux
+  // loss and metric averages over tp x dp x cp (all ranks of a pipeline stage).
+  std::shared_ptr<Communicator> tp_cp, tp_dp_cp;
   // First and last pipeline stages of this rank's pipeline: they share the tied embedding.
   std::shared_ptr<Communicator> embedding;
   // Pipeline messages: each rank sends activations on forward_senders[its pp rank] and gradients

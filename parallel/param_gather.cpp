@@ -51,7 +51,8 @@ void ParamGather::wait_for(const torch::nn::Module& module) {
   const int64_t element = params_.element_size();
   for (const auto& p : module.parameters()) {
     const int64_t offset = (static_cast<const char*>(p.data_ptr()) - base) / element;
-    FP8TRON_CHECK(offset >= 0 && offset + p.numel() <= params_.numel(), "a parameter outside the flat weight buffer");
+    // Another buffer's (a mixture-of-experts model gathers its expert weights separately).
+    if (p.device() != params_.device() || offset < 0 || offset + p.numel() > params_.numel()) continue;
     // The last bucket starting at or before the parameter holds it (buckets hold whole parameters).
     auto it = std::upper_bound(buckets_.begin(), buckets_.end(), offset,
                                [](int64_t off, const Bucket& b) { return off < b.offset; });

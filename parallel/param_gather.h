@@ -26,7 +26,7 @@ class ParamGather {
 
   // Issues every bucket's all-gather (this rank's shard of `params` must hold its new weights).
   void start();
-  // Waits for the buckets that hold `module`'s parameters (all of them must live in the buffer).
+  // Waits for the buckets that hold `module`'s parameters (those in another buffer are skipped).
   void wait_for(const torch::nn::Module& module);
   // Waits for every bucket still in flight.
   void finish();

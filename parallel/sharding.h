@@ -21,6 +21,10 @@ struct ParamInfo {
   bool reduce_grad_over_tp = false;    // each TP rank holds a partial gradient (SP norms/biases, QK norms)
   bool tied_embedding = false;         // the word embedding, also used by the output layer
   bool shared_embedding_copy = false;  // the last pipeline stage's copy of the tied word embedding
+  // A routed expert's weight or bias (mixture of experts): partitioned over the expert
+  // tensor-parallel group instead of the tensor-parallel one, its gradient reduced over the
+  // expert data-parallel group, and it lives on one expert-parallel rank only.
+  bool expert = false;
 };
 
 // The tensor-parallel context a module is built in.

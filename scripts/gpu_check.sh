@@ -2,8 +2,10 @@
 # Everything the GPU machine checks in one go (its machines start bare): build, GPU tests (ctest
 # label gpu), multi-GPU equivalence under mpirun and torchrun, and the benchmarks. Results go to
 # $OUT (or gpu-check/). Usage: scripts/gpu_check.sh [equivalence] [bench] [fp8-bench] [fp8-convergence]
-# [grouped] [parallel-bench] [data] [checkpoint]
-# (grouped: the MoE expert GEMMs against torch's grouped GEMMs, scripts/bench_grouped_gemm.sh)
+# [grouped] [parallel-bench] [data] [checkpoint] [moe] [moe-equivalence] [moe-parallel-bench]
+# (grouped: the MoE expert GEMMs against torch's grouped GEMMs, scripts/bench_grouped_gemm.sh;
+# moe: the MoE GPU tests' lines and the Mixtral-style benchmark on one GPU; moe-equivalence and
+# moe-parallel-bench need 2+ GPUs: expert parallelism over NCCL)
 # (checkpoint: save speed, --async-save blocking, --deterministic-mode repeat and resume on the
 # 1.3B model, summary in $OUT/checkpoint-summary.txt; then the Hugging Face export check)
 #
@@ -154,6 +156,33 @@ with open('$OUT/corpus.jsonl', 'w') as f:
       for style in gpt2 llama llama31 llama_yarn gpt2_relu2 deepseek_v3; do
         check export-$style "logits|match|rror" export_check $style
       done ;;
+    moe)
+      echo "== mixture of experts: GPU tests, Mixtral-style benchmark (bf16, FP8)"
+      check moe-gpu "moe-fp8|FAILED|Failure|OK \]" ./build/tests/fp8tron_gpu_tests --gtest_filter='GpuMoe*'
+      check moe-bench "^\|" ./scripts/bench_moe.sh ;;
+    moe-equivalence)
+      echo "== MoE equivalence under NCCL (bf16, tolerance 2e-2; fp32 1e-4)"
+      MOE=(--num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 64 --moe-layer-freq "([0]+[1]*3)" --moe-aux-loss-coeff 1e-2
+           --moe-z-loss-coeff 1e-3 --swiglu --disable-bias-linear --moe-router-dtype fp32)
+      check eq-moe-ep2-fp32 "$EQUIV_LINES" "${MPI[@]}" -np 2 $EQ --device cuda "${MOE[@]}" --expert-model-parallel-size 2 \
+        --moe-token-dispatcher-type alltoall --tolerance 1e-4
+      check eq-moe-ep2-allgather "$EQUIV_LINES" "${MPI[@]}" -np 2 $EQ --device cuda --bf16 "${MOE[@]}" \
+        --expert-model-parallel-size 2 --tolerance 2e-2
+      if [ "$GPUS" -ge 4 ]; then
+        for d in alltoall allgather; do
+          check eq-moe-ep4-$d "$EQUIV_LINES" "${MPI[@]}" -np 4 $EQ --device cuda --bf16 "${MOE[@]}" --expert-model-parallel-size 4 \
+            --moe-token-dispatcher-type $d --tolerance 2e-2
+        done
+        check eq-moe-ep2-tp2-sp "$EQUIV_LINES" "${MPI[@]}" -np 4 $EQ --device cuda --bf16 "${MOE[@]}" --expert-model-parallel-size 2 \
+          --tensor-model-parallel-size 2 --sequence-parallel --moe-token-dispatcher-type alltoall --tolerance 2e-2
+        check eq-moe-ep2-dp2-distopt "$EQUIV_LINES" "${MPI[@]}" -np 4 $EQ --device cuda --bf16 "${MOE[@]}" \
+          --expert-model-parallel-size 2 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather \
+          --ddp-bucket-size 3000 --moe-token-dispatcher-type alltoall --tolerance 2e-2
+        check ckpt-moe-ep4-to-ep2 "resume OK|MISMATCH|rror|first loss" timeout 600 mpirun --allow-run-as-root --bind-to none -np 4 \
+          -x LD_LIBRARY_PATH ./build/tests/fp8tron_checkpoint_resume --dir /tmp/moe-ckpt --save ep=4,alltoall --load ep=2,alltoall \
+          --load single "${MOE[@]}" --device cuda
+      fi ;;
+    moe-parallel-bench) echo "== MoE multi-GPU benchmarks"; check moe-parallel-bench "^\|" ./scripts/bench_moe.sh "$GPUS" ;;
     *) echo "unknown step '$step'"; FAILED+=("unknown step $step") ;;
   esac
 done

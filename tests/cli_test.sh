@@ -24,6 +24,10 @@ expect 0 "usage: fp8tron" -- --help
 expect 1 "did you mean '--num-layers'?" -- "${TINY[@]}" --num-layer 3
 expect 1 "--bf16 and --fp16 cannot be used together" -- "${TINY[@]}" --bf16 --fp16
 WORLD_SIZE=2 expect 1 "--expert-model-parallel-size 2 needs --num-experts" -- "${TINY[@]}" --expert-model-parallel-size 2 --dry-run
+expect 1 "--moe-token-dispatcher-type flex (DeepEP/HybridEP) is not supported" -- "${TINY[@]}" --num-experts 4 \
+  --moe-token-dispatcher-type flex
+WORLD_SIZE=4 expect 0 "mixture of experts: 2 MoE layers of 2" -- "${TINY[@]}" --num-experts 8 --expert-model-parallel-size 4 \
+  --global-batch-size 8 --dry-run
 expect 1 "--overlap-param-gather is only supported with --use-distributed-optimizer" -- "${TINY[@]}" --overlap-param-gather
 expect 0 "iteration        4/       4 |" -- "${TINY[@]}" --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather
 WORLD_SIZE=2 expect 1 "multi-process CPU runs use MPI: launch with mpirun" -- "${TINY[@]}" --tensor-model-parallel-size 2
@@ -99,5 +103,13 @@ expect 0 "global batch size:     4 |" -- "${SAMPLES[@]}" --train-samples 24 --gl
 expect 0 "iteration        4/       4 |" -- "${TINY[@]}" --optimizer muon --calculate-per-token-loss --dataloader-type cyclic
 # A dry run fails exactly when training would: a flag whose feature has not landed.
 expect 1 "not supported yet: --tensor-parallel-num-weight-shards" -- "${TINY[@]}" --tensor-parallel-num-weight-shards 2 --dry-run
+# The MoE configurations train, scaled down to CPU size (their routing, balancing losses, shared
+# expert and dispatcher as configured), and log Megatron's MoE losses on the iteration line.
+SMALL=(--num-layers 2 --hidden-size 64 --ffn-hidden-size 128 --num-attention-heads 4 --seq-length 32
+       --max-position-embeddings 32 --vocab-size 256 --micro-batch-size 2 --global-batch-size 4 --train-iters 8
+       --log-interval 2 --device cpu)
+expect 0 "load_balancing_loss: " -- --config "$SRC/configs/mixtral-style.json" "${SMALL[@]}" --num-query-groups 2
+expect 0 "seq_load_balancing_loss: " -- --config "$SRC/configs/deepseek-style.json" "${SMALL[@]}" --moe-ffn-hidden-size 32 \
+  --moe-shared-expert-intermediate-size 64 --moe-layer-freq "([0]+[1])"
 if [ $fail = 0 ]; then echo "cli: all passed"; fi
 exit $fail

@@ -1,5 +1,6 @@
 // Communicators and parallel state under mpirun (CPU, MPI), 4 ranks: the uneven collectives the
-// overlapped distributed optimizer uses, and the expert-parallel groups. Every rank runs every
+// overlapped distributed optimizer and the MoE token dispatchers use (with their autograd pairs),
+// and the expert-parallel groups. Every rank runs every
 // test in the same order (collectives must match); any rank's failure fails the job.
 #include <gtest/gtest.h>
 
@@ -8,6 +9,7 @@
 #include <numeric>
 
 #include "parallel/grad_buckets.h"
+#include "parallel/moe_comm.h"
 #include "parallel/parallel_state.h"
 
 namespace fp8tron {
@@ -123,6 +125,81 @@ TEST(Communicator, UnevenPiecesMustAddUp) {
   auto out = torch::zeros({2});
   EXPECT_THROW(s.world->reduce_scatter_v_async(out, in, {2, 2, 2}), std::exception);  // 3 counts for 4 ranks
   EXPECT_THROW(s.world->reduce_scatter_v_async(out, in, {2, 2, 2, 1}), std::exception);  // 7 != 8
+}
+
+// Rows rank `from` sends to rank `to` in the all-to-all tests: uneven, some zero.
+int64_t rows_between(int from, int to) { return (from * 3 + to * 2) % 5 == 0 ? 0 : (from + 2 * to) % 4 + 1; }
+// Row i of what `from` sends to `to`: a recognisable value per (from, to, i, column).
+torch::Tensor rows_for(int from, int to, int64_t columns, torch::Dtype dtype) {
+  const int64_t n = rows_between(from, to);
+  auto r = torch::arange(n, torch::kFloat64).unsqueeze(1) * 10 + torch::arange(columns, torch::kFloat64).unsqueeze(0);
+  return (r + 1000.0 * from + 100.0 * to).to(dtype);
+}
+
+TEST(Communicator, AllToAllVMovesUnevenRows) {
+  ParallelState s = state_for(1, 1, 1, 1);
+  const int me = s.world_rank;
+  for (auto dtype : {torch::kFloat32, torch::kBFloat16, torch::kInt64}) {
+    std::vector<int64_t> send, recv;
+    std::vector<torch::Tensor> outgoing, expected;
+    for (int r = 0; r < kWorld; ++r) {
+      send.push_back(rows_between(me, r));
+      recv.push_back(rows_between(r, me));
+      outgoing.push_back(rows_for(me, r, 3, dtype));
+      expected.push_back(rows_for(r, me, 3, dtype));
+    }
+    auto in = torch::cat(outgoing, 0);
+    auto out = torch::full({std::accumulate(recv.begin(), recv.end(), int64_t(0)), 3}, -1, dtype);
+    s.world->all_to_all_v_async(out, in, send, recv)->wait();
+    EXPECT_TRUE(torch::equal(out, torch::cat(expected, 0))) << out;
+  }
+  // Counts that do not match the tensors are refused.
+  auto in = torch::zeros({3, 2});
+  auto out = torch::zeros({3, 2});
+  EXPECT_THROW(s.world->all_to_all_v_async(out, in, {1, 1, 1}, {1, 1, 1}), std::exception);
+  EXPECT_THROW(s.world->all_to_all_v_async(out, in, {1, 1, 1, 1}, {1, 1, 1, 0}), std::exception);
+}
+
+// The autograd pairs: forward as the collective, backward as its partner (checked against the
+// gradient of an explicit sum of the gathered values).
+TEST(MoeComm, AllToAllRowsBackwardIsTheReverseExchange) {
+  ParallelState s = state_for(1, 1, 1, 1);
+  const int me = s.world_rank;
+  std::vector<int64_t> send, recv;
+  for (int r = 0; r < kWorld; ++r) {
+    send.push_back(rows_between(me, r));
+    recv.push_back(rows_between(r, me));
+  }
+  const int64_t rows = std::accumulate(send.begin(), send.end(), int64_t(0));
+  auto x = (torch::arange(rows * 2, torch::kFloat64).view({rows, 2}) + 100.0 * me).requires_grad_(true);
+  auto y = all_to_all_rows(x, *s.world, send, recv);
+  // Weight each received row by its value: d(sum y^2 / 2)/dy = y, so dx must be x itself.
+  (y * y / 2).sum().backward();
+  EXPECT_TRUE(torch::allclose(x.grad(), x.detach())) << x.grad();
+}
+
+TEST(MoeComm, GatherAndReduceScatterRowsV) {
+  ParallelState s = state_for(1, 1, 1, 1);
+  const int me = s.world_rank;
+  const std::vector<int64_t> rows = {2, 0, 3, 1};
+  auto x = (torch::ones({rows[size_t(me)], 3}, torch::kFloat64) * (me + 1)).requires_grad_(true);
+  auto all = all_gather_rows_v(x, *s.world, rows);
+  ASSERT_EQ(all.size(0), 6);
+  EXPECT_EQ(all[0][0].item<double>(), 1.0);
+  EXPECT_EQ(all[2][0].item<double>(), 3.0);
+  EXPECT_EQ(all[5][0].item<double>(), 4.0);
+  // Every rank weights the gathered rows by (its rank + 1): the gradient of rank r's rows is the
+  // sum of the weights, 1 + 2 + 3 + 4 = 10.
+  (all * double(me + 1)).sum().backward();
+  EXPECT_TRUE(torch::allclose(x.grad(), torch::full_like(x, 10.0))) << x.grad();
+  // Reduce-scatter: sums over ranks, each keeps its piece; backward gathers the pieces.
+  auto z = (torch::ones({6, 2}, torch::kFloat64) * (me + 1)).requires_grad_(true);
+  auto piece = reduce_scatter_rows_v(z, *s.world, rows);
+  ASSERT_EQ(piece.size(0), rows[size_t(me)]);
+  if (piece.numel() > 0) EXPECT_EQ(piece[0][0].item<double>(), 10.0);
+  (piece * double(me + 1)).sum().backward();
+  auto want = torch::cat({torch::full({2, 2}, 1.0), torch::full({3, 2}, 3.0), torch::full({1, 2}, 4.0)}).to(torch::kFloat64);
+  EXPECT_TRUE(torch::allclose(z.grad(), want)) << z.grad();
 }
 
 // Megatron's expert grid, world 4, tp 1, ep 2: ep {0,1},{2,3}; expert-dp {0,2},{1,3}; expert-tp

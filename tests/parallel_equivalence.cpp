@@ -1,8 +1,10 @@
-// Multi-process equivalence check, run under mpirun by ctest: every rank trains the tiny GPT
-// twice, once alone (the reference) and once in the parallel layout given on the command line,
-// each from its own initialisation (nothing injected: the same seed gives bitwise the same
-// initial weights in every layout, which is checked first), and compares the 10 losses and its
-// final (tensor-parallel-gathered) weights with the reference: losses within 1e-5 relative (fp32, dropout 0; `--tolerance X` for bf16 runs on GPUs),
+// Multi-process equivalence check, run under mpirun by ctest: every rank trains the tiny GPT (or
+// the tiny mixture-of-experts GPT, with the MoE flags in the test's arguments) twice, once alone
+// (the reference) and once in the parallel layout given on the command line, each from its own
+// initialisation (nothing injected: the same seed gives bitwise the same initial weights in every
+// layout, which is checked first), and compares the 10 losses and its final
+// (tensor-parallel-gathered) weights with the reference: losses within 1e-5 relative (fp32,
+// dropout 0; `--tolerance X` for bf16 runs on GPUs),
 // every tensor within 1e-2 of its own update (see the weights check; `--tensor-tolerance`,
 // `--weights-tolerance` where a layout changes the rounding, each documented where it is passed).
 // `--identical-without --flag` (repeatable) trains the layout a third time without that switch and
@@ -51,10 +53,13 @@ Config make_config(const std::vector<std::string>& extra, const LaunchEnv& env) 
 
 // Flags that change only the layout; the reference run gets every other flag too.
 std::vector<std::string> without_layout_flags(const std::vector<std::string>& args) {
+  // The token dispatcher counts as layout: the reference (one process) runs the default allgather
+  // dispatcher, so a layout with --moe-token-dispatcher-type alltoall compares the two.
   static const std::set<std::string> layout = {
       "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--num-layers-per-virtual-pipeline-stage",
       "--num-virtual-stages-per-pipeline-rank", "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
-      "--pipeline-model-parallel-layout", "--microbatch-group-size-per-virtual-pipeline-stage"};
+      "--pipeline-model-parallel-layout", "--microbatch-group-size-per-virtual-pipeline-stage",
+      "--expert-model-parallel-size", "--expert-tensor-parallel-size", "--moe-token-dispatcher-type"};
   static const std::set<std::string> layout_switches = {"--sequence-parallel", "--use-distributed-optimizer",
                                                         "--overlap-param-gather", "--account-for-embedding-in-pipeline-split",
                                                         "--account-for-loss-in-pipeline-split"};
@@ -110,6 +115,22 @@ int main(int argc, char** argv) {
                      parallel.losses[i], reference.losses[i], rel);
         ++failures;
       }
+    }
+    // The MoE losses (load_balancing_loss, z_loss, ...) are reduced over the layout's groups to
+    // the same values as one process's.
+    for (const auto& [name, values] : reference.moe_losses) {
+      auto it = parallel.moe_losses.find(name);
+      if (it == parallel.moe_losses.end() || it->second.size() != values.size()) {
+        std::fprintf(stderr, "[rank %d] MoE metric %s missing\n", env.rank, name.c_str());
+        ++failures;
+        continue;
+      }
+      for (size_t i = 0; i < values.size(); ++i)
+        if (!(std::abs(it->second[i] - values[i]) <= tolerance * std::max(std::abs(values[i]), 1.0))) {
+          std::fprintf(stderr, "[rank %d] iteration %zu: %s %.8f vs reference %.8f\n", env.rank, i + 1, name.c_str(),
+                       it->second[i], values[i]);
+          ++failures;
+        }
     }
     const double valid_rel = std::abs(parallel.last_validation_loss - reference.last_validation_loss) / reference.last_validation_loss;
     if (!(valid_rel <= tolerance)) {

@@ -128,9 +128,10 @@ class StateRig {
   void scramble(uint64_t seed) {
     torch::NoGradGuard no_grad;
     torch::manual_seed(seed);
-    optimizer_->main_params().normal_();
-    optimizer_->exp_avg().normal_();
-    optimizer_->exp_avg_sq().uniform_();
+    const auto& dense = *optimizer_->domains().front();
+    dense.main_params().normal_();
+    dense.exp_avg().normal_();
+    dense.exp_avg_sq().uniform_();
     optimizer_->set_step_count(double(seed));
     optimizer_->publish_model_params();
     schedule_.set_num_steps(int64_t(seed) * 4);
@@ -151,12 +152,17 @@ class StateRig {
   int64_t train_samples_ = 0, valid_samples_ = 0;
 };
 
-void expect_same_state(const MixedPrecisionOptimizer& a, const MixedPrecisionOptimizer& b) {
-  EXPECT_TRUE(torch::equal(a.model_params(), b.model_params()));
-  EXPECT_TRUE(torch::equal(a.main_params(), b.main_params()));
-  EXPECT_TRUE(torch::equal(a.exp_avg(), b.exp_avg()));
-  EXPECT_TRUE(torch::equal(a.exp_avg_sq(), b.exp_avg_sq()));
-  EXPECT_EQ(a.step_count(), b.step_count());
+void expect_same_state(const MixedPrecisionOptimizer& a_chain, const MixedPrecisionOptimizer& b_chain) {
+  ASSERT_EQ(a_chain.domains().size(), b_chain.domains().size());
+  for (size_t i = 0; i < a_chain.domains().size(); ++i) {
+    const auto& a = *a_chain.domains()[i];
+    const auto& b = *b_chain.domains()[i];
+    EXPECT_TRUE(torch::equal(a.model_params(), b.model_params()));
+    EXPECT_TRUE(torch::equal(a.main_params(), b.main_params()));
+    EXPECT_TRUE(torch::equal(a.exp_avg(), b.exp_avg()));
+    EXPECT_TRUE(torch::equal(a.exp_avg_sq(), b.exp_avg_sq()));
+    EXPECT_EQ(a.step_count(), b.step_count());
+  }
 }
 
 TEST(AsyncCheckpointSaver, FirstSaveUsesHostMemoryReservedBeforeIt) {

@@ -154,11 +154,13 @@ TEST(Config, ExpertParallelismNeedsExperts) {
   // As Megatron: expert parallelism splits a mixture-of-experts model's experts.
   EXPECT_USER_ERROR(build(tiny_args({"--expert-model-parallel-size", "2", "--global-batch-size", "4"}), 2),
                     "--expert-model-parallel-size 2 needs --num-experts");
-  // With experts the layout is valid; training still refuses both flags until the MoE model lands.
+  // With experts the layout is valid and trains.
   Config c = build(tiny_args({"--expert-model-parallel-size", "2", "--num-experts", "4", "--global-batch-size", "4"}), 2);
   EXPECT_EQ(c.parallel.ep, 2);
   EXPECT_EQ(c.parallel.edp, 1);
-  EXPECT_EQ(c.not_supported_yet.size(), 2u);
+  EXPECT_TRUE(c.not_supported_yet.empty());
+  EXPECT_USER_ERROR(build(tiny_args({"--expert-model-parallel-size", "4", "--num-experts", "6", "--global-batch-size", "8"}), 4),
+                    "--num-experts (6) is not divisible by --expert-model-parallel-size (4)");
 }
 
 TEST(Config, CheckpointFlags) {

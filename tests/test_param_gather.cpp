@@ -54,6 +54,10 @@ class DeferredGatherComm : public Communicator {
   std::unique_ptr<CommWork> reduce_scatter_v_async(torch::Tensor&, const torch::Tensor&, const std::vector<int64_t>&) override {
     return unexpected();
   }
+  std::unique_ptr<CommWork> all_to_all_v_async(torch::Tensor&, const torch::Tensor&, const std::vector<int64_t>&,
+                                               const std::vector<int64_t>&) override {
+    return unexpected();
+  }
   void broadcast(torch::Tensor&, int) override { unexpected(); }
   std::unique_ptr<CommWork> batch_p2p_async(std::vector<P2POp>) override { return unexpected(); }
   void barrier() override { unexpected(); }

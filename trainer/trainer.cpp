@@ -35,6 +35,7 @@
 #include "trainer/cli/model_math.h"
 #include "trainer/logging/tensorboard_writer.h"
 #include "trainer/logging/timers.h"
+#include "trainer/moe_metrics.h"
 
 namespace fp8tron {
 
@@ -98,10 +99,22 @@ std::shared_ptr<SampleSource> make_source(const Config& c) {
 struct IntervalStats {
   torch::Tensor loss_sum, loss_count, skipped, nan;
   torch::Tensor mtp_loss_sums;  // [D]: each MTP depth's loss summed over the interval's steps
+  // MoE losses (load_balancing_loss, z_loss, ...) summed over the interval's iterations, in the
+  // order they first appeared (Megatron's total_loss_dict).
+  std::vector<std::pair<std::string, torch::Tensor>> moe_sums;
   void reset(const torch::Device& d, int64_t mtp_layers) {
     auto z = torch::zeros({}, torch::TensorOptions().device(d).dtype(torch::kFloat32));
     loss_sum = z.clone(); loss_count = z.clone(); skipped = z.clone(); nan = z.clone();
     mtp_loss_sums = torch::zeros({mtp_layers}, z.options());
+    for (auto& [name, sum] : moe_sums) sum = z.clone();
+  }
+  void add_moe(const std::string& name, const torch::Tensor& value) {
+    for (auto& [n, sum] : moe_sums)
+      if (n == name) {
+        sum = sum + value;
+        return;
+      }
+    moe_sums.emplace_back(name, value.clone());
   }
 };
 
@@ -136,6 +149,9 @@ class Trainer {
   void update_batch_size(int64_t iteration);
   torch::Tensor train_step();
   void end_fp8_step();
+  void report_moe(int64_t iteration);
+  void log_moe_layout();
+  MoeContext* moe() const { return moe_.get(); }
   double evaluate();
   void log_interval(int64_t iteration, double seconds, int64_t iterations_in_interval);
   void write_tensorboard(int64_t iteration, const torch::Tensor& loss);
@@ -169,6 +185,9 @@ class Trainer {
   int64_t last_saved_iteration_ = -1;
   std::unique_ptr<AsyncCheckpointSaver> async_saver_;  // --async-save
   std::shared_ptr<fp8::Fp8Engine> fp8_;                // --fp8-format: every chunk's FP8 linears
+  std::shared_ptr<MoeContext> moe_;                    // --num-experts: the chunks' MoE state
+  torch::Tensor expert_amax_slots_;                    // FP8 slots of expert sites (their own amax group)
+  std::map<std::string, std::vector<torch::Tensor>> moe_history_;  // MoE losses per iteration (TrainResult)
   std::optional<DeterministicMode> deterministic_;     // --deterministic-mode, for the whole run
 };
 
@@ -190,12 +209,21 @@ void Trainer::build() {
                             c_.training.deterministic};
     fp8_ = std::make_shared<fp8::Fp8Engine>(o, device_);
   }
+  if (c_.model.moe.enabled()) {
+    ExpertParallelGroups g{parallel_.ep, parallel_.expert_tp, parallel_.expert_tp_ep, parallel_.tp_cp, parallel_.tp_dp_cp,
+                           parallel_.ep_rank, parallel_.expert_tp_rank};
+    moe_ = std::make_shared<MoeContext>(c_.model.moe, c_.model.num_layers, std::move(g));
+    moe_->set_timer([this](const char* name, bool start) {
+      if (start) timers_.start(name, 2);
+      else timers_.stop(name, 2);
+    });
+  }
   std::vector<NamedParam> params;
   for (const ChunkPlan& plan : chunks) {
     StageSpec spec{plan.first_layer, plan.num_layers, plan.embedding, plan.loss};
     // Weights are drawn on the CPU in fp32 from (seed, name): every layout and device starts from
     // the same global weights; then they move to the device and the optimizer casts them.
-    GptModel chunk(c_.model, tp, spec, fp8_);
+    GptModel chunk(c_.model, tp, spec, fp8_, moe_);
     chunk->to(device_);
     chunk->train();
     chunk->set_per_token_loss(c_.training.calculate_per_token_loss);
@@ -203,7 +231,8 @@ void Trainer::build() {
     for (const auto& item : chunk->named_parameters()) params.push_back({item.key(), item.value(), infos.at(item.key())});
     chunks_.push_back(chunk);
   }
-  optimizer_ = std::make_unique<MixedPrecisionOptimizer>(params, c_.optimizer, c_.precision, parallel_, d.distributed_optimizer);
+  optimizer_ = std::make_unique<MixedPrecisionOptimizer>(params, c_.optimizer, c_.precision, parallel_, d.distributed_optimizer,
+                                                         c_.model.moe.enabled());
   const ModelConfig& m = c_.model;
   optimizer_->count_zeros(c_.logging.log_num_zeros_in_grad);
   optimizer_->set_qkv_rows({m.num_attention_heads / m.num_query_groups * m.kv_channels, m.kv_channels, m.kv_channels});
@@ -262,6 +291,7 @@ void Trainer::build() {
       log::warning("cuDNN attention is not available for these shapes/settings; using " + backend);
   }
   if (fp8_) log::info(" > " + fp8_->describe());
+  if (moe_) log_moe_layout();
   interval_.reset(device_, c_.model.mtp.num_layers);
   const auto& t = c_.training;
   if (t.rampup) {
@@ -284,13 +314,46 @@ void Trainer::build() {
   if (t.train_samples) log::info(strprintf("setting training iterations to %lld", (long long)t.train_iters));
 }
 
+void Trainer::log_moe_layout() {
+  const auto& m = c_.model.moe;
+  const ParallelSizes& z = parallel_.sizes;
+  log::info(strprintf(" > mixture of experts: %lld of %lld layers, %lld experts (%lld per expert-parallel rank), top-%lld, "
+                      "%s dispatcher; experts' gradients reduced over the expert data-parallel group (%d ranks)",
+                      (long long)m.num_moe_layers(), (long long)c_.model.num_layers, (long long)m.num_experts,
+                      (long long)(m.num_experts / z.ep), (long long)m.topk,
+                      m.dispatcher == MoeDispatcher::kAllToAll ? "alltoall" : "allgather", z.edp));
+  if (fp8_ && m.expert_gemm_fp8)
+    log::info(" > FP8 experts: each expert's amaxes are reduced over the ranks holding that expert (expert tensor x "
+              "expert data parallel), so an expert's scales do not depend on the expert-parallel layout");
+  if (fp8_) {
+    // The expert sites' slots of the delayed-scaling state, reduced over their own group.
+    const OptimizerDomain& experts = *optimizer_->domains().back();
+    std::vector<int64_t> slots;
+    for (const auto& site : fp8_->sites())
+      if (experts.holds(site->parameter))
+        for (auto role : {fp8::TensorRole::kInput, fp8::TensorRole::kWeight, fp8::TensorRole::kOutput,
+                          fp8::TensorRole::kGradOutput, fp8::TensorRole::kGradInput})
+          slots.push_back(int64_t(fp8_->slot(*site, role)));
+    if (!slots.empty()) expert_amax_slots_ = torch::tensor(slots, torch::kInt64).to(device_);
+  }
+}
+
 void Trainer::end_fp8_step() {
   // Megatron's amax reduction group: tensor x data parallel (x context parallel), or with
   // --tp-only-amax-red the tensor-parallel group only, so every rank of a stage shares scales.
+  // Expert sites: over the ranks holding the same expert (expert tensor x expert data parallel),
+  // not slot by slot over ranks that hold different experts at the same place.
   const bool over_dp = parallel_.sizes.dp > 1 && !c_.precision.fp8.tp_only_amax_reduction;
+  const bool over_edp = parallel_.sizes.edp > 1 && !c_.precision.fp8.tp_only_amax_reduction;
   fp8_->end_step([&](torch::Tensor& amaxes) {
+    torch::Tensor experts;
+    if (expert_amax_slots_.defined()) experts = amaxes.index_select(0, expert_amax_slots_);
     if (parallel_.sizes.tp > 1) parallel_.tp->all_reduce(amaxes, ReduceOp::Max);
     if (over_dp) parallel_.dp->all_reduce(amaxes, ReduceOp::Max);
+    if (!experts.defined()) return;
+    if (parallel_.sizes.etp > 1) parallel_.expert_tp->all_reduce(experts, ReduceOp::Max);
+    if (over_edp) parallel_.expert_dp->all_reduce(experts, ReduceOp::Max);
+    amaxes.index_copy_(0, expert_amax_slots_, experts);
   });
 }
 
@@ -385,6 +448,10 @@ torch::Tensor Trainer::train_step() {
   const double backward_scale =
       per_token ? scaler_.scale() : scaler_.scale() / double(micro * (average_after ? 1 : parallel_.sizes.dp));
   auto loss_tokens = torch::zeros({}, torch::TensorOptions().device(device_).dtype(torch::kFloat32));
+  // The auxiliary losses' backward starts with the factors the lm loss gets (Megatron's
+  // loss_scale x cp / micro-batches, or loss_scale with --calculate-per-token-loss; and the 1 / DP
+  // its data-parallel average applies to them).
+  if (moe_) moe_->set_aux_grad_scale(backward_scale);
   auto loss_sum = pipeline_->run(
       micro,
       [&](int chunk, int64_t mb, const torch::Tensor& input) {
@@ -395,6 +462,7 @@ torch::Tensor Trainer::train_step() {
 
   timers_.start("optimizer", 1);
   optimizer_->finalize_grads();
+  if (moe_) moe_->end_step();  // expert-bias update from the step's token counts (Megatron: finalize_model_grads)
   // Averaged before the step: with --overlap-param-gather the step leaves the weights' all-gathers
   // in flight on the data-parallel group, and a collective queued behind them would wait for all.
   if (per_token) loss_tokens = global_token_count(loss_tokens);
@@ -451,6 +519,24 @@ double Trainer::evaluate() {
   return mean.item<double>() / double(std::max<int64_t>(1, t.eval_iters));
 }
 
+void Trainer::report_moe(int64_t iteration) {
+  // This step's micro-batch count (a batch-size ramp-up changes it), as Megatron's get_num_microbatches().
+  const MoeMetricsReport r = report_moe_metrics(*moe_, parallel_, micro_batches_, device_);
+  for (const auto& [name, value] : r.scalars) {
+    interval_.add_moe(name, value);
+    moe_history_[name].push_back(value);
+  }
+  if (!tensorboard_) return;
+  // Every iteration, as Megatron's training_log (not gated by --tensorboard-log-interval).
+  for (const auto& [name, value] : r.scalars) tensorboard_->add_scalar(name, value.item<double>(), iteration);
+  if (!c_.model.moe.per_layer_logging) return;
+  for (const auto& [name, values] : r.per_layer) {
+    auto host = values.cpu();
+    for (int64_t i = 0; i < host.numel(); ++i)
+      tensorboard_->add_scalar("moe/" + name + "_layer_" + std::to_string(i), host[i].item<double>(), iteration);
+  }
+}
+
 void Trainer::log_interval(int64_t iteration, double seconds, int64_t iterations_in_interval) {
   const auto& t = c_.training;
   IterationStats s;
@@ -470,6 +556,9 @@ void Trainer::log_interval(int64_t iteration, double seconds, int64_t iterations
   s.lm_loss = count > 0 ? interval_.loss_sum.item<double>() / count : std::nan("");
   for (int64_t k = 0; k < c_.model.mtp.num_layers; ++k)
     s.mtp_losses.push_back(interval_.mtp_loss_sums[k].item<double>() / double(iterations_in_interval));
+  // Megatron divides the MoE losses by the advanced (not skipped) iterations of the interval.
+  const double advanced = std::max(1.0, double(iterations_in_interval) - interval_.skipped.item<double>());
+  for (const auto& [name, sum] : interval_.moe_sums) s.moe_losses.emplace_back(name, sum.item<double>() / advanced);
   s.loss_scale = scaler_.scale();
   s.grad_norm = last_step_.grad_norm.item<double>();
   if (last_step_.num_zeros.defined()) s.num_zeros = last_step_.num_zeros.item<int64_t>();
@@ -511,7 +600,8 @@ void Trainer::write_tensorboard(int64_t iteration, const torch::Tensor& loss) {
 
 // The timers' report, in Megatron's log order, with every rank's times gathered over the world.
 Timers::Report Trainer::timer_report(double iterations) {
-  static const std::vector<std::string> kLogOrder = {"forward-backward", "batch-generator", "optimizer"};
+  static const std::vector<std::string> kLogOrder = {"forward-backward", "batch-generator", "moe-token-dispatch",
+                                                      "moe-token-combine", "optimizer"};
   auto gather = [this](const std::vector<double>& mine) {
     const int n = parallel_.sizes.world_size;
     auto local = torch::tensor(mine, torch::TensorOptions().dtype(torch::kFloat64)).to(device_);
@@ -533,7 +623,8 @@ std::map<std::string, torch::Tensor> Trainer::global_weights(std::vector<double>
     const auto infos = chunk->param_infos();
     for (const auto& item : chunk->named_parameters()) {
       const ParamInfo& info = infos.at(item.key());
-      auto global = gather_global_param(item.value().detach().to(torch::kFloat32), info, *parallel_.tp).cpu();
+      Communicator& group = info.expert ? *parallel_.expert_tp : *parallel_.tp;  // experts: sharded over expert TP
+      auto global = gather_global_param(item.value().detach().to(torch::kFloat32), info, group).cpu();
       if (!info.shared_embedding_copy) out[item.key()] = global;
       if (!sample) continue;
       auto flat = global.reshape({-1}).to(torch::kFloat64);
@@ -545,8 +636,11 @@ std::map<std::string, torch::Tensor> Trainer::global_weights(std::vector<double>
 }
 
 TrainingState Trainer::checkpoint_state() {
-  return {c_, parallel_, device_, *optimizer_, schedule_, scaler_, consumed_train_samples_, consumed_valid_samples_,
-          fp8_.get()};
+  TrainingState state{c_, parallel_, device_, *optimizer_, schedule_, scaler_, consumed_train_samples_, consumed_valid_samples_,
+                      fp8_.get()};
+  for (auto& chunk : chunks_)
+    for (const auto& item : chunk->named_buffers()) state.buffers.emplace_back(item.key(), item.value());
+  return state;
 }
 
 void Trainer::save(int64_t iteration, bool non_persistent) {
@@ -562,10 +656,13 @@ void Trainer::save(int64_t iteration, bool non_persistent) {
 
 void Trainer::check_weight_hashes_across_replicas(int64_t iteration) {
   optimizer_->finish_param_gather();
-  std::vector<std::pair<std::string, torch::Tensor>> params;
-  for (auto& chunk : chunks_)
-    for (const auto& item : chunk->named_parameters()) params.emplace_back(item.key(), item.value());
-  log::info(check_weight_hashes(params, parallel_, iteration));
+  std::vector<std::pair<std::string, torch::Tensor>> params, experts;
+  for (auto& chunk : chunks_) {
+    const auto infos = chunk->param_infos();
+    for (const auto& item : chunk->named_parameters())
+      (infos.at(item.key()).expert ? experts : params).emplace_back(item.key(), item.value());
+  }
+  log::info(check_weight_hashes(params, experts, parallel_, iteration));
 }
 
 // Megatron's rule: every --eval-interval iterations, from --start-eval-at-iter on.
@@ -653,6 +750,7 @@ TrainResult Trainer::run() {
     profiler.before_iteration(iteration, [this] { synchronize(); });
     update_batch_size(iteration);
     losses.push_back(train_step());
+    if (moe_) report_moe(iteration);
     ++interval_iterations;
     result.iterations = iteration;
     if ((tensorboard_ || c_.logging.log_params_norm) && !c_.logging.tensorboard_dir.empty() &&
@@ -698,6 +796,8 @@ TrainResult Trainer::run() {
   optimizer_->finish_param_gather();  // the weights are complete when training returns
   synchronize();
   for (const auto& l : losses) result.losses.push_back(l.item<double>());
+  for (const auto& [name, values] : moe_history_)
+    for (const auto& v : values) result.moe_losses[name].push_back(v.item<double>());
   result.consumed_samples = consumed_train_samples_;
   // Gathering every global weight to the host is for tests; a real run skips it.
   if (options_.collect_final_weights) result.final_weights = global_weights(&result.final_weights_sample);

@@ -12,9 +12,12 @@
 
 namespace fp8tron {
 
-// `params`: this rank's parameters by name, in the same order on every data-parallel replica.
+// `params`: this rank's dense parameters by name, in the same order on every data-parallel
+// replica; `expert_params`: its routed experts' parameters, compared over the expert
+// data-parallel group (expert-parallel ranks hold different experts, as Megatron's check splits).
 // Throws UserError when a replica differs; returns the line to log when all match.
-std::string check_weight_hashes(const std::vector<std::pair<std::string, torch::Tensor>>& params, const ParallelState& parallel,
-                                int64_t iteration);
+std::string check_weight_hashes(const std::vector<std::pair<std::string, torch::Tensor>>& params,
+                                const std::vector<std::pair<std::string, torch::Tensor>>& expert_params,
+                                const ParallelState& parallel, int64_t iteration);
 
 }  // namespace fp8tron

@@ -3,6 +3,7 @@
 #include <cstdint>
 
 #include "core/config/model_variants.h"
+#include "core/config/moe_config.h"
 #include "core/config/precision_config.h"
 
 namespace fp8tron {
@@ -43,6 +44,7 @@ struct ModelConfig {
   RotaryConfig rotary;        // rotary-embedding variants
   MlaConfig mla;              // multi-latent attention
   MtpConfig mtp;              // multi-token prediction
+  MoeConfig moe;         // mixture of experts (off: a dense model)
 };
 
 }  // namespace fp8tron

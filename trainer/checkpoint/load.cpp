@@ -78,41 +78,53 @@ std::string name_list(const std::set<std::string>& names) {
   return join(shown, ", ");
 }
 
-void load_parameters(ck::CheckpointReader& reader, const TrainingState& s, bool load_optim) {
-  MixedPrecisionOptimizer& o = s.optimizer;
-  const ParallelState& p = s.parallel;
-  const CheckpointConfig& k = s.config.checkpoint;
-  const std::string& path = reader.location().path;
-  torch::NoGradGuard no_grad;
+// Each read: checkpoint tensor -> this rank's range of a flat buffer of one optimizer domain.
+struct Read {
+  std::string name;
+  const Slot* slot;
+  torch::Tensor destination;
+  int64_t begin, end;
+  int tp_rank, tp_size;  // the domain's tensor-parallel partition
+};
+
+// The reads of one domain's parameters (and their optimizer state); `requested` also gets the
+// model weights superseded by their fp32 copies (they are part of the model's state).
+void plan_domain_reads(ck::CheckpointReader& reader, const TrainingState& s, const OptimizerDomain& o, bool load_optim,
+                       std::vector<Read>& reads, std::set<std::string>& requested) {
   // Main weights come from the fp32 copy when the optimizer state is loaded (exact resume) or
   // --load-main-params-from-ckpt asks; otherwise from the model weights, as Megatron does.
-  const bool fp32_main = load_optim || k.load_main_params_from_ckpt;
+  const bool fp32_main = load_optim || s.config.checkpoint.load_main_params_from_ckpt;
   const auto states = optimizer_states(o, s.config.optimizer);
   const torch::Tensor main = o.main_params();
   const int64_t shard_begin = o.shard_begin(), shard_end = o.shard_begin() + o.shard_numel();
-  // Each read: checkpoint tensor -> this rank's range of a flat buffer. `requested` also holds
-  // the model weights superseded by their fp32 copies (they are part of the model's state).
-  struct Read {
-    std::string name;
-    const Slot* slot;
-    torch::Tensor destination;
-    int64_t begin, end;
-  };
-  std::vector<Read> reads;
-  std::set<std::string> requested;
+  const int tp_rank = o.groups().tp->rank(), tp_size = o.groups().tp->size();
   for (const Slot& slot : o.param_slots()) {
     const int64_t lo = std::max(slot.offset, shard_begin), hi = std::min(slot.offset + slot.numel, shard_end);
     if (lo >= hi) continue;
     const std::string name = checkpoint_name(slot);
     const std::string source = fp32_main && reader.has_tensor(kMainParamPrefix + name) ? kMainParamPrefix + name : name;
     requested.insert(name);
-    reads.push_back({source, &slot, main.narrow(0, lo - shard_begin, hi - lo), lo - slot.offset, hi - slot.offset});
+    reads.push_back({source, &slot, main.narrow(0, lo - shard_begin, hi - lo), lo - slot.offset, hi - slot.offset, tp_rank,
+                     tp_size});
     if (!load_optim) continue;
     for (const auto& [prefix, buffer] : states)
-      reads.push_back({prefix + name, &slot, buffer.narrow(0, lo - shard_begin, hi - lo), lo - slot.offset, hi - slot.offset});
+      reads.push_back({prefix + name, &slot, buffer.narrow(0, lo - shard_begin, hi - lo), lo - slot.offset, hi - slot.offset,
+                       tp_rank, tp_size});
   }
+}
+
+void load_parameters(ck::CheckpointReader& reader, const TrainingState& s, bool load_optim) {
+  MixedPrecisionOptimizer& o = s.optimizer;
+  const ParallelState& p = s.parallel;
+  const CheckpointConfig& k = s.config.checkpoint;
+  const std::string& path = reader.location().path;
+  torch::NoGradGuard no_grad;
+  std::vector<Read> reads;
+  std::set<std::string> requested;
+  for (const auto& domain : o.domains()) plan_domain_reads(reader, s, *domain, load_optim, reads, requested);
   if (load_optim) requested.insert(kStepName);
   for (const Read& r : reads) requested.insert(r.name);
+  for (const auto& [name, buffer] : s.buffers) requested.insert(name);
 
   const Strictness strict = strictness_of(k.dist_ckpt_strictness);
   std::set<std::string> unexpected, missing;
@@ -151,8 +163,15 @@ void load_parameters(ck::CheckpointReader& reader, const TrainingState& s, bool 
 
   for (const Read& r : reads) {
     if (strict.skip_unexpected && unexpected.count(r.name)) continue;
-    const auto pieces = param_pieces(*r.slot, p.tp_rank, p.sizes.tp);
+    const auto pieces = param_pieces(*r.slot, r.tp_rank, r.tp_size);
     r.destination.copy_(read_local_range(reader, r.name, *r.slot, pieces, r.begin, r.end).to(torch::kFloat32));
+  }
+  for (const auto& [name, buffer] : s.buffers) {
+    if (strict.skip_unexpected && unexpected.count(name)) continue;
+    auto host = torch::empty({buffer.numel()}, torch::kFloat32);
+    reader.read(name, ck::DType::F32, {buffer.numel()}, ck::whole({buffer.numel()}), host.data_ptr());
+    torch::Tensor destination = buffer;
+    destination.copy_(host.view(buffer.sizes()));
   }
   if (load_optim && !(strict.skip_unexpected && unexpected.count(kStepName))) {
     float step = 0;

@@ -250,7 +250,7 @@ void validate_metadata(const CheckpointMetadata& m, const std::string& source) {
                               (long long)m.consumed_train_samples, (long long)m.consumed_valid_samples,
                               (long long)m.lr_scheduler_num_steps));
   const auto& p = m.parallel;
-  if (p.tp < 1 || p.pp < 1 || p.dp < 1 || p.cp < 1 || p.ep < 1 || p.vpp < 1 || p.world_size < 1)
+  if (p.tp < 1 || p.pp < 1 || p.dp < 1 || p.cp < 1 || p.ep < 1 || p.etp < 1 || p.vpp < 1 || p.world_size < 1)
     throw UserError(strprintf("%s: parallel sizes must be >= 1 (tp %d pp %d dp %d cp %d ep %d vpp %d "
                               "world %d)", src, p.tp, p.pp, p.dp, p.cp, p.ep, p.vpp, p.world_size));
   if (int64_t(p.tp) * p.pp * p.dp * p.cp != p.world_size)
@@ -286,7 +286,7 @@ std::string serialize_metadata(const CheckpointMetadata& m) {
   for (const auto& [k, v] : m.data_loader) j["data_loader"][k] = v;
   const auto& p = m.parallel;
   j["parallel"] = {{"tp", p.tp}, {"pp", p.pp}, {"dp", p.dp}, {"cp", p.cp},
-                   {"ep", p.ep}, {"vpp", p.vpp}, {"world_size", p.world_size}};
+                   {"ep", p.ep}, {"etp", p.etp}, {"vpp", p.vpp}, {"world_size", p.world_size}};
   j["args"] = ojson::object();
   for (const auto& [k, v] : m.args) j["args"][k] = v;
   j["lr_scheduler"] = {{"num_steps", m.lr_scheduler_num_steps}};
@@ -344,6 +344,7 @@ CheckpointMetadata parse_metadata(const std::string& text, const std::string& so
   m.parallel.dp = r.small_int(p, "parallel", "dp");
   m.parallel.cp = r.small_int(p, "parallel", "cp");
   m.parallel.ep = r.small_int(p, "parallel", "ep");
+  m.parallel.etp = p.contains("etp") ? r.small_int(p, "parallel", "etp") : 1;
   m.parallel.vpp = r.small_int(p, "parallel", "vpp");
   m.parallel.world_size = r.small_int(p, "parallel", "world_size");
   const ojson& args = r.object(j, "", "args");

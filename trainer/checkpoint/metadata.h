@@ -25,6 +25,7 @@ inline constexpr int kMetadataFormatVersion = 1;
 struct ParallelLayout {
   int tp = 1, pp = 1, dp = 1, cp = 1, ep = 1, vpp = 1;
   int world_size = 1;
+  int etp = 1;  // expert tensor parallelism (absent in checkpoints of dense models: 1)
   bool operator==(const ParallelLayout&) const = default;
 };
 

@@ -8,6 +8,16 @@
 namespace fp8tron {
 namespace ck = checkpoint;
 
+namespace {
+// The MoE layers as a 0/1 string ("none" in a dense model).
+std::string moe_layers(const MoeConfig& m) {
+  if (!m.enabled()) return "none";
+  std::string s;
+  for (bool b : m.layer_pattern) s += b ? '1' : '0';
+  return s;
+}
+}  // namespace
+
 std::vector<ModelField> model_fields(const ModelConfig& m) {
   auto b = [](bool v) { return std::string(v ? "true" : "false"); };
   auto i = [](int64_t v) { return std::to_string(v); };
@@ -35,6 +45,12 @@ std::vector<ModelField> model_fields(const ModelConfig& m) {
       {"untie_embeddings_and_output_weights", b(m.untie_embeddings_and_output_weights),
        "--untie-embeddings-and-output-weights"},
       {"qk_layernorm", b(m.qk_layernorm), "--qk-layernorm"},
+      {"num_experts", i(m.moe.num_experts), "--num-experts"},
+      {"moe_ffn_hidden_size", m.moe.enabled() ? i(m.moe.ffn_hidden_size) : "none", "--moe-ffn-hidden-size"},
+      {"moe_layer_freq", moe_layers(m.moe), "--moe-layer-freq"},
+      {"moe_shared_expert_intermediate_size", i(m.moe.shared_expert_size), "--moe-shared-expert-intermediate-size"},
+      {"moe_shared_expert_gate", b(m.moe.shared_expert_gate), "--moe-shared-expert-gate"},
+      {"moe_router_enable_expert_bias", b(m.moe.enable_expert_bias), "--moe-router-enable-expert-bias"},
   };
   // Model variants: recorded only when used, so checkpoints without them keep loading.
   if (m.squared_relu) fields.push_back({"squared_relu", "true", "--squared-relu"});
@@ -81,6 +97,7 @@ ck::ParallelLayout layout_of(const TrainingState& s) {
   l.dp = z.dp;
   l.cp = z.cp;
   l.ep = z.ep;
+  l.etp = z.etp;
   l.vpp = s.config.distributed.virtual_stages;
   l.world_size = z.world_size;
   return l;
@@ -88,6 +105,7 @@ ck::ParallelLayout layout_of(const TrainingState& s) {
 
 std::string layout_string(const ck::ParallelLayout& l) {
   std::string s = strprintf("(TP, PP, DP) = (%d, %d, %d)", l.tp, l.pp, l.dp);
+  if (l.ep > 1 || l.etp != l.tp) s += strprintf(" with experts (EP, ETP) = (%d, %d)", l.ep, l.etp);
   if (l.vpp > 1) s += strprintf(" with %d virtual stages", l.vpp);
   return s;
 }

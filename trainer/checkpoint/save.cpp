@@ -35,11 +35,11 @@ PendingSave::~PendingSave() = default;
 
 namespace {
 
-// The part of a buffer replicated over data-parallel ranks that this rank writes: all of it on
-// data-parallel rank 0 only, or with fully parallel saves (Megatron's default) an equal part on
-// every data-parallel rank.
-std::pair<int64_t, int64_t> replica_part(const TrainingState& s, int64_t numel) {
-  const int dp = s.parallel.sizes.dp, r = s.parallel.dp_rank;
+// The part of a buffer replicated over a domain's data-parallel ranks that this rank writes: all
+// of it on data-parallel rank 0 only, or with fully parallel saves (Megatron's default) an equal
+// part on every data-parallel rank.
+std::pair<int64_t, int64_t> replica_part(const TrainingState& s, const OptimizerDomain& d, int64_t numel) {
+  const int dp = d.groups().dp->size(), r = d.groups().dp->rank();
   if (!s.config.checkpoint.fully_parallel_save || dp == 1) return {0, r == 0 ? numel : 0};
   const int64_t part = (numel + dp - 1) / dp;
   return {std::min(numel, r * part), std::min(numel, (r + 1) * part)};
@@ -80,6 +80,48 @@ std::vector<HostRange> host_ranges(const std::vector<SaveSource>& sources, Snaps
   return out;
 }
 
+// One domain's parameters: tensor-parallel shards as boxes, distributed-optimizer shards as flat
+// ranges, replicas once.
+void collect_domain(const TrainingState& s, size_t di, const std::vector<SaveSource>& sources,
+                    const std::vector<HostRange>& host, RankShards& out) {
+  const OptimizerDomain& o = *s.optimizer.domains()[di];
+  const int tp = o.groups().tp->size(), tp_rank = o.groups().tp->rank(), dp = o.groups().dp->size();
+  const int64_t shard_begin = o.distributed() ? o.shard_begin() : 0;  // where the optimizer's buffers start
+  for (const Slot& slot : o.param_slots()) {
+    if (slot.info.shared_embedding_copy) continue;              // stored by the first stage
+    if (slot.info.partition_dim < 0 && tp_rank != 0) continue;  // replicated over TP: rank 0 stores it
+    const auto& g = slot.info.global_shape;
+    const auto pieces = param_pieces(slot, tp_rank, tp);
+    const int replicas = dp * (slot.info.partition_dim < 0 ? tp : 1);
+    bool model_weights = true;  // the domain's first source
+    for (size_t i = 0; i < sources.size(); ++i) {
+      const SaveSource& src = sources[i];
+      if (src.domain != di) continue;
+      const std::string name = src.prefix + slot.name;
+      const ck::DType dtype = checkpoint_dtype(src.buffer.scalar_type());
+      const bool replicated = model_weights || !o.distributed();  // over data-parallel ranks
+      const int64_t base = model_weights ? 0 : shard_begin;        // flat-buffer index of the source's element 0
+      const int64_t lo = base + src.begin, hi = base + src.end;    // what this rank writes, in flat-buffer indices
+      model_weights = false;
+      for (const auto& piece : pieces) {
+        const int64_t first = slot.offset + piece.begin;
+        const int64_t a = std::max(lo, first), b = std::min(hi, first + piece.numel);
+        if (a >= b) continue;
+        if (replicated && a == first && b == first + piece.numel)
+          out.writer.add(name, dtype, g, piece.box, host[i].at(a - base, b - a), replicas);
+        else  // a distributed-optimizer shard, or this rank's part of a replica cut by the split
+          out.writer.add_flat_range(name, dtype, g, piece.box, a - first, b - first, host[i].at(a - base, b - a));
+      }
+    }
+  }
+}
+
+// A replicated host tensor, stored once: kept alive with the shard's buffers.
+void add_replicated(RankShards& out, const std::string& name, const torch::Tensor& host, int replicas) {
+  out.host_buffers.push_back(host);
+  out.writer.add(name, ck::DType::F32, {host.numel()}, ck::whole({host.numel()}), host.data_ptr(), replicas);
+}
+
 std::unique_ptr<RankShards> collect_shards(const TrainingState& s, SnapshotBuffers* snapshot, int64_t* bytes_copied) {
   s.optimizer.finish_param_gather();  // --overlap-param-gather: the model weights must be complete
   const MixedPrecisionOptimizer& o = s.optimizer;
@@ -88,43 +130,24 @@ std::unique_ptr<RankShards> collect_shards(const TrainingState& s, SnapshotBuffe
   auto out = std::make_unique<RankShards>(p.world_rank);
   const std::vector<SaveSource> sources = save_sources(s);
   const std::vector<HostRange> host = host_ranges(sources, snapshot, out->host_buffers, bytes_copied);
-  const int64_t shard_begin = o.distributed() ? o.shard_begin() : 0;  // where the optimizer's buffers start
-  for (const Slot& slot : o.param_slots()) {
-    if (slot.info.shared_embedding_copy) continue;            // stored by the first stage
-    if (slot.info.partition_dim < 0 && p.tp_rank != 0) continue;  // replicated over TP: rank 0 stores it
-    const auto& g = slot.info.global_shape;
-    const auto pieces = param_pieces(slot, p.tp_rank, tp);
-    const int replicas = dp * (slot.info.partition_dim < 0 ? tp : 1);
-    for (size_t i = 0; i < sources.size(); ++i) {
-      const SaveSource& src = sources[i];
-      const std::string name = src.prefix + slot.name;
-      const ck::DType dtype = checkpoint_dtype(src.buffer.scalar_type());
-      const bool replicated = i == 0 || !o.distributed();  // over data-parallel ranks
-      const int64_t base = i == 0 ? 0 : shard_begin;        // flat-buffer index of the source's element 0
-      const int64_t lo = base + src.begin, hi = base + src.end;  // what this rank writes, in flat-buffer indices
-      for (const auto& piece : pieces) {
-        const int64_t first = slot.offset + piece.begin;
-        const int64_t a = std::max(lo, first), b = std::min(hi, first + piece.numel);
-        if (a >= b) continue;
-        if (replicated && a == first && b == first + piece.numel)
-          out->writer.add(name, dtype, g, piece.box, host[i].at(a - base, b - a), replicas);
-        else  // a distributed-optimizer shard, or this rank's part of a replica cut by the split
-          out->writer.add_flat_range(name, dtype, g, piece.box, a - first, b - first, host[i].at(a - base, b - a));
-      }
-    }
-  }
-  // FP8 recipe state: the same on every tensor- and data-parallel rank of a stage (amaxes are
-  // reduced over them), so the first of them stores it.
-  if (s.fp8 && p.tp_rank == 0 && p.dp_rank == 0) {
+  for (size_t di = 0; di < o.domains().size(); ++di) collect_domain(s, di, sources, host, *out);
+  // FP8 recipe state: the same on every rank of a site's amax group (tensor x data parallel; an
+  // expert's expert tensor x expert data parallel), so the first of them stores it.
+  const OptimizerDomain* experts = o.domains().size() > 1 ? o.domains()[1].get() : nullptr;
+  if (s.fp8) {
     for (const auto& site : s.fp8->sites()) {
+      const bool expert = experts && experts->holds(site->parameter);
+      const bool first = expert ? p.expert_tp_rank == 0 && p.expert_dp_rank == 0 : p.tp_rank == 0 && p.dp_rank == 0;
+      if (!first) continue;
       const torch::Tensor state = s.fp8->site_state(*site);
       if (!state.defined()) continue;
-      const torch::Tensor buffer = state;  // a fresh host tensor: kept alive with the shard's buffers
-      out->host_buffers.push_back(buffer);
-      out->writer.add(site->name + kFp8StateSuffix, ck::DType::F32, {buffer.numel()}, ck::whole({buffer.numel()}),
-                      buffer.data_ptr(), tp * dp);
+      add_replicated(*out, site->name + kFp8StateSuffix, state,
+                     expert ? p.sizes.etp * p.sizes.edp : tp * dp);
     }
   }
+  // Persistent model buffers (the routers' expert biases): the same on every rank of a stage.
+  if (p.tp_rank == 0 && p.dp_rank == 0)
+    for (const auto& [name, buffer] : s.buffers) add_replicated(*out, name, buffer.detach().to(torch::kCPU, torch::kFloat32).contiguous(), tp * dp);
   if (s.config.checkpoint.save_optim && p.world_rank == 0) {
     out->step = float(o.step_count());
     out->writer.add(kStepName, ck::DType::F32, {1}, ck::whole({1}), &out->step);
@@ -205,14 +228,16 @@ void clean_up_after_commit(const CheckpointConfig& k, const PendingSave& save, s
 // Distributed-optimizer shards are written by the rank holding them, replicas over data-parallel
 // ranks once (replica_part).
 std::vector<SaveSource> save_sources(const TrainingState& s) {
-  const MixedPrecisionOptimizer& o = s.optimizer;
-  const torch::Tensor model = o.model_params();
-  const auto [first, last] = replica_part(s, model.numel());
-  std::vector<SaveSource> sources = {{"", model, first, last}};
-  if (s.config.checkpoint.save_optim) {
+  std::vector<SaveSource> sources;
+  for (size_t di = 0; di < s.optimizer.domains().size(); ++di) {
+    const OptimizerDomain& o = *s.optimizer.domains()[di];
+    const torch::Tensor model = o.model_params();
+    const auto [first, last] = replica_part(s, o, model.numel());
+    sources.push_back({"", model, first, last, di});
+    if (!s.config.checkpoint.save_optim) continue;
     auto add = [&](const std::string& prefix, const torch::Tensor& buffer) {
-      const auto [a, b] = o.distributed() ? std::pair<int64_t, int64_t>{0, buffer.numel()} : replica_part(s, buffer.numel());
-      sources.push_back({prefix, buffer, a, b});
+      const auto [a, b] = o.distributed() ? std::pair<int64_t, int64_t>{0, buffer.numel()} : replica_part(s, o, buffer.numel());
+      sources.push_back({prefix, buffer, a, b, di});
     };
     if (model.scalar_type() != torch::kFloat32) add(kMainParamPrefix, o.main_params());
     for (const auto& [prefix, buffer] : optimizer_states(o, s.config.optimizer)) add(prefix, buffer);

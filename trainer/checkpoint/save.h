@@ -34,10 +34,11 @@ struct SaveSource {
   std::string prefix;  // tensor-name prefix ("" for the model weights)
   torch::Tensor buffer;
   int64_t begin = 0, end = 0;
+  size_t domain = 0;   // the optimizer domain whose buffer it is (dense, experts)
 };
 
-// What this rank saves, in a fixed order (the snapshot buffers are matched by position): the
-// model weights first, then the optimizer's buffers.
+// What this rank saves, in a fixed order (the snapshot buffers are matched by position): per
+// optimizer domain, the model weights first, then the optimizer's buffers.
 std::vector<SaveSource> save_sources(const TrainingState& s);
 
 // The device a buffer's host copy is pinned for; -1 for CPU buffers.

@@ -29,8 +29,7 @@ torch::ScalarType torch_dtype(ck::DType d, const std::string& tensor) {
                             "or F64", tensor.c_str(), ck::dtype_name(d)));
 }
 
-std::vector<std::pair<std::string, torch::Tensor>> optimizer_states(const MixedPrecisionOptimizer& o,
-                                                                    const OptimizerConfig& c) {
+std::vector<std::pair<std::string, torch::Tensor>> optimizer_states(const OptimizerDomain& o, const OptimizerConfig& c) {
   if (c.optimizer == "adam")
     return {{"optimizer.state.exp_avg.", o.exp_avg()}, {"optimizer.state.exp_avg_sq.", o.exp_avg_sq()}};
   return {{"optimizer.state.momentum_buffer.", o.exp_avg()}};

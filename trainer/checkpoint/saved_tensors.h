@@ -14,7 +14,7 @@
 
 namespace fp8tron {
 
-using Slot = MixedPrecisionOptimizer::ParamSlot;
+using Slot = OptimizerDomain::ParamSlot;
 
 constexpr const char* kMainParamPrefix = "optimizer.state.fp32_param.";
 constexpr const char* kStepName = "optimizer.state.step";
@@ -27,8 +27,7 @@ torch::ScalarType torch_dtype(checkpoint::DType d, const std::string& tensor);
 
 // The optimizer's per-parameter states besides the main weights: Adam's moments or SGD's
 // momentum, as (tensor-name prefix, flat buffer laid out from shard_begin()).
-std::vector<std::pair<std::string, torch::Tensor>> optimizer_states(const MixedPrecisionOptimizer& o,
-                                                                    const OptimizerConfig& c);
+std::vector<std::pair<std::string, torch::Tensor>> optimizer_states(const OptimizerDomain& o, const OptimizerConfig& c);
 
 // The name a parameter has in checkpoints: its own, except the last stage's tied-embedding copy.
 std::string checkpoint_name(const Slot& slot);

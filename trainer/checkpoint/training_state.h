@@ -29,6 +29,9 @@
 
 #include <atomic>
 #include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
 #include <memory>
 #pragma once
 #include <torch/torch.h>
@@ -58,6 +61,9 @@ struct TrainingState {
   int64_t& consumed_train_samples;
   int64_t& consumed_valid_samples;
   fp8::Fp8Engine* fp8 = nullptr;  // FP8 recipe state (null: no FP8)
+  // Persistent model buffers by global name (the MoE routers' expert_bias), the same on every
+  // tensor- and data-parallel rank of a pipeline stage: checkpointed as fp32 tensors.
+  std::vector<std::pair<std::string, torch::Tensor>> buffers;
 };
 
 }  // namespace fp8tron

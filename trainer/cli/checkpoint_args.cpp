@@ -31,7 +31,11 @@ void apply_checkpoint_args(FlagValues& flags) {
       // model variants
       "squared-relu", "rotary-interleaved", "use-rope-scaling", "rope-scaling-factor", "rotary-scaling-factor", "mscale",
       "mscale-all-dim", "multi-latent-attention", "q-lora-rank", "kv-lora-rank", "qk-head-dim", "qk-pos-emb-head-dim",
-      "v-head-dim", "rope-type", "mtp-num-layers"};
+      "v-head-dim", "rope-type", "mtp-num-layers",
+      // mixture of experts
+      "num-experts", "moe-layer-freq", "moe-ffn-hidden-size", "moe-router-topk", "moe-router-pre-softmax",
+      "moe-grouped-gemm", "moe-shared-expert-intermediate-size", "moe-router-score-function",
+      "moe-router-enable-expert-bias", "moe-router-topk-scaling-factor"};
   std::vector<const char*> names(std::begin(kModelFlags), std::end(kModelFlags));
   // Megatron also takes the tokenizer model unless told not to.
   if (!flags.get_bool("no-use-tokenizer-model-from-checkpoint-args") &&

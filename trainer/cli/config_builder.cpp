@@ -11,6 +11,7 @@
 #include "fp8/recipe.h"
 #include "parallel/pipeline_layout.h"
 #include "trainer/cli/model_variant_args.h"
+#include "trainer/cli/moe_args.h"
 
 namespace fp8tron {
 namespace {
@@ -666,6 +667,7 @@ Config build_config(const FlagValues& flags, const LaunchEnv& launch, bool gpu_a
     c.notices.push_back(strprintf("--rope-scaling-factor %g: fp8tron scales by it; Megatron's pretrain_gpt.py ignores the "
                                   "flag and always scales by 8",
                                   c.model.rotary.llama3_factor));
+  c.model.moe = build_moe_config(flags, c.model, c.hint_warnings);
   c.precision = build_precision(flags);
   c.model.params_dtype = c.precision.params_dtype;
   c.training = build_training(flags, c.parallel.dp);
@@ -705,6 +707,7 @@ Config build_config(const FlagValues& flags, const LaunchEnv& launch, bool gpu_a
   if (c.device == "cuda" && !gpu_available && !c.dry_run)
     throw UserError("--device cuda: no CUDA GPU is visible to this process (use --device cpu)");
   c.precision.fp8 = build_fp8(flags, c.model, c.precision, c.device == "cuda");
+  c.model.moe.expert_gemm_fp8 = c.precision.fp8.grouped_gemm_fp8;
 
   for (const auto& spec : flag_table())
     if (spec.support == Support::Yes || flags.given(spec.name)) c.resolved_flags.emplace_back(spec.name, format_value(spec, flags));

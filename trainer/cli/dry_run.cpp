@@ -20,6 +20,41 @@ std::string format_arguments(const Config& c) {
   return os.str();
 }
 
+namespace {
+// The MoE layout: which layers, the experts and where they live, routing, dispatch.
+std::string format_moe_plan(const Config& c, const ParameterCount& p) {
+  const MoeConfig& e = c.model.moe;
+  const ParallelSizes& z = c.parallel;
+  std::string layers;
+  for (size_t i = 0; i < e.layer_pattern.size(); ++i) layers += e.layer_pattern[i] ? '1' : '0';
+  const char* score = e.score_function == MoeScoreFunction::kSoftmax ? (e.pre_softmax ? "softmax (pre-top-k)" : "softmax")
+                      : e.score_function == MoeScoreFunction::kSigmoid ? "sigmoid"
+                                                                       : "sqrtsoftplus";
+  std::string balancing;
+  for (const auto& t : e.balancing) balancing += strprintf("%s%s %g", balancing.empty() ? "" : ", ", moe_balancing_name(t.type), t.coeff);
+  std::string out = strprintf("mixture of experts: %lld MoE layers of %lld (pattern %s), %lld experts of ffn %lld, top-%lld %s "
+                              "routing%s%s, balancing %s%s\n",
+                              (long long)p.moe_layers, (long long)c.model.num_layers, layers.c_str(), (long long)e.num_experts,
+                              (long long)e.ffn_hidden_size, (long long)e.topk, score,
+                              e.group_topk ? strprintf(" (%lld of %lld groups)", (long long)*e.group_topk, (long long)*e.num_groups).c_str() : "",
+                              e.enable_expert_bias ? " with expert bias" : "", balancing.c_str(),
+                              e.z_loss_coeff ? strprintf(", z-loss %g", *e.z_loss_coeff).c_str() : "");
+  if (e.shared_expert_size > 0)
+    out += strprintf("  shared expert: ffn %lld%s%s\n", (long long)e.shared_expert_size, e.shared_expert_gate ? ", gated" : "",
+                     e.shared_expert_overlap ? ", overlapped with the dispatch" : "");
+  if (e.capacity_factor)
+    out += strprintf("  capacity factor %g (drop by %s%s)\n", *e.capacity_factor,
+                     e.drop_policy == MoeDropPolicy::kProbs ? "probs" : "position", e.pad_to_capacity ? ", padded to capacity" : "");
+  out += strprintf("  experts: %lld per expert-parallel rank (EP %d), expert tensor parallel %d, expert data parallel %d; "
+                   "%s dispatcher\n",
+                   (long long)(e.num_experts / z.ep), z.ep, z.etp, z.edp,
+                   e.dispatcher == MoeDispatcher::kAllToAll ? "alltoall" : "allgather");
+  out += strprintf("  parameters: %lld total, %lld active per token (%s / %s)\n", (long long)p.total, (long long)p.active,
+                   human_count(double(p.total)).c_str(), human_count(double(p.active)).c_str());
+  return out;
+}
+}  // namespace
+
 std::string format_plan(const Config& c) {
   std::ostringstream os;
   const ParameterCount p = count_parameters(c.model);
@@ -36,7 +71,9 @@ std::string format_plan(const Config& c) {
   os << strprintf("parameters: %lld (%s): embedding %lld, per layer %lld, output layer %lld\n", (long long)p.total,
                   human_count(double(p.total)).c_str(), (long long)p.embedding, (long long)p.per_layer,
                   (long long)p.output_layer);
-  os << strprintf("training FLOPs per token: %.4g (%.3f GFLOP)\n", flops, flops / 1e9);
+  if (m.moe.enabled()) os << format_moe_plan(c, p);
+  os << strprintf("training FLOPs per token: %.4g (%.3f GFLOP%s)\n", flops, flops / 1e9,
+                  m.moe.enabled() ? ", active parameters" : "");
   os << strprintf("batch: micro %lld x data-parallel %d x %lld micro-batches = global %lld sequences (%lld tokens), "
                   "%lld iterations\n",
                   (long long)c.training.micro_batch_size, c.parallel.dp, (long long)c.training.num_micro_batches,

@@ -57,13 +57,51 @@ ParameterCount count_parameters(const ModelConfig& m) {
   p.per_layer = layer;
   p.final_norm = norm;
   p.output_layer = m.untie_embeddings_and_output_weights ? m.padded_vocab_size * h : 0;
-  // Multi-token prediction: per depth enorm, hnorm, eh_proj [H, 2H], a layer and its final norm.
+  // Multi-token prediction: per depth enorm, hnorm, eh_proj [H, 2H], a layer and its final norm
+  // (a dense layer: MTP with MoE is refused).
   p.mtp = m.mtp.num_layers * (3 * norm + 2 * h * h + p.per_layer);
   p.total = p.embedding + m.num_layers * p.per_layer + p.final_norm + p.output_layer + p.mtp;
+  p.active = p.total;
+  if (!m.moe.enabled()) return p;
+  // An MoE layer: the dense layer's attention and norms, a router and experts instead of the MLP.
+  const MoeConfig& e = m.moe;
+  const int64_t dense_mlp = h * fc1_out + (m.add_bias_linear ? fc1_out : 0) + f * h + (m.add_bias_linear ? h : 0);
+  const int64_t ef = e.ffn_hidden_size, expert_fc1 = m.swiglu ? 2 * ef : ef;
+  const int64_t expert = h * expert_fc1 + (m.add_bias_linear ? expert_fc1 : 0) + ef * h + (m.add_bias_linear ? h : 0);
+  const int64_t shared_fc1 = m.swiglu ? 2 * e.shared_expert_size : e.shared_expert_size;
+  const int64_t shared = h * shared_fc1 + e.shared_expert_size * h + (e.shared_expert_gate ? h : 0);
+  const int64_t router = e.num_experts * h + (m.add_bias_linear ? e.num_experts : 0);
+  p.moe_layers = e.num_moe_layers();
+  p.experts_per_moe_layer = e.num_experts * expert;
+  p.per_moe_layer = p.per_layer - dense_mlp + router + p.experts_per_moe_layer + shared;
+  p.total = p.embedding + (m.num_layers - p.moe_layers) * p.per_layer + p.moe_layers * p.per_moe_layer + p.final_norm +
+            p.output_layer + p.mtp;
+  p.active = p.total - p.moe_layers * (e.num_experts - e.topk) * expert;
   return p;
 }
 
+namespace {
+// Megatron's transformer_flops for an MoE model (training.py), per token.
+double moe_training_flops_per_token(const ModelConfig& m) {
+  const MoeConfig& e = m.moe;
+  const double h = double(m.hidden_size), layers = double(m.num_layers), s = double(m.seq_length);
+  const double f = m.swiglu ? 3.0 : 2.0;  // the stacked fc1 (gate|up) and fc2 GEMMs
+  const double moe_layers = double(e.num_moe_layers()), dense_layers = layers - moe_layers;
+  const double q = double(m.kv_channels * m.num_attention_heads), kv = double(m.kv_channels * m.num_query_groups);
+  const double mlp = 6.0 * h *
+                     (double(m.ffn_hidden_size) * f * dense_layers + double(e.ffn_hidden_size) * double(e.topk) * f * moe_layers +
+                      double(e.shared_expert_size) * f * moe_layers);
+  const double projections = 6.0 * layers * (h * (q + 2.0 * kv) + q * h);
+  const double logits = 6.0 * h * double(m.padded_vocab_size);
+  const double core_attention = 6.0 * q * s * layers;  // QK^T and AV, halved for the causal mask
+  // Multi-latent attention: its own projections and core attention (as in the dense formula).
+  if (m.mla.enabled) return mlp + layers * mla_attention_flops(m) + logits;
+  return mlp + projections + logits + core_attention;
+}
+}  // namespace
+
 double training_flops_per_token(const ModelConfig& m) {
+  if (m.moe.enabled()) return moe_training_flops_per_token(m);
   // 12 = 3 (fwd + 2x bwd) x 2 (multiply-add) x 2 (the GEMM pairs of the formula).
   const double h = double(m.hidden_size), L = double(m.num_layers), s = double(m.seq_length);
   const double heads = double(m.num_attention_heads), groups = double(m.num_query_groups);
@@ -86,7 +124,12 @@ MemoryEstimate estimate_memory(const Config& c) {
   const ParameterCount p = count_parameters(m);
   // First pipeline stage: its layers plus the embedding (and the output layer when pp == 1).
   const double layers_here = double(m.num_layers) / par.pp;
-  double params = layers_here * p.per_layer / par.tp + double(p.embedding) / par.tp;
+  // MoE layers: their experts spread over the expert-parallel and expert tensor-parallel ranks.
+  const double moe_fraction = m.moe.enabled() ? double(p.moe_layers) / double(m.num_layers) : 0.0;
+  const double dense_layer_params =
+      (1.0 - moe_fraction) * double(p.per_layer) + moe_fraction * double(p.per_moe_layer - p.experts_per_moe_layer);
+  double params = layers_here * dense_layer_params / par.tp + double(p.embedding) / par.tp;
+  if (m.moe.enabled()) params += layers_here * moe_fraction * double(p.experts_per_moe_layer) / double(par.ep * par.etp);
   if (par.pp == 1) params += double(p.final_norm + p.output_layer) / par.tp;
   const bool low_precision = c.precision.params_dtype != ParamDtype::Fp32;
   e.weights = params * (low_precision ? 2 : 4);

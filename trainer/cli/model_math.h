@@ -11,16 +11,24 @@ namespace fp8tron {
 
 struct ParameterCount {
   int64_t embedding = 0;   // word (+ learned position) embeddings
-  int64_t per_layer = 0;   // one transformer layer
+  int64_t per_layer = 0;   // one (dense) transformer layer
   int64_t final_norm = 0;
   int64_t output_layer = 0;  // 0 when tied
   int64_t mtp = 0;           // multi-token prediction layers
   int64_t total = 0;
+  // Mixture of experts: an MoE layer (router, all routed experts, shared expert), of which the
+  // routed experts' part, and the parameters one token uses (top-k routed experts per MoE layer).
+  int64_t moe_layers = 0;
+  int64_t per_moe_layer = 0;
+  int64_t experts_per_moe_layer = 0;
+  int64_t active = 0;  // == total for a dense model
 };
 ParameterCount count_parameters(const ModelConfig& m);
 
 // Forward + backward FLOPs per token (x 3 of the forward matmuls), Megatron's
-// num_floating_point_operations divided by the tokens of a batch.
+// num_floating_point_operations divided by the tokens of a batch. An MoE model counts the top-k
+// routed experts and the shared expert of its MoE layers (active parameters; no router, padding
+// or dropped tokens), with Megatron's current transformer_flops (causal core attention halved).
 double training_flops_per_token(const ModelConfig& m);
 
 struct MemoryEstimate {

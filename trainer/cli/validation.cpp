@@ -182,11 +182,115 @@ const std::vector<Rule>& rules() {
          return "";
        }},
       {"expert parallelism needs experts",
+       [](const Config& c, const FlagValues&) -> std::string {
+         // As Megatron-LM: expert parallelism splits a mixture-of-experts model's experts.
+         const auto& moe = c.model.moe;
+         if (c.parallel.ep > 1 && !moe.enabled())
+           return "--expert-model-parallel-size " + ll(c.parallel.ep) + " needs --num-experts (a mixture-of-experts model)";
+         if (moe.enabled() && moe.num_experts % c.parallel.ep != 0)
+           return "--num-experts (" + ll(moe.num_experts) + ") is not divisible by --expert-model-parallel-size (" +
+                  ll(c.parallel.ep) + ")";
+         if (c.parallel.tp_pp_dp_order && c.parallel.pp > 1 && c.parallel.edp != c.parallel.dp)
+           return "--use-tp-pp-dp-mapping with pipeline parallelism needs the expert data-parallel size (" +
+                  ll(c.parallel.edp) + ") to equal the data-parallel size (" + ll(c.parallel.dp) +
+                  "): choose --expert-model-parallel-size x --expert-tensor-parallel-size = --tensor-model-parallel-size";
+         return "";
+       }},
+      {"MoE sizes",
+       [](const Config& c, const FlagValues&) -> std::string {
+         const auto& moe = c.model.moe;
+         if (!moe.enabled()) return "";
+         if (moe.num_moe_layers() == 0)
+           return "--moe-layer-freq selects no layer: a mixture-of-experts model needs at least one MoE layer";
+         if (moe.ffn_hidden_size <= 0) return "--moe-ffn-hidden-size must be positive";
+         if (moe.ffn_hidden_size % c.parallel.etp != 0)
+           return "--moe-ffn-hidden-size (" + ll(moe.ffn_hidden_size) + ") is not divisible by --expert-tensor-parallel-size (" +
+                  ll(c.parallel.etp) + ")";
+         if (moe.shared_expert_size % c.parallel.tp != 0)
+           return "--moe-shared-expert-intermediate-size (" + ll(moe.shared_expert_size) +
+                  ") is not divisible by --tensor-model-parallel-size (" + ll(c.parallel.tp) + ")";
+         if (moe.topk < 1 || moe.topk > moe.num_experts)
+           return "--moe-router-topk (" + ll(moe.topk) + ") must be between 1 and --num-experts (" + ll(moe.num_experts) + ")";
+         return "";
+       }},
+      {"MoE with tensor parallelism needs sequence parallelism",
+       [](const Config& c, const FlagValues&) -> std::string {
+         // Megatron's MoELayer refuses to train so: the router and dispatcher work on sequence shards.
+         if (c.model.moe.enabled() && c.parallel.tp > 1 && !c.distributed.sequence_parallel)
+           return "a mixture-of-experts model with --tensor-model-parallel-size " + ll(c.parallel.tp) +
+                  " needs --sequence-parallel";
+         return "";
+       }},
+      {"MoE token dispatcher",
        [](const Config& c, const FlagValues& f) -> std::string {
-         // As Megatron-LM: expert parallelism splits the experts of a mixture-of-experts model.
-         if (c.parallel.ep > 1 && !f.opt_int("num-experts").value_or(0))
-           return "--expert-model-parallel-size " + ll(c.parallel.ep) +
-                  " needs --num-experts (a mixture-of-experts model; fp8tron has none yet)";
+         const auto& moe = c.model.moe;
+         if (!moe.enabled()) return "";
+         if (f.get_string("moe-token-dispatcher-type") == "flex")
+           return "--moe-token-dispatcher-type flex (DeepEP/HybridEP) is not supported by fp8tron; use alltoall or allgather";
+         if (moe.shared_expert_overlap && moe.dispatcher != MoeDispatcher::kAllToAll)
+           return "--moe-shared-expert-overlap only works with --moe-token-dispatcher-type alltoall";
+         if (moe.router_padding_for_quantization && moe.dispatcher != MoeDispatcher::kAllToAll)
+           return "--moe-router-padding-for-quantization (--moe-router-padding-for-fp8) is not supported by the allgather "
+                  "dispatcher; use --moe-token-dispatcher-type alltoall (FP8 experts pad their own inputs otherwise)";
+         if (moe.router_padding_for_quantization && !c.precision.fp8.enabled())
+           return "--moe-router-padding-for-quantization (--moe-router-padding-for-fp8) needs FP8 (--fp8-format)";
+         return "";
+       }},
+      {"MoE biases",
+       [](const Config& c, const FlagValues&) -> std::string {
+         const auto& moe = c.model.moe;
+         if (!moe.enabled() || !c.model.add_bias_linear) return "";
+         if (moe.shared_expert_size > 0)
+           return "--moe-shared-expert-intermediate-size needs --disable-bias-linear (the shared expert has no biases)";
+         if (c.parallel.etp > 1)
+           return "expert biases (no --disable-bias-linear) need --expert-tensor-parallel-size 1";
+         return "";
+       }},
+      {"MoE router",
+       [](const Config& c, const FlagValues&) -> std::string {
+         const auto& moe = c.model.moe;
+         if (!moe.enabled()) return "";
+         const bool sinkhorn = moe.has_balancing(MoeBalancing::kSinkhorn);
+         if (moe.enable_expert_bias && moe.score_function == MoeScoreFunction::kSoftmax)
+           return "--moe-router-enable-expert-bias needs --moe-router-score-function sigmoid or sqrtsoftplus";
+         if (moe.topk == 1 && moe.score_function == MoeScoreFunction::kSoftmax && !moe.pre_softmax && !sinkhorn)
+           return "--moe-router-topk 1 with softmax scores needs --moe-router-pre-softmax (a softmax over one logit has "
+                  "no gradient)";
+         for (const auto& t : moe.balancing)
+           if (t.type == MoeBalancing::kSinkhorn && t.coeff != 0)
+             return "--moe-router-load-balancing-type sinkhorn needs --moe-aux-loss-coeff 0 for it";
+         // Megatron routes with sinkhorn only when it is the one type given (in a list it is ignored).
+         if (sinkhorn && moe.balancing.size() > 1)
+           return "--moe-router-load-balancing-type sinkhorn cannot be combined with other types";
+         if (moe.num_groups && *moe.num_groups <= 0) return "--moe-router-num-groups must be positive";
+         if (moe.group_topk) {
+           if (!moe.num_groups) return "--moe-router-group-topk needs --moe-router-num-groups";
+           const int64_t groups = *moe.num_groups, chosen = *moe.group_topk;
+           if (moe.num_experts % groups != 0)
+             return "--num-experts (" + ll(moe.num_experts) + ") is not divisible by --moe-router-num-groups (" + ll(groups) + ")";
+           if (chosen < 1 || chosen > groups)
+             return "--moe-router-group-topk (" + ll(chosen) + ") must be between 1 and --moe-router-num-groups (" + ll(groups) + ")";
+           if (moe.topk < chosen)
+             return "--moe-router-topk (" + ll(moe.topk) + ") is smaller than --moe-router-group-topk (" + ll(chosen) +
+                    "): every group would score 0";
+           if (moe.topk / chosen > moe.num_experts / groups)
+             return "--moe-router-topk / --moe-router-group-topk experts per group exceed the group size";
+           if (moe.topk > chosen * (moe.num_experts / groups))
+             return "--moe-router-topk (" + ll(moe.topk) + ") exceeds the experts of the selected groups";
+         }
+         return "";
+       }},
+      {"MoE capacity",
+       [](const Config& c, const FlagValues&) -> std::string {
+         const auto& moe = c.model.moe;
+         if (!moe.enabled()) return "";
+         if (moe.capacity_factor)
+           for (const auto& t : moe.balancing)
+             if (t.type == MoeBalancing::kSinkhorn)
+               return "--moe-expert-capacity-factor only works with aux_loss, seq_aux_loss, global_aux_loss or none load "
+                      "balancing";
+         if (moe.pad_to_capacity && !moe.capacity_factor)
+           return "--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor";
          return "";
        }},
       {"overlapped data-parallel communication",
@@ -263,6 +367,9 @@ const std::vector<Rule>& rules() {
          const auto& m = c.model;
          if (m.mtp.num_layers < 0) return "--mtp-num-layers must not be negative";
          if (m.mtp.num_layers == 0) return "";
+         // Megatron's MTP layer takes the decoder's last layer spec (an MoE layer when that one is).
+         if (m.moe.enabled())
+           return "--mtp-num-layers with --num-experts is not supported yet by fp8tron (its MTP layers are dense)";
          if (m.position_embedding == PositionEmbedding::Yarn)
            return "Multi-Token Prediction (MTP) is not supported with 'yarn' position embedding type (supported: "
                   "learned_absolute, rope, none)";

@@ -99,6 +99,12 @@ struct Model {
 };
 
 Model read_model(const Source& s) {
+  // Mixture-of-experts checkpoints (recorded since MoE landed; older ones are dense) would need
+  // Mixtral/DeepSeek classes and the experts' tensors: refused by name rather than exported wrongly.
+  auto experts = s.metadata().args.find("model.num_experts");
+  if (experts != s.metadata().args.end() && experts->second != "0")
+    throw UserError("the checkpoint holds a mixture-of-experts model (--num-experts " +
+                    experts->second + "); Hugging Face export of MoE models is not implemented");
   Model m;
   m.layers = s.integer("model.num_layers");
   m.hidden = s.integer("model.hidden_size");

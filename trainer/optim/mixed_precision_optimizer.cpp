@@ -1,360 +1,134 @@
 #include "trainer/optim/mixed_precision_optimizer.h"
 
-#include <algorithm>
-
 #include "core/error.h"
-#include "trainer/optim/muon.h"
-#include "trainer/optim/param_groups.h"
 
 namespace fp8tron {
-namespace {
-// Megatron's parameter groups (trainer/optim/param_groups.h).
-bool decays(const NamedParam& p, const OptimizerConfig& c) { return applies_weight_decay(p.name, p.tensor.dim(), c); }
-int lr_group(const NamedParam& p, const OptimizerConfig& c) { return c.decoupled_lr && is_embedding_or_output(p.name) ? 1 : 0; }
-bool muon(const NamedParam& p, const OptimizerConfig& c) { return uses_muon(p.name, p.tensor.dim(), c); }
-torch::Dtype to_torch(ParamDtype d) {
-  return d == ParamDtype::Bf16 ? torch::kBFloat16 : d == ParamDtype::Fp16 ? torch::kFloat16 : torch::kFloat32;
+
+DomainGroups dense_domain_groups(const ParallelState& p) {
+  DomainGroups g;
+  g.name = "dense";
+  g.dp = p.dp;
+  g.tp = p.tp;
+  g.model_parallel = {p.tp, p.pp};
+  g.embedding = p.embedding;
+  return g;
 }
-// How a parameter counts in the global gradient norm: 0 normal, 1 duplicated over tensor-parallel
-// ranks (counted once), 2 the last stage's tied-embedding copy (not counted).
-int norm_class(const NamedParam& p) {
-  if (p.info.shared_embedding_copy) return 2;
-  return p.info.partition_dim < 0 ? 1 : 0;
+
+DomainGroups expert_domain_groups(const ParallelState& p) {
+  DomainGroups g;
+  g.name = "expert";
+  g.dp = p.expert_dp;
+  g.tp = p.expert_tp;
+  // Expert tensor-parallel ranks hold different shards, expert-parallel ranks different experts.
+  g.model_parallel = {p.expert_tp_ep, p.pp};
+  return g;
 }
-}  // namespace
 
 MixedPrecisionOptimizer::MixedPrecisionOptimizer(const std::vector<NamedParam>& params, const OptimizerConfig& optimizer,
                                                  const PrecisionConfig& precision, const ParallelState& parallel,
-                                                 bool distributed)
-    : config_(optimizer),
-      parallel_(parallel),
-      distributed_(distributed && parallel.sizes.dp > 1),
-      separate_main_weights_(precision.params_dtype != ParamDtype::Fp32 || distributed_) {
+                                                 bool distributed, bool expert_domain)
+    : clip_grad_(optimizer.clip_grad) {
   FP8TRON_CHECK(!params.empty(), "no parameters");
-  torch::NoGradGuard no_grad;
-  if (config_.optimizer == "muon" && distributed_)
-    throw UserError("--optimizer muon with --use-distributed-optimizer is not supported yet (Megatron distributes whole "
-                    "matrices per data-parallel rank); drop --use-distributed-optimizer");
-  // Order: Adam/SGD before Muon parameters, decay first; within it the default learning rate
-  // before the decoupled one, normal, TP-duplicated (partial-gradient ones first), excluded.
-  std::vector<const NamedParam*> ordered;
-  for (const auto& p : params) ordered.push_back(&p);
-  auto model_order = [&](const NamedParam* p) { return int64_t(p - params.data()); };
-  const OptimizerConfig& c = config_;
-  std::stable_sort(ordered.begin(), ordered.end(), [&c](const NamedParam* a, const NamedParam* b) {
-    auto key = [&c](const NamedParam* p) {
-      return std::make_tuple(muon(*p, c), !decays(*p, c), lr_group(*p, c), norm_class(*p), !p->info.reduce_grad_over_tp);
-    };
-    return key(a) < key(b);
-  });
-  const double tp = double(parallel.sizes.tp);
-  for (const auto* p : ordered) {
-    const bool decay = decays(*p, c), is_muon = muon(*p, c);
-    const int group = lr_group(*p, c);
-    const double w = norm_class(*p) == 0 ? 1.0 : norm_class(*p) == 1 ? 1.0 / tp : 0.0;
-    if (segments_.empty() || segments_.back().decay != decay || segments_.back().norm_weight != w ||
-        segments_.back().lr_group != group || segments_.back().muon != is_muon)
-      segments_.push_back(Segment{numel_, 0, decay, w, group, is_muon});
-    if (is_muon) {
-      MuonSlot slot{numel_, p->tensor.sizes().vec(), MuonParam{p->info, is_fused_qkv(p->name), {}}};
-      if (slot.param.qkv) slot.param.qkv_rows = qkv_rows_;
-      muon_slots_.push_back(slot);
-    }
-    segments_.back().numel += p->tensor.numel();
-    auto add_range = [&](std::vector<std::pair<int64_t, int64_t>>& ranges) {
-      if (!ranges.empty() && ranges.back().first + ranges.back().second == numel_) ranges.back().second += p->tensor.numel();
-      else ranges.emplace_back(numel_, p->tensor.numel());
-    };
-    if (p->info.reduce_grad_over_tp && parallel.sizes.tp > 1) add_range(tp_partial_ranges_);
-    // The tied embedding's two copies (first and last stage) sum their gradients.
-    if ((p->info.tied_embedding || p->info.shared_embedding_copy) && parallel.sizes.pp > 1) add_range(embedding_ranges_);
-    numel_ += p->tensor.numel();
-  }
-  const int64_t dp = parallel.sizes.dp;
-  padded_numel_ = distributed_ ? (numel_ + dp - 1) / dp * dp : numel_;
-  shard_numel_ = distributed_ ? padded_numel_ / dp : numel_;
-  shard_begin_ = distributed_ ? shard_numel_ * parallel.dp_rank : 0;
-
-  const auto device = ordered.front()->tensor.device();
-  const auto fp32 = torch::TensorOptions().device(device).dtype(torch::kFloat32);
-  const auto param_dtype = to_torch(precision.params_dtype);
-  auto all_main = torch::zeros({padded_numel_}, fp32);
-  model_params_ = separate_main_weights_ ? torch::zeros({padded_numel_}, fp32.dtype(param_dtype)) : all_main;
-  main_grads_ = torch::zeros({padded_numel_}, fp32.dtype(precision.grads_in_fp32 ? torch::kFloat32 : param_dtype));
-  int64_t offset = 0;
-  for (const auto* p : ordered) {
-    torch::Tensor t = p->tensor;
-    const int64_t n = t.numel();
-    all_main.narrow(0, offset, n).copy_(t.detach().reshape({-1}));  // fp32 values as initialised
-    if (separate_main_weights_) model_params_.narrow(0, offset, n).copy_(all_main.narrow(0, offset, n));
-    t.set_data(model_params_.narrow(0, offset, n).view(t.sizes()));
-    // Gradients accumulate in place into the flat buffer. AccumulateGrad adds each new
-    // (parameter-dtype) gradient into an existing .grad with `+=`, so an fp32 buffer under a
-    // bf16 parameter accumulates micro-batches in fp32, as Megatron's main_grad does.
-    t.mutable_grad() = main_grads_.narrow(0, offset, n).view(t.sizes());
-    buffer_order_.push_back({t, offset, n, model_order(p)});
-    slots_.push_back(ParamSlot{p->name, offset, n, t.sizes().vec(), p->info});
-    offset += n;
-  }
-  main_params_ = distributed_ ? all_main.narrow(0, shard_begin_, shard_numel_).clone() : all_main;
-  if (distributed_ || main_grads_.scalar_type() != torch::kFloat32) grad_shard_ = torch::zeros({shard_numel_}, fp32);
-  exp_avg_ = torch::zeros({shard_numel_}, fp32);  // Adam's first moment, SGD's and Muon's momentum
-  if (config_.optimizer == "adam" || config_.optimizer == "muon") exp_avg_sq_ = torch::zeros({shard_numel_}, fp32);
-  for (size_t i = 0; i < segments_.size(); ++i) step_counts_.push_back(torch::zeros({}, fp32));
-}
-
-void MixedPrecisionOptimizer::enable_grad_overlap(int64_t bucket_numel) {
-  if (parallel_.sizes.dp == 1) return;  // nothing to reduce
-  if (main_grads_.scalar_type() != torch::kFloat32 && !main_grads_.is_cuda())
-    throw UserError("--overlap-grad-reduce on CPU needs fp32 gradients (--bf16 or --accumulate-allreduce-grads-in-fp32)");
-  GradBuckets::Options options;
-  options.bucket_numel = bucket_numel;
-  if (distributed_) {
-    options.shard_numel = shard_numel_;
-    // The tied embedding's copies lie at different offsets on the first and last stage, so their
-    // shard owners differ: they must be summed before the data-parallel reduction (Megatron gives
-    // them a bucket of their own for the same reason).
-    if (parallel_.embedding->size() > 1) options.deferred = embedding_ranges_;
-  }
-  buckets_ = std::make_unique<GradBuckets>(main_grads_, buffer_order_, options, parallel_.dp);
-}
-
-void MixedPrecisionOptimizer::arm_grad_overlap() {
-  if (buckets_) buckets_->arm();
-}
-
-void MixedPrecisionOptimizer::enable_param_gather_overlap(int64_t bucket_numel) {
-  if (!distributed_) return;  // one data-parallel rank holds everything: nothing to gather
-  param_gather_ = std::make_unique<ParamGather>(model_params_, buffer_order_, bucket_numel, shard_numel_, parallel_.dp);
-}
-
-void MixedPrecisionOptimizer::wait_for_params(const torch::nn::Module& module) {
-  if (param_gather_) param_gather_->wait_for(module);
-}
-
-void MixedPrecisionOptimizer::finish_param_gather() {
-  if (param_gather_) param_gather_->finish();
+  std::vector<NamedParam> dense, experts;
+  for (const auto& p : params) (p.info.expert ? experts : dense).push_back(p);
+  FP8TRON_CHECK(!dense.empty(), "no dense parameters");
+  FP8TRON_CHECK(expert_domain || experts.empty(), "expert parameters in a model without an expert domain");
+  const auto device = dense.front().tensor.device();
+  domains_.push_back(std::make_unique<OptimizerDomain>(dense, optimizer, precision, dense_domain_groups(parallel),
+                                                       distributed, device));
+  if (expert_domain)
+    domains_.push_back(std::make_unique<OptimizerDomain>(experts, optimizer, precision, expert_domain_groups(parallel),
+                                                         distributed, device));
 }
 
 void MixedPrecisionOptimizer::zero_grad() {
-  if (zeroed_ranges_.empty()) {
-    main_grads_.zero_();
-    return;
-  }
-  for (auto [offset, n] : zeroed_ranges_) main_grads_.narrow(0, offset, n).zero_();
+  for (auto& d : domains_) d->zero_grad();
 }
-
 void MixedPrecisionOptimizer::skip_zeroing(const std::vector<torch::Tensor>& params) {
-  std::vector<std::pair<int64_t, int64_t>> skipped;
-  const auto* base = static_cast<const char*>(main_grads_.data_ptr());
   for (const auto& p : params) {
-    const torch::Tensor g = p.grad();
-    FP8TRON_CHECK(g.defined() && g.scalar_type() == main_grads_.scalar_type(), "skip_zeroing: not a main-gradient view");
-    const int64_t offset = (static_cast<const char*>(g.data_ptr()) - base) / int64_t(main_grads_.element_size());
-    FP8TRON_CHECK(offset >= 0 && offset + g.numel() <= main_grads_.numel(), "skip_zeroing: gradient outside the buffer");
-    skipped.emplace_back(offset, g.numel());
+    bool held = false;
+    for (auto& d : domains_) held = held || d->holds(p);
+    FP8TRON_CHECK(held, "skip_zeroing: not a main-gradient view");
   }
-  std::sort(skipped.begin(), skipped.end());
-  zeroed_ranges_.clear();
-  int64_t at = 0;
-  for (auto [offset, n] : skipped) {
-    if (offset > at) zeroed_ranges_.emplace_back(at, offset - at);
-    at = std::max(at, offset + n);
-  }
-  if (at < main_grads_.numel()) zeroed_ranges_.emplace_back(at, main_grads_.numel() - at);
+  for (auto& d : domains_) d->skip_zeroing(params);
 }
-
-void MixedPrecisionOptimizer::sum_tensor_parallel_partials(bool own_shard_only) {
-  // Tensor-parallel ranks lay the buffer out identically, so with the distributed optimizer they
-  // own the same elements: summing only those is enough after an overlapped reduce-scatter.
-  const int64_t lo_bound = own_shard_only ? shard_begin_ : 0, hi_bound = own_shard_only ? shard_begin_ + shard_numel_ : numel_;
-  for (auto [off, n] : tp_partial_ranges_) {
-    const int64_t lo = std::max(off, lo_bound), hi = std::min(off + n, hi_bound);
-    if (hi <= lo) continue;
-    auto view = main_grads_.narrow(0, lo, hi - lo);
-    parallel_.tp->all_reduce(view);
-  }
-}
-
-void MixedPrecisionOptimizer::sum_embedding_copies() {
-  if (parallel_.embedding->size() == 1) return;
-  for (auto [off, n] : embedding_ranges_) {
-    auto view = main_grads_.narrow(0, off, n);
-    parallel_.embedding->all_reduce(view);
-  }
-}
-
 void MixedPrecisionOptimizer::finalize_grads() {
-  torch::NoGradGuard no_grad;
-  if (buckets_) {
-    // Overlapped data-parallel reductions must land before anything else touches the buffer. The
-    // other groups' sums commute with the data-parallel average; with the distributed optimizer
-    // the embedding copies are summed first (their buckets wait for it, see enable_grad_overlap).
-    if (distributed_) {
-      buckets_->finish([this] { sum_embedding_copies(); });
-      sum_tensor_parallel_partials(/*own_shard_only=*/true);
-      grad_shard_.copy_(main_grads_.narrow(0, shard_begin_, shard_numel_));
-    } else {
-      buckets_->finish();
-      sum_tensor_parallel_partials(/*own_shard_only=*/false);
-      sum_embedding_copies();
-    }
-    return;
-  }
-  sum_tensor_parallel_partials(/*own_shard_only=*/false);
-  sum_embedding_copies();
-  // The data-parallel mean is a sum here: backward already scaled each micro-batch's loss by
-  // 1 / (micro-batches x data-parallel ranks) (trainer.cpp, train_step).
-  if (parallel_.sizes.dp == 1) return;
-  if (distributed_) {
-    auto shard = main_grads_.scalar_type() == torch::kFloat32 ? grad_shard_ : torch::empty({shard_numel_}, main_grads_.options());
-    parallel_.dp->reduce_scatter(shard, main_grads_);
-    if (!shard.is_same(grad_shard_)) grad_shard_.copy_(shard);
-  } else {
-    parallel_.dp->all_reduce(main_grads_);
-  }
+  for (auto& d : domains_) d->finalize_grads();
 }
-
-void MixedPrecisionOptimizer::all_reduce_model_groups(torch::Tensor& value) {
-  // Tensor-parallel ranks hold different shards, pipeline stages different layers, and with the
-  // distributed optimizer data-parallel ranks different parts of the buffer.
-  if (parallel_.sizes.tp > 1) parallel_.tp->all_reduce(value);
-  if (parallel_.sizes.pp > 1) parallel_.pp->all_reduce(value);
-  if (distributed_) parallel_.dp->all_reduce(value);
+void MixedPrecisionOptimizer::enable_grad_overlap(int64_t bucket_numel) {
+  for (auto& d : domains_) d->enable_grad_overlap(bucket_numel);
 }
-
-torch::Tensor MixedPrecisionOptimizer::global_norm_squared(const torch::Tensor& buffer, int64_t base) {
-  auto total = torch::zeros({}, buffer.options().dtype(torch::kFloat32));
-  const int64_t end = base + buffer.numel();
-  for (const auto& s : segments_) {
-    const int64_t lo = std::max(s.offset, base), hi = std::min(s.offset + s.numel, end);
-    if (hi <= lo || s.norm_weight == 0.0) continue;
-    auto part = buffer.narrow(0, lo - base, hi - lo).to(torch::kFloat32);
-    total += s.norm_weight * part.pow(2).sum();
-  }
-  all_reduce_model_groups(total);
-  return total;
+void MixedPrecisionOptimizer::arm_grad_overlap() {
+  for (auto& d : domains_) d->arm_grad_overlap();
+}
+void MixedPrecisionOptimizer::enable_param_gather_overlap(int64_t bucket_numel) {
+  for (auto& d : domains_) d->enable_param_gather_overlap(bucket_numel);
+}
+void MixedPrecisionOptimizer::wait_for_params(const torch::nn::Module& module) {
+  for (auto& d : domains_) d->wait_for_params(module);
+}
+void MixedPrecisionOptimizer::finish_param_gather() {
+  for (auto& d : domains_) d->finish_param_gather();
+}
+bool MixedPrecisionOptimizer::param_gather_overlapped() const {
+  for (const auto& d : domains_)
+    if (d->param_gather_overlapped()) return true;
+  return false;
 }
 
 StepResult MixedPrecisionOptimizer::step(double lr, double weight_decay, double loss_scale, std::optional<double> decoupled_lr) {
-  auto divisor = loss_scale == 1.0 ? torch::Tensor() : torch::full({}, loss_scale, main_grads_.options().dtype(torch::kFloat32));
+  const auto& reference = domains_.front()->main_grads();
+  auto divisor = loss_scale == 1.0 ? torch::Tensor() : torch::full({}, loss_scale, reference.options().dtype(torch::kFloat32));
   return step(lr, weight_decay, divisor, decoupled_lr);
 }
 
 StepResult MixedPrecisionOptimizer::step(double lr, double weight_decay, const torch::Tensor& grad_divisor,
                                          std::optional<double> decoupled_lr) {
   torch::NoGradGuard no_grad;
-  // The gradients this rank updates with, in fp32, laid out from shard_begin_.
-  torch::Tensor grads = main_grads_.narrow(0, 0, numel_);
-  if (distributed_) grads = grad_shard_;
-  else if (grad_shard_.defined()) grads = grad_shard_.copy_(main_grads_);
-  if (grad_divisor.defined()) grads.div_(grad_divisor);
-
+  std::vector<torch::Tensor> grads;
+  for (auto& d : domains_) grads.push_back(d->unscaled_grads(grad_divisor));
+  // One norm: each domain's squares summed over its own groups, then added (Megatron:
+  // sqrt(dense^2 + expert^2)).
+  torch::Tensor squared = domains_[0]->norm_squared(grads[0]);
+  for (size_t i = 1; i < domains_.size(); ++i) squared = squared + domains_[i]->norm_squared(grads[i]);
   StepResult result;
-  result.grad_norm = global_norm_squared(grads, shard_begin_).sqrt();
+  result.grad_norm = squared.sqrt();
   result.found_inf = result.grad_norm.isfinite().logical_not().to(torch::kFloat32);
-  if (config_.clip_grad > 0) {
+  if (clip_grad_ > 0) {
     // Megatron: clip_coeff = max_norm / (total_norm + 1e-6), applied when below 1.
-    auto coeff = (config_.clip_grad / (result.grad_norm + 1e-6)).clamp_max(1.0);
-    grads.mul_(torch::nan_to_num(coeff, 0.0, 0.0, 0.0));
+    auto coeff = torch::nan_to_num((clip_grad_ / (result.grad_norm + 1e-6)).clamp_max(1.0), 0.0, 0.0, 0.0);
+    for (auto& g : grads) g.mul_(coeff);
   }
-  const int64_t shard_end = shard_begin_ + shard_numel_;
-  if (count_zeros_) result.num_zeros = zeros_in(grads);
-  auto keep = 1.0 - result.found_inf;
-  for (size_t i = 0; i < segments_.size(); ++i) {
-    const auto& s = segments_[i];
-    const int64_t lo = std::max(s.offset, shard_begin_), hi = std::min(s.offset + s.numel, std::min(shard_end, numel_));
-    if (hi <= lo) continue;
-    const int64_t off = lo - shard_begin_, n = hi - lo;
-    auto p = main_params_.narrow(0, off, n), g = grads.narrow(0, off, n), m = exp_avg_.narrow(0, off, n);
-    const double wd = s.decay ? weight_decay : 0.0;
-    const double group_lr = s.lr_group == 1 ? decoupled_lr.value_or(lr) : lr;
-    if (s.muon) {
-      muon_step(s, grads, group_lr, wd, result.found_inf);
-    } else if (config_.optimizer == "adam" || config_.optimizer == "muon") {
-      auto v = exp_avg_sq_.narrow(0, off, n);
-      step_counts_[i].add_(keep);  // a skipped step does not advance bias correction
-      at::_fused_adamw_({p}, {g}, {m}, {v}, {}, {step_counts_[i]}, group_lr, config_.adam_beta1, config_.adam_beta2, wd,
-                        config_.adam_eps, false, false, std::nullopt, result.found_inf);
-    } else {
-      // SGD with momentum (torch.optim.SGD semantics); skipped steps leave everything unchanged.
-      auto d = torch::nan_to_num(g, 0.0, 0.0, 0.0) + wd * p;
-      m.mul_(config_.sgd_momentum * keep + result.found_inf).add_(d * keep);
-      p.sub_(m * (group_lr * keep));
-    }
+  if (count_zeros_) {
+    torch::Tensor zeros = domains_[0]->zeros_in(grads[0]);
+    for (size_t i = 1; i < domains_.size(); ++i) zeros = zeros + domains_[i]->zeros_in(grads[i]);
+    result.num_zeros = zeros.to(torch::kInt64);
   }
-  if (param_gather_) {
-    param_gather_->finish();  // nothing may still read this rank's shard
-    model_params_.narrow(0, shard_begin_, shard_numel_).copy_(main_params_);
-    param_gather_->start();
-  } else {
-    publish_model_params();
-  }
+  for (size_t i = 0; i < domains_.size(); ++i)
+    domains_[i]->update(grads[i], lr, weight_decay, result.found_inf, decoupled_lr);
   return result;
 }
 
-void MixedPrecisionOptimizer::publish_model_params() {
-  torch::NoGradGuard no_grad;
-  finish_param_gather();
-  if (distributed_) {
-    auto mine = model_params_.narrow(0, shard_begin_, shard_numel_);
-    mine.copy_(main_params_);
-    auto gathered = model_params_;
-    parallel_.dp->all_gather(gathered, mine.clone());
-  } else if (separate_main_weights_) {
-    model_params_.narrow(0, 0, numel_).copy_(main_params_.narrow(0, 0, numel_));
-  }
+torch::Tensor MixedPrecisionOptimizer::params_norm() {
+  torch::Tensor squared = domains_[0]->params_norm_squared();
+  for (size_t i = 1; i < domains_.size(); ++i) squared = squared + domains_[i]->params_norm_squared();
+  return squared.sqrt();
 }
 
-// Muon (Emerging-Optimizers' OrthogonalizedOptimizer.step with Megatron's TensorParallelMuon):
-// decoupled weight decay p <- p (1 - lr wd), momentum m <- m + (1 - beta)(g - m), direction m (or
-// Nesterov's g + beta (m - g)), p <- p - lr x scaled Newton-Schulz(direction). A skipped step
-// (inf/nan gradients) leaves p and m unchanged without waiting for the device.
-void MixedPrecisionOptimizer::muon_step(const Segment& s, const torch::Tensor& grads, double lr, double wd,
-                                        const torch::Tensor& found_inf) {
-  const MuonConfig& c = config_.muon;
-  auto keep = 1.0 - found_inf;
-  for (const auto& slot : muon_slots_) {
-    if (slot.offset < s.offset || slot.offset >= s.offset + s.numel) continue;
-    int64_t n = 1;
-    for (int64_t d : slot.shape) n *= d;
-    auto p = main_params_.narrow(0, slot.offset, n).view(slot.shape);
-    auto g = torch::nan_to_num(grads.narrow(0, slot.offset, n), 0.0, 0.0, 0.0).view(slot.shape);
-    auto m = exp_avg_.narrow(0, slot.offset, n).view(slot.shape);
-    auto m_new = m + (1.0 - c.momentum) * (g - m);
-    auto direction = c.nesterov ? g + c.momentum * (m_new - g) : m_new;
-    auto update = muon_update(direction, slot.param, c, *parallel_.tp);
-    m.copy_(keep * m_new + found_inf * m);
-    p.copy_(keep * (p * (1.0 - lr * wd) - lr * update) + found_inf * p);
-  }
+int64_t MixedPrecisionOptimizer::num_parameters() const {
+  int64_t n = 0;
+  for (const auto& d : domains_) n += d->num_parameters();
+  return n;
 }
 
-torch::Tensor MixedPrecisionOptimizer::zeros_in(const torch::Tensor& grads) {
-  // Tensor-parallel duplicates count on rank 0 of their group only; the tied embedding's copy not at all.
-  auto total = torch::zeros({}, grads.options().dtype(torch::kFloat64));
-  const int64_t end = shard_begin_ + grads.numel();
-  for (const auto& s : segments_) {
-    const int64_t lo = std::max(s.offset, shard_begin_), hi = std::min(std::min(s.offset + s.numel, end), numel_);
-    if (hi <= lo || s.norm_weight == 0.0 || (s.norm_weight < 1.0 && parallel_.tp_rank != 0)) continue;
-    total += (grads.narrow(0, lo - shard_begin_, hi - lo) == 0).sum().to(torch::kFloat64);
-  }
-  all_reduce_model_groups(total);
-  return total.to(torch::kInt64);
-}
-
-double MixedPrecisionOptimizer::step_count() const {
-  double steps = 0;
-  for (const auto& s : step_counts_) steps = std::max(steps, s.item<double>());
-  return steps;
-}
+double MixedPrecisionOptimizer::step_count() const { return domains_.front()->step_count(); }
 
 void MixedPrecisionOptimizer::set_step_count(double steps) {
-  for (auto& s : step_counts_) s.fill_(steps);
+  for (auto& d : domains_) d->set_step_count(steps);
 }
 
-torch::Tensor MixedPrecisionOptimizer::params_norm() {
-  torch::NoGradGuard no_grad;
-  return global_norm_squared(main_params_, shard_begin_).sqrt();
+void MixedPrecisionOptimizer::publish_model_params() {
+  for (auto& d : domains_) d->publish_model_params();
 }
 
 }  // namespace fp8tron

@@ -1,0 +1,48 @@
+#include "models/moe/experts.h"
+
+#include <cmath>
+
+
+namespace fp8tron {
+
+GroupedMlpImpl::GroupedMlpImpl(const ModelConfig& m, const std::string& prefix, int64_t num_local_experts,
+                               int64_t expert_offset, const ModuleFactory& f, bool use_fp8)
+    : swiglu_(m.swiglu) {
+  const int64_t ffn = m.moe.ffn_hidden_size;
+  GroupedLinearOptions fc1;
+  fc1.in_features = m.hidden_size;
+  fc1.out_features = m.swiglu ? 2 * ffn : ffn;
+  fc1.num_gemms = num_local_experts;
+  fc1.expert_offset = expert_offset;
+  fc1.is_expert = true;
+  fc1.bias = m.add_bias_linear;
+  fc1.init_std = m.init_method_std;
+  fc1.init_name = prefix + ".linear_fc1";
+  fc1.parallel_mode = GroupedParallelMode::kColumn;
+  fc1.interleave = m.swiglu ? 2 : 1;
+  fc1.use_fp8 = use_fp8;
+  GroupedLinearOptions fc2 = fc1;
+  fc2.in_features = ffn;
+  fc2.out_features = m.hidden_size;
+  fc2.init_std = m.init_method_std / std::sqrt(2.0 * double(m.num_layers));  // Megatron's output_layer_init_method
+  fc2.init_name = prefix + ".linear_fc2";
+  fc2.parallel_mode = GroupedParallelMode::kRow;
+  fc2.interleave = 1;
+  linear_fc1 = register_module("linear_fc1", TEGroupedLinear(fc1, f));
+  linear_fc2 = register_module("linear_fc2", TEGroupedLinear(fc2, f));
+}
+
+torch::Tensor GroupedMlpImpl::forward(const torch::Tensor& x, const std::vector<int64_t>& counts) {
+  auto h = linear_fc1(x, counts);
+  torch::Tensor a;
+  if (swiglu_) {
+    // This rank's [gate | up] shards (fc1 splits each half over the expert TP group).
+    auto halves = h.chunk(2, -1);
+    a = torch::nn::functional::silu(halves[0]) * halves[1];
+  } else {
+    a = at::gelu(h, "tanh");
+  }
+  return linear_fc2(a, counts);
+}
+
+}  // namespace fp8tron

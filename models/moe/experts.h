@@ -1,0 +1,38 @@
+// The routed experts of an MoE layer (Megatron-Core's TEGroupedMLP): linear_fc1 and linear_fc2
+// as TEGroupedLinear over this rank's local experts, column- and row-parallel over the expert
+// tensor-parallel group, with the dense MLP's activation (SwiGLU or GeLU) in between. Parameters
+// decoder.layers.N.mlp.experts.linear_fc{1,2}.weight<g> with g the GLOBAL expert index, drawn
+// from (seed, name): the same experts in every expert-parallel layout.
+//
+// FP8: the expert GEMMs run in FP8 through TEGroupedLinear (one site per expert), which pads each
+// expert's rows to the FP8 alignment inside (Megatron's TEGroupedMLP/Fp8Padding): unaligned counts
+// are never refused and change no output. --no-use-gmm-fp8 keeps them in bf16.
+#pragma once
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+#include "core/config/model_config.h"
+#include "models/grouped_linear.h"
+#include "models/module_factory.h"
+
+namespace fp8tron {
+
+class GroupedMlpImpl : public torch::nn::Module {
+ public:
+  // `factory`: its tensor-parallel context is the expert tensor-parallel group.
+  GroupedMlpImpl(const ModelConfig& m, const std::string& prefix, int64_t num_local_experts, int64_t expert_offset,
+                 const ModuleFactory& factory, bool use_fp8);
+  // x [rows, H] grouped by local expert, counts per local expert (host). Returns [rows, H]:
+  // each row its expert's output, partial sums over the expert tensor-parallel group.
+  torch::Tensor forward(const torch::Tensor& x, const std::vector<int64_t>& counts);
+
+  TEGroupedLinear linear_fc1{nullptr}, linear_fc2{nullptr};
+
+ private:
+  bool swiglu_;
+};
+TORCH_MODULE(GroupedMlp);
+
+}  // namespace fp8tron

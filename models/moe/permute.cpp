@@ -1,0 +1,251 @@
+#include "models/moe/permute.h"
+
+#include <ATen/cuda/CUDAContext.h>
+
+#include <numeric>
+
+#include "core/error.h"
+#include "models/moe/permute_kernels.h"
+
+namespace fp8tron::moe {
+namespace {
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+bool kernel_dtype(torch::ScalarType t, kernels::DType* out) {
+  switch (t) {
+    case torch::kFloat32: *out = kernels::DType::kF32; return true;
+    case torch::kBFloat16: *out = kernels::DType::kBF16; return true;
+    case torch::kFloat16: *out = kernels::DType::kF16; return true;
+    default: return false;
+  }
+}
+cudaStream_t stream_of(const torch::Tensor& t) { return at::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
+
+// out[r] = x[src[r]] (x scale[r] in fp32), in x's dtype.
+torch::Tensor gather(const torch::Tensor& x_in, const torch::Tensor& flat_of_row, int64_t experts, const torch::Tensor& scale) {
+  auto x = x_in.contiguous();
+  const int64_t rows = flat_of_row.size(0), hidden = x.size(1);
+  kernels::DType d;
+  if (x.is_cuda() && kernel_dtype(x.scalar_type(), &d)) {
+    auto src = flat_of_row.div(experts, "floor");
+    auto out = torch::empty({rows, hidden}, x.options());
+    auto s = scale.defined() ? scale.to(torch::kFloat32).contiguous() : torch::Tensor();
+    kernels::gather_rows(x.data_ptr(), out.data_ptr(), d, src.data_ptr<int64_t>(), s.defined() ? s.data_ptr<float>() : nullptr,
+                         rows, hidden, stream_of(x));
+    return out;
+  }
+  auto out = x.index_select(0, flat_of_row.div(experts, "floor"));
+  if (!scale.defined()) return out;
+  const auto math = x.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+  return (out.to(math) * scale.to(math).unsqueeze(1)).to(x.scalar_type());
+}
+
+// out[t] = sum over t's rows (ascending expert) of probs * y[row], accumulated in fp32.
+torch::Tensor combine(const torch::Tensor& y_in, const torch::Tensor& row_of, const torch::Tensor& flat_of_row,
+                      const torch::Tensor& probs, torch::Dtype out_dtype) {
+  auto y = y_in.contiguous();
+  const int64_t tokens = row_of.size(0), experts = row_of.size(1), hidden = y.size(1);
+  kernels::DType in, out_d;
+  const bool float_probs = !probs.defined() || probs.scalar_type() != torch::kFloat64;
+  if (y.is_cuda() && float_probs && kernel_dtype(y.scalar_type(), &in) && kernel_dtype(out_dtype, &out_d)) {
+    auto out = torch::empty({tokens, hidden}, y.options().dtype(out_dtype));
+    auto p = probs.defined() ? probs.to(torch::kFloat32).contiguous() : torch::Tensor();
+    auto map = row_of.contiguous();
+    kernels::combine_rows(y.data_ptr(), in, map.data_ptr<int32_t>(), p.defined() ? p.data_ptr<float>() : nullptr,
+                          out.data_ptr(), out_d, tokens, experts, hidden, stream_of(y));
+    return out;
+  }
+  // index_add_ walks the rows in order: a token's experts in ascending order, as the kernel.
+  const bool f64 = y.scalar_type() == torch::kFloat64 || (probs.defined() && probs.scalar_type() == torch::kFloat64);
+  const auto acc = f64 ? torch::kFloat64 : torch::kFloat32;
+  auto rows = y.to(acc);
+  if (probs.defined()) rows = rows * probs.reshape({-1}).index_select(0, flat_of_row).to(acc).unsqueeze(1);
+  auto out = torch::zeros({tokens, hidden}, y.options().dtype(acc));
+  out.index_add_(0, flat_of_row.div(experts, "floor"), rows);
+  return out.to(out_dtype);
+}
+
+// dprobs[t, e] = <y[row(t, e)], dout[t]> in fp32, [T, E].
+torch::Tensor prob_grads(const torch::Tensor& y_in, const torch::Tensor& dout_in, const torch::Tensor& row_of,
+                         const torch::Tensor& flat_of_row) {
+  const int64_t tokens = row_of.size(0), experts = row_of.size(1);
+  kernels::DType d;
+  if (y_in.is_cuda() && kernel_dtype(y_in.scalar_type(), &d)) {
+    auto y = y_in.contiguous();
+    auto dout = dout_in.to(y.scalar_type()).contiguous();
+    auto out = torch::empty({tokens, experts}, y.options().dtype(torch::kFloat32));
+    auto map = row_of.contiguous();
+    kernels::prob_grads(y.data_ptr(), dout.data_ptr(), d, map.data_ptr<int32_t>(), out.data_ptr<float>(), tokens, experts,
+                        y.size(1), stream_of(y));
+    return out;
+  }
+  // The output gradient in y's dtype, as the kernel reads it.
+  const auto acc = y_in.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+  auto dout = dout_in.to(y_in.scalar_type()).index_select(0, flat_of_row.div(experts, "floor"));
+  auto per_row = (y_in.to(acc) * dout.to(acc)).sum(1);
+  auto out = torch::zeros({tokens * experts}, y_in.options().dtype(acc));
+  out.index_copy_(0, flat_of_row, per_row);
+  return out.view({tokens, experts});
+}
+
+struct PermuteFn : torch::autograd::Function<PermuteFn> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, torch::Tensor row_of, torch::Tensor flat_of_row) {
+    ctx->saved_data["row_of"] = row_of;
+    ctx->saved_data["flat_of_row"] = flat_of_row;
+    return gather(x, flat_of_row, row_of.size(1), {});
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    auto row_of = ctx->saved_data["row_of"].toTensor();
+    auto flat = ctx->saved_data["flat_of_row"].toTensor();
+    return {combine(grad[0], row_of, flat, {}, grad[0].scalar_type()), {}, {}};
+  }
+};
+
+struct UnpermuteFn : torch::autograd::Function<UnpermuteFn> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& y, const torch::Tensor& probs, torch::Tensor row_of,
+                               torch::Tensor flat_of_row, int64_t out_dtype) {
+    ctx->save_for_backward({y, probs});
+    ctx->saved_data["row_of"] = row_of;
+    ctx->saved_data["flat_of_row"] = flat_of_row;
+    return combine(y, row_of, flat_of_row, probs, torch::Dtype(out_dtype));
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    const auto saved = ctx->get_saved_variables();
+    const auto& y = saved[0];
+    const auto& probs = saved[1];
+    auto row_of = ctx->saved_data["row_of"].toTensor();
+    auto flat = ctx->saved_data["flat_of_row"].toTensor();
+    const int64_t experts = row_of.size(1);
+    auto dout = grad[0];
+    auto dy = gather(dout, flat, experts, probs.reshape({-1}).index_select(0, flat)).to(y.scalar_type());
+    torch::Tensor dprobs;
+    if (probs.requires_grad()) dprobs = prob_grads(y, dout, row_of, flat).to(probs.scalar_type());
+    return {dy, dprobs, {}, {}, {}};
+  }
+};
+
+// unpermute without probabilities: each token sums its rows; backward gives every row its token's
+// gradient.
+struct CombineFn : torch::autograd::Function<CombineFn> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& y, torch::Tensor row_of, torch::Tensor flat_of_row,
+                               int64_t out_dtype) {
+    ctx->saved_data["row_of"] = row_of;
+    ctx->saved_data["flat_of_row"] = flat_of_row;
+    ctx->saved_data["y_dtype"] = int64_t(y.scalar_type());
+    return combine(y, row_of, flat_of_row, {}, torch::Dtype(out_dtype));
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad) {
+    auto row_of = ctx->saved_data["row_of"].toTensor();
+    auto flat = ctx->saved_data["flat_of_row"].toTensor();
+    const auto y_dtype = torch::Dtype(ctx->saved_data["y_dtype"].toInt());
+    return {gather(grad[0], flat, row_of.size(1), {}).to(y_dtype), {}, {}, {}};
+  }
+};
+
+struct SortChunksFn : torch::autograd::Function<SortChunksFn> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, std::vector<int64_t> sizes,
+                               std::vector<int64_t> order);
+  static variable_list backward(AutogradContext* ctx, variable_list grad);
+};
+
+torch::Tensor reorder_chunks(const torch::Tensor& x_in, const std::vector<int64_t>& sizes, const std::vector<int64_t>& order) {
+  auto x = x_in.contiguous();
+  std::vector<int64_t> start(sizes.size() + 1, 0);
+  for (size_t c = 0; c < sizes.size(); ++c) start[c + 1] = start[c] + sizes[c];
+  FP8TRON_CHECK(start.back() == x.size(0), "sort_chunks: the chunk sizes do not add up to the rows");
+  FP8TRON_CHECK(order.size() == sizes.size(), "sort_chunks: the order must name every chunk once");
+  kernels::DType d;
+  if (x.is_cuda() && kernel_dtype(x.scalar_type(), &d) && x.dim() == 2) {
+    std::vector<int64_t> tables(2 * order.size());
+    int64_t at = 0;
+    for (size_t i = 0; i < order.size(); ++i) {
+      tables[i] = start[size_t(order[i])];
+      tables[order.size() + i] = at;
+      at += sizes[size_t(order[i])];
+    }
+    auto device_tables = torch::tensor(tables, torch::kInt64).to(x.device(), /*non_blocking=*/true);
+    auto out = torch::empty_like(x);
+    kernels::sort_chunks(x.data_ptr(), out.data_ptr(), d, device_tables.data_ptr<int64_t>(),
+                         device_tables.data_ptr<int64_t>() + order.size(), int64_t(order.size()), x.size(0), x.size(1),
+                         stream_of(x));
+    return out;
+  }
+  std::vector<torch::Tensor> pieces;
+  for (int64_t c : order) pieces.push_back(x.narrow(0, start[size_t(c)], sizes[size_t(c)]));
+  return pieces.empty() ? x : torch::cat(pieces, 0);
+}
+
+torch::Tensor SortChunksFn::forward(AutogradContext* ctx, const torch::Tensor& x, std::vector<int64_t> sizes,
+                                    std::vector<int64_t> order) {
+  ctx->saved_data["sizes"] = sizes;
+  ctx->saved_data["order"] = order;
+  return reorder_chunks(x, sizes, order);
+}
+
+variable_list SortChunksFn::backward(AutogradContext* ctx, variable_list grad) {
+  // The output holds chunk order[i] at position i: put every chunk back where it came from.
+  const auto sizes = ctx->saved_data["sizes"].toIntVector();
+  const auto order = ctx->saved_data["order"].toIntVector();
+  std::vector<int64_t> out_sizes(order.size()), inverse(order.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    out_sizes[i] = sizes[size_t(order[i])];
+    inverse[size_t(order[i])] = int64_t(i);
+  }
+  return {reorder_chunks(grad[0], out_sizes, inverse), {}, {}};
+}
+
+}  // namespace
+
+PermuteIndex make_permute_index(const torch::Tensor& map, const std::vector<int64_t>& counts) {
+  FP8TRON_CHECK(map.dim() == 2 && int64_t(counts.size()) == map.size(1), "permute index: one count per expert");
+  torch::NoGradGuard no_grad;
+  PermuteIndex index;
+  index.counts = counts;
+  std::vector<int32_t> offsets(counts.size(), 0);
+  for (size_t e = 1; e < counts.size(); ++e) offsets[e] = offsets[e - 1] + int32_t(counts[e - 1]);
+  index.rows = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+  FP8TRON_CHECK(index.rows < (int64_t(1) << 31), "permute index: too many rows for int32 row numbers");
+  const auto int32 = map.options().dtype(torch::kInt32);
+  // Rank of each token among the expert's routed tokens, shifted by the expert's offset.
+  auto routed = map.to(torch::kInt32);
+  auto rank = routed.cumsum(0, torch::kInt32) - 1;
+  auto base = torch::tensor(offsets, torch::kInt32).to(map.device(), /*non_blocking=*/true);
+  index.row_of = torch::where(map.to(torch::kBool), rank + base.unsqueeze(0), torch::full({}, -1, int32)).to(torch::kInt32);
+  // Invert: row -> t * E + e (the unrouted pairs all land in a spare slot, dropped).
+  const int64_t pairs = map.numel();
+  auto rows = index.row_of.reshape({-1}).to(torch::kInt64);
+  auto target = torch::where(rows >= 0, rows, torch::full({}, index.rows, rows.options()));
+  auto inverse = torch::empty({index.rows + 1}, rows.options())
+                     .scatter_(0, target, torch::arange(pairs, rows.options()));
+  index.flat_of_row = inverse.narrow(0, 0, index.rows);
+  return index;
+}
+
+torch::Tensor permute(const torch::Tensor& x, const PermuteIndex& index) {
+  FP8TRON_CHECK(x.dim() == 2 && x.size(0) == index.tokens(), "permute: x must be [tokens, hidden]");
+  return PermuteFn::apply(x, index.row_of, index.flat_of_row);
+}
+
+torch::Tensor unpermute(const torch::Tensor& y, const PermuteIndex& index, const torch::Tensor& probs, torch::Dtype out_dtype) {
+  FP8TRON_CHECK(y.dim() == 2 && y.size(0) == index.rows, "unpermute: y must hold the permuted rows");
+  FP8TRON_CHECK(!probs.defined() || (probs.dim() == 2 && probs.size(0) == index.tokens() && probs.size(1) == index.experts()),
+                "unpermute: probs must be [tokens, experts]");
+  if (!probs.defined()) return CombineFn::apply(y, index.row_of, index.flat_of_row, int64_t(out_dtype));
+  return UnpermuteFn::apply(y, probs, index.row_of, index.flat_of_row, int64_t(out_dtype));
+}
+
+torch::Tensor sort_chunks(const torch::Tensor& x, const std::vector<int64_t>& sizes, const std::vector<int64_t>& order) {
+  return SortChunksFn::apply(x, sizes, order);
+}
+
+std::vector<int64_t> sort_chunks_source_rows(const std::vector<int64_t>& sizes, const std::vector<int64_t>& order) {
+  std::vector<int64_t> start(sizes.size() + 1, 0);
+  for (size_t c = 0; c < sizes.size(); ++c) start[c + 1] = start[c] + sizes[c];
+  std::vector<int64_t> rows;
+  for (int64_t c : order)
+    for (int64_t r = 0; r < sizes[size_t(c)]; ++r) rows.push_back(start[size_t(c)] + r);
+  return rows;
+}
+
+}  // namespace fp8tron::moe

@@ -1,0 +1,32 @@
+#include "models/moe/shared_experts.h"
+
+#include <cmath>
+
+namespace fp8tron {
+
+SharedExpertMlpImpl::SharedExpertMlpImpl(const ModelConfig& m, const std::string& prefix, const ModuleFactory& f)
+    : swiglu_(m.swiglu) {
+  const int64_t size = m.moe.shared_expert_size;
+  LinearOptions fc1{m.hidden_size, m.swiglu ? 2 * size : size, false, m.init_method_std, m.swiglu ? 2 : 1,
+                    prefix + ".linear_fc1"};
+  LinearOptions fc2{size, m.hidden_size, false, m.init_method_std / std::sqrt(2.0 * double(m.num_layers)), 1,
+                    prefix + ".linear_fc2"};
+  linear_fc1 = register_module("linear_fc1", TEColumnParallelLinear(fc1, f));
+  linear_fc2 = register_module("linear_fc2", TERowParallelLinear(fc2, f));
+  if (m.moe.shared_expert_gate) {
+    // Replicated; each sequence shard's tokens give a partial gradient under SP.
+    ParamInfo info;
+    info.global_shape = {1, m.hidden_size};
+    info.reduce_grad_over_tp = f.tp().sequence_parallel && f.tp().size > 1;
+    gate_weight = add_param("gate_weight", f.normal(prefix + ".gate_weight", info, m.init_method_std), info);
+  }
+}
+
+torch::Tensor SharedExpertMlpImpl::forward(const torch::Tensor& x) {
+  auto h = linear_fc1(x);
+  auto out = swiglu_ ? linear_fc2->forward_swiglu(h) : linear_fc2->forward_gelu(h);
+  if (gate_weight.defined()) out = out * torch::sigmoid(torch::nn::functional::linear(x, gate_weight));
+  return out;
+}
+
+}  // namespace fp8tron

@@ -1,0 +1,163 @@
+#include "models/moe/token_dispatcher.h"
+
+#include "core/error.h"
+#include "core/text.h"
+#include "models/moe/routing.h"
+#include "parallel/moe_comm.h"
+
+namespace fp8tron {
+namespace {
+
+int64_t sum(const std::vector<int64_t>& v) {
+  int64_t n = 0;
+  for (int64_t x : v) n += x;
+  return n;
+}
+
+class AllGatherDispatcher : public TokenDispatcher {
+ public:
+  using TokenDispatcher::TokenDispatcher;
+
+  DispatchedTokens dispatch(const torch::Tensor& x, const torch::Tensor& probs, const torch::Tensor& map) override {
+    input_dtype_ = x.scalar_type();
+    time("moe-token-dispatch", true);
+    Communicator& group = *options_.groups.expert_tp_ep;
+    // Every rank of the group sees all of the group's tokens (group-rank order).
+    auto all_x = gather_rows(x, group);
+    auto all_probs = gather_rows(probs, group);
+    auto all_map = all_gather_no_grad(map.to(torch::kUInt8), group).to(torch::kBool);
+    const int64_t first = options_.groups.ep_rank * options_.num_local_experts, local = options_.num_local_experts;
+    auto local_map = all_map.narrow(1, first, local);
+    local_probs_ = all_probs.narrow(1, first, local);
+    const auto counts = to_host(local_map.sum(0));
+    index_ = moe::make_permute_index(local_map, counts);
+    DispatchedTokens out{moe::permute(all_x, index_), counts};
+    time("moe-token-dispatch", false);
+    return out;
+  }
+
+  torch::Tensor combine(const torch::Tensor& y) override {
+    // The weighted sum in the probs' dtype (fp32 with --moe-router-dtype fp32), reduced over the
+    // group in it (summing the expert-TP partial sums and the other ranks' experts), then cast.
+    time("moe-token-combine", true);
+    auto out = moe::unpermute(y, index_, local_probs_, local_probs_.scalar_type());
+    out = reduce_scatter_rows(out, *options_.groups.expert_tp_ep).to(input_dtype_);
+    index_ = {};
+    local_probs_ = torch::Tensor();
+    time("moe-token-combine", false);
+    return out;
+  }
+
+ private:
+  moe::PermuteIndex index_;
+  torch::Tensor local_probs_;
+};
+
+class AllToAllDispatcher : public TokenDispatcher {
+ public:
+  using TokenDispatcher::TokenDispatcher;
+
+  DispatchedTokens dispatch(const torch::Tensor& x, const torch::Tensor& probs, const torch::Tensor& map_in) override {
+    input_dtype_ = x.scalar_type();
+    time("moe-token-dispatch", true);
+    probs_ = probs;
+    torch::Tensor map = map_in;
+    if (options_.pad_multiple > 0) map = moe::pad_routing_map(map, options_.pad_multiple);
+    plan(map);
+    index_ = moe::make_permute_index(map, counts_);
+    auto rows = moe::permute(x, index_);  // by global expert: contiguous per destination EP rank
+    rows = all_to_all_rows(rows, *options_.groups.ep, input_splits_, output_splits_);
+    if (options_.groups.expert_tp->size() > 1) rows = all_gather_rows_v(rows, *options_.groups.expert_tp, output_splits_tp_);
+    if (options_.num_local_experts > 1) rows = moe::sort_chunks(rows, chunk_sizes_, by_expert_);
+    time("moe-token-dispatch", false);
+    return DispatchedTokens{rows, tokens_per_expert_};
+  }
+
+  torch::Tensor combine(const torch::Tensor& y_in) override {
+    time("moe-token-combine", true);
+    auto y = y_in;
+    if (options_.num_local_experts > 1) y = moe::sort_chunks(y, regrouped_sizes_, by_source_);
+    // Completes the row-parallel fc2's partial sums and keeps the rows this rank received.
+    if (options_.groups.expert_tp->size() > 1) y = reduce_scatter_rows_v(y, *options_.groups.expert_tp, output_splits_tp_);
+    y = all_to_all_rows(y, *options_.groups.ep, output_splits_, input_splits_);
+    auto out = moe::unpermute(y, index_, probs_, input_dtype_);
+    index_ = {};
+    probs_ = torch::Tensor();
+    time("moe-token-combine", false);
+    return out;
+  }
+
+ private:
+  // Token counts of the whole expert tensor x expert parallel group, gathered on the device and
+  // copied to the host once; every split below derives from them.
+  void plan(const torch::Tensor& map) {
+    const auto& g = options_.groups;
+    const int64_t experts = options_.num_experts, local = options_.num_local_experts;
+    const int ep = g.ep->size(), etp = g.expert_tp->size();
+    auto local_counts = map.sum(0);  // [E] on the device
+    auto gathered = to_host(all_gather_no_grad(local_counts.unsqueeze(0), *g.expert_tp_ep).reshape({-1}));
+    // The expert grid puts etp fastest: group rank j = ep_source * ETP + etp_source.
+    auto count = [&](int etp_source, int ep_source, int64_t expert) {
+      return gathered[size_t((int64_t(ep_source) * etp + etp_source) * experts + expert)];
+    };
+    const int me = g.expert_tp_rank;
+    counts_.assign(size_t(experts), 0);
+    for (int64_t e = 0; e < experts; ++e) counts_[size_t(e)] = count(me, g.ep_rank, e);
+    if (options_.pad_multiple > 0)
+      for (int64_t e = 0; e < experts; ++e)
+        if (counts_[size_t(e)] % options_.pad_multiple != 0)
+          throw UserError(strprintf("--moe-router-padding-for-quantization: expert %lld would need more padding tokens "
+                                    "than this rank routes elsewhere (%lld tokens, multiple of %lld); use a larger "
+                                    "micro-batch or let the experts pad (drop the flag)",
+                                    (long long)e, (long long)counts_[size_t(e)], (long long)options_.pad_multiple));
+    const int64_t first = int64_t(g.ep_rank) * local;
+    input_splits_.assign(size_t(ep), 0);
+    for (int r = 0; r < ep; ++r)
+      for (int64_t l = 0; l < local; ++l) input_splits_[size_t(r)] += counts_[size_t(r * local + l)];
+    // Rows each (etp, ep) source sends to each local expert.
+    output_splits_.assign(size_t(ep), 0);
+    output_splits_tp_.assign(size_t(etp), 0);
+    tokens_per_expert_.assign(size_t(local), 0);
+    chunk_sizes_.clear();
+    for (int t = 0; t < etp; ++t)
+      for (int r = 0; r < ep; ++r)
+        for (int64_t l = 0; l < local; ++l) {
+          const int64_t n = count(t, r, first + l);
+          if (t == me) output_splits_[size_t(r)] += n;
+          output_splits_tp_[size_t(t)] += n;
+          tokens_per_expert_[size_t(l)] += n;
+          chunk_sizes_.push_back(n);  // chunk id (t * ep + r) * local + l
+        }
+    // Regroup by local expert: for each l, the chunks of every source in (etp, ep) order.
+    const int64_t sources = int64_t(etp) * ep;
+    by_expert_.clear();
+    regrouped_sizes_.clear();
+    for (int64_t l = 0; l < local; ++l)
+      for (int64_t s = 0; s < sources; ++s) {
+        by_expert_.push_back(s * local + l);
+        regrouped_sizes_.push_back(chunk_sizes_[size_t(s * local + l)]);
+      }
+    by_source_.assign(by_expert_.size(), 0);
+    for (size_t i = 0; i < by_expert_.size(); ++i) by_source_[size_t(by_expert_[i])] = int64_t(i);
+    FP8TRON_CHECK(sum(tokens_per_expert_) == sum(output_splits_tp_), "all-to-all dispatcher: inconsistent counts");
+  }
+
+  torch::Tensor probs_;
+  moe::PermuteIndex index_;
+  std::vector<int64_t> counts_, input_splits_, output_splits_, output_splits_tp_, tokens_per_expert_;
+  std::vector<int64_t> chunk_sizes_, by_expert_, regrouped_sizes_, by_source_;
+};
+
+}  // namespace
+
+std::vector<int64_t> to_host(const torch::Tensor& counts) {
+  auto host = counts.to(torch::kCPU, torch::kInt64).contiguous();
+  return std::vector<int64_t>(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + host.numel());
+}
+
+std::unique_ptr<TokenDispatcher> make_token_dispatcher(MoeDispatcher kind, DispatcherOptions options) {
+  if (kind == MoeDispatcher::kAllToAll) return std::make_unique<AllToAllDispatcher>(std::move(options));
+  return std::make_unique<AllGatherDispatcher>(std::move(options));
+}
+
+}  // namespace fp8tron

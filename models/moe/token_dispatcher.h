@@ -1,0 +1,60 @@
+// Megatron-Core's token dispatchers (MoE/token_dispatcher.py): they bring each token to the ranks
+// holding its experts and bring the expert outputs back.
+//   allgather  every rank of the expert tensor x expert parallel group gathers all of the group's
+//              tokens, keeps those routed to its local experts, and the combine reduce-scatters
+//              the (probability-weighted) outputs back. The default.
+//   alltoall   permute by expert, an uneven all-to-all over the expert-parallel group, an uneven
+//              all-gather over the expert tensor-parallel group, regroup by local expert; the
+//              combine runs the inverse steps and unpermutes with the routing probabilities.
+// Either way the experts get rows grouped by local expert with host token counts, after exactly
+// one device-to-host copy per layer (the counts). Layouts give the experts the same multiset of
+// rows, so losses agree across EP/ETP layouts and dispatchers up to summation order.
+#pragma once
+#include <torch/torch.h>
+
+#include <memory>
+#include <vector>
+
+#include "core/config/moe_config.h"
+#include "models/moe/moe_context.h"
+#include "models/moe/permute.h"
+
+namespace fp8tron {
+
+struct DispatchedTokens {
+  torch::Tensor tokens;                     // [rows, H] grouped by local expert
+  std::vector<int64_t> tokens_per_expert;   // host, one per local expert
+};
+
+struct DispatcherOptions {
+  int64_t num_experts = 0;
+  int64_t num_local_experts = 0;  // num_experts / EP; this rank's are [ep_rank * L, (ep_rank + 1) * L)
+  int64_t pad_multiple = 0;       // --moe-router-padding-for-quantization: 16 or 32 (0: off)
+  ExpertParallelGroups groups;
+  const MoeContext* context = nullptr;  // timers (may be null)
+};
+
+class TokenDispatcher {
+ public:
+  explicit TokenDispatcher(DispatcherOptions options) : options_(std::move(options)) {}
+  virtual ~TokenDispatcher() = default;
+  // x [T, H]; probs, map [T, E]. Keeps what combine() needs.
+  virtual DispatchedTokens dispatch(const torch::Tensor& x, const torch::Tensor& probs, const torch::Tensor& map) = 0;
+  // The experts' outputs [rows, H] (partial sums when expert TP > 1) -> [T, H] in x's dtype, each
+  // token the probability-weighted sum of its experts' outputs.
+  virtual torch::Tensor combine(const torch::Tensor& y) = 0;
+
+ protected:
+  void time(const char* name, bool start) const {
+    if (options_.context) options_.context->time(name, start);
+  }
+  DispatcherOptions options_;
+  torch::Dtype input_dtype_ = torch::kFloat32;
+};
+
+std::unique_ptr<TokenDispatcher> make_token_dispatcher(MoeDispatcher kind, DispatcherOptions options);
+
+// Host copy of a small integer tensor (the dispatcher's one synchronisation point).
+std::vector<int64_t> to_host(const torch::Tensor& counts);
+
+}  // namespace fp8tron

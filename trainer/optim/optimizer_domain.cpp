@@ -1,0 +1,366 @@
+#include "trainer/optim/optimizer_domain.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "trainer/optim/param_groups.h"
+
+namespace fp8tron {
+namespace {
+// Megatron's parameter groups (trainer/optim/param_groups.h).
+bool decays(const NamedParam& p, const OptimizerConfig& c) { return applies_weight_decay(p.name, p.tensor.dim(), c); }
+int lr_group(const NamedParam& p, const OptimizerConfig& c) { return c.decoupled_lr && is_embedding_or_output(p.name) ? 1 : 0; }
+bool muon(const NamedParam& p, const OptimizerConfig& c) { return uses_muon(p.name, p.tensor.dim(), c); }
+torch::Dtype to_torch(ParamDtype d) {
+  return d == ParamDtype::Bf16 ? torch::kBFloat16 : d == ParamDtype::Fp16 ? torch::kFloat16 : torch::kFloat32;
+}
+// How a parameter counts in the global gradient norm: 0 normal, 1 duplicated over tensor-parallel
+// ranks (counted once), 2 the last stage's tied-embedding copy (not counted).
+int norm_class(const NamedParam& p) {
+  if (p.info.shared_embedding_copy) return 2;
+  return p.info.partition_dim < 0 ? 1 : 0;
+}
+}  // namespace
+
+OptimizerDomain::OptimizerDomain(const std::vector<NamedParam>& params, const OptimizerConfig& optimizer,
+                                 const PrecisionConfig& precision, DomainGroups groups, bool distributed, torch::Device device)
+    : config_(optimizer),
+      groups_(std::move(groups)),
+      distributed_(distributed && groups_.dp->size() > 1),
+      separate_main_weights_(precision.params_dtype != ParamDtype::Fp32 || distributed_) {
+  torch::NoGradGuard no_grad;
+  if (config_.optimizer == "muon" && distributed_)
+    throw UserError("--optimizer muon with --use-distributed-optimizer is not supported yet (Megatron distributes whole "
+                    "matrices per data-parallel rank); drop --use-distributed-optimizer");
+  // Order: Adam/SGD before Muon parameters, decay first; within it the default learning rate
+  // before the decoupled one, normal, TP-duplicated (partial-gradient ones first), excluded.
+  std::vector<const NamedParam*> ordered;
+  for (const auto& p : params) ordered.push_back(&p);
+  auto model_order = [&](const NamedParam* p) { return int64_t(p - params.data()); };
+  const OptimizerConfig& c = config_;
+  std::stable_sort(ordered.begin(), ordered.end(), [&c](const NamedParam* a, const NamedParam* b) {
+    auto key = [&c](const NamedParam* p) {
+      return std::make_tuple(muon(*p, c), !decays(*p, c), lr_group(*p, c), norm_class(*p), !p->info.reduce_grad_over_tp);
+    };
+    return key(a) < key(b);
+  });
+  const int tp_size = groups_.tp->size();
+  const double tp = double(tp_size);
+  const bool pipeline_copies = groups_.embedding && groups_.embedding->size() > 1;
+  for (const auto* p : ordered) {
+    const bool decay = decays(*p, c), is_muon = muon(*p, c);
+    const int group = lr_group(*p, c);
+    const double w = norm_class(*p) == 0 ? 1.0 : norm_class(*p) == 1 ? 1.0 / tp : 0.0;
+    if (segments_.empty() || segments_.back().decay != decay || segments_.back().norm_weight != w ||
+        segments_.back().lr_group != group || segments_.back().muon != is_muon)
+      segments_.push_back(Segment{numel_, 0, decay, w, group, is_muon});
+    if (is_muon) muon_slots_.push_back(MuonSlot{numel_, p->tensor.sizes().vec(), MuonParam{p->info, is_fused_qkv(p->name), {}}});
+    segments_.back().numel += p->tensor.numel();
+    auto add_range = [&](std::vector<std::pair<int64_t, int64_t>>& ranges) {
+      if (!ranges.empty() && ranges.back().first + ranges.back().second == numel_) ranges.back().second += p->tensor.numel();
+      else ranges.emplace_back(numel_, p->tensor.numel());
+    };
+    if (p->info.reduce_grad_over_tp && tp_size > 1) add_range(tp_partial_ranges_);
+    // The tied embedding's two copies (first and last stage) sum their gradients.
+    if ((p->info.tied_embedding || p->info.shared_embedding_copy) && pipeline_copies) add_range(embedding_ranges_);
+    numel_ += p->tensor.numel();
+  }
+  const int64_t dp = dp_size();
+  padded_numel_ = distributed_ ? (numel_ + dp - 1) / dp * dp : numel_;
+  shard_numel_ = distributed_ ? padded_numel_ / dp : numel_;
+  shard_begin_ = distributed_ ? shard_numel_ * groups_.dp->rank() : 0;
+
+  const auto fp32 = torch::TensorOptions().device(device).dtype(torch::kFloat32);
+  const auto param_dtype = to_torch(precision.params_dtype);
+  auto all_main = torch::zeros({padded_numel_}, fp32);
+  model_params_ = separate_main_weights_ ? torch::zeros({padded_numel_}, fp32.dtype(param_dtype)) : all_main;
+  main_grads_ = torch::zeros({padded_numel_}, fp32.dtype(precision.grads_in_fp32 ? torch::kFloat32 : param_dtype));
+  int64_t offset = 0;
+  for (const auto* p : ordered) {
+    torch::Tensor t = p->tensor;
+    const int64_t n = t.numel();
+    all_main.narrow(0, offset, n).copy_(t.detach().reshape({-1}));  // fp32 values as initialised
+    if (separate_main_weights_) model_params_.narrow(0, offset, n).copy_(all_main.narrow(0, offset, n));
+    t.set_data(model_params_.narrow(0, offset, n).view(t.sizes()));
+    // Gradients accumulate in place into the flat buffer. AccumulateGrad adds each new
+    // (parameter-dtype) gradient into an existing .grad with `+=`, so an fp32 buffer under a
+    // bf16 parameter accumulates micro-batches in fp32, as Megatron's main_grad does.
+    t.mutable_grad() = main_grads_.narrow(0, offset, n).view(t.sizes());
+    buffer_order_.push_back({t, offset, n, model_order(p)});
+    slots_.push_back(ParamSlot{p->name, offset, n, t.sizes().vec(), p->info});
+    offset += n;
+  }
+  main_params_ = distributed_ ? all_main.narrow(0, shard_begin_, shard_numel_).clone() : all_main;
+  if (distributed_ || main_grads_.scalar_type() != torch::kFloat32) grad_shard_ = torch::zeros({shard_numel_}, fp32);
+  exp_avg_ = torch::zeros({shard_numel_}, fp32);  // Adam's first moment, SGD's and Muon's momentum
+  if (config_.optimizer == "adam" || config_.optimizer == "muon") exp_avg_sq_ = torch::zeros({shard_numel_}, fp32);
+  for (size_t i = 0; i < segments_.size(); ++i) step_counts_.push_back(torch::zeros({}, fp32));
+}
+
+void OptimizerDomain::enable_grad_overlap(int64_t bucket_numel) {
+  if (dp_size() == 1) return;  // nothing to reduce
+  if (main_grads_.scalar_type() != torch::kFloat32 && !main_grads_.is_cuda())
+    throw UserError("--overlap-grad-reduce on CPU needs fp32 gradients (--bf16 or --accumulate-allreduce-grads-in-fp32)");
+  GradBuckets::Options options;
+  options.bucket_numel = bucket_numel;
+  if (distributed_) {
+    options.shard_numel = shard_numel_;
+    // The tied embedding's copies lie at different offsets on the first and last stage, so their
+    // shard owners differ: they must be summed before the data-parallel reduction (Megatron gives
+    // them a bucket of their own for the same reason).
+    if (groups_.embedding && groups_.embedding->size() > 1) options.deferred = embedding_ranges_;
+  }
+  buckets_ = std::make_unique<GradBuckets>(main_grads_, buffer_order_, options, groups_.dp);
+}
+
+void OptimizerDomain::arm_grad_overlap() {
+  if (buckets_) buckets_->arm();
+}
+
+void OptimizerDomain::enable_param_gather_overlap(int64_t bucket_numel) {
+  if (!distributed_) return;  // one data-parallel rank holds everything: nothing to gather
+  param_gather_ = std::make_unique<ParamGather>(model_params_, buffer_order_, bucket_numel, shard_numel_, groups_.dp);
+}
+
+void OptimizerDomain::wait_for_params(const torch::nn::Module& module) {
+  if (param_gather_) param_gather_->wait_for(module);
+}
+
+void OptimizerDomain::finish_param_gather() {
+  if (param_gather_) param_gather_->finish();
+}
+
+void OptimizerDomain::zero_grad() {
+  if (zero_all_) {
+    main_grads_.zero_();
+    return;
+  }
+  for (auto [offset, n] : zeroed_ranges_) main_grads_.narrow(0, offset, n).zero_();
+}
+
+bool OptimizerDomain::holds(const torch::Tensor& param) const {
+  const torch::Tensor g = param.grad();
+  if (!g.defined() || main_grads_.numel() == 0 || g.scalar_type() != main_grads_.scalar_type() ||
+      g.device() != main_grads_.device())
+    return false;
+  const auto* base = static_cast<const char*>(main_grads_.data_ptr());
+  const int64_t offset = (static_cast<const char*>(g.data_ptr()) - base) / int64_t(main_grads_.element_size());
+  return offset >= 0 && offset + g.numel() <= main_grads_.numel();
+}
+
+void OptimizerDomain::skip_zeroing(const std::vector<torch::Tensor>& params) {
+  std::vector<std::pair<int64_t, int64_t>> skipped;
+  const auto* base = static_cast<const char*>(main_grads_.data_ptr());
+  for (const auto& p : params) {
+    if (!holds(p)) continue;  // another domain's
+    const torch::Tensor g = p.grad();
+    FP8TRON_CHECK(g.defined() && g.scalar_type() == main_grads_.scalar_type(), "skip_zeroing: not a main-gradient view");
+    const int64_t offset = (static_cast<const char*>(g.data_ptr()) - base) / int64_t(main_grads_.element_size());
+    FP8TRON_CHECK(offset >= 0 && offset + g.numel() <= main_grads_.numel(), "skip_zeroing: gradient outside the buffer");
+    skipped.emplace_back(offset, g.numel());
+  }
+  std::sort(skipped.begin(), skipped.end());
+  zeroed_ranges_.clear();
+  zero_all_ = false;
+  int64_t at = 0;
+  for (auto [offset, n] : skipped) {
+    if (offset > at) zeroed_ranges_.emplace_back(at, offset - at);
+    at = std::max(at, offset + n);
+  }
+  if (at < main_grads_.numel()) zeroed_ranges_.emplace_back(at, main_grads_.numel() - at);
+}
+
+void OptimizerDomain::sum_tensor_parallel_partials(bool own_shard_only) {
+  // Tensor-parallel ranks lay the buffer out identically, so with the distributed optimizer they
+  // own the same elements: summing only those is enough after an overlapped reduce-scatter.
+  const int64_t lo_bound = own_shard_only ? shard_begin_ : 0, hi_bound = own_shard_only ? shard_begin_ + shard_numel_ : numel_;
+  for (auto [off, n] : tp_partial_ranges_) {
+    const int64_t lo = std::max(off, lo_bound), hi = std::min(off + n, hi_bound);
+    if (hi <= lo) continue;
+    auto view = main_grads_.narrow(0, lo, hi - lo);
+    groups_.tp->all_reduce(view);
+  }
+}
+
+void OptimizerDomain::sum_embedding_copies() {
+  if (!groups_.embedding || groups_.embedding->size() == 1) return;
+  for (auto [off, n] : embedding_ranges_) {
+    auto view = main_grads_.narrow(0, off, n);
+    groups_.embedding->all_reduce(view);
+  }
+}
+
+void OptimizerDomain::finalize_grads() {
+  torch::NoGradGuard no_grad;
+  if (buckets_) {
+    // Overlapped data-parallel reductions must land before anything else touches the buffer. The
+    // other groups' sums commute with the data-parallel average; with the distributed optimizer
+    // the embedding copies are summed first (their buckets wait for it, see enable_grad_overlap).
+    if (distributed_) {
+      buckets_->finish([this] { sum_embedding_copies(); });
+      sum_tensor_parallel_partials(/*own_shard_only=*/true);
+      grad_shard_.copy_(main_grads_.narrow(0, shard_begin_, shard_numel_));
+    } else {
+      buckets_->finish();
+      sum_tensor_parallel_partials(/*own_shard_only=*/false);
+      sum_embedding_copies();
+    }
+    return;
+  }
+  sum_tensor_parallel_partials(/*own_shard_only=*/false);
+  sum_embedding_copies();
+  // The data-parallel mean is a sum here: backward already scaled each micro-batch's loss by
+  // 1 / (micro-batches x data-parallel ranks) (trainer.cpp, train_step). For experts the sum over
+  // the expert data-parallel group then gives Megatron's expert gradient (1/|DP| x the sum over
+  // expert-DP replicas: an expert already holds every expert-parallel rank's tokens).
+  if (dp_size() == 1) return;
+  if (distributed_) {
+    auto shard = main_grads_.scalar_type() == torch::kFloat32 ? grad_shard_ : torch::empty({shard_numel_}, main_grads_.options());
+    groups_.dp->reduce_scatter(shard, main_grads_);
+    if (!shard.is_same(grad_shard_)) grad_shard_.copy_(shard);
+  } else {
+    groups_.dp->all_reduce(main_grads_);
+  }
+}
+
+void OptimizerDomain::all_reduce_model_groups(torch::Tensor& value) {
+  // Tensor-parallel ranks hold different shards, pipeline stages (and expert-parallel ranks)
+  // different layers (experts), and with the distributed optimizer data-parallel ranks different
+  // parts of the buffer.
+  for (const auto& group : groups_.model_parallel)
+    if (group->size() > 1) group->all_reduce(value);
+  if (distributed_) groups_.dp->all_reduce(value);
+}
+
+torch::Tensor OptimizerDomain::global_norm_squared(const torch::Tensor& buffer, int64_t base) {
+  auto total = torch::zeros({}, buffer.options().dtype(torch::kFloat32));
+  const int64_t end = base + buffer.numel();
+  for (const auto& s : segments_) {
+    const int64_t lo = std::max(s.offset, base), hi = std::min(s.offset + s.numel, end);
+    if (hi <= lo || s.norm_weight == 0.0) continue;
+    auto part = buffer.narrow(0, lo - base, hi - lo).to(torch::kFloat32);
+    total += s.norm_weight * part.pow(2).sum();
+  }
+  all_reduce_model_groups(total);
+  return total;
+}
+
+torch::Tensor OptimizerDomain::unscaled_grads(const torch::Tensor& divisor) {
+  torch::NoGradGuard no_grad;
+  // The gradients this rank updates with, in fp32, laid out from shard_begin_.
+  torch::Tensor grads = main_grads_.narrow(0, 0, numel_);
+  if (distributed_) grads = grad_shard_;
+  else if (grad_shard_.defined()) grads = grad_shard_.copy_(main_grads_);
+  if (divisor.defined()) grads.div_(divisor);
+  return grads;
+}
+
+torch::Tensor OptimizerDomain::norm_squared(const torch::Tensor& grads) { return global_norm_squared(grads, shard_begin_); }
+
+void OptimizerDomain::update(const torch::Tensor& grads, double lr, double weight_decay, const torch::Tensor& found_inf,
+                             std::optional<double> decoupled_lr) {
+  torch::NoGradGuard no_grad;
+  const int64_t shard_end = shard_begin_ + shard_numel_;
+  auto keep = 1.0 - found_inf;
+  for (size_t i = 0; i < segments_.size(); ++i) {
+    const auto& s = segments_[i];
+    const int64_t lo = std::max(s.offset, shard_begin_), hi = std::min(s.offset + s.numel, std::min(shard_end, numel_));
+    if (hi <= lo) continue;
+    const int64_t off = lo - shard_begin_, n = hi - lo;
+    auto p = main_params_.narrow(0, off, n), g = grads.narrow(0, off, n), m = exp_avg_.narrow(0, off, n);
+    const double wd = s.decay ? weight_decay : 0.0;
+    const double group_lr = s.lr_group == 1 ? decoupled_lr.value_or(lr) : lr;
+    if (s.muon) {
+      muon_step(s, grads, group_lr, wd, found_inf);
+    } else if (config_.optimizer == "adam" || config_.optimizer == "muon") {
+      auto v = exp_avg_sq_.narrow(0, off, n);
+      step_counts_[i].add_(keep);  // a skipped step does not advance bias correction
+      at::_fused_adamw_({p}, {g}, {m}, {v}, {}, {step_counts_[i]}, group_lr, config_.adam_beta1, config_.adam_beta2, wd,
+                        config_.adam_eps, false, false, std::nullopt, found_inf);
+    } else {
+      // SGD with momentum (torch.optim.SGD semantics); skipped steps leave everything unchanged.
+      auto d = torch::nan_to_num(g, 0.0, 0.0, 0.0) + wd * p;
+      m.mul_(config_.sgd_momentum * keep + found_inf).add_(d * keep);
+      p.sub_(m * (group_lr * keep));
+    }
+  }
+  if (param_gather_) {
+    param_gather_->finish();  // nothing may still read this rank's shard
+    model_params_.narrow(0, shard_begin_, shard_numel_).copy_(main_params_);
+    param_gather_->start();
+  } else {
+    publish_model_params();
+  }
+}
+
+// Muon (Emerging-Optimizers' OrthogonalizedOptimizer.step with Megatron's TensorParallelMuon):
+// decoupled weight decay p <- p (1 - lr wd), momentum m <- m + (1 - beta)(g - m), direction m (or
+// Nesterov's g + beta (m - g)), p <- p - lr x scaled Newton-Schulz(direction). A skipped step
+// (inf/nan gradients) leaves p and m unchanged without waiting for the device. The domain's
+// tensor-parallel group gathers the shards (expert tensor parallelism for the experts).
+void OptimizerDomain::muon_step(const Segment& s, const torch::Tensor& grads, double lr, double wd,
+                                const torch::Tensor& found_inf) {
+  const MuonConfig& c = config_.muon;
+  auto keep = 1.0 - found_inf;
+  for (const auto& slot : muon_slots_) {
+    if (slot.offset < s.offset || slot.offset >= s.offset + s.numel) continue;
+    int64_t n = 1;
+    for (int64_t d : slot.shape) n *= d;
+    auto p = main_params_.narrow(0, slot.offset, n).view(slot.shape);
+    auto g = torch::nan_to_num(grads.narrow(0, slot.offset, n), 0.0, 0.0, 0.0).view(slot.shape);
+    auto m = exp_avg_.narrow(0, slot.offset, n).view(slot.shape);
+    auto m_new = m + (1.0 - c.momentum) * (g - m);
+    auto direction = c.nesterov ? g + c.momentum * (m_new - g) : m_new;
+    auto update = muon_update(direction, slot.param, c, *groups_.tp);
+    m.copy_(keep * m_new + found_inf * m);
+    p.copy_(keep * (p * (1.0 - lr * wd) - lr * update) + found_inf * p);
+  }
+}
+
+void OptimizerDomain::set_qkv_rows(const std::vector<int64_t>& rows) {
+  for (auto& slot : muon_slots_)
+    if (slot.param.qkv) slot.param.qkv_rows = rows;
+}
+
+torch::Tensor OptimizerDomain::zeros_in(const torch::Tensor& grads) {
+  // Tensor-parallel duplicates count on rank 0 of their group only; the tied embedding's copy not at all.
+  auto total = torch::zeros({}, grads.options().dtype(torch::kFloat64));
+  const int64_t end = shard_begin_ + grads.numel();
+  for (const auto& s : segments_) {
+    const int64_t lo = std::max(s.offset, shard_begin_), hi = std::min(std::min(s.offset + s.numel, end), numel_);
+    if (hi <= lo || s.norm_weight == 0.0 || (s.norm_weight < 1.0 && groups_.tp->rank() != 0)) continue;
+    total += (grads.narrow(0, lo - shard_begin_, hi - lo) == 0).sum().to(torch::kFloat64);
+  }
+  all_reduce_model_groups(total);
+  return total;
+}
+
+void OptimizerDomain::publish_model_params() {
+  torch::NoGradGuard no_grad;
+  finish_param_gather();
+  if (distributed_) {
+    auto mine = model_params_.narrow(0, shard_begin_, shard_numel_);
+    mine.copy_(main_params_);
+    auto gathered = model_params_;
+    groups_.dp->all_gather(gathered, mine.clone());
+  } else if (separate_main_weights_) {
+    model_params_.narrow(0, 0, numel_).copy_(main_params_.narrow(0, 0, numel_));
+  }
+}
+
+double OptimizerDomain::step_count() const {
+  double steps = 0;
+  for (const auto& s : step_counts_) steps = std::max(steps, s.item<double>());
+  return steps;
+}
+
+void OptimizerDomain::set_step_count(double steps) {
+  for (auto& s : step_counts_) s.fill_(steps);
+}
+
+torch::Tensor OptimizerDomain::params_norm_squared() {
+  torch::NoGradGuard no_grad;
+  return global_norm_squared(main_params_, shard_begin_);
+}
+
+}  // namespace fp8tron
