@@ -190,6 +190,9 @@ TEST(MegatronRules, ModelVariantRules) {
   EXPECT_USER_ERROR(build(tiny_args({"--optimizer", "lion"})), "--optimizer lion is not supported");
   EXPECT_USER_ERROR(build(tiny_args({"--decoupled-min-lr", "1e-5"})), "--decoupled-min-lr needs --decoupled-lr");
   EXPECT_USER_ERROR(build(tiny_args({"--export-kd-cfg", "x"})), "NVIDIA ModelOpt flags");
+  // Megatron's MTP layer is an MoE layer when the decoder's last one is; fp8tron's are dense.
+  EXPECT_USER_ERROR(build(tiny_args({"--num-experts", "4", "--mtp-num-layers", "1", "--position-embedding-type", "rope"})),
+                    "--mtp-num-layers with --num-experts is not supported yet");
 }
 
 // --step-batch-size-schedule: thresholds in tokens (K/M/B/T suffixes) over --seq-length (16):
