@@ -21,6 +21,17 @@ find_package(spdlog REQUIRED)
 find_package(MPI REQUIRED COMPONENTS CXX)
 find_package(CUDAToolkit REQUIRED)
 
+# XXH3 checksums of checkpoint tensors: xxHash from Debian's libxxhash-dev, used header-only
+# (XXH_INLINE_ALL in trainer/checkpoint/checksum.cpp), so nothing but the header is needed. A
+# machine without apt can unpack the package's .deb into .setup/sysroot (dpkg -x).
+find_path(XXHASH_INCLUDE_DIR xxhash.h HINTS ${PROJECT_SOURCE_DIR}/.setup/sysroot/usr/include)
+if(NOT XXHASH_INCLUDE_DIR)
+  message(FATAL_ERROR "xxhash.h not found: install libxxhash-dev (scripts/setup.sh does), or unpack its .deb with "
+                      "`dpkg -x libxxhash-dev_*.deb ${PROJECT_SOURCE_DIR}/.setup/sysroot`")
+endif()
+add_library(fp8tron_xxhash INTERFACE)
+target_include_directories(fp8tron_xxhash SYSTEM INTERFACE ${XXHASH_INCLUDE_DIR})
+
 # NCCL from the torch wheel (nvidia/nccl); the wheel has only libnccl.so.2, no dev symlink.
 find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${NCCL_ROOT}/include REQUIRED)
 find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2 HINTS ${NCCL_ROOT}/lib REQUIRED)

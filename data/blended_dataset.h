@@ -37,6 +37,9 @@ class BlendedDataset : public SampleDataset {
   int64_t sample_length() const override { return datasets_[0]->sample_length(); }
   void sample(int64_t index, int64_t* out) const override;
   std::string identity() const override { return description_; }
+  std::string token_origin(int64_t index, int64_t position) const override {
+    return datasets_[size_t(dataset_of(index))]->token_origin(sample_in_dataset(index), position);
+  }
 
   int dataset_of(int64_t index) const;
   int64_t sample_in_dataset(int64_t index) const;

@@ -231,4 +231,34 @@ void GptDataset::sample(int64_t index, int64_t* out) const {
   std::fill(out + written, out + want, kPadTokenId);
 }
 
+std::string GptDataset::token_origin(int64_t index, int64_t position) const {
+  if (index < 0 || index >= size_) return "";
+  // The walk of sample(), stopping at `position`.
+  const int64_t row = shuffle_index_.at(index);
+  const int64_t first_doc = sample_index_.at(2 * row), first_offset = sample_index_.at(2 * row + 1);
+  const int64_t last_doc = sample_index_.at(2 * row + 2), last_offset = sample_index_.at(2 * row + 3);
+  int64_t written = 0;
+  for (int64_t d = first_doc; d <= last_doc && written < sample_length(); ++d) {
+    const int64_t sequence = document_index_.at(d);
+    const int64_t offset = d == first_doc ? first_offset : 0;
+    const int64_t end = d == last_doc ? last_offset + extra_ : data_->sequence_length(sequence);
+    const int64_t length = std::min(end - offset, sample_length() - written);
+    if (position < written + length) {
+      // The document holding the sequence: the last boundary at or before it.
+      const auto& bounds = data_->document_indices();
+      int64_t lo = 0, hi = bounds.size() - 1;
+      while (hi - lo > 1) {
+        const int64_t mid = (lo + hi) / 2;
+        (bounds[mid] <= sequence ? lo : hi) = mid;
+      }
+      const std::string where = lo == sequence ? strprintf("document %lld", (long long)lo)
+                                               : strprintf("document %lld (sequence %lld)", (long long)lo, (long long)sequence);
+      return strprintf("dataset %s, %s, token %lld of it", data_->path_prefix().c_str(), where.c_str(),
+                       (long long)(offset + position - written));
+    }
+    written += length;
+  }
+  return "";
+}
+
 }  // namespace fp8tron::data

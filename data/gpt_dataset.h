@@ -73,6 +73,7 @@ class GptDataset : public SampleDataset {
   int64_t sample_length() const override { return config_.sequence_length + extra_; }
   void sample(int64_t index, int64_t* out) const override;
   std::string identity() const override { return cache_.description; }
+  std::string token_origin(int64_t index, int64_t position) const override;
 
   int64_t num_epochs() const { return num_epochs_; }
   int64_t tokens_per_epoch() const { return tokens_per_epoch_; }

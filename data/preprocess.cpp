@@ -1,6 +1,9 @@
 #include "data/preprocess.h"
 
+#include <cerrno>
 #include <chrono>
+#include <cstdio>
+#include <cstring>
 #include <condition_variable>
 #include <deque>
 #include <fstream>
@@ -185,6 +188,38 @@ void log_progress(std::ostream& log, int64_t documents, int64_t bytes, Clock::ti
       << std::endl;
 }
 
+// The output datasets' files under temporary names (<name>.partial): commit() renames them into
+// place, the .bin before its .idx (a dataset is opened by its .idx); destroyed uncommitted, it
+// removes them.
+class PartialOutputs {
+ public:
+  void add(const std::string& prefix) { prefixes_.push_back(prefix); }
+  std::string bin(size_t k) const { return bin_path(prefixes_[k]) + ".partial"; }
+  std::string idx(size_t k) const { return idx_path(prefixes_[k]) + ".partial"; }
+  void commit() {
+    for (size_t k = 0; k < prefixes_.size(); ++k) {
+      rename_into_place(bin(k), bin_path(prefixes_[k]));
+      rename_into_place(idx(k), idx_path(prefixes_[k]));
+    }
+    committed_ = true;
+  }
+  ~PartialOutputs() {
+    if (committed_) return;
+    for (size_t k = 0; k < prefixes_.size(); ++k) {
+      std::remove(bin(k).c_str());
+      std::remove(idx(k).c_str());
+    }
+  }
+
+ private:
+  static void rename_into_place(const std::string& from, const std::string& to) {
+    if (std::rename(from.c_str(), to.c_str()) != 0)
+      throw UserError(strprintf("cannot rename %s to %s: %s", from.c_str(), to.c_str(), std::strerror(errno)));
+  }
+  std::vector<std::string> prefixes_;
+  bool committed_ = false;
+};
+
 // The writer: appends the encoded batches to the datasets in input order.
 void write_in_order(Pipeline& pipeline, std::vector<std::unique_ptr<IndexedDatasetBuilder>>& builders,
                     int64_t log_interval, std::ostream& log, PreprocessStats& stats) {
@@ -224,9 +259,13 @@ PreprocessStats preprocess(const PreprocessOptions& o, std::ostream& log) {
   const auto tokenizer = build_tokenizer(o.tokenizer);
   if (o.append_eod) tokenizer->eod();  // fails early when the tokenizer has no end-of-document token
   const DType dtype = optimal_dtype(tokenizer->vocab_size());
+  // Written under temporary names and renamed into place at the end: a failure (or a kill) leaves
+  // no .bin/.idx pair that looks like a dataset.
+  PartialOutputs outputs;
+  for (const auto& key : o.json_keys) outputs.add(preprocess_output_prefix(o.output_prefix, key));
   std::vector<std::unique_ptr<IndexedDatasetBuilder>> builders;
-  for (const auto& key : o.json_keys)
-    builders.push_back(std::make_unique<IndexedDatasetBuilder>(bin_path(preprocess_output_prefix(o.output_prefix, key)), dtype));
+  for (size_t k = 0; k < o.json_keys.size(); ++k)
+    builders.push_back(std::make_unique<IndexedDatasetBuilder>(outputs.bin(k), dtype));
   log << strprintf("Time to startup: %.3f", std::chrono::duration<double>(Clock::now() - startup).count()) << std::endl;
 
   PreprocessStats stats;
@@ -265,7 +304,9 @@ PreprocessStats preprocess(const PreprocessOptions& o, std::ostream& log) {
   for (auto& t : workers) t.join();
   if (auto error = pipeline.error()) std::rethrow_exception(error);
 
-  for (size_t k = 0; k < builders.size(); ++k) builders[k]->finalize(idx_path(preprocess_output_prefix(o.output_prefix, o.json_keys[k])));
+  for (size_t k = 0; k < builders.size(); ++k) builders[k]->finalize(outputs.idx(k));
+  builders.clear();
+  outputs.commit();
   stats.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   return stats;
 }

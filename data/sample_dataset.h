@@ -22,6 +22,9 @@ class SampleDataset {
   // Text that changes whenever the samples would; a dataset built on top of this one (a blend)
   // puts it into its own cache key.
   virtual std::string identity() const = 0;
+  // Where token `position` of sample `index` comes from, for error messages (e.g. "dataset
+  // /data/web_text_document, document 1234 (token 17 of it)"); "" when the dataset cannot say.
+  virtual std::string token_origin(int64_t /*index*/, int64_t /*position*/) const { return ""; }
 };
 
 }  // namespace fp8tron::data

@@ -1,4 +1,5 @@
 #include "fp8/fp8_grouped_linear.h"
+#include "fp8/wgrad_fusion.h"
 
 #include <ATen/ExpandUtils.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -38,7 +39,7 @@ bool is_bf16(const torch::Tensor& t) { return t.scalar_type() == torch::kBFloat1
 
 // The fp32 main gradient the wgrad GEMM may write into (gradient-accumulation fusion), or undefined.
 torch::Tensor main_grad_of(const torch::Tensor& weight_param) {
-  if (!weight_param.defined() || !weight_param.is_cuda()) return {};
+  if (!weight_param.defined() || !weight_param.is_cuda() || !gradient_accumulation_fusion()) return {};
   torch::Tensor g = weight_param.grad();
   const bool ok = g.defined() && g.scalar_type() == torch::kFloat32 && g.is_contiguous() &&
                   g.sizes() == weight_param.sizes();
@@ -220,19 +221,18 @@ torch::Tensor bf16_dgrad(const torch::Tensor& dy, const Splits& splits, const st
 
 // ---- FP8 GEMMs -------------------------------------------------------------------------------------
 
-// Rows of an output [total rows, width] that the experts' fprop or dgrad GEMMs write. Tensor
-// scaling: each expert's exact rows. Block scaling with padding: the padded rows, into `padded`,
-// gathered into `out` after the GEMMs.
+// Rows of an output [total rows, width] that the experts' fprop or dgrad GEMMs write. With padding
+// (a segment's rows not a multiple of 16, or 32 for MXFP8), the GEMMs run over the padded rows
+// into `padded`, gathered into `out` after the GEMMs: cuBLASLt's FP8 GEMMs refuse token counts
+// that are not multiples of 16 (CUBLAS_STATUS_NOT_SUPPORTED on an H200, even for tensor scaling).
 struct RowOutput {
   torch::Tensor out, padded;
 };
 
-bool block_scaled(const QuantizedSegments& q) { return q.view.scaling_mode != ScalingMode::kTensor; }
-
 RowOutput row_output(const QuantizedSegments& a, int64_t width, const torch::TensorOptions& options) {
   RowOutput r;
   r.out = torch::empty({int64_t(a.layout.total_rows()), width}, options);
-  if (block_scaled(a) && a.layout.padding()) r.padded = torch::empty({int64_t(a.layout.total_padded()), width}, options);
+  if (a.layout.padding()) r.padded = torch::empty({int64_t(a.layout.total_padded()), width}, options);
   return r;
 }
 
@@ -250,7 +250,6 @@ void add_row_products(const QuantizedSegments& a, const std::function<RowMajorMa
     if (r.padded.defined()) {
       out = static_cast<uint16_t*>(r.padded.data_ptr()) + l.row_begin[e] * size_t(width);
     } else {
-      if (!block_scaled(a)) am.rows = int64_t(l.rows[e]);  // rows are independent: skip the padding
       out = static_cast<uint16_t*>(r.out.data_ptr()) + l.src_begin[e] * size_t(width);
     }
     GroupedGemm g;

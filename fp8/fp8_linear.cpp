@@ -1,4 +1,5 @@
 #include "fp8/fp8_linear.h"
+#include "fp8/wgrad_fusion.h"
 
 #include <ATen/cuda/CUDAContext.h>
 #include <torch/csrc/autograd/function.h>
@@ -10,6 +11,7 @@
 #include "core/error.h"
 #include "core/text.h"
 #include "fp8/gemm.h"
+#include "fp8/linear_ops.h"
 #include "fp8/quantize.h"
 #include "fp8/quantized_tensor.h"
 #include "fp8/quantize_reference.h"
@@ -61,8 +63,44 @@ torch::Tensor scale_storage(const ScaleLayout& layout, const torch::Device& devi
   return torch::empty({int64_t(layout.elements())}, torch::TensorOptions().device(device).dtype(dtype));
 }
 
+namespace {
+
+// --log-fp8-stats-to-tensorboard: the values a cast quantized (a fused prologue applied as the
+// kernel applies it), against its FP8 codes (`transposed`: the codes are the transposed copy).
+void record_cast_stats(Fp8Engine& e, const Fp8Site& site, TensorRole role, Format format, const torch::Tensor& xb,
+                       const TensorCastFusion& fusion, const torch::Tensor& codes, bool transposed) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor values = xb;
+  const auto floats = torch::TensorOptions().device(xb.device()).dtype(torch::kFloat32);
+  switch (fusion.prologue) {
+    case Prologue::kNone: break;
+    case Prologue::kGeluTanh: values = at::gelu(xb, "tanh"); break;
+    case Prologue::kSwiglu: values = swiglu(xb); break;
+    case Prologue::kGeluTanhBackward: {
+      auto aux = torch::from_blob(const_cast<uint16_t*>(fusion.aux), xb.sizes(), floats.dtype(torch::kBFloat16));
+      values = at::gelu_backward(xb, aux, "tanh");
+      break;
+    }
+    case Prologue::kLayerNorm: {
+      const int64_t rows = xb.size(0), cols = xb.size(1);
+      auto rstd = torch::from_blob(const_cast<float*>(fusion.norm.rstd), {rows, 1}, floats);
+      auto x = xb.to(torch::kFloat32);
+      if (fusion.norm.mean) x = x - torch::from_blob(const_cast<float*>(fusion.norm.mean), {rows, 1}, floats);
+      x = x * rstd * torch::from_blob(const_cast<uint16_t*>(fusion.norm.gamma), {cols}, floats.dtype(torch::kBFloat16));
+      if (fusion.norm.beta)
+        x = x + torch::from_blob(const_cast<uint16_t*>(fusion.norm.beta), {cols}, floats.dtype(torch::kBFloat16));
+      values = x;
+      break;
+    }
+  }
+  e.record_stats(site, role, format, values, transposed ? codes.t() : codes);
+}
+
+}  // namespace
+
 std::shared_ptr<Quantized> quantize(Fp8Engine& e, const Fp8Site& site, TensorRole role, torch::Tensor x2d,
-                                    bool rowwise, bool transposed, bool record_amax, TensorCastFusion fusion) {
+                                    bool rowwise, bool transposed, bool record_amax, TensorCastFusion fusion,
+                                    const AmaxReducer* reduce_current) {
   const Recipe& recipe = e.recipe();
   const Path path = path_of(e);
   // The fused kernels serve per-tensor scaling on the GPU; elsewhere the prologue runs first.
@@ -114,7 +152,21 @@ std::shared_ptr<Quantized> quantize(Fp8Engine& e, const Fp8Site& site, TensorRol
         q->amax = torch::empty({1}, floats);
         v.scale = q->scale.data_ptr<float>();
         v.amax = q->amax.data_ptr<float>();
-        cpu ? reference::quantize_tensor_current(x, v, options) : quantize_tensor_current(x, v, options, stream, fusion);
+        if (reduce_current) {
+          FP8TRON_CHECK(fusion.prologue == Prologue::kNone && fusion.column_sums == nullptr,
+                        "a reduced current-scaling amax takes no fused prologue");
+          if (cpu) {
+            q->amax.fill_(reference::amax_bf16(x, v.numel()));
+          } else {
+            q->amax.zero_();
+            amax_bf16(x, v.numel(), v.amax, stream);
+          }
+          (*reduce_current)(q->amax);
+          cpu ? reference::quantize_tensor_current_given_amax(x, v, options)
+              : quantize_tensor_current_given_amax(x, v, options, stream);
+        } else {
+          cpu ? reference::quantize_tensor_current(x, v, options) : quantize_tensor_current(x, v, options, stream, fusion);
+        }
       }
       break;
     }
@@ -138,6 +190,8 @@ std::shared_ptr<Quantized> quantize(Fp8Engine& e, const Fp8Site& site, TensorRol
       break;
     }
   }
+  if (e.collecting_stats()) record_cast_stats(e, site, role, v.format, xb, fusion, q->data.defined() ? q->data : q->data_t,
+                                              !q->data.defined());
   if (path == Path::kNative) return q;
   // Emulation: the GEMMs run in high precision on the dequantized values (bf16 on the GPU as the
   // tensor cores would see them after the scale; fp32 on the CPU).
@@ -162,9 +216,10 @@ namespace {
 // out [a_rows, b_rows] = A B^T (+ bias), A and B being the row-wise or transposed copies of two
 // quantized tensors with the same inner dimension. With `accumulate_into` (fp32, native path) the
 // product is added to it in the GEMM's epilogue instead (the wgrad into the main gradient).
+// `sm_count` > 0 caps the SMs of a native GEMM that runs beside SM-based communication.
 torch::Tensor gemm(Fp8Engine& e, const Quantized& a, bool a_transposed, const Quantized& b, bool b_transposed,
                    const torch::Tensor& bias, GemmKind kind, torch::ScalarType out_dtype,
-                   const torch::Tensor& accumulate_into = {}, bool overwrite = false) {
+                   const torch::Tensor& accumulate_into = {}, bool overwrite = false, int sm_count = 0) {
   if (path_of(e) != Path::kNative) {
     const auto& A = a_transposed ? a.dequantized_t : a.dequantized;
     const auto& B = b_transposed ? b.dequantized_t : b.dequantized;
@@ -175,6 +230,7 @@ torch::Tensor gemm(Fp8Engine& e, const Quantized& a, bool a_transposed, const Qu
   const RowMajorMatrix bm = b_transposed ? transposed_matrix(b.view) : rowwise_matrix(b.view);
   GemmConfig config;
   config.fast_accumulation = use_fast_accumulation(e.recipe(), kind);
+  config.sm_count = sm_count;
   if (accumulate_into.defined()) {
     FP8TRON_CHECK(accumulate_into.scalar_type() == torch::kFloat32 && accumulate_into.is_contiguous() &&
                       accumulate_into.size(0) == am.rows && accumulate_into.size(1) == bm.rows && !bias.defined(),
@@ -199,6 +255,17 @@ torch::Tensor gemm(Fp8Engine& e, const Quantized& a, bool a_transposed, const Qu
 
 std::shared_ptr<Quantized> quantized_weight(Fp8Site& site, const torch::Tensor& weight, bool record_amax) {
   Fp8Engine& e = *site.engine;
+  if (site.codes.defined() && site.codes_generation == e.weight_generation()) {
+    // --fp8-param-gather: the gathered codes are this step's weight (its amax was recorded when
+    // the optimizer cast it).
+    if (!(site.weight && site.weight_generation == e.weight_generation() && site.weight_data == site.codes.data_ptr())) {
+      site.weight = weight_from_codes(e, site);
+      site.weight_generation = e.weight_generation();
+      site.weight_data = site.codes.data_ptr();
+      site.weight_version = -1;
+    }
+    return site.weight;
+  }
   const bool fresh = site.weight && site.weight_generation == e.weight_generation() &&
                      site.weight_data == weight.data_ptr() && site.weight_version == int64_t(weight._version());
   if (fresh) return site.weight;
@@ -324,7 +391,8 @@ struct Fp8LinearBackward : public torch::autograd::Node {
       // (AccumulateGrad then has nothing to add, and its hooks still run). Saves writing dW in
       // bf16 and the separate read-add-write of the fp32 buffer.
       const torch::Tensor main_grad = weight_param.defined() ? weight_param.grad() : torch::Tensor();
-      if (path_of(e) == Path::kNative && main_grad.defined() && main_grad.scalar_type() == torch::kFloat32 &&
+      if (path_of(e) == Path::kNative && gradient_accumulation_fusion() && main_grad.defined() &&
+          main_grad.scalar_type() == torch::kFloat32 &&
           main_grad.is_contiguous() && main_grad.sizes() == weight_param.sizes()) {
         // With the optimizer not zeroing these gradients, the step's first backward overwrites.
         const bool overwrite = e.overwrite_main_grads() && site->main_grad_generation != e.weight_generation();
@@ -455,6 +523,33 @@ void Fp8Engine::load_site_state(const Fp8Site& site, const torch::Tensor& state)
   history_.index_copy_(1, index, restored.to(device_));
   scale_.index_copy_(0, index, s.narrow(0, 2 + saved_len * roles, roles).to(device_));
   scale_inv_.index_copy_(0, index, s.narrow(0, 2 + saved_len * roles + roles, roles).to(device_));
+}
+
+void Fp8Engine::record_stats(const Fp8Site& site, TensorRole role, Format format, const torch::Tensor& values,
+                             const torch::Tensor& codes) {
+  torch::NoGradGuard no_grad;
+  auto& entry = stats_[{site.index, int(role)}];
+  if (!entry.defined()) entry = torch::zeros({4}, torch::TensorOptions().device(device_).dtype(torch::kFloat64));
+  // Magnitude codes: 0 is zero; the largest finite is 0x7E in E4M3 (448), 0x7B in E5M2 (57344).
+  const auto magnitude = torch::bitwise_and(codes, 0x7F);
+  const int top = format == Format::kE4M3 ? 0x7E : format == Format::kE5M2 ? 0x7B : -1;
+  const auto v = values.to(torch::kFloat32);
+  auto add = torch::stack({v.abs().max().to(torch::kFloat64),
+                           (magnitude == 0).logical_and(v != 0).sum().to(torch::kFloat64),
+                           top < 0 ? torch::zeros({}, entry.options()) : (magnitude == top).sum().to(torch::kFloat64),
+                           torch::full({}, double(v.numel()), entry.options())});
+  entry.copy_(torch::stack({torch::maximum(entry[0], add[0]), entry[1] + add[1], entry[2] + add[2], entry[3] + add[3]}));
+}
+
+std::vector<Fp8Engine::CastStats> Fp8Engine::take_stats() {
+  std::vector<CastStats> out;
+  for (const auto& [key, values] : stats_) {
+    const auto host = values.cpu();
+    const double* x = host.data_ptr<double>();
+    out.push_back({sites_[key.first]->name, TensorRole(key.second), x[0], x[1], x[2], x[3]});
+  }
+  stats_.clear();
+  return out;
 }
 
 GemmHandle& Fp8Engine::gemm_handle() {
@@ -595,5 +690,165 @@ torch::Tensor fp8_norm_linear(const torch::Tensor& x, bool rms, const torch::Ten
                  rms ? nullptr : n.mean.data_ptr<float>(), n.rstd.data_ptr<float>(), current_stream(x.device()));
   return linear_impl(x, weight, bias, site, Prologue::kLayerNorm, &n);
 }
+
+// ---- pieces for linears computed in row blocks (linear_ops.h) ------------------------------------------
+
+namespace {
+
+// The high-precision values of one copy of a quantized tensor (fp32 on the CPU, bf16 on the GPU).
+torch::Tensor dequantize_view(Fp8Engine& e, const Fp8TensorView& v, bool t) {
+  const int64_t r = int64_t(t ? v.cols : v.rows), c = int64_t(t ? v.rows : v.cols);
+  if (path_of(e) == Path::kCpu) {
+    auto out = torch::empty({r, c}, torch::kFloat32);
+    reference::dequantize_to_float(v, t, out.data_ptr<float>());
+    return out;
+  }
+  auto out = torch::empty({r, c}, torch::TensorOptions().device(e.device()).dtype(torch::kBFloat16));
+  dequantize(v, t, static_cast<uint16_t*>(out.data_ptr()), current_stream(e.device()));
+  return out;
+}
+
+// Rows [begin, begin + count) of a [rows, cols] scale grid stored for `mode` (fp8_tensor.h).
+torch::Tensor slice_scale_rows(ScalingMode mode, const torch::Tensor& scales, size_t rows, size_t cols, int64_t begin,
+                               int64_t count) {
+  const ScaleLayout l = scale_layout(mode, rows, cols);
+  const auto grid = scales.view({int64_t(l.outer), int64_t(l.ld)});
+  switch (mode) {
+    case ScalingMode::kTensor: return scales;
+    case ScalingMode::kBlock1x128: {  // M-major: rows are the inner index, padded to 4
+      const ScaleLayout n = scale_layout(mode, size_t(count), cols);
+      auto out = torch::zeros({int64_t(n.outer), int64_t(n.ld)}, scales.options());
+      out.narrow(1, 0, count).copy_(grid.narrow(1, begin, count));
+      return out.view({-1});
+    }
+    case ScalingMode::kBlock128x128:
+      FP8TRON_CHECK(begin % int64_t(kBlockLen) == 0, "a 128x128-scaled slice must start at a block boundary");
+      return grid.narrow(0, begin / int64_t(kBlockLen), int64_t(ceil_div(size_t(count), kBlockLen))).reshape({-1});
+    case ScalingMode::kMxfp8: return grid.narrow(0, begin, count).reshape({-1});
+  }
+  return scales;
+}
+
+}  // namespace
+
+
+std::shared_ptr<Quantized> quantize_rows(Fp8Engine& e, const Fp8Site& site, TensorRole role, torch::Tensor x2d, bool rowwise,
+                                         bool transposed, bool record_amax, TensorCastFusion fusion,
+                                         const AmaxReducer* reduce_amax) {
+  const bool current = recipe_kind(e.recipe()) == RecipeKind::kTensorwise;
+  return quantize(e, site, role, std::move(x2d), rowwise, transposed, record_amax, fusion, current ? reduce_amax : nullptr);
+}
+
+std::shared_ptr<Quantized> rowwise_from_codes(Fp8Engine& e, const Quantized& like, torch::Tensor codes, torch::Tensor scale_inv) {
+  auto q = std::make_shared<Quantized>();
+  Fp8TensorView& v = q->view;
+  v.format = like.view.format;
+  v.scaling_mode = like.view.scaling_mode;
+  v.rows = size_t(codes.size(0));
+  v.cols = size_t(codes.size(1));
+  q->data = codes.contiguous();
+  FP8TRON_CHECK(scale_inv.defined() || v.scaling_mode == ScalingMode::kTensor, "block-scaled codes need their scales");
+  q->scale_inv = scale_inv.defined() ? scale_inv.contiguous() : like.scale_inv;
+  v.data = q->data.data_ptr();
+  v.scale_inv = q->scale_inv.data_ptr();
+  if (path_of(e) != Path::kNative) q->dequantized = dequantize_view(e, v, false);
+  return q;
+}
+
+std::shared_ptr<Quantized> slice_rows(Fp8Engine&, const Quantized& q, int64_t begin, int64_t count) {
+  FP8TRON_CHECK(q.data.defined(), "slice_rows needs the row-wise copy");
+  auto s = std::make_shared<Quantized>();
+  Fp8TensorView& v = s->view;
+  v.format = q.view.format;
+  v.scaling_mode = q.view.scaling_mode;
+  v.rows = size_t(count);
+  v.cols = q.view.cols;
+  s->data = q.data.narrow(0, begin, count);
+  s->scale_inv = slice_scale_rows(v.scaling_mode, q.scale_inv, q.view.rows, q.view.cols, begin, count);
+  v.data = s->data.data_ptr();
+  v.scale_inv = s->scale_inv.data_ptr();
+  if (q.dequantized.defined()) s->dequantized = q.dequantized.narrow(0, begin, count);
+  return s;
+}
+
+std::shared_ptr<Quantized> slice_cols_transposed(Fp8Engine&, const Quantized& q, int64_t begin, int64_t count) {
+  FP8TRON_CHECK(q.data_t.defined(), "slice_cols_transposed needs the transposed copy");
+  auto s = std::make_shared<Quantized>();
+  Fp8TensorView& v = s->view;
+  v.format = q.view.format;
+  v.scaling_mode = q.view.scaling_mode;
+  v.rows = q.view.rows;
+  v.cols = size_t(count);
+  s->data_t = q.data_t.narrow(0, begin, count);
+  v.data_t = s->data_t.data_ptr();
+  switch (v.scaling_mode) {
+    case ScalingMode::kTensor:
+      s->scale_inv = q.scale_inv;
+      v.scale_inv = s->scale_inv.data_ptr();
+      break;
+    default:  // block modes: the transposed copy's own scales (scale_inv_t, the grid of the
+              // [cols, rows] matrix; 128x128 included), its rows [begin, begin + count)
+      s->scale_inv_t = slice_scale_rows(v.scaling_mode, q.scale_inv_t, q.view.cols, q.view.rows, begin, count);
+      v.scale_inv_t = s->scale_inv_t.data_ptr();
+      break;
+  }
+  if (q.dequantized_t.defined()) s->dequantized_t = q.dequantized_t.narrow(0, begin, count);
+  return s;
+}
+
+std::shared_ptr<Quantized> transposed_from_rowwise_blocks(Fp8Engine& e, const std::vector<const Quantized*>& blocks) {
+  FP8TRON_CHECK(!blocks.empty() && blocks[0]->view.scaling_mode == ScalingMode::kTensor,
+                "the transposed copy comes from row-wise codes under tensor scaling only");
+  std::vector<torch::Tensor> codes;
+  for (const Quantized* b : blocks) codes.push_back(b->data);
+  auto q = std::make_shared<Quantized>();
+  const auto joined = codes.size() == 1 ? codes[0] : torch::cat(codes, 0);
+  q->data_t = joined.t().contiguous();
+  q->scale_inv = blocks[0]->scale_inv;
+  Fp8TensorView& v = q->view;
+  v.format = blocks[0]->view.format;
+  v.scaling_mode = ScalingMode::kTensor;
+  v.rows = size_t(joined.size(0));
+  v.cols = size_t(joined.size(1));
+  v.data_t = q->data_t.data_ptr();
+  v.scale_inv = q->scale_inv.data_ptr();
+  if (path_of(e) != Path::kNative) q->dequantized_t = dequantize_view(e, v, true);
+  return q;
+}
+
+std::shared_ptr<Quantized> weight_from_codes(Fp8Engine& e, const Fp8Site& site) {
+  FP8TRON_CHECK(scaling_mode(e.recipe(), TensorRole::kWeight) == ScalingMode::kTensor, "FP8 parameters need tensor scaling");
+  auto q = std::make_shared<Quantized>();
+  Fp8TensorView& v = q->view;
+  v.format = tensor_format(e.recipe(), TensorRole::kWeight);
+  v.scaling_mode = ScalingMode::kTensor;
+  v.rows = size_t(site.out_features);
+  v.cols = size_t(site.in_features);
+  q->data = site.codes.view({site.out_features, site.in_features});
+  q->data_t = q->data.t().contiguous();
+  q->scale_inv = site.codes_scale_inv;
+  v.data = q->data.data_ptr();
+  v.data_t = q->data_t.data_ptr();
+  v.scale_inv = q->scale_inv.data_ptr();
+  if (path_of(e) != Path::kNative) {
+    q->dequantized = dequantize_view(e, v, false);
+    q->dequantized_t = dequantize_view(e, v, true);
+  }
+  return q;
+}
+
+torch::Tensor fp8_gemm(Fp8Engine& e, const Quantized& a, bool a_transposed, const Quantized& b, bool b_transposed,
+                       const torch::Tensor& bias, GemmKind kind, torch::ScalarType out_dtype,
+                       const torch::Tensor& accumulate_into, bool overwrite, int sm_count) {
+  return gemm(e, a, a_transposed, b, b_transposed, bias, kind, out_dtype, accumulate_into, overwrite, sm_count);
+}
+
+
+torch::Tensor dequantized_copy(Fp8Engine& e, const Quantized& q, bool transposed) {
+  const auto& cached = transposed ? q.dequantized_t : q.dequantized;
+  return cached.defined() ? cached : dequantize_view(e, q.view, transposed);
+}
+
+void check_fp8_rows(const Fp8Site& site, int64_t rows) { check_rows(site, rows); }
 
 }  // namespace fp8tron::fp8

@@ -24,6 +24,7 @@
 #include <torch/torch.h>
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -69,6 +70,11 @@ struct Fp8Site {
   // The step (weight generation) whose wgrad the main gradient holds: the first backward of a
   // step overwrites it, later micro-batches accumulate (see Fp8Engine::overwrites_main_grads).
   uint64_t main_grad_generation = ~uint64_t{0};
+  // --fp8-param-gather: the weight's FP8 codes [out, in] as the distributed optimizer cast them
+  // from the fp32 main weights and gathered them, with their dequantization factor; used instead
+  // of quantizing `parameter` while `codes_generation` is the engine's weight generation.
+  torch::Tensor codes, codes_scale_inv;
+  uint64_t codes_generation = ~uint64_t{0};
 };
 
 class Fp8Engine {
@@ -121,6 +127,24 @@ class Fp8Engine {
   // One log line describing the recipe, the path (native / emulated / CPU) and the bf16 sites.
   std::string describe() const;
 
+  // What the casts do to the values, for --log-fp8-stats-to-tensorboard (a drifting recipe shows
+  // before it diverges). While collecting (meant for one step at a time: it costs extra passes
+  // over each cast tensor), every cast adds to its site's and role's statistics: the amax of the
+  // values cast (after any fused norm or activation), the elements that round to zero though they
+  // are not zero (underflows), the elements cast to the largest finite FP8 magnitude (overflows:
+  // saturated, or exactly at the top of the range) and the elements cast.
+  void collect_stats(bool on) { collect_stats_ = on; }
+  bool collecting_stats() const { return collect_stats_; }
+  void record_stats(const Fp8Site& site, TensorRole role, Format format, const torch::Tensor& values,
+                    const torch::Tensor& codes);
+  struct CastStats {
+    std::string site;
+    TensorRole role;
+    double amax = 0, underflows = 0, overflows = 0, elements = 0;
+  };
+  // The statistics gathered since the last call (waits for the device), then cleared.
+  std::vector<CastStats> take_stats();
+
  private:
   void ensure_state();
 
@@ -134,6 +158,9 @@ class Fp8Engine {
   bool overwrite_main_grads_ = false;
   torch::Tensor history_, scale_, scale_inv_;
   std::unique_ptr<GemmHandle> gemm_;
+  bool collect_stats_ = false;
+  // (site index, role) -> [amax, underflows, overflows, elements] (fp64, on the device)
+  std::map<std::pair<size_t, int>, torch::Tensor> stats_;
 };
 
 // y = f(x) W^T + b through the site's FP8 GEMMs. x [..., in], weight [out, in], bias [out] or

@@ -674,7 +674,10 @@ void gemm(GemmHandle& handle, const GemmOperand& a, const GemmOperand& b, const 
   if (status != CUBLAS_STATUS_SUCCESS)
     throw_internal_error(__FILE__, __LINE__, __func__,
                          std::string("cublasLtMatmul failed: ") + cublasLtGetStatusName(status) + " (" +
-                             cublasLtGetStatusString(status) + ") for " + exact.describe());
+                             cublasLtGetStatusString(status) + ") for " + exact.describe() +
+                             strprintf(" (alignments: A %u, B %u, D %u, A scale %u, B scale %u bytes)",
+                                       alignment_of(a.data), alignment_of(b.data), alignment_of(d.data),
+                                       alignment_of(a.scale_inv), alignment_of(b.scale_inv)));
 }
 
 RowMajorMatrix rowwise_matrix(const Fp8TensorView& t) {

@@ -580,7 +580,7 @@ __device__ __forceinline__ TileArgs segment_tile_args(const TileArgs& base, cons
   if (ts.scale_out) ts.scale_out += e * t.scale_stride;
   if (ts.amax_in) ts.amax_in += e;
   if (ts.amax_out) ts.amax_out += e * t.amax_stride;
-  if (ts.scale_inv_out) ts.scale_inv_out += e;
+  if (ts.scale_inv_out) ts.scale_inv_out += t.scale_begin[s];
   if (ts.column_sums) ts.column_sums += e * base.cols;
   constexpr size_t kScaleBytes = M == TileMode::kMx ? 1 : 4;
   if (a.scale_inv) a.scale_inv = static_cast<uint8_t*>(a.scale_inv) + t.scale_begin[s] * kScaleBytes;
@@ -986,6 +986,21 @@ void quantize_tensor_current(const uint16_t* x, const Fp8TensorView& out, const 
   cast_tensor<true>(x, out, s, stream);
 }
 
+void quantize_tensor_current_given_amax(const uint16_t* x, const Fp8TensorView& out, const CurrentScalingOptions& options,
+                                        CudaStream stream) {
+  FP8TRON_CHECK(out.scaling_mode == ScalingMode::kTensor, "quantize_tensor_current_given_amax needs tensor scaling");
+  FP8TRON_CHECK(out.amax != nullptr && out.scale_inv != nullptr, "current scaling needs out.amax and out.scale_inv");
+  check_element_format(out.format, true);
+  TensorScaleArgs s;
+  s.amax_in = out.amax;
+  s.fp8_max = max_finite(out.format);
+  s.power_2 = options.power_2_scales;
+  s.epsilon = options.amax_epsilon;
+  s.scale_out = out.scale;
+  s.scale_inv_out = static_cast<float*>(out.scale_inv);
+  cast_tensor<true>(x, out, s, stream);
+}
+
 void quantize_blockwise(const uint16_t* x, const Fp8TensorView& out, const BlockScalingOptions& options,
                         CudaStream stream) {
   FP8TRON_CHECK(out.scaling_mode == ScalingMode::kBlock1x128 || out.scaling_mode == ScalingMode::kBlock128x128,
@@ -1012,9 +1027,9 @@ void quantize_mxfp8(const uint16_t* x, const Fp8TensorView& out, CudaStream stre
 
 void quantize_segments(const uint16_t* x, const SegmentLayout& l, const SegmentedFp8View& out, const SegmentCast& cast,
                        CudaStream stream) {
-  check_segments(x, l, out, cast);
   check_element_format(out.format, out.scaling_mode == ScalingMode::kTensor);
-  if (l.total_padded() == 0) return;
+  if (l.total_padded() == 0) return;  // no rows: no buffers either (a zero-size allocation is null)
+  check_segments(x, l, out, cast);
   const std::vector<SegmentTable> tables = segment_tables(l, out.amax_stride, out.scale_stride);
   TileArgs base;
   base.x = x;

@@ -69,6 +69,13 @@ struct TensorCastFusion {
 // 1 / sqrt(mean of squares + eps). One warp per row. cols % 8 == 0.
 void norm_row_stats(const uint16_t* x, size_t rows, size_t cols, float eps, float* mean, float* rstd, CudaStream stream);
 
+// (c') The cast of (c) with the amax already in *out.amax (not recomputed): the amax of a larger
+// tensor that x is a part of, e.g. this rank's sequence shard of a tensor-parallel all-gather whose
+// shards' amaxes were MAX-reduced, so the shard's codes and scale equal those of casting the
+// whole. One pass over x.
+void quantize_tensor_current_given_amax(const uint16_t* x, const Fp8TensorView& out, const CurrentScalingOptions& options,
+                                        CudaStream stream);
+
 struct BlockScalingOptions {
   bool power_2_scales = true;  // TE's default for the blockwise recipe
   float amax_epsilon = 0.0f;

@@ -86,6 +86,16 @@ void quantize_tensor_current(const uint16_t* x, const Fp8TensorView& out, const 
   cast_tensor(x, out, scale);
 }
 
+void quantize_tensor_current_given_amax(const uint16_t* x, const Fp8TensorView& out, const CurrentScalingOptions& options) {
+  FP8TRON_CHECK(out.scaling_mode == ScalingMode::kTensor && out.amax != nullptr && out.scale_inv != nullptr,
+                "current scaling needs amax and scale_inv");
+  check_element_format(out, true);
+  const float scale = scale_from_amax(*out.amax, max_finite(out.format), options.power_2_scales, options.amax_epsilon);
+  if (out.scale) *out.scale = scale;
+  *floats(out.scale_inv) = 1.0f / scale;
+  cast_tensor(x, out, scale);
+}
+
 void quantize_blockwise(const uint16_t* x, const Fp8TensorView& out, const BlockScalingOptions& options) {
   FP8TRON_CHECK(out.scaling_mode == ScalingMode::kBlock1x128 || out.scaling_mode == ScalingMode::kBlock128x128,
                 "quantize_blockwise needs a 1x128 or 128x128 scaling mode");

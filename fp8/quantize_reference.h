@@ -14,6 +14,7 @@ float amax_bf16(const uint16_t* x, size_t n);
 
 void quantize_tensor_delayed(const uint16_t* x, const Fp8TensorView& out);
 void quantize_tensor_current(const uint16_t* x, const Fp8TensorView& out, const CurrentScalingOptions& options);
+void quantize_tensor_current_given_amax(const uint16_t* x, const Fp8TensorView& out, const CurrentScalingOptions& options);
 void quantize_blockwise(const uint16_t* x, const Fp8TensorView& out, const BlockScalingOptions& options);
 void quantize_mxfp8(const uint16_t* x, const Fp8TensorView& out);
 

@@ -36,7 +36,7 @@ SegmentCast prepare_scales(Fp8Engine& e, const std::vector<Fp8Site*>& sites, Ten
     case RecipeKind::kDelayed: {
       cast.kind = SegmentCast::Kind::kDelayed;
       const size_t stride = slot_stride(e, sites, role), first = e.slot(*sites[0], role);
-      q.scale_inv = torch::empty({segments}, floats);
+      q.scale_inv = torch::empty({int64_t(l.scale_elements())}, floats);
       v.scale = e.scale().data_ptr<float>() + first;
       v.scale_stride = stride;
       v.amax = record_amax ? e.history().data_ptr<float>() + first : nullptr;
@@ -47,7 +47,7 @@ SegmentCast prepare_scales(Fp8Engine& e, const std::vector<Fp8Site*>& sites, Ten
       cast.kind = SegmentCast::Kind::kCurrent;
       const auto& current = std::get<CurrentScaling>(recipe);
       cast.current = CurrentScalingOptions{current.power_2_scales, current.amax_epsilon};
-      q.scale_inv = torch::empty({segments}, floats);
+      q.scale_inv = torch::empty({int64_t(l.scale_elements())}, floats);
       q.scale = torch::empty({segments}, floats);
       q.amax = torch::empty({segments}, floats);
       v.scale = q.scale.data_ptr<float>();
@@ -97,6 +97,27 @@ void dequantize_copies(QuantizedSegments& q, bool cpu, CudaStream stream) {
   if (q.data_t.defined()) q.dequantized_t = copy(true);
 }
 
+// --log-fp8-stats-to-tensorboard: each segment's values (xb's rows, unpadded) against its FP8
+// codes (the row-wise copy, or the transposed one; the alignment padding left out), under its
+// expert's site, as fp8_linear records a per-tensor cast.
+void record_segment_stats(Fp8Engine& e, const std::vector<Fp8Site*>& sites, TensorRole role, const torch::Tensor& xb,
+                          const std::vector<int64_t>& rows, const QuantizedSegments& q) {
+  torch::NoGradGuard no_grad;
+  const SegmentLayout& l = q.layout;
+  const int64_t cols = int64_t(l.cols);
+  int64_t x_begin = 0;
+  for (size_t i = 0; i < sites.size(); ++i) {
+    const int64_t n = rows[i], begin = int64_t(l.row_begin[i]), padded = int64_t(l.padded[i]);
+    if (n > 0) {
+      const torch::Tensor codes = q.data.defined()
+                                      ? q.data.narrow(0, begin, n)
+                                      : q.data_t.narrow(0, begin * cols, cols * padded).view({cols, padded}).narrow(1, 0, n).t();
+      e.record_stats(*sites[i], role, q.view.format, xb.narrow(0, x_begin, n), codes);
+    }
+    x_begin += n;
+  }
+}
+
 }  // namespace
 
 torch::Tensor QuantizedSegments::dequantized_rows(size_t e) const {
@@ -139,6 +160,7 @@ std::shared_ptr<QuantizedSegments> quantize_grouped(Fp8Engine& e, const std::vec
   const bool cpu = path == Path::kCpu;
   const CudaStream stream = cpu ? nullptr : current_stream(x2d.device());
   if (total > 0) cpu ? reference::quantize_segments(x, l, v, cast) : quantize_segments(x, l, v, cast, stream);
+  if (e.collecting_stats()) record_segment_stats(e, sites, role, xb, rows, *q);
   if (path != Path::kNative) dequantize_copies(*q, cpu, stream);
   return q;
 }

@@ -35,8 +35,11 @@ torch::Tensor scale_storage(const ScaleLayout& layout, const torch::Device& devi
 
 // Quantizes x2d [rows, cols] for `role` of `site`: the row-wise copy and/or the transposed copy.
 // `record_amax`: delayed scaling max-accumulates the amax into the site's history slot.
+// `reduce_current` (tensorwise scaling of a part of a larger tensor, linear_ops.h): the amax of x2d
+// is replaced by the whole's before the scale is taken.
 std::shared_ptr<Quantized> quantize(Fp8Engine& e, const Fp8Site& site, TensorRole role, torch::Tensor x2d,
-                                    bool rowwise, bool transposed, bool record_amax, TensorCastFusion fusion = {});
+                                    bool rowwise, bool transposed, bool record_amax, TensorCastFusion fusion = {},
+                                    const AmaxReducer* reduce_current = nullptr);
 
 // The weight of the current optimizer step, quantized once (both copies) and shared by every
 // micro-batch; re-quantized when the optimizer (or a checkpoint load) changed it.

@@ -24,9 +24,10 @@ SegmentLayout make_segment_layout(ScalingMode mode, size_t cols, const std::vect
     l.src_begin[e + 1] = l.src_begin[e] + r;
     l.row_begin[e + 1] = l.row_begin[e] + p;
     l.tile_begin[e + 1] = l.tile_begin[e] + ceil_div(p, kBlockLen);
-    // Tensor scaling keeps one entry per segment, empty or not (scale_inv[e]).
-    const size_t grid = mode == ScalingMode::kTensor ? 1 : scale_layout(mode, p, cols).elements();
-    const size_t grid_t = mode == ScalingMode::kTensor ? 1 : scale_layout(mode, cols, p).elements();
+    // Tensor scaling keeps one entry per segment, empty or not, padded to 16 bytes
+    // (scale_inv[4 e]): cuBLASLt refuses FP8 GEMMs whose scale pointers are not 16-byte aligned.
+    const size_t grid = mode == ScalingMode::kTensor ? kTensorScaleStride : scale_layout(mode, p, cols).elements();
+    const size_t grid_t = mode == ScalingMode::kTensor ? kTensorScaleStride : scale_layout(mode, cols, p).elements();
     l.scale_begin[e + 1] = l.scale_begin[e] + grid;
     l.scale_t_begin[e + 1] = l.scale_t_begin[e] + grid_t;
   }

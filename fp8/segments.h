@@ -11,7 +11,7 @@
 //            source rows followed by padded_e - rows_e rows of zero codes
 //   data_t   segment e as its own [cols, padded_e] matrix (the wgrad operand) at element offset
 //            cols * row_begin_e, zero codes in the padding columns
-//   scales   tensor scaling: one per segment (scale_inv[e]); block modes: segment e's scale grid
+//   scales   tensor scaling: one per segment, 16 bytes apart (scale_inv[4 e]); block modes: segment e's scale grid
 //            (fp8_tensor.h's layout for a [padded_e, cols] tensor, resp. [cols, padded_e]) at
 //            element scale_begin_e (scale_t_begin_e for data_t), every grid 16-byte aligned
 // Zero rows change no amax and no block scale, and contribute nothing to a product, so segment e
@@ -28,6 +28,9 @@ namespace fp8tron::fp8 {
 
 // round_up(rows, align); 0 stays 0 (an expert without tokens has no GEMM).
 inline size_t padded_rows(size_t rows, size_t align) { return round_up(rows, align); }
+
+// Floats between consecutive segments' tensor scales (16 bytes: cuBLASLt's scale-pointer alignment).
+constexpr size_t kTensorScaleStride = 4;
 
 struct SegmentLayout {
   ScalingMode mode = ScalingMode::kTensor;

@@ -1,6 +1,9 @@
 #include "models/modules.h"
 
 #include "fp8/fp8_linear.h"
+#include "models/fused_linear.h"
+#include "models/linear_kernels_fp8.h"
+#include "models/linear_kernels_plain.h"
 #include "parallel/tensor_parallel.h"
 
 namespace fp8tron {
@@ -59,7 +62,25 @@ void attach_weight(const std::shared_ptr<fp8::Fp8Site>& site, const torch::Tenso
 }
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
                      const std::shared_ptr<fp8::Fp8Site>& site) {
-  return site ? fp8::fp8_linear(x, w, b, *site) : F::linear(x, w, b);
+  return site ? fp8::fp8_linear(x, w, b, *site) : linear_with_grad_accumulation_fusion(x, w, b);
+}
+// Whether the module named `name` runs as the communicating op, and with which plan: only under
+// sequence parallelism over more than one rank (the validation rules require it of the flags).
+bool overlap_plan_for(const TensorParallelContext& tp, const std::string& name, overlap::TpLinearPlan* plan) {
+  return tp.size > 1 && tp.sequence_parallel && tp.overlap && overlap::plan_for_module(*tp.overlap, name, plan);
+}
+// The GEMM functor of one call of an overlapped linear.
+std::shared_ptr<overlap::LinearKernels> kernels_for(const torch::Tensor& w, const torch::Tensor& b,
+                                                    const std::shared_ptr<fp8::Fp8Site>& site,
+                                                    const TensorParallelContext& tp, const overlap::TpLinearPlan& plan,
+                                                    fp8::Prologue prologue = fp8::Prologue::kNone) {
+  if (site) return std::make_shared<Fp8LinearKernels>(w, b, *site, *tp.comm, plan, prologue);
+  return std::make_shared<PlainLinearKernels>(w, b);
+}
+torch::Tensor overlapped_column(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
+                                const std::shared_ptr<fp8::Fp8Site>& site, const TensorParallelContext& tp,
+                                const overlap::TpLinearPlan& plan) {
+  return overlap::tp_linear(x, w, b, {}, kernels_for(w, b, site, tp, plan), plan, *tp.comm, w.size(0));
 }
 }  // namespace
 
@@ -77,9 +98,11 @@ TEColumnParallelLinearImpl::TEColumnParallelLinearImpl(const LinearOptions& o, c
   }
   fp8_site = fp8_site_for(o, f, o.out_features / tp.size, o.in_features);
   attach_weight(fp8_site, weight);
+  overlapped = overlap_plan_for(tp, o.init_name, &overlap_plan);
 }
 torch::Tensor TEColumnParallelLinearImpl::forward(const torch::Tensor& x) { return forward_with(x, weight); }
 torch::Tensor TEColumnParallelLinearImpl::forward_with(const torch::Tensor& x, const torch::Tensor& w) {
+  if (overlapped) return overlapped_column(x, w, bias, fp8_site, tp, overlap_plan);
   return linear(enter_tp(x, tp), w, bias, fp8_site);
 }
 
@@ -96,12 +119,27 @@ TELayerNormColumnParallelLinearImpl::TELayerNormColumnParallelLinearImpl(const N
   }
   fp8_site = fp8_site_for(l, f, l.out_features / tp.size, l.in_features);
   attach_weight(fp8_site, weight);
+  overlapped = overlap_plan_for(tp, l.init_name, &overlap_plan);
 }
 torch::Tensor TELayerNormColumnParallelLinearImpl::forward(const torch::Tensor& x) {
   // Without tensor parallelism the norm's output goes straight into the GEMM: FP8 fuses the two.
   if (fp8_site && tp.size == 1)
     return fp8::fp8_norm_linear(x, norm_options.kind == Normalization::RMSNorm, layer_norm_weight, layer_norm_bias,
                                 norm_options.epsilon, norm_options.zero_centered_gamma, weight, bias, *fp8_site);
+  if (overlapped) {
+    // Under TP the overlapped op fuses the norm into the cast of the local shard (before the
+    // all-gather) where the FP8 kernels can; elsewhere the norm runs first, on the shard.
+    if (fp8_site && fused_norm_cast_available(*fp8_site, x, layer_norm_weight, layer_norm_bias)) {
+      auto kernels = std::make_shared<Fp8LinearKernels>(weight, bias, *fp8_site, *tp.comm, overlap_plan, fp8::Prologue::kNone);
+      kernels->fuse_norm(norm_options.kind == Normalization::RMSNorm, layer_norm_weight, layer_norm_bias,
+                         norm_options.epsilon, norm_options.zero_centered_gamma);
+      std::vector<torch::Tensor> norm_params = {layer_norm_weight};
+      if (layer_norm_bias.defined()) norm_params.push_back(layer_norm_bias);
+      return overlap::tp_linear(x, weight, bias, norm_params, kernels, overlap_plan, *tp.comm, weight.size(0));
+    }
+    return overlapped_column(apply_norm(x, norm_options, layer_norm_weight, layer_norm_bias), weight, bias, fp8_site, tp,
+                             overlap_plan);
+  }
   auto normed = apply_norm(x, norm_options, layer_norm_weight, layer_norm_bias);
   return linear(enter_tp(normed, tp), weight, bias, fp8_site);
 }
@@ -116,9 +154,11 @@ TERowParallelLinearImpl::TERowParallelLinearImpl(const LinearOptions& o, const M
   }
   fp8_site = fp8_site_for(o, f, o.out_features, o.in_features / tp.size);
   attach_weight(fp8_site, weight);
+  overlapped = overlap_plan_for(tp, o.init_name, &overlap_plan);
 }
 torch::Tensor TERowParallelLinearImpl::forward_gelu(const torch::Tensor& x) {
   if (!fp8_site) return forward(at::gelu(x, "tanh"));
+  if (overlapped) return forward_overlapped(x, fp8::Prologue::kGeluTanh);
   return reduce_and_add_bias(fp8::fp8_linear(x, weight, own_bias(), *fp8_site, fp8::Prologue::kGeluTanh));
 }
 torch::Tensor TERowParallelLinearImpl::forward_swiglu(const torch::Tensor& x) {
@@ -126,10 +166,17 @@ torch::Tensor TERowParallelLinearImpl::forward_swiglu(const torch::Tensor& x) {
     auto halves = x.chunk(2, -1);
     return forward(F::silu(halves[0]) * halves[1]);
   }
+  if (overlapped) return forward_overlapped(x, fp8::Prologue::kSwiglu);
   return reduce_and_add_bias(fp8::fp8_linear(x, weight, own_bias(), *fp8_site, fp8::Prologue::kSwiglu));
 }
 torch::Tensor TERowParallelLinearImpl::forward(const torch::Tensor& x) {
+  if (overlapped) return forward_overlapped(x, fp8::Prologue::kNone);
   return reduce_and_add_bias(linear(x, weight, own_bias(), fp8_site));
+}
+torch::Tensor TERowParallelLinearImpl::forward_overlapped(const torch::Tensor& x, fp8::Prologue prologue) {
+  auto kernels = kernels_for(weight, {}, fp8_site, tp, overlap_plan, prologue);
+  auto y = overlap::tp_linear(x, weight, {}, {}, kernels, overlap_plan, *tp.comm, weight.size(0));
+  return bias.defined() ? y + bias : y;
 }
 torch::Tensor TERowParallelLinearImpl::own_bias() const {
   // One rank holds the whole sum: the bias rides in the GEMM's epilogue (and its gradient comes

@@ -4,13 +4,18 @@
 // dicts read like Megatron-Core's. Activations are [sequence, batch, hidden]; with sequence
 // parallelism, tensors outside the column/row pair are split along the sequence.
 // With an FP8 engine in the ModuleFactory the linears run their GEMMs in FP8 (fp8/fp8_linear.h);
-// the sequence-parallel all-gather stays bf16 and the GEMM input is quantized after it.
+// the sequence-parallel all-gather stays bf16 and the GEMM input is quantized after it. With the
+// tensor-parallel overlap on (TensorParallelContext::overlap), the qkv/proj/fc1/fc2 linears (and
+// under MC2 the output layer) run as parallel/overlap's communicating op instead, which gathers FP8
+// inputs already quantized (models/linear_kernels_*.h are its GEMMs).
 #pragma once
 #include <torch/torch.h>
 
 #include "models/module_factory.h"
 #include "models/rotary.h"
 #include "core/config/model_config.h"
+#include "fp8/quantize.h"
+#include "parallel/overlap/tp_linear.h"
 
 namespace fp8tron {
 
@@ -67,6 +72,8 @@ class TEColumnParallelLinearImpl : public ShardedModule {
   TensorParallelContext tp;
   torch::Tensor weight, bias;
   std::shared_ptr<fp8::Fp8Site> fp8_site;  // null: bf16 GEMMs
+  bool overlapped = false;                 // runs as the communicating op with this plan
+  overlap::TpLinearPlan overlap_plan;
 };
 TORCH_MODULE(TEColumnParallelLinear);
 
@@ -79,6 +86,8 @@ class TELayerNormColumnParallelLinearImpl : public ShardedModule {
   TensorParallelContext tp;
   torch::Tensor layer_norm_weight, layer_norm_bias, weight, bias;
   std::shared_ptr<fp8::Fp8Site> fp8_site;
+  bool overlapped = false;
+  overlap::TpLinearPlan overlap_plan;
 };
 TORCH_MODULE(TELayerNormColumnParallelLinear);
 
@@ -96,8 +105,12 @@ class TERowParallelLinearImpl : public ShardedModule {
   TensorParallelContext tp;
   torch::Tensor weight, bias;
   std::shared_ptr<fp8::Fp8Site> fp8_site;
+  bool overlapped = false;
+  overlap::TpLinearPlan overlap_plan;
 
  private:
+  // The communicating op: partial outputs reduce-scattered as they are computed, then the bias.
+  torch::Tensor forward_overlapped(const torch::Tensor& x, fp8::Prologue prologue);
   // Partial outputs summed over the group (all-reduce, or reduce-scatter under SP), then the bias.
   torch::Tensor reduce_and_add_bias(const torch::Tensor& partial);
   torch::Tensor own_bias() const;  // the bias the GEMM adds itself (without tensor parallelism)

@@ -3,6 +3,7 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <thread>
@@ -10,6 +11,7 @@
 #include "core/error.h"
 #include "core/text.h"
 #include "parallel/communicator.h"
+#include "parallel/progress_board.h"
 #include "parallel/topology.h"
 
 namespace fp8tron {
@@ -54,25 +56,51 @@ void ensure_mpi() {
   });
 }
 
-// Requests to complete, then an action (e.g. copy an fp32 result back into a bf16 tensor).
+// Requests to complete, then an action (e.g. copy an fp32 result back into a bf16 tensor). While
+// it waits, the progress board knows (hang reports), and a wait past the report time is reported
+// once; past --distributed-timeout-minutes it is an error.
+struct MpiOp {
+  std::string op, group, key;
+  std::vector<int> members;
+  uint64_t seq = 0;  // its number on the group (progress board)
+  int world_rank = 0;
+  std::shared_ptr<ProgressBoard> board;
+  CommTimeouts timeouts;
+};
+
 class MpiWork : public CommWork {
  public:
-  MpiWork(std::string what, std::chrono::milliseconds timeout) : what_(std::move(what)), timeout_(timeout) {}
+  explicit MpiWork(MpiOp op) : op_(std::move(op)) {}
   std::vector<MPI_Request> requests;
   std::function<void()> finish;
   std::vector<torch::Tensor> keep_alive;
 
   void wait() override {
     if (done_) return;
-    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    const auto start = std::chrono::steady_clock::now();
+    if (op_.board) op_.board->waiting(op_.key, op_.op, op_.seq);
+    bool reported = false;
+    std::string report;
     for (;;) {
       int flag = 0;
-      check_mpi(MPI_Testall(int(requests.size()), requests.data(), &flag, MPI_STATUSES_IGNORE), what_.c_str());
+      check_mpi(MPI_Testall(int(requests.size()), requests.data(), &flag, MPI_STATUSES_IGNORE), what().c_str());
       if (flag) break;
-      if (std::chrono::steady_clock::now() > deadline)
-        throw std::runtime_error("timed out after " + std::to_string(timeout_.count() / 60000) + " min (--distributed-timeout-minutes) in " + what_);
+      const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+      if (op_.board && !reported && waited >= op_.timeouts.report_after) {
+        reported = true;
+        const ProgressBoard::Report r = op_.board->describe(op_.group, op_.members, op_.op, op_.seq, waited);
+        report = r.text;
+        if (r.print) {
+          std::fprintf(stderr, "fp8tron: [rank %d] %s\n", op_.world_rank, r.text.c_str());
+          std::fflush(stderr);
+        }
+      }
+      if (waited > op_.timeouts.timeout)
+        throw UserError("timed out after " + std::to_string(op_.timeouts.timeout.count() / 60000) +
+                        " min (--distributed-timeout-minutes) in " + what() + (report.empty() ? "" : ": " + report));
       std::this_thread::sleep_for(std::chrono::microseconds(20));  // yield: ranks may share cores
     }
+    if (op_.board) op_.board->done_waiting();
     if (finish) finish();
     done_ = true;
   }
@@ -81,16 +109,23 @@ class MpiWork : public CommWork {
   }
 
  private:
-  std::string what_;
-  std::chrono::milliseconds timeout_;
+  std::string what() const {
+    return strprintf("%s on group '%s' (global rank %d)", op_.op.c_str(), op_.group.c_str(), op_.world_rank);
+  }
+  MpiOp op_;
   bool done_ = false;
 };
 
 class MpiCommunicator : public Communicator {
  public:
-  MpiCommunicator(std::string name, MPI_Comm comm, std::vector<int> global_ranks, int world_rank,
-                  std::chrono::milliseconds timeout)
-      : Communicator(std::move(name), 0, 1, std::move(global_ranks)), comm_(comm), world_rank_(world_rank), timeout_(timeout) {
+  MpiCommunicator(std::string name, MPI_Comm comm, std::vector<int> global_ranks, int world_rank, CommTimeouts timeouts,
+                  std::shared_ptr<ProgressBoard> board)
+      : Communicator(std::move(name), 0, 1, std::move(global_ranks)),
+        comm_(comm),
+        world_rank_(world_rank),
+        timeouts_(timeouts),
+        board_(std::move(board)),
+        key_(ProgressBoard::group_key(name_, global_ranks_)) {
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
   }
@@ -122,16 +157,23 @@ class MpiCommunicator : public Communicator {
     return work;
   }
 
+  // An all-to-all of the pieces, then their sum in rank order on each rank: MPI's own
+  // reduce-scatter picks its algorithm (and so the order of the additions) by message size.
   std::unique_ptr<CommWork> reduce_scatter_async(torch::Tensor& out, const torch::Tensor& in) override {
     FP8TRON_CHECK(in.numel() == out.numel() * size_, "reduce_scatter: input must hold size x output");
     auto work = make_work("reduce_scatter");
     auto src = reduction_buffer(in);
-    auto dst = reduction_buffer(out);
-    check_mpi(MPI_Ireduce_scatter_block(src.data_ptr(), dst.data_ptr(), int(dst.numel()), mpi_type(dst.scalar_type()),
-                                        MPI_SUM, comm_, &add(*work)),
-              "MPI_Ireduce_scatter_block");
-    if (!dst.is_same(out)) work->finish = [out, dst]() mutable { out.copy_(dst); };
-    work->keep_alive = {out, src, dst};
+    auto pieces = torch::empty({int64_t(size_), out.numel()}, src.options());
+    FP8TRON_CHECK(out.numel() <= INT32_MAX, "reduce_scatter: too large for one MPI call");
+    check_mpi(MPI_Ialltoall(src.data_ptr(), int(out.numel()), mpi_type(src.scalar_type()), pieces.data_ptr(),
+                            int(out.numel()), mpi_type(src.scalar_type()), comm_, &add(*work)),
+              "MPI_Ialltoall");
+    work->finish = [out, pieces]() mutable {
+      auto sum = pieces[0].clone();
+      for (int64_t s = 1; s < pieces.size(0); ++s) sum.add_(pieces[s]);
+      out.copy_(sum.view(out.sizes()));
+    };
+    work->keep_alive = {out, src, pieces};
     return work;
   }
 
@@ -232,7 +274,10 @@ class MpiCommunicator : public Communicator {
 
  private:
   std::unique_ptr<MpiWork> make_work(const char* op) {
-    return std::make_unique<MpiWork>(strprintf("%s on group '%s' (global rank %d)", op, name_.c_str(), world_rank_), timeout_);
+    MpiOp o{op, name_, key_, global_ranks_, 0, world_rank_, board_, timeouts_};
+    if (board_ && size_ > 1) o.seq = board_->entered(key_);
+    else o.board = nullptr;  // a group of one cannot hang
+    return std::make_unique<MpiWork>(std::move(o));
   }
   static MPI_Request& add(MpiWork& w) {
     w.requests.push_back(MPI_REQUEST_NULL);
@@ -256,35 +301,44 @@ class MpiCommunicator : public Communicator {
 
   MPI_Comm comm_;
   int world_rank_;
-  std::chrono::milliseconds timeout_;
+  CommTimeouts timeouts_;
+  std::shared_ptr<ProgressBoard> board_;
+  std::string key_;
 };
 
 class MpiTransport : public Transport {
  public:
-  explicit MpiTransport(std::chrono::milliseconds timeout) : timeout_(timeout) {
+  explicit MpiTransport(CommTimeouts timeouts) : timeouts_(timeouts) {
     ensure_mpi();
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
+    if (size_ > 1) {
+      if (auto store = make_mpi_side_channel(rank_, size_, timeouts_.timeout))
+        board_ = std::make_shared<ProgressBoard>(std::move(store), rank_, size_,
+                                                 ProgressBoard::Options{timeouts_.report_after, timeouts_.timeout});
+    }
   }
   int world_rank() const override { return rank_; }
   int world_size() const override { return size_; }
+  std::shared_ptr<ProgressBoard> progress_board() const override { return board_; }
 
   std::shared_ptr<Communicator> new_group(const std::string& name, const std::vector<std::vector<int>>& groups) override {
     const GroupMembership m = membership_of(groups, rank_, name);
     MPI_Comm comm;
     check_mpi(MPI_Comm_split(MPI_COMM_WORLD, m.color, m.key, &comm), "MPI_Comm_split");
-    return std::make_shared<MpiCommunicator>(name, comm, m.members, rank_, timeout_);
+    return std::make_shared<MpiCommunicator>(name, comm, m.members, rank_, timeouts_, board_);
   }
 
  private:
-  std::chrono::milliseconds timeout_;
+  CommTimeouts timeouts_;
   int rank_ = 0, size_ = 1;
+  std::shared_ptr<ProgressBoard> board_;
 };
 
 }  // namespace
 
-std::unique_ptr<Transport> make_mpi_transport(std::chrono::milliseconds timeout) {
-  return std::make_unique<MpiTransport>(timeout);
+std::unique_ptr<Transport> make_mpi_transport(CommTimeouts timeouts) {
+  return std::make_unique<MpiTransport>(timeouts);
 }
 
 }  // namespace fp8tron

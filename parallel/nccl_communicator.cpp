@@ -24,6 +24,7 @@
 #include "core/log.h"
 #include "core/text.h"
 #include "parallel/communicator.h"
+#include "parallel/progress_board.h"
 #include "parallel/topology.h"
 #include "parallel/launch_env.h"
 
@@ -48,27 +49,40 @@ ncclDataType_t nccl_type(torch::ScalarType t) {
 }
 ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::Sum ? ncclSum : op == ReduceOp::Max ? ncclMax : ncclMin; }
 
-// Watches in-flight operations; on a timeout it reports and aborts the process (the other ranks'
+// Watches in-flight operations: one that has not completed after --hang-report-seconds is
+// reported (progress_board.h); on a timeout it reports and aborts the process (the other ranks'
 // watchdogs or the launcher end theirs), as a hung collective cannot be recovered.
 class Watchdog {
  public:
-  explicit Watchdog(std::chrono::milliseconds timeout) : timeout_(timeout), thread_([this] { loop(); }) {}
+  explicit Watchdog(CommTimeouts timeouts) : timeouts_(timeouts), thread_([this] { loop(); }) {}
   ~Watchdog() {
     stop_ = true;
     thread_.join();
   }
-  void watch(std::shared_ptr<at::cuda::CUDAEvent> done, std::string what, ncclComm_t comm) {
+  void set_board(std::shared_ptr<ProgressBoard> board) { board_ = std::move(board); }
+  struct Op {
+    std::string op, group;
+    std::vector<int> members;
+    uint64_t seq = 0;
+    int world_rank = 0;
+  };
+  void watch(std::shared_ptr<at::cuda::CUDAEvent> done, Op op, ncclComm_t comm) {
     std::lock_guard<std::mutex> lock(mutex_);
-    pending_.push_back({std::move(done), std::chrono::steady_clock::now() + timeout_, std::move(what), comm});
+    const auto now = std::chrono::steady_clock::now();
+    pending_.push_back({std::move(done), now, now + timeouts_.timeout, std::move(op), comm, false});
   }
 
  private:
   struct Entry {
     std::shared_ptr<at::cuda::CUDAEvent> done;
-    std::chrono::steady_clock::time_point deadline;
-    std::string what;
+    std::chrono::steady_clock::time_point issued, deadline;
+    Op op;
     ncclComm_t comm;
+    bool reported;
   };
+  std::string what(const Op& op) const {
+    return strprintf("%s on group '%s' (global rank %d)", op.op.c_str(), op.group.c_str(), op.world_rank);
+  }
   void loop() {
     while (!stop_) {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -76,13 +90,23 @@ class Watchdog {
       while (!pending_.empty()) {
         Entry& e = pending_.front();
         if (e.done->query()) { pending_.pop_front(); continue; }
+        const auto now = std::chrono::steady_clock::now();
+        const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(now - e.issued);
+        if (board_ && !e.reported && e.op.seq > 0 && waited >= timeouts_.report_after) {
+          e.reported = true;
+          const ProgressBoard::Report r = board_->describe(e.op.group, e.op.members, e.op.op, e.op.seq, waited);
+          if (r.print) {
+            std::fprintf(stderr, "fp8tron: [rank %d] %s\n", e.op.world_rank, r.text.c_str());
+            std::fflush(stderr);
+          }
+        }
         ncclResult_t async = ncclSuccess;
         ncclCommGetAsyncError(e.comm, &async);
-        if (async != ncclSuccess || std::chrono::steady_clock::now() > e.deadline) {
+        if (async != ncclSuccess || now > e.deadline) {
           std::string why = async != ncclSuccess ? std::string("NCCL error ") + ncclGetErrorString(async)
-                                                 : "timed out after " + std::to_string(timeout_.count() / 60000) +
+                                                 : "timed out after " + std::to_string(timeouts_.timeout.count() / 60000) +
                                                        " min (--distributed-timeout-minutes)";
-          std::fprintf(stderr, "fp8tron: error: %s in %s\n", why.c_str(), e.what.c_str());
+          std::fprintf(stderr, "fp8tron: error: %s in %s\n", why.c_str(), what(e.op).c_str());
           std::fflush(stderr);
           ncclCommAbort(e.comm);
           std::_Exit(1);
@@ -91,7 +115,8 @@ class Watchdog {
       }
     }
   }
-  std::chrono::milliseconds timeout_;
+  CommTimeouts timeouts_;
+  std::shared_ptr<ProgressBoard> board_;
   std::mutex mutex_;
   std::deque<Entry> pending_;
   std::atomic<bool> stop_{false};
@@ -110,12 +135,14 @@ class NcclWork : public CommWork {
 class NcclCommunicator : public Communicator {
  public:
   NcclCommunicator(std::string name, ncclComm_t comm, std::vector<int> global_ranks, int world_rank, int device,
-                   Watchdog& watchdog)
+                   Watchdog& watchdog, std::shared_ptr<ProgressBoard> board)
       : Communicator(std::move(name), 0, 1, std::move(global_ranks)),
         comm_(comm),
         world_rank_(world_rank),
         stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device)),
-        watchdog_(watchdog) {
+        watchdog_(watchdog),
+        board_(std::move(board)),
+        key_(ProgressBoard::group_key(name_, global_ranks_)) {
     check_nccl(ncclCommUserRank(comm_, &rank_), "ncclCommUserRank");
     check_nccl(ncclCommCount(comm_, &size_), "ncclCommCount");
   }
@@ -220,6 +247,8 @@ class NcclCommunicator : public Communicator {
       check_nccl(ncclGroupEnd(), "ncclGroupEnd");
     });
   }
+  // The group's operations run on its one stream in issue order: a later one already follows `work`.
+  void order_after(CommWork&) override {}
   void barrier() override {
     auto t = torch::zeros({1}, torch::TensorOptions().device(torch::kCUDA, stream_.device_index()));
     all_reduce(t);
@@ -242,7 +271,8 @@ class NcclCommunicator : public Communicator {
     }
     auto done = std::make_shared<at::cuda::CUDAEvent>();
     done->record(stream_);
-    watchdog_.watch(done, strprintf("%s on group '%s' (global rank %d)", op, name_.c_str(), world_rank_), comm_);
+    const uint64_t seq = board_ && size_ > 1 ? board_->entered(key_) : 0;
+    watchdog_.watch(done, Watchdog::Op{op, name_, global_ranks_, seq, world_rank_}, comm_);
     auto work = std::make_unique<NcclWork>(done);
     return work;
   }
@@ -251,26 +281,25 @@ class NcclCommunicator : public Communicator {
   int world_rank_;
   c10::cuda::CUDAStream stream_;
   Watchdog& watchdog_;
+  std::shared_ptr<ProgressBoard> board_;
+  std::string key_;
 
   friend class NcclTransport;
 };
 
-// Exchanges the world's ncclUniqueId: MPI under mpirun, else the c10d TCPStore (torchrun's agent
-// store when it provides one; rank 0 hosts it otherwise).
-ncclUniqueId exchange_unique_id(const LaunchEnv& env, std::chrono::milliseconds timeout) {
-  ncclUniqueId id{};
-  if (env.rank == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
-  if (env.launcher == "mpirun") {
-    int initialized = 0;
-    MPI_Initialized(&initialized);
-    if (!initialized) {
-      int provided = 0;
-      MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
-      std::atexit([] { int f = 0; MPI_Finalized(&f); if (!f) MPI_Finalize(); });
-    }
-    MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
-    return id;
-  }
+void ensure_mpi_for_nccl() {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (initialized) return;
+  int provided = 0;
+  MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+  std::atexit([] { int f = 0; MPI_Finalized(&f); if (!f) MPI_Finalize(); });
+}
+
+// The job's key-value store outside mpirun: torchrun's agent store when it provides one, else one
+// rank 0 hosts at MASTER_ADDR:MASTER_PORT (srun). It stays up for the whole job: the NCCL id goes
+// through it, then the progress board (hang reports).
+std::shared_ptr<c10d::Store> make_launcher_store(const LaunchEnv& env, std::chrono::milliseconds timeout) {
   if (env.master_addr.empty()) throw UserError("multi-GPU runs need MASTER_ADDR and MASTER_PORT (or launch with mpirun/torchrun)");
   c10d::TCPStoreOptions options;
   options.port = uint16_t(env.master_port);
@@ -278,51 +307,70 @@ ncclUniqueId exchange_unique_id(const LaunchEnv& env, std::chrono::milliseconds 
   options.numWorkers = env.world_size;
   options.waitWorkers = false;
   options.timeout = timeout;
-  c10d::TCPStore store(env.master_addr, options);
+  return std::make_shared<c10d::TCPStore>(env.master_addr, options);
+}
+
+// Exchanges the world's ncclUniqueId: MPI under mpirun, else the launcher's store.
+ncclUniqueId exchange_unique_id(const LaunchEnv& env, c10d::Store* store) {
+  ncclUniqueId id{};
+  if (env.rank == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+  if (!store) {
+    MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+    return id;
+  }
   const std::string key = "fp8tron/nccl_unique_id";
   if (env.rank == 0) {
     std::vector<uint8_t> bytes(reinterpret_cast<uint8_t*>(&id), reinterpret_cast<uint8_t*>(&id) + sizeof id);
-    store.set(key, bytes);
+    store->set(key, bytes);
   }
-  auto bytes = store.get(key);
+  auto bytes = store->get(key);
   FP8TRON_CHECK(bytes.size() == sizeof id, "bad NCCL id from the store");
   std::memcpy(&id, bytes.data(), sizeof id);
-  // Keep the server alive until everyone has read the id.
-  store.add("fp8tron/nccl_id_read", 1);
-  if (options.isServer)
-    while (store.add("fp8tron/nccl_id_read", 0) < env.world_size) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   return id;
 }
 
 class NcclTransport : public Transport {
  public:
-  NcclTransport(const LaunchEnv& env, int device, std::chrono::milliseconds timeout)
-      : rank_(env.rank), size_(env.world_size), device_(device), watchdog_(timeout) {
+  NcclTransport(const LaunchEnv& env, int device, CommTimeouts timeouts)
+      : rank_(env.rank), size_(env.world_size), device_(device), watchdog_(timeouts) {
     c10::cuda::set_device(device);
-    ncclUniqueId id = exchange_unique_id(env, timeout);
+    std::shared_ptr<c10d::Store> store;
+    if (env.launcher == "mpirun") {
+      ensure_mpi_for_nccl();
+    } else {
+      store = make_launcher_store(env, timeouts.timeout);
+    }
+    ncclUniqueId id = exchange_unique_id(env, store.get());
     check_nccl(ncclCommInitRank(&world_, size_, id, rank_), "ncclCommInitRank");
+    if (size_ > 1) {
+      if (!store) store = make_mpi_side_channel(rank_, size_, timeouts.timeout);
+      if (store) board_ = std::make_shared<ProgressBoard>(store, rank_, size_, ProgressBoard::Options{timeouts.report_after, timeouts.timeout});
+      watchdog_.set_board(board_);
+    }
   }
   ~NcclTransport() override { ncclCommDestroy(world_); }
   int world_rank() const override { return rank_; }
   int world_size() const override { return size_; }
+  std::shared_ptr<ProgressBoard> progress_board() const override { return board_; }
 
   std::shared_ptr<Communicator> new_group(const std::string& name, const std::vector<std::vector<int>>& groups) override {
     const GroupMembership m = membership_of(groups, rank_, name);
     ncclComm_t comm;
     check_nccl(ncclCommSplit(world_, m.color, m.key, &comm, nullptr), "ncclCommSplit");
-    return std::make_shared<NcclCommunicator>(name, comm, m.members, rank_, device_, watchdog_);
+    return std::make_shared<NcclCommunicator>(name, comm, m.members, rank_, device_, watchdog_, board_);
   }
 
  private:
   int rank_, size_, device_;
   ncclComm_t world_{};
+  std::shared_ptr<ProgressBoard> board_;
   Watchdog watchdog_;
 };
 
 }  // namespace
 
-std::unique_ptr<Transport> make_nccl_transport(const LaunchEnv& env, int device, std::chrono::milliseconds timeout) {
-  return std::make_unique<NcclTransport>(env, device, timeout);
+std::unique_ptr<Transport> make_nccl_transport(const LaunchEnv& env, int device, CommTimeouts timeouts) {
+  return std::make_unique<NcclTransport>(env, device, timeouts);
 }
 
 }  // namespace fp8tron

@@ -70,6 +70,7 @@ ParallelState build_parallel_state(std::shared_ptr<Transport> transport, const P
   ParallelState s;
   s.sizes = sizes;
   s.transport = transport;
+  s.progress = transport->progress_board();
   s.sequence_parallel = sequence_parallel;
   s.world_rank = transport->world_rank();
   FP8TRON_CHECK(transport->world_size() == sizes.world_size, "transport and layout disagree on the world size");

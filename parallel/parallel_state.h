@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "parallel/communicator.h"
+#include "parallel/progress_board.h"
 #include "parallel/topology.h"
 
 namespace fp8tron {
@@ -36,6 +37,9 @@ struct ParallelState {
   // kind of message per communicator and sender, NCCL's in-order matching is unambiguous and a
   // rank's sends never queue behind its own receives.
   std::vector<std::shared_ptr<Communicator>> forward_senders, backward_senders;
+  // Every rank's progress for hang reports (progress_board.h); null for one process. The trainer
+  // tells it each finished iteration.
+  std::shared_ptr<ProgressBoard> progress;
 
   bool first_stage() const { return pp_rank == 0; }
   bool last_stage() const { return pp_rank == sizes.pp - 1; }

@@ -8,17 +8,25 @@
 namespace fp8tron {
 
 ParamGather::ParamGather(torch::Tensor params, const std::vector<BufferParam>& layout, int64_t bucket_numel,
-                         int64_t shard_numel, std::shared_ptr<Communicator> dp)
-    : params_(std::move(params)), dp_(std::move(dp)), shard_numel_(shard_numel) {
+                         int64_t shard_numel, std::shared_ptr<Communicator> dp, Bytes bytes)
+    : params_(std::move(params)), bytes_(std::move(bytes)), dp_(std::move(dp)), shard_numel_(shard_numel) {
   FP8TRON_CHECK(params_.is_contiguous() && params_.dim() == 1, "the weight buffer must be flat");
   FP8TRON_CHECK(shard_numel_ * dp_->size() == params_.numel(), "the shards must tile the buffer");
+  // Byte-published parameters lie first; their buckets end where they end.
+  std::vector<BufferParam> byte_params, rest;
+  for (const auto& p : layout) (p.offset < bytes_.numel ? byte_params : rest).push_back(p);
   std::vector<int64_t> first_use;
-  for (const auto& span : bucket_spans(layout, bucket_numel, params_.numel())) {
-    buckets_.push_back(Bucket{span.offset, span.numel, shard_counts(span.offset, span.numel, shard_numel_, dp_->size()), nullptr});
-    int64_t first = INT64_MAX;
-    for (size_t i : span.params) first = std::min(first, layout[i].first_use);
-    first_use.push_back(first);
-  }
+  auto add = [&](const std::vector<BufferParam>& part, int64_t end, bool as_bytes) {
+    for (const auto& span : bucket_spans(part, bucket_numel, end)) {
+      buckets_.push_back(Bucket{span.offset, span.numel, shard_counts(span.offset, span.numel, shard_numel_, dp_->size()),
+                                nullptr, as_bytes});
+      int64_t first = INT64_MAX;
+      for (size_t i : span.params) first = std::min(first, part[i].first_use);
+      first_use.push_back(first);
+    }
+  };
+  add(byte_params, bytes_.numel, true);
+  add(rest, params_.numel(), false);
   // The buffer is ordered by weight decay before model order (the first layer's norms sit near the
   // end), so offset order is not forward order: launch by each bucket's earliest-used parameter.
   launch_order_.resize(buckets_.size());
@@ -30,9 +38,10 @@ void ParamGather::start() {
   finish();  // the previous round must be done before this rank's shard is read again
   for (size_t i : launch_order_) {
     Bucket& b = buckets_[i];
-    auto whole = params_.narrow(0, b.offset, b.numel);
+    torch::Tensor& buffer = b.bytes ? bytes_.codes : params_;
+    auto whole = buffer.narrow(0, b.offset, b.numel);
     const int64_t mine = std::max(b.offset, dp_->rank() * shard_numel_);
-    auto own = params_.narrow(0, std::min(mine, b.offset + b.numel), b.counts[size_t(dp_->rank())]);  // in place
+    auto own = buffer.narrow(0, std::min(mine, b.offset + b.numel), b.counts[size_t(dp_->rank())]);  // in place
     b.work = dp_->all_gather_v_async(whole, own, b.counts);
     ++in_flight_;
   }
@@ -43,6 +52,7 @@ void ParamGather::wait(Bucket& b) {
   b.work->wait();
   b.work.reset();
   --in_flight_;
+  if (b.bytes) bytes_.decode(bytes_.codes.narrow(0, b.offset, b.numel), b.offset, b.numel);
 }
 
 void ParamGather::wait_for(const torch::nn::Module& module) {

@@ -9,6 +9,7 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -17,12 +18,21 @@
 
 namespace fp8tron {
 
+// --fp8-param-gather: the buffer's first `numel` elements travel as the bytes of `codes` (same
+// offsets), and `decode(codes, offset, numel)` runs once a bucket of them has arrived.
+struct ParamGatherBytes {
+  torch::Tensor codes;
+  int64_t numel = 0;
+  std::function<void(const torch::Tensor& codes, int64_t offset, int64_t numel)> decode;
+};
+
 class ParamGather {
  public:
+  using Bytes = ParamGatherBytes;
   // `params` is the flat weight buffer; `layout` covers it in offset order; rank r of `dp` owns
   // [r * shard_numel, (r + 1) * shard_numel).
   ParamGather(torch::Tensor params, const std::vector<BufferParam>& layout, int64_t bucket_numel, int64_t shard_numel,
-              std::shared_ptr<Communicator> dp);
+              std::shared_ptr<Communicator> dp, Bytes bytes = {});
 
   // Issues every bucket's all-gather (this rank's shard of `params` must hold its new weights).
   void start();
@@ -38,10 +48,12 @@ class ParamGather {
     int64_t offset, numel;
     std::vector<int64_t> counts;
     std::unique_ptr<CommWork> work;
+    bool bytes = false;  // gathers Bytes::codes
   };
   void wait(Bucket& b);
 
   torch::Tensor params_;
+  Bytes bytes_;
   std::shared_ptr<Communicator> dp_;
   int64_t shard_numel_;
   std::vector<Bucket> buckets_;        // in offset order

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 
 #include "core/error.h"
 
@@ -34,9 +35,26 @@ std::vector<PipelineStep> pipeline_order(int pp, int rank, int chunks, int64_t n
   return order;
 }
 
+bool prefetches_next_receive(const std::vector<PipelineStep>& order, size_t i, const PipelineOverlap& overlap) {
+  if (!overlap.p2p || i + 1 >= order.size()) return false;
+  if (overlap.warmup_flush) return true;
+  // Steady state: from the last warmup forward to the backward paired with the last forward.
+  size_t first_backward = order.size(), last_forward = 0;
+  for (size_t k = 0; k < order.size(); ++k) {
+    if (!order[k].forward && first_backward == order.size()) first_backward = k;
+    if (order[k].forward) last_forward = k;
+  }
+  const size_t steady_begin = first_backward == 0 ? 0 : first_backward - 1;
+  return i + 1 >= steady_begin && i + 1 <= last_forward + 1;
+}
+
 PipelineSchedule::PipelineSchedule(const ParallelState& parallel, int chunks, std::vector<int64_t> shape, torch::Dtype dtype,
-                                   torch::Device device)
-    : parallel_(parallel), chunks_(chunks), shape_(std::move(shape)), options_(torch::TensorOptions().dtype(dtype).device(device)) {}
+                                   torch::Device device, PipelineOverlap overlap)
+    : parallel_(parallel),
+      chunks_(chunks),
+      overlap_(overlap),
+      shape_(std::move(shape)),
+      options_(torch::TensorOptions().dtype(dtype).device(device)) {}
 
 torch::Tensor PipelineSchedule::run(int64_t num_micro, const ForwardFn& forward, double loss_scale,
                                     const std::function<void()>& before_last_backward, int64_t group) {
@@ -58,24 +76,45 @@ torch::Tensor PipelineSchedule::run(int64_t num_micro, const ForwardFn& forward,
     auto data = t.detach().contiguous();
     pending_sends.push_back(senders(forward)[size_t(rank)]->batch_p2p_async({{true, data, peer, message_tag}}));
   };
-  auto recv = [&](bool forward, int peer, int message_tag) {
-    auto t = torch::empty(shape_, options_);
-    senders(forward)[size_t(peer)]->batch_p2p_async({{false, t, peer, message_tag}})->wait();
-    return t;
+  const int prev = (rank - 1 + pp) % pp, next = (rank + 1) % pp;
+  // The receive a step needs, if any: activations from the previous stage, gradients from the next.
+  struct Receive {
+    torch::Tensor tensor;
+    std::unique_ptr<CommWork> work;
+    Communicator* comm = nullptr;
+  };
+  auto post_receive = [&](const PipelineStep& step) -> std::optional<Receive> {
+    const int stage = stage_of(step.chunk);
+    if (step.forward ? stage == 0 : stage == virtual_stages - 1) return std::nullopt;
+    const int peer = step.forward ? prev : next;
+    Receive r;
+    r.tensor = torch::empty(shape_, options_);
+    r.comm = senders(step.forward)[size_t(peer)].get();
+    r.work = r.comm->batch_p2p_async({{false, r.tensor, peer, tag(step.forward, stage, step.micro_batch)}});
+    return r;
+  };
+  auto received = [&](std::optional<Receive>& r) {
+    r->comm->wait(*r->work);
+    return r->tensor;
   };
 
   std::map<std::pair<int, int64_t>, std::pair<torch::Tensor, torch::Tensor>> in_flight;  // (chunk, micro) -> (input, output)
   auto loss_sum = torch::zeros({}, options_.dtype(torch::kFloat32));
-  const int prev = (rank - 1 + pp) % pp, next = (rank + 1) % pp;
   const auto order = pipeline_order(pp, rank, chunks_, num_micro, n);
+  std::optional<Receive> prefetched;  // posted during the previous step
   for (size_t i = 0; i < order.size(); ++i) {
     const PipelineStep& step = order[i];
     const int stage = stage_of(step.chunk);
     if (i + 1 == order.size() && before_last_backward) before_last_backward();
     const bool first = stage == 0, last = stage == virtual_stages - 1;
+    std::optional<Receive> incoming = prefetched ? std::move(prefetched) : post_receive(step);
+    prefetched.reset();
+    torch::Tensor message = incoming ? received(incoming) : torch::Tensor();
+    // Megatron's overlap_p2p_comm: the next step's receive goes out before this step's compute.
+    if (prefetches_next_receive(order, i, overlap_)) prefetched = post_receive(order[i + 1]);
     if (step.forward) {
       torch::Tensor input;
-      if (!first) input = recv(true, prev, tag(true, stage, step.micro_batch)).requires_grad_(true);
+      if (!first) input = message.requires_grad_(true);
       auto output = forward(step.chunk, step.micro_batch, input);
       if (last) loss_sum += output.detach().to(torch::kFloat32);
       else send(true, output, next, tag(true, stage + 1, step.micro_batch));
@@ -87,8 +126,7 @@ torch::Tensor PipelineSchedule::run(int64_t num_micro, const ForwardFn& forward,
       if (last) {
         (output * loss_scale).backward();
       } else {
-        auto grad = recv(false, next, tag(false, stage, step.micro_batch));
-        torch::autograd::backward({output}, {grad});
+        torch::autograd::backward({output}, {message});
       }
       if (!first) send(false, input.grad(), prev, tag(false, stage - 1, step.micro_batch));
     }

@@ -24,11 +24,23 @@ struct PipelineStep {
 // 0 = the pipeline size).
 std::vector<PipelineStep> pipeline_order(int pp_size, int pp_rank, int chunks, int64_t num_micro_batches, int64_t group = 0);
 
+// Megatron's overlap_p2p_comm for the interleaved schedule: a step's receive is posted before the
+// previous step's compute instead of just before its own, so the transfer runs beside that compute
+// (on the GPU the receive then waits only for compute issued before it). In the warmup only the
+// last step prefetches, and the cool-down does not, unless `warmup_flush`.
+struct PipelineOverlap {
+  bool p2p = false;
+  bool warmup_flush = false;
+};
+
+// Whether the receive of step i + 1 of `order` is posted before step i's compute.
+bool prefetches_next_receive(const std::vector<PipelineStep>& order, size_t i, const PipelineOverlap& overlap);
+
 class PipelineSchedule {
  public:
   // `activation_shape`: what flows between stages ([s(/tp), b, h]) in `dtype` on `device`.
   PipelineSchedule(const ParallelState& parallel, int chunks, std::vector<int64_t> activation_shape, torch::Dtype dtype,
-                   torch::Device device);
+                   torch::Device device, PipelineOverlap overlap = {});
 
   // forward(chunk, micro_batch, input) runs one chunk; input is undefined on the first virtual
   // stage. On the last virtual stage it returns the micro-batch's loss, elsewhere the hidden
@@ -45,6 +57,7 @@ class PipelineSchedule {
  private:
   const ParallelState& parallel_;
   int chunks_;
+  PipelineOverlap overlap_;
   std::vector<int64_t> shape_;
   torch::TensorOptions options_;
 };

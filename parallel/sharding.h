@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "core/config/parallel_config.h"
 #include "parallel/communicator.h"
 
 namespace fp8tron {
@@ -33,6 +34,9 @@ struct TensorParallelContext {
   int rank = 0;
   int size = 1;
   bool sequence_parallel = false;
+  // The run's plan for overlapping this group's communication with the linear layers' GEMMs
+  // (--tp-comm-overlap, --use-ascend-mc2, --use-ascend-coc); null or disabled: plain collectives.
+  std::shared_ptr<const TpOverlapConfig> overlap;
 };
 
 // Draws global tensors and keeps this rank's shard.

@@ -2,15 +2,22 @@
 # FP8 convergence check (issue 5): GPT-2 124M on the built-in dataset, 500 steps, bf16 and each
 # FP8 recipe from the same seed; prints the final loss (mean of the last 50 iterations) of each and
 # its difference from bf16 (target: within 2%). Logs go to $BENCH_OUT (default bench-logs/).
-# Usage: scripts/fp8_convergence.sh [iterations]
+# Usage: scripts/fp8_convergence.sh [iterations] [-- extra flags for every run]
+# CONVERGENCE_CONFIG (default configs/gpt2-124m.json; e.g. configs/mixtral-style.json for the MoE
+# check) and CONVERGENCE_RECIPES (default every recipe; e.g. "bf16;delayed hybrid") pick the runs.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 source .setup/env.sh
 OUT=${BENCH_OUT:-bench-logs}
 mkdir -p "$OUT"
-ITERS=${1:-500}
-recipes=("bf16" "delayed hybrid" "tensorwise hybrid" "blockwise e4m3" "mxfp8 hybrid" "tensorwise hif8")
+ITERS=500
+if [ $# -gt 0 ] && [ "$1" != "--" ]; then ITERS=$1; shift; fi
+[ "${1:-}" = "--" ] && shift
+extra=("$@")
+CONFIG=${CONVERGENCE_CONFIG:-configs/gpt2-124m.json}
+IFS=';' read -r -a recipes <<<"${CONVERGENCE_RECIPES:-bf16;delayed hybrid;tensorwise hybrid;blockwise e4m3;mxfp8 hybrid;tensorwise hif8}"
+tag=$(basename "$CONFIG" .json)
 echo "| recipe | format | final loss (last 50 its) | vs bf16 | tokens/s |"
 echo "| --- | --- | --- | --- | --- |"
 baseline=""
@@ -19,9 +26,9 @@ for r in "${recipes[@]}"; do
   set -- $r
   flags=()
   [ "$1" != bf16 ] && flags=(--fp8-recipe "$1" --fp8-format "$2")
-  log="$OUT/convergence-${1}-${2:-bf16}.log"
-  ./build/fp8tron --config configs/gpt2-124m.json --train-iters "$ITERS" --lr-warmup-iters 50 --log-interval 50 \
-    "${flags[@]}" >"$log" 2>&1 || { echo "| $1 | ${2:-} | failed: $(tail -1 "$log") | | |"; failed=1; continue; }
+  log="$OUT/convergence-$tag-${1}-${2:-bf16}.log"
+  ./build/fp8tron --config "$CONFIG" --train-iters "$ITERS" --lr-warmup-iters 50 --log-interval 50 \
+    "${flags[@]}" "${extra[@]}" >"$log" 2>&1 || { echo "| $1 | ${2:-} | failed: $(tail -1 "$log") | | |"; failed=1; continue; }
   last=$(grep " iteration " "$log" | tail -1)
   loss=$(sed -n 's/.*lm loss: \([0-9.E+-]*\).*/\1/p' <<<"$last")
   tps=$(sed -n 's/.*tokens per second: \([0-9.]*\).*/\1/p' <<<"$last")

@@ -2,10 +2,13 @@
 # Everything the GPU machine checks in one go (its machines start bare): build, GPU tests (ctest
 # label gpu), multi-GPU equivalence under mpirun and torchrun, and the benchmarks. Results go to
 # $OUT (or gpu-check/). Usage: scripts/gpu_check.sh [equivalence] [bench] [fp8-bench] [fp8-convergence]
-# [grouped] [parallel-bench] [data] [checkpoint] [moe] [moe-equivalence] [moe-parallel-bench]
+# [grouped] [parallel-bench] [data] [checkpoint] [moe] [moe-equivalence] [moe-parallel-bench] [moe-convergence]
+# [overlap] [overlap-bench]
 # (grouped: the MoE expert GEMMs against torch's grouped GEMMs, scripts/bench_grouped_gemm.sh;
 # moe: the MoE GPU tests' lines and the Mixtral-style benchmark on one GPU; moe-equivalence and
 # moe-parallel-bench need 2+ GPUs: expert parallelism over NCCL)
+# (overlap: the tensor-parallel overlap under NCCL against the same runs without it, bf16 and FP8,
+# plus the one-GPU tests of its FP8 functor; overlap-bench: bench_parallel.sh's overlap tables)
 # (checkpoint: save speed, --async-save blocking, --deterministic-mode repeat and resume on the
 # 1.3B model, summary in $OUT/checkpoint-summary.txt; then the Hugging Face export check)
 #
@@ -108,6 +111,10 @@ for step in "$@"; do
       check fp8-bench-tensorwise "^\|" env BENCH_TAG=tensorwise ./scripts/bench.sh gpt-1.3b gpt2-124m -- --fp8-format hybrid \
         --fp8-recipe tensorwise ;;
     fp8-convergence) echo "== FP8 convergence, GPT-2 124M, 500 steps"; check fp8-convergence "^\|" ./scripts/fp8_convergence.sh 500 ;;
+    moe-convergence)
+      echo "== MoE FP8 convergence, Mixtral-style (global batch 2 x 2048), 500 steps: FP8 within 0.5% of bf16"
+      check moe-convergence "^\|" env CONVERGENCE_CONFIG=configs/mixtral-style.json \
+        CONVERGENCE_RECIPES="bf16;delayed hybrid;tensorwise hybrid" ./scripts/fp8_convergence.sh 500 ;;
     data)
       # Real indexed data through the prefetching loader: the batch-generator timer against the step.
       echo "== data pipeline on the 1.3B model"
@@ -128,7 +135,13 @@ with open('$OUT/corpus.jsonl', 'w') as f:
           --log-throughput
       }
       check data-1.3b " iteration +30/|batch-generator|forward-backward|optimizer|validation loss" data_run ;;
-    parallel-bench) echo "== multi-GPU benchmarks"; check parallel-bench "^\|" ./scripts/bench_parallel.sh "$GPUS" ;;
+    parallel-bench) echo "== multi-GPU benchmarks"; check parallel-bench "^\|" ./scripts/bench_parallel.sh "$GPUS" layouts ;;
+    overlap)
+      echo "== tensor-parallel overlap: FP8 functor on one GPU, NCCL equivalence on $GPUS GPUs"
+      check overlap-gpu "overlap-gpu|FAILED|Failure" ./build/tests/fp8tron_gpu_tests --gtest_filter='*Overlap*'
+      if [ "$GPUS" -ge 2 ]; then check overlap-nccl "$EQUIV_LINES|FAILED" ./tests/gpu_overlap_equivalence.sh $EQ "$ROOT"
+      else echo "overlap-nccl: skipped, $GPUS GPU (needs 2)"; fi ;;
+    overlap-bench) echo "== tensor-parallel overlap benchmarks"; check overlap-bench "^\|" ./scripts/bench_parallel.sh "$GPUS" overlap ;;
     checkpoint)
       echo "== checkpoints: speed, async blocking, deterministic repeat and resume (1.3B)"
       check checkpoint-bench "." ./scripts/bench_checkpoint.sh gpt-1.3b

@@ -11,7 +11,7 @@ log() { echo "[setup] $*"; }
 
 # --- 1. system packages ----------------------------------------------------------------------
 PKGS=(cmake ninja-build ccache g++ libcli11-dev nlohmann-json3-dev libspdlog-dev libgtest-dev
-      libopenmpi-dev openmpi-bin python3-venv libsentencepiece-dev libpcre2-dev)
+      libopenmpi-dev openmpi-bin python3-venv libsentencepiece-dev libpcre2-dev libxxhash-dev)
 missing=()
 for p in "${PKGS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if ((${#missing[@]})) && [ "${FP8TRON_SKIP_APT:-0}" != 1 ]; then
@@ -25,6 +25,14 @@ if ((${#missing[@]})) && [ "${FP8TRON_SKIP_APT:-0}" != 1 ]; then
   else
     log "warning: no apt-get; make sure these are installed: ${missing[*]}"
   fi
+fi
+
+# A machine without apt access (the GPU machine) can bring header-only packages as .deb files:
+# FP8TRON_DEB_DIR=<dir with e.g. libxxhash-dev_*.deb> unpacks them into .setup/sysroot, where
+# cmake/Dependencies.cmake looks too.
+if [ -n "${FP8TRON_DEB_DIR:-}" ]; then
+  mkdir -p .setup/sysroot
+  for f in "$FP8TRON_DEB_DIR"/*.deb; do [ -f "$f" ] && dpkg -x "$f" .setup/sysroot && log "unpacked $(basename "$f") into .setup/sysroot"; done
 fi
 
 # --- 2. LibTorch (from the torch wheel) ----------------------------------------------------------

@@ -32,6 +32,13 @@ expect 1 "--overlap-param-gather is only supported with --use-distributed-optimi
 expect 0 "iteration        4/       4 |" -- "${TINY[@]}" --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather
 WORLD_SIZE=2 expect 1 "multi-process CPU runs use MPI: launch with mpirun" -- "${TINY[@]}" --tensor-model-parallel-size 2
 expect 1 "--openai-gelu is not supported by fp8tron" -- "${TINY[@]}" --openai-gelu
+# Tensor-parallel overlap: the plan in the dry run, Megatron's and MindSpeed's refusals.
+WORLD_SIZE=4 expect 0 "qkv_fprop ring_exchange, qkv_dgrad bulk" -- "${TINY[@]}" --tensor-model-parallel-size 4 \
+  --sequence-parallel --tp-comm-overlap --dry-run
+WORLD_SIZE=2 expect 1 "can happen only when sequence parallelism is enabled" -- "${TINY[@]}" --tensor-model-parallel-size 2 \
+  --tp-comm-overlap --dry-run
+WORLD_SIZE=2 expect 1 "mc2 and coc can not be used together" -- "${TINY[@]}" --tensor-model-parallel-size 2 \
+  --sequence-parallel --use-ascend-mc2 --use-ascend-coc --dry-run
 expect 0 "has no effect in fp8tron" -- "${TINY[@]}" --no-masked-softmax-fusion
 expect 0 "dry run: configuration is valid" -- "${TINY[@]}" --dry-run
 # A 1,000-GPU job planned on this machine without connecting to anyone.
@@ -43,7 +50,11 @@ fi
 # Checkpoints: save, resume, a mismatched model, Megatron's --ckpt-format values.
 CKPT=$(mktemp -d)
 expect 0 "successfully saved checkpoint from iteration       4 to $CKPT [ t 1/1, p 1/1 ]" -- "${TINY[@]}" --save "$CKPT"
-expect 0 "successfully loaded checkpoint from $CKPT [ t 1/1, p 1/1 ] at iteration 4" -- "${TINY[@]}" --train-iters 6 --load "$CKPT"
+expect 0 "successfully loaded checkpoint from $CKPT [ t 1/1, p 1/1 ] at iteration 4" -- "${TINY[@]}" --train-iters 6 --load "$CKPT" \
+  --override-opt-param-scheduler
+# Extending --train-iters changes the LR and weight-decay spans: refused unless a schedule is chosen, as Megatron does.
+expect 1 "total number of iterations is" -- "${TINY[@]}" --train-iters 6 --load "$CKPT"
+expect 0 "fp8tron 0.1.0 (commit " -- --version
 expect 1 "hidden_size is 32 in the checkpoint but 64 here (--hidden-size)" -- "${TINY[@]}" --load "$CKPT" --hidden-size 64
 expect 0 "fp8tron reads and writes its own checkpoint format" -- "${TINY[@]}" --ckpt-format torch_dist
 # fp8tron-export (built next to fp8tron): the checkpoint as a Hugging Face directory.

@@ -20,7 +20,7 @@ constexpr int kWorld = 4;
 
 ParallelState state_for(int tp, int pp, int ep, int etp) {
   auto sizes = ParallelSizes::derive(kWorld, tp, 1, pp, ep, etp, false);
-  return build_parallel_state(make_mpi_transport(std::chrono::minutes(2)), sizes, false);
+  return build_parallel_state(make_mpi_transport(CommTimeouts{std::chrono::minutes(2), std::chrono::seconds(90)}), sizes, false);
 }
 
 // The value every rank contributes: distinct per rank and element.

@@ -7,14 +7,22 @@
 // dropout 0; `--tolerance X` for bf16 runs on GPUs),
 // every tensor within 1e-2 of its own update (see the weights check; `--tensor-tolerance`,
 // `--weights-tolerance` where a layout changes the rounding, each documented where it is passed).
-// `--identical-without --flag` (repeatable) trains the layout a third time without that switch and
-// requires bitwise-identical losses and weights (for flags that must not change the arithmetic,
-// such as --overlap-param-gather: a weight used before its all-gather lands would show).
+// `--identical-without --flag` (repeatable) trains the layout a third time without that flag (and
+// its value, for a valued flag) and requires bitwise-identical losses and weights (for flags that
+// must not change the arithmetic, such as --overlap-param-gather: a weight used before its
+// all-gather lands would show; the tensor-parallel overlap).
+// `--identical-swapped --a --b` trains the layout once more with switch --a replaced by --b and
+// requires bitwise-identical losses and weights (--use-ascend-mc2 and --tp-comm-overlap).
+// `--without-tolerance T` relaxes both comparisons for runs whose arithmetic differs by design (GPU
+// kernels and reduction orders; --fp8-param-gather's direct fp32-to-FP8 weight casts): losses within
+// T relative, weights by the criteria used against one process (--weights-tolerance, and each
+// tensor within --tensor-tolerance of its update).
 // Each rank's exit status says whether it agrees; the launcher fails the job if any rank fails.
 // Works under mpirun (CPU or GPU) and torchrun (GPU).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <optional>
 #include <set>
 
@@ -22,6 +30,7 @@
 #include "core/log.h"
 #include "parallel/launch_env.h"
 #include "trainer/cli/config_builder.h"
+#include "trainer/cli/flag_table.h"
 #include "trainer/cli/flags.h"
 #include "trainer/trainer.h"
 
@@ -59,10 +68,19 @@ std::vector<std::string> without_layout_flags(const std::vector<std::string>& ar
       "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--num-layers-per-virtual-pipeline-stage",
       "--num-virtual-stages-per-pipeline-rank", "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
       "--pipeline-model-parallel-layout", "--microbatch-group-size-per-virtual-pipeline-stage",
-      "--expert-model-parallel-size", "--expert-tensor-parallel-size", "--moe-token-dispatcher-type"};
-  static const std::set<std::string> layout_switches = {"--sequence-parallel", "--use-distributed-optimizer",
-                                                        "--overlap-param-gather", "--account-for-embedding-in-pipeline-split",
-                                                        "--account-for-loss-in-pipeline-split"};
+      "--tp-comm-overlap-cfg", "--coc-parallel-num", "--coc-mode", "--expert-model-parallel-size",
+      "--expert-tensor-parallel-size", "--moe-token-dispatcher-type"};
+  // The tensor-parallel overlap needs TP and SP, --fp8-param-gather the distributed optimizer, the
+  // pipeline p2p flags a pipeline: one process runs without them.
+  static const std::set<std::string> layout_switches = {
+      "--sequence-parallel", "--use-distributed-optimizer", "--overlap-param-gather",
+      "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split", "--tp-comm-overlap",
+      "--disable-tp-comm-overlap-ag", "--disable-tp-comm-overlap-rs", "--disable-tp-comm-bulk-dgrad",
+      "--disable-tp-comm-bulk-wgrad", "--no-tp-comm-overlap-ag", "--no-tp-comm-overlap-rs", "--no-tp-comm-bulk-dgrad",
+      "--no-tp-comm-bulk-wgrad", "--tp-comm-overlap-rs-dgrad", "--tp-comm-overlap-disable-qkv",
+      "--tp-comm-overlap-disable-fc1", "--use-ascend-mc2", "--use-ascend-coc", "--coc-fused-kernel",
+      "--overlap-p2p-communication", "--no-overlap-p2p-communication", "--overlap-p2p-communication-warmup-flush",
+      "--fp8-param-gather"};
   std::vector<std::string> out;
   for (size_t i = 0; i < args.size(); ++i) {
     if (layout.count(args[i])) { ++i; continue; }
@@ -71,12 +89,53 @@ std::vector<std::string> without_layout_flags(const std::vector<std::string>& ar
   return out;
 }
 
+// Failures of `other` against `run`: bitwise (loss tolerance 0), or losses within `loss` relative,
+// all weights within `weights` and each tensor within `tensor` of its update since `initial`.
+struct Tolerances {
+  double loss = 0, weights = 0, tensor = 0;
+};
+int compare_runs(const TrainResult& run, const TrainResult& other, const Tolerances& tol,
+                 const std::map<std::string, torch::Tensor>& initial, const std::string& what, int rank) {
+  int failures = 0;
+  auto close = [&](double a, double b) { return tol.loss == 0 ? a == b : std::abs(a - b) <= tol.loss * std::abs(b); };
+  bool losses_ok = run.losses.size() == other.losses.size() && close(other.last_validation_loss, run.last_validation_loss);
+  for (size_t i = 0; losses_ok && i < run.losses.size(); ++i) losses_ok = close(other.losses[i], run.losses[i]);
+  if (!losses_ok) {
+    std::fprintf(stderr, "[rank %d] losses differ %s\n", rank, what.c_str());
+    ++failures;
+  }
+  double diff_sq = 0, ref_sq = 0;
+  for (const auto& [name, w] : run.final_weights) {
+    auto it = other.final_weights.find(name);
+    bool same = it != other.final_weights.end() && it->second.sizes() == w.sizes();
+    if (same && tol.loss == 0) same = torch::equal(w, it->second);
+    if (same && tol.loss > 0) {
+      const auto init = initial.find(name);
+      const double moved = init == initial.end() ? w.norm().item<double>() : (w - init->second).norm().item<double>();
+      same = (it->second - w).norm().item<double>() <= tol.tensor * std::max(moved, 1e-30);
+      diff_sq += (it->second - w).pow(2).sum().item<double>();
+      ref_sq += w.pow(2).sum().item<double>();
+    }
+    if (!same) {
+      std::fprintf(stderr, "[rank %d] %s differs %s\n", rank, name.c_str(), what.c_str());
+      ++failures;
+    }
+  }
+  if (tol.loss > 0 && !(std::sqrt(diff_sq / std::max(ref_sq, 1e-30)) <= tol.weights)) {
+    std::fprintf(stderr, "[rank %d] weights differ %s\n", rank, what.c_str());
+    ++failures;
+  }
+  return failures;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   try {
     std::vector<std::string> layout;
     std::set<std::string> identical_without;
+    std::optional<std::pair<std::string, std::string>> swapped;
+    double without_tolerance = 0;  // 0: the --identical-* comparisons are bitwise
     double tolerance = 1e-5;
     std::optional<double> weights_tolerance, tensor_tolerance;
     for (int i = 1; i < argc; ++i) {
@@ -85,6 +144,8 @@ int main(int argc, char** argv) {
       else if (a == "--weights-tolerance" && i + 1 < argc) weights_tolerance = std::stod(argv[++i]);
       else if (a == "--tensor-tolerance" && i + 1 < argc) tensor_tolerance = std::stod(argv[++i]);
       else if (a == "--identical-without" && i + 1 < argc) identical_without.insert(argv[++i]);
+      else if (a == "--identical-swapped" && i + 2 < argc) { swapped = {argv[i + 1], argv[i + 2]}; i += 2; }
+      else if (a == "--without-tolerance" && i + 1 < argc) without_tolerance = std::stod(argv[++i]);
       else layout.push_back(a);
     }
     const LaunchEnv env = read_launch_env();
@@ -166,22 +227,27 @@ int main(int argc, char** argv) {
     }
     const double weights_rel = std::sqrt(diff_sq / std::max(ref_sq, 1e-30));
     if (!(weights_rel <= weights_tolerance.value_or(tolerance))) { std::fprintf(stderr, "[rank %d] weights differ by %.2e relative\n", env.rank, weights_rel); ++failures; }
+    const Tolerances without{without_tolerance, weights_tolerance.value_or(std::max(without_tolerance, tolerance)),
+                             tensor_tolerance.value_or(1e-2)};
     if (!identical_without.empty()) {
       std::vector<std::string> plain_layout;
-      for (const auto& a : layout)
-        if (!identical_without.count(a)) plain_layout.push_back(a);
+      for (size_t i = 0; i < layout.size(); ++i) {
+        if (!identical_without.count(layout[i])) { plain_layout.push_back(layout[i]); continue; }
+        const FlagSpec* spec = find_flag(layout[i].substr(2));
+        if (spec && spec->kind != FlagKind::Bool) ++i;  // a valued flag goes with its value
+      }
       TrainResult plain = train(make_config(plain_layout, env), parallel_options);
-      if (plain.losses != parallel.losses || plain.last_validation_loss != parallel.last_validation_loss) {
-        std::fprintf(stderr, "[rank %d] losses differ from the run without the --identical-without flags\n", env.rank);
-        ++failures;
-      }
-      for (const auto& [name, w] : parallel.final_weights) {
-        auto it = plain.final_weights.find(name);
-        if (it == plain.final_weights.end() || !torch::equal(w, it->second)) {
-          std::fprintf(stderr, "[rank %d] %s differs from the run without the --identical-without flags\n", env.rank, name.c_str());
-          ++failures;
-        }
-      }
+      failures += compare_runs(parallel, plain, without, reference.initial_weights,
+                               "from the run without the --identical-without flags", env.rank);
+    }
+    if (swapped) {
+      // The same layout with one switch replaced by another that must mean the same run.
+      std::vector<std::string> other = layout;
+      for (auto& a : other)
+        if (a == swapped->first) a = swapped->second;
+      TrainResult alt = train(make_config(other, env), parallel_options);
+      failures += compare_runs(parallel, alt, without, reference.initial_weights,
+                               "with " + swapped->second + " instead of " + swapped->first, env.rank);
     }
     const int total = failures;
     {
@@ -194,9 +260,13 @@ int main(int argc, char** argv) {
                   "%s at %.2e of its update: %s\n", env.rank,
                   joined.c_str(), reference.losses.front(), reference.losses.back(), worst, weights_rel,
                   worst_tensor.c_str(), worst_update_ratio,
-                  total == 0 ? (identical_without.empty() ? "equivalent to one process"
-                                                          : "equivalent to one process, bitwise identical without the flags")
-                             : "MISMATCH");
+                  total > 0 ? "MISMATCH"
+                  : without_tolerance > 0 && (swapped || !identical_without.empty())
+                      ? "equivalent to one process, and within --without-tolerance of the run without the flags / with the swapped one"
+                  : !identical_without.empty() && swapped ? "equivalent to one process, bitwise identical without the flags and with the swapped one"
+                  : !identical_without.empty()            ? "equivalent to one process, bitwise identical without the flags"
+                  : swapped                               ? "equivalent to one process, bitwise identical with the swapped flag"
+                                                          : "equivalent to one process");
     }
     return total == 0 ? 0 : 1;
   } catch (const std::exception& e) {

@@ -251,8 +251,8 @@ TEST(Checkpointing, ResavingAnIterationReplacesIt) {
   TrainResult second = run({"--train-iters", "2", "--save", dir.path(), "--seed", "7"});
   EXPECT_EQ(checkpoint::list_checkpoint_iterations(dir.path()), (std::vector<int64_t>{2}));
   EXPECT_EQ(checkpoint::read_metadata(dir / "iter_0000002").args.at("seed"), "7");
-  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir.path()), std::filesystem::directory_iterator()), 2)
-      << "only iter_0000002 and the tracker: the replaced copy is deleted";
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir.path()), std::filesystem::directory_iterator()), 3)
+      << "only iter_0000002, the tracker and the lock file: the replaced copy is deleted";
 }
 
 TEST(Checkpointing, MismatchedModelIsAClearError) {
@@ -324,7 +324,8 @@ TEST(Checkpointing, NonPersistentCheckpointsKeepOnlyTheNewestAndLoadWhenNewer) {
   ASSERT_EQ(from_np.losses.size(), 1u);
   EXPECT_EQ(from_np.losses[0], straight.losses[9]);
   EXPECT_EQ(run({"--train-iters", "10", "--load", dir.path(), "--ckpt-step", "8"}).losses.size(), 2u);
-  EXPECT_EQ(run(with({"--train-iters", "12", "--load", dir.path()}, np)).losses.size(), 2u) << "10 is newer than 9";
+  EXPECT_EQ(run(with({"--train-iters", "12", "--load", dir.path(), "--override-opt-param-scheduler"}, np)).losses.size(), 2u)
+      << "10 is newer than 9";
   // An explicit directory.
   TempDir elsewhere;
   run(with({"--train-iters", "4", "--save", dir.path(), "--non-persistent-save-interval", "2",
@@ -359,7 +360,8 @@ TEST(Checkpointing, DistCkptStrictnessHandlesTensorMismatches) {
   m.tensors["extra.weight"] = m.tensors.at("decoder.final_layernorm.weight");
   checkpoint::write_metadata(iter, m);
   auto resume = [&](const std::string& strictness) {
-    return run({"--train-iters", "6", "--load", dir.path(), "--dist-ckpt-strictness", strictness});
+    return run({"--train-iters", "6", "--load", dir.path(), "--dist-ckpt-strictness", strictness,
+                "--override-opt-param-scheduler"});
   };
   // A tensor the model needs is absent: the default fails reading it, raise_* before reading.
   EXPECT_USER_ERROR(resume("assume_ok_unexpected"), "has no tensor '" + gone + "'");
@@ -409,7 +411,7 @@ TEST(Checkpointing, UseCheckpointArgsTakesTheModelFromTheCheckpoint) {
   run({"--train-iters", "2", "--save", dir.path(), "--swiglu", "--num-layers", "3", "--tokenizer-model", "/data/t.model"});
   auto args = with(tiny_args({"--global-batch-size", "4", "--lr", "3e-3", "--log-interval", "1000", "--eval-iters", "0",
                               "--train-iters", "4", "--hidden-size", "64"}),
-                   {"--load", dir.path(), "--use-checkpoint-args"});
+                   {"--load", dir.path(), "--use-checkpoint-args", "--override-opt-param-scheduler"});
   FlagValues keep_tokenizer = parse(with(args, {"--no-use-tokenizer-model-from-checkpoint-args"}));
   apply_checkpoint_args(keep_tokenizer);
   EXPECT_EQ(keep_tokenizer.get_string("tokenizer-model"), "");

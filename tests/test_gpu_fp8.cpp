@@ -382,11 +382,11 @@ TEST(GpuFp8, GroupedLinearEveryRecipeMatchesPaddedPerExpertLinearsAndCpuEmulatio
       // Returns y, dx, then dW and db of every expert.
       auto run_grouped = [&](const torch::Device& d, const std::vector<fp8::Fp8Site*>& sites) {
         const auto dtype = d.is_cuda() ? torch::kBFloat16 : torch::kFloat32;
-        auto x = x0.to(d, dtype).requires_grad_(true);
+        auto x = x0.to(d, dtype).detach().requires_grad_(true);
         std::vector<torch::Tensor> w, b;
         for (size_t i = 0; i < experts; ++i) {
-          w.push_back(w0[i].to(d, dtype).requires_grad_(true));
-          b.push_back(b0[i].to(d, dtype).requires_grad_(true));
+          w.push_back(w0[i].to(d, dtype).detach().requires_grad_(true));
+          b.push_back(b0[i].to(d, dtype).detach().requires_grad_(true));
         }
         auto y = fp8::grouped_linear(x, splits, w, b, sites);
         y.backward(dy0.to(d, dtype));

@@ -5,7 +5,9 @@
 
 #include <cstdio>
 
+#include "fp8/wgrad_fusion.h"
 #include "models/cross_entropy.h"
+#include "models/fused_linear.h"
 #include "parallel/parallel_state.h"
 #include "parallel/tensor_parallel.h"
 
@@ -49,6 +51,56 @@ TEST(GpuKernels, FusedCrossEntropyMatchesTheUnfusedChain) {
     EXPECT_LT(loss_err, 1e-5);
     EXPECT_LT(grad_err, c.dtype == torch::kFloat32 ? 1e-5 : 1e-2);
   }
+}
+
+// Gradient-accumulation fusion: a bf16 linear whose weight gradient is an fp32 main-gradient
+// buffer accumulates dW into it in the GEMM (autograd gets none); over two micro-batches the buffer
+// holds what the unfused linear's bf16 gradients add up to, within bf16 rounding of each term,
+// and the input and bias gradients are those of the unfused linear. Switched off, the fused
+// function is the plain linear.
+TEST(GpuKernels, LinearWithGradAccumulationFusionAddsIntoTheMainGradient) {
+  REQUIRE_GPU();
+  torch::manual_seed(5);
+  const auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
+  const auto w0 = torch::randn({96, 64}, opts) * 0.05, b0 = torch::randn({96}, opts) * 0.05;
+  const std::vector<torch::Tensor> xs = {torch::randn({4, 32, 64}, opts), torch::randn({4, 32, 64}, opts)};
+  const std::vector<torch::Tensor> dys = {torch::randn({4, 32, 96}, opts), torch::randn({4, 32, 96}, opts)};
+
+  auto fused_w = w0.clone().requires_grad_(true), fused_b = b0.clone().requires_grad_(true);
+  const auto initial = torch::randn({96, 64}, opts.dtype(torch::kFloat32));  // earlier accumulation
+  fused_w.mutable_grad() = initial.clone();
+  torch::Tensor main_grad = fused_w.grad();
+  ASSERT_TRUE(grad_accumulation_fusion_applies(xs[0], fused_w));
+  auto plain_w = w0.clone().requires_grad_(true), plain_b = b0.clone().requires_grad_(true);
+  torch::Tensor expected = initial.clone();
+  for (size_t i = 0; i < xs.size(); ++i) {
+    auto xf = xs[i].clone().requires_grad_(true), xp = xs[i].clone().requires_grad_(true);
+    linear_with_grad_accumulation_fusion(xf, fused_w, fused_b).backward(dys[i]);
+    auto yp = torch::nn::functional::linear(xp, plain_w, plain_b);
+    yp.backward(dys[i]);
+    expected += plain_w.grad().to(torch::kFloat32);
+    plain_w.mutable_grad() = torch::Tensor();
+    EXPECT_TRUE(torch::equal(xf.grad(), xp.grad())) << "input gradient, micro-batch " << i;
+  }
+  EXPECT_EQ(fused_w.grad().data_ptr(), main_grad.data_ptr()) << "the main gradient was replaced, not accumulated into";
+  const double scale = expected.abs().max().item<double>();
+  const double err = (fused_w.grad() - expected).abs().max().item<double>();
+  std::printf("fused wgrad accumulation: max |diff| %.3g of max %.3g\n", err, scale);
+  EXPECT_LT(err, scale * 1e-2) << "fused wgrad accumulation differs beyond bf16 rounding";
+  EXPECT_TRUE(torch::allclose(fused_b.grad().to(torch::kFloat32), plain_b.grad().to(torch::kFloat32), 1e-2, 1e-2));
+
+  // Without a bias (the output layer, --disable-bias-linear): same forward and input gradient.
+  auto xn = xs[0].clone().requires_grad_(true), xq = xs[0].clone().requires_grad_(true);
+  auto yn = linear_with_grad_accumulation_fusion(xn, fused_w, torch::Tensor());
+  auto yq = torch::nn::functional::linear(xq, plain_w);
+  EXPECT_TRUE(torch::equal(yn, yq)) << "forward without a bias";
+  yn.backward(dys[0]);
+  yq.backward(dys[0]);
+  EXPECT_TRUE(torch::equal(xn.grad(), xq.grad())) << "input gradient without a bias";
+
+  set_gradient_accumulation_fusion(false);
+  EXPECT_FALSE(grad_accumulation_fusion_applies(xs[0], fused_w)) << "--no-gradient-accumulation-fusion ignored";
+  set_gradient_accumulation_fusion(true);
 }
 
 }  // namespace

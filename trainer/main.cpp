@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/version.h"
 #include "data/tokenizer.h"
 #include "parallel/launch_env.h"
 #include "trainer/cli/checkpoint_args.h"
@@ -20,11 +21,16 @@ int main(int argc, char** argv) {
       std::fputs(usage_text().c_str(), stdout);
       return 0;
     }
+    if (parsed.version_requested) {
+      std::printf("%s\n", fp8tron_version_line().c_str());
+      return 0;
+    }
     const LaunchEnv launch = read_launch_env();
     const bool dry_run = parsed.values.get_bool("dry-run");
     // A dry run never touches a GPU: it plans for cuda unless told otherwise.
     const bool gpu = dry_run ? parsed.values.get_string("device") != "cpu" : cuda_available();
     log::init(launch.rank, parsed.values.get_bool("log-all-ranks"));
+    log::info(fp8tron_version_line());
     apply_checkpoint_args(parsed.values);  // --use-checkpoint-args
     // Real datasets: the tokenizer says the vocabulary size (padded later) and the eod id.
     auto tokenizer_info = [](const DataConfig& d) {

@@ -4,9 +4,12 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <sys/resource.h>
 
+#include <array>
 #include <chrono>
+#include <map>
 #include <memory>
 #include <optional>
+#include <sstream>
 
 #include "core/config/batch_schedule.h"
 #include "core/error.h"
@@ -17,8 +20,10 @@
 #include "data/loader/cyclic_source.h"
 #include "data/loader/file_source.h"
 #include "fp8/fp8_linear.h"
+#include "fp8/wgrad_fusion.h"
 #include "models/gpt_model.h"
 #include "parallel/layer_split.h"
+#include "parallel/overlap/comm_timer.h"
 #include "parallel/pipeline_schedule.h"
 #include "trainer/cli/config_builder.h"
 #include "trainer/checkpoint/async_saver.h"
@@ -26,6 +31,7 @@
 #include "trainer/checkpoint/save.h"
 #include "trainer/determinism.h"
 #include "trainer/exit_signal.h"
+#include "trainer/fp8_param_gather.h"
 #include "trainer/profiling.h"
 #include "trainer/logging/iteration_log.h"
 #include "trainer/optim/loss_scaler.h"
@@ -33,8 +39,13 @@
 #include "trainer/optim/mixed_precision_optimizer.h"
 #include "trainer/weight_hash_check.h"
 #include "trainer/cli/model_math.h"
+#include "trainer/cli/tp_overlap_args.h"
 #include "trainer/logging/tensorboard_writer.h"
 #include "trainer/logging/timers.h"
+#include "trainer/checkpoint/fault_points.h"
+#include "trainer/checkpoint/rank_agreement.h"
+#include "trainer/checkpoint/save_dir_lock.h"
+#include "trainer/numerics_guard.h"
 #include "trainer/moe_metrics.h"
 
 namespace fp8tron {
@@ -43,7 +54,8 @@ bool cuda_available() { return torch::cuda::is_available(); }
 
 ParallelState make_parallel_state(const Config& c, bool force_single_process) {
   if (force_single_process || c.parallel.world_size == 1) return single_process_state();
-  const auto timeout = std::chrono::minutes(c.distributed.timeout_minutes);
+  const CommTimeouts timeout{std::chrono::minutes(c.distributed.timeout_minutes),
+                             std::chrono::seconds(c.distributed.hang_report_seconds)};
   if (c.device == "cuda") {
     const int devices = std::max(1, int(torch::cuda::device_count()));
     return build_parallel_state(make_nccl_transport(c.launch, c.launch.local_rank % devices, timeout), c.parallel,
@@ -147,8 +159,17 @@ class Trainer {
   // --rampup-batch-size: announces a new batch size and saves a checkpoint when the micro-batch
   // count grows (Megatron's train loop).
   void update_batch_size(int64_t iteration);
-  torch::Tensor train_step();
+  torch::Tensor train_step(int64_t iteration);
+  // Judges the last step's loss and gradient norm (NumericsGuard); stops the run with one line
+  // naming the iteration and the first parameter whose gradient is not finite.
+  void check_numerics();
+  void lock_save_dirs();
+  std::string first_nonfinite_grad_everywhere();
+  void inject_nan_gradient();
+  bool fp8_stats_due(int64_t iteration) const;
+  void log_fp8_stats(int64_t iteration);
   void end_fp8_step();
+  void log_tp_overlap() const;
   void report_moe(int64_t iteration);
   void log_moe_layout();
   MoeContext* moe() const { return moe_.get(); }
@@ -189,6 +210,12 @@ class Trainer {
   torch::Tensor expert_amax_slots_;                    // FP8 slots of expert sites (their own amax group)
   std::map<std::string, std::vector<torch::Tensor>> moe_history_;  // MoE losses per iteration (TrainResult)
   std::optional<DeterministicMode> deterministic_;     // --deterministic-mode, for the whole run
+  std::unique_ptr<NumericsGuard> numerics_;            // --check-for-nan-in-loss-and-grad and friends
+  std::vector<std::unique_ptr<checkpoint::SaveDirLock>> save_locks_;  // rank 0: one job per --save
+  int64_t iteration_ = 0;                              // the iteration train_step() runs
+  std::shared_ptr<overlap::CommTimer> tp_comm_timer_;  // --timing-log-level >= 1 with TP: exposed TP communication
+  std::shared_ptr<overlap::CommTimer> pp_comm_timer_;  // ... with PP: exposed pipeline receives
+  std::unique_ptr<Fp8ParamGather> fp8_param_gather_;   // --fp8-param-gather
 };
 
 void Trainer::build() {
@@ -199,8 +226,14 @@ void Trainer::build() {
   // Before the first NCCL communicator and cuBLAS handle: it sets the environment they read.
   if (c_.training.deterministic) deterministic_.emplace(device_);
   parallel_ = make_parallel_state(c_, options_.force_single_process);
+  lock_save_dirs();
   torch::manual_seed(c_.training.seed + 100 * uint64_t(parallel_.pp_rank));  // dropout streams, as Megatron seeds them
   TensorParallelContext tp{parallel_.tp, parallel_.tp_rank, parallel_.sizes.tp, parallel_.sequence_parallel};
+  if (c_.distributed.tp_overlap.enabled()) tp.overlap = std::make_shared<TpOverlapConfig>(c_.distributed.tp_overlap);
+  if (timers_.enabled(1) && parallel_.sizes.tp > 1) {
+    tp_comm_timer_ = std::make_shared<overlap::CommTimer>(device_.is_cuda());
+    parallel_.tp->set_wait_observer(tp_comm_timer_);
+  }
   const auto& d = c_.distributed;
   const auto chunks = plan_pipeline_chunks(pipeline_split(c_), parallel_.pp_rank);
   if (c_.precision.fp8.enabled()) {
@@ -231,13 +264,20 @@ void Trainer::build() {
     for (const auto& item : chunk->named_parameters()) params.push_back({item.key(), item.value(), infos.at(item.key())});
     chunks_.push_back(chunk);
   }
+  std::vector<torch::Tensor> byte_params;
+  if (fp8_ && c_.precision.fp8.param_gather && fp8_->num_sites() > 0) {
+    fp8_param_gather_ = std::make_unique<Fp8ParamGather>(fp8_, parallel_);
+    byte_params = fp8_param_gather_->params();
+  }
   optimizer_ = std::make_unique<MixedPrecisionOptimizer>(params, c_.optimizer, c_.precision, parallel_, d.distributed_optimizer,
-                                                         c_.model.moe.enabled());
+                                                         c_.model.moe.enabled(), byte_params);
+  if (fp8_param_gather_) optimizer_->enable_byte_publish(fp8_param_gather_->publish(*optimizer_));
   const ModelConfig& m = c_.model;
   optimizer_->count_zeros(c_.logging.log_num_zeros_in_grad);
   optimizer_->set_qkv_rows({m.num_attention_heads / m.num_query_groups * m.kv_channels, m.kv_channels, m.kv_channels});
   if (d.overlap_grad_reduce) optimizer_->enable_grad_overlap(d.bucket_numel);
-  if (fp8_ && fp8_->overwrites_main_grads() && c_.precision.grads_in_fp32) {
+  set_gradient_accumulation_fusion(c_.precision.gradient_accumulation_fusion);
+  if (fp8_ && fp8_->overwrites_main_grads() && c_.precision.grads_in_fp32 && c_.precision.gradient_accumulation_fusion) {
     // FP8 wgrad GEMMs write their fp32 main gradients (overwriting in a step's first backward):
     // zeroing those 95% of the gradient buffer every step would be wasted bandwidth.
     std::vector<torch::Tensor> weights;
@@ -254,7 +294,14 @@ void Trainer::build() {
   const int64_t s = c_.model.seq_length / (parallel_.sequence_parallel ? parallel_.sizes.tp : 1);
   pipeline_ = std::make_unique<PipelineSchedule>(parallel_, d.virtual_stages,
                                                  std::vector<int64_t>{s, c_.training.micro_batch_size, c_.model.hidden_size},
-                                                 param_dtype(c_), device_);
+                                                 param_dtype(c_), device_,
+                                                 PipelineOverlap{d.overlap_p2p, d.overlap_p2p_warmup_flush});
+  if (timers_.enabled(1) && parallel_.sizes.pp > 1) {
+    // The stall of the pipeline's receives (what --overlap-p2p-communication hides).
+    pp_comm_timer_ = std::make_shared<overlap::CommTimer>(device_.is_cuda());
+    for (auto* senders : {&parallel_.forward_senders, &parallel_.backward_senders})
+      for (auto& comm : *senders) comm->set_wait_observer(pp_comm_timer_);
+  }
   std::shared_ptr<SampleSource> source = make_source(c_);
   if (c_.data.dataloader_type == DataloaderType::Cyclic) {
     // Sized as the files are, or (built-in and mock data) as Megatron sizes the splits.
@@ -274,6 +321,7 @@ void Trainer::build() {
   batch.create_attention_mask = c_.data.create_attention_mask;
   batch.prefetch = c_.data.num_workers;
   batch.stride = c_.training.micro_batch_size * parallel_.sizes.dp;
+  batch.vocab_size = c_.model.vocab_size;
   train_loader_ = std::make_unique<BatchLoader>(source, Split::Train, batch, device_);
   valid_loader_ = std::make_unique<BatchLoader>(source, Split::Valid, batch, device_);
   if (c_.training.eval_iters > 0 && !valid_loader_->has_data()) log::info(" > no validation data: evaluation is skipped");
@@ -291,6 +339,7 @@ void Trainer::build() {
       log::warning("cuDNN attention is not available for these shapes/settings; using " + backend);
   }
   if (fp8_) log::info(" > " + fp8_->describe());
+  log_tp_overlap();
   if (moe_) log_moe_layout();
   interval_.reset(device_, c_.model.mtp.num_layers);
   const auto& t = c_.training;
@@ -312,6 +361,48 @@ void Trainer::build() {
                           (long long)(batch / micro_dp)));
   }
   if (t.train_samples) log::info(strprintf("setting training iterations to %lld", (long long)t.train_iters));
+  numerics_ = std::make_unique<NumericsGuard>(c_.training.numerics, device_);
+}
+
+// One job per save directory (checkpoint/save_dir_lock.h): rank 0 holds the locks of --save (and
+// of a separate --non-persistent-global-ckpt-dir); every rank stops with rank 0's refusal.
+void Trainer::lock_save_dirs() {
+  const auto& k = c_.checkpoint;
+  if (k.save.empty()) return;
+  std::vector<std::string> dirs = {k.save};
+  if (k.non_persistent_save_interval && !k.non_persistent_dir.empty()) dirs.push_back(k.non_persistent_dir);
+  std::string error;
+  if (parallel_.world_rank == 0) {
+    try {
+      for (const auto& dir : dirs) {
+        auto lock = checkpoint::SaveDirLock::acquire(dir);
+        if (!lock->taken_over().empty())
+          log::info(" > " + lock->path() + ": taking over the lock of a job that is gone (" + lock->taken_over() + ")");
+        save_locks_.push_back(std::move(lock));
+      }
+    } catch (const UserError& e) {
+      error = e.what();
+      save_locks_.clear();
+    }
+  }
+  const std::string refusal = all_gather_strings(parallel_, device_, error).front();
+  if (!refusal.empty()) throw UserError(refusal);
+}
+
+// The resolved overlap plan and how it maps onto this machine, once.
+void Trainer::log_tp_overlap() const {
+  const auto& plan = c_.distributed.tp_overlap;
+  if (!plan.enabled()) return;
+  log::info(" > " + plan.describe());
+  const std::string ascend = ascend_mapping_notice(plan);
+  if (!ascend.empty()) log::info(" > " + ascend);
+  if (device_.is_cuda()) {
+    log::info(" > tensor-parallel overlap transport: NCCL point-to-point and collectives on the group's own stream; "
+              "NVLink multicast is not used");
+    if (!fp8_)
+      log::info(" > the overlapped linears' bf16 GEMMs run through ATen (cuBLAS) without an SM budget: "
+                "set_sm_margin applies to FP8 GEMMs");
+  }
 }
 
 void Trainer::log_moe_layout() {
@@ -371,8 +462,12 @@ torch::Tensor Trainer::forward_chunk(int chunk, int64_t micro_batch, const torch
   Batch batch = loader.load(sample);
   timers_.stop("batch-generator", 2);
   if (stage.has_head && loss_tokens) *loss_tokens += batch.loss_mask.sum();
-  return model->forward_stage(stage.has_embedding ? batch.tokens : input, batch.labels, batch.loss_mask, batch.position_ids,
-                              batch.segment_ids, batch.tokens);
+  torch::Tensor out = model->forward_stage(stage.has_embedding ? batch.tokens : input, batch.labels, batch.loss_mask,
+                                           batch.position_ids, batch.segment_ids, batch.tokens);
+  const NumericsChecks& n = c_.training.numerics;
+  if (stage.has_head && model->is_training() && n.test_nan_iteration == iteration_ && n.test_nan_param.empty())
+    out = out * std::nan("");  // --fp8tron-test-inject-nan ITER: a NaN loss, and so NaN gradients
+  return out;
 }
 
 torch::Tensor Trainer::average_loss(torch::Tensor loss_sum, int64_t micro_batches, const torch::Tensor& loss_tokens) const {
@@ -431,8 +526,11 @@ void Trainer::update_batch_size(int64_t iteration) {
   current_global_batch_ = batches_.global_batch(consumed_train_samples_);
 }
 
-torch::Tensor Trainer::train_step() {
+torch::Tensor Trainer::train_step(int64_t iteration) {
   const auto& t = c_.training;
+  check_numerics();  // the previous step's, before its gradients are zeroed
+  iteration_ = iteration;
+  if (fp8_) fp8_->collect_stats(fp8_stats_due(iteration));
   timers_.start("forward-backward", 1);
   optimizer_->zero_grad();
   // Each micro-batch's loss is scaled by 1 / (micro-batches x data-parallel ranks) in backward, and
@@ -459,6 +557,10 @@ torch::Tensor Trainer::train_step() {
       },
       backward_scale, [&] { optimizer_->arm_grad_overlap(); }, c_.distributed.microbatch_group_size);
   timers_.stop("forward-backward", 1);
+  if (t.numerics.test_nan_iteration == iteration && !t.numerics.test_nan_param.empty()) inject_nan_gradient();
+  // After the timer's synchronization: the step's communication events are complete.
+  if (tp_comm_timer_) timers_.add("tp-comm-exposed", 1, tp_comm_timer_->take_ms());
+  if (pp_comm_timer_) timers_.add("pp-comm-exposed", 1, pp_comm_timer_->take_ms());
 
   timers_.start("optimizer", 1);
   optimizer_->finalize_grads();
@@ -468,6 +570,10 @@ torch::Tensor Trainer::train_step() {
   if (per_token) loss_tokens = global_token_count(loss_tokens);
   auto loss = average_loss(loss_sum, micro, loss_tokens);
   collect_mtp_losses(micro);
+  // New scales (delayed scaling) and new weights to quantize before the step: --fp8-param-gather
+  // casts the new weights with them in the step (as the next forward would), and the amax
+  // reduction does not queue behind --overlap-param-gather's gathers.
+  if (fp8_) end_fp8_step();
   // The optimizer divides the gradients by this before the norm and the update.
   auto grad_divisor = torch::full({}, scaler_.scale() * (average_after ? double(parallel_.sizes.dp) : 1.0),
                                   loss_tokens.options());
@@ -476,7 +582,6 @@ torch::Tensor Trainer::train_step() {
   if (c_.optimizer.decoupled_lr)
     decoupled_lr = schedule_.lr(*c_.optimizer.decoupled_lr, c_.optimizer.decoupled_min_lr.value_or(c_.optimizer.min_lr));
   last_step_ = optimizer_->step(schedule_.lr(), schedule_.weight_decay(), grad_divisor, decoupled_lr);
-  if (fp8_) end_fp8_step();  // new weights to quantize; delayed scaling: new scales
   timers_.stop("optimizer", 1);
   bool advance_schedule = true;
   if (scaler_.dynamic()) {
@@ -498,7 +603,81 @@ torch::Tensor Trainer::train_step() {
   interval_.loss_count += loss_ok * applied;
   interval_.skipped += last_step_.found_inf;
   interval_.nan += scaler_.dynamic() ? 1.0 - loss_ok : torch::maximum(1.0 - loss_ok, last_step_.found_inf);
+  numerics_->record(iteration, loss, last_step_.grad_norm);
+  if (fp8_) fp8_->collect_stats(false);  // evaluation's casts are not the step's
   return loss;
+}
+
+// --log-fp8-stats-to-tensorboard: statistics are gathered in the steps TensorBoard logs.
+bool Trainer::fp8_stats_due(int64_t iteration) const {
+  const auto& g = c_.logging;
+  return fp8_ && g.log_fp8_stats_to_tensorboard && !g.tensorboard_dir.empty() && iteration % g.tensorboard_log_interval == 0;
+}
+
+// Every rank's FP8 cast statistics of this step to rank 0's TensorBoard: a layer's tensor-parallel
+// shards and data-parallel replicas add up (their amaxes: the maximum).
+void Trainer::log_fp8_stats(int64_t iteration) {
+  std::string mine;
+  for (const auto& s : fp8_->take_stats())
+    mine += strprintf("%s %s %.17g %.17g %.17g %.17g\n", s.site.c_str(), fp8::tensor_role_name(s.role), s.amax, s.underflows,
+                      s.overflows, s.elements);
+  const std::vector<std::string> all = all_gather_strings(parallel_, device_, mine);
+  if (!tensorboard_) return;
+  std::map<std::string, std::array<double, 4>> merged;  // "<site>/<role>" -> amax, underflows, overflows, elements
+  for (const std::string& text : all) {
+    std::istringstream in(text);
+    std::string site, role;
+    std::array<double, 4> v{};
+    while (in >> site >> role >> v[0] >> v[1] >> v[2] >> v[3]) {
+      auto [it, fresh] = merged.try_emplace(site + "/" + role, v);
+      if (fresh) continue;
+      it->second[0] = std::max(it->second[0], v[0]);
+      for (int i = 1; i < 4; ++i) it->second[size_t(i)] += v[size_t(i)];
+    }
+  }
+  for (const auto& [key, v] : merged) {
+    tensorboard_->add_scalar("fp8/" + key + "/amax", v[0], iteration);
+    tensorboard_->add_scalar("fp8/" + key + "/underflows", v[1], iteration);
+    tensorboard_->add_scalar("fp8/" + key + "/overflows", v[2], iteration);
+    tensorboard_->add_scalar("fp8/" + key + "/elements", v[3], iteration);
+  }
+}
+
+// --fp8tron-test-inject-nan ITER:PARAM: NaN in the first element of PARAM's gradient, on the
+// ranks holding it.
+void Trainer::inject_nan_gradient() {
+  torch::NoGradGuard no_grad;
+  for (auto& chunk : chunks_)
+    for (const auto& item : chunk->named_parameters())
+      if (item.key() == c_.training.numerics.test_nan_param && item.value().grad().defined() && item.value().numel() > 0)
+        item.value().grad().view({-1})[0].fill_(std::nan(""));
+}
+
+std::string Trainer::first_nonfinite_grad_everywhere() {
+  // Each rank's first, then the first of all in pipeline order: (pipeline rank, position, name).
+  std::string mine;
+  if (const auto first = optimizer_->first_nonfinite_grad())
+    mine = strprintf("%06d %012lld %s", parallel_.pp_rank, (long long)first->first, first->second.c_str());
+  std::string best;
+  for (const std::string& other : all_gather_strings(parallel_, device_, mine))
+    if (!other.empty() && (best.empty() || other < best)) best = other;
+  return best.empty() ? "" : best.substr(20);
+}
+
+void Trainer::check_numerics() {
+  const std::optional<NumericsFailure> failure = numerics_->check();
+  if (!failure) return;
+  const std::string param = failure->gradient ? first_nonfinite_grad_everywhere() : "";
+  // A save prepared before this step holds a good state: it is committed before stopping.
+  if (async_saver_) async_saver_->finalize(checkpoint_state(), /*blocking=*/true);
+  std::string where;
+  if (!param.empty()) where = " (the first parameter whose gradient is not finite: " + param + ")";
+  else if (failure->gradient) where = " (every gradient element is finite: their squares overflow the norm)";
+  throw UserError(strprintf("iteration %lld: %s%s; stopping, as --check-for-nan-in-loss-and-grad asks%s. Resume from "
+                            "the last checkpoint with a lower --lr or other data, or pass "
+                            "--no-check-for-nan-in-loss-and-grad to skip such iterations instead",
+                            (long long)failure->iteration, failure->what.c_str(), where.c_str(),
+                            failure->gradient ? " (this iteration's update was not applied)" : ""));
 }
 
 double Trainer::evaluate() {
@@ -514,9 +693,13 @@ double Trainer::evaluate() {
     consumed_valid_samples_ += t.global_batch_size;
   }
   for (auto& m : chunks_) m->train();
-  if (t.calculate_per_token_loss) return average_loss(total, 0, global_token_count(tokens)).item<double>();
-  auto mean = average_loss(total, t.num_micro_batches, tokens);
-  return mean.item<double>() / double(std::max<int64_t>(1, t.eval_iters));
+  const double loss = t.calculate_per_token_loss
+                         ? average_loss(total, 0, global_token_count(tokens)).item<double>()
+                         : average_loss(total, t.num_micro_batches, tokens).item<double>() /
+                               double(std::max<int64_t>(1, t.eval_iters));
+  for (auto* timer : {tp_comm_timer_.get(), pp_comm_timer_.get()})
+    if (timer) timer->take_ms();  // evaluation's waits are not a training step's
+  return loss;
 }
 
 void Trainer::report_moe(int64_t iteration) {
@@ -600,8 +783,11 @@ void Trainer::write_tensorboard(int64_t iteration, const torch::Tensor& loss) {
 
 // The timers' report, in Megatron's log order, with every rank's times gathered over the world.
 Timers::Report Trainer::timer_report(double iterations) {
+  // tp-comm-exposed / pp-comm-exposed: the waits for tensor-parallel collectives and pipeline
+  // receives that no computation hid (parallel/overlap/comm_timer.h).
   static const std::vector<std::string> kLogOrder = {"forward-backward", "batch-generator", "moe-token-dispatch",
-                                                      "moe-token-combine", "optimizer"};
+                                                     "moe-token-combine", "optimizer", "tp-comm-exposed",
+                                                     "pp-comm-exposed"};
   auto gather = [this](const std::vector<double>& mine) {
     const int n = parallel_.sizes.world_size;
     auto local = torch::tensor(mine, torch::TensorOptions().dtype(torch::kFloat64)).to(device_);
@@ -644,6 +830,7 @@ TrainingState Trainer::checkpoint_state() {
 }
 
 void Trainer::save(int64_t iteration, bool non_persistent) {
+  check_numerics();  // a step that went non-finite is never saved
   if (c_.checkpoint.async_save) {
     if (!async_saver_) async_saver_ = std::make_unique<AsyncCheckpointSaver>();
     async_saver_->save(checkpoint_state(), iteration, non_persistent);
@@ -731,6 +918,9 @@ TrainResult Trainer::run() {
     async_saver_->reserve(checkpoint_state());
   }
   const int64_t first_iteration = load_checkpoint(checkpoint_state()) + 1;
+  // --fp8-param-gather: the loaded weights cast with the loaded FP8 scales, as the step that
+  // saved them published them.
+  if (fp8_param_gather_ && first_iteration > 1) optimizer_->publish_model_params();
   TrainResult result;
   if (options_.collect_initial_weights) result.initial_weights = global_weights();
   std::optional<ExitSignalHandler> exit_signal;
@@ -749,13 +939,15 @@ TrainResult Trainer::run() {
   for (int64_t iteration = first_iteration; iteration <= t.train_iters; ++iteration) {
     profiler.before_iteration(iteration, [this] { synchronize(); });
     update_batch_size(iteration);
-    losses.push_back(train_step());
+    losses.push_back(train_step(iteration));
     if (moe_) report_moe(iteration);
     ++interval_iterations;
     result.iterations = iteration;
+    if (parallel_.progress) parallel_.progress->iteration_finished(iteration);
     if ((tensorboard_ || c_.logging.log_params_norm) && !c_.logging.tensorboard_dir.empty() &&
         iteration % c_.logging.tensorboard_log_interval == 0)
       write_tensorboard(iteration, losses.back());
+    if (fp8_stats_due(iteration)) log_fp8_stats(iteration);
     if (iteration % c_.logging.log_interval == 0) {
       synchronize();
       const auto now = Clock::now();
@@ -785,6 +977,7 @@ TrainResult Trainer::run() {
     if (exit) break;
   }
   profiler.finish();  // a window that reaches past the last iteration ends here
+  check_numerics();  // the last step's
   // As Megatron: a checkpoint at the end of training unless the last iteration was just saved.
   if (!c_.checkpoint.save.empty() && result.iterations >= first_iteration && last_saved_iteration_ != result.iterations)
     save(result.iterations);
@@ -809,6 +1002,7 @@ TrainResult Trainer::run() {
 
 TrainResult train(const Config& config, const TrainOptions& options) {
   require_supported(config);
+  if (!config.checkpoint.test_kill_at.empty()) checkpoint::arm_fault_point(config.checkpoint.test_kill_at);
   Trainer trainer(config, options);
   return trainer.run();
 }

@@ -27,6 +27,16 @@ struct CheckpointConfig {
   std::optional<int64_t> non_persistent_save_interval;
   bool non_persistent_global = false;  // --non-persistent-ckpt-type global
   std::string non_persistent_dir;      // --non-persistent-global-ckpt-dir; "": <save or load>/non_persistent
+  // Each stored tensor's checksum is verified on load (--no-verify-integrity: not).
+  bool verify_checksums = true;
+  // On resume, a schedule that differs from the checkpoint's is refused unless this run's
+  // (--override-opt-param-scheduler) or the checkpoint's (--use-checkpoint-opt_param-scheduler)
+  // is taken (Megatron's OptimizerParamScheduler rules).
+  bool override_opt_param_scheduler = false;
+  bool use_checkpoint_opt_param_scheduler = false;
+  // A second job saving into the same directory is refused (a lock file in --save).
+  bool lock_save_dir = true;
+  std::string test_kill_at;           // hidden test flag --fp8tron-test-kill-at (checkpoint/fault_points.h)
   bool exit_signal_handler = false;   // save and exit at the next iteration on exit_signal
   int exit_signal = 15;               // SIGTERM
   std::string exit_signal_name = "SIGTERM";

@@ -18,6 +18,7 @@ struct LoggingConfig {
   bool log_validation_ppl_to_tensorboard = false;  // "lm loss validation ppl"
   bool log_memory_to_tensorboard = false;          // "mem-reserved-bytes", ... (CUDA allocator)
   bool log_world_size_to_tensorboard = false;      // "world-size"
+  bool log_fp8_stats_to_tensorboard = false;  // per-layer FP8 cast statistics (Fp8Engine::collect_stats)
   bool log_loss_scale_to_tensorboard = true;       // "loss-scale" (off: --no-log-loss-scale-to-tensorboard)
   bool log_all_ranks = false;
   bool log_num_zeros_in_grad = false;              // " num zeros:" and TensorBoard "num-zeros"

@@ -38,4 +38,38 @@ std::string ParallelSizes::describe() const {
                    world_size, tp, cp, dp, pp, order().c_str(), etp, ep, edp, pp);
 }
 
+const char* tp_gemm_name(TpGemm g) {
+  static const char* const names[kNumTpGemms] = {"qkv_fprop", "qkv_dgrad", "qkv_wgrad", "proj_fprop",
+                                                 "proj_dgrad", "proj_wgrad", "fc1_fprop", "fc1_dgrad",
+                                                 "fc1_wgrad", "fc2_fprop", "fc2_dgrad", "fc2_wgrad"};
+  return names[size_t(g)];
+}
+
+const char* overlap_method_name(OverlapMethod m) {
+  switch (m) {
+    case OverlapMethod::kOff: return "off";
+    case OverlapMethod::kRingExchange: return "ring_exchange";
+    case OverlapMethod::kPipeline: return "pipeline";
+    case OverlapMethod::kBulk: return "bulk";
+    case OverlapMethod::kExternal: return "external";
+  }
+  return "?";
+}
+
+std::string TpOverlapConfig::describe() const {
+  const char* by = source == TpOverlapSource::kMc2   ? "--use-ascend-mc2"
+                   : source == TpOverlapSource::kCoc ? "--use-ascend-coc"
+                                                     : "--tp-comm-overlap";
+  std::string s = std::string("tensor-parallel communication overlap (") + by + "):";
+  for (size_t i = 0; i < kNumTpGemms; ++i) {
+    const GemmOverlap& g = gemms[i];
+    s += std::string(i == 0 ? " " : ", ") + tp_gemm_name(TpGemm(i)) + " " + overlap_method_name(g.method);
+    if (g.method == OverlapMethod::kPipeline) s += strprintf("/%d", g.num_splits);
+    if (g.aggregate) s += "+aggregate";
+    if (g.fp8_wire && g.method != OverlapMethod::kOff) s += "+fp8";
+  }
+  if (output_layer) s += ", output_layer ring_exchange";
+  return s;
+}
+
 }  // namespace fp8tron

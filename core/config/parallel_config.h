@@ -2,6 +2,7 @@
 // the distributed-training switches (sequence parallelism, virtual stages, the distributed
 // optimizer and its overlaps). parallel/ builds the groups from these.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -39,6 +40,63 @@ struct ParallelSizes {
   std::string describe() const;      // one line: "TP=2 CP=1 PP=2 DP=4 | experts: ETP=2 EP=1 EDP=8"
 };
 
+// ---- tensor-parallel communication overlapped with the linear layers' GEMMs ----------------------
+// (--tp-comm-overlap and its switches, --tp-comm-overlap-cfg, --use-ascend-mc2, --use-ascend-coc).
+// The twelve GEMMs of a transformer layer that Transformer Engine names its userbuffers after:
+// qkv and fc1 are column-parallel (all-gather of the sequence shards before the GEMM), proj and
+// fc2 row-parallel (reduce-scatter after it); each has a forward (fprop), an input-gradient
+// (dgrad) and a weight-gradient (wgrad) GEMM.
+enum class TpGemm : uint8_t {
+  kQkvFprop, kQkvDgrad, kQkvWgrad, kProjFprop, kProjDgrad, kProjWgrad,
+  kFc1Fprop, kFc1Dgrad, kFc1Wgrad, kFc2Fprop, kFc2Dgrad, kFc2Wgrad,
+};
+constexpr size_t kNumTpGemms = 12;
+const char* tp_gemm_name(TpGemm g);  // TE's userbuffer name: "qkv_fprop", ...
+
+// How one GEMM's collective is overlapped (TE's `method`; Off: the plain blocking collective).
+//   RingExchange  all-gather as a ring relay, one chunk per rank per step, each step's GEMM on the
+//                 chunk already present; reduce-scatter by sending each destination's partial
+//                 directly and summing in rank order at the end
+//   Pipeline      reduce-scatter: the GEMM split along its output columns, each split's
+//                 reduce-scatter issued as soon as it is computed; all-gather (MindSpeed CoC
+//                 only): the local rows in pieces, each piece's all-gather under the GEMM of the
+//                 previous one
+//   Bulk          one collective under an independent GEMM (backward of qkv/fc1: the input's
+//                 all-gather under dgrad, dgrad's reduce-scatter under wgrad)
+//   External      proj/fc2 wgrad (TE's default): its operand comes with the dgrad ring
+enum class OverlapMethod : uint8_t { kOff, kRingExchange, kPipeline, kBulk, kExternal };
+const char* overlap_method_name(OverlapMethod m);  // TE's spelling: "ring_exchange", ...
+
+struct GemmOverlap {
+  OverlapMethod method = OverlapMethod::kOff;
+  int num_splits = 4;      // Pipeline: output-column splits (reduce-scatter) or row pieces (CoC all-gather)
+  bool aggregate = false;  // RingExchange all-gather: neighbours pair first, then a ring of pairs (TE)
+  bool fp8_wire = false;   // FP8 on the wire: quantised before the all-gather / FP8 reduce-scatter partials
+  // Hardware knobs of TE's userbuffers that fp8tron maps onto NCCL and cuBLASLt (docs/overlap.md):
+  int num_sm = 16;             // SMs the communication may use (GEMM budget SMs - num_sm with sm_margin)
+  bool sm_margin = false;      // cap the overlapped GEMM's SMs
+  int cga_size = 2;            // NCCL cgaClusterSize of the overlap communicator
+  bool use_ce = true;          // copy engines for p2p (fp8tron: NCCL p2p; noted at start-up)
+  bool atomic_gemm = false;    // cuBLAS atomic GEMM (same math; ignored with a notice)
+  int comm_priority = 0, gemm_priority = 0;  // stream priorities (fp8tron's comm streams are high priority)
+  bool enabled() const { return method != OverlapMethod::kOff; }
+};
+
+enum class TpOverlapSource : uint8_t { kNone, kMegatron, kMc2, kCoc };
+
+// The resolved per-GEMM plan (trainer/cli builds it: TE's defaults, the --tp-comm-overlap-cfg
+// file, then the flags). Modules look their GEMMs up by name; disabled directions run the plain
+// collectives with unchanged arithmetic.
+struct TpOverlapConfig {
+  TpOverlapSource source = TpOverlapSource::kNone;
+  std::array<GemmOverlap, kNumTpGemms> gemms{};
+  bool output_layer = false;  // --use-ascend-mc2: the output layer's all-gather pipelined too (MindSpeed)
+  bool enabled() const { return source != TpOverlapSource::kNone; }
+  const GemmOverlap& gemm(TpGemm g) const { return gemms[size_t(g)]; }
+  GemmOverlap& gemm(TpGemm g) { return gemms[size_t(g)]; }
+  std::string describe() const;  // one line: source and each GEMM's method
+};
+
 // How the model and its training are spread over ranks, beyond the rank grid itself.
 struct DistributedConfig {
   bool sequence_parallel = false;
@@ -53,13 +111,19 @@ struct DistributedConfig {
   // Interleaved schedule: micro-batches run back to back per virtual stage
   // (--microbatch-group-size-per-virtual-pipeline-stage; 0 = the pipeline size).
   int64_t microbatch_group_size = 0;
-  bool overlap_p2p = true;            // !--no-overlap-p2p-communication (only changes a VPP rule)
   bool average_in_collective = false;  // --ddp-average-in-collective
   bool distributed_optimizer = false;
   bool overlap_grad_reduce = false;
   bool overlap_param_gather = false;  // needs distributed_optimizer and overlap_grad_reduce (Megatron)
   int64_t bucket_numel = 40000000;  // --ddp-bucket-size (Megatron: max(40M, 1M x dp) elements)
-  int timeout_minutes = 10;
+  int timeout_minutes = 10;      // --distributed-timeout-minutes: a collective that long ends the job
+  int hang_report_seconds = 90;  // --hang-report-seconds: a collective that long is reported (parallel/hang_report.h)
+  TpOverlapConfig tp_overlap;
+  // Interleaved pipeline schedule: receives posted one step ahead so they overlap the compute
+  // (Megatron's overlap_p2p_comm, on by default, forced off without virtual stages), and with
+  // warmup_flush also in the warmup and cool-down phases.
+  bool overlap_p2p = true;
+  bool overlap_p2p_warmup_flush = false;
 };
 
 }  // namespace fp8tron

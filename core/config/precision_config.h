@@ -55,6 +55,7 @@ struct Fp8Config {
   int64_t bf16_last_layers = 0;         //                             and --num-layers-at-end-in-bf16
   int64_t min_features = 0;             // --fp8-min-features: smaller linears stay bf16
   bool grouped_gemm_fp8 = true;         // !--no-use-gmm-fp8: TEGroupedLinear's use_fp8 (MoE experts)
+  bool param_gather = false;            // --fp8-param-gather: the optimizer publishes FP8 weights
   bool enabled() const { return recipe.has_value(); }
 };
 
@@ -62,6 +63,8 @@ struct PrecisionConfig {
   ParamDtype params_dtype = ParamDtype::Fp32;
   Fp8Config fp8;
   bool grads_in_fp32 = true;                 // main gradients accumulate in fp32
+  // !--no-gradient-accumulation-fusion: wgrad GEMMs accumulate into the fp32 main gradients
+  bool gradient_accumulation_fusion = true;
   std::optional<double> static_loss_scale;   // --loss-scale
   double initial_loss_scale = 4294967296.0;
   double min_loss_scale = 1.0;

@@ -16,6 +16,19 @@ struct BatchRampup {
   int64_t start = 0, increment = 0, samples = 0;
 };
 
+// Megatron's checks of the loss and gradients (trainer/numerics_guard.h).
+struct NumericsChecks {
+  // --check-for-nan-in-loss-and-grad (on; --no-...): stop at the first non-finite loss or
+  // gradient norm. Off with fp16's dynamic loss scale, whose overflow skips are expected.
+  bool nan_in_loss_and_grad = true;
+  bool spiky_loss = false;   // --check-for-spiky-loss: warn at a loss >= 10x the first 100's largest
+  bool large_grads = false;  // --check-for-large-grads: same for the gradient norm
+  // Hidden test flag --fp8tron-test-inject-nan ITER[:PARAM]: at iteration ITER the loss (or the
+  // gradient of PARAM) becomes NaN.
+  int64_t test_nan_iteration = 0;
+  std::string test_nan_param;
+};
+
 struct TrainingConfig {
   int64_t micro_batch_size = 0;
   int64_t global_batch_size = 0;
@@ -37,6 +50,7 @@ struct TrainingConfig {
   // global batch's loss-token count, instead of averaging each micro-batch's mean.
   bool calculate_per_token_loss = false;
   std::optional<int64_t> weight_hash_interval;  // --check-weight-hash-across-dp-replicas-interval
+  NumericsChecks numerics;
 };
 
 // --optimizer muon: Megatron's TensorParallelMuon (Emerging-Optimizers' Muon) for the 2-D hidden

@@ -2,6 +2,12 @@
 
 #include "data/gpt_inputs.h"
 
+#include <algorithm>
+
+#include "core/error.h"
+#include "core/text.h"
+#include "data/sample_dataset.h"
+
 namespace fp8tron {
 
 BatchLoader::BatchLoader(std::shared_ptr<SampleSource> source, Split split, BatchOptions options, torch::Device device)
@@ -37,6 +43,7 @@ Batch BatchLoader::prepare(int64_t start) const {
   std::vector<int64_t> sample(size_t(s + 1));
   for (int64_t i = 0; i < b; ++i) {
     source_->sample(split_, start + i, sample.data());
+    check_token_ids(sample, start + i);
     data::make_gpt_inputs(sample.data(), s, options_.eod, gpt, batch.tokens.data_ptr<int64_t>() + i * s,
                           batch.labels.data_ptr<int64_t>() + i * s, batch.loss_mask.data_ptr<float>() + i * s,
                           batch.position_ids.data_ptr<int64_t>() + i * s,
@@ -44,6 +51,26 @@ Batch BatchLoader::prepare(int64_t start) const {
   }
   if (!options_.reset_position_ids) batch.position_ids = torch::Tensor();  // positions are 0..s-1
   return batch;
+}
+
+void BatchLoader::check_token_ids(const std::vector<int64_t>& sample, int64_t index) const {
+  if (options_.vocab_size <= 0) return;
+  // One branch-free pass (vectorised); the offending position is searched only on failure.
+  int64_t low = 0, high = 0;
+  for (int64_t id : sample) {
+    low = std::min(low, id);
+    high = std::max(high, id);
+  }
+  if (high < options_.vocab_size && low >= data::kPadTokenId) return;
+  size_t at = 0;
+  while (at < sample.size() && sample[at] >= data::kPadTokenId && sample[at] < options_.vocab_size) ++at;
+  const std::string origin = source_->token_origin(split_, index, int64_t(at));
+  const char* split = split_ == Split::Train ? "train" : split_ == Split::Valid ? "validation" : "test";
+  throw UserError(strprintf("token id %lld in %s sample %lld (position %zu%s%s) is outside the vocabulary of %lld "
+                            "tokens: the data was tokenized with another tokenizer than this run's "
+                            "(--tokenizer-type, --vocab-file, --tokenizer-model), or --vocab-size is wrong",
+                            (long long)sample[at], split, (long long)index, at, origin.empty() ? "" : "; ",
+                            origin.c_str(), (long long)options_.vocab_size));
 }
 
 void BatchLoader::run() {

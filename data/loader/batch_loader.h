@@ -34,6 +34,10 @@ struct BatchOptions {
   bool create_attention_mask = true;
   int prefetch = 2;      // micro-batches prepared ahead (0: no thread)
   int64_t stride = 0;    // distance between consecutive micro-batch starts (micro x data-parallel)
+  // Token ids must lie in [0, vocab_size) (the tokenizer's vocabulary, before padding): an id
+  // outside it (data tokenized with another tokenizer, a wrong --vocab-size) is a UserError naming
+  // the split, sample, dataset, document and id. 0: unchecked.
+  int64_t vocab_size = 0;
 };
 
 class BatchLoader {
@@ -50,6 +54,7 @@ class BatchLoader {
     Batch host;
   };
   Batch prepare(int64_t start) const;  // on the host (pinned for a GPU)
+  void check_token_ids(const std::vector<int64_t>& sample, int64_t index) const;
   void run();
 
   std::shared_ptr<SampleSource> source_;

@@ -28,6 +28,9 @@ class CyclicSource : public SampleSource {
   void sample(Split split, int64_t index, int64_t* out) const override;
   bool has(Split split) const override { return inner_->has(split); }
   std::optional<int64_t> size(Split split) const override { return inner_->size(split); }
+  std::string token_origin(Split split, int64_t index, int64_t position) const override {
+    return inner_->token_origin(split, dataset_index(split, index), position);
+  }
   // The dataset index logical sample `index` of `split` reads (exposed for tests).
   int64_t dataset_index(Split split, int64_t index) const;
 

@@ -28,6 +28,10 @@ class FileSource : public SampleSource {
     const auto& d = datasets_[size_t(split)];
     return d ? std::optional<int64_t>(d->size()) : std::nullopt;
   }
+  std::string token_origin(Split split, int64_t index, int64_t position) const override {
+    const auto& d = datasets_[size_t(split)];
+    return d && index < d->size() ? d->token_origin(index, position) : "";
+  }
 
  private:
   data::SplitDatasets datasets_;

@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <optional>
+#include <string>
 
 namespace fp8tron {
 
@@ -19,6 +20,9 @@ class SampleSource {
   virtual bool has(Split) const { return true; }
   // The number of samples of the split, where it is finite (an indexed dataset's).
   virtual std::optional<int64_t> size(Split) const { return std::nullopt; }
+  // Where token `position` of sample `index` comes from (dataset, document), for error
+  // messages; "" when the source cannot say.
+  virtual std::string token_origin(Split, int64_t /*index*/, int64_t /*position*/) const { return ""; }
 };
 
 }  // namespace fp8tron

@@ -114,7 +114,9 @@ void check_case(const KindCase& k, size_t cols, const std::vector<int64_t>& rows
     double worst = 0;
     for (size_t i = 0; i < sums.size(); ++i)
       worst = std::max(worst, std::fabs(double(sums[i]) - double(cpu.column_sums[i])) / (1.0 + std::fabs(cpu.column_sums[i])));
-    EXPECT_LT(worst, 1e-5) << "column sums (atomic adds in another order)";
+    // fp32 sums of up to 200 rows of |x| < 9 in another order (atomics): each partial sum rounds
+    // at 2^-24 relative, so up to ~200 x 6e-8 x the running magnitude; 1e-4 is that bound.
+    EXPECT_LT(worst, 1e-4) << "column sums (atomic adds in another order)";
   }
 }
 

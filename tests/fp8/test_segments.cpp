@@ -38,7 +38,7 @@ TEST(SegmentLayout, PaddedOffsetsAndScaleGrids) {
   }
   const SegmentLayout t = make_segment_layout(ScalingMode::kTensor, 64, {0, 32, 7}, 32);
   EXPECT_EQ(t.padded, (std::vector<size_t>{0, 32, 32}));
-  EXPECT_EQ(t.scale_begin, (std::vector<size_t>{0, 1, 2, 3}));  // one scale per segment, empty or not
+  EXPECT_EQ(t.scale_begin, (std::vector<size_t>{0, 4, 8, 12}));  // one scale per segment, empty or not, 16 bytes apart
   EXPECT_FALSE(make_segment_layout(ScalingMode::kTensor, 64, {16, 48}, 16).padding());
 }
 
@@ -83,7 +83,7 @@ TEST(ReferenceSegments, EachSegmentIsItsOwnRowsThenZeros) {
     dense.scale = h.scale[3 * e];
     reference::quantize_tensor_delayed(x.data() + src * cols, dense.view);
     EXPECT_EQ(h.amax[3 * e], std::max(0.5f, dense.amax));
-    EXPECT_EQ(reinterpret_cast<const float*>(h.scale_inv.data())[e], dense.sinv(0));
+    EXPECT_EQ(reinterpret_cast<const float*>(h.scale_inv.data())[h.layout.scale_begin[e]], dense.sinv(0));
     for (size_t r = 0; r < padded; ++r) {
       for (size_t c = 0; c < cols; ++c) {
         const uint8_t want = r < m ? dense.data[r * cols + c] : 0;

@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/text.h"
+#include "trainer/checkpoint/fault_points.h"
 
 namespace fp8tron::checkpoint {
 
@@ -47,9 +48,10 @@ std::optional<Tracker> parse_dir_name(const std::string& name) {
   return Tracker{it, false};
 }
 
-// "<base>.tmp.<token>" or "<base>.old.<token>" where base is an iteration or release name.
+// "<base>.tmp.<token>", "<base>.old.<token>" or "<base>.del.<token>" where base is an iteration
+// or release name.
 bool is_stale_work_dir(const std::string& name) {
-  for (const char* kind : {".tmp.", ".old."}) {
+  for (const char* kind : {".tmp.", ".old.", ".del."}) {
     size_t at = name.find(kind);
     if (at == std::string::npos) continue;
     if (parse_dir_name(name.substr(0, at)) && valid_token(name.substr(at + 5))) return true;
@@ -338,6 +340,25 @@ void commit_save(const SaveTarget& target, const CommitOptions& options) {
   if (!restore.empty()) fsync_path(save);
   for (const auto& p : doomed) remove_tree(p.string());  // best effort: a leftover is retried by the next commit
   step(CommitStep::kCleanedUp);
+}
+
+DeleteResult delete_checkpoint(const std::string& dir, int64_t iteration, const std::string& token) noexcept {
+  try {
+    if (!valid_token(token)) return DeleteResult::kFailed;
+    const std::string path = join_path(dir, checkpoint_dir_name(iteration));
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) != 0) return DeleteResult::kMissing;
+    if (S_ISLNK(st.st_mode)) return DeleteResult::kSymlink;
+    const std::string aside = join_path(dir, checkpoint_dir_name(iteration) + ".del." + token);
+    if (std::rename(path.c_str(), aside.c_str()) != 0) return DeleteResult::kFailed;
+    fsync_path(dir);
+    fault_point("retention:renamed-aside");
+    const bool removed = remove_tree(aside);
+    fault_point("retention:removed");
+    return removed ? DeleteResult::kDeleted : DeleteResult::kFailed;
+  } catch (...) {
+    return DeleteResult::kFailed;
+  }
 }
 
 void abort_save(const SaveTarget& target) noexcept {

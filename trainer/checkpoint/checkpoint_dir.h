@@ -4,6 +4,7 @@
 //   <save>/iter_0000100/                        one complete checkpoint (release: <save>/release/)
 //   <save>/iter_0000200.tmp.<token>/            a save in progress (never read)
 //   <save>/iter_0000100.old.<token>/            a re-saved iteration's previous copy, moved aside
+//   <save>/iter_0000100.del.<token>/            a checkpoint being deleted (retention), moved aside
 //
 // Saving: every rank calls begin_save() and writes its files into the temporary directory;
 // after a barrier one rank calls commit_save(), which verifies the expected files, fsyncs them
@@ -13,8 +14,11 @@
 // complete checkpoint (the only window where the tracker's directory is missing — a re-save of
 // the same iteration between its two renames — is covered by reading the ".old." copy).
 // One save may be in flight per save directory: a successful commit deletes every other
-// ".tmp." directory there and every ".old." one (renaming an ".old." copy back to its
-// iteration's name instead when that name is free).
+// ".tmp." directory there, every ".del." one and every ".old." one (renaming an ".old." copy back
+// to its iteration's name instead when that name is free).
+//
+// Deleting a checkpoint (retention) renames it aside to ".del." first and only then removes the
+// files, so a crash in between never leaves a half-deleted directory under a checkpoint's name.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -117,5 +121,11 @@ void commit_save(const SaveTarget& target, const CommitOptions& options = {});
 
 // Removes the temporary directory of a failed save (best effort, never throws).
 void abort_save(const SaveTarget& target) noexcept;
+
+enum class DeleteResult { kDeleted, kMissing, kSymlink, kFailed };
+// Deletes the committed checkpoint of `iteration` in `dir`: renamed to
+// iter_NNNNNNN.del.<token> (and the directory synced), then removed. A symbolic link is left alone
+// (as Megatron does). Never throws; a leftover ".del." directory is removed by the next commit.
+DeleteResult delete_checkpoint(const std::string& dir, int64_t iteration, const std::string& token) noexcept;
 
 }  // namespace fp8tron::checkpoint

@@ -1,6 +1,7 @@
 #include "trainer/checkpoint/load.h"
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <optional>
 #include <set>
@@ -15,6 +16,7 @@
 #include "trainer/checkpoint/rank_agreement.h"
 #include "trainer/checkpoint/rng_state.h"
 #include "trainer/checkpoint/saved_tensors.h"
+#include "trainer/checkpoint/scheduler_state.h"
 #include "trainer/checkpoint/sharded_io.h"
 #include "trainer/optim/loss_scaler.h"
 #include "trainer/optim/lr_schedule.h"
@@ -23,10 +25,48 @@ namespace fp8tron {
 namespace ck = checkpoint;
 namespace {
 
+// Whether `slot` is a vocabulary tensor: rows = the padded vocabulary (the word embedding, an
+// untied output layer, the last stage's copy of a tied one).
+bool is_vocab_tensor(const Slot& slot, const ModelConfig& m) {
+  const std::string name = checkpoint_name(slot);
+  const auto& g = slot.info.global_shape;
+  return g.size() == 2 && g[0] == m.padded_vocab_size &&
+         (name == "embedding.word_embeddings.weight" || name == "output_layer.weight");
+}
+
+// Reads `box` of tensor `name` (this model's global shape `shape`). A vocabulary tensor saved
+// with another vocabulary padding (another --make-vocab-size-divisible-by x tensor-parallel size)
+// is read as far as the checkpoint has rows; the padding rows past them repeat the checkpoint's
+// last row for weights (as Megatron's checkpoint converter pads) and are zero for optimizer
+// moments. Real tokens' rows are the same in both: only padding is added or dropped.
+void read_box(ck::CheckpointReader& reader, const std::string& name, ck::DType dtype, const ck::Shape& shape,
+              const ck::Box& box, char* dst, bool vocab) {
+  const auto& tensors = reader.metadata().tensors;
+  auto it = tensors.find(name);
+  if (!vocab || it == tensors.end() || it->second.shape.size() != 2 || it->second.shape[1] != shape[1] ||
+      it->second.shape[0] == shape[0]) {
+    reader.read(name, dtype, shape, box, dst);
+    return;
+  }
+  const ck::Shape& saved = it->second.shape;
+  const int64_t rows = box.shape[0], first = box.offset[0], row_bytes = box.shape[1] * int64_t(ck::dtype_size(dtype));
+  const int64_t kept = std::clamp<int64_t>(saved[0] - first, 0, rows);
+  if (kept > 0) reader.read(name, dtype, saved, ck::Box{box.offset, {kept, box.shape[1]}}, dst);
+  if (kept == rows) return;
+  char* padding = dst + kept * row_bytes;
+  const bool repeat_last_row = name.rfind("optimizer.state.", 0) != 0 || name.rfind(kMainParamPrefix, 0) == 0;
+  if (!repeat_last_row) {
+    std::memset(padding, 0, size_t((rows - kept) * row_bytes));
+    return;
+  }
+  reader.read(name, dtype, saved, ck::Box{{saved[0] - 1, box.offset[1]}, {1, box.shape[1]}}, padding);
+  for (int64_t r = 1; r < rows - kept; ++r) std::memcpy(padding + r * row_bytes, padding, size_t(row_bytes));
+}
+
 // The elements [begin, end) of this rank's shard of a parameter (row-major in its local shape),
 // read from checkpoint tensor `name` in the dtype it was saved in.
 torch::Tensor read_local_range(ck::CheckpointReader& reader, const std::string& name, const Slot& slot,
-                               const std::vector<Piece>& pieces, int64_t begin, int64_t end) {
+                               const std::vector<Piece>& pieces, int64_t begin, int64_t end, bool vocab) {
   const auto& tensors = reader.metadata().tensors;
   auto it = tensors.find(name);
   const ck::DType dtype = it == tensors.end() ? ck::DType::F32 : it->second.dtype;  // missing: read() explains
@@ -38,7 +78,7 @@ torch::Tensor read_local_range(ck::CheckpointReader& reader, const std::string& 
     if (a >= b) continue;
     int64_t at = a - begin;
     for (const auto& box : ck::flat_range_to_boxes(piece.box, a - piece.begin, b - piece.begin)) {
-      reader.read(name, dtype, slot.info.global_shape, box, dst + at * element_size);
+      read_box(reader, name, dtype, slot.info.global_shape, box, dst + at * element_size, vocab);
       at += ck::box_volume(box);
     }
   }
@@ -164,7 +204,8 @@ void load_parameters(ck::CheckpointReader& reader, const TrainingState& s, bool 
   for (const Read& r : reads) {
     if (strict.skip_unexpected && unexpected.count(r.name)) continue;
     const auto pieces = param_pieces(*r.slot, r.tp_rank, r.tp_size);
-    r.destination.copy_(read_local_range(reader, r.name, *r.slot, pieces, r.begin, r.end).to(torch::kFloat32));
+    const bool vocab = is_vocab_tensor(*r.slot, s.config.model);
+    r.destination.copy_(read_local_range(reader, r.name, *r.slot, pieces, r.begin, r.end, vocab).to(torch::kFloat32));
   }
   for (const auto& [name, buffer] : s.buffers) {
     if (strict.skip_unexpected && unexpected.count(name)) continue;
@@ -268,7 +309,7 @@ int64_t load_checkpoint(const TrainingState& s) {
                       " format; fp8tron reads only its own format (per-rank safetensors shards + " +
                       ck::kMetadataFileName + "), which any fp8tron run writes with --save");
   }
-  ck::CheckpointReader reader(location);
+  ck::CheckpointReader reader(location, k.verify_checksums);
   const ck::CheckpointMetadata& m = reader.metadata();
   check_model(m, s.config, location.path);
   const ck::ParallelLayout here = layout_of(s);
@@ -291,6 +332,15 @@ int64_t load_checkpoint(const TrainingState& s) {
   load_parameters(reader, s, load_optim);
   load_fp8_state(reader, s);  // part of the model state, as TE's extra state (also with --finetune)
   if (load_optim) {
+    if (m.lr_scheduler) {
+      const SchedulerSource source = k.override_opt_param_scheduler        ? SchedulerSource::kCommandLine
+                                     : k.use_checkpoint_opt_param_scheduler ? SchedulerSource::kCheckpoint
+                                                                            : SchedulerSource::kMustMatch;
+      s.schedule.set_config(resolve_schedule(s.schedule.config(), *m.lr_scheduler, source, location.path));
+    } else {
+      log::info(" > the checkpoint does not record its learning-rate schedule (an older fp8tron saved it): this "
+                "run's schedule is used");
+    }
     s.schedule.set_num_steps(m.lr_scheduler_num_steps);
     s.scaler.restore(m.loss_scaler.scale, m.loss_scaler.growth_tracker, int(m.loss_scaler.hysteresis_tracker));
   }
@@ -299,6 +349,13 @@ int64_t load_checkpoint(const TrainingState& s) {
     s.consumed_valid_samples = m.consumed_valid_samples;
     if (k.load_rng) restore_rng(m, s, location.path);
   }
+  if (!k.verify_checksums)
+    log::info(" > checkpoint checksums not verified (--no-verify-integrity)");
+  else if (reader.has_checksums())
+    log::info(strprintf(" > verified the checksums of the %lld stored tensors this rank read",
+                        (long long)reader.tensors_verified()));
+  else
+    log::info(" > the checkpoint records no checksums (an older fp8tron saved it): its tensors are not verified");
   reader.close_files();
   barrier(p);
   const int64_t iteration = restart ? 0 : m.iteration;

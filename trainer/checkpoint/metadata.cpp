@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/text.h"
+#include "trainer/checkpoint/checksum.h"
 
 namespace fp8tron::checkpoint {
 
@@ -160,12 +161,14 @@ ojson table_to_json(const TensorTable& table) {
   for (const auto& [name, t] : table) {
     ojson shards = ojson::array();
     for (const auto& s : t.shards) {
-      shards.push_back({{"file", s.file},
-                        {"key", s.key},
-                        {"offset", s.offset},
-                        {"shape", s.shape},
-                        {"element_offset", s.element_offset},
-                        {"replicas", s.replicas}});
+      ojson shard = {{"file", s.file},
+                     {"key", s.key},
+                     {"offset", s.offset},
+                     {"shape", s.shape},
+                     {"element_offset", s.element_offset},
+                     {"replicas", s.replicas}};
+      if (s.checksum) shard["xxh3_64"] = checksum_hex(*s.checksum);
+      shards.push_back(std::move(shard));
     }
     tensors[name] = {{"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"shards", std::move(shards)}};
   }
@@ -198,6 +201,10 @@ TensorTable table_from_json(const ojson& tensors, const Reader& r, const std::st
       s.shape = r.int_list(js, sw, "shape");
       s.element_offset = js.contains("element_offset") ? r.integer(js, sw, "element_offset") : 0;
       s.replicas = js.contains("replicas") ? r.small_int(js, sw, "replicas") : 1;
+      if (js.contains("xxh3_64")) {
+        s.checksum = parse_checksum_hex(r.string(js, sw, "xxh3_64"));
+        if (!s.checksum) r.fail("field '" + sw + ".xxh3_64' is not 16 hex digits");
+      }
       t.shards.push_back(std::move(s));
     }
     table.emplace(it.key(), std::move(t));
@@ -277,6 +284,8 @@ std::string serialize_metadata(const CheckpointMetadata& m) {
   ojson j;
   j["format"] = kMetadataFormat;
   j["format_version"] = m.format_version;
+  j["fp8tron_version"] = m.fp8tron_version;
+  j["fp8tron_commit"] = m.fp8tron_commit;
   j["iteration"] = m.iteration;
   j["release"] = m.release;
   j["consumed_train_samples"] = m.consumed_train_samples;
@@ -290,6 +299,18 @@ std::string serialize_metadata(const CheckpointMetadata& m) {
   j["args"] = ojson::object();
   for (const auto& [k, v] : m.args) j["args"][k] = v;
   j["lr_scheduler"] = {{"num_steps", m.lr_scheduler_num_steps}};
+  if (const auto& l = m.lr_scheduler) {
+    ojson& js = j["lr_scheduler"];
+    js["max_lr"] = l->max_lr;
+    js["min_lr"] = l->min_lr;
+    js["lr_warmup_steps"] = l->lr_warmup_steps;
+    js["lr_decay_steps"] = l->lr_decay_steps;
+    js["lr_decay_style"] = l->lr_decay_style;
+    js["start_wd"] = l->start_wd;
+    js["end_wd"] = l->end_wd;
+    js["wd_incr_steps"] = l->wd_incr_steps;
+    js["wd_incr_style"] = l->wd_incr_style;
+  }
   j["loss_scaler"] = {{"scale", m.loss_scaler.scale},
                       {"growth_tracker", m.loss_scaler.growth_tracker},
                       {"hysteresis_tracker", m.loss_scaler.hysteresis_tracker}};
@@ -330,6 +351,8 @@ CheckpointMetadata parse_metadata(const std::string& text, const std::string& so
                      (long long)version, kMetadataFormatVersion));
   if (version < 1) r.fail(strprintf("unknown format version %lld", (long long)version));
   m.format_version = int(version);
+  if (j.contains("fp8tron_version")) m.fp8tron_version = r.string(j, "", "fp8tron_version");
+  if (j.contains("fp8tron_commit")) m.fp8tron_commit = r.string(j, "", "fp8tron_commit");
   m.iteration = r.integer(j, "", "iteration");
   m.release = r.boolean(j, "", "release");
   m.consumed_train_samples = r.integer(j, "", "consumed_train_samples");
@@ -350,7 +373,21 @@ CheckpointMetadata parse_metadata(const std::string& text, const std::string& so
   const ojson& args = r.object(j, "", "args");
   for (auto it = args.begin(); it != args.end(); ++it)
     m.args[it.key()] = r.string(it.value(), "args." + it.key());
-  m.lr_scheduler_num_steps = r.integer(r.object(j, "", "lr_scheduler"), "lr_scheduler", "num_steps");
+  const ojson& lr = r.object(j, "", "lr_scheduler");
+  m.lr_scheduler_num_steps = r.integer(lr, "lr_scheduler", "num_steps");
+  if (lr.contains("max_lr")) {
+    SchedulerState l;
+    l.max_lr = r.number(lr, "lr_scheduler", "max_lr");
+    l.min_lr = r.number(lr, "lr_scheduler", "min_lr");
+    l.lr_warmup_steps = r.integer(lr, "lr_scheduler", "lr_warmup_steps");
+    l.lr_decay_steps = r.integer(lr, "lr_scheduler", "lr_decay_steps");
+    l.lr_decay_style = r.string(lr, "lr_scheduler", "lr_decay_style");
+    l.start_wd = r.number(lr, "lr_scheduler", "start_wd");
+    l.end_wd = r.number(lr, "lr_scheduler", "end_wd");
+    l.wd_incr_steps = r.integer(lr, "lr_scheduler", "wd_incr_steps");
+    l.wd_incr_style = r.string(lr, "lr_scheduler", "wd_incr_style");
+    m.lr_scheduler = l;
+  }
   const ojson& ls = r.object(j, "", "loss_scaler");
   m.loss_scaler.scale = r.number(ls, "loss_scaler", "scale");
   m.loss_scaler.growth_tracker = r.integer(ls, "loss_scaler", "growth_tracker");

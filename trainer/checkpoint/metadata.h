@@ -9,6 +9,7 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,9 @@ struct ShardEntry {
   std::vector<int64_t> shape;
   int64_t element_offset = 0;
   int replicas = 1;
+  // XXH3-64 (checksum.h) of the whole stored tensor `key` in `file`, as written; checkpoints of
+  // fp8tron versions before checksums have none.
+  std::optional<uint64_t> checksum;
   Box box() const { return Box{offset, shape}; }
   bool operator==(const ShardEntry&) const = default;
 };
@@ -69,8 +73,22 @@ struct TensorEntry {
 
 using TensorTable = std::map<std::string, TensorEntry>;
 
+// Megatron's OptimizerParamScheduler state (the keys of its state_dict besides num_steps): what a
+// resumed run checks its own schedule against (--override-opt-param-scheduler,
+// --use-checkpoint-opt_param-scheduler). Steps count samples, as in Megatron.
+struct SchedulerState {
+  double max_lr = 0, min_lr = 0;
+  int64_t lr_warmup_steps = 0, lr_decay_steps = 0;
+  std::string lr_decay_style;  // Megatron's names: constant, linear, cosine, inverse-square-root, WSD
+  double start_wd = 0, end_wd = 0;
+  int64_t wd_incr_steps = 0;
+  std::string wd_incr_style;   // constant, linear, cosine
+  bool operator==(const SchedulerState&) const = default;
+};
+
 struct CheckpointMetadata {
   int format_version = kMetadataFormatVersion;
+  std::string fp8tron_version, fp8tron_commit;  // what wrote it ("" in older checkpoints)
   int64_t iteration = 0;
   bool release = false;
   int64_t consumed_train_samples = 0;
@@ -80,6 +98,7 @@ struct CheckpointMetadata {
   ParallelLayout parallel;
   std::map<std::string, std::string> args;
   int64_t lr_scheduler_num_steps = 0;
+  std::optional<SchedulerState> lr_scheduler;  // absent in checkpoints of older fp8tron versions
   LossScalerState loss_scaler;
   std::vector<RngState> rng;
   std::map<std::string, std::vector<float>> fp8;  // recipe state arrays by name

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "core/text.h"
 
 namespace fp8tron {
@@ -72,6 +73,14 @@ void check_model(const ck::CheckpointMetadata& m, const Config& c, const std::st
   for (const auto& f : model_fields(c.model)) {
     auto it = m.args.find("model." + f.key);
     if (it == m.args.end() || it->second == f.value) continue;
+    if (f.key == "padded_vocab_size") {
+      // Only padding differs (the vocabulary itself is checked on its own): the load trims or pads
+      // the embedding and output rows.
+      log::info(" > the checkpoint pads the vocabulary to " + it->second + " rows, this run to " + f.value +
+                " (--make-vocab-size-divisible-by x tensor-parallel size): the embedding and output-layer rows past "
+                "the vocabulary are trimmed or padded on load");
+      continue;
+    }
     differences.push_back(strprintf("%s is %s in the checkpoint but %s here (%s)", f.key.c_str(), it->second.c_str(),
                                     f.value.c_str(), f.flags.c_str()));
   }

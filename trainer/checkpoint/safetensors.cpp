@@ -18,6 +18,7 @@
 
 #include "core/error.h"
 #include "core/text.h"
+#include "trainer/checkpoint/checksum.h"
 
 static_assert(std::endian::native == std::endian::little,
               "safetensors stores little-endian data; a big-endian host would need byte swaps");
@@ -206,12 +207,14 @@ class StreamingWriter {
     }
   }
 
-  void append_filled(const std::function<void(uint64_t, void*, size_t)>& fill, uint64_t nbytes) {
+  // `sum` takes the bytes as they are filled in.
+  void append_filled(const std::function<void(uint64_t, void*, size_t)>& fill, uint64_t nbytes, Checksum64* sum) {
     uint64_t offset = 0;
     while (offset < nbytes) {
       if (used_ == capacity_) flush();
       size_t take = size_t(std::min<uint64_t>(capacity_ - used_, nbytes - offset));
       fill(offset, buffer_.get() + used_, take);
+      sum->update(buffer_.get() + used_, take);
       used_ += take;
       offset += take;
     }
@@ -261,6 +264,7 @@ WriteStats write_safetensors(const std::string& path, const std::vector<TensorTo
   const std::string partial = path + ".partial";
   FileWriter file(partial, options.fault, path);
   if (options.reserve_space) file.reserve(total);
+  std::vector<uint64_t> checksums(tensors.size(), checksum64(nullptr, 0));
   {
     StreamingWriter out(file, options);
     out.append(layout.header.data(), layout.header.size());
@@ -270,8 +274,11 @@ WriteStats write_safetensors(const std::string& path, const std::vector<TensorTo
       if (nbytes == 0) continue;
       if (t.data) {
         out.append(t.data, size_t(nbytes));
+        checksums[layout.order[k]] = checksum64(t.data, size_t(nbytes));
       } else {
-        out.append_filled(t.fill, nbytes);
+        Checksum64 sum;
+        out.append_filled(t.fill, nbytes, &sum);
+        checksums[layout.order[k]] = sum.digest();
       }
     }
     out.flush();
@@ -290,6 +297,7 @@ WriteStats write_safetensors(const std::string& path, const std::vector<TensorTo
   }
   WriteStats stats;
   stats.bytes = total;
+  stats.checksums = std::move(checksums);
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return stats;
 }

@@ -63,6 +63,8 @@ struct WriteOptions {
 struct WriteStats {
   uint64_t bytes = 0;    // file size
   double seconds = 0;    // wall time, fsync included
+  // Each tensor's checksum (checksum.h) over the bytes written, in the order of the input.
+  std::vector<uint64_t> checksums;
 };
 
 // Where every tensor goes: the header bytes exactly as written (length prefix, JSON, padding)

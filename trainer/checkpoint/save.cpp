@@ -1,18 +1,21 @@
 #include "trainer/checkpoint/save.h"
 
-#include <sys/stat.h>
-
 #include <algorithm>
+#include <map>
 #include <utility>
 
 #include "core/error.h"
 #include "core/log.h"
 #include "core/text.h"
+#include "core/version.h"
 #include "fp8/fp8_linear.h"
+#include "trainer/checkpoint/checksum.h"
+#include "trainer/checkpoint/fault_points.h"
 #include "trainer/checkpoint/model_identity.h"
 #include "trainer/checkpoint/rank_agreement.h"
 #include "trainer/checkpoint/rng_state.h"
 #include "trainer/checkpoint/saved_tensors.h"
+#include "trainer/checkpoint/scheduler_state.h"
 #include "trainer/checkpoint/sharded_io.h"
 #include "trainer/optim/loss_scaler.h"
 #include "trainer/optim/lr_schedule.h"
@@ -155,6 +158,59 @@ std::unique_ptr<RankShards> collect_shards(const TrainingState& s, SnapshotBuffe
   return out;
 }
 
+// The first saved tensor holding NaN or inf, by its checkpoint name (e.g.
+// "optimizer.state.exp_avg.decoder.layers.0.mlp.linear_fc1.weight"); "" when this rank's part of
+// the state is finite. One reduction per buffer; parameters are searched only when one fails.
+std::string first_nonfinite(const TrainingState& s, const std::vector<SaveSource>& sources) {
+  torch::NoGradGuard no_grad;
+  for (const SaveSource& src : sources) {
+    const torch::Tensor buffer = src.buffer.detach();
+    if (src.end <= src.begin || torch::isfinite(buffer.narrow(0, src.begin, src.end - src.begin)).all().item<bool>())
+      continue;
+    // The dense or the expert domain; the model weights span its whole buffer, the optimizer's
+    // buffers only this rank's shard with the distributed optimizer.
+    const OptimizerDomain& o = *s.optimizer.domains()[src.domain];
+    const int64_t base = src.prefix.empty() || !o.distributed() ? 0 : o.shard_begin();  // flat-buffer index of element 0
+    for (const Slot& slot : o.param_slots()) {
+      const int64_t lo = std::max(slot.offset, base + src.begin), hi = std::min(slot.offset + slot.numel, base + src.end);
+      if (lo < hi && !torch::isfinite(buffer.narrow(0, lo - base, hi - lo)).all().item<bool>()) return src.prefix + slot.name;
+    }
+    return src.prefix + "(padding)";
+  }
+  return "";
+}
+
+// Every stored tensor's checksum, as "key\tchecksum" lines (gathered to rank 0 at finalize).
+std::string checksum_lines(const std::vector<std::string>& keys, const std::vector<uint64_t>& checksums) {
+  FP8TRON_CHECK(keys.size() == checksums.size(), "one checksum per stored tensor");
+  std::string out;
+  for (size_t i = 0; i < keys.size(); ++i) out += keys[i] + "\t" + ck::checksum_hex(checksums[i]) + "\n";
+  return out;
+}
+
+// Rank 0: records each rank's checksums (`lines[rank]`) in the tensor table's shard entries.
+void add_checksums(ck::CheckpointMetadata& m, const std::vector<std::string>& lines) {
+  std::map<std::pair<std::string, std::string>, uint64_t> by_key;  // (file, key)
+  for (size_t rank = 0; rank < lines.size(); ++rank) {
+    const std::string file = ck::rank_file_name(int(rank));
+    size_t at = 0;
+    while (at < lines[rank].size()) {
+      const size_t tab = lines[rank].find('\t', at), end = lines[rank].find('\n', at);
+      FP8TRON_CHECK(tab != std::string::npos && end != std::string::npos && tab < end, "malformed checksum line");
+      const auto sum = ck::parse_checksum_hex(std::string_view(lines[rank]).substr(tab + 1, end - tab - 1));
+      FP8TRON_CHECK(sum.has_value(), "malformed checksum");
+      by_key[{file, lines[rank].substr(at, tab - at)}] = *sum;
+      at = end + 1;
+    }
+  }
+  for (auto& [name, tensor] : m.tensors)
+    for (auto& shard : tensor.shards) {
+      auto it = by_key.find({shard.file, shard.key});
+      FP8TRON_CHECK(it != by_key.end(), "no checksum for " + shard.key + " in " + shard.file);
+      shard.checksum = it->second;
+    }
+}
+
 // Rank 0's metadata for the checkpoint, from every rank's packed (tensor table, RNG states).
 ck::CheckpointMetadata build_metadata(const TrainingState& s, int64_t iteration, const std::vector<std::string>& packed) {
   ck::CheckpointMetadata m;
@@ -167,7 +223,10 @@ ck::CheckpointMetadata build_metadata(const TrainingState& s, int64_t iteration,
   m.parallel = layout_of(s);
   for (const auto& [name, value] : s.config.resolved_flags) m.args[name] = value;
   for (const auto& f : model_fields(s.config.model)) m.args["model." + f.key] = f.value;
+  m.fp8tron_version = fp8tron_version();
+  m.fp8tron_commit = fp8tron_commit();
   m.lr_scheduler_num_steps = s.schedule.num_steps();
+  m.lr_scheduler = scheduler_state(s.schedule.config());
   m.loss_scaler = ck::LossScalerState{s.scaler.scale(), s.scaler.growth_tracker(), s.scaler.hysteresis_tracker()};
   for (size_t rank = 0; rank < packed.size(); ++rank) {
     const auto fields = unpack(packed[rank]);
@@ -190,37 +249,41 @@ void fail_together(const ParallelState& p, const torch::Device& device, const ck
                                              (long long)target.iteration, target.save_dir.c_str()));
 }
 
-// Removes the committed checkpoint of `iteration` in `dir` (best effort: a failure is logged; a
-// symbolic link is left alone, as Megatron does).
-void delete_checkpoint(const std::string& dir, int64_t iteration) {
-  const std::string path = dir + "/" + ck::checkpoint_dir_name(iteration);
-  struct stat st {};
-  if (lstat(path.c_str(), &st) != 0) return;
-  if (S_ISLNK(st.st_mode)) {
-    log::info(strprintf("  skipping deleting checkpoint from iteration %7lld at %s since it is a symbolic link",
-                        (long long)iteration, dir.c_str()));
-    return;
+// Removes the committed checkpoint of `iteration` in `dir` (renamed aside first, so a kill cannot
+// leave half of it under its name; a failure is logged; a symbolic link is left alone, as
+// Megatron does).
+void delete_checkpoint(const std::string& dir, int64_t iteration, const std::string& token) {
+  switch (ck::delete_checkpoint(dir, iteration, token)) {
+    case ck::DeleteResult::kDeleted:
+      log::info(strprintf("  successfully deleted checkpoint from iteration %7lld at %s", (long long)iteration, dir.c_str()));
+      break;
+    case ck::DeleteResult::kSymlink:
+      log::info(strprintf("  skipping deleting checkpoint from iteration %7lld at %s since it is a symbolic link",
+                          (long long)iteration, dir.c_str()));
+      break;
+    case ck::DeleteResult::kMissing: break;
+    case ck::DeleteResult::kFailed:
+      log::warning(strprintf("could not delete all of the checkpoint of iteration %lld at %s (the next save retries)",
+                             (long long)iteration, dir.c_str()));
+      break;
   }
-  if (ck::remove_tree(path))
-    log::info(strprintf("  successfully deleted checkpoint from iteration %7lld at %s", (long long)iteration, dir.c_str()));
-  else
-    log::warning(strprintf("could not delete all of the checkpoint of iteration %lld at %s", (long long)iteration,
-                           dir.c_str()));
 }
 
-// Rank 0, once a save is committed. --save-retain-interval (Megatron's rule): the previous
-// latest checkpoint goes unless its iteration is a multiple of the interval. Non-persistent
-// checkpoints: every other one in their directory goes (the new one is complete by now).
+// Rank 0, once a save is committed: only then is anything deleted, and only checkpoints older
+// than the one just committed (a run resumed from an older one keeps the newer ones).
+// --save-retain-interval (Megatron's rule): the previous latest checkpoint goes unless its
+// iteration is a multiple of the interval. Non-persistent checkpoints: every older one in their
+// directory goes.
 void clean_up_after_commit(const CheckpointConfig& k, const PendingSave& save, std::optional<ck::Tracker> previous) {
   const ck::SaveTarget& t = save.target;
   if (save.non_persistent) {
     for (int64_t it : ck::list_checkpoint_iterations(t.save_dir))
-      if (it != t.iteration) delete_checkpoint(t.save_dir, it);
+      if (it < t.iteration) delete_checkpoint(t.save_dir, it, t.token);
     return;
   }
   if (k.save_retain_interval && previous && !previous->release && previous->iteration > 0 &&
-      previous->iteration != t.iteration && previous->iteration % *k.save_retain_interval != 0)
-    delete_checkpoint(t.save_dir, previous->iteration);
+      previous->iteration < t.iteration && previous->iteration % *k.save_retain_interval != 0)
+    delete_checkpoint(t.save_dir, previous->iteration, t.token);
 }
 
 }  // namespace
@@ -239,7 +302,8 @@ std::vector<SaveSource> save_sources(const TrainingState& s) {
       const auto [a, b] = o.distributed() ? std::pair<int64_t, int64_t>{0, buffer.numel()} : replica_part(s, o, buffer.numel());
       sources.push_back({prefix, buffer, a, b, di});
     };
-    if (model.scalar_type() != torch::kFloat32) add(kMainParamPrefix, o.main_params());
+    // fp32 model weights are the main weights, unless --fp8-param-gather made some FP8.
+    if (model.scalar_type() != torch::kFloat32 || o.byte_published()) add(kMainParamPrefix, o.main_params());
     for (const auto& [prefix, buffer] : optimizer_states(o, s.config.optimizer)) add(prefix, buffer);
   }
   return sources;
@@ -258,6 +322,11 @@ std::unique_ptr<PendingSave> prepare_save(const TrainingState& s, int64_t iterat
   log::info(strprintf("saving %scheckpoint at iteration %7lld to %s in fp8tron format", non_persistent ? "non-persistent " : "",
                       (long long)iteration, dir.c_str()));
   save->target = ck::SaveTarget{dir, iteration, false, agree_on_token(p, s.device)};
+  const std::string nonfinite = first_nonfinite(s, save_sources(s));
+  if (!nonfinite.empty())
+    save->error = strprintf("refusing to save the checkpoint of iteration %lld: '%s' holds NaN or inf (the run has "
+                            "diverged); the previous checkpoint stays the latest",
+                            (long long)iteration, nonfinite.c_str());
   const auto copy_start = Clock::now();
   save->shards = collect_shards(s, snapshot, &save->bytes_copied);
   save->copy_seconds = std::chrono::duration<double>(Clock::now() - copy_start).count();
@@ -272,19 +341,21 @@ std::unique_ptr<PendingSave> prepare_save(const TrainingState& s, int64_t iterat
     if (p.world_rank == 0) save->metadata = build_metadata(s, iteration, packed);
     ck::begin_save(save->target);
   } catch (const UserError& e) {
-    save->error = e.what();
+    if (save->error.empty()) save->error = e.what();
   }
   return save;
 }
 
-// Every rank's shard file (and rank 0's metadata) into the temporary directory. No collectives,
-// no torch: safe on a background thread.
+// Every rank's shard file into the temporary directory, with the checksum of each stored tensor.
+// No collectives, no torch: safe on a background thread.
 void write_shards(PendingSave& save) noexcept {
   if (!save.error.empty()) return;
   try {
-    const std::string dir = ck::temp_dir_path(save.target);
-    save.bytes = save.shards->writer.write(dir).bytes;
-    if (save.metadata) ck::write_metadata(dir, *save.metadata);
+    const ck::RankShardWriter& writer = save.shards->writer;
+    const ck::WriteStats stats = writer.write(ck::temp_dir_path(save.target));
+    save.bytes = stats.bytes;
+    save.checksums = checksum_lines(writer.keys(), stats.checksums);
+    ck::fault_point("save:shard-written");
   } catch (const std::exception& e) {
     save.error = e.what();
   }
@@ -295,6 +366,8 @@ void finalize_save(const TrainingState& s, PendingSave& save) {
   const ParallelState& p = s.parallel;
   save.shards.reset();
   fail_together(p, s.device, save.target, save.error);
+  // The metadata goes in last: it carries every rank's checksums, known once all files are written.
+  const std::vector<std::string> checksums = all_gather_strings(p, s.device, save.checksums);
   std::optional<ck::Tracker> previous;
   if (p.world_rank == 0) {
     try {
@@ -303,7 +376,15 @@ void finalize_save(const TrainingState& s, PendingSave& save) {
       // a garbage tracker is replaced by the commit; nothing to retain or delete
     }
     try {
+      add_checksums(*save.metadata, checksums);
+      ck::write_metadata(ck::temp_dir_path(save.target), *save.metadata);
+      ck::fault_point("save:metadata-written");
       ck::CommitOptions commit;
+      commit.hook = [](ck::CommitStep step) {
+        std::string name = std::string("commit:") + ck::commit_step_name(step);
+        std::replace(name.begin(), name.end(), ' ', '-');
+        ck::fault_point(name);
+      };
       for (int r = 0; r < p.sizes.world_size; ++r) commit.expected_files.push_back(ck::rank_file_name(r));
       commit.expected_files.push_back(ck::kMetadataFileName);
       commit.expected_file_count = int64_t(commit.expected_files.size());

@@ -7,7 +7,12 @@
 //
 // A save runs in three phases, which --async-save (async_saver.h) runs apart: prepare (host
 // copies, tensor tables, metadata; every rank together), write (each rank its shard file; no
-// collectives, no torch, safe on another thread), finalize (every rank agrees, rank 0 commits).
+// collectives, no torch, safe on another thread), finalize (every rank agrees, rank 0 adds every
+// rank's tensor checksums to the metadata, writes it and commits).
+//
+// A state holding NaN or inf (weights, fp32 main weights, optimizer moments) is never saved: the
+// save fails on every rank with a line naming the first such parameter, and the previous
+// checkpoint stays the latest.
 #pragma once
 #include <torch/torch.h>
 
@@ -53,6 +58,7 @@ struct PendingSave {
   std::unique_ptr<RankShards> shards;
   std::optional<checkpoint::CheckpointMetadata> metadata;  // rank 0
   std::string error;
+  std::string checksums;  // this rank's stored tensors as "key\tchecksum" lines, once written
   uint64_t bytes = 0;
   std::chrono::steady_clock::time_point start;
   int64_t bytes_copied = 0;  // into the snapshot buffers (asynchronous saves)

@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "core/text.h"
+#include "trainer/checkpoint/checksum.h"
 
 namespace fp8tron::checkpoint {
 
@@ -63,8 +64,40 @@ WriteStats RankShardWriter::write(const std::string& dir, const WriteOptions& op
                            {{"format", "pt"}}, options);
 }
 
-CheckpointReader::CheckpointReader(const CheckpointLocation& location)
-    : location_(location), metadata_(read_metadata(location.path)) {}
+std::vector<std::string> RankShardWriter::keys() const {
+  std::vector<std::string> out;
+  for (const auto& t : tensors_) out.push_back(t.name);
+  return out;
+}
+
+CheckpointReader::CheckpointReader(const CheckpointLocation& location, bool verify_checksums)
+    : location_(location), metadata_(read_metadata(location.path)), verify_checksums_(verify_checksums) {}
+
+bool CheckpointReader::has_checksums() const {
+  for (const auto& [name, t] : metadata_.tensors)
+    for (const auto& s : t.shards)
+      if (s.checksum) return true;
+  return false;
+}
+
+void CheckpointReader::verify(const SafetensorsFile& f, const TensorView& v, const ShardEntry& s,
+                              const std::string& name) {
+  if (!verify_checksums_ || !s.checksum || !verified_.insert({s.file, s.key}).second) return;
+  const uint64_t found = checksum64(v.data, size_t(v.nbytes));
+  if (found == *s.checksum) return;
+  const std::string parent = std::filesystem::path(location_.path).parent_path().string();
+  std::string others;
+  for (int64_t it : list_checkpoint_iterations(parent))
+    if (it != location_.iteration) others += (others.empty() ? "" : ", ") + std::to_string(it);
+  throw UserError(strprintf("checkpoint %s is corrupt: in %s, tensor '%s'%s does not match the checksum recorded "
+                            "when it was saved (xxh3 %s recorded, %s read); %s",
+                            location_.path.c_str(), f.path().c_str(), name.c_str(),
+                            s.key == name ? "" : (" (stored as '" + s.key + "')").c_str(),
+                            checksum_hex(*s.checksum).c_str(), checksum_hex(found).c_str(),
+                            others.empty() ? "restore the file from a copy"
+                                           : ("load another checkpoint with --ckpt-step (complete iterations: " +
+                                              others + ")").c_str()));
+}
 
 const SafetensorsFile& CheckpointReader::file(const std::string& name) {
   auto it = files_.find(name);
@@ -117,6 +150,7 @@ void CheckpointReader::read(const std::string& name, DType dtype, const Shape& g
                                 f.path().c_str(), s.key.c_str(), dtype_name(v.dtype),
                                 shape_string(v.shape).c_str(), dtype_name(t.dtype),
                                 (long long)(s.element_offset + box_volume(s.box()))));
+    verify(f, v, s, name);
     sources[op.source] = SourceArray{v.data + size_t(s.element_offset) * esize, s.shape};
   }
   execute_copies(ops, sources, dst, region.shape, esize);

@@ -10,6 +10,7 @@
 // files), after checking the tensor exists with the dtype and global shape the model expects.
 #pragma once
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,8 @@ class RankShardWriter {
 
   const std::string& file_name() const { return file_; }
   const TensorTable& table() const { return table_; }
+  // The stored tensors' keys, in the order of WriteStats::checksums.
+  std::vector<std::string> keys() const;
 
  private:
   std::string unique_key(const std::string& name);
@@ -58,8 +61,10 @@ class RankShardWriter {
 
 class CheckpointReader {
  public:
-  // Reads and validates <location.path>/fp8tron_checkpoint.json.
-  explicit CheckpointReader(const CheckpointLocation& location);
+  // Reads and validates <location.path>/fp8tron_checkpoint.json. With `verify_checksums`, every
+  // stored tensor a read() touches is hashed once and compared with the checksum its metadata
+  // entry records (a mismatch is a UserError naming the file and the tensor).
+  explicit CheckpointReader(const CheckpointLocation& location, bool verify_checksums = true);
 
   const CheckpointLocation& location() const { return location_; }
   const CheckpointMetadata& metadata() const { return metadata_; }
@@ -75,12 +80,20 @@ class CheckpointReader {
   // Drops the mappings of the shard files opened so far.
   void close_files() { files_.clear(); }
 
+  // Whether the metadata records checksums (checkpoints of older fp8tron versions do not), and
+  // how many stored tensors read() verified so far.
+  bool has_checksums() const;
+  int64_t tensors_verified() const { return int64_t(verified_.size()); }
+
  private:
   const SafetensorsFile& file(const std::string& name);
+  void verify(const SafetensorsFile& f, const TensorView& v, const ShardEntry& s, const std::string& name);
 
   CheckpointLocation location_;
   CheckpointMetadata metadata_;
+  bool verify_checksums_ = true;
   std::map<std::string, SafetensorsFile> files_;
+  std::set<std::pair<std::string, std::string>> verified_;  // (file, key)
 };
 
 }  // namespace fp8tron::checkpoint

@@ -5,10 +5,40 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/text.h"
 #include "trainer/checkpoint/checkpoint_dir.h"
 #include "trainer/checkpoint/metadata.h"
 
 namespace fp8tron {
+
+namespace {
+
+// Megatron's _set_arg('padded_vocab_size'): the model keeps the checkpoint's padded vocabulary
+// unless --padded-vocab-size is given, or this run's tensor-parallel size cannot split it (then
+// this run pads its own and the load trims or pads the rows past the vocabulary).
+void carry_padded_vocab(FlagValues& flags, const checkpoint::CheckpointMetadata& metadata) {
+  auto it = metadata.args.find("model.padded_vocab_size");
+  if (flags.given("padded-vocab-size") || it == metadata.args.end()) return;
+  int64_t padded = 0;
+  try {
+    padded = std::stoll(it->second);
+  } catch (const std::exception&) {
+    return;
+  }
+  const int64_t tp = flags.get_int("tensor-model-parallel-size");
+  if (padded <= 0 || tp <= 0) return;
+  if (padded % tp != 0) {
+    log::info(strprintf(" > the checkpoint's padded vocabulary (%lld rows) does not split over "
+                        "--tensor-model-parallel-size %lld: this run pads its own, and the rows past the vocabulary are "
+                        "trimmed or padded on load",
+                        (long long)padded, (long long)tp));
+    return;
+  }
+  log::info("Setting padded_vocab_size to " + it->second + " from checkpoint");
+  flags.set("padded-vocab-size", {it->second});
+}
+
+}  // namespace
 
 void apply_checkpoint_args(FlagValues& flags) {
   if (!flags.get_bool("use-checkpoint-args")) return;
@@ -63,6 +93,7 @@ void apply_checkpoint_args(FlagValues& flags) {
     log::info("Setting " + key + " to " + value + " from checkpoint");
     flags.set(name, values);
   }
+  carry_padded_vocab(flags, metadata);
 }
 
 }  // namespace fp8tron

@@ -11,7 +11,9 @@
 #include "fp8/recipe.h"
 #include "parallel/pipeline_layout.h"
 #include "trainer/cli/model_variant_args.h"
+#include "trainer/checkpoint/fault_points.h"
 #include "trainer/cli/moe_args.h"
+#include "trainer/cli/tp_overlap_args.h"
 
 namespace fp8tron {
 namespace {
@@ -86,6 +88,17 @@ ModelConfig build_model(const FlagValues& f, int tp, int64_t vocab_size) {
   const int64_t divisible_by = f.get_int("make-vocab-size-divisible-by");
   if (divisible_by <= 0) throw UserError("--make-vocab-size-divisible-by must be positive");
   m.padded_vocab_size = padded_vocab_size(m.vocab_size, divisible_by, tp);
+  if (const auto padded = f.opt_int("padded-vocab-size")) {
+    // Megatron: given, it is the model's vocabulary as is (--use-checkpoint-args takes the checkpoint's).
+    if (*padded < m.vocab_size)
+      throw UserError(strprintf("--padded-vocab-size (%lld) is smaller than the tokenizer's vocabulary (%lld)",
+                                (long long)*padded, (long long)m.vocab_size));
+    if (*padded % tp != 0)
+      throw UserError(strprintf("--padded-vocab-size (%lld) is not divisible by --tensor-model-parallel-size (%d): drop "
+                                "it to pad to a multiple of --make-vocab-size-divisible-by x %d (%lld)",
+                                (long long)*padded, tp, tp, (long long)m.padded_vocab_size));
+    m.padded_vocab_size = *padded;
+  }
   m.seed = uint64_t(f.get_int("seed"));
   build_model_variants(f, m);
   return m;
@@ -97,6 +110,7 @@ PrecisionConfig build_precision(const FlagValues& f) {
   if (bf16 && fp16) throw UserError("--bf16 and --fp16 cannot be used together; choose one");
   p.params_dtype = bf16 ? ParamDtype::Bf16 : fp16 ? ParamDtype::Fp16 : ParamDtype::Fp32;
   // Megatron forces fp32 gradient accumulation and reduction for bf16.
+  p.gradient_accumulation_fusion = !f.get_bool("no-gradient-accumulation-fusion");
   p.grads_in_fp32 = p.params_dtype == ParamDtype::Fp32 || bf16 || f.get_bool("accumulate-allreduce-grads-in-fp32");
   p.static_loss_scale = f.opt_float("loss-scale");
   p.initial_loss_scale = f.get_float("initial-loss-scale");
@@ -110,7 +124,11 @@ PrecisionConfig build_precision(const FlagValues& f) {
 Fp8Config build_fp8(const FlagValues& f, const ModelConfig& m, const PrecisionConfig& p, bool gpu) {
   Fp8Config c;
   const std::string format = f.get_string("fp8-format");
-  if (format.empty()) return c;
+  if (format.empty()) {
+    if (f.get_bool("fp8-param-gather"))
+      throw UserError("--fp8-param-gather keeps the FP8 linears' weights in FP8: it needs --fp8-format");
+    return c;
+  }
   if (!m.transformer_engine_modules)
     throw UserError("--fp8-format needs --transformer-impl transformer_engine (the local modules are plain bf16)");
   if (gpu && p.params_dtype != ParamDtype::Bf16)
@@ -132,6 +150,7 @@ Fp8Config build_fp8(const FlagValues& f, const ModelConfig& m, const PrecisionCo
   }
   c.min_features = f.get_int("fp8-min-features");
   c.grouped_gemm_fp8 = !f.get_bool("no-use-gmm-fp8");
+  c.param_gather = f.get_bool("fp8-param-gather");
   if (c.min_features < 0) throw UserError("--fp8-min-features must be >= 0");
   return c;
 }
@@ -191,6 +210,36 @@ std::vector<std::pair<int64_t, int64_t>> parse_step_schedule(const std::string& 
   if (out.empty()) throw UserError("--step-batch-size-schedule needs at least one THRESHOLD:BATCH_SIZE entry");
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   return out;
+}
+
+// Megatron's loss and gradient checks; `warnings` gets Megatron's notice when fp16's dynamic loss
+// scale turns the NaN check off.
+NumericsChecks build_numerics(const FlagValues& f, const PrecisionConfig& p, std::vector<std::string>& warnings) {
+  NumericsChecks n;
+  if (f.get_bool("check-for-nan-in-loss-and-grad") && f.get_bool("no-check-for-nan-in-loss-and-grad"))
+    throw UserError("--check-for-nan-in-loss-and-grad and --no-check-for-nan-in-loss-and-grad contradict each other; give one");
+  n.nan_in_loss_and_grad = !f.get_bool("no-check-for-nan-in-loss-and-grad");
+  if (n.nan_in_loss_and_grad && p.params_dtype == ParamDtype::Fp16 && !p.static_loss_scale) {
+    // Megatron: overflows are the dynamic loss scaler's signal, skipped and counted.
+    n.nan_in_loss_and_grad = false;
+    warnings.push_back("Setting args.check_for_nan_in_loss_and_grad to False since dynamic loss scaling is being used");
+  }
+  n.spiky_loss = f.get_bool("check-for-spiky-loss");
+  n.large_grads = f.get_bool("check-for-large-grads");
+  if (const std::string spec = f.get_string("fp8tron-test-inject-nan"); !spec.empty()) {
+    const size_t colon = spec.find(':');
+    int64_t iteration = 0;
+    try {
+      size_t used = 0;
+      iteration = std::stoll(spec.substr(0, colon), &used);
+      if (used != spec.substr(0, colon).size()) iteration = 0;
+    } catch (const std::exception&) {
+    }
+    if (iteration <= 0) throw UserError("--fp8tron-test-inject-nan " + spec + ": expected ITER[:PARAM] with ITER >= 1");
+    n.test_nan_iteration = iteration;
+    if (colon != std::string::npos) n.test_nan_param = spec.substr(colon + 1);
+  }
+  return n;
 }
 
 TrainingConfig build_training(const FlagValues& f, int dp) {
@@ -553,7 +602,20 @@ DistributedConfig build_distributed(const FlagValues& f, const ParallelSizes& p)
   if (d.bucket_numel <= 0) throw UserError("--ddp-bucket-size must be positive");
   d.timeout_minutes = int(f.get_int("distributed-timeout-minutes"));
   if (d.timeout_minutes <= 0) throw UserError("--distributed-timeout-minutes must be positive");
+  d.hang_report_seconds = int(f.get_int("hang-report-seconds"));
+  if (d.hang_report_seconds <= 0) throw UserError("--hang-report-seconds must be positive");
+  d.overlap_p2p_warmup_flush = f.get_bool("overlap-p2p-communication-warmup-flush");
   return d;
+}
+
+// Megatron: p2p overlap exists in the interleaved schedule only; elsewhere it is switched off,
+// with a warning when there is a pipeline at all.
+void resolve_p2p_overlap(DistributedConfig& d, const ParallelSizes& p, std::vector<std::string>& notices) {
+  if (d.virtual_stages > 1) return;
+  if (d.overlap_p2p && p.pp > 1)
+    notices.push_back("pipeline p2p overlap (--no-overlap-p2p-communication not given) is switched off: the "
+                      "non-interleaved schedule does not overlap p2p communication (Megatron)");
+  d.overlap_p2p = false;
 }
 
 // Megatron's --exit-signal names; SIGKILL and SIGSTOP cannot be caught.
@@ -616,6 +678,22 @@ CheckpointConfig build_checkpoint(const FlagValues& f, std::vector<std::string>&
   k.async_save = f.get_bool("async-save");
   k.fully_parallel_save = !f.get_bool("no-ckpt-fully-parallel-save");
   k.dist_ckpt_strictness = f.get_string("dist-ckpt-strictness");
+  if (f.get_bool("verify-integrity") && f.get_bool("no-verify-integrity"))
+    throw UserError("--verify-integrity and --no-verify-integrity contradict each other; give one");
+  k.verify_checksums = !f.get_bool("no-verify-integrity");
+  k.override_opt_param_scheduler = f.get_bool("override-opt-param-scheduler") || f.get_bool("override-opt_param-scheduler");
+  k.use_checkpoint_opt_param_scheduler =
+      f.get_bool("use-checkpoint-opt-param-scheduler") || f.get_bool("use-checkpoint-opt_param-scheduler");
+  if (k.override_opt_param_scheduler && k.use_checkpoint_opt_param_scheduler)
+    throw UserError("both override and use-checkpoint are set: --override-opt-param-scheduler and "
+                    "--use-checkpoint-opt_param-scheduler choose opposite schedules; give one");
+  k.test_kill_at = f.get_string("fp8tron-test-kill-at");
+  if (!k.test_kill_at.empty()) {
+    const std::string name = k.test_kill_at.substr(0, k.test_kill_at.find('@'));
+    const auto& names = checkpoint::fault_point_names();
+    if (std::find(names.begin(), names.end(), name) == names.end())
+      throw UserError("--fp8tron-test-kill-at " + k.test_kill_at + ": unknown point; known points: " + join(names, ", "));
+  }
   k.exit_signal_handler = f.get_bool("exit-signal-handler");
   k.exit_signal_name = f.get_string("exit-signal");
   k.exit_signal = signal_number(k.exit_signal_name);
@@ -659,6 +737,7 @@ Config build_config(const FlagValues& flags, const LaunchEnv& launch, bool gpu_a
                                      int(flags.opt_int("expert-tensor-parallel-size").value_or(tp)),
                                      flags.get_bool("use-tp-pp-dp-mapping"));
   c.distributed = build_distributed(flags, c.parallel);
+  resolve_p2p_overlap(c.distributed, c.parallel, c.hint_warnings);
   c.checkpoint = build_checkpoint(flags, c.hint_warnings);
   const DataWithVocab data = build_data(flags, tokenizer, c.notices, c.hint_warnings);
   c.data = data;
@@ -674,6 +753,7 @@ Config build_config(const FlagValues& flags, const LaunchEnv& launch, bool gpu_a
   if (c.training.rampup)
     c.notices.push_back("--rampup-batch-size: the batch grows as in Megatron-LM before April 2026 (the newest Megatron-LM "
                         "deprecates the flag and trains at --global-batch-size from the start)");
+  c.training.numerics = build_numerics(flags, c.precision, c.hint_warnings);
   c.optimizer = build_optimizer(flags);
   c.lr_schedule = build_lr_schedule(flags, c.optimizer, c.training, c.hint_warnings);
 
@@ -688,6 +768,7 @@ Config build_config(const FlagValues& flags, const LaunchEnv& launch, bool gpu_a
   c.logging.log_validation_ppl_to_tensorboard = flags.get_bool("log-validation-ppl-to-tensorboard");
   c.logging.log_memory_to_tensorboard = flags.get_bool("log-memory-to-tensorboard");
   c.logging.log_world_size_to_tensorboard = flags.get_bool("log-world-size-to-tensorboard");
+  c.logging.log_fp8_stats_to_tensorboard = flags.get_bool("log-fp8-stats-to-tensorboard");
   c.profiling.enabled = flags.get_bool("profile");
   c.profiling.step_start = flags.get_int("profile-step-start");
   c.profiling.step_end = flags.get_int("profile-step-end");
@@ -708,10 +789,13 @@ Config build_config(const FlagValues& flags, const LaunchEnv& launch, bool gpu_a
     throw UserError("--device cuda: no CUDA GPU is visible to this process (use --device cpu)");
   c.precision.fp8 = build_fp8(flags, c.model, c.precision, c.device == "cuda");
   c.model.moe.expert_gemm_fp8 = c.precision.fp8.grouped_gemm_fp8;
+  c.distributed.tp_overlap = build_tp_overlap(flags, tp, c.precision.fp8.enabled(), c.hint_warnings);
 
   for (const auto& spec : flag_table())
-    if (spec.support == Support::Yes || flags.given(spec.name)) c.resolved_flags.emplace_back(spec.name, format_value(spec, flags));
+    if ((spec.support == Support::Yes && !is_test_flag(spec)) || flags.given(spec.name))
+      c.resolved_flags.emplace_back(spec.name, format_value(spec, flags));
   validate_config(c, flags);
+  for (auto& warning : inert_flag_warnings(c, flags)) c.hint_warnings.push_back(std::move(warning));
   return c;
 }
 

@@ -32,6 +32,11 @@ PipelineSplit pipeline_split(const Config& config);
 // Named validation rules over the built config (trainer/cli/validation.cpp).
 void validate_config(const Config& config, const FlagValues& flags);
 
+// One warning per group of given flags that do nothing in this combination (e.g.
+// --sequence-parallel without tensor parallelism, FP8 settings without --fp8-format;
+// trainer/cli/inert_flags.cpp). build_config appends them to Config::hint_warnings.
+std::vector<std::string> inert_flag_warnings(const Config& config, const FlagValues& flags);
+
 // Throws the UserError a run with this config gets when it uses a flag whose feature has not
 // landed ("not supported yet: --flag (feature)"). Training calls it before anything is built, and
 // --dry-run after printing the plan, so a dry run fails exactly when the real run would.

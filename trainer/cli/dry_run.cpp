@@ -88,6 +88,7 @@ std::string format_plan(const Config& c) {
      << human_bytes(mem.activations_paper) << " by the paper's formula, attention scores stored)\n";
   os << "  logits + loss      " << human_bytes(mem.logits) << "\n";
   os << "  total              " << human_bytes(mem.total()) << "\n";
+  if (c.distributed.tp_overlap.enabled()) os << c.distributed.tp_overlap.describe() << "\n";
   if (!c.not_supported_yet.empty()) {
     os << "not supported yet (training refuses to start with these; the figures above ignore them):\n";
     for (const auto& f : c.not_supported_yet) os << "  " << f << "\n";

@@ -83,6 +83,7 @@ const std::vector<FlagSpec>& flag_table() {
       {"adam-beta2", K::Float, "0.999", S::Yes, "", "", "Adam beta2."},
       {"adam-eps", K::Float, "1e-08", S::Yes, "", "", "Adam epsilon."},
       {"sgd-momentum", K::Float, "0.9", S::Yes, "", "", "SGD momentum."},
+      {"check-for-nan-in-loss-and-grad", K::Bool, "", S::Yes, "", "", "Stop at the first iteration whose loss or gradient norm is NaN or inf, naming the first parameter whose gradient is not finite (on by default, as in Megatron, which has only the --no- form; off with fp16's dynamic loss scale)."},
 
       // ---- mixed precision ---------------------------------------------------------------------------
       {"bf16", K::Bool, "", S::Yes, "", "", "bf16 parameters and compute, fp32 main weights and gradient accumulation."},
@@ -92,6 +93,8 @@ const std::vector<FlagSpec>& flag_table() {
       {"min-loss-scale", K::Float, "1.0", S::Yes, "", "", "Minimum dynamic loss scale."},
       {"loss-scale-window", K::Float, "1000", S::Yes, "", "", "Iterations without overflow before the loss scale doubles."},
       {"hysteresis", K::Int, "2", S::Yes, "", "", "Overflows tolerated before the loss scale halves."},
+      {"no-gradient-accumulation-fusion", K::Bool, "", S::Yes, "", "",
+       "Do not fuse gradient accumulation into the weight-gradient GEMM (dW is written in the weight's dtype and added to the fp32 main gradient separately)."},
       {"accumulate-allreduce-grads-in-fp32", K::Bool, "", S::Yes, "", "", "Accumulate and all-reduce gradients in fp32 (always on with --bf16)."},
 
       // ---- validation and logging --------------------------------------------------------------------
@@ -108,6 +111,7 @@ const std::vector<FlagSpec>& flag_table() {
       {"log-validation-ppl-to-tensorboard", K::Bool, "", S::Yes, "", "", "Write validation perplexity to TensorBoard."},
       {"log-memory-to-tensorboard", K::Bool, "", S::Yes, "", "", "Enable memory logging to tensorboard."},
       {"log-world-size-to-tensorboard", K::Bool, "", S::Yes, "", "", "Enable world size logging to tensorboard."},
+      {"log-fp8-stats-to-tensorboard", K::Bool, "", S::Yes, "", "", "fp8tron: every --tensorboard-log-interval iterations, write each FP8 linear's per-tensor amax and underflow/overflow counts (fp8/<layer>/<tensor>/...)."},
       {"no-log-loss-scale-to-tensorboard", K::Bool, "", S::Yes, "", "", "Disable loss-scale logging to tensorboard."},
       {"disable-log-loss-scale-to-tensorboard", K::Bool, "", S::Yes, "", "", "Disable loss-scale logging to tensorboard."},
       {"start-eval-at-iter", K::Int, "", S::Yes, "", "", "Start evaluation only after this iteration."},
@@ -137,6 +141,7 @@ const std::vector<FlagSpec>& flag_table() {
       {"distributed-backend", K::String, "nccl", S::Yes, "", "nccl|gloo", "Collective backend: NCCL on GPUs (fp8tron uses MPI for CPU runs; gloo is refused)."},
       {"distributed-timeout-minutes", K::Int, "10", S::Yes, "", "", "Timeout of collective operations."},
       {"ddp-bucket-size", K::Int, "", S::Yes, "", "", "Gradient bucket size (elements)."},
+      {"hang-report-seconds", K::Int, "90", S::Yes, "", "", "fp8tron: report a collective that has not completed after this many seconds, naming the group, the operation, the ranks that did not arrive and every rank's last finished iteration (--distributed-timeout-minutes still ends the job)."},
 
       // ---- mixture of experts (models/moe/, docs/moe.md) ---------------------------------------------
       {"num-experts", K::Int, "", S::Yes, "", "", "Number of experts per MoE layer (unset or 0: a dense model)."},
@@ -181,7 +186,17 @@ const std::vector<FlagSpec>& flag_table() {
       {"first-last-layers-bf16", K::Bool, "", S::Yes, "", "", "Keep the first and last transformer layers' linears in bf16."},
       {"num-layers-at-start-in-bf16", K::Int, "1", S::Yes, "", "", "Layers at the start kept in bf16 (with --first-last-layers-bf16)."},
       {"num-layers-at-end-in-bf16", K::Int, "1", S::Yes, "", "", "Layers at the end kept in bf16 (with --first-last-layers-bf16)."},
-      {"fp8-param-gather", K::Bool, "", S::NotYet, kFp8, "", "Keep parameters in FP8 and all-gather them in FP8."},
+      {"fp8-param-gather", K::Bool, "", S::Yes, "", "", "Keep the FP8 linears' weights in FP8: the distributed optimizer casts its fp32 shards to FP8 and all-gathers FP8 (delayed and tensorwise recipes; needs --use-distributed-optimizer)."},
+
+      // ---- tensor-parallel communication overlap (docs/overlap.md) --------------------------------------
+      {"tp-comm-overlap-disable-qkv", K::Bool, "", S::Yes, "", "", "fp8tron extension named after Megatron's tp_comm_overlap_disable_qkv config field (no flag in Megatron): with --tp-comm-overlap, no all-gather/reduce-scatter overlap in qkv's forward and dgrad (bulk overlaps stay)."},
+      {"tp-comm-overlap-disable-fc1", K::Bool, "", S::Yes, "", "", "fp8tron extension named after Megatron's tp_comm_overlap_disable_fc1 config field (no flag in Megatron): with --tp-comm-overlap, no all-gather/reduce-scatter overlap in fc1's forward and dgrad (bulk overlaps stay)."},
+      {"use-ascend-mc2", K::Bool, "", S::Yes, "", "", "MindSpeed: fused all-gather+matmul / matmul+reduce-scatter in the tensor-parallel linears; on NVIDIA GPUs the --tp-comm-overlap schedule (plus the output layer). Needs --sequence-parallel."},
+      {"use-ascend-coc", K::Bool, "", S::Yes, "", "", "MindSpeed communication-over-computation: each tensor-parallel collective split into --coc-parallel-num pieces overlapped with the GEMMs. Needs --sequence-parallel."},
+      {"coc-parallel-num", K::Int, "1", S::Yes, "", "1|2|4|8", "MindSpeed: pieces per GEMM with --use-ascend-coc."},
+      {"coc-mode", K::Int, "-1", S::Yes, "", "-1|0|1|2", "MindSpeed: -1 auto (0 with one piece, else 2), 0 original linears, 1 rewritten linears without splitting, 2 CoC."},
+      {"coc-fused-kernel", K::Bool, "", S::Yes, "", "", "MindSpeed: Ascend's fused CoC kernels; on NVIDIA GPUs the ring-exchange schedule of --use-ascend-mc2 (--coc-parallel-num unused)."},
+      {"overlap-p2p-communication", K::Bool, "", S::Yes, "", "", "Older Megatron's spelling: overlap pipeline p2p communication with computation (the default now; no effect)."},
 
       // ---- data ------------------------------------------------------------------------------
       {"data-path", K::StringList, "", S::Yes, "", "", "Dataset prefixes, optionally weighted: [w1] p1 [w2] p2 ..."},
@@ -212,9 +227,14 @@ const std::vector<FlagSpec>& flag_table() {
       {"exit-signal-handler", K::Bool, "", S::Yes, "", "", "Save and exit cleanly on SIGTERM (--exit-signal)."},
       {"async-save", K::Bool, "", S::Yes, "", "", "Save checkpoints asynchronously: training waits only for the copy to host memory."},
       {"use-checkpoint-args", K::Bool, "", S::Yes, "", "", "Take the model arguments from the checkpoint --load names (the parallel layout stays this run's)."},
+      {"no-verify-integrity", K::Bool, "", S::Yes, "", "", "fp8tron: do not verify checkpoint tensors against their checksums on load."},
       {"ckpt-format", K::String, "torch_dist", S::Yes, "", "torch|torch_dist|zarr|fsdp_dtensor", "Accepted for Megatron compatibility; fp8tron always uses its own format (safetensors shards + JSON metadata)."},
 
 #include "trainer/cli/flag_table_megatron.inc"
+
+      // ---- for fp8tron's own tests only (hidden from --help and the argument list) -----------------
+      {"fp8tron-test-kill-at", K::String, "", S::Yes, "", "", "TESTS ONLY: SIGKILL this process at the named checkpoint step, NAME[@HIT] (trainer/checkpoint/fault_points.h)."},
+      {"fp8tron-test-inject-nan", K::String, "", S::Yes, "", "", "TESTS ONLY: ITER[:PARAM]: at iteration ITER make the loss (or PARAM's gradient) NaN."},
   };
   return table;
 }
@@ -228,6 +248,8 @@ const FlagSpec* find_flag(const std::string& name) {
   auto it = index.find(name);
   return it == index.end() ? nullptr : it->second;
 }
+
+bool is_test_flag(const FlagSpec& spec) { return std::string(spec.name).rfind("fp8tron-test-", 0) == 0; }
 
 std::vector<std::string> all_flag_names() {
   std::vector<std::string> names;

@@ -37,5 +37,8 @@ struct FlagSpec {
 const std::vector<FlagSpec>& flag_table();
 const FlagSpec* find_flag(const std::string& name);
 std::vector<std::string> all_flag_names();
+// The hidden flags of fp8tron's own test suites (--fp8tron-test-*): accepted, but not listed by
+// --help nor among the arguments a run prints and saves unless given.
+bool is_test_flag(const FlagSpec& spec);
 
 }  // namespace fp8tron

@@ -137,8 +137,9 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
   CLI::App app{"fp8tron: Megatron-style GPT trainer", "fp8tron"};
   app.set_help_flag();  // we print our own usage
   app.allow_extras();
-  bool help = false;
+  bool help = false, version = false;
   app.add_flag("-h,--help", help);
+  app.add_flag("--version", version);
 
   // CLI11 parses; the flag table defines what exists. Storage per flag as raw strings.
   std::map<std::string, std::vector<std::string>> raw;
@@ -165,6 +166,7 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
     throw UserError("unexpected argument '" + extra + "' (values follow their flag, e.g. --num-layers 12)");
   }
   result.help_requested = help;
+  result.version_requested = version;
 
   for (const auto& spec : flag_table()) {
     if (options[spec.name]->count() == 0) continue;
@@ -233,7 +235,7 @@ std::string usage_text() {
   os << "usage: fp8tron [--config FILE.json] [--flag value ...]\n"
         "Megatron-LM's flags with Megatron's names and defaults. Implemented flags:\n";
   for (const auto& f : flag_table()) {
-    if (f.support != Support::Yes) continue;
+    if (f.support != Support::Yes || is_test_flag(f)) continue;
     std::string left = std::string("  --") + f.name;
     if (f.kind != FlagKind::Bool) left += *f.choices ? " {" + std::string(f.choices) + "}" : " VALUE";
     os << left << (left.size() < 44 ? std::string(44 - left.size(), ' ') : "\n" + std::string(44, ' ')) << f.help;

@@ -36,10 +36,11 @@ class FlagValues {
 
 // Parses argv (argv[0] is the program). Throws UserError for unknown flags (with a suggestion),
 // missing or malformed values, values outside a flag's choices and bad --config files.
-// `--help` is reported through `help_requested`.
+// `--help` and `--version` are reported through `help_requested` and `version_requested`.
 struct ParsedCommandLine {
   FlagValues values;
   bool help_requested = false;
+  bool version_requested = false;  // --version
 };
 ParsedCommandLine parse_command_line(int argc, const char* const* argv);
 

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/text.h"
 #include "core/config/batch_schedule.h"
+#include "fp8/recipe.h"
 #include "parallel/layer_split.h"
 #include "parallel/pipeline_layout.h"
 #include "trainer/cli/config_builder.h"
@@ -21,6 +22,52 @@ struct Rule {
 };
 
 std::string ll(int64_t v) { return std::to_string(v); }
+
+// Which flag chose the tensor-parallel overlap ("" for none), for messages.
+std::string overlap_flag(const FlagValues& f) {
+  if (f.get_bool("tp-comm-overlap")) return "--tp-comm-overlap";
+  if (f.get_bool("use-ascend-mc2")) return "--use-ascend-mc2";
+  if (f.get_bool("use-ascend-coc")) return "--use-ascend-coc";
+  return "";
+}
+
+// Tokens each tensor-parallel rank holds per micro-batch under sequence parallelism.
+int64_t local_tokens(const Config& c) {
+  return c.model.seq_length * c.training.micro_batch_size / std::max(1, c.parallel.tp);
+}
+
+// The split of a pipelined reduce-scatter (output columns = hidden size) or of CoC's all-gather
+// pieces (tokens) must be whole, and FP8 chunks must be valid FP8 GEMM operands.
+std::string check_overlap_split(const Config& c, TpGemm g) {
+  const GemmOverlap& o = c.distributed.tp_overlap.gemm(g);
+  if (o.method != OverlapMethod::kPipeline) return "";
+  const bool coc = c.distributed.tp_overlap.source == TpOverlapSource::kCoc;
+  const std::string what = coc ? "--coc-parallel-num " + ll(o.num_splits)
+                               : std::string(tp_gemm_name(g)) + "'s pipeline num_splits " + ll(o.num_splits) +
+                                     " (Transformer Engine's default is 4; --tp-comm-overlap-cfg sets it)";
+  const bool gathers = g == TpGemm::kQkvFprop || g == TpGemm::kFc1Fprop || g == TpGemm::kProjDgrad || g == TpGemm::kFc2Dgrad;
+  const auto& fp8 = c.precision.fp8;
+  if (gathers) {  // CoC pieces of each rank's tokens
+    const int64_t rows = local_tokens(c);
+    if (rows % o.num_splits != 0)
+      return what + " does not divide the " + ll(rows) + " tokens each tensor-parallel rank holds (--seq-length x "
+             "--micro-batch-size / --tensor-model-parallel-size); pieces must be equal";
+    if (fp8.enabled() && (rows / o.num_splits) % 16 != 0)
+      return what + ": with FP8 each piece of " + ll(rows / o.num_splits) + " tokens is an FP8 GEMM operand and needs a "
+             "multiple of 16 tokens; use fewer pieces or change --seq-length or --micro-batch-size";
+    return "";
+  }
+  const int64_t cols = c.model.hidden_size;  // proj/fc2 outputs and qkv/fc1 dgrad outputs are hidden-wide
+  if (cols % o.num_splits != 0)
+    return what + " does not divide the hidden size " + ll(cols) + " (the output columns the pipeline splits)";
+  if (fp8.enabled() && (cols / o.num_splits) % 16 != 0)
+    return what + ": with FP8 each split of " + ll(cols / o.num_splits) + " columns is an FP8 GEMM operand and needs a "
+           "multiple of 16; use fewer splits";
+  if (fp8.enabled() && fp8::recipe_kind(*fp8.recipe) == fp8::RecipeKind::kBlockwise && (cols / o.num_splits) % 128 != 0)
+    return what + ": with --fp8-recipe blockwise each split of " + ll(cols / o.num_splits) + " columns must hold whole "
+           "128x128 weight blocks (a multiple of 128); use fewer splits or method ring_exchange";
+  return "";
+}
 
 const std::vector<Rule>& rules() {
   static const std::vector<Rule> table = {
@@ -313,6 +360,88 @@ const std::vector<Rule>& rules() {
            return e.what();
          }
          return "";
+       }},
+      {"tensor-parallel overlap needs sequence parallelism",
+       [](const Config& c, const FlagValues& f) -> std::string {
+         const std::string flag = overlap_flag(f);
+         const bool sp = c.distributed.sequence_parallel && c.parallel.tp > 1;
+         if (flag.empty() || sp) return "";
+         if (flag == "--tp-comm-overlap")
+           return "--tp-comm-overlap: tensor parallel communication/GEMM overlap can happen only when sequence "
+                  "parallelism is enabled (Megatron); add --sequence-parallel with --tensor-model-parallel-size > 1";
+         if (flag == "--use-ascend-mc2")
+           return "--use-ascend-mc2 requires both --tensor-model-parallel-size greater than 1 and --sequence-parallel "
+                  "(MindSpeed)";
+         return "--use-ascend-coc needs --sequence-parallel with --tensor-model-parallel-size > 1: fp8tron pipelines the "
+                "sequence-parallel all-gather and reduce-scatter (MindSpeed's all-reduce variant without it is not "
+                "implemented)";
+       }},
+      {"deterministic mode without tensor-parallel overlap",
+       [](const Config& c, const FlagValues& f) -> std::string {
+         const std::string flag = overlap_flag(f);
+         if (!c.training.deterministic || flag.empty()) return "";
+         return "--deterministic-mode requires tp_comm_overlap=False (Megatron); drop " + flag +
+                (flag == "--tp-comm-overlap" ? "" : " (it runs the same overlapped schedule)");
+       }},
+      {"mc2 and coc without experts",
+       [](const Config&, const FlagValues& f) -> std::string {
+         if (!f.opt_int("num-experts").value_or(0)) return "";
+         if (f.get_bool("use-ascend-mc2") || f.get_bool("use-ascend-coc"))
+           return "--use-ascend-mc2/--use-ascend-coc: mc2/coc is not compatible with moe models (MindSpeed); use "
+                  "--tp-comm-overlap, which leaves the experts' GEMMs unoverlapped as Megatron does";
+         return "";
+       }},
+      {"tensor-parallel overlap beside the shared expert's side stream",
+       [](const Config& c, const FlagValues& f) -> std::string {
+         // --moe-shared-expert-overlap runs the shared expert (whose fc1/fc2 are overlapped
+         // tensor-parallel linears) on a side stream while the token dispatch communicates: two
+         // streams issuing collectives on different communicators in an order no rank agrees on.
+         const std::string flag = overlap_flag(f);
+         if (flag.empty() || !c.model.moe.shared_expert_overlap) return "";
+         return flag + " with --moe-shared-expert-overlap is not supported by fp8tron: the shared expert's overlapped "
+                "tensor-parallel linears cannot run on the side stream beside the token dispatch; drop one of them";
+       }},
+      {"tensor-parallel overlap chunk shapes",
+       [](const Config& c, const FlagValues& f) -> std::string {
+         const auto& plan = c.distributed.tp_overlap;
+         if (!plan.enabled() || c.parallel.tp < 2) return "";
+         const int64_t rows = local_tokens(c);
+         if (c.precision.fp8.enabled() && rows % 16 != 0)
+           return overlap_flag(f) + " with FP8: each rank's " + ll(rows) + " tokens (--seq-length x --micro-batch-size / "
+                  "--tensor-model-parallel-size) are multiplied in their own FP8 GEMM, which needs a multiple of 16; "
+                  "change --seq-length or --micro-batch-size";
+         for (size_t i = 0; i < kNumTpGemms; ++i) {
+           std::string problem = check_overlap_split(c, TpGemm(i));
+           if (!problem.empty()) return problem;
+         }
+         return "";
+       }},
+      {"FP8 parameters",
+       [](const Config& c, const FlagValues&) -> std::string {
+         const auto& fp8 = c.precision.fp8;
+         if (!fp8.param_gather) return "";
+         if (!c.distributed.distributed_optimizer)
+           return "--fp8-param-gather only supported with distributed optimizer, torch fsdp2, megatron fsdp, or inference "
+                  "mode (Megatron): add --use-distributed-optimizer";
+         if (c.model.moe.enabled())
+           return "--fp8-param-gather with --num-experts is not supported yet: fp8tron gathers FP8 weights in the dense "
+                  "parameters' distributed optimizer only, not in the experts' (drop --fp8-param-gather)";
+         const auto kind = fp8::recipe_kind(*fp8.recipe);
+         if (kind == fp8::RecipeKind::kBlockwise || kind == fp8::RecipeKind::kMxfp8)
+           return std::string("--fp8-param-gather with --fp8-recipe ") + fp8::recipe_kind_name(kind) +
+                  " is not supported yet: fp8tron casts FP8 parameters with per-tensor scales (delayed, tensorwise)";
+         if (fp8::recipe_format(*fp8.recipe) == fp8::Fp8Format::kHiF8)
+           return "--fp8-param-gather with --fp8-format hif8 is not supported: HiF8 runs emulated (E4M3/E5M2 weights only)";
+         return "";
+       }},
+      {"pipeline p2p overlap in warmup and flush",
+       [](const Config& c, const FlagValues&) -> std::string {
+         const auto& d = c.distributed;
+         if (!d.overlap_p2p_warmup_flush || d.overlap_p2p) return "";
+         return "Pipeline parallel communication overlapping in warmup and flush is only compatible with "
+                "overlap_p2p_comm but not batch_p2p_comm (Megatron): --overlap-p2p-communication-warmup-flush needs "
+                "the interleaved schedule (--num-layers-per-virtual-pipeline-stage) without "
+                "--no-overlap-p2p-communication";
        }},
       {"intervals",
        [](const Config& c, const FlagValues&) -> std::string {

@@ -18,6 +18,13 @@ class Timers {
 
   void start(const std::string& name, int level);
   void stop(const std::string& name, int level);
+  // Adds a duration measured elsewhere (no synchronization), e.g. the exposed communication that
+  // parallel/overlap/comm_timer.h accumulates over a step.
+  void add(const std::string& name, int level, double ms) {
+    if (level > level_) return;
+    elapsed_ms_[name] += ms;
+  }
+  bool enabled(int level) const { return level <= level_; }
 
   // Every rank's values of `mine` (world_size x mine.size(), rank-major); all ranks call it with the
   // same number of values.

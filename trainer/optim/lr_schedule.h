@@ -10,6 +10,9 @@ namespace fp8tron {
 class LrSchedule {
  public:
   explicit LrSchedule(const LrScheduleConfig& config) : c_(config) {}
+  const LrScheduleConfig& config() const { return c_; }
+  // --use-checkpoint-opt_param-scheduler: the checkpoint's schedule replaces the command line's.
+  void set_config(const LrScheduleConfig& config) { c_ = config; }
   double lr_at(int64_t num_steps) const;
   // The same schedule for a parameter group with its own peak and minimum (--decoupled-lr).
   double lr_at(int64_t num_steps, double max_lr, double min_lr) const;

@@ -26,16 +26,20 @@ DomainGroups expert_domain_groups(const ParallelState& p) {
 
 MixedPrecisionOptimizer::MixedPrecisionOptimizer(const std::vector<NamedParam>& params, const OptimizerConfig& optimizer,
                                                  const PrecisionConfig& precision, const ParallelState& parallel,
-                                                 bool distributed, bool expert_domain)
+                                                 bool distributed, bool expert_domain,
+                                                 const std::vector<torch::Tensor>& byte_params)
     : clip_grad_(optimizer.clip_grad) {
   FP8TRON_CHECK(!params.empty(), "no parameters");
   std::vector<NamedParam> dense, experts;
   for (const auto& p : params) (p.info.expert ? experts : dense).push_back(p);
+  for (size_t i = 0; i < params.size(); ++i) model_order_.emplace(params[i].name, int64_t(i));
   FP8TRON_CHECK(!dense.empty(), "no dense parameters");
   FP8TRON_CHECK(expert_domain || experts.empty(), "expert parameters in a model without an expert domain");
   const auto device = dense.front().tensor.device();
+  for (const auto& b : byte_params)
+    for (const auto& p : experts) FP8TRON_CHECK(!b.is_same(p.tensor), "expert parameters cannot be published as bytes");
   domains_.push_back(std::make_unique<OptimizerDomain>(dense, optimizer, precision, dense_domain_groups(parallel),
-                                                       distributed, device));
+                                                       distributed, device, byte_params));
   if (expert_domain)
     domains_.push_back(std::make_unique<OptimizerDomain>(experts, optimizer, precision, expert_domain_groups(parallel),
                                                          distributed, device));
@@ -94,18 +98,24 @@ StepResult MixedPrecisionOptimizer::step(double lr, double weight_decay, const t
   StepResult result;
   result.grad_norm = squared.sqrt();
   result.found_inf = result.grad_norm.isfinite().logical_not().to(torch::kFloat32);
+  torch::Tensor coeff;
   if (clip_grad_ > 0) {
     // Megatron: clip_coeff = max_norm / (total_norm + 1e-6), applied when below 1.
-    auto coeff = torch::nan_to_num((clip_grad_ / (result.grad_norm + 1e-6)).clamp_max(1.0), 0.0, 0.0, 0.0);
-    for (auto& g : grads) g.mul_(coeff);
+    coeff = torch::nan_to_num((clip_grad_ / (result.grad_norm + 1e-6)).clamp_max(1.0), 0.0, 0.0, 0.0);
   }
+  std::vector<bool> folded(domains_.size(), false);
+  for (size_t i = 0; i < domains_.size(); ++i) {
+    folded[i] = coeff.defined() && domains_[i]->folds_clipping(grads[i]);
+    if (coeff.defined() && !folded[i]) grads[i].mul_(coeff);
+  }
+  // Megatron counts the zeros after clipping; a positive coefficient folded into Adam changes none.
   if (count_zeros_) {
     torch::Tensor zeros = domains_[0]->zeros_in(grads[0]);
     for (size_t i = 1; i < domains_.size(); ++i) zeros = zeros + domains_[i]->zeros_in(grads[i]);
     result.num_zeros = zeros.to(torch::kInt64);
   }
   for (size_t i = 0; i < domains_.size(); ++i)
-    domains_[i]->update(grads[i], lr, weight_decay, result.found_inf, decoupled_lr);
+    domains_[i]->update(grads[i], lr, weight_decay, result.found_inf, folded[i] ? coeff : torch::Tensor(), decoupled_lr);
   return result;
 }
 
@@ -129,6 +139,19 @@ void MixedPrecisionOptimizer::set_step_count(double steps) {
 
 void MixedPrecisionOptimizer::publish_model_params() {
   for (auto& d : domains_) d->publish_model_params();
+}
+
+std::optional<std::pair<int64_t, std::string>> MixedPrecisionOptimizer::first_nonfinite_grad() const {
+  std::optional<std::pair<int64_t, std::string>> first;
+  // Each domain's first in its own order (the model's order restricted to the domain), then the
+  // earlier of the dense and the expert one in the model's order.
+  for (const auto& d : domains_) {
+    const std::optional<std::string> name = d->first_nonfinite_grad();
+    if (!name) continue;
+    const int64_t position = model_order_.at(*name);
+    if (!first || position < first->first) first = std::make_pair(position, *name);
+  }
+  return first;
 }
 
 }  // namespace fp8tron

@@ -9,8 +9,11 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <map>
 #include <memory>
 #include <optional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "core/config/precision_config.h"
@@ -30,10 +33,15 @@ class MixedPrecisionOptimizer {
  public:
   // `expert_domain`: the model has routed experts (ParamInfo::expert). Every rank of such a model
   // builds the expert domain, empty on pipeline stages without MoE layers, so the norm's
-  // collectives line up.
+  // collectives line up. `byte_params` (dense parameters): published as bytes later
+  // (enable_byte_publish, --fp8-param-gather); the dense domain lays them out first.
   MixedPrecisionOptimizer(const std::vector<NamedParam>& params, const OptimizerConfig& optimizer,
                           const PrecisionConfig& precision, const ParallelState& parallel, bool distributed,
-                          bool expert_domain = false);
+                          bool expert_domain = false, const std::vector<torch::Tensor>& byte_params = {});
+  // Call before enable_param_gather_overlap; `publish.params` must be the constructor's byte_params.
+  void enable_byte_publish(BytePublish publish) { domains_.front()->enable_byte_publish(std::move(publish)); }
+  // Whether some model parameters hold other values than their fp32 main weights (published as bytes).
+  bool byte_published() const { return domains_.front()->byte_published(); }
 
   void zero_grad();
   // Gradients of `params` are overwritten by the first backward of every step (FP8 wgrad GEMMs
@@ -72,6 +80,11 @@ class MixedPrecisionOptimizer {
   }
 
   torch::Tensor params_norm();  // of the fp32 main weights (global)
+  // After a step whose gradient norm was not finite: the first of this rank's parameters (dense or
+  // expert), in the model's order, whose gradient (as the step saw it) holds NaN or inf, as (its
+  // position in the model's parameter list, its name); nullopt when none does on this rank. One
+  // check per parameter: for the error report only.
+  std::optional<std::pair<int64_t, std::string>> first_nonfinite_grad() const;
   int64_t num_parameters() const;
   // Adam's step count (every segment a rank updates holds the same one).
   double step_count() const;
@@ -87,6 +100,7 @@ class MixedPrecisionOptimizer {
   std::vector<std::unique_ptr<OptimizerDomain>> domains_;
   double clip_grad_;
   bool count_zeros_ = false;
+  std::map<std::string, int64_t> model_order_;  // parameter name -> position in the model's list
 };
 
 // The groups of the dense and the expert domain in `parallel`.

@@ -23,7 +23,8 @@ int norm_class(const NamedParam& p) {
 }  // namespace
 
 OptimizerDomain::OptimizerDomain(const std::vector<NamedParam>& params, const OptimizerConfig& optimizer,
-                                 const PrecisionConfig& precision, DomainGroups groups, bool distributed, torch::Device device)
+                                 const PrecisionConfig& precision, DomainGroups groups, bool distributed, torch::Device device,
+                                 const std::vector<torch::Tensor>& byte_params)
     : config_(optimizer),
       groups_(std::move(groups)),
       distributed_(distributed && groups_.dp->size() > 1),
@@ -38,12 +39,24 @@ OptimizerDomain::OptimizerDomain(const std::vector<NamedParam>& params, const Op
   for (const auto& p : params) ordered.push_back(&p);
   auto model_order = [&](const NamedParam* p) { return int64_t(p - params.data()); };
   const OptimizerConfig& c = config_;
-  std::stable_sort(ordered.begin(), ordered.end(), [&c](const NamedParam* a, const NamedParam* b) {
-    auto key = [&c](const NamedParam* p) {
-      return std::make_tuple(muon(*p, c), !decays(*p, c), lr_group(*p, c), norm_class(*p), !p->info.reduce_grad_over_tp);
+  // Byte-published parameters (FP8 linears' weights: Adam, decayed, default learning rate, normal
+  // norm class) come first.
+  auto published_as_bytes = [&](const NamedParam* p) {
+    for (const auto& b : byte_params)
+      if (b.is_same(p->tensor)) return true;
+    return false;
+  };
+  std::stable_sort(ordered.begin(), ordered.end(), [&](const NamedParam* a, const NamedParam* b) {
+    auto key = [&](const NamedParam* p) {
+      return std::make_tuple(muon(*p, c), !decays(*p, c), lr_group(*p, c), norm_class(*p), !published_as_bytes(p),
+                             !p->info.reduce_grad_over_tp);
     };
     return key(a) < key(b);
   });
+  for (const auto* p : ordered) {
+    if (!published_as_bytes(p)) break;
+    byte_numel_ += p->tensor.numel();
+  }
   const int tp_size = groups_.tp->size();
   const double tp = double(tp_size);
   const bool pipeline_copies = groups_.embedding && groups_.embedding->size() > 1;
@@ -117,9 +130,52 @@ void OptimizerDomain::arm_grad_overlap() {
   if (buckets_) buckets_->arm();
 }
 
+void OptimizerDomain::enable_byte_publish(BytePublish publish) {
+  int64_t numel = 0;
+  for (const auto& p : publish.params) numel += p.numel();
+  FP8TRON_CHECK(numel == byte_numel_ && byte_numel_ > 0, "byte-published parameters must be the constructor's");
+  FP8TRON_CHECK(!param_gather_, "enable_byte_publish comes before enable_param_gather_overlap");
+  if (!separate_main_weights_)
+    throw UserError("--fp8-param-gather needs fp32 main weights separate from the model's: train with --bf16, or "
+                    "with --use-distributed-optimizer over more than one data-parallel rank");
+  codes_ = torch::zeros({padded_numel_}, model_params_.options().dtype(torch::kUInt8));
+  byte_publish_ = std::move(publish);
+}
+
+void OptimizerDomain::encode_own_shard() {
+  // This rank's part of the byte-published range, from its fp32 main weights.
+  const int64_t lo = std::min(shard_begin_, byte_numel_), hi = std::min(shard_begin_ + shard_numel_, byte_numel_);
+  const auto main = main_params_.narrow(0, lo - shard_begin_, hi - lo);
+  auto codes = codes_.narrow(0, lo, hi - lo);
+  byte_publish_.encode(main, codes, lo);
+}
+
+// The byte range and the rest of the buffer, each all-gathered from the shards' owners.
+void OptimizerDomain::gather_and_decode() {
+  if (distributed_) {
+    const int dp = dp_size();
+    auto own = [&](torch::Tensor& buffer, int64_t offset, int64_t numel) {
+      const int64_t lo = std::clamp(shard_begin_, offset, offset + numel);
+      const int64_t hi = std::clamp(shard_begin_ + shard_numel_, offset, offset + numel);
+      return buffer.narrow(0, lo, hi - lo);
+    };
+    auto codes = codes_.narrow(0, 0, byte_numel_);
+    groups_.dp->wait(*groups_.dp->all_gather_v_async(codes, own(codes_, 0, byte_numel_),
+                                                     shard_counts(0, byte_numel_, shard_numel_, dp)));
+    auto rest = model_params_.narrow(0, byte_numel_, padded_numel_ - byte_numel_);
+    groups_.dp->wait(*groups_.dp->all_gather_v_async(rest, own(model_params_, byte_numel_, padded_numel_ - byte_numel_),
+                                                     shard_counts(byte_numel_, padded_numel_ - byte_numel_, shard_numel_, dp)));
+  } else {
+    model_params_.narrow(0, byte_numel_, numel_ - byte_numel_).copy_(main_params_.narrow(0, byte_numel_, numel_ - byte_numel_));
+  }
+  byte_publish_.decode(codes_.narrow(0, 0, byte_numel_), 0, byte_numel_);
+}
+
 void OptimizerDomain::enable_param_gather_overlap(int64_t bucket_numel) {
   if (!distributed_) return;  // one data-parallel rank holds everything: nothing to gather
-  param_gather_ = std::make_unique<ParamGather>(model_params_, buffer_order_, bucket_numel, shard_numel_, groups_.dp);
+  ParamGather::Bytes bytes;
+  if (codes_.defined()) bytes = {codes_, byte_numel_, byte_publish_.decode};
+  param_gather_ = std::make_unique<ParamGather>(model_params_, buffer_order_, bucket_numel, shard_numel_, groups_.dp, bytes);
 }
 
 void OptimizerDomain::wait_for_params(const torch::nn::Module& module) {
@@ -232,6 +288,21 @@ void OptimizerDomain::all_reduce_model_groups(torch::Tensor& value) {
   if (distributed_) groups_.dp->all_reduce(value);
 }
 
+namespace {
+// On GPUs dot products (fp32 accumulation, no [numel] temporary of squares) over chunks below
+// cuBLAS's 2^31-element limit; the CPU path keeps the elementwise squares.
+torch::Tensor sum_of_squares(const torch::Tensor& v) {
+  if (!v.is_cuda()) return v.pow(2).sum();
+  constexpr int64_t kChunk = int64_t{1} << 30;
+  torch::Tensor total;
+  for (int64_t at = 0; at < v.numel(); at += kChunk) {
+    const auto c = v.narrow(0, at, std::min(kChunk, v.numel() - at));
+    total = total.defined() ? total + at::dot(c, c) : at::dot(c, c);
+  }
+  return total.defined() ? total : torch::zeros({}, v.options());
+}
+}  // namespace
+
 torch::Tensor OptimizerDomain::global_norm_squared(const torch::Tensor& buffer, int64_t base) {
   auto total = torch::zeros({}, buffer.options().dtype(torch::kFloat32));
   const int64_t end = base + buffer.numel();
@@ -239,7 +310,7 @@ torch::Tensor OptimizerDomain::global_norm_squared(const torch::Tensor& buffer, 
     const int64_t lo = std::max(s.offset, base), hi = std::min(s.offset + s.numel, end);
     if (hi <= lo || s.norm_weight == 0.0) continue;
     auto part = buffer.narrow(0, lo - base, hi - lo).to(torch::kFloat32);
-    total += s.norm_weight * part.pow(2).sum();
+    total += s.norm_weight * sum_of_squares(part);
   }
   all_reduce_model_groups(total);
   return total;
@@ -255,11 +326,36 @@ torch::Tensor OptimizerDomain::unscaled_grads(const torch::Tensor& divisor) {
   return grads;
 }
 
+std::optional<std::string> OptimizerDomain::first_nonfinite_grad() const {
+  torch::NoGradGuard no_grad;
+  // The gradients step() used, laid out from `base` as unscaled_grads() returns them (the step
+  // clips them in place; clipping by a non-finite norm multiplies by 0, which keeps NaN and inf).
+  const torch::Tensor grads = grad_shard_.defined() ? grad_shard_ : main_grads_.narrow(0, 0, numel_);
+  const int64_t base = distributed_ ? shard_begin_ : 0;
+  std::optional<std::pair<int64_t, std::string>> first;  // (model order, name)
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const int64_t lo = std::max(slots_[i].offset, base), hi = std::min(slots_[i].offset + slots_[i].numel, base + grads.numel());
+    if (lo >= hi || (first && first->first < buffer_order_[i].first_use)) continue;
+    if (!torch::isfinite(grads.narrow(0, lo - base, hi - lo)).all().item<bool>())
+      first = std::make_pair(buffer_order_[i].first_use, slots_[i].name);
+  }
+  if (!first) return std::nullopt;
+  return first->second;
+}
+
 torch::Tensor OptimizerDomain::norm_squared(const torch::Tensor& grads) { return global_norm_squared(grads, shard_begin_); }
 
+bool OptimizerDomain::folds_clipping(const torch::Tensor& grads) const {
+  return grads.is_cuda() && config_.optimizer == "adam";
+}
+
 void OptimizerDomain::update(const torch::Tensor& grads, double lr, double weight_decay, const torch::Tensor& found_inf,
-                             std::optional<double> decoupled_lr) {
+                             const torch::Tensor& clip_coeff, std::optional<double> decoupled_lr) {
   torch::NoGradGuard no_grad;
+  FP8TRON_CHECK(!clip_coeff.defined() || folds_clipping(grads), "update: clipping is folded only into fused Adam on GPUs");
+  // The fused kernel divides each gradient by grad_scale as it reads it.
+  const std::optional<torch::Tensor> grad_divisor =
+      clip_coeff.defined() ? std::optional<torch::Tensor>(clip_coeff.reciprocal()) : std::nullopt;
   const int64_t shard_end = shard_begin_ + shard_numel_;
   auto keep = 1.0 - found_inf;
   for (size_t i = 0; i < segments_.size(); ++i) {
@@ -276,7 +372,7 @@ void OptimizerDomain::update(const torch::Tensor& grads, double lr, double weigh
       auto v = exp_avg_sq_.narrow(0, off, n);
       step_counts_[i].add_(keep);  // a skipped step does not advance bias correction
       at::_fused_adamw_({p}, {g}, {m}, {v}, {}, {step_counts_[i]}, group_lr, config_.adam_beta1, config_.adam_beta2, wd,
-                        config_.adam_eps, false, false, std::nullopt, found_inf);
+                        config_.adam_eps, false, false, grad_divisor, found_inf);
     } else {
       // SGD with momentum (torch.optim.SGD semantics); skipped steps leave everything unchanged.
       auto d = torch::nan_to_num(g, 0.0, 0.0, 0.0) + wd * p;
@@ -287,6 +383,7 @@ void OptimizerDomain::update(const torch::Tensor& grads, double lr, double weigh
   if (param_gather_) {
     param_gather_->finish();  // nothing may still read this rank's shard
     model_params_.narrow(0, shard_begin_, shard_numel_).copy_(main_params_);
+    if (codes_.defined()) encode_own_shard();
     param_gather_->start();
   } else {
     publish_model_params();
@@ -338,6 +435,12 @@ torch::Tensor OptimizerDomain::zeros_in(const torch::Tensor& grads) {
 void OptimizerDomain::publish_model_params() {
   torch::NoGradGuard no_grad;
   finish_param_gather();
+  if (codes_.defined()) {
+    if (distributed_) model_params_.narrow(0, shard_begin_, shard_numel_).copy_(main_params_);
+    encode_own_shard();
+    gather_and_decode();
+    return;
+  }
   if (distributed_) {
     auto mine = model_params_.narrow(0, shard_begin_, shard_numel_);
     mine.copy_(main_params_);

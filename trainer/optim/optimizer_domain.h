@@ -15,6 +15,7 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -36,6 +37,19 @@ struct NamedParam {
   ParamInfo info;
 };
 
+// --fp8-param-gather: parameters published in one byte per element. The step encodes this rank's
+// shard of them from the fp32 main weights (`encode(main, codes, offset)`: main and codes cover the
+// buffer elements [offset, offset + main.numel()); called on every rank, possibly with an empty
+// range, as it may reduce over the data-parallel group), the all-gather moves the bytes, and
+// `decode(codes, offset, numel)` runs once a gathered range [offset, offset + numel) (whole
+// parameters) has arrived; it gives the model parameters their new values. The optimizer knows
+// nothing of FP8 (trainer/fp8_param_gather.h supplies the functions).
+struct BytePublish {
+  std::vector<torch::Tensor> params;  // whole parameters, laid out first in the flat buffer
+  std::function<void(const torch::Tensor& main, torch::Tensor& codes, int64_t offset)> encode;
+  std::function<void(const torch::Tensor& codes, int64_t offset, int64_t numel)> decode;
+};
+
 // The groups a domain's parameters are reduced, sharded and normed over.
 struct DomainGroups {
   std::string name;                  // "dense" | "expert"
@@ -54,9 +68,15 @@ struct DomainGroups {
 class OptimizerDomain {
  public:
   // `params` may be empty (an expert domain on a pipeline stage without MoE layers still joins
-  // the norm's collectives); `device` is where its buffers live.
+  // the norm's collectives); `device` is where its buffers live. `byte_params`: parameters to be
+  // published as bytes later (enable_byte_publish); they are laid out first in the flat buffer.
   OptimizerDomain(const std::vector<NamedParam>& params, const OptimizerConfig& optimizer, const PrecisionConfig& precision,
-                  DomainGroups groups, bool distributed, torch::Device device);
+                  DomainGroups groups, bool distributed, torch::Device device,
+                  const std::vector<torch::Tensor>& byte_params = {});
+  // Call before enable_param_gather_overlap; `publish.params` must be the constructor's byte_params.
+  void enable_byte_publish(BytePublish publish);
+  // Whether some model parameters hold other values than their fp32 main weights (published as bytes).
+  bool byte_published() const { return codes_.defined(); }
 
   const DomainGroups& groups() const { return groups_; }
   void zero_grad();
@@ -79,12 +99,21 @@ class OptimizerDomain {
   // Zero elements of `grads` (Megatron's count_zeros_fp32: each parameter once), summed over the
   // domain's groups; float64.
   torch::Tensor zeros_in(const torch::Tensor& grads);
-  // `decoupled_lr`: the embedding's and output layer's learning rate (--decoupled-lr).
+  // `clip_coeff`: see folds_clipping. `decoupled_lr`: the embedding's and output layer's learning
+  // rate (--decoupled-lr).
   void update(const torch::Tensor& grads, double lr, double weight_decay, const torch::Tensor& found_inf,
-              std::optional<double> decoupled_lr = std::nullopt);
+              const torch::Tensor& clip_coeff = {}, std::optional<double> decoupled_lr = std::nullopt);
+  // Whether update() applies a clip coefficient inside the fused Adam kernel (the GPU path: saves a
+  // read-modify-write pass over every gradient) instead of the caller scaling the gradients. Not
+  // with Muon: its Newton-Schulz path reads the gradients outside the fused kernel.
+  bool folds_clipping(const torch::Tensor& grads) const;
   // Muon: the fused QKV weight's rows per query group (Q heads, K, V), for splitting it.
   void set_qkv_rows(const std::vector<int64_t>& rows);
   torch::Tensor params_norm_squared();
+  // After a step whose gradient norm was not finite: the name of the first of this rank's
+  // parameters of the domain, in the model's order, whose gradient (as the step saw it) holds NaN
+  // or inf; nullopt when none does. One check per parameter: for the error report only.
+  std::optional<std::string> first_nonfinite_grad() const;
 
   int64_t num_parameters() const { return numel_; }
   const torch::Tensor& main_grads() const { return main_grads_; }
@@ -131,6 +160,8 @@ class OptimizerDomain {
   void all_reduce_model_groups(torch::Tensor& value);
   void sum_tensor_parallel_partials(bool own_shard_only);
   void sum_embedding_copies();
+  void encode_own_shard();
+  void gather_and_decode();
   int dp_size() const { return groups_.dp->size(); }
 
   OptimizerConfig config_;
@@ -149,6 +180,10 @@ class OptimizerDomain {
   torch::Tensor main_grads_;    // flat (padded), fp32 or parameter dtype
   torch::Tensor grad_shard_;    // distributed optimizer: this rank's reduced gradients (fp32)
   torch::Tensor exp_avg_, exp_avg_sq_;
+  // --fp8-param-gather: [0, byte_numel_) of the buffer is published as bytes through `codes_`.
+  int64_t byte_numel_ = 0;
+  torch::Tensor codes_;  // uint8, like model_params_
+  BytePublish byte_publish_;
   std::vector<torch::Tensor> step_counts_;  // one per segment
   std::vector<ParamSlot> slots_;
   std::vector<MuonSlot> muon_slots_;

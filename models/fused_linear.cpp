@@ -1,0 +1,65 @@
+#include "models/fused_linear.h"
+
+#include "fp8/wgrad_fusion.h"
+
+namespace fp8tron {
+namespace {
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+bool is_main_grad(const torch::Tensor& weight) {
+  const torch::Tensor g = weight.grad();
+  return g.defined() && g.scalar_type() == torch::kFloat32 && g.is_contiguous() && g.sizes() == weight.sizes();
+}
+
+// With and without a bias (autograd functions take no undefined tensors as inputs).
+template <bool kBias>
+struct FusedLinear : torch::autograd::Function<FusedLinear<kBias>> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight) {
+    ctx->save_for_backward({x, weight});
+    return at::linear(x, weight);
+  }
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight,
+                               const torch::Tensor& bias) {
+    ctx->save_for_backward({x, weight});
+    return at::linear(x, weight, bias);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const torch::Tensor& x = saved[0];
+    const torch::Tensor& weight = saved[1];
+    const int64_t out = weight.size(0), in = weight.size(1);
+    auto dy = grads[0].reshape({-1, out});
+    variable_list result(kBias ? 3 : 2);
+    if (ctx->needs_input_grad(0)) result[0] = at::mm(dy, weight).view(x.sizes());
+    if (ctx->needs_input_grad(1)) {
+      const auto x2d = x.reshape({-1, in});
+      if (is_main_grad(weight)) {
+        // dW [out, in] = dY^T [out, M] x X [M, in], accumulated in fp32 into the main gradient.
+        torch::Tensor main_grad = weight.grad();
+        at::addmm_out(main_grad, main_grad, dy.t(), x2d, torch::kFloat32);
+      } else {
+        result[1] = at::mm(dy.t(), x2d);
+      }
+    }
+    if (kBias && ctx->needs_input_grad(2)) result[2] = dy.sum(0);
+    return result;
+  }
+};
+
+}  // namespace
+
+bool grad_accumulation_fusion_applies(const torch::Tensor& x, const torch::Tensor& weight) {
+  return gradient_accumulation_fusion() && x.is_cuda() && weight.requires_grad() && weight.dim() == 2 &&
+         (weight.scalar_type() == torch::kBFloat16 || weight.scalar_type() == torch::kFloat16) &&
+         x.scalar_type() == weight.scalar_type() && is_main_grad(weight);
+}
+
+torch::Tensor linear_with_grad_accumulation_fusion(const torch::Tensor& x, const torch::Tensor& weight,
+                                                   const torch::Tensor& bias) {
+  if (!grad_accumulation_fusion_applies(x, weight)) return at::linear(x, weight, bias);
+  return bias.defined() ? FusedLinear<true>::apply(x, weight, bias) : FusedLinear<false>::apply(x, weight);
+}
+
+}  // namespace fp8tron

@@ -1,0 +1,482 @@
+#!/usr/bin/env python3
+"""Fault injection against the fp8tron binary on CPU (single process and mpirun): after every
+fault, the last committed checkpoint must load and training must resume bitwise equal to an
+uninterrupted run (same final weights, optimizer state, RNG states, counters: compared through
+the checksums every checkpoint's metadata records for each stored tensor).
+
+Faults: SIGKILL at every step of a save and its commit (sync and async; the hidden test flag
+--fp8tron-test-kill-at), at retention's deletion, at random moments; one rank of an mpirun job
+killed; one rank stopped (the hang report must name it within --hang-report-seconds); a full
+disk (a small tmpfs, skipped where mounting is not permitted); flipped and truncated checkpoint
+files; token ids outside the vocabulary; a second job on the same --save; a NaN loss.
+
+usage: fault_injection_test.py FP8TRON FP8TRON_PREPROCESS WORK_DIR [--quick]
+Prints one line per scenario and a report of counts; exits non-zero on any failure.
+"""
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+FP8TRON, PREPROCESS, WORK = sys.argv[1], sys.argv[2], os.path.abspath(sys.argv[3])
+QUICK = "--quick" in sys.argv
+MPIRUN = [shutil.which("mpirun") or "mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
+          "-x", "OMP_NUM_THREADS=1"]
+ITERS = 12
+MODEL = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "32",
+         "--max-position-embeddings", "32", "--vocab-size", "128", "--builtin-data", "--micro-batch-size", "2",
+         "--global-batch-size", "8", "--lr", "3e-3", "--min-lr", "3e-4", "--lr-decay-style", "cosine",
+         "--lr-warmup-iters", "2", "--train-iters", str(ITERS), "--log-interval", "1", "--eval-iters", "0",
+         "--save-interval", "2", "--device", "cpu", "--seed", "7"]
+DP2 = ["--use-distributed-optimizer"]
+# A mixture-of-experts run: 4 experts over 2 expert-parallel ranks (each rank holds 2), the first
+# layer dense; the experts' gradients and optimizer state are their own optimizer domain.
+MOE_EP2 = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "32", "--moe-layer-freq", "([0]+[1])",
+           "--moe-aux-loss-coeff", "1e-2", "--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall"]
+
+counts = {"faults injected": 0, "resumes checked": 0, "clear errors checked": 0, "skipped": 0, "failures": 0}
+losses = []
+
+
+def log(msg):
+    print(msg, flush=True)
+
+
+def fail(scenario, msg):
+    counts["failures"] += 1
+    log(f"FAIL {scenario}: {msg}")
+
+
+def command(args, ranks=1):
+    return (MPIRUN + ["-np", str(ranks)] if ranks > 1 else []) + [FP8TRON] + MODEL + args
+
+
+def run(args, ranks=1, timeout=240):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    p = subprocess.run(command(args, ranks), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=timeout, env=env, start_new_session=True)
+    return p.returncode, p.stdout
+
+
+def start(args, ranks=1):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    out = open(os.path.join(WORK, "background.log"), "w+")
+    p = subprocess.Popen(command(args, ranks), stdout=out, stderr=subprocess.STDOUT, text=True, env=env,
+                         start_new_session=True)
+    return p, out
+
+
+def kill_group(p):
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    p.wait()
+
+
+def wait_for(out, pattern, timeout):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        out.seek(0)
+        text = out.read()
+        if re.search(pattern, text):
+            return text
+        time.sleep(0.1)
+    out.seek(0)
+    return None
+
+
+def fresh(name):
+    d = os.path.join(WORK, name)
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    return d
+
+
+def final_state(save_dir, iteration=ITERS):
+    """What must be bitwise equal between two runs: every stored tensor's checksum, the RNG
+    states and the counters of the checkpoint of `iteration`."""
+    meta = json.load(open(os.path.join(save_dir, f"iter_{iteration:07d}", "fp8tron_checkpoint.json")))
+    tensors = {name: sorted((s["file"], s["key"], tuple(s["offset"]), s["xxh3_64"]) for s in t["shards"])
+               for name, t in meta["tensors"].items()}
+    return {"tensors": tensors, "rng": meta["rng"], "samples": meta["consumed_train_samples"],
+            "scheduler": meta["lr_scheduler"]["num_steps"], "scaler": meta["loss_scaler"]}
+
+
+def last_loss(output):
+    found = re.findall(r"iteration\s+%d/\s*%d \|.*?lm loss: ([0-9.E+-]+)" % (ITERS, ITERS), output)
+    return found[-1] if found else None
+
+
+REFERENCE = {}
+
+
+def reference(ranks, model=()):
+    """The uninterrupted run with `ranks` ranks and the extra model flags `model` (e.g. MOE_EP2)."""
+    key = (ranks, tuple(model))
+    if key not in REFERENCE:
+        d = fresh(f"reference_{ranks}" + ("_moe" if model else ""))
+        rc, out = run(["--save", d] + (DP2 if ranks > 1 else []) + list(model), ranks)
+        if rc != 0:
+            raise SystemExit(f"the uninterrupted reference run ({ranks} ranks {' '.join(model)}) failed:\n{out[-3000:]}")
+        REFERENCE[key] = (final_state(d), last_loss(out), d)
+    return REFERENCE[key]
+
+
+def tracker(save_dir):
+    path = os.path.join(save_dir, "latest_checkpointed_iteration.txt")
+    return open(path).read().strip() if os.path.exists(path) else None
+
+
+def check_resume(scenario, save_dir, ranks=1, extra=(), model=()):
+    """Resumes from whatever `save_dir` holds and compares the end with the uninterrupted run."""
+    want, want_loss, _ = reference(ranks, model)
+    rc, out = run(["--load", save_dir, "--save", save_dir] + (DP2 if ranks > 1 else []) + list(model) + list(extra), ranks)
+    if rc != 0:
+        return fail(scenario, f"resume failed (exit {rc}):\n{out[-2000:]}")
+    got = final_state(save_dir)
+    if got != want:
+        differing = [k for k in want if got.get(k) != want[k]]
+        return fail(scenario, f"resumed run differs from the uninterrupted one in {differing}")
+    counts["resumes checked"] += 1
+    losses.append(last_loss(out))
+    log(f"ok   {scenario}: resumed from iteration {tracker_before.get(save_dir) or '0 (none saved)'}, final state "
+        f"bitwise equal (last loss {last_loss(out)} = {want_loss})")
+
+
+tracker_before = {}
+
+
+def killed_at(scenario, args, ranks=1, save_dir=None, model=()):
+    """Runs until a SIGKILL; checks the tracker names a complete checkpoint; resumes."""
+    rc, out = run(args + list(model), ranks)
+    counts["faults injected"] += 1
+    if rc == 0:
+        return fail(scenario, "the run was not killed")
+    if "test fault point" not in out and "SIGKILL" not in out and rc not in (-9, 137):
+        return fail(scenario, f"exit {rc} without the fault:\n{out[-1500:]}")
+    t = tracker(save_dir)
+    tracker_before[save_dir] = t
+    if t is not None and not os.path.exists(os.path.join(save_dir, f"iter_{int(t):07d}", "fp8tron_checkpoint.json")) \
+            and not any(n.startswith(f"iter_{int(t):07d}.old.") for n in os.listdir(save_dir)):
+        return fail(scenario, f"the tracker names iteration {t}, which is not complete")
+    check_resume(scenario, save_dir, ranks, model=model)
+
+
+def kill_points():
+    points = ["save:shard-written", "save:metadata-written", "commit:files-verified", "commit:files-synced",
+              "commit:renamed-into-place", "commit:tracker-temp-written", "commit:tracker-committed",
+              "commit:cleaned-up"]
+    for mode in (["sync"], ["async"]) if not QUICK else (["sync"],):
+        for point in points:
+            d = fresh("kill")
+            flags = ["--save", d, "--fp8tron-test-kill-at", f"{point}@2"] + (["--async-save"] if mode == ["async"] else [])
+            killed_at(f"SIGKILL at {point} ({mode[0]} save)", flags, save_dir=d)
+    # Re-saving an iteration moves the old copy aside first: a kill right then.
+    d = fresh("resave")
+    run(["--save", d, "--exit-interval", "6"])
+    killed_at("SIGKILL at commit:old-copy-moved-aside (re-saving iteration 6)",
+              ["--load", d, "--ckpt-step", "4", "--save", d, "--fp8tron-test-kill-at", "commit:old-copy-moved-aside"],
+              save_dir=d)
+    # Retention deletes by renaming aside first: a kill between the rename and the removal.
+    for point in ("retention:renamed-aside", "retention:removed"):
+        d = fresh("retain")
+        killed_at(f"SIGKILL at {point}", ["--save", d, "--save-retain-interval", "4",
+                                          "--fp8tron-test-kill-at", point], save_dir=d)
+        listed = sorted(n for n in os.listdir(d) if re.fullmatch(r"iter_\d{7}", n))
+        for n in listed:
+            if not os.path.exists(os.path.join(d, n, "fp8tron_checkpoint.json")):
+                fail(point, f"{n} is listed but incomplete")
+    # Under mpirun: rank 1's shard write, then rank 0's tracker commit.
+    for point in ("save:shard-written", "commit:tracker-temp-written"):
+        d = fresh("kill_mpi")
+        killed_at(f"SIGKILL at {point} (mpirun, 2 ranks, distributed optimizer)",
+                  ["--save", d, "--fp8tron-test-kill-at", f"{point}@2"] + DP2, ranks=2, save_dir=d)
+
+
+def random_kills(n):
+    rng = random.Random(1234)
+    for i in range(n):
+        d = fresh("random")
+        extra = ["--async-save"] if i % 2 else []
+        p, out = start(["--save", d] + extra)
+        at = rng.randrange(1, ITERS)  # a random iteration, and a random moment in it
+        if not wait_for(out, r"iteration\s+%d/" % at, 60):
+            kill_group(p)
+            fail("random kill", "the run did not reach iteration %d" % at)
+            continue
+        time.sleep(rng.uniform(0.0, 0.02))
+        kill_group(p)
+        counts["faults injected"] += 1
+        tracker_before[d] = tracker(d)
+        check_resume(f"SIGKILL at a random moment of iteration {at}{' (async saves)' if extra else ''}", d)
+
+
+def mpi_rank_pids(mpirun_pid):
+    pids = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = open(f"/proc/{entry}/stat").read()
+            ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+            if ppid != mpirun_pid:
+                continue
+            env = open(f"/proc/{entry}/environ", "rb").read().split(b"\0")
+            for kv in env:
+                if kv.startswith(b"OMPI_COMM_WORLD_RANK="):
+                    pids[int(kv.split(b"=")[1])] = int(entry)
+        except (OSError, ValueError):
+            pass
+    return pids
+
+
+def kill_one_rank():
+    d = fresh("rank_kill")
+    p, out = start(["--save", d] + DP2, ranks=2)
+    if not wait_for(out, r"iteration\s+5/", 120):
+        kill_group(p)
+        return fail("kill one rank", "the job did not reach iteration 5")
+    pids = mpi_rank_pids(p.pid)
+    if 1 not in pids:
+        kill_group(p)
+        return fail("kill one rank", f"rank 1's process not found (children: {pids})")
+    os.kill(pids[1], signal.SIGKILL)
+    try:
+        p.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        kill_group(p)
+        return fail("kill one rank", "mpirun did not end the job after rank 1 died")
+    kill_group(p)
+    counts["faults injected"] += 1
+    tracker_before[d] = tracker(d)
+    check_resume("SIGKILL of rank 1 of an mpirun job", d, ranks=2)
+
+
+def stopped_rank_is_reported():
+    d = fresh("hang")
+    p, out = start(["--save", d, "--hang-report-seconds", "5", "--distributed-timeout-minutes", "2"] + DP2, ranks=2)
+    if not wait_for(out, r"iteration\s+3/", 120):
+        kill_group(p)
+        return fail("stopped rank", "the job did not reach iteration 3")
+    pids = mpi_rank_pids(p.pid)
+    if 1 not in pids:
+        kill_group(p)
+        return fail("stopped rank", "rank 1's process not found")
+    os.kill(pids[1], signal.SIGSTOP)
+    stopped = time.time()
+    text = wait_for(out, r"collective hang: .*", 30)
+    took = time.time() - stopped
+    kill_group(p)
+    counts["faults injected"] += 1
+    if not text:
+        return fail("stopped rank", "no hang report within 30 s")
+    line = re.search(r"collective hang: .*", text).group(0)
+    for part in (r"on group '[^']+' \(global ranks 0,1\)", r"not arrived: rank 1 \(last finished iteration \d+",
+                 r"no heartbeat for \d+ s: stopped or dead", r"Last finished iteration per rank: 0:\d+ 1:\d+"):
+        if not re.search(part, line):
+            return fail("stopped rank", f"the report lacks /{part}/: {line}")
+    counts["clear errors checked"] += 1
+    log(f"ok   rank 1 stopped (SIGSTOP): reported after {took:.0f} s: {line[:200]}...")
+    tracker_before[d] = tracker(d)
+    check_resume("resume after the stopped-rank job was killed", d, ranks=2)
+
+
+def full_disk():
+    _, _, ref_dir = reference(1)
+    size = sum(os.path.getsize(os.path.join(ref_dir, "iter_0000002", f)) for f in os.listdir(os.path.join(ref_dir, "iter_0000002")))
+    d = fresh("full_disk")
+    pages = (int(size * 1.6) // 4096 + 2) * 4096
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={pages}", "tmpfs", d], capture_output=True, text=True)
+    if mounted.returncode != 0:
+        counts["skipped"] += 1
+        return log(f"SKIP full disk: cannot mount a {pages}-byte tmpfs here ({mounted.stderr.strip() or 'mount failed'}); "
+                   f"run as root with mount permission to test it")
+    try:
+        rc, out = run(["--save", d])
+        counts["faults injected"] += 1
+        if rc == 0 or "disk full (ENOSPC)" not in out:
+            return fail("full disk", f"expected a 'disk full' error, got exit {rc}:\n{out[-1500:]}")
+        counts["clear errors checked"] += 1
+        log("ok   full disk: " + re.search(r"fp8tron: error: .*", out).group(0)[:200])
+        t = tracker(d)
+        roomy = fresh("full_disk_roomy")
+        for entry in os.listdir(d):
+            src = os.path.join(d, entry)
+            if entry.startswith("iter_") and "." not in entry:
+                shutil.copytree(src, os.path.join(roomy, entry))
+            elif entry == "latest_checkpointed_iteration.txt":
+                shutil.copy(src, roomy)
+        tracker_before[roomy] = t
+        check_resume("resume after a full disk", roomy)
+    finally:
+        subprocess.run(["umount", d], capture_output=True)
+
+
+def corrupt_and_fall_back():
+    _, _, ref_dir = reference(1)
+
+    def copy_of(name):
+        d = fresh(name)
+        for it in (8, 10):
+            shutil.copytree(os.path.join(ref_dir, f"iter_{it:07d}"), os.path.join(d, f"iter_{it:07d}"))
+        open(os.path.join(d, "latest_checkpointed_iteration.txt"), "w").write("10")
+        return d
+
+    def expect_error(scenario, d, pattern):
+        rc, out = run(["--load", d, "--save", d])
+        counts["faults injected"] += 1
+        if rc == 0 or not re.search(pattern, out):
+            return fail(scenario, f"expected /{pattern}/, got exit {rc}:\n{out[-1500:]}")
+        counts["clear errors checked"] += 1
+        log(f"ok   {scenario}: " + re.search(r"fp8tron: error: .*", out).group(0)[:220])
+        tracker_before[d] = "8 (--ckpt-step 8)"
+        check_resume(f"{scenario}: the previous checkpoint", d, extra=["--ckpt-step", "8"])
+
+    d = copy_of("flipped")
+    shard = os.path.join(d, "iter_0000010", "rank_00000.safetensors")
+    data = bytearray(open(shard, "rb").read())
+    for i in range(len(data) - 4096, len(data) - 4088):
+        data[i] ^= 0xFF
+    open(shard, "wb").write(bytes(data))
+    expect_error("8 flipped bytes in a shard", d, r"is corrupt: in .*rank_00000\.safetensors, tensor '[^']+'")
+
+    d = copy_of("truncated")
+    shard = os.path.join(d, "iter_0000010", "rank_00000.safetensors")
+    data = open(shard, "rb").read()
+    open(shard, "wb").write(data[: len(data) // 2])
+    expect_error("a truncated shard", d, r"rank_00000\.safetensors")
+
+    d = copy_of("truncated_metadata")
+    meta = os.path.join(d, "iter_0000010", "fp8tron_checkpoint.json")
+    text = open(meta).read()
+    open(meta, "w").write(text[: len(text) // 3])
+    expect_error("a truncated metadata file", d, r"not valid JSON")
+
+
+def bad_token_ids():
+    d = fresh("bad_tokens")
+    corpus = os.path.join(d, "corpus.jsonl")
+    rng = random.Random(5)
+    with open(corpus, "w") as f:
+        for doc in range(60):
+            ids = [rng.randrange(100) for _ in range(40)]
+            if doc == 17:
+                ids[9] = 700  # tokenized with another tokenizer
+            f.write(json.dumps({"text": " ".join(map(str, ids))}) + "\n")
+    # A failing preprocess (malformed line) leaves nothing behind.
+    broken = os.path.join(d, "broken.jsonl")
+    open(broken, "w").write(open(corpus).read() + "{not json\n")
+    p = subprocess.run([PREPROCESS, "--input", broken, "--output-prefix", os.path.join(d, "broken"),
+                        "--tokenizer-type", "NullTokenizer", "--vocab-size", "128", "--append-eod"],
+                       capture_output=True, text=True)
+    counts["faults injected"] += 1
+    left = [n for n in os.listdir(d) if n.startswith("broken_")]
+    if p.returncode == 0 or left:
+        fail("failing preprocess", f"exit {p.returncode}, left behind: {left}")
+    else:
+        counts["clear errors checked"] += 1
+        log("ok   a failing fp8tron-preprocess leaves no output: " + p.stderr.strip().splitlines()[-1][:160])
+    p = subprocess.run([PREPROCESS, "--input", corpus, "--output-prefix", os.path.join(d, "corpus"),
+                        "--tokenizer-type", "NullTokenizer", "--vocab-size", "128", "--append-eod"],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        return fail("bad token ids", "preprocess failed: " + p.stderr[-500:])
+    prefix = os.path.join(d, "corpus_text_document")
+    args = [a for a in MODEL if a != "--builtin-data"]
+    out = subprocess.run([FP8TRON] + args + ["--data-path", prefix, "--tokenizer-type", "NullTokenizer",
+                                             "--split", "100,0,0", "--data-cache-path", os.path.join(d, "cache")],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    counts["faults injected"] += 1
+    pattern = r"token id 700 in train sample \d+ \(position \d+; dataset .*corpus_text_document, document 17, token 9 of it\) is outside the vocabulary of 129 tokens"
+    if out.returncode == 0 or not re.search(pattern, out.stdout) or "Traceback" in out.stdout or "internal error" in out.stdout:
+        return fail("bad token ids", f"exit {out.returncode}:\n{out.stdout[-1500:]}")
+    counts["clear errors checked"] += 1
+    log("ok   token id outside the vocabulary: " + re.search(r"fp8tron: error: .*", out.stdout).group(0)[:200])
+
+
+def second_job():
+    d = fresh("second_job")
+    p, out = start(["--save", d])
+    if not wait_for(out, r"iteration\s+2/", 60):
+        kill_group(p)
+        return fail("second job", "the first job did not start")
+    os.killpg(p.pid, signal.SIGSTOP)  # the first job holds the lock while the second starts
+    rc, text = run(["--save", d])
+    os.killpg(p.pid, signal.SIGCONT)
+    counts["faults injected"] += 1
+    if rc == 0 or not re.search(r"--save .* is in use by another fp8tron job \(host=\S+ pid=\d+", text):
+        kill_group(p)
+        return fail("second job", f"not refused (exit {rc}):\n{text[-1500:]}")
+    counts["clear errors checked"] += 1
+    log("ok   a second job on the same --save: " + re.search(r"fp8tron: error: .*", text).group(0)[:200])
+    p.wait(timeout=240)
+    if p.returncode != 0 or final_state(d) != reference(1)[0]:
+        return fail("second job", "the first job was disturbed")
+    counts["resumes checked"] += 1
+    log("ok   the first job finished undisturbed, bitwise equal to the uninterrupted run")
+
+
+def nan_loss():
+    d = fresh("nan")
+    rc, out = run(["--save", d, "--fp8tron-test-inject-nan", "7"])
+    counts["faults injected"] += 1
+    if rc != 1 or not re.search(r"iteration 7: the loss is NaN.*stopping, as --check-for-nan-in-loss-and-grad asks", out):
+        return fail("NaN loss", f"exit {rc}:\n{out[-1500:]}")
+    if tracker(d) != "6":
+        return fail("NaN loss", f"tracker names {tracker(d)}, not 6")
+    counts["clear errors checked"] += 1
+    log("ok   NaN loss at iteration 7: " + re.search(r"fp8tron: error: .*", out).group(0)[:160])
+    tracker_before[d] = "6"
+    check_resume("resume after the NaN stop", d)
+
+
+def moe_faults():
+    """Mixture of experts under mpirun (2 ranks, expert parallel 2, distributed optimizer): a kill
+    inside a save, and a NaN in one expert's gradient, which only rank 1 holds: the run stops
+    naming that expert, and the last good checkpoint resumes bitwise equal."""
+    d = fresh("moe_kill")
+    killed_at("SIGKILL at commit:files-synced (MoE, expert parallel 2, mpirun)",
+              ["--save", d, "--fp8tron-test-kill-at", "commit:files-synced@2"] + DP2, ranks=2, save_dir=d, model=MOE_EP2)
+    d = fresh("moe_nan")
+    expert = "decoder.layers.1.mlp.experts.linear_fc1.weight3"
+    rc, out = run(["--save", d, "--fp8tron-test-inject-nan", f"7:{expert}"] + DP2 + MOE_EP2, ranks=2)
+    counts["faults injected"] += 1
+    want = r"iteration 7: the gradient norm is NaN \(the first parameter whose gradient is not finite: %s\)" % re.escape(expert)
+    if rc == 0 or not re.search(want, out):
+        return fail("NaN in an expert's gradient", f"exit {rc}:\n{out[-1500:]}")
+    if tracker(d) != "6":
+        return fail("NaN in an expert's gradient", f"tracker names {tracker(d)}, not 6")
+    counts["clear errors checked"] += 1
+    log("ok   NaN in an expert's gradient (rank 1) at iteration 7: " + re.search(r"fp8tron: error: .*", out).group(0)[:160])
+    tracker_before[d] = "6"
+    check_resume("resume after the expert NaN stop (MoE)", d, ranks=2, model=MOE_EP2)
+
+
+def main():
+    os.makedirs(WORK, exist_ok=True)
+    start_time = time.time()
+    reference(1)
+    reference(2)
+    kill_points()
+    random_kills(2 if QUICK else 4)
+    kill_one_rank()
+    stopped_rank_is_reported()
+    full_disk()
+    corrupt_and_fall_back()
+    bad_token_ids()
+    second_job()
+    nan_loss()
+    moe_faults()
+    log("fault injection report: " + ", ".join(f"{v} {k}" for k, v in counts.items()) +
+        f"; {len(losses)} resumed runs ended with the reference's last loss; {time.time() - start_time:.0f} s")
+    sys.exit(1 if counts["failures"] else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+// Flags that do nothing in the combination given: a warning each, so a user who expects them to
+// act learns at start-up that they do not (Megatron's own text where it warns, e.g. for
+// --sequence-parallel without tensor parallelism). Each rule is one small check.
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/text.h"
+#include "trainer/cli/config_builder.h"
+
+namespace fp8tron {
+namespace {
+
+// The given flags among `names`, as "--a, --b".
+std::string given_among(const FlagValues& f, const std::vector<std::string>& names) {
+  std::vector<std::string> given;
+  for (const auto& n : names)
+    if (f.given(n)) given.push_back("--" + n);
+  return join(given, ", ");
+}
+
+using Rule = std::function<std::string(const Config&, const FlagValues&)>;
+
+const std::vector<Rule>& rules() {
+  static const std::vector<Rule> table = {
+      [](const Config& c, const FlagValues& f) -> std::string {
+        if (c.parallel.tp == 1 && f.get_bool("sequence-parallel"))
+          return "Disabling sequence parallelism because tensor model parallelism is disabled";
+        return "";
+      },
+      [](const Config& c, const FlagValues& f) -> std::string {
+        if (c.precision.fp8.enabled()) return "";
+        const std::string g = given_among(f, {"fp8-recipe", "fp8-margin", "fp8-interval", "fp8-amax-history-len",
+                                              "fp8-amax-compute-algo", "tp-only-amax-red", "fp8-min-features",
+                                              "first-last-layers-bf16", "num-layers-at-start-in-bf16",
+                                              "num-layers-at-end-in-bf16", "no-use-gmm-fp8",
+                                              "log-fp8-stats-to-tensorboard"});
+        return g.empty() ? "" : g + " ha" + (g.find(',') == std::string::npos ? "s" : "ve") +
+                                    " no effect without --fp8-format (FP8 is off; --fp8-format e4m3 or hybrid turns it on)";
+      },
+      [](const Config& c, const FlagValues& f) -> std::string {
+        if (!c.precision.fp8.enabled() || f.get_string("fp8-recipe") == "delayed") return "";
+        const std::string g = given_among(f, {"fp8-margin", "fp8-interval", "fp8-amax-history-len", "fp8-amax-compute-algo"});
+        return g.empty() ? "" : g + ": delayed-scaling settings, ignored with --fp8-recipe " + f.get_string("fp8-recipe");
+      },
+      [](const Config&, const FlagValues& f) -> std::string {
+        if (f.get_bool("first-last-layers-bf16")) return "";
+        const std::string g = given_among(f, {"num-layers-at-start-in-bf16", "num-layers-at-end-in-bf16"});
+        return g.empty() ? "" : g + " ha" + (g.find(',') == std::string::npos ? "s" : "ve") +
+                                    " no effect without --first-last-layers-bf16";
+      },
+      [](const Config& c, const FlagValues& f) -> std::string {
+        if (c.precision.params_dtype == ParamDtype::Fp16) return "";
+        const std::string g = given_among(f, {"initial-loss-scale", "min-loss-scale", "loss-scale-window", "hysteresis"});
+        return g.empty() ? "" : g + ": loss scaling applies to --fp16 only; ignored";
+      },
+      [](const Config& c, const FlagValues& f) -> std::string {
+        if (c.parallel.dp > 1) return "";
+        const std::string g = given_among(f, {"use-distributed-optimizer", "overlap-grad-reduce", "overlap-param-gather",
+                                              "ddp-bucket-size"});
+        return g.empty() ? "" : g + ": nothing to shard or overlap with data-parallel size 1";
+      },
+      [](const Config& c, const FlagValues& f) -> std::string {
+        if (!c.checkpoint.save.empty()) return "";
+        const std::string g = given_among(f, {"save-interval", "persistent-save-interval", "save-retain-interval",
+                                              "async-save", "no-save-optim", "no-save-rng", "non-persistent-save-interval"});
+        return g.empty() ? "" : g + " ha" + (g.find(',') == std::string::npos ? "s" : "ve") + " no effect without --save";
+      },
+      [](const Config& c, const FlagValues& f) -> std::string {
+        if (!c.checkpoint.load.empty()) return "";
+        const std::string g = given_among(f, {"ckpt-step", "no-load-optim", "no-load-rng", "finetune",
+                                              "load-main-params-from-ckpt", "exit-on-missing-checkpoint",
+                                              "override-opt-param-scheduler", "override-opt_param-scheduler",
+                                              "use-checkpoint-opt-param-scheduler", "use-checkpoint-opt_param-scheduler",
+                                              "no-verify-integrity"});
+        return g.empty() ? "" : g + " ha" + (g.find(',') == std::string::npos ? "s" : "ve") + " no effect without --load";
+      },
+      [](const Config& c, const FlagValues& f) -> std::string {
+        if (c.checkpoint.exit_signal_handler || !f.given("exit-signal")) return "";
+        return "--exit-signal has no effect without --exit-signal-handler";
+      },
+      [](const Config& c, const FlagValues& f) -> std::string {
+        // Muon's scalar optimizer (the non-matrix parameters) is Adam.
+        const bool adam = c.optimizer.optimizer == "adam" || c.optimizer.optimizer == "muon";
+        const std::string g = adam ? given_among(f, {"sgd-momentum"}) : given_among(f, {"adam-beta1", "adam-beta2", "adam-eps"});
+        return g.empty() ? "" : g + ": not used by --optimizer " + c.optimizer.optimizer;
+      },
+      [](const Config& c, const FlagValues& f) -> std::string {
+        // YaRN is a rotary embedding too, and multi-latent attention has its own rotary part.
+        const PositionEmbedding pe = c.model.position_embedding;
+        if (pe == PositionEmbedding::Rope || pe == PositionEmbedding::Yarn || c.model.mla.enabled) return "";
+        const std::string g = given_among(f, {"rotary-base", "rotary-percent"});
+        return g.empty() ? "" : g + ": rotary settings, ignored without --position-embedding-type rope or yarn";
+      },
+      [](const Config&, const FlagValues& f) -> std::string {
+        if (f.get_bool("group-query-attention") || !f.given("num-query-groups")) return "";
+        return "--num-query-groups has no effect without --group-query-attention";
+      },
+      [](const Config& c, const FlagValues& f) -> std::string {
+        if (!c.logging.tensorboard_dir.empty()) return "";
+        const std::string g = given_among(f, {"tensorboard-log-interval", "log-timers-to-tensorboard",
+                                              "log-validation-ppl-to-tensorboard", "log-memory-to-tensorboard",
+                                              "log-world-size-to-tensorboard", "log-fp8-stats-to-tensorboard"});
+        return g.empty() ? "" : g + " ha" + (g.find(',') == std::string::npos ? "s" : "ve") +
+                                    " no effect without --tensorboard-dir";
+      },
+      [](const Config&, const FlagValues& f) -> std::string {
+        if (!f.given("padded-vocab-size") || !f.given("make-vocab-size-divisible-by")) return "";
+        return "--make-vocab-size-divisible-by has no effect with --padded-vocab-size";
+      },
+  };
+  return table;
+}
+
+}  // namespace
+
+std::vector<std::string> inert_flag_warnings(const Config& config, const FlagValues& flags) {
+  std::vector<std::string> out;
+  for (const auto& rule : rules()) {
+    std::string warning = rule(config, flags);
+    if (!warning.empty()) out.push_back(std::move(warning));
+  }
+  return out;
+}
+
+}  // namespace fp8tron
