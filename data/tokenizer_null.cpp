@@ -8,7 +8,8 @@
 
 namespace fp8tron::data {
 
-NullTokenizer::NullTokenizer(int64_t vocab_size) : vocab_size_(vocab_size) {
+NullTokenizer::NullTokenizer(int64_t vocab_size, std::optional<int64_t> eod_id, int64_t pad_id)
+    : vocab_size_(vocab_size), eod_(eod_id.value_or(vocab_size - 1)), pad_(pad_id) {
   if (vocab_size <= 0) throw UserError("NullTokenizer needs --vocab-size N (a positive number of ids)");
 }
 

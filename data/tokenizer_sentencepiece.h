@@ -1,14 +1,14 @@
-// SentencePiece tokenizers through libsentencepiece, as Megatron's legacy wrappers define them:
-//   SentencePieceTokenizer     adds <CLS> <SEP> <EOD> <MASK> (and pad/bos/eos pieces) as special
-//                              tokens, found in text before SentencePiece sees it; eod = <EOD>
-//   GPTSentencePieceTokenizer  plain SentencePiece ids; eod = the model's eos id
-//   Llama2Tokenizer            as GPTSentencePieceTokenizer, with bos prepended
+// SentencePiece tokenizers through libsentencepiece, as Megatron-LM d98e8a6 defines them
+// (megatron/core/tokenizers/text/libraries/sentencepiece_tokenizer.py): SentencePieceTokenizer,
+// GPTSentencePieceTokenizer and Llama2Tokenizer are all the model's own pieces and ids
+// (encode_as_ids), nothing added: no BOS, no extra special tokens; eod = the model's eos id,
+// vocabulary = the model's piece count. Megatron's legacy wrappers (removed Feb 2026) differed:
+// Llama2Tokenizer prepended BOS and SentencePieceTokenizer appended <CLS> <SEP> <EOD> <MASK> to the
+// vocabulary; data preprocessed with them keeps its ids, and trains the same.
 // Without libsentencepiece at build time, constructing one throws a UserError.
 #pragma once
 #include <memory>
 #include <string>
-#include <utility>
-#include <vector>
 
 #include "data/tokenizer.h"
 
@@ -18,7 +18,7 @@ bool sentencepiece_available();
 
 class SentencePieceTokenizer : public Tokenizer {
  public:
-  enum class Flavor { Megatron, GPT, Llama2 };
+  enum class Flavor { SentencePiece, GPT, Llama2 };  // the --tokenizer-type name only
   SentencePieceTokenizer(const std::string& model_file, Flavor flavor);
   ~SentencePieceTokenizer() override;
 
@@ -26,15 +26,14 @@ class SentencePieceTokenizer : public Tokenizer {
   std::string detokenize(const std::vector<int64_t>& ids) const override;
   int64_t vocab_size() const override { return vocab_size_; }
   int64_t eod() const override { return eod_; }
+  int64_t pad() const override { return pad_; }  // the model's pad id (-1 when it has none)
   std::string name() const override;
 
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
   Flavor flavor_;
-  int64_t vocab_size_ = 0, eod_ = -1, bos_ = -1;
-  // Megatron flavor: special tokens in insertion order (ties in text position go to the first).
-  std::vector<std::pair<std::string, int64_t>> special_;
+  int64_t vocab_size_ = 0, eod_ = -1, pad_ = -1;
 };
 
 }  // namespace fp8tron::data

@@ -113,10 +113,10 @@ void validate(const Recipe& recipe) {
                    if (!(r.amax_epsilon >= 0.0f)) throw UserError("tensorwise recipe: amax epsilon must be >= 0");
                  },
                  [](const BlockwiseScaling& r) {
-                   if (r.format != Fp8Format::kE4M3) {
-                     throw UserError(std::string("--fp8-recipe blockwise uses E4M3 for every tensor (1x128 activation "
-                                                 "and gradient tiles, 128x128 weight blocks); use --fp8-format e4m3, "
-                                                 "got --fp8-format ") +
+                   // Transformer Engine's Float8BlockScaling: E4M3, or hybrid (E5M2 gradients); not HiF8.
+                   if (r.format != Fp8Format::kE4M3 && r.format != Fp8Format::kHybrid) {
+                     throw UserError(std::string("--fp8-recipe blockwise takes --fp8-format e4m3 or hybrid, got "
+                                                 "--fp8-format ") +
                                      fp8_format_name(r.format));
                    }
                    if (!(r.amax_epsilon >= 0.0f)) throw UserError("blockwise recipe: amax epsilon must be >= 0");
@@ -196,8 +196,8 @@ std::string describe(const Recipe& recipe) {
                              r.power_2_scales ? ", power-of-two scales" : "");
           },
           [](const BlockwiseScaling& r) {
-            return strprintf("blockwise scaling, E4M3, 1x128 activation/gradient tiles, 128x128 weight blocks%s",
-                             r.power_2_scales ? ", power-of-two scales" : "");
+            return strprintf("blockwise scaling, format %s, 1x128 activation/gradient tiles, 128x128 weight blocks%s",
+                             fp8_format_name(r.format), r.power_2_scales ? ", power-of-two scales" : "");
           },
           [](const Mxfp8Scaling& r) {
             return strprintf("MXFP8 block scaling, format %s, 1x32 blocks with E8M0 scales", fp8_format_name(r.format));

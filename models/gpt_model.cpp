@@ -3,8 +3,11 @@
 #include <ATen/SDPBackend.h>
 
 #include <cmath>
+#include <utility>
 
 #include "core/error.h"
+#include "models/mla_attention.h"
+#include "models/mtp.h"
 #include "models/cross_entropy.h"
 #include "models/recompute.h"
 #include "parallel/parallel_state.h"
@@ -19,6 +22,27 @@ double output_std(const ModelConfig& m) { return m.init_method_std / std::sqrt(2
 
 torch::Tensor maybe_dropout(const torch::Tensor& x, double p, bool training) {
   return p > 0 && training ? F::dropout(x, F::DropoutFuncOptions().p(p).training(true)) : x;
+}
+
+// The rotary embedding of standard attention: rope on --rotary-percent of each head (with
+// --use-rope-scaling's Llama 3.1 frequencies), or YaRN on the whole head (Megatron's YaRN ignores
+// --rotary-percent); none for learned or no positions.
+RotarySpec attention_rotary(const ModelConfig& m) {
+  RotarySpec spec;
+  spec.base = m.rotary_base;
+  spec.layout = m.rotary.interleaved ? RotaryLayout::Interleaved : RotaryLayout::RotateHalf;
+  if (m.position_embedding == PositionEmbedding::Rope) {
+    spec.dim = int64_t(double(m.kv_channels) * m.rotary_percent);
+    if (m.rotary.llama3_scaling) {
+      spec.scaling = RotaryScaling::Llama3;
+      spec.llama3_factor = m.rotary.llama3_factor;
+    }
+  } else if (m.position_embedding == PositionEmbedding::Yarn) {
+    spec.dim = m.kv_channels;
+    spec.scaling = RotaryScaling::Yarn;
+    spec.yarn = m.rotary.yarn;
+  }
+  return spec;
 }
 
 TensorParallelContext no_tensor_parallel() {
@@ -49,8 +73,7 @@ SelfAttentionImpl::SelfAttentionImpl(const ModelConfig& m, const std::string& pr
   // Under context parallelism the tokens are this rank's shard: their own positions.
   const auto& cp = f.cp();
   const torch::Tensor positions = cp.enabled() ? cp_positions(m.seq_length, cp.size(), cp.rank()) : torch::Tensor();
-  if (m.position_embedding == PositionEmbedding::Rope)
-    rope_ = RotaryEmbedding(m.kv_channels, m.rotary_percent, m.rotary_base, positions);
+  rope_ = RotaryEmbedding(attention_rotary(m), positions);
   core_attention_ = CoreAttention(m, layer_number(prefix), cp);
 }
 
@@ -67,7 +90,7 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, const torch::Te
     q = q_layernorm(q);
     k = k_layernorm(k);
   }
-  if (m.position_embedding == PositionEmbedding::Rope) {
+  if (rope_.enabled()) {
     q = rope_.apply(q);
     k = rope_.apply(k);
   }
@@ -76,7 +99,8 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, const torch::Te
 }
 
 // ---- MLP -------------------------------------------------------------------------------------------
-MlpImpl::MlpImpl(const ModelConfig& m, const std::string& prefix, const ModuleFactory& f) : swiglu_(m.swiglu) {
+MlpImpl::MlpImpl(const ModelConfig& m, const std::string& prefix, const ModuleFactory& f)
+    : swiglu_(m.swiglu), squared_relu_(m.squared_relu) {
   const int64_t fc1_out = m.swiglu ? 2 * m.ffn_hidden_size : m.ffn_hidden_size;
   linear_fc1 = register_module(
       "linear_fc1", TELayerNormColumnParallelLinear(NormOptions::from(m, m.hidden_size),
@@ -91,7 +115,9 @@ MlpImpl::MlpImpl(const ModelConfig& m, const std::string& prefix, const ModuleFa
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
   auto h = linear_fc1(x);
-  // GeLU (tanh, as Megatron and TE) or SwiGLU on this rank's gate|up shards, fused into FP8 casts.
+  // GeLU (tanh, as Megatron and TE) or SwiGLU on this rank's gate|up shards, fused into FP8 casts;
+  // squared ReLU (Megatron's torch.pow(F.relu(x), 2)) unfused.
+  if (squared_relu_) return linear_fc2(torch::relu(h).square());
   return swiglu_ ? linear_fc2->forward_swiglu(h) : linear_fc2->forward_gelu(h);
 }
 
@@ -99,7 +125,15 @@ torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
 TransformerLayerImpl::TransformerLayerImpl(const ModelConfig& m, const std::string& prefix, int64_t layer,
                                            const ModuleFactory& f, std::shared_ptr<MoeContext> moe_context)
     : hidden_dropout_(m.hidden_dropout), recompute_mlp_(m.recompute.selective(&RecomputeModules::mlp)) {
-  self_attention = register_module("self_attention", SelfAttention(m, prefix + ".self_attention", f));
+  if (m.mla.enabled) {
+    // MLA's input norm is a module of its own (its down projections are not norm-fused linears);
+    // under SP it runs on sequence shards (partial gradients).
+    input_layernorm = register_module("input_layernorm", TELayerNorm(NormOptions::from(m, m.hidden_size),
+                                                                      f.tp().sequence_parallel, f));
+    mla_attention = register_module("self_attention", std::make_shared<MlaSelfAttentionImpl>(m, prefix + ".self_attention", f));
+  } else {
+    self_attention = register_module("self_attention", SelfAttention(m, prefix + ".self_attention", f));
+  }
   if (!m.moe.is_moe_layer(layer)) {
     mlp = register_module("mlp", Mlp(m, prefix + ".mlp", f));
     return;
@@ -112,7 +146,8 @@ TransformerLayerImpl::TransformerLayerImpl(const ModelConfig& m, const std::stri
 }
 
 torch::Tensor TransformerLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& attention_mask) {
-  auto h = x + maybe_dropout(self_attention(x, attention_mask), hidden_dropout_, is_training());
+  auto attention = mla_attention ? mla_attention->forward(input_layernorm(x), attention_mask) : self_attention(x, attention_mask);
+  auto h = x + maybe_dropout(attention, hidden_dropout_, is_training());
   // --recompute-modules mlp (dense layers): only the MLP's input is kept (the module outlives its graphs).
   auto m = moe ? moe(pre_mlp_layernorm(h))
                : recompute_mlp_ && is_training()
@@ -133,10 +168,12 @@ GptModelImpl::GptModelImpl(const ModelConfig& m, const TensorParallelContext& tp
     moe_ = std::make_shared<MoeContext>(m.moe, m.num_layers, ExpertParallelGroups::single_process());
   }
   const bool tied = !m.untie_embeddings_and_output_weights;
+  const bool mtp = m.mtp.num_layers > 0;
   ParamInfo word;
   word.global_shape = {m.padded_vocab_size, m.hidden_size};
   word.partition_dim = 0;  // vocabulary-parallel
-  word.tied_embedding = tied;
+  // Shared with the last stage: as the tied output layer, or as the MTP layers' input embedding.
+  word.tied_embedding = tied || mtp;
   if (stage.has_embedding) {
     auto embedding = register_module("embedding", std::make_shared<torch::nn::Module>("LanguageModelEmbedding"));
     embedding_ = embedding;
@@ -154,23 +191,32 @@ GptModelImpl::GptModelImpl(const ModelConfig& m, const TensorParallelContext& tp
   for (int64_t i = stage.first_layer; i < stage.first_layer + stage.num_layers; ++i)
     layers_.push_back(
         layers->register_module(std::to_string(i), TransformerLayer(m, "decoder.layers." + std::to_string(i), i, f, moe_)));
-  if (stage.has_head) {
+  // The decoder's final norm closes the last transformer layer: on the loss stage, or with MTP on
+  // the stage holding the last layer (the MTP layers start from the normed hidden states).
+  final_norm_here_ = mtp ? stage.num_layers > 0 && stage.first_layer + stage.num_layers == m.num_layers : stage.has_head;
+  if (final_norm_here_) {
     // Under SP the final norm runs on sequence shards: partial gradients per rank.
     final_layernorm_ = decoder->register_module("final_layernorm", TELayerNorm(NormOptions::from(m, m.hidden_size), tp.sequence_parallel, f));
+  }
+  if (stage.has_head) {
     LinearOptions out{m.hidden_size, m.padded_vocab_size, false, m.init_method_std, 1, "output_layer", tied};
     out.fp8 = false;  // the logits GEMM stays bf16, as Megatron's output layer
     output_layer_ = register_module("output_layer", TEColumnParallelLinear(out, f));
-    if (tied) {
-      // The output layer reuses the word embedding. A last stage without the embedding keeps a
-      // copy drawn from the same seed, kept equal by summing the two stages' gradients
-      // (Megatron's embedding group).
-      if (!stage.has_embedding) {
-        ParamInfo copy = word;
-        copy.shared_embedding_copy = true;
-        output_copy_ = std::make_shared<ShardedModule>("SharedEmbedding");
-        register_module("output_layer_shared", output_copy_);
-        output_copy_->add_param("weight", f.normal("embedding.word_embeddings.weight", copy, m.init_method_std), copy);
-      }
+    if ((tied || mtp) && !stage.has_embedding) {
+      // The output layer (tied) or the MTP layers use the word embedding. A last stage without
+      // the embedding keeps a copy drawn from the same seed, kept equal by summing the two
+      // stages' gradients (Megatron's embedding group).
+      ParamInfo copy = word;
+      copy.shared_embedding_copy = true;
+      output_copy_ = std::make_shared<ShardedModule>("SharedEmbedding");
+      register_module("output_layer_shared", output_copy_);
+      output_copy_->add_param("weight", f.normal("embedding.word_embeddings.weight", copy, m.init_method_std), copy);
+    }
+    if (mtp) {
+      auto block = register_module("mtp", std::make_shared<torch::nn::Module>("MultiTokenPredictionBlock"));
+      auto mtp_list = block->register_module("layers", std::make_shared<torch::nn::Module>("Layers"));
+      for (int64_t k = 0; k < m.mtp.num_layers; ++k)
+        mtp_layers_.push_back(mtp_list->register_module(std::to_string(k), std::make_shared<MtpLayerImpl>(m, k, f)));
     }
   }
 }
@@ -182,11 +228,18 @@ torch::Tensor GptModelImpl::shared_embedding_weight() const {
   return {};
 }
 
+torch::Tensor GptModelImpl::word_embedding_weight() const {
+  if (word_embeddings_) return word_embeddings_->named_parameters(false)["weight"];
+  FP8TRON_CHECK(output_copy_ != nullptr, "this pipeline stage holds no word embedding");
+  return output_copy_->named_parameters(false)["weight"];
+}
+
 torch::Tensor GptModelImpl::embed(const torch::Tensor& tokens, const torch::Tensor& position_ids) {
-  params_ready(*embedding_);
+  if (embedding_) params_ready(*embedding_);
+  if (output_copy_) params_ready(*output_copy_);
   auto t = tokens.t();  // [s, b]
   const int64_t vocab_start = tp_.rank * (config_.padded_vocab_size / tp_.size);
-  auto h = vocab_parallel_embedding(t, word_embeddings_->named_parameters(false)["weight"], vocab_start, *tp_.comm);
+  auto h = vocab_parallel_embedding(t, word_embedding_weight(), vocab_start, *tp_.comm);
   if (position_embeddings_) {
     auto table = position_embeddings_->named_parameters(false)["weight"];
     torch::Tensor rows;  // the positions of the tokens: 0..s-1, or a context-parallel shard's own
@@ -202,15 +255,63 @@ torch::Tensor GptModelImpl::embed(const torch::Tensor& tokens, const torch::Tens
 
 torch::Tensor GptModelImpl::head_logits(const torch::Tensor& hidden) {
   params_ready(*final_layernorm_);
+  return output_logits(final_layernorm_(hidden));
+}
+
+torch::Tensor GptModelImpl::output_logits(const torch::Tensor& h) {
   params_ready(*output_layer_);
   if (output_copy_) params_ready(*output_copy_);  // (a first stage's embedding is ready already)
-  auto h = final_layernorm_(hidden);
   const bool tied = !config_.untie_embeddings_and_output_weights;
   return tied ? output_layer_->forward_with(h, shared_embedding_weight()) : output_layer_(h);  // [s, b, V/tp]
 }
 
+torch::Tensor GptModelImpl::token_losses(const torch::Tensor& logits, const torch::Tensor& labels) {
+  const int64_t vocab_start = tp_.rank * (config_.padded_vocab_size / tp_.size);
+  return fused_vocab_parallel_cross_entropy(logits, labels.t(), vocab_start, *tp_.comm);  // [s, b]
+}
+
+// Megatron's process_mtp_loss: depth k predicts the labels rolled k more positions (the last k
+// positions masked out). Its term (lambda / D) x sum(mask_k ce_k) / max(n_k, 1) -- with
+// --calculate-per-token-loss x n_0 instead of / 1 -- enters the gradient only (MTPLossAutoScaler):
+// the value returned is zero.
+torch::Tensor GptModelImpl::mtp_loss(const torch::Tensor& hidden, const torch::Tensor& tokens, const torch::Tensor& labels,
+                                     const torch::Tensor& loss_mask, const torch::Tensor& position_ids,
+                                     const torch::Tensor& attention_mask) {
+  FP8TRON_CHECK(tokens.defined(), "multi-token prediction needs the tokens on the loss stage");
+  const double scale = config_.mtp.loss_scaling_factor / double(config_.mtp.num_layers);
+  auto ids = tokens, lab = labels, mask = loss_mask.to(torch::kFloat32), positions = position_ids;
+  if (position_embeddings_ && !positions.defined())
+    positions = torch::arange(tokens.size(1), tokens.options()).unsqueeze(0).expand({tokens.size(0), tokens.size(1)});
+  const auto n0 = mask.sum();
+  auto h = hidden;
+  auto total = torch::zeros({}, hidden.options().dtype(torch::kFloat32));
+  if (mtp_loss_sums_.empty()) mtp_loss_sums_.assign(mtp_layers_.size(), torch::zeros({}, total.options()));
+  for (size_t k = 0; k < mtp_layers_.size(); ++k) {
+    ids = roll_left(ids);
+    if (positions.defined()) positions = roll_left(positions);
+    lab = roll_left(lab);
+    mask = roll_left(mask);
+    params_ready(*mtp_layers_[k]);
+    h = mtp_layers_[k]->forward(embed(ids, positions), h, attention_mask);
+    const auto ce = token_losses(output_logits(h), lab);
+    const auto m = mask.t();
+    const auto sum = (ce * m).sum(), n = m.sum();
+    mtp_loss_sums_[k] = mtp_loss_sums_[k] + (sum / n.clamp_min(1.0)).detach();
+    total = total + scale * (per_token_loss_ ? sum * (n0 / n.clamp_min(1.0)) : sum / n.clamp_min(1.0));
+  }
+  ++mtp_micro_batches_;
+  return total - total.detach();
+}
+
+std::vector<torch::Tensor> GptModelImpl::take_mtp_losses(int64_t* micro_batches) {
+  *micro_batches = mtp_micro_batches_;
+  mtp_micro_batches_ = 0;
+  return std::exchange(mtp_loss_sums_, {});
+}
+
 torch::Tensor GptModelImpl::forward_stage(const torch::Tensor& input, const torch::Tensor& labels, const torch::Tensor& loss_mask,
-                                          const torch::Tensor& position_ids, const torch::Tensor& segment_ids) {
+                                          const torch::Tensor& position_ids, const torch::Tensor& segment_ids,
+                                          const torch::Tensor& tokens) {
   auto h = stage_.has_embedding ? embed(input, position_ids) : input;
   torch::Tensor attention_mask;
   if (segment_ids.defined()) {
@@ -220,20 +321,30 @@ torch::Tensor GptModelImpl::forward_stage(const torch::Tensor& input, const torc
     attention_mask = same.logical_and(torch::ones({s, s}, same.options()).tril()).unsqueeze(1);
   }
   h = run_layers(h, attention_mask);
-  if (!stage_.has_head) return h;
-  auto logits = head_logits(h);
-  const int64_t vocab_start = tp_.rank * (config_.padded_vocab_size / tp_.size);
-  auto per_token = fused_vocab_parallel_cross_entropy(logits, labels.t(), vocab_start, *tp_.comm);  // [s, b]
-  auto mask = loss_mask.t().to(torch::kFloat32);
-  auto tokens = mask.sum();
-  if (cp_.enabled()) {
-    // The mean over the whole sequence: this shard's sum over all shards' tokens. The context-
-    // parallel ranks' losses then add up to the micro-batch's (their gradients are summed with
-    // the data-parallel reduction, over data x context parallel).
-    tokens = tokens.detach().clone();
-    cp_.group->all_reduce(tokens);
+  if (final_norm_here_) {
+    params_ready(*final_layernorm_);
+    h = final_layernorm_(h);
   }
-  return (per_token * mask).sum() / tokens.clamp_min(1.0);
+  if (!stage_.has_head) return h;
+  auto per_token = token_losses(output_logits(h), labels);  // [s, b]
+  auto mask = loss_mask.t().to(torch::kFloat32);
+  // pretrain_gpt.py's loss: the sum over loss tokens; the schedule divides it by their number
+  // unless --calculate-per-token-loss (then the gradients are divided by the global count).
+  auto loss = (per_token * mask).sum();
+  if (!per_token_loss_) {
+    auto count = mask.sum();
+    if (cp_.enabled()) {
+      // The mean over the whole sequence: this shard's sum over all shards' tokens. The context-
+      // parallel ranks' losses then add up to the micro-batch's (their gradients are summed with
+      // the data-parallel reduction, over data x context parallel).
+      count = count.detach().clone();
+      cp_.group->all_reduce(count);
+    }
+    loss = loss / count.clamp_min(1.0);
+  }
+  if (!mtp_layers_.empty() && is_training())
+    loss = loss + mtp_loss(h, stage_.has_embedding ? input : tokens, labels, loss_mask, position_ids, attention_mask);
+  return loss;
 }
 
 torch::Tensor GptModelImpl::run_layers(torch::Tensor h, const torch::Tensor& attention_mask) {
@@ -273,7 +384,7 @@ torch::Tensor GptModelImpl::forward(const torch::Tensor& tokens) {
     params_ready(*layer);
     h = layer->forward(h);
   }
-  return head_logits(h).transpose(0, 1);
+  return head_logits(h).transpose(0, 1);  // (the MTP heads are training-only)
 }
 
 void configure_attention_backends() {

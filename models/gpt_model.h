@@ -47,9 +47,11 @@ class MlpImpl : public torch::nn::Module {
   TERowParallelLinear linear_fc2{nullptr};
 
  private:
-  bool swiglu_;
+  bool swiglu_, squared_relu_;
 };
 TORCH_MODULE(Mlp);
+
+class MlaSelfAttentionImpl;
 
 // A dense layer's MLP carries its norm fused into linear_fc1; an MoE layer (--moe-layer-freq) has
 // a separate pre_mlp_layernorm and the MoeLayer registered as "mlp" (Megatron's MoE layer spec).
@@ -61,6 +63,9 @@ class TransformerLayerImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& attention_mask = {});
 
   SelfAttention self_attention{nullptr};
+  // Multi-latent attention (registered as "self_attention" too) with its own input_layernorm.
+  std::shared_ptr<MlaSelfAttentionImpl> mla_attention;
+  TELayerNorm input_layernorm{nullptr};
   Mlp mlp{nullptr};
   TELayerNorm pre_mlp_layernorm{nullptr};  // MoE layers
   MoeLayer moe{nullptr};                   // MoE layers (named "mlp")
@@ -70,6 +75,8 @@ class TransformerLayerImpl : public torch::nn::Module {
   bool recompute_mlp_ = false;  // --recompute-modules mlp
 };
 TORCH_MODULE(TransformerLayer);
+
+class MtpLayerImpl;
 
 // Which part of the model a pipeline chunk holds.
 struct StageSpec {
@@ -94,9 +101,19 @@ class GptModelImpl : public torch::nn::Module {
   // One pipeline chunk: tokens [b, s] (first stage) or hidden states from the previous stage in,
   // hidden states out, or on the last stage the mean loss over loss_mask (labels/mask [b, s]).
   // position_ids [b, s] (--reset-position-ids, learned positions) and segment_ids [b, s]
-  // (--reset-attention-mask: no attention across documents) are optional.
+  // (--reset-attention-mask: no attention across documents) are optional. With multi-token
+  // prediction the last stage also takes the tokens [b, s] (its input is hidden states): the
+  // returned loss then carries the MTP losses' gradients while its value stays the main loss.
+  // With set_per_token_loss(true) the loss is the sum over loss tokens instead of their mean.
   torch::Tensor forward_stage(const torch::Tensor& input, const torch::Tensor& labels, const torch::Tensor& loss_mask,
-                              const torch::Tensor& position_ids = {}, const torch::Tensor& segment_ids = {});
+                              const torch::Tensor& position_ids = {}, const torch::Tensor& segment_ids = {},
+                              const torch::Tensor& tokens = {});
+  // --calculate-per-token-loss: the last stage returns summed (not averaged) token losses.
+  void set_per_token_loss(bool on) { per_token_loss_ = on; }
+  // Multi-token prediction: each depth's loss (sum over tokens / tokens) summed over the training
+  // micro-batches since the last call (0-dim fp32 tensors on the device), and how many
+  // micro-batches that was. Empty without MTP or on a stage without the loss.
+  std::vector<torch::Tensor> take_mtp_losses(int64_t* micro_batches);
   // Whole model, one tensor-parallel rank: mean cross entropy (fp32) where loss_mask is 1.
   torch::Tensor loss(const torch::Tensor& tokens, const torch::Tensor& labels, const torch::Tensor& loss_mask);
   // Whole model without tensor parallelism: logits [b, s, padded_vocab].
@@ -119,6 +136,14 @@ class GptModelImpl : public torch::nn::Module {
   torch::Tensor head_logits(const torch::Tensor& hidden);
   // The chunk's layers, with full recomputation by recompute units when it is on.
   torch::Tensor run_layers(torch::Tensor h, const torch::Tensor& attention_mask);
+  torch::Tensor output_logits(const torch::Tensor& normed);  // the output layer (tied or not)
+  torch::Tensor word_embedding_weight() const;  // the embedding or this stage's copy of it
+  // Token losses [s, b] of the logits against labels [b, s].
+  torch::Tensor token_losses(const torch::Tensor& logits, const torch::Tensor& labels);
+  // The multi-token-prediction part of the loss (zero-valued, carrying the MTP gradients).
+  torch::Tensor mtp_loss(const torch::Tensor& hidden, const torch::Tensor& tokens, const torch::Tensor& labels,
+                         const torch::Tensor& loss_mask, const torch::Tensor& position_ids,
+                         const torch::Tensor& attention_mask);
   void params_ready(const torch::nn::Module& part) const {
     if (params_ready_) params_ready_(part);
   }
@@ -133,8 +158,15 @@ class GptModelImpl : public torch::nn::Module {
   std::shared_ptr<ShardedModule> word_embeddings_, position_embeddings_;
   std::vector<TransformerLayer> layers_;
   TELayerNorm final_layernorm_{nullptr};
+  bool final_norm_here_ = false;  // the chunk applies decoder.final_layernorm after its layers
   TEColumnParallelLinear output_layer_{nullptr};
-  std::shared_ptr<ShardedModule> output_copy_;  // tied embedding copy on a last stage without the embedding
+  // The word embedding's copy on a last stage without the embedding (the tied output layer, or
+  // the input of the MTP layers).
+  std::shared_ptr<ShardedModule> output_copy_;
+  std::vector<std::shared_ptr<MtpLayerImpl>> mtp_layers_;
+  bool per_token_loss_ = false;
+  std::vector<torch::Tensor> mtp_loss_sums_;
+  int64_t mtp_micro_batches_ = 0;
 };
 TORCH_MODULE(GptModel);
 

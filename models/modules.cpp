@@ -190,28 +190,4 @@ torch::Tensor TERowParallelLinearImpl::reduce_and_add_bias(const torch::Tensor& 
   return bias.defined() ? y + bias : y;
 }
 
-RotaryEmbedding::RotaryEmbedding(int64_t head_dim, double percent, double base, torch::Tensor positions)
-    : rotary_dim_(int64_t(double(head_dim) * percent)), base_(base), positions_(std::move(positions)) {}
-
-torch::Tensor RotaryEmbedding::apply(const torch::Tensor& x) const {
-  const int64_t s = x.size(0);
-  if (!cos_.defined() || cos_.size(0) < s || cos_.device() != x.device() || cos_.scalar_type() != x.scalar_type()) {
-    // Tables in fp32, then cast: inv_freq = base^(-2i/dim), angle = position x inv_freq.
-    auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(x.device());
-    auto inv_freq = 1.0 / torch::pow(base_, torch::arange(0, rotary_dim_, 2, opts) / double(rotary_dim_));
-    FP8TRON_CHECK(!positions_.defined() || positions_.size(0) == s, "rotary embedding: one position per token");
-    auto angles = torch::outer(positions_.defined() ? positions_.to(opts) : torch::arange(s, opts), inv_freq);
-    auto emb = torch::cat({angles, angles}, -1);  // [s, rotary_dim]
-    cos_ = emb.cos().to(x.scalar_type()).view({s, 1, 1, rotary_dim_});
-    sin_ = emb.sin().to(x.scalar_type()).view({s, 1, 1, rotary_dim_});
-  }
-  auto cos = cos_.narrow(0, 0, s), sin = sin_.narrow(0, 0, s);
-  auto rot = x.narrow(-1, 0, rotary_dim_);
-  const int64_t half = rotary_dim_ / 2;
-  auto rotated_half = torch::cat({-rot.narrow(-1, half, half), rot.narrow(-1, 0, half)}, -1);
-  auto out = rot * cos + rotated_half * sin;
-  if (rotary_dim_ == x.size(-1)) return out;
-  return torch::cat({out, x.narrow(-1, rotary_dim_, x.size(-1) - rotary_dim_)}, -1);
-}
-
 }  // namespace fp8tron

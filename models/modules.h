@@ -12,6 +12,7 @@
 #include <torch/torch.h>
 
 #include "models/module_factory.h"
+#include "models/rotary.h"
 #include "core/config/model_config.h"
 #include "fp8/quantize.h"
 #include "parallel/overlap/tp_linear.h"
@@ -115,21 +116,5 @@ class TERowParallelLinearImpl : public ShardedModule {
   torch::Tensor own_bias() const;  // the bias the GEMM adds itself (without tensor parallelism)
 };
 TORCH_MODULE(TERowParallelLinear);
-
-// Rotary position embedding (Megatron's non-interleaved "rotate half" form) on the first
-// rotary_dim channels of each head; x is [s, b, heads, d]. `positions` [s] (CPU int64): the
-// sequence positions of x's tokens when they are not 0..s-1 (a context-parallel shard).
-class RotaryEmbedding {
- public:
-  RotaryEmbedding() = default;
-  RotaryEmbedding(int64_t head_dim, double percent, double base, torch::Tensor positions = {});
-  torch::Tensor apply(const torch::Tensor& x) const;
-
- private:
-  int64_t rotary_dim_ = 0;
-  double base_ = 10000;
-  torch::Tensor positions_;
-  mutable torch::Tensor cos_, sin_;  // cached per (device, dtype, length)
-};
 
 }  // namespace fp8tron

@@ -8,23 +8,27 @@
 
 namespace fp8tron {
 
-std::vector<PipelineStep> pipeline_order(int pp, int rank, int chunks, int64_t num_micro) {
+std::vector<PipelineStep> pipeline_order(int pp, int rank, int chunks, int64_t num_micro, int64_t group) {
   const int64_t total = num_micro * chunks;
-  // Megatron's mapping of the k-th forward (backward) of a rank to (chunk, micro-batch): groups
-  // of pp micro-batches cycle through the chunks.
-  auto chunk_of = [&](int64_t k, bool forward) {
-    const int c = int((k / pp) % chunks);
-    return forward ? c : chunks - 1 - c;
-  };
-  auto micro_of = [&](int64_t k) { return (k / (int64_t(pp) * chunks)) * pp + k % pp; };
+  if (group <= 0) group = pp;
+  // Megatron's schedule table (get_schedule_table): micro-batches in groups of `group`, the last
+  // group taking the remainder; within a group every micro-batch runs on chunk 0, then chunk 1, ...
+  // The k-th forward of a rank is table[k]; the k-th backward is table[k] with the chunks reversed.
+  std::vector<std::pair<int64_t, int>> table;  // (micro-batch, chunk)
+  for (int64_t lo = 0; lo < num_micro; lo += group) {
+    const int64_t hi = lo + group >= num_micro ? num_micro : lo + group;
+    for (int c = 0; c < chunks; ++c)
+      for (int64_t mb = lo; mb < hi; ++mb) table.emplace_back(mb, c);
+    if (hi == num_micro) break;
+  }
   int64_t warmup;
   if (chunks == 1) warmup = std::min<int64_t>(pp - rank - 1, num_micro);
-  else warmup = std::min<int64_t>(int64_t(pp - rank - 1) * 2 + int64_t(chunks - 1) * pp, total);
+  else warmup = std::min<int64_t>(int64_t(pp - rank - 1) * 2 + int64_t(chunks - 1) * group, total);
 
   std::vector<PipelineStep> order;
   int64_t f = 0, b = 0;
-  auto fwd = [&] { order.push_back({true, chunk_of(f, true), chunks == 1 ? f : micro_of(f)}); ++f; };
-  auto bwd = [&] { order.push_back({false, chunk_of(b, false), chunks == 1 ? b : micro_of(b)}); ++b; };
+  auto fwd = [&] { order.push_back({true, table[size_t(f)].second, table[size_t(f)].first}); ++f; };
+  auto bwd = [&] { order.push_back({false, chunks - 1 - table[size_t(b)].second, table[size_t(b)].first}); ++b; };
   for (int64_t i = 0; i < warmup; ++i) fwd();
   while (f < total) { fwd(); bwd(); }  // steady state: one forward, one backward
   while (b < total) bwd();             // cooldown
@@ -53,11 +57,12 @@ PipelineSchedule::PipelineSchedule(const ParallelState& parallel, int chunks, st
       options_(torch::TensorOptions().dtype(dtype).device(device)) {}
 
 torch::Tensor PipelineSchedule::run(int64_t num_micro, const ForwardFn& forward, double loss_scale,
-                                    const std::function<void()>& before_last_backward) {
+                                    const std::function<void()>& before_last_backward, int64_t group) {
   const int pp = parallel_.sizes.pp, rank = parallel_.pp_rank;
   const int virtual_stages = pp * chunks_;
-  if (chunks_ > 1 && num_micro % pp != 0)
-    throw std::runtime_error("the interleaved schedule needs the number of micro-batches to be a multiple of the pipeline size");
+  const int64_t n = group > 0 ? group : pp;
+  if (chunks_ > 1 && (n < pp || n > num_micro || (num_micro % n != 0 && num_micro % n < pp)))
+    throw std::runtime_error("the interleaved schedule's micro-batch groups do not fit the number of micro-batches");
   auto stage_of = [&](int chunk) { return chunk * pp + rank; };
   // A message's tag names its receiving virtual stage, direction and micro-batch.
   auto tag = [&](bool forward, int receiver_stage, int64_t micro) {
@@ -95,7 +100,7 @@ torch::Tensor PipelineSchedule::run(int64_t num_micro, const ForwardFn& forward,
 
   std::map<std::pair<int, int64_t>, std::pair<torch::Tensor, torch::Tensor>> in_flight;  // (chunk, micro) -> (input, output)
   auto loss_sum = torch::zeros({}, options_.dtype(torch::kFloat32));
-  const auto order = pipeline_order(pp, rank, chunks_, num_micro);
+  const auto order = pipeline_order(pp, rank, chunks_, num_micro, n);
   std::optional<Receive> prefetched;  // posted during the previous step
   for (size_t i = 0; i < order.size(); ++i) {
     const PipelineStep& step = order[i];

@@ -19,8 +19,10 @@ struct PipelineStep {
   int64_t micro_batch;
 };
 
-// The order of forward/backward steps of `pp_rank` (Megatron's 1F1B, interleaved when chunks > 1).
-std::vector<PipelineStep> pipeline_order(int pp_size, int pp_rank, int chunks, int64_t num_micro_batches);
+// The order of forward/backward steps of `pp_rank` (Megatron's 1F1B, interleaved when chunks > 1
+// with micro-batches in groups of `group`, --microbatch-group-size-per-virtual-pipeline-stage;
+// 0 = the pipeline size).
+std::vector<PipelineStep> pipeline_order(int pp_size, int pp_rank, int chunks, int64_t num_micro_batches, int64_t group = 0);
 
 // Megatron's overlap_p2p_comm for the interleaved schedule: a step's receive is posted before the
 // previous step's compute instead of just before its own, so the transfer runs beside that compute
@@ -46,8 +48,9 @@ class PipelineSchedule {
   // ranks without the last stage).
   using ForwardFn = std::function<torch::Tensor(int chunk, int64_t micro_batch, const torch::Tensor& input)>;
   // `before_last_backward` runs just before the step's last backward pass (gradient overlap).
+  // `group`: the interleaved schedule's micro-batch group size (0 = the pipeline size).
   torch::Tensor run(int64_t num_micro_batches, const ForwardFn& forward, double loss_scale,
-                    const std::function<void()>& before_last_backward = {});
+                    const std::function<void()>& before_last_backward = {}, int64_t group = 0);
   // Forward only (evaluation), micro-batch by micro-batch through the virtual stages.
   torch::Tensor run_forward_only(int64_t num_micro_batches, const ForwardFn& forward);
 

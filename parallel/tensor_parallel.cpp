@@ -74,6 +74,20 @@ struct ScatterToSp : torch::autograd::Function<ScatterToSp> {
   static variable_list backward(AutogradContext* ctx, variable_list g) { return {gathered(g[0], load_comm(ctx)), {}}; }
 };
 
+// All-gather along the last (feature) dimension; backward keeps this rank's slice (Megatron's
+// gather_from_tensor_model_parallel_region).
+struct GatherFromTpLastDim : torch::autograd::Function<GatherFromTpLastDim> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, Communicator* comm) {
+    save_comm(ctx, *comm);
+    return gathered(x.movedim(-1, 0), *comm).movedim(0, -1).contiguous();
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list g) {
+    Communicator& comm = load_comm(ctx);
+    const int64_t n = g[0].size(-1) / comm.size();
+    return {g[0].narrow(-1, n * comm.rank(), n).contiguous(), {}};
+  }
+};
+
 struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossEntropy> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& logits_in, const torch::Tensor& target,
                                int64_t vocab_start, Communicator* comm) {
@@ -110,6 +124,9 @@ struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossE
 
 torch::Tensor copy_to_tp(const torch::Tensor& x, Communicator& tp) {
   return tp.size() == 1 ? x : CopyToTp::apply(x, &tp);
+}
+torch::Tensor gather_from_tp_last_dim(const torch::Tensor& x, Communicator& tp) {
+  return tp.size() == 1 ? x : GatherFromTpLastDim::apply(x, &tp);
 }
 torch::Tensor reduce_from_tp(const torch::Tensor& x, Communicator& tp) {
   return tp.size() == 1 ? x : ReduceFromTp::apply(x, &tp);

@@ -16,6 +16,9 @@ torch::Tensor reduce_from_tp(const torch::Tensor& x, Communicator& tp);
 torch::Tensor gather_from_sp(const torch::Tensor& x, Communicator& tp);
 // Forward reduce-scatter along the sequence, backward all-gather (row-parallel output with SP).
 torch::Tensor reduce_scatter_to_sp(const torch::Tensor& x, Communicator& tp);
+// Forward all-gathers the last (feature) dimension, backward keeps this rank's slice
+// (a column-parallel output gathered whole, as MTP's eh_proj).
+torch::Tensor gather_from_tp_last_dim(const torch::Tensor& x, Communicator& tp);
 // Forward keeps this rank's sequence chunk, backward all-gathers (after the embedding with SP).
 torch::Tensor scatter_to_sp(const torch::Tensor& x, Communicator& tp);
 

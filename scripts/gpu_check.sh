@@ -174,10 +174,23 @@ with open('$OUT/corpus.jsonl', 'w') as f:
                      --train-iters 5 --lr 1e-3 --vocab-size 500 --builtin-data --eval-iters 0 --save /tmp/hf-$style --save-interval 5)
         [ "$style" = llama ] && flags+=(--position-embedding-type rope --normalization RMSNorm --swiglu --group-query-attention
                                         --num-query-groups 2 --disable-bias-linear --untie-embeddings-and-output-weights)
+        # Llama 3.1 frequency scaling with RoFormer-interleaved rotary channels (exported permuted).
+        [ "$style" = llama31 ] && flags+=(--position-embedding-type rope --normalization RMSNorm --swiglu --disable-bias-linear
+                                          --use-rope-scaling --rope-scaling-factor 8 --rotary-base 500000 --rotary-interleaved)
+        [ "$style" = llama_yarn ] && flags+=(--position-embedding-type yarn --rotary-scaling-factor 4 --mscale 1 --mscale-all-dim 1
+                                             --normalization RMSNorm --swiglu --disable-bias-linear --seq-length 64)
+        [ "$style" = gpt2_relu2 ] && flags+=(--squared-relu --disable-bias-linear)
+        # Multi-latent attention with YaRN and one MTP layer (DeepseekV3ForCausalLM; MTP left out).
+        [ "$style" = deepseek_v3 ] && flags+=(--multi-latent-attention --q-lora-rank 32 --kv-lora-rank 32 --qk-head-dim 32
+                                              --qk-pos-emb-head-dim 16 --v-head-dim 32 --qk-layernorm --rotary-scaling-factor 40
+                                              --mscale 1 --mscale-all-dim 1 --position-embedding-type rope --normalization RMSNorm
+                                              --swiglu --disable-bias-linear --untie-embeddings-and-output-weights --mtp-num-layers 1)
         ./build/fp8tron "${flags[@]}" && ./build/fp8tron-export --load /tmp/hf-$style --output /tmp/hf-$style-out \
           --reference-tokens 64 && python3 scripts/check_hf_export.py /tmp/hf-$style-out
       }
-      for style in gpt2 llama; do check export-$style "logits|match|rror" export_check $style; done ;;
+      for style in gpt2 llama llama31 llama_yarn gpt2_relu2 deepseek_v3; do
+        check export-$style "logits|match|rror" export_check $style
+      done ;;
     moe)
       echo "== mixture of experts: GPU tests, Mixtral-style benchmark (bf16, FP8)"
       check moe-gpu "moe-fp8|FAILED|Failure|OK \]" ./build/tests/fp8tron_gpu_tests --gtest_filter='GpuMoe*'

@@ -11,7 +11,7 @@ log() { echo "[setup] $*"; }
 
 # --- 1. system packages ----------------------------------------------------------------------
 PKGS=(cmake ninja-build ccache g++ libcli11-dev nlohmann-json3-dev libspdlog-dev libgtest-dev
-      libopenmpi-dev openmpi-bin python3-venv libsentencepiece-dev libxxhash-dev)
+      libopenmpi-dev openmpi-bin python3-venv libsentencepiece-dev libpcre2-dev libxxhash-dev)
 missing=()
 for p in "${PKGS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if ((${#missing[@]})) && [ "${FP8TRON_SKIP_APT:-0}" != 1 ]; then

@@ -82,6 +82,36 @@ expect 0 "profile written to $PROF/" -- "${TINY[@]}" --profile --use-pytorch-pro
   --profile-step-end 3 --tensorboard-dir "$PROF"
 expect 1 "--use-pytorch-profiler writes its trace to --tensorboard-dir" -- "${TINY[@]}" --profile --use-pytorch-profiler
 rm -rf "$PROF"
+# pretrain_gpt.py's defaults and Megatron's rules, as a Megatron script meets them.
+MOCK=(--num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 16 --micro-batch-size 2 --lr 1e-3
+      --train-iters 4 --mock-data --log-interval 2 --eval-iters 1 --eval-interval 4 --device cpu)
+expect 1 "GPT2BPETokenizer (pretrain_gpt.py's default), which needs --vocab-file and --merge-file" -- "${MOCK[@]}" --dry-run
+expect 0 "using a NullTokenizer of --vocab-size 64 ids" -- "${MOCK[@]}" --vocab-size 64
+expect 0 "Overriding default arguments for tokenizer_type:GPT2BPETokenizer with tokenizer_type:NullTokenizer" -- \
+  "${MOCK[@]}" --tokenizer-type NullTokenizer --vocab-size 64 --dry-run
+expect 0 "--split has no effect with --mock-data" -- "${MOCK[@]}" --vocab-size 64 --split 99,1,0 --dry-run
+expect 0 "dry run: configuration is valid" -- "${TINY[@]}" --lr-warmup-samples 0 --dry-run
+expect 1 "--lr-warmup-samples is for --train-samples" -- "${TINY[@]}" --lr-warmup-samples 8 --dry-run
+# Interleaved schedules Megatron accepts: 5 micro-batches on 4 stages in groups of 5.
+WORLD_SIZE=8 expect 0 "dry run: configuration is valid" -- "${TINY[@]}" --num-layers 12 --pipeline-model-parallel-size 4 \
+  --num-layers-per-virtual-pipeline-stage 1 --micro-batch-size 4 --global-batch-size 40 \
+  --microbatch-group-size-per-virtual-pipeline-stage 5 --dry-run
+WORLD_SIZE=8 expect 1 "micro-batches (5) to be a multiple of 4" -- "${TINY[@]}" --num-layers 12 --pipeline-model-parallel-size 4 \
+  --num-layers-per-virtual-pipeline-stage 1 --micro-batch-size 4 --global-batch-size 40 --dry-run
+WORLD_SIZE=2 expect 0 "dry run: configuration is valid" -- "${TINY[@]}" --num-layers 15 --pipeline-model-parallel-size 2 \
+  --pipeline-model-parallel-layout 'Et*3|(tt|)*6L' --global-batch-size 8 --dry-run
+WORLD_SIZE=4 expect 0 "dry run: configuration is valid" -- "${TINY[@]}" --num-layers 6 --pipeline-model-parallel-size 4 \
+  --num-virtual-stages-per-pipeline-rank 2 --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split \
+  --global-batch-size 8 --dry-run
+# Model variants train end to end on the CPU.
+expect 0 "mtp_1 loss:" -- "${TINY[@]}" --multi-latent-attention --q-lora-rank 16 --kv-lora-rank 16 --qk-head-dim 8 \
+  --qk-pos-emb-head-dim 8 --v-head-dim 8 --qk-layernorm --mtp-num-layers 1 --position-embedding-type rope \
+  --rotary-scaling-factor 4
+SAMPLES=(--num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 16 --micro-batch-size 2 --lr 1e-3
+         --vocab-size 64 --builtin-data --eval-iters 0 --device cpu)
+expect 0 "global batch size:     4 |" -- "${SAMPLES[@]}" --train-samples 24 --global-batch-size 8 \
+  --rampup-batch-size 4 4 8 --log-interval 1
+expect 0 "iteration        4/       4 |" -- "${TINY[@]}" --optimizer muon --calculate-per-token-loss --dataloader-type cyclic
 # A dry run fails exactly when training would: a flag whose feature has not landed.
 expect 1 "not supported yet: --tensor-parallel-num-weight-shards" -- "${TINY[@]}" --tensor-parallel-num-weight-shards 2 --dry-run
 # The MoE configurations train, scaled down to CPU size (their routing, balancing losses, shared

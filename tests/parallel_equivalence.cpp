@@ -1,8 +1,10 @@
 // Multi-process equivalence check, run under mpirun by ctest: every rank trains the tiny GPT (or
 // the tiny mixture-of-experts GPT, with the MoE flags in the test's arguments) twice, once alone
-// (the reference) and once in the parallel layout given on the command line,
-// and compares the 10 losses and its final (tensor-parallel-gathered) weights with the
-// reference: losses within 1e-5 relative (fp32, dropout 0; `--tolerance X` for bf16 runs on GPUs),
+// (the reference) and once in the parallel layout given on the command line, each from its own
+// initialisation (nothing injected: the same seed gives bitwise the same initial weights in every
+// layout, which is checked first), and compares the 10 losses and its final
+// (tensor-parallel-gathered) weights with the reference: losses within 1e-5 relative (fp32,
+// dropout 0; `--tolerance X` for bf16 runs on GPUs),
 // every tensor within 1e-2 of its own update (see the weights check; `--tensor-tolerance`,
 // `--weights-tolerance` where a layout changes the rounding, each documented where it is passed).
 // `--identical-without --flag` (repeatable) trains the layout a third time without that flag (and
@@ -17,6 +19,7 @@
 // tensor within --tensor-tolerance of its update).
 // Each rank's exit status says whether it agrees; the launcher fails the job if any rank fails.
 // Works under mpirun (CPU or GPU) and torchrun (GPU).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -44,7 +47,13 @@ std::vector<std::string> base_flags() {
 
 Config make_config(const std::vector<std::string>& extra, const LaunchEnv& env) {
   std::vector<std::string> args = {"fp8tron"};
-  for (const auto& a : base_flags()) args.push_back(a);
+  // A layout given in samples (--train-samples) replaces the base's --train-iters.
+  const bool samples = std::find(extra.begin(), extra.end(), "--train-samples") != extra.end();
+  const auto base = base_flags();
+  for (size_t i = 0; i < base.size(); ++i) {
+    if (samples && base[i] == "--train-iters") { ++i; continue; }
+    args.push_back(base[i]);
+  }
   for (const auto& a : extra) args.push_back(a);
   std::vector<const char*> argv;
   for (const auto& a : args) argv.push_back(a.c_str());
@@ -59,12 +68,14 @@ std::vector<std::string> without_layout_flags(const std::vector<std::string>& ar
       "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--num-layers-per-virtual-pipeline-stage",
       "--num-virtual-stages-per-pipeline-rank", "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
       "--context-parallel-size", "--hierarchical-context-parallel-sizes", "--cp-comm-type",
+      "--pipeline-model-parallel-layout", "--microbatch-group-size-per-virtual-pipeline-stage",
       "--tp-comm-overlap-cfg", "--coc-parallel-num", "--coc-mode", "--expert-model-parallel-size",
       "--expert-tensor-parallel-size", "--moe-token-dispatcher-type"};
   // The tensor-parallel overlap needs TP and SP, --fp8-param-gather the distributed optimizer, the
   // pipeline p2p flags a pipeline: one process runs without them.
   static const std::set<std::string> layout_switches = {
-      "--sequence-parallel", "--use-distributed-optimizer", "--overlap-param-gather", "--tp-comm-overlap",
+      "--sequence-parallel", "--use-distributed-optimizer", "--overlap-param-gather",
+      "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split", "--tp-comm-overlap",
       "--disable-tp-comm-overlap-ag", "--disable-tp-comm-overlap-rs", "--disable-tp-comm-bulk-dgrad",
       "--disable-tp-comm-bulk-wgrad", "--no-tp-comm-overlap-ag", "--no-tp-comm-overlap-rs", "--no-tp-comm-bulk-dgrad",
       "--no-tp-comm-bulk-wgrad", "--tp-comm-overlap-rs-dgrad", "--tp-comm-overlap-disable-qkv",
@@ -148,11 +159,20 @@ int main(int argc, char** argv) {
     Config parallel_config = make_config(layout, env);
     TrainOptions reference_options{.force_single_process = true, .collect_final_weights = true,
                                    .collect_initial_weights = true};
-    TrainOptions parallel_options{.force_single_process = false, .collect_final_weights = true};
+    TrainOptions parallel_options{.force_single_process = false, .collect_final_weights = true,
+                                  .collect_initial_weights = true};
     TrainResult reference = train(reference_config, reference_options);
     TrainResult parallel = train(parallel_config, parallel_options);
 
     int failures = 0;
+    // Layout-independent initialisation: every parameter this rank holds starts bitwise as in one process.
+    for (const auto& [name, w] : parallel.initial_weights) {
+      auto it = reference.initial_weights.find(name);
+      if (it == reference.initial_weights.end() || !torch::equal(w, it->second)) {
+        std::fprintf(stderr, "[rank %d] %s: initial value differs from one process's\n", env.rank, name.c_str());
+        ++failures;
+      }
+    }
     for (size_t i = 0; i < reference.losses.size(); ++i) {
       const double rel = std::abs(parallel.losses.at(i) - reference.losses[i]) / std::abs(reference.losses[i]);
       if (!(rel <= tolerance)) {

@@ -64,7 +64,8 @@ TEST(Config, InvalidCombinationsNameTheFlags) {
   EXPECT_USER_ERROR(build(tiny_args({"--train-samples", "100"})), "--train-iters and --train-samples cannot be used together");
   EXPECT_USER_ERROR(build(tiny_args({"--hidden-size", "30"})), "--hidden-size (30) is not divisible by --num-attention-heads (4)");
   EXPECT_USER_ERROR(build(tiny_args({"--max-position-embeddings", "8"})), "--max-position-embeddings (8) is smaller than --seq-length (16)");
-  EXPECT_USER_ERROR(build(tiny_args({"--lr-warmup-fraction", "0.1", "--lr-warmup-iters", "2"})), "--lr-warmup-fraction cannot be combined");
+  EXPECT_USER_ERROR(build(tiny_args({"--lr-warmup-fraction", "0.1", "--lr-warmup-iters", "2"})),
+                    "--lr-warmup-fraction and --lr-warmup-iters: give only one");
   EXPECT_USER_ERROR(build(tiny_args({"--lr-warmup-iters", "10"})), "warmup");
   EXPECT_USER_ERROR(build(tiny_args({"--min-lr", "1"})), "--min-lr is larger than --lr");
   EXPECT_USER_ERROR(build(tiny_args({"--lr-decay-style", "WSD"})), "--lr-wsd-decay-iters");
@@ -92,17 +93,21 @@ TEST(Config, DataFlags) {
     args.erase(std::find(args.begin(), args.end(), "--builtin-data"));
     return args;
   };
-  EXPECT_USER_ERROR(build(files({"--data-path", "/data/x"})), "--data-path needs --tokenizer-type");
-  EXPECT_USER_ERROR(build(files({"--data-path", "/data/x", "--tokenizer-type", "GPT2BPETokenizer"})), "needs the trainer to build the tokenizer");
-  EXPECT_USER_ERROR(build(tiny_args({"--split", "90,10,0"})), "--split applies to --data-path only");
+  // pretrain_gpt.py's default tokenizer, GPT2BPETokenizer, needs its two files.
+  EXPECT_USER_ERROR(build(files({"--data-path", "/data/x"})), "GPT2BPETokenizer (pretrain_gpt.py's default), which needs --vocab-file and --merge-file");
+  EXPECT_USER_ERROR(build(files({"--data-path", "/data/x", "--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", "v",
+                                 "--merge-file", "m"})),
+                    "needs the trainer to build the tokenizer");
+  EXPECT_NE(build(tiny_args({"--split", "90,10,0"})).hint_warnings.back().find("--split has no effect"), std::string::npos);
   EXPECT_USER_ERROR(build(files({"--data-path", "a", "--valid-data-path", "b", "--tokenizer-type", "NullTokenizer"})),
                     "cannot be combined");
   Config c = build(files({"--data-path", "0.3", "a", "0.7", "b", "--tokenizer-type", "NullTokenizer", "--split", "98,2,0",
                           "--eod-mask-loss", "--reset-position-ids"}));
   EXPECT_EQ(c.data.source, DataSource::Files);
   EXPECT_EQ(c.data.split, "98,2,0");
-  EXPECT_EQ(c.data.eod, 64);              // NullTokenizer: eod = --vocab-size
-  EXPECT_EQ(c.model.vocab_size, 65);
+  EXPECT_EQ(c.data.eod, 63);              // NullTokenizer (Megatron-LM d98e8a6): eod = --vocab-size - 1
+  EXPECT_EQ(c.model.vocab_size, 64);
+  EXPECT_EQ(c.notices.front(), "Overriding default arguments for tokenizer_type:GPT2BPETokenizer with tokenizer_type:NullTokenizer");
   EXPECT_TRUE(c.data.eod_mask_loss && c.data.reset_position_ids);
   // A real tokenizer decides the vocabulary through the resolver the trainer passes.
   LaunchEnv env;
@@ -274,10 +279,10 @@ TEST(Config, ParallelFlags) {
   EXPECT_TRUE(c.distributed.distributed_optimizer);
   EXPECT_FALSE(build(tiny_args({"--sequence-parallel"})).distributed.sequence_parallel) << "SP needs TP > 1";
   EXPECT_USER_ERROR(build(tiny_args({"--num-layers", "3", "--pipeline-model-parallel-size", "2"}), 2),
-                    "--num-layers (3) is not divisible by --pipeline-model-parallel-size (2)");
+                    "--num-layers (3) is not divisible by the 2 pipeline stages");
   EXPECT_USER_ERROR(build(tiny_args({"--num-layers", "8", "--pipeline-model-parallel-size", "2",
                                      "--num-layers-per-virtual-pipeline-stage", "2"}), 2),
-                    "multiple of --pipeline-model-parallel-size");
+                    "micro-batches in a virtual pipeline stage should range in [PP=2, M=1]");
   EXPECT_USER_ERROR(build(tiny_args({"--num-layers-per-virtual-pipeline-stage", "1"})), "needs --pipeline-model-parallel-size > 1");
   EXPECT_EQ(build(tiny_args({"--num-layers", "5", "--pipeline-model-parallel-size", "2", "--decoder-first-pipeline-num-layers", "2"}), 2)
                 .distributed.first_stage_layers.value_or(0), 2);

@@ -168,6 +168,7 @@ TEST(Fp8Linear, SwigluPrologueIsTheLinearOfTheSwiglu) {
 
 TEST(Fp8Linear, BlockAndMxRecipesAreCloseToTheExactProduct) {
   for (auto [kind, format] : {std::pair{fp8::RecipeKind::kBlockwise, fp8::Fp8Format::kE4M3},
+                              std::pair{fp8::RecipeKind::kBlockwise, fp8::Fp8Format::kHybrid},
                               std::pair{fp8::RecipeKind::kMxfp8, fp8::Fp8Format::kE4M3},
                               std::pair{fp8::RecipeKind::kMxfp8, fp8::Fp8Format::kHybrid}}) {
     SCOPED_TRACE(fp8::describe(recipe_of(kind, format)));
@@ -325,7 +326,8 @@ TEST(Fp8Flags, RulesAreEnforcedWithClearErrors) {
   using testing::build;
   using testing::tiny_args;
   EXPECT_USER_ERROR(build(tiny_args({"--fp8-format", "hif8", "--fp8-recipe", "delayed"})), "requires --fp8-recipe tensorwise");
-  EXPECT_USER_ERROR(build(tiny_args({"--fp8-format", "hybrid", "--fp8-recipe", "blockwise"})), "use --fp8-format e4m3");
+  EXPECT_NO_THROW(build(tiny_args({"--fp8-format", "hybrid", "--fp8-recipe", "blockwise"})));
+  EXPECT_USER_ERROR(build(tiny_args({"--fp8-format", "hif8", "--fp8-recipe", "blockwise"})), "requires --fp8-recipe tensorwise");
   EXPECT_USER_ERROR(build(tiny_args({"--fp8-format", "hybrid", "--transformer-impl", "local"})),
                     "--transformer-impl transformer_engine");
   EXPECT_USER_ERROR(build(tiny_args({"--fp8-format", "e4m3", "--fp8-recipe", "delayd"})), "delayed");

@@ -35,6 +35,7 @@ TEST(GpuFp8, LinearMatchesCpuEmulationForEveryRecipe) {
   const Case cases[] = {{fp8::RecipeKind::kDelayed, fp8::Fp8Format::kHybrid},    {fp8::RecipeKind::kDelayed, fp8::Fp8Format::kE4M3},
                         {fp8::RecipeKind::kTensorwise, fp8::Fp8Format::kHybrid}, {fp8::RecipeKind::kTensorwise, fp8::Fp8Format::kE4M3},
                         {fp8::RecipeKind::kTensorwise, fp8::Fp8Format::kHiF8},   {fp8::RecipeKind::kBlockwise, fp8::Fp8Format::kE4M3},
+                        {fp8::RecipeKind::kBlockwise, fp8::Fp8Format::kHybrid},  // E5M2 gradients x E4M3 (mixed-type block GEMMs)
                         {fp8::RecipeKind::kMxfp8, fp8::Fp8Format::kE4M3},        {fp8::RecipeKind::kMxfp8, fp8::Fp8Format::kHybrid}};
   const int64_t rows = 1024, in = 512, out = 768;
   for (const Case& c : cases) {

@@ -48,7 +48,8 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, c
 torch::Tensor hf_gpt2_logits(Weights& w, const nlohmann::json& c, const torch::Tensor& ids) {
   const int64_t b = ids.size(0), s = ids.size(1), H = c["n_embd"], nh = c["n_head"], d = H / nh;
   const double eps = c["layer_norm_epsilon"];
-  EXPECT_EQ(c["activation_function"], "gelu_new");
+  const std::string act = c["activation_function"];
+  EXPECT_TRUE(act == "gelu_new" || act == "relu2") << act;
   auto ln = [&](const torch::Tensor& x, const std::string& p) {
     return torch::layer_norm(x, {H}, w.at(p + ".weight"), w.at(p + ".bias"), eps);
   };
@@ -61,12 +62,45 @@ torch::Tensor hf_gpt2_logits(Weights& w, const nlohmann::json& c, const torch::T
     auto heads = [&](const torch::Tensor& t) { return t.view({b, s, nh, d}).transpose(1, 2); };
     auto a = causal_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2])).transpose(1, 2).reshape({b, s, H});
     h = h + conv1d(a, p + ".attn.c_proj");
-    auto m = torch::gelu(conv1d(ln(h, p + ".ln_2"), p + ".mlp.c_fc"), "tanh");
+    auto fc = conv1d(ln(h, p + ".ln_2"), p + ".mlp.c_fc");
+    auto m = act == "relu2" ? torch::relu(fc).square() : torch::gelu(fc, "tanh");
     h = h + conv1d(m, p + ".mlp.c_proj");
   }
   h = ln(h, "transformer.ln_f");
   const auto& head = c["tie_word_embeddings"].get<bool>() ? w.at("transformer.wte.weight") : w.at("lm_head.weight");
   return torch::matmul(h, head.t());
+}
+
+// transformers' rotary frequencies (modeling_rope_utils: default, llama3, yarn) and the cos/sin
+// attention factor, in fp64.
+std::pair<torch::Tensor, double> hf_inv_freq(const nlohmann::json& c, int64_t d, int64_t* max_positions) {
+  const double theta = c["rope_theta"];
+  auto inv_freq = 1.0 / torch::pow(theta, torch::arange(0, d, 2, torch::kFloat64) / double(d));
+  const auto& r = c["rope_scaling"];
+  if (r.is_null()) return {inv_freq, 1.0};
+  const std::string type = r["rope_type"];
+  const double factor = r["factor"];
+  if (type == "llama3") {
+    const double old = r["original_max_position_embeddings"], low_f = r["low_freq_factor"], high_f = r["high_freq_factor"];
+    auto wavelen = 2 * M_PI / inv_freq;
+    auto llama = torch::where(wavelen > old / low_f, inv_freq / factor, inv_freq);
+    auto smooth = (old / wavelen - low_f) / (high_f - low_f);
+    auto smoothed = (1 - smooth) * llama / factor + smooth * llama;
+    auto medium = (wavelen < old / high_f).logical_not().logical_and((wavelen > old / low_f).logical_not());
+    return {torch::where(medium, smoothed, llama), 1.0};
+  }
+  EXPECT_EQ(type, "yarn");
+  const double original = r["original_max_position_embeddings"];
+  *max_positions = int64_t(c["max_position_embeddings"]);
+  EXPECT_DOUBLE_EQ(double(*max_positions) / original, factor);  // transformers derives the factor so
+  auto dim_for = [&](double rotations) { return d * std::log(original / (rotations * 2 * M_PI)) / (2 * std::log(theta)); };
+  double low = std::floor(dim_for(r["beta_fast"])), high = std::ceil(dim_for(r["beta_slow"]));
+  low = std::max(low, 0.0);
+  high = std::min(high, double(d - 1));
+  if (low == high) high += 0.001;
+  auto extrapolation = 1 - ((torch::arange(d / 2, torch::kFloat64) - low) / (high - low)).clamp(0, 1);
+  auto interpolation = inv_freq / factor;
+  return {interpolation * (1 - extrapolation) + inv_freq * extrapolation, r["attention_factor"].get<double>()};
 }
 
 // transformers' LlamaForCausalLM forward (eval).
@@ -82,10 +116,12 @@ torch::Tensor hf_llama_logits(Weights& w, const nlohmann::json& c, const torch::
     auto y = torch::matmul(x, w.at(p + ".weight").t());
     return w.count(p + ".bias") ? y + w.at(p + ".bias") : y;
   };
-  auto inv_freq = 1.0 / torch::pow(theta, torch::arange(0, d, 2, torch::kFloat64) / double(d));
+  int64_t unused = 0;
+  auto [inv_freq, attention_factor] = hf_inv_freq(c, d, &unused);
+  (void)theta;
   auto freqs = torch::outer(torch::arange(s, torch::kFloat64), inv_freq);
   auto emb = torch::cat({freqs, freqs}, -1);
-  auto cos = emb.cos().to(torch::kFloat32), sin = emb.sin().to(torch::kFloat32);
+  auto cos = (emb.cos() * attention_factor).to(torch::kFloat32), sin = (emb.sin() * attention_factor).to(torch::kFloat32);
   auto rotate_half = [&](const torch::Tensor& x) { return torch::cat({-x.narrow(-1, d / 2, d / 2), x.narrow(-1, 0, d / 2)}, -1); };
   auto rope = [&](const torch::Tensor& x) { return x * cos + rotate_half(x) * sin; };
   auto h = w.at("model.embed_tokens.weight").index_select(0, ids.reshape({-1})).view({b, s, H});
@@ -100,6 +136,57 @@ torch::Tensor hf_llama_logits(Weights& w, const nlohmann::json& c, const torch::
     v = v.unsqueeze(2).expand({b, ng, nh / ng, s, d}).reshape({b, nh, s, d});
     auto a = causal_attention(q, k, v).transpose(1, 2).reshape({b, s, nh * d});
     h = h + linear(a, p + ".self_attn.o_proj");
+    auto m = rms(h, p + ".post_attention_layernorm");
+    h = h + linear(torch::silu(linear(m, p + ".mlp.gate_proj")) * linear(m, p + ".mlp.up_proj"), p + ".mlp.down_proj");
+  }
+  h = rms(h, "model.norm");
+  const auto& head = c["tie_word_embeddings"].get<bool>() ? w.at("model.embed_tokens.weight") : w.at("lm_head.weight");
+  return torch::matmul(h, head.t());
+}
+
+// transformers' DeepseekV3ForCausalLM forward (eval; dense layers): multi-latent attention with
+// the rotary channels de-interleaved (rope_interleave), YaRN cos/sin factor and softmax scale.
+torch::Tensor hf_deepseek_v3_logits(Weights& w, const nlohmann::json& c, const torch::Tensor& ids) {
+  const int64_t b = ids.size(0), s = ids.size(1), H = c["hidden_size"], nh = c["num_attention_heads"];
+  const int64_t dn = c["qk_nope_head_dim"], dr = c["qk_rope_head_dim"], dv = c["v_head_dim"], kv_lora = c["kv_lora_rank"];
+  const double eps = c["rms_norm_eps"];
+  EXPECT_EQ(c["first_k_dense_replace"], c["num_hidden_layers"]);
+  EXPECT_TRUE(c["rope_interleave"].get<bool>());
+  auto rms = [&](const torch::Tensor& x, const std::string& p) {
+    return w.at(p + ".weight") * (x * torch::rsqrt(x.pow(2).mean(-1, true) + eps));
+  };
+  auto linear = [&](const torch::Tensor& x, const std::string& p) { return torch::matmul(x, w.at(p + ".weight").t()); };
+  int64_t max_positions = 0;
+  auto [inv_freq, attention_factor] = hf_inv_freq(c, dr, &max_positions);
+  auto freqs = torch::outer(torch::arange(s, torch::kFloat64), inv_freq);
+  auto emb = torch::cat({freqs, freqs}, -1);
+  auto cos = (emb.cos() * attention_factor).to(torch::kFloat32), sin = (emb.sin() * attention_factor).to(torch::kFloat32);
+  auto rotate_half = [&](const torch::Tensor& x) { return torch::cat({-x.narrow(-1, dr / 2, dr / 2), x.narrow(-1, 0, dr / 2)}, -1); };
+  auto rope_interleave = [&](const torch::Tensor& x) {  // [b, h, s, dr]: evens, then odds; then rotate-half
+    auto y = x.view({x.size(0), x.size(1), s, dr / 2, 2}).transpose(4, 3).reshape({x.size(0), x.size(1), s, dr});
+    return y * cos + rotate_half(y) * sin;
+  };
+  double scaling = 1.0 / std::sqrt(double(dn + dr));
+  const auto& r = c["rope_scaling"];
+  if (!r.is_null() && r["mscale_all_dim"].get<double>() != 0) {
+    const double factor = r["factor"], m = 0.1 * r["mscale_all_dim"].get<double>() * std::log(factor) + 1.0;
+    scaling *= m * m;
+  }
+  auto h = w.at("model.embed_tokens.weight").index_select(0, ids.reshape({-1})).view({b, s, H});
+  for (int64_t i = 0; i < int64_t(c["num_hidden_layers"]); ++i) {
+    const std::string p = "model.layers." + std::to_string(i), a = p + ".self_attn";
+    auto x = rms(h, p + ".input_layernorm");
+    auto q = linear(rms(linear(x, a + ".q_a_proj"), a + ".q_a_layernorm"), a + ".q_b_proj").view({b, s, nh, dn + dr}).transpose(1, 2);
+    auto compressed = linear(x, a + ".kv_a_proj_with_mqa");
+    auto kv = linear(rms(compressed.narrow(-1, 0, kv_lora), a + ".kv_a_layernorm"), a + ".kv_b_proj")
+                  .view({b, s, nh, dn + dv}).transpose(1, 2);
+    auto k_rot = rope_interleave(compressed.narrow(-1, kv_lora, dr).view({b, 1, s, dr})).expand({b, nh, s, dr});
+    auto query = torch::cat({q.narrow(-1, 0, dn), rope_interleave(q.narrow(-1, dn, dr))}, -1);
+    auto key = torch::cat({kv.narrow(-1, 0, dn), k_rot}, -1);
+    auto scores = torch::matmul(query, key.transpose(-1, -2)) * scaling;
+    scores = scores.masked_fill(torch::ones({s, s}, torch::kBool).triu(1), -INFINITY);
+    auto out = torch::matmul(scores.softmax(-1), kv.narrow(-1, dn, dv)).transpose(1, 2).reshape({b, s, nh * dv});
+    h = h + linear(out, a + ".o_proj");
     auto m = rms(h, p + ".post_attention_layernorm");
     h = h + linear(torch::silu(linear(m, p + ".mlp.gate_proj")) * linear(m, p + ".mlp.up_proj"), p + ".mlp.down_proj");
   }
@@ -147,8 +234,12 @@ void check_export(const std::vector<std::string>& model, const std::string& form
   EXPECT_EQ(config["model_type"], format);
   EXPECT_EQ(config["vocab_size"], c.model.vocab_size);  // the padded rows are cut
   const auto ids = torch::randint(0, c.model.vocab_size, {2, 16}, torch::kInt64);
-  const auto ours = fp8tron_logits(c, ckpt.path(), ids);
-  const auto theirs = format == "gpt2" ? hf_gpt2_logits(w, config, ids) : hf_llama_logits(w, config, ids);
+  Config plain = c;
+  plain.model.mtp.num_layers = 0;  // the MTP heads are not exported and do not change the logits
+  const auto ours = fp8tron_logits(plain, ckpt.path(), ids);
+  const auto theirs = format == "gpt2"    ? hf_gpt2_logits(w, config, ids)
+                      : format == "llama" ? hf_llama_logits(w, config, ids)
+                                          : hf_deepseek_v3_logits(w, config, ids);
   ASSERT_EQ(ours.sizes(), theirs.sizes());
   EXPECT_LT(relative(theirs, ours), dtype == "bf16" ? 2e-2 : 1e-5);
 }
@@ -170,6 +261,34 @@ TEST(HfExport, LlamaStyleFromBf16WithQkvBiasAndTiedEmbeddings) {
                 "--disable-bias-linear", "--add-qkv-bias", "--group-query-attention", "--num-query-groups", "2"},
                "llama", "fp32");
   check_export({"--bf16", "--swiglu", "--normalization", "RMSNorm", "--position-embedding-type", "rope"}, "llama", "bf16");
+}
+
+// Llama 3.1 frequency scaling with RoFormer-interleaved rotary channels (exported as rotate-half
+// by permuting q and k rows), and YaRN; GPT-2 with squared ReLU ("relu2").
+TEST(HfExport, RotaryVariantsAndSquaredRelu) {
+  const std::vector<std::string> llama = {"--swiglu", "--normalization", "RMSNorm", "--disable-bias-linear",
+                                          "--untie-embeddings-and-output-weights"};
+  auto with = [&](std::initializer_list<std::string> extra) {
+    auto a = llama;
+    a.insert(a.end(), extra);
+    return a;
+  };
+  check_export(with({"--position-embedding-type", "rope", "--use-rope-scaling", "--rope-scaling-factor", "4",
+                     "--rotary-base", "500000", "--rotary-interleaved"}),
+               "llama");
+  check_export(with({"--position-embedding-type", "yarn", "--rotary-scaling-factor", "4", "--mscale", "0.7",
+                     "--yarn-original-max-position-embeddings", "8"}),
+               "llama");
+  check_export({"--squared-relu", "--disable-bias-linear"}, "gpt2");
+}
+
+// Multi-latent attention with YaRN (and one MTP layer, not exported) as DeepseekV3ForCausalLM.
+TEST(HfExport, MultiLatentAttentionAsDeepseekV3) {
+  check_export({"--multi-latent-attention", "--q-lora-rank", "24", "--kv-lora-rank", "16", "--qk-head-dim", "8",
+                "--qk-pos-emb-head-dim", "8", "--v-head-dim", "8", "--qk-layernorm", "--rotary-scaling-factor", "4",
+                "--mscale", "1", "--mscale-all-dim", "1", "--position-embedding-type", "rope", "--normalization", "RMSNorm",
+                "--swiglu", "--disable-bias-linear", "--untie-embeddings-and-output-weights", "--mtp-num-layers", "1"},
+               "deepseek_v3");
 }
 
 TEST(HfExport, ReferenceLogitsForTheTransformersCheck) {

@@ -296,7 +296,7 @@ TEST(TokenIds, AnIdOutsideTheVocabularyNamesTheDatasetDocumentAndId) {
       std::vector<int64_t> tokens(50);
       for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int64_t((doc * 31 + i * 7) % 60);
       if (doc == 13) tokens[20] = 700;  // tokenized with another tokenizer
-      tokens.back() = 64;               // end of document
+      tokens.back() = 63;               // end of document (NullTokenizer: --vocab-size - 1)
       builder.add_document(tokens.data(), int64_t(tokens.size()), {int32_t(tokens.size())});
     }
     builder.finalize(data::idx_path(prefix));
@@ -307,7 +307,7 @@ TEST(TokenIds, AnIdOutsideTheVocabularyNamesTheDatasetDocumentAndId) {
   args.erase(std::find(args.begin(), args.end(), "--builtin-data"));
   EXPECT_USER_ERROR(train(build(args)), "token id 700 in train sample ");
   EXPECT_USER_ERROR(train(build(args)),
-                    "dataset " + prefix + ", document 13, token 20 of it) is outside the vocabulary of 65 tokens");
+                    "dataset " + prefix + ", document 13, token 20 of it) is outside the vocabulary of 64 tokens");
 }
 
 TEST(SaveDirLock, ASecondJobOnTheSameSaveIsRefusedWithOneLine) {

@@ -280,9 +280,18 @@ TEST(PipelineOverlapFlags, MegatronDefaultsAndRules) {
     a.insert(a.end(), extra.begin(), extra.end());
     return build(a, 2);
   };
+  // Megatron: without the overlap an interleaved schedule needs more than 2 stages (no two p2p
+  // sends and receives between the same ranks in one batch).
+  auto pp4 = [](std::initializer_list<std::string> extra) {
+    std::vector<std::string> a = tiny_args({"--pipeline-model-parallel-size", "4", "--num-layers", "8", "--global-batch-size", "8"});
+    a.insert(a.end(), extra.begin(), extra.end());
+    return build(a, 4);
+  };
   const Config interleaved = pp2({"--num-layers-per-virtual-pipeline-stage", "1"});
   EXPECT_TRUE(interleaved.distributed.overlap_p2p) << "Megatron: on by default";
-  EXPECT_FALSE(pp2({"--num-layers-per-virtual-pipeline-stage", "1", "--no-overlap-p2p-communication"}).distributed.overlap_p2p);
+  EXPECT_FALSE(pp4({"--num-layers-per-virtual-pipeline-stage", "1", "--no-overlap-p2p-communication"}).distributed.overlap_p2p);
+  EXPECT_USER_ERROR(pp2({"--num-layers-per-virtual-pipeline-stage", "1", "--no-overlap-p2p-communication"}),
+                    "needs --pipeline-model-parallel-size > 2");
   EXPECT_TRUE(pp2({"--num-layers-per-virtual-pipeline-stage", "1", "--overlap-p2p-communication"}).distributed.overlap_p2p);
   const Config plain = pp2({});
   EXPECT_FALSE(plain.distributed.overlap_p2p) << "forced off without virtual stages";
@@ -293,7 +302,7 @@ TEST(PipelineOverlapFlags, MegatronDefaultsAndRules) {
                   .distributed.overlap_p2p_warmup_flush);
   EXPECT_USER_ERROR(pp2({"--overlap-p2p-communication-warmup-flush"}),
                     "only compatible with overlap_p2p_comm but not batch_p2p_comm");
-  EXPECT_USER_ERROR(pp2({"--num-layers-per-virtual-pipeline-stage", "1", "--no-overlap-p2p-communication",
+  EXPECT_USER_ERROR(pp4({"--num-layers-per-virtual-pipeline-stage", "1", "--no-overlap-p2p-communication",
                          "--overlap-p2p-communication-warmup-flush"}),
                     "only compatible with overlap_p2p_comm");
 }

@@ -118,7 +118,7 @@ TEST(BuiltinData, DeterministicPerIndexAndSplit) {
 
 TEST(MockData, CountingDocumentsEndingInEod) {
   const int64_t vocab = 10000, seq = 64;
-  auto source = make_mock_source(seq, vocab, 0);
+  auto source = make_mock_source(seq, vocab, vocab - 1, 0);
   std::vector<int64_t> s(seq + 1), next(seq + 1);
   source->sample(Split::Train, 3, s.data());
   source->sample(Split::Train, 4, next.data());

@@ -34,12 +34,12 @@ int main(int argc, char** argv) {
     apply_checkpoint_args(parsed.values);  // --use-checkpoint-args
     // Real datasets: the tokenizer says the vocabulary size (padded later) and the eod id.
     auto tokenizer_info = [](const DataConfig& d) {
-      data::TokenizerOptions o{d.tokenizer_type, d.vocab_file, d.merge_file, d.tokenizer_model, d.null_vocab_size};
-      auto tokenizer = data::build_tokenizer(o);
-      return TokenizerInfo{tokenizer->vocab_size(), tokenizer->eod()};
+      auto tokenizer = data::build_tokenizer(data::tokenizer_options(d));
+      return TokenizerInfo{tokenizer->vocab_size(), tokenizer->eod(), tokenizer->pad()};
     };
     const Config config = build_config(parsed.values, launch, gpu, tokenizer_info);
     for (const auto& w : config.hint_warnings) log::warning(w);
+    for (const auto& n : config.notices) log::info(n);
     log::info(format_arguments(config));
     log::info(format_plan(config));
     if (config.dry_run) {

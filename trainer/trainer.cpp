@@ -11,11 +11,13 @@
 #include <optional>
 #include <sstream>
 
+#include "core/config/batch_schedule.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/text.h"
 #include "data/loader/batch_loader.h"
 #include "data/loader/builtin_datasets.h"
+#include "data/loader/cyclic_source.h"
 #include "data/loader/file_source.h"
 #include "fp8/fp8_linear.h"
 #include "fp8/wgrad_fusion.h"
@@ -36,6 +38,7 @@
 #include "trainer/optim/loss_scaler.h"
 #include "trainer/optim/lr_schedule.h"
 #include "trainer/optim/mixed_precision_optimizer.h"
+#include "trainer/weight_hash_check.h"
 #include "trainer/cli/model_math.h"
 #include "trainer/cli/tp_overlap_args.h"
 #include "trainer/logging/tensorboard_writer.h"
@@ -92,7 +95,7 @@ std::string memory_report(const torch::Device& device, int64_t iteration) {
 
 std::shared_ptr<SampleSource> make_source(const Config& c) {
   switch (c.data.source) {
-    case DataSource::Mock: return make_mock_source(c.model.seq_length, c.model.vocab_size, c.training.seed);
+    case DataSource::Mock: return make_mock_source(c.model.seq_length, c.model.vocab_size, c.data.eod, c.training.seed);
     case DataSource::Builtin: return make_builtin_source(c.model.seq_length, c.model.vocab_size, c.training.seed);
     case DataSource::Files: {
       const auto& t = c.training;
@@ -108,12 +111,14 @@ std::shared_ptr<SampleSource> make_source(const Config& c) {
 // Running sums over a log interval, kept on the device so the loop never waits for the GPU.
 struct IntervalStats {
   torch::Tensor loss_sum, loss_count, skipped, nan;
+  torch::Tensor mtp_loss_sums;  // [D]: each MTP depth's loss summed over the interval's steps
   // MoE losses (load_balancing_loss, z_loss, ...) summed over the interval's iterations, in the
   // order they first appeared (Megatron's total_loss_dict).
   std::vector<std::pair<std::string, torch::Tensor>> moe_sums;
-  void reset(const torch::Device& d) {
+  void reset(const torch::Device& d, int64_t mtp_layers) {
     auto z = torch::zeros({}, torch::TensorOptions().device(d).dtype(torch::kFloat32));
     loss_sum = z.clone(); loss_count = z.clone(); skipped = z.clone(); nan = z.clone();
+    mtp_loss_sums = torch::zeros({mtp_layers}, z.options());
     for (auto& [name, sum] : moe_sums) sum = z.clone();
   }
   void add_moe(const std::string& name, const torch::Tensor& value) {
@@ -134,6 +139,7 @@ class Trainer {
         device_(c.device == "cuda" ? torch::Device(torch::kCUDA, c.launch.local_rank % std::max(1, int(torch::cuda::device_count())))
                                    : torch::Device(torch::kCPU)),
         schedule_(c.lr_schedule),
+        batches_(BatchSchedule::of(c.training, c.parallel.dp)),
         scaler_(c.precision),
         timers_(c.logging.timing_log_level, [this] { synchronize(); }) {}
 
@@ -142,10 +148,18 @@ class Trainer {
  private:
   void synchronize() const { if (device_.is_cuda()) torch::cuda::synchronize(device_.index()); }
   void build();
+  // `loss_tokens` (--calculate-per-token-loss): the loss stage adds its micro-batch's loss-token count.
   torch::Tensor forward_chunk(int chunk, int64_t micro_batch, const torch::Tensor& input, BatchLoader& loader,
-                              int64_t first_sample);
-  // Mean loss of a global batch, averaged over micro-batches and data-parallel ranks (all ranks).
-  torch::Tensor average_loss(torch::Tensor loss_sum) const;
+                              int64_t first_sample, torch::Tensor* loss_tokens = nullptr);
+  // Mean loss of a global batch of `micro_batches`, averaged over micro-batches and data-parallel
+  // ranks (all ranks); with --calculate-per-token-loss the summed loss over the global token count.
+  torch::Tensor average_loss(torch::Tensor loss_sum, int64_t micro_batches, const torch::Tensor& loss_tokens) const;
+  // The sum of a per-rank count over the pipeline (held by the last stage) and data-parallel ranks.
+  torch::Tensor global_token_count(torch::Tensor local) const;
+  void collect_mtp_losses(int64_t micro_batches);
+  // --rampup-batch-size: announces a new batch size and saves a checkpoint when the micro-batch
+  // count grows (Megatron's train loop).
+  void update_batch_size(int64_t iteration);
   torch::Tensor train_step(int64_t iteration);
   void build_context_parallel();  // groups and the data-parallel view (collective)
   // Judges the last step's loss and gradient norm (NumericsGuard); stops the run with one line
@@ -166,6 +180,7 @@ class Trainer {
   void write_tensorboard(int64_t iteration, const torch::Tensor& loss);
   Timers::Report timer_report(double iterations);
   bool evaluation_due(int64_t iteration) const;
+  void check_weight_hashes_across_replicas(int64_t iteration);
   void write_validation_tensorboard(int64_t iteration, double loss);
   std::map<std::string, torch::Tensor> global_weights(std::vector<double>* sample = nullptr);
   TrainingState checkpoint_state();
@@ -184,6 +199,9 @@ class Trainer {
   std::unique_ptr<MixedPrecisionOptimizer> optimizer_;
   std::unique_ptr<PipelineSchedule> pipeline_;
   LrSchedule schedule_;
+  BatchSchedule batches_;
+  int64_t micro_batches_ = 0;        // of the current step
+  int64_t current_global_batch_ = 0;  // the global batch size Megatron reports for the current step
   LossScaler scaler_;
   Timers timers_;
   std::unique_ptr<BatchLoader> train_loader_, valid_loader_;
@@ -224,8 +242,7 @@ void Trainer::build() {
     parallel_.tp->set_wait_observer(tp_comm_timer_);
   }
   const auto& d = c_.distributed;
-  const auto ranges = split_layers(c_.model.num_layers, parallel_.sizes.pp, parallel_.pp_rank, d.virtual_stages,
-                                   d.first_stage_layers, d.last_stage_layers);
+  const auto chunks = plan_pipeline_chunks(pipeline_split(c_), parallel_.pp_rank);
   if (c_.precision.fp8.enabled()) {
     const Fp8Config& f = c_.precision.fp8;
     fp8::Fp8EngineOptions o{*f.recipe, f.min_features, f.bf16_first_layers, f.bf16_last_layers, c_.model.num_layers,
@@ -242,14 +259,14 @@ void Trainer::build() {
     });
   }
   std::vector<NamedParam> params;
-  for (size_t k = 0; k < ranges.size(); ++k) {
-    StageSpec spec{ranges[k].first, ranges[k].count, k == 0 && parallel_.first_stage(),
-                   k + 1 == ranges.size() && parallel_.last_stage()};
+  for (const ChunkPlan& plan : chunks) {
+    StageSpec spec{plan.first_layer, plan.num_layers, plan.embedding, plan.loss};
     // Weights are drawn on the CPU in fp32 from (seed, name): every layout and device starts from
     // the same global weights; then they move to the device and the optimizer casts them.
     GptModel chunk(c_.model, tp, spec, fp8_, moe_, cp_);
     chunk->to(device_);
     chunk->train();
+    chunk->set_per_token_loss(c_.training.calculate_per_token_loss);
     const auto infos = chunk->param_infos();
     for (const auto& item : chunk->named_parameters()) params.push_back({item.key(), item.value(), infos.at(item.key())});
     chunks_.push_back(chunk);
@@ -262,6 +279,9 @@ void Trainer::build() {
   optimizer_ = std::make_unique<MixedPrecisionOptimizer>(params, c_.optimizer, c_.precision, data_parallel_, d.distributed_optimizer,
                                                          c_.model.moe.enabled(), byte_params);
   if (fp8_param_gather_) optimizer_->enable_byte_publish(fp8_param_gather_->publish(*optimizer_));
+  const ModelConfig& m = c_.model;
+  optimizer_->count_zeros(c_.logging.log_num_zeros_in_grad);
+  optimizer_->set_qkv_rows({m.num_attention_heads / m.num_query_groups * m.kv_channels, m.kv_channels, m.kv_channels});
   if (d.overlap_grad_reduce) optimizer_->enable_grad_overlap(d.bucket_numel);
   set_gradient_accumulation_fusion(c_.precision.gradient_accumulation_fusion);
   if (fp8_ && fp8_->overwrites_main_grads() && c_.precision.grads_in_fp32 && c_.precision.gradient_accumulation_fusion) {
@@ -289,10 +309,26 @@ void Trainer::build() {
     for (auto* senders : {&parallel_.forward_senders, &parallel_.backward_senders})
       for (auto& comm : *senders) comm->set_wait_observer(pp_comm_timer_);
   }
-  auto source = make_source(c_);
-  BatchOptions batch{c_.model.seq_length, c_.training.micro_batch_size, c_.data.eod, c_.data.eod_mask_loss,
-                     c_.data.reset_position_ids, c_.data.reset_attention_mask, c_.data.num_workers,
-                     c_.training.micro_batch_size * parallel_.sizes.dp, c_.model.vocab_size};
+  std::shared_ptr<SampleSource> source = make_source(c_);
+  if (c_.data.dataloader_type == DataloaderType::Cyclic) {
+    // Sized as the files are, or (built-in and mock data) as Megatron sizes the splits.
+    const auto& t = c_.training;
+    const auto sizes = megatron_split_samples(t.train_iters, t.train_samples, t.global_batch_size, t.eval_interval,
+                                              t.eval_iters, t.start_eval_at_iter);
+    source = std::make_shared<CyclicSource>(source, sizes, t.micro_batch_size, parallel_.sizes.dp, c_.data.data_sharding);
+  }
+  BatchOptions batch;
+  batch.seq_length = c_.model.seq_length;
+  batch.micro_batch_size = c_.training.micro_batch_size;
+  batch.eod = c_.data.eod;
+  batch.eod_mask_loss = c_.data.eod_mask_loss;
+  batch.reset_position_ids = c_.data.reset_position_ids;
+  batch.reset_attention_mask = c_.data.reset_attention_mask;
+  batch.pad = c_.data.pad;
+  batch.create_attention_mask = c_.data.create_attention_mask;
+  batch.prefetch = c_.data.num_workers;
+  batch.stride = c_.training.micro_batch_size * parallel_.sizes.dp;
+  batch.vocab_size = c_.model.vocab_size;
   train_loader_ = std::make_unique<BatchLoader>(source, Split::Train, batch, device_);
   valid_loader_ = std::make_unique<BatchLoader>(source, Split::Valid, batch, device_);
   if (c_.training.eval_iters > 0 && !valid_loader_->has_data()) log::info(" > no validation data: evaluation is skipped");
@@ -312,7 +348,26 @@ void Trainer::build() {
   if (fp8_) log::info(" > " + fp8_->describe());
   log_tp_overlap();
   if (moe_) log_moe_layout();
-  interval_.reset(device_);
+  interval_.reset(device_, c_.model.mtp.num_layers);
+  const auto& t = c_.training;
+  if (t.rampup) {
+    // Megatron's messages (sic: no space in "batchsize").
+    log::info(strprintf("will use batch size rampup starting from global batch size %lld to global batch size %lld with "
+                        "batchsize increments %lld over %lld samples.",
+                        (long long)t.rampup->start, (long long)t.global_batch_size, (long long)t.rampup->increment,
+                        (long long)t.rampup->samples));
+  }
+  if (!t.step_batch_schedule.empty()) {  // Megatron's StepBatchsizeNumMicroBatchesCalculator messages
+    const int64_t micro_dp = t.micro_batch_size * parallel_.sizes.dp;
+    log::info("> initializing step batch size schedule");
+    log::info(strprintf("  seq_length: %lld (thresholds interpreted as tokens)", (long long)c_.model.seq_length));
+    log::info(strprintf("step batch size schedule (%zu steps):", t.step_batch_schedule.size()));
+    for (const auto& [threshold, batch] : t.step_batch_schedule)
+      log::info(strprintf("  >= %lld tokens (%lld samples) -> batch_size=%lld, num_microbatches=%lld",
+                          (long long)(threshold * c_.model.seq_length), (long long)threshold, (long long)batch,
+                          (long long)(batch / micro_dp)));
+  }
+  if (t.train_samples) log::info(strprintf("setting training iterations to %lld", (long long)t.train_iters));
   numerics_ = std::make_unique<NumericsGuard>(c_.training.numerics, device_);
 }
 
@@ -414,14 +469,15 @@ void Trainer::end_fp8_step() {
 }
 
 torch::Tensor Trainer::forward_chunk(int chunk, int64_t micro_batch, const torch::Tensor& input, BatchLoader& loader,
-                                     int64_t first_sample) {
+                                     int64_t first_sample, torch::Tensor* loss_tokens) {
   auto& model = chunks_[size_t(chunk)];
   const StageSpec& stage = model->stage();
   // Megatron's sampler: micro-batch m of data-parallel rank r starts at m*mbs*dp + r*mbs.
   const int64_t mbs = c_.training.micro_batch_size;
   const int64_t sample = first_sample + micro_batch * mbs * parallel_.sizes.dp + parallel_.dp_rank * mbs;
   // Middle stages need the batch only for the document mask of --reset-attention-mask.
-  if (!stage.has_embedding && !stage.has_head && !c_.data.reset_attention_mask) return model->forward_stage(input, {}, {});
+  const bool document_mask = c_.data.reset_attention_mask && c_.data.create_attention_mask;
+  if (!stage.has_embedding && !stage.has_head && !document_mask) return model->forward_stage(input, {}, {});
   timers_.start("batch-generator", 2);
   Batch batch = loader.load(sample);
   // Megatron's get_batch_on_this_cp_rank: every context-parallel rank loads the micro-batch and
@@ -430,19 +486,71 @@ torch::Tensor Trainer::forward_chunk(int chunk, int64_t micro_batch, const torch
     for (torch::Tensor* t : {&batch.tokens, &batch.labels, &batch.loss_mask, &batch.position_ids, &batch.segment_ids})
       if (t->defined()) *t = cp_shard(*t, 1, cp_.size(), cp_.rank());
   timers_.stop("batch-generator", 2);
+  if (stage.has_head && loss_tokens) *loss_tokens += batch.loss_mask.sum();
   torch::Tensor out = model->forward_stage(stage.has_embedding ? batch.tokens : input, batch.labels, batch.loss_mask,
-                                           batch.position_ids, batch.segment_ids);
+                                           batch.position_ids, batch.segment_ids, batch.tokens);
   const NumericsChecks& n = c_.training.numerics;
   if (stage.has_head && model->is_training() && n.test_nan_iteration == iteration_ && n.test_nan_param.empty())
     out = out * std::nan("");  // --fp8tron-test-inject-nan ITER: a NaN loss, and so NaN gradients
   return out;
 }
 
-torch::Tensor Trainer::average_loss(torch::Tensor loss_sum) const {
+torch::Tensor Trainer::average_loss(torch::Tensor loss_sum, int64_t micro_batches, const torch::Tensor& loss_tokens) const {
   if (parallel_.sizes.pp > 1) parallel_.pp->all_reduce(loss_sum);  // only the last stage holds it
   // Context-parallel ranks hold parts of each micro-batch's loss: summed with the replicas.
   if (data_parallel_.sizes.dp > 1) data_parallel_.dp->all_reduce(loss_sum);
-  return loss_sum / double(c_.training.num_micro_batches * parallel_.sizes.dp);
+  // pretrain_gpt.py's per-token loss: summed losses over summed loss tokens.
+  if (c_.training.calculate_per_token_loss) return loss_sum / loss_tokens.clamp_min(1.0);
+  return loss_sum / double(micro_batches * parallel_.sizes.dp);
+}
+
+torch::Tensor Trainer::global_token_count(torch::Tensor local) const {
+  if (parallel_.sizes.pp > 1) parallel_.pp->all_reduce(local);  // only the last stage counts
+  // Over data x context parallel: each context-parallel rank counts its own shard's tokens.
+  if (data_parallel_.sizes.dp > 1) data_parallel_.dp->all_reduce(local);
+  return local;
+}
+
+void Trainer::collect_mtp_losses(int64_t micro_batches) {
+  const int64_t depths = c_.model.mtp.num_layers;
+  if (depths == 0) return;
+  // Megatron's MTP loss logging: each depth's per-micro-batch loss, over micro-batches, averaged
+  // over data-parallel ranks; only the loss stage has them (summed over the pipeline group).
+  auto values = torch::zeros({depths}, torch::TensorOptions().device(device_).dtype(torch::kFloat32));
+  for (auto& chunk : chunks_) {
+    int64_t n = 0;
+    auto sums = chunk->take_mtp_losses(&n);
+    for (size_t k = 0; k < sums.size(); ++k) values[int64_t(k)] += sums[k];
+  }
+  if (parallel_.sizes.pp > 1) parallel_.pp->all_reduce(values);
+  if (parallel_.sizes.dp > 1) parallel_.dp->all_reduce(values);
+  interval_.mtp_loss_sums += values / double(micro_batches * parallel_.sizes.dp);
+}
+
+void Trainer::update_batch_size(int64_t iteration) {
+  // Megatron's order: the micro-batch count first (a change saves a checkpoint), then the
+  // divisibility of the current batch (which only a step schedule can break at this point).
+  const int64_t micro_dp = c_.training.micro_batch_size * parallel_.sizes.dp;
+  const int64_t micro = batches_.micro_batches(consumed_train_samples_);
+  if (micro_batches_ != 0 && micro != micro_batches_) {
+    if (micro < micro_batches_)  // a step schedule whose batch falls; Megatron asserts the same
+      throw UserError(strprintf("Number of microbatches should not decrease; going from %lld to %lld "
+                                "(--step-batch-size-schedule: the batch sizes must not fall)",
+                                (long long)micro_batches_, (long long)micro));
+    log::info(strprintf("ramping up batch size from %lld to %lld", (long long)(micro_batches_ * micro_dp),
+                        (long long)batches_.running_batch(consumed_train_samples_)));
+    // Megatron saves a checkpoint whenever the micro-batch count changes.
+    if (!c_.checkpoint.save.empty() && iteration > 1 && last_saved_iteration_ != iteration - 1) save(iteration - 1);
+  } else if (micro_batches_ == 0 && batches_.ramps()) {
+    log::info(strprintf("setting initial batch size to %lld", (long long)batches_.global_batch(consumed_train_samples_)));
+  }
+  if (batches_.running_batch(consumed_train_samples_) % micro_dp != 0)
+    throw UserError(strprintf("current global batch size (%lld) is not divisible by micro_batch_size (%lld) * "
+                              "data_parallel_size (%lld)",
+                              (long long)batches_.running_batch(consumed_train_samples_),
+                              (long long)c_.training.micro_batch_size, (long long)parallel_.sizes.dp));
+  micro_batches_ = micro;
+  current_global_batch_ = batches_.global_batch(consumed_train_samples_);
 }
 
 torch::Tensor Trainer::train_step(int64_t iteration) {
@@ -457,16 +565,24 @@ torch::Tensor Trainer::train_step(int64_t iteration) {
   // followed by a data-parallel average, but every micro-batch's gradients have the same magnitude
   // in every layout, so FP8 casts with scales from earlier steps (delayed scaling) round them alike
   // whatever the data-parallel size.
-  const double backward_scale = scaler_.scale() / double(t.num_micro_batches * parallel_.sizes.dp);
+  // --calculate-per-token-loss: the summed token losses go backward unscaled and the gradients are
+  // divided by the global loss-token count at the step. --ddp-average-in-collective: the
+  // data-parallel sum is divided by the data-parallel size after the reduction instead.
+  const int64_t micro = micro_batches_;
+  const bool per_token = t.calculate_per_token_loss, average_after = c_.distributed.average_in_collective;
+  const double backward_scale =
+      per_token ? scaler_.scale() : scaler_.scale() / double(micro * (average_after ? 1 : parallel_.sizes.dp));
+  auto loss_tokens = torch::zeros({}, torch::TensorOptions().device(device_).dtype(torch::kFloat32));
   // The auxiliary losses' backward starts with the factors the lm loss gets (Megatron's
-  // loss_scale x cp / micro-batches, and the 1 / DP its data-parallel average applies to them).
+  // loss_scale x cp / micro-batches, or loss_scale with --calculate-per-token-loss; and the 1 / DP
+  // its data-parallel average applies to them).
   if (moe_) moe_->set_aux_grad_scale(backward_scale);
   auto loss_sum = pipeline_->run(
-      t.num_micro_batches,
+      micro,
       [&](int chunk, int64_t mb, const torch::Tensor& input) {
-        return forward_chunk(chunk, mb, input, *train_loader_, consumed_train_samples_);
+        return forward_chunk(chunk, mb, input, *train_loader_, consumed_train_samples_, &loss_tokens);
       },
-      backward_scale, [&] { optimizer_->arm_grad_overlap(); });
+      backward_scale, [&] { optimizer_->arm_grad_overlap(); }, c_.distributed.microbatch_group_size);
   timers_.stop("forward-backward", 1);
   if (t.numerics.test_nan_iteration == iteration && !t.numerics.test_nan_param.empty()) inject_nan_gradient();
   // After the timer's synchronization: the step's communication events are complete.
@@ -478,12 +594,21 @@ torch::Tensor Trainer::train_step(int64_t iteration) {
   if (moe_) moe_->end_step();  // expert-bias update from the step's token counts (Megatron: finalize_model_grads)
   // Averaged before the step: with --overlap-param-gather the step leaves the weights' all-gathers
   // in flight on the data-parallel group, and a collective queued behind them would wait for all.
-  auto loss = average_loss(loss_sum);
+  if (per_token) loss_tokens = global_token_count(loss_tokens);
+  auto loss = average_loss(loss_sum, micro, loss_tokens);
+  collect_mtp_losses(micro);
   // New scales (delayed scaling) and new weights to quantize before the step: --fp8-param-gather
   // casts the new weights with them in the step (as the next forward would), and the amax
   // reduction does not queue behind --overlap-param-gather's gathers.
   if (fp8_) end_fp8_step();
-  last_step_ = optimizer_->step(schedule_.lr(), schedule_.weight_decay(), scaler_.scale());
+  // The optimizer divides the gradients by this before the norm and the update.
+  auto grad_divisor = torch::full({}, scaler_.scale() * (average_after ? double(parallel_.sizes.dp) : 1.0),
+                                  loss_tokens.options());
+  if (per_token) grad_divisor = grad_divisor * loss_tokens.clamp_min(1.0);
+  std::optional<double> decoupled_lr;
+  if (c_.optimizer.decoupled_lr)
+    decoupled_lr = schedule_.lr(*c_.optimizer.decoupled_lr, c_.optimizer.decoupled_min_lr.value_or(c_.optimizer.min_lr));
+  last_step_ = optimizer_->step(schedule_.lr(), schedule_.weight_decay(), grad_divisor, decoupled_lr);
   timers_.stop("optimizer", 1);
   bool advance_schedule = true;
   if (scaler_.dynamic()) {
@@ -492,8 +617,10 @@ torch::Tensor Trainer::train_step(int64_t iteration) {
     scaler_.update(found_inf);
     advance_schedule = !found_inf;
   }
-  if (advance_schedule) schedule_.step(t.global_batch_size);
-  consumed_train_samples_ += t.global_batch_size;
+  // Megatron advances the schedule and the consumed samples by the batch actually run.
+  const int64_t batch = micro * t.micro_batch_size * parallel_.sizes.dp;
+  if (advance_schedule) schedule_.step(batch);
+  consumed_train_samples_ += batch;
 
   // Megatron's counters: "skipped" = the update was not applied; "nan" = the loss was not finite.
   // Without a dynamic loss scale (bf16, fp32) a non-finite gradient is a nan iteration as well.
@@ -585,22 +712,26 @@ double Trainer::evaluate() {
   for (auto& m : chunks_) m->eval();
   const auto& t = c_.training;
   auto total = torch::zeros({}, torch::TensorOptions().device(device_).dtype(torch::kFloat32));
+  auto tokens = torch::zeros_like(total);
   for (int64_t i = 0; i < t.eval_iters; ++i) {
     total += pipeline_->run_forward_only(t.num_micro_batches, [&](int chunk, int64_t mb, const torch::Tensor& input) {
-      return forward_chunk(chunk, mb, input, *valid_loader_, consumed_valid_samples_);
+      return forward_chunk(chunk, mb, input, *valid_loader_, consumed_valid_samples_, &tokens);
     });
     consumed_valid_samples_ += t.global_batch_size;
   }
   for (auto& m : chunks_) m->train();
-  auto mean = average_loss(total);
-  const double loss = mean.item<double>() / double(std::max<int64_t>(1, t.eval_iters));
+  const double loss = t.calculate_per_token_loss
+                         ? average_loss(total, 0, global_token_count(tokens)).item<double>()
+                         : average_loss(total, t.num_micro_batches, tokens).item<double>() /
+                               double(std::max<int64_t>(1, t.eval_iters));
   for (auto* timer : {tp_comm_timer_.get(), pp_comm_timer_.get()})
     if (timer) timer->take_ms();  // evaluation's waits are not a training step's
   return loss;
 }
 
 void Trainer::report_moe(int64_t iteration) {
-  const MoeMetricsReport r = report_moe_metrics(*moe_, parallel_, c_.training.num_micro_batches, device_);
+  // This step's micro-batch count (a batch-size ramp-up changes it), as Megatron's get_num_microbatches().
+  const MoeMetricsReport r = report_moe_metrics(*moe_, parallel_, micro_batches_, device_);
   for (const auto& [name, value] : r.scalars) {
     interval_.add_moe(name, value);
     moe_history_[name].push_back(value);
@@ -623,27 +754,30 @@ void Trainer::log_interval(int64_t iteration, double seconds, int64_t iterations
   s.train_iters = t.train_iters;
   s.consumed_samples = consumed_train_samples_;
   s.elapsed_ms_per_iteration = seconds * 1000.0 / double(iterations_in_interval);
-  const double tokens_per_iteration = double(t.global_batch_size * c_.model.seq_length);
+  const double tokens_per_iteration = double(micro_batches_ * t.micro_batch_size * parallel_.sizes.dp * c_.model.seq_length);
   const double per_iteration_s = seconds / double(iterations_in_interval);
   if (c_.logging.log_throughput)
     s.tflops_per_gpu = training_flops_per_token(c_.model) * tokens_per_iteration / per_iteration_s /
                        double(c_.parallel.world_size) / 1e12;
   s.tokens_per_second = tokens_per_iteration / per_iteration_s;
   s.learning_rate = schedule_.lr();
-  s.global_batch_size = t.global_batch_size;
+  s.global_batch_size = current_global_batch_;
   const double count = interval_.loss_count.item<double>();
   s.lm_loss = count > 0 ? interval_.loss_sum.item<double>() / count : std::nan("");
+  for (int64_t k = 0; k < c_.model.mtp.num_layers; ++k)
+    s.mtp_losses.push_back(interval_.mtp_loss_sums[k].item<double>() / double(iterations_in_interval));
   // Megatron divides the MoE losses by the advanced (not skipped) iterations of the interval.
   const double advanced = std::max(1.0, double(iterations_in_interval) - interval_.skipped.item<double>());
   for (const auto& [name, sum] : interval_.moe_sums) s.moe_losses.emplace_back(name, sum.item<double>() / advanced);
   s.loss_scale = scaler_.scale();
   s.grad_norm = last_step_.grad_norm.item<double>();
+  if (last_step_.num_zeros.defined()) s.num_zeros = last_step_.num_zeros.item<int64_t>();
   if (c_.logging.log_params_norm) s.params_norm = optimizer_->params_norm().item<double>();
   s.skipped_iterations = int64_t(interval_.skipped.item<double>());
   s.nan_iterations = int64_t(interval_.nan.item<double>());
   log::info(format_iteration_line(s));
   if (tensorboard_ && s.tflops_per_gpu) tensorboard_->add_scalar("throughput", *s.tflops_per_gpu, iteration);
-  interval_.reset(device_);
+  interval_.reset(device_, c_.model.mtp.num_layers);
 }
 
 void Trainer::write_tensorboard(int64_t iteration, const torch::Tensor& loss) {
@@ -657,11 +791,12 @@ void Trainer::write_tensorboard(int64_t iteration, const torch::Tensor& loss) {
     tensorboard_->add_scalar(tag + " vs samples", value, consumed_train_samples_);
   };
   both("learning-rate", schedule_.lr());
-  both("batch-size", double(c_.training.global_batch_size));
+  both("batch-size", double(current_global_batch_));
   both("lm loss", l);
   if (g.log_loss_scale_to_tensorboard) both("loss-scale", scaler_.scale());
   if (g.log_world_size_to_tensorboard) both("world-size", double(c_.parallel.world_size));
   both("grad-norm", last_step_.grad_norm.item<double>());
+  if (last_step_.num_zeros.defined()) both("num-zeros", double(last_step_.num_zeros.item<int64_t>()));
   if (g.log_params_norm) both("params-norm", params_norm);
   if (g.log_memory_to_tensorboard && device_.is_cuda()) {
     const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device_.index());
@@ -731,6 +866,17 @@ void Trainer::save(int64_t iteration, bool non_persistent) {
   }
   // A non-persistent checkpoint does not stand in for the persistent one at the end or on exit.
   if (!non_persistent) last_saved_iteration_ = iteration;
+}
+
+void Trainer::check_weight_hashes_across_replicas(int64_t iteration) {
+  optimizer_->finish_param_gather();
+  std::vector<std::pair<std::string, torch::Tensor>> params, experts;
+  for (auto& chunk : chunks_) {
+    const auto infos = chunk->param_infos();
+    for (const auto& item : chunk->named_parameters())
+      (infos.at(item.key()).expert ? experts : params).emplace_back(item.key(), item.value());
+  }
+  log::info(check_weight_hashes(params, experts, parallel_, iteration));
 }
 
 // Megatron's rule: every --eval-interval iterations, from --start-eval-at-iter on.
@@ -809,6 +955,7 @@ TrainResult Trainer::run() {
   StepProfiler profiler(c_.profiling, parallel_.world_rank, c_.logging.tensorboard_dir, device_.is_cuda());
   const auto& t = c_.training;
   result.iterations = first_iteration - 1;
+  if (c_.training.weight_hash_interval) check_weight_hashes_across_replicas(result.iterations);
   std::vector<torch::Tensor> losses;
   losses.reserve(size_t(t.train_iters));
   log::info("training ...");
@@ -818,6 +965,7 @@ TrainResult Trainer::run() {
   bool memory_reported = false;
   for (int64_t iteration = first_iteration; iteration <= t.train_iters; ++iteration) {
     profiler.before_iteration(iteration, [this] { synchronize(); });
+    update_batch_size(iteration);
     losses.push_back(train_step(iteration));
     if (moe_) report_moe(iteration);
     ++interval_iterations;
@@ -849,6 +997,7 @@ TrainResult Trainer::run() {
       }
       interval_start += Clock::now() - eval_start;  // evaluation time is not training time
     }
+    if (t.weight_hash_interval && iteration % *t.weight_hash_interval == 0) check_weight_hashes_across_replicas(iteration);
     const auto decide_start = Clock::now();
     const bool exit = checkpoint_and_decide_exit(iteration, start, exit_signal ? &*exit_signal : nullptr);
     interval_start += Clock::now() - decide_start;  // neither is saving

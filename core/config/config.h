@@ -38,6 +38,9 @@ struct Config {
   std::vector<std::string> not_supported_yet;
   // Hint-only flags that were given, as one-line warnings.
   std::vector<std::string> hint_warnings;
+  // What Megatron would log about the flags at start-up (defaults it applies, values it
+  // overrides), printed as info lines.
+  std::vector<std::string> notices;
   // The resolved flags (name -> value text), printed by --dry-run and at start-up.
   std::vector<std::pair<std::string, std::string>> resolved_flags;
 };

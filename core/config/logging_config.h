@@ -21,6 +21,7 @@ struct LoggingConfig {
   bool log_fp8_stats_to_tensorboard = false;  // per-layer FP8 cast statistics (Fp8Engine::collect_stats)
   bool log_loss_scale_to_tensorboard = true;       // "loss-scale" (off: --no-log-loss-scale-to-tensorboard)
   bool log_all_ranks = false;
+  bool log_num_zeros_in_grad = false;              // " num zeros:" and TensorBoard "num-zeros"
 };
 
 // Megatron's --profile family: which iterations (counted from 0, [start, end)) of which ranks are

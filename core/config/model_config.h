@@ -2,13 +2,14 @@
 #pragma once
 #include <cstdint>
 
+#include "core/config/model_variants.h"
 #include "core/config/moe_config.h"
 #include "core/config/precision_config.h"
 #include "core/config/recompute_config.h"
 
 namespace fp8tron {
 
-enum class PositionEmbedding { LearnedAbsolute, Rope };
+enum class PositionEmbedding { LearnedAbsolute, Rope, Yarn, None };
 enum class Normalization { LayerNorm, RMSNorm };
 
 struct ModelConfig {
@@ -41,6 +42,10 @@ struct ModelConfig {
   ParamDtype params_dtype = ParamDtype::Fp32;
   uint64_t seed = 1234;  // initialisation seed
   RecomputeConfig recompute;  // --recompute-*
+  bool squared_relu = false;  // --squared-relu: relu(x)^2 instead of GeLU
+  RotaryConfig rotary;        // rotary-embedding variants
+  MlaConfig mla;              // multi-latent attention
+  MtpConfig mtp;              // multi-token prediction
   MoeConfig moe;         // mixture of experts (off: a dense model)
 };
 

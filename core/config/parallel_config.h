@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace fp8tron {
 
@@ -101,6 +102,16 @@ struct DistributedConfig {
   bool sequence_parallel = false;
   int virtual_stages = 1;  // model chunks per pipeline rank (interleaved schedule when > 1)
   std::optional<int64_t> first_stage_layers, last_stage_layers;
+  // --account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-split: the embedding
+  // (loss) counts as one layer when layers are split over the stages.
+  bool account_for_embedding = false, account_for_loss = false;
+  // --pipeline-model-parallel-layout, parsed: one string of E/t/m/L per virtual stage, in the order
+  // Megatron lists them (virtual stage v of pipeline rank p is entry v x PP + p). Empty: none.
+  std::vector<std::string> pipeline_layout;
+  // Interleaved schedule: micro-batches run back to back per virtual stage
+  // (--microbatch-group-size-per-virtual-pipeline-stage; 0 = the pipeline size).
+  int64_t microbatch_group_size = 0;
+  bool average_in_collective = false;  // --ddp-average-in-collective
   bool distributed_optimizer = false;
   bool overlap_grad_reduce = false;
   bool overlap_param_gather = false;  // needs distributed_optimizer and overlap_grad_reduce (Megatron)

@@ -34,7 +34,7 @@ struct CurrentScaling {
 };
 
 struct BlockwiseScaling {
-  Fp8Format format = Fp8Format::kE4M3;  // E4M3 only
+  Fp8Format format = Fp8Format::kE4M3;  // E4M3, or hybrid (E5M2 gradients) as Transformer Engine allows
   bool power_2_scales = true;           // TE's default for block scaling
   float amax_epsilon = 0.0f;
 };

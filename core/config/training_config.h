@@ -4,8 +4,17 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace fp8tron {
+
+// --rampup-batch-size START INCREMENT SAMPLES (Megatron's classic batch-size ramp-up): the global
+// batch grows from START by INCREMENT over SAMPLES consumed samples, then stays at
+// --global-batch-size.
+struct BatchRampup {
+  int64_t start = 0, increment = 0, samples = 0;
+};
 
 // Megatron's checks of the loss and gradients (trainer/numerics_guard.h).
 struct NumericsChecks {
@@ -33,17 +42,44 @@ struct TrainingConfig {
   std::optional<int64_t> start_eval_at_iter;  // evaluations before this iteration are skipped
   uint64_t seed = 1234;
   bool deterministic = false;  // --deterministic-mode (trainer/determinism.h)
+  std::optional<BatchRampup> rampup;   // --rampup-batch-size (sample-based training only)
+  // --step-batch-size-schedule as (consumed samples from which, global batch size), ascending from 0.
+  std::vector<std::pair<int64_t, int64_t>> step_batch_schedule;
+  bool decrease_batch_size_if_needed = false;  // with a ramp-up: round the batch down to mbs x dp
+  // --calculate-per-token-loss: the loss is summed over tokens and the gradients divided by the
+  // global batch's loss-token count, instead of averaging each micro-batch's mean.
+  bool calculate_per_token_loss = false;
+  std::optional<int64_t> weight_hash_interval;  // --check-weight-hash-across-dp-replicas-interval
   NumericsChecks numerics;
 };
 
+// --optimizer muon: Megatron's TensorParallelMuon (Emerging-Optimizers' Muon) for the 2-D hidden
+// weights, the scalar optimizer (Adam) for the rest.
+struct MuonConfig {
+  double momentum = 0.9;                  // --muon-momentum
+  bool nesterov = false;                  // --muon-nesterov
+  bool split_qkv = true;                  // !--muon-no-split-qkv
+  std::string scale_mode = "spectral";    // spectral | unit_rms_norm | shape_scaling
+  std::string matmul_precision = "medium";  // --muon-fp32-matmul-prec: medium = bf16 iterations, high = fp32
+  std::string coefficient_type = "quintic";
+  int64_t num_ns_steps = 5;
+  std::string tp_mode = "duplicated";     // blockwise | duplicated | distributed
+  double extra_scale_factor = 1.0;
+};
+
 struct OptimizerConfig {
-  std::string optimizer = "adam";  // adam (AdamW) | sgd
+  std::string optimizer = "adam";  // adam (AdamW) | sgd | muon
   double lr = 0;
   double min_lr = 0;
   double weight_decay = 0.01;
   double clip_grad = 1.0;
   double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_eps = 1e-8;
   double sgd_momentum = 0.9;
+  // --decoupled-lr / --decoupled-min-lr: the word embedding and the output layer get their own
+  // peak (and minimum) learning rate on the same schedule.
+  std::optional<double> decoupled_lr, decoupled_min_lr;
+  bool apply_wd_to_qk_layernorm = false;  // --apply-wd-to-qk-layernorm: QK norms get weight decay
+  MuonConfig muon;
 };
 
 enum class DecayStyle { Constant, Linear, Cosine, InverseSquareRoot, WSD };
@@ -55,7 +91,7 @@ struct LrScheduleConfig {
   double init_lr = 0;  // --lr-warmup-init
   double max_lr = 0;
   double min_lr = 0;
-  int64_t warmup_steps = 0;
+  double warmup_steps = 0;  // a float as in Megatron (--lr-warmup-fraction x decay steps)
   int64_t decay_steps = 0;
   DecayStyle decay_style = DecayStyle::Linear;
   WsdDecayStyle wsd_decay_style = WsdDecayStyle::Exponential;

@@ -35,8 +35,11 @@ Batch BatchLoader::prepare(int64_t start) const {
   batch.labels = host(torch::kInt64);
   batch.loss_mask = host(torch::kFloat32);
   batch.position_ids = host(torch::kInt64);
-  if (options_.reset_attention_mask) batch.segment_ids = host(torch::kInt32);
-  data::GptInputOptions gpt{options_.eod_mask_loss, options_.reset_position_ids, options_.reset_attention_mask};
+  // Without the dataloader's attention mask (Megatron's --no-create-attention-mask-in-dataloader)
+  // attention stays causal, so documents are not separated.
+  const bool document_mask = options_.reset_attention_mask && options_.create_attention_mask;
+  if (document_mask) batch.segment_ids = host(torch::kInt32);
+  data::GptInputOptions gpt{options_.eod_mask_loss, options_.reset_position_ids, document_mask, options_.pad};
   std::vector<int64_t> sample(size_t(s + 1));
   for (int64_t i = 0; i < b; ++i) {
     source_->sample(split_, start + i, sample.data());

@@ -29,6 +29,9 @@ struct BatchOptions {
   int64_t micro_batch_size = 0;
   int64_t eod = -1;  // end-of-document id, -1: none
   bool eod_mask_loss = false, reset_position_ids = false, reset_attention_mask = false;
+  int64_t pad = -1;  // the tokenizer's pad id (masked like padding), -1: none
+  // !--no-create-attention-mask-in-dataloader: document segments for --reset-attention-mask
+  bool create_attention_mask = true;
   int prefetch = 2;      // micro-batches prepared ahead (0: no thread)
   int64_t stride = 0;    // distance between consecutive micro-batch starts (micro x data-parallel)
   // Token ids must lie in [0, vocab_size) (the tokenizer's vocabulary, before padding): an id

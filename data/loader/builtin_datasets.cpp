@@ -18,8 +18,8 @@ uint64_t hash3(uint64_t a, uint64_t b, uint64_t c) { return mix(mix(mix(a) ^ b) 
 
 class MockSource : public SampleSource {
  public:
-  MockSource(int64_t seq_length, int64_t vocab_size, uint64_t seed)
-      : seq_(seq_length), vocab_(vocab_size), seed_(seed) {}
+  MockSource(int64_t seq_length, int64_t vocab_size, int64_t eod, uint64_t seed)
+      : seq_(seq_length), vocab_(vocab_size), eod_(eod), seed_(seed) {}
 
   void sample(Split split, int64_t index, int64_t* out) const override {
     // Each split is its own stream of documents; sample i covers stream tokens [i*s, i*s + s].
@@ -33,8 +33,9 @@ class MockSource : public SampleSource {
       const int64_t pos = start + i;
       while (starts[doc + 1] <= pos) ++doc;
       const int64_t offset = pos - starts[doc], length = starts[doc + 1] - starts[doc];
-      // Tokens 1..length-1, then end-of-document (the NullTokenizer's id: vocab_size - 1).
-      out[i] = offset == length - 1 ? vocab_ - 1 : (offset + 1) % (vocab_ - 1);
+      // Tokens (1..length-1) mod vocab, then the tokenizer's end-of-document id (as Megatron's
+      // MockGPTLowLevelDataset).
+      out[i] = offset == length - 1 ? eod_ : (offset + 1) % vocab_;
     }
   }
 
@@ -48,7 +49,7 @@ class MockSource : public SampleSource {
       starts.push_back(starts.back() + length);
     }
   }
-  int64_t seq_, vocab_;
+  int64_t seq_, vocab_, eod_;
   uint64_t seed_;
   mutable std::mutex mutex_;
   mutable std::vector<int64_t> doc_starts_[3];
@@ -84,8 +85,8 @@ class BuiltinSource : public SampleSource {
 
 }  // namespace
 
-std::unique_ptr<SampleSource> make_mock_source(int64_t seq_length, int64_t vocab_size, uint64_t seed) {
-  return std::make_unique<MockSource>(seq_length, vocab_size, seed);
+std::unique_ptr<SampleSource> make_mock_source(int64_t seq_length, int64_t vocab_size, int64_t eod, uint64_t seed) {
+  return std::make_unique<MockSource>(seq_length, vocab_size, eod, seed);
 }
 std::unique_ptr<SampleSource> make_builtin_source(int64_t seq_length, int64_t vocab_size, uint64_t seed) {
   return std::make_unique<BuiltinSource>(seq_length, vocab_size, seed);

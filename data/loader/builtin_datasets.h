@@ -11,8 +11,8 @@
 namespace fp8tron {
 
 // Megatron's mock dataset: documents of pseudo-random length in [1, 4096) holding 1, 2, ..., n-1
-// and an end-of-document token, packed back to back into samples.
-std::unique_ptr<SampleSource> make_mock_source(int64_t seq_length, int64_t vocab_size, uint64_t seed);
+// (mod the vocabulary) and the tokenizer's end-of-document id, packed back to back into samples.
+std::unique_ptr<SampleSource> make_mock_source(int64_t seq_length, int64_t vocab_size, int64_t eod, uint64_t seed);
 
 // First-order Markov text over min(vocab, 1024) "active" tokens: each token has four possible
 // successors with probabilities 0.55/0.25/0.15/0.05 (entropy 1.11 nats), so a small GPT's loss

@@ -24,6 +24,10 @@ class FileSource : public SampleSource {
     d->sample(index, out);
   }
   bool has(Split split) const override { return datasets_[size_t(split)] != nullptr; }
+  std::optional<int64_t> size(Split split) const override {
+    const auto& d = datasets_[size_t(split)];
+    return d ? std::optional<int64_t>(d->size()) : std::nullopt;
+  }
   std::string token_origin(Split split, int64_t index, int64_t position) const override {
     const auto& d = datasets_[size_t(split)];
     return d && index < d->size() ? d->token_origin(index, position) : "";

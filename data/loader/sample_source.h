@@ -4,6 +4,7 @@
 // indexed datasets (file_source.h).
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace fp8tron {
@@ -17,6 +18,8 @@ class SampleSource {
   virtual void sample(Split split, int64_t index, int64_t* out) const = 0;
   // Whether the split has data (a data path can leave the validation split empty).
   virtual bool has(Split) const { return true; }
+  // The number of samples of the split, where it is finite (an indexed dataset's).
+  virtual std::optional<int64_t> size(Split) const { return std::nullopt; }
   // Where token `position` of sample `index` comes from (dataset, document), for error
   // messages; "" when the source cannot say.
   virtual std::string token_origin(Split, int64_t /*index*/, int64_t /*position*/) const { return ""; }

@@ -5,6 +5,7 @@
 #include "data/byte_level_bpe.h"
 #include "data/tokenizer.h"
 #include "data/tokenizer_sentencepiece.h"
+#include "data/tokenizer_tiktoken.h"
 #include "data/unicode.h"
 #include "test_util.h"
 
@@ -25,8 +26,12 @@ TEST(NullTokenizer, IdsSeparatedBySpaces) {
   EXPECT_EQ(tok->tokenize("1 2 999"), (std::vector<int64_t>{1, 2, 999}));
   EXPECT_EQ(tok->tokenize("7\n"), std::vector<int64_t>{7});
   EXPECT_EQ(tok->detokenize({3, 4}), "3 4");
-  EXPECT_EQ(tok->vocab_size(), 1001);  // legacy _NullTokenizer: ids 0..999 plus eod
-  EXPECT_EQ(tok->eod(), 1000);
+  // Megatron-LM d98e8a6: --vocab-size ids, the last one the end-of-document id.
+  EXPECT_EQ(tok->vocab_size(), 1000);
+  EXPECT_EQ(tok->eod(), 999);
+  o.null_eod_id = 0;  // --null-tokenizer-eod-id
+  EXPECT_EQ(build_tokenizer(o)->eod(), 0);
+  o.null_eod_id.reset();
   EXPECT_USER_ERROR(tok->tokenize("1  2"), "not an integer");
   EXPECT_USER_ERROR(tok->tokenize("a"), "'a'");
   o.vocab_size.reset();
@@ -133,6 +138,9 @@ std::string train_sentencepiece(const ScratchDir& dir) {
   return dir / "sp.model";
 }
 
+// Megatron-LM d98e8a6: all three SentencePiece types are the model's own ids, no BOS, no added
+// special tokens (the legacy wrappers prepended BOS for Llama2Tokenizer and appended <CLS> <SEP>
+// <EOD> <MASK> for SentencePieceTokenizer).
 TEST(SentencePieceTokenizer, MegatronFlavorsAgreeOnText) {
   ScratchDir dir;
   const std::string model = train_sentencepiece(dir);
@@ -149,18 +157,73 @@ TEST(SentencePieceTokenizer, MegatronFlavorsAgreeOnText) {
   EXPECT_FALSE(ids.empty());
   EXPECT_EQ(gpt->detokenize(ids), text);
   EXPECT_EQ(meg->tokenize(text), ids);
-  EXPECT_EQ(gpt->vocab_size(), 120);
-  EXPECT_EQ(gpt->eod(), 2);  // the model's eos (</s>)
-  // Megatron's wrapper adds <CLS> <SEP> <EOD> <MASK> and <PAD> after the pieces.
-  EXPECT_EQ(meg->vocab_size(), 125);
-  EXPECT_EQ(meg->eod(), 122);
-  auto with_eod = meg->tokenize("the fox<EOD>the dog");
-  EXPECT_NE(std::find(with_eod.begin(), with_eod.end(), 122), with_eod.end());
-  auto l = llama->tokenize(text);
-  EXPECT_EQ(l.front(), 1);  // bos
-  EXPECT_EQ(std::vector<int64_t>(l.begin() + 1, l.end()), ids);
+  EXPECT_EQ(llama->tokenize(text), ids);
+  for (const auto* t : {gpt.get(), meg.get(), llama.get()}) {
+    EXPECT_EQ(t->vocab_size(), 120);
+    EXPECT_EQ(t->eod(), 2);  // the model's eos (</s>)
+  }
 }
 #endif
+
+std::string base64(const std::string& bytes) {
+  static const char* table = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  int acc = 0, bits = 0;
+  for (unsigned char c : bytes) {
+    acc = (acc << 8) | c;
+    bits += 8;
+    while (bits >= 6) { bits -= 6; out.push_back(table[(acc >> bits) & 63]); }
+  }
+  if (bits > 0) out.push_back(table[(acc << (6 - bits)) & 63]);
+  while (out.size() % 4) out.push_back('=');
+  return out;
+}
+
+// A tiktoken rank file: the 256 bytes, then "ab" (256), "cd" (257), "abcd" (258), "oW" (259).
+std::string tiny_tiktoken_file(const ScratchDir& dir) {
+  nlohmann::json list = nlohmann::json::array();
+  std::vector<std::string> tokens;
+  for (int b = 0; b < 256; ++b) tokens.push_back(std::string(1, char(b)));
+  for (const char* t : {"ab", "cd", "abcd", "oW"}) tokens.push_back(t);
+  for (size_t i = 0; i < tokens.size(); ++i)
+    list.push_back({{"rank", i}, {"token_bytes", base64(tokens[i])}, {"token_str", "x"}});
+  testing::write_file(dir / "ranks.json", list.dump());
+  return dir / "ranks.json";
+}
+
+TEST(TikTokenizer, MegatronIdsByHand) {
+  if (!tiktoken_available()) GTEST_SKIP() << "built without libpcre2";
+  ScratchDir dir;
+  TokenizerOptions o;
+  o.type = "TikTokenizer";
+  o.tokenizer_model = tiny_tiktoken_file(dir);
+  o.tiktoken_num_special_tokens = 8;  // the seven defaults and <SPECIAL_7>
+  o.vocab_size = 8 + 260;
+  auto tok = build_tokenizer(o);
+  EXPECT_EQ(tok->vocab_size(), 268);
+  EXPECT_EQ(tok->eod(), 2);  // </s>
+  const int64_t S = 8;
+  // " abcde" is one piece: a b -> ab (rank 256), c d -> cd (257), ab cd -> abcd (258); then " x".
+  EXPECT_EQ(tok->tokenize("abcde</s> x"), (std::vector<int64_t>{258 + S, 'e' + S, 2, ' ' + S, 'x' + S}));
+  EXPECT_EQ(tok->tokenize(" abcde"), (std::vector<int64_t>{' ' + S, 258 + S, 'e' + S}));
+  // Special strings (fillers too) are their ids; "<s" without ">" is text.
+  EXPECT_EQ(tok->tokenize("<SPECIAL_7><s"), (std::vector<int64_t>{7, '<' + S, 's' + S}));
+  EXPECT_EQ(tok->detokenize(tok->tokenize("abcde</s> x")), "abcde</s> x");
+  // v2 splits "helloWORLD" at the case change, so "oW" never merges; v1 keeps one piece.
+  const std::vector<int64_t> v2_ids = tok->tokenize("helloWORLD");
+  EXPECT_EQ(v2_ids.size(), 10u);
+  o.tiktoken_pattern = "v1";
+  const std::vector<int64_t> v1_ids = build_tokenizer(o)->tokenize("helloWORLD");
+  EXPECT_EQ(v1_ids, (std::vector<int64_t>{'h' + S, 'e' + S, 'l' + S, 'l' + S, 259 + S, 'O' + S, 'R' + S, 'L' + S, 'D' + S}));
+  // Digits are single pieces in both patterns.
+  EXPECT_EQ(tok->tokenize("12"), (std::vector<int64_t>{'1' + S, '2' + S}));
+  // The vocabulary must fit the rank file; the special list must hold the seven defaults.
+  o.vocab_size = 8 + 261;
+  EXPECT_USER_ERROR(build_tokenizer(o), "260 entries");
+  o.vocab_size = 268;
+  o.special_tokens = {"<unk>", "<s>"};
+  EXPECT_USER_ERROR(build_tokenizer(o), "must include");
+}
 
 TEST(SentencePieceTokenizer, MissingModelIsAClearError) {
   TokenizerOptions o;

@@ -393,7 +393,7 @@ def bad_token_ids():
                                              "--split", "100,0,0", "--data-cache-path", os.path.join(d, "cache")],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     counts["faults injected"] += 1
-    pattern = r"token id 700 in train sample \d+ \(position \d+; dataset .*corpus_text_document, document 17, token 9 of it\) is outside the vocabulary of 129 tokens"
+    pattern = r"token id 700 in train sample \d+ \(position \d+; dataset .*corpus_text_document, document 17, token 9 of it\) is outside the vocabulary of 128 tokens"
     if out.returncode == 0 or not re.search(pattern, out.stdout) or "Traceback" in out.stdout or "internal error" in out.stdout:
         return fail("bad token ids", f"exit {out.returncode}:\n{out.stdout[-1500:]}")
     counts["clear errors checked"] += 1

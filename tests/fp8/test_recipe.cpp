@@ -35,10 +35,14 @@ TEST(Recipe, HiF8OnlyWithTensorwise) {
   EXPECT_NO_THROW(make_recipe(RecipeKind::kTensorwise, Fp8Format::kHiF8));
 }
 
-TEST(Recipe, BlockwiseIsE4M3Only) {
+// Transformer Engine's Float8BlockScaling takes E4M3 or HYBRID (E5M2 for the backward tensors).
+TEST(Recipe, BlockwiseIsE4M3OrHybrid) {
   EXPECT_EQ(error_of(BlockwiseScaling{Fp8Format::kE4M3}), "");
-  const std::string e = error_of(BlockwiseScaling{Fp8Format::kHybrid});
-  EXPECT_TRUE(contains(e, "--fp8-format e4m3")) << e;
+  EXPECT_EQ(error_of(BlockwiseScaling{Fp8Format::kHybrid}), "");
+  const Recipe hybrid = BlockwiseScaling{Fp8Format::kHybrid};
+  EXPECT_EQ(tensor_format(hybrid, TensorRole::kInput), Format::kE4M3);
+  EXPECT_EQ(tensor_format(hybrid, TensorRole::kWeight), Format::kE4M3);
+  EXPECT_EQ(tensor_format(hybrid, TensorRole::kGradOutput), Format::kE5M2);
   EXPECT_EQ(error_of(Mxfp8Scaling{Fp8Format::kHybrid}), "");
 }
 

@@ -1,5 +1,7 @@
 #include "trainer/checkpoint/model_identity.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "core/log.h"
 #include "core/text.h"
@@ -21,7 +23,10 @@ std::vector<ModelField> model_fields(const ModelConfig& m) {
   auto b = [](bool v) { return std::string(v ? "true" : "false"); };
   auto i = [](int64_t v) { return std::to_string(v); };
   const bool learned = m.position_embedding == PositionEmbedding::LearnedAbsolute;
-  return {
+  const char* positions = learned ? "learned_absolute"
+                          : m.position_embedding == PositionEmbedding::Rope ? "rope"
+                          : m.position_embedding == PositionEmbedding::Yarn ? "yarn" : "none";
+  std::vector<ModelField> fields = {
       {"num_layers", i(m.num_layers), "--num-layers"},
       {"hidden_size", i(m.hidden_size), "--hidden-size"},
       {"ffn_hidden_size", i(m.ffn_hidden_size), "--ffn-hidden-size"},
@@ -31,7 +36,7 @@ std::vector<ModelField> model_fields(const ModelConfig& m) {
       {"vocab_size", i(m.vocab_size), "--vocab-size or the tokenizer"},
       {"padded_vocab_size", i(m.padded_vocab_size),
        "--make-vocab-size-divisible-by x --tensor-model-parallel-size pads the vocabulary"},
-      {"position_embedding_type", learned ? "learned_absolute" : "rope", "--position-embedding-type"},
+      {"position_embedding_type", positions, "--position-embedding-type"},
       {"max_position_embeddings", learned ? i(m.max_position_embeddings) : "none", "--max-position-embeddings"},
       {"normalization", m.normalization == Normalization::RMSNorm ? "RMSNorm" : "LayerNorm", "--normalization"},
       {"apply_layernorm_1p", b(m.apply_layernorm_1p), "--apply-layernorm-1p"},
@@ -48,6 +53,19 @@ std::vector<ModelField> model_fields(const ModelConfig& m) {
       {"moe_shared_expert_gate", b(m.moe.shared_expert_gate), "--moe-shared-expert-gate"},
       {"moe_router_enable_expert_bias", b(m.moe.enable_expert_bias), "--moe-router-enable-expert-bias"},
   };
+  // Model variants: recorded only when used, so checkpoints without them keep loading.
+  if (m.squared_relu) fields.push_back({"squared_relu", "true", "--squared-relu"});
+  if (m.mla.enabled) {
+    const auto& a = m.mla;
+    fields.push_back({"multi_latent_attention", "true", "--multi-latent-attention"});
+    fields.push_back({"q_lora_rank", a.q_lora_rank ? i(*a.q_lora_rank) : "none", "--q-lora-rank"});
+    fields.push_back({"kv_lora_rank", i(a.kv_lora_rank), "--kv-lora-rank"});
+    fields.push_back({"qk_head_dim", i(a.qk_head_dim), "--qk-head-dim"});
+    fields.push_back({"qk_pos_emb_head_dim", i(a.qk_pos_emb_head_dim), "--qk-pos-emb-head-dim"});
+    fields.push_back({"v_head_dim", i(a.v_head_dim), "--v-head-dim"});
+  }
+  if (m.mtp.num_layers > 0) fields.push_back({"mtp_num_layers", i(m.mtp.num_layers), "--mtp-num-layers"});
+  return fields;
 }
 
 void check_model(const ck::CheckpointMetadata& m, const Config& c, const std::string& path) {
@@ -65,6 +83,16 @@ void check_model(const ck::CheckpointMetadata& m, const Config& c, const std::st
     }
     differences.push_back(strprintf("%s is %s in the checkpoint but %s here (%s)", f.key.c_str(), it->second.c_str(),
                                     f.value.c_str(), f.flags.c_str()));
+  }
+  // Variants recorded only when used: present in the checkpoint but not in this run's model.
+  const auto here = model_fields(c.model);
+  for (const auto& [key, flag] : std::vector<std::pair<std::string, std::string>>{
+           {"squared_relu", "--squared-relu"}, {"multi_latent_attention", "--multi-latent-attention"},
+           {"mtp_num_layers", "--mtp-num-layers"}}) {
+    auto it = m.args.find("model." + key);
+    const bool used_here = std::any_of(here.begin(), here.end(), [&](const ModelField& f) { return f.key == key; });
+    if (it != m.args.end() && !used_here)
+      differences.push_back(strprintf("%s is %s in the checkpoint but off here (%s)", key.c_str(), it->second.c_str(), flag.c_str()));
   }
   if (!differences.empty())
     throw UserError("checkpoint " + path + " was saved from a different model: " + join(differences, "; "));

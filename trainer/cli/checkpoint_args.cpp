@@ -58,6 +58,11 @@ void apply_checkpoint_args(FlagValues& flags) {
       "rotary-percent", "disable-bias-linear", "add-qkv-bias", "swiglu", "untie-embeddings-and-output-weights",
       "apply-layernorm-1p", "normalization", "norm-epsilon", "qk-layernorm", "attention-dropout", "hidden-dropout",
       "tokenizer-type", "vocab-size", "make-vocab-size-divisible-by", "init-method-std", "transformer-impl",
+      // model variants
+      "squared-relu", "rotary-interleaved", "use-rope-scaling", "rope-scaling-factor", "rotary-scaling-factor", "mscale",
+      "mscale-all-dim", "multi-latent-attention", "q-lora-rank", "kv-lora-rank", "qk-head-dim", "qk-pos-emb-head-dim",
+      "v-head-dim", "rope-type", "mtp-num-layers",
+      // mixture of experts
       "num-experts", "moe-layer-freq", "moe-ffn-hidden-size", "moe-router-topk", "moe-router-pre-softmax",
       "moe-grouped-gemm", "moe-shared-expert-intermediate-size", "moe-router-score-function",
       "moe-router-enable-expert-bias", "moe-router-topk-scaling-factor"};

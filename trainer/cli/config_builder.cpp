@@ -3,10 +3,14 @@
 #include <algorithm>
 #include <cmath>
 #include <csignal>
+#include <sstream>
 
+#include "core/config/batch_schedule.h"
 #include "core/error.h"
 #include "core/text.h"
 #include "fp8/recipe.h"
+#include "parallel/pipeline_layout.h"
+#include "trainer/cli/model_variant_args.h"
 #include "trainer/checkpoint/fault_points.h"
 #include "trainer/cli/context_parallel_args.h"
 #include "trainer/cli/moe_args.h"
@@ -22,15 +26,16 @@ void classify_given_flags(const FlagValues& flags, Config& c) {
   for (const auto& [name, values] : flags.all_given()) {
     const FlagSpec* spec = find_flag(name);
     const std::string flag = "--" + name;
+    // A value flag given at Megatron's default asks for nothing fp8tron lacks.
+    const bool at_default =
+        spec->kind != FlagKind::Bool && values.size() == 1 && *spec->default_value && values[0] == spec->default_value;
+    if (at_default && spec->support != Support::Yes) continue;
     switch (spec->support) {
       case Support::Yes:
         break;
-      case Support::NotYet: {
-        bool is_default = spec->kind != FlagKind::Bool && values.size() == 1 && *spec->default_value &&
-                          values[0] == spec->default_value;
-        if (!is_default) c.not_supported_yet.push_back(flag + " (" + spec->note + ")");
+      case Support::NotYet:
+        c.not_supported_yet.push_back(flag + " (" + spec->note + ")");
         break;
-      }
       case Support::HintOnly:
         c.hint_warnings.push_back(flag + " is accepted but has no effect in fp8tron: " + spec->note);
         break;
@@ -66,8 +71,7 @@ ModelConfig build_model(const FlagValues& f, int tp, int64_t vocab_size) {
   m.num_query_groups = f.get_bool("group-query-attention") ? f.get_int("num-query-groups") : m.num_attention_heads;
   m.seq_length = f.get_int("seq-length");
   m.max_position_embeddings = f.opt_int("max-position-embeddings").value_or(m.seq_length);
-  m.position_embedding = f.get_string("position-embedding-type") == "rope" ? PositionEmbedding::Rope
-                                                                           : PositionEmbedding::LearnedAbsolute;
+  m.position_embedding = parse_position_embedding(f.get_string("position-embedding-type"));
   m.rotary_base = double(f.get_int("rotary-base"));
   m.rotary_percent = f.get_float("rotary-percent");
   m.normalization = f.get_string("normalization") == "RMSNorm" ? Normalization::RMSNorm : Normalization::LayerNorm;
@@ -98,6 +102,7 @@ ModelConfig build_model(const FlagValues& f, int tp, int64_t vocab_size) {
     m.padded_vocab_size = *padded;
   }
   m.seed = uint64_t(f.get_int("seed"));
+  build_model_variants(f, m);
   return m;
 }
 
@@ -152,6 +157,63 @@ Fp8Config build_fp8(const FlagValues& f, const ModelConfig& m, const PrecisionCo
   return c;
 }
 
+// --rampup-batch-size START INCREMENT SAMPLES.
+std::optional<BatchRampup> parse_rampup(const FlagValues& f) {
+  if (!f.given("rampup-batch-size")) return std::nullopt;
+  const auto v = f.get_list("rampup-batch-size");
+  if (v.size() != 3)
+    throw UserError("--rampup-batch-size takes three numbers: <start batch size> <batch size increment> <ramp-up samples>");
+  BatchRampup r;
+  int64_t* fields[3] = {&r.start, &r.increment, &r.samples};
+  for (size_t i = 0; i < 3; ++i) {
+    try {
+      size_t pos = 0;
+      *fields[i] = std::stoll(v[i], &pos);
+      if (pos != v[i].size()) throw std::invalid_argument(v[i]);
+    } catch (const std::exception&) {
+      throw UserError("--rampup-batch-size expects integers, got '" + v[i] + "'");
+    }
+  }
+  return r;
+}
+
+// --step-batch-size-schedule "THRESHOLD:BS ...": entries split on spaces or commas, numbers with
+// K/M/B/T suffixes (parsed as floats, then truncated), thresholds in tokens (// --seq-length).
+std::vector<std::pair<int64_t, int64_t>> parse_step_schedule(const std::string& text, int64_t seq_length) {
+  auto number = [](const std::string& word) -> int64_t {
+    std::string v = word;
+    double multiplier = 1;
+    for (auto& ch : v) ch = char(std::toupper(static_cast<unsigned char>(ch)));
+    if (!v.empty() && std::string("KMBT").find(v.back()) != std::string::npos) {
+      multiplier = v.back() == 'K' ? 1e3 : v.back() == 'M' ? 1e6 : v.back() == 'B' ? 1e9 : 1e12;
+      v.pop_back();
+    }
+    try {
+      size_t pos = 0;
+      const double d = std::stod(v, &pos) * multiplier;
+      // Negative values would floor differently from Python (and are meaningless); inf/nan and
+      // values past int64 have no integer (Megatron's int() raises on them).
+      if (pos != v.size() || !(d >= 0 && d < 9.2e18)) throw std::invalid_argument(v);
+      return int64_t(d);  // int(float(...)): truncation
+    } catch (const std::exception&) {
+      throw UserError("--step-batch-size-schedule: '" + word + "' is not a non-negative number");
+    }
+  };
+  std::string spaced = text;
+  std::replace(spaced.begin(), spaced.end(), ',', ' ');
+  std::vector<std::pair<int64_t, int64_t>> out;
+  std::istringstream in(spaced);
+  for (std::string entry; in >> entry;) {
+    const size_t colon = entry.find(':');
+    if (colon == std::string::npos)
+      throw UserError("--step-batch-size-schedule: invalid entry \"" + entry + "\" (expected THRESHOLD:BATCH_SIZE)");
+    out.emplace_back(number(entry.substr(0, colon)) / seq_length, number(entry.substr(colon + 1)));
+  }
+  if (out.empty()) throw UserError("--step-batch-size-schedule needs at least one THRESHOLD:BATCH_SIZE entry");
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  return out;
+}
+
 // Megatron's loss and gradient checks; `warnings` gets Megatron's notice when fp16's dynamic loss
 // scale turns the NaN check off.
 NumericsChecks build_numerics(const FlagValues& f, const PrecisionConfig& p, std::vector<std::string>& warnings) {
@@ -188,23 +250,40 @@ TrainingConfig build_training(const FlagValues& f, int dp) {
   if (t.micro_batch_size <= 0) throw UserError("--micro-batch-size must be positive");
   t.global_batch_size = f.opt_int("global-batch-size").value_or(t.micro_batch_size * dp);
   if (t.global_batch_size <= 0) throw UserError("--global-batch-size must be positive");
-  if (t.global_batch_size % (t.micro_batch_size * dp) != 0)
+  t.rampup = parse_rampup(f);
+  t.decrease_batch_size_if_needed = f.get_bool("decrease-batch-size-if-needed");
+  if (f.given("step-batch-size-schedule")) {
+    // Megatron: the schedule sets the training batches; --global-batch-size stays micro x dp (the
+    // evaluation batch) and may not be given.
+    if (f.given("global-batch-size"))
+      throw UserError("Cannot specify both --step-batch-size-schedule and --global-batch-size");
+    t.step_batch_schedule = parse_step_schedule(f.get_string("step-batch-size-schedule"), f.get_int("seq-length"));
+  }
+  const int64_t micro_times_dp = t.micro_batch_size * dp;
+  if (t.global_batch_size % micro_times_dp != 0 && !(t.rampup && t.decrease_batch_size_if_needed))
     throw UserError(strprintf("--global-batch-size (%lld) is not divisible by --micro-batch-size (%lld) x "
                               "data-parallel size (%d)",
                               (long long)t.global_batch_size, (long long)t.micro_batch_size, dp));
-  t.num_micro_batches = t.global_batch_size / (t.micro_batch_size * dp);
+  const BatchSchedule batches = BatchSchedule::of(t, dp);
+  // After any ramp-up (the evaluation batch with a step schedule, as Megatron's).
+  t.num_micro_batches = t.step_batch_schedule.empty() ? batches.micro_batches(int64_t(1) << 62)
+                                                      : t.global_batch_size / micro_times_dp;
+  // Megatron: iteration mode is "--train-iters given and non-zero"; sample mode likewise.
   const auto iters = f.opt_int("train-iters");
   const auto samples = f.opt_int("train-samples");
-  if (iters && samples) throw UserError("--train-iters and --train-samples cannot be used together; choose one");
-  if (!iters && !samples) throw UserError("either --train-iters or --train-samples is required");
-  if (iters) {
-    if (*iters <= 0) throw UserError("--train-iters must be positive");
+  const bool iteration_mode = iters && *iters != 0, sample_mode = samples && *samples != 0;
+  if (iteration_mode && samples) throw UserError("--train-iters and --train-samples cannot be used together; choose one");
+  if (sample_mode && iters) throw UserError("--train-iters and --train-samples cannot be used together; choose one");
+  if (!iteration_mode && !sample_mode) throw UserError("either --train-iters or --train-samples is required (and non-zero)");
+  if (iteration_mode) {
+    if (*iters < 0) throw UserError("--train-iters must be positive");
+    if (t.rampup) throw UserError("--rampup-batch-size needs sample-based training (--train-samples), as in Megatron");
     t.train_iters = *iters;
   } else {
-    if (*samples < t.global_batch_size)
-      throw UserError("--train-samples is smaller than one --global-batch-size");
+    if (*samples < 0) throw UserError("--train-samples must be positive");
     t.train_samples = samples;
-    t.train_iters = *samples / t.global_batch_size;
+    t.train_iters = batches.train_iters(*samples);
+    if (t.train_iters <= 0) throw UserError("--train-samples is smaller than one --global-batch-size");
   }
   t.exit_interval = f.opt_int("exit-interval");
   t.exit_duration_in_mins = f.opt_int("exit-duration-in-mins");
@@ -213,7 +292,39 @@ TrainingConfig build_training(const FlagValues& f, int dp) {
   t.start_eval_at_iter = f.opt_int("start-eval-at-iter");
   t.seed = uint64_t(f.get_int("seed"));
   t.deterministic = f.get_bool("deterministic-mode");
+  t.calculate_per_token_loss = f.get_bool("calculate-per-token-loss");
+  t.weight_hash_interval = f.opt_int("check-weight-hash-across-dp-replicas-interval");
+  if (t.weight_hash_interval && *t.weight_hash_interval <= 0)
+    throw UserError("--check-weight-hash-across-dp-replicas-interval must be positive");
   return t;
+}
+
+// --optimizer muon (dist_muon: the deprecated spelling of muon + --use-distributed-optimizer).
+void build_muon(const FlagValues& f, OptimizerConfig& o) {
+  if (o.optimizer == "lion" || o.optimizer == "soap" || o.optimizer == "adaptive_muon")
+    throw UserError("--optimizer " + o.optimizer + " is not supported by fp8tron (adam, sgd and muon are)");
+  if (o.optimizer == "dist_muon") o.optimizer = "muon";
+  MuonConfig& m = o.muon;
+  m.momentum = f.get_float("muon-momentum");
+  m.nesterov = f.get_bool("muon-nesterov");
+  m.split_qkv = !f.get_bool("muon-no-split-qkv");
+  m.scale_mode = f.get_string("muon-scale-mode");
+  m.matmul_precision = f.get_string("muon-fp32-matmul-prec");
+  m.coefficient_type = f.get_string("muon-coefficient-type");
+  m.num_ns_steps = f.get_int("muon-num-ns-steps");
+  m.tp_mode = f.get_string("muon-tp-mode");
+  m.extra_scale_factor = f.get_float("muon-extra-scale-factor");
+  if (o.optimizer != "muon") return;
+  if (m.matmul_precision == "low")
+    throw UserError("--muon-fp32-matmul-prec low is not a torch matmul precision (Megatron fails on it too); use medium or high");
+  static const std::vector<std::string> coefficients = {"quintic", "simple", "polar_express", "cans", "aol"};
+  if (std::find(coefficients.begin(), coefficients.end(), m.coefficient_type) == coefficients.end())
+    throw UserError("--muon-coefficient-type " + m.coefficient_type + " is not supported (choose from " +
+                    join(coefficients, ", ") + ")");
+  if (m.num_ns_steps <= 0) throw UserError("--muon-num-ns-steps must be positive");
+  if (f.get_string("muon-scalar-optimizer") != "adam")
+    throw UserError("--muon-scalar-optimizer " + f.get_string("muon-scalar-optimizer") +
+                    " is not supported by fp8tron (adam is)");
 }
 
 OptimizerConfig build_optimizer(const FlagValues& f) {
@@ -229,11 +340,19 @@ OptimizerConfig build_optimizer(const FlagValues& f) {
   o.adam_beta2 = f.get_float("adam-beta2");
   o.adam_eps = f.get_float("adam-eps");
   o.sgd_momentum = f.get_float("sgd-momentum");
+  o.decoupled_lr = f.opt_float("decoupled-lr");
+  o.decoupled_min_lr = f.opt_float("decoupled-min-lr");
+  if (o.decoupled_min_lr && !o.decoupled_lr)
+    throw UserError("--decoupled-min-lr needs --decoupled-lr (it is the minimum of that learning rate)");
+  o.apply_wd_to_qk_layernorm =
+      f.get_bool("apply-wd-to-qk-layernorm") || f.get_string("no-weight-decay-cond-type") == "apply_wd_to_qk_layernorm";
+  build_muon(f, o);
   return o;
 }
 
 // Megatron's get_optimizer_param_scheduler: iteration-based flags are turned into samples.
-LrScheduleConfig build_lr_schedule(const FlagValues& f, const OptimizerConfig& o, const TrainingConfig& t) {
+LrScheduleConfig build_lr_schedule(const FlagValues& f, const OptimizerConfig& o, const TrainingConfig& t,
+                                   std::vector<std::string>& warnings) {
   LrScheduleConfig s;
   s.init_lr = f.get_float("lr-warmup-init");
   s.max_lr = o.lr;
@@ -251,21 +370,29 @@ LrScheduleConfig build_lr_schedule(const FlagValues& f, const OptimizerConfig& o
                                             : WsdDecayStyle::Exponential;
   const int64_t gbs = t.global_batch_size;
   const auto warmup_fraction = f.opt_float("lr-warmup-fraction");
-  if (warmup_fraction && (f.given("lr-warmup-iters") || f.given("lr-warmup-samples")))
-    throw UserError("--lr-warmup-fraction cannot be combined with --lr-warmup-iters or --lr-warmup-samples");
   std::optional<int64_t> wsd_steps;
+  // Megatron's validate_args: the other mode's flags must be unset or zero (an explicit
+  // `--lr-warmup-samples 0` with --train-iters is fine); the other mode's WSD flag is unused.
   if (!t.train_samples) {
-    if (f.given("lr-decay-samples") || f.given("lr-warmup-samples") || f.given("lr-wsd-decay-samples"))
-      throw UserError("with --train-iters use --lr-decay-iters/--lr-warmup-iters/--lr-wsd-decay-iters, not the -samples flags");
+    if (f.given("lr-decay-samples")) throw UserError("--lr-decay-samples is for --train-samples; with --train-iters use --lr-decay-iters");
+    if (f.get_int("lr-warmup-samples") != 0)
+      throw UserError("--lr-warmup-samples is for --train-samples; with --train-iters use --lr-warmup-iters");
+    if (warmup_fraction && f.get_int("lr-warmup-iters") != 0)
+      throw UserError("--lr-warmup-fraction and --lr-warmup-iters: give only one");
+    if (f.given("lr-wsd-decay-samples")) warnings.push_back("--lr-wsd-decay-samples has no effect with --train-iters (use --lr-wsd-decay-iters)");
     s.decay_steps = f.opt_int("lr-decay-iters").value_or(t.train_iters) * gbs;
-    s.warmup_steps = warmup_fraction ? int64_t(*warmup_fraction * double(s.decay_steps)) : f.get_int("lr-warmup-iters") * gbs;
+    s.warmup_steps = warmup_fraction ? *warmup_fraction * double(s.decay_steps) : double(f.get_int("lr-warmup-iters") * gbs);
     s.wd_incr_steps = t.train_iters * gbs;
     if (auto w = f.opt_int("lr-wsd-decay-iters")) wsd_steps = *w * gbs;
   } else {
-    if (f.given("lr-decay-iters") || f.given("lr-warmup-iters") || f.given("lr-wsd-decay-iters"))
-      throw UserError("with --train-samples use --lr-decay-samples/--lr-warmup-samples/--lr-wsd-decay-samples, not the -iters flags");
+    if (f.given("lr-decay-iters")) throw UserError("--lr-decay-iters is for --train-iters; with --train-samples use --lr-decay-samples");
+    if (f.get_int("lr-warmup-iters") != 0)
+      throw UserError("--lr-warmup-iters is for --train-iters; with --train-samples use --lr-warmup-samples");
+    if (warmup_fraction && f.get_int("lr-warmup-samples") != 0)
+      throw UserError("--lr-warmup-fraction and --lr-warmup-samples: give only one");
+    if (f.given("lr-wsd-decay-iters")) warnings.push_back("--lr-wsd-decay-iters has no effect with --train-samples (use --lr-wsd-decay-samples)");
     s.decay_steps = f.opt_int("lr-decay-samples").value_or(*t.train_samples);
-    s.warmup_steps = warmup_fraction ? int64_t(*warmup_fraction * double(s.decay_steps)) : f.get_int("lr-warmup-samples");
+    s.warmup_steps = warmup_fraction ? *warmup_fraction * double(s.decay_steps) : double(f.get_int("lr-warmup-samples"));
     s.wd_incr_steps = *t.train_samples;
     wsd_steps = f.opt_int("lr-wsd-decay-samples");
   }
@@ -297,12 +424,52 @@ std::string format_value(const FlagSpec& spec, const FlagValues& f) {
   return *spec.default_value ? spec.default_value : "None";
 }
 
-// Data source and tokenizer. The built-in and mock datasets, and --tokenizer-type NullTokenizer,
-// use Megatron's NullTokenizer: --vocab-size ids plus one end-of-document id.
+// Data source and tokenizer, as pretrain_gpt.py resolves them: --tokenizer-type defaults to
+// GPT2BPETokenizer (its only args_defaults entry) and the tokenizer is built for mock data too.
+// fp8tron keeps two conveniences: --mock-data with --vocab-size and no --tokenizer-type uses a
+// NullTokenizer (said in the log), and --builtin-data (fp8tron's own synthetic text) has
+// --vocab-size ids plus one end-of-document id.
 struct DataWithVocab : DataConfig {
   int64_t tokenizer_vocab_size = 0;
 };
-DataWithVocab build_data(const FlagValues& f, const TokenizerResolver& tokenizer) {
+
+void read_tokenizer_flags(const FlagValues& f, DataConfig& d) {
+  d.tokenizer_defaulted = !f.given("tokenizer-type");
+  d.tokenizer_type = d.tokenizer_defaulted ? "GPT2BPETokenizer" : f.get_string("tokenizer-type");
+  d.vocab_file = f.get_string("vocab-file");
+  d.merge_file = f.get_string("merge-file");
+  d.tokenizer_model = f.get_string("tokenizer-model");
+  d.null_vocab_size = f.opt_int("vocab-size");
+  d.null_eod_id = f.opt_int("null-tokenizer-eod-id");
+  d.pad = f.get_int("null-tokenizer-pad-id");
+  d.tiktoken_pattern = f.get_string("tiktoken-pattern");
+  d.tiktoken_num_special_tokens = f.get_int("tiktoken-num-special-tokens");
+  d.special_tokens = f.get_list("tokenizer-special-tokens");
+}
+
+// The tokenizer the data needs, or the notice/refusal when the type is pretrain_gpt.py's default.
+void resolve_tokenizer_type(DataWithVocab& d, std::vector<std::string>& notices) {
+  if (!d.tokenizer_defaulted) {
+    notices.push_back("Overriding default arguments for tokenizer_type:GPT2BPETokenizer with tokenizer_type:" +
+                      d.tokenizer_type);
+    return;
+  }
+  if (d.source == DataSource::Mock && d.null_vocab_size && d.vocab_file.empty() && d.merge_file.empty()) {
+    d.tokenizer_type = "NullTokenizer";
+    notices.push_back(strprintf("--mock-data without --tokenizer-type: using a NullTokenizer of --vocab-size %lld ids "
+                                "(Megatron's pretrain_gpt.py would default to GPT2BPETokenizer)",
+                                (long long)*d.null_vocab_size));
+    return;
+  }
+  if (d.vocab_file.empty() || d.merge_file.empty())
+    throw UserError(std::string("--tokenizer-type was not given, so it is GPT2BPETokenizer (pretrain_gpt.py's default), "
+                                "which needs --vocab-file and --merge-file (fp8tron does not download GPT-2's files)") +
+                    (d.source == DataSource::Mock ? "; or pass --vocab-size for a NullTokenizer" : "") +
+                    "; or pass --tokenizer-type with its files");
+}
+
+DataWithVocab build_data(const FlagValues& f, const TokenizerResolver& tokenizer, std::vector<std::string>& notices,
+                         std::vector<std::string>& warnings) {
   DataWithVocab d;
   const bool files = f.given("data-path") || f.given("train-data-path") || f.given("valid-data-path") || f.given("test-data-path");
   const int sources = int(files) + int(f.get_bool("mock-data")) + int(f.get_bool("builtin-data"));
@@ -313,67 +480,124 @@ DataWithVocab build_data(const FlagValues& f, const TokenizerResolver& tokenizer
   d.train_data_path = f.get_list("train-data-path");
   d.valid_data_path = f.get_list("valid-data-path");
   d.test_data_path = f.get_list("test-data-path");
-  if (f.given("data-path") && (f.given("train-data-path") || f.given("valid-data-path") || f.given("test-data-path")))
-    throw UserError("--data-path cannot be combined with --train/valid/test-data-path");
+  const bool per_split = f.given("train-data-path") || f.given("valid-data-path") || f.given("test-data-path");
+  if (f.given("data-path") && per_split) throw UserError("--data-path cannot be combined with --train/valid/test-data-path");
+  // Megatron: --split is None unless given; with --data-path it falls back to the legacy value
+  // (with a warning); the mock dataset overwrites it with 1,1,1.
   if (f.given("split")) {
-    if (!f.given("data-path")) throw UserError("--split applies to --data-path only");
+    if (per_split) throw UserError("--split cannot be combined with --train/valid/test-data-path (each split has its own files)");
+    if (d.source == DataSource::Mock) warnings.push_back("--split has no effect with --mock-data (Megatron's mock dataset splits 1,1,1)");
+    if (d.source == DataSource::Builtin) warnings.push_back("--split has no effect with --builtin-data (each split is its own text)");
     d.split = f.get_string("split");
+  } else if (f.given("data-path")) {
+    warnings.push_back("Please specify --split when using --data-path. Using legacy default value \"969, 30, 1\"");
   }
   d.data_cache_path = f.get_string("data-cache-path");
-  d.tokenizer_type = f.get_string("tokenizer-type");
-  d.vocab_file = f.get_string("vocab-file");
-  d.merge_file = f.get_string("merge-file");
-  d.tokenizer_model = f.get_string("tokenizer-model");
-  d.null_vocab_size = f.opt_int("vocab-size");
+  read_tokenizer_flags(f, d);
   d.eod_mask_loss = f.get_bool("eod-mask-loss");
   d.reset_position_ids = f.get_bool("reset-position-ids");
   d.reset_attention_mask = f.get_bool("reset-attention-mask");
+  d.create_attention_mask = !f.get_bool("no-create-attention-mask-in-dataloader");
+  d.mmap_bin_files = !f.get_bool("no-mmap-bin-files");
   d.num_workers = int(f.get_int("num-workers"));
   if (d.num_workers < 0) throw UserError("--num-workers must not be negative");
-  if (d.source == DataSource::Files) {
-    if (d.tokenizer_type.empty()) throw UserError("--data-path needs --tokenizer-type (and its files)");
-    if (d.tokenizer_type == "NullTokenizer" && !d.null_vocab_size)
-      throw UserError("--tokenizer-type NullTokenizer needs --vocab-size");
-  } else if (!d.tokenizer_type.empty() && d.tokenizer_type != "NullTokenizer") {
-    throw UserError("--tokenizer-type is only used with --data-path (the built-in and mock datasets use --vocab-size)");
-  }
-  if (d.source != DataSource::Files || d.tokenizer_type == "NullTokenizer") {
-    if (!d.null_vocab_size) throw UserError("--vocab-size is required (the built-in and mock datasets use a NullTokenizer)");
+  const std::string loader = f.get_string("dataloader-type");
+  if (loader == "external")
+    throw UserError("--dataloader-type external is not supported by fp8tron: the dataset would have to be a Python data "
+                    "loader; use single or cyclic");
+  d.dataloader_type = loader == "cyclic" ? DataloaderType::Cyclic : DataloaderType::Single;
+  d.data_sharding = !f.get_bool("no-data-sharding");
+  if (!d.data_sharding && d.dataloader_type != DataloaderType::Cyclic)
+    warnings.push_back("--no-data-sharding has no effect without --dataloader-type cyclic (as in Megatron)");
+
+  if (d.source == DataSource::Builtin) {
+    if (!d.tokenizer_defaulted && d.tokenizer_type != "NullTokenizer")
+      throw UserError("--tokenizer-type " + d.tokenizer_type + " is not used by --builtin-data (its text has --vocab-size ids)");
+    if (!d.null_vocab_size) throw UserError("--builtin-data needs --vocab-size");
     if (*d.null_vocab_size <= 1) throw UserError("--vocab-size must be at least 2");
+    // fp8tron's own text: --vocab-size ids and one more for the end of a document (which the
+    // synthetic text never contains), so its reference losses stay comparable across versions.
+    d.tokenizer_type = "NullTokenizer";
     d.tokenizer_vocab_size = *d.null_vocab_size + 1;
-    d.eod = *d.null_vocab_size;
-    if (d.source == DataSource::Builtin) d.eod = -1;  // the synthetic text has no documents
+    d.eod = -1;
+    d.pad = -1;
+    return d;
+  }
+  resolve_tokenizer_type(d, notices);
+  if (d.tokenizer_type == "NullTokenizer") {
+    if (!d.null_vocab_size) throw UserError("--tokenizer-type NullTokenizer needs --vocab-size");
+    if (*d.null_vocab_size <= 1) throw UserError("--vocab-size must be at least 2");
+    d.tokenizer_vocab_size = *d.null_vocab_size;
+    d.eod = d.null_eod_id.value_or(*d.null_vocab_size - 1);
   } else {
     if (!tokenizer) throw UserError("--tokenizer-type " + d.tokenizer_type + " needs the trainer to build the tokenizer");
     TokenizerInfo info = tokenizer(d);
     d.tokenizer_vocab_size = info.vocab_size;
     d.eod = info.eod;
+    d.pad = info.pad;
   }
+  // Megatron's dataset ignores a pad id that collides with the end of a document.
+  if (d.pad == d.eod) d.pad = -1;
   return d;
+}
+
+// Megatron's virtual-pipeline size: from --num-layers-per-virtual-pipeline-stage,
+// --num-virtual-stages-per-pipeline-rank or the layout (at most one of them); 1 means no
+// interleaving, not an error.
+int virtual_stages(const FlagValues& f, const DistributedConfig& d, int pp) {
+  const auto per_stage = f.opt_int("num-layers-per-virtual-pipeline-stage");
+  const auto per_rank = f.opt_int("num-virtual-stages-per-pipeline-rank");
+  const bool layout = !d.pipeline_layout.empty();
+  if (int(bool(per_stage)) + int(bool(per_rank)) + int(layout) > 1)
+    throw UserError("--num-layers-per-virtual-pipeline-stage, --num-virtual-stages-per-pipeline-rank and "
+                    "--pipeline-model-parallel-layout cannot be combined; give one");
+  if (layout) {
+    if (d.pipeline_layout.size() % size_t(pp) != 0)
+      throw UserError(strprintf("--pipeline-model-parallel-layout has %zu stages, not a multiple of "
+                                "--pipeline-model-parallel-size (%d)",
+                                d.pipeline_layout.size(), pp));
+    return int(d.pipeline_layout.size()) / pp;
+  }
+  if (per_rank) {
+    if (*per_rank <= 0) throw UserError("--num-virtual-stages-per-pipeline-rank must be positive");
+    return int(*per_rank);
+  }
+  if (!per_stage) return 1;
+  if (d.first_stage_layers || d.last_stage_layers)
+    throw UserError("--decoder-first/last-pipeline-num-layers with a virtual pipeline: please use "
+                    "--num-virtual-stages-per-pipeline-rank instead of --num-layers-per-virtual-pipeline-stage");
+  const int64_t slots = f.get_int("num-layers") + int64_t(d.account_for_embedding) + int64_t(d.account_for_loss);
+  if (*per_stage <= 0 || slots % pp != 0 || (slots / pp) % *per_stage != 0)
+    throw UserError("--num-layers (with the embedding/loss slots of --account-for-*-in-pipeline-split) must be divisible "
+                    "by --pipeline-model-parallel-size x --num-layers-per-virtual-pipeline-stage");
+  return int(slots / pp / *per_stage);
 }
 
 DistributedConfig build_distributed(const FlagValues& f, const ParallelSizes& p) {
   DistributedConfig d;
   d.sequence_parallel = f.get_bool("sequence-parallel") && p.tp > 1;  // Megatron ignores SP without TP
-  const auto per_stage = f.opt_int("num-layers-per-virtual-pipeline-stage");
-  const auto per_rank = f.opt_int("num-virtual-stages-per-pipeline-rank");
-  if (per_stage && per_rank)
-    throw UserError("--num-layers-per-virtual-pipeline-stage and --num-virtual-stages-per-pipeline-rank cannot be used together");
-  if ((per_stage || per_rank) && p.pp < 2)
-    throw UserError("a virtual pipeline needs --pipeline-model-parallel-size > 1");
-  if (per_stage) {
-    const int64_t layers = f.get_int("num-layers");
-    if (*per_stage <= 0 || layers % (*per_stage * p.pp) != 0)
-      throw UserError("--num-layers must be divisible by --num-layers-per-virtual-pipeline-stage x --pipeline-model-parallel-size");
-    d.virtual_stages = int(layers / (*per_stage * p.pp));
-  }
-  if (per_rank) {
-    if (*per_rank <= 0) throw UserError("--num-virtual-stages-per-pipeline-rank must be positive");
-    d.virtual_stages = int(*per_rank);
-  }
   d.first_stage_layers = f.opt_int("decoder-first-pipeline-num-layers");
   d.last_stage_layers = f.opt_int("decoder-last-pipeline-num-layers");
-  d.distributed_optimizer = f.get_bool("use-distributed-optimizer");
+  d.account_for_embedding = f.get_bool("account-for-embedding-in-pipeline-split");
+  d.account_for_loss = f.get_bool("account-for-loss-in-pipeline-split");
+  if (f.given("pipeline-model-parallel-layout")) {
+    d.pipeline_layout = parse_pipeline_layout(f.get_string("pipeline-model-parallel-layout"));
+    if (d.first_stage_layers || d.last_stage_layers || d.account_for_embedding || d.account_for_loss)
+      throw UserError("--pipeline-model-parallel-layout cannot be set with other pipeline layout arguments "
+                      "(--decoder-first/last-pipeline-num-layers, --account-for-embedding/loss-in-pipeline-split)");
+  }
+  if ((d.first_stage_layers || d.last_stage_layers) && (d.account_for_embedding || d.account_for_loss))
+    throw UserError("--decoder-first/last-pipeline-num-layers cannot be combined with "
+                    "--account-for-embedding/loss-in-pipeline-split");
+  d.virtual_stages = virtual_stages(f, d, p.pp);
+  d.overlap_p2p = !f.get_bool("no-overlap-p2p-communication");
+  if (d.virtual_stages > 1 && p.pp < (d.overlap_p2p ? 2 : 3))
+    throw UserError(d.overlap_p2p ? "an interleaved (virtual) pipeline needs --pipeline-model-parallel-size > 1"
+                                  : "an interleaved (virtual) pipeline with --no-overlap-p2p-communication needs "
+                                    "--pipeline-model-parallel-size > 2 (Megatron's rule)");
+  d.microbatch_group_size = f.opt_int("microbatch-group-size-per-virtual-pipeline-stage").value_or(0);
+  d.average_in_collective = f.get_bool("ddp-average-in-collective");
+  d.distributed_optimizer = f.get_bool("use-distributed-optimizer") || f.get_string("optimizer") == "dist_muon";
   d.overlap_grad_reduce = f.get_bool("overlap-grad-reduce");
   d.overlap_param_gather = f.get_bool("overlap-param-gather");
   d.bucket_numel = f.opt_int("ddp-bucket-size").value_or(std::max<int64_t>(40000000, 1000000 * int64_t(p.dp)));
@@ -382,7 +606,6 @@ DistributedConfig build_distributed(const FlagValues& f, const ParallelSizes& p)
   if (d.timeout_minutes <= 0) throw UserError("--distributed-timeout-minutes must be positive");
   d.hang_report_seconds = int(f.get_int("hang-report-seconds"));
   if (d.hang_report_seconds <= 0) throw UserError("--hang-report-seconds must be positive");
-  d.overlap_p2p = !f.get_bool("no-overlap-p2p-communication");
   d.overlap_p2p_warmup_flush = f.get_bool("overlap-p2p-communication-warmup-flush");
   return d;
 }
@@ -485,6 +708,19 @@ CheckpointConfig build_checkpoint(const FlagValues& f, std::vector<std::string>&
 
 }  // namespace
 
+PipelineSplit pipeline_split(const Config& c) {
+  PipelineSplit p;
+  p.num_layers = c.model.num_layers;
+  p.pp = c.parallel.pp;
+  p.chunks = c.distributed.virtual_stages;
+  p.first_stage_layers = c.distributed.first_stage_layers;
+  p.last_stage_layers = c.distributed.last_stage_layers;
+  p.account_for_embedding = c.distributed.account_for_embedding;
+  p.account_for_loss = c.distributed.account_for_loss;
+  p.layout = c.distributed.pipeline_layout;
+  return p;
+}
+
 int64_t padded_vocab_size(int64_t vocab_size, int64_t divisible_by, int64_t tp) {
   const int64_t multiple = divisible_by * tp;
   return (vocab_size + multiple - 1) / multiple * multiple;
@@ -505,18 +741,25 @@ Config build_config(const FlagValues& flags, const LaunchEnv& launch, bool gpu_a
   c.distributed = build_distributed(flags, c.parallel);
   resolve_p2p_overlap(c.distributed, c.parallel, c.hint_warnings);
   c.checkpoint = build_checkpoint(flags, c.hint_warnings);
-  const DataWithVocab data = build_data(flags, tokenizer);
+  const DataWithVocab data = build_data(flags, tokenizer, c.notices, c.hint_warnings);
   c.data = data;
   c.model = build_model(flags, tp, data.tokenizer_vocab_size);
   c.model.recompute = build_recompute_config(flags, c.hint_warnings);
   c.context_parallel = build_context_parallel_config(flags);
+  if (c.model.rotary.llama3_scaling && c.model.rotary.llama3_factor != 8.0)
+    c.notices.push_back(strprintf("--rope-scaling-factor %g: fp8tron scales by it; Megatron's pretrain_gpt.py ignores the "
+                                  "flag and always scales by 8",
+                                  c.model.rotary.llama3_factor));
   c.model.moe = build_moe_config(flags, c.model, c.hint_warnings);
   c.precision = build_precision(flags);
   c.model.params_dtype = c.precision.params_dtype;
   c.training = build_training(flags, c.parallel.dp);
+  if (c.training.rampup)
+    c.notices.push_back("--rampup-batch-size: the batch grows as in Megatron-LM before April 2026 (the newest Megatron-LM "
+                        "deprecates the flag and trains at --global-batch-size from the start)");
   c.training.numerics = build_numerics(flags, c.precision, c.hint_warnings);
   c.optimizer = build_optimizer(flags);
-  c.lr_schedule = build_lr_schedule(flags, c.optimizer, c.training);
+  c.lr_schedule = build_lr_schedule(flags, c.optimizer, c.training, c.hint_warnings);
 
   c.logging.log_interval = flags.get_int("log-interval");
   c.logging.log_throughput = flags.get_bool("log-throughput");
@@ -542,6 +785,7 @@ Config build_config(const FlagValues& flags, const LaunchEnv& launch, bool gpu_a
   c.logging.log_loss_scale_to_tensorboard =
       !flags.get_bool("no-log-loss-scale-to-tensorboard") && !flags.get_bool("disable-log-loss-scale-to-tensorboard");
   c.logging.log_all_ranks = flags.get_bool("log-all-ranks");
+  c.logging.log_num_zeros_in_grad = flags.get_bool("log-num-zeros-in-grad");
 
   c.device = flags.get_string("device");
   if (c.device.empty()) c.device = gpu_available ? "cuda" : "cpu";

@@ -5,6 +5,7 @@
 #include <functional>
 
 #include "core/config/config.h"
+#include "parallel/layer_split.h"
 #include "trainer/cli/flags.h"
 
 namespace fp8tron {
@@ -14,6 +15,7 @@ namespace fp8tron {
 struct TokenizerInfo {
   int64_t vocab_size = 0;
   int64_t eod = -1;
+  int64_t pad = -1;  // Megatron's GPT dataset masks labels equal to the tokenizer's pad id (-1: none)
 };
 using TokenizerResolver = std::function<TokenizerInfo(const DataConfig&)>;
 
@@ -23,6 +25,9 @@ Config build_config(const FlagValues& flags, const LaunchEnv& launch, bool gpu_a
 
 // Megatron's vocabulary padding: up to a multiple of make_vocab_size_divisible_by * tp.
 int64_t padded_vocab_size(int64_t vocab_size, int64_t divisible_by, int64_t tp);
+
+// How the model is spread over the pipeline stages (parallel/layer_split.h) for this config.
+PipelineSplit pipeline_split(const Config& config);
 
 // Named validation rules over the built config (trainer/cli/validation.cpp).
 void validate_config(const Config& config, const FlagValues& flags);

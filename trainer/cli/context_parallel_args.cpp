@@ -66,6 +66,14 @@ std::string context_parallel_problem(const Config& c, const FlagValues& f) {
   if (m.moe.enabled())
     return "--context-parallel-size > 1 with --num-experts is not implemented in fp8tron yet (the expert data-parallel "
            "group would have to span the context-parallel ranks)";
+  if (m.mla.enabled)
+    return "--context-parallel-size > 1 with --multi-latent-attention is not implemented in fp8tron yet (its rotary "
+           "embedding and attention do not take a sequence shard)";
+  if (m.mtp.num_layers > 0)
+    return "--context-parallel-size > 1 with --mtp-num-layers is not implemented in fp8tron yet (the MTP heads shift "
+           "labels across the whole sequence)";
+  if (c.training.calculate_per_token_loss)
+    return "--context-parallel-size > 1 with --calculate-per-token-loss is not implemented in fp8tron yet";
   if (!m.transformer_engine_modules)
     return "--context-parallel-size > 1 needs --transformer-impl transformer_engine (Megatron's local attention has no "
            "context parallelism)";

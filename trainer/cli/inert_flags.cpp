@@ -81,14 +81,17 @@ const std::vector<Rule>& rules() {
         return "--exit-signal has no effect without --exit-signal-handler";
       },
       [](const Config& c, const FlagValues& f) -> std::string {
-        const bool adam = c.optimizer.optimizer == "adam";
+        // Muon's scalar optimizer (the non-matrix parameters) is Adam.
+        const bool adam = c.optimizer.optimizer == "adam" || c.optimizer.optimizer == "muon";
         const std::string g = adam ? given_among(f, {"sgd-momentum"}) : given_among(f, {"adam-beta1", "adam-beta2", "adam-eps"});
         return g.empty() ? "" : g + ": not used by --optimizer " + c.optimizer.optimizer;
       },
       [](const Config& c, const FlagValues& f) -> std::string {
-        if (c.model.position_embedding == PositionEmbedding::Rope) return "";
+        // YaRN is a rotary embedding too, and multi-latent attention has its own rotary part.
+        const PositionEmbedding pe = c.model.position_embedding;
+        if (pe == PositionEmbedding::Rope || pe == PositionEmbedding::Yarn || c.model.mla.enabled) return "";
         const std::string g = given_among(f, {"rotary-base", "rotary-percent"});
-        return g.empty() ? "" : g + ": rotary settings, ignored without --position-embedding-type rope";
+        return g.empty() ? "" : g + ": rotary settings, ignored without --position-embedding-type rope or yarn";
       },
       [](const Config&, const FlagValues& f) -> std::string {
         if (f.get_bool("group-query-attention") || !f.given("num-query-groups")) return "";

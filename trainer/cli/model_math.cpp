@@ -3,6 +3,35 @@
 #include <algorithm>
 
 namespace fp8tron {
+namespace {
+
+// Multi-latent attention's parameters in one layer (with its input norm).
+int64_t mla_attention_parameters(const ModelConfig& m, int64_t norm_per_channel) {
+  const MlaConfig& a = m.mla;
+  const int64_t h = m.hidden_size, n = m.num_attention_heads, q_head = a.qk_head_dim + a.qk_pos_emb_head_dim;
+  int64_t p = norm_per_channel * h;  // input_layernorm
+  if (a.q_lora_rank) p += h * *a.q_lora_rank + *a.q_lora_rank * n * q_head + (m.qk_layernorm ? norm_per_channel * *a.q_lora_rank : 0);
+  else p += h * n * q_head + (m.qk_layernorm ? norm_per_channel * h : 0);
+  p += h * (a.kv_lora_rank + a.qk_pos_emb_head_dim);
+  p += a.kv_lora_rank * n * (a.qk_head_dim + a.v_head_dim) + (m.qk_layernorm ? norm_per_channel * a.kv_lora_rank : 0);
+  p += n * a.v_head_dim * h + (m.add_bias_linear ? h : 0);
+  return p;
+}
+
+// Megatron's num_floating_point_operations, MLA branch, per token of one layer: the projections
+// and (x s) the causal core attention, 3 (fwd + 2 bwd) x 2 (multiply-add).
+double mla_attention_flops(const ModelConfig& m) {
+  const MlaConfig& a = m.mla;
+  const double h = double(m.hidden_size), n = double(m.num_attention_heads), s = double(m.seq_length);
+  const double q_head = double(a.qk_head_dim + a.qk_pos_emb_head_dim);
+  const double q_term = a.q_lora_rank ? double(*a.q_lora_rank) * (h + n * q_head + 1) : h * n * q_head;
+  const double kv_term = double(a.kv_lora_rank) * (h + n * double(a.qk_head_dim + a.v_head_dim) + 1) + h * double(a.qk_pos_emb_head_dim);
+  const double o_term = n * double(a.v_head_dim) * h;
+  const double core = n * q_head / 2 + n * double(a.v_head_dim) / 2;
+  return 6.0 * (q_term + kv_term + o_term + s * core);
+}
+
+}  // namespace
 
 ParameterCount count_parameters(const ModelConfig& m) {
   ParameterCount p;
@@ -13,10 +42,14 @@ ParameterCount count_parameters(const ModelConfig& m) {
   p.embedding = m.padded_vocab_size * h +
                 (m.position_embedding == PositionEmbedding::LearnedAbsolute ? m.max_position_embeddings * h : 0);
   int64_t layer = 0;
-  layer += norm;                                                  // input norm
-  layer += h * (q + 2 * kv) + (m.add_qkv_bias ? q + 2 * kv : 0);  // QKV
-  if (m.qk_layernorm) layer += 2 * (ln ? 2 * m.kv_channels : m.kv_channels);
-  layer += q * h + (m.add_bias_linear ? h : 0);  // attention output projection
+  if (m.mla.enabled) {
+    layer += mla_attention_parameters(m, ln ? 2 : 1);
+  } else {
+    layer += norm;                                                  // input norm
+    layer += h * (q + 2 * kv) + (m.add_qkv_bias ? q + 2 * kv : 0);  // QKV
+    if (m.qk_layernorm) layer += 2 * (ln ? 2 * m.kv_channels : m.kv_channels);
+    layer += q * h + (m.add_bias_linear ? h : 0);  // attention output projection
+  }
   layer += norm;                                 // pre-MLP norm
   const int64_t fc1_out = m.swiglu ? 2 * f : f;
   layer += h * fc1_out + (m.add_bias_linear ? fc1_out : 0);
@@ -24,7 +57,10 @@ ParameterCount count_parameters(const ModelConfig& m) {
   p.per_layer = layer;
   p.final_norm = norm;
   p.output_layer = m.untie_embeddings_and_output_weights ? m.padded_vocab_size * h : 0;
-  p.total = p.embedding + m.num_layers * p.per_layer + p.final_norm + p.output_layer;
+  // Multi-token prediction: per depth enorm, hnorm, eh_proj [H, 2H], a layer and its final norm
+  // (a dense layer: MTP with MoE is refused).
+  p.mtp = m.mtp.num_layers * (3 * norm + 2 * h * h + p.per_layer);
+  p.total = p.embedding + m.num_layers * p.per_layer + p.final_norm + p.output_layer + p.mtp;
   p.active = p.total;
   if (!m.moe.enabled()) return p;
   // An MoE layer: the dense layer's attention and norms, a router and experts instead of the MLP.
@@ -39,7 +75,7 @@ ParameterCount count_parameters(const ModelConfig& m) {
   p.experts_per_moe_layer = e.num_experts * expert;
   p.per_moe_layer = p.per_layer - dense_mlp + router + p.experts_per_moe_layer + shared;
   p.total = p.embedding + (m.num_layers - p.moe_layers) * p.per_layer + p.moe_layers * p.per_moe_layer + p.final_norm +
-            p.output_layer;
+            p.output_layer + p.mtp;
   p.active = p.total - p.moe_layers * (e.num_experts - e.topk) * expert;
   return p;
 }
@@ -58,6 +94,8 @@ double moe_training_flops_per_token(const ModelConfig& m) {
   const double projections = 6.0 * layers * (h * (q + 2.0 * kv) + q * h);
   const double logits = 6.0 * h * double(m.padded_vocab_size);
   const double core_attention = 6.0 * q * s * layers;  // QK^T and AV, halved for the causal mask
+  // Multi-latent attention: its own projections and core attention (as in the dense formula).
+  if (m.mla.enabled) return mlp + layers * mla_attention_flops(m) + logits;
   return mlp + projections + logits + core_attention;
 }
 }  // namespace
@@ -72,7 +110,11 @@ double training_flops_per_token(const ModelConfig& m) {
   const double attention = (1.0 + groups / heads + s / h) * q_ratio;
   const double mlp = double(m.ffn_hidden_size) / h * gated;
   const double logits = double(m.padded_vocab_size) / (2.0 * L * h);
-  return 12.0 * L * h * h * (attention + mlp + logits);
+  const double D = double(m.mtp.num_layers);
+  if (!m.mla.enabled && D == 0) return 12.0 * L * h * h * (attention + mlp + logits);
+  // Megatron counts the MTP layers as layers, their eh_proj, and one more logits GEMM per depth.
+  const double per_layer = (m.mla.enabled ? mla_attention_flops(m) : 12.0 * h * h * attention) + 12.0 * h * h * mlp;
+  return (L + D) * per_layer + (1 + D) * 6.0 * h * double(m.padded_vocab_size) + D * 6.0 * 2 * h * h;
 }
 
 MemoryEstimate estimate_memory(const Config& c) {

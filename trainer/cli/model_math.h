@@ -14,6 +14,7 @@ struct ParameterCount {
   int64_t per_layer = 0;   // one (dense) transformer layer
   int64_t final_norm = 0;
   int64_t output_layer = 0;  // 0 when tied
+  int64_t mtp = 0;           // multi-token prediction layers
   int64_t total = 0;
   // Mixture of experts: an MoE layer (router, all routed experts, shared expert), of which the
   // routed experts' part, and the parameters one token uses (top-k routed experts per MoE layer).

@@ -84,6 +84,9 @@ std::string recompute_problem(const Config& c, const FlagValues& f) {
     return "--recompute-granularity full with --num-experts is not implemented in fp8tron yet (a replayed MoE layer "
            "would dispatch its tokens and record its router losses and metrics a second time); use "
            "--recompute-granularity selective with core_attn";
+  if (r.selective(&RecomputeModules::core_attn) && c.model.mla.enabled)
+    return "--recompute-modules core_attn with --multi-latent-attention is not implemented in fp8tron yet (its "
+           "attention has no recomputed core); use --recompute-modules mlp or --recompute-granularity full";
   if (r.granularity == RecomputeGranularity::Selective) {
     if (r.method != RecomputeMethod::None)
       return "--recompute-method is not supported with --recompute-granularity selective (it applies to full; "

@@ -6,8 +6,10 @@
 
 #include "core/error.h"
 #include "core/text.h"
+#include "core/config/batch_schedule.h"
 #include "fp8/recipe.h"
 #include "parallel/layer_split.h"
+#include "parallel/pipeline_layout.h"
 #include "trainer/cli/config_builder.h"
 #include "trainer/cli/context_parallel_args.h"
 #include "trainer/cli/determinism_env.h"
@@ -99,26 +101,39 @@ const std::vector<Rule>& rules() {
                   ll(c.parallel.tp) + ")";
          return "";
        }},
-      {"pipeline stages divide layers",
-       [](const Config& c, const FlagValues& f) -> std::string {
-         if (f.given("decoder-first-pipeline-num-layers") || f.given("decoder-last-pipeline-num-layers")) return "";
-         if (c.model.num_layers % c.parallel.pp != 0)
-           return "--num-layers (" + ll(c.model.num_layers) + ") is not divisible by --pipeline-model-parallel-size (" +
-                  ll(c.parallel.pp) + "); use --decoder-first/last-pipeline-num-layers for uneven stages";
-         return "";
-       }},
       {"pipeline layout",
        [](const Config& c, const FlagValues&) -> std::string {
-         const auto& d = c.distributed;
+         // Every rank's chunks must be placeable (layer counts, embedding/loss slots, layout).
          try {
-           for (int r = 0; r < c.parallel.pp; ++r)
-             split_layers(c.model.num_layers, c.parallel.pp, r, d.virtual_stages, d.first_stage_layers, d.last_stage_layers);
+           if (!c.distributed.pipeline_layout.empty())
+             validate_pipeline_layout(c.distributed.pipeline_layout, c.model.num_layers, c.model.mtp.num_layers, c.parallel.pp);
+           for (int r = 0; r < c.parallel.pp; ++r) plan_pipeline_chunks(pipeline_split(c), r);
          } catch (const UserError& e) {
            return e.what();
          }
-         if (d.virtual_stages > 1 && c.training.num_micro_batches % c.parallel.pp != 0)
-           return "the interleaved schedule needs the number of micro-batches (global / (micro x data-parallel)) to be a "
-                  "multiple of --pipeline-model-parallel-size";
+         return "";
+       }},
+      {"interleaved schedule micro-batches",
+       [](const Config& c, const FlagValues&) -> std::string {
+         // Megatron's forward_backward_pipelining_with_interleaving: with M micro-batches and
+         // groups of N (--microbatch-group-size-per-virtual-pipeline-stage, default PP),
+         // PP <= N <= M and M mod N is 0 or at least PP. Checked for every batch of a ramp-up and
+         // for evaluation.
+         const auto& d = c.distributed;
+         if (d.virtual_stages <= 1) return "";
+         const int64_t pp = c.parallel.pp, n = d.microbatch_group_size > 0 ? d.microbatch_group_size : pp;
+         const auto& t = c.training;
+         const BatchSchedule batches = BatchSchedule::of(t, c.parallel.dp);
+         for (int64_t batch : batches.running_batches()) {
+           const int64_t m = batch / (t.micro_batch_size * c.parallel.dp);
+           if (n < pp || n > m)
+             return "the number of contiguous micro-batches in a virtual pipeline stage should range in [PP=" + ll(pp) +
+                    ", M=" + ll(m) + "] (--microbatch-group-size-per-virtual-pipeline-stage " + ll(n) + ")";
+           if (m % n != 0 && m % n < pp)
+             return "the interleaved schedule needs the number of micro-batches (" + ll(m) + ") to be a multiple of " + ll(n) +
+                    " (--microbatch-group-size-per-virtual-pipeline-stage, default --pipeline-model-parallel-size), or to "
+                    "leave a remainder of at least --pipeline-model-parallel-size (" + ll(pp) + ")";
+         }
          return "";
        }},
       {"sequence parallel splits the sequence",
@@ -175,6 +190,8 @@ const std::vector<Rule>& rules() {
            if (rot != std::floor(rot) || int64_t(rot) % 2 != 0)
              return "--kv-channels x --rotary-percent must be an even whole number of dimensions for rope";
          }
+         if (m.position_embedding == PositionEmbedding::Yarn && m.kv_channels % 2 != 0)
+           return "--kv-channels must be even for --position-embedding-type yarn (YaRN rotates every channel pair)";
          return "";
        }},
       {"dropout probabilities",
@@ -442,6 +459,104 @@ const std::vector<Rule>& rules() {
          if (c.training.eval_iters < 0) return "--eval-iters must not be negative";
          if (c.training.exit_interval && *c.training.exit_interval <= 0) return "--exit-interval must be positive";
          if (c.logging.tensorboard_log_interval <= 0) return "--tensorboard-log-interval must be positive";
+         return "";
+       }},
+      // ---- model variants, batch-size ramp-up, loss normalisation, optimizers ----
+      {"squared ReLU",
+       [](const Config& c, const FlagValues& f) -> std::string {
+         if (!c.model.squared_relu) return "";
+         if (c.model.swiglu) return "--squared-relu and --swiglu cannot be used together";
+         // Megatron's bias_activation_fusion (on unless --disable-bias-linear or
+         // --no-bias-gelu-fusion) only fuses gelu, swiglu and quick_geglu.
+         if (c.model.add_bias_linear && !f.get_bool("no-bias-gelu-fusion"))
+           return "--squared-relu needs --disable-bias-linear or --no-bias-gelu-fusion (Megatron's bias-activation fusion "
+                  "supports only gelu, swiglu and quick_geglu)";
+         return "";
+       }},
+      {"rotary variants",
+       [](const Config& c, const FlagValues&) -> std::string {
+         const auto& m = c.model;
+         if (m.rotary.interleaved && m.mla.enabled) return "--rotary-interleaved cannot be used with --multi-latent-attention";
+         if (m.rotary.interleaved && m.position_embedding == PositionEmbedding::Yarn)
+           return "--rotary-interleaved cannot be used with --position-embedding-type yarn";
+         if (m.rotary.llama3_scaling && m.rotary.llama3_factor <= 0) return "--rope-scaling-factor must be positive";
+         if (m.rotary.yarn.scaling_factor <= 0) return "--rotary-scaling-factor must be positive";
+         return "";
+       }},
+      {"multi-latent attention",
+       [](const Config& c, const FlagValues& f) -> std::string {
+         const auto& m = c.model;
+         const auto& a = m.mla;
+         if (!a.enabled) {
+           if (f.given("q-lora-rank") || f.given("kv-lora-rank") || f.given("qk-head-dim") || f.given("qk-pos-emb-head-dim") ||
+               f.given("v-head-dim"))
+             return "--q-lora-rank/--kv-lora-rank/--qk-head-dim/--qk-pos-emb-head-dim/--v-head-dim need --multi-latent-attention";
+           return "";
+         }
+         if (f.get_bool("group-query-attention")) return "Group query attention is mutually exclusive with multi latent attention";
+         if ((a.q_lora_rank && *a.q_lora_rank <= 0) || a.kv_lora_rank <= 0 || a.qk_head_dim <= 0 || a.qk_pos_emb_head_dim <= 0 ||
+             a.v_head_dim <= 0)
+           return "--q-lora-rank, --kv-lora-rank, --qk-head-dim, --qk-pos-emb-head-dim and --v-head-dim must be positive";
+         if (a.qk_pos_emb_head_dim % 2 != 0) return "--qk-pos-emb-head-dim must be even (it is rotated in pairs)";
+         return "";
+       }},
+      {"multi-token prediction",
+       [](const Config& c, const FlagValues&) -> std::string {
+         const auto& m = c.model;
+         if (m.mtp.num_layers < 0) return "--mtp-num-layers must not be negative";
+         if (m.mtp.num_layers == 0) return "";
+         // Megatron's MTP layer takes the decoder's last layer spec (an MoE layer when that one is).
+         if (m.moe.enabled())
+           return "--mtp-num-layers with --num-experts is not supported yet by fp8tron (its MTP layers are dense)";
+         if (m.position_embedding == PositionEmbedding::Yarn)
+           return "Multi-Token Prediction (MTP) is not supported with 'yarn' position embedding type (supported: "
+                  "learned_absolute, rope, none)";
+         // The MTP layers embed the shifted tokens on the loss stage; learned position embeddings
+         // live only with the embedding.
+         if (m.position_embedding == PositionEmbedding::LearnedAbsolute && c.parallel.pp > 1)
+           return "--mtp-num-layers with learned absolute positions needs the embedding and the loss on one pipeline stage "
+                  "(--pipeline-model-parallel-size 1); use --position-embedding-type rope or none with pipeline parallelism";
+         // fp8tron runs the MTP layers in the pipeline stage that computes the loss.
+         for (const auto& stage : c.distributed.pipeline_layout)
+           if (stage.find('m') != std::string::npos && stage.find('L') == std::string::npos)
+             return "--pipeline-model-parallel-layout: fp8tron runs the MTP layers m in the stage that holds the loss L; "
+                    "put them together (e.g. \"...|mL\")";
+         return "";
+       }},
+      {"batch-size ramp-up",
+       [](const Config& c, const FlagValues&) -> std::string {
+         const auto& t = c.training;
+         if (!t.rampup && t.step_batch_schedule.empty()) return "";
+         const int64_t micro_dp = t.micro_batch_size * c.parallel.dp;
+         const BatchSchedule batches = BatchSchedule::of(t, c.parallel.dp);
+         for (int64_t batch : batches.running_batches()) {
+           if (batch <= 0)
+             return "--rampup-batch-size / --step-batch-size-schedule: a batch is smaller than --micro-batch-size x data-parallel size (" +
+                    ll(micro_dp) + ")";
+           // A step schedule's entries are checked when they apply (Megatron: early entries may
+           // predate a scale-up of the data-parallel size).
+           if (batch % micro_dp != 0 && t.step_batch_schedule.empty())
+             return "current global batch size (" + ll(batch) + ") is not divisible by micro-batch-size (" +
+                    ll(t.micro_batch_size) + ") times data parallel size (" + ll(c.parallel.dp) +
+                    ") (--rampup-batch-size, --step-batch-size-schedule; with the ramp-up --decrease-batch-size-if-needed "
+                    "rounds it down)";
+         }
+         return "";
+       }},
+      {"per-token loss",
+       [](const Config& c, const FlagValues&) -> std::string {
+         if (c.training.calculate_per_token_loss && c.distributed.average_in_collective)
+           return "--calculate-per-token-loss cannot be combined with --ddp-average-in-collective (the gradients are "
+                  "divided by the global token count instead)";
+         return "";
+       }},
+      {"Muon optimizer",
+       [](const Config& c, const FlagValues&) -> std::string {
+         if (c.optimizer.optimizer != "muon") return "";
+         if (c.precision.params_dtype == ParamDtype::Fp16) return "--optimizer muon does not support --fp16 (as in Megatron); use --bf16";
+         if (c.distributed.distributed_optimizer && c.parallel.dp > 1)
+           return "--optimizer muon with --use-distributed-optimizer is not supported yet (Megatron distributes whole "
+                  "matrices per data-parallel rank); drop --use-distributed-optimizer";
          return "";
        }},
   };

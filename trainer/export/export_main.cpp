@@ -1,5 +1,5 @@
 // fp8tron-export: an fp8tron checkpoint to a Hugging Face model directory (see hf_export.h).
-//   fp8tron-export --load CKPT_DIR --output HF_DIR [--ckpt-step N] [--format auto|gpt2|llama]
+//   fp8tron-export --load CKPT_DIR --output HF_DIR [--ckpt-step N] [--format auto|gpt2|llama|deepseek_v3]
 //                  [--dtype auto|fp32|bf16|fp16]
 #include <cstdint>
 #include <cstdio>
@@ -11,7 +11,7 @@
 
 namespace {
 constexpr const char* kUsage =
-    "usage: fp8tron-export --load CKPT_DIR --output HF_DIR [--ckpt-step N] [--format auto|gpt2|llama]\n"
+    "usage: fp8tron-export --load CKPT_DIR --output HF_DIR [--ckpt-step N] [--format auto|gpt2|llama|deepseek_v3]\n"
     "                      [--dtype auto|fp32|bf16|fp16] [--reference-tokens N]\n"
     "Writes model.safetensors and config.json for transformers' GPT2LMHeadModel (learned positions,\n"
     "LayerNorm, GeLU) or LlamaForCausalLM (RoPE, RMSNorm, SwiGLU, GQA). --dtype auto keeps the\n"
@@ -53,6 +53,9 @@ int main(int argc, char** argv) {
     const ExportResult r = export_hugging_face(o);
     std::printf("exported iteration %lld of %s as a %s model to %s (%lld tensors, %s)\n", (long long)r.iteration,
                 o.load.c_str(), r.format.c_str(), o.output.c_str(), (long long)r.tensors, human_bytes(double(r.bytes)).c_str());
+    if (r.skipped_mtp_layers > 0)
+      std::printf("the %lld multi-token-prediction layers are not exported (Hugging Face's class has none)\n",
+                  (long long)r.skipped_mtp_layers);
     return 0;
   } catch (const UserError& e) {
     std::fprintf(stderr, "fp8tron-export: error: %s\n", e.what());

@@ -54,6 +54,11 @@ class Source {
     return it->second;
   }
   int64_t integer(const std::string& key) const { return std::stoll(arg(key)); }
+  // A value older checkpoints may lack (then `fallback`).
+  std::string arg_or(const std::string& key, const std::string& fallback) const {
+    auto it = metadata().args.find(key);
+    return it == metadata().args.end() || it->second == "None" ? fallback : it->second;
+  }
   double number(const std::string& key) const { return std::stod(arg(key)); }
   bool flag(const std::string& key) const { return arg(key) == "true"; }
   bool has(const std::string& name) const { return reader_.has_tensor(name); }
@@ -86,6 +91,11 @@ struct Model {
   int64_t max_positions, seq_length;
   double attention_dropout, hidden_dropout;
   std::string tokenizer_type;
+  std::string positions;  // learned_absolute | rope | yarn | none
+  bool squared_relu = false;
+  RotaryConfig rotary;    // interleaving, Llama 3.1 scaling, YaRN
+  MlaConfig mla;
+  int64_t mtp_layers = 0;
 };
 
 Model read_model(const Source& s) {
@@ -122,16 +132,76 @@ Model read_model(const Source& s) {
   m.hidden_dropout = s.number("hidden-dropout");
   auto tok = s.metadata().args.find("tokenizer-type");
   m.tokenizer_type = tok == s.metadata().args.end() ? "" : tok->second;
+  // Model variants (absent from checkpoints written before them).
+  m.positions = s.arg("model.position_embedding_type");
+  m.squared_relu = s.arg_or("model.squared_relu", "false") == "true";
+  m.rotary.interleaved = s.arg_or("rotary-interleaved", "false") == "true";
+  m.rotary.llama3_scaling = s.arg_or("use-rope-scaling", "false") == "true";
+  m.rotary.llama3_factor = std::stod(s.arg_or("rope-scaling-factor", "8.0"));
+  YarnConfig& y = m.rotary.yarn;
+  y.scaling_factor = std::stod(s.arg_or("rotary-scaling-factor", "1.0"));
+  y.mscale = std::stod(s.arg_or("mscale", "1.0"));
+  y.mscale_all_dim = std::stod(s.arg_or("mscale-all-dim", "0.0"));
+  if (m.positions == "yarn") {
+    y.original_max_position_embeddings = std::stoll(s.arg_or("yarn-original-max-position-embeddings", "4096"));
+    y.beta_fast = std::stod(s.arg_or("yarn-beta-fast", "32"));
+    y.beta_slow = std::stod(s.arg_or("yarn-beta-slow", "1"));
+    y.correction_range_round_to_int = s.arg_or("no-yarn-correction-range-round-to-int", "false") != "true";
+  }
+  m.mla.enabled = s.arg_or("model.multi_latent_attention", "false") == "true";
+  if (m.mla.enabled) {
+    const std::string q = s.arg("model.q_lora_rank");
+    if (q != "none") m.mla.q_lora_rank = std::stoll(q);
+    m.mla.kv_lora_rank = s.integer("model.kv_lora_rank");
+    m.mla.qk_head_dim = s.integer("model.qk_head_dim");
+    m.mla.qk_pos_emb_head_dim = s.integer("model.qk_pos_emb_head_dim");
+    m.mla.v_head_dim = s.integer("model.v_head_dim");
+    m.mla.yarn = s.arg_or("rope-type", "yarn") == "yarn";
+  }
+  m.mtp_layers = std::stoll(s.arg_or("model.mtp_num_layers", "0"));
   return m;
 }
 
 std::string detect_format(const Model& m) {
+  if (m.mla.enabled) return "deepseek_v3";
   if (m.learned_positions && !m.rms_norm && !m.swiglu) return "gpt2";
-  if (!m.learned_positions && m.rms_norm && m.swiglu) return "llama";
+  if ((m.positions == "rope" || m.positions == "yarn") && m.rms_norm && m.swiglu) return "llama";
   throw UserError(strprintf("this model (%s positions, %s, %s) is neither GPT-2-style (learned positions, LayerNorm, "
-                            "GeLU) nor LLaMA-style (RoPE, RMSNorm, SwiGLU); Hugging Face has no class for it",
-                            m.learned_positions ? "learned" : "rotary", m.rms_norm ? "RMSNorm" : "LayerNorm",
-                            m.swiglu ? "SwiGLU" : "GeLU"));
+                            "GeLU or squared ReLU), LLaMA-style (RoPE or YaRN, RMSNorm, SwiGLU) nor DeepSeek-V3-style "
+                            "(multi-latent attention); Hugging Face has no class for it",
+                            m.positions.c_str(), m.rms_norm ? "RMSNorm" : "LayerNorm",
+                            m.swiglu ? "SwiGLU" : m.squared_relu ? "squared ReLU" : "GeLU"));
+}
+
+// Hugging Face's rope_scaling for the model's rotary variant (null without one).
+nlohmann::ordered_json rope_scaling(const RotaryConfig& r, bool yarn, int64_t* max_positions) {
+  if (yarn && r.yarn.scaling_factor > 1) {
+    const YarnConfig& y = r.yarn;
+    // transformers takes the factor as max_position_embeddings / original_max_position_embeddings,
+    // and its cos/sin factor from mscale / mscale_all_dim only when both are set: write the
+    // factor Megatron applies explicitly.
+    *max_positions = int64_t(y.scaling_factor * double(y.original_max_position_embeddings));
+    RotarySpec spec;
+    spec.scaling = RotaryScaling::Yarn;
+    spec.yarn = y;
+    return {{"rope_type", "yarn"}, {"factor", y.scaling_factor},
+            {"original_max_position_embeddings", y.original_max_position_embeddings},
+            {"beta_fast", y.beta_fast}, {"beta_slow", y.beta_slow}, {"mscale", y.mscale},
+            {"mscale_all_dim", y.mscale_all_dim}, {"attention_factor", rotary_concentration(spec)},
+            {"truncate", y.correction_range_round_to_int}};
+  }
+  if (r.llama3_scaling)
+    return {{"rope_type", "llama3"}, {"factor", r.llama3_factor}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
+            {"original_max_position_embeddings", 8192}};
+  return nullptr;
+}
+
+// --rotary-interleaved rotates channel pairs (2i, 2i+1); Llama rotates (i, i + d/2). Permuting the
+// query and key rows of each head to [0, 2, 4, ..., 1, 3, 5, ...] turns one into the other (the
+// scores are unchanged: q and k move alike).
+torch::Tensor deinterleave_heads(const torch::Tensor& w, int64_t head_dim) {
+  auto heads = w.reshape({-1, head_dim / 2, 2, w.size(-1)});
+  return torch::cat({heads.select(2, 0), heads.select(2, 1)}, 1).reshape(w.sizes());
 }
 
 void require(bool ok, const std::string& format, const std::string& what) {
@@ -176,6 +246,7 @@ class Converter {
     require(m_.groups == m_.heads, f, "grouped-query attention (--num-query-groups) has no GPT-2 equivalent");
     require(m_.head_dim * m_.heads == m_.hidden, f, "GPT-2 needs --kv-channels x --num-attention-heads = --hidden-size");
     require(!m_.qk_layernorm, f, "--qk-layernorm has no GPT-2 equivalent");
+    require(!m_.rotary.interleaved, f, "GPT-2 has no rotary embeddings");
     HfModel hf;
     hf.add("transformer.wte.weight", vocab_rows("embedding.word_embeddings.weight"));
     hf.add("transformer.wpe.weight", get("embedding.position_embeddings.weight"));
@@ -209,7 +280,8 @@ class Converter {
                  {"n_layer", m_.layers},
                  {"n_head", m_.heads},
                  {"n_inner", m_.ffn},
-                 {"activation_function", "gelu_new"},  // GeLU's tanh approximation, as fp8tron's
+                 // GeLU's tanh approximation, as fp8tron's, or squared ReLU (transformers' ACT2FN["relu2"])
+                 {"activation_function", m_.squared_relu ? "relu2" : "gelu_new"},
                  {"layer_norm_epsilon", m_.eps},
                  {"resid_pdrop", m_.hidden_dropout},
                  {"embd_pdrop", m_.hidden_dropout},
@@ -227,7 +299,7 @@ class Converter {
 
   HfModel llama() {
     const std::string f = "llama";
-    require(m_.rotary_percent == 1.0, f, "LlamaForCausalLM rotates every dimension (--rotary-percent 1)");
+    require(m_.rotary_percent == 1.0 || m_.positions == "yarn", f, "LlamaForCausalLM rotates every dimension (--rotary-percent 1)");
     require(!m_.qk_layernorm, f, "--qk-layernorm has no LlamaForCausalLM equivalent");
     const bool attention_bias = m_.qkv_bias || m_.bias_linear;
     HfModel hf;
@@ -237,12 +309,20 @@ class Converter {
       hf.add(h + "input_layernorm.weight", norm_weight(p + "self_attention.linear_qkv.layer_norm_weight"));
       // Query head j of group g is head g * (heads / groups) + j: Hugging Face's repeat_kv order.
       Qkv w = split_qkv(get(p + "self_attention.linear_qkv.weight"), m_);
+      if (m_.rotary.interleaved) {
+        w.q = deinterleave_heads(w.q, m_.head_dim);
+        w.k = deinterleave_heads(w.k, m_.head_dim);
+      }
       hf.add(h + "self_attn.q_proj.weight", w.q);
       hf.add(h + "self_attn.k_proj.weight", w.k);
       hf.add(h + "self_attn.v_proj.weight", w.v);
       hf.add(h + "self_attn.o_proj.weight", get(p + "self_attention.linear_proj.weight"));
       if (attention_bias) {
         Qkv b = split_qkv(bias_or_zeros(p + "self_attention.linear_qkv.bias", (m_.heads + 2 * m_.groups) * m_.head_dim), m_);
+        if (m_.rotary.interleaved) {
+          b.q = deinterleave_heads(b.q.unsqueeze(1), m_.head_dim).squeeze(1);
+          b.k = deinterleave_heads(b.k.unsqueeze(1), m_.head_dim).squeeze(1);
+        }
         hf.add(h + "self_attn.q_proj.bias", b.q);
         hf.add(h + "self_attn.k_proj.bias", b.k);
         hf.add(h + "self_attn.v_proj.bias", b.v);
@@ -263,6 +343,8 @@ class Converter {
     }
     hf.add("model.norm.weight", norm_weight("decoder.final_layernorm.weight"));
     if (m_.untied) hf.add("lm_head.weight", vocab_rows("output_layer.weight"));
+    int64_t max_positions = m_.max_positions;
+    const auto scaling = rope_scaling(m_.rotary, m_.positions == "yarn", &max_positions);
     hf.config = {{"architectures", {"LlamaForCausalLM"}},
                  {"model_type", "llama"},
                  {"vocab_size", m_.vocab},
@@ -273,11 +355,83 @@ class Converter {
                  {"num_key_value_heads", m_.groups},
                  {"head_dim", m_.head_dim},
                  {"hidden_act", "silu"},
-                 {"max_position_embeddings", m_.max_positions},
+                 {"max_position_embeddings", max_positions},
                  {"rms_norm_eps", m_.eps},
                  {"rope_theta", m_.rotary_base},
+                 {"rope_scaling", scaling},
                  {"attention_bias", attention_bias},
                  {"mlp_bias", m_.bias_linear},
+                 {"attention_dropout", m_.attention_dropout},
+                 {"initializer_range", m_.std},
+                 {"tie_word_embeddings", !m_.untied},
+                 {"torch_dtype", hf_dtype_name(dtype_)}};
+    return hf;
+  }
+
+  // DeepseekV3ForCausalLM, dense layers only (first_k_dense_replace = every layer). Hugging Face
+  // de-interleaves the rotary channels as Megatron does (rope_interleave), so no permutation.
+  HfModel deepseek_v3() {
+    const std::string f = "deepseek_v3";
+    const MlaConfig& a = m_.mla;
+    require(m_.rms_norm && m_.swiglu && !m_.bias_linear, f, "DeepSeek-V3 needs RMSNorm, SwiGLU and --disable-bias-linear");
+    require(m_.qk_layernorm && a.q_lora_rank, f,
+            "DeepSeek-V3 has its q/kv norms (--qk-layernorm) and a query bottleneck (--q-lora-rank)");
+    require(!m_.learned_positions, f, "DeepSeek-V3 has no learned position embeddings");
+    require(!m_.layernorm_1p, f, "--apply-layernorm-1p has no DeepSeek-V3 equivalent");
+    require(a.yarn || m_.rotary.yarn.scaling_factor == 1.0, f,
+            "--rope-type rope with --rotary-scaling-factor != 1 scales the softmax without YaRN; Hugging Face does not");
+    HfModel hf;
+    hf.add("model.embed_tokens.weight", vocab_rows("embedding.word_embeddings.weight"));
+    for (int64_t i = 0; i < m_.layers; ++i) {
+      const std::string p = "decoder.layers." + std::to_string(i) + ".", h = "model.layers." + std::to_string(i) + ".";
+      const std::string att = p + "self_attention.";
+      hf.add(h + "input_layernorm.weight", norm_weight(p + "input_layernorm.weight"));
+      hf.add(h + "self_attn.q_a_proj.weight", get(att + "linear_q_down_proj.weight"));
+      hf.add(h + "self_attn.q_a_layernorm.weight", norm_weight(att + "linear_q_up_proj.layer_norm_weight"));
+      hf.add(h + "self_attn.q_b_proj.weight", get(att + "linear_q_up_proj.weight"));
+      hf.add(h + "self_attn.kv_a_proj_with_mqa.weight", get(att + "linear_kv_down_proj.weight"));
+      hf.add(h + "self_attn.kv_a_layernorm.weight", norm_weight(att + "linear_kv_up_proj.layer_norm_weight"));
+      hf.add(h + "self_attn.kv_b_proj.weight", get(att + "linear_kv_up_proj.weight"));
+      hf.add(h + "self_attn.o_proj.weight", get(att + "linear_proj.weight"));
+      hf.add(h + "post_attention_layernorm.weight", norm_weight(p + "mlp.linear_fc1.layer_norm_weight"));
+      auto fc1 = get(p + "mlp.linear_fc1.weight");
+      hf.add(h + "mlp.gate_proj.weight", fc1.narrow(0, 0, m_.ffn));
+      hf.add(h + "mlp.up_proj.weight", fc1.narrow(0, m_.ffn, m_.ffn));
+      hf.add(h + "mlp.down_proj.weight", get(p + "mlp.linear_fc2.weight"));
+    }
+    hf.add("model.norm.weight", norm_weight("decoder.final_layernorm.weight"));
+    if (m_.untied) hf.add("lm_head.weight", vocab_rows("output_layer.weight"));
+    int64_t max_positions = m_.max_positions;
+    // MLA's YaRN keeps the default original context (4096) and betas; only the factor and mscales come from flags.
+    RotaryConfig rotary = m_.rotary;
+    rotary.yarn = YarnConfig{};
+    rotary.yarn.scaling_factor = m_.rotary.yarn.scaling_factor;
+    rotary.yarn.mscale = m_.rotary.yarn.mscale;
+    rotary.yarn.mscale_all_dim = m_.rotary.yarn.mscale_all_dim;
+    rotary.llama3_scaling = false;
+    const auto scaling = rope_scaling(rotary, a.yarn, &max_positions);
+    hf.config = {{"architectures", {"DeepseekV3ForCausalLM"}},
+                 {"model_type", "deepseek_v3"},
+                 {"vocab_size", m_.vocab},
+                 {"hidden_size", m_.hidden},
+                 {"intermediate_size", m_.ffn},
+                 {"moe_intermediate_size", m_.ffn},
+                 {"num_hidden_layers", m_.layers},
+                 {"first_k_dense_replace", m_.layers},  // no MoE layers
+                 {"num_attention_heads", m_.heads},
+                 {"num_key_value_heads", m_.heads},
+                 {"q_lora_rank", *a.q_lora_rank},
+                 {"kv_lora_rank", a.kv_lora_rank},
+                 {"qk_nope_head_dim", a.qk_head_dim},
+                 {"qk_rope_head_dim", a.qk_pos_emb_head_dim},
+                 {"v_head_dim", a.v_head_dim},
+                 {"rope_interleave", true},
+                 {"hidden_act", "silu"},
+                 {"max_position_embeddings", max_positions},
+                 {"rms_norm_eps", m_.eps},
+                 {"rope_theta", m_.rotary_base},
+                 {"rope_scaling", scaling},
+                 {"attention_bias", false},
                  {"attention_dropout", m_.attention_dropout},
                  {"initializer_range", m_.std},
                  {"tie_word_embeddings", !m_.untied},
@@ -312,7 +466,13 @@ void write_reference_logits(Source& s, const Model& m, torch::ScalarType dtype, 
   c.num_query_groups = m.groups;
   c.seq_length = std::max(m.seq_length, tokens);
   c.max_position_embeddings = m.max_positions;
-  c.position_embedding = m.learned_positions ? PositionEmbedding::LearnedAbsolute : PositionEmbedding::Rope;
+  c.position_embedding = m.positions == "learned_absolute" ? PositionEmbedding::LearnedAbsolute
+                         : m.positions == "yarn"           ? PositionEmbedding::Yarn
+                         : m.positions == "none"           ? PositionEmbedding::None
+                                                           : PositionEmbedding::Rope;
+  c.squared_relu = m.squared_relu;
+  c.rotary = m.rotary;
+  c.mla = m.mla;  // (the MTP layers are not exported and not needed for the logits)
   c.rotary_base = m.rotary_base;
   c.rotary_percent = m.rotary_percent;
   c.normalization = m.rms_norm ? Normalization::RMSNorm : Normalization::LayerNorm;
@@ -353,13 +513,15 @@ ExportResult export_hugging_face(const ExportOptions& o) {
   ExportResult result;
   result.iteration = location.iteration;
   result.format = o.format == "auto" ? detect_format(model) : o.format;
-  if (result.format != "gpt2" && result.format != "llama")
-    throw UserError("--format " + o.format + ": choose auto, gpt2 or llama");
+  if (result.format != "gpt2" && result.format != "llama" && result.format != "deepseek_v3")
+    throw UserError("--format " + o.format + ": choose auto, gpt2, llama or deepseek_v3");
   if (result.format != detect_format(model))
     throw UserError("--format " + result.format + " does not match this model, which is " + detect_format(model) + "-style");
   const torch::ScalarType converter_dtype = output_dtype(o.dtype, source);
   Converter converter(source, model, converter_dtype);
-  HfModel hf = result.format == "gpt2" ? converter.gpt2() : converter.llama();
+  HfModel hf = result.format == "gpt2" ? converter.gpt2() : result.format == "llama" ? converter.llama() : converter.deepseek_v3();
+  // Hugging Face's classes have no multi-token-prediction heads: they are left out.
+  result.skipped_mtp_layers = model.mtp_layers;
 
   std::error_code ec;
   std::filesystem::create_directories(o.output, ec);

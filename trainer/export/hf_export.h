@@ -1,7 +1,11 @@
 // Export of an fp8tron checkpoint to a Hugging Face model directory (model.safetensors +
-// config.json), read by transformers' GPT2LMHeadModel or LlamaForCausalLM:
-//   gpt2   learned absolute positions, LayerNorm, GeLU (tanh: "gelu_new"), heads = query groups
-//   llama  RoPE (rotate-half, all dimensions), RMSNorm, SwiGLU, grouped-query attention
+// config.json), read by transformers' GPT2LMHeadModel, LlamaForCausalLM or DeepseekV3ForCausalLM:
+//   gpt2         learned absolute positions, LayerNorm, GeLU (tanh: "gelu_new") or squared ReLU
+//                ("relu2"), heads = query groups
+//   llama        RoPE (all dimensions; --rotary-interleaved rows permuted to rotate-half; Llama 3.1
+//                or YaRN rope_scaling) or YaRN, RMSNorm, SwiGLU, grouped-query attention
+//   deepseek_v3  multi-latent attention (--q-lora-rank, --qk-layernorm), RMSNorm, SwiGLU, dense
+//                layers; multi-token-prediction layers are left out (Hugging Face has none)
 // Megatron's fused tensors are split the Hugging Face way: linear_qkv (per query group: its query
 // heads, one key, one value) into q/k/v (GPT-2: one Conv1D [in, out] with all queries, then keys,
 // then values), SwiGLU's linear_fc1 into gate and up; the padded vocabulary is cut back to the
@@ -18,7 +22,7 @@ struct ExportOptions {
   std::string load;                 // checkpoint directory (--load of the training run)
   std::optional<int64_t> ckpt_step; // default: the tracker's iteration
   std::string output;               // Hugging Face directory to write (created)
-  std::string format = "auto";      // auto | gpt2 | llama
+  std::string format = "auto";      // auto | gpt2 | llama | deepseek_v3
   std::string dtype = "auto";       // auto (the training's parameter dtype) | fp32 | bf16 | fp16
   // > 0: also write fp8tron_reference.safetensors: "input_ids" [1, n] (random, seed 1234) and
   // fp8tron's fp32 "logits" [1, n, vocab] for the exported weights (scripts/check_hf_export.py
@@ -27,7 +31,8 @@ struct ExportOptions {
 };
 
 struct ExportResult {
-  std::string format;  // gpt2 | llama
+  std::string format;  // gpt2 | llama | deepseek_v3
+  int64_t skipped_mtp_layers = 0;  // multi-token-prediction layers not exported
   int64_t iteration = 0;
   int64_t tensors = 0;
   uint64_t bytes = 0;  // of model.safetensors

@@ -20,9 +20,12 @@ std::string format_iteration_line(const IterationStats& s) {
   line += strprintf(" learning rate: %.6E |", s.learning_rate);
   line += strprintf(" global batch size: %5lld |", (long long)s.global_batch_size);
   line += strprintf(" lm loss: %.6E |", s.lm_loss);
+  // Megatron's total_loss_dict order: the MoE losses, then the MTP ones.
   for (const auto& [name, value] : s.moe_losses) line += strprintf(" %s: %.6E |", name.c_str(), value);
+  for (size_t k = 0; k < s.mtp_losses.size(); ++k) line += strprintf(" mtp_%zu loss: %.6E |", k + 1, s.mtp_losses[k]);
   line += strprintf(" loss scale: %.1f |", s.loss_scale);
   if (s.grad_norm) line += strprintf(" grad norm: %.3f |", *s.grad_norm);
+  if (s.num_zeros) line += strprintf(" num zeros: %lld |", (long long)*s.num_zeros);
   if (s.params_norm) line += strprintf(" params norm: %.3f |", *s.params_norm);
   line += strprintf(" number of skipped iterations: %3lld |", (long long)s.skipped_iterations);
   line += strprintf(" number of nan iterations: %3lld |", (long long)s.nan_iterations);

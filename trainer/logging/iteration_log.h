@@ -18,11 +18,13 @@ struct IterationStats {
   double learning_rate = 0;
   int64_t global_batch_size = 0;
   double lm_loss = 0;
+  std::vector<double> mtp_losses;  // multi-token prediction: " mtp_<k> loss:" for k = 1, 2, ...
   // Mixture of experts: load_balancing_loss, z_loss, ... (averaged over the interval), printed
   // after the lm loss as Megatron prints its total_loss_dict.
   std::vector<std::pair<std::string, double>> moe_losses;
   double loss_scale = 1;
   std::optional<double> grad_norm;
+  std::optional<int64_t> num_zeros;   // with --log-num-zeros-in-grad
   std::optional<double> params_norm;  // with --log-params-norm
   int64_t skipped_iterations = 0;
   int64_t nan_iterations = 0;

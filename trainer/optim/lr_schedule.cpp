@@ -5,20 +5,20 @@
 
 namespace fp8tron {
 
-double LrSchedule::lr_at(int64_t num_steps) const {
-  const double max_lr = c_.max_lr, min_lr = c_.min_lr;
+double LrSchedule::lr_at(int64_t num_steps) const { return lr_at(num_steps, c_.max_lr, c_.min_lr); }
+
+double LrSchedule::lr_at(int64_t num_steps, double max_lr, double min_lr) const {
   const double steps = double(num_steps);
   // Linear warmup from init_lr.
-  if (c_.warmup_steps > 0 && num_steps <= c_.warmup_steps)
-    return c_.init_lr + (max_lr - c_.init_lr) * steps / double(c_.warmup_steps);
+  if (c_.warmup_steps > 0 && steps <= c_.warmup_steps) return c_.init_lr + (max_lr - c_.init_lr) * steps / c_.warmup_steps;
   if (c_.decay_style == DecayStyle::Constant) return max_lr;
   if (num_steps > c_.decay_steps) return min_lr;
   if (c_.decay_style == DecayStyle::InverseSquareRoot) {
-    const double warmup = double(std::max<int64_t>(c_.warmup_steps, 1));
+    const double warmup = std::max(c_.warmup_steps, 1.0);
     const double n = std::max(steps, 1.0);
     return std::max(min_lr, max_lr * std::sqrt(warmup) / std::sqrt(n));
   }
-  const double decay_ratio = (steps - double(c_.warmup_steps)) / double(c_.decay_steps - c_.warmup_steps);
+  const double decay_ratio = (steps - c_.warmup_steps) / (double(c_.decay_steps) - c_.warmup_steps);
   double coeff = 0;
   switch (c_.decay_style) {
     case DecayStyle::Linear: coeff = 1.0 - decay_ratio; break;

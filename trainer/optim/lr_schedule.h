@@ -14,11 +14,14 @@ class LrSchedule {
   // --use-checkpoint-opt_param-scheduler: the checkpoint's schedule replaces the command line's.
   void set_config(const LrScheduleConfig& config) { c_ = config; }
   double lr_at(int64_t num_steps) const;
+  // The same schedule for a parameter group with its own peak and minimum (--decoupled-lr).
+  double lr_at(int64_t num_steps, double max_lr, double min_lr) const;
   double weight_decay_at(int64_t num_steps) const;
   void step(int64_t increment) { num_steps_ += increment; }
   int64_t num_steps() const { return num_steps_; }
   void set_num_steps(int64_t n) { num_steps_ = n; }
   double lr() const { return lr_at(num_steps_); }
+  double lr(double max_lr, double min_lr) const { return lr_at(num_steps_, max_lr, min_lr); }
   double weight_decay() const { return weight_decay_at(num_steps_); }
 
  private:

@@ -80,10 +80,17 @@ bool MixedPrecisionOptimizer::param_gather_overlapped() const {
   return false;
 }
 
-StepResult MixedPrecisionOptimizer::step(double lr, double weight_decay, double loss_scale) {
+StepResult MixedPrecisionOptimizer::step(double lr, double weight_decay, double loss_scale, std::optional<double> decoupled_lr) {
+  const auto& reference = domains_.front()->main_grads();
+  auto divisor = loss_scale == 1.0 ? torch::Tensor() : torch::full({}, loss_scale, reference.options().dtype(torch::kFloat32));
+  return step(lr, weight_decay, divisor, decoupled_lr);
+}
+
+StepResult MixedPrecisionOptimizer::step(double lr, double weight_decay, const torch::Tensor& grad_divisor,
+                                         std::optional<double> decoupled_lr) {
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> grads;
-  for (auto& d : domains_) grads.push_back(d->unscaled_grads(loss_scale));
+  for (auto& d : domains_) grads.push_back(d->unscaled_grads(grad_divisor));
   // One norm: each domain's squares summed over its own groups, then added (Megatron:
   // sqrt(dense^2 + expert^2)).
   torch::Tensor squared = domains_[0]->norm_squared(grads[0]);
@@ -96,11 +103,19 @@ StepResult MixedPrecisionOptimizer::step(double lr, double weight_decay, double 
     // Megatron: clip_coeff = max_norm / (total_norm + 1e-6), applied when below 1.
     coeff = torch::nan_to_num((clip_grad_ / (result.grad_norm + 1e-6)).clamp_max(1.0), 0.0, 0.0, 0.0);
   }
+  std::vector<bool> folded(domains_.size(), false);
   for (size_t i = 0; i < domains_.size(); ++i) {
-    const bool folded = coeff.defined() && domains_[i]->folds_clipping(grads[i]);
-    if (coeff.defined() && !folded) grads[i].mul_(coeff);
-    domains_[i]->update(grads[i], lr, weight_decay, result.found_inf, folded ? coeff : torch::Tensor());
+    folded[i] = coeff.defined() && domains_[i]->folds_clipping(grads[i]);
+    if (coeff.defined() && !folded[i]) grads[i].mul_(coeff);
   }
+  // Megatron counts the zeros after clipping; a positive coefficient folded into Adam changes none.
+  if (count_zeros_) {
+    torch::Tensor zeros = domains_[0]->zeros_in(grads[0]);
+    for (size_t i = 1; i < domains_.size(); ++i) zeros = zeros + domains_[i]->zeros_in(grads[i]);
+    result.num_zeros = zeros.to(torch::kInt64);
+  }
+  for (size_t i = 0; i < domains_.size(); ++i)
+    domains_[i]->update(grads[i], lr, weight_decay, result.found_inf, folded[i] ? coeff : torch::Tensor(), decoupled_lr);
   return result;
 }
 

@@ -26,6 +26,7 @@ namespace fp8tron {
 struct StepResult {
   torch::Tensor grad_norm;  // 0-dim fp32, before clipping (inf/nan when the step was skipped)
   torch::Tensor found_inf;  // 0-dim fp32, 1 when the update was skipped
+  torch::Tensor num_zeros;  // 0-dim int64 with count_zeros(): zero gradient elements (global)
 };
 
 class MixedPrecisionOptimizer {
@@ -63,7 +64,20 @@ class MixedPrecisionOptimizer {
   void finish_param_gather();
   bool param_gather_overlapped() const;
   // Unscales by 1/loss_scale, checks for inf/nan, clips, updates, publishes the new weights.
-  StepResult step(double lr, double weight_decay, double loss_scale);
+  // `decoupled_lr`: the learning rate of the embedding and output layer (--decoupled-lr).
+  StepResult step(double lr, double weight_decay, double loss_scale, std::optional<double> decoupled_lr = std::nullopt);
+  // The same with the gradients divided by a device scalar (the loss scale times, with
+  // --calculate-per-token-loss, the global token count), so the step never waits on the device.
+  StepResult step(double lr, double weight_decay, const torch::Tensor& grad_divisor,
+                  std::optional<double> decoupled_lr = std::nullopt);
+  // --log-num-zeros-in-grad: every step also counts the zero gradient elements (Megatron's
+  // count_zeros_fp32: each parameter once, after clipping, over every rank holding a part).
+  void count_zeros(bool on) { count_zeros_ = on; }
+  // Muon: the fused QKV weight's rows per query group (Q heads, K, V), for --muon-no-split-qkv's
+  // opposite (set before the first step by the trainer from the model config).
+  void set_qkv_rows(const std::vector<int64_t>& rows) {
+    for (auto& d : domains_) d->set_qkv_rows(rows);
+  }
 
   torch::Tensor params_norm();  // of the fp32 main weights (global)
   // After a step whose gradient norm was not finite: the first of this rank's parameters (dense or
@@ -85,6 +99,7 @@ class MixedPrecisionOptimizer {
  private:
   std::vector<std::unique_ptr<OptimizerDomain>> domains_;
   double clip_grad_;
+  bool count_zeros_ = false;
   std::map<std::string, int64_t> model_order_;  // parameter name -> position in the model's list
 };
 

@@ -3,11 +3,14 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "trainer/optim/param_groups.h"
 
 namespace fp8tron {
 namespace {
-// Megatron exempts biases and 1-D parameters (norm weights) from weight decay.
-bool decays(const NamedParam& p) { return p.tensor.dim() > 1 && p.name.find("bias") == std::string::npos; }
+// Megatron's parameter groups (trainer/optim/param_groups.h).
+bool decays(const NamedParam& p, const OptimizerConfig& c) { return applies_weight_decay(p.name, p.tensor.dim(), c); }
+int lr_group(const NamedParam& p, const OptimizerConfig& c) { return c.decoupled_lr && is_embedding_or_output(p.name) ? 1 : 0; }
+bool muon(const NamedParam& p, const OptimizerConfig& c) { return uses_muon(p.name, p.tensor.dim(), c); }
 torch::Dtype to_torch(ParamDtype d) {
   return d == ParamDtype::Bf16 ? torch::kBFloat16 : d == ParamDtype::Fp16 ? torch::kFloat16 : torch::kFloat32;
 }
@@ -27,11 +30,17 @@ OptimizerDomain::OptimizerDomain(const std::vector<NamedParam>& params, const Op
       distributed_(distributed && groups_.dp->size() > 1),
       separate_main_weights_(precision.params_dtype != ParamDtype::Fp32 || distributed_) {
   torch::NoGradGuard no_grad;
-  // Order: decay first; within it normal, TP-duplicated (partial-gradient ones first), excluded.
+  if (config_.optimizer == "muon" && distributed_)
+    throw UserError("--optimizer muon with --use-distributed-optimizer is not supported yet (Megatron distributes whole "
+                    "matrices per data-parallel rank); drop --use-distributed-optimizer");
+  // Order: Adam/SGD before Muon parameters, decay first; within it the default learning rate
+  // before the decoupled one, normal, TP-duplicated (partial-gradient ones first), excluded.
   std::vector<const NamedParam*> ordered;
   for (const auto& p : params) ordered.push_back(&p);
   auto model_order = [&](const NamedParam* p) { return int64_t(p - params.data()); };
-  // Byte-published parameters (FP8 linears' weights: decayed, normal norm class) come first.
+  const OptimizerConfig& c = config_;
+  // Byte-published parameters (FP8 linears' weights: Adam, decayed, default learning rate, normal
+  // norm class) come first.
   auto published_as_bytes = [&](const NamedParam* p) {
     for (const auto& b : byte_params)
       if (b.is_same(p->tensor)) return true;
@@ -39,7 +48,8 @@ OptimizerDomain::OptimizerDomain(const std::vector<NamedParam>& params, const Op
   };
   std::stable_sort(ordered.begin(), ordered.end(), [&](const NamedParam* a, const NamedParam* b) {
     auto key = [&](const NamedParam* p) {
-      return std::make_tuple(!decays(*p), norm_class(*p), !published_as_bytes(p), !p->info.reduce_grad_over_tp);
+      return std::make_tuple(muon(*p, c), !decays(*p, c), lr_group(*p, c), norm_class(*p), !published_as_bytes(p),
+                             !p->info.reduce_grad_over_tp);
     };
     return key(a) < key(b);
   });
@@ -51,10 +61,13 @@ OptimizerDomain::OptimizerDomain(const std::vector<NamedParam>& params, const Op
   const double tp = double(tp_size);
   const bool pipeline_copies = groups_.embedding && groups_.embedding->size() > 1;
   for (const auto* p : ordered) {
-    const bool decay = decays(*p);
+    const bool decay = decays(*p, c), is_muon = muon(*p, c);
+    const int group = lr_group(*p, c);
     const double w = norm_class(*p) == 0 ? 1.0 : norm_class(*p) == 1 ? 1.0 / tp : 0.0;
-    if (segments_.empty() || segments_.back().decay != decay || segments_.back().norm_weight != w)
-      segments_.push_back(Segment{numel_, 0, decay, w});
+    if (segments_.empty() || segments_.back().decay != decay || segments_.back().norm_weight != w ||
+        segments_.back().lr_group != group || segments_.back().muon != is_muon)
+      segments_.push_back(Segment{numel_, 0, decay, w, group, is_muon});
+    if (is_muon) muon_slots_.push_back(MuonSlot{numel_, p->tensor.sizes().vec(), MuonParam{p->info, is_fused_qkv(p->name), {}}});
     segments_.back().numel += p->tensor.numel();
     auto add_range = [&](std::vector<std::pair<int64_t, int64_t>>& ranges) {
       if (!ranges.empty() && ranges.back().first + ranges.back().second == numel_) ranges.back().second += p->tensor.numel();
@@ -92,8 +105,8 @@ OptimizerDomain::OptimizerDomain(const std::vector<NamedParam>& params, const Op
   }
   main_params_ = distributed_ ? all_main.narrow(0, shard_begin_, shard_numel_).clone() : all_main;
   if (distributed_ || main_grads_.scalar_type() != torch::kFloat32) grad_shard_ = torch::zeros({shard_numel_}, fp32);
-  exp_avg_ = torch::zeros({shard_numel_}, fp32);
-  if (config_.optimizer == "adam") exp_avg_sq_ = torch::zeros({shard_numel_}, fp32);
+  exp_avg_ = torch::zeros({shard_numel_}, fp32);  // Adam's first moment, SGD's and Muon's momentum
+  if (config_.optimizer == "adam" || config_.optimizer == "muon") exp_avg_sq_ = torch::zeros({shard_numel_}, fp32);
   for (size_t i = 0; i < segments_.size(); ++i) step_counts_.push_back(torch::zeros({}, fp32));
 }
 
@@ -303,13 +316,13 @@ torch::Tensor OptimizerDomain::global_norm_squared(const torch::Tensor& buffer, 
   return total;
 }
 
-torch::Tensor OptimizerDomain::unscaled_grads(double loss_scale) {
+torch::Tensor OptimizerDomain::unscaled_grads(const torch::Tensor& divisor) {
   torch::NoGradGuard no_grad;
   // The gradients this rank updates with, in fp32, laid out from shard_begin_.
   torch::Tensor grads = main_grads_.narrow(0, 0, numel_);
   if (distributed_) grads = grad_shard_;
   else if (grad_shard_.defined()) grads = grad_shard_.copy_(main_grads_);
-  if (loss_scale != 1.0) grads.mul_(1.0 / loss_scale);
+  if (divisor.defined()) grads.div_(divisor);
   return grads;
 }
 
@@ -337,7 +350,7 @@ bool OptimizerDomain::folds_clipping(const torch::Tensor& grads) const {
 }
 
 void OptimizerDomain::update(const torch::Tensor& grads, double lr, double weight_decay, const torch::Tensor& found_inf,
-                             const torch::Tensor& clip_coeff) {
+                             const torch::Tensor& clip_coeff, std::optional<double> decoupled_lr) {
   torch::NoGradGuard no_grad;
   FP8TRON_CHECK(!clip_coeff.defined() || folds_clipping(grads), "update: clipping is folded only into fused Adam on GPUs");
   // The fused kernel divides each gradient by grad_scale as it reads it.
@@ -352,16 +365,19 @@ void OptimizerDomain::update(const torch::Tensor& grads, double lr, double weigh
     const int64_t off = lo - shard_begin_, n = hi - lo;
     auto p = main_params_.narrow(0, off, n), g = grads.narrow(0, off, n), m = exp_avg_.narrow(0, off, n);
     const double wd = s.decay ? weight_decay : 0.0;
-    if (config_.optimizer == "adam") {
+    const double group_lr = s.lr_group == 1 ? decoupled_lr.value_or(lr) : lr;
+    if (s.muon) {
+      muon_step(s, grads, group_lr, wd, found_inf);
+    } else if (config_.optimizer == "adam" || config_.optimizer == "muon") {
       auto v = exp_avg_sq_.narrow(0, off, n);
       step_counts_[i].add_(keep);  // a skipped step does not advance bias correction
-      at::_fused_adamw_({p}, {g}, {m}, {v}, {}, {step_counts_[i]}, lr, config_.adam_beta1, config_.adam_beta2, wd,
+      at::_fused_adamw_({p}, {g}, {m}, {v}, {}, {step_counts_[i]}, group_lr, config_.adam_beta1, config_.adam_beta2, wd,
                         config_.adam_eps, false, false, grad_divisor, found_inf);
     } else {
       // SGD with momentum (torch.optim.SGD semantics); skipped steps leave everything unchanged.
       auto d = torch::nan_to_num(g, 0.0, 0.0, 0.0) + wd * p;
       m.mul_(config_.sgd_momentum * keep + found_inf).add_(d * keep);
-      p.sub_(m * (lr * keep));
+      p.sub_(m * (group_lr * keep));
     }
   }
   if (param_gather_) {
@@ -372,6 +388,48 @@ void OptimizerDomain::update(const torch::Tensor& grads, double lr, double weigh
   } else {
     publish_model_params();
   }
+}
+
+// Muon (Emerging-Optimizers' OrthogonalizedOptimizer.step with Megatron's TensorParallelMuon):
+// decoupled weight decay p <- p (1 - lr wd), momentum m <- m + (1 - beta)(g - m), direction m (or
+// Nesterov's g + beta (m - g)), p <- p - lr x scaled Newton-Schulz(direction). A skipped step
+// (inf/nan gradients) leaves p and m unchanged without waiting for the device. The domain's
+// tensor-parallel group gathers the shards (expert tensor parallelism for the experts).
+void OptimizerDomain::muon_step(const Segment& s, const torch::Tensor& grads, double lr, double wd,
+                                const torch::Tensor& found_inf) {
+  const MuonConfig& c = config_.muon;
+  auto keep = 1.0 - found_inf;
+  for (const auto& slot : muon_slots_) {
+    if (slot.offset < s.offset || slot.offset >= s.offset + s.numel) continue;
+    int64_t n = 1;
+    for (int64_t d : slot.shape) n *= d;
+    auto p = main_params_.narrow(0, slot.offset, n).view(slot.shape);
+    auto g = torch::nan_to_num(grads.narrow(0, slot.offset, n), 0.0, 0.0, 0.0).view(slot.shape);
+    auto m = exp_avg_.narrow(0, slot.offset, n).view(slot.shape);
+    auto m_new = m + (1.0 - c.momentum) * (g - m);
+    auto direction = c.nesterov ? g + c.momentum * (m_new - g) : m_new;
+    auto update = muon_update(direction, slot.param, c, *groups_.tp);
+    m.copy_(keep * m_new + found_inf * m);
+    p.copy_(keep * (p * (1.0 - lr * wd) - lr * update) + found_inf * p);
+  }
+}
+
+void OptimizerDomain::set_qkv_rows(const std::vector<int64_t>& rows) {
+  for (auto& slot : muon_slots_)
+    if (slot.param.qkv) slot.param.qkv_rows = rows;
+}
+
+torch::Tensor OptimizerDomain::zeros_in(const torch::Tensor& grads) {
+  // Tensor-parallel duplicates count on rank 0 of their group only; the tied embedding's copy not at all.
+  auto total = torch::zeros({}, grads.options().dtype(torch::kFloat64));
+  const int64_t end = shard_begin_ + grads.numel();
+  for (const auto& s : segments_) {
+    const int64_t lo = std::max(s.offset, shard_begin_), hi = std::min(std::min(s.offset + s.numel, end), numel_);
+    if (hi <= lo || s.norm_weight == 0.0 || (s.norm_weight < 1.0 && groups_.tp->rank() != 0)) continue;
+    total += (grads.narrow(0, lo - shard_begin_, hi - lo) == 0).sum().to(torch::kFloat64);
+  }
+  all_reduce_model_groups(total);
+  return total;
 }
 
 void OptimizerDomain::publish_model_params() {

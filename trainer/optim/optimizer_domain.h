@@ -6,8 +6,9 @@
 //  - their gradients are views into one contiguous "main grad" buffer (fp32, or the parameter
 //    dtype for fp16 without --accumulate-allreduce-grads-in-fp32), so autograd accumulates
 //    micro-batches straight into it and the reductions work on it in place;
-//  - parameters are ordered into segments by (weight decay, how they count in the gradient
-//    norm), so every optimizer kernel and norm runs once per segment over one tensor;
+//  - parameters are ordered into segments by (Muon or not, weight decay, learning-rate group,
+//    how they count in the gradient norm), so every optimizer kernel and norm runs once per
+//    segment over one tensor (Muon: once per matrix);
 //  - with --use-distributed-optimizer the fp32 main weights and Adam states exist only for this
 //    rank's shard of the buffer over the domain's data-parallel group: gradients are
 //    reduce-scattered into it and the updated parameters all-gathered back.
@@ -26,6 +27,7 @@
 #include "parallel/grad_buckets.h"
 #include "parallel/param_gather.h"
 #include "parallel/sharding.h"
+#include "trainer/optim/muon.h"
 
 namespace fp8tron {
 
@@ -90,13 +92,23 @@ class OptimizerDomain {
   bool param_gather_overlapped() const { return param_gather_ != nullptr; }
 
   // The step in three parts so that one global norm covers every domain:
-  torch::Tensor unscaled_grads(double loss_scale);       // fp32 grads laid out from shard_begin()
+  // fp32 grads laid out from shard_begin(), divided by `divisor` (a device scalar: the loss scale,
+  // times the global loss-token count with --calculate-per-token-loss; undefined: 1).
+  torch::Tensor unscaled_grads(const torch::Tensor& divisor);
   torch::Tensor norm_squared(const torch::Tensor& grads);  // summed over the domain's groups
+  // Zero elements of `grads` (Megatron's count_zeros_fp32: each parameter once), summed over the
+  // domain's groups; float64.
+  torch::Tensor zeros_in(const torch::Tensor& grads);
+  // `clip_coeff`: see folds_clipping. `decoupled_lr`: the embedding's and output layer's learning
+  // rate (--decoupled-lr).
   void update(const torch::Tensor& grads, double lr, double weight_decay, const torch::Tensor& found_inf,
-              const torch::Tensor& clip_coeff = {});
+              const torch::Tensor& clip_coeff = {}, std::optional<double> decoupled_lr = std::nullopt);
   // Whether update() applies a clip coefficient inside the fused Adam kernel (the GPU path: saves a
-  // read-modify-write pass over every gradient) instead of the caller scaling the gradients.
+  // read-modify-write pass over every gradient) instead of the caller scaling the gradients. Not
+  // with Muon: its Newton-Schulz path reads the gradients outside the fused kernel.
   bool folds_clipping(const torch::Tensor& grads) const;
+  // Muon: the fused QKV weight's rows per query group (Q heads, K, V), for splitting it.
+  void set_qkv_rows(const std::vector<int64_t>& rows);
   torch::Tensor params_norm_squared();
   // After a step whose gradient norm was not finite: the name of the first of this rank's
   // parameters of the domain, in the model's order, whose gradient (as the step saw it) holds NaN
@@ -135,7 +147,15 @@ class OptimizerDomain {
     int64_t offset, numel;
     bool decay;
     double norm_weight;  // 1, 1/tp for tensor-parallel duplicates, 0 for the tied-embedding copy
+    int lr_group = 0;    // 1: the decoupled learning rate (embedding and output layer)
+    bool muon = false;   // updated by Muon (2-D hidden weights with --optimizer muon)
   };
+  struct MuonSlot {
+    int64_t offset;              // in the flat buffers
+    std::vector<int64_t> shape;  // this rank's shard
+    MuonParam param;
+  };
+  void muon_step(const Segment& s, const torch::Tensor& grads, double lr, double wd, const torch::Tensor& found_inf);
   torch::Tensor global_norm_squared(const torch::Tensor& buffer, int64_t base);
   void all_reduce_model_groups(torch::Tensor& value);
   void sum_tensor_parallel_partials(bool own_shard_only);
@@ -166,6 +186,7 @@ class OptimizerDomain {
   BytePublish byte_publish_;
   std::vector<torch::Tensor> step_counts_;  // one per segment
   std::vector<ParamSlot> slots_;
+  std::vector<MuonSlot> muon_slots_;
   std::vector<std::pair<int64_t, int64_t>> zeroed_ranges_;  // (offset, numel) zero_grad() clears
   bool zero_all_ = true;                                     // until skip_zeroing(): all of main_grads_
 };
