@@ -1,5 +1,7 @@
 #include "models/rotary.h"
 
+#include "core/error.h"
+
 #include <algorithm>
 #include <cmath>
 
