@@ -77,6 +77,15 @@ def kill_group(p):
     except ProcessLookupError:
         pass
     p.wait()
+    # The ranks die after mpirun: until the last one has exited (on a loaded machine, seconds
+    # later) it still holds the save directory's lock, and a resume started now is refused.
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        try:
+            os.killpg(p.pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
 
 
 def wait_for(out, pattern, timeout):
