@@ -77,15 +77,6 @@ def kill_group(p):
     except ProcessLookupError:
         pass
     p.wait()
-    # The ranks die after mpirun: until the last one has exited (on a loaded machine, seconds
-    # later) it still holds the save directory's lock, and a resume started now is refused.
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        try:
-            os.killpg(p.pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.2)
 
 
 def wait_for(out, pattern, timeout):
@@ -267,6 +258,27 @@ def kill_one_rank():
     check_resume("SIGKILL of rank 1 of an mpirun job", d, ranks=2)
 
 
+def kill_ranks_and_wait(pids, timeout=60):
+    """SIGKILLs the ranks themselves and waits until each has exited (or is a zombie, its files
+    closed): a rank outliving mpirun still holds the save directory's lock, and a resume started
+    before it is gone is refused."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.time() + timeout
+    for pid in pids:
+        while time.time() < deadline:
+            try:
+                state = open(f"/proc/{pid}/stat").read()
+            except OSError:
+                break
+            if state[state.rindex(")") + 2] == "Z":
+                break
+            time.sleep(0.2)
+
+
 def stopped_rank_is_reported():
     d = fresh("hang")
     p, out = start(["--save", d, "--hang-report-seconds", "5", "--distributed-timeout-minutes", "2"] + DP2, ranks=2)
@@ -282,6 +294,7 @@ def stopped_rank_is_reported():
     text = wait_for(out, r"collective hang: .*", 30)
     took = time.time() - stopped
     kill_group(p)
+    kill_ranks_and_wait(list(pids.values()))
     counts["faults injected"] += 1
     if not text:
         return fail("stopped rank", "no hang report within 30 s")
