@@ -70,6 +70,16 @@ struct SavedAttention {
   torch::Tensor q, k, v, out, lse;
   std::vector<BlockRun> runs;
   double dropout = 0, scale = 0;
+  // The forward's inputs and output (detached: the node must not own its own output's history).
+  void keep(const torch::Tensor& q_, const torch::Tensor& k_, const torch::Tensor& v_, const torch::Tensor& out_,
+            double dropout_, double scale_) {
+    q = q_.detach();
+    k = k_.detach();
+    v = v_.detach();
+    out = out_.detach();
+    dropout = dropout_;
+    scale = scale_;
+  }
   void release() {
     q = k = v = out = lse = torch::Tensor();
     runs.clear();
@@ -184,12 +194,7 @@ torch::Tensor prefix_attention(const torch::Tensor& q, const torch::Tensor& k, c
     out = acc.out.to(q.scalar_type());
     node->saved.lse = acc.lse;
   }
-  node->saved.q = q.detach();
-  node->saved.k = k.detach();
-  node->saved.v = v.detach();
-  node->saved.out = out.detach();  // not `out` itself: the node must not own its own output's history
-  node->saved.dropout = dropout;
-  node->saved.scale = scale;
+  node->saved.keep(q, k, v, out, dropout, scale);
   return attach(node, out, q, k, v);
 }
 
@@ -262,12 +267,7 @@ torch::Tensor ring_attention(const torch::Tensor& q, const torch::Tensor& k, con
     out = acc.out.to(q.scalar_type());
     node->saved.lse = acc.lse;
   }
-  node->saved.q = q.detach();
-  node->saved.k = k.detach();
-  node->saved.v = v.detach();
-  node->saved.out = out.detach();  // not `out` itself: the node must not own its own output's history
-  node->saved.dropout = dropout;
-  node->saved.scale = scale;
+  node->saved.keep(q, k, v, out, dropout, scale);
   return attach(node, out, q, k, v);
 }
 
