@@ -124,7 +124,13 @@ torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
 // ---- layer -------------------------------------------------------------------------------------------
 TransformerLayerImpl::TransformerLayerImpl(const ModelConfig& m, const std::string& prefix, int64_t layer,
                                            const ModuleFactory& f, std::shared_ptr<MoeContext> moe_context)
-    : hidden_dropout_(m.hidden_dropout), recompute_mlp_(m.recompute.selective(&RecomputeModules::mlp)) {
+    : TransformerLayerImpl(m, prefix, layer, f, std::move(moe_context), m.moe.is_moe_layer(layer)) {}
+
+TransformerLayerImpl::TransformerLayerImpl(const ModelConfig& m, const std::string& prefix, int64_t layer,
+                                           const ModuleFactory& f, std::shared_ptr<MoeContext> moe_context, bool moe_mlp)
+    : hidden_dropout_(m.hidden_dropout),
+      recompute_mlp_(m.recompute.selective(&RecomputeModules::mlp)),
+      recompute_norms_(m.recompute.selective(&RecomputeModules::layernorm)) {
   if (m.mla.enabled) {
     // MLA's input norm is a module of its own (its down projections are not norm-fused linears);
     // under SP it runs on sequence shards (partial gradients).
@@ -134,7 +140,7 @@ TransformerLayerImpl::TransformerLayerImpl(const ModelConfig& m, const std::stri
   } else {
     self_attention = register_module("self_attention", SelfAttention(m, prefix + ".self_attention", f));
   }
-  if (!m.moe.is_moe_layer(layer)) {
+  if (!moe_mlp) {
     mlp = register_module("mlp", Mlp(m, prefix + ".mlp", f));
     return;
   }
@@ -145,11 +151,19 @@ TransformerLayerImpl::TransformerLayerImpl(const ModelConfig& m, const std::stri
   moe = register_module("mlp", MoeLayer(m, prefix + ".mlp", layer, f, std::move(moe_context)));
 }
 
+torch::Tensor TransformerLayerImpl::norm(TELayerNorm ln, const torch::Tensor& x) {
+  if (!recompute_norms_ || !is_training()) return ln(x);
+  // Megatron's CheckpointWithoutOutput around the norm: its statistics are not kept but computed
+  // again in backward. (Megatron also frees the norm's output once the next modules have read it;
+  // in fp8tron the linears that read it keep it as their saved input.)
+  return recompute([impl = ln.ptr()](const std::vector<torch::Tensor>& in) { return impl->forward(in[0]); }, {x});
+}
+
 torch::Tensor TransformerLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& attention_mask) {
-  auto attention = mla_attention ? mla_attention->forward(input_layernorm(x), attention_mask) : self_attention(x, attention_mask);
+  auto attention = mla_attention ? mla_attention->forward(norm(input_layernorm, x), attention_mask) : self_attention(x, attention_mask);
   auto h = x + maybe_dropout(attention, hidden_dropout_, is_training());
   // --recompute-modules mlp (dense layers): only the MLP's input is kept (the module outlives its graphs).
-  auto m = moe ? moe(pre_mlp_layernorm(h))
+  auto m = moe ? moe(norm(pre_mlp_layernorm, h))
                : recompute_mlp_ && is_training()
                    ? recompute([this](const std::vector<torch::Tensor>& in) { return mlp(in[0]); }, {h})
                    : mlp(h);
@@ -165,7 +179,7 @@ GptModelImpl::GptModelImpl(const ModelConfig& m, const TensorParallelContext& tp
   const ModuleFactory f(m.seed, tp, std::move(fp8), cp_);
   if (m.moe.enabled() && !moe_) {
     FP8TRON_CHECK(tp.size == 1, "a tensor-parallel MoE model needs its MoE context (the expert-parallel groups)");
-    moe_ = std::make_shared<MoeContext>(m.moe, m.num_layers, ExpertParallelGroups::single_process());
+    moe_ = std::make_shared<MoeContext>(m.moe, moe_metric_layers(m), ExpertParallelGroups::single_process());
   }
   const bool tied = !m.untie_embeddings_and_output_weights;
   const bool mtp = m.mtp.num_layers > 0;
@@ -215,8 +229,10 @@ GptModelImpl::GptModelImpl(const ModelConfig& m, const TensorParallelContext& tp
     if (mtp) {
       auto block = register_module("mtp", std::make_shared<torch::nn::Module>("MultiTokenPredictionBlock"));
       auto mtp_list = block->register_module("layers", std::make_shared<torch::nn::Module>("Layers"));
+      const bool moe_mtp = mtp_layers_are_moe(m, stage.num_layers > 0);
       for (int64_t k = 0; k < m.mtp.num_layers; ++k)
-        mtp_layers_.push_back(mtp_list->register_module(std::to_string(k), std::make_shared<MtpLayerImpl>(m, k, f)));
+        mtp_layers_.push_back(mtp_list->register_module(
+            std::to_string(k), std::make_shared<MtpLayerImpl>(m, k, f, moe_mtp ? moe_ : nullptr)));
     }
   }
 }

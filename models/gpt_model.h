@@ -58,8 +58,13 @@ class MlaSelfAttentionImpl;
 class TransformerLayerImpl : public torch::nn::Module {
  public:
   // `layer`: the global 0-based layer number; `moe`: the model's MoE context (MoE layers only).
+  // A decoder layer is an MoE layer when --moe-layer-freq says so.
   TransformerLayerImpl(const ModelConfig& m, const std::string& prefix, int64_t layer, const ModuleFactory& factory,
                        std::shared_ptr<MoeContext> moe = nullptr);
+  // A layer whose kind the caller decides (the MTP layers' inner layer): an MoE layer when
+  // `moe_mlp`, recording its MoE metrics under index `layer`.
+  TransformerLayerImpl(const ModelConfig& m, const std::string& prefix, int64_t layer, const ModuleFactory& factory,
+                       std::shared_ptr<MoeContext> moe, bool moe_mlp);
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& attention_mask = {});
 
   SelfAttention self_attention{nullptr};
@@ -71,8 +76,12 @@ class TransformerLayerImpl : public torch::nn::Module {
   MoeLayer moe{nullptr};                   // MoE layers (named "mlp")
 
  private:
+  // A standalone norm (MLA's input norm, an MoE layer's pre-MLP norm), recomputed in backward
+  // with --recompute-modules layernorm.
+  torch::Tensor norm(TELayerNorm norm, const torch::Tensor& x);
   double hidden_dropout_;
-  bool recompute_mlp_ = false;  // --recompute-modules mlp
+  bool recompute_mlp_ = false;    // --recompute-modules mlp
+  bool recompute_norms_ = false;  // --recompute-modules layernorm
 };
 TORCH_MODULE(TransformerLayer);
 

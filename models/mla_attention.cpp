@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "fp8/fp8_linear.h"
+#include "models/recompute.h"
 #include "parallel/tensor_parallel.h"
 
 namespace fp8tron {
@@ -59,7 +60,7 @@ std::shared_ptr<torch::nn::Module> up_projection(const ModelConfig& m, int64_t i
 
 MlaSelfAttentionImpl::MlaSelfAttentionImpl(const ModelConfig& m, const std::string& prefix, const ModuleFactory& f)
     : config_(m), tp_(f.tp()), local_heads_(m.num_attention_heads / f.tp().size), rope_(mla_rotary(m)),
-      softmax_scale_(mla_softmax_scale(m)) {
+      softmax_scale_(mla_softmax_scale(m)), recompute_up_proj_(m.recompute.selective(&RecomputeModules::mla_up_proj)) {
   const MlaConfig& a = m.mla;
   const int64_t n = m.num_attention_heads, H = m.hidden_size;
   const int64_t q_head = a.qk_head_dim + a.qk_pos_emb_head_dim;
@@ -90,20 +91,37 @@ torch::Tensor MlaSelfAttentionImpl::project(const std::shared_ptr<torch::nn::Mod
 
 torch::Tensor MlaSelfAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& attention_mask) {
   const MlaConfig& a = config_.mla;
-  const int64_t dn = a.qk_head_dim, dr = a.qk_pos_emb_head_dim, dv = a.v_head_dim, nl = local_heads_;
-  // Queries: through the low-rank bottleneck or straight from the input; heads split over TP.
-  auto q = a.q_lora_rank ? project(linear_q_up_proj, linear_q_down_proj(x)) : project(linear_q_proj, x);
-  const int64_t s = q.size(0), b = q.size(1);
-  q = q.view({s, b, nl, dn + dr});
-  auto q_nope = q.narrow(-1, 0, dn), q_pe = q.narrow(-1, dn, dr);
+  const int64_t dr = a.qk_pos_emb_head_dim;
+  // Queries: through the low-rank bottleneck (its up projection below) or straight from the input.
+  auto q_in = a.q_lora_rank ? linear_q_down_proj(x) : x;
   // Keys and values: the compressed latent, and the rotary key part shared by every head.
   auto c = linear_kv_down_proj(x);
   auto c_kv = c.narrow(-1, 0, a.kv_lora_rank), k_pe = c.narrow(-1, a.kv_lora_rank, dr);
   if (tp_.size > 1) k_pe = tp_.sequence_parallel ? gather_from_sp(k_pe, *tp_.comm) : copy_to_tp(k_pe, *tp_.comm);
+  const std::vector<torch::Tensor> latents = {q_in, c_kv, k_pe};
+  torch::Tensor out;
+  if (recompute_up_proj_ && is_training()) {
+    // Called again in backward: captures by value (the module outlives its graphs).
+    out = recompute([this, attention_mask](const std::vector<torch::Tensor>& in) { return attend(in, attention_mask); },
+                    latents);
+  } else {
+    out = attend(latents, attention_mask);
+  }
+  return linear_proj(out);
+}
+
+torch::Tensor MlaSelfAttentionImpl::attend(const std::vector<torch::Tensor>& latents, const torch::Tensor& attention_mask) {
+  const MlaConfig& a = config_.mla;
+  const int64_t dn = a.qk_head_dim, dr = a.qk_pos_emb_head_dim, dv = a.v_head_dim, nl = local_heads_;
+  const torch::Tensor &q_in = latents[0], &c_kv = latents[1];
+  auto q = a.q_lora_rank ? project(linear_q_up_proj, q_in) : project(linear_q_proj, q_in);  // heads split over TP
+  const int64_t s = q.size(0), b = q.size(1);
+  q = q.view({s, b, nl, dn + dr});
+  auto q_nope = q.narrow(-1, 0, dn), q_pe = q.narrow(-1, dn, dr);
   auto kv = project(linear_kv_up_proj, c_kv).view({s, b, nl, dn + dv});
   auto k_nope = kv.narrow(-1, 0, dn), v = kv.narrow(-1, dn, dv);
   q_pe = rope_.apply(q_pe);
-  k_pe = rope_.apply(k_pe.unsqueeze(2)).expand({s, b, nl, dr});
+  auto k_pe = rope_.apply(latents[2].unsqueeze(2)).expand({s, b, nl, dr});
   auto query = torch::cat({q_nope, q_pe}, -1).permute({1, 2, 0, 3});  // [b, heads, s, dn + dr]
   auto key = torch::cat({k_nope, k_pe}, -1).permute({1, 2, 0, 3});
   auto value = v.permute({1, 2, 0, 3});
@@ -116,8 +134,7 @@ torch::Tensor MlaSelfAttentionImpl::forward(const torch::Tensor& x, const torch:
                  ? at::scaled_dot_product_attention(query, key, value, attention_mask, p, false, softmax_scale_)
                  : at::scaled_dot_product_attention(query, key, value, {}, p, true, softmax_scale_);
   if (pad_v) out = out.narrow(-1, 0, dv);
-  out = out.permute({2, 0, 1, 3}).reshape({s, b, nl * dv});
-  return linear_proj(out);
+  return out.permute({2, 0, 1, 3}).reshape({s, b, nl * dv});
 }
 
 }  // namespace fp8tron

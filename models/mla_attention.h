@@ -56,12 +56,20 @@ class MlaSelfAttentionImpl : public torch::nn::Module {
 
  private:
   torch::Tensor project(const std::shared_ptr<torch::nn::Module>& linear, const torch::Tensor& x);
+  // From the latents {q_lora latent (or the input without --q-lora-rank), c_kv, k_pe}: the up
+  // projections, the rotary embedding and the core attention, [s, b, local heads x v_head_dim].
+  torch::Tensor attend(const std::vector<torch::Tensor>& latents, const torch::Tensor& attention_mask);
 
   ModelConfig config_;
   TensorParallelContext tp_;
   int64_t local_heads_;
   RotaryEmbedding rope_;
   double softmax_scale_;
+  // --recompute-modules mla_up_proj: only the latents are kept; attend() runs again in backward.
+  // Megatron recomputes the up projections and the rotary embedding after freeing q, k and v
+  // (which its core attention saved); fp8tron replays attend() whole, the core attention
+  // included: the same math and the same activations dropped, with the attention's forward rerun.
+  bool recompute_up_proj_ = false;
 };
 TORCH_MODULE(MlaSelfAttention);
 

@@ -24,6 +24,7 @@ struct RecomputeModules {
   bool layernorm = false;  // norms that are modules of their own (an MoE layer's pre-MLP norm);
                            // norms fused into a linear (TELayerNormColumnParallelLinear) have none
   bool moe_act = false;    // the MoE experts' activation function
+  bool mla_up_proj = false;  // multi-latent attention's up projections (and, in fp8tron, its core attention)
   bool moe = false;        // the whole MoE layer
   bool shared_experts = false;
 };

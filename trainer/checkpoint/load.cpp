@@ -301,7 +301,7 @@ int64_t load_checkpoint(const TrainingState& s) {
   if (!found) return 0;
   const ck::CheckpointLocation& location = found->location;
   const std::string& from = found->dir;
-  log::info(strprintf("loading checkpoint from %s at iteration %lld", from.c_str(), (long long)location.iteration));
+  log::print(strprintf("loading checkpoint from %s at iteration %lld", from.c_str(), (long long)location.iteration));
   if (!std::filesystem::exists(location.path + "/" + ck::kMetadataFileName)) {
     const std::string format = ck::foreign_checkpoint_format(location.path);
     if (!format.empty())
@@ -359,7 +359,7 @@ int64_t load_checkpoint(const TrainingState& s) {
   reader.close_files();
   barrier(p);
   const int64_t iteration = restart ? 0 : m.iteration;
-  log::info(strprintf("  successfully loaded checkpoint from %s [ t %d/%d, p %d/%d ] at iteration %lld", from.c_str(),
+  log::print(strprintf("  successfully loaded checkpoint from %s [ t %d/%d, p %d/%d ] at iteration %lld", from.c_str(),
                       p.tp_rank + 1, p.sizes.tp, p.pp_rank + 1, p.sizes.pp, (long long)iteration));
   return iteration;
 }

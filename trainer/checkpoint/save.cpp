@@ -319,7 +319,7 @@ std::unique_ptr<PendingSave> prepare_save(const TrainingState& s, int64_t iterat
   save->start = Clock::now();
   save->non_persistent = non_persistent;
   const std::string dir = non_persistent ? ck::non_persistent_dir(k.non_persistent_dir, k.save) : k.save;
-  log::info(strprintf("saving %scheckpoint at iteration %7lld to %s in fp8tron format", non_persistent ? "non-persistent " : "",
+  log::print(strprintf("saving %scheckpoint at iteration %7lld to %s in fp8tron format", non_persistent ? "non-persistent " : "",
                       (long long)iteration, dir.c_str()));
   save->target = ck::SaveTarget{dir, iteration, false, agree_on_token(p, s.device)};
   const std::string nonfinite = first_nonfinite(s, save_sources(s));
@@ -395,7 +395,7 @@ void finalize_save(const TrainingState& s, PendingSave& save) {
   }
   fail_together(p, s.device, save.target, save.error);
   const double seconds = std::chrono::duration<double>(Clock::now() - save.start).count();
-  log::info(strprintf("  successfully saved checkpoint from iteration %7lld to %s [ t %d/%d, p %d/%d ]",
+  log::print(strprintf("  successfully saved checkpoint from iteration %7lld to %s [ t %d/%d, p %d/%d ]",
                       (long long)save.target.iteration, save.target.save_dir.c_str(), p.tp_rank + 1, p.sizes.tp,
                       p.pp_rank + 1, p.sizes.pp));
   log::info(strprintf("  checkpoint save took %.2f s (rank 0 wrote %.1f MB, %.2f GB/s)", seconds, double(save.bytes) / 1e6,

@@ -28,6 +28,7 @@ RecomputeModules parse_modules(const std::vector<std::string>& names) {
     if (n == "mlp") m.mlp = true;
     if (n == "layernorm") m.layernorm = true;
     if (n == "moe_act") m.moe_act = true;
+    if (n == "mla_up_proj") m.mla_up_proj = true;
     if (n == "moe") m.moe = true;
     if (n == "shared_experts") m.shared_experts = true;
   }
@@ -61,7 +62,8 @@ RecomputeConfig build_recompute_config(const FlagValues& f, std::vector<std::str
   if (r.granularity == RecomputeGranularity::Selective && r.modules.layernorm)
     notices.push_back("--recompute-modules layernorm: the input and pre-MLP norms of dense layers are fused into "
                       "linear_qkv and linear_fc1 (TELayerNormColumnParallelLinear) and have nothing to recompute, as "
-                      "in Megatron with Transformer Engine");
+                      "in Megatron with Transformer Engine; the standalone ones (an MoE layer's pre-MLP norm, "
+                      "multi-latent attention's input norm) are recomputed");
   return r;
 }
 
@@ -106,16 +108,13 @@ std::string recompute_problem(const Config& c, const FlagValues& f) {
   for (const auto& n : f.get_list("recompute-modules")) named.insert(n);
   if (named.count("moe_act") && !f.get_bool("moe-grouped-gemm"))
     return "--recompute-modules moe_act is only supported with --moe-grouped-gemm";
-  if (named.count("mla_up_proj"))
-    return "--recompute-modules mla_up_proj is only supported with --multi-latent-attention, which fp8tron does not have";
+  if (named.count("mla_up_proj") && !c.model.mla.enabled)
+    return "--recompute-modules mla_up_proj is only supported with --multi-latent-attention";
   if (named.count("gdn_norm_out") || named.count("gdp_in_proj") || named.count("gdp_qkv"))
     return "--recompute-modules gdn_norm_out/gdp_in_proj/gdp_qkv need --experimental-attention-variant (gated delta "
            "net layers), which fp8tron does not have";
   if (named.count("mhc")) return "--recompute-modules mhc requires --enable-mhc-connections, which fp8tron does not have";
-  if (named.count("layernorm") && c.model.moe.enabled())
-    return "--recompute-modules layernorm with --num-experts is not implemented in fp8tron yet (the MoE layers' "
-           "standalone pre-MLP norm would not be recomputed)";
-  for (const char* moe : {"moe", "moe_act", "shared_experts"})
+  for (const char* moe : {"moe", "shared_experts"})
     if (named.count(moe))
       return strprintf("--recompute-modules %s: recomputing mixture-of-experts parts is not implemented in fp8tron yet "
                        "(use core_attn, mlp, or --recompute-granularity full)",
