@@ -16,13 +16,14 @@ WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 source "$DIR/test_data.sh"
 
-# CPU size: hidden 64, 4 heads of 16, sequences of 64 tokens, 8 experts of 32, MLA ranks 32/16.
+# CPU size: hidden 64, 4 heads of 16, sequences of 64 tokens, 8 experts of 32, MLA ranks 32/16; a
+# split that leaves the small test corpus a test set.
 SHRINK=(--hidden-size 64 --ffn-hidden-size 128 --num-attention-heads 4 --kv-channels 16 --seq-length 64
         --max-position-embeddings 64 --micro-batch-size 1 --global-batch-size 4 --num-experts 8
         --moe-ffn-hidden-size 32 --moe-shared-expert-intermediate-size 32 --q-lora-rank 32 --kv-lora-rank 16
         --qk-head-dim 16 --qk-pos-emb-head-dim 8 --v-head-dim 16 --make-vocab-size-divisible-by 64
         --train-iters 4 --save-interval 2 --eval-interval 2 --eval-iters 1 --log-interval 1 --device cpu
-        --distributed-timeout-minutes 5)
+        --distributed-timeout-minutes 5 --split 90,8,2)
 
 fail=0
 run() {  # run <name> <log> <extra flags...>: the configuration under mpirun with its world size

@@ -47,7 +47,8 @@ int64_t numel_of(const torch::nn::Module& model) {
 TEST(MtpMoe, TheMtpLayerFollowsTheDecodersLastLayer) {
   // The last decoder layer is an MoE layer: so is the MTP layer's, under Megatron's names.
   const ModelConfig moe = build(mtp_moe_args("([0]+[1])", {"--moe-router-enable-expert-bias", "--moe-router-score-function",
-                                                           "sigmoid", "--moe-shared-expert-intermediate-size", "16"}))
+                                                           "sigmoid", "--moe-shared-expert-intermediate-size", "16",
+                                                           "--disable-bias-linear"}))
                               .model;
   GptModel a(moe);
   auto names = names_of(*a);
@@ -161,7 +162,8 @@ TEST(MtpMoe, TrainsAndLogsTheMtpLayersAuxLossAsMegatron) {
   const std::string dir = temp_file("mtp_moe_tb", "");
   std::remove(dir.c_str());
   const TrainResult r = train(train_config("([0]+[1])", {"--moe-per-layer-logging", "--tensorboard-dir", dir,
-                                                         "--moe-router-enable-expert-bias"}));
+                                                         "--moe-router-enable-expert-bias", "--moe-router-score-function",
+                                                         "sigmoid"}));
   ASSERT_EQ(r.losses.size(), 12u);
   EXPECT_LT(r.losses.back(), r.losses.front());
   auto tb = tensorboard_scalars(dir);

@@ -67,6 +67,31 @@ TEST(Recompute, EveryGranularityTrainsExactlyAsWithoutRecomputation) {
   }
 }
 
+// The MoE and multi-latent attention modules: an MoE layer's pre-MLP norm (layernorm), the
+// experts' activation with linear_fc2 (moe_act), MLA's input norm (layernorm) and its up
+// projections with the core attention (mla_up_proj, attention dropout replayed): bitwise the
+// training without recomputation, FP8 tensorwise too (Megatron refuses moe_act and layernorm
+// under delayed scaling).
+TEST(Recompute, MoeAndMlaModulesTrainExactlyAsWithoutRecomputation) {
+  const std::vector<std::string> moe_mla = {"--num-experts", "4", "--moe-ffn-hidden-size", "32", "--moe-layer-freq",
+                                            "([0]+[1]*3)", "--moe-aux-loss-coeff", "1e-2", "--moe-grouped-gemm",
+                                            "--multi-latent-attention", "--q-lora-rank", "16", "--kv-lora-rank", "16",
+                                            "--qk-head-dim", "8", "--qk-pos-emb-head-dim", "8", "--v-head-dim", "8",
+                                            "--position-embedding-type", "rope", "--mtp-num-layers", "1"};
+  for (const std::vector<std::string>& precision :
+       {std::vector<std::string>{}, std::vector<std::string>{"--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"}}) {
+    const TrainResult plain = train_with(with(moe_mla, precision));
+    for (const std::vector<std::string>& modules : {std::vector<std::string>{"layernorm"}, {"moe_act"}, {"mla_up_proj"},
+                                                    {"layernorm", "mla_up_proj", "mlp", "moe_act"}}) {
+      std::vector<std::string> flags = {"--recompute-granularity", "selective", "--recompute-modules"};
+      flags.insert(flags.end(), modules.begin(), modules.end());
+      std::string what = precision.empty() ? "bf16-free fp32:" : "fp8 tensorwise:";
+      for (const auto& m : modules) what += " " + m;
+      expect_identical(plain, train_with(with(with(moe_mla, precision), flags)), what);
+    }
+  }
+}
+
 // FP8 delayed scaling: the replay quantizes with the original pass's scales and records nothing,
 // so the scales of every later step, and so the whole run, are the same as without recomputation.
 TEST(Recompute, Fp8DelayedScalingTrainsExactlyAsWithoutRecomputation) {
@@ -182,7 +207,13 @@ TEST(Recompute, RefusesWhatMegatronRefusesByName) {
   EXPECT_USER_ERROR(build(tiny_args({"--recompute-granularity", "selective", "--recompute-modules", "attn"})),
                     "--recompute-modules attn");
   EXPECT_USER_ERROR(build(tiny_args({"--recompute-granularity", "selective", "--recompute-modules", "mla_up_proj"})),
-                    "--recompute-modules mla_up_proj");
+                    "--recompute-modules mla_up_proj is only supported with --multi-latent-attention");
+  EXPECT_USER_ERROR(build(tiny_args({"--num-experts", "4", "--recompute-granularity", "selective", "--recompute-modules",
+                                     "moe_act"})),
+                    "--recompute-modules moe_act is only supported with --moe-grouped-gemm");
+  EXPECT_USER_ERROR(build(tiny_args({"--num-experts", "4", "--moe-grouped-gemm", "--recompute-granularity", "selective",
+                                     "--recompute-modules", "moe_act", "--fp8-format", "hybrid"})),
+                    "not supported with --fp8-recipe delayed");
   EXPECT_USER_ERROR(build(tiny_args({"--recompute-granularity", "selective", "--recompute-modules", "moe"})),
                     "--recompute-modules moe");
   EXPECT_USER_ERROR(build(tiny_args({"--num-experts", "4", "--recompute-granularity", "full", "--recompute-method",
