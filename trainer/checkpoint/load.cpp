@@ -147,9 +147,12 @@ void plan_domain_reads(ck::CheckpointReader& reader, const TrainingState& s, con
     reads.push_back({source, &slot, main.narrow(0, lo - shard_begin, hi - lo), lo - slot.offset, hi - slot.offset, tp_rank,
                      tp_size});
     if (!load_optim) continue;
-    for (const auto& [prefix, buffer] : states)
-      reads.push_back({prefix + name, &slot, buffer.narrow(0, lo - shard_begin, hi - lo), lo - slot.offset, hi - slot.offset,
+    for (const auto& [prefix, buffer] : states) {
+      const std::string state = state_name(prefix, slot, s.config.optimizer);
+      if (state.empty()) continue;  // no such state for this parameter (a Muon matrix's second moment)
+      reads.push_back({state, &slot, buffer.narrow(0, lo - shard_begin, hi - lo), lo - slot.offset, hi - slot.offset,
                        tp_rank, tp_size});
+    }
   }
 }
 

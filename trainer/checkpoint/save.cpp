@@ -100,12 +100,13 @@ void collect_domain(const TrainingState& s, size_t di, const std::vector<SaveSou
     for (size_t i = 0; i < sources.size(); ++i) {
       const SaveSource& src = sources[i];
       if (src.domain != di) continue;
-      const std::string name = src.prefix + slot.name;
+      const std::string name = state_name(src.prefix, slot, s.config.optimizer);
       const ck::DType dtype = checkpoint_dtype(src.buffer.scalar_type());
       const bool replicated = model_weights || !o.distributed();  // over data-parallel ranks
       const int64_t base = model_weights ? 0 : shard_begin;        // flat-buffer index of the source's element 0
       const int64_t lo = base + src.begin, hi = base + src.end;    // what this rank writes, in flat-buffer indices
       model_weights = false;
+      if (name.empty()) continue;  // no such state for this parameter (a Muon matrix's second moment)
       for (const auto& piece : pieces) {
         const int64_t first = slot.offset + piece.begin;
         const int64_t a = std::max(lo, first), b = std::min(hi, first + piece.numel);

@@ -111,7 +111,7 @@ OptimizerDomain::OptimizerDomain(const std::vector<NamedParam>& params, const Op
     // bf16 parameter accumulates micro-batches in fp32, as Megatron's main_grad does.
     t.mutable_grad() = main_grads_.narrow(0, offset, n).view(t.sizes());
     buffer_order_.push_back({t, offset, n, model_order(p)});
-    slots_.push_back(ParamSlot{p->name, offset, n, t.sizes().vec(), p->info});
+    slots_.push_back(ParamSlot{p->name, offset, n, t.sizes().vec(), p->info, is_muon});
   }
   main_params_ = distributed_ ? all_main.narrow(0, shard_begin_, shard_numel_).clone() : all_main;
   if (distributed_ || main_grads_.scalar_type() != torch::kFloat32) grad_shard_ = torch::zeros({shard_numel_}, fp32);

@@ -127,6 +127,7 @@ class OptimizerDomain {
     int64_t offset = 0, numel = 0;  // in the flat buffers
     std::vector<int64_t> shape;     // this rank's shard
     ParamInfo info;
+    bool muon = false;  // updated by Muon: its state is the momentum alone (Adam's: both moments)
   };
   const std::vector<ParamSlot>& param_slots() const { return slots_; }  // in buffer order
   bool distributed() const { return distributed_; }
