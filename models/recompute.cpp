@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
 
+#include <atomic>
 #include <mutex>
 
 #include "core/error.h"
@@ -13,6 +14,8 @@ namespace fp8tron {
 namespace {
 
 using torch::autograd::variable_list;
+
+std::atomic<int64_t> replays{0};
 
 torch::Tensor generator_state(const torch::Device& device) {
   at::Generator g = at::globalContext().defaultGenerator(device);
@@ -108,6 +111,7 @@ struct RecomputeBackward : public torch::autograd::Node {
     for (size_t i = 0; i < inputs.size(); ++i)
       if (inputs[i].defined()) inputs[i] = inputs[i].detach().requires_grad_(wants_grad[i]);
     torch::Tensor out;
+    ++replays;
     {
       RngReplay replay(rng);
       fp8::ForwardReplayGuard no_amax_recording;
@@ -156,6 +160,8 @@ torch::Tensor recompute(const RecomputeFn& fn, const std::vector<torch::Tensor>&
   torch::autograd::set_history(y, node);
   return y;
 }
+
+int64_t recompute_replays() { return replays.load(); }
 
 std::vector<LayerUnit> layer_units(const RecomputeConfig& c, int64_t layers) {
   std::vector<LayerUnit> units;

@@ -42,6 +42,10 @@ struct RecomputeOptions {
 // between the forward and the backward pass besides the RNG. Without grad mode this is fn(inputs).
 torch::Tensor recompute(const RecomputeFn& fn, const std::vector<torch::Tensor>& inputs, const RecomputeOptions& options = {});
 
+// How many recomputed functions this process has replayed in backward so far (a diagnostic:
+// tests count them to see that a --recompute-modules entry really recomputes).
+int64_t recompute_replays();
+
 // Full granularity: how a model chunk's `layers` layers are grouped (Megatron's
 // _checkpointed_forward over the chunk's layers, with each virtual pipeline chunk its own block).
 //   uniform: units of --recompute-num-layers consecutive layers (the last may be shorter), each

@@ -80,14 +80,22 @@ TEST(Recompute, MoeAndMlaModulesTrainExactlyAsWithoutRecomputation) {
                                             "--position-embedding-type", "rope", "--mtp-num-layers", "1"};
   for (const std::vector<std::string>& precision :
        {std::vector<std::string>{}, std::vector<std::string>{"--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"}}) {
+    int64_t before = recompute_replays();
     const TrainResult plain = train_with(with(moe_mla, precision));
-    for (const std::vector<std::string>& modules : {std::vector<std::string>{"layernorm"}, {"moe_act"}, {"mla_up_proj"},
-                                                    {"layernorm", "mla_up_proj", "mlp", "moe_act"}}) {
+    EXPECT_EQ(recompute_replays(), before);
+    // Replays per forward/backward pass (6 of them: 3 iterations of 2 micro-batches) of the four
+    // layers and the MTP layer: 5 MLA input norms and 4 MoE pre-MLP norms (layers 1-3 and the MTP
+    // layer's), 4 expert activations, 5 MLA up projections, 1 dense MLP (layer 0).
+    const std::vector<std::pair<std::vector<std::string>, int64_t>> layouts = {
+        {{"layernorm"}, 9}, {{"moe_act"}, 4}, {{"mla_up_proj"}, 5}, {{"layernorm", "mla_up_proj", "mlp", "moe_act"}, 19}};
+    for (const auto& [modules, per_pass] : layouts) {
       std::vector<std::string> flags = {"--recompute-granularity", "selective", "--recompute-modules"};
       flags.insert(flags.end(), modules.begin(), modules.end());
       std::string what = precision.empty() ? "bf16-free fp32:" : "fp8 tensorwise:";
       for (const auto& m : modules) what += " " + m;
+      before = recompute_replays();
       expect_identical(plain, train_with(with(with(moe_mla, precision), flags)), what);
+      EXPECT_EQ(recompute_replays() - before, 6 * per_pass) << what;
     }
   }
 }
