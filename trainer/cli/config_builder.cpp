@@ -771,6 +771,8 @@ Config build_config(const FlagValues& flags, const LaunchEnv& launch, bool gpu_a
                         "deprecates the flag and trains at --global-batch-size from the start)");
   c.training.numerics = build_numerics(flags, c.precision, c.hint_warnings);
   c.optimizer = build_optimizer(flags);
+  if (flags.get_string("optimizer") == "dist_muon")  // Megatron's warn_rank_0 in validate_args
+    c.hint_warnings.push_back("optimizer='dist_muon' is deprecated. Use --optimizer muon --use-distributed-optimizer instead.");
   c.lr_schedule = build_lr_schedule(flags, c.optimizer, c.training, c.hint_warnings);
 
   c.logging.log_interval = flags.get_int("log-interval");
