@@ -3,7 +3,9 @@
 # label gpu), multi-GPU equivalence under mpirun and torchrun, and the benchmarks. Results go to
 # $OUT (or gpu-check/). Usage: scripts/gpu_check.sh [equivalence] [bench] [fp8-bench] [fp8-convergence]
 # [grouped] [parallel-bench] [data] [checkpoint] [moe] [moe-equivalence] [moe-parallel-bench] [moe-convergence]
-# [overlap] [overlap-bench] [recompute-cp-bench]
+# [overlap] [overlap-bench] [recompute-cp-bench] [max-fit]
+# (max-fit: the largest micro-batch and sequence of the 1.3B model that fit on one GPU with and
+# without recomputation, scripts/bench_max_fit.sh)
 # (grouped: the MoE expert GEMMs against torch's grouped GEMMs, scripts/bench_grouped_gemm.sh;
 # moe: the MoE GPU tests' lines and the Mixtral-style benchmark on one GPU; moe-equivalence and
 # moe-parallel-bench need 2+ GPUs: expert parallelism over NCCL)
@@ -164,6 +166,9 @@ with open('$OUT/corpus.jsonl', 'w') as f:
     recompute-cp-bench)
       echo "== recomputation (memory, 1 GPU) and context parallelism (throughput, $GPUS GPUs) on the 1.3B model"
       check recompute-cp-bench "^\|" ./scripts/bench_recompute_cp.sh "$GPUS" ;;
+    max-fit)
+      echo "== the largest micro-batch and sequence of the 1.3B model that fit, with and without recomputation"
+      check max-fit "^\|" ./scripts/bench_max_fit.sh ;;
     checkpoint)
       echo "== checkpoints: speed, async blocking, deterministic repeat and resume (1.3B)"
       check checkpoint-bench "." ./scripts/bench_checkpoint.sh gpt-1.3b
