@@ -140,17 +140,8 @@ def tracker(save_dir):
 def check_resume(scenario, save_dir, ranks=1, extra=(), model=()):
     """Resumes from whatever `save_dir` holds and compares the end with the uninterrupted run."""
     want, want_loss, _ = reference(ranks, model)
-    rc, out = run(["--load", save_dir, "--save", save_dir] + (DP2 if ranks > 1 else []) + list(model) + list(extra), ranks)
-    if rc != 0:
-        return fail(scenario, f"resume failed (exit {rc}):\n{out[-2000:]}")
-    got = final_state(save_dir)
-    if got != want:
-        differing = [k for k in want if got.get(k) != want[k]]
-        return fail(scenario, f"resumed run differs from the uninterrupted one in {differing}")
-    counts["resumes checked"] += 1
-    losses.append(last_loss(out))
-    log(f"ok   {scenario}: resumed from iteration {tracker_before.get(save_dir) or '0 (none saved)'}, final state "
-        f"bitwise equal (last loss {last_loss(out)} = {want_loss})")
+    resume_and_compare(scenario, save_dir, (DP2 if ranks > 1 else []) + list(model) + list(extra), ranks, want, want_loss,
+                       ITERS, f"resumed from iteration {tracker_before.get(save_dir) or '0 (none saved)'}")
 
 
 tracker_before = {}
@@ -168,18 +159,21 @@ def check_long_resume(scenario, save_dir, ranks=2):
     rc, out = run(["--save", ref] + args, ranks)
     if rc != 0:
         return fail(scenario, f"the uninterrupted run to iteration {stop} failed (exit {rc}):\n{out[-2000:]}")
-    want, want_loss = final_state(ref, stop), last_loss(out, stop)
-    rc, out = run(["--load", save_dir, "--save", save_dir] + args, ranks)
+    resume_and_compare(scenario, save_dir, args, ranks, final_state(ref, stop), last_loss(out, stop), stop,
+                       f"resumed from iteration {saved or '0 (none saved)'} to {stop}")
+
+
+def resume_and_compare(scenario, save_dir, args, ranks, want, want_loss, iteration, resumed):
+    rc, out = run(["--load", save_dir, "--save", save_dir] + list(args), ranks)
     if rc != 0:
         return fail(scenario, f"resume failed (exit {rc}):\n{out[-2000:]}")
-    got = final_state(save_dir, stop)
+    got = final_state(save_dir, iteration)
     if got != want:
         differing = [k for k in want if got.get(k) != want[k]]
         return fail(scenario, f"resumed run differs from the uninterrupted one in {differing}")
     counts["resumes checked"] += 1
-    losses.append(last_loss(out, stop))
-    log(f"ok   {scenario}: resumed from iteration {saved or '0 (none saved)'} to {stop}, final state bitwise equal "
-        f"(last loss {last_loss(out, stop)} = {want_loss})")
+    losses.append(last_loss(out, iteration))
+    log(f"ok   {scenario}: {resumed}, final state bitwise equal (last loss {last_loss(out, iteration)} = {want_loss})")
 
 
 def killed_at(scenario, args, ranks=1, save_dir=None, model=()):
@@ -266,16 +260,26 @@ def mpi_rank_pids(mpirun_pid):
     return pids
 
 
-def kill_one_rank():
-    d = fresh("rank_kill")
-    p, out = start(["--save", d] + DP2 + LONG, ranks=2)
-    if not wait_for(out, r"iteration\s+5/", 120):
+def start_two_rank_job(scenario, save_dir, flags, iteration):
+    """Starts a LONG two-rank job; once it has logged `iteration`, returns (mpirun, log, pids by
+    rank), or None after a failure."""
+    p, out = start(["--save", save_dir] + flags + DP2 + LONG, ranks=2)
+    if not wait_for(out, r"iteration\s+%d/" % iteration, 120):
         kill_group(p)
-        return fail("kill one rank", "the job did not reach iteration 5")
+        return fail(scenario, f"the job did not reach iteration {iteration}")
     pids = mpi_rank_pids(p.pid)
     if 1 not in pids:
         kill_group(p)
-        return fail("kill one rank", f"rank 1's process not found (children: {pids})")
+        return fail(scenario, f"rank 1's process not found (children: {pids})")
+    return p, out, pids
+
+
+def kill_one_rank():
+    d = fresh("rank_kill")
+    job = start_two_rank_job("kill one rank", d, [], 5)
+    if not job:
+        return
+    p, _, pids = job
     os.kill(pids[1], signal.SIGKILL)
     try:
         p.wait(timeout=60)
@@ -311,14 +315,10 @@ def kill_ranks_and_wait(pids, timeout=60):
 
 def stopped_rank_is_reported():
     d = fresh("hang")
-    p, out = start(["--save", d, "--hang-report-seconds", "5", "--distributed-timeout-minutes", "2"] + DP2 + LONG, ranks=2)
-    if not wait_for(out, r"iteration\s+3/", 120):
-        kill_group(p)
-        return fail("stopped rank", "the job did not reach iteration 3")
-    pids = mpi_rank_pids(p.pid)
-    if 1 not in pids:
-        kill_group(p)
-        return fail("stopped rank", "rank 1's process not found")
+    job = start_two_rank_job("stopped rank", d, ["--hang-report-seconds", "5", "--distributed-timeout-minutes", "2"], 3)
+    if not job:
+        return
+    p, out, pids = job
     os.kill(pids[1], signal.SIGSTOP)
     stopped = time.time()
     text = wait_for(out, r"collective hang: .*", 30)
