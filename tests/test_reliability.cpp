@@ -1,7 +1,8 @@
 // Reliability through the trainer (one process, CPU): a NaN stops the run and keeps the last good
 // checkpoint, no checkpoint holds non-finite state, Megatron's spiky-loss / large-gradient checks,
 // the LR schedule check on resume, vocabulary padding across layouts, token ids outside the
-// vocabulary, one job per save directory, and the hang report's side channel.
+// vocabulary, one job per save directory, the hang report's side channel, and the one line a run
+// that ends on an exception prints.
 #include <gtest/gtest.h>
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
@@ -20,6 +21,7 @@
 #include "trainer/checkpoint/metadata.h"
 #include "trainer/checkpoint/save.h"
 #include "trainer/checkpoint/save_dir_lock.h"
+#include "trainer/fatal_error.h"
 #include "trainer/cli/checkpoint_args.h"
 #include "trainer/logging/tensorboard_writer.h"
 #include "trainer/numerics_guard.h"
@@ -454,6 +456,60 @@ TEST(ProgressBoard, AHangReportNamesWhoDidNotArriveAndEveryRanksIteration) {
       << r0.text;
   EXPECT_NE(r0.text.find("Last finished iteration per rank: 0:7 1:7 2:6"), std::string::npos) << r0.text;
   EXPECT_EQ(r0.text.find("rank 1 ("), std::string::npos) << "rank 1 has arrived";
+}
+
+}  // namespace
+}  // namespace fp8tron
+
+namespace fp8tron {
+namespace {
+
+TEST(FatalError, RunningOutOfGpuMemoryIsAnErrorThatNamesTheRankAndTheFixes) {
+  const c10::OutOfMemoryError oom(c10::SourceLocation{__func__, __FILE__, __LINE__},
+                                  "CUDA out of memory. Tried to allocate 2.00 GiB.\nGPU 0 has a total capacity of 79.19 GiB");
+  const FatalReport r = report_fatal_error(oom, 3);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.line.rfind("fp8tron: error: out of GPU memory on rank 3 (CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0", 0), 0u)
+      << r.line;
+  EXPECT_NE(r.line.find("--micro-batch-size"), std::string::npos);
+  EXPECT_NE(r.line.find("--recompute-granularity full"), std::string::npos);
+  EXPECT_EQ(r.line.find('\n'), std::string::npos);
+  EXPECT_EQ(r.line.find("frame #"), std::string::npos) << r.line;
+}
+
+TEST(FatalError, AHostAllocationThatFailsIsAnOutOfHostMemoryError) {
+  try {
+    auto t = torch::empty({int64_t(1) << 52}, torch::kUInt8);  // 4 PiB: no machine has it
+    FAIL() << "allocated " << t.numel() << " bytes";
+  } catch (const std::exception& e) {
+    const FatalReport r = report_fatal_error(e, -1);
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_EQ(r.line.rfind("fp8tron: error: out of host memory (", 0), 0u) << r.line;
+    EXPECT_NE(r.line.find("--use-distributed-optimizer"), std::string::npos);
+  }
+  const FatalReport bad_alloc = report_fatal_error(std::bad_alloc(), 0);
+  EXPECT_EQ(bad_alloc.line.rfind("fp8tron: error: out of host memory on rank 0 (", 0), 0u) << bad_alloc.line;
+}
+
+TEST(FatalError, ALibTorchErrorIsOneLineWithoutItsBacktrace) {
+  try {
+    torch::ones({2, 3}).matmul(torch::ones({4, 5}));
+    FAIL() << "a shape mismatch was accepted";
+  } catch (const std::exception& e) {
+    ASSERT_NE(std::string(e.what()).find('\n'), std::string::npos);  // LibTorch's own text runs over lines
+    const FatalReport r = report_fatal_error(e, -1);
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_EQ(r.line.rfind("fp8tron: internal error: ", 0), 0u) << r.line;
+    EXPECT_NE(r.line.find("cannot be multiplied"), std::string::npos) << r.line;
+    EXPECT_EQ(r.line.find('\n'), std::string::npos) << r.line;
+    EXPECT_NE(r.line.find("FP8TRON_BACKTRACE=1"), std::string::npos);
+  }
+}
+
+TEST(FatalError, AUserErrorKeepsItsLineAndExitCode) {
+  const FatalReport r = report_fatal_error(UserError("--lr must be positive"), 1);
+  EXPECT_EQ(r.line, "fp8tron: error: --lr must be positive");
+  EXPECT_EQ(r.exit_code, 1);
 }
 
 }  // namespace
