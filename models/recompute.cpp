@@ -14,6 +14,20 @@ namespace {
 
 using torch::autograd::variable_list;
 
+thread_local bool first_pass = false;
+
+// Sets whether this thread runs a first pass, for the guard's lifetime: true around a recomputed
+// function's first pass (nested functions included), false around a replay (never a first pass,
+// even when it runs inside one).
+class FirstPassGuard {
+ public:
+  explicit FirstPassGuard(bool active) : previous_(first_pass) { first_pass = active; }
+  ~FirstPassGuard() { first_pass = previous_; }
+
+ private:
+  bool previous_;
+};
+
 torch::Tensor generator_state(const torch::Device& device) {
   at::Generator g = at::globalContext().defaultGenerator(device);
   std::lock_guard<std::mutex> lock(g.mutex());
@@ -109,6 +123,7 @@ struct RecomputeBackward : public torch::autograd::Node {
       if (inputs[i].defined()) inputs[i] = inputs[i].detach().requires_grad_(wants_grad[i]);
     torch::Tensor out;
     {
+      FirstPassGuard replay_pass(false);
       RngReplay replay(rng);
       fp8::ForwardReplayGuard no_amax_recording;
       torch::AutoGradMode grad_mode(true);
@@ -134,6 +149,7 @@ torch::Tensor recompute(const RecomputeFn& fn, const std::vector<torch::Tensor>&
   torch::Tensor y;
   {
     // The graph this builds dies with `recorded` at the end of the scope (see the header).
+    FirstPassGuard first(true);
     const torch::Tensor recorded = fn(detached);
     torch::NoGradGuard no_grad;
     // Not a view: autograd attaches the node to y as to any function's fresh output.
@@ -156,6 +172,8 @@ torch::Tensor recompute(const RecomputeFn& fn, const std::vector<torch::Tensor>&
   torch::autograd::set_history(y, node);
   return y;
 }
+
+bool recompute_first_pass_active() { return first_pass; }
 
 std::vector<LayerUnit> layer_units(const RecomputeConfig& c, int64_t layers) {
   std::vector<LayerUnit> units;

@@ -1,5 +1,6 @@
 // Activation recomputation (models/recompute.h): every --recompute-* layout trains exactly as the
-// run that keeps its activations (dropout on, so the replay must draw the same masks), the
+// run that keeps its activations (dropout on, so the replay must draw the same masks; dense and
+// mixture-of-experts models), the
 // replayed FP8 forward pass records no amax, and the flags Megatron refuses are refused by name.
 #include <gtest/gtest.h>
 
@@ -78,6 +79,52 @@ TEST(Recompute, Fp8DelayedScalingTrainsExactlyAsWithoutRecomputation) {
                    "fp8 full uniform 2");
   expect_identical(plain, train_with(with(fp8, {"--recompute-granularity", "selective", "--recompute-modules", "mlp"})),
                    "fp8 selective mlp");
+}
+
+// Mixture of experts: the router's auxiliary losses, their logged values and the expert-bias token
+// counts happen once, in the replay (Megatron's first pass runs under no_grad), and the replays
+// run in the order of the forward passes, so the global-batch aux loss accumulated over the
+// micro-batches sees the same counts. Input jitter draws from dropout's generator (replayed).
+std::vector<std::string> moe_args() {
+  return {"--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "24", "--moe-layer-freq", "([0]+[1]*3)",
+          "--moe-router-load-balancing-type", "aux_loss", "seq_aux_loss", "global_aux_loss", "--moe-aux-loss-coeff", "1e-2",
+          "1e-2", "1e-2", "--moe-z-loss-coeff", "1e-3", "--moe-input-jitter-eps", "0.1", "--moe-router-enable-expert-bias",
+          "--moe-router-bias-update-rate", "1e-2", "--moe-router-score-function", "sigmoid",
+          "--moe-shared-expert-intermediate-size", "16", "--disable-bias-linear", "--global-batch-size", "8"};
+}
+
+TEST(Recompute, MixtureOfExpertsTrainsExactlyAsWithoutRecomputation) {
+  const TrainResult plain = train_with(moe_args());
+  const std::vector<std::vector<std::string>> layouts = {
+      {"--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"},
+      {"--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", "3"},
+      {"--recompute-granularity", "selective", "--recompute-modules", "moe"},
+      {"--recompute-granularity", "selective", "--recompute-modules", "shared_experts"},
+      {"--recompute-granularity", "selective", "--recompute-modules", "core_attn", "mlp", "moe", "shared_experts"},
+      {"--moe-layer-recompute"},
+  };
+  for (const auto& layout : layouts) {
+    std::string what;
+    for (const auto& a : layout) what += a + " ";
+    const TrainResult recomputed = train_with(with(moe_args(), layout));
+    expect_identical(plain, recomputed, what);
+    // The logged auxiliary losses too: counted once per micro-batch, with the same values.
+    ASSERT_EQ(plain.moe_losses.size(), recomputed.moe_losses.size()) << what;
+    ASSERT_EQ(plain.moe_losses.size(), 4u) << what;  // three balancing losses and z_loss
+    for (const auto& [name, values] : plain.moe_losses) EXPECT_EQ(values, recomputed.moe_losses.at(name)) << what << name;
+  }
+}
+
+TEST(Recompute, MixtureOfExpertsFp8TrainsExactlyAsWithoutRecomputation) {
+  const std::vector<std::string> fp8 = {"--fp8-format", "hybrid", "--fp8-amax-history-len", "4"};
+  const TrainResult plain = train_with(with(moe_args(), fp8));
+  expect_identical(plain,
+                   train_with(with(with(moe_args(), fp8), {"--recompute-granularity", "full", "--recompute-method",
+                                                           "uniform", "--recompute-num-layers", "2"})),
+                   "fp8 moe full uniform 2");
+  expect_identical(plain, train_with(with(with(moe_args(), fp8), {"--recompute-granularity", "selective",
+                                                                  "--recompute-modules", "moe"})),
+                   "fp8 selective moe");
 }
 
 TEST(Recompute, LayerUnitsFollowMegatronsMethods) {
@@ -183,11 +230,19 @@ TEST(Recompute, RefusesWhatMegatronRefusesByName) {
                     "--recompute-modules attn");
   EXPECT_USER_ERROR(build(tiny_args({"--recompute-granularity", "selective", "--recompute-modules", "mla_up_proj"})),
                     "--recompute-modules mla_up_proj");
-  EXPECT_USER_ERROR(build(tiny_args({"--recompute-granularity", "selective", "--recompute-modules", "moe"})),
-                    "--recompute-modules moe");
-  EXPECT_USER_ERROR(build(tiny_args({"--num-experts", "4", "--recompute-granularity", "full", "--recompute-method",
-                                     "uniform", "--recompute-num-layers", "1"})),
-                    "with --num-experts is not implemented");
+  EXPECT_USER_ERROR(build(tiny_args({"--num-experts", "4", "--moe-grouped-gemm", "--recompute-granularity", "selective",
+                                     "--recompute-modules", "moe_act"})),
+                    "--recompute-modules moe_act is not implemented");
+  EXPECT_USER_ERROR(build(tiny_args({"--num-experts", "4", "--recompute-granularity", "selective", "--recompute-modules",
+                                     "moe_act"})),
+                    "only supported with --moe-grouped-gemm");
+  EXPECT_USER_ERROR(build(tiny_args({"--num-experts", "4", "--moe-shared-expert-intermediate-size", "16", "--disable-bias-linear",
+                                     "--moe-shared-expert-overlap", "--moe-token-dispatcher-type", "alltoall",
+                                     "--recompute-granularity", "selective", "--recompute-modules", "shared_experts"})),
+                    "cannot work with --moe-shared-expert-overlap");
+  EXPECT_USER_ERROR(build(tiny_args({"--num-experts", "4", "--moe-layer-recompute", "--recompute-granularity", "full",
+                                     "--recompute-method", "uniform", "--recompute-num-layers", "1"})),
+                    "--moe-layer-recompute");
   EXPECT_USER_ERROR(build(tiny_args({"--num-experts", "4", "--context-parallel-size", "2"}), 2), "with --num-experts is not implemented");
   EXPECT_USER_ERROR(build(tiny_args({"--context-parallel-size", "2", "--reset-attention-mask"}), 2),
                     "--reset-attention-mask");

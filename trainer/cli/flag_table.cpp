@@ -151,7 +151,8 @@ const std::vector<FlagSpec>& flag_table() {
       {"recompute-method", K::String, "", S::Yes, "", "uniform|block", "Full recomputation: uniform (units of --recompute-num-layers consecutive layers) or block (the first --recompute-num-layers layers of each pipeline chunk)."},
       {"recompute-num-layers", K::Int, "", S::Yes, "", "", "Layers per recompute unit (uniform) or recomputed layers per pipeline chunk (block)."},
       {"distribute-saved-activations", K::Bool, "", S::Yes, "", "", "Split each recompute unit's saved input over the tensor-parallel ranks (full recomputation without sequence parallelism)."},
-      {"recompute-modules", K::StringList, "", S::Yes, "", "", "Submodules recomputed with --recompute-granularity selective: core_attn (the default), mlp, layernorm (dense layers: fused into the linears, nothing to recompute); moe, moe_act and shared_experts are refused (not yet)."},
+      {"recompute-modules", K::StringList, "", S::Yes, "", "", "Submodules recomputed with --recompute-granularity selective: core_attn (the default), mlp, layernorm (dense layers: fused into the linears, nothing to recompute); moe (the whole MoE layer: router, token dispatch, experts, combine), shared_experts (the MoE layers' shared expert); moe_act and layernorm in MoE models are refused (not yet)."},
+      {"moe-layer-recompute", K::Bool, "", S::Yes, "", "", "Deprecated in Megatron: the same as --recompute-granularity selective with moe added to --recompute-modules."},
 
       // ---- mixture of experts (models/moe/, docs/moe.md) ---------------------------------------------
       {"num-experts", K::Int, "", S::Yes, "", "", "Number of experts per MoE layer (unset or 0: a dense model)."},
