@@ -9,6 +9,7 @@
 #include "models/mla_attention.h"
 #include "models/mtp.h"
 #include "models/cross_entropy.h"
+#include "models/output_discarding_recompute.h"
 #include "models/recompute.h"
 #include "parallel/parallel_state.h"
 #include "parallel/tensor_parallel.h"
@@ -124,7 +125,9 @@ torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
 // ---- layer -------------------------------------------------------------------------------------------
 TransformerLayerImpl::TransformerLayerImpl(const ModelConfig& m, const std::string& prefix, int64_t layer,
                                            const ModuleFactory& f, std::shared_ptr<MoeContext> moe_context)
-    : hidden_dropout_(m.hidden_dropout), recompute_mlp_(m.recompute.selective(&RecomputeModules::mlp)) {
+    : hidden_dropout_(m.hidden_dropout),
+      recompute_mlp_(m.recompute.selective(&RecomputeModules::mlp)),
+      recompute_layernorm_(m.recompute.selective(&RecomputeModules::layernorm)) {
   if (m.mla.enabled) {
     // MLA's input norm is a module of its own (its down projections are not norm-fused linears);
     // under SP it runs on sequence shards (partial gradients).
@@ -145,11 +148,24 @@ TransformerLayerImpl::TransformerLayerImpl(const ModelConfig& m, const std::stri
   moe = register_module("mlp", MoeLayer(m, prefix + ".mlp", layer, f, std::move(moe_context)));
 }
 
+torch::Tensor TransformerLayerImpl::normed(TELayerNorm& norm, const torch::Tensor& x,
+                                           const std::function<torch::Tensor(const torch::Tensor&)>& consumer) {
+  if (!recompute_layernorm_ || !is_training()) return consumer(norm(x));
+  OutputDiscardingRecompute checkpoint;
+  // Called again in backward: captures the module holder (the model outlives its graphs).
+  auto y = checkpoint.run_one([norm](const torch::Tensor& in) mutable { return norm(in); }, x);
+  auto out = consumer(y);
+  checkpoint.discard(out);
+  return out;
+}
+
 torch::Tensor TransformerLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& attention_mask) {
-  auto attention = mla_attention ? mla_attention->forward(input_layernorm(x), attention_mask) : self_attention(x, attention_mask);
+  auto attention = mla_attention ? normed(input_layernorm, x,
+                                          [&](const torch::Tensor& y) { return mla_attention->forward(y, attention_mask); })
+                                 : self_attention(x, attention_mask);
   auto h = x + maybe_dropout(attention, hidden_dropout_, is_training());
   // --recompute-modules mlp (dense layers): only the MLP's input is kept (the module outlives its graphs).
-  auto m = moe ? moe(pre_mlp_layernorm(h))
+  auto m = moe ? normed(pre_mlp_layernorm, h, [this](const torch::Tensor& y) { return moe(y); })
                : recompute_mlp_ && is_training()
                    ? recompute([this](const std::vector<torch::Tensor>& in) { return mlp(in[0]); }, {h})
                    : mlp(h);

@@ -71,8 +71,15 @@ class TransformerLayerImpl : public torch::nn::Module {
   MoeLayer moe{nullptr};                   // MoE layers (named "mlp")
 
  private:
+  // A norm that is a module of its own (MLA's input norm, an MoE layer's pre-MLP norm), with
+  // --recompute-modules layernorm its output is discarded once `consumer` has run and recomputed
+  // in backward (models/output_discarding_recompute.h).
+  torch::Tensor normed(TELayerNorm& norm, const torch::Tensor& x,
+                       const std::function<torch::Tensor(const torch::Tensor&)>& consumer);
+
   double hidden_dropout_;
-  bool recompute_mlp_ = false;  // --recompute-modules mlp
+  bool recompute_mlp_ = false;        // --recompute-modules mlp
+  bool recompute_layernorm_ = false;  // --recompute-modules layernorm
 };
 TORCH_MODULE(TransformerLayer);
 

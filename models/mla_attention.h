@@ -56,12 +56,23 @@ class MlaSelfAttentionImpl : public torch::nn::Module {
 
  private:
   torch::Tensor project(const std::shared_ptr<torch::nn::Module>& linear, const torch::Tensor& x);
+  // The up projections and the rotary embedding: {query, key, value} [s, b, heads, d] from the
+  // query input (q's down projection, or x), the compressed kv and the rotary key part.
+  std::vector<torch::Tensor> up_project(const std::vector<torch::Tensor>& compressed);
+  // softmax(QK^T)V of the heads, [s, b, heads * v_head_dim].
+  torch::Tensor core_attention(const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
+                               const torch::Tensor& attention_mask);
 
   ModelConfig config_;
   TensorParallelContext tp_;
   int64_t local_heads_;
   RotaryEmbedding rope_;
   double softmax_scale_;
+  // softmax(QK^T)V, recomputed in backward with --recompute-modules core_attn.
+  torch::Tensor attend(const std::vector<torch::Tensor>& qkv, const torch::Tensor& attention_mask);
+
+  bool recompute_up_proj_;  // --recompute-modules mla_up_proj (models/output_discarding_recompute.h)
+  bool recompute_core_;     // --recompute-modules core_attn (models/recompute.h)
 };
 TORCH_MODULE(MlaSelfAttention);
 

@@ -2,12 +2,13 @@
 
 #include <cmath>
 
+#include "models/output_discarding_recompute.h"
 
 namespace fp8tron {
 
 GroupedMlpImpl::GroupedMlpImpl(const ModelConfig& m, const std::string& prefix, int64_t num_local_experts,
                                int64_t expert_offset, const ModuleFactory& f, bool use_fp8)
-    : swiglu_(m.swiglu) {
+    : swiglu_(m.swiglu), recompute_activation_(m.recompute.selective(&RecomputeModules::moe_act)) {
   const int64_t ffn = m.moe.ffn_hidden_size;
   GroupedLinearOptions fc1;
   fc1.in_features = m.hidden_size;
@@ -32,17 +33,22 @@ GroupedMlpImpl::GroupedMlpImpl(const ModelConfig& m, const std::string& prefix, 
   linear_fc2 = register_module("linear_fc2", TEGroupedLinear(fc2, f));
 }
 
+torch::Tensor GroupedMlpImpl::activation(const torch::Tensor& h) const {
+  if (!swiglu_) return at::gelu(h, "tanh");
+  // This rank's [gate | up] shards (fc1 splits each half over the expert TP group).
+  auto halves = h.chunk(2, -1);
+  return torch::nn::functional::silu(halves[0]) * halves[1];
+}
+
 torch::Tensor GroupedMlpImpl::forward(const torch::Tensor& x, const std::vector<int64_t>& counts) {
   auto h = linear_fc1(x, counts);
-  torch::Tensor a;
-  if (swiglu_) {
-    // This rank's [gate | up] shards (fc1 splits each half over the expert TP group).
-    auto halves = h.chunk(2, -1);
-    a = torch::nn::functional::silu(halves[0]) * halves[1];
-  } else {
-    a = at::gelu(h, "tanh");
-  }
-  return linear_fc2(a, counts);
+  if (!recompute_activation_ || !is_training()) return linear_fc2(activation(h), counts);
+  OutputDiscardingRecompute checkpoint;
+  // Called again in backward: captures `this` (the model outlives its graphs).
+  auto a = checkpoint.run_one([this](const torch::Tensor& in) { return activation(in); }, h);
+  auto out = linear_fc2(a, counts);
+  checkpoint.discard(out);
+  return out;
 }
 
 }  // namespace fp8tron

@@ -7,6 +7,8 @@
 // FP8: the expert GEMMs run in FP8 through TEGroupedLinear (one site per expert), which pads each
 // expert's rows to the FP8 alignment inside (Megatron's TEGroupedMLP/Fp8Padding): unaligned counts
 // are never refused and change no output. --no-use-gmm-fp8 keeps them in bf16.
+// --recompute-modules moe_act: the activation's output (fc2's input) is discarded once fc2 has run
+// and recomputed from fc1's output in backward (models/output_discarding_recompute.h).
 #pragma once
 #include <torch/torch.h>
 
@@ -31,7 +33,9 @@ class GroupedMlpImpl : public torch::nn::Module {
   TEGroupedLinear linear_fc1{nullptr}, linear_fc2{nullptr};
 
  private:
+  torch::Tensor activation(const torch::Tensor& h) const;
   bool swiglu_;
+  bool recompute_activation_;
 };
 TORCH_MODULE(GroupedMlp);
 

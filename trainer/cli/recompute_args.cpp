@@ -23,11 +23,12 @@ RecomputeModules parse_modules(const std::vector<std::string>& names) {
   for (const auto& n : names) {
     if (!megatron_modules().count(n))
       throw UserError("--recompute-modules " + n +
-                      ": not a module (choose from core_attn, mlp, layernorm, moe_act, moe, shared_experts)");
+                      ": not a module (choose from core_attn, mlp, layernorm, moe_act, moe, shared_experts, mla_up_proj)");
     if (n == "core_attn") m.core_attn = true;
     if (n == "mlp") m.mlp = true;
     if (n == "layernorm") m.layernorm = true;
     if (n == "moe_act") m.moe_act = true;
+    if (n == "mla_up_proj") m.mla_up_proj = true;
     if (n == "moe") m.moe = true;
     if (n == "shared_experts") m.shared_experts = true;
   }
@@ -73,10 +74,12 @@ RecomputeConfig build_recompute_config(const FlagValues& f, std::vector<std::str
   else if (r.granularity == RecomputeGranularity::Selective && r.modules.shared_experts &&
            !f.given("moe-shared-expert-intermediate-size"))
     notices.push_back("--recompute-modules shared_experts has no effect without --moe-shared-expert-intermediate-size");
-  if (r.granularity == RecomputeGranularity::Selective && r.modules.layernorm)
+  if (r.granularity == RecomputeGranularity::Selective && r.modules.layernorm && !f.given("num-experts") &&
+      !f.get_bool("multi-latent-attention"))
     notices.push_back("--recompute-modules layernorm: the input and pre-MLP norms of dense layers are fused into "
                       "linear_qkv and linear_fc1 (TELayerNormColumnParallelLinear) and have nothing to recompute, as "
-                      "in Megatron with Transformer Engine");
+                      "in Megatron with Transformer Engine (only MoE layers' pre-MLP norm and multi-latent "
+                      "attention's input norm are modules of their own)");
   return r;
 }
 
@@ -95,9 +98,6 @@ std::string recompute_problem(const Config& c, const FlagValues& f) {
              "already split over the tensor-parallel ranks)";
   }
   if (r.granularity == RecomputeGranularity::None) return "";
-  if (r.selective(&RecomputeModules::core_attn) && c.model.mla.enabled)
-    return "--recompute-modules core_attn with --multi-latent-attention is not implemented in fp8tron yet (its "
-           "attention has no recomputed core); use --recompute-modules mlp or --recompute-granularity full";
   if (r.granularity == RecomputeGranularity::Selective) {
     if (r.method != RecomputeMethod::None)
       return "--recompute-method is not supported with --recompute-granularity selective (it applies to full; "
@@ -117,21 +117,14 @@ std::string recompute_problem(const Config& c, const FlagValues& f) {
   for (const auto& n : f.get_list("recompute-modules")) named.insert(n);
   if (named.count("moe_act") && !f.get_bool("moe-grouped-gemm"))
     return "--recompute-modules moe_act is only supported with --moe-grouped-gemm";
-  if (named.count("mla_up_proj"))
-    return "--recompute-modules mla_up_proj is only supported with --multi-latent-attention, which fp8tron does not have";
+  if (named.count("mla_up_proj") && !c.model.mla.enabled)
+    return "--recompute-modules mla_up_proj is only supported with --multi-latent-attention";
   if (named.count("gdn_norm_out") || named.count("gdp_in_proj") || named.count("gdp_qkv"))
     return "--recompute-modules gdn_norm_out/gdp_in_proj/gdp_qkv need --experimental-attention-variant (gated delta "
            "net layers), which fp8tron does not have";
   if (named.count("mhc")) return "--recompute-modules mhc requires --enable-mhc-connections, which fp8tron does not have";
-  if (named.count("layernorm") && c.model.moe.enabled())
-    return "--recompute-modules layernorm with --num-experts is not implemented in fp8tron yet (the MoE layers' "
-           "standalone pre-MLP norm would not be recomputed)";
   if (named.count("shared_experts") && c.model.moe.shared_expert_size > 0 && c.model.moe.shared_expert_overlap)
     return "--recompute-modules shared_experts cannot work with --moe-shared-expert-overlap (as in Megatron)";
-  if (named.count("moe_act"))
-    return "--recompute-modules moe_act is not implemented in fp8tron yet (Megatron recomputes the experts' activation "
-           "with output-discarding checkpointing); use --recompute-modules moe, which recomputes the whole MoE layer, "
-           "or --recompute-granularity full";
   if (c.precision.fp8.enabled() && (r.modules.moe_act || r.modules.layernorm) &&
       std::holds_alternative<fp8::DelayedScaling>(*c.precision.fp8.recipe))
     return "--recompute-modules moe_act and layernorm are not supported with --fp8-recipe delayed (Megatron: delayed "
