@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "fp8/fp8_linear.h"
+#include "models/context_parallel_attention.h"
 #include "parallel/tensor_parallel.h"
 
 namespace fp8tron {
@@ -58,7 +59,13 @@ std::shared_ptr<torch::nn::Module> up_projection(const ModelConfig& m, int64_t i
 }  // namespace
 
 MlaSelfAttentionImpl::MlaSelfAttentionImpl(const ModelConfig& m, const std::string& prefix, const ModuleFactory& f)
-    : config_(m), tp_(f.tp()), local_heads_(m.num_attention_heads / f.tp().size), rope_(mla_rotary(m)),
+    : config_(m),
+      tp_(f.tp()),
+      cp_(f.cp()),
+      cp_comm_type_(f.cp().config.comm_type(per_layer_index(prefix))),
+      local_heads_(m.num_attention_heads / f.tp().size),
+      // Under context parallelism the tokens are this rank's shard: their own positions.
+      rope_(mla_rotary(m), f.cp().enabled() ? cp_positions(m.seq_length, f.cp().size(), f.cp().rank()) : torch::Tensor()),
       softmax_scale_(mla_softmax_scale(m)) {
   const MlaConfig& a = m.mla;
   const int64_t n = m.num_attention_heads, H = m.hidden_size;
@@ -104,20 +111,26 @@ torch::Tensor MlaSelfAttentionImpl::forward(const torch::Tensor& x, const torch:
   auto k_nope = kv.narrow(-1, 0, dn), v = kv.narrow(-1, dn, dv);
   q_pe = rope_.apply(q_pe);
   k_pe = rope_.apply(k_pe.unsqueeze(2)).expand({s, b, nl, dr});
-  auto query = torch::cat({q_nope, q_pe}, -1).permute({1, 2, 0, 3});  // [b, heads, s, dn + dr]
-  auto key = torch::cat({k_nope, k_pe}, -1).permute({1, 2, 0, 3});
-  auto value = v.permute({1, 2, 0, 3});
+  auto query = torch::cat({q_nope, q_pe}, -1);  // [s, b, heads, dn + dr]
+  auto key = torch::cat({k_nope, k_pe}, -1);
   // Fused GPU kernels want one head size for q, k and v: pad v with zeros and drop the padding
-  // after (the math is unchanged).
-  const bool pad_v = value.is_cuda() && dv != dn + dr;
-  if (pad_v) value = F::pad(value, F::PadFuncOptions({0, dn + dr - dv}));
+  // after (the math is unchanged). The CPU paths take dv as it is.
+  const bool pad_v = v.is_cuda() && dv != dn + dr;
+  const auto value = pad_v ? F::pad(v, F::PadFuncOptions({0, dn + dr - dv})) : v;
   const double p = is_training() ? config_.attention_dropout : 0.0;
-  auto out = attention_mask.defined()
-                 ? at::scaled_dot_product_attention(query, key, value, attention_mask, p, false, softmax_scale_)
-                 : at::scaled_dot_product_attention(query, key, value, {}, p, true, softmax_scale_);
+  auto out = attend(query, key, value, attention_mask, p);  // [s, b, heads, dv (padded)]
   if (pad_v) out = out.narrow(-1, 0, dv);
-  out = out.permute({2, 0, 1, 3}).reshape({s, b, nl * dv});
-  return linear_proj(out);
+  return linear_proj(out.reshape({s, b, nl * dv}));
+}
+
+torch::Tensor MlaSelfAttentionImpl::attend(const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
+                                           const torch::Tensor& attention_mask, double dropout) const {
+  // (The context-parallel configuration refuses attention masks: causal only.)
+  if (cp_.enabled()) return context_parallel_attention(query, key, value, cp_, cp_comm_type_, dropout, softmax_scale_);
+  auto q = query.permute({1, 2, 0, 3}), k = key.permute({1, 2, 0, 3}), v = value.permute({1, 2, 0, 3});  // [b, h, s, d]
+  auto out = attention_mask.defined() ? at::scaled_dot_product_attention(q, k, v, attention_mask, dropout, false, softmax_scale_)
+                                      : at::scaled_dot_product_attention(q, k, v, {}, dropout, true, softmax_scale_);
+  return out.permute({2, 0, 1, 3});
 }
 
 }  // namespace fp8tron

@@ -17,12 +17,16 @@
 // out, which makes k_pe's rows of linear_kv_down_proj drift apart between ranks. With sequence
 // parallelism k_pe is all-gathered (reduce-scattered in backward) and the down projections'
 // gradients are partial per rank (summed over TP by the optimizer).
+// Context parallelism: the rotary part takes the shard's global positions, and the attention runs
+// through the context-parallel attention of the layer's --cp-comm-type, whose key/value blocks
+// carry the query/key head size dn + dr and the value head size dv separately.
 #pragma once
 #include <torch/torch.h>
 
 #include <memory>
 
 #include "models/modules.h"
+#include "parallel/context_parallel.h"
 
 namespace fp8tron {
 
@@ -56,9 +60,15 @@ class MlaSelfAttentionImpl : public torch::nn::Module {
 
  private:
   torch::Tensor project(const std::shared_ptr<torch::nn::Module>& linear, const torch::Tensor& x);
+  // Causal (or masked) attention of [s, b, heads, d] query/key and [s, b, heads, dv] value; returns
+  // [s, b, heads, dv].
+  torch::Tensor attend(const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
+                       const torch::Tensor& attention_mask, double dropout) const;
 
   ModelConfig config_;
   TensorParallelContext tp_;
+  ContextParallelContext cp_;
+  CpCommType cp_comm_type_ = CpCommType::P2P;
   int64_t local_heads_;
   RotaryEmbedding rope_;
   double softmax_scale_;
