@@ -125,8 +125,10 @@ torch::Tensor MlaSelfAttentionImpl::forward(const torch::Tensor& x, const torch:
 
 torch::Tensor MlaSelfAttentionImpl::attend(const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
                                            const torch::Tensor& attention_mask, double dropout) const {
-  // (The context-parallel configuration refuses attention masks: causal only.)
-  if (cp_.enabled()) return context_parallel_attention(query, key, value, cp_, cp_comm_type_, dropout, softmax_scale_);
+  if (cp_.enabled()) {
+    FP8TRON_CHECK(!attention_mask.defined(), "context-parallel attention is causal only (--reset-attention-mask is refused)");
+    return context_parallel_attention(query, key, value, cp_, cp_comm_type_, dropout, softmax_scale_);
+  }
   auto q = query.permute({1, 2, 0, 3}), k = key.permute({1, 2, 0, 3}), v = value.permute({1, 2, 0, 3});  // [b, h, s, d]
   auto out = attention_mask.defined() ? at::scaled_dot_product_attention(q, k, v, attention_mask, dropout, false, softmax_scale_)
                                       : at::scaled_dot_product_attention(q, k, v, {}, dropout, true, softmax_scale_);
