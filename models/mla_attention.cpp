@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "fp8/fp8_linear.h"
+#include "models/context_parallel_attention.h"
 #include "models/output_discarding_recompute.h"
 #include "models/recompute.h"
 #include "parallel/tensor_parallel.h"
@@ -60,8 +61,15 @@ std::shared_ptr<torch::nn::Module> up_projection(const ModelConfig& m, int64_t i
 }  // namespace
 
 MlaSelfAttentionImpl::MlaSelfAttentionImpl(const ModelConfig& m, const std::string& prefix, const ModuleFactory& f)
-    : config_(m), tp_(f.tp()), local_heads_(m.num_attention_heads / f.tp().size), rope_(mla_rotary(m)),
-      softmax_scale_(mla_softmax_scale(m)), recompute_up_proj_(m.recompute.selective(&RecomputeModules::mla_up_proj)),
+    : config_(m),
+      tp_(f.tp()),
+      cp_(f.cp()),
+      cp_comm_type_(f.cp().config.comm_type(per_layer_index(prefix))),
+      local_heads_(m.num_attention_heads / f.tp().size),
+      // Under context parallelism the tokens are this rank's shard: their own positions.
+      rope_(mla_rotary(m), f.cp().enabled() ? cp_positions(m.seq_length, f.cp().size(), f.cp().rank()) : torch::Tensor()),
+      softmax_scale_(mla_softmax_scale(m)),
+      recompute_up_proj_(m.recompute.selective(&RecomputeModules::mla_up_proj)),
       recompute_core_(m.recompute.selective(&RecomputeModules::core_attn)) {
   const MlaConfig& a = m.mla;
   const int64_t n = m.num_attention_heads, H = m.hidden_size;
@@ -105,22 +113,30 @@ std::vector<torch::Tensor> MlaSelfAttentionImpl::up_project(const std::vector<to
   return {torch::cat({q_nope, q_pe}, -1), torch::cat({kv.narrow(-1, 0, dn), k_pe}, -1), kv.narrow(-1, dn, dv)};
 }
 
-torch::Tensor MlaSelfAttentionImpl::core_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                                                   const torch::Tensor& attention_mask) {
-  const int64_t s = q.size(0), b = q.size(1), nl = q.size(2), dqk = q.size(3), dv = v.size(3);
-  auto query = q.permute({1, 2, 0, 3});  // [b, heads, s, dn + dr]
-  auto key = k.permute({1, 2, 0, 3});
-  auto value = v.permute({1, 2, 0, 3});
+torch::Tensor MlaSelfAttentionImpl::core_attention(const torch::Tensor& query, const torch::Tensor& key,
+                                                   const torch::Tensor& v, const torch::Tensor& attention_mask) {
+  const int64_t s = query.size(0), b = query.size(1), nl = query.size(2), dqk = query.size(3), dv = v.size(3);
   // Fused GPU kernels want one head size for q, k and v: pad v with zeros and drop the padding
-  // after (the math is unchanged).
-  const bool pad_v = value.is_cuda() && dv != dqk;
-  if (pad_v) value = F::pad(value, F::PadFuncOptions({0, dqk - dv}));
+  // after (the math is unchanged). The CPU paths take dv as it is.
+  const bool pad_v = v.is_cuda() && dv != dqk;
+  const auto value = pad_v ? F::pad(v, F::PadFuncOptions({0, dqk - dv})) : v;
   const double p = is_training() ? config_.attention_dropout : 0.0;
-  auto out = attention_mask.defined()
-                 ? at::scaled_dot_product_attention(query, key, value, attention_mask, p, false, softmax_scale_)
-                 : at::scaled_dot_product_attention(query, key, value, {}, p, true, softmax_scale_);
+  auto out = attention_kernel(query, key, value, attention_mask, p);  // [s, b, heads, dv (padded)]
   if (pad_v) out = out.narrow(-1, 0, dv);
-  return out.permute({2, 0, 1, 3}).reshape({s, b, nl * dv});
+  return out.reshape({s, b, nl * dv});
+}
+
+torch::Tensor MlaSelfAttentionImpl::attention_kernel(const torch::Tensor& query, const torch::Tensor& key,
+                                                     const torch::Tensor& value, const torch::Tensor& attention_mask,
+                                                     double dropout) const {
+  if (cp_.enabled()) {
+    FP8TRON_CHECK(!attention_mask.defined(), "context-parallel attention is causal only (--reset-attention-mask is refused)");
+    return context_parallel_attention(query, key, value, cp_, cp_comm_type_, dropout, softmax_scale_);
+  }
+  auto q = query.permute({1, 2, 0, 3}), k = key.permute({1, 2, 0, 3}), v = value.permute({1, 2, 0, 3});  // [b, h, s, d]
+  auto out = attention_mask.defined() ? at::scaled_dot_product_attention(q, k, v, attention_mask, dropout, false, softmax_scale_)
+                                      : at::scaled_dot_product_attention(q, k, v, {}, dropout, true, softmax_scale_);
+  return out.permute({2, 0, 1, 3});
 }
 
 torch::Tensor MlaSelfAttentionImpl::attend(const std::vector<torch::Tensor>& qkv, const torch::Tensor& attention_mask) {

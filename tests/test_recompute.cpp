@@ -311,13 +311,33 @@ TEST(Recompute, RefusesWhatMegatronRefusesByName) {
   EXPECT_USER_ERROR(build(tiny_args({"--num-experts", "4", "--moe-layer-recompute", "--recompute-granularity", "full",
                                      "--recompute-method", "uniform", "--recompute-num-layers", "1"})),
                     "--moe-layer-recompute");
-  EXPECT_USER_ERROR(build(tiny_args({"--num-experts", "4", "--context-parallel-size", "2"}), 2), "with --num-experts is not implemented");
+  // A per-layer --cp-comm-type list gives the MTP layers the types of the first layers (Megatron).
+  EXPECT_USER_ERROR(build(tiny_args({"--context-parallel-size", "2", "--num-layers", "2", "--cp-comm-type", "p2p", "a2a",
+                                     "--mtp-num-layers", "3", "--position-embedding-type", "rope"}),
+                          2),
+                    "--mtp-num-layers");
   EXPECT_USER_ERROR(build(tiny_args({"--context-parallel-size", "2", "--reset-attention-mask"}), 2),
                     "--reset-attention-mask");
   EXPECT_USER_ERROR(build(tiny_args({"--context-parallel-size", "2", "--seq-length", "18"}), 2), "--seq-length");
   EXPECT_USER_ERROR(build(tiny_args({"--distribute-saved-activations", "--recompute-granularity", "full",
                                      "--recompute-method", "uniform", "--recompute-num-layers", "1"})),
                     "--distribute-saved-activations");
+}
+
+// Context parallelism composes with mixture of experts (also with expert parallelism over the
+// context-parallel ranks), multi-latent attention, multi-token prediction and the per-token loss
+// (the parallel.cp2_* equivalence tests train them).
+TEST(Recompute, ContextParallelismTakesExpertsLatentAttentionMtpAndPerTokenLoss) {
+  const std::vector<std::vector<std::string>> combos = {
+      {"--num-experts", "4", "--expert-model-parallel-size", "2"},
+      {"--multi-latent-attention", "--kv-lora-rank", "16", "--qk-head-dim", "8", "--qk-pos-emb-head-dim", "8",
+       "--v-head-dim", "4"},
+      {"--mtp-num-layers", "2", "--position-embedding-type", "rope"},
+      {"--calculate-per-token-loss"}};
+  for (const auto& combo : combos) {
+    const Config c = build(with(tiny_args({"--context-parallel-size", "2"}), combo), 2);
+    EXPECT_EQ(c.parallel.cp, 2);
+  }
 }
 
 // The dry run's memory estimate: full recomputation keeps one 16-bit input per unit plus one

@@ -215,6 +215,7 @@ class Trainer {
   std::shared_ptr<MoeContext> moe_;                    // --num-experts: the chunks' MoE state
   torch::Tensor expert_amax_slots_;                    // FP8 slots of expert sites (their own amax group)
   std::map<std::string, std::vector<torch::Tensor>> moe_history_;  // MoE losses per iteration (TrainResult)
+  std::vector<torch::Tensor> mtp_history_;  // [D] MTP losses per iteration (TrainResult)
   std::optional<DeterministicMode> deterministic_;     // --deterministic-mode, for the whole run
   std::unique_ptr<NumericsGuard> numerics_;            // --check-for-nan-in-loss-and-grad and friends
   std::vector<std::unique_ptr<checkpoint::SaveDirLock>> save_locks_;  // rank 0: one job per --save
@@ -516,6 +517,7 @@ void Trainer::collect_mtp_losses(int64_t micro_batches) {
   if (depths == 0) return;
   // Megatron's MTP loss logging: each depth's per-micro-batch loss, over micro-batches, averaged
   // over data-parallel ranks; only the loss stage has them (summed over the pipeline group).
+  // Context-parallel ranks hold parts of each micro-batch's loss: summed with the replicas.
   auto values = torch::zeros({depths}, torch::TensorOptions().device(device_).dtype(torch::kFloat32));
   for (auto& chunk : chunks_) {
     int64_t n = 0;
@@ -523,8 +525,10 @@ void Trainer::collect_mtp_losses(int64_t micro_batches) {
     for (size_t k = 0; k < sums.size(); ++k) values[int64_t(k)] += sums[k];
   }
   if (parallel_.sizes.pp > 1) parallel_.pp->all_reduce(values);
-  if (parallel_.sizes.dp > 1) parallel_.dp->all_reduce(values);
-  interval_.mtp_loss_sums += values / double(micro_batches * parallel_.sizes.dp);
+  if (data_parallel_.sizes.dp > 1) data_parallel_.dp->all_reduce(values);
+  values = values / double(micro_batches * parallel_.sizes.dp);
+  interval_.mtp_loss_sums += values;
+  mtp_history_.push_back(values);
 }
 
 void Trainer::update_batch_size(int64_t iteration) {
@@ -1018,6 +1022,10 @@ TrainResult Trainer::run() {
   for (const auto& l : losses) result.losses.push_back(l.item<double>());
   for (const auto& [name, values] : moe_history_)
     for (const auto& v : values) result.moe_losses[name].push_back(v.item<double>());
+  for (const auto& values : mtp_history_) {
+    const auto host = values.cpu();
+    for (int64_t k = 0; k < host.numel(); ++k) result.mtp_losses["mtp_" + std::to_string(k + 1)].push_back(host[k].item<double>());
+  }
   result.consumed_samples = consumed_train_samples_;
   // Gathering every global weight to the host is for tests; a real run skips it.
   if (options_.collect_final_weights) result.final_weights = global_weights(&result.final_weights_sample);
