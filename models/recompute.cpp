@@ -8,44 +8,12 @@
 
 #include "core/error.h"
 #include "fp8/forward_replay.h"
+#include "models/rng_snapshot.h"
 
 namespace fp8tron {
 namespace {
 
 using torch::autograd::variable_list;
-
-torch::Tensor generator_state(const torch::Device& device) {
-  at::Generator g = at::globalContext().defaultGenerator(device);
-  std::lock_guard<std::mutex> lock(g.mutex());
-  return g.get_state();
-}
-
-void set_generator_state(const torch::Device& device, const torch::Tensor& state) {
-  at::Generator g = at::globalContext().defaultGenerator(device);
-  std::lock_guard<std::mutex> lock(g.mutex());
-  g.set_state(state);
-}
-
-// The states of the generators dropout draws from: the CPU one, and the CUDA one of the device the
-// activations live on.
-struct RngSnapshot {
-  torch::Tensor cpu, cuda;
-  torch::Device cuda_device = torch::Device(torch::kCUDA, 0);
-
-  static RngSnapshot capture(const torch::Device& device) {
-    RngSnapshot s;
-    s.cpu = generator_state(torch::Device(torch::kCPU));
-    if (device.is_cuda()) {
-      s.cuda_device = device.has_index() ? device : torch::Device(torch::kCUDA, 0);
-      s.cuda = generator_state(s.cuda_device);
-    }
-    return s;
-  }
-  void restore() const {
-    set_generator_state(torch::Device(torch::kCPU), cpu);
-    if (cuda.defined()) set_generator_state(cuda_device, cuda);
-  }
-};
 
 // Puts the generators in a captured state for its lifetime, then back where they were.
 class RngReplay {

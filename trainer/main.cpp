@@ -49,6 +49,9 @@ int main(int argc, char** argv) {
     }
     train(config);
     return 0;
+  } catch (const RunEnd& e) {
+    std::fprintf(stderr, "fp8tron: %s\n", e.what());
+    return e.status();
   } catch (const UserError& e) {
     std::fprintf(stderr, "fp8tron: error: %s\n", e.what());
     return 1;
