@@ -38,14 +38,14 @@ void expect_identical(const TrainResult& a, const TrainResult& b) {
   for (const auto& [name, w] : a.final_weights) EXPECT_TRUE(torch::equal(w, b.final_weights.at(name))) << name;
 }
 
-// Runs `statement`, which must end the run with RunEnd(status) whose message contains `needle`.
-#define EXPECT_RUN_END(statement, status, needle)                                                    \
+// Runs `statement`, which must end the run with RunEnd(exit_status) whose message contains `needle`.
+#define EXPECT_RUN_END(statement, exit_status, needle)                                                    \
   do {                                                                                               \
     try {                                                                                            \
       statement;                                                                                     \
-      ADD_FAILURE() << "expected the run to end with status " << (status);                          \
+      ADD_FAILURE() << "expected the run to end with status " << (exit_status);                          \
     } catch (const ::fp8tron::RunEnd& e) {                                                           \
-      EXPECT_EQ(e.status(), (status)) << e.what();                                                   \
+      EXPECT_EQ(e.status(), (exit_status)) << e.what();                                                   \
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << "message: " << e.what(); \
     }                                                                                                \
   } while (0)
@@ -83,9 +83,9 @@ TEST(RerunInPlace, ReportStatsRunsEveryIterationTwiceAndChangesNothing) {
 
 TEST(RerunValidation, AReproducibleNanSavesTheStateBeforeAndIsJudgedOnOtherHardware) {
   TempDir dir;
-  const std::string tracker = (dir / "rejected.txt").string();
-  const std::vector<std::string> base = {"--train-iters", "8", "--save-interval", "2", "--save", dir.path(),
-                                         "--result-rejected-tracker-filename", tracker};
+  const std::string tracker = dir / "rejected.txt";
+  const std::vector<std::string> plain = {"--train-iters", "8", "--save-interval", "2", "--save", dir.path()};
+  const auto base = with(plain, {"--result-rejected-tracker-filename", tracker});
   const TrainResult straight = run({"--train-iters", "8"});
   // Iteration 5's NaN loss is reproduced in place: the state before it is saved as the checkpoint of
   // iteration 4, with the request to re-run iteration 5 elsewhere.
@@ -93,7 +93,7 @@ TEST(RerunValidation, AReproducibleNanSavesTheStateBeforeAndIsJudgedOnOtherHardw
                  "iteration 5: 'found NaN in forward loss calculation' (the loss is NaN) is reproducible when the "
                  "iteration runs again on the same hardware; saved the checkpoint of iteration 4");
   EXPECT_EQ(checkpoint::read_tracker(dir.path())->iteration, 4);
-  const auto meta = checkpoint::read_metadata((dir / "iter_0000004").string());
+  const auto meta = checkpoint::read_metadata(dir / "iter_0000004");
   ASSERT_TRUE(meta.rerun.has_value());
   EXPECT_EQ(meta.rerun->iteration, 5);
   EXPECT_EQ(meta.rerun->failed_call, "found NaN in forward loss calculation");
@@ -108,7 +108,7 @@ TEST(RerunValidation, AReproducibleNanSavesTheStateBeforeAndIsJudgedOnOtherHardw
   // The saved state is exactly the one before iteration 5: without the NaN the run resumes from it
   // (--rerun-mode disabled ignores the request) and ends as the uninterrupted run.
   expect_identical(straight, [&] {
-    TrainResult r = run(with(base, {"--load", dir.path(), "--rerun-mode", "disabled"}));
+    TrainResult r = run(with(plain, {"--load", dir.path(), "--rerun-mode", "disabled"}));
     r.losses.insert(r.losses.begin(), straight.losses.begin(), straight.losses.begin() + 4);
     return r;
   }());
@@ -169,7 +169,7 @@ TEST(IterationsToSkip, ConsumeTheirSamplesWithoutAStep) {
   EXPECT_EQ(skipped.losses[0], straight.losses[0]);
   EXPECT_EQ(skipped.losses[1], straight.losses[1]);
   EXPECT_NE(skipped.losses[2], straight.losses[3]) << "iteration 4 starts from the weights after iteration 2";
-  const auto meta = checkpoint::read_metadata((dir / "iter_0000006").string());
+  const auto meta = checkpoint::read_metadata(dir / "iter_0000006");
   EXPECT_EQ(meta.skipped_train_samples, 4);
   EXPECT_EQ(meta.consumed_train_samples, 24);
   EXPECT_EQ(meta.lr_scheduler_num_steps, 20) << "Megatron's schedule does not advance over a skipped iteration";

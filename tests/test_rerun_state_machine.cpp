@@ -327,7 +327,7 @@ TEST(ErrorInjector, OneRankInjectsAndAPendingDiagnosisBlocksFurtherDraws) {
 
 TEST(ResultTrackerFile, RecordsAndTheIterationsToSkip) {
   checkpoint::testing::TempDir dir;
-  const std::string path = (dir / "tracker.txt").string();
+  const std::string path = dir / "tracker.txt";
   check_tracker_file_appendable(path);
   auto add = [&](int rank, int64_t it, ValidationStatus status) {
     append_tracker_record(path, TrackerRecord{"node-a", "0", rank, it, status, kNan, "found NaN in grad norm"});
@@ -360,8 +360,8 @@ TEST(ResultTrackerFile, RecordsAndTheIterationsToSkip) {
   std::ofstream(path, std::ios::app) << line(46, 6, 13, "rerun_disabled") << line(46, 7, 13, "rerun_disabled");
   EXPECT_EQ(iterations_to_skip_from_tracker(path, &ignored), (std::vector<int64_t>{5, 11}));
   EXPECT_EQ(ignored, (std::vector<int64_t>{13}));
-  EXPECT_TRUE(iterations_to_skip_from_tracker((dir / "missing.txt").string()).empty());
-  EXPECT_USER_ERROR(check_tracker_file_appendable((dir / "no_such_dir" / "t.txt").string()),
+  EXPECT_TRUE(iterations_to_skip_from_tracker(dir / "missing.txt").empty());
+  EXPECT_USER_ERROR(check_tracker_file_appendable(dir / "no_such_dir/t.txt"),
                     "--result-rejected-tracker-filename");
 }
 
@@ -391,7 +391,7 @@ TEST(RerunFlags, MegatronsFlagsAndTheirBadValues) {
   EXPECT_USER_ERROR(build(tiny_args({"--iterations-to-skip", "0"})), "iterations are numbered from 1");
   // The tracker file's skipped iterations are added.
   checkpoint::testing::TempDir dir;
-  const std::string path = (dir / "t.txt").string();
+  const std::string path = dir / "t.txt";
   for (int k = 0; k < 2; ++k)
     append_tracker_record(path, TrackerRecord{"n", "0", 0, 4, ValidationStatus::kRerunDisabled, kNan, "m"});
   const Config t = build(tiny_args({"--result-rejected-tracker-filename", path, "--iterations-to-skip", "9"}));

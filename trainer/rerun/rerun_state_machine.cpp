@@ -352,9 +352,9 @@ PassOutcome RerunStateMachine::judge_rerun_from_checkpoint() {
     log_failure("Possible persistent error!", true);
     verdict = "is not reproducible on other hardware although it was on the first: a persistent fault of the "
               "hardware that computed it";
-    for (const auto& [rank, where] : suspects_)
-      verdict += strprintf("%s rank %d on node %s, device %s", rank == suspects_.front().first ? " (" : ",", rank,
-                           where.node.c_str(), where.device_text().c_str());
+    for (size_t i = 0; i < suspects_.size(); ++i)
+      verdict += strprintf("%srank %d on node %s, device %s", i == 0 ? " (" : ", ", suspects_[i].first,
+                           suspects_[i].second.node.c_str(), suspects_[i].second.device_text().c_str());
     if (!suspects_.empty()) verdict += "): have it tested";
   } else {
     track(ValidationStatus::kSecondRerunReproducible, v, call);
