@@ -39,15 +39,15 @@ void expect_identical(const TrainResult& a, const TrainResult& b) {
 }
 
 // Runs `statement`, which must end the run with RunEnd(exit_status) whose message contains `needle`.
-#define EXPECT_RUN_END(statement, exit_status, needle)                                                    \
-  do {                                                                                               \
-    try {                                                                                            \
-      statement;                                                                                     \
-      ADD_FAILURE() << "expected the run to end with status " << (exit_status);                          \
-    } catch (const ::fp8tron::RunEnd& e) {                                                           \
-      EXPECT_EQ(e.status(), (exit_status)) << e.what();                                                   \
+#define EXPECT_RUN_END(statement, exit_status, needle)                                             \
+  do {                                                                                             \
+    try {                                                                                          \
+      statement;                                                                                   \
+      ADD_FAILURE() << "expected the run to end with status " << (exit_status);                    \
+    } catch (const ::fp8tron::RunEnd& e) {                                                         \
+      EXPECT_EQ(e.status(), (exit_status)) << e.what();                                            \
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << "message: " << e.what(); \
-    }                                                                                                \
+    }                                                                                              \
   } while (0)
 
 const std::vector<std::string> kDropout = {"--hidden-dropout", "0.1", "--attention-dropout", "0.1"};
