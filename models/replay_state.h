@@ -5,18 +5,9 @@
 #include <torch/torch.h>
 
 #include "fp8/forward_replay.h"
+#include "models/rng_snapshot.h"
 
 namespace fp8tron {
-
-// The states of the generators dropout draws from: the CPU one, and the CUDA one of the device the
-// activations live on.
-struct RngSnapshot {
-  torch::Tensor cpu, cuda;
-  torch::Device cuda_device = torch::Device(torch::kCUDA, 0);
-
-  static RngSnapshot capture(const torch::Device& device);
-  void restore() const;
-};
 
 // Puts the generators in a captured state for its lifetime, then back where they were.
 class RngReplay {

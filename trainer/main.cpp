@@ -52,6 +52,10 @@ int main(int argc, char** argv) {
     }
     train(config);
     return 0;
+  } catch (const RunEnd& e) {
+    // The rerun engine ends the job with Megatron's exit codes (16: restart elsewhere, 17: stop).
+    std::fprintf(stderr, "fp8tron: %s\n", e.what());
+    return e.status();
   } catch (const std::exception& e) {
     const FatalReport report = report_fatal_error(e, rank);
     std::fprintf(stderr, "%s\n", report.line.c_str());

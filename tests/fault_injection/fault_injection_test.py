@@ -8,7 +8,11 @@ Faults: SIGKILL at every step of a save and its commit (sync and async; the hidd
 --fp8tron-test-kill-at), at retention's deletion, at random moments; one rank of an mpirun job
 killed; one rank stopped (the hang report must name it within --hang-report-seconds); a full
 disk (a small tmpfs, skipped where mounting is not permitted); flipped and truncated checkpoint
-files; token ids outside the vocabulary; a second job on the same --save; a NaN loss.
+files; token ids outside the vocabulary; a second job on the same --save; a NaN loss; the rerun
+engine (--rerun-mode validate_results, Megatron's default): a reproducible NaN (exit 16 with a
+checkpoint, the restarted job's verdict on the same and on another node, exit 17), injected
+transient and persistent errors under mpirun (every rank exits alike), a non-fatal rejection that
+continues, and report_stats.
 
 usage: fault_injection_test.py FP8TRON FP8TRON_PREPROCESS WORK_DIR [--quick]
 Prints one line per scenario and a report of counts; exits non-zero on any failure.
@@ -475,8 +479,9 @@ def second_job():
 
 
 def nan_loss():
+    """--rerun-mode disabled: the first result is judged, the run stops (exit 1)."""
     d = fresh("nan")
-    rc, out = run(["--save", d, "--fp8tron-test-inject-nan", "7"])
+    rc, out = run(["--save", d, "--fp8tron-test-inject-nan", "7", "--rerun-mode", "disabled"])
     counts["faults injected"] += 1
     if rc != 1 or not re.search(r"iteration 7: the loss is NaN.*stopping, as --check-for-nan-in-loss-and-grad asks", out):
         return fail("NaN loss", f"exit {rc}:\n{out[-1500:]}")
@@ -485,7 +490,7 @@ def nan_loss():
     counts["clear errors checked"] += 1
     log("ok   NaN loss at iteration 7: " + re.search(r"fp8tron: error: .*", out).group(0)[:160])
     tracker_before[d] = "6"
-    check_resume("resume after the NaN stop", d)
+    check_resume("resume after the NaN stop", d, extra=["--rerun-mode", "disabled"])
 
 
 def moe_faults():
@@ -497,7 +502,8 @@ def moe_faults():
               ["--save", d, "--fp8tron-test-kill-at", "commit:files-synced@2"] + DP2, ranks=2, save_dir=d, model=MOE_EP2)
     d = fresh("moe_nan")
     expert = "decoder.layers.1.mlp.experts.linear_fc1.weight3"
-    rc, out = run(["--save", d, "--fp8tron-test-inject-nan", f"7:{expert}"] + DP2 + MOE_EP2, ranks=2)
+    rc, out = run(["--save", d, "--rerun-mode", "disabled", "--fp8tron-test-inject-nan", f"7:{expert}"] + DP2 + MOE_EP2,
+                  ranks=2)
     counts["faults injected"] += 1
     want = r"iteration 7: the gradient norm is NaN \(the first parameter whose gradient is not finite: %s\)" % re.escape(expert)
     if rc == 0 or not re.search(want, out):
@@ -507,7 +513,91 @@ def moe_faults():
     counts["clear errors checked"] += 1
     log("ok   NaN in an expert's gradient (rank 1) at iteration 7: " + re.search(r"fp8tron: error: .*", out).group(0)[:160])
     tracker_before[d] = "6"
-    check_resume("resume after the expert NaN stop (MoE)", d, ranks=2, model=MOE_EP2)
+    check_resume("resume after the expert NaN stop (MoE)", d, ranks=2, model=MOE_EP2, extra=["--rerun-mode", "disabled"])
+
+
+def expect_exit(scenario, rc, out, status, pattern, ranks=1):
+    """The run ended with `status` and every rank's last line matches `pattern`."""
+    counts["faults injected"] += 1
+    ends = re.findall(r"fp8tron: (iteration .*)", out)
+    if rc != status or len(ends) != ranks or not all(re.search(pattern, e) for e in ends):
+        fail(scenario, f"expected exit {status} on {ranks} rank(s) with /{pattern}/, got exit {rc}:\n{out[-2500:]}")
+        return False
+    counts["clear errors checked"] += 1
+    log(f"ok   {scenario}: exit {rc}: {ends[0][:170]}")
+    return True
+
+
+def rerun_engine():
+    """Megatron's rerun engine (--rerun-mode validate_results, the default)."""
+    # A NaN reproduced in place: the state before the iteration is saved (the checkpoint of
+    # iteration 6, with the request to re-run 7 elsewhere), exit 16. Restarted on the same node:
+    # exit 16 again; elsewhere: the NaN again, a correct result of the model and data, exit 17.
+    d = fresh("rerun_nan")
+    rc, out = run(["--save", d, "--fp8tron-test-inject-nan", "7"])
+    if not expect_exit("reproducible NaN (validate_results)", rc, out, 16,
+                       r"iteration 7: .* is reproducible when the iteration runs again on the same hardware; saved the "
+                       r"checkpoint of iteration 6"):
+        return
+    if tracker(d) != "6":
+        return fail("reproducible NaN", f"tracker names {tracker(d)}, not 6")
+    rc, out = run(["--load", d, "--save", d, "--fp8tron-test-inject-nan", "7"])
+    expect_exit("restarted on the same node", rc, out, 16, r"a rank runs on the same node and GPU")
+    rc, out = run(["--load", d, "--save", d, "--fp8tron-test-inject-nan", "7", "--fp8tron-test-node-name", "elsewhere"])
+    expect_exit("restarted on another node", rc, out, 17, r"is reproducible on other hardware as well")
+    # The saved state is the one before iteration 7: resumed without the NaN (the request ignored
+    # with --rerun-mode disabled), the run ends as the uninterrupted one.
+    tracker_before[d] = "6"
+    check_resume("resume from the rerun checkpoint", d, extra=["--rerun-mode", "disabled"])
+
+    # Injected errors under mpirun (data parallel 2, distributed optimizer): every rank decides alike.
+    d = fresh("rerun_transient")
+    rc, out = run(["--save", d, "--error-injection-rate", "20"] + DP2, ranks=2)
+    if expect_exit("injected transient error (mpirun 2 ranks)", rc, out, 17,
+                   r"could not be reproduced by running the iteration again in place: a transient fault", ranks=2):
+        if "Possible transient error!!" not in out:
+            fail("injected transient error", "Megatron's 'Possible transient error!!' line is missing")
+        tracker_before[d] = tracker(d)
+        check_resume("resume after the transient error (mpirun 2 ranks)", d, ranks=2)
+    d = fresh("rerun_persistent")
+    persistent = ["--save", d, "--error-injection-rate", "1", "--error-injection-type", "persistent_error"] + DP2
+    rc, out = run(persistent, ranks=2)
+    if expect_exit("injected persistent error (mpirun 2 ranks)", rc, out, 16, r"saved the checkpoint of iteration 1",
+                   ranks=2):
+        rc, out = run(persistent + ["--load", d, "--fp8tron-test-node-name", "elsewhere"], ranks=2)
+        expect_exit("persistent error, restarted on another node", rc, out, 17,
+                    r"a persistent fault of the hardware that computed it \(rank 0 on node ", ranks=2)
+        tracker_before[d] = "1"
+        check_resume("resume from the persistent error's checkpoint (mpirun 2 ranks)", d, ranks=2,
+                     extra=["--rerun-mode", "disabled"])
+
+    # A non-fatal rejection (an injected correct result on the spiky-loss check): the iteration runs
+    # again and the run continues, ending as the run without it.
+    d = fresh("rerun_continue")
+    rc, out = run(["--save", d, "--no-check-for-nan-in-loss-and-grad", "--check-for-spiky-loss",
+                   "--error-injection-rate", "1", "--error-injection-type", "correct_result"] + DP2, ranks=2)
+    counts["faults injected"] += 1
+    if rc != 0 or "Continuing normal execution because failed validation was not fatal" not in out:
+        fail("non-fatal rejection", f"exit {rc}:\n{out[-2000:]}")
+    elif final_state(d) != reference(2)[0]:
+        fail("non-fatal rejection", "the run with a re-run in place differs from the uninterrupted one")
+    else:
+        counts["resumes checked"] += 1
+        log("ok   a non-fatal rejection re-ran its iteration in place (mpirun 2 ranks); the final state is bitwise "
+            "the uninterrupted run's")
+
+    # report_stats: every iteration twice; on the CPU every difference is zero.
+    d = fresh("rerun_stats")
+    rc, out = run(["--save", d, "--rerun-mode", "report_stats"])
+    calls = re.findall(r"From validation call '(.*)':", out)
+    summaries = re.findall(r"^ {4}(\S.*(?:samples, all identical|rel\. variability.*))$", out, re.M)
+    if rc != 0 or not calls or len(summaries) != len(calls) or any("rel. variability" in x for x in summaries):
+        fail("report_stats", f"exit {rc}, calls {calls}, summaries {summaries}:\n{out[-2000:]}")
+    elif final_state(d) != reference(1)[0]:
+        fail("report_stats", "the run differs from the uninterrupted one")
+    else:
+        counts["resumes checked"] += 1
+        log(f"ok   report_stats: '{calls[-1]}': {summaries[-1]}; final state bitwise the uninterrupted run's")
 
 
 def main():
@@ -524,6 +614,7 @@ def main():
     bad_token_ids()
     second_job()
     nan_loss()
+    rerun_engine()
     moe_faults()
     log("fault injection report: " + ", ".join(f"{v} {k}" for k, v in counts.items()) +
         f"; {len(losses)} resumed runs ended with the reference's last loss; {time.time() - start_time:.0f} s")

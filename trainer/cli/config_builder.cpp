@@ -14,6 +14,7 @@
 #include "trainer/checkpoint/fault_points.h"
 #include "trainer/cli/context_parallel_args.h"
 #include "trainer/cli/moe_args.h"
+#include "trainer/cli/rerun_args.h"
 #include "trainer/cli/recompute_args.h"
 #include "trainer/cli/tp_overlap_args.h"
 
@@ -758,6 +759,8 @@ Config build_config(const FlagValues& flags, const LaunchEnv& launch, bool gpu_a
     c.notices.push_back("--rampup-batch-size: the batch grows as in Megatron-LM before April 2026 (the newest Megatron-LM "
                         "deprecates the flag and trains at --global-batch-size from the start)");
   c.training.numerics = build_numerics(flags, c.precision, c.hint_warnings);
+  c.training.rerun = build_rerun_config(flags, c.training.numerics, c.hint_warnings);
+  c.training.iterations_to_skip = build_iterations_to_skip(flags, c.notices);
   c.optimizer = build_optimizer(flags);
   c.lr_schedule = build_lr_schedule(flags, c.optimizer, c.training, c.hint_warnings);
 

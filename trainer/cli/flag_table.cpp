@@ -83,7 +83,7 @@ const std::vector<FlagSpec>& flag_table() {
       {"adam-beta2", K::Float, "0.999", S::Yes, "", "", "Adam beta2."},
       {"adam-eps", K::Float, "1e-08", S::Yes, "", "", "Adam epsilon."},
       {"sgd-momentum", K::Float, "0.9", S::Yes, "", "", "SGD momentum."},
-      {"check-for-nan-in-loss-and-grad", K::Bool, "", S::Yes, "", "", "Stop at the first iteration whose loss or gradient norm is NaN or inf, naming the first parameter whose gradient is not finite (on by default, as in Megatron, which has only the --no- form; off with fp16's dynamic loss scale)."},
+      {"check-for-nan-in-loss-and-grad", K::Bool, "", S::Yes, "", "", "Reject a NaN or inf loss or gradient norm: the run stops (with --rerun-mode validate_results after re-running the iteration to attribute it), naming the first parameter whose gradient is not finite (on by default, as in Megatron, which has only the --no- form; off with fp16's dynamic loss scale)."},
 
       // ---- mixed precision ---------------------------------------------------------------------------
       {"bf16", K::Bool, "", S::Yes, "", "", "bf16 parameters and compute, fp32 main weights and gradient accumulation."},
@@ -246,6 +246,7 @@ const std::vector<FlagSpec>& flag_table() {
       // ---- for fp8tron's own tests only (hidden from --help and the argument list) -----------------
       {"fp8tron-test-kill-at", K::String, "", S::Yes, "", "", "TESTS ONLY: SIGKILL this process at the named checkpoint step, NAME[@HIT] (trainer/checkpoint/fault_points.h)."},
       {"fp8tron-test-inject-nan", K::String, "", S::Yes, "", "", "TESTS ONLY: ITER[:PARAM]: at iteration ITER make the loss (or PARAM's gradient) NaN."},
+      {"fp8tron-test-node-name", K::String, "", S::Yes, "", "", "TESTS ONLY: the node name the rerun engine records and compares instead of the host name."},
   };
   return table;
 }
