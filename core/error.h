@@ -12,6 +12,18 @@ class UserError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A run that ends on purpose with an exit status of its own, e.g. the rerun engine's 16 (restart
+// the job from the checkpoint just saved) and 17 (a result failed validation): main() prints the
+// message as one line and exits with the status.
+class RunEnd : public std::runtime_error {
+ public:
+  RunEnd(int status, const std::string& message) : std::runtime_error(message), status_(status) {}
+  int status() const { return status_; }
+
+ private:
+  int status_;
+};
+
 [[noreturn]] void throw_internal_error(const char* file, int line, const char* func,
                                        const std::string& message);
 

@@ -467,6 +467,29 @@ size_t Fp8Engine::slot(const Fp8Site& site, TensorRole role) const {
   return DelayedScalingState::slot(sites_.size(), site.index, role);
 }
 
+Fp8Engine::StepState Fp8Engine::capture_step_state() {
+  StepState s;
+  s.steps = steps_;
+  if (recipe_kind(options_.recipe) == RecipeKind::kDelayed && !sites_.empty()) {
+    ensure_state();
+    s.history = history_.clone();
+    s.scale = scale_.clone();
+    s.scale_inv = scale_inv_.clone();
+  }
+  return s;
+}
+
+void Fp8Engine::restore_step_state(const StepState& s) {
+  steps_ = s.steps;
+  if (s.history.defined()) {
+    history_.copy_(s.history);
+    scale_.copy_(s.scale);
+    scale_inv_.copy_(s.scale_inv);
+  }
+  stats_.clear();
+  ++weight_generation_;
+}
+
 void Fp8Engine::end_step(const AmaxReducer& reduce) {
   ++weight_generation_;
   ++steps_;

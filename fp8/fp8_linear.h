@@ -105,6 +105,19 @@ class Fp8Engine {
   bool overwrite_main_grads() const { return overwrite_main_grads_; }
   // The weights were replaced (checkpoint load): drop cached FP8 weights.
   void invalidate_weights() { ++weight_generation_; }
+
+  // What an optimizer step's passes change in the engine (the delayed-scaling amax histories,
+  // scales and step count), for running a step again from the same state (the rerun engine).
+  // capture_step_state() clones the device buffers without waiting; restore_step_state() copies
+  // them back in place, drops the step's cast statistics, and starts a new weight generation, so
+  // the cached FP8 weights are cast again (with the restored scales) and the first backward
+  // overwrites the main gradients as in a fresh step.
+  struct StepState {
+    torch::Tensor history, scale, scale_inv;  // undefined for recipes without state
+    uint64_t steps = 0;
+  };
+  StepState capture_step_state();
+  void restore_step_state(const StepState& state);
   uint64_t weight_generation() const { return weight_generation_; }
   uint64_t steps() const { return steps_; }
 

@@ -31,11 +31,31 @@ struct BlockRun {
 };
 
 struct Accumulator {
-  torch::Tensor out, lse;  // fp32 [b, h, s, d], [b, h, s]
-  explicit Accumulator(const torch::Tensor& q)
-      : out(torch::zeros(q.sizes(), q.options().dtype(torch::kFloat32))),
+  torch::Tensor out, lse;  // fp32 [b, h, s, dv], [b, h, s]
+  // `dv`: the value head size (multi-latent attention's differs from the query's).
+  Accumulator(const torch::Tensor& q, int64_t dv)
+      : out(torch::zeros({q.size(0), q.size(1), q.size(2), dv}, q.options().dtype(torch::kFloat32))),
         lse(torch::full({q.size(0), q.size(1), q.size(2)}, -std::numeric_limits<float>::infinity(),
                         q.options().dtype(torch::kFloat32))) {}
+};
+
+// A key/value block as one ring message: stacked [2, b, g, s, d] when keys and values have one
+// head size, else joined along the head dimension [b, g, s, dk + dv] (multi-latent attention on the
+// CPU; on GPUs it pads its values to the key size for the fused kernels). k() and v() are views
+// [b, g, s, d] into it, so gradients laid out the same way travel as one message too.
+struct KvBlock {
+  torch::Tensor packed;
+  int64_t dk = 0;
+  bool stacked = true;
+
+  static KvBlock pack(const torch::Tensor& k, const torch::Tensor& v) {
+    const bool same = k.size(-1) == v.size(-1);
+    return {same ? torch::stack({k, v}).contiguous() : torch::cat({k, v}, -1).contiguous(), k.size(-1), same};
+  }
+  KvBlock like(torch::Tensor other) const { return {std::move(other), dk, stacked}; }
+  KvBlock zeros_fp32() const { return like(torch::zeros(packed.sizes(), packed.options().dtype(torch::kFloat32))); }
+  torch::Tensor k() const { return stacked ? packed[0] : packed.narrow(-1, 0, dk); }
+  torch::Tensor v() const { return stacked ? packed[1] : packed.narrow(-1, dk, packed.size(-1) - dk); }
 };
 
 BlockRun run_block(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const BlockSpec& spec,
@@ -109,40 +129,43 @@ struct RingAttentionBackward : public torch::autograd::Node {
     const int n = ring->size();
     const auto dout = grads[0].contiguous();
     auto dq = torch::zeros(q.sizes(), q.options().dtype(torch::kFloat32));
-    auto kv = torch::stack({k, v}).contiguous();
-    torch::Tensor dkv_in, dkv_next;  // the key/value gradients of the block at hand, summed by earlier ranks
+    KvBlock kv = KvBlock::pack(k, v);
+    torch::Tensor dkv_next;  // the key/value gradients of the block at hand, summed by earlier ranks
     std::unique_ptr<CommWork> grad_work;
     for (int step = 0; step < n; ++step) {
       torch::Tensor kv_next;
       std::unique_ptr<CommWork> kv_work;
       if (step + 1 < n) {
-        kv_next = torch::empty_like(kv);
-        kv_work = ring_exchange(*ring, kv, kv_next, kKvTag);
+        kv_next = torch::empty_like(kv.packed);
+        kv_work = ring_exchange(*ring, kv.packed, kv_next, kKvTag);
       }
       const BlockRun& run = runs[size_t(step)];
-      const auto g = block_grads(dout, q, kv[0], kv[1], out, lse, run);
+      const auto g = block_grads(dout, q, kv.k(), kv.v(), out, lse, run);
       dq.narrow(2, run.spec.q_begin, run.spec.q_len).add_(g.dq);
-      auto local = torch::zeros(kv.sizes(), kv.options().dtype(torch::kFloat32));
-      local.narrow(3, run.spec.k_begin, run.spec.k_len).copy_(torch::stack({g.dk, g.dv}));
+      const KvBlock local = kv.zeros_fp32();
+      local.k().narrow(2, run.spec.k_begin, run.spec.k_len).copy_(g.dk);
+      local.v().narrow(2, run.spec.k_begin, run.spec.k_len).copy_(g.dv);
       if (grad_work) {
         grad_work->wait();
-        local.add_(dkv_next);
+        local.packed.add_(dkv_next);
       }
       // Forward the sum to the next rank, which holds this block at the next step; after the
       // last step it reaches the block's owner.
       if (n > 1) {
-        dkv_next = torch::empty_like(local);
-        grad_work = ring_exchange(*ring, local, dkv_next, kGradTag);
+        dkv_next = torch::empty_like(local.packed);
+        grad_work = ring_exchange(*ring, local.packed, dkv_next, kGradTag);
       } else {
-        dkv_next = local;
+        dkv_next = local.packed;
       }
       if (kv_work) {
         kv_work->wait();
-        kv = kv_next;
+        kv = kv.like(kv_next);
       }
     }
     if (grad_work) grad_work->wait();
-    variable_list result = {dq.to(q.scalar_type()), dkv_next[0].to(k.scalar_type()), dkv_next[1].to(v.scalar_type())};
+    const KvBlock dkv = kv.like(dkv_next);
+    variable_list result = {dq.to(q.scalar_type()), dkv.k().to(k.scalar_type()).contiguous(),
+                            dkv.v().to(v.scalar_type()).contiguous()};
     release_variables();
     return result;
   }
@@ -189,7 +212,7 @@ torch::Tensor prefix_attention(const torch::Tensor& q, const torch::Tensor& k, c
   torch::Tensor out;
   {
     torch::NoGradGuard no_grad;
-    Accumulator acc(q);
+    Accumulator acc(q, v.size(-1));
     for (const auto& spec : specs) node->saved.runs.push_back(run_block(q, k, v, spec, dropout, scale, acc));
     out = acc.out.to(q.scalar_type());
     node->saved.lse = acc.lse;
@@ -249,19 +272,19 @@ torch::Tensor ring_attention(const torch::Tensor& q, const torch::Tensor& k, con
   torch::Tensor out;
   {
     torch::NoGradGuard no_grad;
-    Accumulator acc(q);
-    auto kv = torch::stack({k, v}).contiguous();  // one message per step
+    Accumulator acc(q, v.size(-1));
+    KvBlock kv = KvBlock::pack(k, v);  // one message per step
     for (int step = 0; step < n; ++step) {
       torch::Tensor kv_next;
       std::unique_ptr<CommWork> work;
       if (step + 1 < n) {  // the next block travels while this one is computed
-        kv_next = torch::empty_like(kv);
-        work = ring_exchange(ring, kv, kv_next, kKvTag);
+        kv_next = torch::empty_like(kv.packed);
+        work = ring_exchange(ring, kv.packed, kv_next, kKvTag);
       }
-      node->saved.runs.push_back(run_block(q, kv[0], kv[1], ring_block(r, n, step, c), dropout, scale, acc));
+      node->saved.runs.push_back(run_block(q, kv.k(), kv.v(), ring_block(r, n, step, c), dropout, scale, acc));
       if (work) {
         work->wait();
-        kv = kv_next;
+        kv = kv.like(kv_next);
       }
     }
     out = acc.out.to(q.scalar_type());

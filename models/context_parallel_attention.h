@@ -25,8 +25,9 @@
 
 namespace fp8tron {
 
-// q [s_local, b, heads, d], k, v [s_local, b, groups, d]: this rank's sequence shard (load-balanced
-// layout) and tensor-parallel heads. Returns [s_local, b, heads, d].
+// q, k [s_local, b, heads | groups, d], v [s_local, b, groups, dv]: this rank's sequence shard
+// (load-balanced layout) and tensor-parallel heads; dv may differ from d (multi-latent attention).
+// Returns [s_local, b, heads, dv].
 torch::Tensor context_parallel_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                          const ContextParallelContext& cp, CpCommType type, double dropout, double scale);
 

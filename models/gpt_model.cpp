@@ -9,6 +9,7 @@
 #include "models/mla_attention.h"
 #include "models/mtp.h"
 #include "models/cross_entropy.h"
+#include "models/output_discarding_recompute.h"
 #include "models/recompute.h"
 #include "parallel/parallel_state.h"
 #include "parallel/tensor_parallel.h"
@@ -74,7 +75,7 @@ SelfAttentionImpl::SelfAttentionImpl(const ModelConfig& m, const std::string& pr
   const auto& cp = f.cp();
   const torch::Tensor positions = cp.enabled() ? cp_positions(m.seq_length, cp.size(), cp.rank()) : torch::Tensor();
   rope_ = RotaryEmbedding(attention_rotary(m), positions);
-  core_attention_ = CoreAttention(m, layer_number(prefix), cp);
+  core_attention_ = CoreAttention(m, per_layer_index(prefix), cp);
 }
 
 torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& attention_mask) {
@@ -130,7 +131,7 @@ TransformerLayerImpl::TransformerLayerImpl(const ModelConfig& m, const std::stri
                                            const ModuleFactory& f, std::shared_ptr<MoeContext> moe_context, bool moe_mlp)
     : hidden_dropout_(m.hidden_dropout),
       recompute_mlp_(m.recompute.selective(&RecomputeModules::mlp)),
-      recompute_norms_(m.recompute.selective(&RecomputeModules::layernorm)) {
+      recompute_layernorm_(m.recompute.selective(&RecomputeModules::layernorm)) {
   if (m.mla.enabled) {
     // MLA's input norm is a module of its own (its down projections are not norm-fused linears);
     // under SP it runs on sequence shards (partial gradients).
@@ -151,19 +152,24 @@ TransformerLayerImpl::TransformerLayerImpl(const ModelConfig& m, const std::stri
   moe = register_module("mlp", MoeLayer(m, prefix + ".mlp", layer, f, std::move(moe_context)));
 }
 
-torch::Tensor TransformerLayerImpl::norm(TELayerNorm ln, const torch::Tensor& x) {
-  if (!recompute_norms_ || !is_training()) return ln(x);
-  // Megatron's CheckpointWithoutOutput around the norm: its statistics are not kept but computed
-  // again in backward. (Megatron also frees the norm's output once the next modules have read it;
-  // in fp8tron the linears that read it keep it as their saved input.)
-  return recompute([impl = ln.ptr()](const std::vector<torch::Tensor>& in) { return impl->forward(in[0]); }, {x});
+torch::Tensor TransformerLayerImpl::normed(TELayerNorm& norm, const torch::Tensor& x,
+                                           const std::function<torch::Tensor(const torch::Tensor&)>& consumer) {
+  if (!recompute_layernorm_ || !is_training()) return consumer(norm(x));
+  OutputDiscardingRecompute checkpoint;
+  // Called again in backward: captures the module holder (the model outlives its graphs).
+  auto y = checkpoint.run_one([norm](const torch::Tensor& in) mutable { return norm(in); }, x);
+  auto out = consumer(y);
+  checkpoint.discard(out);
+  return out;
 }
 
 torch::Tensor TransformerLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& attention_mask) {
-  auto attention = mla_attention ? mla_attention->forward(norm(input_layernorm, x), attention_mask) : self_attention(x, attention_mask);
+  auto attention = mla_attention ? normed(input_layernorm, x,
+                                          [&](const torch::Tensor& y) { return mla_attention->forward(y, attention_mask); })
+                                 : self_attention(x, attention_mask);
   auto h = x + maybe_dropout(attention, hidden_dropout_, is_training());
   // --recompute-modules mlp (dense layers): only the MLP's input is kept (the module outlives its graphs).
-  auto m = moe ? moe(norm(pre_mlp_layernorm, h))
+  auto m = moe ? normed(pre_mlp_layernorm, h, [this](const torch::Tensor& y) { return moe(y); })
                : recompute_mlp_ && is_training()
                    ? recompute([this](const std::vector<torch::Tensor>& in) { return mlp(in[0]); }, {h})
                    : mlp(h);
@@ -290,33 +296,49 @@ torch::Tensor GptModelImpl::token_losses(const torch::Tensor& logits, const torc
 // positions masked out). Its term (lambda / D) x sum(mask_k ce_k) / max(n_k, 1) -- with
 // --calculate-per-token-loss x n_0 instead of / 1 -- enters the gradient only (MTPLossAutoScaler):
 // the value returned is zero.
+// Context parallelism: the rolls cross chunk and rank boundaries (Megatron's roll_tensor with the
+// context-parallel group), and n_0 and n_k are the micro-batch's counts (summed over the
+// context-parallel ranks, as the lm loss's), so the ranks' terms add up to one process's term.
+// (Megatron divides by each rank's own counts: the same when the ranks count alike.)
 torch::Tensor GptModelImpl::mtp_loss(const torch::Tensor& hidden, const torch::Tensor& tokens, const torch::Tensor& labels,
                                      const torch::Tensor& loss_mask, const torch::Tensor& position_ids,
                                      const torch::Tensor& attention_mask) {
   FP8TRON_CHECK(tokens.defined(), "multi-token prediction needs the tokens on the loss stage");
   const double scale = config_.mtp.loss_scaling_factor / double(config_.mtp.num_layers);
   auto ids = tokens, lab = labels, mask = loss_mask.to(torch::kFloat32), positions = position_ids;
-  if (position_embeddings_ && !positions.defined())
-    positions = torch::arange(tokens.size(1), tokens.options()).unsqueeze(0).expand({tokens.size(0), tokens.size(1)});
-  const auto n0 = mask.sum();
+  if (position_embeddings_ && !positions.defined()) {
+    // The shard's global positions under context parallelism.
+    auto own = cp_.enabled() ? cp_positions(config_.seq_length, cp_.size(), cp_.rank()).to(tokens.device())
+                             : torch::arange(tokens.size(1), tokens.options());
+    positions = own.to(tokens.scalar_type()).unsqueeze(0).expand({tokens.size(0), tokens.size(1)});
+  }
+  auto roll = [this](const torch::Tensor& t) { return cp_.enabled() ? cp_roll_left(t, 1, *cp_.group) : roll_left(t); };
+  const auto n0 = micro_batch_count(mask.sum());
   auto h = hidden;
   auto total = torch::zeros({}, hidden.options().dtype(torch::kFloat32));
   if (mtp_loss_sums_.empty()) mtp_loss_sums_.assign(mtp_layers_.size(), torch::zeros({}, total.options()));
   for (size_t k = 0; k < mtp_layers_.size(); ++k) {
-    ids = roll_left(ids);
-    if (positions.defined()) positions = roll_left(positions);
-    lab = roll_left(lab);
-    mask = roll_left(mask);
+    ids = roll(ids);
+    if (positions.defined()) positions = roll(positions);
+    lab = roll(lab);
+    mask = roll(mask);
     params_ready(*mtp_layers_[k]);
     h = mtp_layers_[k]->forward(embed(ids, positions), h, attention_mask);
     const auto ce = token_losses(output_logits(h), lab);
     const auto m = mask.t();
-    const auto sum = (ce * m).sum(), n = m.sum();
+    const auto sum = (ce * m).sum(), n = micro_batch_count(m.sum());
     mtp_loss_sums_[k] = mtp_loss_sums_[k] + (sum / n.clamp_min(1.0)).detach();
     total = total + scale * (per_token_loss_ ? sum * (n0 / n.clamp_min(1.0)) : sum / n.clamp_min(1.0));
   }
   ++mtp_micro_batches_;
   return total - total.detach();
+}
+
+torch::Tensor GptModelImpl::micro_batch_count(const torch::Tensor& local) const {
+  if (!cp_.enabled()) return local;
+  auto count = local.detach().clone();
+  cp_.group->all_reduce(count);
+  return count;
 }
 
 std::vector<torch::Tensor> GptModelImpl::take_mtp_losses(int64_t* micro_batches) {
@@ -347,17 +369,10 @@ torch::Tensor GptModelImpl::forward_stage(const torch::Tensor& input, const torc
   // pretrain_gpt.py's loss: the sum over loss tokens; the schedule divides it by their number
   // unless --calculate-per-token-loss (then the gradients are divided by the global count).
   auto loss = (per_token * mask).sum();
-  if (!per_token_loss_) {
-    auto count = mask.sum();
-    if (cp_.enabled()) {
-      // The mean over the whole sequence: this shard's sum over all shards' tokens. The context-
-      // parallel ranks' losses then add up to the micro-batch's (their gradients are summed with
-      // the data-parallel reduction, over data x context parallel).
-      count = count.detach().clone();
-      cp_.group->all_reduce(count);
-    }
-    loss = loss / count.clamp_min(1.0);
-  }
+  // The mean over the whole sequence: under context parallelism this shard's sum over all shards'
+  // tokens. The context-parallel ranks' losses then add up to the micro-batch's (their gradients
+  // are summed with the data-parallel reduction, over data x context parallel).
+  if (!per_token_loss_) loss = loss / micro_batch_count(mask.sum()).clamp_min(1.0);
   if (!mtp_layers_.empty() && is_training())
     loss = loss + mtp_loss(h, stage_.has_embedding ? input : tokens, labels, loss_mask, position_ids, attention_mask);
   return loss;

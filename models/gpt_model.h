@@ -76,12 +76,15 @@ class TransformerLayerImpl : public torch::nn::Module {
   MoeLayer moe{nullptr};                   // MoE layers (named "mlp")
 
  private:
-  // A standalone norm (MLA's input norm, an MoE layer's pre-MLP norm), recomputed in backward
-  // with --recompute-modules layernorm.
-  torch::Tensor norm(TELayerNorm norm, const torch::Tensor& x);
+  // A norm that is a module of its own (MLA's input norm, an MoE layer's pre-MLP norm), with
+  // --recompute-modules layernorm its output is discarded once `consumer` has run and recomputed
+  // in backward (models/output_discarding_recompute.h).
+  torch::Tensor normed(TELayerNorm& norm, const torch::Tensor& x,
+                       const std::function<torch::Tensor(const torch::Tensor&)>& consumer);
+
   double hidden_dropout_;
-  bool recompute_mlp_ = false;    // --recompute-modules mlp
-  bool recompute_norms_ = false;  // --recompute-modules layernorm
+  bool recompute_mlp_ = false;        // --recompute-modules mlp
+  bool recompute_layernorm_ = false;  // --recompute-modules layernorm
 };
 TORCH_MODULE(TransformerLayer);
 
@@ -119,7 +122,8 @@ class GptModelImpl : public torch::nn::Module {
                               const torch::Tensor& tokens = {});
   // --calculate-per-token-loss: the last stage returns summed (not averaged) token losses.
   void set_per_token_loss(bool on) { per_token_loss_ = on; }
-  // Multi-token prediction: each depth's loss (sum over tokens / tokens) summed over the training
+  // Multi-token prediction: each depth's loss (sum over tokens / tokens; under context parallelism
+  // this shard's sum over the micro-batch's tokens, to be summed over the ranks) summed over the training
   // micro-batches since the last call (0-dim fp32 tensors on the device), and how many
   // micro-batches that was. Empty without MTP or on a stage without the loss.
   std::vector<torch::Tensor> take_mtp_losses(int64_t* micro_batches);
@@ -153,6 +157,9 @@ class GptModelImpl : public torch::nn::Module {
   torch::Tensor mtp_loss(const torch::Tensor& hidden, const torch::Tensor& tokens, const torch::Tensor& labels,
                          const torch::Tensor& loss_mask, const torch::Tensor& position_ids,
                          const torch::Tensor& attention_mask);
+  // A token count of this rank's shard as the micro-batch's: summed over the context-parallel
+  // ranks (detached), or `local` itself without context parallelism.
+  torch::Tensor micro_batch_count(const torch::Tensor& local) const;
   void params_ready(const torch::nn::Module& part) const {
     if (params_ready_) params_ready_(part);
   }

@@ -4,6 +4,8 @@
 
 #include "core/error.h"
 #include "fp8/fp8_linear.h"
+#include "models/context_parallel_attention.h"
+#include "models/output_discarding_recompute.h"
 #include "models/recompute.h"
 #include "parallel/tensor_parallel.h"
 
@@ -59,8 +61,16 @@ std::shared_ptr<torch::nn::Module> up_projection(const ModelConfig& m, int64_t i
 }  // namespace
 
 MlaSelfAttentionImpl::MlaSelfAttentionImpl(const ModelConfig& m, const std::string& prefix, const ModuleFactory& f)
-    : config_(m), tp_(f.tp()), local_heads_(m.num_attention_heads / f.tp().size), rope_(mla_rotary(m)),
-      softmax_scale_(mla_softmax_scale(m)), recompute_up_proj_(m.recompute.selective(&RecomputeModules::mla_up_proj)) {
+    : config_(m),
+      tp_(f.tp()),
+      cp_(f.cp()),
+      cp_comm_type_(f.cp().config.comm_type(per_layer_index(prefix))),
+      local_heads_(m.num_attention_heads / f.tp().size),
+      // Under context parallelism the tokens are this rank's shard: their own positions.
+      rope_(mla_rotary(m), f.cp().enabled() ? cp_positions(m.seq_length, f.cp().size(), f.cp().rank()) : torch::Tensor()),
+      softmax_scale_(mla_softmax_scale(m)),
+      recompute_up_proj_(m.recompute.selective(&RecomputeModules::mla_up_proj)),
+      recompute_core_(m.recompute.selective(&RecomputeModules::core_attn)) {
   const MlaConfig& a = m.mla;
   const int64_t n = m.num_attention_heads, H = m.hidden_size;
   const int64_t q_head = a.qk_head_dim + a.qk_pos_emb_head_dim;
@@ -89,52 +99,71 @@ torch::Tensor MlaSelfAttentionImpl::project(const std::shared_ptr<torch::nn::Mod
   return static_cast<TEColumnParallelLinearImpl*>(linear.get())->forward(x);
 }
 
+std::vector<torch::Tensor> MlaSelfAttentionImpl::up_project(const std::vector<torch::Tensor>& compressed) {
+  const MlaConfig& a = config_.mla;
+  const int64_t dn = a.qk_head_dim, dr = a.qk_pos_emb_head_dim, dv = a.v_head_dim, nl = local_heads_;
+  const auto &q_in = compressed[0], &c_kv = compressed[1], &k_pe_in = compressed[2];
+  // Queries: through the low-rank bottleneck or straight from the input; heads split over TP.
+  auto q = project(a.q_lora_rank ? linear_q_up_proj : linear_q_proj, q_in);
+  const int64_t s = q.size(0), b = q.size(1);
+  q = q.view({s, b, nl, dn + dr});
+  auto q_nope = q.narrow(-1, 0, dn), q_pe = rope_.apply(q.narrow(-1, dn, dr));
+  auto kv = project(linear_kv_up_proj, c_kv).view({s, b, nl, dn + dv});
+  auto k_pe = rope_.apply(k_pe_in.unsqueeze(2)).expand({s, b, nl, dr});
+  return {torch::cat({q_nope, q_pe}, -1), torch::cat({kv.narrow(-1, 0, dn), k_pe}, -1), kv.narrow(-1, dn, dv)};
+}
+
+torch::Tensor MlaSelfAttentionImpl::core_attention(const torch::Tensor& query, const torch::Tensor& key,
+                                                   const torch::Tensor& v, const torch::Tensor& attention_mask) {
+  const int64_t s = query.size(0), b = query.size(1), nl = query.size(2), dqk = query.size(3), dv = v.size(3);
+  // Fused GPU kernels want one head size for q, k and v: pad v with zeros and drop the padding
+  // after (the math is unchanged). The CPU paths take dv as it is.
+  const bool pad_v = v.is_cuda() && dv != dqk;
+  const auto value = pad_v ? F::pad(v, F::PadFuncOptions({0, dqk - dv})) : v;
+  const double p = is_training() ? config_.attention_dropout : 0.0;
+  auto out = attention_kernel(query, key, value, attention_mask, p);  // [s, b, heads, dv (padded)]
+  if (pad_v) out = out.narrow(-1, 0, dv);
+  return out.reshape({s, b, nl * dv});
+}
+
+torch::Tensor MlaSelfAttentionImpl::attention_kernel(const torch::Tensor& query, const torch::Tensor& key,
+                                                     const torch::Tensor& value, const torch::Tensor& attention_mask,
+                                                     double dropout) const {
+  if (cp_.enabled()) {
+    FP8TRON_CHECK(!attention_mask.defined(), "context-parallel attention is causal only (--reset-attention-mask is refused)");
+    return context_parallel_attention(query, key, value, cp_, cp_comm_type_, dropout, softmax_scale_);
+  }
+  auto q = query.permute({1, 2, 0, 3}), k = key.permute({1, 2, 0, 3}), v = value.permute({1, 2, 0, 3});  // [b, h, s, d]
+  auto out = attention_mask.defined() ? at::scaled_dot_product_attention(q, k, v, attention_mask, dropout, false, softmax_scale_)
+                                      : at::scaled_dot_product_attention(q, k, v, {}, dropout, true, softmax_scale_);
+  return out.permute({2, 0, 1, 3});
+}
+
+torch::Tensor MlaSelfAttentionImpl::attend(const std::vector<torch::Tensor>& qkv, const torch::Tensor& attention_mask) {
+  if (!recompute_core_ || !is_training()) return core_attention(qkv[0], qkv[1], qkv[2], attention_mask);
+  // Only q, k and v are kept. Called again in backward: captures `this` and the mask.
+  return recompute(
+      [this, attention_mask](const std::vector<torch::Tensor>& in) { return core_attention(in[0], in[1], in[2], attention_mask); },
+      qkv);
+}
+
 torch::Tensor MlaSelfAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& attention_mask) {
   const MlaConfig& a = config_.mla;
-  const int64_t dr = a.qk_pos_emb_head_dim;
-  // Queries: through the low-rank bottleneck (its up projection below) or straight from the input.
   auto q_in = a.q_lora_rank ? linear_q_down_proj(x) : x;
   // Keys and values: the compressed latent, and the rotary key part shared by every head.
   auto c = linear_kv_down_proj(x);
-  auto c_kv = c.narrow(-1, 0, a.kv_lora_rank), k_pe = c.narrow(-1, a.kv_lora_rank, dr);
+  auto c_kv = c.narrow(-1, 0, a.kv_lora_rank), k_pe = c.narrow(-1, a.kv_lora_rank, a.qk_pos_emb_head_dim);
   if (tp_.size > 1) k_pe = tp_.sequence_parallel ? gather_from_sp(k_pe, *tp_.comm) : copy_to_tp(k_pe, *tp_.comm);
-  const std::vector<torch::Tensor> latents = {q_in, c_kv, k_pe};
-  torch::Tensor out;
-  if (recompute_up_proj_ && is_training()) {
-    // Called again in backward: captures by value (the module outlives its graphs).
-    out = recompute([this, attention_mask](const std::vector<torch::Tensor>& in) { return attend(in, attention_mask); },
-                    latents);
-  } else {
-    out = attend(latents, attention_mask);
+  if (!recompute_up_proj_ || !is_training()) {
+    return linear_proj(attend(up_project({q_in, c_kv, k_pe}), attention_mask));
   }
+  // --recompute-modules mla_up_proj: q, k and v are dropped once attention has run and projected
+  // again in backward. Called again in backward: captures `this` (the model outlives its graphs).
+  OutputDiscardingRecompute checkpoint;
+  const auto qkv = checkpoint.run([this](const std::vector<torch::Tensor>& in) { return up_project(in); }, {q_in, c_kv, k_pe});
+  auto out = attend(qkv, attention_mask);
+  checkpoint.discard(out);
   return linear_proj(out);
-}
-
-torch::Tensor MlaSelfAttentionImpl::attend(const std::vector<torch::Tensor>& latents, const torch::Tensor& attention_mask) {
-  const MlaConfig& a = config_.mla;
-  const int64_t dn = a.qk_head_dim, dr = a.qk_pos_emb_head_dim, dv = a.v_head_dim, nl = local_heads_;
-  const torch::Tensor &q_in = latents[0], &c_kv = latents[1];
-  auto q = a.q_lora_rank ? project(linear_q_up_proj, q_in) : project(linear_q_proj, q_in);  // heads split over TP
-  const int64_t s = q.size(0), b = q.size(1);
-  q = q.view({s, b, nl, dn + dr});
-  auto q_nope = q.narrow(-1, 0, dn), q_pe = q.narrow(-1, dn, dr);
-  auto kv = project(linear_kv_up_proj, c_kv).view({s, b, nl, dn + dv});
-  auto k_nope = kv.narrow(-1, 0, dn), v = kv.narrow(-1, dn, dv);
-  q_pe = rope_.apply(q_pe);
-  auto k_pe = rope_.apply(latents[2].unsqueeze(2)).expand({s, b, nl, dr});
-  auto query = torch::cat({q_nope, q_pe}, -1).permute({1, 2, 0, 3});  // [b, heads, s, dn + dr]
-  auto key = torch::cat({k_nope, k_pe}, -1).permute({1, 2, 0, 3});
-  auto value = v.permute({1, 2, 0, 3});
-  // Fused GPU kernels want one head size for q, k and v: pad v with zeros and drop the padding
-  // after (the math is unchanged).
-  const bool pad_v = value.is_cuda() && dv != dn + dr;
-  if (pad_v) value = F::pad(value, F::PadFuncOptions({0, dn + dr - dv}));
-  const double p = is_training() ? config_.attention_dropout : 0.0;
-  auto out = attention_mask.defined()
-                 ? at::scaled_dot_product_attention(query, key, value, attention_mask, p, false, softmax_scale_)
-                 : at::scaled_dot_product_attention(query, key, value, {}, p, true, softmax_scale_);
-  if (pad_v) out = out.narrow(-1, 0, dv);
-  return out.permute({2, 0, 1, 3}).reshape({s, b, nl * dv});
 }
 
 }  // namespace fp8tron

@@ -17,12 +17,16 @@
 // out, which makes k_pe's rows of linear_kv_down_proj drift apart between ranks. With sequence
 // parallelism k_pe is all-gathered (reduce-scattered in backward) and the down projections'
 // gradients are partial per rank (summed over TP by the optimizer).
+// Context parallelism: the rotary part takes the shard's global positions, and the attention runs
+// through the context-parallel attention of the layer's --cp-comm-type, whose key/value blocks
+// carry the query/key head size dn + dr and the value head size dv separately.
 #pragma once
 #include <torch/torch.h>
 
 #include <memory>
 
 #include "models/modules.h"
+#include "parallel/context_parallel.h"
 
 namespace fp8tron {
 
@@ -56,20 +60,28 @@ class MlaSelfAttentionImpl : public torch::nn::Module {
 
  private:
   torch::Tensor project(const std::shared_ptr<torch::nn::Module>& linear, const torch::Tensor& x);
-  // From the latents {q_lora latent (or the input without --q-lora-rank), c_kv, k_pe}: the up
-  // projections, the rotary embedding and the core attention, [s, b, local heads x v_head_dim].
-  torch::Tensor attend(const std::vector<torch::Tensor>& latents, const torch::Tensor& attention_mask);
+  // The up projections and the rotary embedding: {query, key, value} [s, b, heads, d] from the
+  // query input (q's down projection, or x), the compressed kv and the rotary key part.
+  std::vector<torch::Tensor> up_project(const std::vector<torch::Tensor>& compressed);
+  // softmax(QK^T)V of the heads, [s, b, heads * v_head_dim].
+  torch::Tensor core_attention(const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
+                               const torch::Tensor& attention_mask);
+  // Causal (or masked) attention of [s, b, heads, d] query/key and [s, b, heads, dv] value: the
+  // context-parallel attention when CP > 1. Returns [s, b, heads, dv].
+  torch::Tensor attention_kernel(const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
+                                 const torch::Tensor& attention_mask, double dropout) const;
+  // core_attention, recomputed in backward with --recompute-modules core_attn.
+  torch::Tensor attend(const std::vector<torch::Tensor>& qkv, const torch::Tensor& attention_mask);
 
   ModelConfig config_;
   TensorParallelContext tp_;
+  ContextParallelContext cp_;
+  CpCommType cp_comm_type_ = CpCommType::P2P;
   int64_t local_heads_;
   RotaryEmbedding rope_;
   double softmax_scale_;
-  // --recompute-modules mla_up_proj: only the latents are kept; attend() runs again in backward.
-  // Megatron recomputes the up projections and the rotary embedding after freeing q, k and v
-  // (which its core attention saved); fp8tron replays attend() whole, the core attention
-  // included: the same math and the same activations dropped, with the attention's forward rerun.
-  bool recompute_up_proj_ = false;
+  bool recompute_up_proj_;  // --recompute-modules mla_up_proj (models/output_discarding_recompute.h)
+  bool recompute_core_;     // --recompute-modules core_attn (models/recompute.h)
 };
 TORCH_MODULE(MlaSelfAttention);
 

@@ -1,5 +1,7 @@
 #include "models/modules.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "fp8/fp8_linear.h"
 #include "models/fused_linear.h"
@@ -25,6 +27,12 @@ int64_t layer_number(const std::string& name) {
   const std::string prefix = "decoder.layers.";
   if (name.rfind(prefix, 0) != 0) return -1;
   return std::stoll(name.substr(prefix.size()));
+}
+
+int64_t per_layer_index(const std::string& name) {
+  const std::string mtp = "mtp.layers.";
+  if (name.rfind(mtp, 0) == 0) return std::stoll(name.substr(mtp.size()));
+  return std::max<int64_t>(layer_number(name), 0);
 }
 
 namespace {

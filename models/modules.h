@@ -33,6 +33,10 @@ torch::Tensor apply_norm(const torch::Tensor& x, const NormOptions& o, const tor
 // The global layer number in a module's name ("decoder.layers.12.mlp.linear_fc1" -> 12); -1
 // outside the transformer layers. FP8 sites use it for --first-last-layers-bf16.
 int64_t layer_number(const std::string& name);
+// The entry of a per-layer list (--cp-comm-type) a module's attention takes: the decoder layer's
+// number, and for the multi-token-prediction layer of depth k ("mtp.layers.k.") k, as Megatron
+// numbers its MTP layers 1, 2, ... like the first decoder layers. 0 elsewhere.
+int64_t per_layer_index(const std::string& name);
 
 struct LinearOptions {
   int64_t in_features = 0;   // global sizes

@@ -1,74 +1,15 @@
 #include "models/recompute.h"
 
-#include <ATen/Context.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
 
-#include <atomic>
-#include <mutex>
-
 #include "core/error.h"
-#include "fp8/forward_replay.h"
+#include "models/replay_state.h"
 
 namespace fp8tron {
 namespace {
 
 using torch::autograd::variable_list;
-
-std::atomic<int64_t> replays{0};
-
-torch::Tensor generator_state(const torch::Device& device) {
-  at::Generator g = at::globalContext().defaultGenerator(device);
-  std::lock_guard<std::mutex> lock(g.mutex());
-  return g.get_state();
-}
-
-void set_generator_state(const torch::Device& device, const torch::Tensor& state) {
-  at::Generator g = at::globalContext().defaultGenerator(device);
-  std::lock_guard<std::mutex> lock(g.mutex());
-  g.set_state(state);
-}
-
-// The states of the generators dropout draws from: the CPU one, and the CUDA one of the device the
-// activations live on.
-struct RngSnapshot {
-  torch::Tensor cpu, cuda;
-  torch::Device cuda_device = torch::Device(torch::kCUDA, 0);
-
-  static RngSnapshot capture(const torch::Device& device) {
-    RngSnapshot s;
-    s.cpu = generator_state(torch::Device(torch::kCPU));
-    if (device.is_cuda()) {
-      s.cuda_device = device.has_index() ? device : torch::Device(torch::kCUDA, 0);
-      s.cuda = generator_state(s.cuda_device);
-    }
-    return s;
-  }
-  void restore() const {
-    set_generator_state(torch::Device(torch::kCPU), cpu);
-    if (cuda.defined()) set_generator_state(cuda_device, cuda);
-  }
-};
-
-// Puts the generators in a captured state for its lifetime, then back where they were.
-class RngReplay {
- public:
-  explicit RngReplay(const RngSnapshot& replayed)
-      : current_(RngSnapshot::capture(replayed.cuda.defined() ? replayed.cuda_device : torch::Device(torch::kCPU))) {
-    replayed.restore();
-  }
-  ~RngReplay() { current_.restore(); }
-
- private:
-  RngSnapshot current_;
-};
-
-std::vector<torch::Tensor> detached_like(const std::vector<torch::Tensor>& inputs) {
-  std::vector<torch::Tensor> out;
-  out.reserve(inputs.size());
-  for (const auto& t : inputs) out.push_back(t.defined() ? t.detach().requires_grad_(t.requires_grad()) : t);
-  return out;
-}
 
 // --distribute-saved-activations: this rank's 1/size of the flattened tensor (zero-padded to a
 // multiple of the group size), and the whole tensor back from the parts.
@@ -111,11 +52,8 @@ struct RecomputeBackward : public torch::autograd::Node {
     for (size_t i = 0; i < inputs.size(); ++i)
       if (inputs[i].defined()) inputs[i] = inputs[i].detach().requires_grad_(wants_grad[i]);
     torch::Tensor out;
-    ++replays;
     {
-      RngReplay replay(rng);
-      fp8::ForwardReplayGuard no_amax_recording;
-      torch::AutoGradMode grad_mode(true);
+      ReplayScope replay(rng);
       out = fn(inputs);
     }
     if (out.requires_grad() && grads[0].defined()) torch::autograd::backward({out}, {grads[0]});
@@ -138,6 +76,7 @@ torch::Tensor recompute(const RecomputeFn& fn, const std::vector<torch::Tensor>&
   torch::Tensor y;
   {
     // The graph this builds dies with `recorded` at the end of the scope (see the header).
+    FirstPassGuard first(true);
     const torch::Tensor recorded = fn(detached);
     torch::NoGradGuard no_grad;
     // Not a view: autograd attaches the node to y as to any function's fresh output.
@@ -160,8 +99,6 @@ torch::Tensor recompute(const RecomputeFn& fn, const std::vector<torch::Tensor>&
   torch::autograd::set_history(y, node);
   return y;
 }
-
-int64_t recompute_replays() { return replays.load(); }
 
 std::vector<LayerUnit> layer_units(const RecomputeConfig& c, int64_t layers) {
   std::vector<LayerUnit> units;

@@ -14,6 +14,11 @@
 //    that depends on whether gradients are wanted (fused attention backend, the FP8 linears'
 //    fused norm cast) is taken the same way in both runs, and the outputs are bitwise equal.
 //    (Megatron runs the first pass under no_grad; its peak memory is the replay's anyway.)
+//  - side effects that belong with the gradients (the MoE router's auxiliary losses, their logged
+//    values and the token counts of the expert bias) happen once, in the replay: the first pass
+//    skips them (recompute_first_pass_active()), as Megatron's first pass under no_grad does.
+//    The replays run in the order of the forward passes, so accumulations over a step's
+//    micro-batches (--moe-router-load-balancing-type global_aux_loss) see the same values.
 // Gradients of parameters used inside the function are produced by a nested backward pass
 // through the replayed graph (as Megatron's re-entrant checkpoint does), so they accumulate into
 // the parameters' gradients (the optimizer's main-gradient buffer) and fire the same hooks.
@@ -42,9 +47,9 @@ struct RecomputeOptions {
 // between the forward and the backward pass besides the RNG. Without grad mode this is fn(inputs).
 torch::Tensor recompute(const RecomputeFn& fn, const std::vector<torch::Tensor>& inputs, const RecomputeOptions& options = {});
 
-// How many recomputed functions this process has replayed in backward so far (a diagnostic:
-// tests count them to see that a --recompute-modules entry really recomputes).
-int64_t recompute_replays();
+// Whether the forward pass running on this thread is the first pass of a recomputed function (the
+// one whose graph is dropped). Thread-local like autograd's grad mode.
+bool recompute_first_pass_active();
 
 // Full granularity: how a model chunk's `layers` layers are grouped (Megatron's
 // _checkpointed_forward over the chunk's layers, with each virtual pipeline chunk its own block).

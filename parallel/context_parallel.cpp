@@ -144,6 +144,41 @@ torch::Tensor cp_unshard(const std::vector<torch::Tensor>& parts, int64_t dim) {
   return torch::cat(chunks, dim);
 }
 
+torch::Tensor cp_roll_left(const torch::Tensor& x, int64_t dim, Communicator& group) {
+  const int n = group.size(), r = group.rank();
+  const int64_t len = x.size(dim);
+  auto out = torch::zeros_like(x);
+  if (n == 1) {
+    out.narrow(dim, 0, len - 1).copy_(x.narrow(dim, 1, len - 1));
+    return out;
+  }
+  FP8TRON_CHECK(len % 2 == 0, "cp_roll_left: a shard is two equal chunks");
+  const int64_t c = len / 2;
+  // Each chunk moves one position left within itself; its last position waits for the head of
+  // the chunk that follows it in the sequence.
+  for (int64_t k : {int64_t(0), c}) out.narrow(dim, k, c - 1).copy_(x.narrow(dim, k + 1, c - 1));
+  const auto my_first = x.select(dim, 0).contiguous(), my_second = x.select(dim, c).contiguous();  // the heads
+  torch::Tensor first_tail, second_tail;  // what lands at positions c - 1 and 2c - 1
+  std::vector<Communicator::P2POp> ops;
+  constexpr int kToPrevious = 21, kToNext = 22;
+  if (r + 1 < n) {
+    first_tail = torch::empty_like(my_first);
+    ops.push_back({false, first_tail, r + 1, kToPrevious});  // chunk r + 1 is rank r + 1's first
+    ops.push_back({true, my_second, r + 1, kToNext});        // our second chunk follows theirs
+  } else {
+    first_tail = my_second;  // chunk `size` is this rank's own second chunk
+  }
+  if (r > 0) {
+    ops.push_back({true, my_first, r - 1, kToPrevious});
+    second_tail = torch::empty_like(my_first);
+    ops.push_back({false, second_tail, r - 1, kToNext});  // chunk 2 size - r is rank r - 1's second
+  }
+  if (!ops.empty()) group.batch_p2p_async(std::move(ops))->wait();
+  out.select(dim, c - 1).copy_(first_tail);
+  if (second_tail.defined()) out.select(dim, 2 * c - 1).copy_(second_tail);  // rank 0: the sequence's end, 0
+  return out;
+}
+
 ContextParallelGroups build_context_parallel_groups(const ParallelState& s, const std::vector<int>& hierarchical_sizes) {
   ContextParallelGroups g;
   if (s.sizes.cp == 1) {

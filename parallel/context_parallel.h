@@ -43,6 +43,15 @@ torch::Tensor cp_shard(const torch::Tensor& x, int64_t dim, int size, int rank);
 // The inverse: every rank's part (in rank order) back into the whole sequence along `dim`.
 torch::Tensor cp_unshard(const std::vector<torch::Tensor>& parts, int64_t dim);
 
+// Megatron's roll_tensor(shifts=-1) with a context-parallel group, on this rank's shard of x
+// along `dim` (load-balanced layout): the whole sequence moves one position left and its last
+// position becomes 0. Each local chunk shifts left and takes as its last element the first one of
+// the chunk that follows it in the sequence: chunk r + 1 (rank r + 1's first chunk, or this rank's
+// own second chunk when r = size - 1) and chunk 2 size - r (rank r - 1's second chunk; none after
+// the last chunk, held by rank 0). Not differentiable (token ids, labels, masks, positions).
+// Every rank of `group` calls it.
+torch::Tensor cp_roll_left(const torch::Tensor& x, int64_t dim, Communicator& group);
+
 // ---- groups -----------------------------------------------------------------------------------
 struct ContextParallelGroups {
   std::shared_ptr<Communicator> dp_cp;           // data x context parallel: the gradients' replicas

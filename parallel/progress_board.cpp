@@ -125,9 +125,11 @@ ProgressBoard::Record ProgressBoard::parse(const std::string& text) {
 }
 
 void ProgressBoard::publish() {
-  const std::string text = serialize();
   try {
+    // Serialized under the store's lock: of two publishes (the background loop's and a direct
+    // one), the later write carries the later state, never a stale record over a fresh one.
     std::lock_guard<std::mutex> lock(store_mutex_);
+    const std::string text = serialize();
     store_->set(record_key(rank_), std::vector<uint8_t>(text.begin(), text.end()));
   } catch (const std::exception&) {
     // The side channel is down (e.g. rank 0's process stopped): the next publish retries.

@@ -3,7 +3,9 @@
 # label gpu), multi-GPU equivalence under mpirun and torchrun, and the benchmarks. Results go to
 # $OUT (or gpu-check/). Usage: scripts/gpu_check.sh [equivalence] [bench] [fp8-bench] [fp8-convergence]
 # [grouped] [parallel-bench] [data] [checkpoint] [moe] [moe-equivalence] [moe-parallel-bench] [moe-convergence]
-# [overlap] [overlap-bench] [recompute-cp-bench]
+# [overlap] [overlap-bench] [recompute-cp-bench] [max-fit]
+# (max-fit: the largest micro-batch and sequence of the 1.3B model that fit on one GPU with and
+# without recomputation, scripts/bench_max_fit.sh)
 # (grouped: the MoE expert GEMMs against torch's grouped GEMMs, scripts/bench_grouped_gemm.sh;
 # moe: the MoE GPU tests' lines and the Mixtral-style benchmark on one GPU; moe-equivalence and
 # moe-parallel-bench need 2+ GPUs: expert parallelism over NCCL)
@@ -82,11 +84,35 @@ for step in "$@"; do
         --cp-comm-type all_gather --tolerance 2e-2
       check eq-cp2-recompute-fp8 "$EQUIV_LINES" "${MPI[@]}" -np 2 $EQ --device cuda --bf16 --context-parallel-size 2 \
         --fp8-format hybrid --recompute-granularity full --recompute-method uniform --recompute-num-layers 1 --tolerance 2e-2
+      # ... with experts over the CP ranks (the token all-to-all on the CP ranks' NCCL group),
+      # multi-latent attention (values padded to the query head size for the fused kernels, each
+      # comm type) with multi-token prediction (the shifts' send/receive), the per-token loss.
+      CPX_MOE=(--num-experts 4 --moe-router-topk 2 --moe-ffn-hidden-size 48 --moe-layer-freq '([0]+[1]*3)'
+               --moe-aux-loss-coeff 1e-2 --moe-z-loss-coeff 1e-3)
+      CPX_MLA=(--multi-latent-attention --q-lora-rank 16 --kv-lora-rank 16 --qk-head-dim 8 --qk-pos-emb-head-dim 8
+               --v-head-dim 8 --qk-layernorm --rotary-scaling-factor 4 --mscale 1 --mscale-all-dim 1)
+      check eq-cp2-ep2-moe-alltoall-bf16 "$EQUIV_LINES" "${MPI[@]}" -np 2 $EQ --device cuda --bf16 --context-parallel-size 2 \
+        "${CPX_MOE[@]}" --expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall --tolerance 2e-2
+      for cpx_type in p2p a2a all_gather; do
+        check eq-cp2-mla-mtp-$cpx_type-bf16 "$EQUIV_LINES" "${MPI[@]}" -np 2 $EQ --device cuda --bf16 --context-parallel-size 2 \
+          --cp-comm-type $cpx_type "${CPX_MLA[@]}" --mtp-num-layers 2 --position-embedding-type rope --tolerance 2e-2
+      done
+      check eq-cp2-per-token-loss-fp32 "$EQUIV_LINES" "${MPI[@]}" -np 2 $EQ --device cuda --context-parallel-size 2 \
+        --calculate-per-token-loss --eod-mask-loss --tolerance 1e-4
       if [ "$GPUS" -ge 4 ]; then
         check eq-cp2-tp2-sp "$EQUIV_LINES" "${MPI[@]}" -np 4 $EQ --device cuda --bf16 --context-parallel-size 2 \
           --tensor-model-parallel-size 2 --sequence-parallel --tolerance 2e-2
         check eq-cp4-a2a-p2p "$EQUIV_LINES" "${MPI[@]}" -np 4 $EQ --device cuda --bf16 --context-parallel-size 4 \
           --cp-comm-type a2a+p2p --hierarchical-context-parallel-sizes 2 2 --tolerance 2e-2
+        check eq-cp2-pp2-ep2-moe-bf16 "$EQUIV_LINES" "${MPI[@]}" -np 4 $EQ --device cuda --bf16 --context-parallel-size 2 \
+          --pipeline-model-parallel-size 2 "${CPX_MOE[@]}" --expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall \
+          --tolerance 2e-2
+      fi
+      if [ "$GPUS" -ge 8 ]; then
+        # The layout of Megatron's gpt3_mcore_tp2_cp2_pp2_ep2_te_4experts2parallel (its router: aux loss here).
+        check eq-tp2-cp2-pp2-ep2-moe-bf16 "$EQUIV_LINES" "${MPI[@]}" -np 8 $EQ --device cuda --bf16 \
+          --tensor-model-parallel-size 2 --context-parallel-size 2 --pipeline-model-parallel-size 2 --sequence-parallel \
+          --disable-bias-linear "${CPX_MOE[@]}" --expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall --tolerance 2e-2
       fi
       # FP8 over NCCL: delayed scaling with amaxes reduced over the tensor-parallel group.
       check eq-tp2-sp-fp8 "$EQUIV_LINES" "${MPI[@]}" -np 2 $EQ --device cuda --bf16 --tensor-model-parallel-size 2 \
@@ -164,6 +190,9 @@ with open('$OUT/corpus.jsonl', 'w') as f:
     recompute-cp-bench)
       echo "== recomputation (memory, 1 GPU) and context parallelism (throughput, $GPUS GPUs) on the 1.3B model"
       check recompute-cp-bench "^\|" ./scripts/bench_recompute_cp.sh "$GPUS" ;;
+    max-fit)
+      echo "== the largest micro-batch and sequence of the 1.3B model that fit, with and without recomputation"
+      check max-fit "^\|" ./scripts/bench_max_fit.sh ;;
     checkpoint)
       echo "== checkpoints: speed, async blocking, deterministic repeat and resume (1.3B)"
       check checkpoint-bench "." ./scripts/bench_checkpoint.sh gpt-1.3b

@@ -2,7 +2,7 @@
 // the tiny mixture-of-experts GPT, with the MoE flags in the test's arguments) twice, once alone
 // (the reference) and once in the parallel layout given on the command line, each from its own
 // initialisation (nothing injected: the same seed gives bitwise the same initial weights in every
-// layout, which is checked first), and compares the 10 losses and its final
+// layout, which is checked first), and compares the 10 losses (and the MoE and MTP losses) and its final
 // (tensor-parallel-gathered) weights with the reference: losses within 1e-5 relative (fp32,
 // dropout 0; `--tolerance X` for bf16 runs on GPUs),
 // every tensor within 1e-2 of its own update (see the weights check; `--tensor-tolerance`,
@@ -181,22 +181,24 @@ int main(int argc, char** argv) {
         ++failures;
       }
     }
-    // The MoE losses (load_balancing_loss, z_loss, ...) are reduced over the layout's groups to
-    // the same values as one process's.
-    for (const auto& [name, values] : reference.moe_losses) {
-      auto it = parallel.moe_losses.find(name);
-      if (it == parallel.moe_losses.end() || it->second.size() != values.size()) {
-        std::fprintf(stderr, "[rank %d] MoE metric %s missing\n", env.rank, name.c_str());
-        ++failures;
-        continue;
-      }
-      for (size_t i = 0; i < values.size(); ++i)
-        if (!(std::abs(it->second[i] - values[i]) <= tolerance * std::max(std::abs(values[i]), 1.0))) {
-          std::fprintf(stderr, "[rank %d] iteration %zu: %s %.8f vs reference %.8f\n", env.rank, i + 1, name.c_str(),
-                       it->second[i], values[i]);
+    // The MoE losses (load_balancing_loss, z_loss, ...) and the multi-token-prediction losses are
+    // reduced over the layout's groups to the same values as one process's.
+    for (const auto* metrics : {&reference.moe_losses, &reference.mtp_losses})
+      for (const auto& [name, values] : *metrics) {
+        const auto& mine = metrics == &reference.moe_losses ? parallel.moe_losses : parallel.mtp_losses;
+        auto it = mine.find(name);
+        if (it == mine.end() || it->second.size() != values.size()) {
+          std::fprintf(stderr, "[rank %d] metric %s missing\n", env.rank, name.c_str());
           ++failures;
+          continue;
         }
-    }
+        for (size_t i = 0; i < values.size(); ++i)
+          if (!(std::abs(it->second[i] - values[i]) <= tolerance * std::max(std::abs(values[i]), 1.0))) {
+            std::fprintf(stderr, "[rank %d] iteration %zu: %s %.8f vs reference %.8f\n", env.rank, i + 1, name.c_str(),
+                         it->second[i], values[i]);
+            ++failures;
+          }
+      }
     const double valid_rel = std::abs(parallel.last_validation_loss - reference.last_validation_loss) / reference.last_validation_loss;
     if (!(valid_rel <= tolerance)) {
       std::fprintf(stderr, "[rank %d] validation loss %.8f vs %.8f\n", env.rank, parallel.last_validation_loss, reference.last_validation_loss);

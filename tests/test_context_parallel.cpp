@@ -78,6 +78,28 @@ TEST(ContextParallel, MergedBlocksEqualWholeAttentionWithGradients) {
   EXPECT_TRUE(torch::allclose(torch::cat({ga.dv, gc.dv}, 2), vr.grad(), 1e-5, 1e-5));
 }
 
+// Multi-latent attention's values are narrower than its queries and keys: the ring carries keys
+// and values as one message of both head sizes, and the result (and its gradients) equal plain
+// causal attention. One rank: the causal block of step 0 (the layouts run under mpirun).
+TEST(ContextParallel, RingAttentionTakesValuesOfAnotherHeadSize) {
+  torch::manual_seed(1);
+  const int64_t b = 2, h = 4, hk = 2, s = 8, d = 12, dv = 6;
+  auto q = torch::randn({b, h, s, d}, torch::kFloat64).requires_grad_();
+  auto k = torch::randn({b, hk, s, d}, torch::kFloat64).requires_grad_();
+  auto v = torch::randn({b, hk, s, dv}, torch::kFloat64).requires_grad_();
+  const auto dout = torch::randn({b, h, s, dv}, torch::kFloat64);
+  const double scale = 0.3;
+  auto ring = make_self_communicator("cp", 0);
+  auto out = ring_attention(q, k, v, *ring, 0, scale);
+  ASSERT_EQ(out.sizes(), (std::vector<int64_t>{b, h, s, dv}));
+  auto grads = torch::autograd::grad({out}, {q, k, v}, {dout});
+  auto ke = k.repeat_interleave(h / hk, 1), ve = v.repeat_interleave(h / hk, 1);
+  auto scores = (torch::matmul(q, ke.transpose(-2, -1)) * scale).masked_fill(torch::ones({s, s}, torch::kBool).triu(1), -INFINITY);
+  auto ref = torch::matmul(scores.softmax(-1), ve);
+  auto ref_grads = torch::autograd::grad({ref}, {q, k, v}, {dout});
+  EXPECT_TRUE(torch::allclose(out, ref, 1e-5, 1e-5));
+  for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(torch::allclose(grads[i], ref_grads[i], 1e-5, 1e-5)) << i;
+}
 
 // With --tp-comm-overlap each tensor-parallel rank multiplies its share of its context-parallel
 // rank's shard: 32 tokens / CP 2 x micro-batch 1 / TP 2 = 8, not an FP8 GEMM operand (16 without

@@ -59,6 +59,49 @@ TEST(RecomputeGpu, EveryGranularityTrainsBitwiseAsWithoutRecomputation) {
   }
 }
 
+// Mixture of experts and multi-latent attention on the GPU: every module Megatron recomputes there
+// (the whole MoE layer, the shared expert, the experts' activation and the pre-MLP norm, whose
+// outputs are freed and written back before their consumer's backward; MLA's up projections,
+// input norm and core attention) trains bitwise as without recomputation, bf16 and FP8
+// (tensorwise for the output-discarding modules, which Megatron refuses with delayed scaling).
+TEST(RecomputeGpu, MixtureOfExpertsAndMlaTrainBitwiseAsWithoutRecomputation) {
+  REQUIRE_GPU();
+  const std::vector<std::string> moe = {"--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "128",
+                                        "--moe-layer-freq", "([0]+[1]*3)", "--moe-aux-loss-coeff", "1e-2",
+                                        "--moe-z-loss-coeff", "1e-3", "--moe-shared-expert-intermediate-size", "128",
+                                        "--disable-bias-linear", "--moe-grouped-gemm", "--moe-token-dispatcher-type", "alltoall"};
+  const std::vector<std::string> mla = {"--multi-latent-attention", "--q-lora-rank", "64", "--kv-lora-rank", "64",
+                                        "--qk-head-dim", "32", "--qk-pos-emb-head-dim", "32", "--v-head-dim", "32",
+                                        "--position-embedding-type", "rope", "--disable-bias-linear"};
+  const std::vector<std::string> tensorwise = {"--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"};
+  struct Case {
+    std::vector<std::string> model, layout;
+  };
+  auto plus = [](std::vector<std::string> a, const std::vector<std::string>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  };
+  const std::vector<Case> cases = {
+      {moe, {"--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"}},
+      {moe, {"--recompute-granularity", "selective", "--recompute-modules", "moe", "shared_experts"}},
+      {moe, {"--recompute-granularity", "selective", "--recompute-modules", "moe_act", "layernorm", "shared_experts"}},
+      {plus(moe, tensorwise), {"--recompute-granularity", "selective", "--recompute-modules", "moe_act", "layernorm"}},
+      {plus(moe, {"--fp8-format", "hybrid"}), {"--recompute-granularity", "selective", "--recompute-modules", "moe"}},
+      {mla, {"--recompute-granularity", "selective", "--recompute-modules", "mla_up_proj", "layernorm", "core_attn"}},
+      {plus(mla, tensorwise), {"--recompute-granularity", "selective", "--recompute-modules", "mla_up_proj", "layernorm"}},
+  };
+  for (const Case& c : cases) {
+    std::string what;
+    for (const auto& a : plus(c.model, c.layout)) what += a + " ";
+    const TrainResult plain = train_gpu(c.model);
+    const TrainResult r = train_gpu(plus(c.model, c.layout));
+    ASSERT_EQ(r.losses.size(), plain.losses.size()) << what;
+    for (size_t i = 0; i < r.losses.size(); ++i) EXPECT_EQ(r.losses[i], plain.losses[i]) << what << " iteration " << i + 1;
+    for (const auto& [name, w] : plain.final_weights)
+      EXPECT_TRUE(torch::equal(w, r.final_weights.at(name))) << what << ": " << name;
+  }
+}
+
 // Peak memory of training steps (the caching allocator's peak of allocated bytes) with and without
 // full recomputation, on a model whose activations dominate: the saved activations of 8 layers
 // shrink to 8 layer inputs plus one layer's replay.

@@ -1,5 +1,7 @@
 // Reliability on the GPU (ctest label gpu; skipped without a CUDA device): the NaN check's
-// asynchronous copy of the loss and gradient norm stops the run at the right iteration, and the
+// asynchronous copy of the loss and gradient norm stops the run at the right iteration, the rerun
+// engine's re-run in place reproduces an iteration bit for bit (the CUDA generator's offset and
+// the FP8 scaling state restored) and saves the state before a reproducible NaN, and the
 // FP8 cast statistics of the native kernels -- whose norm, GeLU and SwiGLU prologues are fused into
 // the casts, which record_cast_stats re-applies -- agree with the CPU emulation's.
 #include <gtest/gtest.h>
@@ -37,7 +39,8 @@ TEST(GpuReliability, ANanStopsTheRunAtItsIterationAndNamesTheParameter) {
   REQUIRE_GPU();
   TempDir dir;
   EXPECT_USER_ERROR(train(config_on("cuda", {"--train-iters", "8", "--save", dir.path(), "--save-interval", "2",
-                                             "--fp8tron-test-inject-nan", "5:decoder.layers.1.mlp.linear_fc1.weight"})),
+                                             "--rerun-mode", "disabled", "--fp8tron-test-inject-nan",
+                                             "5:decoder.layers.1.mlp.linear_fc1.weight"})),
                     "iteration 5: the gradient norm is NaN (the first parameter whose gradient is not finite: "
                     "decoder.layers.1.mlp.linear_fc1.weight)");
   EXPECT_EQ(checkpoint::read_tracker(dir.path())->iteration, 4);
@@ -50,11 +53,58 @@ const std::vector<std::string> kMoe = {"--num-experts", "4", "--moe-ffn-hidden-s
 TEST(GpuReliability, ANanInAnExpertsGradientStopsTheRunAndNamesTheExpert) {
   REQUIRE_GPU();
   TempDir dir;
-  std::vector<std::string> extra = {"--train-iters", "8", "--save", dir.path(), "--save-interval", "2",
-                                    "--fp8tron-test-inject-nan", "5:decoder.layers.1.mlp.experts.linear_fc1.weight2"};
+  std::vector<std::string> extra = {"--train-iters", "8", "--save", dir.path(), "--save-interval", "2", "--rerun-mode",
+                                    "disabled", "--fp8tron-test-inject-nan",
+                                    "5:decoder.layers.1.mlp.experts.linear_fc1.weight2"};
   extra.insert(extra.end(), kMoe.begin(), kMoe.end());
   EXPECT_USER_ERROR(train(config_on("cuda", extra)), "iteration 5: the gradient norm is NaN (the first parameter whose "
                                                      "gradient is not finite: decoder.layers.1.mlp.experts.linear_fc1.weight2)");
+  EXPECT_EQ(checkpoint::read_tracker(dir.path())->iteration, 4);
+}
+
+std::vector<std::string> joined(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// From the second iteration on, every iteration runs twice (an injected transient error on the
+// non-fatal spiky-loss check) and the re-run's step is applied: with the state fully restored the
+// run is bitwise the run without re-runs (deterministic mode: no atomics in the kernels).
+TEST(GpuReliability, ARerunInPlaceReproducesTheIterationBitForBit) {
+  REQUIRE_GPU();
+  const std::vector<std::string> rerun_every_iteration = {
+      "--no-check-for-nan-in-loss-and-grad", "--check-for-spiky-loss", "--check-for-large-grads",
+      "--error-injection-rate", "1", "--error-injection-type", "transient_error"};
+  for (const auto& variant : std::vector<std::vector<std::string>>{
+           {"--hidden-dropout", "0.1", "--attention-dropout", "0.1"},
+           {"--hidden-dropout", "0.1", "--fp8-format", "hybrid", "--fp8-recipe", "delayed", "--fp8-amax-history-len", "4"},
+           joined(kMoe, {"--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias"})}) {
+    SCOPED_TRACE(join(variant, " "));
+    const auto base = joined(variant, {"--train-iters", "5", "--deterministic-mode"});
+    const TrainResult plain =
+        train(config_on("cuda", joined(base, {"--rerun-mode", "disabled"})), TrainOptions{.collect_final_weights = true});
+    const TrainResult rerun =
+        train(config_on("cuda", joined(base, rerun_every_iteration)), TrainOptions{.collect_final_weights = true});
+    EXPECT_EQ(plain.losses, rerun.losses);
+    ASSERT_EQ(plain.final_weights.size(), rerun.final_weights.size());
+    for (const auto& [name, w] : plain.final_weights) EXPECT_TRUE(torch::equal(w, rerun.final_weights.at(name))) << name;
+  }
+}
+
+// --rerun-mode validate_results (the default) on the GPU: a NaN reproduced in place saves the state
+// before its iteration and ends with Megatron's exit 16.
+TEST(GpuReliability, AReproducibleNanSavesTheStateBeforeItAndExits16) {
+  REQUIRE_GPU();
+  TempDir dir;
+  try {
+    train(config_on("cuda", {"--train-iters", "8", "--save", dir.path(), "--save-interval", "2", "--fp8-format", "hybrid",
+                             "--fp8tron-test-inject-nan", "5:decoder.layers.1.mlp.linear_fc1.weight"}));
+    ADD_FAILURE() << "the run did not end";
+  } catch (const RunEnd& e) {
+    EXPECT_EQ(e.status(), 16) << e.what();
+    EXPECT_NE(std::string(e.what()).find("saved the checkpoint of iteration 4"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("decoder.layers.1.mlp.linear_fc1.weight"), std::string::npos) << e.what();
+  }
   EXPECT_EQ(checkpoint::read_tracker(dir.path())->iteration, 4);
 }
 

@@ -1,5 +1,6 @@
 // Activation recomputation (models/recompute.h): every --recompute-* layout trains exactly as the
-// run that keeps its activations (dropout on, so the replay must draw the same masks), the
+// run that keeps its activations (dropout on, so the replay must draw the same masks; dense and
+// mixture-of-experts models), the
 // replayed FP8 forward pass records no amax, and the flags Megatron refuses are refused by name.
 #include <gtest/gtest.h>
 
@@ -10,6 +11,7 @@
 #include "fp8/recipe.h"
 #include "models/gpt_model.h"
 #include "models/linear_kernels_fp8.h"
+#include "models/output_discarding_recompute.h"
 #include "models/recompute.h"
 #include "parallel/parallel_state.h"
 #include "test_helpers.h"
@@ -67,39 +69,6 @@ TEST(Recompute, EveryGranularityTrainsExactlyAsWithoutRecomputation) {
   }
 }
 
-// The MoE and multi-latent attention modules: an MoE layer's pre-MLP norm (layernorm), the
-// experts' activation with linear_fc2 (moe_act), MLA's input norm (layernorm) and its up
-// projections with the core attention (mla_up_proj, attention dropout replayed): bitwise the
-// training without recomputation, FP8 tensorwise too (Megatron refuses moe_act and layernorm
-// under delayed scaling).
-TEST(Recompute, MoeAndMlaModulesTrainExactlyAsWithoutRecomputation) {
-  const std::vector<std::string> moe_mla = {"--num-experts", "4", "--moe-ffn-hidden-size", "32", "--moe-layer-freq",
-                                            "([0]+[1]*3)", "--moe-aux-loss-coeff", "1e-2", "--moe-grouped-gemm",
-                                            "--multi-latent-attention", "--q-lora-rank", "16", "--kv-lora-rank", "16",
-                                            "--qk-head-dim", "8", "--qk-pos-emb-head-dim", "8", "--v-head-dim", "8",
-                                            "--position-embedding-type", "rope", "--mtp-num-layers", "1"};
-  for (const std::vector<std::string>& precision :
-       {std::vector<std::string>{}, std::vector<std::string>{"--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"}}) {
-    int64_t before = recompute_replays();
-    const TrainResult plain = train_with(with(moe_mla, precision));
-    EXPECT_EQ(recompute_replays(), before);
-    // Replays per forward/backward pass (6 of them: 3 iterations of 2 micro-batches) of the four
-    // layers and the MTP layer: 5 MLA input norms and 4 MoE pre-MLP norms (layers 1-3 and the MTP
-    // layer's), 4 expert activations, 5 MLA up projections, 1 dense MLP (layer 0).
-    const std::vector<std::pair<std::vector<std::string>, int64_t>> layouts = {
-        {{"layernorm"}, 9}, {{"moe_act"}, 4}, {{"mla_up_proj"}, 5}, {{"layernorm", "mla_up_proj", "mlp", "moe_act"}, 19}};
-    for (const auto& [modules, per_pass] : layouts) {
-      std::vector<std::string> flags = {"--recompute-granularity", "selective", "--recompute-modules"};
-      flags.insert(flags.end(), modules.begin(), modules.end());
-      std::string what = precision.empty() ? "bf16-free fp32:" : "fp8 tensorwise:";
-      for (const auto& m : modules) what += " " + m;
-      before = recompute_replays();
-      expect_identical(plain, train_with(with(with(moe_mla, precision), flags)), what);
-      EXPECT_EQ(recompute_replays() - before, 6 * per_pass) << what;
-    }
-  }
-}
-
 // FP8 delayed scaling: the replay quantizes with the original pass's scales and records nothing,
 // so the scales of every later step, and so the whole run, are the same as without recomputation.
 TEST(Recompute, Fp8DelayedScalingTrainsExactlyAsWithoutRecomputation) {
@@ -111,6 +80,119 @@ TEST(Recompute, Fp8DelayedScalingTrainsExactlyAsWithoutRecomputation) {
                    "fp8 full uniform 2");
   expect_identical(plain, train_with(with(fp8, {"--recompute-granularity", "selective", "--recompute-modules", "mlp"})),
                    "fp8 selective mlp");
+}
+
+// Mixture of experts: the router's auxiliary losses, their logged values and the expert-bias token
+// counts happen once, in the replay (Megatron's first pass runs under no_grad), and the replays
+// run in the order of the forward passes, so the global-batch aux loss accumulated over the
+// micro-batches sees the same counts. Input jitter draws from dropout's generator (replayed).
+std::vector<std::string> moe_args() {
+  return {"--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "24", "--moe-layer-freq", "([0]+[1]*3)",
+          "--moe-router-load-balancing-type", "aux_loss", "seq_aux_loss", "global_aux_loss", "--moe-aux-loss-coeff", "1e-2",
+          "1e-2", "1e-2", "--moe-z-loss-coeff", "1e-3", "--moe-input-jitter-eps", "0.1", "--moe-router-enable-expert-bias",
+          "--moe-router-bias-update-rate", "1e-2", "--moe-router-score-function", "sigmoid",
+          "--moe-shared-expert-intermediate-size", "16", "--disable-bias-linear", "--global-batch-size", "8"};
+}
+
+TEST(Recompute, MixtureOfExpertsTrainsExactlyAsWithoutRecomputation) {
+  const TrainResult plain = train_with(moe_args());
+  const std::vector<std::vector<std::string>> layouts = {
+      {"--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"},
+      {"--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", "3"},
+      {"--recompute-granularity", "selective", "--recompute-modules", "moe"},
+      {"--recompute-granularity", "selective", "--recompute-modules", "shared_experts"},
+      {"--recompute-granularity", "selective", "--recompute-modules", "core_attn", "mlp", "moe", "shared_experts"},
+      {"--moe-layer-recompute"},
+      {"--moe-grouped-gemm", "--recompute-granularity", "selective", "--recompute-modules", "moe_act"},
+      {"--recompute-granularity", "selective", "--recompute-modules", "layernorm"},
+      {"--moe-grouped-gemm", "--recompute-granularity", "selective", "--recompute-modules", "layernorm", "moe_act", "moe",
+       "shared_experts"},
+  };
+  for (const auto& layout : layouts) {
+    std::string what;
+    for (const auto& a : layout) what += a + " ";
+    const TrainResult recomputed = train_with(with(moe_args(), layout));
+    expect_identical(plain, recomputed, what);
+    // The logged auxiliary losses too: counted once per micro-batch, with the same values.
+    ASSERT_EQ(plain.moe_losses.size(), recomputed.moe_losses.size()) << what;
+    ASSERT_EQ(plain.moe_losses.size(), 4u) << what;  // three balancing losses and z_loss
+    for (const auto& [name, values] : plain.moe_losses) EXPECT_EQ(values, recomputed.moe_losses.at(name)) << what << name;
+  }
+}
+
+// Multi-latent attention: core_attn (q, k, v kept), mla_up_proj (the up projections' outputs
+// dropped and projected again), layernorm (its own input norm), with attention dropout replayed.
+// (LayerNorm: on CPU, RMSNorm is a chain of ops whose two gradient paths into the norm's input are
+// summed inside the replay before the residual's is added, a rounding-level difference of order,
+// as in Megatron; LayerNorm's backward is one node, so the runs can be compared bit for bit.)
+std::vector<std::string> mla_args() {
+  return {"--multi-latent-attention", "--q-lora-rank", "12", "--kv-lora-rank", "10", "--qk-head-dim", "6",
+          "--qk-pos-emb-head-dim", "4", "--v-head-dim", "8", "--qk-layernorm", "--position-embedding-type", "rope",
+          "--swiglu", "--disable-bias-linear"};
+}
+
+TEST(Recompute, MultiLatentAttentionTrainsExactlyAsWithoutRecomputation) {
+  const TrainResult plain = train_with(mla_args());
+  const std::vector<std::vector<std::string>> layouts = {
+      {"--recompute-activations"},
+      {"--recompute-granularity", "selective", "--recompute-modules", "mla_up_proj"},
+      {"--recompute-granularity", "selective", "--recompute-modules", "layernorm"},
+      {"--recompute-granularity", "selective", "--recompute-modules", "layernorm", "mla_up_proj", "core_attn", "mlp"},
+      {"--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "2"},
+  };
+  for (const auto& layout : layouts) {
+    std::string what;
+    for (const auto& a : layout) what += a + " ";
+    expect_identical(plain, train_with(with(mla_args(), layout)), what);
+  }
+}
+
+// The output-discarding checkpoint frees its outputs once the consumer has run (the consumer's
+// saved copy included: they share memory), and puts them back before the consumer's backward.
+TEST(OutputDiscardingRecompute, FreesTheOutputsAndRefillsThemBeforeTheConsumersBackward) {
+  torch::manual_seed(3);
+  const auto x = torch::randn({8, 16}, torch::requires_grad());
+  const auto w = torch::randn({16, 16}, torch::requires_grad());
+  auto fn = [](const torch::Tensor& t) { return torch::dropout(torch::tanh(t), 0.3, true); };
+  // Reference: plain autograd.
+  torch::manual_seed(5);
+  auto ref_y = fn(x);
+  auto ref_out = torch::mm(ref_y, w).sum();
+  ref_out.backward();
+  const auto ref_gx = x.grad().clone(), ref_gw = w.grad().clone();
+  x.grad().zero_();
+  w.grad().zero_();
+
+  torch::manual_seed(5);
+  OutputDiscardingRecompute checkpoint;
+  auto y = checkpoint.run_one(fn, x);
+  EXPECT_TRUE(torch::equal(y, ref_y));
+  auto product = torch::mm(y, w);  // saves y for w's gradient
+  checkpoint.discard(product);
+  EXPECT_EQ(y.storage().nbytes(), 0u);  // freed: mm's saved copy shares this memory
+  torch::manual_seed(11);                 // the replay draws the first pass's dropout mask anyway
+  product.sum().backward();
+  EXPECT_GT(y.storage().nbytes(), 0u);
+  EXPECT_TRUE(torch::equal(x.grad(), ref_gx));
+  EXPECT_TRUE(torch::equal(w.grad(), ref_gw));  // computed from the refilled y
+}
+
+TEST(Recompute, MixtureOfExpertsFp8TrainsExactlyAsWithoutRecomputation) {
+  const std::vector<std::string> fp8 = {"--fp8-format", "hybrid", "--fp8-amax-history-len", "4"};
+  const TrainResult plain = train_with(with(moe_args(), fp8));
+  expect_identical(plain,
+                   train_with(with(with(moe_args(), fp8), {"--recompute-granularity", "full", "--recompute-method",
+                                                           "uniform", "--recompute-num-layers", "2"})),
+                   "fp8 moe full uniform 2");
+  expect_identical(plain, train_with(with(with(moe_args(), fp8), {"--recompute-granularity", "selective",
+                                                                  "--recompute-modules", "moe"})),
+                   "fp8 selective moe");
+  // Megatron refuses moe_act and layernorm recomputation with delayed scaling; current scaling:
+  const std::vector<std::string> tensorwise = {"--fp8-format", "hybrid", "--fp8-recipe", "tensorwise", "--moe-grouped-gemm"};
+  expect_identical(train_with(with(moe_args(), tensorwise)),
+                   train_with(with(with(moe_args(), tensorwise),
+                                   {"--recompute-granularity", "selective", "--recompute-modules", "moe_act", "layernorm"})),
+                   "fp8 tensorwise selective moe_act layernorm");
 }
 
 TEST(Recompute, LayerUnitsFollowMegatronsMethods) {
@@ -215,25 +297,47 @@ TEST(Recompute, RefusesWhatMegatronRefusesByName) {
   EXPECT_USER_ERROR(build(tiny_args({"--recompute-granularity", "selective", "--recompute-modules", "attn"})),
                     "--recompute-modules attn");
   EXPECT_USER_ERROR(build(tiny_args({"--recompute-granularity", "selective", "--recompute-modules", "mla_up_proj"})),
-                    "--recompute-modules mla_up_proj is only supported with --multi-latent-attention");
+                    "--recompute-modules mla_up_proj");
+  EXPECT_USER_ERROR(build(tiny_args({"--num-experts", "4", "--moe-grouped-gemm", "--fp8-format", "hybrid",
+                                     "--recompute-granularity", "selective", "--recompute-modules", "moe_act"})),
+                    "not supported with --fp8-recipe delayed");
   EXPECT_USER_ERROR(build(tiny_args({"--num-experts", "4", "--recompute-granularity", "selective", "--recompute-modules",
                                      "moe_act"})),
-                    "--recompute-modules moe_act is only supported with --moe-grouped-gemm");
-  EXPECT_USER_ERROR(build(tiny_args({"--num-experts", "4", "--moe-grouped-gemm", "--recompute-granularity", "selective",
-                                     "--recompute-modules", "moe_act", "--fp8-format", "hybrid"})),
-                    "not supported with --fp8-recipe delayed");
-  EXPECT_USER_ERROR(build(tiny_args({"--recompute-granularity", "selective", "--recompute-modules", "moe"})),
-                    "--recompute-modules moe");
-  EXPECT_USER_ERROR(build(tiny_args({"--num-experts", "4", "--recompute-granularity", "full", "--recompute-method",
-                                     "uniform", "--recompute-num-layers", "1"})),
-                    "with --num-experts is not implemented");
-  EXPECT_USER_ERROR(build(tiny_args({"--num-experts", "4", "--context-parallel-size", "2"}), 2), "with --num-experts is not implemented");
+                    "only supported with --moe-grouped-gemm");
+  EXPECT_USER_ERROR(build(tiny_args({"--num-experts", "4", "--moe-shared-expert-intermediate-size", "16", "--disable-bias-linear",
+                                     "--moe-shared-expert-overlap", "--moe-token-dispatcher-type", "alltoall",
+                                     "--recompute-granularity", "selective", "--recompute-modules", "shared_experts"})),
+                    "cannot work with --moe-shared-expert-overlap");
+  EXPECT_USER_ERROR(build(tiny_args({"--num-experts", "4", "--moe-layer-recompute", "--recompute-granularity", "full",
+                                     "--recompute-method", "uniform", "--recompute-num-layers", "1"})),
+                    "--moe-layer-recompute");
+  // A per-layer --cp-comm-type list gives the MTP layers the types of the first layers (Megatron).
+  EXPECT_USER_ERROR(build(tiny_args({"--context-parallel-size", "2", "--num-layers", "2", "--cp-comm-type", "p2p", "a2a",
+                                     "--mtp-num-layers", "3", "--position-embedding-type", "rope"}),
+                          2),
+                    "--mtp-num-layers");
   EXPECT_USER_ERROR(build(tiny_args({"--context-parallel-size", "2", "--reset-attention-mask"}), 2),
                     "--reset-attention-mask");
   EXPECT_USER_ERROR(build(tiny_args({"--context-parallel-size", "2", "--seq-length", "18"}), 2), "--seq-length");
   EXPECT_USER_ERROR(build(tiny_args({"--distribute-saved-activations", "--recompute-granularity", "full",
                                      "--recompute-method", "uniform", "--recompute-num-layers", "1"})),
                     "--distribute-saved-activations");
+}
+
+// Context parallelism composes with mixture of experts (also with expert parallelism over the
+// context-parallel ranks), multi-latent attention, multi-token prediction and the per-token loss
+// (the parallel.cp2_* equivalence tests train them).
+TEST(Recompute, ContextParallelismTakesExpertsLatentAttentionMtpAndPerTokenLoss) {
+  const std::vector<std::vector<std::string>> combos = {
+      {"--num-experts", "4", "--expert-model-parallel-size", "2"},
+      {"--multi-latent-attention", "--kv-lora-rank", "16", "--qk-head-dim", "8", "--qk-pos-emb-head-dim", "8",
+       "--v-head-dim", "4"},
+      {"--mtp-num-layers", "2", "--position-embedding-type", "rope"},
+      {"--calculate-per-token-loss"}};
+  for (const auto& combo : combos) {
+    const Config c = build(with(tiny_args({"--context-parallel-size", "2"}), combo), 2);
+    EXPECT_EQ(c.parallel.cp, 2);
+  }
 }
 
 // The dry run's memory estimate: full recomputation keeps one 16-bit input per unit plus one

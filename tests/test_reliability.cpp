@@ -1,7 +1,8 @@
 // Reliability through the trainer (one process, CPU): a NaN stops the run and keeps the last good
-// checkpoint, no checkpoint holds non-finite state, Megatron's spiky-loss / large-gradient checks,
-// the LR schedule check on resume, vocabulary padding across layouts, token ids outside the
-// vocabulary, one job per save directory, and the hang report's side channel.
+// checkpoint (--rerun-mode disabled; the rerun engine: test_rerun.cpp), no checkpoint holds
+// non-finite state, the LR schedule check on resume, vocabulary padding across layouts, token ids
+// outside the vocabulary, one job per save directory, the hang report's side channel, and the one
+// line a run that ends on an exception prints.
 #include <gtest/gtest.h>
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
@@ -20,9 +21,9 @@
 #include "trainer/checkpoint/metadata.h"
 #include "trainer/checkpoint/save.h"
 #include "trainer/checkpoint/save_dir_lock.h"
+#include "trainer/fatal_error.h"
 #include "trainer/cli/checkpoint_args.h"
 #include "trainer/logging/tensorboard_writer.h"
-#include "trainer/numerics_guard.h"
 #include "trainer/optim/loss_scaler.h"
 #include "trainer/optim/lr_schedule.h"
 #include "trainer/optim/mixed_precision_optimizer.h"
@@ -55,7 +56,8 @@ void expect_identical_weights(const TrainResult& a, const TrainResult& b) {
 
 TEST(NanCheck, ANanLossStopsTheRunAndTheLastGoodCheckpointResumesExactly) {
   TempDir dir;
-  const std::vector<std::string> base = {"--train-iters", "10", "--save-interval", "2"};
+  // --rerun-mode disabled judges the first result (validate_results: tests/test_rerun.cpp).
+  const std::vector<std::string> base = {"--train-iters", "10", "--save-interval", "2", "--rerun-mode", "disabled"};
   const TrainResult straight = run(base);
   EXPECT_USER_ERROR(run(with(base, {"--save", dir.path(), "--fp8tron-test-inject-nan", "5"})),
                     "iteration 5: the loss is NaN and the gradient norm NaN (the first parameter whose gradient is not "
@@ -69,13 +71,14 @@ TEST(NanCheck, ANanLossStopsTheRunAndTheLastGoodCheckpointResumesExactly) {
 }
 
 TEST(NanCheck, TheFirstParameterWithANonFiniteGradientIsNamed) {
-  EXPECT_USER_ERROR(run({"--train-iters", "6", "--fp8tron-test-inject-nan", "3:decoder.layers.1.mlp.linear_fc2.weight"}),
+  EXPECT_USER_ERROR(run({"--train-iters", "6", "--rerun-mode", "disabled", "--fp8tron-test-inject-nan",
+                         "3:decoder.layers.1.mlp.linear_fc2.weight"}),
                     "iteration 3: the gradient norm is NaN (the first parameter whose gradient is not finite: "
                     "decoder.layers.1.mlp.linear_fc2.weight)");
   // Async saves in flight are committed before the run stops (they hold the state before the NaN).
   TempDir dir;
   EXPECT_USER_ERROR(run({"--train-iters", "6", "--save", dir.path(), "--save-interval", "2", "--async-save",
-                         "--fp8tron-test-inject-nan", "3:decoder.final_layernorm.weight"}),
+                         "--rerun-mode", "disabled", "--fp8tron-test-inject-nan", "3:decoder.final_layernorm.weight"}),
                     "decoder.final_layernorm.weight");
   EXPECT_EQ(checkpoint::read_tracker(dir.path())->iteration, 2);
 }
@@ -98,31 +101,6 @@ TEST(NanCheck, Fp16DynamicLossScalingTurnsItOffAsMegatronDoes) {
   EXPECT_TRUE(config_of({"--bf16"}).training.numerics.nan_in_loss_and_grad);
   EXPECT_TRUE(config_of({"--check-for-nan-in-loss-and-grad"}).training.numerics.nan_in_loss_and_grad);
   EXPECT_USER_ERROR(config_of({"--check-for-nan-in-loss-and-grad", "--no-check-for-nan-in-loss-and-grad"}), "contradict");
-}
-
-TEST(NumericsGuard, SpikyLossAndLargeGradsFollowMegatronsRule) {
-  NumericsChecks checks;
-  checks.spiky_loss = checks.large_grads = true;
-  NumericsGuard guard(checks, torch::Device(torch::kCPU));
-  auto value = [](double v) { return torch::tensor(v, torch::kFloat32); };
-  // The first 100 values set the largest (here 2); later ones >= 10x it are reported.
-  for (int i = 1; i <= 100; ++i) {
-    guard.record(i, value(i == 50 ? 2.0 : 1.0), value(1.0));
-    EXPECT_FALSE(guard.check());
-  }
-  EXPECT_EQ(guard.warnings(), 0);
-  guard.record(101, value(19.9), value(9.9));
-  EXPECT_FALSE(guard.check());
-  EXPECT_EQ(guard.warnings(), 0);
-  guard.record(102, value(20.0), value(10.0));
-  EXPECT_FALSE(guard.check()) << "spikes are reported, not fatal";
-  EXPECT_EQ(guard.warnings(), 2);
-  guard.record(103, value(1.0), value(std::numeric_limits<double>::infinity()));
-  const auto failure = guard.check();
-  ASSERT_TRUE(failure);
-  EXPECT_EQ(failure->iteration, 103);
-  EXPECT_EQ(failure->what, "the gradient norm is inf");
-  EXPECT_TRUE(failure->gradient);
 }
 
 // A model and optimizer without the training loop, to save hand-made state.
@@ -182,17 +160,18 @@ std::vector<std::string> moe_args() {
 TEST(NanCheck, AnExpertsNonFiniteGradientStopsTheRunAndIsNamed) {
   TempDir dir;
   EXPECT_USER_ERROR(run(with(moe_args(), {"--train-iters", "6", "--save", dir.path(), "--save-interval", "2",
-                                          "--fp8tron-test-inject-nan", "3:decoder.layers.1.mlp.experts.linear_fc1.weight2"})),
+                                          "--rerun-mode", "disabled", "--fp8tron-test-inject-nan",
+                                          "3:decoder.layers.1.mlp.experts.linear_fc1.weight2"})),
                     "iteration 3: the gradient norm is NaN (the first parameter whose gradient is not finite: "
                     "decoder.layers.1.mlp.experts.linear_fc1.weight2)");
   EXPECT_EQ(checkpoint::read_tracker(dir.path())->iteration, 2);
   // With the distributed optimizer (the experts' shard of the state) the same.
-  EXPECT_USER_ERROR(run(with(moe_args(), {"--train-iters", "6", "--use-distributed-optimizer", "--fp8tron-test-inject-nan",
-                                          "4:decoder.layers.1.mlp.experts.linear_fc2.weight0"})),
+  EXPECT_USER_ERROR(run(with(moe_args(), {"--train-iters", "6", "--use-distributed-optimizer", "--rerun-mode", "disabled",
+                                          "--fp8tron-test-inject-nan", "4:decoder.layers.1.mlp.experts.linear_fc2.weight0"})),
                     "iteration 4: the gradient norm is NaN (the first parameter whose gradient is not finite: "
                     "decoder.layers.1.mlp.experts.linear_fc2.weight0)");
   // A dense parameter earlier in the model than the expert is named first.
-  EXPECT_USER_ERROR(run(with(moe_args(), {"--train-iters", "6", "--fp8tron-test-inject-nan", "3"})),
+  EXPECT_USER_ERROR(run(with(moe_args(), {"--train-iters", "6", "--rerun-mode", "disabled", "--fp8tron-test-inject-nan", "3"})),
                     "(the first parameter whose gradient is not finite: embedding.word_embeddings.weight)");
 }
 
@@ -454,6 +433,60 @@ TEST(ProgressBoard, AHangReportNamesWhoDidNotArriveAndEveryRanksIteration) {
       << r0.text;
   EXPECT_NE(r0.text.find("Last finished iteration per rank: 0:7 1:7 2:6"), std::string::npos) << r0.text;
   EXPECT_EQ(r0.text.find("rank 1 ("), std::string::npos) << "rank 1 has arrived";
+}
+
+}  // namespace
+}  // namespace fp8tron
+
+namespace fp8tron {
+namespace {
+
+TEST(FatalError, RunningOutOfGpuMemoryIsAnErrorThatNamesTheRankAndTheFixes) {
+  const c10::OutOfMemoryError oom(c10::SourceLocation{__func__, __FILE__, __LINE__},
+                                  "CUDA out of memory. Tried to allocate 2.00 GiB.\nGPU 0 has a total capacity of 79.19 GiB");
+  const FatalReport r = report_fatal_error(oom, 3);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.line.rfind("fp8tron: error: out of GPU memory on rank 3 (CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0", 0), 0u)
+      << r.line;
+  EXPECT_NE(r.line.find("--micro-batch-size"), std::string::npos);
+  EXPECT_NE(r.line.find("--recompute-granularity full"), std::string::npos);
+  EXPECT_EQ(r.line.find('\n'), std::string::npos);
+  EXPECT_EQ(r.line.find("frame #"), std::string::npos) << r.line;
+}
+
+TEST(FatalError, AHostAllocationThatFailsIsAnOutOfHostMemoryError) {
+  try {
+    auto t = torch::empty({int64_t(1) << 52}, torch::kUInt8);  // 4 PiB: no machine has it
+    FAIL() << "allocated " << t.numel() << " bytes";
+  } catch (const std::exception& e) {
+    const FatalReport r = report_fatal_error(e, -1);
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_EQ(r.line.rfind("fp8tron: error: out of host memory (", 0), 0u) << r.line;
+    EXPECT_NE(r.line.find("--use-distributed-optimizer"), std::string::npos);
+  }
+  const FatalReport bad_alloc = report_fatal_error(std::bad_alloc(), 0);
+  EXPECT_EQ(bad_alloc.line.rfind("fp8tron: error: out of host memory on rank 0 (", 0), 0u) << bad_alloc.line;
+}
+
+TEST(FatalError, ALibTorchErrorIsOneLineWithoutItsBacktrace) {
+  try {
+    torch::ones({2, 3}).matmul(torch::ones({4, 5}));
+    FAIL() << "a shape mismatch was accepted";
+  } catch (const std::exception& e) {
+    ASSERT_NE(std::string(e.what()).find('\n'), std::string::npos);  // LibTorch's own text runs over lines
+    const FatalReport r = report_fatal_error(e, -1);
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_EQ(r.line.rfind("fp8tron: internal error: ", 0), 0u) << r.line;
+    EXPECT_NE(r.line.find("cannot be multiplied"), std::string::npos) << r.line;
+    EXPECT_EQ(r.line.find('\n'), std::string::npos) << r.line;
+    EXPECT_NE(r.line.find("FP8TRON_BACKTRACE=1"), std::string::npos);
+  }
+}
+
+TEST(FatalError, AUserErrorKeepsItsLineAndExitCode) {
+  const FatalReport r = report_fatal_error(UserError("--lr must be positive"), 1);
+  EXPECT_EQ(r.line, "fp8tron: error: --lr must be positive");
+  EXPECT_EQ(r.exit_code, 1);
 }
 
 }  // namespace

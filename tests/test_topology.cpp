@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "parallel/topology.h"
 #include "test_helpers.h"
@@ -38,6 +40,39 @@ TEST(Topology, EveryRankInExactlyOneGroup) {
     for (int r : g) ++seen[size_t(r)];
   for (int n : seen) EXPECT_EQ(n, 1);
   EXPECT_EQ(s.edp, 4);
+}
+
+// Megatron-Core carves the expert grid from the tp x cp x dp ranks of each pipeline stage: with
+// context parallelism the expert groups span context-parallel ranks. Megatron's test layout
+// gpt3_mcore_tp2_cp2_pp2_ep2 (expert TP = TP = 2): the expert-parallel groups are the
+// context-parallel ones, expert TP x EP is TP x CP. CP 2 x DP 4 at EP 4: each expert-parallel group
+// takes both context-parallel ranks of two data-parallel replicas.
+TEST(Topology, ExpertGridSpansContextParallelRanks) {
+  auto s = ParallelSizes::derive(8, 2, 2, 2, 2, 2, false);
+  EXPECT_EQ(s.dp, 1);
+  EXPECT_EQ(s.edp, 1);
+  EXPECT_EQ(expert_rank_groups(s, "ep"), (Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
+  EXPECT_EQ(expert_rank_groups(s, "ep"), dense_rank_groups(s, "cp"));
+  EXPECT_EQ(expert_rank_groups(s, "etp-ep"), dense_rank_groups(s, "tp-cp"));
+  EXPECT_EQ(expert_rank_groups(s, "etp"), dense_rank_groups(s, "tp"));
+
+  auto w = ParallelSizes::derive(8, 1, 2, 1, 4, 1, false);
+  EXPECT_EQ(w.dp, 4);
+  EXPECT_EQ(w.edp, 2);
+  EXPECT_EQ(expert_rank_groups(w, "ep"), (Groups{{0, 1, 2, 3}, {4, 5, 6, 7}}));
+  EXPECT_EQ(expert_rank_groups(w, "edp"), (Groups{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
+  EXPECT_EQ(dense_rank_groups(w, "cp"), (Groups{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
+  // Every expert group stays inside one stage's tp x cp x dp ranks.
+  for (const auto& sizes : {s, w, ParallelSizes::derive(16, 2, 2, 2, 4, 1, false)}) {
+    const auto stages = dense_rank_groups(sizes, "tp-cp-dp");
+    for (const char* token : {"ep", "etp-ep", "edp"})
+      for (const auto& g : expert_rank_groups(sizes, token)) {
+        const auto in = [&](const std::vector<int>& stage) {
+          return std::all_of(g.begin(), g.end(), [&](int r) { return std::count(stage.begin(), stage.end(), r) == 1; });
+        };
+        EXPECT_TRUE(std::any_of(stages.begin(), stages.end(), in)) << token;
+      }
+  }
 }
 
 TEST(Topology, IndivisibleSizesNameTheFlags) {

@@ -13,10 +13,12 @@
 #include "trainer/cli/dry_run.h"
 #include "trainer/cli/flags.h"
 #include "trainer/cli/logging_args.h"
+#include "trainer/fatal_error.h"
 #include "trainer/trainer.h"
 
 int main(int argc, char** argv) {
   using namespace fp8tron;
+  int rank = -1;  // known once the launch environment is read: an error then names its rank
   try {
     ParsedCommandLine parsed = parse_command_line(argc, argv);
     if (parsed.help_requested) {
@@ -28,6 +30,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     const LaunchEnv launch = read_launch_env();
+    if (launch.world_size > 1) rank = launch.rank;
     const bool dry_run = parsed.values.get_bool("dry-run");
     // A dry run never touches a GPU: it plans for cuda unless told otherwise.
     const bool gpu = dry_run ? parsed.values.get_string("device") != "cpu" : cuda_available();
@@ -56,11 +59,13 @@ int main(int argc, char** argv) {
     }
     train(config);
     return 0;
-  } catch (const UserError& e) {
-    std::fprintf(stderr, "fp8tron: error: %s\n", e.what());
-    return 1;
+  } catch (const RunEnd& e) {
+    // The rerun engine ends the job with Megatron's exit codes (16: restart elsewhere, 17: stop).
+    std::fprintf(stderr, "fp8tron: %s\n", e.what());
+    return e.status();
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "fp8tron: internal error: %s\n", e.what());
-    return 2;
+    const FatalReport report = report_fatal_error(e, rank);
+    std::fprintf(stderr, "%s\n", report.line.c_str());
+    return report.exit_code;
   }
 }

@@ -3,12 +3,14 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <array>
 #include <chrono>
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <sstream>
 
 #include "core/config/batch_schedule.h"
@@ -48,6 +50,8 @@
 #include "trainer/checkpoint/save_dir_lock.h"
 #include "trainer/numerics_guard.h"
 #include "trainer/moe_metrics.h"
+#include "trainer/rerun/rerun_state_machine.h"
+#include "trainer/step_snapshot.h"
 
 namespace fp8tron {
 
@@ -70,6 +74,12 @@ ParallelState make_parallel_state(const Config& c, bool force_single_process) {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+std::string value_text(double v) {
+  if (std::isnan(v)) return "NaN";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  return strprintf("%.6E", v);
+}
 
 torch::Dtype param_dtype(const Config& c) {
   return c.precision.params_dtype == ParamDtype::Bf16 ? torch::kBFloat16
@@ -156,15 +166,35 @@ class Trainer {
   torch::Tensor average_loss(torch::Tensor loss_sum, int64_t micro_batches, const torch::Tensor& loss_tokens) const;
   // The sum of a per-rank count over the pipeline (held by the last stage) and data-parallel ranks.
   torch::Tensor global_token_count(torch::Tensor local) const;
-  void collect_mtp_losses(int64_t micro_batches);
+  // Each MTP depth's loss of the step, averaged as Megatron logs it (added to the interval once the
+  // step is accepted).
+  torch::Tensor mtp_losses(int64_t micro_batches);
   // --rampup-batch-size: announces a new batch size and saves a checkpoint when the micro-batch
   // count grows (Megatron's train loop).
   void update_batch_size(int64_t iteration);
   torch::Tensor train_step(int64_t iteration);
+  // One pass of an iteration: the forward and backward passes over every micro-batch, the gradient
+  // reductions, the FP8 scale update, up to the gradient norm before the update. The rerun engine
+  // may run it again from the state captured before the first pass.
+  struct Pass {
+    torch::Tensor loss, mtp;
+    PreparedStep prepared;
+  };
+  Pass forward_backward(int64_t iteration);
+  StepResult apply_step(Pass& pass, const torch::Tensor& skip);
+  // The step's counters, schedule and logged sums, once the rerun engine accepted `pass`.
+  void account_step(const Pass& pass);
+  // The rerun engine's decision to end the run (throws): the one-line fatal stop of --rerun-mode
+  // disabled, or Megatron's exit 16/17, saving the state before the iteration first when asked.
+  [[noreturn]] void end_run(int64_t iteration, const rerun::PassOutcome& outcome, const StepSnapshot* snapshot,
+                            double loss, double grad_norm);
+  // --iterations-to-skip: the iteration's samples are consumed without a step (Megatron's
+  // dummy_train_step).
+  void skip_iteration(int64_t iteration);
+  std::vector<torch::Tensor> model_buffers();
+  std::vector<bool> any_rank(const std::vector<bool>& flags);
+  void build_rerun_engine();
   void build_context_parallel();  // groups and the data-parallel view (collective)
-  // Judges the last step's loss and gradient norm (NumericsGuard); stops the run with one line
-  // naming the iteration and the first parameter whose gradient is not finite.
-  void check_numerics();
   void lock_save_dirs();
   std::string first_nonfinite_grad_everywhere();
   void inject_nan_gradient();
@@ -215,8 +245,13 @@ class Trainer {
   std::shared_ptr<MoeContext> moe_;                    // --num-experts: the chunks' MoE state
   torch::Tensor expert_amax_slots_;                    // FP8 slots of expert sites (their own amax group)
   std::map<std::string, std::vector<torch::Tensor>> moe_history_;  // MoE losses per iteration (TrainResult)
+  std::vector<torch::Tensor> mtp_history_;  // [D] MTP losses per iteration (TrainResult)
   std::optional<DeterministicMode> deterministic_;     // --deterministic-mode, for the whole run
-  std::unique_ptr<NumericsGuard> numerics_;            // --check-for-nan-in-loss-and-grad and friends
+  std::unique_ptr<NumericsGuard> numerics_;            // the values the rerun engine validates
+  std::unique_ptr<rerun::RerunStateMachine> rerun_;    // --rerun-mode: judges them
+  RerunCheckpointIo rerun_io_;                         // its record, into and out of checkpoints
+  std::set<int64_t> iterations_to_skip_;               // --iterations-to-skip
+  int64_t skipped_train_samples_ = 0;
   std::vector<std::unique_ptr<checkpoint::SaveDirLock>> save_locks_;  // rank 0: one job per --save
   int64_t iteration_ = 0;                              // the iteration train_step() runs
   std::shared_ptr<overlap::CommTimer> tp_comm_timer_;  // --timing-log-level >= 1 with TP: exposed TP communication
@@ -368,7 +403,48 @@ void Trainer::build() {
                           (long long)(batch / micro_dp)));
   }
   if (t.train_samples) log::print(strprintf("setting training iterations to %lld", (long long)t.train_iters));
-  numerics_ = std::make_unique<NumericsGuard>(c_.training.numerics, device_);
+  numerics_ = std::make_unique<NumericsGuard>(device_);
+  build_rerun_engine();
+  iterations_to_skip_.insert(t.iterations_to_skip.begin(), t.iterations_to_skip.end());
+  if (!iterations_to_skip_.empty())
+    log::info(" > iterations to skip (--iterations-to-skip, --result-rejected-tracker-filename): " +
+              join([&] {
+                std::vector<std::string> v;
+                for (int64_t i : iterations_to_skip_) v.push_back(std::to_string(i));
+                return v;
+              }(), ", "));
+}
+
+void Trainer::build_rerun_engine() {
+  const RerunConfig& r = c_.training.rerun;
+  std::string node = r.test_node_name;
+  if (node.empty()) {
+    char host[256] = {};
+    gethostname(host, sizeof host - 1);
+    node = host;
+  }
+  rerun::Hardware hardware{node, device_.is_cuda() ? int(device_.index()) : -1};
+  rerun_ = std::make_unique<rerun::RerunStateMachine>(
+      r, rerun::validation_calls(c_.training.numerics), parallel_.world_rank, parallel_.sizes.world_size, hardware,
+      c_.training.seed, !c_.checkpoint.save.empty(), [this](const std::vector<bool>& flags) { return any_rank(flags); });
+}
+
+std::vector<bool> Trainer::any_rank(const std::vector<bool>& flags) {
+  if (parallel_.sizes.world_size == 1) return flags;
+  std::vector<float> values(flags.begin(), flags.end());
+  auto t = torch::tensor(values, torch::kFloat32).to(device_);
+  parallel_.world->all_reduce(t, ReduceOp::Max);
+  t = t.cpu();
+  std::vector<bool> out;
+  for (int64_t i = 0; i < t.numel(); ++i) out.push_back(t[i].item<float>() > 0);
+  return out;
+}
+
+std::vector<torch::Tensor> Trainer::model_buffers() {
+  std::vector<torch::Tensor> out;
+  for (auto& chunk : chunks_)
+    for (const auto& item : chunk->named_buffers()) out.push_back(item.value());
+  return out;
 }
 
 // One job per save directory (checkpoint/save_dir_lock.h): rank 0 holds the locks of --save (and
@@ -511,11 +587,12 @@ torch::Tensor Trainer::global_token_count(torch::Tensor local) const {
   return local;
 }
 
-void Trainer::collect_mtp_losses(int64_t micro_batches) {
+torch::Tensor Trainer::mtp_losses(int64_t micro_batches) {
   const int64_t depths = c_.model.mtp.num_layers;
-  if (depths == 0) return;
+  if (depths == 0) return {};
   // Megatron's MTP loss logging: each depth's per-micro-batch loss, over micro-batches, averaged
   // over data-parallel ranks; only the loss stage has them (summed over the pipeline group).
+  // Context-parallel ranks hold parts of each micro-batch's loss: summed with the replicas.
   auto values = torch::zeros({depths}, torch::TensorOptions().device(device_).dtype(torch::kFloat32));
   for (auto& chunk : chunks_) {
     int64_t n = 0;
@@ -523,8 +600,8 @@ void Trainer::collect_mtp_losses(int64_t micro_batches) {
     for (size_t k = 0; k < sums.size(); ++k) values[int64_t(k)] += sums[k];
   }
   if (parallel_.sizes.pp > 1) parallel_.pp->all_reduce(values);
-  if (parallel_.sizes.dp > 1) parallel_.dp->all_reduce(values);
-  interval_.mtp_loss_sums += values / double(micro_batches * parallel_.sizes.dp);
+  if (data_parallel_.sizes.dp > 1) data_parallel_.dp->all_reduce(values);
+  return values / double(micro_batches * parallel_.sizes.dp);
 }
 
 void Trainer::update_batch_size(int64_t iteration) {
@@ -554,10 +631,42 @@ void Trainer::update_batch_size(int64_t iteration) {
 }
 
 torch::Tensor Trainer::train_step(int64_t iteration) {
-  const auto& t = c_.training;
-  check_numerics();  // the previous step's, before its gradients are zeroed
   iteration_ = iteration;
   if (fp8_) fp8_->collect_stats(fp8_stats_due(iteration));
+  const rerun::PassPlan plan = rerun_->begin_iteration(iteration);
+  std::optional<StepSnapshot> snapshot;
+  if (plan.snapshot) snapshot.emplace(device_, fp8_.get(), model_buffers());
+  Pass pass = forward_backward(iteration);
+  torch::Tensor values = plan.judge ? numerics_->values(pass.loss, pass.prepared.grad_norm) : torch::Tensor();
+  bool stepped = plan.step_now;
+  if (plan.step_now)
+    last_step_ = apply_step(pass, plan.device_rejection ? numerics_->rejection(values, rerun_->calls(), plan) : torch::Tensor());
+  while (plan.judge) {
+    // The one wait for the device per iteration: the two values, after the step was queued.
+    const auto [loss, grad_norm] = numerics_->read(values);
+    const rerun::PassOutcome outcome = rerun_->after_pass(loss, grad_norm);
+    if (outcome.kind == rerun::PassOutcome::Kind::kStop)
+      end_run(iteration, outcome, snapshot ? &*snapshot : nullptr, loss, grad_norm);
+    if (outcome.kind == rerun::PassOutcome::Kind::kAccept) {
+      if (outcome.step && !stepped) last_step_ = apply_step(pass, torch::Tensor());
+      break;
+    }
+    // Again from the same state: the rejected pass's step was skipped on the device, so the
+    // weights and the optimizer state are those before the iteration.
+    FP8TRON_CHECK(snapshot.has_value(), "a re-run in place without a snapshot");
+    snapshot->restore(moe_.get());
+    if (fp8_param_gather_) optimizer_->publish_model_params();  // FP8 weights cast with the restored scales
+    pass = forward_backward(iteration);
+    values = numerics_->values(pass.loss, pass.prepared.grad_norm);
+    stepped = false;
+  }
+  account_step(pass);
+  if (fp8_) fp8_->collect_stats(false);  // evaluation's casts are not the step's
+  return pass.loss;
+}
+
+Trainer::Pass Trainer::forward_backward(int64_t iteration) {
+  const auto& t = c_.training;
   timers_.start("forward-backward", 1);
   optimizer_->zero_grad();
   // Each micro-batch's loss is scaled by 1 / (micro-batches x data-parallel ranks) in backward, and
@@ -595,8 +704,9 @@ torch::Tensor Trainer::train_step(int64_t iteration) {
   // Averaged before the step: with --overlap-param-gather the step leaves the weights' all-gathers
   // in flight on the data-parallel group, and a collective queued behind them would wait for all.
   if (per_token) loss_tokens = global_token_count(loss_tokens);
-  auto loss = average_loss(loss_sum, micro, loss_tokens);
-  collect_mtp_losses(micro);
+  Pass pass;
+  pass.loss = average_loss(loss_sum, micro, loss_tokens);
+  pass.mtp = mtp_losses(micro);
   // New scales (delayed scaling) and new weights to quantize before the step: --fp8-param-gather
   // casts the new weights with them in the step (as the next forward would), and the amax
   // reduction does not queue behind --overlap-param-gather's gathers.
@@ -605,11 +715,23 @@ torch::Tensor Trainer::train_step(int64_t iteration) {
   auto grad_divisor = torch::full({}, scaler_.scale() * (average_after ? double(parallel_.sizes.dp) : 1.0),
                                   loss_tokens.options());
   if (per_token) grad_divisor = grad_divisor * loss_tokens.clamp_min(1.0);
+  pass.prepared = optimizer_->prepare_step(grad_divisor);
+  timers_.stop("optimizer", 1);
+  return pass;
+}
+
+StepResult Trainer::apply_step(Pass& pass, const torch::Tensor& skip) {
   std::optional<double> decoupled_lr;
   if (c_.optimizer.decoupled_lr)
     decoupled_lr = schedule_.lr(*c_.optimizer.decoupled_lr, c_.optimizer.decoupled_min_lr.value_or(c_.optimizer.min_lr));
-  last_step_ = optimizer_->step(schedule_.lr(), schedule_.weight_decay(), grad_divisor, decoupled_lr);
+  timers_.start("optimizer", 1);
+  StepResult result = optimizer_->apply_step(pass.prepared, schedule_.lr(), schedule_.weight_decay(), decoupled_lr, skip);
   timers_.stop("optimizer", 1);
+  return result;
+}
+
+void Trainer::account_step(const Pass& pass) {
+  const auto& t = c_.training;
   bool advance_schedule = true;
   if (scaler_.dynamic()) {
     // fp16: the scaler needs the overflow flag now (Megatron waits here too).
@@ -618,21 +740,32 @@ torch::Tensor Trainer::train_step(int64_t iteration) {
     advance_schedule = !found_inf;
   }
   // Megatron advances the schedule and the consumed samples by the batch actually run.
-  const int64_t batch = micro * t.micro_batch_size * parallel_.sizes.dp;
+  const int64_t batch = micro_batches_ * t.micro_batch_size * parallel_.sizes.dp;
   if (advance_schedule) schedule_.step(batch);
   consumed_train_samples_ += batch;
 
   // Megatron's counters: "skipped" = the update was not applied; "nan" = the loss was not finite.
   // Without a dynamic loss scale (bf16, fp32) a non-finite gradient is a nan iteration as well.
+  const torch::Tensor& loss = pass.loss;
   auto loss_ok = loss.isfinite().to(torch::kFloat32);
   auto applied = 1.0 - last_step_.found_inf;
   interval_.loss_sum += torch::where(loss.isfinite(), loss, torch::zeros_like(loss)) * applied;
   interval_.loss_count += loss_ok * applied;
   interval_.skipped += last_step_.found_inf;
   interval_.nan += scaler_.dynamic() ? 1.0 - loss_ok : torch::maximum(1.0 - loss_ok, last_step_.found_inf);
-  numerics_->record(iteration, loss, last_step_.grad_norm);
-  if (fp8_) fp8_->collect_stats(false);  // evaluation's casts are not the step's
-  return loss;
+  if (pass.mtp.defined()) {
+    interval_.mtp_loss_sums += pass.mtp;
+    mtp_history_.push_back(pass.mtp);
+  }
+}
+
+void Trainer::skip_iteration(int64_t iteration) {
+  const int64_t batch = micro_batches_ * c_.training.micro_batch_size * parallel_.sizes.dp;
+  consumed_train_samples_ += batch;
+  skipped_train_samples_ += batch;
+  log::info(strprintf(" > skipping iteration %lld (--iterations-to-skip): its %lld samples are consumed without a "
+                      "step",
+                      (long long)iteration, (long long)batch));
 }
 
 // --log-fp8-stats-to-tensorboard: statistics are gathered in the steps TensorBoard logs.
@@ -691,20 +824,52 @@ std::string Trainer::first_nonfinite_grad_everywhere() {
   return best.empty() ? "" : best.substr(20);
 }
 
-void Trainer::check_numerics() {
-  const std::optional<NumericsFailure> failure = numerics_->check();
-  if (!failure) return;
-  const std::string param = failure->gradient ? first_nonfinite_grad_everywhere() : "";
-  // A save prepared before this step holds a good state: it is committed before stopping.
-  if (async_saver_) async_saver_->finalize(checkpoint_state(), /*blocking=*/true);
+void Trainer::end_run(int64_t iteration, const rerun::PassOutcome& outcome, const StepSnapshot* snapshot, double loss,
+                      double grad_norm) {
+  const bool gradient = !std::isfinite(grad_norm);
+  const std::string param = gradient ? first_nonfinite_grad_everywhere() : "";
   std::string where;
   if (!param.empty()) where = " (the first parameter whose gradient is not finite: " + param + ")";
-  else if (failure->gradient) where = " (every gradient element is finite: their squares overflow the norm)";
+  else if (gradient) where = " (every gradient element is finite: their squares overflow the norm)";
+  if (outcome.save_checkpoint) {
+    // The state before the iteration (its step was skipped), with the record a restarted job reads.
+    FP8TRON_CHECK(snapshot != nullptr, "a checkpoint for a re-run without a snapshot");
+    snapshot->restore(moe_.get());
+    if (fp8_param_gather_) optimizer_->publish_model_params();
+    std::string mine;
+    for (const auto& [rank, hw] : rerun_->own_suspect_entry())
+      mine = strprintf("%d %d %s", rank, hw.device, hw.node.c_str());
+    std::vector<std::pair<int, rerun::Hardware>> suspects;
+    for (const std::string& entry : all_gather_strings(parallel_, device_, mine)) {
+      if (entry.empty()) continue;
+      std::istringstream in(entry);
+      int rank = 0;
+      rerun::Hardware hw;
+      in >> rank >> hw.device;
+      std::getline(in >> std::ws, hw.node);
+      suspects.emplace_back(rank, hw);
+    }
+    rerun_->set_suspects(suspects);
+    rerun_io_.to_save = rerun_->record();
+    save(iteration - 1);
+    rerun_io_.to_save.reset();
+  }
+  // A save prepared before this step holds a good state: it is committed before stopping.
+  if (async_saver_) async_saver_->finalize(checkpoint_state(), /*blocking=*/true);
+  if (outcome.exit_status != 1) {
+    const bool fatal_gradient = outcome.failed_call && rerun_->calls()[*outcome.failed_call].subject ==
+                                                           rerun::Subject::kGradNorm && gradient;
+    throw RunEnd(outcome.exit_status, outcome.conclusion + (fatal_gradient ? where : ""));
+  }
+  // --rerun-mode disabled (or a job's first iteration): today's one line.
+  const std::string what = !std::isfinite(loss)
+                               ? "the loss is " + value_text(loss) + (gradient ? " and the gradient norm " + value_text(grad_norm) : "")
+                               : "the gradient norm is " + value_text(grad_norm);
   throw UserError(strprintf("iteration %lld: %s%s; stopping, as --check-for-nan-in-loss-and-grad asks%s. Resume from "
                             "the last checkpoint with a lower --lr or other data, or pass "
                             "--no-check-for-nan-in-loss-and-grad to skip such iterations instead",
-                            (long long)failure->iteration, failure->what.c_str(), where.c_str(),
-                            failure->gradient ? " (this iteration's update was not applied)" : ""));
+                            (long long)iteration, what.c_str(), where.c_str(),
+                            gradient ? " (this iteration's update was not applied)" : ""));
 }
 
 double Trainer::evaluate() {
@@ -753,6 +918,7 @@ void Trainer::log_interval(int64_t iteration, double seconds, int64_t iterations
   s.iteration = iteration;
   s.train_iters = t.train_iters;
   s.consumed_samples = consumed_train_samples_;
+  s.skipped_samples = skipped_train_samples_;
   s.elapsed_ms_per_iteration = seconds * 1000.0 / double(iterations_in_interval);
   const double tokens_per_iteration = double(micro_batches_ * t.micro_batch_size * parallel_.sizes.dp * c_.model.seq_length);
   const double per_iteration_s = seconds / double(iterations_in_interval);
@@ -792,6 +958,7 @@ void Trainer::write_tensorboard(int64_t iteration, const torch::Tensor& loss) {
     tensorboard_->add_scalar(tag + " vs samples", value, consumed_train_samples_);
   };
   both("learning-rate", schedule_.lr());
+  if (skipped_train_samples_ > 0) tensorboard_->add_scalar("skipped-train-samples", double(skipped_train_samples_), iteration);
   both("batch-size", double(current_global_batch_));
   both("lm loss", l);
   if (g.log_loss_scale_to_tensorboard) both("loss-scale", scaler_.scale());
@@ -854,11 +1021,12 @@ TrainingState Trainer::checkpoint_state() {
                       fp8_.get()};
   for (auto& chunk : chunks_)
     for (const auto& item : chunk->named_buffers()) state.buffers.emplace_back(item.key(), item.value());
+  state.skipped_train_samples = &skipped_train_samples_;
+  state.rerun = &rerun_io_;
   return state;
 }
 
 void Trainer::save(int64_t iteration, bool non_persistent) {
-  check_numerics();  // a step that went non-finite is never saved
   if (c_.checkpoint.async_save) {
     if (!async_saver_) async_saver_ = std::make_unique<AsyncCheckpointSaver>();
     async_saver_->save(checkpoint_state(), iteration, non_persistent);
@@ -946,6 +1114,10 @@ TrainResult Trainer::run() {
     async_saver_->reserve(checkpoint_state());
   }
   const int64_t first_iteration = load_checkpoint(checkpoint_state()) + 1;
+  if (rerun_io_.loaded) {
+    rerun_->resume_from(*rerun_io_.loaded, rerun_io_.loaded_same_layout);
+    rerun_io_.loaded.reset();
+  }
   // --fp8-param-gather: the loaded weights cast with the loaded FP8 scales, as the step that
   // saved them published them.
   if (fp8_param_gather_ && first_iteration > 1) optimizer_->publish_model_params();
@@ -967,6 +1139,13 @@ TrainResult Trainer::run() {
   for (int64_t iteration = first_iteration; iteration <= t.train_iters; ++iteration) {
     profiler.before_iteration(iteration, [this] { synchronize(); });
     update_batch_size(iteration);
+    if (iterations_to_skip_.count(iteration)) {
+      // Megatron's skip: nothing else of the loop runs (no log line, save or exit check).
+      skip_iteration(iteration);
+      result.iterations = iteration;
+      if (parallel_.progress) parallel_.progress->iteration_finished(iteration);
+      continue;
+    }
     losses.push_back(train_step(iteration));
     if (moe_) report_moe(iteration);
     ++interval_iterations;
@@ -1005,7 +1184,6 @@ TrainResult Trainer::run() {
     if (exit) break;
   }
   profiler.finish();  // a window that reaches past the last iteration ends here
-  check_numerics();  // the last step's
   // As Megatron: a checkpoint at the end of training unless the last iteration was just saved.
   if (!c_.checkpoint.save.empty() && result.iterations >= first_iteration && last_saved_iteration_ != result.iterations)
     save(result.iterations);
@@ -1019,6 +1197,10 @@ TrainResult Trainer::run() {
   for (const auto& l : losses) result.losses.push_back(l.item<double>());
   for (const auto& [name, values] : moe_history_)
     for (const auto& v : values) result.moe_losses[name].push_back(v.item<double>());
+  for (const auto& values : mtp_history_) {
+    const auto host = values.cpu();
+    for (int64_t k = 0; k < host.numel(); ++k) result.mtp_losses["mtp_" + std::to_string(k + 1)].push_back(host[k].item<double>());
+  }
   result.consumed_samples = consumed_train_samples_;
   // Gathering every global weight to the host is for tests; a real run skips it.
   if (options_.collect_final_weights) result.final_weights = global_weights(&result.final_weights_sample);

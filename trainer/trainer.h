@@ -26,6 +26,8 @@ struct TrainResult {
   std::vector<double> losses;  // lm loss of every iteration run, averaged over data-parallel ranks
   // Mixture of experts: load_balancing_loss, z_loss, ... of every iteration, reduced as logged.
   std::map<std::string, std::vector<double>> moe_losses;
+  // Multi-token prediction: "mtp_<k>" (depth k = 1, 2, ...) loss of every iteration, as logged.
+  std::map<std::string, std::vector<double>> mtp_losses;
   double last_validation_loss = 0;
   int64_t iterations = 0;      // the last iteration reached (< train_iters after an exit condition;
                                // a run resumed from a checkpoint counts the loaded iterations too)

@@ -7,6 +7,8 @@
 #include <utility>
 #include <vector>
 
+#include "core/config/rerun_config.h"
+
 namespace fp8tron {
 
 // --rampup-batch-size START INCREMENT SAMPLES (Megatron's classic batch-size ramp-up): the global
@@ -16,7 +18,7 @@ struct BatchRampup {
   int64_t start = 0, increment = 0, samples = 0;
 };
 
-// Megatron's checks of the loss and gradients (trainer/numerics_guard.h).
+// Megatron's checks of the loss and gradients (trainer/numerics_guard.h), judged as RerunConfig says.
 struct NumericsChecks {
   // --check-for-nan-in-loss-and-grad (on; --no-...): stop at the first non-finite loss or
   // gradient norm. Off with fp16's dynamic loss scale, whose overflow skips are expected.
@@ -51,6 +53,10 @@ struct TrainingConfig {
   bool calculate_per_token_loss = false;
   std::optional<int64_t> weight_hash_interval;  // --check-weight-hash-across-dp-replicas-interval
   NumericsChecks numerics;
+  RerunConfig rerun;  // --rerun-mode and its companions: how the numerics checks judge a result
+  // --iterations-to-skip (and the iterations --result-rejected-tracker-filename's records name):
+  // 1-indexed iterations that run no step; their samples are consumed and counted as skipped.
+  std::vector<int64_t> iterations_to_skip;
 };
 
 // --optimizer muon: Megatron's TensorParallelMuon (Emerging-Optimizers' Muon) for the 2-D hidden

@@ -2,14 +2,13 @@
 
 #include <cmath>
 
-#include "models/recompute.h"
-
+#include "models/output_discarding_recompute.h"
 
 namespace fp8tron {
 
 GroupedMlpImpl::GroupedMlpImpl(const ModelConfig& m, const std::string& prefix, int64_t num_local_experts,
                                int64_t expert_offset, const ModuleFactory& f, bool use_fp8)
-    : swiglu_(m.swiglu), recompute_act_(m.recompute.selective(&RecomputeModules::moe_act)) {
+    : swiglu_(m.swiglu), recompute_activation_(m.recompute.selective(&RecomputeModules::moe_act)) {
   const int64_t ffn = m.moe.ffn_hidden_size;
   GroupedLinearOptions fc1;
   fc1.in_features = m.hidden_size;
@@ -43,10 +42,13 @@ torch::Tensor GroupedMlpImpl::activation(const torch::Tensor& h) const {
 
 torch::Tensor GroupedMlpImpl::forward(const torch::Tensor& x, const std::vector<int64_t>& counts) {
   auto h = linear_fc1(x, counts);
-  if (!recompute_act_ || !is_training()) return linear_fc2(activation(h), counts);
-  // Called again in backward: captures by value (the module outlives its graphs).
-  return recompute([this, counts](const std::vector<torch::Tensor>& in) { return linear_fc2(activation(in[0]), counts); },
-                   {h});
+  if (!recompute_activation_ || !is_training()) return linear_fc2(activation(h), counts);
+  OutputDiscardingRecompute checkpoint;
+  // Called again in backward: captures `this` (the model outlives its graphs).
+  auto a = checkpoint.run_one([this](const torch::Tensor& in) { return activation(in); }, h);
+  auto out = linear_fc2(a, counts);
+  checkpoint.discard(out);
+  return out;
 }
 
 }  // namespace fp8tron

@@ -7,11 +7,8 @@
 // FP8: the expert GEMMs run in FP8 through TEGroupedLinear (one site per expert), which pads each
 // expert's rows to the FP8 alignment inside (Megatron's TEGroupedMLP/Fp8Padding): unaligned counts
 // are never refused and change no output. --no-use-gmm-fp8 keeps them in bf16.
-//
-// --recompute-modules moe_act (selective): only linear_fc1's output is kept; the activation is
-// computed again in backward. Megatron frees the activation's output after linear_fc2's forward
-// and recomputes the activation alone; fp8tron replays the activation and linear_fc2's forward
-// (which saves that output as its input), the same math with one more grouped GEMM.
+// --recompute-modules moe_act: the activation's output (fc2's input) is discarded once fc2 has run
+// and recomputed from fc1's output in backward (models/output_discarding_recompute.h).
 #pragma once
 #include <torch/torch.h>
 
@@ -38,7 +35,7 @@ class GroupedMlpImpl : public torch::nn::Module {
  private:
   torch::Tensor activation(const torch::Tensor& h) const;
   bool swiglu_;
-  bool recompute_act_ = false;
+  bool recompute_activation_;
 };
 TORCH_MODULE(GroupedMlp);
 

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "fp8/fp8_linear.h"
+#include "models/recompute.h"
 
 namespace fp8tron {
 namespace {
@@ -40,6 +41,21 @@ MoeLayerImpl::MoeLayerImpl(const ModelConfig& m, const std::string& prefix, int6
   DispatcherOptions options{m.moe.num_experts, local, router_padding(m, dense), g, context_.get()};
   dispatcher_ = make_token_dispatcher(m.moe.dispatcher, options);
   overlap_shared_ = m.moe.shared_expert_overlap && shared_experts;
+  recompute_layer_ = m.recompute.selective(&RecomputeModules::moe);
+  recompute_shared_ = m.recompute.selective(&RecomputeModules::shared_experts) && shared_experts;
+  // Megatron refuses shared_experts recomputation with the overlap (config validation does too).
+  FP8TRON_CHECK(!(recompute_shared_ && overlap_shared_), "shared_experts recomputation with the shared expert overlap");
+}
+
+torch::Tensor MoeLayerImpl::forward(const torch::Tensor& x) {
+  if (!recompute_layer_ || !is_training()) return compute(x);
+  // Called again in backward: captures only `this` (the model outlives its graphs).
+  return recompute([this](const std::vector<torch::Tensor>& in) { return compute(in[0]); }, {x});
+}
+
+torch::Tensor MoeLayerImpl::shared_output(const torch::Tensor& x) {
+  if (!recompute_shared_ || !is_training()) return shared_experts(x);
+  return recompute([this](const std::vector<torch::Tensor>& in) { return shared_experts(in[0]); }, {x});
 }
 
 torch::Tensor MoeLayerImpl::routed(const torch::Tensor& x2d, const moe::Routing& routing) {
@@ -48,12 +64,12 @@ torch::Tensor MoeLayerImpl::routed(const torch::Tensor& x2d, const moe::Routing&
   return dispatcher_->combine(y);
 }
 
-torch::Tensor MoeLayerImpl::forward(const torch::Tensor& x) {
+torch::Tensor MoeLayerImpl::compute(const torch::Tensor& x) {
   const auto shape = x.sizes().vec();
   auto x2d = x.reshape({-1, x.size(-1)});
   if (!overlap_shared_ || !x.is_cuda()) {
     // Megatron computes the shared expert first, on the same input, and adds it at the end.
-    torch::Tensor shared = shared_experts ? shared_experts(x) : torch::Tensor();
+    torch::Tensor shared = shared_experts ? shared_output(x) : torch::Tensor();
     auto routing = router(x);
     auto out = routed(x2d, routing).view(shape);
     return shared.defined() ? out + shared : out;

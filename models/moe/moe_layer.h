@@ -4,6 +4,8 @@
 // shared_experts.{linear_fc1, linear_fc2}.weight, shared_experts.gate_weight.
 // --moe-shared-expert-overlap (alltoall dispatcher): on a GPU the shared expert's forward runs on
 // a side stream while the tokens are dispatched; the math is the same as without it.
+// --recompute-modules moe / shared_experts (selective granularity): the whole layer, or the shared
+// expert, keeps only its input and is replayed in backward (models/recompute.h).
 #pragma once
 #include <torch/torch.h>
 
@@ -30,10 +32,14 @@ class MoeLayerImpl : public torch::nn::Module {
   SharedExpertMlp shared_experts{nullptr};
 
  private:
+  torch::Tensor compute(const torch::Tensor& x);
+  torch::Tensor shared_output(const torch::Tensor& x);
   torch::Tensor routed(const torch::Tensor& x2d, const moe::Routing& routing);
   std::shared_ptr<MoeContext> context_;
   std::unique_ptr<TokenDispatcher> dispatcher_;
   bool overlap_shared_ = false;
+  bool recompute_layer_ = false;   // --recompute-modules moe
+  bool recompute_shared_ = false;  // --recompute-modules shared_experts
 };
 TORCH_MODULE(MoeLayer);
 

@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "models/moe/aux_loss.h"
+#include "models/recompute.h"
 
 namespace fp8tron {
 namespace {
@@ -153,7 +154,10 @@ moe::Routing TopKRouterImpl::forward(const torch::Tensor& x) {
   // Multiplicative noise from the default generator (as Megatron; dropout's stream).
   if (config_.input_jitter_eps) input = moe::input_jitter(input, *config_.input_jitter_eps);
   auto logits = gating(input);
-  const bool training = is_training() && torch::GradMode::is_enabled();
+  // The auxiliary losses, their logged values and the expert-bias counts belong to the pass the
+  // gradients flow through: under recomputation, the replay (models/recompute.h).
+  const bool gradient_pass = torch::GradMode::is_enabled() && !recompute_first_pass_active();
+  const bool training = is_training() && gradient_pass;
   if (training && config_.z_loss_coeff) logits = attach_z_loss(logits);
   const bool sinkhorn = config_.balancing.size() == 1 && config_.balancing[0].type == MoeBalancing::kSinkhorn;
   moe::Routing r = sinkhorn ? moe::sinkhorn_routing(logits, config_.topk, is_training())
@@ -161,7 +165,7 @@ moe::Routing TopKRouterImpl::forward(const torch::Tensor& x) {
   if (config_.capacity_factor)
     r = moe::apply_capacity(r, config_.topk, *config_.capacity_factor, config_.drop_policy, config_.pad_to_capacity);
   if (training) r.probs = attach_balancing_losses(r.probs, logits, seq, batch);
-  if (expert_bias.defined() && torch::GradMode::is_enabled()) {
+  if (expert_bias.defined() && gradient_pass) {
     torch::NoGradGuard no_grad;
     auto counts = r.map.sum(0).to(torch::kFloat32);
     if (!local_tokens_per_expert_.defined()) local_tokens_per_expert_ = torch::zeros_like(counts);

@@ -8,7 +8,11 @@ Faults: SIGKILL at every step of a save and its commit (sync and async; the hidd
 --fp8tron-test-kill-at), at retention's deletion, at random moments; one rank of an mpirun job
 killed; one rank stopped (the hang report must name it within --hang-report-seconds); a full
 disk (a small tmpfs, skipped where mounting is not permitted); flipped and truncated checkpoint
-files; token ids outside the vocabulary; a second job on the same --save; a NaN loss.
+files; token ids outside the vocabulary; a second job on the same --save; a NaN loss; the rerun
+engine (--rerun-mode validate_results, Megatron's default): a reproducible NaN (exit 16 with a
+checkpoint, the restarted job's verdict on the same and on another node, exit 17), injected
+transient and persistent errors under mpirun (every rank exits alike), a non-fatal rejection that
+continues, and report_stats.
 
 usage: fault_injection_test.py FP8TRON FP8TRON_PREPROCESS WORK_DIR [--quick]
 Prints one line per scenario and a report of counts; exits non-zero on any failure.
@@ -140,17 +144,8 @@ def tracker(save_dir):
 def check_resume(scenario, save_dir, ranks=1, extra=(), model=()):
     """Resumes from whatever `save_dir` holds and compares the end with the uninterrupted run."""
     want, want_loss, _ = reference(ranks, model)
-    rc, out = run(["--load", save_dir, "--save", save_dir] + (DP2 if ranks > 1 else []) + list(model) + list(extra), ranks)
-    if rc != 0:
-        return fail(scenario, f"resume failed (exit {rc}):\n{out[-2000:]}")
-    got = final_state(save_dir)
-    if got != want:
-        differing = [k for k in want if got.get(k) != want[k]]
-        return fail(scenario, f"resumed run differs from the uninterrupted one in {differing}")
-    counts["resumes checked"] += 1
-    losses.append(last_loss(out))
-    log(f"ok   {scenario}: resumed from iteration {tracker_before.get(save_dir) or '0 (none saved)'}, final state "
-        f"bitwise equal (last loss {last_loss(out)} = {want_loss})")
+    resume_and_compare(scenario, save_dir, (DP2 if ranks > 1 else []) + list(model) + list(extra), ranks, want, want_loss,
+                       ITERS, f"resumed from iteration {tracker_before.get(save_dir) or '0 (none saved)'}")
 
 
 tracker_before = {}
@@ -168,18 +163,21 @@ def check_long_resume(scenario, save_dir, ranks=2):
     rc, out = run(["--save", ref] + args, ranks)
     if rc != 0:
         return fail(scenario, f"the uninterrupted run to iteration {stop} failed (exit {rc}):\n{out[-2000:]}")
-    want, want_loss = final_state(ref, stop), last_loss(out, stop)
-    rc, out = run(["--load", save_dir, "--save", save_dir] + args, ranks)
+    resume_and_compare(scenario, save_dir, args, ranks, final_state(ref, stop), last_loss(out, stop), stop,
+                       f"resumed from iteration {saved or '0 (none saved)'} to {stop}")
+
+
+def resume_and_compare(scenario, save_dir, args, ranks, want, want_loss, iteration, resumed):
+    rc, out = run(["--load", save_dir, "--save", save_dir] + list(args), ranks)
     if rc != 0:
         return fail(scenario, f"resume failed (exit {rc}):\n{out[-2000:]}")
-    got = final_state(save_dir, stop)
+    got = final_state(save_dir, iteration)
     if got != want:
         differing = [k for k in want if got.get(k) != want[k]]
         return fail(scenario, f"resumed run differs from the uninterrupted one in {differing}")
     counts["resumes checked"] += 1
-    losses.append(last_loss(out, stop))
-    log(f"ok   {scenario}: resumed from iteration {saved or '0 (none saved)'} to {stop}, final state bitwise equal "
-        f"(last loss {last_loss(out, stop)} = {want_loss})")
+    losses.append(last_loss(out, iteration))
+    log(f"ok   {scenario}: {resumed}, final state bitwise equal (last loss {last_loss(out, iteration)} = {want_loss})")
 
 
 def killed_at(scenario, args, ranks=1, save_dir=None, model=()):
@@ -266,16 +264,26 @@ def mpi_rank_pids(mpirun_pid):
     return pids
 
 
-def kill_one_rank():
-    d = fresh("rank_kill")
-    p, out = start(["--save", d] + DP2 + LONG, ranks=2)
-    if not wait_for(out, r"iteration\s+5/", 120):
+def start_two_rank_job(scenario, save_dir, flags, iteration):
+    """Starts a LONG two-rank job; once it has logged `iteration`, returns (mpirun, log, pids by
+    rank), or None after a failure."""
+    p, out = start(["--save", save_dir] + flags + DP2 + LONG, ranks=2)
+    if not wait_for(out, r"iteration\s+%d/" % iteration, 120):
         kill_group(p)
-        return fail("kill one rank", "the job did not reach iteration 5")
+        return fail(scenario, f"the job did not reach iteration {iteration}")
     pids = mpi_rank_pids(p.pid)
     if 1 not in pids:
         kill_group(p)
-        return fail("kill one rank", f"rank 1's process not found (children: {pids})")
+        return fail(scenario, f"rank 1's process not found (children: {pids})")
+    return p, out, pids
+
+
+def kill_one_rank():
+    d = fresh("rank_kill")
+    job = start_two_rank_job("kill one rank", d, [], 5)
+    if not job:
+        return
+    p, _, pids = job
     os.kill(pids[1], signal.SIGKILL)
     try:
         p.wait(timeout=60)
@@ -311,14 +319,10 @@ def kill_ranks_and_wait(pids, timeout=60):
 
 def stopped_rank_is_reported():
     d = fresh("hang")
-    p, out = start(["--save", d, "--hang-report-seconds", "5", "--distributed-timeout-minutes", "2"] + DP2 + LONG, ranks=2)
-    if not wait_for(out, r"iteration\s+3/", 120):
-        kill_group(p)
-        return fail("stopped rank", "the job did not reach iteration 3")
-    pids = mpi_rank_pids(p.pid)
-    if 1 not in pids:
-        kill_group(p)
-        return fail("stopped rank", "rank 1's process not found")
+    job = start_two_rank_job("stopped rank", d, ["--hang-report-seconds", "5", "--distributed-timeout-minutes", "2"], 3)
+    if not job:
+        return
+    p, out, pids = job
     os.kill(pids[1], signal.SIGSTOP)
     stopped = time.time()
     text = wait_for(out, r"collective hang: .*", 30)
@@ -475,8 +479,9 @@ def second_job():
 
 
 def nan_loss():
+    """--rerun-mode disabled: the first result is judged, the run stops (exit 1)."""
     d = fresh("nan")
-    rc, out = run(["--save", d, "--fp8tron-test-inject-nan", "7"])
+    rc, out = run(["--save", d, "--fp8tron-test-inject-nan", "7", "--rerun-mode", "disabled"])
     counts["faults injected"] += 1
     if rc != 1 or not re.search(r"iteration 7: the loss is NaN.*stopping, as --check-for-nan-in-loss-and-grad asks", out):
         return fail("NaN loss", f"exit {rc}:\n{out[-1500:]}")
@@ -485,7 +490,7 @@ def nan_loss():
     counts["clear errors checked"] += 1
     log("ok   NaN loss at iteration 7: " + re.search(r"fp8tron: error: .*", out).group(0)[:160])
     tracker_before[d] = "6"
-    check_resume("resume after the NaN stop", d)
+    check_resume("resume after the NaN stop", d, extra=["--rerun-mode", "disabled"])
 
 
 def moe_faults():
@@ -497,7 +502,8 @@ def moe_faults():
               ["--save", d, "--fp8tron-test-kill-at", "commit:files-synced@2"] + DP2, ranks=2, save_dir=d, model=MOE_EP2)
     d = fresh("moe_nan")
     expert = "decoder.layers.1.mlp.experts.linear_fc1.weight3"
-    rc, out = run(["--save", d, "--fp8tron-test-inject-nan", f"7:{expert}"] + DP2 + MOE_EP2, ranks=2)
+    rc, out = run(["--save", d, "--rerun-mode", "disabled", "--fp8tron-test-inject-nan", f"7:{expert}"] + DP2 + MOE_EP2,
+                  ranks=2)
     counts["faults injected"] += 1
     want = r"iteration 7: the gradient norm is NaN \(the first parameter whose gradient is not finite: %s\)" % re.escape(expert)
     if rc == 0 or not re.search(want, out):
@@ -507,7 +513,91 @@ def moe_faults():
     counts["clear errors checked"] += 1
     log("ok   NaN in an expert's gradient (rank 1) at iteration 7: " + re.search(r"fp8tron: error: .*", out).group(0)[:160])
     tracker_before[d] = "6"
-    check_resume("resume after the expert NaN stop (MoE)", d, ranks=2, model=MOE_EP2)
+    check_resume("resume after the expert NaN stop (MoE)", d, ranks=2, model=MOE_EP2, extra=["--rerun-mode", "disabled"])
+
+
+def expect_exit(scenario, rc, out, status, pattern, ranks=1):
+    """The run ended with `status` and every rank's last line matches `pattern`."""
+    counts["faults injected"] += 1
+    ends = re.findall(r"fp8tron: (iteration .*)", out)
+    if rc != status or len(ends) != ranks or not all(re.search(pattern, e) for e in ends):
+        fail(scenario, f"expected exit {status} on {ranks} rank(s) with /{pattern}/, got exit {rc}:\n{out[-2500:]}")
+        return False
+    counts["clear errors checked"] += 1
+    log(f"ok   {scenario}: exit {rc}: {ends[0][:170]}")
+    return True
+
+
+def rerun_engine():
+    """Megatron's rerun engine (--rerun-mode validate_results, the default)."""
+    # A NaN reproduced in place: the state before the iteration is saved (the checkpoint of
+    # iteration 6, with the request to re-run 7 elsewhere), exit 16. Restarted on the same node:
+    # exit 16 again; elsewhere: the NaN again, a correct result of the model and data, exit 17.
+    d = fresh("rerun_nan")
+    rc, out = run(["--save", d, "--fp8tron-test-inject-nan", "7"])
+    if not expect_exit("reproducible NaN (validate_results)", rc, out, 16,
+                       r"iteration 7: .* is reproducible when the iteration runs again on the same hardware; saved the "
+                       r"checkpoint of iteration 6"):
+        return
+    if tracker(d) != "6":
+        return fail("reproducible NaN", f"tracker names {tracker(d)}, not 6")
+    rc, out = run(["--load", d, "--save", d, "--fp8tron-test-inject-nan", "7"])
+    expect_exit("restarted on the same node", rc, out, 16, r"a rank runs on the same node and GPU")
+    rc, out = run(["--load", d, "--save", d, "--fp8tron-test-inject-nan", "7", "--fp8tron-test-node-name", "elsewhere"])
+    expect_exit("restarted on another node", rc, out, 17, r"is reproducible on other hardware as well")
+    # The saved state is the one before iteration 7: resumed without the NaN (the request ignored
+    # with --rerun-mode disabled), the run ends as the uninterrupted one.
+    tracker_before[d] = "6"
+    check_resume("resume from the rerun checkpoint", d, extra=["--rerun-mode", "disabled"])
+
+    # Injected errors under mpirun (data parallel 2, distributed optimizer): every rank decides alike.
+    d = fresh("rerun_transient")
+    rc, out = run(["--save", d, "--error-injection-rate", "20"] + DP2, ranks=2)
+    if expect_exit("injected transient error (mpirun 2 ranks)", rc, out, 17,
+                   r"could not be reproduced by running the iteration again in place: a transient fault", ranks=2):
+        if "Possible transient error!!" not in out:
+            fail("injected transient error", "Megatron's 'Possible transient error!!' line is missing")
+        tracker_before[d] = tracker(d)
+        check_resume("resume after the transient error (mpirun 2 ranks)", d, ranks=2)
+    d = fresh("rerun_persistent")
+    persistent = ["--save", d, "--error-injection-rate", "1", "--error-injection-type", "persistent_error"] + DP2
+    rc, out = run(persistent, ranks=2)
+    if expect_exit("injected persistent error (mpirun 2 ranks)", rc, out, 16, r"saved the checkpoint of iteration 1",
+                   ranks=2):
+        rc, out = run(persistent + ["--load", d, "--fp8tron-test-node-name", "elsewhere"], ranks=2)
+        expect_exit("persistent error, restarted on another node", rc, out, 17,
+                    r"a persistent fault of the hardware that computed it \(rank 0 on node ", ranks=2)
+        tracker_before[d] = "1"
+        check_resume("resume from the persistent error's checkpoint (mpirun 2 ranks)", d, ranks=2,
+                     extra=["--rerun-mode", "disabled"])
+
+    # A non-fatal rejection (an injected correct result on the spiky-loss check): the iteration runs
+    # again and the run continues, ending as the run without it.
+    d = fresh("rerun_continue")
+    rc, out = run(["--save", d, "--no-check-for-nan-in-loss-and-grad", "--check-for-spiky-loss",
+                   "--error-injection-rate", "1", "--error-injection-type", "correct_result"] + DP2, ranks=2)
+    counts["faults injected"] += 1
+    if rc != 0 or "Continuing normal execution because failed validation was not fatal" not in out:
+        fail("non-fatal rejection", f"exit {rc}:\n{out[-2000:]}")
+    elif final_state(d) != reference(2)[0]:
+        fail("non-fatal rejection", "the run with a re-run in place differs from the uninterrupted one")
+    else:
+        counts["resumes checked"] += 1
+        log("ok   a non-fatal rejection re-ran its iteration in place (mpirun 2 ranks); the final state is bitwise "
+            "the uninterrupted run's")
+
+    # report_stats: every iteration twice; on the CPU every difference is zero.
+    d = fresh("rerun_stats")
+    rc, out = run(["--save", d, "--rerun-mode", "report_stats"])
+    calls = re.findall(r"From validation call '(.*)':", out)
+    summaries = re.findall(r"^ {4}(\S.*(?:samples, all identical|rel\. variability.*))$", out, re.M)
+    if rc != 0 or not calls or len(summaries) != len(calls) or any("rel. variability" in x for x in summaries):
+        fail("report_stats", f"exit {rc}, calls {calls}, summaries {summaries}:\n{out[-2000:]}")
+    elif final_state(d) != reference(1)[0]:
+        fail("report_stats", "the run differs from the uninterrupted one")
+    else:
+        counts["resumes checked"] += 1
+        log(f"ok   report_stats: '{calls[-1]}': {summaries[-1]}; final state bitwise the uninterrupted run's")
 
 
 def main():
@@ -524,6 +614,7 @@ def main():
     bad_token_ids()
     second_job()
     nan_loss()
+    rerun_engine()
     moe_faults()
     log("fault injection report: " + ", ".join(f"{v} {k}" for k, v in counts.items()) +
         f"; {len(losses)} resumed runs ended with the reference's last loss; {time.time() - start_time:.0f} s")

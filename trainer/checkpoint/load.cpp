@@ -350,6 +350,11 @@ int64_t load_checkpoint(const TrainingState& s) {
   if (!restart) {
     s.consumed_train_samples = m.consumed_train_samples;
     s.consumed_valid_samples = m.consumed_valid_samples;
+    if (s.skipped_train_samples) *s.skipped_train_samples = m.skipped_train_samples;
+    if (s.rerun && m.rerun) {
+      s.rerun->loaded = m.rerun;
+      s.rerun->loaded_same_layout = m.parallel == here;
+    }
     if (k.load_rng) restore_rng(m, s, location.path);
   }
   if (!k.verify_checksums)

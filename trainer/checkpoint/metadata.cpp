@@ -156,6 +156,65 @@ class Reader {
   const std::string& src_;
 };
 
+// A double that may be NaN or inf (JSON numbers cannot be): "nan", "inf", "-inf" or %.17g.
+std::string exact_number(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  return strprintf("%.17g", v);
+}
+
+double parse_exact_number(const Reader& r, const ojson& obj, const std::string& path, const char* key) {
+  const std::string text = r.string(obj, path, key);
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || *end != '\0') r.fail("field '" + Reader::join_key(path, key) + "' is not a number: '" + text + "'");
+  return v;
+}
+
+ojson rerun_to_json(const rerun::RerunRecord& x) {
+  ojson suspects = ojson::array();
+  for (const auto& [rank, where] : x.suspects)
+    suspects.push_back({{"rank", rank}, {"node", where.node}, {"device", where.device}});
+  ojson large = ojson::object();
+  for (const auto& [context, v] : x.large_values) large[context] = {{"count", v.first}, {"largest", exact_number(v.second)}};
+  return {{"mode", x.mode},
+          {"iteration", x.iteration},
+          {"failed_call", x.failed_call},
+          {"initial_result", exact_number(x.initial_result)},
+          {"error_injection_rate", x.error_injection_rate},
+          {"error_injection_type", x.error_injection_type},
+          {"injected_error", x.injected_error},
+          {"suspects", std::move(suspects)},
+          {"large_values", std::move(large)}};
+}
+
+rerun::RerunRecord rerun_from_json(const Reader& r, const ojson& j) {
+  const std::string path = "rerun";
+  rerun::RerunRecord x;
+  x.mode = r.string(j, path, "mode");
+  x.iteration = r.integer(j, path, "iteration");
+  x.failed_call = r.string(j, path, "failed_call");
+  x.initial_result = parse_exact_number(r, j, path, "initial_result");
+  x.error_injection_rate = r.integer(j, path, "error_injection_rate");
+  x.error_injection_type = r.string(j, path, "error_injection_type");
+  x.injected_error = r.string(j, path, "injected_error");
+  const ojson& suspects = r.array(j, path, "suspects");
+  for (size_t i = 0; i < suspects.size(); ++i) {
+    const std::string where = path + ".suspects[" + std::to_string(i) + "]";
+    if (!suspects[i].is_object()) r.fail("field '" + where + "' must be an object");
+    rerun::Hardware h{r.string(suspects[i], where, "node"), r.small_int(suspects[i], where, "device")};
+    x.suspects.emplace_back(r.small_int(suspects[i], where, "rank"), std::move(h));
+  }
+  const ojson& large = r.object(j, path, "large_values");
+  for (auto it = large.begin(); it != large.end(); ++it) {
+    const std::string where = path + ".large_values." + it.key();
+    if (!it.value().is_object()) r.fail("field '" + where + "' must be an object");
+    x.large_values[it.key()] = {r.integer(it.value(), where, "count"), parse_exact_number(r, it.value(), where, "largest")};
+  }
+  if (x.iteration < 1) r.fail("field 'rerun.iteration' must be at least 1");
+  return x;
+}
+
 ojson table_to_json(const TensorTable& table) {
   ojson tensors = ojson::object();
   for (const auto& [name, t] : table) {
@@ -290,6 +349,7 @@ std::string serialize_metadata(const CheckpointMetadata& m) {
   j["release"] = m.release;
   j["consumed_train_samples"] = m.consumed_train_samples;
   j["consumed_valid_samples"] = m.consumed_valid_samples;
+  if (m.skipped_train_samples) j["skipped_train_samples"] = m.skipped_train_samples;
   j["floating_point_operations_so_far"] = m.floating_point_operations_so_far;
   j["data_loader"] = ojson::object();
   for (const auto& [k, v] : m.data_loader) j["data_loader"][k] = v;
@@ -323,6 +383,7 @@ std::string serialize_metadata(const CheckpointMetadata& m) {
     if (!v.empty()) std::memcpy(raw.data(), v.data(), raw.size());  // little-endian host
     j["fp8"][k] = base64_encode(raw);
   }
+  if (m.rerun) j["rerun"] = rerun_to_json(*m.rerun);
   j["tensors"] = table_to_json(m.tensors);
   try {
     return j.dump(1) + "\n";
@@ -357,6 +418,7 @@ CheckpointMetadata parse_metadata(const std::string& text, const std::string& so
   m.release = r.boolean(j, "", "release");
   m.consumed_train_samples = r.integer(j, "", "consumed_train_samples");
   m.consumed_valid_samples = r.integer(j, "", "consumed_valid_samples");
+  if (j.contains("skipped_train_samples")) m.skipped_train_samples = r.integer(j, "", "skipped_train_samples");
   m.floating_point_operations_so_far = r.number(j, "", "floating_point_operations_so_far");
   const ojson& dl = r.object(j, "", "data_loader");
   for (auto it = dl.begin(); it != dl.end(); ++it)
@@ -411,6 +473,7 @@ CheckpointMetadata parse_metadata(const std::string& text, const std::string& so
     if (!v.empty()) std::memcpy(v.data(), raw.data(), raw.size());
     m.fp8[it.key()] = std::move(v);
   }
+  if (j.contains("rerun")) m.rerun = rerun_from_json(r, r.object(j, "", "rerun"));
   m.tensors = table_from_json(r.object(j, "", "tensors"), r, "tensors");
   validate_metadata(m, source);
   return m;

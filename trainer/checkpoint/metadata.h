@@ -16,6 +16,7 @@
 #include "trainer/checkpoint/file_io.h"
 #include "trainer/checkpoint/resharding.h"
 #include "trainer/checkpoint/safetensors.h"
+#include "trainer/rerun/rerun_record.h"
 
 namespace fp8tron::checkpoint {
 
@@ -93,6 +94,7 @@ struct CheckpointMetadata {
   bool release = false;
   int64_t consumed_train_samples = 0;
   int64_t consumed_valid_samples = 0;
+  int64_t skipped_train_samples = 0;  // of --iterations-to-skip (absent in older checkpoints: 0)
   double floating_point_operations_so_far = 0;
   std::map<std::string, int64_t> data_loader;  // position, keys chosen by data/
   ParallelLayout parallel;
@@ -102,6 +104,9 @@ struct CheckpointMetadata {
   LossScalerState loss_scaler;
   std::vector<RngState> rng;
   std::map<std::string, std::vector<float>> fp8;  // recipe state arrays by name
+  // The rerun engine's request to re-run the next iteration on other hardware (--rerun-mode
+  // validate_results found a rejected result reproducible); absent in every other checkpoint.
+  std::optional<rerun::RerunRecord> rerun;
   TensorTable tensors;
   bool operator==(const CheckpointMetadata&) const = default;
 };

@@ -218,6 +218,8 @@ ck::CheckpointMetadata build_metadata(const TrainingState& s, int64_t iteration,
   m.iteration = iteration;
   m.consumed_train_samples = s.consumed_train_samples;
   m.consumed_valid_samples = s.consumed_valid_samples;
+  if (s.skipped_train_samples) m.skipped_train_samples = *s.skipped_train_samples;
+  if (s.rerun) m.rerun = s.rerun->to_save;
   // The data loaders are positioned by the samples consumed (Megatron's sampler).
   m.data_loader = {{"train_consumed_samples", s.consumed_train_samples},
                    {"valid_consumed_samples", s.consumed_valid_samples}};

@@ -38,9 +38,11 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <optional>
 
 #include "core/config/config.h"
 #include "parallel/parallel_state.h"
+#include "trainer/rerun/rerun_record.h"
 
 namespace fp8tron {
 
@@ -50,6 +52,13 @@ class Fp8Engine;
 }
 class LrSchedule;
 class LossScaler;
+
+// The rerun engine's record (trainer/rerun/rerun_record.h) on its way into and out of a checkpoint.
+struct RerunCheckpointIo {
+  std::optional<rerun::RerunRecord> to_save;  // saved with the checkpoint when set
+  std::optional<rerun::RerunRecord> loaded;   // set by a load from a checkpoint that carries one
+  bool loaded_same_layout = false;            // ... saved in this run's parallel layout
+};
 
 // The trainer's state that a checkpoint saves and restores.
 struct TrainingState {
@@ -65,6 +74,8 @@ struct TrainingState {
   // Persistent model buffers by global name (the MoE routers' expert_bias), the same on every
   // tensor- and data-parallel rank of a pipeline stage: checkpointed as fp32 tensors.
   std::vector<std::pair<std::string, torch::Tensor>> buffers;
+  int64_t* skipped_train_samples = nullptr;  // --iterations-to-skip's count (null: not tracked)
+  RerunCheckpointIo* rerun = nullptr;
 };
 
 }  // namespace fp8tron

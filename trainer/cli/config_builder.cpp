@@ -16,6 +16,7 @@
 #include "trainer/cli/context_parallel_args.h"
 #include "trainer/cli/logging_args.h"
 #include "trainer/cli/moe_args.h"
+#include "trainer/cli/rerun_args.h"
 #include "trainer/cli/recompute_args.h"
 #include "trainer/cli/tp_overlap_args.h"
 
@@ -770,6 +771,8 @@ Config build_config(const FlagValues& flags, const LaunchEnv& launch, bool gpu_a
     c.notices.push_back("--rampup-batch-size: the batch grows as in Megatron-LM before April 2026 (the newest Megatron-LM "
                         "deprecates the flag and trains at --global-batch-size from the start)");
   c.training.numerics = build_numerics(flags, c.precision, c.hint_warnings);
+  c.training.rerun = build_rerun_config(flags, c.training.numerics, c.hint_warnings);
+  c.training.iterations_to_skip = build_iterations_to_skip(flags, c.notices);
   c.optimizer = build_optimizer(flags);
   if (flags.get_string("optimizer") == "dist_muon")  // Megatron's warn_rank_0 in validate_args
     c.hint_warnings.push_back("optimizer='dist_muon' is deprecated. Use --optimizer muon --use-distributed-optimizer instead.");

@@ -63,17 +63,11 @@ std::string context_parallel_problem(const Config& c, const FlagValues& f) {
     return strprintf("--seq-length (%lld) must be a multiple of 2 x --context-parallel-size (%d): the load-balanced "
                      "split gives each context-parallel rank two of 2 x %d equal chunks",
                      (long long)m.seq_length, 2 * size, size);
-  if (m.moe.enabled())
-    return "--context-parallel-size > 1 with --num-experts is not implemented in fp8tron yet (the expert data-parallel "
-           "group would have to span the context-parallel ranks)";
-  if (m.mla.enabled)
-    return "--context-parallel-size > 1 with --multi-latent-attention is not implemented in fp8tron yet (its rotary "
-           "embedding and attention do not take a sequence shard)";
-  if (m.mtp.num_layers > 0)
-    return "--context-parallel-size > 1 with --mtp-num-layers is not implemented in fp8tron yet (the MTP heads shift "
-           "labels across the whole sequence)";
-  if (c.training.calculate_per_token_loss)
-    return "--context-parallel-size > 1 with --calculate-per-token-loss is not implemented in fp8tron yet";
+  // Megatron indexes a per-layer list with the MTP layers' numbers 1, 2, ... too.
+  if (cp.comm_types.size() > 1 && m.mtp.num_layers > m.num_layers)
+    return strprintf("--cp-comm-type with one type per layer: the MTP layers take the types of the first "
+                     "--mtp-num-layers (%lld) layers, more than --num-layers (%lld)",
+                     (long long)m.mtp.num_layers, (long long)m.num_layers);
   if (!m.transformer_engine_modules)
     return "--context-parallel-size > 1 needs --transformer-impl transformer_engine (Megatron's local attention has no "
            "context parallelism)";

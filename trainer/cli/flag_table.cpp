@@ -83,7 +83,7 @@ const std::vector<FlagSpec>& flag_table() {
       {"adam-beta2", K::Float, "0.999", S::Yes, "", "", "Adam beta2."},
       {"adam-eps", K::Float, "1e-08", S::Yes, "", "", "Adam epsilon."},
       {"sgd-momentum", K::Float, "0.9", S::Yes, "", "", "SGD momentum."},
-      {"check-for-nan-in-loss-and-grad", K::Bool, "", S::Yes, "", "", "Stop at the first iteration whose loss or gradient norm is NaN or inf, naming the first parameter whose gradient is not finite (on by default, as in Megatron, which has only the --no- form; off with fp16's dynamic loss scale)."},
+      {"check-for-nan-in-loss-and-grad", K::Bool, "", S::Yes, "", "", "Reject a NaN or inf loss or gradient norm: the run stops (with --rerun-mode validate_results after re-running the iteration to attribute it), naming the first parameter whose gradient is not finite (on by default, as in Megatron, which has only the --no- form; off with fp16's dynamic loss scale)."},
 
       // ---- mixed precision ---------------------------------------------------------------------------
       {"bf16", K::Bool, "", S::Yes, "", "", "bf16 parameters and compute, fp32 main weights and gradient accumulation."},
@@ -151,7 +151,8 @@ const std::vector<FlagSpec>& flag_table() {
       {"recompute-method", K::String, "", S::Yes, "", "uniform|block", "Full recomputation: uniform (units of --recompute-num-layers consecutive layers) or block (the first --recompute-num-layers layers of each pipeline chunk)."},
       {"recompute-num-layers", K::Int, "", S::Yes, "", "", "Layers per recompute unit (uniform) or recomputed layers per pipeline chunk (block)."},
       {"distribute-saved-activations", K::Bool, "", S::Yes, "", "", "Split each recompute unit's saved input over the tensor-parallel ranks (full recomputation without sequence parallelism)."},
-      {"recompute-modules", K::StringList, "", S::Yes, "", "", "Submodules recomputed with --recompute-granularity selective: core_attn (the default), mlp, layernorm (standalone norms: an MoE layer's pre-MLP norm, MLA's input norm; dense layers fuse theirs into the linears), moe_act (the experts' activation, with linear_fc2), mla_up_proj (MLA's up projections, with the core attention); moe and shared_experts are refused (not yet)."},
+      {"recompute-modules", K::StringList, "", S::Yes, "", "", "Submodules recomputed with --recompute-granularity selective: core_attn (the default), mlp, layernorm (dense layers: fused into the linears, nothing to recompute); moe (the whole MoE layer: router, token dispatch, experts, combine), shared_experts (the MoE layers' shared expert), moe_act (the experts' activation), layernorm (MoE layers' pre-MLP norm, MLA's input norm), mla_up_proj (MLA's up projections); the last three discard their outputs and recompute them before their consumer's backward."},
+      {"moe-layer-recompute", K::Bool, "", S::Yes, "", "", "Deprecated in Megatron: the same as --recompute-granularity selective with moe added to --recompute-modules."},
 
       // ---- mixture of experts (models/moe/, docs/moe.md) ---------------------------------------------
       {"num-experts", K::Int, "", S::Yes, "", "", "Number of experts per MoE layer (unset or 0: a dense model)."},
@@ -245,6 +246,7 @@ const std::vector<FlagSpec>& flag_table() {
       // ---- for fp8tron's own tests only (hidden from --help and the argument list) -----------------
       {"fp8tron-test-kill-at", K::String, "", S::Yes, "", "", "TESTS ONLY: SIGKILL this process at the named checkpoint step, NAME[@HIT] (trainer/checkpoint/fault_points.h)."},
       {"fp8tron-test-inject-nan", K::String, "", S::Yes, "", "", "TESTS ONLY: ITER[:PARAM]: at iteration ITER make the loss (or PARAM's gradient) NaN."},
+      {"fp8tron-test-node-name", K::String, "", S::Yes, "", "", "TESTS ONLY: the node name the rerun engine records and compares instead of the host name."},
   };
   return table;
 }

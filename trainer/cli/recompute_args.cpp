@@ -23,7 +23,7 @@ RecomputeModules parse_modules(const std::vector<std::string>& names) {
   for (const auto& n : names) {
     if (!megatron_modules().count(n))
       throw UserError("--recompute-modules " + n +
-                      ": not a module (choose from core_attn, mlp, layernorm, moe_act, moe, shared_experts)");
+                      ": not a module (choose from core_attn, mlp, layernorm, moe_act, moe, shared_experts, mla_up_proj)");
     if (n == "core_attn") m.core_attn = true;
     if (n == "mlp") m.mlp = true;
     if (n == "layernorm") m.layernorm = true;
@@ -50,6 +50,15 @@ RecomputeConfig build_recompute_config(const FlagValues& f, std::vector<std::str
   r.num_layers = f.opt_int("recompute-num-layers").value_or(0);
   r.distribute_saved_activations = f.get_bool("distribute-saved-activations");
   if (f.given("recompute-modules")) r.modules = parse_modules(f.get_list("recompute-modules"));
+  if (f.get_bool("moe-layer-recompute")) {
+    // Megatron's deprecated flag: selective granularity with "moe" added to the modules.
+    if (r.granularity == RecomputeGranularity::Full)
+      throw UserError("do not set --moe-layer-recompute with --recompute-granularity full (as in Megatron)");
+    r.granularity = RecomputeGranularity::Selective;
+    r.modules.moe = true;
+    notices.push_back("--moe-layer-recompute is deprecated (as in Megatron): use --recompute-granularity selective "
+                      "--recompute-modules moe");
+  }
 
   const bool off = r.granularity == RecomputeGranularity::None;
   if (off && (f.given("recompute-method") || f.given("recompute-num-layers")))
@@ -59,11 +68,18 @@ RecomputeConfig build_recompute_config(const FlagValues& f, std::vector<std::str
   if (r.granularity == RecomputeGranularity::Selective && r.modules.core_attn)
     notices.push_back("--recompute-modules core_attn: fused attention keeps no attention matrix, only its output and "
                       "softmax statistics, so recomputing it saves little memory on GPUs (as Megatron warns)");
-  if (r.granularity == RecomputeGranularity::Selective && r.modules.layernorm)
+  if (r.granularity == RecomputeGranularity::Selective && (r.modules.moe || r.modules.shared_experts) &&
+      !f.given("num-experts"))
+    notices.push_back("--recompute-modules moe and shared_experts have no effect without --num-experts");
+  else if (r.granularity == RecomputeGranularity::Selective && r.modules.shared_experts &&
+           !f.given("moe-shared-expert-intermediate-size"))
+    notices.push_back("--recompute-modules shared_experts has no effect without --moe-shared-expert-intermediate-size");
+  if (r.granularity == RecomputeGranularity::Selective && r.modules.layernorm && !f.given("num-experts") &&
+      !f.get_bool("multi-latent-attention"))
     notices.push_back("--recompute-modules layernorm: the input and pre-MLP norms of dense layers are fused into "
                       "linear_qkv and linear_fc1 (TELayerNormColumnParallelLinear) and have nothing to recompute, as "
-                      "in Megatron with Transformer Engine; the standalone ones (an MoE layer's pre-MLP norm, "
-                      "multi-latent attention's input norm) are recomputed");
+                      "in Megatron with Transformer Engine (only MoE layers' pre-MLP norm and multi-latent "
+                      "attention's input norm are modules of their own)");
   return r;
 }
 
@@ -82,13 +98,6 @@ std::string recompute_problem(const Config& c, const FlagValues& f) {
              "already split over the tensor-parallel ranks)";
   }
   if (r.granularity == RecomputeGranularity::None) return "";
-  if (r.full() && c.model.moe.enabled())
-    return "--recompute-granularity full with --num-experts is not implemented in fp8tron yet (a replayed MoE layer "
-           "would dispatch its tokens and record its router losses and metrics a second time); use "
-           "--recompute-granularity selective with core_attn";
-  if (r.selective(&RecomputeModules::core_attn) && c.model.mla.enabled)
-    return "--recompute-modules core_attn with --multi-latent-attention is not implemented in fp8tron yet (its "
-           "attention has no recomputed core); use --recompute-modules mlp or --recompute-granularity full";
   if (r.granularity == RecomputeGranularity::Selective) {
     if (r.method != RecomputeMethod::None)
       return "--recompute-method is not supported with --recompute-granularity selective (it applies to full; "
@@ -114,11 +123,8 @@ std::string recompute_problem(const Config& c, const FlagValues& f) {
     return "--recompute-modules gdn_norm_out/gdp_in_proj/gdp_qkv need --experimental-attention-variant (gated delta "
            "net layers), which fp8tron does not have";
   if (named.count("mhc")) return "--recompute-modules mhc requires --enable-mhc-connections, which fp8tron does not have";
-  for (const char* moe : {"moe", "shared_experts"})
-    if (named.count(moe))
-      return strprintf("--recompute-modules %s: recomputing mixture-of-experts parts is not implemented in fp8tron yet "
-                       "(use core_attn, mlp, or --recompute-granularity full)",
-                       moe);
+  if (named.count("shared_experts") && c.model.moe.shared_expert_size > 0 && c.model.moe.shared_expert_overlap)
+    return "--recompute-modules shared_experts cannot work with --moe-shared-expert-overlap (as in Megatron)";
   if (c.precision.fp8.enabled() && (r.modules.moe_act || r.modules.layernorm) &&
       std::holds_alternative<fp8::DelayedScaling>(*c.precision.fp8.recipe))
     return "--recompute-modules moe_act and layernorm are not supported with --fp8-recipe delayed (Megatron: delayed "

@@ -15,6 +15,7 @@ std::string format_iteration_line(const IterationStats& s) {
   std::string line = strprintf(" [%s]", stamp);
   line += strprintf(" iteration %8lld/%8lld |", (long long)s.iteration, (long long)s.train_iters);
   line += strprintf(" consumed samples: %12lld |", (long long)s.consumed_samples);
+  if (s.skipped_samples > 0) line += strprintf(" skipped samples: %12lld |", (long long)s.skipped_samples);
   line += strprintf(" elapsed time per iteration (ms): %.1f |", s.elapsed_ms_per_iteration);
   if (s.tflops_per_gpu) line += strprintf(" throughput per GPU (TFLOP/s/GPU): %.1f |", *s.tflops_per_gpu);
   line += strprintf(" learning rate: %.6E |", s.learning_rate);

@@ -13,6 +13,7 @@ struct IterationStats {
   int64_t iteration = 0;
   int64_t train_iters = 0;
   int64_t consumed_samples = 0;
+  int64_t skipped_samples = 0;  // --iterations-to-skip: printed when > 0
   double elapsed_ms_per_iteration = 0;
   std::optional<double> tflops_per_gpu;  // with --log-throughput
   double learning_rate = 0;

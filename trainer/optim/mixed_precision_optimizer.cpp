@@ -88,16 +88,30 @@ StepResult MixedPrecisionOptimizer::step(double lr, double weight_decay, double 
 
 StepResult MixedPrecisionOptimizer::step(double lr, double weight_decay, const torch::Tensor& grad_divisor,
                                          std::optional<double> decoupled_lr) {
+  PreparedStep prepared = prepare_step(grad_divisor);
+  return apply_step(prepared, lr, weight_decay, decoupled_lr);
+}
+
+PreparedStep MixedPrecisionOptimizer::prepare_step(const torch::Tensor& grad_divisor) {
   torch::NoGradGuard no_grad;
-  std::vector<torch::Tensor> grads;
-  for (auto& d : domains_) grads.push_back(d->unscaled_grads(grad_divisor));
+  PreparedStep p;
+  for (auto& d : domains_) p.grads.push_back(d->unscaled_grads(grad_divisor));
   // One norm: each domain's squares summed over its own groups, then added (Megatron:
   // sqrt(dense^2 + expert^2)).
-  torch::Tensor squared = domains_[0]->norm_squared(grads[0]);
-  for (size_t i = 1; i < domains_.size(); ++i) squared = squared + domains_[i]->norm_squared(grads[i]);
+  torch::Tensor squared = domains_[0]->norm_squared(p.grads[0]);
+  for (size_t i = 1; i < domains_.size(); ++i) squared = squared + domains_[i]->norm_squared(p.grads[i]);
+  p.grad_norm = squared.sqrt();
+  return p;
+}
+
+StepResult MixedPrecisionOptimizer::apply_step(PreparedStep& p, double lr, double weight_decay,
+                                               std::optional<double> decoupled_lr, const torch::Tensor& skip) {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor>& grads = p.grads;
   StepResult result;
-  result.grad_norm = squared.sqrt();
+  result.grad_norm = p.grad_norm;
   result.found_inf = result.grad_norm.isfinite().logical_not().to(torch::kFloat32);
+  if (skip.defined()) result.found_inf = torch::maximum(result.found_inf, skip.to(torch::kFloat32));
   torch::Tensor coeff;
   if (clip_grad_ > 0) {
     // Megatron: clip_coeff = max_norm / (total_norm + 1e-6), applied when below 1.

@@ -23,6 +23,12 @@
 
 namespace fp8tron {
 
+// The unscaled gradients of a step and their global norm, before the update (prepare_step).
+struct PreparedStep {
+  std::vector<torch::Tensor> grads;  // per domain, as the update reads them
+  torch::Tensor grad_norm;           // 0-dim fp32, the global norm before clipping
+};
+
 struct StepResult {
   torch::Tensor grad_norm;  // 0-dim fp32, before clipping (inf/nan when the step was skipped)
   torch::Tensor found_inf;  // 0-dim fp32, 1 when the update was skipped
@@ -70,6 +76,13 @@ class MixedPrecisionOptimizer {
   // --calculate-per-token-loss, the global token count), so the step never waits on the device.
   StepResult step(double lr, double weight_decay, const torch::Tensor& grad_divisor,
                   std::optional<double> decoupled_lr = std::nullopt);
+  // step() in two halves, so that the norm can be judged before the update: prepare_step divides the
+  // gradients (in place) and takes their global norm; apply_step clips and updates, skipping the
+  // update on every rank when the norm is not finite or `skip` (a 0-dim device flag, 1: skip) is
+  // set. Neither waits on the GPU.
+  PreparedStep prepare_step(const torch::Tensor& grad_divisor);
+  StepResult apply_step(PreparedStep& prepared, double lr, double weight_decay, std::optional<double> decoupled_lr,
+                        const torch::Tensor& skip = torch::Tensor());
   // --log-num-zeros-in-grad: every step also counts the zero gradient elements (Megatron's
   // count_zeros_fp32: each parameter once, after clipping, over every rank holding a part).
   void count_zeros(bool on) { count_zeros_ = on; }
