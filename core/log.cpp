@@ -3,6 +3,7 @@
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <atomic>
 #include <mutex>
 #include <set>
 
@@ -10,6 +11,7 @@ namespace fp8tron::log {
 namespace {
 int g_rank = 0;
 bool g_all_ranks = false;
+std::atomic<int> g_level{kInfo};
 
 spdlog::logger& err() {
   static std::shared_ptr<spdlog::logger> logger = [] {
@@ -38,14 +40,22 @@ void init(int rank, bool all_ranks) {
   g_all_ranks = all_ranks;
 }
 int rank() { return g_rank; }
+void set_level(int level) { g_level = level; }
+int level() { return g_level; }
+bool enabled(int record_level) { return record_level >= g_level; }
 
-void info(const std::string& message) {
+void print(const std::string& message) {
   if (g_rank == 0 || g_all_ranks) out().info(message);
 }
+void info(const std::string& message) {
+  if (enabled(kInfo)) print(message);
+}
 void warning(const std::string& message) {
+  if (!enabled(kWarning)) return;
   err().warn(g_rank == 0 ? "WARNING: " + message : "[rank " + std::to_string(g_rank) + "] WARNING: " + message);
 }
 void error(const std::string& message) {
+  if (!enabled(kError)) return;
   err().error(g_rank == 0 ? "error: " + message : "[rank " + std::to_string(g_rank) + "] error: " + message);
 }
 void warning_once(const std::string& key, const std::string& message) {

@@ -125,6 +125,10 @@ torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
 // ---- layer -------------------------------------------------------------------------------------------
 TransformerLayerImpl::TransformerLayerImpl(const ModelConfig& m, const std::string& prefix, int64_t layer,
                                            const ModuleFactory& f, std::shared_ptr<MoeContext> moe_context)
+    : TransformerLayerImpl(m, prefix, layer, f, std::move(moe_context), m.moe.is_moe_layer(layer)) {}
+
+TransformerLayerImpl::TransformerLayerImpl(const ModelConfig& m, const std::string& prefix, int64_t layer,
+                                           const ModuleFactory& f, std::shared_ptr<MoeContext> moe_context, bool moe_mlp)
     : hidden_dropout_(m.hidden_dropout),
       recompute_mlp_(m.recompute.selective(&RecomputeModules::mlp)),
       recompute_layernorm_(m.recompute.selective(&RecomputeModules::layernorm)) {
@@ -137,7 +141,7 @@ TransformerLayerImpl::TransformerLayerImpl(const ModelConfig& m, const std::stri
   } else {
     self_attention = register_module("self_attention", SelfAttention(m, prefix + ".self_attention", f));
   }
-  if (!m.moe.is_moe_layer(layer)) {
+  if (!moe_mlp) {
     mlp = register_module("mlp", Mlp(m, prefix + ".mlp", f));
     return;
   }
@@ -181,7 +185,7 @@ GptModelImpl::GptModelImpl(const ModelConfig& m, const TensorParallelContext& tp
   const ModuleFactory f(m.seed, tp, std::move(fp8), cp_);
   if (m.moe.enabled() && !moe_) {
     FP8TRON_CHECK(tp.size == 1, "a tensor-parallel MoE model needs its MoE context (the expert-parallel groups)");
-    moe_ = std::make_shared<MoeContext>(m.moe, m.num_layers, ExpertParallelGroups::single_process());
+    moe_ = std::make_shared<MoeContext>(m.moe, moe_metric_layers(m), ExpertParallelGroups::single_process());
   }
   const bool tied = !m.untie_embeddings_and_output_weights;
   const bool mtp = m.mtp.num_layers > 0;
@@ -231,8 +235,10 @@ GptModelImpl::GptModelImpl(const ModelConfig& m, const TensorParallelContext& tp
     if (mtp) {
       auto block = register_module("mtp", std::make_shared<torch::nn::Module>("MultiTokenPredictionBlock"));
       auto mtp_list = block->register_module("layers", std::make_shared<torch::nn::Module>("Layers"));
+      const bool moe_mtp = mtp_layers_are_moe(m, stage.num_layers > 0);
       for (int64_t k = 0; k < m.mtp.num_layers; ++k)
-        mtp_layers_.push_back(mtp_list->register_module(std::to_string(k), std::make_shared<MtpLayerImpl>(m, k, f)));
+        mtp_layers_.push_back(mtp_list->register_module(
+            std::to_string(k), std::make_shared<MtpLayerImpl>(m, k, f, moe_mtp ? moe_ : nullptr)));
     }
   }
 }

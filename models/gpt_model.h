@@ -58,8 +58,13 @@ class MlaSelfAttentionImpl;
 class TransformerLayerImpl : public torch::nn::Module {
  public:
   // `layer`: the global 0-based layer number; `moe`: the model's MoE context (MoE layers only).
+  // A decoder layer is an MoE layer when --moe-layer-freq says so.
   TransformerLayerImpl(const ModelConfig& m, const std::string& prefix, int64_t layer, const ModuleFactory& factory,
                        std::shared_ptr<MoeContext> moe = nullptr);
+  // A layer whose kind the caller decides (the MTP layers' inner layer): an MoE layer when
+  // `moe_mlp`, recording its MoE metrics under index `layer`.
+  TransformerLayerImpl(const ModelConfig& m, const std::string& prefix, int64_t layer, const ModuleFactory& factory,
+                       std::shared_ptr<MoeContext> moe, bool moe_mlp);
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& attention_mask = {});
 
   SelfAttention self_attention{nullptr};

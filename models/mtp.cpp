@@ -4,7 +4,8 @@
 
 namespace fp8tron {
 
-MtpLayerImpl::MtpLayerImpl(const ModelConfig& m, int64_t depth, const ModuleFactory& f) : tp_(f.tp()) {
+MtpLayerImpl::MtpLayerImpl(const ModelConfig& m, int64_t depth, const ModuleFactory& f, std::shared_ptr<MoeContext> moe)
+    : tp_(f.tp()) {
   const std::string prefix = "mtp.layers." + std::to_string(depth);
   // Under SP the norms run on sequence shards: partial gradients per rank.
   const bool sp = f.tp().sequence_parallel;
@@ -14,8 +15,10 @@ MtpLayerImpl::MtpLayerImpl(const ModelConfig& m, int64_t depth, const ModuleFact
       "eh_proj", TEColumnParallelLinear(LinearOptions{2 * m.hidden_size, m.hidden_size, false, m.init_method_std, 1,
                                                       prefix + ".eh_proj"},
                                         f));
-  // A dense layer (layer -1 is never an MoE layer): MTP with MoE is refused in validation.
-  transformer_layer = register_module("transformer_layer", TransformerLayer(m, prefix + ".transformer_layer", -1, f));
+  // Megatron numbers the MTP layers' MoE metrics after the decoder's layers.
+  const bool moe_mlp = moe != nullptr;
+  transformer_layer = register_module(
+      "transformer_layer", TransformerLayer(m, prefix + ".transformer_layer", m.num_layers + depth, f, std::move(moe), moe_mlp));
   final_layernorm = register_module("final_layernorm", TELayerNorm(NormOptions::from(m, m.hidden_size), sp, f));
 }
 

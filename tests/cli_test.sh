@@ -18,7 +18,25 @@ expect() {  # expect <exit code> <text in output> -- args...
   fi
 }
 
+expect_absent() {  # expect_absent <text in output> <text not in output> -- args...: exit status 0
+  local want_text=$1 absent=$2; shift 3
+  local out rc
+  out=$("$BIN" "$@" 2>&1); rc=$?
+  if [ "$rc" != 0 ] || ! grep -qF -- "$want_text" <<<"$out" || grep -qF -- "$absent" <<<"$out"; then
+    echo "FAIL: fp8tron $* -> rc $rc, want '$want_text' without '$absent'"; echo "$out" | tail -5; fail=1
+  else
+    echo "ok: '$want_text' without '$absent'"
+  fi
+}
+
 expect 0 "iteration        4/       4 |" -- "${TINY[@]}"
+# --logging-level / MEGATRON_LOGGING_LEVEL (the flag wins): info lines (the version line) hide at
+# 30, warnings at 40; the iteration and validation lines always print (Megatron's print_rank_last).
+expect_absent "iteration        4/       4 |" "fp8tron 0.1.0 (commit" -- "${TINY[@]}" --logging-level 30
+expect 0 "--no-masked-softmax-fusion is accepted but has no effect" -- "${TINY[@]}" --logging-level 30 --no-masked-softmax-fusion
+MEGATRON_LOGGING_LEVEL=40 expect_absent "validation loss at iteration 4" "has no effect" -- "${TINY[@]}" --no-masked-softmax-fusion
+MEGATRON_LOGGING_LEVEL=40 expect 0 "fp8tron 0.1.0 (commit" -- "${TINY[@]}" --logging-level 20
+MEGATRON_LOGGING_LEVEL=WARNING expect 1 "MEGATRON_LOGGING_LEVEL='WARNING' is not an integer logging level" -- "${TINY[@]}"
 expect 0 "validation loss at iteration 4" -- "${TINY[@]}"
 expect 0 "usage: fp8tron" -- --help
 expect 1 "did you mean '--num-layers'?" -- "${TINY[@]}" --num-layer 3

@@ -13,19 +13,7 @@ DIR=$SRC/tests/megatron_configs
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 
-"$MAKE" "$WORK" >"$WORK/make.log" 2>&1 || { cat "$WORK/make.log"; exit 2; }
-"$PRE" --input "$WORK/corpus.jsonl" --output-prefix "$WORK/corpus" --tokenizer-type GPT2BPETokenizer \
-  --vocab-file "$WORK/vocab.json" --merge-file "$WORK/merges.txt" --append-eod --workers 2 >"$WORK/pre.log" 2>&1 ||
-  { cat "$WORK/pre.log"; exit 2; }
-
-# The placeholders the .args files use (Megatron's CI fills the same names with its own paths).
-export DATA_PATH="$WORK/corpus_text_document" VOCAB_FILE="$WORK/vocab.json" MERGE_FILE="$WORK/merges.txt"
-export TOKENIZER_MODEL="$WORK/sp.model" CHECKPOINT_SAVE_PATH="$WORK/save" CHECKPOINT_LOAD_PATH="$WORK/load"
-export TENSORBOARD_PATH="$WORK/tb" DATA_CACHE_PATH="$WORK/cache" WANDB_SAVE_PATH="$WORK/wandb" WANDB_EXPERIMENT=dry-run
-# The overlap test's userbuffer configuration is a file of Megatron's test tree: ours keeps every
-# GEMM at Transformer Engine's default method.
-printf '# every GEMM at its default overlap method\n' >"$WORK/tp_comm_overlap_cfg.yaml"
-export TP_COMM_OVERLAP_CFG="$WORK/tp_comm_overlap_cfg.yaml"
+source "$DIR/test_data.sh"
 
 fail=0 checked=0
 for f in "$DIR"/*.args; do

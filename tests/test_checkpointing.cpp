@@ -95,6 +95,20 @@ TEST(Checkpointing, ExactResumeFp8DelayedScaling) {
 
 TEST(Checkpointing, ExactResumeSgd) { check_exact_resume({"--optimizer", "sgd", "--lr", "0.1"}); }
 
+// Muon: its matrices' momentum, and Adam's two moments for the parameters it does not take
+// (embeddings, norms, biases), under their own names.
+TEST(Checkpointing, ExactResumeMuonWithItsScalarAdam) {
+  check_exact_resume({"--optimizer", "muon", "--muon-fp32-matmul-prec", "high"});
+  TempDir dir;
+  run({"--optimizer", "muon", "--train-iters", "2", "--save", dir.path()});
+  const auto m = checkpoint::read_metadata(checkpoint::locate_latest_checkpoint(dir.path()).path);
+  EXPECT_TRUE(m.tensors.count("optimizer.state.momentum_buffer.decoder.layers.1.mlp.linear_fc1.weight"));
+  EXPECT_FALSE(m.tensors.count("optimizer.state.exp_avg.decoder.layers.1.mlp.linear_fc1.weight"));
+  EXPECT_FALSE(m.tensors.count("optimizer.state.exp_avg_sq.decoder.layers.1.mlp.linear_fc1.weight"));
+  EXPECT_TRUE(m.tensors.count("optimizer.state.exp_avg.embedding.word_embeddings.weight"));
+  EXPECT_TRUE(m.tensors.count("optimizer.state.exp_avg_sq.decoder.final_layernorm.weight"));
+}
+
 TEST(Checkpointing, ExactResumeAfterAsynchronousSaves) {
   check_exact_resume({"--bf16"}, {"--async-save", "--save-interval", "3"});
 }

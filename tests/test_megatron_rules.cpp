@@ -190,9 +190,53 @@ TEST(MegatronRules, ModelVariantRules) {
   EXPECT_USER_ERROR(build(tiny_args({"--optimizer", "lion"})), "--optimizer lion is not supported");
   EXPECT_USER_ERROR(build(tiny_args({"--decoupled-min-lr", "1e-5"})), "--decoupled-min-lr needs --decoupled-lr");
   EXPECT_USER_ERROR(build(tiny_args({"--export-kd-cfg", "x"})), "NVIDIA ModelOpt flags");
-  // Megatron's MTP layer is an MoE layer when the decoder's last one is; fp8tron's are dense.
-  EXPECT_USER_ERROR(build(tiny_args({"--num-experts", "4", "--mtp-num-layers", "1", "--position-embedding-type", "rope"})),
-                    "--mtp-num-layers with --num-experts is not supported yet");
+  // Megatron's MTP layer is an MoE layer when the decoder's last one is (tests/test_mtp_moe.cpp).
+  const Config mtp_moe = build(tiny_args({"--num-experts", "4", "--mtp-num-layers", "1", "--position-embedding-type", "rope"}));
+  EXPECT_TRUE(mtp_layers_are_moe(mtp_moe.model, true));
+  // Muon with the distributed optimizer: accepted (whole matrices per data-parallel rank), but not
+  // with FP8 parameters.
+  EXPECT_TRUE(build(tiny_args({"--optimizer", "muon", "--use-distributed-optimizer", "--global-batch-size", "4"}), 2)
+                  .distributed.distributed_optimizer);
+  EXPECT_USER_ERROR(build(tiny_args({"--optimizer", "muon", "--use-distributed-optimizer", "--global-batch-size", "4",
+                                     "--fp8-format", "hybrid", "--fp8-param-gather", "--hidden-size", "64"}),
+                          2),
+                    "--fp8-param-gather with --optimizer muon is not supported");
+}
+
+// --deterministic-mode: Megatron's apply_determinism_to_args verifies cross_entropy_loss_fusion
+// and tp_comm_overlap are off and refuses otherwise (it never switches them off itself).
+TEST(MegatronRules, DeterministicModeRefusesWhatMegatronRefuses) {
+  EXPECT_USER_ERROR(build(tiny_args({"--deterministic-mode", "--cross-entropy-loss-fusion"})),
+                    "--deterministic-mode requires: cross_entropy_loss_fusion=False (got True)");
+  EXPECT_USER_ERROR(build(tiny_args({"--deterministic-mode", "--cross-entropy-loss-fusion", "--tensor-model-parallel-size",
+                                     "2", "--sequence-parallel", "--tp-comm-overlap"}),
+                          2),
+                    "cross_entropy_loss_fusion=False (got True), tp_comm_overlap=False (got True)");
+  EXPECT_NO_THROW(build(tiny_args({"--deterministic-mode"})));
+  EXPECT_NO_THROW(build(tiny_args({"--cross-entropy-loss-fusion"})));
+}
+
+// --overlap-moe-expert-parallel-comm: accepted as a performance hint (the same math), with
+// Megatron's TransformerConfig rules.
+TEST(MegatronRules, ExpertParallelOverlapFollowsMegatronsRules) {
+  auto args = [](std::initializer_list<std::string> extra) {
+    auto a = tiny_args({"--num-experts", "4", "--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall",
+                        "--bf16", "--overlap-moe-expert-parallel-comm", "--global-batch-size", "4"});
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  EXPECT_NO_THROW(build(args({}), 2));
+  EXPECT_USER_ERROR(build(args({"--moe-token-dispatcher-type", "allgather"}), 2), "alltoall");
+  EXPECT_USER_ERROR(build(args({"--expert-model-parallel-size", "1"}), 2), "only supported with expert model parallelism");
+  EXPECT_USER_ERROR(build(args({"--pipeline-model-parallel-size", "2", "--global-batch-size", "8"}), 4),
+                    "a virtual pipeline must be specified");
+  EXPECT_NO_THROW(build(args({"--pipeline-model-parallel-size", "2", "--num-layers", "4",
+                              "--num-virtual-stages-per-pipeline-rank", "2", "--global-batch-size", "8"}),
+                        4));
+  EXPECT_USER_ERROR(build(args({"--mtp-num-layers", "2", "--position-embedding-type", "rope"}), 2), "at most one layer");
+  auto fp32 = tiny_args({"--num-experts", "4", "--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall",
+                         "--overlap-moe-expert-parallel-comm", "--global-batch-size", "4"});
+  EXPECT_USER_ERROR(build(fp32, 2), "only supported with --bf16 or --fp16");
 }
 
 // --step-batch-size-schedule: thresholds in tokens (K/M/B/T suffixes) over --seq-length (16):

@@ -243,7 +243,7 @@ TEST(TpOverlapRules, MessagesNameTheFlags) {
                     "--use-ascend-coc needs --sequence-parallel");
   EXPECT_USER_ERROR(tp2({"--use-ascend-mc2", "--use-ascend-coc"}), "mc2 and coc can not be used together");
   EXPECT_USER_ERROR(tp2({"--tp-comm-overlap", "--use-ascend-mc2"}), "give one");
-  EXPECT_USER_ERROR(tp2({"--tp-comm-overlap", "--deterministic-mode"}), "--deterministic-mode requires tp_comm_overlap=False");
+  EXPECT_USER_ERROR(tp2({"--tp-comm-overlap", "--deterministic-mode"}), "--deterministic-mode requires: tp_comm_overlap=False (got True)");
   EXPECT_USER_ERROR(tp2({"--use-ascend-mc2", "--deterministic-mode"}), "drop --use-ascend-mc2");
   EXPECT_USER_ERROR(tp2({"--use-ascend-mc2", "--num-experts", "4", "--disable-bias-linear"}),
                     "mc2/coc is not compatible with moe models");

@@ -1,5 +1,6 @@
 // fp8tron: Megatron-LM's flags in, a trained GPT out.
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 
 #include "core/error.h"
@@ -11,6 +12,7 @@
 #include "trainer/cli/config_builder.h"
 #include "trainer/cli/dry_run.h"
 #include "trainer/cli/flags.h"
+#include "trainer/cli/logging_args.h"
 #include "trainer/fatal_error.h"
 #include "trainer/trainer.h"
 
@@ -33,6 +35,9 @@ int main(int argc, char** argv) {
     // A dry run never touches a GPU: it plans for cuda unless told otherwise.
     const bool gpu = dry_run ? parsed.values.get_string("device") != "cpu" : cuda_available();
     log::init(launch.rank, parsed.values.get_bool("log-all-ranks"));
+    // Before the first line: --logging-level, else MEGATRON_LOGGING_LEVEL (Megatron sets it first too).
+    if (const auto level = resolve_logging_level(parsed.values, [](const char* name) { return std::getenv(name); }))
+      log::set_level(*level);
     log::info(fp8tron_version_line());
     apply_checkpoint_args(parsed.values);  // --use-checkpoint-args
     // Real datasets: the tokenizer says the vocabulary size (padded later) and the eod id.
@@ -43,11 +48,13 @@ int main(int argc, char** argv) {
     const Config config = build_config(parsed.values, launch, gpu, tokenizer_info);
     for (const auto& w : config.hint_warnings) log::warning(w);
     for (const auto& n : config.notices) log::info(n);
-    log::info(format_arguments(config));
-    log::info(format_plan(config));
+    log::print(format_arguments(config));  // Megatron's _print_args prints, whatever the logging level
+    // The plan is what a dry run was asked for; in training it is one of fp8tron's notes.
+    if (config.dry_run) log::print(format_plan(config));
+    else log::info(format_plan(config));
     if (config.dry_run) {
       require_supported(config);  // the real run would be refused: so is the plan
-      log::info("dry run: configuration is valid; exiting without reading data or touching a GPU");
+      log::print("dry run: configuration is valid; exiting without reading data or touching a GPU");
       return 0;
     }
     train(config);

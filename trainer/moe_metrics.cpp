@@ -34,10 +34,9 @@ void all_reduce(torch::Tensor& t, Communicator* group) {
 }  // namespace
 
 MoeMetricsReport report_moe_metrics(MoeContext& context, const ParallelState& p, int64_t num_micro_batches,
-                                    const torch::Device& device) {
+                                    const torch::Device& device, int64_t moe_layers) {
   torch::NoGradGuard no_grad;
   MoeMetricsReport report;
-  const double moe_layers = double(context.config().num_moe_layers());
   for (const auto& name : context.tracked_metric_names()) {
     auto& recorded = context.metrics()[name];
     if (!recorded.values.defined())  // never recorded here: zeros, so the reductions line up
@@ -55,7 +54,7 @@ MoeMetricsReport report_moe_metrics(MoeContext& context, const ParallelState& p,
       v.div_(double(p.dp->size()));
     }
     v.mul_(1.0 / double(num_micro_batches));
-    report.scalars.emplace_back(name, v.sum() / moe_layers);
+    report.scalars.emplace_back(name, v.sum() / double(moe_layers));
     report.per_layer.emplace_back(name, v);
     recorded.values.zero_();
   }

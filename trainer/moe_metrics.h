@@ -22,8 +22,10 @@ struct MoeMetricsReport {
   std::vector<std::pair<std::string, torch::Tensor>> per_layer;  // name -> [num_layers], / micro-batches
 };
 
-// Every rank calls this once per iteration (collectives inside).
+// Every rank calls this once per iteration (collectives inside). `moe_layers`: what the layers'
+// sum is divided by (logged_moe_layers in core/config/model_config.h: the MTP layers count when
+// the last decoder layer is an MoE layer).
 MoeMetricsReport report_moe_metrics(MoeContext& context, const ParallelState& parallel, int64_t num_micro_batches,
-                                    const torch::Device& device);
+                                    const torch::Device& device, int64_t moe_layers);
 
 }  // namespace fp8tron

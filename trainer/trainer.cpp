@@ -287,7 +287,7 @@ void Trainer::build() {
   if (c_.model.moe.enabled()) {
     ExpertParallelGroups g{parallel_.ep, parallel_.expert_tp, parallel_.expert_tp_ep, parallel_.tp_cp, parallel_.tp_dp_cp,
                            parallel_.ep_rank, parallel_.expert_tp_rank};
-    moe_ = std::make_shared<MoeContext>(c_.model.moe, c_.model.num_layers, std::move(g));
+    moe_ = std::make_shared<MoeContext>(c_.model.moe, moe_metric_layers(c_.model), std::move(g));
     moe_->set_timer([this](const char* name, bool start) {
       if (start) timers_.start(name, 2);
       else timers_.stop(name, 2);
@@ -370,7 +370,7 @@ void Trainer::build() {
   if (!c_.logging.tensorboard_dir.empty() && log::rank() == 0)
     tensorboard_ = std::make_unique<TensorBoardWriter>(c_.logging.tensorboard_dir);
 
-  log::info(strprintf(" > number of parameters on (tensor, pipeline) model parallel rank (%d, %d): %lld", parallel_.tp_rank,
+  log::print(strprintf(" > number of parameters on (tensor, pipeline) model parallel rank (%d, %d): %lld", parallel_.tp_rank,
                       parallel_.pp_rank, (long long)optimizer_->num_parameters()));
   const std::string backend = attention_backend_name(c_.model, c_.training.micro_batch_size, device_, param_dtype(c_));
   if (device_.is_cuda() && c_.training.deterministic) {
@@ -402,7 +402,7 @@ void Trainer::build() {
                           (long long)(threshold * c_.model.seq_length), (long long)threshold, (long long)batch,
                           (long long)(batch / micro_dp)));
   }
-  if (t.train_samples) log::info(strprintf("setting training iterations to %lld", (long long)t.train_iters));
+  if (t.train_samples) log::print(strprintf("setting training iterations to %lld", (long long)t.train_iters));
   numerics_ = std::make_unique<NumericsGuard>(device_);
   build_rerun_engine();
   iterations_to_skip_.insert(t.iterations_to_skip.begin(), t.iterations_to_skip.end());
@@ -896,7 +896,7 @@ double Trainer::evaluate() {
 
 void Trainer::report_moe(int64_t iteration) {
   // This step's micro-batch count (a batch-size ramp-up changes it), as Megatron's get_num_microbatches().
-  const MoeMetricsReport r = report_moe_metrics(*moe_, parallel_, micro_batches_, device_);
+  const MoeMetricsReport r = report_moe_metrics(*moe_, parallel_, micro_batches_, device_, logged_moe_layers(c_.model));
   for (const auto& [name, value] : r.scalars) {
     interval_.add_moe(name, value);
     moe_history_[name].push_back(value);
@@ -941,7 +941,8 @@ void Trainer::log_interval(int64_t iteration, double seconds, int64_t iterations
   if (c_.logging.log_params_norm) s.params_norm = optimizer_->params_norm().item<double>();
   s.skipped_iterations = int64_t(interval_.skipped.item<double>());
   s.nan_iterations = int64_t(interval_.nan.item<double>());
-  log::info(format_iteration_line(s));
+  // Megatron prints this line with print_rank_last, not through logging: --logging-level never hides it.
+  log::print(format_iteration_line(s));
   if (tensorboard_ && s.tflops_per_gpu) tensorboard_->add_scalar("throughput", *s.tflops_per_gpu, iteration);
   interval_.reset(device_, c_.model.mtp.num_layers);
 }
@@ -1044,7 +1045,7 @@ void Trainer::check_weight_hashes_across_replicas(int64_t iteration) {
     for (const auto& item : chunk->named_parameters())
       (infos.at(item.key()).expert ? experts : params).emplace_back(item.key(), item.value());
   }
-  log::info(check_weight_hashes(params, experts, parallel_, iteration));
+  log::print(check_weight_hashes(params, experts, parallel_, iteration));
 }
 
 // Megatron's rule: every --eval-interval iterations, from --start-eval-at-iter on.
@@ -1078,7 +1079,7 @@ bool Trainer::checkpoint_and_decide_exit(int64_t iteration, Clock::time_point st
     if (parallel_.sizes.world_size > 1) parallel_.world->all_reduce(got, ReduceOp::Max);
     if (got.item<float>() > 0) {
       if (saving) save(iteration);
-      log::info("exiting program after receiving " + k.exit_signal_name + ".");
+      log::print("exiting program after receiving " + k.exit_signal_name + ".");
       return true;
     }
   }
@@ -1093,13 +1094,13 @@ bool Trainer::checkpoint_and_decide_exit(int64_t iteration, Clock::time_point st
     if (parallel_.sizes.world_size > 1) { over = over.to(device_); parallel_.world->broadcast(over, 0); }
     if (over.item<float>() > 0) {
       if (saving && last_saved_iteration_ != iteration) save(iteration);
-      log::info(strprintf("exiting program after %lld minutes", (long long)*t.exit_duration_in_mins));
+      log::print(strprintf("exiting program after %lld minutes", (long long)*t.exit_duration_in_mins));
       return true;
     }
   }
   if (t.exit_interval && iteration % *t.exit_interval == 0) {
     if (saving && last_saved_iteration_ != iteration) save(iteration);
-    log::info(strprintf("exiting program at iteration %lld", (long long)iteration));
+    log::print(strprintf("exiting program at iteration %lld", (long long)iteration));
     return true;
   }
   return false;
@@ -1130,7 +1131,7 @@ TrainResult Trainer::run() {
   if (c_.training.weight_hash_interval) check_weight_hashes_across_replicas(result.iterations);
   std::vector<torch::Tensor> losses;
   losses.reserve(size_t(t.train_iters));
-  log::info("training ...");
+  log::print("training ...");
   const auto start = Clock::now();
   auto interval_start = start;
   int64_t interval_iterations = 0;
@@ -1159,17 +1160,17 @@ TrainResult Trainer::run() {
       const auto now = Clock::now();
       log_interval(iteration, std::chrono::duration<double>(now - interval_start).count(), interval_iterations);
       const Timers::Report timing = timer_report(double(interval_iterations));
-      if (!timing.text.empty()) log::info(timing.text);
+      if (!timing.text.empty()) log::print(timing.text);
       if (tensorboard_ && c_.logging.log_timers_to_tensorboard)
         for (const auto& [name, ms] : timing.max_ms) tensorboard_->add_scalar(name + "-time", ms, iteration);
-      if (!memory_reported) { log::info(memory_report(device_, iteration)); memory_reported = true; }
+      if (!memory_reported) { log::print(memory_report(device_, iteration)); memory_reported = true; }
       interval_start = Clock::now();
       interval_iterations = 0;
     }
     if (evaluation_due(iteration)) {
       const auto eval_start = Clock::now();
       result.last_validation_loss = evaluate();
-      log::info(format_validation_block(strprintf("validation loss at iteration %lld", (long long)iteration),
+      log::print(format_validation_block(strprintf("validation loss at iteration %lld", (long long)iteration),
                                         result.last_validation_loss));
       if (tensorboard_) {
         write_validation_tensorboard(iteration, result.last_validation_loss);
@@ -1189,7 +1190,7 @@ TrainResult Trainer::run() {
   if (async_saver_) async_saver_->finalize(checkpoint_state(), /*blocking=*/true);
   if (t.eval_iters > 0 && valid_loader_->has_data() && result.iterations % t.eval_interval != 0) {
     result.last_validation_loss = evaluate();
-    log::info(format_validation_block("validation loss at the end of training for val data", result.last_validation_loss));
+    log::print(format_validation_block("validation loss at the end of training for val data", result.last_validation_loss));
   }
   optimizer_->finish_param_gather();  // the weights are complete when training returns
   synchronize();

@@ -1,6 +1,7 @@
 // What the run reports: iteration lines, timers, TensorBoard.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,8 @@ struct LoggingConfig {
   bool log_loss_scale_to_tensorboard = true;       // "loss-scale" (off: --no-log-loss-scale-to-tensorboard)
   bool log_all_ranks = false;
   bool log_num_zeros_in_grad = false;              // " num zeros:" and TensorBoard "num-zeros"
+  // --logging-level, else MEGATRON_LOGGING_LEVEL (a Python logging level); unset: fp8tron's 20.
+  std::optional<int> logging_level;
 };
 
 // Megatron's --profile family: which iterations (counted from 0, [start, end)) of which ranks are

@@ -49,4 +49,26 @@ struct ModelConfig {
   MoeConfig moe;         // mixture of experts (off: a dense model)
 };
 
+// Whether the MTP layers' inner transformer layer is an MoE layer, as Megatron builds it
+// (gpt_builders.py): it takes the spec of the decoder's last layer, so an MoE layer exactly when
+// --moe-layer-freq makes the last decoder layer one; but a pipeline chunk holding the MTP layers
+// without any decoder layer falls back to the default layer spec, which in an MoE model is the
+// MoE layer whatever the pattern says.
+inline bool mtp_layers_are_moe(const ModelConfig& m, bool chunk_has_decoder_layers) {
+  if (m.mtp.num_layers == 0 || !m.moe.enabled()) return false;
+  return !chunk_has_decoder_layers || m.moe.is_moe_layer(m.num_layers - 1);
+}
+
+// The number of MoE layers Megatron divides the logged auxiliary losses by (training.py's
+// training_log): the pattern's MoE layers, plus the MTP layers when the last decoder layer is an
+// MoE layer (the pattern decides here, not the pipeline chunk).
+inline int64_t logged_moe_layers(const ModelConfig& m) {
+  const bool mtp_moe = m.mtp.num_layers > 0 && m.moe.is_moe_layer(m.num_layers - 1);
+  return m.moe.num_moe_layers() + (mtp_moe ? m.mtp.num_layers : 0);
+}
+
+// MoE metrics are recorded per layer: the decoder's layers, then the MTP layers (Megatron's
+// router records MTP depth k at num_layers + k).
+inline int64_t moe_metric_layers(const ModelConfig& m) { return m.num_layers + m.mtp.num_layers; }
+
 }  // namespace fp8tron

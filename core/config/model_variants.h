@@ -39,6 +39,10 @@ struct MlaConfig {
 struct MtpConfig {
   int64_t num_layers = 0;            // --mtp-num-layers (0: off)
   double loss_scaling_factor = 0.1;  // --mtp-loss-scaling-factor
+  // The pipeline chunk holding the MTP layers holds no decoder layer (a layout's "...|mL"); set
+  // by trainer/cli from the pipeline plan. It decides the MTP layers' spec in an MoE model
+  // (mtp_layers_are_moe in model_config.h).
+  bool chunk_without_decoder_layers = false;
 };
 
 }  // namespace fp8tron

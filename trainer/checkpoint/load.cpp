@@ -147,9 +147,12 @@ void plan_domain_reads(ck::CheckpointReader& reader, const TrainingState& s, con
     reads.push_back({source, &slot, main.narrow(0, lo - shard_begin, hi - lo), lo - slot.offset, hi - slot.offset, tp_rank,
                      tp_size});
     if (!load_optim) continue;
-    for (const auto& [prefix, buffer] : states)
-      reads.push_back({prefix + name, &slot, buffer.narrow(0, lo - shard_begin, hi - lo), lo - slot.offset, hi - slot.offset,
+    for (const auto& [prefix, buffer] : states) {
+      const std::string state = state_name(prefix, slot, s.config.optimizer);
+      if (state.empty()) continue;  // no such state for this parameter (a Muon matrix's second moment)
+      reads.push_back({state, &slot, buffer.narrow(0, lo - shard_begin, hi - lo), lo - slot.offset, hi - slot.offset,
                        tp_rank, tp_size});
+    }
   }
 }
 
@@ -301,7 +304,7 @@ int64_t load_checkpoint(const TrainingState& s) {
   if (!found) return 0;
   const ck::CheckpointLocation& location = found->location;
   const std::string& from = found->dir;
-  log::info(strprintf("loading checkpoint from %s at iteration %lld", from.c_str(), (long long)location.iteration));
+  log::print(strprintf("loading checkpoint from %s at iteration %lld", from.c_str(), (long long)location.iteration));
   if (!std::filesystem::exists(location.path + "/" + ck::kMetadataFileName)) {
     const std::string format = ck::foreign_checkpoint_format(location.path);
     if (!format.empty())
@@ -364,7 +367,7 @@ int64_t load_checkpoint(const TrainingState& s) {
   reader.close_files();
   barrier(p);
   const int64_t iteration = restart ? 0 : m.iteration;
-  log::info(strprintf("  successfully loaded checkpoint from %s [ t %d/%d, p %d/%d ] at iteration %lld", from.c_str(),
+  log::print(strprintf("  successfully loaded checkpoint from %s [ t %d/%d, p %d/%d ] at iteration %lld", from.c_str(),
                       p.tp_rank + 1, p.sizes.tp, p.pp_rank + 1, p.sizes.pp, (long long)iteration));
   return iteration;
 }

@@ -100,12 +100,13 @@ void collect_domain(const TrainingState& s, size_t di, const std::vector<SaveSou
     for (size_t i = 0; i < sources.size(); ++i) {
       const SaveSource& src = sources[i];
       if (src.domain != di) continue;
-      const std::string name = src.prefix + slot.name;
+      const std::string name = state_name(src.prefix, slot, s.config.optimizer);
       const ck::DType dtype = checkpoint_dtype(src.buffer.scalar_type());
       const bool replicated = model_weights || !o.distributed();  // over data-parallel ranks
       const int64_t base = model_weights ? 0 : shard_begin;        // flat-buffer index of the source's element 0
       const int64_t lo = base + src.begin, hi = base + src.end;    // what this rank writes, in flat-buffer indices
       model_weights = false;
+      if (name.empty()) continue;  // no such state for this parameter (a Muon matrix's second moment)
       for (const auto& piece : pieces) {
         const int64_t first = slot.offset + piece.begin;
         const int64_t a = std::max(lo, first), b = std::min(hi, first + piece.numel);
@@ -321,7 +322,7 @@ std::unique_ptr<PendingSave> prepare_save(const TrainingState& s, int64_t iterat
   save->start = Clock::now();
   save->non_persistent = non_persistent;
   const std::string dir = non_persistent ? ck::non_persistent_dir(k.non_persistent_dir, k.save) : k.save;
-  log::info(strprintf("saving %scheckpoint at iteration %7lld to %s in fp8tron format", non_persistent ? "non-persistent " : "",
+  log::print(strprintf("saving %scheckpoint at iteration %7lld to %s in fp8tron format", non_persistent ? "non-persistent " : "",
                       (long long)iteration, dir.c_str()));
   save->target = ck::SaveTarget{dir, iteration, false, agree_on_token(p, s.device)};
   const std::string nonfinite = first_nonfinite(s, save_sources(s));
@@ -397,7 +398,7 @@ void finalize_save(const TrainingState& s, PendingSave& save) {
   }
   fail_together(p, s.device, save.target, save.error);
   const double seconds = std::chrono::duration<double>(Clock::now() - save.start).count();
-  log::info(strprintf("  successfully saved checkpoint from iteration %7lld to %s [ t %d/%d, p %d/%d ]",
+  log::print(strprintf("  successfully saved checkpoint from iteration %7lld to %s [ t %d/%d, p %d/%d ]",
                       (long long)save.target.iteration, save.target.save_dir.c_str(), p.tp_rank + 1, p.sizes.tp,
                       p.pp_rank + 1, p.sizes.pp));
   log::info(strprintf("  checkpoint save took %.2f s (rank 0 wrote %.1f MB, %.2f GB/s)", seconds, double(save.bytes) / 1e6,

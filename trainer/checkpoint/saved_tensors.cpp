@@ -29,10 +29,24 @@ torch::ScalarType torch_dtype(ck::DType d, const std::string& tensor) {
                             "or F64", tensor.c_str(), ck::dtype_name(d)));
 }
 
+namespace {
+constexpr const char* kExpAvg = "optimizer.state.exp_avg.";
+constexpr const char* kExpAvgSq = "optimizer.state.exp_avg_sq.";
+constexpr const char* kMomentum = "optimizer.state.momentum_buffer.";
+}  // namespace
+
 std::vector<std::pair<std::string, torch::Tensor>> optimizer_states(const OptimizerDomain& o, const OptimizerConfig& c) {
-  if (c.optimizer == "adam")
-    return {{"optimizer.state.exp_avg.", o.exp_avg()}, {"optimizer.state.exp_avg_sq.", o.exp_avg_sq()}};
-  return {{"optimizer.state.momentum_buffer.", o.exp_avg()}};
+  // Muon takes the 2-D hidden weights; the rest (embeddings, output layer, 1-D weights) is Adam's.
+  if (c.optimizer == "adam" || c.optimizer == "muon") return {{kExpAvg, o.exp_avg()}, {kExpAvgSq, o.exp_avg_sq()}};
+  return {{kMomentum, o.exp_avg()}};
+}
+
+std::string state_name(const std::string& prefix, const Slot& slot, const OptimizerConfig& c) {
+  if (c.optimizer == "muon" && slot.muon) {
+    if (prefix == kExpAvg) return kMomentum + checkpoint_name(slot);
+    if (prefix == kExpAvgSq) return "";
+  }
+  return prefix + checkpoint_name(slot);
 }
 
 std::string checkpoint_name(const Slot& slot) { return slot.info.shared_embedding_copy ? kEmbeddingName : slot.name; }

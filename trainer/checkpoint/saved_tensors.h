@@ -25,9 +25,15 @@ checkpoint::DType checkpoint_dtype(torch::ScalarType t);
 // Throws UserError naming `tensor` when the dtype cannot hold weights or optimizer states.
 torch::ScalarType torch_dtype(checkpoint::DType d, const std::string& tensor);
 
-// The optimizer's per-parameter states besides the main weights: Adam's moments or SGD's
-// momentum, as (tensor-name prefix, flat buffer laid out from shard_begin()).
+// The optimizer's per-parameter states besides the main weights: Adam's moments, SGD's
+// momentum, or with Muon both Adam moments' buffers (Muon's matrices keep their momentum in the
+// first), as (tensor-name prefix, flat buffer laid out from shard_begin()).
 std::vector<std::pair<std::string, torch::Tensor>> optimizer_states(const OptimizerDomain& o, const OptimizerConfig& c);
+
+// The checkpoint name of `slot`'s part of the buffer saved under `prefix` (the model weights: "";
+// kMainParamPrefix; an optimizer_states() prefix), or "" when the parameter has no such state:
+// a Muon matrix's momentum is "optimizer.state.momentum_buffer.<name>" and it has no second moment.
+std::string state_name(const std::string& prefix, const Slot& slot, const OptimizerConfig& c);
 
 // The name a parameter has in checkpoints: its own, except the last stage's tied-embedding copy.
 std::string checkpoint_name(const Slot& slot);

@@ -6,8 +6,9 @@
 //   <param>                                  model weights, in the parameter dtype
 //   optimizer.state.fp32_param.<param>       fp32 main weights (bf16/fp16 runs; in fp32 runs the
 //                                            weights are the main weights)
-//   optimizer.state.exp_avg.<param>          Adam's moments (SGD: optimizer.state.momentum_buffer.)
-//   optimizer.state.exp_avg_sq.<param>
+//   optimizer.state.exp_avg.<param>          Adam's moments (SGD: optimizer.state.momentum_buffer.;
+//   optimizer.state.exp_avg_sq.<param>       Muon: momentum_buffer. for its matrices, Adam's two for
+//                                            the rest)
 //   optimizer.state.step                     Adam's step count, shape [1]
 //   <linear>._extra_state                    FP8 delayed-scaling state of a linear layer (its
 //                                            amax histories, scales, the recipe's step count),

@@ -34,7 +34,7 @@ void carry_padded_vocab(FlagValues& flags, const checkpoint::CheckpointMetadata&
                         (long long)padded, (long long)tp));
     return;
   }
-  log::info("Setting padded_vocab_size to " + it->second + " from checkpoint");
+  log::print("Setting padded_vocab_size to " + it->second + " from checkpoint");
   flags.set("padded-vocab-size", {it->second});
 }
 
@@ -90,7 +90,7 @@ void apply_checkpoint_args(FlagValues& flags) {
     }
     std::string key = name;
     for (char& c : key) c = c == '-' ? '_' : c;
-    log::info("Setting " + key + " to " + value + " from checkpoint");
+    log::print("Setting " + key + " to " + value + " from checkpoint");
     flags.set(name, values);
   }
   carry_padded_vocab(flags, metadata);

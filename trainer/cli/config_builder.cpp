@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <csignal>
+#include <cstdlib>
 #include <sstream>
 
 #include "core/config/batch_schedule.h"
@@ -13,6 +14,7 @@
 #include "trainer/cli/model_variant_args.h"
 #include "trainer/checkpoint/fault_points.h"
 #include "trainer/cli/context_parallel_args.h"
+#include "trainer/cli/logging_args.h"
 #include "trainer/cli/moe_args.h"
 #include "trainer/cli/rerun_args.h"
 #include "trainer/cli/recompute_args.h"
@@ -707,6 +709,16 @@ CheckpointConfig build_checkpoint(const FlagValues& f, std::vector<std::string>&
   return k;
 }
 
+// Whether the pipeline chunk holding the MTP layers (the loss chunk) holds no decoder layer.
+bool mtp_chunk_without_decoder_layers(const Config& c) {
+  if (c.model.mtp.num_layers == 0) return false;
+  const PipelineSplit split = pipeline_split(c);
+  for (int r = 0; r < c.parallel.pp; ++r)
+    for (const ChunkPlan& chunk : plan_pipeline_chunks(split, r))
+      if (chunk.loss) return chunk.num_layers == 0;
+  return false;
+}
+
 }  // namespace
 
 PipelineSplit pipeline_split(const Config& c) {
@@ -762,9 +774,12 @@ Config build_config(const FlagValues& flags, const LaunchEnv& launch, bool gpu_a
   c.training.rerun = build_rerun_config(flags, c.training.numerics, c.hint_warnings);
   c.training.iterations_to_skip = build_iterations_to_skip(flags, c.notices);
   c.optimizer = build_optimizer(flags);
+  if (flags.get_string("optimizer") == "dist_muon")  // Megatron's warn_rank_0 in validate_args
+    c.hint_warnings.push_back("optimizer='dist_muon' is deprecated. Use --optimizer muon --use-distributed-optimizer instead.");
   c.lr_schedule = build_lr_schedule(flags, c.optimizer, c.training, c.hint_warnings);
 
   c.logging.log_interval = flags.get_int("log-interval");
+  c.logging.logging_level = resolve_logging_level(flags, [](const char* name) { return std::getenv(name); });
   c.logging.log_throughput = flags.get_bool("log-throughput");
   c.logging.log_params_norm = flags.get_bool("log-params-norm");
   c.logging.timing_log_level = int(flags.get_int("timing-log-level"));
@@ -802,6 +817,7 @@ Config build_config(const FlagValues& flags, const LaunchEnv& launch, bool gpu_a
     if ((spec.support == Support::Yes && !is_test_flag(spec)) || flags.given(spec.name))
       c.resolved_flags.emplace_back(spec.name, format_value(spec, flags));
   validate_config(c, flags);
+  c.model.mtp.chunk_without_decoder_layers = mtp_chunk_without_decoder_layers(c);
   for (auto& warning : inert_flag_warnings(c, flags)) c.hint_warnings.push_back(std::move(warning));
   return c;
 }

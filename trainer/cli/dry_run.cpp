@@ -39,6 +39,9 @@ std::string format_moe_plan(const Config& c, const ParameterCount& p) {
                               e.group_topk ? strprintf(" (%lld of %lld groups)", (long long)*e.group_topk, (long long)*e.num_groups).c_str() : "",
                               e.enable_expert_bias ? " with expert bias" : "", balancing.c_str(),
                               e.z_loss_coeff ? strprintf(", z-loss %g", *e.z_loss_coeff).c_str() : "");
+  if (c.model.mtp.num_layers > 0)
+    out += strprintf("  multi-token prediction: %lld %s layer(s) after the decoder's\n", (long long)c.model.mtp.num_layers,
+                     mtp_layers_are_moe(c.model, !c.model.mtp.chunk_without_decoder_layers) ? "MoE" : "dense");
   if (e.shared_expert_size > 0)
     out += strprintf("  shared expert: ffn %lld%s%s\n", (long long)e.shared_expert_size, e.shared_expert_gate ? ", gated" : "",
                      e.shared_expert_overlap ? ", overlapped with the dispatch" : "");

@@ -58,7 +58,7 @@ ParameterCount count_parameters(const ModelConfig& m) {
   p.final_norm = norm;
   p.output_layer = m.untie_embeddings_and_output_weights ? m.padded_vocab_size * h : 0;
   // Multi-token prediction: per depth enorm, hnorm, eh_proj [H, 2H], a layer and its final norm
-  // (a dense layer: MTP with MoE is refused).
+  // (the layer an MoE layer below when mtp_layers_are_moe).
   p.mtp = m.mtp.num_layers * (3 * norm + 2 * h * h + p.per_layer);
   p.total = p.embedding + m.num_layers * p.per_layer + p.final_norm + p.output_layer + p.mtp;
   p.active = p.total;
@@ -74,29 +74,37 @@ ParameterCount count_parameters(const ModelConfig& m) {
   p.moe_layers = e.num_moe_layers();
   p.experts_per_moe_layer = e.num_experts * expert;
   p.per_moe_layer = p.per_layer - dense_mlp + router + p.experts_per_moe_layer + shared;
+  const bool mtp_moe = mtp_layers_are_moe(m, !m.mtp.chunk_without_decoder_layers);
+  if (mtp_moe) p.mtp += m.mtp.num_layers * (p.per_moe_layer - p.per_layer);
   p.total = p.embedding + (m.num_layers - p.moe_layers) * p.per_layer + p.moe_layers * p.per_moe_layer + p.final_norm +
             p.output_layer + p.mtp;
-  p.active = p.total - p.moe_layers * (e.num_experts - e.topk) * expert;
+  const int64_t routed_layers = p.moe_layers + (mtp_moe ? m.mtp.num_layers : 0);
+  p.active = p.total - routed_layers * (e.num_experts - e.topk) * expert;
   return p;
 }
 
 namespace {
-// Megatron's transformer_flops for an MoE model (training.py), per token.
+// Megatron's transformer_flops for an MoE model (training.py), per token. The MTP layers count as
+// layers (MoE layers when the last decoder layer is one: the pattern decides, as there), plus
+// their norms and eh_proj and one more logits GEMM per depth.
 double moe_training_flops_per_token(const ModelConfig& m) {
   const MoeConfig& e = m.moe;
-  const double h = double(m.hidden_size), layers = double(m.num_layers), s = double(m.seq_length);
+  const double D = double(m.mtp.num_layers);
+  const double h = double(m.hidden_size), layers = double(m.num_layers) + D, s = double(m.seq_length);
   const double f = m.swiglu ? 3.0 : 2.0;  // the stacked fc1 (gate|up) and fc2 GEMMs
-  const double moe_layers = double(e.num_moe_layers()), dense_layers = layers - moe_layers;
+  const double last_layer_moe = e.is_moe_layer(m.num_layers - 1) ? 1.0 : 0.0;
+  const double moe_layers = double(e.num_moe_layers()) + last_layer_moe * D, dense_layers = layers - moe_layers;
   const double q = double(m.kv_channels * m.num_attention_heads), kv = double(m.kv_channels * m.num_query_groups);
   const double mlp = 6.0 * h *
                      (double(m.ffn_hidden_size) * f * dense_layers + double(e.ffn_hidden_size) * double(e.topk) * f * moe_layers +
                       double(e.shared_expert_size) * f * moe_layers);
   const double projections = 6.0 * layers * (h * (q + 2.0 * kv) + q * h);
-  const double logits = 6.0 * h * double(m.padded_vocab_size);
+  const double mtp = 6.0 * D * (3.0 * h + 2.0 * h * h);
+  const double logits = 6.0 * h * double(m.padded_vocab_size) * (1.0 + D);
   const double core_attention = 6.0 * q * s * layers;  // QK^T and AV, halved for the causal mask
   // Multi-latent attention: its own projections and core attention (as in the dense formula).
-  if (m.mla.enabled) return mlp + layers * mla_attention_flops(m) + logits;
-  return mlp + projections + logits + core_attention;
+  if (m.mla.enabled) return mlp + layers * mla_attention_flops(m) + mtp + logits;
+  return mlp + projections + mtp + logits + core_attention;
 }
 }  // namespace
 

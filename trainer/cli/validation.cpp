@@ -387,10 +387,47 @@ const std::vector<Rule>& rules() {
        }},
       {"deterministic mode without tensor-parallel overlap",
        [](const Config& c, const FlagValues& f) -> std::string {
+         // Megatron's apply_determinism_to_args (megatron/training/determinism.py) verifies
+         // ARG_VALUES_REQUIRED_FOR_DETERMINISM and refuses, never switching an option off itself:
+         // the user turns them off so the run matches the configuration asked for. MindSpeed's
+         // mc2/coc run the same overlapped schedule as --tp-comm-overlap, so they count as it.
+         if (!c.training.deterministic) return "";
+         std::vector<std::string> mismatched;
+         if (f.get_bool("cross-entropy-loss-fusion")) mismatched.push_back("cross_entropy_loss_fusion=False (got True)");
          const std::string flag = overlap_flag(f);
-         if (!c.training.deterministic || flag.empty()) return "";
-         return "--deterministic-mode requires tp_comm_overlap=False (Megatron); drop " + flag +
-                (flag == "--tp-comm-overlap" ? "" : " (it runs the same overlapped schedule)");
+         if (!flag.empty()) mismatched.push_back("tp_comm_overlap=False (got True)");
+         if (mismatched.empty()) return "";
+         std::string fix;
+         if (f.get_bool("cross-entropy-loss-fusion")) fix += "drop --cross-entropy-loss-fusion";
+         if (!flag.empty())
+           fix += (fix.empty() ? "drop " : " and ") + flag + (flag == "--tp-comm-overlap" ? "" : " (it runs the same overlapped schedule)");
+         return "--deterministic-mode requires: " + join(mismatched, ", ") + " (Megatron); " + fix +
+                ", or --deterministic-mode";
+       }},
+      {"expert-parallel all-to-all overlap",
+       [](const Config& c, const FlagValues& f) -> std::string {
+         // Megatron's TransformerConfig rules for --overlap-moe-expert-parallel-comm (fp8tron runs
+         // the same math unoverlapped, but accepts only what Megatron accepts).
+         if (!f.get_bool("overlap-moe-expert-parallel-comm")) return "";
+         const std::string flag = "--overlap-moe-expert-parallel-comm";
+         const auto& r = c.model.recompute;
+         const bool virtual_pipeline = f.given("num-layers-per-virtual-pipeline-stage") ||
+                                       f.given("num-virtual-stages-per-pipeline-rank") ||
+                                       !c.distributed.pipeline_layout.empty();
+         if (c.parallel.pp > 1 && !virtual_pipeline)
+           return flag + ": with --pipeline-model-parallel-size > 1 a virtual pipeline must be specified (Megatron): add "
+                  "--num-virtual-stages-per-pipeline-rank or --pipeline-model-parallel-layout";
+         if (c.parallel.ep <= 1) return flag + " is only supported with expert model parallelism (--expert-model-parallel-size > 1)";
+         if (c.model.moe.dispatcher != MoeDispatcher::kAllToAll)
+           return flag + " is supported with the alltoall/flex token dispatcher (--moe-token-dispatcher-type alltoall)";
+         if (r.full()) return flag + ": disable full recomputation (--recompute-granularity full)";
+         if (r.method != RecomputeMethod::None) return flag + ": disable the recomputation method (--recompute-method)";
+         if (f.given("recompute-num-layers")) return flag + ": --recompute-num-layers must not be given";
+         if (r.selective(&RecomputeModules::moe)) return flag + ": disable moe in --recompute-modules";
+         if (c.precision.params_dtype == ParamDtype::Fp32) return flag + " is only supported with --bf16 or --fp16";
+         if (c.model.moe.shared_expert_overlap) return flag + ": disable --moe-shared-expert-overlap";
+         if (c.model.mtp.num_layers > 1) return flag + ": MTP supports at most one layer (--mtp-num-layers 1)";
+         return "";
        }},
       {"mc2 and coc without experts",
        [](const Config&, const FlagValues& f) -> std::string {
@@ -505,9 +542,6 @@ const std::vector<Rule>& rules() {
          const auto& m = c.model;
          if (m.mtp.num_layers < 0) return "--mtp-num-layers must not be negative";
          if (m.mtp.num_layers == 0) return "";
-         // Megatron's MTP layer takes the decoder's last layer spec (an MoE layer when that one is).
-         if (m.moe.enabled())
-           return "--mtp-num-layers with --num-experts is not supported yet by fp8tron (its MTP layers are dense)";
          if (m.position_embedding == PositionEmbedding::Yarn)
            return "Multi-Token Prediction (MTP) is not supported with 'yarn' position embedding type (supported: "
                   "learned_absolute, rope, none)";
@@ -554,9 +588,11 @@ const std::vector<Rule>& rules() {
        [](const Config& c, const FlagValues&) -> std::string {
          if (c.optimizer.optimizer != "muon") return "";
          if (c.precision.params_dtype == ParamDtype::Fp16) return "--optimizer muon does not support --fp16 (as in Megatron); use --bf16";
-         if (c.distributed.distributed_optimizer && c.parallel.dp > 1)
-           return "--optimizer muon with --use-distributed-optimizer is not supported yet (Megatron distributes whole "
-                  "matrices per data-parallel rank); drop --use-distributed-optimizer";
+         // With --use-distributed-optimizer Muon's matrices are distributed whole over the data-parallel
+         // ranks (Megatron's layer-wise distributed optimizer); FP8 parameters are not part of that path.
+         if (c.distributed.distributed_optimizer && c.precision.fp8.param_gather)
+           return "--fp8-param-gather with --optimizer muon is not supported by fp8tron: Muon orthogonalises the "
+                  "bf16/fp32 weights and its distributed optimizer gathers them whole (drop --fp8-param-gather)";
          return "";
        }},
   };

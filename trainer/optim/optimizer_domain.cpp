@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "trainer/optim/buffer_layout.h"
 #include "trainer/optim/param_groups.h"
 
 namespace fp8tron {
@@ -30,9 +31,6 @@ OptimizerDomain::OptimizerDomain(const std::vector<NamedParam>& params, const Op
       distributed_(distributed && groups_.dp->size() > 1),
       separate_main_weights_(precision.params_dtype != ParamDtype::Fp32 || distributed_) {
   torch::NoGradGuard no_grad;
-  if (config_.optimizer == "muon" && distributed_)
-    throw UserError("--optimizer muon with --use-distributed-optimizer is not supported yet (Megatron distributes whole "
-                    "matrices per data-parallel rank); drop --use-distributed-optimizer");
   // Order: Adam/SGD before Muon parameters, decay first; within it the default learning rate
   // before the decoupled one, normal, TP-duplicated (partial-gradient ones first), excluded.
   std::vector<const NamedParam*> ordered;
@@ -57,41 +55,54 @@ OptimizerDomain::OptimizerDomain(const std::vector<NamedParam>& params, const Op
     if (!published_as_bytes(p)) break;
     byte_numel_ += p->tensor.numel();
   }
+  // Muon's matrices stay whole on one data-parallel rank with the distributed optimizer
+  // (Megatron's layer-wise distributed optimizer, trainer/optim/buffer_layout.h); everything
+  // else is sharded elementwise.
+  std::vector<LayoutParam> sizes;
+  for (const auto* p : ordered) {
+    const bool whole = muon(*p, c);
+    const int64_t n = p->tensor.numel();
+    sizes.push_back(LayoutParam{n, whole, whole ? newton_schulz_cost(p->tensor.size(0), p->tensor.size(1)) : double(n)});
+  }
+  const BufferLayout layout = plan_buffer_layout(sizes, distributed_ ? dp_size() : 1);
+  std::vector<size_t> by_offset(ordered.size());
+  for (size_t i = 0; i < by_offset.size(); ++i) by_offset[i] = i;
+  std::stable_sort(by_offset.begin(), by_offset.end(), [&](size_t a, size_t b) { return layout.offsets[a] < layout.offsets[b]; });
+  numel_ = layout.numel;
+  const int64_t dp = dp_size();
+  padded_numel_ = distributed_ ? layout.shard_numel * dp : numel_;
+  shard_numel_ = distributed_ ? layout.shard_numel : numel_;
+  shard_begin_ = distributed_ ? shard_numel_ * groups_.dp->rank() : 0;
+
   const int tp_size = groups_.tp->size();
   const double tp = double(tp_size);
   const bool pipeline_copies = groups_.embedding && groups_.embedding->size() > 1;
-  for (const auto* p : ordered) {
-    const bool decay = decays(*p, c), is_muon = muon(*p, c);
-    const int group = lr_group(*p, c);
-    const double w = norm_class(*p) == 0 ? 1.0 : norm_class(*p) == 1 ? 1.0 / tp : 0.0;
-    if (segments_.empty() || segments_.back().decay != decay || segments_.back().norm_weight != w ||
-        segments_.back().lr_group != group || segments_.back().muon != is_muon)
-      segments_.push_back(Segment{numel_, 0, decay, w, group, is_muon});
-    if (is_muon) muon_slots_.push_back(MuonSlot{numel_, p->tensor.sizes().vec(), MuonParam{p->info, is_fused_qkv(p->name), {}}});
-    segments_.back().numel += p->tensor.numel();
-    auto add_range = [&](std::vector<std::pair<int64_t, int64_t>>& ranges) {
-      if (!ranges.empty() && ranges.back().first + ranges.back().second == numel_) ranges.back().second += p->tensor.numel();
-      else ranges.emplace_back(numel_, p->tensor.numel());
-    };
-    if (p->info.reduce_grad_over_tp && tp_size > 1) add_range(tp_partial_ranges_);
-    // The tied embedding's two copies (first and last stage) sum their gradients.
-    if ((p->info.tied_embedding || p->info.shared_embedding_copy) && pipeline_copies) add_range(embedding_ranges_);
-    numel_ += p->tensor.numel();
-  }
-  const int64_t dp = dp_size();
-  padded_numel_ = distributed_ ? (numel_ + dp - 1) / dp * dp : numel_;
-  shard_numel_ = distributed_ ? padded_numel_ / dp : numel_;
-  shard_begin_ = distributed_ ? shard_numel_ * groups_.dp->rank() : 0;
-
   const auto fp32 = torch::TensorOptions().device(device).dtype(torch::kFloat32);
   const auto param_dtype = to_torch(precision.params_dtype);
   auto all_main = torch::zeros({padded_numel_}, fp32);
   model_params_ = separate_main_weights_ ? torch::zeros({padded_numel_}, fp32.dtype(param_dtype)) : all_main;
   main_grads_ = torch::zeros({padded_numel_}, fp32.dtype(precision.grads_in_fp32 ? torch::kFloat32 : param_dtype));
-  int64_t offset = 0;
-  for (const auto* p : ordered) {
+  for (size_t i : by_offset) {
+    const NamedParam* p = ordered[i];
+    const int64_t offset = layout.offsets[i], n = p->tensor.numel();
+    const bool decay = decays(*p, c), is_muon = muon(*p, c);
+    const int group = lr_group(*p, c);
+    const double w = norm_class(*p) == 0 ? 1.0 : norm_class(*p) == 1 ? 1.0 / tp : 0.0;
+    // A segment is a contiguous run of equally treated parameters (padding ends it).
+    if (segments_.empty() || segments_.back().decay != decay || segments_.back().norm_weight != w ||
+        segments_.back().lr_group != group || segments_.back().muon != is_muon ||
+        segments_.back().offset + segments_.back().numel != offset)
+      segments_.push_back(Segment{offset, 0, decay, w, group, is_muon});
+    if (is_muon) muon_slots_.push_back(MuonSlot{offset, p->tensor.sizes().vec(), MuonParam{p->info, is_fused_qkv(p->name), {}}});
+    segments_.back().numel += n;
+    auto add_range = [&](std::vector<std::pair<int64_t, int64_t>>& ranges) {
+      if (!ranges.empty() && ranges.back().first + ranges.back().second == offset) ranges.back().second += n;
+      else ranges.emplace_back(offset, n);
+    };
+    if (p->info.reduce_grad_over_tp && tp_size > 1) add_range(tp_partial_ranges_);
+    // The tied embedding's two copies (first and last stage) sum their gradients.
+    if ((p->info.tied_embedding || p->info.shared_embedding_copy) && pipeline_copies) add_range(embedding_ranges_);
     torch::Tensor t = p->tensor;
-    const int64_t n = t.numel();
     all_main.narrow(0, offset, n).copy_(t.detach().reshape({-1}));  // fp32 values as initialised
     if (separate_main_weights_) model_params_.narrow(0, offset, n).copy_(all_main.narrow(0, offset, n));
     t.set_data(model_params_.narrow(0, offset, n).view(t.sizes()));
@@ -100,8 +111,7 @@ OptimizerDomain::OptimizerDomain(const std::vector<NamedParam>& params, const Op
     // bf16 parameter accumulates micro-batches in fp32, as Megatron's main_grad does.
     t.mutable_grad() = main_grads_.narrow(0, offset, n).view(t.sizes());
     buffer_order_.push_back({t, offset, n, model_order(p)});
-    slots_.push_back(ParamSlot{p->name, offset, n, t.sizes().vec(), p->info});
-    offset += n;
+    slots_.push_back(ParamSlot{p->name, offset, n, t.sizes().vec(), p->info, is_muon});
   }
   main_params_ = distributed_ ? all_main.narrow(0, shard_begin_, shard_numel_).clone() : all_main;
   if (distributed_ || main_grads_.scalar_type() != torch::kFloat32) grad_shard_ = torch::zeros({shard_numel_}, fp32);
@@ -394,18 +404,24 @@ void OptimizerDomain::update(const torch::Tensor& grads, double lr, double weigh
 // decoupled weight decay p <- p (1 - lr wd), momentum m <- m + (1 - beta)(g - m), direction m (or
 // Nesterov's g + beta (m - g)), p <- p - lr x scaled Newton-Schulz(direction). A skipped step
 // (inf/nan gradients) leaves p and m unchanged without waiting for the device. The domain's
-// tensor-parallel group gathers the shards (expert tensor parallelism for the experts).
+// tensor-parallel group gathers the shards (expert tensor parallelism for the experts). With the
+// distributed optimizer a rank updates the matrices its shard holds, each whole (the layout puts
+// every Muon matrix inside one shard); its tensor-parallel peers hold the same matrices' other
+// shards in the same place of the same layout, so they join the same gathers in the same order.
 void OptimizerDomain::muon_step(const Segment& s, const torch::Tensor& grads, double lr, double wd,
                                 const torch::Tensor& found_inf) {
   const MuonConfig& c = config_.muon;
   auto keep = 1.0 - found_inf;
   for (const auto& slot : muon_slots_) {
     if (slot.offset < s.offset || slot.offset >= s.offset + s.numel) continue;
+    if (slot.offset < shard_begin_ || slot.offset >= shard_begin_ + shard_numel_) continue;  // another rank's
     int64_t n = 1;
     for (int64_t d : slot.shape) n *= d;
-    auto p = main_params_.narrow(0, slot.offset, n).view(slot.shape);
-    auto g = torch::nan_to_num(grads.narrow(0, slot.offset, n), 0.0, 0.0, 0.0).view(slot.shape);
-    auto m = exp_avg_.narrow(0, slot.offset, n).view(slot.shape);
+    FP8TRON_CHECK(slot.offset + n <= shard_begin_ + shard_numel_, "a Muon matrix crosses a distributed-optimizer shard");
+    const int64_t at = slot.offset - shard_begin_;  // the optimizer's buffers start at shard_begin_
+    auto p = main_params_.narrow(0, at, n).view(slot.shape);
+    auto g = torch::nan_to_num(grads.narrow(0, at, n), 0.0, 0.0, 0.0).view(slot.shape);
+    auto m = exp_avg_.narrow(0, at, n).view(slot.shape);
     auto m_new = m + (1.0 - c.momentum) * (g - m);
     auto direction = c.nesterov ? g + c.momentum * (m_new - g) : m_new;
     auto update = muon_update(direction, slot.param, c, *groups_.tp);

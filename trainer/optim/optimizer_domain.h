@@ -11,7 +11,10 @@
 //    segment over one tensor (Muon: once per matrix);
 //  - with --use-distributed-optimizer the fp32 main weights and Adam states exist only for this
 //    rank's shard of the buffer over the domain's data-parallel group: gradients are
-//    reduce-scattered into it and the updated parameters all-gathered back.
+//    reduce-scattered into it and the updated parameters all-gathered back. Muon's matrices are
+//    never cut by a shard boundary (Megatron's layer-wise distributed optimizer: Newton-Schulz
+//    needs the whole matrix), so the buffer may hold padding between them
+//    (trainer/optim/buffer_layout.h).
 #pragma once
 #include <torch/torch.h>
 
@@ -124,6 +127,7 @@ class OptimizerDomain {
     int64_t offset = 0, numel = 0;  // in the flat buffers
     std::vector<int64_t> shape;     // this rank's shard
     ParamInfo info;
+    bool muon = false;  // updated by Muon: its state is the momentum alone (Adam's: both moments)
   };
   const std::vector<ParamSlot>& param_slots() const { return slots_; }  // in buffer order
   bool distributed() const { return distributed_; }
