@@ -36,11 +36,6 @@ Config checkpoint_config(const std::vector<std::string>& extra) {
   return build(args);
 }
 
-std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
 TrainResult run(const std::vector<std::string>& args) {
   return train(checkpoint_config(args), TrainOptions{.collect_final_weights = true});
 }

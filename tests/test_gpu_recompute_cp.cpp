@@ -77,24 +77,20 @@ TEST(RecomputeGpu, MixtureOfExpertsAndMlaTrainBitwiseAsWithoutRecomputation) {
   struct Case {
     std::vector<std::string> model, layout;
   };
-  auto plus = [](std::vector<std::string> a, const std::vector<std::string>& b) {
-    a.insert(a.end(), b.begin(), b.end());
-    return a;
-  };
   const std::vector<Case> cases = {
       {moe, {"--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"}},
       {moe, {"--recompute-granularity", "selective", "--recompute-modules", "moe", "shared_experts"}},
       {moe, {"--recompute-granularity", "selective", "--recompute-modules", "moe_act", "layernorm", "shared_experts"}},
-      {plus(moe, tensorwise), {"--recompute-granularity", "selective", "--recompute-modules", "moe_act", "layernorm"}},
-      {plus(moe, {"--fp8-format", "hybrid"}), {"--recompute-granularity", "selective", "--recompute-modules", "moe"}},
+      {with(moe, tensorwise), {"--recompute-granularity", "selective", "--recompute-modules", "moe_act", "layernorm"}},
+      {with(moe, {"--fp8-format", "hybrid"}), {"--recompute-granularity", "selective", "--recompute-modules", "moe"}},
       {mla, {"--recompute-granularity", "selective", "--recompute-modules", "mla_up_proj", "layernorm", "core_attn"}},
-      {plus(mla, tensorwise), {"--recompute-granularity", "selective", "--recompute-modules", "mla_up_proj", "layernorm"}},
+      {with(mla, tensorwise), {"--recompute-granularity", "selective", "--recompute-modules", "mla_up_proj", "layernorm"}},
   };
   for (const Case& c : cases) {
     std::string what;
-    for (const auto& a : plus(c.model, c.layout)) what += a + " ";
+    for (const auto& a : with(c.model, c.layout)) what += a + " ";
     const TrainResult plain = train_gpu(c.model);
-    const TrainResult r = train_gpu(plus(c.model, c.layout));
+    const TrainResult r = train_gpu(with(c.model, c.layout));
     ASSERT_EQ(r.losses.size(), plain.losses.size()) << what;
     for (size_t i = 0; i < r.losses.size(); ++i) EXPECT_EQ(r.losses[i], plain.losses[i]) << what << " iteration " << i + 1;
     for (const auto& [name, w] : plain.final_weights)

@@ -22,6 +22,12 @@ inline FlagValues parse(std::vector<std::string> args) {
 }
 
 // The smallest flag set that makes a valid configuration.
+// `a` followed by `b`: a flag list with more flags.
+inline std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
 inline std::vector<std::string> tiny_args(std::initializer_list<std::string> extra = {}) {
   std::vector<std::string> a = {"--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
                                 "--seq-length", "16", "--micro-batch-size", "2", "--lr", "1e-3",

@@ -23,11 +23,7 @@ namespace {
 
 using testing::build;
 using testing::tiny_args;
-
-std::vector<std::string> with(std::vector<std::string> base, const std::vector<std::string>& extra) {
-  base.insert(base.end(), extra.begin(), extra.end());
-  return base;
-}
+using testing::with;
 
 // Four layers with both dropouts on: a replay that drew other masks than the original pass would
 // give other gradients.

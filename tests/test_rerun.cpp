@@ -20,11 +20,6 @@ namespace {
 using namespace fp8tron::testing;
 using checkpoint::testing::TempDir;
 
-std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
 TrainResult run(const std::vector<std::string>& args) {
   const Config c = build(with(tiny_args({"--global-batch-size", "4", "--lr", "3e-3", "--log-interval", "1000",
                                          "--eval-iters", "0", "--weight-decay", "0.1"}),
