@@ -166,6 +166,9 @@ def main():
     own.add_argument("--warmup", type=int, default=10)
     own.add_argument("--no-compile", action="store_true")
     own.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    own.add_argument("--profile-trace", metavar="PATH",
+                     help="after the timed iterations, profile 2 more with torch.profiler and write their "
+                          "Chrome trace to PATH (read it with scripts/profile_summary.py PATH --steps 2)")
     opts, rest = own.parse_known_args()
     c = Config(megatron_flags(rest))
     device = torch.device(opts.device)
@@ -204,6 +207,13 @@ def main():
     mem = torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else 0.0
     print(f"reference | tokens/s {tokens / seconds:.0f} | ms/iter {1000 * seconds:.1f} | max allocated MB {mem:.0f} | "
           f"{'compiled' if compiled else 'eager'} | loss {loss.item():.3f}")
+    if opts.profile_trace:
+        activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        with torch.profiler.profile(activities=activities) as prof:
+            for i in range(2):
+                step(i)
+            torch.cuda.synchronize()
+        prof.export_chrome_trace(opts.profile_trace)
     return 0
 
 
