@@ -54,7 +54,7 @@ struct PlanKey {
   int64_t m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldd = 0;
   DType a_type{}, b_type{}, d_type{}, bias_type{};
   ScalingMode a_scaling{}, b_scaling{};
-  bool trans_a = false, trans_b = false, fast_accum = false, has_bias = false, accumulate = false;
+  bool trans_a = false, trans_b = false, fast_accum = false, has_bias = false, bias_grad = false, accumulate = false;
   int sm_count = 0;
   uint32_t align_a = 0, align_b = 0, align_d = 0;
   GemmBucket bucket = GemmBucket::kNone;  // kN / kK: n / k (and the lds along it) are the bucket's
@@ -63,7 +63,7 @@ struct PlanKey {
     return m == o.m && n == o.n && k == o.k && lda == o.lda && ldb == o.ldb && ldd == o.ldd && a_type == o.a_type &&
            b_type == o.b_type && d_type == o.d_type && bias_type == o.bias_type && a_scaling == o.a_scaling &&
            b_scaling == o.b_scaling && trans_a == o.trans_a && trans_b == o.trans_b && fast_accum == o.fast_accum &&
-           has_bias == o.has_bias && accumulate == o.accumulate && sm_count == o.sm_count && align_a == o.align_a &&
+           has_bias == o.has_bias && bias_grad == o.bias_grad && accumulate == o.accumulate && sm_count == o.sm_count && align_a == o.align_a &&
            align_b == o.align_b && align_d == o.align_d && bucket == o.bucket;
   }
 
@@ -83,7 +83,7 @@ struct PlanKey {
                      dtype_name(a_type), trans_a ? "^T" : "", scaling_mode_name(a_scaling), static_cast<long long>(lda),
                      dtype_name(b_type), trans_b ? "^T" : "", scaling_mode_name(b_scaling), static_cast<long long>(ldb),
                      dtype_name(d_type), static_cast<long long>(ldd), fast_accum ? ", fast accumulation" : "",
-                     has_bias ? ", bias" : "", accumulate ? ", accumulate" : "", bucketed);
+                     has_bias ? (bias_grad ? ", bias gradient" : ", bias") : "", accumulate ? ", accumulate" : "", bucketed);
   }
 };
 
@@ -101,7 +101,7 @@ struct PlanKeyHash {
         (static_cast<uint64_t>(k.d_type) << 16) | (static_cast<uint64_t>(k.bias_type) << 24) |
         (static_cast<uint64_t>(k.a_scaling) << 32) | (static_cast<uint64_t>(k.b_scaling) << 40));
     mix((k.trans_a ? 1u : 0u) | (k.trans_b ? 2u : 0u) | (k.fast_accum ? 4u : 0u) | (k.has_bias ? 8u : 0u) |
-        (k.accumulate ? 16u : 0u) | (static_cast<uint64_t>(k.bucket) << 8));
+        (k.accumulate ? 16u : 0u) | (k.bias_grad ? 32u : 0u) | (static_cast<uint64_t>(k.bucket) << 8));
     mix(static_cast<uint64_t>(k.sm_count));
     mix((static_cast<uint64_t>(k.align_a) << 0) | (static_cast<uint64_t>(k.align_b) << 16) |
         (static_cast<uint64_t>(k.align_d) << 32));
@@ -480,7 +480,8 @@ Plan& GemmHandle::Impl::plan(const PlanKey& key, const CallArgs& call, CUstream_
     set_desc(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, b_mode);
   }
   if (key.has_bias) {
-    const uint32_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    // BGRADB: the sum of op(B) over k, one value per column of D, written to the bias pointer.
+    const uint32_t epilogue = key.bias_grad ? CUBLASLT_EPILOGUE_BGRADB : CUBLASLT_EPILOGUE_BIAS;
     const int32_t bias_type = cuda_type(key.bias_type);
     set_desc(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue);
     set_desc(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, bias_type);
@@ -602,6 +603,7 @@ void gemm(GemmHandle& handle, const GemmOperand& a, const GemmOperand& b, const 
   key.b_scaling = b.scaling;
   key.has_bias = config.bias != nullptr;
   key.bias_type = key.has_bias ? config.bias_dtype : DType::kBF16;
+  key.bias_grad = key.has_bias && config.bias_gradient;
   key.accumulate = config.accumulate;
   key.sm_count = config.sm_count;
   key.align_a = alignment_of(a.data);

@@ -106,6 +106,9 @@ struct GemmConfig {
   bool fast_accumulation = false;
   const void* bias = nullptr;  // device vector of m values (bias_dtype), added to every column of D
   DType bias_dtype = DType::kBF16;
+  bool bias_gradient = false;  // `bias` is an output instead: the bias gradient, the sum of op(B) over
+                               // k (n values, one per column of D; cuBLASLt's BGRADB epilogue), as a
+                               // linear's wgrad GEMM can produce it from dY without another pass.
   bool accumulate = false;  // D = result + D (beta = 1). With a bf16 D cuBLASLt's FP8 kernels round
                             // alpha * result to bf16 before adding D (two roundings, measured on
                             // H200): accumulate gradients into an fp32 D.

@@ -1,5 +1,13 @@
 #include "models/fused_linear.h"
 
+#include <c10/cuda/CUDAStream.h>
+
+#include <array>
+#include <memory>
+#include <mutex>
+
+#include "core/log.h"
+#include "fp8/gemm.h"
 #include "fp8/wgrad_fusion.h"
 
 namespace fp8tron {
@@ -12,6 +20,41 @@ bool is_main_grad(const torch::Tensor& weight) {
   return g.defined() && g.scalar_type() == torch::kFloat32 && g.is_contiguous() && g.sizes() == weight.sizes();
 }
 
+// One cuBLASLt handle per device for the bf16 wgrad GEMMs, with the heuristic's first algorithm (as
+// at::addmm: the same kernel in every run).
+fp8::GemmHandle& bf16_gemm_handle(int device) {
+  static std::array<std::unique_ptr<fp8::GemmHandle>, 64> handles;
+  static std::mutex mutex;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto& h = handles.at(size_t(device));
+  if (!h) {
+    fp8::GemmHandleOptions options;
+    options.algo_selection = fp8::AlgoSelection::kHeuristic;
+    h = std::make_unique<fp8::GemmHandle>(options);
+  }
+  return *h;
+}
+
+// dW [out, in] += dY^T X in fp32 into the main gradient and, from the same GEMM (cuBLASLt's BGRADB
+// epilogue: the sum of dY over tokens), the bias gradient in fp32: no second pass over dY.
+torch::Tensor wgrad_and_bias_grad(const torch::Tensor& dy_in, const torch::Tensor& x_in, torch::Tensor& main_grad) {
+  const auto dy = dy_in.contiguous(), x = x_in.contiguous();
+  const int64_t tokens = x.size(0), in = x.size(1), out = dy.size(1);
+  auto bias_grad = torch::empty({out}, dy.options().dtype(torch::kFloat32));
+  // Column-major (gemm.h): D = main_grad as in x out, op(A) = X as in x tokens, op(B) = dY^T as tokens x out.
+  const fp8::GemmOperand a{x.data_ptr(), fp8::DType::kBF16, in, tokens, in, false};
+  const fp8::GemmOperand b{dy.data_ptr(), fp8::DType::kBF16, out, tokens, out, true};
+  const fp8::GemmOutput d{main_grad.data_ptr(), fp8::DType::kFP32, in};
+  fp8::GemmConfig config;
+  config.accumulate = true;
+  config.bias = bias_grad.data_ptr();
+  config.bias_dtype = fp8::DType::kFP32;
+  config.bias_gradient = true;
+  const int device = x.device().index();
+  fp8::gemm(bf16_gemm_handle(device), a, b, d, config, c10::cuda::getCurrentCUDAStream(device).stream());
+  return bias_grad;
+}
+
 // With and without a bias (autograd functions take no undefined tensors as inputs).
 template <bool kBias>
 struct FusedLinear : torch::autograd::Function<FusedLinear<kBias>> {
@@ -21,7 +64,7 @@ struct FusedLinear : torch::autograd::Function<FusedLinear<kBias>> {
   }
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight,
                                const torch::Tensor& bias) {
-    ctx->save_for_backward({x, weight});
+    ctx->save_for_backward({x, weight, bias});
     return at::linear(x, weight, bias);
   }
 
@@ -33,6 +76,13 @@ struct FusedLinear : torch::autograd::Function<FusedLinear<kBias>> {
     auto dy = grads[0].reshape({-1, out});
     variable_list result(kBias ? 3 : 2);
     if (ctx->needs_input_grad(0)) result[0] = at::mm(dy, weight).view(x.sizes());
+    if (kBias && ctx->needs_input_grad(1) && ctx->needs_input_grad(2) && is_main_grad(weight) && is_main_grad(saved[2]) &&
+        x.scalar_type() == torch::kBFloat16) {
+      // Both gradients from one GEMM, both accumulated into their fp32 main gradients.
+      torch::Tensor main_grad = weight.grad(), bias_main_grad = saved[2].grad();
+      bias_main_grad.add_(wgrad_and_bias_grad(dy, x.reshape({-1, in}), main_grad));
+      return result;
+    }
     if (ctx->needs_input_grad(1)) {
       const auto x2d = x.reshape({-1, in});
       if (is_main_grad(weight)) {

@@ -32,6 +32,7 @@ RotarySpec attention_rotary(const ModelConfig& m) {
   RotarySpec spec;
   spec.base = m.rotary_base;
   spec.layout = m.rotary.interleaved ? RotaryLayout::Interleaved : RotaryLayout::RotateHalf;
+  spec.fused = m.rotary.fused;
   if (m.position_embedding == PositionEmbedding::Rope) {
     spec.dim = int64_t(double(m.kv_channels) * m.rotary_percent);
     if (m.rotary.llama3_scaling) {
@@ -83,17 +84,21 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, const torch::Te
   auto qkv = linear_qkv(x);  // [s, b, local (q + 2 kv)]
   const int64_t s = qkv.size(0), b = qkv.size(1), d = m.kv_channels;
   const int64_t per_group = local_heads_ / local_groups_;
-  qkv = qkv.view({s, b, local_groups_, per_group + 2, d});
-  auto q = qkv.narrow(3, 0, per_group).reshape({s, b, local_heads_, d});
-  auto k = qkv.select(3, per_group);  // [s, b, groups, d]
-  auto v = qkv.select(3, per_group + 1);
+  // One split (its backward is one concatenation; three narrow/select views would each scatter their
+  // gradient into a zero-filled copy of qkv, to be summed).
+  auto parts = qkv.view({s, b, local_groups_, per_group + 2, d}).split_with_sizes({per_group, 1, 1}, 3);
+  auto q = parts[0];             // [s, b, groups, per_group, d]
+  auto k = parts[1].squeeze(3);  // [s, b, groups, d]
+  auto v = parts[2].squeeze(3);
   if (m.qk_layernorm) {
-    q = q_layernorm(q);
+    q = q_layernorm(q.reshape({s, b, local_heads_, d}));
     k = k_layernorm(k);
   }
   if (rope_.enabled()) {
-    q = rope_.apply(q);
+    q = rope_.apply(q);  // reads the grouped query view in place on the GPU
     k = rope_.apply(k);
+  } else {
+    q = q.reshape({s, b, local_heads_, d});
   }
   const double p = is_training() ? m.attention_dropout : 0.0;
   return linear_proj(core_attention_.forward(q, k, v, attention_mask, p, is_training()));

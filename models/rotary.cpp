@@ -1,6 +1,9 @@
 #include "models/rotary.h"
 
+#include <c10/cuda/CUDAStream.h>
+
 #include "core/error.h"
+#include "models/rotary_kernels.h"
 
 #include <algorithm>
 #include <cmath>
@@ -44,6 +47,49 @@ torch::Tensor yarn_inv_freq(const RotarySpec& s) {
   return inter * (1 - mask) + extra * mask;
 }
 
+
+kernels::RotaryDType rotary_dtype(const torch::Tensor& t) {
+  switch (t.scalar_type()) {
+    case torch::kFloat32: return kernels::RotaryDType::kFloat32;
+    case torch::kBFloat16: return kernels::RotaryDType::kBFloat16;
+    default: return kernels::RotaryDType::kFloat16;
+  }
+}
+
+// x [s, b, heads, d] or [s, b, groups, per_group, d] (strided, last dimension contiguous) ->
+// contiguous [s, b, heads, d], through one kernel; `sin_sign` -1 rotates back (the backward).
+torch::Tensor rotary_kernel(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, int64_t dim,
+                            bool interleaved, float sin_sign) {
+  auto x5 = x.dim() == 5 ? x : x.unsqueeze(3);
+  kernels::RotaryShape shape{x5.size(0), x5.size(1), x5.size(2), x5.size(3), x5.size(4), dim,
+                             {x5.stride(0), x5.stride(1), x5.stride(2), x5.stride(3)}, interleaved};
+  auto out = torch::empty({shape.s, shape.b, shape.g * shape.p, shape.d}, x.options());
+  const auto stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
+  kernels::rotary_apply(x5.data_ptr(), out.data_ptr(), rotary_dtype(x), shape, cos.data_ptr<float>(), sin.data_ptr<float>(),
+                        sin_sign, stream);
+  return out;
+}
+
+// The rotation is orthogonal: its gradient is the inverse rotation of the output's gradient, so
+// nothing of the input is saved.
+struct FusedRotary : torch::autograd::Function<FusedRotary> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& cos,
+                               const torch::Tensor& sin, int64_t dim, bool interleaved) {
+    ctx->save_for_backward({cos, sin});
+    ctx->saved_data["dim"] = dim;
+    ctx->saved_data["interleaved"] = interleaved;
+    ctx->saved_data["shape"] = x.sizes().vec();
+    return rotary_kernel(x, cos, sin, dim, interleaved, 1.0f);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad) {
+    auto saved = ctx->get_saved_variables();
+    auto g = grad[0].stride(-1) == 1 ? grad[0] : grad[0].contiguous();
+    auto dx = rotary_kernel(g, saved[0], saved[1], ctx->saved_data["dim"].toInt(), ctx->saved_data["interleaved"].toBool(),
+                            -1.0f);
+    return {dx.view(ctx->saved_data["shape"].toIntVector()), {}, {}, {}, {}};
+  }
+};
 }  // namespace
 
 double yarn_mscale(double scale, double m) { return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; }
@@ -63,13 +109,42 @@ RotaryEmbedding::RotaryEmbedding(RotarySpec spec, torch::Tensor positions)
     : spec_(std::move(spec)), positions_(std::move(positions)) {}
 
 torch::Tensor RotaryEmbedding::apply(const torch::Tensor& x) const {
+  if (fused_kernel_applies(x)) {
+    auto [cos, sin] = angle_tables(x.size(0), x.device());
+    return FusedRotary::apply(x, cos, sin, spec_.dim, spec_.layout == RotaryLayout::Interleaved);
+  }
+  if (x.dim() == 5) return apply_unfused(x.reshape({x.size(0), x.size(1), x.size(2) * x.size(3), x.size(4)}));
+  return apply_unfused(x);
+}
+
+bool RotaryEmbedding::fused_kernel_applies(const torch::Tensor& x) const {
+  const auto t = x.scalar_type();
+  return spec_.fused && x.is_cuda() && spec_.layout != RotaryLayout::MlaDeinterleave && x.stride(-1) == 1 &&
+         (t == torch::kFloat32 || t == torch::kBFloat16 || t == torch::kFloat16);
+}
+
+torch::Tensor RotaryEmbedding::position_angles(int64_t s, const torch::Device& device) const {
+  auto inv_freq = rotary_inv_freq(spec_).to(device);
+  FP8TRON_CHECK(!positions_.defined() || positions_.size(0) == s, "rotary embedding: one position per token");
+  const auto positions = positions_.defined() ? positions_.to(inv_freq.options()) : torch::arange(s, inv_freq.options());
+  return torch::outer(positions, inv_freq);  // [s, dim/2], fp32
+}
+
+std::pair<torch::Tensor, torch::Tensor> RotaryEmbedding::angle_tables(int64_t s, const torch::Device& device) const {
+  if (!angle_cos_.defined() || angle_cos_.size(0) != s || angle_cos_.device() != device) {
+    auto angles = position_angles(s, device);
+    const double c = rotary_concentration(spec_);
+    angle_cos_ = (angles.cos() * c).contiguous();
+    angle_sin_ = (angles.sin() * c).contiguous();
+  }
+  return {angle_cos_, angle_sin_};
+}
+
+torch::Tensor RotaryEmbedding::apply_unfused(const torch::Tensor& x) const {
   const int64_t s = x.size(0), dim = spec_.dim, half = dim / 2;
   if (!cos_.defined() || cos_.size(0) < s || cos_.device() != x.device() || cos_.scalar_type() != x.scalar_type()) {
     // Tables in fp32, then scaled and cast: angle = position x inv_freq.
-    auto inv_freq = rotary_inv_freq(spec_).to(x.device());
-    FP8TRON_CHECK(!positions_.defined() || positions_.size(0) == s, "rotary embedding: one position per token");
-    const auto positions = positions_.defined() ? positions_.to(inv_freq.options()) : torch::arange(s, inv_freq.options());
-    auto angles = torch::outer(positions, inv_freq);  // [s, dim/2]
+    auto angles = position_angles(s, x.device());
     auto emb = spec_.layout == RotaryLayout::Interleaved ? angles.unsqueeze(-1).expand({s, half, 2}).reshape({s, dim})
                                                          : torch::cat({angles, angles}, -1);
     const double c = rotary_concentration(spec_);

@@ -24,6 +24,7 @@ struct RotarySpec {
   double llama3_factor = 8.0;
   YarnConfig yarn;
   RotaryLayout layout = RotaryLayout::RotateHalf;
+  bool fused = true;  // one CUDA kernel each way on the GPU (models/rotary_kernels.h)
 };
 
 // Megatron's _yarn_get_mscale: 1 for scale <= 1, else 0.1 m ln(scale) + 1.
@@ -39,14 +40,25 @@ class RotaryEmbedding {
   // `positions` [s] (CPU int64): the sequence positions of x's tokens when they are not 0..s-1
   // (a context-parallel shard).
   explicit RotaryEmbedding(RotarySpec spec, torch::Tensor positions = {});
-  // Rotates x [s, b, heads, d] (d >= dim) by its positions (0..s-1 unless given).
+  // Rotates x [s, b, heads, d] (d >= dim) by its positions (0..s-1 unless given). x may also be
+  // [s, b, groups, per_group, d] (the query part of a fused QKV projection): the result is then
+  // [s, b, groups * per_group, d], and the fused kernel reads x in place, with no copy.
   torch::Tensor apply(const torch::Tensor& x) const;
   bool enabled() const { return spec_.dim > 0; }
 
  private:
+  // The chain of tensor ops (the CPU path, and --no-rope-fusion) on x [s, b, heads, d].
+  torch::Tensor apply_unfused(const torch::Tensor& x) const;
+  bool fused_kernel_applies(const torch::Tensor& x) const;
+  // angle = position x inv_freq, [s, dim / 2] fp32 on `device`.
+  torch::Tensor position_angles(int64_t s, const torch::Device& device) const;
+  // The fp32 tables [s, dim / 2] of the fused kernel (scaled by the concentration factor).
+  std::pair<torch::Tensor, torch::Tensor> angle_tables(int64_t s, const torch::Device& device) const;
+
   RotarySpec spec_;
   torch::Tensor positions_;
   mutable torch::Tensor cos_, sin_;  // cached per (device, dtype, length)
+  mutable torch::Tensor angle_cos_, angle_sin_;  // the fused kernel's, cached per (device, length)
 };
 
 }  // namespace fp8tron

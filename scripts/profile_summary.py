@@ -7,13 +7,17 @@
 Sums the duration of every GPU kernel and memcpy/memset by name, groups the names into families
 (GEMM, attention, cross entropy, norm, elementwise, optimizer, communication, copies, ...), and
 prints both per step (divided by --steps, the number of profiled iterations) with their share of
-the GPU's busy time, plus the idle time between kernels (launch gaps)."""
+the GPU's busy time, plus the idle time between kernels (launch gaps). --by-op also sums the
+kernels by the outermost CPU-side operator that launched them (an aten op in the forward, the
+autograd node, e.g. "evaluate_function: AddBackward0", in the backward): what to fuse next."""
 import argparse
+import bisect
 import collections
 import json
 import re
 
 FAMILIES = [
+    ("fp8tron fused kernels", r"fp8tron::kernels"),
     ("communication", r"nccl|all_?reduce|all_?gather|reduce_?scatter|sendrecv"),
     ("attention", r"cudnn.*(sdpa|fmha|flash|attn)|flash|fmha|attention|sdpa|cutlass_sm90_fmha"),
     ("gemm (FP8)", r"(e4m3|e5m2|fp8|f8f6f4|sm90_xmma_gemm_e4|tma.*e4m3)"),
@@ -43,6 +47,7 @@ def main():
     ap.add_argument("trace")
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--by-op", action="store_true", help="also sum kernel time by the launching CPU operator")
     args = ap.parse_args()
     events = json.load(open(args.trace))["traceEvents"]
     gpu = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
@@ -77,6 +82,47 @@ def main():
     for name, dur in by_name.most_common(args.top):
         short = name if len(name) < 110 else name[:107] + "..."
         print(f"| `{short}` | {count[name] / s:.0f} | {dur / s / 1000:.3f} | {100 * dur / busy:.1f}% |")
+    if args.by_op:
+        print_by_op(events, gpu, s, busy, args.top)
+
+
+def top_level_ops(events):
+    """Per CPU thread, the outermost operator intervals (sorted by start)."""
+    per_tid = collections.defaultdict(list)
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "user_annotation"):
+            per_tid[e.get("tid")].append((e["ts"], e["ts"] + e["dur"], e["name"]))
+    tops = {}
+    for tid, ops in per_tid.items():
+        ops.sort(key=lambda o: (o[0], -o[1]))
+        outer = []
+        for o in ops:
+            if not outer or o[0] >= outer[-1][1]:
+                outer.append(o)
+        tops[tid] = outer
+    return tops
+
+
+def print_by_op(events, gpu, steps, busy, top):
+    tops = top_level_ops(events)
+    starts = {tid: [o[0] for o in ops] for tid, ops in tops.items()}
+    launcher = {}
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {}):
+            ops = tops.get(e.get("tid"), [])
+            i = bisect.bisect_right(starts.get(e.get("tid"), []), e["ts"]) - 1
+            name = ops[i][2] if i >= 0 and ops[i][1] >= e["ts"] else "(no operator)"
+            launcher[e["args"]["correlation"]] = name.replace("autograd::engine::evaluate_function: ", "bwd: ")
+    by_op = collections.Counter()
+    calls = collections.Counter()
+    for e in gpu:
+        name = launcher.get(e.get("args", {}).get("correlation"), "(unattributed)")
+        by_op[name] += e["dur"]
+        calls[name] += 1
+    print(f"\n| top {top} launching operators | kernels per step | ms per step | share |")
+    print("| --- | --- | --- | --- |")
+    for name, dur in by_op.most_common(top):
+        print(f"| `{name[:100]}` | {calls[name] / steps:.0f} | {dur / steps / 1000:.3f} | {100 * dur / busy:.1f}% |")
 
 
 if __name__ == "__main__":

@@ -98,6 +98,25 @@ TEST(GpuKernels, LinearWithGradAccumulationFusionAddsIntoTheMainGradient) {
   yq.backward(dys[0]);
   EXPECT_TRUE(torch::equal(xn.grad(), xq.grad())) << "input gradient without a bias";
 
+  // The bias's gradient an fp32 main gradient too: one GEMM (BGRADB epilogue) adds both, the bias's
+  // in fp32 (the exact sums of the bf16 dY over tokens, up to fp32 rounding).
+  auto both_w = w0.clone().requires_grad_(true), both_b = b0.clone().requires_grad_(true);
+  both_w.mutable_grad() = initial.clone();
+  const auto initial_b = torch::randn({96}, opts.dtype(torch::kFloat32));
+  both_b.mutable_grad() = initial_b.clone();
+  torch::Tensor bias_main_grad = both_b.grad();
+  auto expected_b = initial_b.to(torch::kFloat64);
+  for (size_t i = 0; i < xs.size(); ++i) {
+    linear_with_grad_accumulation_fusion(xs[i], both_w, both_b).backward(dys[i]);
+    expected_b += dys[i].to(torch::kFloat64).sum(std::vector<int64_t>{0, 1});
+  }
+  EXPECT_EQ(both_b.grad().data_ptr(), bias_main_grad.data_ptr()) << "the bias's main gradient was replaced";
+  const double bias_err = (both_b.grad().to(torch::kFloat64) - expected_b).abs().max().item<double>();
+  std::printf("fused bias gradient (BGRADB): max |diff| %.3g of max %.3g\n", bias_err, expected_b.abs().max().item<double>());
+  EXPECT_LT(bias_err, 1e-4 * expected_b.abs().max().item<double>()) << "bias gradient from the wgrad GEMM";
+  const double wgrad_err = (both_w.grad() - expected).abs().max().item<double>();
+  EXPECT_LT(wgrad_err, scale * 1e-2) << "wgrad with the bias-gradient epilogue differs beyond bf16 rounding";
+
   set_gradient_accumulation_fusion(false);
   EXPECT_FALSE(grad_accumulation_fusion_applies(xs[0], fused_w)) << "--no-gradient-accumulation-fusion ignored";
   set_gradient_accumulation_fusion(true);

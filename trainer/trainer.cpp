@@ -711,10 +711,12 @@ Trainer::Pass Trainer::forward_backward(int64_t iteration) {
   // casts the new weights with them in the step (as the next forward would), and the amax
   // reduction does not queue behind --overlap-param-gather's gathers.
   if (fp8_) end_fp8_step();
-  // The optimizer divides the gradients by this before the norm and the update.
-  auto grad_divisor = torch::full({}, scaler_.scale() * (average_after ? double(parallel_.sizes.dp) : 1.0),
-                                  loss_tokens.options());
-  if (per_token) grad_divisor = grad_divisor * loss_tokens.clamp_min(1.0);
+  // The optimizer divides the gradients by this before the norm and the update; none when it is 1
+  // (bf16 without per-token loss on one data-parallel rank: a pass over every gradient saved).
+  const double divisor = scaler_.scale() * (average_after ? double(parallel_.sizes.dp) : 1.0);
+  torch::Tensor grad_divisor;
+  if (per_token) grad_divisor = torch::full({}, divisor, loss_tokens.options()) * loss_tokens.clamp_min(1.0);
+  else if (divisor != 1.0) grad_divisor = torch::full({}, divisor, loss_tokens.options());
   pass.prepared = optimizer_->prepare_step(grad_divisor);
   timers_.stop("optimizer", 1);
   return pass;

@@ -22,6 +22,7 @@ struct RotaryConfig {
   bool llama3_scaling = false;        // --use-rope-scaling (Llama 3.1 frequency scaling)
   double llama3_factor = 8.0;         // --rope-scaling-factor
   YarnConfig yarn;
+  bool fused = true;                  // off with --no-rope-fusion: the unfused chain of ops on the GPU too
 };
 
 // Multi-latent attention (--multi-latent-attention).

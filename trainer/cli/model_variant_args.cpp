@@ -20,6 +20,7 @@ void build_model_variants(const FlagValues& f, ModelConfig& m) {
   r.interleaved = f.get_bool("rotary-interleaved");
   r.llama3_scaling = f.get_bool("use-rope-scaling");
   r.llama3_factor = f.get_float("rope-scaling-factor");
+  r.fused = !f.get_bool("no-rope-fusion");
   YarnConfig& y = r.yarn;
   y.scaling_factor = f.get_float("rotary-scaling-factor");
   y.mscale = f.get_float("mscale");
