@@ -1,5 +1,6 @@
 #include "models/fused_swiglu.h"
 
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include <optional>
@@ -26,6 +27,7 @@ cudaStream_t stream_of(const torch::Tensor& t) { return c10::cuda::getCurrentCUD
 // The kernels take contiguous [rows, 2f] / [rows, f] buffers; rows are all leading dimensions.
 struct FusedSwiglu : torch::autograd::Function<FusedSwiglu> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x_in) {
+    const c10::cuda::CUDAGuard device(x_in.device());
     auto x = x_in.contiguous();
     const int64_t f = x.size(-1) / 2, rows = f == 0 ? 0 : x.numel() / (2 * f);
     auto out_shape = x.sizes().vec();
@@ -38,6 +40,7 @@ struct FusedSwiglu : torch::autograd::Function<FusedSwiglu> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grad) {
     const auto x = ctx->get_saved_variables()[0];
+    const c10::cuda::CUDAGuard device(x.device());
     // The gradient of a sum arrives expanded (stride 0), of a cast in another dtype.
     auto dy = grad[0].to(x.scalar_type()).contiguous();
     const int64_t f = x.size(-1) / 2, rows = f == 0 ? 0 : x.numel() / (2 * f);
