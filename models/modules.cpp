@@ -5,12 +5,12 @@
 #include "core/error.h"
 #include "fp8/fp8_linear.h"
 #include "models/fused_linear.h"
+#include "models/fused_swiglu.h"
 #include "models/linear_kernels_fp8.h"
 #include "models/linear_kernels_plain.h"
 #include "parallel/tensor_parallel.h"
 
 namespace fp8tron {
-namespace F = torch::nn::functional;
 
 NormOptions NormOptions::from(const ModelConfig& m, int64_t size) {
   return NormOptions{size, m.normalization, m.norm_epsilon, m.apply_layernorm_1p};
@@ -171,10 +171,7 @@ torch::Tensor TERowParallelLinearImpl::forward_gelu(const torch::Tensor& x) {
   return reduce_and_add_bias(fp8::fp8_linear(x, weight, own_bias(), *fp8_site, fp8::Prologue::kGeluTanh));
 }
 torch::Tensor TERowParallelLinearImpl::forward_swiglu(const torch::Tensor& x) {
-  if (!fp8_site) {
-    auto halves = x.chunk(2, -1);
-    return forward(F::silu(halves[0]) * halves[1]);
-  }
+  if (!fp8_site) return forward(fused_swiglu(x));
   if (overlapped) return forward_overlapped(x, fp8::Prologue::kSwiglu);
   return reduce_and_add_bias(fp8::fp8_linear(x, weight, own_bias(), *fp8_site, fp8::Prologue::kSwiglu));
 }

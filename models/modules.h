@@ -103,7 +103,8 @@ class TERowParallelLinearImpl : public ShardedModule {
   torch::Tensor forward(const torch::Tensor& x);
   // forward(gelu_tanh(x)); with FP8 the GeLU is fused into the cast of the GEMM input.
   torch::Tensor forward_gelu(const torch::Tensor& x);
-  // forward(silu(gate) * up) of x = [gate | up]; with FP8 fused into the cast of the GEMM input.
+  // forward(silu(gate) * up) of x = [gate | up]; with FP8 fused into the cast of the GEMM input,
+  // else one kernel each way on a GPU (models/fused_swiglu.h).
   torch::Tensor forward_swiglu(const torch::Tensor& x);
   LinearOptions options;
   TensorParallelContext tp;

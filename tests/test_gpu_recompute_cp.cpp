@@ -81,6 +81,8 @@ TEST(RecomputeGpu, MixtureOfExpertsAndMlaTrainBitwiseAsWithoutRecomputation) {
       {moe, {"--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"}},
       {moe, {"--recompute-granularity", "selective", "--recompute-modules", "moe", "shared_experts"}},
       {moe, {"--recompute-granularity", "selective", "--recompute-modules", "moe_act", "layernorm", "shared_experts"}},
+      // SwiGLU experts: the fused SwiGLU kernel replayed by moe_act and under shared_experts.
+      {with(moe, {"--swiglu"}), {"--recompute-granularity", "selective", "--recompute-modules", "moe_act", "shared_experts"}},
       {with(moe, tensorwise), {"--recompute-granularity", "selective", "--recompute-modules", "moe_act", "layernorm"}},
       {with(moe, {"--fp8-format", "hybrid"}), {"--recompute-granularity", "selective", "--recompute-modules", "moe"}},
       {mla, {"--recompute-granularity", "selective", "--recompute-modules", "mla_up_proj", "layernorm", "core_attn"}},

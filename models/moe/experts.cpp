@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "models/fused_swiglu.h"
 #include "models/output_discarding_recompute.h"
 
 namespace fp8tron {
@@ -36,8 +37,7 @@ GroupedMlpImpl::GroupedMlpImpl(const ModelConfig& m, const std::string& prefix, 
 torch::Tensor GroupedMlpImpl::activation(const torch::Tensor& h) const {
   if (!swiglu_) return at::gelu(h, "tanh");
   // This rank's [gate | up] shards (fc1 splits each half over the expert TP group).
-  auto halves = h.chunk(2, -1);
-  return torch::nn::functional::silu(halves[0]) * halves[1];
+  return fused_swiglu(h);
 }
 
 torch::Tensor GroupedMlpImpl::forward(const torch::Tensor& x, const std::vector<int64_t>& counts) {

@@ -1,0 +1,21 @@
+// SwiGLU of an fc1 output x = [gate | up] along the last dimension ([..., 2f], the gate half first):
+// silu(gate) * up, [..., f]. The activation of the dense MLP's and the experts' bf16 / fp16 / fp32
+// path (the FP8 path fuses it into the cast of fc2's input instead, fp8/fp8_linear.h).
+//
+// On a GPU one kernel computes it, and one kernel computes both halves of its gradient straight
+// into the [..., 2f] gradient of x from x alone: fp32 math, one rounding per stored value. The
+// unfused chain (silu, mul; in backward mul's two gradients, silu_backward and the cat that is
+// chunk's backward) ran five kernels, kept silu(gate) for backward and rounded silu(gate) to the
+// activation's dtype before the product, so in bf16 the two differ by about one bf16 step. On
+// the CPU, and for other dtypes, the op is that unfused chain.
+#pragma once
+#include <torch/torch.h>
+
+namespace fp8tron {
+
+torch::Tensor fused_swiglu(const torch::Tensor& x);
+
+// The unfused chain: silu(gate) * up through torch's autograd (the CPU path, the GPU reference).
+torch::Tensor unfused_swiglu(const torch::Tensor& x);
+
+}  // namespace fp8tron
