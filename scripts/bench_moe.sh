@@ -7,7 +7,8 @@
 #   scripts/bench_moe.sh 4         4 GPUs with mpirun: EP4 and EP2 x DP2, both dispatchers, plus
 #                                  a timed run (--timing-log-level 2) giving the step's share in
 #                                  the token dispatch/combine (forward; the backward mirrors it)
-# BENCH_ITERS (default 20), BENCH_GBS (global batch, default 16 per GPU) and extra flags after --.
+# BENCH_ITERS (default 20), BENCH_GBS (global batch, default 16 per GPU), BENCH_MOE_RUNS (names of the
+# runs to do, default all) and extra flags after --.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -23,6 +24,8 @@ GBS=${BENCH_GBS:-$((16 * N))}
 
 run() {  # run <name> <flags...>
   local name=$1; shift
+  # BENCH_MOE_RUNS="bf16 fp8_delayed ...": only these runs (default: all).
+  if [ -n "${BENCH_MOE_RUNS:-}" ] && [[ " $BENCH_MOE_RUNS " != *" $name "* ]]; then return; fi
   local log="$OUT/moe-$name.log"
   local launch=()
   [ "$N" -gt 1 ] && launch=(mpirun --allow-run-as-root --bind-to none -np "$N" -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH
