@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Checks a directory written by `fp8tron-export --reference-tokens N` with Hugging Face
-transformers: GPT2LMHeadModel / LlamaForCausalLM load it and give fp8tron's logits.
+transformers: GPT2LMHeadModel / LlamaForCausalLM / DeepseekV3ForCausalLM load it and give fp8tron's logits.
 
     build/fp8tron-export --load CKPT --output HF_DIR --reference-tokens 64
     python3 scripts/check_hf_export.py HF_DIR [--tolerance 1e-4]

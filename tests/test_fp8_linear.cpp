@@ -186,6 +186,47 @@ TEST(Fp8Linear, BlockAndMxRecipesAreCloseToTheExactProduct) {
   }
 }
 
+// Transformer Engine's Float8BlockScaling with power-of-two scales: each tile (1 x 128 runs of a
+// row, or 128 x 128 blocks) gets 2^floor(log2(max / amax)); all-zero tiles scale by 1.
+torch::Tensor block_fake_quantize(const torch::Tensor& x, Format format, int64_t tile_rows, int64_t tile_cols) {
+  auto out = torch::empty_like(x);
+  for (int64_t r = 0; r < x.size(0); r += tile_rows) {
+    for (int64_t c = 0; c < x.size(1); c += tile_cols) {
+      auto tile = x.slice(0, r, std::min(r + tile_rows, x.size(0))).slice(1, c, std::min(c + tile_cols, x.size(1)));
+      const float amax = amax_of(tile);
+      const float scale = amax > 0 ? std::ldexp(1.0f, std::ilogb(fp8::max_finite(format) / amax)) : 1.0f;
+      out.slice(0, r, r + tile.size(0)).slice(1, c, c + tile.size(1)).copy_(fake_quantize(tile, format, scale));
+    }
+  }
+  return out;
+}
+
+// --fp8-format hybrid --fp8-recipe blockwise (Transformer Engine allows it; Megatron passes it on):
+// the forward casts inputs (1x128) and weights (128x128) to E4M3, the backward casts the output
+// gradient (1x128 along each GEMM's reduction) to E5M2. Against that emulation, and not E4M3
+// gradients (what --fp8-format e4m3 gives).
+TEST(Fp8Linear, BlockwiseHybridCastsGradientsToE5M2) {
+  auto engine = cpu_engine(recipe_of(fp8::RecipeKind::kBlockwise, fp8::Fp8Format::kHybrid));
+  auto site = engine->add_site("decoder.layers.1.mlp.linear_fc1", 1, kOut, kIn);
+  ASSERT_TRUE(site);
+  auto in = random_inputs(5);
+  auto y = fp8::fp8_linear(in.x, in.w, in.b, *site);
+  auto dy = torch::randn({kRows, kOut}) * 1e-3;
+  y.backward(dy);
+
+  const auto x = in.x.detach(), w = in.w.detach();
+  auto wq = block_fake_quantize(w, Format::kE4M3, 128, 128);
+  auto xq_rows = block_fake_quantize(x, Format::kE4M3, 1, 128);    // forward: tiles along K
+  auto xq_cols = block_fake_quantize(x, Format::kE4M3, 128, 1);    // wgrad: tiles along the tokens
+  auto grad_rows = [&](Format f) { return block_fake_quantize(dy, f, 1, 128); };
+  auto grad_cols = [&](Format f) { return block_fake_quantize(dy, f, 128, 1); };
+  EXPECT_LT(relative_error(y.detach(), torch::addmm(in.b.detach(), xq_rows, wq.t())), 1e-5);
+  EXPECT_LT(relative_error(in.x.grad(), torch::mm(grad_rows(Format::kE5M2), wq)), 1e-5);
+  EXPECT_LT(relative_error(in.w.grad(), torch::mm(grad_cols(Format::kE5M2).t(), xq_cols)), 1e-5);
+  // E4M3 gradients would be a different computation (one more mantissa bit): far outside 1e-5.
+  EXPECT_GT(relative_error(in.x.grad(), torch::mm(grad_rows(Format::kE4M3), wq)), 1e-3);
+}
+
 TEST(Fp8Linear, BlockScalesFollowTheBlocks) {
   // One huge row block: with per-tensor scaling it would flush the small values to zero; 1x128
   // tiles keep them.

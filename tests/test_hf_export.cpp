@@ -145,16 +145,19 @@ torch::Tensor hf_llama_logits(Weights& w, const nlohmann::json& c, const torch::
 }
 
 // transformers' DeepseekV3ForCausalLM forward (eval; dense layers): multi-latent attention with
-// the rotary channels de-interleaved (rope_interleave), YaRN cos/sin factor and softmax scale.
+// the rotary channels de-interleaved (rope_interleave), YaRN cos/sin factor and softmax scale. Its
+// q_a_layernorm and kv_a_layernorm are built with DeepseekV3RMSNorm's default eps, 1e-6, not
+// rms_norm_eps (checked with transformers 5.23).
 torch::Tensor hf_deepseek_v3_logits(Weights& w, const nlohmann::json& c, const torch::Tensor& ids) {
   const int64_t b = ids.size(0), s = ids.size(1), H = c["hidden_size"], nh = c["num_attention_heads"];
   const int64_t dn = c["qk_nope_head_dim"], dr = c["qk_rope_head_dim"], dv = c["v_head_dim"], kv_lora = c["kv_lora_rank"];
   const double eps = c["rms_norm_eps"];
   EXPECT_EQ(c["first_k_dense_replace"], c["num_hidden_layers"]);
   EXPECT_TRUE(c["rope_interleave"].get<bool>());
-  auto rms = [&](const torch::Tensor& x, const std::string& p) {
-    return w.at(p + ".weight") * (x * torch::rsqrt(x.pow(2).mean(-1, true) + eps));
+  auto rms = [&](const torch::Tensor& x, const std::string& p, double e) {
+    return w.at(p + ".weight") * (x * torch::rsqrt(x.pow(2).mean(-1, true) + e));
   };
+  constexpr double kLatentEps = 1e-6;
   auto linear = [&](const torch::Tensor& x, const std::string& p) { return torch::matmul(x, w.at(p + ".weight").t()); };
   int64_t max_positions = 0;
   auto [inv_freq, attention_factor] = hf_inv_freq(c, dr, &max_positions);
@@ -175,10 +178,10 @@ torch::Tensor hf_deepseek_v3_logits(Weights& w, const nlohmann::json& c, const t
   auto h = w.at("model.embed_tokens.weight").index_select(0, ids.reshape({-1})).view({b, s, H});
   for (int64_t i = 0; i < int64_t(c["num_hidden_layers"]); ++i) {
     const std::string p = "model.layers." + std::to_string(i), a = p + ".self_attn";
-    auto x = rms(h, p + ".input_layernorm");
-    auto q = linear(rms(linear(x, a + ".q_a_proj"), a + ".q_a_layernorm"), a + ".q_b_proj").view({b, s, nh, dn + dr}).transpose(1, 2);
+    auto x = rms(h, p + ".input_layernorm", eps);
+    auto q = linear(rms(linear(x, a + ".q_a_proj"), a + ".q_a_layernorm", kLatentEps), a + ".q_b_proj").view({b, s, nh, dn + dr}).transpose(1, 2);
     auto compressed = linear(x, a + ".kv_a_proj_with_mqa");
-    auto kv = linear(rms(compressed.narrow(-1, 0, kv_lora), a + ".kv_a_layernorm"), a + ".kv_b_proj")
+    auto kv = linear(rms(compressed.narrow(-1, 0, kv_lora), a + ".kv_a_layernorm", kLatentEps), a + ".kv_b_proj")
                   .view({b, s, nh, dn + dv}).transpose(1, 2);
     auto k_rot = rope_interleave(compressed.narrow(-1, kv_lora, dr).view({b, 1, s, dr})).expand({b, nh, s, dr});
     auto query = torch::cat({q.narrow(-1, 0, dn), rope_interleave(q.narrow(-1, dn, dr))}, -1);
@@ -187,10 +190,10 @@ torch::Tensor hf_deepseek_v3_logits(Weights& w, const nlohmann::json& c, const t
     scores = scores.masked_fill(torch::ones({s, s}, torch::kBool).triu(1), -INFINITY);
     auto out = torch::matmul(scores.softmax(-1), kv.narrow(-1, dn, dv)).transpose(1, 2).reshape({b, s, nh * dv});
     h = h + linear(out, a + ".o_proj");
-    auto m = rms(h, p + ".post_attention_layernorm");
+    auto m = rms(h, p + ".post_attention_layernorm", eps);
     h = h + linear(torch::silu(linear(m, p + ".mlp.gate_proj")) * linear(m, p + ".mlp.up_proj"), p + ".mlp.down_proj");
   }
-  h = rms(h, "model.norm");
+  h = rms(h, "model.norm", eps);
   const auto& head = c["tie_word_embeddings"].get<bool>() ? w.at("model.embed_tokens.weight") : w.at("lm_head.weight");
   return torch::matmul(h, head.t());
 }
@@ -282,13 +285,37 @@ TEST(HfExport, RotaryVariantsAndSquaredRelu) {
   check_export({"--squared-relu", "--disable-bias-linear"}, "gpt2");
 }
 
-// Multi-latent attention with YaRN (and one MTP layer, not exported) as DeepseekV3ForCausalLM.
+// Multi-latent attention with YaRN (and one MTP layer, not exported) as DeepseekV3ForCausalLM,
+// with DeepSeek-V3's --norm-epsilon 1e-6: transformers' latent norms use that eps whatever
+// rms_norm_eps says, so only then is the export exact.
+const std::vector<std::string> kDeepseekFlags = {
+    "--multi-latent-attention", "--q-lora-rank", "24", "--kv-lora-rank", "16", "--qk-head-dim", "8",
+    "--qk-pos-emb-head-dim", "8", "--v-head-dim", "8", "--qk-layernorm", "--rotary-scaling-factor", "4",
+    "--mscale", "1", "--mscale-all-dim", "1", "--position-embedding-type", "rope", "--normalization", "RMSNorm",
+    "--swiglu", "--disable-bias-linear", "--untie-embeddings-and-output-weights", "--mtp-num-layers", "1"};
+
 TEST(HfExport, MultiLatentAttentionAsDeepseekV3) {
-  check_export({"--multi-latent-attention", "--q-lora-rank", "24", "--kv-lora-rank", "16", "--qk-head-dim", "8",
-                "--qk-pos-emb-head-dim", "8", "--v-head-dim", "8", "--qk-layernorm", "--rotary-scaling-factor", "4",
-                "--mscale", "1", "--mscale-all-dim", "1", "--position-embedding-type", "rope", "--normalization", "RMSNorm",
-                "--swiglu", "--disable-bias-linear", "--untie-embeddings-and-output-weights", "--mtp-num-layers", "1"},
-               "deepseek_v3");
+  auto flags = kDeepseekFlags;
+  flags.insert(flags.end(), {"--norm-epsilon", "1e-6"});
+  check_export(flags, "deepseek_v3");
+}
+
+// Another --norm-epsilon exports too (the other norms take rms_norm_eps), with a note saying that
+// transformers' latent norms differ slightly from the trained model's.
+TEST(HfExport, DeepseekV3LatentNormEpsilonIsNoted) {
+  TempDir ckpt, out, exact_ckpt, exact_out;
+  auto flags = kDeepseekFlags;
+  flags.insert(flags.end(), {"--save", ckpt.path()});
+  train(export_config(flags));
+  const ExportResult r = export_hugging_face(ExportOptions{ckpt.path(), {}, out.path()});
+  ASSERT_EQ(r.notes.size(), 1u);
+  EXPECT_NE(r.notes[0].find("q_a_layernorm and kv_a_layernorm with eps 1e-6"), std::string::npos) << r.notes[0];
+  EXPECT_NE(r.notes[0].find("--norm-epsilon 1e-05"), std::string::npos) << r.notes[0];
+  EXPECT_EQ(read_json(out / "config.json")["rms_norm_eps"], 1e-5);
+  flags = kDeepseekFlags;
+  flags.insert(flags.end(), {"--norm-epsilon", "1e-6", "--save", exact_ckpt.path()});
+  train(export_config(flags));
+  EXPECT_TRUE(export_hugging_face(ExportOptions{exact_ckpt.path(), {}, exact_out.path()}).notes.empty());
 }
 
 TEST(HfExport, ReferenceLogitsForTheTransformersCheck) {

@@ -36,6 +36,22 @@ TEST(LrSchedule, LinearAndCosine) {
   EXPECT_NEAR(cos.lr_at(350), 0.1 + 0.9 * 0.5 * (std::cos(M_PI * 0.25) + 1), 1e-12);
 }
 
+// --decoupled-lr / --decoupled-min-lr: Megatron's scheduler runs the embedding/output group on the
+// same schedule with the group's max_lr and min_lr (get_lr reads them from the param group); the
+// warmup starts from the common --lr-warmup-init.
+TEST(LrSchedule, DecoupledGroupHasItsOwnPeakAndMinimum) {
+  auto c = schedule(DecayStyle::Linear, 100, 1100);
+  c.init_lr = 0.5;
+  LrSchedule s(c);
+  EXPECT_DOUBLE_EQ(s.lr_at(50, 2.0, 0.2), 0.5 + (2.0 - 0.5) * 0.5);
+  EXPECT_DOUBLE_EQ(s.lr_at(100, 2.0, 0.2), 2.0);
+  EXPECT_DOUBLE_EQ(s.lr_at(600, 2.0, 0.2), 0.2 + 0.5 * 1.8);
+  EXPECT_DOUBLE_EQ(s.lr_at(2000, 2.0, 0.2), 0.2);
+  // The main group is untouched by the decoupled one.
+  EXPECT_DOUBLE_EQ(s.lr_at(600), 0.1 + 0.5 * 0.9);
+  EXPECT_DOUBLE_EQ(s.lr_at(600, c.max_lr, c.min_lr), s.lr_at(600));
+}
+
 TEST(LrSchedule, InverseSquareRoot) {
   LrSchedule s(schedule(DecayStyle::InverseSquareRoot, 100, 100000));
   EXPECT_DOUBLE_EQ(s.lr_at(400), 0.5);  // sqrt(100) / sqrt(400)

@@ -54,8 +54,9 @@ int main(int argc, char** argv) {
     std::printf("exported iteration %lld of %s as a %s model to %s (%lld tensors, %s)\n", (long long)r.iteration,
                 o.load.c_str(), r.format.c_str(), o.output.c_str(), (long long)r.tensors, human_bytes(double(r.bytes)).c_str());
     if (r.skipped_mtp_layers > 0)
-      std::printf("the %lld multi-token-prediction layers are not exported (Hugging Face's class has none)\n",
-                  (long long)r.skipped_mtp_layers);
+      std::printf("%lld multi-token-prediction layer%s not exported (Hugging Face's class has none)\n",
+                  (long long)r.skipped_mtp_layers, r.skipped_mtp_layers == 1 ? " is" : "s are");
+    for (const auto& note : r.notes) std::printf("note: %s\n", note.c_str());
     return 0;
   } catch (const UserError& e) {
     std::fprintf(stderr, "fp8tron-export: error: %s\n", e.what());

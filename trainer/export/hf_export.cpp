@@ -3,6 +3,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -204,6 +205,9 @@ torch::Tensor deinterleave_heads(const torch::Tensor& w, int64_t head_dim) {
   return torch::cat({heads.select(2, 0), heads.select(2, 1)}, 1).reshape(w.sizes());
 }
 
+// The eps transformers' DeepseekV3RMSNorm defaults to (its attention latents' norms keep it).
+constexpr double kHfLatentNormEps = 1e-6;
+
 void require(bool ok, const std::string& format, const std::string& what) {
   if (!ok) throw UserError("cannot export to " + format + ": " + what);
 }
@@ -212,6 +216,7 @@ void require(bool ok, const std::string& format, const std::string& what) {
 struct HfModel {
   std::vector<std::pair<std::string, torch::Tensor>> tensors;
   nlohmann::ordered_json config;
+  std::vector<std::string> notes;  // ExportResult::notes
   void add(const std::string& name, torch::Tensor t) { tensors.emplace_back(name, t.contiguous()); }
 };
 
@@ -381,6 +386,14 @@ class Converter {
     require(a.yarn || m_.rotary.yarn.scaling_factor == 1.0, f,
             "--rope-type rope with --rotary-scaling-factor != 1 scales the softmax without YaRN; Hugging Face does not");
     HfModel hf;
+    // DeepseekV3Attention builds q_a_layernorm and kv_a_layernorm with DeepseekV3RMSNorm's default
+    // eps (1e-6) instead of rms_norm_eps; Megatron's MLA norms take --norm-epsilon.
+    if (std::abs(m_.eps - kHfLatentNormEps) > 1e-3 * kHfLatentNormEps)
+      hf.notes.push_back(strprintf(
+          "transformers' DeepseekV3 normalises the attention latents (q_a_layernorm and kv_a_layernorm with eps 1e-6, "
+          "its RMSNorm default, not rms_norm_eps); this model was trained with --norm-epsilon %g there, so transformers' "
+          "logits differ slightly from fp8tron's (train with --norm-epsilon 1e-6, as DeepSeek-V3 does, for an exact export)",
+          m_.eps));
     hf.add("model.embed_tokens.weight", vocab_rows("embedding.word_embeddings.weight"));
     for (int64_t i = 0; i < m_.layers; ++i) {
       const std::string p = "decoder.layers." + std::to_string(i) + ".", h = "model.layers." + std::to_string(i) + ".";
@@ -522,6 +535,7 @@ ExportResult export_hugging_face(const ExportOptions& o) {
   HfModel hf = result.format == "gpt2" ? converter.gpt2() : result.format == "llama" ? converter.llama() : converter.deepseek_v3();
   // Hugging Face's classes have no multi-token-prediction heads: they are left out.
   result.skipped_mtp_layers = model.mtp_layers;
+  result.notes = hf.notes;
 
   std::error_code ec;
   std::filesystem::create_directories(o.output, ec);

@@ -5,7 +5,9 @@
 //   llama        RoPE (all dimensions; --rotary-interleaved rows permuted to rotate-half; Llama 3.1
 //                or YaRN rope_scaling) or YaRN, RMSNorm, SwiGLU, grouped-query attention
 //   deepseek_v3  multi-latent attention (--q-lora-rank, --qk-layernorm), RMSNorm, SwiGLU, dense
-//                layers; multi-token-prediction layers are left out (Hugging Face has none)
+//                layers; multi-token-prediction layers are left out (Hugging Face has none);
+//                exact with --norm-epsilon 1e-6 (transformers' latent norms keep that eps), else
+//                exported with a note
 // Megatron's fused tensors are split the Hugging Face way: linear_qkv (per query group: its query
 // heads, one key, one value) into q/k/v (GPT-2: one Conv1D [in, out] with all queries, then keys,
 // then values), SwiGLU's linear_fc1 into gate and up; the padded vocabulary is cut back to the
@@ -15,6 +17,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace fp8tron {
 
@@ -33,6 +36,8 @@ struct ExportOptions {
 struct ExportResult {
   std::string format;  // gpt2 | llama | deepseek_v3
   int64_t skipped_mtp_layers = 0;  // multi-token-prediction layers not exported
+  // Where transformers' class computes slightly differently from the trained model (one line each).
+  std::vector<std::string> notes;
   int64_t iteration = 0;
   int64_t tensors = 0;
   uint64_t bytes = 0;  // of model.safetensors
