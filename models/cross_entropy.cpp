@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "models/cross_entropy_kernels.h"
+#include "models/kernel_float_of.h"
 #include "parallel/tensor_parallel.h"
 
 namespace fp8tron {
@@ -11,14 +12,10 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-kernels::LogitsType logits_type(const torch::Tensor& t) {
-  switch (t.scalar_type()) {
-    case torch::kFloat32: return kernels::LogitsType::kFloat32;
-    case torch::kBFloat16: return kernels::LogitsType::kBFloat16;
-    case torch::kFloat16: return kernels::LogitsType::kFloat16;
-    default: break;
-  }
-  FP8TRON_CHECK(false, std::string("fused cross entropy: logits of dtype ") + c10::toString(t.scalar_type()));
+kernels::FloatType logits_type(const torch::Tensor& t) {
+  const auto type = kernel_float_of(t);
+  FP8TRON_CHECK(type.has_value(), std::string("fused cross entropy: logits of dtype ") + c10::toString(t.scalar_type()));
+  return *type;
 }
 
 struct FusedCrossEntropy : torch::autograd::Function<FusedCrossEntropy> {

@@ -1,7 +1,5 @@
 // Fused cross-entropy kernels: one thread block per row of logits, 16-byte vector loads, an online
 // softmax (running maximum and rescaled sum) per thread, combined across the block.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 
 #include <cfloat>
 
@@ -12,15 +10,6 @@ namespace fp8tron::kernels {
 namespace {
 
 constexpr int kThreads = 512;
-
-template <class T> __device__ __forceinline__ float to_float(T v);
-template <> __device__ __forceinline__ float to_float(float v) { return v; }
-template <> __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <> __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-template <class T> __device__ __forceinline__ T from_float(float v);
-template <> __device__ __forceinline__ float from_float(float v) { return v; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_float(float v) { return __float2bfloat16(v); }
-template <> __device__ __forceinline__ __half from_float(float v) { return __float2half(v); }
 
 // The running (maximum, sum of exp(x - maximum)) of a stream of values.
 struct OnlineSoftmax {
@@ -142,22 +131,22 @@ void launch_backward(void* logits, const int64_t* target, const float* lse, cons
 
 }  // namespace
 
-void cross_entropy_row_stats(const void* logits, LogitsType dtype, const int64_t* target, int64_t rows, int64_t vocab,
+void cross_entropy_row_stats(const void* logits, FloatType dtype, const int64_t* target, int64_t rows, int64_t vocab,
                              float* row_max, float* sum_exp, float* target_logit, cudaStream_t stream) {
   switch (dtype) {
-    case LogitsType::kFloat32: return launch_stats<float>(logits, target, rows, vocab, row_max, sum_exp, target_logit, stream);
-    case LogitsType::kBFloat16:
+    case FloatType::kFloat32: return launch_stats<float>(logits, target, rows, vocab, row_max, sum_exp, target_logit, stream);
+    case FloatType::kBFloat16:
       return launch_stats<__nv_bfloat16>(logits, target, rows, vocab, row_max, sum_exp, target_logit, stream);
-    case LogitsType::kFloat16: return launch_stats<__half>(logits, target, rows, vocab, row_max, sum_exp, target_logit, stream);
+    case FloatType::kFloat16: return launch_stats<__half>(logits, target, rows, vocab, row_max, sum_exp, target_logit, stream);
   }
 }
 
-void cross_entropy_backward(void* logits, LogitsType dtype, const int64_t* target, const float* lse,
+void cross_entropy_backward(void* logits, FloatType dtype, const int64_t* target, const float* lse,
                             const float* grad_loss, int64_t rows, int64_t vocab, cudaStream_t stream) {
   switch (dtype) {
-    case LogitsType::kFloat32: return launch_backward<float>(logits, target, lse, grad_loss, rows, vocab, stream);
-    case LogitsType::kBFloat16: return launch_backward<__nv_bfloat16>(logits, target, lse, grad_loss, rows, vocab, stream);
-    case LogitsType::kFloat16: return launch_backward<__half>(logits, target, lse, grad_loss, rows, vocab, stream);
+    case FloatType::kFloat32: return launch_backward<float>(logits, target, lse, grad_loss, rows, vocab, stream);
+    case FloatType::kBFloat16: return launch_backward<__nv_bfloat16>(logits, target, lse, grad_loss, rows, vocab, stream);
+    case FloatType::kFloat16: return launch_backward<__half>(logits, target, lse, grad_loss, rows, vocab, stream);
   }
 }
 

@@ -5,18 +5,18 @@
 
 #include <cstdint>
 
-namespace fp8tron::kernels {
+#include "models/kernel_float.h"
 
-enum class LogitsType : int { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
+namespace fp8tron::kernels {
 
 // Per row, in one pass over the logits: the row's maximum, the sum of exp(logit - max) and the
 // logit of `target[row]` (0 when target[row] is outside [0, vocab): another shard holds it).
-void cross_entropy_row_stats(const void* logits, LogitsType dtype, const int64_t* target, int64_t rows, int64_t vocab,
+void cross_entropy_row_stats(const void* logits, FloatType dtype, const int64_t* target, int64_t rows, int64_t vocab,
                              float* row_max, float* sum_exp, float* target_logit, cudaStream_t stream);
 
 // d loss / d logits = (softmax - one_hot(target)) * grad_loss[row], softmax = exp(logit - lse[row]),
 // written over the logits (in place; same dtype).
-void cross_entropy_backward(void* logits, LogitsType dtype, const int64_t* target, const float* lse,
+void cross_entropy_backward(void* logits, FloatType dtype, const int64_t* target, const float* lse,
                             const float* grad_loss, int64_t rows, int64_t vocab, cudaStream_t stream);
 
 }  // namespace fp8tron::kernels

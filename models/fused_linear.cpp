@@ -2,12 +2,8 @@
 
 #include <c10/cuda/CUDAStream.h>
 
-#include <array>
-#include <memory>
-#include <mutex>
-
-#include "core/log.h"
 #include "fp8/gemm.h"
+#include "fp8/grouped_gemm.h"
 #include "fp8/wgrad_fusion.h"
 
 namespace fp8tron {
@@ -20,23 +16,10 @@ bool is_main_grad(const torch::Tensor& weight) {
   return g.defined() && g.scalar_type() == torch::kFloat32 && g.is_contiguous() && g.sizes() == weight.sizes();
 }
 
-// One cuBLASLt handle per device for the bf16 wgrad GEMMs, with the heuristic's first algorithm (as
-// at::addmm: the same kernel in every run).
-fp8::GemmHandle& bf16_gemm_handle(int device) {
-  static std::array<std::unique_ptr<fp8::GemmHandle>, 64> handles;
-  static std::mutex mutex;
-  std::lock_guard<std::mutex> lock(mutex);
-  auto& h = handles.at(size_t(device));
-  if (!h) {
-    fp8::GemmHandleOptions options;
-    options.algo_selection = fp8::AlgoSelection::kHeuristic;
-    h = std::make_unique<fp8::GemmHandle>(options);
-  }
-  return *h;
-}
-
-// dW [out, in] += dY^T X in fp32 into the main gradient and, from the same GEMM (cuBLASLt's BGRADB
-// epilogue: the sum of dY over tokens), the bias gradient in fp32: no second pass over dY.
+// dW [out, in] += dY^T X in fp32 into the main gradient and, through the same GEMM call (cuBLASLt's
+// BGRADB epilogue: the sum of dY over tokens), the bias gradient in fp32. On Hopper cuBLASLt runs the
+// sum as a second kernel, still faster than torch's reduction (1.43 vs 2.0 ms per GPT-2 124M step on
+// an H100). The device's shared heuristic-choice handle: the same kernels in every run, as at::addmm.
 torch::Tensor wgrad_and_bias_grad(const torch::Tensor& dy_in, const torch::Tensor& x_in, torch::Tensor& main_grad) {
   const auto dy = dy_in.contiguous(), x = x_in.contiguous();
   const int64_t tokens = x.size(0), in = x.size(1), out = dy.size(1);
@@ -50,8 +33,8 @@ torch::Tensor wgrad_and_bias_grad(const torch::Tensor& dy_in, const torch::Tenso
   config.bias = bias_grad.data_ptr();
   config.bias_dtype = fp8::DType::kFP32;
   config.bias_gradient = true;
-  const int device = x.device().index();
-  fp8::gemm(bf16_gemm_handle(device), a, b, d, config, c10::cuda::getCurrentCUDAStream(device).stream());
+  fp8::gemm(fp8::grouped_gemm_resources().handle, a, b, d, config,
+            c10::cuda::getCurrentCUDAStream(x.device().index()).stream());
   return bias_grad;
 }
 

@@ -6,9 +6,9 @@
 // in the FP8 path: AccumulateGrad has nothing to add and its hooks (the overlapped gradient
 // reduction) still run.
 //
-// When the bias's gradient is such a buffer too (bf16), the same GEMM produces the bias gradient
-// (cuBLASLt's BGRADB epilogue sums dY over tokens) and it is added there in fp32: no separate
-// reduction over dY, and autograd gets no bias gradient either.
+// When the bias's gradient is such a buffer too (bf16), the same GEMM call produces the bias
+// gradient (cuBLASLt's BGRADB epilogue sums dY over tokens) and it is added there in fp32; autograd
+// gets no bias gradient either.
 //
 // Used when the weight's gradient is such a buffer (fp32, contiguous, the weight's shape); otherwise
 // — and on the CPU, and with --no-gradient-accumulation-fusion — the ordinary linear runs. The

@@ -6,21 +6,13 @@
 #include <optional>
 
 #include "core/error.h"
+#include "models/kernel_float_of.h"
 #include "models/swiglu_kernels.h"
 
 namespace fp8tron {
 namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-std::optional<kernels::SwigluType> kernel_type(const torch::Tensor& t) {
-  switch (t.scalar_type()) {
-    case torch::kFloat32: return kernels::SwigluType::kFloat32;
-    case torch::kBFloat16: return kernels::SwigluType::kBFloat16;
-    case torch::kFloat16: return kernels::SwigluType::kFloat16;
-    default: return std::nullopt;
-  }
-}
 
 cudaStream_t stream_of(const torch::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
 
@@ -33,7 +25,7 @@ struct FusedSwiglu : torch::autograd::Function<FusedSwiglu> {
     auto out_shape = x.sizes().vec();
     out_shape.back() = f;
     auto y = torch::empty(out_shape, x.options());
-    kernels::swiglu_forward(x.data_ptr(), y.data_ptr(), *kernel_type(x), rows, f, stream_of(x));
+    kernels::swiglu_forward(x.data_ptr(), y.data_ptr(), *kernel_float_of(x), rows, f, stream_of(x));
     ctx->save_for_backward({x});  // x alone: backward recomputes silu(gate)
     return y;
   }
@@ -45,7 +37,7 @@ struct FusedSwiglu : torch::autograd::Function<FusedSwiglu> {
     auto dy = grad[0].to(x.scalar_type()).contiguous();
     const int64_t f = x.size(-1) / 2, rows = f == 0 ? 0 : x.numel() / (2 * f);
     auto dx = torch::empty_like(x);
-    kernels::swiglu_backward(dy.data_ptr(), x.data_ptr(), dx.data_ptr(), *kernel_type(x), rows, f, stream_of(x));
+    kernels::swiglu_backward(dy.data_ptr(), x.data_ptr(), dx.data_ptr(), *kernel_float_of(x), rows, f, stream_of(x));
     return {dx};
   }
 };
@@ -61,7 +53,7 @@ torch::Tensor fused_swiglu(const torch::Tensor& x) {
   FP8TRON_CHECK(x.dim() >= 1 && x.size(-1) % 2 == 0,
                 "SwiGLU input of last dimension " + std::to_string(x.dim() ? x.size(-1) : 0) +
                     ": [gate | up] needs an even size");
-  if (!x.is_cuda() || !kernel_type(x)) return unfused_swiglu(x);
+  if (!x.is_cuda() || !kernel_float_of(x)) return unfused_swiglu(x);
   return FusedSwiglu::apply(x);
 }
 

@@ -3,6 +3,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include "core/error.h"
+#include "models/kernel_float_of.h"
 #include "models/rotary_kernels.h"
 
 #include <algorithm>
@@ -47,15 +48,6 @@ torch::Tensor yarn_inv_freq(const RotarySpec& s) {
   return inter * (1 - mask) + extra * mask;
 }
 
-
-kernels::RotaryDType rotary_dtype(const torch::Tensor& t) {
-  switch (t.scalar_type()) {
-    case torch::kFloat32: return kernels::RotaryDType::kFloat32;
-    case torch::kBFloat16: return kernels::RotaryDType::kBFloat16;
-    default: return kernels::RotaryDType::kFloat16;
-  }
-}
-
 // x [s, b, heads, d] or [s, b, groups, per_group, d] (strided, last dimension contiguous) ->
 // contiguous [s, b, heads, d], through one kernel; `sin_sign` -1 rotates back (the backward).
 torch::Tensor rotary_kernel(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, int64_t dim,
@@ -65,7 +57,7 @@ torch::Tensor rotary_kernel(const torch::Tensor& x, const torch::Tensor& cos, co
                              {x5.stride(0), x5.stride(1), x5.stride(2), x5.stride(3)}, interleaved};
   auto out = torch::empty({shape.s, shape.b, shape.g * shape.p, shape.d}, x.options());
   const auto stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
-  kernels::rotary_apply(x5.data_ptr(), out.data_ptr(), rotary_dtype(x), shape, cos.data_ptr<float>(), sin.data_ptr<float>(),
+  kernels::rotary_apply(x5.data_ptr(), out.data_ptr(), *kernel_float_of(x), shape, cos.data_ptr<float>(), sin.data_ptr<float>(),
                         sin_sign, stream);
   return out;
 }
@@ -118,9 +110,8 @@ torch::Tensor RotaryEmbedding::apply(const torch::Tensor& x) const {
 }
 
 bool RotaryEmbedding::fused_kernel_applies(const torch::Tensor& x) const {
-  const auto t = x.scalar_type();
   return spec_.fused && x.is_cuda() && spec_.layout != RotaryLayout::MlaDeinterleave && x.stride(-1) == 1 &&
-         (t == torch::kFloat32 || t == torch::kBFloat16 || t == torch::kFloat16);
+         kernel_float_of(x).has_value();
 }
 
 torch::Tensor RotaryEmbedding::position_angles(int64_t s, const torch::Device& device) const {

@@ -1,21 +1,10 @@
 // The fused rotary embedding: one pass over x, memory-bound (one read and one write per element).
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 
 #include "fp8/cuda_check.h"
 #include "models/rotary_kernels.h"
 
 namespace fp8tron::kernels {
 namespace {
-
-template <class T> __device__ __forceinline__ float to_float(T v);
-template <> __device__ __forceinline__ float to_float(float v) { return v; }
-template <> __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <> __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-template <class T> __device__ __forceinline__ T from_float(float v);
-template <> __device__ __forceinline__ float from_float(float v) { return v; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_float(float v) { return __float2bfloat16(v); }
-template <> __device__ __forceinline__ __half from_float(float v) { return __float2half(v); }
 
 // One block per token row (s, b): the cos/sin row is shared by all its heads. Each thread rotates
 // whole pairs (both channels read once, both written), then the pass-through channels are copied.
@@ -61,12 +50,12 @@ void launch(const void* x, void* out, const RotaryShape& sh, const float* cos, c
 
 }  // namespace
 
-void rotary_apply(const void* x, void* out, RotaryDType dtype, const RotaryShape& shape, const float* cos,
+void rotary_apply(const void* x, void* out, FloatType dtype, const RotaryShape& shape, const float* cos,
                   const float* sin, float sin_sign, cudaStream_t stream) {
   switch (dtype) {
-    case RotaryDType::kFloat32: return launch<float>(x, out, shape, cos, sin, sin_sign, stream);
-    case RotaryDType::kBFloat16: return launch<__nv_bfloat16>(x, out, shape, cos, sin, sin_sign, stream);
-    case RotaryDType::kFloat16: return launch<__half>(x, out, shape, cos, sin, sin_sign, stream);
+    case FloatType::kFloat32: return launch<float>(x, out, shape, cos, sin, sin_sign, stream);
+    case FloatType::kBFloat16: return launch<__nv_bfloat16>(x, out, shape, cos, sin, sin_sign, stream);
+    case FloatType::kFloat16: return launch<__half>(x, out, shape, cos, sin, sin_sign, stream);
   }
 }
 

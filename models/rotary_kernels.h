@@ -7,9 +7,9 @@
 
 #include <cstdint>
 
-namespace fp8tron::kernels {
+#include "models/kernel_float.h"
 
-enum class RotaryDType : int { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
+namespace fp8tron::kernels {
 
 // x viewed as [s, b, g, p, d] with element strides x_stride[0..3] (d's stride is 1): heads are
 // (g, p) pairs, so the query part of a fused QKV projection ([s, b, groups, per_group + 2, d])
@@ -22,7 +22,7 @@ struct RotaryShape {
   int64_t x_stride[4];
   bool interleaved;
 };
-void rotary_apply(const void* x, void* out, RotaryDType dtype, const RotaryShape& shape, const float* cos,
+void rotary_apply(const void* x, void* out, FloatType dtype, const RotaryShape& shape, const float* cos,
                   const float* sin, float sin_sign, cudaStream_t stream);
 
 }  // namespace fp8tron::kernels

@@ -3,8 +3,6 @@
 // and up values of the same columns. In [rows, f] tensors' worth of bytes, forward moves 3 and
 // backward 5, against 5 and 13 for the unfused chain (silu, mul; mul's two gradients, silu_backward,
 // and the cat that is chunk's backward).
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 
 #include <algorithm>
 
@@ -17,15 +15,6 @@ namespace {
 constexpr int kThreads = 256;
 // Enough blocks to fill an H100 / H200 several times over; the loop strides over the rest.
 constexpr int64_t kMaxBlocks = 8192;
-
-template <class T> __device__ __forceinline__ float to_float(T v);
-template <> __device__ __forceinline__ float to_float(float v) { return v; }
-template <> __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <> __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-template <class T> __device__ __forceinline__ T from_float(float v);
-template <> __device__ __forceinline__ float from_float(float v) { return v; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_float(float v) { return __float2bfloat16(v); }
-template <> __device__ __forceinline__ __half from_float(float v) { return __float2half(v); }
 
 // V consecutive elements, loaded and stored as one access (16 bytes when V = 16 / sizeof(T)).
 template <class T, int V>
@@ -150,20 +139,20 @@ void launch_backward(const void* dy, const void* x, void* dx, int64_t rows, int6
 
 }  // namespace
 
-void swiglu_forward(const void* x, void* y, SwigluType dtype, int64_t rows, int64_t f, cudaStream_t stream) {
+void swiglu_forward(const void* x, void* y, FloatType dtype, int64_t rows, int64_t f, cudaStream_t stream) {
   switch (dtype) {
-    case SwigluType::kFloat32: return launch_forward<float>(x, y, rows, f, stream);
-    case SwigluType::kBFloat16: return launch_forward<__nv_bfloat16>(x, y, rows, f, stream);
-    case SwigluType::kFloat16: return launch_forward<__half>(x, y, rows, f, stream);
+    case FloatType::kFloat32: return launch_forward<float>(x, y, rows, f, stream);
+    case FloatType::kBFloat16: return launch_forward<__nv_bfloat16>(x, y, rows, f, stream);
+    case FloatType::kFloat16: return launch_forward<__half>(x, y, rows, f, stream);
   }
 }
 
-void swiglu_backward(const void* dy, const void* x, void* dx, SwigluType dtype, int64_t rows, int64_t f,
+void swiglu_backward(const void* dy, const void* x, void* dx, FloatType dtype, int64_t rows, int64_t f,
                      cudaStream_t stream) {
   switch (dtype) {
-    case SwigluType::kFloat32: return launch_backward<float>(dy, x, dx, rows, f, stream);
-    case SwigluType::kBFloat16: return launch_backward<__nv_bfloat16>(dy, x, dx, rows, f, stream);
-    case SwigluType::kFloat16: return launch_backward<__half>(dy, x, dx, rows, f, stream);
+    case FloatType::kFloat32: return launch_backward<float>(dy, x, dx, rows, f, stream);
+    case FloatType::kBFloat16: return launch_backward<__nv_bfloat16>(dy, x, dx, rows, f, stream);
+    case FloatType::kFloat16: return launch_backward<__half>(dy, x, dx, rows, f, stream);
   }
 }
 

@@ -7,18 +7,18 @@
 
 #include <cstdint>
 
+#include "models/kernel_float.h"
+
 namespace fp8tron::kernels {
 
-enum class SwigluType : int { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
-
 // y[r, c] = silu(x[r, c]) * x[r, f + c].
-void swiglu_forward(const void* x, void* y, SwigluType dtype, int64_t rows, int64_t f, cudaStream_t stream);
+void swiglu_forward(const void* x, void* y, FloatType dtype, int64_t rows, int64_t f, cudaStream_t stream);
 
 // The gradient of x, both halves in one pass from x and dy alone (silu is recomputed, not saved):
 //   dx[r, c]     = dy[r, c] * x[r, f + c] * silu'(x[r, c])    (the gate's)
 //   dx[r, f + c] = dy[r, c] * silu(x[r, c])                    (the up projection's)
 // with silu'(g) = s (1 + g (1 - s)), s = sigmoid(g): torch's silu_backward.
-void swiglu_backward(const void* dy, const void* x, void* dx, SwigluType dtype, int64_t rows, int64_t f,
+void swiglu_backward(const void* dy, const void* x, void* dx, FloatType dtype, int64_t rows, int64_t f,
                      cudaStream_t stream);
 
 }  // namespace fp8tron::kernels

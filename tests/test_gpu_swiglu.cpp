@@ -3,7 +3,6 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <string>
