@@ -10,6 +10,7 @@
 #include "models/mtp.h"
 #include "models/cross_entropy.h"
 #include "models/output_discarding_recompute.h"
+#include "models/qkv_split.h"
 #include "models/recompute.h"
 #include "parallel/parallel_state.h"
 #include "parallel/tensor_parallel.h"
@@ -84,12 +85,12 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, const torch::Te
   auto qkv = linear_qkv(x);  // [s, b, local (q + 2 kv)]
   const int64_t s = qkv.size(0), b = qkv.size(1), d = m.kv_channels;
   const int64_t per_group = local_heads_ / local_groups_;
-  // One split (its backward is one concatenation; three narrow/select views would each scatter their
+  // One split whose backward writes one gradient (three narrow/select views would each scatter their
   // gradient into a zero-filled copy of qkv, to be summed).
-  auto parts = qkv.view({s, b, local_groups_, per_group + 2, d}).split_with_sizes({per_group, 1, 1}, 3);
-  auto q = parts[0];             // [s, b, groups, per_group, d]
-  auto k = parts[1].squeeze(3);  // [s, b, groups, d]
-  auto v = parts[2].squeeze(3);
+  auto parts = split_qkv(qkv.view({s, b, local_groups_, per_group + 2, d}), per_group);
+  auto q = parts[0];  // [s, b, groups, per_group, d]
+  auto k = parts[1];  // [s, b, groups, d]
+  auto v = parts[2];
   if (m.qk_layernorm) {
     q = q_layernorm(q.reshape({s, b, local_heads_, d}));
     k = k_layernorm(k);

@@ -8,6 +8,7 @@
 #include "fp8/wgrad_fusion.h"
 #include "models/cross_entropy.h"
 #include "models/fused_linear.h"
+#include "models/qkv_split.h"
 #include "parallel/parallel_state.h"
 #include "parallel/tensor_parallel.h"
 
@@ -120,6 +121,44 @@ TEST(GpuKernels, LinearWithGradAccumulationFusionAddsIntoTheMainGradient) {
   set_gradient_accumulation_fusion(false);
   EXPECT_FALSE(grad_accumulation_fusion_applies(xs[0], fused_w)) << "--no-gradient-accumulation-fusion ignored";
   set_gradient_accumulation_fusion(true);
+}
+
+// The QKV split's backward (one contiguous gradient assembled by the strided-rows copy) against
+// split_with_sizes' concatenation: bitwise, whatever the gradients' layouts (cuDNN's attention
+// returns them permuted), with a missing gradient (zeros), in bf16 (16-byte vectors), fp32, and a
+// head size whose rows are not whole vectors (element copies).
+TEST(GpuKernels, QkvSplitBackwardMatchesTheConcatenation) {
+  REQUIRE_GPU();
+  struct Case {
+    torch::Dtype dtype;
+    int64_t groups, per_group, d;
+    bool drop_v;
+  };
+  for (const auto& c : {Case{torch::kBFloat16, 4, 3, 64, false}, Case{torch::kFloat32, 2, 1, 32, false},
+                        Case{torch::kBFloat16, 3, 2, 12, false}, Case{torch::kBFloat16, 2, 4, 128, true}}) {
+    torch::manual_seed(5);
+    const auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(c.dtype);
+    auto base = torch::randn({7, 3, c.groups, c.per_group + 2, c.d}, opts);
+    // Upstream gradients in a permuted layout ([b, heads, s, d] in memory, viewed back).
+    auto gq = torch::randn({3, c.groups, c.per_group, 7, c.d}, opts).permute({3, 0, 1, 2, 4});
+    auto gk = torch::randn({3, c.groups, 7, c.d}, opts).permute({2, 0, 1, 3});
+    auto gv = torch::randn({7, 3, c.groups, c.d}, opts);
+    auto loss = [&](const std::vector<torch::Tensor>& p) {
+      auto l = (p[0].to(torch::kFloat32) * gq.to(torch::kFloat32)).sum() + (p[1].to(torch::kFloat32) * gk.to(torch::kFloat32)).sum();
+      return c.drop_v ? l : l + (p[2].to(torch::kFloat32) * gv.to(torch::kFloat32)).sum();
+    };
+    auto fused_in = base.clone().requires_grad_(true);
+    auto fused = split_qkv(fused_in, c.per_group);
+    ASSERT_EQ(fused[0].data_ptr(), fused_in.data_ptr()) << "the queries must be a view of qkv";
+    loss(fused).backward();
+    auto plain_in = base.clone().requires_grad_(true);
+    auto parts = plain_in.split_with_sizes({c.per_group, 1, 1}, 3);
+    loss({parts[0], parts[1].squeeze(3), parts[2].squeeze(3)}).backward();
+    EXPECT_TRUE(torch::equal(fused[1], parts[1].squeeze(3)));
+    EXPECT_TRUE(torch::equal(fused_in.grad(), plain_in.grad()))
+        << c10::toString(c.dtype) << " d " << c.d << ": max difference "
+        << (fused_in.grad() - plain_in.grad()).abs().max().item<double>();
+  }
 }
 
 }  // namespace
