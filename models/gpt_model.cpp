@@ -81,8 +81,17 @@ SelfAttentionImpl::SelfAttentionImpl(const ModelConfig& m, const std::string& pr
 }
 
 torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& attention_mask) {
+  return attend(linear_qkv(x), attention_mask);
+}
+
+ResidualOutput SelfAttentionImpl::forward_residual(const ResidualStream& in, const torch::Tensor& attention_mask) {
+  const auto qkv = linear_qkv->forward_residual(in);
+  return {qkv.sum, attend(qkv.out, attention_mask)};
+}
+
+// qkv: [s, b, local (q + 2 kv)].
+torch::Tensor SelfAttentionImpl::attend(const torch::Tensor& qkv, const torch::Tensor& attention_mask) {
   const auto& m = config_;
-  auto qkv = linear_qkv(x);  // [s, b, local (q + 2 kv)]
   const int64_t s = qkv.size(0), b = qkv.size(1), d = m.kv_channels;
   const int64_t per_group = local_heads_ / local_groups_;
   // One split whose backward writes one gradient (three narrow/select views would each scatter their
@@ -120,8 +129,14 @@ MlpImpl::MlpImpl(const ModelConfig& m, const std::string& prefix, const ModuleFa
                                         f));
 }
 
-torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
-  auto h = linear_fc1(x);
+torch::Tensor MlpImpl::forward(const torch::Tensor& x) { return activation_and_fc2(linear_fc1(x)); }
+
+ResidualOutput MlpImpl::forward_residual(const ResidualStream& in) {
+  const auto fc1 = linear_fc1->forward_residual(in);
+  return {fc1.sum, activation_and_fc2(fc1.out)};
+}
+
+torch::Tensor MlpImpl::activation_and_fc2(const torch::Tensor& h) {
   // GeLU (tanh, as Megatron and TE) or SwiGLU on this rank's gate|up shards, fused into FP8 casts;
   // squared ReLU (Megatron's torch.pow(F.relu(x), 2)) unfused.
   if (squared_relu_) return linear_fc2(torch::relu(h).square());
@@ -158,28 +173,44 @@ TransformerLayerImpl::TransformerLayerImpl(const ModelConfig& m, const std::stri
   moe = register_module("mlp", MoeLayer(m, prefix + ".mlp", layer, f, std::move(moe_context)));
 }
 
-torch::Tensor TransformerLayerImpl::normed(TELayerNorm& norm, const torch::Tensor& x,
-                                           const std::function<torch::Tensor(const torch::Tensor&)>& consumer) {
-  if (!recompute_layernorm_ || !is_training()) return consumer(norm(x));
+ResidualOutput TransformerLayerImpl::normed(TELayerNorm& norm, const ResidualStream& in,
+                                            const std::function<torch::Tensor(const torch::Tensor&)>& consumer) {
+  if (!recompute_layernorm_ || !is_training()) {
+    const auto r = norm->forward_residual(in);
+    return {r.sum, consumer(r.normed)};
+  }
+  const auto x = in.sum();
   OutputDiscardingRecompute checkpoint;
   // Called again in backward: captures the module holder (the model outlives its graphs).
   auto y = checkpoint.run_one([norm](const torch::Tensor& in) mutable { return norm(in); }, x);
   auto out = consumer(y);
   checkpoint.discard(out);
-  return out;
+  return {x, out};
+}
+
+ResidualOutput TransformerLayerImpl::attention(const ResidualStream& in, const torch::Tensor& attention_mask) {
+  if (mla_attention)
+    return normed(input_layernorm, in, [&](const torch::Tensor& y) { return mla_attention->forward(y, attention_mask); });
+  return self_attention->forward_residual(in, attention_mask);
+}
+
+ResidualOutput TransformerLayerImpl::mlp_or_moe(const ResidualStream& in) {
+  if (moe) return normed(pre_mlp_layernorm, in, [this](const torch::Tensor& y) { return moe(y); });
+  if (!recompute_mlp_ || !is_training()) return mlp->forward_residual(in);
+  // --recompute-modules mlp: only the MLP's input is kept (the module outlives its graphs), so its
+  // norm stays inside the recomputed function and the add runs first.
+  const auto h = in.sum();
+  return {h, recompute([this](const std::vector<torch::Tensor>& x) { return mlp(x[0]); }, {h})};
+}
+
+ResidualStream TransformerLayerImpl::forward_stream(const ResidualStream& in, const torch::Tensor& attention_mask) {
+  const auto a = attention(in, attention_mask);  // a.sum: the layer's input x
+  const auto m = mlp_or_moe({a.sum, maybe_dropout(a.out, hidden_dropout_, is_training())});  // m.sum: h = x + attention
+  return {m.sum, maybe_dropout(m.out, hidden_dropout_, is_training())};
 }
 
 torch::Tensor TransformerLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& attention_mask) {
-  auto attention = mla_attention ? normed(input_layernorm, x,
-                                          [&](const torch::Tensor& y) { return mla_attention->forward(y, attention_mask); })
-                                 : self_attention(x, attention_mask);
-  auto h = x + maybe_dropout(attention, hidden_dropout_, is_training());
-  // --recompute-modules mlp (dense layers): only the MLP's input is kept (the module outlives its graphs).
-  auto m = moe ? normed(pre_mlp_layernorm, h, [this](const torch::Tensor& y) { return moe(y); })
-               : recompute_mlp_ && is_training()
-                   ? recompute([this](const std::vector<torch::Tensor>& in) { return mlp(in[0]); }, {h})
-                   : mlp(h);
-  return h + maybe_dropout(m, hidden_dropout_, is_training());
+  return forward_stream({x, {}}, attention_mask).sum();
 }
 
 // ---- model -------------------------------------------------------------------------------------------
@@ -281,9 +312,9 @@ torch::Tensor GptModelImpl::embed(const torch::Tensor& tokens, const torch::Tens
   return maybe_dropout(h, config_.hidden_dropout, is_training());
 }
 
-torch::Tensor GptModelImpl::head_logits(const torch::Tensor& hidden) {
+torch::Tensor GptModelImpl::final_norm(const ResidualStream& in) {
   params_ready(*final_layernorm_);
-  return output_logits(final_layernorm_(hidden));
+  return final_layernorm_->forward_residual(in).normed;
 }
 
 torch::Tensor GptModelImpl::output_logits(const torch::Tensor& h) {
@@ -364,11 +395,8 @@ torch::Tensor GptModelImpl::forward_stage(const torch::Tensor& input, const torc
     auto same = segment_ids.unsqueeze(2) == segment_ids.unsqueeze(1);
     attention_mask = same.logical_and(torch::ones({s, s}, same.options()).tril()).unsqueeze(1);
   }
-  h = run_layers(h, attention_mask);
-  if (final_norm_here_) {
-    params_ready(*final_layernorm_);
-    h = final_layernorm_(h);
-  }
+  const ResidualStream out = run_layers(h, attention_mask);
+  h = final_norm_here_ ? final_norm(out) : out.sum();
   if (!stage_.has_head) return h;
   auto per_token = token_losses(output_logits(h), labels);  // [s, b]
   auto mask = loss_mask.t().to(torch::kFloat32);
@@ -384,28 +412,31 @@ torch::Tensor GptModelImpl::forward_stage(const torch::Tensor& input, const torc
   return loss;
 }
 
-torch::Tensor GptModelImpl::run_layers(torch::Tensor h, const torch::Tensor& attention_mask) {
+ResidualStream GptModelImpl::run_layers(const torch::Tensor& h, const torch::Tensor& attention_mask) {
   RecomputeOptions options;
   if (config_.recompute.distribute_saved_activations && tp_.size > 1) options.distribute_over = tp_.comm.get();
+  ResidualStream stream{h, {}};
   for (const LayerUnit& unit : layer_units(config_.recompute, int64_t(layers_.size()))) {
     if (!unit.recomputed || !is_training()) {
       for (int64_t i = unit.begin; i < unit.end; ++i) {
         params_ready(*layers_[size_t(i)]);
-        h = layers_[size_t(i)]->forward(h, attention_mask);
+        stream = layers_[size_t(i)]->forward_stream(stream, attention_mask);
       }
       continue;
     }
     for (int64_t i = unit.begin; i < unit.end; ++i) params_ready(*layers_[size_t(i)]);
-    // Called again in backward: captures by value (the model outlives its graphs).
-    h = recompute(
+    // Called again in backward: captures by value (the model outlives its graphs). The unit keeps
+    // its input only, so its input and output are whole tensors.
+    const auto out = recompute(
         [this, unit, attention_mask](const std::vector<torch::Tensor>& in) {
-          torch::Tensor x = in[0];
-          for (int64_t i = unit.begin; i < unit.end; ++i) x = layers_[size_t(i)]->forward(x, attention_mask);
-          return x;
+          ResidualStream x{in[0], {}};
+          for (int64_t i = unit.begin; i < unit.end; ++i) x = layers_[size_t(i)]->forward_stream(x, attention_mask);
+          return x.sum();
         },
-        {h}, options);
+        {stream.sum()}, options);
+    stream = {out, {}};
   }
-  return h;
+  return stream;
 }
 
 torch::Tensor GptModelImpl::loss(const torch::Tensor& tokens, const torch::Tensor& labels, const torch::Tensor& loss_mask) {
@@ -416,12 +447,12 @@ torch::Tensor GptModelImpl::loss(const torch::Tensor& tokens, const torch::Tenso
 torch::Tensor GptModelImpl::forward(const torch::Tensor& tokens) {
   FP8TRON_CHECK(stage_.has_embedding && stage_.has_head && tp_.size == 1 && !cp_.enabled(),
                 "forward() needs the whole model on one rank");
-  auto h = embed(tokens, {});
+  ResidualStream stream{embed(tokens, {}), {}};
   for (auto& layer : layers_) {
     params_ready(*layer);
-    h = layer->forward(h);
+    stream = layer->forward_stream(stream);
   }
-  return head_logits(h).transpose(0, 1);  // (the MTP heads are training-only)
+  return output_logits(final_norm(stream)).transpose(0, 1);  // (the MTP heads are training-only)
 }
 
 void configure_attention_backends() {

@@ -25,12 +25,17 @@ class SelfAttentionImpl : public torch::nn::Module {
   SelfAttentionImpl(const ModelConfig& m, const std::string& prefix, const ModuleFactory& factory);
   // attention_mask: [b, 1, s, s] bool (true = may attend), or undefined for plain causal.
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& attention_mask);
+  // forward() of the stream's sum, the pending add fused into linear_qkv's norm where it can be.
+  ResidualOutput forward_residual(const ResidualStream& in, const torch::Tensor& attention_mask);
 
   TELayerNormColumnParallelLinear linear_qkv{nullptr};
   TELayerNorm q_layernorm{nullptr}, k_layernorm{nullptr};
   TERowParallelLinear linear_proj{nullptr};
 
  private:
+  // Attention from the QKV projection's output on.
+  torch::Tensor attend(const torch::Tensor& qkv, const torch::Tensor& attention_mask);
+
   ModelConfig config_;
   int64_t local_heads_, local_groups_;
   RotaryEmbedding rope_;
@@ -42,11 +47,15 @@ class MlpImpl : public torch::nn::Module {
  public:
   MlpImpl(const ModelConfig& m, const std::string& prefix, const ModuleFactory& factory);
   torch::Tensor forward(const torch::Tensor& x);
+  // forward() of the stream's sum, the pending add fused into linear_fc1's norm where it can be.
+  ResidualOutput forward_residual(const ResidualStream& in);
 
   TELayerNormColumnParallelLinear linear_fc1{nullptr};
   TERowParallelLinear linear_fc2{nullptr};
 
  private:
+  torch::Tensor activation_and_fc2(const torch::Tensor& fc1_out);
+
   bool swiglu_, squared_relu_;
 };
 TORCH_MODULE(Mlp);
@@ -55,6 +64,10 @@ class MlaSelfAttentionImpl;
 
 // A dense layer's MLP carries its norm fused into linear_fc1; an MoE layer (--moe-layer-freq) has
 // a separate pre_mlp_layernorm and the MoeLayer registered as "mlp" (Megatron's MoE layer spec).
+// Each residual add is fused into the norm that reads its sum (models/residual_norm.h): x +
+// attention into the MLP's norm, and the layer's last add, h + mlp, into the next layer's input
+// norm (or the decoder's final norm), so a layer hands its output on as a ResidualStream whose
+// branch is still to be added.
 class TransformerLayerImpl : public torch::nn::Module {
  public:
   // `layer`: the global 0-based layer number; `moe`: the model's MoE context (MoE layers only).
@@ -66,6 +79,9 @@ class TransformerLayerImpl : public torch::nn::Module {
   TransformerLayerImpl(const ModelConfig& m, const std::string& prefix, int64_t layer, const ModuleFactory& factory,
                        std::shared_ptr<MoeContext> moe, bool moe_mlp);
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& attention_mask = {});
+  // The layer on a stream whose last add may still be pending (added by this layer's input norm);
+  // its output's last add, h + mlp, is left pending in turn: forward() is forward_stream().sum().
+  ResidualStream forward_stream(const ResidualStream& in, const torch::Tensor& attention_mask = {});
 
   SelfAttention self_attention{nullptr};
   // Multi-latent attention (registered as "self_attention" too) with its own input_layernorm.
@@ -76,11 +92,14 @@ class TransformerLayerImpl : public torch::nn::Module {
   MoeLayer moe{nullptr};                   // MoE layers (named "mlp")
 
  private:
-  // A norm that is a module of its own (MLA's input norm, an MoE layer's pre-MLP norm), with
-  // --recompute-modules layernorm its output is discarded once `consumer` has run and recomputed
-  // in backward (models/output_discarding_recompute.h).
-  torch::Tensor normed(TELayerNorm& norm, const torch::Tensor& x,
-                       const std::function<torch::Tensor(const torch::Tensor&)>& consumer);
+  // consumer(norm(stream's sum)) for a norm that is a module of its own (MLA's input norm, an MoE
+  // layer's pre-MLP norm), the pending add fused into the norm. With --recompute-modules layernorm
+  // the sum is formed first and the norm's output is discarded once `consumer` has run and
+  // recomputed in backward (models/output_discarding_recompute.h).
+  ResidualOutput normed(TELayerNorm& norm, const ResidualStream& in,
+                        const std::function<torch::Tensor(const torch::Tensor&)>& consumer);
+  ResidualOutput attention(const ResidualStream& in, const torch::Tensor& attention_mask);
+  ResidualOutput mlp_or_moe(const ResidualStream& in);
 
   double hidden_dropout_;
   bool recompute_mlp_ = false;        // --recompute-modules mlp
@@ -146,9 +165,11 @@ class GptModelImpl : public torch::nn::Module {
 
  private:
   torch::Tensor embed(const torch::Tensor& tokens, const torch::Tensor& position_ids);  // [b, s] -> [s(/tp), b, h]
-  torch::Tensor head_logits(const torch::Tensor& hidden);
-  // The chunk's layers, with full recomputation by recompute units when it is on.
-  torch::Tensor run_layers(torch::Tensor h, const torch::Tensor& attention_mask);
+  // The chunk's layers, with full recomputation by recompute units when it is on. The last layer's
+  // last add is left pending (a recompute unit's output is whole).
+  ResidualStream run_layers(const torch::Tensor& h, const torch::Tensor& attention_mask);
+  // The decoder's final norm of the stream's sum, its pending add fused in.
+  torch::Tensor final_norm(const ResidualStream& in);
   torch::Tensor output_logits(const torch::Tensor& normed);  // the output layer (tied or not)
   torch::Tensor word_embedding_weight() const;  // the embedding or this stage's copy of it
   // Token losses [s, b] of the logits against labels [b, s].

@@ -12,17 +12,6 @@
 
 namespace fp8tron {
 
-NormOptions NormOptions::from(const ModelConfig& m, int64_t size) {
-  return NormOptions{size, m.normalization, m.norm_epsilon, m.apply_layernorm_1p};
-}
-
-torch::Tensor apply_norm(const torch::Tensor& x, const NormOptions& o, const torch::Tensor& weight,
-                         const torch::Tensor& bias) {
-  const torch::Tensor gamma = o.zero_centered_gamma ? weight + 1 : weight;
-  if (o.kind == Normalization::RMSNorm) return at::rms_norm(x, {o.size}, gamma, o.epsilon);
-  return at::layer_norm(x, {o.size}, gamma, bias, o.epsilon);
-}
-
 int64_t layer_number(const std::string& name) {
   const std::string prefix = "decoder.layers.";
   if (name.rfind(prefix, 0) != 0) return -1;
@@ -97,6 +86,9 @@ TELayerNormImpl::TELayerNormImpl(const NormOptions& o, bool partial_grads, const
   add_norm_params(*this, o, partial_grads && f.tp().size > 1, f, "", weight, bias);
 }
 torch::Tensor TELayerNormImpl::forward(const torch::Tensor& x) { return apply_norm(x, options, weight, bias); }
+ResidualNormOutput TELayerNormImpl::forward_residual(const ResidualStream& in) {
+  return residual_add_norm(in.residual, in.branch, options, weight, bias);
+}
 
 TEColumnParallelLinearImpl::TEColumnParallelLinearImpl(const LinearOptions& o, const ModuleFactory& f) : options(o), tp(f.tp()) {
   const ParamInfo w = split({o.out_features, o.in_features}, 0, o.interleave);
@@ -151,6 +143,16 @@ torch::Tensor TELayerNormColumnParallelLinearImpl::forward(const torch::Tensor& 
   }
   auto normed = apply_norm(x, norm_options, layer_norm_weight, layer_norm_bias);
   return linear(enter_tp(normed, tp), weight, bias, fp8_site);
+}
+ResidualOutput TELayerNormColumnParallelLinearImpl::forward_residual(const ResidualStream& in) {
+  if (fp8_site || overlapped) {
+    const auto x = in.sum();
+    return {x, forward(x)};
+  }
+  // forward()'s last two lines with the add fused into the norm. Under sequence parallelism the
+  // norm runs on this rank's sequence shard before the all-gather, as forward()'s does.
+  const auto r = residual_add_norm(in.residual, in.branch, norm_options, layer_norm_weight, layer_norm_bias);
+  return {r.sum, linear(enter_tp(r.normed, tp), weight, bias, nullptr)};
 }
 
 TERowParallelLinearImpl::TERowParallelLinearImpl(const LinearOptions& o, const ModuleFactory& f) : options(o), tp(f.tp()) {

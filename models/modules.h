@@ -12,23 +12,14 @@
 #include <torch/torch.h>
 
 #include "models/module_factory.h"
+#include "models/norm.h"
+#include "models/residual_norm.h"
 #include "models/rotary.h"
 #include "core/config/model_config.h"
 #include "fp8/quantize.h"
 #include "parallel/overlap/tp_linear.h"
 
 namespace fp8tron {
-
-struct NormOptions {
-  int64_t size = 0;
-  Normalization kind = Normalization::LayerNorm;
-  double epsilon = 1e-5;
-  bool zero_centered_gamma = false;  // --apply-layernorm-1p: the weight stores gamma - 1
-  static NormOptions from(const ModelConfig& m, int64_t size);
-};
-
-torch::Tensor apply_norm(const torch::Tensor& x, const NormOptions& o, const torch::Tensor& weight,
-                         const torch::Tensor& bias);
 
 // The global layer number in a module's name ("decoder.layers.12.mlp.linear_fc1" -> 12); -1
 // outside the transformer layers. FP8 sites use it for --first-last-layers-bf16.
@@ -59,6 +50,8 @@ class TELayerNormImpl : public ShardedModule {
  public:
   TELayerNormImpl(const NormOptions& options, bool partial_grads, const ModuleFactory& factory);
   torch::Tensor forward(const torch::Tensor& x);
+  // The norm of the stream's sum with the pending add fused into it (models/residual_norm.h).
+  ResidualNormOutput forward_residual(const ResidualStream& in);
   NormOptions options;
   torch::Tensor weight, bias;
 };
@@ -85,6 +78,10 @@ class TELayerNormColumnParallelLinearImpl : public ShardedModule {
  public:
   TELayerNormColumnParallelLinearImpl(const NormOptions& norm, const LinearOptions& linear, const ModuleFactory& factory);
   torch::Tensor forward(const torch::Tensor& x);
+  // forward() of the stream's sum, returned too. On the bf16 path the pending add is fused into the
+  // norm (models/residual_norm.h); where the norm is fused into an FP8 cast instead (FP8, the
+  // overlapped op) the sum is formed first and forward() runs on it.
+  ResidualOutput forward_residual(const ResidualStream& in);
   NormOptions norm_options;
   LinearOptions linear_options;
   TensorParallelContext tp;

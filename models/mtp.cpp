@@ -28,7 +28,7 @@ torch::Tensor MtpLayerImpl::forward(const torch::Tensor& embedded, const torch::
   auto x = eh_proj(torch::cat({enorm(embedded), hnorm(hidden)}, -1));  // [s, b, H/tp]
   x = gather_from_tp_last_dim(x, *tp_.comm);
   if (tp_.sequence_parallel) x = scatter_to_sp(x, *tp_.comm);
-  return final_layernorm(transformer_layer(x, attention_mask));
+  return final_layernorm->forward_residual(transformer_layer->forward_stream({x, {}}, attention_mask)).normed;
 }
 
 torch::Tensor roll_left(const torch::Tensor& t) {

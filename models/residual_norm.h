@@ -1,0 +1,55 @@
+// The residual add fused with the norm that reads its result (issue 13). A pre-norm transformer
+// layer computes h = x + branch and then norm(h) for the next sub-layer, h staying the residual
+// stream; in backward the stream's gradient and the norm's input gradient meet at h and are
+// summed. residual_add_norm computes {sum, normed} = {residual + branch, norm(residual + branch)}:
+//   forward:  one kernel reads residual and branch and writes the sum (rounded to the activation
+//             dtype exactly as torch's add rounds it) and the normed output, with fp32 row
+//             statistics; the sum, gamma and the statistics (mean, rstd; fp32) are saved;
+//   backward: one kernel computes d_residual = d_branch = d_sum + the norm's input gradient of
+//             d_normed in fp32 with one rounding (either gradient may be absent: zero); gamma's
+//             and beta's gradients in fp32 from per-block partial sums reduced in a fixed order,
+//             bitwise the same on every run (models/residual_norm_kernels.h).
+// Against the unfused chain this saves the add kernels (one each way) and a pass over the sum in
+// each direction. An undefined branch makes it the norm of residual alone (sum is residual).
+// Zero-centred gamma (--apply-layernorm-1p) adds 1 to the weight in fp32 (the unfused chain adds it
+// in the weight's dtype).
+//
+// The kernels run for CUDA tensors of fp32, bf16 or fp16 with residual, branch and the norm's
+// parameters of one dtype, the same shape, and a hidden size up to 8192. Anywhere else (the CPU,
+// wider rows, mixed dtypes) the op is the unfused chain through torch's ops: those semantics are
+// the op's, and a CPU model computes bitwise what it did before the fusion.
+#pragma once
+#include <torch/torch.h>
+
+#include "models/norm.h"
+
+namespace fp8tron {
+
+struct ResidualNormOutput {
+  torch::Tensor sum;     // residual + branch: the residual stream from here on
+  torch::Tensor normed;  // norm(sum): the next sub-layer's input
+};
+
+ResidualNormOutput residual_add_norm(const torch::Tensor& residual, const torch::Tensor& branch, const NormOptions& options,
+                                     const torch::Tensor& weight, const torch::Tensor& bias);
+
+// The unfused chain (residual + branch, then apply_norm): the CPU path and the GPU reference.
+ResidualNormOutput unfused_residual_add_norm(const torch::Tensor& residual, const torch::Tensor& branch,
+                                             const NormOptions& options, const torch::Tensor& weight,
+                                             const torch::Tensor& bias);
+
+// The residual stream where a norm reads it: the hidden states are residual + branch, the branch
+// (the last sub-layer's output, after its dropout) not added yet so that the norm can add it
+// itself. An undefined branch: residual is the hidden states.
+struct ResidualStream {
+  torch::Tensor residual, branch;
+  torch::Tensor sum() const { return branch.defined() ? residual + branch : residual; }
+};
+
+// A sub-layer run on a residual stream: the stream's sum (the residual of the sub-layer's own add)
+// and the sub-layer's output.
+struct ResidualOutput {
+  torch::Tensor sum, out;
+};
+
+}  // namespace fp8tron

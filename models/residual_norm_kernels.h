@@ -1,0 +1,47 @@
+// CUDA kernels of the fused residual add + LayerNorm / RMSNorm (models/residual_norm.h), torch-free:
+// raw pointers, sizes and a stream. Activations are row-major [rows, hidden], contiguous, in
+// `dtype`, as are gamma and beta [hidden]; the statistics are fp32 [rows]. The math runs in fp32
+// and every stored value is rounded once.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "models/kernel_float.h"
+
+namespace fp8tron::kernels {
+
+// The widest row the kernels take: a row lives in registers, at most 16 values per thread and 512
+// threads per row. Wider rows run torch's unfused ops (models/residual_norm.cpp).
+constexpr int64_t kResidualNormMaxHidden = 8192;
+
+struct ResidualNormShape {
+  int64_t rows = 0;
+  int64_t hidden = 0;  // 1 .. kResidualNormMaxHidden
+  FloatType dtype = FloatType::kFloat32;
+  bool rms = false;           // RMSNorm: no mean, no beta
+  float epsilon = 1e-5f;
+  float gamma_offset = 0.0f;  // 1 for a zero-centred gamma (the weight stores gamma - 1)
+};
+
+// sum = residual + branch, rounded to dtype as torch's add rounds it; normed = norm(sum) * gamma
+// (+ beta), with the mean (LayerNorm) and rstd = 1 / sqrt(variance or mean square + epsilon) of
+// each row in fp32. branch null: the norm of residual alone, and sum is not written (may be
+// null). beta null: no shift. mean is null for RMSNorm.
+void residual_norm_forward(const ResidualNormShape& shape, const void* residual, const void* branch, const void* gamma,
+                           const void* beta, void* sum, void* normed, float* mean, float* rstd, cudaStream_t stream);
+
+// How many rows of per-block partial sums the backward's parameter gradients may use on the current
+// device: its workspace is 2 x that x hidden fp32 values (gamma's partials, then beta's).
+int64_t residual_norm_workspace_rows(const ResidualNormShape& shape);
+
+// d_in = d_sum + the norm's input gradient for d_normed, in one rounding (d_sum null: zero), from
+// the saved sum and statistics. With d_gamma non-null also the gradients of gamma and (d_beta
+// non-null, LayerNorm) beta, in dtype: each block accumulates its rows' contributions in fp32,
+// one partial row per block goes to `workspace`, and a second kernel sums the partial rows in a
+// fixed order, so the results are bitwise the same on every run (no atomics).
+void residual_norm_backward(const ResidualNormShape& shape, const void* d_normed, const void* d_sum, const void* sum,
+                            const void* gamma, const float* mean, const float* rstd, void* d_in, void* d_gamma,
+                            void* d_beta, float* workspace, int64_t workspace_rows, cudaStream_t stream);
+
+}  // namespace fp8tron::kernels
