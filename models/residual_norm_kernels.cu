@@ -406,8 +406,8 @@ template <class T>
 void forward_typed(const ResidualNormShape& s, const void* residual, const void* branch, const void* gamma,
                    const void* beta, void* sum, void* normed, float* mean, float* rstd, cudaStream_t stream) {
   check_shape(s);
-  FP8TRON_CHECK(s.rms || mean != nullptr, "LayerNorm needs somewhere to save the means");
   if (s.rows == 0) return;
+  FP8TRON_CHECK(s.rms || mean != nullptr, "LayerNorm needs somewhere to save the means");
   const ForwardArgs<T> a{static_cast<const T*>(residual), static_cast<const T*>(branch), static_cast<const T*>(gamma),
                          s.rms ? nullptr : static_cast<const T*>(beta), branch ? static_cast<T*>(sum) : nullptr,
                          static_cast<T*>(normed), s.rms ? nullptr : mean, rstd, s.rows, int(s.hidden), s.epsilon,
@@ -423,7 +423,7 @@ void backward_typed(const ResidualNormShape& s, const void* d_normed, const void
                     const void* gamma, const float* mean, const float* rstd, void* d_in, void* d_gamma, void* d_beta,
                     float* workspace, int64_t workspace_rows, cudaStream_t stream) {
   check_shape(s);
-  FP8TRON_CHECK(s.rms || mean != nullptr, "LayerNorm's backward needs the saved means");
+  FP8TRON_CHECK(s.rms || mean != nullptr || s.rows == 0, "LayerNorm's backward needs the saved means");
   const bool params = d_gamma != nullptr, beta = params && d_beta != nullptr && !s.rms;
   FP8TRON_CHECK(!params || (workspace && workspace_rows >= 1), "the parameter gradients need the workspace");
   float* gamma_part = params ? workspace : nullptr;
