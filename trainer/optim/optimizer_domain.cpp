@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "trainer/optim/buffer_layout.h"
+#include "trainer/optim/fused_adamw.h"
 #include "trainer/optim/param_groups.h"
 
 namespace fp8tron {
@@ -368,36 +369,54 @@ void OptimizerDomain::update(const torch::Tensor& grads, double lr, double weigh
       clip_coeff.defined() ? std::optional<torch::Tensor>(clip_coeff.reciprocal()) : std::nullopt;
   const int64_t shard_end = shard_begin_ + shard_numel_;
   auto keep = 1.0 - found_inf;
+  // Nothing may still read this rank's shard of the model parameters: the step may write it.
+  if (param_gather_) param_gather_->finish();
+  Ranges published;  // model parameters the fused Adam kernel wrote
   for (size_t i = 0; i < segments_.size(); ++i) {
     const auto& s = segments_[i];
     const int64_t lo = std::max(s.offset, shard_begin_), hi = std::min(s.offset + s.numel, std::min(shard_end, numel_));
     if (hi <= lo) continue;
     const int64_t off = lo - shard_begin_, n = hi - lo;
-    auto p = main_params_.narrow(0, off, n), g = grads.narrow(0, off, n), m = exp_avg_.narrow(0, off, n);
     const double wd = s.decay ? weight_decay : 0.0;
     const double group_lr = s.lr_group == 1 ? decoupled_lr.value_or(lr) : lr;
     if (s.muon) {
       muon_step(s, grads, group_lr, wd, found_inf);
     } else if (config_.optimizer == "adam" || config_.optimizer == "muon") {
-      auto v = exp_avg_sq_.narrow(0, off, n);
       step_counts_[i].add_(keep);  // a skipped step does not advance bias correction
-      at::_fused_adamw_({p}, {g}, {m}, {v}, {}, {step_counts_[i]}, group_lr, config_.adam_beta1, config_.adam_beta2, wd,
-                        config_.adam_eps, false, false, grad_divisor, found_inf);
+      if (adam_step(i, lo, n, grads, group_lr, wd, found_inf, grad_divisor)) published.emplace_back(lo, n);
     } else {
       // SGD with momentum (torch.optim.SGD semantics); skipped steps leave everything unchanged.
+      auto p = main_params_.narrow(0, off, n), g = grads.narrow(0, off, n), m = exp_avg_.narrow(0, off, n);
       auto d = torch::nan_to_num(g, 0.0, 0.0, 0.0) + wd * p;
       m.mul_(config_.sgd_momentum * keep + found_inf).add_(d * keep);
       p.sub_(m * (group_lr * keep));
     }
   }
   if (param_gather_) {
-    param_gather_->finish();  // nothing may still read this rank's shard
-    model_params_.narrow(0, shard_begin_, shard_numel_).copy_(main_params_);
+    copy_main_to_model(published);
     if (codes_.defined()) encode_own_shard();
     param_gather_->start();
   } else {
-    publish_model_params();
+    publish_model_params(published);
   }
+}
+
+bool OptimizerDomain::adam_step(size_t segment, int64_t lo, int64_t n, const torch::Tensor& grads, double lr, double wd,
+                                const torch::Tensor& found_inf, const std::optional<torch::Tensor>& grad_divisor) {
+  const int64_t off = lo - shard_begin_;
+  AdamWState state{main_params_.narrow(0, off, n), grads.narrow(0, off, n), exp_avg_.narrow(0, off, n),
+                   exp_avg_sq_.narrow(0, off, n), {}};
+  // The model parameters, when they are a buffer of their own published as values (not as bytes:
+  // --fp8-param-gather encodes its range from the main weights after the step), in the same pass.
+  if (separate_main_weights_ && !codes_.defined()) state.model_copy = model_params_.narrow(0, lo, n);
+  const torch::Tensor& step = step_counts_[segment];
+  if (!torch_adam_kernel_ && fused_adamw_applies(state, step, found_inf, grad_divisor)) {
+    fused_adamw(state, step, found_inf, grad_divisor, {lr, config_.adam_beta1, config_.adam_beta2, config_.adam_eps, wd});
+    return state.model_copy.defined();
+  }
+  at::_fused_adamw_({state.param}, {state.grad}, {state.exp_avg}, {state.exp_avg_sq}, {}, {step}, lr, config_.adam_beta1,
+                    config_.adam_beta2, wd, config_.adam_eps, false, false, grad_divisor, found_inf);
+  return false;
 }
 
 // Muon (Emerging-Optimizers' OrthogonalizedOptimizer.step with Megatron's TensorParallelMuon):
@@ -448,7 +467,23 @@ torch::Tensor OptimizerDomain::zeros_in(const torch::Tensor& grads) {
   return total;
 }
 
-void OptimizerDomain::publish_model_params() {
+void OptimizerDomain::copy_main_to_model(const Ranges& published) {
+  // This rank's elements: its shard, or the whole buffer without the distributed optimizer.
+  const int64_t end = distributed_ ? shard_begin_ + shard_numel_ : numel_;
+  auto copy = [&](int64_t lo, int64_t hi) {
+    if (hi > lo) model_params_.narrow(0, lo, hi - lo).copy_(main_params_.narrow(0, lo - shard_begin_, hi - lo));
+  };
+  int64_t at = shard_begin_;
+  for (auto [offset, n] : published) {
+    copy(at, offset);
+    at = offset + n;
+  }
+  copy(at, end);
+}
+
+void OptimizerDomain::publish_model_params() { publish_model_params(Ranges{}); }
+
+void OptimizerDomain::publish_model_params(const Ranges& published) {
   torch::NoGradGuard no_grad;
   finish_param_gather();
   if (codes_.defined()) {
@@ -458,12 +493,12 @@ void OptimizerDomain::publish_model_params() {
     return;
   }
   if (distributed_) {
+    copy_main_to_model(published);
     auto mine = model_params_.narrow(0, shard_begin_, shard_numel_);
-    mine.copy_(main_params_);
     auto gathered = model_params_;
     groups_.dp->all_gather(gathered, mine.clone());
   } else if (separate_main_weights_) {
-    model_params_.narrow(0, 0, numel_).copy_(main_params_.narrow(0, 0, numel_));
+    copy_main_to_model(published);
   }
 }
 

@@ -145,6 +145,10 @@ class OptimizerDomain {
   // Model parameters := main weights (cast; all-gathered over the domain's data-parallel group
   // with the distributed optimizer). Waits.
   void publish_model_params();
+  // Adam on CUDA runs the optimizer's own fused kernel (trainer/optim/fused_adamw.h), which also
+  // writes the model parameters' copy of each segment; `true` goes back to torch's _fused_adamw_
+  // followed by the separate copy, for tests comparing the two.
+  void use_torch_adam_kernel(bool on) { torch_adam_kernel_ = on; }
 
  private:
   struct Segment {
@@ -159,7 +163,16 @@ class OptimizerDomain {
     std::vector<int64_t> shape;  // this rank's shard
     MuonParam param;
   };
+  using Ranges = std::vector<std::pair<int64_t, int64_t>>;  // (offset, numel) in the flat buffers
   void muon_step(const Segment& s, const torch::Tensor& grads, double lr, double wd, const torch::Tensor& found_inf);
+  // Adam over this rank's part [lo, lo + n) of a segment; returns whether the model parameters of
+  // that range were written too (the fused kernel's copy).
+  bool adam_step(size_t segment, int64_t lo, int64_t n, const torch::Tensor& grads, double lr, double wd,
+                 const torch::Tensor& found_inf, const std::optional<torch::Tensor>& grad_divisor);
+  // This rank's model parameters (its shard with the distributed optimizer) := main weights, except
+  // in `published` (sorted, disjoint ranges already written by the step).
+  void copy_main_to_model(const Ranges& published);
+  void publish_model_params(const Ranges& published);
   torch::Tensor global_norm_squared(const torch::Tensor& buffer, int64_t base);
   void all_reduce_model_groups(torch::Tensor& value);
   void sum_tensor_parallel_partials(bool own_shard_only);
@@ -193,6 +206,7 @@ class OptimizerDomain {
   std::vector<MuonSlot> muon_slots_;
   std::vector<std::pair<int64_t, int64_t>> zeroed_ranges_;  // (offset, numel) zero_grad() clears
   bool zero_all_ = true;                                     // until skip_zeroing(): all of main_grads_
+  bool torch_adam_kernel_ = false;                           // use_torch_adam_kernel()
 };
 
 }  // namespace fp8tron
