@@ -58,13 +58,17 @@ struct PlanKey {
   int sm_count = 0;
   uint32_t align_a = 0, align_b = 0, align_d = 0;
   GemmBucket bucket = GemmBucket::kNone;  // kN / kK: n / k (and the lds along it) are the bucket's
+  GemmActivation activation = GemmActivation::kNone;
+  int64_t aux_ld = 0;     // with an activation
+  uint32_t align_aux = 0;  // likewise: the heuristic picks kernels by the aux pointer's alignment too
 
   bool operator==(const PlanKey& o) const {
     return m == o.m && n == o.n && k == o.k && lda == o.lda && ldb == o.ldb && ldd == o.ldd && a_type == o.a_type &&
            b_type == o.b_type && d_type == o.d_type && bias_type == o.bias_type && a_scaling == o.a_scaling &&
            b_scaling == o.b_scaling && trans_a == o.trans_a && trans_b == o.trans_b && fast_accum == o.fast_accum &&
            has_bias == o.has_bias && bias_grad == o.bias_grad && accumulate == o.accumulate && sm_count == o.sm_count && align_a == o.align_a &&
-           align_b == o.align_b && align_d == o.align_d && bucket == o.bucket;
+           align_b == o.align_b && align_d == o.align_d && bucket == o.bucket && activation == o.activation &&
+           aux_ld == o.aux_ld && align_aux == o.align_aux;
   }
 
   // The stored shapes (rows, cols, ld) of A, B and C/D: op(A) is m x k, so A is k x m when
@@ -78,12 +82,16 @@ struct PlanKey {
 
   std::string describe() const {
     const char* bucketed = bucket == GemmBucket::kN ? ", bucketed n" : bucket == GemmBucket::kK ? ", bucketed k" : "";
-    return strprintf("m=%lld n=%lld k=%lld, A %s%s (%s, ld %lld), B %s%s (%s, ld %lld), D %s (ld %lld)%s%s%s%s",
+    const std::string gelu = activation == GemmActivation::kNone ? std::string()
+                             : strprintf(", %s (aux ld %lld)", activation == GemmActivation::kGeluAux ? "GeLU" : "dGeLU",
+                                         static_cast<long long>(aux_ld));
+    return strprintf("m=%lld n=%lld k=%lld, A %s%s (%s, ld %lld), B %s%s (%s, ld %lld), D %s (ld %lld)%s%s%s%s%s",
                      static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k),
                      dtype_name(a_type), trans_a ? "^T" : "", scaling_mode_name(a_scaling), static_cast<long long>(lda),
                      dtype_name(b_type), trans_b ? "^T" : "", scaling_mode_name(b_scaling), static_cast<long long>(ldb),
                      dtype_name(d_type), static_cast<long long>(ldd), fast_accum ? ", fast accumulation" : "",
-                     has_bias ? (bias_grad ? ", bias gradient" : ", bias") : "", accumulate ? ", accumulate" : "", bucketed);
+                     has_bias ? (bias_grad ? ", bias gradient" : ", bias") : "", gelu.c_str(), accumulate ? ", accumulate" : "",
+                     bucketed);
   }
 };
 
@@ -101,10 +109,12 @@ struct PlanKeyHash {
         (static_cast<uint64_t>(k.d_type) << 16) | (static_cast<uint64_t>(k.bias_type) << 24) |
         (static_cast<uint64_t>(k.a_scaling) << 32) | (static_cast<uint64_t>(k.b_scaling) << 40));
     mix((k.trans_a ? 1u : 0u) | (k.trans_b ? 2u : 0u) | (k.fast_accum ? 4u : 0u) | (k.has_bias ? 8u : 0u) |
-        (k.accumulate ? 16u : 0u) | (k.bias_grad ? 32u : 0u) | (static_cast<uint64_t>(k.bucket) << 8));
+        (k.accumulate ? 16u : 0u) | (k.bias_grad ? 32u : 0u) | (static_cast<uint64_t>(k.bucket) << 8) |
+        (static_cast<uint64_t>(k.activation) << 16));
+    mix(static_cast<uint64_t>(k.aux_ld));
     mix(static_cast<uint64_t>(k.sm_count));
     mix((static_cast<uint64_t>(k.align_a) << 0) | (static_cast<uint64_t>(k.align_b) << 16) |
-        (static_cast<uint64_t>(k.align_d) << 32));
+        (static_cast<uint64_t>(k.align_d) << 32) | (static_cast<uint64_t>(k.align_aux) << 48));
     return h;
   }
 };
@@ -157,6 +167,7 @@ struct CallArgs {
   const void* a_scale = nullptr;
   const void* b_scale = nullptr;
   const void* bias = nullptr;
+  void* aux = nullptr;
   float alpha = 1.0f, beta = 0.0f;
 };
 
@@ -166,6 +177,19 @@ void set_call_pointers(cublasLtMatmulDesc_t desc, const PlanKey& key, const Call
     set_desc(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, call.b_scale);
   }
   if (key.has_bias) set_desc(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, call.bias);
+  if (key.activation != GemmActivation::kNone) set_desc(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, call.aux);
+}
+
+// The cuBLASLt epilogue of a key: bias / bias gradient (BGRADB), or a GeLU epilogue with or
+// without its bias (gradient).
+uint32_t epilogue_of(const PlanKey& key) {
+  switch (key.activation) {
+    case GemmActivation::kGeluAux: return key.has_bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+    case GemmActivation::kDGelu: return key.has_bias ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU;
+    case GemmActivation::kNone: break;
+  }
+  if (!key.has_bias) return CUBLASLT_EPILOGUE_DEFAULT;
+  return key.bias_grad ? CUBLASLT_EPILOGUE_BGRADB : CUBLASLT_EPILOGUE_BIAS;
 }
 
 template <class T>
@@ -479,13 +503,14 @@ Plan& GemmHandle::Impl::plan(const PlanKey& key, const CallArgs& call, CUstream_
     set_desc(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, a_mode);
     set_desc(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, b_mode);
   }
+  const uint32_t epilogue = epilogue_of(key);
+  if (epilogue != CUBLASLT_EPILOGUE_DEFAULT) set_desc(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue);
   if (key.has_bias) {
-    // BGRADB: the sum of op(B) over k, one value per column of D, written to the bias pointer.
-    const uint32_t epilogue = key.bias_grad ? CUBLASLT_EPILOGUE_BGRADB : CUBLASLT_EPILOGUE_BIAS;
     const int32_t bias_type = cuda_type(key.bias_type);
-    set_desc(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue);
     set_desc(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, bias_type);
   }
+  // The aux matrix's type is left at its default, D's type (the only choice for non-FP8 outputs).
+  if (key.activation != GemmActivation::kNone) set_desc(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, key.aux_ld);
   // The heuristic sees the real pointers, as in TE and torch._scaled_mm. Without them every
   // block-scaled query failed (CUBLAS_STATUS_INVALID_VALUE) on the first H200 run.
   set_call_pointers(p->desc, key, call);
@@ -575,6 +600,29 @@ Plan& GemmHandle::Impl::plan(const PlanKey& key, const CallArgs& call, CUstream_
   return *it->second;
 }
 
+namespace {
+// The GeLU epilogues' rules (gemm.h): bf16 GEMMs, an aux matrix cuBLASLt accepts, a bias (gradient)
+// in D's type, the bias gradient only with the backward's and never a bias added to it.
+void check_gelu_epilogue(const PlanKey& key, const GemmOperand& a, const GemmOutput& d, const GemmConfig& config) {
+  auto what = [&key] { return " (GeLU epilogue: " + key.describe() + ")"; };  // built only on failure
+  FP8TRON_CHECK(!is_fp8(a.dtype), "the GeLU epilogues are for bf16 GEMMs" + what());
+  FP8TRON_CHECK(config.aux != nullptr, "a GeLU epilogue needs its aux matrix" + what());
+  FP8TRON_CHECK(config.aux_ld >= key.m && config.aux_ld % 8 == 0,
+                "the GeLU epilogue's aux leading dimension must be a multiple of 8 and at least m" + what());
+  FP8TRON_CHECK(!config.accumulate && config.bucket == GemmBucket::kNone,
+                "a GeLU epilogue neither accumulates nor takes bucketed plans" + what());
+  FP8TRON_CHECK(config.bias == nullptr || config.bias_dtype == d.dtype,
+                "cuBLASLt's GeLU epilogues take the bias (gradient) in D's dtype" + what());
+  if (config.activation == GemmActivation::kGeluAux) {
+    FP8TRON_CHECK(!config.bias_gradient, "the forward GeLU epilogue adds a bias; it computes no bias gradient" + what());
+  } else {
+    FP8TRON_CHECK(config.bias == nullptr || config.bias_gradient,
+                  "the backward GeLU epilogue adds no bias; it can write the bias gradient" + what());
+    FP8TRON_CHECK(config.aux != d.data, "the backward GeLU epilogue reads aux while it writes D: they must differ" + what());
+  }
+}
+}  // namespace
+
 void gemm(GemmHandle& handle, const GemmOperand& a, const GemmOperand& b, const GemmOutput& d,
           const GemmConfig& config, CUstream_st* stream) {
   GemmHandle::Impl& h = *handle.impl_;
@@ -609,6 +657,12 @@ void gemm(GemmHandle& handle, const GemmOperand& a, const GemmOperand& b, const 
   key.align_a = alignment_of(a.data);
   key.align_b = alignment_of(b.data);
   key.align_d = alignment_of(d.data);
+  key.activation = config.activation;
+  if (key.activation != GemmActivation::kNone) {
+    key.aux_ld = config.aux_ld;
+    key.align_aux = alignment_of(config.aux);
+    check_gelu_epilogue(key, a, d, config);
+  }
 
   FP8TRON_CHECK(d.dtype == DType::kBF16 || d.dtype == DType::kFP32, "GEMM output must be BF16 or FP32");
   FP8TRON_CHECK(is_fp8(a.dtype) == is_fp8(b.dtype), "GEMM operands must be both FP8 or both high precision");
@@ -644,6 +698,7 @@ void gemm(GemmHandle& handle, const GemmOperand& a, const GemmOperand& b, const 
   call.a_scale = a.scale_inv;
   call.b_scale = b.scale_inv;
   call.bias = config.bias;
+  call.aux = config.aux;
   call.alpha = config.alpha;
   call.beta = config.accumulate ? 1.0f : 0.0f;
   const PlanKey exact = key;

@@ -37,6 +37,18 @@
 // scaling, whose per-128-k scales are applied at each promotion.
 // Output: bf16 or fp32. Optional bias epilogue (length m in column-major terms = N in gemm_nt).
 //
+// GeLU epilogues (bf16 GEMMs; GemmConfig::activation): cuBLASLt's GELU_AUX[_BIAS] and
+// DGELU[_BGRAD], the tanh GeLU (Megatron's and TE's, at::gelu(x, "tanh")). The auxiliary matrix
+// holds the GeLU's input: m x n column-major like D, in D's dtype (cuBLASLt's default aux type for
+// non-FP8 outputs), leading dimension aux_ld a multiple of 8 and >= m (cuBLASLt's
+// CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD rule). In the forward GEMM it is an output
+// (D = gelu(op(A) op(B) + bias), aux = op(A) op(B) + bias), in the backward an input
+// (D = op(A) op(B) * gelu'(aux)), whose DGELU_BGRAD variant also writes the row sums of D (the
+// bias gradient: m values, summed over D's n columns) to `bias`. cuBLASLt writes that gradient in
+// D's type for non-FP8 GEMMs (cublasLt.h, CUBLASLT_MATMUL_DESC_BIAS_POINTER: "Bias gradient
+// vector elements are the same type as the output elements (Ctype)"; the bias's type follows D's
+// likewise), so with a bf16 D it is bf16: gemm() refuses any other bias type with these epilogues.
+//
 // Threading and streams: a GemmHandle belongs to one device. Its plan cache is thread-safe. It
 // keeps one 32 MiB workspace per stream it has seen, so GEMMs on different streams may overlap.
 //
@@ -80,6 +92,9 @@ namespace fp8tron::fp8 {
 
 enum class DType : uint8_t { kE4M3, kE5M2, kBF16, kFP32 };
 enum class GemmBucket : uint8_t { kNone, kN, kK };
+// The GeLU epilogues of the header comment: none, the forward's (D = gelu(...), aux = its input)
+// or the backward's (D = ... * gelu'(aux)).
+enum class GemmActivation : uint8_t { kNone, kGeluAux, kDGelu };
 const char* dtype_name(DType dtype);
 DType dtype_of(Format format);  // E4M3 / E5M2 only
 inline bool is_fp8(DType d) { return d == DType::kE4M3 || d == DType::kE5M2; }
@@ -109,6 +124,11 @@ struct GemmConfig {
   bool bias_gradient = false;  // `bias` is an output instead: the bias gradient, the sum of op(B) over
                                // k (n values, one per column of D; cuBLASLt's BGRADB epilogue), as a
                                // linear's wgrad GEMM can produce it from dY without another pass.
+                               // With GemmActivation::kDGelu: the sum of D over its columns (m
+                               // values; DGELU_BGRAD), in D's dtype.
+  GemmActivation activation = GemmActivation::kNone;  // GeLU epilogue (header comment); bf16 only
+  void* aux = nullptr;  // kGeluAux: written, the GeLU's input; kDGelu: read. m x n, D's dtype; not D
+  int64_t aux_ld = 0;   // its leading dimension: a multiple of 8, >= m
   bool accumulate = false;  // D = result + D (beta = 1). With a bf16 D cuBLASLt's FP8 kernels round
                             // alpha * result to bf16 before adding D (two roundings, measured on
                             // H200): accumulate gradients into an fp32 D.

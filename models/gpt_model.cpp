@@ -116,7 +116,7 @@ torch::Tensor SelfAttentionImpl::attend(const torch::Tensor& qkv, const torch::T
 
 // ---- MLP -------------------------------------------------------------------------------------------
 MlpImpl::MlpImpl(const ModelConfig& m, const std::string& prefix, const ModuleFactory& f)
-    : swiglu_(m.swiglu), squared_relu_(m.squared_relu) {
+    : swiglu_(m.swiglu), squared_relu_(m.squared_relu), bias_gelu_fusion_(m.bias_gelu_fusion) {
   const int64_t fc1_out = m.swiglu ? 2 * m.ffn_hidden_size : m.ffn_hidden_size;
   linear_fc1 = register_module(
       "linear_fc1", TELayerNormColumnParallelLinear(NormOptions::from(m, m.hidden_size),
@@ -129,18 +129,33 @@ MlpImpl::MlpImpl(const ModelConfig& m, const std::string& prefix, const ModuleFa
                                         f));
 }
 
-torch::Tensor MlpImpl::forward(const torch::Tensor& x) { return activation_and_fc2(linear_fc1(x)); }
+torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
+  if (fused_gelu_applies(x))
+    return linear_fc2->forward_fused_gelu_mlp(linear_fc1->gemm_input(x), linear_fc1->weight, linear_fc1->bias);
+  return activation_and_fc2(linear_fc1(x));
+}
 
 ResidualOutput MlpImpl::forward_residual(const ResidualStream& in) {
+  if (fused_gelu_applies(in.residual)) {
+    const auto g = linear_fc1->gemm_input_residual(in);
+    return {g.sum, linear_fc2->forward_fused_gelu_mlp(g.out, linear_fc1->weight, linear_fc1->bias)};
+  }
   const auto fc1 = linear_fc1->forward_residual(in);
   return {fc1.sum, activation_and_fc2(fc1.out)};
 }
 
 torch::Tensor MlpImpl::activation_and_fc2(const torch::Tensor& h) {
-  // GeLU (tanh, as Megatron and TE) or SwiGLU on this rank's gate|up shards, fused into FP8 casts;
-  // squared ReLU (Megatron's torch.pow(F.relu(x), 2)) unfused.
+  // GeLU (tanh, as Megatron and TE) or SwiGLU on this rank's gate|up shards, fused into FP8 casts
+  // (in bf16, GeLU with fc1's bias runs in the GEMMs' epilogues where it can: the callers take that
+  // path first); squared ReLU (Megatron's torch.pow(F.relu(x), 2)) unfused.
   if (squared_relu_) return linear_fc2(torch::relu(h).square());
   return swiglu_ ? linear_fc2->forward_swiglu(h) : linear_fc2->forward_gelu(h);
+}
+
+bool MlpImpl::fused_gelu_applies(const torch::Tensor& x) const {
+  // The norm and the all-gather keep x's dtype, device and width: x stands for fc1's GEMM input.
+  const auto& fc1 = *linear_fc1;
+  return bias_gelu_fusion_ && !swiglu_ && !squared_relu_ && !fc1.fp8_site && !fc1.overlapped && linear_fc2->fused_gelu_mlp_applies(x, fc1.weight, fc1.bias);
 }
 
 // ---- layer -------------------------------------------------------------------------------------------

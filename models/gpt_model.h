@@ -56,7 +56,11 @@ class MlpImpl : public torch::nn::Module {
  private:
   torch::Tensor activation_and_fc2(const torch::Tensor& fc1_out);
 
-  bool swiglu_, squared_relu_;
+  // The bf16 GeLU MLP with the GeLU in the GEMM epilogues (TERowParallelLinear::
+  // forward_fused_gelu_mlp): on unless --no-bias-gelu-fusion, where both linears and the tensors
+  // allow it (x: the MLP's input).
+  bool fused_gelu_applies(const torch::Tensor& x) const;
+  bool swiglu_, squared_relu_, bias_gelu_fusion_;
 };
 TORCH_MODULE(Mlp);
 

@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "fp8/fp8_linear.h"
+#include "models/fused_gelu_mlp.h"
 #include "models/fused_linear.h"
 #include "models/fused_swiglu.h"
 #include "models/linear_kernels_fp8.h"
@@ -141,8 +142,10 @@ torch::Tensor TELayerNormColumnParallelLinearImpl::forward(const torch::Tensor& 
     return overlapped_column(apply_norm(x, norm_options, layer_norm_weight, layer_norm_bias), weight, bias, fp8_site, tp,
                              overlap_plan);
   }
-  auto normed = apply_norm(x, norm_options, layer_norm_weight, layer_norm_bias);
-  return linear(enter_tp(normed, tp), weight, bias, fp8_site);
+  return linear(gemm_input(x), weight, bias, fp8_site);
+}
+torch::Tensor TELayerNormColumnParallelLinearImpl::gemm_input(const torch::Tensor& x) {
+  return enter_tp(apply_norm(x, norm_options, layer_norm_weight, layer_norm_bias), tp);
 }
 ResidualOutput TELayerNormColumnParallelLinearImpl::forward_residual(const ResidualStream& in) {
   if (fp8_site || overlapped) {
@@ -151,8 +154,12 @@ ResidualOutput TELayerNormColumnParallelLinearImpl::forward_residual(const Resid
   }
   // forward()'s last two lines with the add fused into the norm. Under sequence parallelism the
   // norm runs on this rank's sequence shard before the all-gather, as forward()'s does.
+  const auto g = gemm_input_residual(in);
+  return {g.sum, linear(g.out, weight, bias, nullptr)};
+}
+ResidualOutput TELayerNormColumnParallelLinearImpl::gemm_input_residual(const ResidualStream& in) {
   const auto r = residual_add_norm(in.residual, in.branch, norm_options, layer_norm_weight, layer_norm_bias);
-  return {r.sum, linear(enter_tp(r.normed, tp), weight, bias, nullptr)};
+  return {r.sum, enter_tp(r.normed, tp)};
 }
 
 TERowParallelLinearImpl::TERowParallelLinearImpl(const LinearOptions& o, const ModuleFactory& f) : options(o), tp(f.tp()) {
@@ -171,6 +178,14 @@ torch::Tensor TERowParallelLinearImpl::forward_gelu(const torch::Tensor& x) {
   if (!fp8_site) return forward(at::gelu(x, "tanh"));
   if (overlapped) return forward_overlapped(x, fp8::Prologue::kGeluTanh);
   return reduce_and_add_bias(fp8::fp8_linear(x, weight, own_bias(), *fp8_site, fp8::Prologue::kGeluTanh));
+}
+torch::Tensor TERowParallelLinearImpl::forward_fused_gelu_mlp(const torch::Tensor& x, const torch::Tensor& fc1_weight,
+                                                              const torch::Tensor& fc1_bias) {
+  return reduce_and_add_bias(fused_gelu_mlp(x, GeluMlpParams{fc1_weight, fc1_bias, weight, own_bias()}));
+}
+bool TERowParallelLinearImpl::fused_gelu_mlp_applies(const torch::Tensor& x, const torch::Tensor& fc1_weight,
+                                                     const torch::Tensor& fc1_bias) const {
+  return !fp8_site && !overlapped && fused_gelu_mlp_blocker(x, GeluMlpParams{fc1_weight, fc1_bias, weight, own_bias()}).empty();
 }
 torch::Tensor TERowParallelLinearImpl::forward_swiglu(const torch::Tensor& x) {
   if (!fp8_site) return forward(fused_swiglu(x));

@@ -82,6 +82,13 @@ class TELayerNormColumnParallelLinearImpl : public ShardedModule {
   // norm (models/residual_norm.h); where the norm is fused into an FP8 cast instead (FP8, the
   // overlapped op) the sum is formed first and forward() runs on it.
   ResidualOutput forward_residual(const ResidualStream& in);
+  // The bf16 GEMM's input: x normed, entered into the tensor-parallel region (all-gathered under
+  // SP). Without FP8 or the overlap, forward(x) is this rank's linear of it; the dense MLP's fused
+  // GeLU path (TERowParallelLinear::forward_fused_gelu_mlp) runs fc1 on it itself.
+  torch::Tensor gemm_input(const torch::Tensor& x);
+  // gemm_input() of the stream's sum, with the sum: the pending add fused into the norm (the bf16 path
+  // without FP8 or the overlap, where the fused GeLU MLP runs).
+  ResidualOutput gemm_input_residual(const ResidualStream& in);
   NormOptions norm_options;
   LinearOptions linear_options;
   TensorParallelContext tp;
@@ -100,6 +107,16 @@ class TERowParallelLinearImpl : public ShardedModule {
   torch::Tensor forward(const torch::Tensor& x);
   // forward(gelu_tanh(x)); with FP8 the GeLU is fused into the cast of the GEMM input.
   torch::Tensor forward_gelu(const torch::Tensor& x);
+  // forward(gelu_tanh(x W1^T + b1)) of the dense bf16 MLP with fc1 (weight W1, bias b1: this
+  // rank's) run here too, the GeLU in both GEMMs' cuBLASLt epilogues (models/fused_gelu_mlp.h): x
+  // is fc1's GEMM input (TELayerNormColumnParallelLinear::gemm_input). Only where
+  // fused_gelu_mlp_applies.
+  torch::Tensor forward_fused_gelu_mlp(const torch::Tensor& x, const torch::Tensor& fc1_weight,
+                                       const torch::Tensor& fc1_bias);
+  // Whether it can run: this linear bf16 (no FP8 site) and not overlapped, and the tensors fit
+  // (fused_gelu_mlp_blocker). x: fc1's GEMM input, or any tensor of its dtype, device and width.
+  bool fused_gelu_mlp_applies(const torch::Tensor& x, const torch::Tensor& fc1_weight,
+                              const torch::Tensor& fc1_bias) const;
   // forward(silu(gate) * up) of x = [gate | up]; with FP8 fused into the cast of the GEMM input,
   // else one kernel each way on a GPU (models/fused_swiglu.h).
   torch::Tensor forward_swiglu(const torch::Tensor& x);

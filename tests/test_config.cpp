@@ -38,6 +38,15 @@ TEST(Config, SwigluFfnAndGqa) {
       << "--num-query-groups only counts with --group-query-attention";
 }
 
+// --no-bias-gelu-fusion is a real switch (the bf16 MLP's GeLU outside the GEMM epilogues), not a hint.
+TEST(Config, NoBiasGeluFusionReachesTheModel) {
+  const Config on = build(tiny_args());
+  const Config off = build(tiny_args({"--no-bias-gelu-fusion"}));
+  EXPECT_TRUE(on.model.bias_gelu_fusion);
+  EXPECT_FALSE(off.model.bias_gelu_fusion);
+  EXPECT_EQ(off.hint_warnings.size(), on.hint_warnings.size()) << "warned as hint-only";
+}
+
 TEST(Config, VocabPaddingFollowsMegatron) {
   EXPECT_EQ(padded_vocab_size(50257, 128, 1), 50304);
   EXPECT_EQ(padded_vocab_size(50257, 128, 2), 50432);

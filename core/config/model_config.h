@@ -43,6 +43,7 @@ struct ModelConfig {
   uint64_t seed = 1234;  // initialisation seed
   RecomputeConfig recompute;  // --recompute-*
   bool squared_relu = false;  // --squared-relu: relu(x)^2 instead of GeLU
+  bool bias_gelu_fusion = true;  // off with --no-bias-gelu-fusion: bf16 GeLU (and fc1's bias) outside the GEMMs
   RotaryConfig rotary;        // rotary-embedding variants
   MlaConfig mla;              // multi-latent attention
   MtpConfig mtp;              // multi-token prediction

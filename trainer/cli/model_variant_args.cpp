@@ -16,6 +16,7 @@ PositionEmbedding parse_position_embedding(const std::string& value) {
 
 void build_model_variants(const FlagValues& f, ModelConfig& m) {
   m.squared_relu = f.get_bool("squared-relu");
+  m.bias_gelu_fusion = !f.get_bool("no-bias-gelu-fusion");
   RotaryConfig& r = m.rotary;
   r.interleaved = f.get_bool("rotary-interleaved");
   r.llama3_scaling = f.get_bool("use-rope-scaling");

@@ -1,0 +1,70 @@
+#include "models/linear_grads.h"
+
+#include <c10/cuda/CUDAStream.h>
+
+#include "fp8/gemm.h"
+#include "fp8/grouped_gemm.h"
+
+namespace fp8tron {
+namespace {
+
+// dW [out, in] += dY^T X in fp32 into the main gradient and, through the same GEMM call (cuBLASLt's
+// BGRADB epilogue: the sum of dY over tokens), the bias gradient in fp32. On Hopper cuBLASLt runs the
+// sum as a second kernel, still faster than torch's reduction (1.43 vs 2.0 ms per GPT-2 124M step on
+// an H100). The device's shared heuristic-choice handle: the same kernels in every run, as at::addmm.
+torch::Tensor wgrad_and_bias_grad(const torch::Tensor& dy_in, const torch::Tensor& x_in, torch::Tensor& main_grad) {
+  const auto dy = dy_in.contiguous(), x = x_in.contiguous();
+  const int64_t tokens = x.size(0), in = x.size(1), out = dy.size(1);
+  auto bias_grad = torch::empty({out}, dy.options().dtype(torch::kFloat32));
+  // Column-major (gemm.h): D = main_grad as in x out, op(A) = X as in x tokens, op(B) = dY^T as tokens x out.
+  const fp8::GemmOperand a{x.data_ptr(), fp8::DType::kBF16, in, tokens, in, false};
+  const fp8::GemmOperand b{dy.data_ptr(), fp8::DType::kBF16, out, tokens, out, true};
+  const fp8::GemmOutput d{main_grad.data_ptr(), fp8::DType::kFP32, in};
+  fp8::GemmConfig config;
+  config.accumulate = true;
+  config.bias = bias_grad.data_ptr();
+  config.bias_dtype = fp8::DType::kFP32;
+  config.bias_gradient = true;
+  fp8::gemm(fp8::grouped_gemm_resources().handle, a, b, d, config,
+            c10::cuda::getCurrentCUDAStream(x.device().index()).stream());
+  return bias_grad;
+}
+
+}  // namespace
+
+bool is_main_grad(const torch::Tensor& param) {
+  const torch::Tensor g = param.grad();
+  return g.defined() && g.scalar_type() == torch::kFloat32 && g.is_contiguous() && g.sizes() == param.sizes();
+}
+
+LinearParamGrads linear_param_grads(const torch::Tensor& dy, const torch::Tensor& x, const torch::Tensor& weight,
+                                    const torch::Tensor& bias, bool want_weight, bool want_bias) {
+  LinearParamGrads result;
+  const bool has_bias = bias.defined() && want_bias;
+  if (has_bias && want_weight && is_main_grad(weight) && is_main_grad(bias) && x.scalar_type() == torch::kBFloat16) {
+    // Both gradients from one GEMM, both accumulated into their fp32 main gradients.
+    torch::Tensor main_grad = weight.grad(), bias_main_grad = bias.grad();
+    bias_main_grad.add_(wgrad_and_bias_grad(dy, x, main_grad));
+    return result;
+  }
+  if (want_weight) {
+    if (is_main_grad(weight)) {
+      // dW [out, in] = dY^T [out, M] x X [M, in], accumulated in fp32 into the main gradient.
+      torch::Tensor main_grad = weight.grad();
+      at::addmm_out(main_grad, main_grad, dy.t(), x, torch::kFloat32);
+    } else {
+      result.weight = at::mm(dy.t(), x);
+    }
+  }
+  if (has_bias) result.bias = dy.sum(0);
+  return result;
+}
+
+torch::Tensor into_main_grad_or_return(const torch::Tensor& param, const torch::Tensor& grad) {
+  if (!is_main_grad(param)) return grad;
+  torch::Tensor main_grad = param.grad();
+  main_grad.add_(grad);
+  return {};
+}
+
+}  // namespace fp8tron

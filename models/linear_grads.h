@@ -1,0 +1,30 @@
+// The parameter gradients of a bf16/fp16 linear y = x W^T (+ b) under gradient-accumulation
+// fusion (models/fused_linear.h): the weight gradient is accumulated by its GEMM in fp32 straight
+// into the parameter's main gradient (the optimizer's flat fp32 buffer, which `.grad` views) when
+// it has one; the bias gradient too, by the same GEMM call (cuBLASLt's BGRADB epilogue), when both
+// have one and the tensors are bf16. Shared by the fused linear and the fused GeLU MLP
+// (models/fused_gelu_mlp.h), whose backward passes call these on [tokens, features] matrices.
+#pragma once
+#include <torch/torch.h>
+
+namespace fp8tron {
+
+// Whether the parameter's gradient is such a buffer: fp32, contiguous, the parameter's shape.
+bool is_main_grad(const torch::Tensor& param);
+
+// What autograd is still to receive: undefined where a gradient went into its main gradient, or
+// was not wanted.
+struct LinearParamGrads {
+  torch::Tensor weight, bias;
+};
+
+// dW = dY^T X and db = sum of dY over tokens, for dy [tokens, out], x [tokens, in], weight
+// [out, in] and bias [out] (undefined: none). want_*: autograd's needs_input_grad.
+LinearParamGrads linear_param_grads(const torch::Tensor& dy, const torch::Tensor& x, const torch::Tensor& weight,
+                                    const torch::Tensor& bias, bool want_weight, bool want_bias);
+
+// `grad` added (in fp32) into the parameter's main gradient when it has one (undefined returned),
+// else returned for autograd.
+torch::Tensor into_main_grad_or_return(const torch::Tensor& param, const torch::Tensor& grad);
+
+}  // namespace fp8tron
