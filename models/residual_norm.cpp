@@ -26,17 +26,19 @@ kernels::ResidualNormShape shape_of(const torch::Tensor& x, bool rms, double eps
   return s;
 }
 
-// Inputs: residual, branch (undefined: the norm of residual alone), weight, bias (undefined: none;
-// always for RMSNorm). Outputs {sum, normed}, or {normed} without a branch.
+// Inputs: residual, branch (with has_branch false: the norm of residual alone), weight, bias (with
+// has_bias false: none; always for RMSNorm). The absent ones come as empty placeholders: a C++
+// autograd function takes no undefined tensor as an input (it asks every input for its device).
+// Outputs {sum, normed}, or {normed} without a branch.
 struct ResidualNormFunction : torch::autograd::Function<ResidualNormFunction> {
   static variable_list forward(AutogradContext* ctx, const torch::Tensor& residual, const torch::Tensor& branch,
-                               const torch::Tensor& weight, const torch::Tensor& bias, bool rms, double epsilon,
-                               bool zero_centered_gamma) {
+                               const torch::Tensor& weight, const torch::Tensor& bias, bool has_branch, bool has_bias,
+                               bool rms, double epsilon, bool zero_centered_gamma) {
     const c10::cuda::CUDAGuard device(residual.device());
     ctx->set_materialize_grads(false);  // an unused output's gradient stays undefined (zero), not a zero tensor
     const auto x = residual.contiguous();
-    const auto b = branch.defined() ? branch.contiguous() : torch::Tensor();
-    const auto gamma = weight.contiguous(), beta = bias.defined() ? bias.contiguous() : torch::Tensor();
+    const auto b = has_branch ? branch.contiguous() : torch::Tensor();
+    const auto gamma = weight.contiguous(), beta = has_bias ? bias.contiguous() : torch::Tensor();
     const auto s = shape_of(x, rms, epsilon, zero_centered_gamma);
     auto normed = torch::empty_like(x);
     auto sum = b.defined() ? torch::empty_like(x) : x;
@@ -85,7 +87,8 @@ struct ResidualNormFunction : torch::autograd::Function<ResidualNormFunction> {
                                       stream_of(sum));
     }
     // residual and branch take the same gradient (an add passes it on to both).
-    return {d_in, has_branch ? d_in : torch::Tensor(), d_weight, d_bias, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    return {d_in, has_branch ? d_in : torch::Tensor(), d_weight, d_bias, torch::Tensor(), torch::Tensor(),
+            torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -117,8 +120,10 @@ ResidualNormOutput residual_add_norm(const torch::Tensor& residual, const torch:
                                      const torch::Tensor& weight, const torch::Tensor& bias) {
   if (!kernels_apply(residual, branch, options, weight, bias)) return unfused_residual_add_norm(residual, branch, options, weight, bias);
   const bool rms = options.kind == Normalization::RMSNorm;
-  const auto out = ResidualNormFunction::apply(residual, branch, weight, rms ? torch::Tensor() : bias, rms, options.epsilon,
-                                               options.zero_centered_gamma);
+  const bool has_bias = !rms && bias.defined();
+  const auto none = torch::empty({0}, residual.options());
+  const auto out = ResidualNormFunction::apply(residual, branch.defined() ? branch : none, weight, has_bias ? bias : none,
+                                               branch.defined(), has_bias, rms, options.epsilon, options.zero_centered_gamma);
   if (!branch.defined()) return {residual, out[0]};
   return {out[0], out[1]};
 }
