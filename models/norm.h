@@ -17,8 +17,9 @@ struct NormOptions {
 };
 
 // norm(x) over the last dimension with gamma = weight (+ 1 when zero-centred) and, for LayerNorm,
-// beta = bias (may be undefined).
-torch::Tensor apply_norm(const torch::Tensor& x, const NormOptions& o, const torch::Tensor& weight,
+// beta = bias (may be undefined), through torch's ops: the CPU path and the GPU tests' reference.
+// The modules call apply_norm (models/residual_norm.h), which runs the fused kernel on GPUs.
+torch::Tensor torch_norm(const torch::Tensor& x, const NormOptions& o, const torch::Tensor& weight,
                          const torch::Tensor& bias);
 
 }  // namespace fp8tron

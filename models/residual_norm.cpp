@@ -113,7 +113,7 @@ ResidualNormOutput unfused_residual_add_norm(const torch::Tensor& residual, cons
                                              const NormOptions& options, const torch::Tensor& weight,
                                              const torch::Tensor& bias) {
   auto sum = branch.defined() ? residual + branch : residual;
-  return {sum, apply_norm(sum, options, weight, bias)};
+  return {sum, torch_norm(sum, options, weight, bias)};
 }
 
 ResidualNormOutput residual_add_norm(const torch::Tensor& residual, const torch::Tensor& branch, const NormOptions& options,
@@ -126,6 +126,11 @@ ResidualNormOutput residual_add_norm(const torch::Tensor& residual, const torch:
                                                branch.defined(), has_bias, rms, options.epsilon, options.zero_centered_gamma);
   if (!branch.defined()) return {residual, out[0]};
   return {out[0], out[1]};
+}
+
+torch::Tensor apply_norm(const torch::Tensor& x, const NormOptions& options, const torch::Tensor& weight,
+                         const torch::Tensor& bias) {
+  return residual_add_norm(x, torch::Tensor(), options, weight, bias).normed;
 }
 
 }  // namespace fp8tron

@@ -33,7 +33,13 @@ struct ResidualNormOutput {
 ResidualNormOutput residual_add_norm(const torch::Tensor& residual, const torch::Tensor& branch, const NormOptions& options,
                                      const torch::Tensor& weight, const torch::Tensor& bias);
 
-// The unfused chain (residual + branch, then apply_norm): the CPU path and the GPU reference.
+// The norm of x alone, as every module runs it: residual_add_norm's kernel on GPUs, so that a norm
+// whose residual add ran apart (at a recomputed unit's boundary, inside a recomputed MLP) gives
+// the bits the fused add + norm gives; torch_norm elsewhere.
+torch::Tensor apply_norm(const torch::Tensor& x, const NormOptions& options, const torch::Tensor& weight,
+                         const torch::Tensor& bias);
+
+// The unfused chain (residual + branch, then torch_norm): the CPU path and the GPU reference.
 ResidualNormOutput unfused_residual_add_norm(const torch::Tensor& residual, const torch::Tensor& branch,
                                              const NormOptions& options, const torch::Tensor& weight,
                                              const torch::Tensor& bias);

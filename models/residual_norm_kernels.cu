@@ -283,7 +283,10 @@ __global__ void __launch_bounds__(kBlockThreads) backward_kernel(const BackwardA
         const float d = to_float(dy[k].v[j]);
         const float dyg = d * (to_float(gamma.v[j]) + a.gamma_offset);
         float dx = rstd * (dyg - mean_dyg - xhat * mean_dyg_xhat);
-        if (a.d_sum) dx += to_float(residual_grad[k].v[j]);
+        // The norm's gradient is rounded before the residual's is added, as the unfused chain (the
+        // norm's backward, then autograd's add) rounds it: a norm whose add ran apart (a
+        // recomputed unit's boundary, a recomputed MLP) gives the same bits.
+        if (a.d_sum) dx = to_float(from_float<T>(dx)) + to_float(residual_grad[k].v[j]);
         out.v[j] = from_float<T>(dx);
         d_gamma[k][j] += d * xhat;
         d_beta[k][j] += d;

@@ -65,7 +65,7 @@ ResidualNormRun exact_run(const Inputs& in, const NormOptions& o, bool use_sum =
   return run_residual_norm(
       [&](const torch::Tensor& s, const torch::Tensor&, const torch::Tensor& w, const torch::Tensor& bb) {
         const auto gamma = o.zero_centered_gamma ? w + 1 : w;
-        return ResidualNormOutput{s, apply_norm(s, exact, gamma, bb)};
+        return ResidualNormOutput{s, torch_norm(s, exact, gamma, bb)};
       },
       f32(rounded_sum), {}, f32(in.weight), f32(in.bias), use_sum ? f32(in.c_sum) : torch::Tensor(),
       use_normed ? f32(in.c_normed) : torch::Tensor());
