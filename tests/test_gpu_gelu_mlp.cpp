@@ -395,7 +395,7 @@ TEST(GpuFusedGeluMlp, ModuleDispatchAndItsSwitches) {
   auto& fc1 = *plain->linear_fc1;
   auto& fc2 = *plain->linear_fc2;
   auto xc = x.clone().requires_grad_(true);
-  const auto normed = at::layer_norm(xc, {768}, fc1.layer_norm_weight, fc1.layer_norm_bias, 1e-5);
+  const auto normed = apply_norm(xc, fc1.norm_options, fc1.layer_norm_weight, fc1.layer_norm_bias);  // the modules' norm
   const auto h = linear_with_grad_accumulation_fusion(normed, fc1.weight, fc1.bias);
   const auto y_chain = linear_with_grad_accumulation_fusion(at::gelu(h, "tanh"), fc2.weight, fc2.bias);
   EXPECT_TRUE(torch::equal(y_plain, y_chain)) << "--no-bias-gelu-fusion is not today's path";
