@@ -115,7 +115,8 @@ ResidualNormOutput unfused_residual_add_norm(const torch::Tensor& residual, cons
 
 ResidualNormOutput residual_add_norm(const torch::Tensor& residual, const torch::Tensor& branch, const NormOptions& options,
                                      const torch::Tensor& weight, const torch::Tensor& bias) {
-  if (!kernels_apply(residual, branch, options, weight, bias)) return unfused_residual_add_norm(residual, branch, options, weight, bias);
+  if (!kernels_apply(residual, branch, options, weight, bias))
+    return unfused_residual_add_norm(residual, branch, options, weight, bias);
   const bool rms = options.kind == Normalization::RMSNorm;
   const auto out = ResidualNormFunction::apply(residual, branch, weight, rms ? torch::Tensor() : bias, rms, options.epsilon,
                                                options.zero_centered_gamma);
