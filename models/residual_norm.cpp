@@ -118,7 +118,8 @@ ResidualNormOutput unfused_residual_add_norm(const torch::Tensor& residual, cons
 
 ResidualNormOutput residual_add_norm(const torch::Tensor& residual, const torch::Tensor& branch, const NormOptions& options,
                                      const torch::Tensor& weight, const torch::Tensor& bias) {
-  if (!kernels_apply(residual, branch, options, weight, bias)) return unfused_residual_add_norm(residual, branch, options, weight, bias);
+  if (!kernels_apply(residual, branch, options, weight, bias))
+    return unfused_residual_add_norm(residual, branch, options, weight, bias);
   const bool rms = options.kind == Normalization::RMSNorm;
   const bool has_bias = !rms && bias.defined();
   const auto none = torch::empty({0}, residual.options());

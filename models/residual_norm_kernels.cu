@@ -99,7 +99,7 @@ struct ForwardArgs {
 };
 
 template <class T, int V, int kPacks>
-__global__ void __launch_bounds__(kBlockThreads) forward_kernel(const ForwardArgs<T> a) {
+__global__ void __launch_bounds__(kBlockThreads) residual_norm_forward_kernel(const ForwardArgs<T> a) {
   using P = Pack<T, V>;
   __shared__ float scratch[kMaxRowsPerBlock * kWarp];
   const int64_t row = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
@@ -225,7 +225,7 @@ __device__ __forceinline__ void write_block_partial(const float (&v)[kPacks][V],
 //   RMSNorm:   rstd (dy g - xhat mean(dy g xhat))            (mean = 0)
 // and the parameters' gradients are sum over rows of dy xhat (gamma) and dy (beta).
 template <class T, int V, int kPacks>
-__global__ void __launch_bounds__(kBlockThreads) backward_kernel(const BackwardArgs<T> a) {
+__global__ void __launch_bounds__(kBlockThreads) residual_norm_backward_kernel(const BackwardArgs<T> a) {
   using P = Pack<T, V>;
   __shared__ float scratch[kMaxRowsPerBlock * kWarp * 2];
   extern __shared__ float columns[];  // blockDim.y x hidden, with parameter gradients
@@ -303,9 +303,9 @@ __global__ void __launch_bounds__(kBlockThreads) backward_kernel(const BackwardA
 // adding rows y, y + 32, ... in order, then the 32 subtotals in order. blockIdx.y picks gamma's
 // (0) or beta's (1) partials.
 template <class T>
-__global__ void __launch_bounds__(kWarp * kWarp) reduce_partials_kernel(const float* gamma_part, const float* beta_part,
-                                                                         int64_t parts, int hidden, T* d_gamma,
-                                                                         T* d_beta) {
+__global__ void __launch_bounds__(kWarp * kWarp)
+    residual_norm_reduce_partials_kernel(const float* gamma_part, const float* beta_part, int64_t parts, int hidden,
+                                         T* d_gamma, T* d_beta) {
   __shared__ float subtotal[kWarp][kWarp + 1];
   const float* part = blockIdx.y == 0 ? gamma_part : beta_part;
   T* out = blockIdx.y == 0 ? d_gamma : d_beta;
@@ -366,8 +366,8 @@ template <class T, int V, int kPacks>
 void launch_forward_as(const ForwardArgs<T>& a, cudaStream_t stream) {
   const Layout l = layout_for(a.hidden, V, kForwardBlockTarget);
   const dim3 block(l.threads_per_row, l.rows_per_block);
-  forward_kernel<T, V, kPacks><<<ceil_div(a.rows, l.rows_per_block), block, 0, stream>>>(a);
-  FP8TRON_CUDA_CHECK_LAUNCH("residual norm forward_kernel");
+  residual_norm_forward_kernel<T, V, kPacks><<<ceil_div(a.rows, l.rows_per_block), block, 0, stream>>>(a);
+  FP8TRON_CUDA_CHECK_LAUNCH("residual_norm_forward_kernel");
 }
 
 // Returns the grid: the number of partial rows written.
@@ -377,12 +377,12 @@ int64_t launch_backward_as(const BackwardArgs<T>& a, cudaStream_t stream) {
   const dim3 block(l.threads_per_row, l.rows_per_block);
   const size_t shared = a.d_gamma_part ? size_t(l.rows_per_block) * a.hidden * sizeof(float) : 0;
   int resident = 0;
-  FP8TRON_CUDA_CHECK(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, backward_kernel<T, V, kPacks>, l.threads(), shared));
+  FP8TRON_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, residual_norm_backward_kernel<T, V, kPacks>,
+                                                                   l.threads(), shared));
   const int sms = sm_count();
   const int64_t grid = std::min<int64_t>(max_backward_blocks(a.rows, l, sms), int64_t(sms) * std::max(resident, 1));
-  backward_kernel<T, V, kPacks><<<unsigned(grid), block, shared, stream>>>(a);
-  FP8TRON_CUDA_CHECK_LAUNCH("residual norm backward_kernel");
+  residual_norm_backward_kernel<T, V, kPacks><<<unsigned(grid), block, shared, stream>>>(a);
+  FP8TRON_CUDA_CHECK_LAUNCH("residual_norm_backward_kernel");
   return grid;
 }
 
@@ -444,9 +444,9 @@ void backward_typed(const ResidualNormShape& s, const void* d_normed, const void
   }
   if (!params) return;
   const dim3 grid(ceil_div(s.hidden, kWarp), beta ? 2 : 1), block(kWarp, kWarp);
-  reduce_partials_kernel<T><<<grid, block, 0, stream>>>(gamma_part, beta_part, parts, int(s.hidden),
-                                                        static_cast<T*>(d_gamma), static_cast<T*>(d_beta));
-  FP8TRON_CUDA_CHECK_LAUNCH("residual norm reduce_partials_kernel");
+  residual_norm_reduce_partials_kernel<T><<<grid, block, 0, stream>>>(
+      gamma_part, beta_part, parts, int(s.hidden), static_cast<T*>(d_gamma), static_cast<T*>(d_beta));
+  FP8TRON_CUDA_CHECK_LAUNCH("residual_norm_reduce_partials_kernel");
 }
 
 }  // namespace

@@ -99,7 +99,8 @@ int main(int argc, char** argv) {
     return 77;
   }
   if (argc > 1) g_iters = std::max(1, std::atoi(argv[1]));
-  std::printf("| model | tokens x hidden | norm | fused forward | unfused forward | speed-up | fused fwd+bwd | unfused fwd+bwd | speed-up |\n");
+  std::printf("| model | tokens x hidden | norm | fused forward | unfused forward | speed-up | fused fwd+bwd | "
+              "unfused fwd+bwd | speed-up |\n");
   std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
   const Case cases[] = {
       {"GPT-2 124M", 16 * 1024, 768, Normalization::LayerNorm, true},
