@@ -369,6 +369,7 @@ Mlp gpu_mlp(bool bias_gelu_fusion) {
   Mlp mlp(mlp_config(bias_gelu_fusion), "decoder.layers.0.mlp", ModuleFactory(1234, tp));
   mlp->to(torch::kCUDA, torch::kBFloat16);
   torch::NoGradGuard no_grad;
+  torch::manual_seed(21);  // the same parameters for every module built here
   for (auto& p : mlp->parameters()) {
     p.add_(torch::randn_like(p) * 0.02);  // biases off zero
     p.mutable_grad() = torch::zeros(p.sizes(), p.options().dtype(torch::kFloat32));
