@@ -505,12 +505,14 @@ Plan& GemmHandle::Impl::plan(const PlanKey& key, const CallArgs& call, CUstream_
   }
   const uint32_t epilogue = epilogue_of(key);
   if (epilogue != CUBLASLT_EPILOGUE_DEFAULT) set_desc(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue);
-  if (key.has_bias) {
+  if (key.activation != GemmActivation::kNone) {
+    // The bias (gradient) and aux types are left at their defaults, D's type: the only choice for
+    // non-FP8 GEMMs (gemm() checks the bias's), as Transformer Engine leaves them.
+    set_desc(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, key.aux_ld);
+  } else if (key.has_bias) {
     const int32_t bias_type = cuda_type(key.bias_type);
     set_desc(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, bias_type);
   }
-  // The aux matrix's type is left at its default, D's type (the only choice for non-FP8 outputs).
-  if (key.activation != GemmActivation::kNone) set_desc(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, key.aux_ld);
   // The heuristic sees the real pointers, as in TE and torch._scaled_mm. Without them every
   // block-scaled query failed (CUBLAS_STATUS_INVALID_VALUE) on the first H200 run.
   set_call_pointers(p->desc, key, call);
