@@ -18,6 +18,7 @@
 #include <type_traits>
 
 #include "fp8/cuda_check.h"
+#include "models/kernel_pack.h"
 #include "models/residual_norm_kernels.h"
 
 namespace fp8tron::kernels {
@@ -36,25 +37,6 @@ constexpr int kForwardBlockTarget = 512;
 constexpr int kBackwardBlockTarget = 256;
 constexpr int kMaxThreadsPerSm = 2048;
 
-// V consecutive elements, loaded and stored as one access.
-template <class T, int V>
-struct alignas(sizeof(T) * V) Pack {
-  T v[V];
-};
-template <class P>
-__device__ __forceinline__ P load(const void* p) {
-  return *reinterpret_cast<const P*>(p);
-}
-// 16-byte packs go through an explicit st.global.v4 (as in models/swiglu_kernels.cu: a plain
-// assignment may be split into element stores).
-template <class P>
-__device__ __forceinline__ void store(void* p, const P& v) {
-  if constexpr (sizeof(P) == 16) {
-    __stwb(reinterpret_cast<uint4*>(p), *reinterpret_cast<const uint4*>(&v));
-  } else {
-    *reinterpret_cast<P*>(p) = v;
-  }
-}
 
 // The sum of v[i] over the threads of this thread's row group, the same bits in every thread: an
 // xor butterfly within each warp (each step adds the same two partial sums in every lane), then

@@ -1,6 +1,7 @@
 // The fused rotary embedding: one pass over x, memory-bound (one read and one write per element).
 
 #include "fp8/cuda_check.h"
+#include "models/kernel_pack.h"
 #include "models/rotary_kernels.h"
 
 namespace fp8tron::kernels {
@@ -40,11 +41,6 @@ __global__ void rotary_kernel(const T* __restrict__ x, T* __restrict__ out, Rota
 // the V channels of each half as one load (the scalar kernel's 2-byte accesses ran at well under
 // half the memory bandwidth: 2.7 ms per LLaMA-style 1.1B step on an H200). Same arithmetic per pair.
 template <class T, int V>
-struct alignas(sizeof(T) * V) Pack {
-  T v[V];
-};
-
-template <class T, int V>
 __global__ void rotary_half_vec_kernel(const T* __restrict__ x, T* __restrict__ out, RotaryShape sh,
                                        const float* __restrict__ cos, const float* __restrict__ sin, float sin_sign) {
   using P = Pack<T, V>;
@@ -58,7 +54,7 @@ __global__ void rotary_half_vec_kernel(const T* __restrict__ x, T* __restrict__ 
   for (int idx = threadIdx.x; idx < heads * packs; idx += blockDim.x) {
     const int head = idx / packs, i = (idx - head * packs) * V;
     const T* xh = xrow + (head / p) * sh.x_stride[2] + (head % p) * sh.x_stride[3];
-    const P a = *reinterpret_cast<const P*>(xh + i), b = *reinterpret_cast<const P*>(xh + i + half);
+    const P a = load<P>(xh + i), b = load<P>(xh + i + half);
     P ra, rb;
 #pragma unroll
     for (int k = 0; k < V; ++k) {
@@ -67,8 +63,8 @@ __global__ void rotary_half_vec_kernel(const T* __restrict__ x, T* __restrict__ 
       ra.v[k] = from_float<T>(x0 * cs - x1 * sn);
       rb.v[k] = from_float<T>(x1 * cs + x0 * sn);
     }
-    *reinterpret_cast<P*>(orow + head * d + i) = ra;
-    *reinterpret_cast<P*>(orow + head * d + i + half) = rb;
+    store(orow + head * d + i, ra);
+    store(orow + head * d + i + half, rb);
   }
   const int rest = d - int(sh.dim);
   for (int idx = threadIdx.x; idx < heads * rest; idx += blockDim.x) {

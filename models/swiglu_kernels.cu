@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "fp8/cuda_check.h"
+#include "models/kernel_pack.h"
 #include "models/swiglu_kernels.h"
 
 namespace fp8tron::kernels {
@@ -16,25 +17,6 @@ constexpr int kThreads = 256;
 // Enough blocks to fill an H100 / H200 several times over; the loop strides over the rest.
 constexpr int64_t kMaxBlocks = 8192;
 
-// V consecutive elements, loaded and stored as one access (16 bytes when V = 16 / sizeof(T)).
-template <class T, int V>
-struct alignas(sizeof(T) * V) Pack {
-  T v[V];
-};
-template <class P>
-__device__ __forceinline__ P load(const void* p) {
-  return *reinterpret_cast<const P*>(p);
-}
-// 16-byte packs are stored through __stwb (an explicit st.global.v4): as a plain assignment nvcc
-// splits the backward kernel's second store (at dx + f) into element stores.
-template <class P>
-__device__ __forceinline__ void store(void* p, const P& v) {
-  if constexpr (sizeof(P) == 16) {
-    __stwb(reinterpret_cast<uint4*>(p), *reinterpret_cast<const uint4*>(&v));
-  } else {
-    *reinterpret_cast<P*>(p) = v;
-  }
-}
 
 // The formulas of torch's silu and silu_backward kernels (opmath fp32), so fp32 results agree
 // with the unfused chain to the last bits: silu(g) = g / (1 + e^-g), sigmoid(g) = 1 / (1 + e^-g).

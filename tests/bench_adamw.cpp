@@ -22,28 +22,13 @@
 #include <optional>
 
 #include "fp8/cuda_check.h"
+#include "bench_timing.h"
 #include "trainer/optim/fused_adamw.h"
 
 namespace fp8tron {
 namespace {
 
-double time_ms(int iters, const std::function<void()>& fn) {
-  for (int i = 0; i < 2; ++i) fn();
-  FP8TRON_CUDA_CHECK(cudaDeviceSynchronize());
-  cudaEvent_t start, stop;
-  FP8TRON_CUDA_CHECK(cudaEventCreate(&start));
-  FP8TRON_CUDA_CHECK(cudaEventCreate(&stop));
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
-  FP8TRON_CUDA_CHECK(cudaEventRecord(start, stream));
-  for (int i = 0; i < iters; ++i) fn();
-  FP8TRON_CUDA_CHECK(cudaEventRecord(stop, stream));
-  FP8TRON_CUDA_CHECK(cudaEventSynchronize(stop));
-  float ms = 0;
-  FP8TRON_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-  FP8TRON_CUDA_CHECK(cudaEventDestroy(start));
-  FP8TRON_CUDA_CHECK(cudaEventDestroy(stop));
-  return ms / iters;
-}
+double time_ms(int iters, const std::function<void()>& fn) { return testing::gpu_ms_per_call(iters, fn); }
 
 void report(const char* what, double ms, double bytes) {
   std::printf("%-44s %9.3f ms  %6.2f TB/s\n", what, ms, bytes / (ms * 1e-3) / 1e12);

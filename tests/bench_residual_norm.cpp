@@ -20,29 +20,14 @@
 
 #include "fp8/cuda_check.h"
 #include "models/residual_norm.h"
+#include "bench_timing.h"
 
 namespace fp8tron {
 namespace {
 
 int g_iters = 50;
 
-double ms_per_call(const std::function<void()>& fn) {
-  for (int i = 0; i < 5; ++i) fn();
-  FP8TRON_CUDA_CHECK(cudaDeviceSynchronize());
-  cudaEvent_t start, stop;
-  FP8TRON_CUDA_CHECK(cudaEventCreate(&start));
-  FP8TRON_CUDA_CHECK(cudaEventCreate(&stop));
-  const auto stream = c10::cuda::getCurrentCUDAStream().stream();
-  FP8TRON_CUDA_CHECK(cudaEventRecord(start, stream));
-  for (int i = 0; i < g_iters; ++i) fn();
-  FP8TRON_CUDA_CHECK(cudaEventRecord(stop, stream));
-  FP8TRON_CUDA_CHECK(cudaEventSynchronize(stop));
-  float ms = 0;
-  FP8TRON_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-  FP8TRON_CUDA_CHECK(cudaEventDestroy(start));
-  FP8TRON_CUDA_CHECK(cudaEventDestroy(stop));
-  return ms / g_iters;
-}
+double ms_per_call(const std::function<void()>& fn) { return testing::gpu_ms_per_call(g_iters, fn, 5); }
 
 struct Case {
   const char* model;
