@@ -22,13 +22,13 @@
 #include <optional>
 
 #include "fp8/cuda_check.h"
-#include "bench_timing.h"
+#include "fp8/gpu_test_util.h"
 #include "trainer/optim/fused_adamw.h"
 
 namespace fp8tron {
 namespace {
 
-double time_ms(int iters, const std::function<void()>& fn) { return testing::gpu_ms_per_call(iters, fn); }
+double time_ms(int iters, const std::function<void()>& fn) { return fp8::testing::time_ms(fn, 2, iters); }
 
 void report(const char* what, double ms, double bytes) {
   std::printf("%-44s %9.3f ms  %6.2f TB/s\n", what, ms, bytes / (ms * 1e-3) / 1e12);

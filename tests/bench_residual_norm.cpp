@@ -19,15 +19,15 @@
 #include <string>
 
 #include "fp8/cuda_check.h"
+#include "fp8/gpu_test_util.h"
 #include "models/residual_norm.h"
-#include "bench_timing.h"
 
 namespace fp8tron {
 namespace {
 
 int g_iters = 50;
 
-double ms_per_call(const std::function<void()>& fn) { return testing::gpu_ms_per_call(g_iters, fn, 5); }
+double ms_per_call(const std::function<void()>& fn) { return fp8::testing::time_ms(fn, 5, g_iters); }
 
 struct Case {
   const char* model;
