@@ -292,18 +292,8 @@ TEST(GpuKernels, ModelsWithTheFusedResidualNormMatchTheUnfusedLayers) {
     torch::manual_seed(5);
     const auto tokens = torch::randint(0, m.vocab_size, {2, m.seq_length}, kCuda.dtype(torch::kLong));
     const auto upstream = torch::randn({2, m.seq_length, m.padded_vocab_size}, kCuda);
-    auto run_once = [&](const std::function<torch::Tensor()>& forward) {
-      model->zero_grad();
-      torch::manual_seed(21);
-      const auto logits = forward();
-      (logits * upstream).sum().backward();
-      std::map<std::string, torch::Tensor> grads;
-      for (const auto& p : model->named_parameters())
-        if (p.value().grad().defined()) grads[p.key()] = p.value().grad().clone();
-      return std::make_pair(logits.detach(), grads);
-    };
-    const auto fused = run_once([&] { return model->forward(tokens); });
-    const auto unfused = run_once([&] { return unfused_logits(*model, tokens); });
+    const auto fused = logits_and_grads(*model, upstream, [&] { return model->forward(tokens); });
+    const auto unfused = logits_and_grads(*model, upstream, [&] { return unfused_logits(*model, tokens); });
     EXPECT_LE(relative_error(fused.first, unfused.first), 1e-4);
     ASSERT_EQ(fused.second.size(), unfused.second.size());
     for (const auto& [p, g] : fused.second) EXPECT_LE(relative_error(g, unfused.second.at(p)), 1e-4) << p;

@@ -91,18 +91,8 @@ void expect_model_matches_unfused(std::initializer_list<std::string> extra, cons
   const auto tokens = torch::randint(0, m.vocab_size, {2, m.seq_length}, torch::kLong);
   const auto upstream = torch::randn({2, m.seq_length, m.padded_vocab_size});
 
-  auto run_once = [&](const std::function<torch::Tensor()>& forward) {
-    model->zero_grad();
-    torch::manual_seed(21);  // the same dropout masks in both runs
-    const auto logits = forward();
-    (logits * upstream).sum().backward();
-    std::map<std::string, torch::Tensor> grads;
-    for (const auto& p : model->named_parameters())
-      if (p.value().grad().defined()) grads[p.key()] = p.value().grad().clone();
-    return std::make_pair(logits.detach(), grads);
-  };
-  const auto fused = run_once([&] { return model->forward(tokens); });
-  const auto unfused = run_once([&] { return unfused_logits(*model, tokens); });
+  const auto fused = logits_and_grads(*model, upstream, [&] { return model->forward(tokens); });
+  const auto unfused = logits_and_grads(*model, upstream, [&] { return unfused_logits(*model, tokens); });
   EXPECT_TRUE(torch::equal(fused.first, unfused.first)) << "logits";
   ASSERT_EQ(fused.second.size(), unfused.second.size());
   ASSERT_FALSE(fused.second.empty());

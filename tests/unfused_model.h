@@ -6,7 +6,10 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <functional>
+#include <map>
 #include <string>
+#include <utility>
 
 #include "models/gpt_model.h"
 #include "models/mla_attention.h"
@@ -51,6 +54,21 @@ inline torch::Tensor unfused_logits(GptModelImpl& model, const torch::Tensor& to
   auto& output = module_named<TEColumnParallelLinearImpl>(model, "output_layer");
   const auto logits = m.untie_embeddings_and_output_weights ? output.forward(h) : output.forward_with(h, word);
   return logits.transpose(0, 1);
+}
+
+// One forward (`forward`: the model's or unfused_logits) and backward of sum(logits x upstream)
+// from zeroed gradients, with the dropout seed fixed so both runs draw the same masks: the logits
+// and every parameter gradient by name.
+inline std::pair<torch::Tensor, std::map<std::string, torch::Tensor>> logits_and_grads(
+    GptModelImpl& model, const torch::Tensor& upstream, const std::function<torch::Tensor()>& forward) {
+  model.zero_grad();
+  torch::manual_seed(21);
+  const auto logits = forward();
+  (logits * upstream).sum().backward();
+  std::map<std::string, torch::Tensor> grads;
+  for (const auto& p : model.named_parameters())
+    if (p.value().grad().defined()) grads[p.key()] = p.value().grad().clone();
+  return {logits.detach(), grads};
 }
 
 }  // namespace fp8tron::testing
