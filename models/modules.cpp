@@ -212,4 +212,26 @@ torch::Tensor TERowParallelLinearImpl::reduce_and_add_bias(const torch::Tensor& 
   return bias.defined() ? y + bias : y;
 }
 
+namespace {
+void add_defined(std::vector<torch::Tensor>& out, const torch::Tensor& weight, const torch::Tensor& bias) {
+  if (weight.defined()) out.push_back(weight);
+  if (bias.defined()) out.push_back(bias);
+}
+}  // namespace
+
+std::vector<torch::Tensor> gemm_written_params(const torch::nn::Module& model) {
+  std::vector<torch::Tensor> params;
+  for (const auto& m : model.modules(/*include_self=*/false)) {
+    if (const auto* c = dynamic_cast<const TEColumnParallelLinearImpl*>(m.get())) {
+      if (!c->fp8_site && !c->overlapped && !c->options.external_weight) add_defined(params, c->weight, c->bias);
+    } else if (const auto* n = dynamic_cast<const TELayerNormColumnParallelLinearImpl*>(m.get())) {
+      if (!n->fp8_site && !n->overlapped) add_defined(params, n->weight, n->bias);
+    } else if (const auto* r = dynamic_cast<const TERowParallelLinearImpl*>(m.get())) {
+      // With tensor parallelism the bias is added after the reduction, by autograd.
+      if (!r->fp8_site && !r->overlapped) add_defined(params, r->weight, r->tp.size == 1 ? r->bias : torch::Tensor());
+    }
+  }
+  return params;
+}
+
 }  // namespace fp8tron

@@ -136,4 +136,10 @@ class TERowParallelLinearImpl : public ShardedModule {
 };
 TORCH_MODULE(TERowParallelLinear);
 
+// The weights and biases of the bf16 linears under `model` whose gradients only their own GEMMs
+// produce: no FP8 site, not the overlapped op, not a shared weight, and the bias in the GEMM's
+// epilogue (not added after a tensor-parallel reduction). Where gradient-accumulation fusion
+// applies, a step's first wgrad GEMM may write their main gradients (models/main_grad_first_write.h).
+std::vector<torch::Tensor> gemm_written_params(const torch::nn::Module& model);
+
 }  // namespace fp8tron

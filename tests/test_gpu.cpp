@@ -8,6 +8,7 @@
 #include <cstdlib>
 
 #include "models/gpt_model.h"
+#include "models/main_grad_first_write.h"
 #include "test_helpers.h"
 #include "trainer/checkpoint/file_io.h"
 #include "trainer/determinism.h"
@@ -154,6 +155,54 @@ TEST(Gpu, DeterministicModeRepeatsAndResumesBitwise) {
   check_gpu_resume({"--bf16", "--deterministic-mode", "--hidden-dropout", "0.1", "--attention-dropout", "0.1",
                     "--vocab-size", "32"},
                    ResumeCheck::kBitwise);
+}
+
+// A step's first wgrad GEMM writes the bf16 linears' main gradients instead of adding to zeros
+// (models/main_grad_first_write.h); the second micro-batch adds. Against the run that zeroes every
+// gradient: the same weights after three steps, with biases (BGRADB writes the bias's main
+// gradient) and without (GeLU MLP vs SwiGLU, tied vs untied output layer), and the path ran for
+// every linear weight and bias of every step.
+TEST(Gpu, FirstWgradWriteMatchesZeroingAndAccumulating) {
+  REQUIRE_GPU();
+  struct Variant {
+    std::vector<std::string> flags;
+    uint64_t written_per_step;  // of the 2 layers' linears (and the untied output layer)
+  };
+  const std::vector<Variant> variants = {
+      {{}, 2 * 8},
+      {{"--disable-bias-linear", "--swiglu", "--untie-embeddings-and-output-weights"}, 2 * 4 + 1}};
+  struct Restore {
+    ~Restore() { main_grad_first_write::set_enabled(true); }
+  } restore;
+  for (const auto& v : variants) {
+    std::vector<std::string> args = {"--train-iters", "3", "--bf16", "--device", "cuda", "--deterministic-mode"};
+    args.insert(args.end(), v.flags.begin(), v.flags.end());
+    auto argv = tiny_args({"--hidden-size", "128", "--num-attention-heads", "4", "--seq-length", "128",
+                           "--micro-batch-size", "8", "--global-batch-size", "16", "--vocab-size", "512", "--lr",
+                           "3e-3", "--attention-dropout", "0", "--hidden-dropout", "0", "--log-interval", "1000",
+                           "--eval-iters", "0"});
+    argv.insert(argv.end(), args.begin(), args.end());
+    LaunchEnv env;
+    const Config c = build_config(parse(argv), env, /*gpu_available=*/true);
+    const TrainOptions weights{.collect_final_weights = true};
+    main_grad_first_write::set_enabled(true);
+    const uint64_t before = main_grad_first_write::granted();
+    const TrainResult written = train(c, weights);
+    EXPECT_EQ(main_grad_first_write::granted() - before, 3 * v.written_per_step) << "first writes per step";
+    main_grad_first_write::set_enabled(false);
+    const uint64_t before_off = main_grad_first_write::granted();
+    const TrainResult zeroed = train(c, weights);
+    EXPECT_EQ(main_grad_first_write::granted(), before_off) << "switched off, yet first writes ran";
+    ASSERT_EQ(written.final_weights.size(), zeroed.final_weights.size());
+    for (const auto& [name, w] : written.final_weights) {
+      const auto diff = (w - zeroed.final_weights.at(name)).abs().max().item<double>();
+      // Adam moves each weight by about lr (3e-3) per step: a lost or stale micro-batch gradient
+      // shows at that size; fp32 summation order at 1e-6 of it.
+      EXPECT_LT(diff, 1e-5) << name;
+    }
+    for (size_t i = 0; i < written.losses.size(); ++i)
+      EXPECT_NEAR(written.losses[i], zeroed.losses[i], 1e-4 * zeroed.losses[i]) << "iteration " << i + 1;
+  }
 }
 
 }  // namespace fp8tron

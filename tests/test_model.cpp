@@ -1,8 +1,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <set>
 
 #include "models/gpt_model.h"
+#include "models/main_grad_first_write.h"
+#include "models/modules.h"
 #include "test_helpers.h"
 #include "trainer/optim/mixed_precision_optimizer.h"
 #include "trainer/cli/model_math.h"
@@ -149,6 +152,60 @@ TEST(MixedPrecisionOptimizer, SkipZeroingLeavesOnlyTheNamedGradients) {
   EXPECT_TRUE(torch::equal(b.grad(), torch::zeros({3})));
   // Everything outside the skipped parameters (padding included) is zero.
   EXPECT_EQ(optimizer.main_grads().sum().item<double>(), 7.0 * 22);
+}
+
+// The bf16 linears whose gradients only their GEMMs write: every linear's weight and bias, not the
+// norms, embeddings or the tied output layer (the word embedding's gradient also comes from the
+// embedding's backward); the untied output layer's weight is one of them.
+TEST(GemmWrittenParams, AreTheLinearsWeightsAndBiases) {
+  const auto names_of = [](GptModel& model) {
+    std::set<std::string> names;
+    const auto written = gemm_written_params(*model);
+    for (const auto& item : model->named_parameters())
+      for (const auto& p : written)
+        if (p.is_same(item.value())) names.insert(item.key());
+    EXPECT_EQ(names.size(), written.size()) << "a parameter listed twice or not the model's";
+    return names;
+  };
+  GptModel tied(model_config());
+  std::set<std::string> expected;
+  for (const std::string layer : {"decoder.layers.0.", "decoder.layers.1."})
+    for (const std::string linear : {"self_attention.linear_qkv.", "self_attention.linear_proj.", "mlp.linear_fc1.",
+                                     "mlp.linear_fc2."})
+      for (const std::string p : {"weight", "bias"}) expected.insert(layer + linear + p);
+  EXPECT_EQ(names_of(tied), expected);
+  GptModel untied(model_config({"--untie-embeddings-and-output-weights", "--disable-bias-linear"}));
+  const auto names = names_of(untied);
+  EXPECT_EQ(names.size(), 2u * 4 + 1);
+  EXPECT_TRUE(names.count("output_layer.weight"));
+  for (const auto& n : names) EXPECT_EQ(n.find("bias"), std::string::npos) << n;
+}
+
+// A registered main gradient is taken once per step (the first GEMM writes it), not at all when it
+// is not registered or was replaced, and one no GEMM wrote is zeroed before the step uses it.
+TEST(MainGradFirstWrite, GrantsOneWritePerStepAndZeroesTheUnwritten) {
+  auto a = torch::ones({3}).requires_grad_(true), b = torch::ones({2}).requires_grad_(true),
+       c = torch::ones({2}).requires_grad_(true);
+  for (auto* t : {&a, &b, &c}) t->mutable_grad() = torch::full(t->sizes(), 5.0);
+  main_grad_first_write::own({a, b});
+  main_grad_first_write::new_step();
+  EXPECT_TRUE(main_grad_first_write::take(a));
+  EXPECT_FALSE(main_grad_first_write::take(a)) << "the second micro-batch adds";
+  EXPECT_FALSE(main_grad_first_write::take(c)) << "not registered";
+  main_grad_first_write::zero_unwritten();
+  EXPECT_TRUE(torch::equal(a.grad(), torch::full({3}, 5.0))) << "written this step: kept";
+  EXPECT_TRUE(torch::equal(b.grad(), torch::zeros({2}))) << "no GEMM wrote it: zeroed";
+  EXPECT_TRUE(torch::equal(c.grad(), torch::full({2}, 5.0)));
+  EXPECT_FALSE(main_grad_first_write::take(b)) << "zeroed counts as written";
+  main_grad_first_write::new_step();
+  EXPECT_TRUE(main_grad_first_write::take(a));
+  EXPECT_TRUE(main_grad_first_write::take(b));
+  main_grad_first_write::new_step();
+  b.mutable_grad() = torch::zeros({2});  // another buffer: no longer the registered main gradient
+  EXPECT_FALSE(main_grad_first_write::take(b));
+  main_grad_first_write::own({});
+  main_grad_first_write::new_step();
+  EXPECT_FALSE(main_grad_first_write::take(a));
 }
 
 // One AdamW step over the flat buffers equals torch::optim::AdamW (decoupled weight decay),

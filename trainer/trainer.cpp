@@ -24,6 +24,8 @@
 #include "fp8/fp8_linear.h"
 #include "fp8/wgrad_fusion.h"
 #include "models/gpt_model.h"
+#include "models/main_grad_first_write.h"
+#include "models/modules.h"
 #include "parallel/context_parallel.h"
 #include "parallel/layer_split.h"
 #include "parallel/overlap/comm_timer.h"
@@ -152,6 +154,7 @@ class Trainer {
         batches_(BatchSchedule::of(c.training, c.parallel.dp)),
         scaler_(c.precision),
         timers_(c.logging.timing_log_level, [this] { synchronize(); }) {}
+  ~Trainer() { main_grad_first_write::own({}); }  // the registry holds this run's parameters
 
   TrainResult run();
 
@@ -201,6 +204,8 @@ class Trainer {
   bool fp8_stats_due(int64_t iteration) const;
   void log_fp8_stats(int64_t iteration);
   void end_fp8_step();
+  // The gradients the wgrad GEMMs write in a step's first backward leave the optimizer's zeroing.
+  void skip_zeroing_gemm_written_grads();
   void log_tp_overlap() const;
   void report_moe(int64_t iteration);
   void log_moe_layout();
@@ -319,14 +324,7 @@ void Trainer::build() {
   optimizer_->set_qkv_rows({m.num_attention_heads / m.num_query_groups * m.kv_channels, m.kv_channels, m.kv_channels});
   if (d.overlap_grad_reduce) optimizer_->enable_grad_overlap(d.bucket_numel);
   set_gradient_accumulation_fusion(c_.precision.gradient_accumulation_fusion);
-  if (fp8_ && fp8_->overwrites_main_grads() && c_.precision.grads_in_fp32 && c_.precision.gradient_accumulation_fusion) {
-    // FP8 wgrad GEMMs write their fp32 main gradients (overwriting in a step's first backward):
-    // zeroing those 95% of the gradient buffer every step would be wasted bandwidth.
-    std::vector<torch::Tensor> weights;
-    for (const auto& site : fp8_->sites()) weights.push_back(site->parameter);
-    optimizer_->skip_zeroing(weights);
-    fp8_->set_overwrite_main_grads(true);
-  }
+  skip_zeroing_gemm_written_grads();
   if (d.overlap_param_gather) optimizer_->enable_param_gather_overlap(d.bucket_numel);
   if (optimizer_->param_gather_overlapped()) {
     MixedPrecisionOptimizer* optimizer = optimizer_.get();
@@ -665,10 +663,32 @@ torch::Tensor Trainer::train_step(int64_t iteration) {
   return pass.loss;
 }
 
+void Trainer::skip_zeroing_gemm_written_grads() {
+  const auto& p = c_.precision;
+  if (!p.grads_in_fp32 || !p.gradient_accumulation_fusion) return;
+  std::vector<torch::Tensor> skipped;
+  if (fp8_ && fp8_->overwrites_main_grads()) {
+    // FP8 wgrad GEMMs write their fp32 main gradients (overwriting in a step's first backward).
+    for (const auto& site : fp8_->sites()) skipped.push_back(site->parameter);
+    fp8_->set_overwrite_main_grads(true);
+  }
+  if (device_.is_cuda() && param_dtype(c_) == torch::kBFloat16 && main_grad_first_write::enabled()) {
+    // So do the bf16 linears' (models/main_grad_first_write.h).
+    std::vector<torch::Tensor> bf16;
+    for (const auto& chunk : chunks_)
+      for (auto& param : gemm_written_params(*chunk)) bf16.push_back(param);
+    main_grad_first_write::own(bf16);
+    skipped.insert(skipped.end(), bf16.begin(), bf16.end());
+  }
+  // Zeroing those 95% of the gradient buffer every step would be wasted bandwidth.
+  if (!skipped.empty()) optimizer_->skip_zeroing(skipped);
+}
+
 Trainer::Pass Trainer::forward_backward(int64_t iteration) {
   const auto& t = c_.training;
   timers_.start("forward-backward", 1);
   optimizer_->zero_grad();
+  main_grad_first_write::new_step();
   // Each micro-batch's loss is scaled by 1 / (micro-batches x data-parallel ranks) in backward, and
   // the data-parallel reduction then sums: the same mean gradient as Megatron's local average
   // followed by a data-parallel average, but every micro-batch's gradients have the same magnitude
@@ -699,6 +719,7 @@ Trainer::Pass Trainer::forward_backward(int64_t iteration) {
   if (pp_comm_timer_) timers_.add("pp-comm-exposed", 1, pp_comm_timer_->take_ms());
 
   timers_.start("optimizer", 1);
+  main_grad_first_write::zero_unwritten();  // before the reductions read them
   optimizer_->finalize_grads();
   if (moe_) moe_->end_step();  // expert-bias update from the step's token counts (Megatron: finalize_model_grads)
   // Averaged before the step: with --overlap-param-gather the step leaves the weights' all-gathers
