@@ -7,38 +7,17 @@
 
 #include "core/error.h"
 #include "core/text.h"
-#include "fp8/gemm.h"
-#include "fp8/grouped_gemm.h"
 #include "fp8/wgrad_fusion.h"
+#include "models/gelu_kernels.h"
 #include "models/linear_grads.h"
+#include "models/main_grad_first_write.h"
 
 namespace fp8tron {
 namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-CUstream_st* stream_of(const torch::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
-
-const void* data_or_null(const torch::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
-
-// The device's shared heuristic-choice handle (fp8/grouped_gemm.h): the same kernels in every run
-// and on every rank, as at::linear and the fused linear's wgrad GEMM.
-fp8::GemmHandle& handle() { return fp8::grouped_gemm_resources().handle; }
-
-// fc1 with the forward GeLU epilogue: g = gelu(x W1^T + b1) and pre = x W1^T + b1, both [tokens, ffn].
-void fc1_gelu(const torch::Tensor& x2d, const torch::Tensor& w1, const torch::Tensor& b1, torch::Tensor& g,
-              torch::Tensor& pre) {
-  const int64_t tokens = x2d.size(0), in = x2d.size(1), ffn = w1.size(0);
-  const fp8::RowMajorMatrix x{x2d.data_ptr(), fp8::DType::kBF16, tokens, in, in};
-  const fp8::RowMajorMatrix w{w1.data_ptr(), fp8::DType::kBF16, ffn, in, in};
-  fp8::GemmConfig config;
-  config.bias = data_or_null(b1);
-  config.bias_dtype = fp8::DType::kBF16;
-  config.activation = fp8::GemmActivation::kGeluAux;
-  config.aux = pre.data_ptr();
-  config.aux_ld = ffn;  // pre is laid out like G (gemm_nt's D: column-major ffn x tokens)
-  fp8::gemm_nt(handle(), x, w, g.data_ptr(), fp8::DType::kBF16, ffn, config, stream_of(x2d));
-}
+cudaStream_t stream_of(const torch::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
 
 // The biases are optional inputs: absent ones are no autograd inputs, and get no gradient.
 struct FusedGeluMlp : torch::autograd::Function<FusedGeluMlp> {
@@ -47,28 +26,38 @@ struct FusedGeluMlp : torch::autograd::Function<FusedGeluMlp> {
                                const std::optional<torch::Tensor>& b2) {
     const c10::cuda::CUDAGuard device(x.device());
     const torch::Tensor fc1_bias = b1.value_or(torch::Tensor()), fc2_bias = b2.value_or(torch::Tensor());
-    const int64_t in = w1.size(1), ffn = w1.size(0);
-    const auto x2d = x.reshape({-1, in}).contiguous();
+    const int64_t in = w1.size(1);
+    // fc1 with its bias in the GEMM's epilogue, then GeLU: g lives only until fc2 has run.
+    const auto pre = at::linear(x.reshape({-1, in}), w1, fc1_bias);
+    auto g = torch::empty_like(pre);
+    kernels::gelu_tanh_forward(pre.data_ptr(), g.data_ptr(), g.numel(), stream_of(x));
+    ctx->save_for_backward({x, w1, fc1_bias, w2, fc2_bias, pre});
     auto sizes = x.sizes().vec();
-    sizes.back() = ffn;
-    auto g = torch::empty(sizes, x.options()), pre = torch::empty(sizes, x.options());
-    fc1_gelu(x2d, w1.contiguous(), fc1_bias, g, pre);
-    ctx->save_for_backward({x, w1, fc1_bias, w2, fc2_bias, g, pre});
-    return at::linear(g, w2, fc2_bias);  // [..., ffn] in, like the unfused chain's fc2
+    sizes.back() = w2.size(0);
+    return at::linear(g, w2, fc2_bias).view(sizes);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const torch::Tensor &x = saved[0], &w1 = saved[1], &b1 = saved[2], &w2 = saved[3], &b2 = saved[4];
+    const torch::Tensor &x = saved[0], &w1 = saved[1], &b1 = saved[2], &w2 = saved[3], &b2 = saved[4], &pre = saved[5];
     const c10::cuda::CUDAGuard device(x.device());
-    const int64_t in = w1.size(1), ffn = w1.size(0), out = w2.size(0);
-    const auto g = saved[5].reshape({-1, ffn}), pre = saved[6].reshape({-1, ffn});
+    const int64_t in = w1.size(1), ffn = w1.size(0), out = w2.size(0), tokens = pre.size(0);
     // The gradient of a sum arrives expanded, of a cast in another dtype.
     const auto dy = grads[0].reshape({-1, out}).to(torch::kBFloat16).contiguous();
-    // fc2's dgrad, then GeLU's derivative from the saved pre-activation. Not cuBLASLt's
-    // DGELU_BGRAD epilogue: on an H200 it ran as a separate generic epilogue kernel after the
-    // GEMM, 0.61 ms per GPT 1.3B layer against 0.11 ms for torch's gelu_backward (docs/benchmarks.md).
-    const auto dpre = at::gelu_backward(at::mm(dy, w2), pre, "tanh");
+    // fc2's dgrad, then one pass: dL/dg becomes dL/dpre in place, g = gelu(pre) is recomputed for
+    // fc2's wgrad, and fc1's bias gradient is summed (models/gelu_kernels.h). Neither cuBLASLt's
+    // DGELU_BGRAD epilogue (on an H200 a separate generic kernel, 0.61 ms per GPT 1.3B layer) nor
+    // its BGRADB one (a second read of dL/dpre).
+    auto grad = at::mm(dy, w2);
+    auto g = torch::empty_like(pre);
+    const auto bias = fc1_bias_grad_target(b1);
+    auto scratch = bias.grad.defined()
+                       ? torch::empty({kernels::gelu_backward_scratch_floats(tokens, ffn)}, pre.options().dtype(torch::kFloat32))
+                       : torch::Tensor();
+    kernels::gelu_tanh_backward(grad.data_ptr(), pre.data_ptr(), g.data_ptr(), tokens, ffn,
+                                scratch.defined() ? scratch.data_ptr<float>() : nullptr,
+                                bias.grad.defined() ? bias.grad.data_ptr<float>() : nullptr, bias.accumulate, stream_of(x));
+    const auto& dpre = grad;
     // Gradients in the order of forward's arguments; the parameters' go into their main
     // gradients where they have them (undefined here), the rest to autograd.
     variable_list result(5);
@@ -76,11 +65,23 @@ struct FusedGeluMlp : torch::autograd::Function<FusedGeluMlp> {
     result[3] = fc2.weight;
     result[4] = fc2.bias;
     if (ctx->needs_input_grad(0)) result[0] = at::mm(dpre, w1).view(x.sizes());
-    // fc1's weight and bias gradients from its wgrad GEMM (the bias's through BGRADB, in fp32).
-    const auto fc1 = linear_param_grads(dpre, x.reshape({-1, in}), w1, b1, true, b1.defined());
-    result[1] = fc1.weight;
-    result[2] = fc1.bias;
+    result[1] = linear_param_grads(dpre, x.reshape({-1, in}), w1, torch::Tensor(), true, false).weight;
+    if (b1.defined() && !bias.into_main_grad) result[2] = bias.grad.to(b1.scalar_type());
     return result;
+  }
+
+ private:
+  // Where the GeLU kernel puts fc1's bias gradient: the bias's fp32 main gradient (written in the
+  // step's first write, models/main_grad_first_write.h, else added), or a new fp32 tensor for
+  // autograd. None without a bias.
+  struct BiasGradTarget {
+    torch::Tensor grad;
+    bool accumulate = false, into_main_grad = false;
+  };
+  static BiasGradTarget fc1_bias_grad_target(const torch::Tensor& b1) {
+    if (!b1.defined()) return {};
+    if (!is_main_grad(b1)) return {torch::empty(b1.sizes(), b1.options().dtype(torch::kFloat32)), false, false};
+    return {b1.grad(), !main_grad_first_write::take(b1), true};
   }
 };
 
@@ -100,7 +101,7 @@ std::string fused_gelu_mlp_blocker(const torch::Tensor& x, const GeluMlpParams& 
   if (!w1.requires_grad() || !w2.requires_grad() || !is_main_grad(w1) || !is_main_grad(w2))
     return "a weight has no fp32 main gradient";
   if (w1.size(0) % 8 != 0)
-    return strprintf("fc1's %lld output features (this rank's) are not a multiple of 8 (cuBLASLt's GeLU aux matrix)",
+    return strprintf("fc1's %lld output features (this rank's) are not a multiple of 8 (the GeLU kernels' 16-byte packs)",
                      static_cast<long long>(w1.size(0)));
   if (x.numel() == 0) return "no tokens";
   const auto on_device = [&x](const torch::Tensor& t) { return !t.defined() || t.device() == x.device(); };

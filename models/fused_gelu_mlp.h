@@ -1,23 +1,25 @@
-// The dense bf16 GeLU MLP with fc1's bias and GeLU in its GEMM's cuBLASLt epilogue (fp8/gemm.h,
-// GemmActivation), as Transformer Engine's LayerNormMLP runs it:
+// The dense bf16 GeLU MLP, fc1's bias in its GEMM's cuBLASLt epilogue and the GeLU in our kernels
+// (models/gelu_kernels.h):
 //
-//   forward   fc1        G = gelu(X W1^T + b1), Pre = X W1^T + b1     one GEMM (GELU_AUX_BIAS)
-//             fc2        Y = G W2^T (+ b2)                           at::linear, as the unfused path
-//   backward  fc2 dgrad  dPre = gelu'(Pre) * (dY W2)                 at::mm, then torch's gelu_backward
+//   forward   fc1        Pre = X W1^T + b1                           at::linear (bias epilogue)
+//             GeLU       G = gelu(Pre)                               one kernel; G is not saved
+//             fc2        Y = G W2^T (+ b2)                           at::linear
+//   backward  fc2 dgrad  dG = dY W2                                  at::mm
+//             GeLU       dPre = gelu'(Pre) * dG (in place), G = gelu(Pre) again,
+//                        b1's gradient = sum dPre over tokens        one kernel
 //             fc2 wgrad  W2's main gradient += dY^T G (and b2's += sum dY: BGRADB, one GEMM)
-//             fc1        dX = dPre W1; W1's main gradient += dPre^T X (b1's += sum dPre: BGRADB)
+//             fc1        dX = dPre W1; W1's main gradient += dPre^T X
 //
-// (without a bias GELU_AUX). The unfused chain — linear_with_grad_accumulation_fusion,
-// at::gelu(h, "tanh"), linear — runs the GeLU as one more kernel over the [tokens, ffn]
-// activations. cuBLASLt's backward epilogue (DGELU_BGRAD, which gemm() offers and its GPU tests
-// check) is not used: on an H200 it ran as a separate generic epilogue kernel after the GEMM, 0.61
-// ms per GPT 1.3B layer against 0.11 ms for gelu_backward. The same memory is kept for backward:
-// X, Pre (the unfused chain's fc1 output) and G (fc2's input).
-//
-// Same math, different rounding: the epilogue applies GeLU to the fp32 accumulator (the unfused
-// chain to fc1's output rounded to bf16), so G differs from the unfused chain's by about one bf16
-// step. Weight and bias gradients go into their fp32 main gradients as in models/fused_linear.h;
-// a bias without a main gradient gets its gradient through autograd.
+// Saved for backward: X and Pre, as torch.compile keeps them; G (fc2's input, one [tokens, ffn]
+// tensor per layer) is recomputed bit for bit inside the backward pass that reads Pre anyway.
+// Megatron's --bias-gelu-fusion fuses bias and GeLU in one kernel; here the bias rides in fc1's
+// GEMM. cuBLASLt's GELU_AUX_BIAS epilogue (fp8/gemm.h, GemmActivation) would apply GeLU to the
+// fp32 accumulator, so the backward could not reproduce G from Pre; it breaks even with the
+// separate kernel at 1.3B and is not used. Nor is its DGELU_BGRAD backward epilogue: on an H200
+// it ran as a separate generic kernel, 0.61 ms per GPT 1.3B layer against 0.11 ms for
+// gelu_backward. Weight and bias gradients go into their fp32 main gradients as in
+// models/fused_linear.h (written by a step's first write, models/main_grad_first_write.h); a bias
+// without a main gradient gets its gradient through autograd.
 //
 // x is fc1's GEMM input (normed, and gathered or copied into the tensor-parallel region: the
 // caller's); the result is fc2's partial output, to be reduced over the tensor-parallel group by
@@ -37,7 +39,7 @@ struct GeluMlpParams {
 
 // Why the fused MLP cannot run on these tensors ("" when it can): gradient-accumulation fusion
 // off (--no-gradient-accumulation-fusion), not bf16, a weight without an fp32 main gradient, an
-// fc1 output width (per rank) cuBLASLt's GeLU aux matrix does not take (a multiple of 8), no
+// fc1 output width (per rank) that is not a multiple of 8 (the kernels' 16-byte packs), no
 // tokens, or not on a GPU (there is no CPU implementation: the CPU runs the unfused chain).
 std::string fused_gelu_mlp_blocker(const torch::Tensor& x, const GeluMlpParams& params);
 

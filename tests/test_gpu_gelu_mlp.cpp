@@ -1,5 +1,5 @@
-// GPU tests of the GeLU GEMM epilogues (fp8/gemm.h, GemmActivation) and of the dense bf16 MLP
-// built on them (models/fused_gelu_mlp.h) against fp64 references and the unfused chain they
+// GPU tests of the GeLU GEMM epilogues (fp8/gemm.h, GemmActivation), the GeLU kernels
+// (models/gelu_kernels.h) and the dense bf16 MLP (models/fused_gelu_mlp.h) against fp64 references and the unfused chain they
 // replace (label gpu; skipped without a CUDA device, failing on any mismatch).
 //
 // Tolerances are derived, elementwise, from the roundings each path makes (first-order bounds,
@@ -28,6 +28,7 @@
 #include "fp8/wgrad_fusion.h"
 #include "models/fused_gelu_mlp.h"
 #include "models/fused_linear.h"
+#include "models/gelu_kernels.h"
 #include "models/gpt_model.h"
 #include "parallel/parallel_state.h"
 
@@ -194,6 +195,55 @@ TEST(GpuGeluEpilogue, RefusesWhatCublasLtDoesNotTake) {
   config.bias = b32.data_ptr();
   config.bias_dtype = fp8::DType::kFP32;  // cuBLASLt takes the bias in D's type
   EXPECT_THROW(run(), std::logic_error);
+}
+
+// ---- the GeLU kernels (models/gelu_kernels.h) ------------------------------------------------------
+
+// Forward and backward on a shape that fills no block evenly (1001 rows, 776 columns): G against
+// torch's tanh GeLU (both round one fp32 value: at most one bf16 step apart), the backward's G bit
+// for bit the forward's, dL/dpre against torch's gelu_backward, fc1's bias gradient against the
+// fp32 sum of the stored dL/dpre (written, then added), and two calls alike bit for bit.
+TEST(GpuGeluKernels, ForwardBackwardAndBiasGradient) {
+  REQUIRE_GPU();
+  torch::manual_seed(5);
+  const int64_t rows = 1001, cols = 776;
+  const auto pre = torch::randn({rows, cols}, kBf16) * 3;
+  const auto dg = torch::randn({rows, cols}, kBf16);
+  const auto stream = c10::cuda::getCurrentCUDAStream().stream();
+  auto g = torch::empty_like(pre);
+  kernels::gelu_tanh_forward(pre.data_ptr(), g.data_ptr(), pre.numel(), stream);
+  const auto g_torch = at::gelu(pre, "tanh");
+  const auto one_step = kU * 2 * g_torch.to(torch::kFloat32).abs() + 1e-30;
+  EXPECT_TRUE(((g - g_torch).to(torch::kFloat32).abs() <= one_step).all().item<bool>()) << "G differs from torch's GeLU";
+
+  const auto f32 = kBf16.dtype(torch::kFloat32);
+  auto scratch = torch::empty({kernels::gelu_backward_scratch_floats(rows, cols)}, f32);
+  const auto run = [&](torch::Tensor& bias_grad, bool accumulate) {
+    auto grad = dg.clone();
+    auto g_again = torch::empty_like(pre);
+    kernels::gelu_tanh_backward(grad.data_ptr(), pre.data_ptr(), g_again.data_ptr(), rows, cols, scratch.data_ptr<float>(),
+                                bias_grad.data_ptr<float>(), accumulate, stream);
+    return std::make_pair(grad, g_again);
+  };
+  auto bias_grad = torch::full({cols}, 123.0, f32);
+  const auto [dpre, g_again] = run(bias_grad, false);
+  EXPECT_TRUE(torch::equal(g_again, g)) << "the backward's G is not the forward's";
+  const auto dpre_torch = at::gelu_backward(dg, pre, "tanh");
+  const auto dpre_step = kU * 2 * dpre_torch.to(torch::kFloat32).abs() + 1e-6;
+  EXPECT_TRUE(((dpre - dpre_torch).to(torch::kFloat32).abs() <= dpre_step).all().item<bool>())
+      << "dL/dpre differs from torch's gelu_backward";
+  const auto want = dpre.to(torch::kFloat64).sum(0);
+  const auto sum_tol = rows * kU32 * dpre.to(torch::kFloat64).abs().sum(0) * 2 + 1e-6;
+  EXPECT_TRUE(((bias_grad.to(torch::kFloat64) - want).abs() <= sum_tol).all().item<bool>()) << "bias gradient (written)";
+  auto again = bias_grad.clone();
+  const auto [dpre2, g2] = run(again, true);
+  EXPECT_TRUE(torch::equal(dpre2, dpre) && torch::equal(g2, g_again)) << "two identical calls differ";
+  EXPECT_TRUE(torch::equal(again, bias_grad + bias_grad)) << "the added bias gradient is not the written one twice";
+  // Without a bias: the same dL/dpre and G, no scratch needed.
+  auto grad = dg.clone();
+  auto g3 = torch::empty_like(pre);
+  kernels::gelu_tanh_backward(grad.data_ptr(), pre.data_ptr(), g3.data_ptr(), rows, cols, nullptr, nullptr, false, stream);
+  EXPECT_TRUE(torch::equal(grad, dpre) && torch::equal(g3, g));
 }
 
 // ---- the fused MLP -------------------------------------------------------------------------------
