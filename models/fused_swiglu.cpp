@@ -6,7 +6,9 @@
 #include <optional>
 
 #include "core/error.h"
+#include "models/fused_linear.h"
 #include "models/kernel_float_of.h"
+#include "models/linear_grads.h"
 #include "models/swiglu_kernels.h"
 
 namespace fp8tron {
@@ -42,6 +44,52 @@ struct FusedSwiglu : torch::autograd::Function<FusedSwiglu> {
   }
 };
 
+// y = swiglu(x), z = y W^T (+ b), saving x alone: the backward's SwiGLU pass writes y again
+// for W's gradient. Autograd functions take no undefined inputs: with and without a bias.
+template <bool kBias>
+struct SwigluLinear : torch::autograd::Function<SwigluLinear<kBias>> {
+  static torch::Tensor run(AutogradContext* ctx, const torch::Tensor& x_in, const torch::Tensor& weight,
+                           const torch::Tensor& bias) {
+    const c10::cuda::CUDAGuard device(x_in.device());
+    const auto x = x_in.contiguous();
+    const int64_t f = weight.size(1), rows = x.numel() / (2 * f);
+    auto y = torch::empty({rows, f}, x.options());
+    kernels::swiglu_forward(x.data_ptr(), y.data_ptr(), *kernel_float_of(x), rows, f, stream_of(x));
+    if (kBias) ctx->save_for_backward({x, weight, bias});
+    else ctx->save_for_backward({x, weight});
+    auto sizes = x.sizes().vec();
+    sizes.back() = weight.size(0);
+    return at::linear(y, weight, bias).view(sizes);
+  }
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight) {
+    return run(ctx, x, weight, torch::Tensor());
+  }
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight,
+                               const torch::Tensor& bias) {
+    return run(ctx, x, weight, bias);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor &x = saved[0], &weight = saved[1];
+    const torch::Tensor bias = kBias ? saved[2] : torch::Tensor();
+    const c10::cuda::CUDAGuard device(x.device());
+    const int64_t out = weight.size(0), f = weight.size(1), rows = x.numel() / (2 * f);
+    const auto dz = grads[0].reshape({-1, out}).to(x.scalar_type()).contiguous();
+    const auto dy = at::mm(dz, weight);  // [rows, f]
+    auto dx = torch::empty_like(x);
+    auto y = torch::empty({rows, f}, x.options());
+    kernels::swiglu_backward(dy.data_ptr(), x.data_ptr(), dx.data_ptr(), *kernel_float_of(x), rows, f, stream_of(x),
+                             y.data_ptr());
+    const auto left = linear_param_grads(dz, y, weight, bias, ctx->needs_input_grad(1), kBias && ctx->needs_input_grad(2));
+    variable_list result(kBias ? 3 : 2);
+    result[0] = dx;
+    result[1] = left.weight;
+    if (kBias) result[2] = left.bias;
+    return result;
+  }
+};
+
 }  // namespace
 
 torch::Tensor unfused_swiglu(const torch::Tensor& x) {
@@ -55,6 +103,14 @@ torch::Tensor fused_swiglu(const torch::Tensor& x) {
                     ": [gate | up] needs an even size");
   if (!x.is_cuda() || !kernel_float_of(x)) return unfused_swiglu(x);
   return FusedSwiglu::apply(x);
+}
+
+torch::Tensor swiglu_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
+  FP8TRON_CHECK(weight.dim() == 2 && x.dim() >= 1 && x.size(-1) == 2 * weight.size(1),
+                "SwiGLU then linear: the input's last dimension is not twice the weight's input features");
+  if (!x.is_cuda() || !kernel_float_of(x) || !grad_accumulation_fusion_applies(x, weight))
+    return linear_with_grad_accumulation_fusion(fused_swiglu(x), weight, bias);
+  return bias.defined() ? SwigluLinear<true>::apply(x, weight, bias) : SwigluLinear<false>::apply(x, weight);
 }
 
 }  // namespace fp8tron

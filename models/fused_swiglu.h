@@ -15,6 +15,14 @@ namespace fp8tron {
 
 torch::Tensor fused_swiglu(const torch::Tensor& x);
 
+// linear(fused_swiglu(x), weight, bias), the dense MLP's fc2 on one rank, saving x alone for the
+// backward (torch.compile keeps the same): the backward's SwiGLU pass writes fc2's input again, bit
+// for bit, for the weight gradient, instead of keeping one [tokens, f] tensor per layer from the
+// forward (2 GB at the LLaMA-style 1.1B). On a GPU where gradient-accumulation fusion applies to
+// the weight (models/fused_linear.h: its gradients go into the fp32 main gradients the same way);
+// elsewhere the two ops.
+torch::Tensor swiglu_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias);
+
 // The unfused chain: silu(gate) * up through torch's autograd (the CPU path, the GPU reference).
 torch::Tensor unfused_swiglu(const torch::Tensor& x);
 

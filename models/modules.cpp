@@ -188,6 +188,7 @@ bool TERowParallelLinearImpl::fused_gelu_mlp_applies(const torch::Tensor& x, con
   return !fp8_site && !overlapped && fused_gelu_mlp_blocker(x, GeluMlpParams{fc1_weight, fc1_bias, weight, own_bias()}).empty();
 }
 torch::Tensor TERowParallelLinearImpl::forward_swiglu(const torch::Tensor& x) {
+  if (!fp8_site && !overlapped) return reduce_and_add_bias(swiglu_linear(x, weight, own_bias()));
   if (!fp8_site) return forward(fused_swiglu(x));
   if (overlapped) return forward_overlapped(x, fp8::Prologue::kSwiglu);
   return reduce_and_add_bias(fp8::fp8_linear(x, weight, own_bias(), *fp8_site, fp8::Prologue::kSwiglu));

@@ -55,7 +55,8 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const T* __restrict__
 
 template <class T, int V>
 __global__ void __launch_bounds__(kThreads) backward_kernel(const T* __restrict__ dy, const T* __restrict__ x,
-                                                            T* __restrict__ dx, int64_t rows, int64_t f) {
+                                                            T* __restrict__ dx, T* __restrict__ y, int64_t rows,
+                                                            int64_t f) {
   using P = Pack<T, V>;
   const int64_t packs_per_row = f / V, total = rows * packs_per_row;
   for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < total; i += int64_t(gridDim.x) * kThreads) {
@@ -64,16 +65,18 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(const T* __restrict_
     const P g = load<P>(x + in);
     const P u = load<P>(x + in + f);
     const P d = load<P>(dy + p.row * f + p.col);
-    P d_gate, d_up;
+    P d_gate, d_up, out;
 #pragma unroll
     for (int k = 0; k < V; ++k) {
-      const float gk = to_float(g.v[k]), dk = to_float(d.v[k]);
+      const float gk = to_float(g.v[k]), dk = to_float(d.v[k]), sk = silu(gk);
       // The unfused chain's order: (dy * up) first, then silu_backward of it.
       d_gate.v[k] = from_float<T>(silu_backward(dk * to_float(u.v[k]), gk));
-      d_up.v[k] = from_float<T>(dk * silu(gk));
+      d_up.v[k] = from_float<T>(dk * sk);
+      out.v[k] = from_float<T>(sk * to_float(u.v[k]));  // the forward's expression
     }
     store(dx + in, d_gate);
     store(dx + in + f, d_up);
+    if (y != nullptr) store(y + p.row * f + p.col, out);
   }
 }
 
@@ -105,16 +108,17 @@ void launch_forward(const void* x, void* y, int64_t rows, int64_t f, cudaStream_
 }
 
 template <class T>
-void launch_backward(const void* dy, const void* x, void* dx, int64_t rows, int64_t f, cudaStream_t stream) {
+void launch_backward(const void* dy, const void* x, void* dx, void* y, int64_t rows, int64_t f, cudaStream_t stream) {
   if (rows == 0 || f == 0) return;
   const auto* d = static_cast<const T*>(dy);
   const auto* in = static_cast<const T*>(x);
   auto* out = static_cast<T*>(dx);
-  if (can_vectorize<T>(f, {dy, x, dx})) {
+  auto* recomputed = static_cast<T*>(y);
+  if (can_vectorize<T>(f, {dy, x, dx, y})) {
     constexpr int V = kVector<T>;
-    backward_kernel<T, V><<<blocks_for(rows * (f / V)), kThreads, 0, stream>>>(d, in, out, rows, f);
+    backward_kernel<T, V><<<blocks_for(rows * (f / V)), kThreads, 0, stream>>>(d, in, out, recomputed, rows, f);
   } else {
-    backward_kernel<T, 1><<<blocks_for(rows * f), kThreads, 0, stream>>>(d, in, out, rows, f);
+    backward_kernel<T, 1><<<blocks_for(rows * f), kThreads, 0, stream>>>(d, in, out, recomputed, rows, f);
   }
   FP8TRON_CUDA_CHECK_LAUNCH("swiglu backward_kernel");
 }
@@ -130,11 +134,11 @@ void swiglu_forward(const void* x, void* y, FloatType dtype, int64_t rows, int64
 }
 
 void swiglu_backward(const void* dy, const void* x, void* dx, FloatType dtype, int64_t rows, int64_t f,
-                     cudaStream_t stream) {
+                     cudaStream_t stream, void* y) {
   switch (dtype) {
-    case FloatType::kFloat32: return launch_backward<float>(dy, x, dx, rows, f, stream);
-    case FloatType::kBFloat16: return launch_backward<__nv_bfloat16>(dy, x, dx, rows, f, stream);
-    case FloatType::kFloat16: return launch_backward<__half>(dy, x, dx, rows, f, stream);
+    case FloatType::kFloat32: return launch_backward<float>(dy, x, dx, y, rows, f, stream);
+    case FloatType::kBFloat16: return launch_backward<__nv_bfloat16>(dy, x, dx, y, rows, f, stream);
+    case FloatType::kFloat16: return launch_backward<__half>(dy, x, dx, y, rows, f, stream);
   }
 }
 

@@ -17,8 +17,10 @@ void swiglu_forward(const void* x, void* y, FloatType dtype, int64_t rows, int64
 // The gradient of x, both halves in one pass from x and dy alone (silu is recomputed, not saved):
 //   dx[r, c]     = dy[r, c] * x[r, f + c] * silu'(x[r, c])    (the gate's)
 //   dx[r, f + c] = dy[r, c] * silu(x[r, c])                    (the up projection's)
-// with silu'(g) = s (1 + g (1 - s)), s = sigmoid(g): torch's silu_backward.
+// with silu'(g) = s (1 + g (1 - s)), s = sigmoid(g): torch's silu_backward. With `y` (not null)
+// the forward's y is written again, bit for bit (the SwiGLU-then-fc2 op recomputes fc2's input
+// for its weight gradient instead of saving it, models/fused_swiglu.h).
 void swiglu_backward(const void* dy, const void* x, void* dx, FloatType dtype, int64_t rows, int64_t f,
-                     cudaStream_t stream);
+                     cudaStream_t stream, void* y = nullptr);
 
 }  // namespace fp8tron::kernels

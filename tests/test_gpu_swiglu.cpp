@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "models/fused_linear.h"
 #include "models/fused_swiglu.h"
 #include "models/output_discarding_recompute.h"
 
@@ -162,6 +163,55 @@ TEST(GpuKernels, FusedSwigluReplaysUnderOutputDiscardingRecompute) {
   product.sum().backward();
   EXPECT_TRUE(torch::equal(x.grad(), ref_gx));
   EXPECT_TRUE(torch::equal(w.grad(), ref_gw));
+}
+
+// SwiGLU then fc2 saving only fc2's input's input (swiglu_linear) against the two ops it stands for
+// (fused_swiglu, then the fused linear): the same kernels on the same values, so the output, the
+// input gradient and the fp32 main gradients of two micro-batches agree bit for bit, with and
+// without a bias (fc2's input, recomputed by the backward's SwiGLU pass, is the forward's).
+TEST(GpuKernels, SwigluLinearIsTheTwoOpsBitwise) {
+  REQUIRE_GPU();
+  torch::manual_seed(7);
+  const auto bf16 = kCuda.dtype(torch::kBFloat16);
+  const int64_t rows = 300, f = 344, out = 136;
+  const std::vector<torch::Tensor> xs = {torch::randn({rows / 3, 3, 2 * f}, bf16), torch::randn({rows / 3, 3, 2 * f}, bf16)};
+  const std::vector<torch::Tensor> dzs = {torch::randn({rows / 3, 3, out}, bf16), torch::randn({rows / 3, 3, out}, bf16)};
+  const auto w_values = torch::randn({out, f}, bf16) * 0.05, b_values = torch::randn({out}, bf16);
+  for (const bool with_bias : {true, false}) {
+    struct Run {
+      std::vector<torch::Tensor> zs, dxs;
+      torch::Tensor w_grad, b_grad;
+    };
+    const auto run_with = [&](bool fused) {
+      auto w = w_values.clone().requires_grad_(true);
+      w.mutable_grad() = torch::zeros({out, f}, kCuda.dtype(torch::kFloat32));
+      torch::Tensor b;
+      if (with_bias) {
+        b = b_values.clone().requires_grad_(true);
+        b.mutable_grad() = torch::zeros({out}, kCuda.dtype(torch::kFloat32));
+      }
+      Run r;
+      for (size_t i = 0; i < xs.size(); ++i) {
+        auto x = xs[i].clone().requires_grad_(true);
+        auto z = fused ? swiglu_linear(x, w, b) : linear_with_grad_accumulation_fusion(fused_swiglu(x), w, b);
+        if (fused) EXPECT_NE(z.grad_fn()->name().find("SwigluLinear"), std::string::npos) << z.grad_fn()->name();
+        z.backward(dzs[i]);
+        r.zs.push_back(z.detach());
+        r.dxs.push_back(x.grad());
+      }
+      r.w_grad = w.grad();
+      if (with_bias) r.b_grad = b.grad();
+      return r;
+    };
+    const Run fused = run_with(true), plain = run_with(false);
+    const std::string tag = with_bias ? "with a bias: " : "without a bias: ";
+    for (size_t i = 0; i < xs.size(); ++i) {
+      EXPECT_TRUE(torch::equal(fused.zs[i], plain.zs[i])) << tag << "output of micro-batch " << i;
+      EXPECT_TRUE(torch::equal(fused.dxs[i], plain.dxs[i])) << tag << "input gradient of micro-batch " << i;
+    }
+    EXPECT_TRUE(torch::equal(fused.w_grad, plain.w_grad)) << tag << "weight main gradient";
+    if (with_bias) EXPECT_TRUE(torch::equal(fused.b_grad, plain.b_grad)) << tag << "bias main gradient";
+  }
 }
 
 }  // namespace
