@@ -38,14 +38,15 @@
 // Output: bf16 or fp32. Optional bias epilogue (length m in column-major terms = N in gemm_nt).
 //
 // GeLU epilogues (bf16 GEMMs; GemmConfig::activation): cuBLASLt's GELU_AUX[_BIAS] and
-// DGELU[_BGRAD], the tanh GeLU (Megatron's and TE's, at::gelu(x, "tanh")). The auxiliary matrix
-// holds the GeLU's input: m x n column-major like D, in D's dtype (cuBLASLt's default aux type for
-// non-FP8 outputs), leading dimension aux_ld a multiple of 8 and >= m (cuBLASLt's
-// CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD rule). In the forward GEMM it is an output
-// (D = gelu(op(A) op(B) + bias), aux = op(A) op(B) + bias), in the backward an input
-// (D = op(A) op(B) * gelu'(aux)), whose DGELU_BGRAD variant also writes the row sums of D (the
-// bias gradient: m values, summed over D's n columns) to `bias`. cuBLASLt writes that gradient in
-// D's type for non-FP8 GEMMs (cublasLt.h, CUBLASLT_MATMUL_DESC_BIAS_POINTER: "Bias gradient
+// DGELU[_BGRAD]. The models use neither any more (models/fused_gelu_mlp.h measures why); their GPU
+// tests keep them correct for a GEMM that wants them. They compute the tanh GeLU (Megatron's and
+// TE's, at::gelu(x, "tanh")). The auxiliary matrix holds the GeLU's input: m x n column-major like
+// D, in D's dtype (cuBLASLt's default aux type for non-FP8 outputs), leading dimension aux_ld a
+// multiple of 8 and >= m (cuBLASLt's CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD rule). In the forward
+// GEMM it is an output (D = gelu(op(A) op(B) + bias), aux = op(A) op(B) + bias), in the backward an
+// input (D = op(A) op(B) * gelu'(aux)), whose DGELU_BGRAD variant also writes the row sums of D
+// (the bias gradient: m values, summed over D's n columns) to `bias`. cuBLASLt writes that gradient
+// in D's type for non-FP8 GEMMs (cublasLt.h, CUBLASLT_MATMUL_DESC_BIAS_POINTER: "Bias gradient
 // vector elements are the same type as the output elements (Ctype)"; the bias's type follows D's
 // likewise), so with a bf16 D it is bf16: gemm() refuses any other bias type with these epilogues.
 //

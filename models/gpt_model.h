@@ -56,7 +56,7 @@ class MlpImpl : public torch::nn::Module {
  private:
   torch::Tensor activation_and_fc2(const torch::Tensor& fc1_out);
 
-  // The bf16 GeLU MLP with the GeLU in the GEMM epilogues (TERowParallelLinear::
+  // The fused bf16 GeLU MLP (models/fused_gelu_mlp.h, TERowParallelLinear::
   // forward_fused_gelu_mlp): on unless --no-bias-gelu-fusion, where both linears and the tensors
   // allow it (x: the MLP's input).
   bool fused_gelu_applies(const torch::Tensor& x) const;

@@ -108,7 +108,7 @@ class TERowParallelLinearImpl : public ShardedModule {
   // forward(gelu_tanh(x)); with FP8 the GeLU is fused into the cast of the GEMM input.
   torch::Tensor forward_gelu(const torch::Tensor& x);
   // forward(gelu_tanh(x W1^T + b1)) of the dense bf16 MLP with fc1 (weight W1, bias b1: this
-  // rank's) run here too, the GeLU in both GEMMs' cuBLASLt epilogues (models/fused_gelu_mlp.h): x
+  // rank's) run here too, as one op that saves fc1's pre-activation only (models/fused_gelu_mlp.h): x
   // is fc1's GEMM input (TELayerNormColumnParallelLinear::gemm_input). Only where
   // fused_gelu_mlp_applies.
   torch::Tensor forward_fused_gelu_mlp(const torch::Tensor& x, const torch::Tensor& fc1_weight,

@@ -38,7 +38,7 @@ TEST(Config, SwigluFfnAndGqa) {
       << "--num-query-groups only counts with --group-query-attention";
 }
 
-// --no-bias-gelu-fusion is a real switch (the bf16 MLP's GeLU outside the GEMM epilogues), not a hint.
+// --no-bias-gelu-fusion is a real switch (the bf16 MLP as the unfused chain of ops instead of the fused GeLU MLP), not a hint.
 TEST(Config, NoBiasGeluFusionReachesTheModel) {
   const Config on = build(tiny_args());
   const Config off = build(tiny_args({"--no-bias-gelu-fusion"}));
