@@ -21,6 +21,11 @@
 // models/fused_linear.h (written by a step's first write, models/main_grad_first_write.h); a bias
 // without a main gradient gets its gradient through autograd.
 //
+// fused_norm_gelu_mlp runs fc1's norm (with the residual stream's pending add) in the same op,
+// TE's LayerNormMLP: x, the norm's output, is then not kept either; the norm's backward pass
+// writes it again, bitwise, for fc1's wgrad (models/residual_norm.h, NormPrologue). That is one
+// [tokens, hidden] tensor less per layer, and the results are bitwise the separate norm's.
+//
 // x is fc1's GEMM input (normed, and gathered or copied into the tensor-parallel region: the
 // caller's); the result is fc2's partial output, to be reduced over the tensor-parallel group by
 // the caller, with fc2_bias only where one rank holds the whole sum (TERowParallelLinear).
@@ -29,6 +34,8 @@
 #include <torch/torch.h>
 
 #include <string>
+
+#include "models/residual_norm.h"
 
 namespace fp8tron {
 
@@ -45,5 +52,10 @@ std::string fused_gelu_mlp_blocker(const torch::Tensor& x, const GeluMlpParams& 
 
 // fc2(gelu_tanh(fc1(x))) as above, x [..., in] -> [..., out]. Only where the blocker is "".
 torch::Tensor fused_gelu_mlp(const torch::Tensor& x, const GeluMlpParams& params);
+
+// {sum, the MLP of norm(sum)}, sum = in.residual + in.branch: one rank's MLP whose fc1 reads the
+// norm directly (no tensor-parallel region between them). Only where the blocker (of in.residual)
+// is "" and norm_prologue_applies.
+ResidualOutput fused_norm_gelu_mlp(const ResidualStream& in, const NormPrologue& norm, const GeluMlpParams& params);
 
 }  // namespace fp8tron

@@ -130,13 +130,20 @@ MlpImpl::MlpImpl(const ModelConfig& m, const std::string& prefix, const ModuleFa
 }
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
-  if (fused_gelu_applies(x))
+  if (fused_gelu_applies(x)) {
+    const ResidualStream stream{x, {}};
+    if (const auto norm = linear_fc1->fusable_norm(stream))
+      return linear_fc2->forward_fused_norm_gelu_mlp(stream, *norm, linear_fc1->weight, linear_fc1->bias).out;
     return linear_fc2->forward_fused_gelu_mlp(linear_fc1->gemm_input(x), linear_fc1->weight, linear_fc1->bias);
+  }
   return activation_and_fc2(linear_fc1(x));
 }
 
 ResidualOutput MlpImpl::forward_residual(const ResidualStream& in) {
   if (fused_gelu_applies(in.residual)) {
+    // fc1's norm in the MLP's op where one rank runs it (no normed input kept for the backward).
+    if (const auto norm = linear_fc1->fusable_norm(in))
+      return linear_fc2->forward_fused_norm_gelu_mlp(in, *norm, linear_fc1->weight, linear_fc1->bias);
     const auto g = linear_fc1->gemm_input_residual(in);
     return {g.sum, linear_fc2->forward_fused_gelu_mlp(g.out, linear_fc1->weight, linear_fc1->bias)};
   }

@@ -9,6 +9,7 @@
 #include "models/fused_swiglu.h"
 #include "models/linear_kernels_fp8.h"
 #include "models/linear_kernels_plain.h"
+#include "models/norm_linear.h"
 #include "parallel/tensor_parallel.h"
 
 namespace fp8tron {
@@ -142,7 +143,16 @@ torch::Tensor TELayerNormColumnParallelLinearImpl::forward(const torch::Tensor& 
     return overlapped_column(apply_norm(x, norm_options, layer_norm_weight, layer_norm_bias), weight, bias, fp8_site, tp,
                              overlap_plan);
   }
+  const ResidualStream stream{x, {}};
+  if (const auto norm = fusable_norm(stream); norm && norm_linear_applies(stream, *norm, weight))
+    return norm_linear(stream, *norm, weight, bias).out;
   return linear(gemm_input(x), weight, bias, fp8_site);
+}
+std::optional<NormPrologue> TELayerNormColumnParallelLinearImpl::fusable_norm(const ResidualStream& in) const {
+  if (fp8_site || overlapped || tp.size != 1) return std::nullopt;
+  NormPrologue norm{norm_options, layer_norm_weight, layer_norm_bias};
+  if (!norm_prologue_applies(in.residual, in.branch, norm)) return std::nullopt;
+  return norm;
 }
 torch::Tensor TELayerNormColumnParallelLinearImpl::gemm_input(const torch::Tensor& x) {
   return enter_tp(apply_norm(x, norm_options, layer_norm_weight, layer_norm_bias), tp);
@@ -152,6 +162,8 @@ ResidualOutput TELayerNormColumnParallelLinearImpl::forward_residual(const Resid
     const auto x = in.sum();
     return {x, forward(x)};
   }
+  if (const auto norm = fusable_norm(in); norm && norm_linear_applies(in, *norm, weight))
+    return norm_linear(in, *norm, weight, bias);
   // forward()'s last two lines with the add fused into the norm. Under sequence parallelism the
   // norm runs on this rank's sequence shard before the all-gather, as forward()'s does.
   const auto g = gemm_input_residual(in);
@@ -182,6 +194,12 @@ torch::Tensor TERowParallelLinearImpl::forward_gelu(const torch::Tensor& x) {
 torch::Tensor TERowParallelLinearImpl::forward_fused_gelu_mlp(const torch::Tensor& x, const torch::Tensor& fc1_weight,
                                                               const torch::Tensor& fc1_bias) {
   return reduce_and_add_bias(fused_gelu_mlp(x, GeluMlpParams{fc1_weight, fc1_bias, weight, own_bias()}));
+}
+ResidualOutput TERowParallelLinearImpl::forward_fused_norm_gelu_mlp(const ResidualStream& in, const NormPrologue& fc1_norm,
+                                                                    const torch::Tensor& fc1_weight,
+                                                                    const torch::Tensor& fc1_bias) {
+  const auto r = fused_norm_gelu_mlp(in, fc1_norm, GeluMlpParams{fc1_weight, fc1_bias, weight, own_bias()});
+  return {r.sum, reduce_and_add_bias(r.out)};
 }
 bool TERowParallelLinearImpl::fused_gelu_mlp_applies(const torch::Tensor& x, const torch::Tensor& fc1_weight,
                                                      const torch::Tensor& fc1_bias) const {

@@ -11,6 +11,8 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <optional>
+
 #include "models/module_factory.h"
 #include "models/norm.h"
 #include "models/residual_norm.h"
@@ -89,6 +91,10 @@ class TELayerNormColumnParallelLinearImpl : public ShardedModule {
   // gemm_input() of the stream's sum, with the sum: the pending add fused into the norm (the bf16 path
   // without FP8 or the overlap, where the fused GeLU MLP runs).
   ResidualOutput gemm_input_residual(const ResidualStream& in);
+  // The norm as a prologue of this rank's GEMM in one op (models/norm_linear.h, the fused GeLU
+  // MLP), which keeps no normed input for the backward: on one tensor-parallel rank without FP8 or
+  // the overlap, where the norm's kernels take the stream. Otherwise nullopt.
+  std::optional<NormPrologue> fusable_norm(const ResidualStream& in) const;
   NormOptions norm_options;
   LinearOptions linear_options;
   TensorParallelContext tp;
@@ -117,6 +123,10 @@ class TERowParallelLinearImpl : public ShardedModule {
   // (fused_gelu_mlp_blocker). x: fc1's GEMM input, or any tensor of its dtype, device and width.
   bool fused_gelu_mlp_applies(const torch::Tensor& x, const torch::Tensor& fc1_weight,
                               const torch::Tensor& fc1_bias) const;
+  // forward_fused_gelu_mlp of fc1's norm of the stream, the norm run in the same op
+  // (fused_norm_gelu_mlp): fc1_norm from TELayerNormColumnParallelLinear::fusable_norm.
+  ResidualOutput forward_fused_norm_gelu_mlp(const ResidualStream& in, const NormPrologue& fc1_norm,
+                                             const torch::Tensor& fc1_weight, const torch::Tensor& fc1_bias);
   // forward(silu(gate) * up) of x = [gate | up]; with FP8 fused into the cast of the GEMM input,
   // else one kernel each way on a GPU (models/fused_swiglu.h).
   torch::Tensor forward_swiglu(const torch::Tensor& x);

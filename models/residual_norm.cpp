@@ -34,61 +34,43 @@ struct ResidualNormFunction : torch::autograd::Function<ResidualNormFunction> {
   static variable_list forward(AutogradContext* ctx, const torch::Tensor& residual, const torch::Tensor& branch,
                                const torch::Tensor& weight, const torch::Tensor& bias, bool has_branch, bool has_bias,
                                bool rms, double epsilon, bool zero_centered_gamma) {
-    const c10::cuda::CUDAGuard device(residual.device());
     ctx->set_materialize_grads(false);  // an unused output's gradient stays undefined (zero), not a zero tensor
-    const auto x = residual.contiguous();
-    const auto b = has_branch ? branch.contiguous() : torch::Tensor();
-    const auto gamma = weight.contiguous(), beta = has_bias ? bias.contiguous() : torch::Tensor();
-    const auto s = shape_of(x, rms, epsilon, zero_centered_gamma);
-    auto normed = torch::empty_like(x);
-    auto sum = b.defined() ? torch::empty_like(x) : x;
-    const auto stats = x.options().dtype(torch::kFloat32);
-    auto mean = rms ? torch::Tensor() : torch::empty({s.rows}, stats);
-    auto rstd = torch::empty({s.rows}, stats);
-    kernels::residual_norm_forward(s, x.data_ptr(), data_or_null(b), gamma.data_ptr(), data_or_null(beta),
-                                   b.defined() ? sum.data_ptr() : nullptr, normed.data_ptr(),
-                                   mean.defined() ? mean.data_ptr<float>() : nullptr, rstd.data_ptr<float>(), stream_of(x));
-    ctx->save_for_backward({sum, gamma, mean, rstd});
-    ctx->saved_data["has_branch"] = b.defined();
-    ctx->saved_data["has_bias"] = beta.defined();
+    const NormPrologue norm{options_of(rms, epsilon, zero_centered_gamma, weight.size(0)), weight,
+                            has_bias ? bias : torch::Tensor()};
+    const auto f = norm_prologue_forward(residual, has_branch ? branch : torch::Tensor(), norm);
+    ctx->save_for_backward({f.saved.sum, weight, norm.bias, f.saved.mean, f.saved.rstd});
+    ctx->saved_data["has_branch"] = has_branch;
+    ctx->saved_data["has_bias"] = has_bias;
     ctx->saved_data["rms"] = rms;
     ctx->saved_data["zero_centered_gamma"] = zero_centered_gamma;
-    if (b.defined()) return {sum, normed};
-    return {normed};
+    if (has_branch) return {f.sum, f.normed};
+    return {f.normed};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const auto &sum = saved[0], &gamma = saved[1], &mean = saved[2], &rstd = saved[3];
     const bool has_branch = ctx->saved_data["has_branch"].toBool(), has_bias = ctx->saved_data["has_bias"].toBool();
-    const c10::cuda::CUDAGuard device(sum.device());
-    // The gradient of a sum arrives expanded (stride 0), of a cast in another dtype.
-    auto as_rows = [&](const torch::Tensor& g) { return g.defined() ? g.to(sum.scalar_type()).contiguous() : g; };
-    const auto d_sum = has_branch ? as_rows(grads[0]) : torch::Tensor();
-    const auto d_normed = as_rows(grads[has_branch ? 1 : 0]);
-    torch::Tensor d_in, d_weight, d_bias;
-    if (!d_normed.defined()) {
-      d_in = d_sum;  // the norm's output was not used: no norm gradients
-    } else {
-      const auto s = shape_of(sum, ctx->saved_data["rms"].toBool(), 0.0, ctx->saved_data["zero_centered_gamma"].toBool());
-      d_in = torch::empty_like(sum);
-      const int64_t workspace_rows = kernels::residual_norm_workspace_rows(s);
-      torch::Tensor workspace;
-      if (ctx->needs_input_grad(2) || (has_bias && ctx->needs_input_grad(3))) {
-        d_weight = torch::empty_like(gamma);
-        if (has_bias) d_bias = torch::empty_like(gamma);
-        workspace = torch::empty({2 * workspace_rows, s.hidden}, sum.options().dtype(torch::kFloat32));
-      }
-      kernels::residual_norm_backward(s, d_normed.data_ptr(), data_or_null(d_sum), sum.data_ptr(), gamma.data_ptr(),
-                                      mean.defined() ? mean.data_ptr<float>() : nullptr, rstd.data_ptr<float>(),
-                                      d_in.data_ptr(), d_weight.defined() ? d_weight.data_ptr() : nullptr,
-                                      d_bias.defined() ? d_bias.data_ptr() : nullptr,
-                                      workspace.defined() ? workspace.data_ptr<float>() : nullptr, workspace_rows,
-                                      stream_of(sum));
-    }
+    const NormSaved kept{saved[0], saved[3], saved[4]};
+    const NormPrologue norm{options_of(ctx->saved_data["rms"].toBool(), 0.0,
+                                       ctx->saved_data["zero_centered_gamma"].toBool(), saved[1].size(0)),
+                            saved[1], saved[2]};
+    const auto& d_sum = has_branch ? grads[0] : torch::Tensor();
+    const auto& d_normed = grads[has_branch ? 1 : 0];
+    const bool want_params = ctx->needs_input_grad(2) || (has_bias && ctx->needs_input_grad(3));
+    auto b = norm_prologue_backward(norm, kept, d_normed, d_sum, want_params, /*rewrite_normed=*/false);
     // residual and branch take the same gradient (an add passes it on to both).
-    return {d_in, has_branch ? d_in : torch::Tensor(), d_weight, d_bias, torch::Tensor(), torch::Tensor(),
-            torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    return {b.d_in, has_branch ? b.d_in : torch::Tensor(), b.d_weight, has_bias ? b.d_bias : torch::Tensor(),
+            torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+
+ private:
+  static NormOptions options_of(bool rms, double epsilon, bool zero_centered_gamma, int64_t size) {
+    NormOptions o;
+    o.size = size;
+    o.kind = rms ? Normalization::RMSNorm : Normalization::LayerNorm;
+    o.epsilon = epsilon;
+    o.zero_centered_gamma = zero_centered_gamma;
+    return o;
   }
 };
 
@@ -96,18 +78,87 @@ bool same_kind(const torch::Tensor& a, const torch::Tensor& b) {
   return a.scalar_type() == b.scalar_type() && a.device() == b.device();
 }
 
-// Whether the kernels take these tensors (else the unfused chain runs).
-bool kernels_apply(const torch::Tensor& residual, const torch::Tensor& branch, const NormOptions& o,
-                   const torch::Tensor& weight, const torch::Tensor& bias) {
+}  // namespace
+
+bool norm_prologue_applies(const torch::Tensor& residual, const torch::Tensor& branch, const NormPrologue& norm) {
+  const NormOptions& o = norm.options;
   if (!residual.is_cuda() || !kernel_float_of(residual) || residual.dim() == 0) return false;
   if (o.size < 1 || o.size > kernels::kResidualNormMaxHidden || residual.size(-1) != o.size) return false;
   if (branch.defined() && !(same_kind(branch, residual) && branch.sizes() == residual.sizes())) return false;
+  const auto& weight = norm.weight;
   if (!same_kind(weight, residual) || weight.dim() != 1 || weight.size(0) != o.size) return false;
+  const auto& bias = norm.bias;
   const bool uses_bias = o.kind == Normalization::LayerNorm && bias.defined();
   return !uses_bias || (same_kind(bias, residual) && bias.dim() == 1 && bias.size(0) == o.size);
 }
 
-}  // namespace
+NormPrologueForward norm_prologue_forward(const torch::Tensor& residual, const torch::Tensor& branch,
+                                          const NormPrologue& norm) {
+  const c10::cuda::CUDAGuard device(residual.device());
+  const bool rms = norm.options.kind == Normalization::RMSNorm;
+  const auto x = residual.contiguous();
+  const auto b = branch.defined() ? branch.contiguous() : torch::Tensor();
+  const auto gamma = norm.weight.contiguous();
+  const auto beta = !rms && norm.bias.defined() ? norm.bias.contiguous() : torch::Tensor();
+  const auto s = shape_of(x, rms, norm.options.epsilon, norm.options.zero_centered_gamma);
+  NormPrologueForward f;
+  f.normed = torch::empty_like(x);
+  f.sum = b.defined() ? torch::empty_like(x) : x;
+  const auto stats = x.options().dtype(torch::kFloat32);
+  auto mean = rms ? torch::Tensor() : torch::empty({s.rows}, stats);
+  auto rstd = torch::empty({s.rows}, stats);
+  kernels::residual_norm_forward(s, x.data_ptr(), data_or_null(b), gamma.data_ptr(), data_or_null(beta),
+                                 b.defined() ? f.sum.data_ptr() : nullptr, f.normed.data_ptr(),
+                                 mean.defined() ? mean.data_ptr<float>() : nullptr, rstd.data_ptr<float>(), stream_of(x));
+  f.saved = {f.sum, mean, rstd};
+  return f;
+}
+
+NormPrologueBackward norm_prologue_backward(const NormPrologue& norm, const NormSaved& saved, const torch::Tensor& d_normed_in,
+                                            const torch::Tensor& d_sum_in, bool want_params, bool rewrite_normed) {
+  const auto& sum = saved.sum;
+  const c10::cuda::CUDAGuard device(sum.device());
+  // The gradient of a sum arrives expanded (stride 0), of a cast in another dtype.
+  auto as_rows = [&](const torch::Tensor& g) { return g.defined() ? g.to(sum.scalar_type()).contiguous() : g; };
+  const auto d_sum = as_rows(d_sum_in), d_normed = as_rows(d_normed_in);
+  NormPrologueBackward out;
+  if (!d_normed.defined() && !rewrite_normed) {
+    out.d_in = d_sum;  // the norm's output was not used: no norm gradients
+    return out;
+  }
+  const bool rms = norm.options.kind == Normalization::RMSNorm;
+  const auto s = shape_of(sum, rms, 0.0, norm.options.zero_centered_gamma);
+  const auto gamma = norm.weight.contiguous();
+  const auto beta = !rms && norm.bias.defined() ? norm.bias.contiguous() : torch::Tensor();
+  // A norm whose output was not used (no d_normed) still rewrites it: its gradient is zero.
+  const auto dy = d_normed.defined() ? d_normed : torch::zeros_like(sum);
+  out.d_in = torch::empty_like(sum);
+  kernels::ResidualNormBackwardIo io;
+  io.d_normed = dy.data_ptr();
+  io.d_sum = data_or_null(d_sum);
+  io.sum = sum.data_ptr();
+  io.gamma = gamma.data_ptr();
+  io.beta = data_or_null(beta);
+  io.mean = saved.mean.defined() ? saved.mean.data_ptr<float>() : nullptr;
+  io.rstd = saved.rstd.data_ptr<float>();
+  io.d_in = out.d_in.data_ptr();
+  torch::Tensor workspace;
+  if (want_params) {
+    out.d_weight = torch::empty_like(gamma);
+    if (beta.defined()) out.d_bias = torch::empty_like(gamma);
+    io.workspace_rows = kernels::residual_norm_workspace_rows(s);
+    workspace = torch::empty({2 * io.workspace_rows, s.hidden}, sum.options().dtype(torch::kFloat32));
+    io.workspace = workspace.data_ptr<float>();
+    io.d_gamma = out.d_weight.data_ptr();
+    io.d_beta = out.d_bias.defined() ? out.d_bias.data_ptr() : nullptr;
+  }
+  if (rewrite_normed) {
+    out.normed = torch::empty_like(sum);
+    io.normed = out.normed.data_ptr();
+  }
+  kernels::residual_norm_backward(s, io, stream_of(sum));
+  return out;
+}
 
 ResidualNormOutput unfused_residual_add_norm(const torch::Tensor& residual, const torch::Tensor& branch,
                                              const NormOptions& options, const torch::Tensor& weight,
@@ -118,7 +169,7 @@ ResidualNormOutput unfused_residual_add_norm(const torch::Tensor& residual, cons
 
 ResidualNormOutput residual_add_norm(const torch::Tensor& residual, const torch::Tensor& branch, const NormOptions& options,
                                      const torch::Tensor& weight, const torch::Tensor& bias) {
-  if (!kernels_apply(residual, branch, options, weight, bias))
+  if (!norm_prologue_applies(residual, branch, NormPrologue{options, weight, bias}))
     return unfused_residual_add_norm(residual, branch, options, weight, bias);
   const bool rms = options.kind == Normalization::RMSNorm;
   const bool has_bias = !rms && bias.defined();

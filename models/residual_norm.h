@@ -44,6 +44,38 @@ ResidualNormOutput unfused_residual_add_norm(const torch::Tensor& residual, cons
                                              const NormOptions& options, const torch::Tensor& weight,
                                              const torch::Tensor& bias);
 
+// The same kernels as the first stage of another op's autograd function: the norm + linear
+// (models/norm_linear.h) and the norm + GeLU MLP (models/fused_gelu_mlp.h). Such an op keeps what
+// the norm's backward reads (the sum and the fp32 statistics; gamma and beta are parameters) but
+// not the normed output its GEMM read: the norm's backward pass writes that again, bit for bit,
+// just before the GEMM's weight gradient needs it. One [tokens, hidden] activation less kept from
+// forward to backward per normed GEMM, for one store in a pass that loads the row anyway.
+struct NormPrologue {
+  NormOptions options;
+  torch::Tensor weight, bias;  // gamma, and LayerNorm's beta (may be undefined)
+};
+struct NormSaved {
+  torch::Tensor sum, mean, rstd;  // mean undefined for RMSNorm
+};
+struct NormPrologueForward {
+  torch::Tensor sum, normed;  // sum is residual itself without a branch
+  NormSaved saved;
+};
+struct NormPrologueBackward {
+  torch::Tensor d_in;               // d_sum + the norm's input gradient: residual's and branch's
+  torch::Tensor d_weight, d_bias;   // undefined unless asked for (d_bias: LayerNorm with beta)
+  torch::Tensor normed;             // the forward's output again, if asked for
+};
+
+// Whether the kernels take these tensors (the conditions of residual_add_norm's fused path).
+bool norm_prologue_applies(const torch::Tensor& residual, const torch::Tensor& branch, const NormPrologue& norm);
+// Call only where norm_prologue_applies. branch may be undefined (the norm of residual alone).
+NormPrologueForward norm_prologue_forward(const torch::Tensor& residual, const torch::Tensor& branch,
+                                          const NormPrologue& norm);
+// d_sum may be undefined (zero). The gradients have the activations' dtype, as autograd expects.
+NormPrologueBackward norm_prologue_backward(const NormPrologue& norm, const NormSaved& saved, const torch::Tensor& d_normed,
+                                            const torch::Tensor& d_sum, bool want_params, bool rewrite_normed);
+
 // The residual stream where a norm reads it: the hidden states are residual + branch, the branch
 // (the last sub-layer's output, after its dropout) not added yet so that the norm can add it
 // itself. An undefined branch: residual is the hidden states.

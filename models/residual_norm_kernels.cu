@@ -9,7 +9,9 @@
 //   backward: reads d_normed, d_sum and the saved sum, writes d_in = d_sum + the norm's input
 //             gradient (the unfused chain wrote the norm's input gradient and autograd then added
 //             it to d_sum in a separate kernel), and accumulates the parameter gradients of the
-//             block's rows in registers; one partial row per block, summed by a second kernel.
+//             block's rows in registers; one partial row per block, summed by a second kernel;
+//             asked, it also writes the norm's output again (for a GEMM's weight gradient), with
+//             the forward's arithmetic.
 
 #include <algorithm>
 #include <cstdint>
@@ -64,6 +66,14 @@ __device__ __forceinline__ void row_sum(float (&v)[N], float* scratch) {
   }
   __syncthreads();  // scratch is free again
 }
+
+// One output value of the norm, in fp32 before its rounding: xhat * gamma (+ beta), with xhat =
+// (x - mean) * rstd. Explicitly rounded operations (no fused multiply-add the compiler may or may
+// not form): the backward's rewrite of the output must give the forward's bits.
+__device__ __forceinline__ float normalized(float x, float mean, float rstd, float gamma, float gamma_offset) {
+  return __fmul_rn(__fmul_rn(__fsub_rn(x, mean), rstd), __fadd_rn(gamma, gamma_offset));
+}
+__device__ __forceinline__ float shifted(float y, float beta) { return __fadd_rn(y, beta); }
 
 template <class T>
 struct ForwardArgs {
@@ -148,8 +158,8 @@ __global__ void __launch_bounds__(kBlockThreads) residual_norm_forward_kernel(co
     P out;
 #pragma unroll
     for (int j = 0; j < V; ++j) {
-      float y = (to_float(x[k].v[j]) - mean) * rstd * (to_float(g.v[j]) + a.gamma_offset);
-      if (a.beta) y += to_float(b.v[j]);
+      float y = normalized(to_float(x[k].v[j]), mean, rstd, to_float(g.v[j]), a.gamma_offset);
+      if (a.beta) y = shifted(y, to_float(b.v[j]));
       out.v[j] = from_float<T>(y);
     }
     store(a.normed + start + int64_t(p) * V, out);
@@ -162,9 +172,11 @@ struct BackwardArgs {
   const T* d_sum;  // null: zero
   const T* sum;
   const T* gamma;
+  const T* beta;      // null: none (only read for `normed`)
   const float* mean;  // null: RMSNorm
   const float* rstd;
   T* d_in;
+  T* normed;          // null: the norm's output is not written again
   float* d_gamma_part;  // [gridDim.x, hidden], null: no parameter gradients
   float* d_beta_part;   // null: no beta
   int64_t rows;
@@ -200,6 +212,21 @@ __device__ __forceinline__ void write_block_partial(const float (&v)[kPacks][V],
     }
   }
   __syncthreads();  // columns is free again
+}
+
+// The norm's output of one pack, as the forward kernel wrote it.
+template <class T, int V>
+__device__ __forceinline__ void rewrite_normed(const BackwardArgs<T>& a, const Pack<T, V>& x, const Pack<T, V>& gamma,
+                                               float mean, float rstd, int64_t start, int p) {
+  Pack<T, V> beta, out;
+  if (a.beta) beta = load<Pack<T, V>>(a.beta + p * V);
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    float y = normalized(to_float(x.v[j]), mean, rstd, to_float(gamma.v[j]), a.gamma_offset);
+    if (a.beta) y = shifted(y, to_float(beta.v[j]));
+    out.v[j] = from_float<T>(y);
+  }
+  store(a.normed + start + int64_t(p) * V, out);
 }
 
 // With xhat = (x - mean) rstd and g = gamma (+ 1 when zero-centred), the norm's input gradient is
@@ -258,6 +285,7 @@ __global__ void __launch_bounds__(kBlockThreads) residual_norm_backward_kernel(c
       if (!valid || p >= packs) continue;
       const int64_t at = start + int64_t(p) * V;
       const P gamma = load<P>(a.gamma + p * V);
+      if (a.normed) rewrite_normed(a, x[k], gamma, mean, rstd, start, p);
       P out;
 #pragma unroll
       for (int j = 0; j < V; ++j) {
@@ -404,30 +432,34 @@ void forward_typed(const ResidualNormShape& s, const void* residual, const void*
 }
 
 template <class T>
-void backward_typed(const ResidualNormShape& s, const void* d_normed, const void* d_sum, const void* sum,
-                    const void* gamma, const float* mean, const float* rstd, void* d_in, void* d_gamma, void* d_beta,
-                    float* workspace, int64_t workspace_rows, cudaStream_t stream) {
+void backward_typed(const ResidualNormShape& s, const ResidualNormBackwardIo& io, cudaStream_t stream) {
   check_shape(s);
-  FP8TRON_CHECK(s.rms || mean != nullptr || s.rows == 0, "LayerNorm's backward needs the saved means");
-  const bool params = d_gamma != nullptr, beta = params && d_beta != nullptr && !s.rms;
-  FP8TRON_CHECK(!params || (workspace && workspace_rows >= 1), "the parameter gradients need the workspace");
-  float* gamma_part = params ? workspace : nullptr;
-  float* beta_part = beta ? workspace + workspace_rows * s.hidden : nullptr;
+  FP8TRON_CHECK(s.rms || io.mean != nullptr || s.rows == 0, "LayerNorm's backward needs the saved means");
+  const bool params = io.d_gamma != nullptr, beta = params && io.d_beta != nullptr && !s.rms;
+  FP8TRON_CHECK(!params || (io.workspace && io.workspace_rows >= 1), "the parameter gradients need the workspace");
+  float* gamma_part = params ? io.workspace : nullptr;
+  float* beta_part = beta ? io.workspace + io.workspace_rows * s.hidden : nullptr;
   int64_t parts = 0;
   if (s.rows > 0) {
-    const BackwardArgs<T> a{static_cast<const T*>(d_normed), static_cast<const T*>(d_sum), static_cast<const T*>(sum),
-                            static_cast<const T*>(gamma), s.rms ? nullptr : mean, rstd, static_cast<T*>(d_in),
-                            gamma_part, beta_part, s.rows, int(s.hidden), s.gamma_offset};
-    const bool vectorized = can_vectorize<T>(s.hidden, {a.d_normed, a.d_sum, a.sum, a.gamma, a.d_in});
+    const BackwardArgs<T> a{static_cast<const T*>(io.d_normed), static_cast<const T*>(io.d_sum),
+                            static_cast<const T*>(io.sum),      static_cast<const T*>(io.gamma),
+                            s.rms ? nullptr : static_cast<const T*>(io.beta),
+                            s.rms ? nullptr : io.mean,          io.rstd,
+                            static_cast<T*>(io.d_in),           static_cast<T*>(io.normed),
+                            gamma_part,                         beta_part,
+                            s.rows,                             int(s.hidden),
+                            s.gamma_offset};
+    const bool vectorized =
+        can_vectorize<T>(s.hidden, {a.d_normed, a.d_sum, a.sum, a.gamma, a.beta, a.d_in, a.normed});
     parts = dispatch<T>(vectorized, s.hidden, kBackwardBlockTarget, [&](auto v, auto packs) {
       return launch_backward_as<T, decltype(v)::value, decltype(packs)::value>(a, stream);
     });
-    FP8TRON_CHECK(!params || parts <= workspace_rows, "the backward grid outgrew its workspace");
+    FP8TRON_CHECK(!params || parts <= io.workspace_rows, "the backward grid outgrew its workspace");
   }
   if (!params) return;
   const dim3 grid(ceil_div(s.hidden, kWarp), beta ? 2 : 1), block(kWarp, kWarp);
   residual_norm_reduce_partials_kernel<T><<<grid, block, 0, stream>>>(
-      gamma_part, beta_part, parts, int(s.hidden), static_cast<T*>(d_gamma), static_cast<T*>(d_beta));
+      gamma_part, beta_part, parts, int(s.hidden), static_cast<T*>(io.d_gamma), static_cast<T*>(io.d_beta));
   FP8TRON_CUDA_CHECK_LAUNCH("residual_norm_reduce_partials_kernel");
 }
 
@@ -452,19 +484,11 @@ int64_t residual_norm_workspace_rows(const ResidualNormShape& s) {
   return std::max(blocks(1), s.hidden % V == 0 ? blocks(V) : 1);
 }
 
-void residual_norm_backward(const ResidualNormShape& s, const void* d_normed, const void* d_sum, const void* sum,
-                            const void* gamma, const float* mean, const float* rstd, void* d_in, void* d_gamma,
-                            void* d_beta, float* workspace, int64_t workspace_rows, cudaStream_t stream) {
+void residual_norm_backward(const ResidualNormShape& s, const ResidualNormBackwardIo& io, cudaStream_t stream) {
   switch (s.dtype) {
-    case FloatType::kFloat32:
-      return backward_typed<float>(s, d_normed, d_sum, sum, gamma, mean, rstd, d_in, d_gamma, d_beta, workspace,
-                                   workspace_rows, stream);
-    case FloatType::kBFloat16:
-      return backward_typed<__nv_bfloat16>(s, d_normed, d_sum, sum, gamma, mean, rstd, d_in, d_gamma, d_beta, workspace,
-                                           workspace_rows, stream);
-    case FloatType::kFloat16:
-      return backward_typed<__half>(s, d_normed, d_sum, sum, gamma, mean, rstd, d_in, d_gamma, d_beta, workspace,
-                                    workspace_rows, stream);
+    case FloatType::kFloat32: return backward_typed<float>(s, io, stream);
+    case FloatType::kBFloat16: return backward_typed<__nv_bfloat16>(s, io, stream);
+    case FloatType::kFloat16: return backward_typed<__half>(s, io, stream);
   }
 }
 

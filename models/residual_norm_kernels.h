@@ -35,13 +35,31 @@ void residual_norm_forward(const ResidualNormShape& shape, const void* residual,
 // device: its workspace is 2 x that x hidden fp32 values (gamma's partials, then beta's).
 int64_t residual_norm_workspace_rows(const ResidualNormShape& shape);
 
-// d_in = d_sum + the norm's input gradient for d_normed, in one rounding (d_sum null: zero), from
-// the saved sum and statistics. With d_gamma non-null also the gradients of gamma and (d_beta
-// non-null, LayerNorm) beta, in dtype: each block accumulates its rows' contributions in fp32,
-// one partial row per block goes to `workspace`, and a second kernel sums the partial rows in a
-// fixed order, so the results are bitwise the same on every run (no atomics).
-void residual_norm_backward(const ResidualNormShape& shape, const void* d_normed, const void* d_sum, const void* sum,
-                            const void* gamma, const float* mean, const float* rstd, void* d_in, void* d_gamma,
-                            void* d_beta, float* workspace, int64_t workspace_rows, cudaStream_t stream);
+// The backward's pointers: inputs, then outputs (optional ones may be null).
+struct ResidualNormBackwardIo {
+  const void* d_normed = nullptr;
+  const void* d_sum = nullptr;  // null: zero
+  const void* sum = nullptr;    // the forward's saved sum (its input without a branch)
+  const void* gamma = nullptr;
+  const void* beta = nullptr;   // only read to write `normed` (LayerNorm with a shift)
+  const float* mean = nullptr;  // null for RMSNorm
+  const float* rstd = nullptr;
+  void* d_in = nullptr;
+  void* d_gamma = nullptr;      // null: no parameter gradients
+  void* d_beta = nullptr;       // null: none (RMSNorm, or no beta)
+  void* normed = nullptr;       // non-null: norm(sum) written again, bitwise the forward's output
+  float* workspace = nullptr;   // with d_gamma: residual_norm_workspace_rows x 2 x hidden floats
+  int64_t workspace_rows = 0;
+};
+
+// d_in = d_sum + the norm's input gradient for d_normed, in one rounding, from the saved sum and
+// statistics. With d_gamma also the gradients of gamma and (d_beta, LayerNorm) beta, in dtype:
+// each block accumulates its rows' contributions in fp32, one partial row per block goes to
+// `workspace`, and a second kernel sums the partial rows in a fixed order, so the results are
+// bitwise the same on every run (no atomics). With `normed` the pass also writes the norm's output
+// again, bit for bit what the forward wrote: a GEMM that read it (a weight gradient) need not keep
+// it from the forward, and rebuilding it here costs one store next to the loads the pass makes
+// anyway (models/norm_linear.h).
+void residual_norm_backward(const ResidualNormShape& shape, const ResidualNormBackwardIo& io, cudaStream_t stream);
 
 }  // namespace fp8tron::kernels

@@ -25,13 +25,13 @@ for m in "${models[@]}"; do
     "${extra[@]}" >"$dir/ours.log" 2>&1 || { echo "fp8tron $m failed: $(tail -1 "$dir/ours.log")"; continue; }
   trace=$(find "$dir/ours" -name '*.pt.trace.json' | head -1)
   echo "## $m ${extra[*]}: fp8tron"
-  "$FP8TRON_PYTHON" scripts/profile_summary.py "$trace" --steps 2 --top 30 --by-op | tee "$dir/ours-summary.md"
+  "$FP8TRON_PYTHON" scripts/profile_summary.py "$trace" --steps 2 --top 30 --by-op --gaps 10 | tee "$dir/ours-summary.md"
   if [ "${PROFILE_REFERENCE:-1}" = 1 ]; then
     "$FP8TRON_PYTHON" scripts/reference_gpt.py --config "configs/$m.json" "${extra[@]}" --iters 5 --warmup 10 \
       --profile-trace "$dir/reference.json" >"$dir/reference.log" 2>&1 ||
       { echo "reference $m failed: $(tail -1 "$dir/reference.log")"; continue; }
     echo "## $m ${extra[*]}: reference (torch.compile)"
-    "$FP8TRON_PYTHON" scripts/profile_summary.py "$dir/reference.json" --steps 2 --top 30 --by-op | tee "$dir/reference-summary.md"
+    "$FP8TRON_PYTHON" scripts/profile_summary.py "$dir/reference.json" --steps 2 --top 30 --by-op --gaps 10 | tee "$dir/reference-summary.md"
   fi
   [ "${PROFILE_KEEP_TRACES:-1}" = 1 ] || rm -rf "$dir/ours" "$dir/reference.json"
 done

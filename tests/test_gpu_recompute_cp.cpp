@@ -102,7 +102,9 @@ TEST(RecomputeGpu, MixtureOfExpertsAndMlaTrainBitwiseAsWithoutRecomputation) {
 
 // Peak memory of training steps (the caching allocator's peak of allocated bytes) with and without
 // full recomputation, on a model whose activations dominate: the saved activations of 8 layers
-// shrink to 8 layer inputs plus one layer's replay.
+// shrink to 8 layer inputs plus one layer's replay. On an H200 0.61x since the run without
+// recomputation no longer keeps the norms' outputs for the qkv and fc1 GEMMs (models/norm_linear.h),
+// which lowered the baseline.
 TEST(RecomputeGpu, FullRecomputationLowersPeakMemory) {
   REQUIRE_GPU();
   auto peak = [](const std::vector<std::string>& extra) {
@@ -125,7 +127,7 @@ TEST(RecomputeGpu, FullRecomputationLowersPeakMemory) {
   const double selective = peak({"--recompute-activations", "--recompute-modules", "core_attn", "mlp"});
   std::printf("[recompute-memory] peak MiB: none %.0f, full uniform 1 %.0f (%.2fx), selective core_attn+mlp %.0f (%.2fx)\n",
               none, full, full / none, selective, selective / none);
-  EXPECT_LT(full, 0.6 * none);
+  EXPECT_LT(full, 0.65 * none);
   EXPECT_LT(selective, none);
 }
 
