@@ -1,4 +1,5 @@
 #include "fp8/fp8_linear.h"
+#include "fp8/norm_backward.h"
 #include "fp8/wgrad_fusion.h"
 
 #include <ATen/cuda/CUDAContext.h>
@@ -368,21 +369,12 @@ struct Fp8LinearBackward : public torch::autograd::Node {
       }
       if (norm) {
         const int64_t rows = norm->input.size(0), h = norm->input.size(1);
-        const auto dnormed = out[0].reshape({rows, h});
-        torch::Tensor dx;
-        if (norm->mean.defined()) {
-          auto g = at::native_layer_norm_backward(dnormed, norm->input, {h}, norm->mean.view({rows, 1}),
-                                                  norm->rstd.view({rows, 1}), norm->gamma, norm->beta,
-                                                  {task_should_compute_output(0), need_dgamma, need_dbeta});
-          dx = std::get<0>(g);
-          out[3] = std::get<1>(g);
-          out[4] = std::get<2>(g);
-        } else {
-          auto g = at::_fused_rms_norm_backward(dnormed, norm->input, {h}, norm->rstd.view({rows, 1}), norm->gamma,
-                                                {task_should_compute_output(0), need_dgamma});
-          dx = std::get<0>(g);
-          out[3] = std::get<1>(g);
-        }
+        // The installed norm backward (fp8/norm_backward.h): the models' fused kernel on GPUs.
+        const auto g = norm_backward({out[0].reshape({rows, h}), norm->input, norm->mean, norm->rstd, norm->gamma,
+                                      norm->beta, need_dgamma, need_dbeta});
+        const torch::Tensor dx = task_should_compute_output(0) ? g.dx : torch::Tensor();
+        out[3] = g.dgamma;
+        out[4] = g.dbeta;
         out[0] = dx.defined() ? dx.view(input_shape) : torch::Tensor();
       }
     }

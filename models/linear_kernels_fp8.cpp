@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "fp8/forward_replay.h"
+#include "fp8/norm_backward.h"
 #include "fp8/wgrad_fusion.h"
 
 namespace fp8tron {
@@ -313,17 +314,11 @@ std::vector<torch::Tensor> Fp8LinearKernels::input_grads(torch::Tensor dx) {
   if (!norm_) return {dx};
   // The fused norm's backward from the saved statistics, on this rank's rows.
   const Norm& n = *norm_;
-  const int64_t rows = n.input.size(0), h = n.input.size(1);
   const bool need_dgamma = n.gamma_param.requires_grad(), need_dbeta = n.beta_param.defined() && n.beta_param.requires_grad();
-  std::vector<torch::Tensor> out;
-  if (!n.rms) {
-    auto g = at::native_layer_norm_backward(dx, n.input, {h}, n.mean.view({rows, 1}), n.rstd.view({rows, 1}), n.gamma,
-                                            n.beta, {true, need_dgamma, need_dbeta});
-    out = {std::get<0>(g), std::get<1>(g), std::get<2>(g)};
-  } else {
-    auto g = at::_fused_rms_norm_backward(dx, n.input, {h}, n.rstd.view({rows, 1}), n.gamma, {true, need_dgamma});
-    out = {std::get<0>(g), std::get<1>(g)};
-  }
+  const auto g = fp8::norm_backward({dx, n.input, n.rms ? torch::Tensor() : n.mean, n.rstd, n.gamma, n.beta, need_dgamma,
+                                     need_dbeta});
+  std::vector<torch::Tensor> out = {g.dx, g.dgamma};
+  if (!n.rms) out.push_back(g.dbeta);
   return out;
 }
 

@@ -122,6 +122,8 @@ TELayerNormColumnParallelLinearImpl::TELayerNormColumnParallelLinearImpl(const N
   }
   fp8_site = fp8_site_for(l, f, l.out_features / tp.size, l.in_features);
   attach_weight(fp8_site, weight);
+  // The norm FP8 fuses into the input's cast runs its backward through our kernel.
+  if (fp8_site) fp8::install_norm_backward(&fp8_norm_backward);
   overlapped = overlap_plan_for(tp, l.init_name, &overlap_plan);
 }
 torch::Tensor TELayerNormColumnParallelLinearImpl::forward(const torch::Tensor& x) {

@@ -160,6 +160,25 @@ NormPrologueBackward norm_prologue_backward(const NormPrologue& norm, const Norm
   return out;
 }
 
+fp8::NormBackwardGrads fp8_norm_backward(const fp8::NormBackwardInputs& in) {
+  NormPrologue norm;
+  norm.options.size = in.input.size(-1);
+  norm.options.kind = in.mean.defined() ? Normalization::LayerNorm : Normalization::RMSNorm;
+  norm.weight = in.gamma;
+  norm.bias = in.beta;
+  const int64_t rows = in.input.dim() == 2 ? in.input.size(0) : -1;
+  const auto stats = [rows](const torch::Tensor& t) {
+    return !t.defined() || (t.scalar_type() == torch::kFloat32 && t.is_contiguous() && t.numel() == rows);
+  };
+  const bool applies = norm_prologue_applies(in.input, torch::Tensor(), norm) && in.input.is_contiguous() &&
+                       in.rstd.defined() && stats(in.rstd) && stats(in.mean) &&
+                       in.d_normed.scalar_type() == in.input.scalar_type() && in.d_normed.sizes() == in.input.sizes();
+  if (!applies) return fp8::torch_norm_backward(in);
+  const auto b = norm_prologue_backward(norm, NormSaved{in.input, in.mean, in.rstd}, in.d_normed, torch::Tensor(),
+                                        in.want_dgamma || in.want_dbeta, /*rewrite_normed=*/false);
+  return {b.d_in, in.want_dgamma ? b.d_weight : torch::Tensor(), in.want_dbeta ? b.d_bias : torch::Tensor()};
+}
+
 ResidualNormOutput unfused_residual_add_norm(const torch::Tensor& residual, const torch::Tensor& branch,
                                              const NormOptions& options, const torch::Tensor& weight,
                                              const torch::Tensor& bias) {

@@ -21,6 +21,7 @@
 #pragma once
 #include <torch/torch.h>
 
+#include "fp8/norm_backward.h"
 #include "models/norm.h"
 
 namespace fp8tron {
@@ -75,6 +76,11 @@ NormPrologueForward norm_prologue_forward(const torch::Tensor& residual, const t
 // d_sum may be undefined (zero). The gradients have the activations' dtype, as autograd expects.
 NormPrologueBackward norm_prologue_backward(const NormPrologue& norm, const NormSaved& saved, const torch::Tensor& d_normed,
                                             const torch::Tensor& d_sum, bool want_params, bool rewrite_normed);
+
+// The backward of the norm an FP8 linear fuses into its input cast (fp8/norm_backward.h), through
+// this kernel: installed by the modules that own such a norm. torch's where the kernel does not
+// take the tensors.
+fp8::NormBackwardGrads fp8_norm_backward(const fp8::NormBackwardInputs& in);
 
 // The residual stream where a norm reads it: the hidden states are residual + branch, the branch
 // (the last sub-layer's output, after its dropout) not added yet so that the norm can add it

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "fp8/norm_backward.h"
 #include "models/fused_gelu_mlp.h"
 #include "models/fused_linear.h"
 #include "models/norm_linear.h"
@@ -80,6 +81,44 @@ TEST(GpuNormPrologue, BackwardRewritesTheForwardOutputBitwise) {
             EXPECT_FALSE(b.d_weight.defined()) << where;
           }
         }
+      }
+    }
+  }
+}
+
+// The FP8 norm-linear's backward through our kernel (fp8/norm_backward.h) against torch's kernels,
+// from the same saved statistics: the same gradients within bf16 rounding (different sums).
+TEST(GpuNormPrologue, Fp8NormBackwardMatchesTorchs) {
+  REQUIRE_GPU();
+  torch::NoGradGuard no_grad;
+  for (auto kind : {Normalization::LayerNorm, Normalization::RMSNorm}) {
+    for (bool with_beta : {true, false}) {
+      if (kind == Normalization::RMSNorm && with_beta) continue;
+      for (int64_t hidden : {768, 2048}) {
+        torch::manual_seed(hidden);
+        const auto norm = norm_params(norm_options(kind, hidden), torch::kBFloat16, with_beta);
+        const auto x = rows(300, hidden, torch::kBFloat16);
+        const auto f = norm_prologue_forward(x, torch::Tensor(), norm);  // the statistics, fp32 [rows]
+        const fp8::NormBackwardInputs in{rows(300, hidden, torch::kBFloat16), x, f.saved.mean, f.saved.rstd, norm.weight,
+                                         norm.bias, true, with_beta};
+        const auto ours = fp8_norm_backward(in), theirs = fp8::torch_norm_backward(in);
+        const std::string where = std::string(kind == Normalization::RMSNorm ? "RMSNorm" : "LayerNorm") + " hidden " +
+                                  std::to_string(hidden) + (with_beta ? " with beta" : "");
+        auto close = [&](const torch::Tensor& a, const torch::Tensor& b, const char* what) {
+          ASSERT_TRUE(a.defined() && b.defined()) << where << ": " << what;
+          const auto af = a.to(torch::kFloat32), bf = b.to(torch::kFloat32);
+          const double scale = bf.abs().max().item<double>();
+          EXPECT_LT((af - bf).abs().max().item<double>(), 2e-2 * scale) << where << ": " << what;
+        };
+        close(ours.dx, theirs.dx, "dx");
+        close(ours.dgamma, theirs.dgamma, "dgamma");
+        if (with_beta) close(ours.dbeta, theirs.dbeta, "dbeta");
+        else EXPECT_FALSE(ours.dbeta.defined()) << where;
+        // Installed, the FP8 path's entry point runs ours.
+        fp8::install_norm_backward(&fp8_norm_backward);
+        EXPECT_TRUE(torch::equal(fp8::norm_backward(in).dx, ours.dx)) << where;
+        fp8::install_norm_backward(nullptr);
+        EXPECT_TRUE(torch::equal(fp8::norm_backward(in).dx, theirs.dx)) << where;
       }
     }
   }
