@@ -116,15 +116,9 @@ struct FusedGeluMlp : torch::autograd::Function<FusedGeluMlp> {
  private:
   static NormPrologue norm_of(bool has_norm, bool rms, double epsilon, bool zero_centered_gamma,
                               const std::optional<torch::Tensor>& gamma, const std::optional<torch::Tensor>& beta) {
-    NormPrologue norm;
-    if (!has_norm) return norm;
-    norm.options.size = gamma->size(0);
-    norm.options.kind = rms ? Normalization::RMSNorm : Normalization::LayerNorm;
-    norm.options.epsilon = epsilon;
-    norm.options.zero_centered_gamma = zero_centered_gamma;
-    norm.weight = *gamma;
-    norm.bias = beta.value_or(torch::Tensor());
-    return norm;
+    if (!has_norm) return NormPrologue{};
+    return NormPrologue{norm_options_of(rms, epsilon, zero_centered_gamma, gamma->size(0)), *gamma,
+                        beta.value_or(torch::Tensor())};
   }
   // Where the GeLU kernel puts fc1's bias gradient: the bias's fp32 main gradient (written in the
   // step's first write, models/main_grad_first_write.h, else added), or a new fp32 tensor for

@@ -14,15 +14,6 @@ std::optional<torch::Tensor> optional(const torch::Tensor& t) {
   return t.defined() ? std::optional<torch::Tensor>(t) : std::nullopt;
 }
 
-NormOptions options_of(bool rms, double epsilon, bool zero_centered_gamma, int64_t size) {
-  NormOptions o;
-  o.size = size;
-  o.kind = rms ? Normalization::RMSNorm : Normalization::LayerNorm;
-  o.epsilon = epsilon;
-  o.zero_centered_gamma = zero_centered_gamma;
-  return o;
-}
-
 // Inputs residual, branch, gamma, beta, weight, bias; branch, beta and bias may be absent (no
 // autograd inputs then: needs_input_grad counts the present ones only, the returned gradients
 // every argument). Outputs {sum, y}, or {y} without a branch (the sum is residual).
@@ -32,7 +23,7 @@ struct NormLinearFunction : torch::autograd::Function<NormLinearFunction> {
                                const torch::Tensor& weight, const std::optional<torch::Tensor>& bias, bool rms,
                                double epsilon, bool zero_centered_gamma) {
     ctx->set_materialize_grads(false);  // an unused output's gradient stays undefined
-    const NormPrologue norm{options_of(rms, epsilon, zero_centered_gamma, gamma.size(0)), gamma,
+    const NormPrologue norm{norm_options_of(rms, epsilon, zero_centered_gamma, gamma.size(0)), gamma,
                             beta.value_or(torch::Tensor())};
     const auto f = norm_prologue_forward(residual, branch.value_or(torch::Tensor()), norm);
     auto y = at::linear(f.normed, weight, bias.value_or(torch::Tensor()));
@@ -49,7 +40,7 @@ struct NormLinearFunction : torch::autograd::Function<NormLinearFunction> {
     const NormSaved kept{saved[0], saved[1], saved[2]};
     const torch::Tensor &gamma = saved[3], &beta = saved[4], &weight = saved[5], &bias = saved[6];
     const bool has_branch = ctx->saved_data["has_branch"].toBool();
-    const NormPrologue norm{options_of(ctx->saved_data["rms"].toBool(), 0.0,
+    const NormPrologue norm{norm_options_of(ctx->saved_data["rms"].toBool(), 0.0,
                                        ctx->saved_data["zero_centered_gamma"].toBool(), gamma.size(0)),
                             gamma, beta};
     // needs_input_grad's indices: the present inputs in order.

@@ -35,7 +35,7 @@ struct ResidualNormFunction : torch::autograd::Function<ResidualNormFunction> {
                                const torch::Tensor& weight, const torch::Tensor& bias, bool has_branch, bool has_bias,
                                bool rms, double epsilon, bool zero_centered_gamma) {
     ctx->set_materialize_grads(false);  // an unused output's gradient stays undefined (zero), not a zero tensor
-    const NormPrologue norm{options_of(rms, epsilon, zero_centered_gamma, weight.size(0)), weight,
+    const NormPrologue norm{norm_options_of(rms, epsilon, zero_centered_gamma, weight.size(0)), weight,
                             has_bias ? bias : torch::Tensor()};
     const auto f = norm_prologue_forward(residual, has_branch ? branch : torch::Tensor(), norm);
     ctx->save_for_backward({f.saved.sum, weight, norm.bias, f.saved.mean, f.saved.rstd});
@@ -51,7 +51,7 @@ struct ResidualNormFunction : torch::autograd::Function<ResidualNormFunction> {
     const auto saved = ctx->get_saved_variables();
     const bool has_branch = ctx->saved_data["has_branch"].toBool(), has_bias = ctx->saved_data["has_bias"].toBool();
     const NormSaved kept{saved[0], saved[3], saved[4]};
-    const NormPrologue norm{options_of(ctx->saved_data["rms"].toBool(), 0.0,
+    const NormPrologue norm{norm_options_of(ctx->saved_data["rms"].toBool(), 0.0,
                                        ctx->saved_data["zero_centered_gamma"].toBool(), saved[1].size(0)),
                             saved[1], saved[2]};
     const auto& d_sum = has_branch ? grads[0] : torch::Tensor();
@@ -63,15 +63,6 @@ struct ResidualNormFunction : torch::autograd::Function<ResidualNormFunction> {
             torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 
- private:
-  static NormOptions options_of(bool rms, double epsilon, bool zero_centered_gamma, int64_t size) {
-    NormOptions o;
-    o.size = size;
-    o.kind = rms ? Normalization::RMSNorm : Normalization::LayerNorm;
-    o.epsilon = epsilon;
-    o.zero_centered_gamma = zero_centered_gamma;
-    return o;
-  }
 };
 
 bool same_kind(const torch::Tensor& a, const torch::Tensor& b) {
@@ -79,6 +70,15 @@ bool same_kind(const torch::Tensor& a, const torch::Tensor& b) {
 }
 
 }  // namespace
+
+NormOptions norm_options_of(bool rms, double epsilon, bool zero_centered_gamma, int64_t size) {
+  NormOptions o;
+  o.size = size;
+  o.kind = rms ? Normalization::RMSNorm : Normalization::LayerNorm;
+  o.epsilon = epsilon;
+  o.zero_centered_gamma = zero_centered_gamma;
+  return o;
+}
 
 bool norm_prologue_applies(const torch::Tensor& residual, const torch::Tensor& branch, const NormPrologue& norm) {
   const NormOptions& o = norm.options;

@@ -68,6 +68,9 @@ struct NormPrologueBackward {
   torch::Tensor normed;             // the forward's output again, if asked for
 };
 
+// The options an autograd function rebuilds from its saved flags (the epsilon only matters forward).
+NormOptions norm_options_of(bool rms, double epsilon, bool zero_centered_gamma, int64_t size);
+
 // Whether the kernels take these tensors (the conditions of residual_add_norm's fused path).
 bool norm_prologue_applies(const torch::Tensor& residual, const torch::Tensor& branch, const NormPrologue& norm);
 // Call only where norm_prologue_applies. branch may be undefined (the norm of residual alone).
