@@ -127,10 +127,10 @@ TELayerNormColumnParallelLinearImpl::TELayerNormColumnParallelLinearImpl(const N
   overlapped = overlap_plan_for(tp, l.init_name, &overlap_plan);
 }
 torch::Tensor TELayerNormColumnParallelLinearImpl::forward(const torch::Tensor& x) {
-  // Without tensor parallelism the norm's output goes straight into the GEMM: FP8 fuses the two.
-  if (fp8_site && tp.size == 1)
-    return fp8::fp8_norm_linear(x, norm_options.kind == Normalization::RMSNorm, layer_norm_weight, layer_norm_bias,
-                                norm_options.epsilon, norm_options.zero_centered_gamma, weight, bias, *fp8_site);
+  // FP8 without the overlap runs our norm kernel and then the GEMM's input cast, not the norm fused
+  // into the cast (fp8::fp8_norm_linear): the norm kernel also takes the residual add each way
+  // (forward_residual), which measured 0.5-1.1% faster on an H200 (docs/benchmarks.md, session 6),
+  // and forward() must give forward_residual's bits (recomputed units call it).
   if (overlapped) {
     // Under TP the overlapped op fuses the norm into the cast of the local shard (before the
     // all-gather) where the FP8 kernels can; elsewhere the norm runs first, on the shard.
@@ -160,7 +160,7 @@ torch::Tensor TELayerNormColumnParallelLinearImpl::gemm_input(const torch::Tenso
   return enter_tp(apply_norm(x, norm_options, layer_norm_weight, layer_norm_bias), tp);
 }
 ResidualOutput TELayerNormColumnParallelLinearImpl::forward_residual(const ResidualStream& in) {
-  if (fp8_site || overlapped) {
+  if (overlapped) {
     const auto x = in.sum();
     return {x, forward(x)};
   }
@@ -169,7 +169,7 @@ ResidualOutput TELayerNormColumnParallelLinearImpl::forward_residual(const Resid
   // forward()'s last two lines with the add fused into the norm. Under sequence parallelism the
   // norm runs on this rank's sequence shard before the all-gather, as forward()'s does.
   const auto g = gemm_input_residual(in);
-  return {g.sum, linear(g.out, weight, bias, nullptr)};
+  return {g.sum, linear(g.out, weight, bias, fp8_site)};
 }
 ResidualOutput TELayerNormColumnParallelLinearImpl::gemm_input_residual(const ResidualStream& in) {
   const auto r = residual_add_norm(in.residual, in.branch, norm_options, layer_norm_weight, layer_norm_bias);

@@ -80,9 +80,10 @@ class TELayerNormColumnParallelLinearImpl : public ShardedModule {
  public:
   TELayerNormColumnParallelLinearImpl(const NormOptions& norm, const LinearOptions& linear, const ModuleFactory& factory);
   torch::Tensor forward(const torch::Tensor& x);
-  // forward() of the stream's sum, returned too. On the bf16 path the pending add is fused into the
-  // norm (models/residual_norm.h); where the norm is fused into an FP8 cast instead (FP8, the
-  // overlapped op) the sum is formed first and forward() runs on it.
+  // forward() of the stream's sum, returned too. The pending add is fused into the norm
+  // (models/residual_norm.h), and on one bf16 rank the norm into the GEMM's op
+  // (models/norm_linear.h); under the overlapped op, which fuses the norm into its FP8 cast, the
+  // sum is formed first and forward() runs on it.
   ResidualOutput forward_residual(const ResidualStream& in);
   // The bf16 GEMM's input: x normed, entered into the tensor-parallel region (all-gathered under
   // SP). Without FP8 or the overlap, forward(x) is this rank's linear of it; the dense MLP's fused
