@@ -72,9 +72,18 @@ __device__ __forceinline__ float gelu_tanh_backward(float dy, float x) {
   return dy * (left_derivative + right_derivative);
 }
 
+// bf16 rounding on the device by the hardware conversion (cvt.rn.bf16[x2].f32: round to nearest
+// even, NaN to the canonical 0x7FFF): the bits of codec::float_to_bf16, the CPU twin's, in one
+// instruction per pair instead of the integer sequence (the prologue casts are compute-bound).
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&p);
+}
+__device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+
 __device__ __forceinline__ float prologue1(float v, float aux, Prologue p) {
-  if (p == Prologue::kGeluTanh) return codec::bf16_to_float(codec::float_to_bf16(gelu_tanh(v)));
-  if (p == Prologue::kGeluTanhBackward) return codec::bf16_to_float(codec::float_to_bf16(gelu_tanh_backward(v, aux)));
+  if (p == Prologue::kGeluTanh) return round_bf16(gelu_tanh(v));
+  if (p == Prologue::kGeluTanhBackward) return round_bf16(gelu_tanh_backward(v, aux));
   return v;
 }
 
@@ -85,9 +94,8 @@ __device__ __forceinline__ uint4 apply_prologue(const uint4& v, Prologue p, cons
   uint32_t w[4];
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
-    const uint16_t lo = codec::float_to_bf16(prologue1(unpack(v, 2 * k), unpack(aux, 2 * k), p));
-    const uint16_t hi = codec::float_to_bf16(prologue1(unpack(v, 2 * k + 1), unpack(aux, 2 * k + 1), p));
-    w[k] = static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+    w[k] = pack_bf16x2(prologue1(unpack(v, 2 * k), unpack(aux, 2 * k), p),
+                       prologue1(unpack(v, 2 * k + 1), unpack(aux, 2 * k + 1), p));
   }
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
@@ -337,10 +345,10 @@ __device__ __forceinline__ void quantize_tile(const TileArgs& a, size_t r0, size
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             const float g = unpack(v[i], 2 * k + h);
-            const float silu = codec::bf16_to_float(codec::float_to_bf16(g / (1.0f + expf(-g))));
+            const float silu = round_bf16(g / (1.0f + expf(-g)));
             r[h] = silu * unpack(up, 2 * k + h);
           }
-          w[k] = static_cast<uint32_t>(codec::float_to_bf16(r[0])) | (static_cast<uint32_t>(codec::float_to_bf16(r[1])) << 16);
+          w[k] = pack_bf16x2(r[0], r[1]);
         }
         v[i] = make_uint4(w[0], w[1], w[2], w[3]);
       }
@@ -358,7 +366,7 @@ __device__ __forceinline__ void quantize_tile(const TileArgs& a, size_t r0, size
         for (int k = 0; k < 4; ++k) {
           const float lo = unpack(g, 2 * k) * (rstd * (unpack(v[i], 2 * k) - mean)) + unpack(b, 2 * k);
           const float hi = unpack(g, 2 * k + 1) * (rstd * (unpack(v[i], 2 * k + 1) - mean)) + unpack(b, 2 * k + 1);
-          w[k] = static_cast<uint32_t>(codec::float_to_bf16(lo)) | (static_cast<uint32_t>(codec::float_to_bf16(hi)) << 16);
+          w[k] = pack_bf16x2(lo, hi);
         }
         v[i] = make_uint4(w[0], w[1], w[2], w[3]);
       }
