@@ -1,5 +1,6 @@
 #include "fp8/fp8_linear.h"
 #include "fp8/norm_backward.h"
+#include "fp8/swiglu_backward.h"
 #include "fp8/wgrad_fusion.h"
 
 #include <ATen/cuda/CUDAContext.h>
@@ -50,12 +51,6 @@ void* ptr(torch::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
 torch::Tensor swiglu(const torch::Tensor& h) {
   auto halves = h.chunk(2, -1);
   return at::silu(halves[0]) * halves[1];
-}
-torch::Tensor swiglu_backward(const torch::Tensor& grad, const torch::Tensor& h) {
-  auto halves = h.chunk(2, -1);
-  const auto& gate = halves[0];
-  const auto& up = halves[1];
-  return torch::cat({at::silu_backward(grad * up, gate), grad * at::silu(gate)}, -1);
 }
 
 }  // namespace

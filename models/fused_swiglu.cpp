@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "core/error.h"
+#include "fp8/swiglu_backward.h"
 #include "models/fused_linear.h"
 #include "models/kernel_float_of.h"
 #include "models/linear_grads.h"
@@ -19,6 +20,18 @@ using torch::autograd::variable_list;
 cudaStream_t stream_of(const torch::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
 
 // The kernels take contiguous [rows, 2f] / [rows, f] buffers; rows are all leading dimensions.
+// Both halves of x's gradient from dy alone (x a CUDA tensor of a kernel dtype).
+torch::Tensor swiglu_backward_kernel(const torch::Tensor& grad, const torch::Tensor& x_in) {
+  const auto x = x_in.contiguous();
+  const c10::cuda::CUDAGuard device(x.device());
+  // The gradient of a sum arrives expanded (stride 0), of a cast in another dtype.
+  auto dy = grad.to(x.scalar_type()).contiguous();
+  const int64_t f = x.size(-1) / 2, rows = f == 0 ? 0 : x.numel() / (2 * f);
+  auto dx = torch::empty_like(x);
+  kernels::swiglu_backward(dy.data_ptr(), x.data_ptr(), dx.data_ptr(), *kernel_float_of(x), rows, f, stream_of(x));
+  return dx;
+}
+
 struct FusedSwiglu : torch::autograd::Function<FusedSwiglu> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x_in) {
     const c10::cuda::CUDAGuard device(x_in.device());
@@ -33,14 +46,7 @@ struct FusedSwiglu : torch::autograd::Function<FusedSwiglu> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad) {
-    const auto x = ctx->get_saved_variables()[0];
-    const c10::cuda::CUDAGuard device(x.device());
-    // The gradient of a sum arrives expanded (stride 0), of a cast in another dtype.
-    auto dy = grad[0].to(x.scalar_type()).contiguous();
-    const int64_t f = x.size(-1) / 2, rows = f == 0 ? 0 : x.numel() / (2 * f);
-    auto dx = torch::empty_like(x);
-    kernels::swiglu_backward(dy.data_ptr(), x.data_ptr(), dx.data_ptr(), *kernel_float_of(x), rows, f, stream_of(x));
-    return {dx};
+    return {swiglu_backward_kernel(grad[0], ctx->get_saved_variables()[0])};
   }
 };
 
@@ -103,6 +109,13 @@ torch::Tensor fused_swiglu(const torch::Tensor& x) {
                     ": [gate | up] needs an even size");
   if (!x.is_cuda() || !kernel_float_of(x)) return unfused_swiglu(x);
   return FusedSwiglu::apply(x);
+}
+
+torch::Tensor fused_swiglu_backward(const torch::Tensor& grad, const torch::Tensor& x) {
+  FP8TRON_CHECK(x.dim() >= 1 && x.size(-1) % 2 == 0 && grad.numel() * 2 == x.numel(),
+                "SwiGLU backward: the gradient must have half the elements of [gate | up]");
+  if (!x.is_cuda() || !kernel_float_of(x)) return fp8::torch_swiglu_backward(grad, x);
+  return swiglu_backward_kernel(grad, x);
 }
 
 torch::Tensor swiglu_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {

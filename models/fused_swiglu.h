@@ -23,6 +23,11 @@ torch::Tensor fused_swiglu(const torch::Tensor& x);
 // elsewhere the two ops.
 torch::Tensor swiglu_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias);
 
+// The gradient of x = [gate | up] from the gradient of fused_swiglu(x), outside autograd: the FP8
+// path's SwiGLU (fused into fc2's input cast) runs its backward through this (installed in fp8/ by
+// the modules, fp8/swiglu_backward.h). One kernel on a GPU as above; elsewhere torch's chain.
+torch::Tensor fused_swiglu_backward(const torch::Tensor& grad, const torch::Tensor& x);
+
 // The unfused chain: silu(gate) * up through torch's autograd (the CPU path, the GPU reference).
 torch::Tensor unfused_swiglu(const torch::Tensor& x);
 

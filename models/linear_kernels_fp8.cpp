@@ -8,6 +8,7 @@
 #include "fp8/forward_replay.h"
 #include "fp8/norm_backward.h"
 #include "fp8/wgrad_fusion.h"
+#include "models/fused_swiglu.h"
 
 namespace fp8tron {
 
@@ -37,10 +38,6 @@ struct Fp8LinearKernels::Norm {
 
 namespace {
 
-torch::Tensor swiglu_backward(const torch::Tensor& grad, const torch::Tensor& h) {
-  auto halves = h.chunk(2, -1);
-  return torch::cat({at::silu_backward(grad * halves[1], halves[0]), grad * at::silu(halves[0])}, -1);
-}
 
 }  // namespace
 
@@ -308,7 +305,7 @@ overlap::WeightGrads Fp8LinearKernels::wgrad(const Operand& dy, const Operand& x
 
 std::vector<torch::Tensor> Fp8LinearKernels::input_grads(torch::Tensor dx) {
   if (activation_input_.defined()) {
-    if (prologue_ == fp8::Prologue::kSwiglu) return {swiglu_backward(dx, activation_input_)};
+    if (prologue_ == fp8::Prologue::kSwiglu) return {fused_swiglu_backward(dx, activation_input_)};
     return {at::gelu_backward(dx, activation_input_, "tanh")};
   }
   if (!norm_) return {dx};

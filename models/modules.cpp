@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "fp8/fp8_linear.h"
+#include "fp8/swiglu_backward.h"
 #include "models/fused_gelu_mlp.h"
 #include "models/fused_linear.h"
 #include "models/fused_swiglu.h"
@@ -186,6 +187,8 @@ TERowParallelLinearImpl::TERowParallelLinearImpl(const LinearOptions& o, const M
   }
   fp8_site = fp8_site_for(o, f, o.out_features, o.in_features / tp.size);
   attach_weight(fp8_site, weight);
+  // The SwiGLU FP8 fuses into this input's cast runs its backward through our kernel.
+  if (fp8_site) fp8::install_swiglu_backward(&fused_swiglu_backward);
   overlapped = overlap_plan_for(tp, o.init_name, &overlap_plan);
 }
 torch::Tensor TERowParallelLinearImpl::forward_gelu(const torch::Tensor& x) {

@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "fp8/swiglu_backward.h"
 #include "models/fused_swiglu.h"
 
 namespace fp8tron {
@@ -34,6 +35,30 @@ TEST(FusedSwiglu, CpuIsTheUnfusedChainBitwise) {
       EXPECT_TRUE(torch::equal(a.grad(), b.grad()));
     }
   }
+}
+
+// The backward the FP8 path calls outside autograd (fp8/swiglu_backward.h): on the CPU the chain's
+// gradient bitwise, and fp8::swiglu_backward runs whichever function the modules installed.
+TEST(FusedSwiglu, BackwardOutsideAutogradIsTheChainsGradient) {
+  torch::manual_seed(6);
+  auto x = (torch::randn({6, 40}) * 2).to(torch::kBFloat16);
+  auto dy = torch::randn({6, 20}).to(torch::kBFloat16);
+  auto leaf = x.clone().requires_grad_(true);
+  fused_swiglu(leaf).backward(dy);
+  EXPECT_TRUE(torch::equal(fused_swiglu_backward(dy, x), leaf.grad()));
+  EXPECT_TRUE(torch::equal(fp8::torch_swiglu_backward(dy, x), leaf.grad()));
+
+  static int calls = 0;
+  fp8::install_swiglu_backward([](const torch::Tensor& g, const torch::Tensor& h) {
+    ++calls;
+    return fused_swiglu_backward(g, h);
+  });
+  EXPECT_TRUE(torch::equal(fp8::swiglu_backward(dy, x), leaf.grad()));
+  EXPECT_EQ(calls, 1);
+  fp8::install_swiglu_backward(nullptr);
+  EXPECT_TRUE(torch::equal(fp8::swiglu_backward(dy, x), leaf.grad()));
+  EXPECT_EQ(calls, 1);
+  EXPECT_THROW(fused_swiglu_backward(torch::randn({6, 21}), x), std::logic_error);
 }
 
 TEST(FusedSwiglu, RefusesAnOddLastDimension) {

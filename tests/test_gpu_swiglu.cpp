@@ -142,6 +142,19 @@ TEST(GpuKernels, FusedSwigluPathsAgreeBitwise) {
   }
 }
 
+// The FP8 path's SwiGLU backward (outside autograd, installed into fp8/ by the modules) is the
+// fused op's autograd gradient bitwise: the same kernel.
+TEST(GpuKernels, FusedSwigluBackwardOutsideAutogradIsTheOpsGradient) {
+  REQUIRE_GPU();
+  torch::manual_seed(10);
+  const int64_t rows = 4096, f = 1408;
+  auto x = torch::randn({rows, 2 * f}, kCuda).to(torch::kBFloat16);
+  auto dy = torch::randn({rows, f}, kCuda).to(torch::kBFloat16);
+  auto leaf = x.clone().requires_grad_(true);
+  fused_swiglu(leaf).backward(dy);
+  EXPECT_TRUE(torch::equal(fused_swiglu_backward(dy, x), leaf.grad()));
+}
+
 // Under the output-discarding recomputation (--recompute-modules moe_act wraps the experts'
 // activation this way): the output is freed after its consumer ran and replayed in backward;
 // gradients are bitwise those of the plain run.

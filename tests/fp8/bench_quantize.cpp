@@ -73,7 +73,9 @@ void run(const Case& c, double copy_gbs) {
   const auto f32 = bf.dtype(torch::kFloat32);
   const auto u8 = bf.dtype(torch::kUInt8);
   torch::manual_seed(1);
-  const auto x = torch::randn({c.rows, c.cols}, bf);
+  // SwiGLU reads the gate and up halves of fc1's output, [rows, 2 cols].
+  const int64_t x_cols = c.prologue == Prologue::kSwiglu ? 2 * c.cols : c.cols;
+  const auto x = torch::randn({c.rows, x_cols}, bf);
   const auto aux = torch::randn({c.rows, c.cols}, bf);
   auto data = torch::empty({c.rows, c.cols}, u8), data_t = torch::empty({c.cols, c.rows}, u8);
   auto scale = torch::ones({1}, f32), scale_inv = torch::ones({1}, f32), amax = torch::zeros({1}, f32);
@@ -93,7 +95,8 @@ void run(const Case& c, double copy_gbs) {
   if (c.column_sums) fusion.column_sums = sums.data_ptr<float>();
   const double ms = time_ms([&] { quantize_tensor_delayed(bits(x), out, current(), fusion); });
   const double elements = double(c.rows) * double(c.cols);
-  const double bytes = elements * (2.0 + (fusion.aux ? 2.0 : 0.0) + 2.0);  // bf16 in (+ aux), two fp8 copies out
+  const double inputs = c.prologue == Prologue::kSwiglu || fusion.aux ? 2.0 : 1.0;
+  const double bytes = elements * (2.0 * inputs + 2.0);  // bf16 in (+ aux or the up half), two fp8 copies out
   const double gbs = bytes / (ms * 1e-3) / 1e9;
   std::printf("| %-34s | %6lld x %-6lld | %8.1f | %7.1f | %6.0f | %4.2f |\n", c.name.c_str(), (long long)c.rows,
               (long long)c.cols, ms * 1e3, bytes / 1e6, gbs, gbs / copy_gbs);
@@ -118,6 +121,7 @@ int main(int argc, char** argv) {
   const Case cases[] = {
       {"E4M3 activation (qkv, fc1 input)", tokens, hidden, Format::kE4M3, Prologue::kNone, false},
       {"E4M3 GeLU(fc1 output) (fc2 input)", tokens, ffn, Format::kE4M3, Prologue::kGeluTanh, false},
+      {"E4M3 SwiGLU(fc1 output) (fc2 input)", tokens, ffn, Format::kE4M3, Prologue::kSwiglu, false},
       {"E4M3 weight (fc1)", ffn, hidden, Format::kE4M3, Prologue::kNone, false},
       {"E5M2 grad + bias grad (fc2, proj)", tokens, hidden, Format::kE5M2, Prologue::kNone, true},
       {"E5M2 grad (no bias)", tokens, hidden, Format::kE5M2, Prologue::kNone, false},
