@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "fp8/cuda_check.h"
+#include "tests/fp8/bench_timing.h"
 #include "fp8/fp8_grouped_linear.h"
 #include "fp8/fp8_linear.h"
 #include "fp8/gemm.h"
@@ -48,22 +49,7 @@ bool g_graphs = false;  // FP8TRON_BENCH_GRAPHS=1
 
 CUstream_st* current() { return at::cuda::getCurrentCUDAStream().stream(); }
 
-double eager_ms(const std::function<void()>& fn) {
-  for (int i = 0; i < 3; ++i) fn();
-  FP8TRON_CUDA_CHECK(cudaDeviceSynchronize());
-  cudaEvent_t start, stop;
-  FP8TRON_CUDA_CHECK(cudaEventCreate(&start));
-  FP8TRON_CUDA_CHECK(cudaEventCreate(&stop));
-  FP8TRON_CUDA_CHECK(cudaEventRecord(start, current()));
-  for (int i = 0; i < g_iters; ++i) fn();
-  FP8TRON_CUDA_CHECK(cudaEventRecord(stop, current()));
-  FP8TRON_CUDA_CHECK(cudaEventSynchronize(stop));
-  float ms = 0;
-  FP8TRON_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return double(ms) / g_iters;
-}
+double eager_ms(const std::function<void()>& fn) { return mean_call_ms(fn, g_iters, current()); }
 
 // fn captured once (after eager warm-up: plans and workspaces exist) and replayed.
 double graph_ms(const std::function<void()>& fn) {

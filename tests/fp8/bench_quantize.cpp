@@ -21,6 +21,7 @@
 #include <string>
 
 #include "fp8/cuda_check.h"
+#include "tests/fp8/bench_timing.h"
 #include "fp8/quantize.h"
 
 namespace fp8tron::fp8 {
@@ -30,22 +31,7 @@ int g_iters = 50;
 
 CUstream_st* current() { return at::cuda::getCurrentCUDAStream().stream(); }
 
-double time_ms(const std::function<void()>& fn) {
-  for (int i = 0; i < 3; ++i) fn();
-  FP8TRON_CUDA_CHECK(cudaDeviceSynchronize());
-  cudaEvent_t start, stop;
-  FP8TRON_CUDA_CHECK(cudaEventCreate(&start));
-  FP8TRON_CUDA_CHECK(cudaEventCreate(&stop));
-  FP8TRON_CUDA_CHECK(cudaEventRecord(start, current()));
-  for (int i = 0; i < g_iters; ++i) fn();
-  FP8TRON_CUDA_CHECK(cudaEventRecord(stop, current()));
-  FP8TRON_CUDA_CHECK(cudaEventSynchronize(stop));
-  float ms = 0;
-  FP8TRON_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return double(ms) / g_iters;
-}
+double time_ms(const std::function<void()>& fn) { return mean_call_ms(fn, g_iters, current()); }
 
 const uint16_t* bits(const torch::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr()); }
 
