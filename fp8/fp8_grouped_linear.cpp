@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/text.h"
+#include "fp8/call_timer.h"
 #include "fp8/cuda_check.h"
 #include "fp8/forward_replay.h"
 #include "fp8/gemm.h"
@@ -108,22 +109,7 @@ bool capturing(CudaStream stream) {
 }
 
 // Mean milliseconds of run() over a few calls after a warm-up call (plans, handles, workspaces).
-double time_ms(const std::function<void()>& run, CudaStream stream) {
-  constexpr int kCalls = 3;
-  run();
-  cudaEvent_t start = nullptr, stop = nullptr;
-  FP8TRON_CUDA_CHECK(cudaEventCreate(&start));
-  FP8TRON_CUDA_CHECK(cudaEventCreate(&stop));
-  FP8TRON_CUDA_CHECK(cudaEventRecord(start, stream));
-  for (int i = 0; i < kCalls; ++i) run();
-  FP8TRON_CUDA_CHECK(cudaEventRecord(stop, stream));
-  FP8TRON_CUDA_CHECK(cudaEventSynchronize(stop));
-  float ms = 0;
-  FP8TRON_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return double(ms) / kCalls;
-}
+double time_ms(const std::function<void()>& run, CudaStream stream) { return mean_call_ms(run, 3, stream, 1); }
 
 bool choose_cublas_lt(Bf16Pass pass, const Bf16Key& key, const std::vector<Bf16Job>& jobs, const torch::Device& device,
                       Bf16GroupedBackend forced) {

@@ -21,7 +21,7 @@
 #include <string>
 
 #include "fp8/cuda_check.h"
-#include "tests/fp8/bench_timing.h"
+#include "fp8/call_timer.h"
 #include "fp8/quantize.h"
 
 namespace fp8tron::fp8 {

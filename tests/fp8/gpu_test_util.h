@@ -13,6 +13,7 @@
 
 #include "fp8/cuda_check.h"
 #include "fp8_test_util.h"
+#include "fp8/call_timer.h"
 
 namespace fp8tron::fp8::testing {
 
@@ -101,19 +102,7 @@ struct DeviceQuantized {
 
 // Average milliseconds per call of `fn` on the default stream.
 inline double time_ms(const std::function<void()>& fn, int warmup = 5, int iters = 20) {
-  for (int i = 0; i < warmup; ++i) fn();
-  cudaEvent_t start, stop;
-  FP8TRON_CUDA_CHECK(cudaEventCreate(&start));
-  FP8TRON_CUDA_CHECK(cudaEventCreate(&stop));
-  FP8TRON_CUDA_CHECK(cudaEventRecord(start, nullptr));
-  for (int i = 0; i < iters; ++i) fn();
-  FP8TRON_CUDA_CHECK(cudaEventRecord(stop, nullptr));
-  FP8TRON_CUDA_CHECK(cudaEventSynchronize(stop));
-  float ms = 0.0f;
-  FP8TRON_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return static_cast<double>(ms) / iters;
+  return mean_call_ms(fn, iters, nullptr, warmup);
 }
 
 struct RunTimes {

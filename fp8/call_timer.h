@@ -1,6 +1,8 @@
-// Timing for the benchmarks in this folder: CUDA events around `iters` back-to-back calls on the
-// stream, after 3 untimed warm-up calls (plans, workspaces and caches exist by then). The host's
-// launch overhead counts where the GPU outruns it, as in training.
+// Mean time of a call on the GPU: CUDA events around `iters` back-to-back calls on the stream, after
+// `warmup` untimed calls (plans, workspaces and caches exist by then; the start event is queued
+// behind them, so they are not timed). The host's launch overhead counts where the GPU outruns it,
+// as in training. Used by the grouped linear's one-time backend choice, the benchmarks and the
+// GPU tests. Not during CUDA graph capture (events cannot be timed there).
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -11,9 +13,8 @@
 namespace fp8tron::fp8 {
 
 // Milliseconds per call of fn, launched on `stream`.
-inline double mean_call_ms(const std::function<void()>& fn, int iters, cudaStream_t stream) {
-  for (int i = 0; i < 3; ++i) fn();
-  FP8TRON_CUDA_CHECK(cudaDeviceSynchronize());
+inline double mean_call_ms(const std::function<void()>& fn, int iters, cudaStream_t stream, int warmup = 3) {
+  for (int i = 0; i < warmup; ++i) fn();
   cudaEvent_t start, stop;
   FP8TRON_CUDA_CHECK(cudaEventCreate(&start));
   FP8TRON_CUDA_CHECK(cudaEventCreate(&stop));
