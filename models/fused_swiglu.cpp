@@ -20,6 +20,7 @@ using torch::autograd::variable_list;
 cudaStream_t stream_of(const torch::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
 
 // The kernels take contiguous [rows, 2f] / [rows, f] buffers; rows are all leading dimensions.
+
 // Both halves of x's gradient from dy alone (x a CUDA tensor of a kernel dtype).
 torch::Tensor swiglu_backward_kernel(const torch::Tensor& grad, const torch::Tensor& x_in) {
   const auto x = x_in.contiguous();

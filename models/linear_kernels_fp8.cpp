@@ -36,11 +36,6 @@ struct Fp8LinearKernels::Norm {
   torch::Tensor input, mean, rstd;        // input rows [L, h]; fp32 statistics
 };
 
-namespace {
-
-
-}  // namespace
-
 bool fused_norm_cast_available(const fp8::Fp8Site& site, const torch::Tensor& x, const torch::Tensor& gamma,
                                const torch::Tensor& beta) {
   const fp8::Fp8Engine& e = *site.engine;
