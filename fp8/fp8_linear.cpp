@@ -78,6 +78,12 @@ void record_cast_stats(Fp8Engine& e, const Fp8Site& site, TensorRole role, Forma
       values = at::gelu_backward(xb, aux, "tanh");
       break;
     }
+    case Prologue::kSwigluBackward: {
+      auto h = torch::from_blob(const_cast<uint16_t*>(fusion.aux), {xb.size(0), 2 * xb.size(1)},
+                                floats.dtype(torch::kBFloat16));
+      values = swiglu_backward(xb, h);
+      break;
+    }
     case Prologue::kLayerNorm: {
       const int64_t rows = xb.size(0), cols = xb.size(1);
       auto rstd = torch::from_blob(const_cast<float*>(fusion.norm.rstd), {rows, 1}, floats);
@@ -111,13 +117,18 @@ std::shared_ptr<Quantized> quantize(Fp8Engine& e, const Fp8Site& site, TensorRol
   FP8TRON_CHECK(fusion.prologue != Prologue::kGeluTanhBackward || fusable, "the GeLU-backward cast needs the fused path");
   FP8TRON_CHECK(fusion.prologue != Prologue::kLayerNorm || (fusable && recipe_kind(recipe) == RecipeKind::kDelayed),
                 "the LayerNorm cast needs the fused delayed-scaling path");
+  FP8TRON_CHECK(fusion.prologue != Prologue::kSwigluBackward || (fusable && recipe_kind(recipe) == RecipeKind::kDelayed),
+                "the SwiGLU-backward cast needs the fused delayed-scaling path");
   if (!fusable) fusion.prologue = Prologue::kNone;
   auto q = std::make_shared<Quantized>();
   Fp8TensorView& v = q->view;
   v.format = tensor_format(recipe, role);
   v.scaling_mode = scaling_mode(recipe, role);
   v.rows = size_t(x2d.size(0));
-  v.cols = size_t(x2d.size(1) / (fusion.prologue == Prologue::kSwiglu ? 2 : 1));  // SwiGLU halves the width
+  // SwiGLU halves the width; its backward doubles it.
+  v.cols = fusion.prologue == Prologue::kSwiglu           ? size_t(x2d.size(1) / 2)
+           : fusion.prologue == Prologue::kSwigluBackward ? size_t(2 * x2d.size(1))
+                                                          : size_t(x2d.size(1));
   const auto device = x2d.device();
   const auto bytes = torch::TensorOptions().device(device).dtype(torch::kUInt8);
   const auto floats = bytes.dtype(torch::kFloat32);
@@ -212,7 +223,8 @@ namespace {
 
 // out [a_rows, b_rows] = A B^T (+ bias), A and B being the row-wise or transposed copies of two
 // quantized tensors with the same inner dimension. With `accumulate_into` (fp32, native path) the
-// product is added to it in the GEMM's epilogue instead (the wgrad into the main gradient).
+// product is added to it in the GEMM's epilogue instead (the wgrad into the main gradient), or
+// written into it with `overwrite` (fp32 or bf16: a place chosen by the caller).
 // `sm_count` > 0 caps the SMs of a native GEMM that runs beside SM-based communication.
 torch::Tensor gemm(Fp8Engine& e, const Quantized& a, bool a_transposed, const Quantized& b, bool b_transposed,
                    const torch::Tensor& bias, GemmKind kind, torch::ScalarType out_dtype,
@@ -221,6 +233,7 @@ torch::Tensor gemm(Fp8Engine& e, const Quantized& a, bool a_transposed, const Qu
     const auto& A = a_transposed ? a.dequantized_t : a.dequantized;
     const auto& B = b_transposed ? b.dequantized_t : b.dequantized;
     auto y = bias.defined() ? torch::addmm(bias.to(A.scalar_type()), A, B.t()) : torch::mm(A, B.t());
+    if (accumulate_into.defined() && overwrite) return accumulate_into.copy_(y);
     return y.to(out_dtype);
   }
   const RowMajorMatrix am = a_transposed ? transposed_matrix(a.view) : rowwise_matrix(a.view);
@@ -229,11 +242,13 @@ torch::Tensor gemm(Fp8Engine& e, const Quantized& a, bool a_transposed, const Qu
   config.fast_accumulation = use_fast_accumulation(e.recipe(), kind);
   config.sm_count = sm_count;
   if (accumulate_into.defined()) {
-    FP8TRON_CHECK(accumulate_into.scalar_type() == torch::kFloat32 && accumulate_into.is_contiguous() &&
-                      accumulate_into.size(0) == am.rows && accumulate_into.size(1) == bm.rows && !bias.defined(),
-                  "gemm: accumulation target must be a contiguous fp32 [a_rows, b_rows] tensor");
+    const bool fp32 = accumulate_into.scalar_type() == torch::kFloat32;
+    FP8TRON_CHECK((fp32 || (overwrite && accumulate_into.scalar_type() == torch::kBFloat16)) &&
+                      accumulate_into.is_contiguous() && accumulate_into.size(0) == am.rows &&
+                      accumulate_into.size(1) == bm.rows && !bias.defined(),
+                  "gemm: the target must be a contiguous fp32 (or, overwritten, bf16) [a_rows, b_rows] tensor");
     config.accumulate = !overwrite;
-    gemm_nt(e.gemm_handle(), am, bm, accumulate_into.data_ptr(), DType::kFP32, bm.rows, config,
+    gemm_nt(e.gemm_handle(), am, bm, accumulate_into.data_ptr(), fp32 ? DType::kFP32 : DType::kBF16, bm.rows, config,
             current_stream(e.device()));
     return accumulate_into;
   }
@@ -298,6 +313,13 @@ struct Fp8LinearBackward : public torch::autograd::Node {
   // cast when it can). Holds that output (the GeLU input).
   torch::Tensor deferred_gelu_input;
   bool swiglu = false;                // Prologue::kSwiglu: activation_input is the [.., 2f] fc1 output
+  // The same hand-over for a SwiGLU fused into the next FP8 linear (fc2): that node hands back the
+  // gradient of the SwiGLU's output, [rows, f], in the first rows * f elements of a gradient of this
+  // node's output shape [rows, 2f] (`swiglu_deferred` on the fc2 side); this node applies SwiGLU's
+  // backward inside its gradient cast (Prologue::kSwigluBackward) or, where that cast does not
+  // apply, first. Holds this node's output h = [gate | up].
+  torch::Tensor deferred_swiglu_input;
+  bool swiglu_deferred = false;
   // fp8_layernorm_linear: the norm's input, statistics and affine parameters (the node's inputs 3
   // and 4 are gamma and beta); backward runs the LayerNorm backward on the dgrad output.
   struct Norm {
@@ -315,6 +337,7 @@ struct Fp8LinearBackward : public torch::autograd::Node {
     activation_input = torch::Tensor();
     weight_param = torch::Tensor();
     deferred_gelu_input = torch::Tensor();
+    deferred_swiglu_input = torch::Tensor();
     norm.reset();
   }
 
@@ -344,6 +367,22 @@ struct Fp8LinearBackward : public torch::autograd::Node {
         dy = at::gelu_backward(dy, gelu_input, "tanh");
       }
     }
+    torch::Tensor swiglu_input;
+    if (deferred_swiglu_input.defined()) {
+      const int64_t f = site->out_features / 2;
+      swiglu_input = deferred_swiglu_input.reshape({-1, site->out_features}).contiguous();
+      const int64_t rows = swiglu_input.size(0);
+      const auto dswiglu = grads[0].contiguous().view(-1).narrow(0, 0, rows * f).view({rows, f});
+      // The fused cast serves the native delayed-scaling path (fc2 defers only there, or on the
+      // CPU), and needs the transposed copy that the wgrad reads.
+      if (path_of(e) == Path::kNative && need_dw) {
+        dy = dswiglu;
+        fusion.prologue = Prologue::kSwigluBackward;
+        fusion.aux = static_cast<const uint16_t*>(swiglu_input.data_ptr());
+      } else {
+        dy = swiglu_backward(dswiglu, swiglu_input);
+      }
+    }
     // The bias gradient comes out of the cast kernel when it can (one read of dY fewer).
     torch::Tensor db;
     const bool fused_db = need_db && need_dw && path_of(e) == Path::kNative && !e.options().deterministic &&
@@ -354,11 +393,19 @@ struct Fp8LinearBackward : public torch::autograd::Node {
     }
     auto dyq = quantize(e, *site, TensorRole::kGradOutput, dy, need_dx, need_dw, /*record_amax=*/true, fusion);
     if (need_dx) {  // dX [M, K] = dY [M, N] * (W^T [K, N])^T
-      out[0] = gemm(e, *dyq, false, *weight, true, {}, GemmKind::kDgrad, input_dtype);
-      if (swiglu) {
+      if (swiglu_deferred) {
+        // For the producer (deferred_swiglu_input): dX [M, f] in the first M * f elements of a
+        // gradient shaped as x, [..., 2f]; the rest is never read.
+        auto packed = torch::empty(input_shape, dy.options().dtype(input_dtype));
+        const int64_t rows = dy.size(0), f = site->in_features;
+        gemm(e, *dyq, false, *weight, true, {}, GemmKind::kDgrad, input_dtype,
+             packed.view(-1).narrow(0, 0, rows * f).view({rows, f}), /*overwrite=*/true);
+        out[0] = packed;
+      } else if (swiglu) {
+        out[0] = gemm(e, *dyq, false, *weight, true, {}, GemmKind::kDgrad, input_dtype);
         out[0] = swiglu_backward(out[0], activation_input.reshape({-1, 2 * site->in_features})).view(input_shape);
       } else {
-        out[0] = out[0].view(input_shape);
+        out[0] = gemm(e, *dyq, false, *weight, true, {}, GemmKind::kDgrad, input_dtype).view(input_shape);
         // GeLU's derivative, unless the producing FP8 linear applies it (activation_input unset).
         if (activation_input.defined()) out[0] = at::gelu_backward(out[0], activation_input, "tanh");
       }
@@ -393,9 +440,11 @@ struct Fp8LinearBackward : public torch::autograd::Node {
       }
     }
     if (need_db) {
-      // Unfused with a fused GeLU-backward cast: the bias gradient is that of the cast's input.
-      const bool unfused_gelu = fusion.prologue == Prologue::kGeluTanhBackward && !fused_db;
-      const torch::Tensor g = unfused_gelu ? at::gelu_backward(dy, gelu_input, "tanh") : dy;
+      // Unfused with a fused GeLU- or SwiGLU-backward cast: the bias gradient is that of the cast's
+      // output.
+      torch::Tensor g = dy;
+      if (!fused_db && fusion.prologue == Prologue::kGeluTanhBackward) g = at::gelu_backward(dy, gelu_input, "tanh");
+      if (!fused_db && fusion.prologue == Prologue::kSwigluBackward) g = swiglu_backward(dy, swiglu_input);
       out[2] = (fused_db ? db : g.sum(0, false, torch::kFloat32)).to(bias_dtype);
     }
     release_variables();
@@ -592,6 +641,20 @@ struct NormInputs {
   torch::Tensor gamma, beta, mean, rstd;
 };
 
+// Whether fc2's SwiGLU backward goes to fc1's node (`producer`, of fc1's output x): x is its only
+// output, not handed over already, in bf16, and fc1's gradient cast can fuse the backward (native
+// delayed scaling, each half of x whole 128-column tiles). On the CPU, where CI runs it, the
+// hand-over runs too, with the unfused backward in fc1's node.
+bool swiglu_hand_over_applies(const Fp8LinearBackward& producer, const torch::Tensor& x) {
+  if (x.output_nr() != 0 || producer.deferred_swiglu_input.defined() || producer.deferred_gelu_input.defined() ||
+      x.scalar_type() != torch::kBFloat16)
+    return false;
+  const Fp8Engine& e = *producer.site->engine;
+  if (path_of(e) == Path::kCpu) return true;
+  return path_of(e) == Path::kNative && recipe_kind(e.recipe()) == RecipeKind::kDelayed &&
+         producer.site->out_features % 256 == 0;
+}
+
 torch::Tensor linear_impl(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias, Fp8Site& site,
                           Prologue prologue, const NormInputs* norm) {
   Fp8Engine& e = *site.engine;
@@ -642,15 +705,23 @@ torch::Tensor linear_impl(const torch::Tensor& x, const torch::Tensor& weight, c
   node->weight_dtype = weight.scalar_type();
   node->has_bias = bias.defined();
   if (prologue == Prologue::kSwiglu) {
-    node->activation_input = x.detach();
-    node->swiglu = true;
+    // When x comes straight from another FP8 linear (fc1), that node applies SwiGLU's backward
+    // inside its own gradient cast (no bf16 gradient of x); otherwise this node applies it.
+    auto producer = std::dynamic_pointer_cast<Fp8LinearBackward>(x.grad_fn());
+    if (producer && swiglu_hand_over_applies(*producer, x)) {
+      producer->deferred_swiglu_input = x.detach();
+      node->swiglu_deferred = true;
+    } else {
+      node->activation_input = x.detach();
+      node->swiglu = true;
+    }
   }
   if (prologue == Prologue::kGeluTanh) {
     // When x comes straight from another FP8 linear, that node applies GeLU's derivative inside
     // its own gradient cast (no bf16 dGeLU-input tensor); otherwise this node applies it.
     auto producer = std::dynamic_pointer_cast<Fp8LinearBackward>(x.grad_fn());
     if (producer && x.output_nr() == 0 && !producer->deferred_gelu_input.defined() &&
-        x.scalar_type() == torch::kBFloat16) {
+        !producer->deferred_swiglu_input.defined() && x.scalar_type() == torch::kBFloat16) {
       producer->deferred_gelu_input = x.detach();  // this node hands back dGeLU-output as is
     } else {
       node->activation_input = x.detach();
@@ -674,6 +745,11 @@ torch::Tensor linear_impl(const torch::Tensor& x, const torch::Tensor& weight, c
 torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias, Fp8Site& site,
                          Prologue prologue) {
   return linear_impl(x, weight, bias, site, prologue, nullptr);
+}
+
+bool hands_over_swiglu_backward(const torch::Tensor& h) {
+  const auto producer = std::dynamic_pointer_cast<Fp8LinearBackward>(h.grad_fn());
+  return producer && producer->deferred_swiglu_input.defined();
 }
 
 torch::Tensor fp8_norm_linear(const torch::Tensor& x, bool rms, const torch::Tensor& gamma, const torch::Tensor& beta,

@@ -183,9 +183,17 @@ class Fp8Engine {
 // gradient cast, so the bf16 gradient of the GeLU input is never stored either; x must then have
 // no other consumer. Otherwise this node applies it to its dgrad output. Prologue::kSwiglu: x is
 // [..., 2 in] (gate half, up half) and f(x) = silu(gate) * up, fused into the cast with delayed
-// scaling (elsewhere computed first); backward applies SwiGLU's derivative to the dgrad output.
+// scaling (elsewhere computed first). Its backward, as for GeLU: when x is the output of another
+// fp8_linear (fc1), that node applies SwiGLU's derivative inside its gradient cast
+// (Prologue::kSwigluBackward, native delayed scaling), x again with no other consumer; otherwise
+// this node applies it to its dgrad output.
 torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias, Fp8Site& site,
                          Prologue prologue = Prologue::kNone);
+
+// Whether the FP8 linear that produced h (fc1) applies the SwiGLU backward of the FP8 linear that
+// consumed it (fc2, Prologue::kSwiglu) in its own gradient cast: the hand-over above. For tests and
+// diagnostics; false once the backward has run.
+bool hands_over_swiglu_backward(const torch::Tensor& h);
 
 // norm(x) W^T + b (TE's LayerNormLinear), norm = LayerNorm, or RMSNorm when `rms` (beta unused).
 // With delayed scaling on FP8 tensor cores, in training, the norm is fused into the cast of the

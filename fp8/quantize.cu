@@ -25,6 +25,7 @@
 #include "fp8/formats.h"
 #include "fp8/quantize.h"
 #include "fp8/scale_math.h"
+#include "fp8/silu_math.cuh"
 
 namespace fp8tron::fp8 {
 
@@ -303,10 +304,11 @@ struct TileArgs {
 // 8-byte writes of a half-warp over twice as many banks as a plain layout.
 __device__ __forceinline__ int t_slot(int chunk, int c) { return chunk ^ (((c >> 3) & 7) << 1); }
 
-// One 128x128 tile, rows [r0, r0 + 128) and columns [c0, c0 + 128) of the output; `first`: the
-// tile that stores a tensor scale (once per tensor).
+// The cast of one 128x128 tile whose values (after any prologue) this thread holds: v[i] is row
+// 8 ty + i, columns 8 tx .. 8 tx + 7 of the tile at (r0, c0). Column sums (tensor modes), the
+// statistics and scales of the mode, then the row-wise and the transposed codes.
 template <Format F, TileMode M>
-__device__ __forceinline__ void quantize_tile(const TileArgs& a, size_t r0, size_t c0, bool first) {
+__device__ __forceinline__ void cast_tile(const TileArgs& a, const uint4 (&v)[8], size_t r0, size_t c0, bool first) {
   constexpr bool kTensorMode = M == TileMode::kTensorGiven || M == TileMode::kTensorFromAmax;
   constexpr bool kColumnStats = M == TileMode::kBlock1x128 || M == TileMode::kMx;
   constexpr int kColBlocks = M == TileMode::kMx ? kTile / 32 : 1;  // column scale blocks per tile
@@ -322,65 +324,7 @@ __device__ __forceinline__ void quantize_tile(const TileArgs& a, size_t r0, size
   const bool col_ok = col < a.cols;
   const size_t row0 = r0 + 8 * ty;  // this thread's 8 rows
 
-  uint4 v[8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const size_t row = row0 + i;
-    // kSwiglu reads the gate half of rows twice as long (the up half follows at + cols).
-    const size_t ld = a.tensor.prologue == Prologue::kSwiglu ? 2 * a.cols : a.cols;
-    v[i] = (col_ok && row < a.x_rows) ? __ldg(reinterpret_cast<const uint4*>(a.x + row * ld + col))
-                                    : make_uint4(0, 0, 0, 0);
-  }
   if constexpr (kTensorMode) {
-    if (a.tensor.prologue == Prologue::kSwiglu) {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const size_t row = row0 + i;
-        if (!col_ok || row >= a.x_rows) continue;
-        const uint4 up = __ldg(reinterpret_cast<const uint4*>(a.x + row * 2 * a.cols + a.cols + col));
-        uint32_t w[4];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          float r[2];
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const float g = unpack(v[i], 2 * k + h);
-            const float silu = round_bf16(g / (1.0f + expf(-g)));
-            r[h] = silu * unpack(up, 2 * k + h);
-          }
-          w[k] = pack_bf16x2(r[0], r[1]);
-        }
-        v[i] = make_uint4(w[0], w[1], w[2], w[3]);
-      }
-    } else if (a.tensor.prologue == Prologue::kLayerNorm) {
-      const NormPrologue& n = a.tensor.norm;
-      const uint4 g = col_ok ? __ldg(reinterpret_cast<const uint4*>(n.gamma + col)) : make_uint4(0, 0, 0, 0);
-      const uint4 b = (col_ok && n.beta) ? __ldg(reinterpret_cast<const uint4*>(n.beta + col)) : make_uint4(0, 0, 0, 0);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const size_t row = row0 + i;
-        if (!col_ok || row >= a.x_rows) continue;
-        const float mean = n.mean ? __ldg(n.mean + row) : 0.0f, rstd = __ldg(n.rstd + row);
-        uint32_t w[4];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const float lo = unpack(g, 2 * k) * (rstd * (unpack(v[i], 2 * k) - mean)) + unpack(b, 2 * k);
-          const float hi = unpack(g, 2 * k + 1) * (rstd * (unpack(v[i], 2 * k + 1) - mean)) + unpack(b, 2 * k + 1);
-          w[k] = pack_bf16x2(lo, hi);
-        }
-        v[i] = make_uint4(w[0], w[1], w[2], w[3]);
-      }
-    } else if (a.tensor.prologue != Prologue::kNone) {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const size_t row = row0 + i;
-        const bool in = col_ok && row < a.x_rows;
-        const uint4 aux = (a.tensor.prologue == Prologue::kGeluTanhBackward && in)
-                              ? __ldg(reinterpret_cast<const uint4*>(a.tensor.aux + row * a.cols + col))
-                              : make_uint4(0, 0, 0, 0);
-        if (in) v[i] = apply_prologue(v[i], a.tensor.prologue, aux);
-      }
-    }
     if (a.tensor.column_sums != nullptr) {  // the bias gradient: sums over the tile's rows, one atomic per column
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
@@ -534,10 +478,119 @@ __device__ __forceinline__ void quantize_tile(const TileArgs& a, size_t r0, size
   }
 }
 
-template <Format F, TileMode M>
+// One 128x128 tile, rows [r0, r0 + 128) and columns [c0, c0 + 128) of the output; `first`: the
+// tile that stores a tensor scale (once per tensor). kSwigluBwd: the prologue is
+// Prologue::kSwigluBackward, compiled apart: the block computes the d(gate) tile at c0 and the
+// d(up) tile of the same columns at c0 + cols / 2 from one read of the operands and one sigmoid per
+// pair (the exponential and reciprocal bound this cast), then casts the two tiles in turn.
+template <Format F, TileMode M, bool kSwigluBwd = false>
+__device__ __forceinline__ void quantize_tile(const TileArgs& a, size_t r0, size_t c0, bool first) {
+  constexpr bool kTensorMode = M == TileMode::kTensorGiven || M == TileMode::kTensorFromAmax;
+  const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+  const size_t col = c0 + 8 * tx;  // this thread's 8 columns: col .. col+7
+  const bool col_ok = col < a.cols;
+  const size_t row0 = r0 + 8 * ty;  // this thread's 8 rows
+
+  // Where x holds this thread's columns: kSwiglu reads the gate half of rows twice as long (the up
+  // half follows at + cols); kSwigluBwd reads the output gradient, rows half as long.
+  const size_t half = a.cols / 2;
+  const size_t x_ld = kSwigluBwd ? half : a.tensor.prologue == Prologue::kSwiglu ? 2 * a.cols : a.cols;
+  uint4 v[8];
+  uint4 v_up[kSwigluBwd ? 8 : 1];  // kSwigluBwd: v is d(gate), v_up d(up)
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const size_t row = row0 + i;
+    v[i] = (col_ok && row < a.x_rows) ? __ldg(reinterpret_cast<const uint4*>(a.x + row * x_ld + col))
+                                    : make_uint4(0, 0, 0, 0);
+  }
+  if constexpr (kTensorMode) {
+    if constexpr (kSwigluBwd) {
+      // The gradient of h = [gate | up] from dy = v: models/swiglu_kernels.cu's backward per element,
+      // with the fast exponential and reciprocal. Rows past x_rows stay zero.
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const size_t row = row0 + i;
+        const bool in = col_ok && row < a.x_rows;
+        const uint16_t* h = a.tensor.aux + row * a.cols + col;
+        const uint4 gate = in ? __ldg(reinterpret_cast<const uint4*>(h)) : make_uint4(0, 0, 0, 0);
+        const uint4 up = in ? __ldg(reinterpret_cast<const uint4*>(h + half)) : make_uint4(0, 0, 0, 0);
+        uint32_t wg[4], wu[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          float rg[2], ru[2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int j = 2 * k + e;
+            const float g = unpack(gate, j), dy = unpack(v[i], j), s = sigmoid_fast(g);
+            rg[e] = silu_backward_from_sigmoid(dy * unpack(up, j), g, s);
+            ru[e] = dy * (g * s);  // dy * silu_fast(g)
+          }
+          wg[k] = pack_bf16x2(rg[0], rg[1]);
+          wu[k] = pack_bf16x2(ru[0], ru[1]);
+        }
+        v[i] = make_uint4(wg[0], wg[1], wg[2], wg[3]);
+        v_up[i] = make_uint4(wu[0], wu[1], wu[2], wu[3]);
+      }
+    } else if (a.tensor.prologue == Prologue::kSwiglu) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const size_t row = row0 + i;
+        if (!col_ok || row >= a.x_rows) continue;
+        const uint4 up = __ldg(reinterpret_cast<const uint4*>(a.x + row * 2 * a.cols + a.cols + col));
+        uint32_t w[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          float r[2];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const float g = unpack(v[i], 2 * k + h);
+            r[h] = round_bf16(silu_fast(g)) * unpack(up, 2 * k + h);
+          }
+          w[k] = pack_bf16x2(r[0], r[1]);
+        }
+        v[i] = make_uint4(w[0], w[1], w[2], w[3]);
+      }
+    } else if (a.tensor.prologue == Prologue::kLayerNorm) {
+      const NormPrologue& n = a.tensor.norm;
+      const uint4 g = col_ok ? __ldg(reinterpret_cast<const uint4*>(n.gamma + col)) : make_uint4(0, 0, 0, 0);
+      const uint4 b = (col_ok && n.beta) ? __ldg(reinterpret_cast<const uint4*>(n.beta + col)) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const size_t row = row0 + i;
+        if (!col_ok || row >= a.x_rows) continue;
+        const float mean = n.mean ? __ldg(n.mean + row) : 0.0f, rstd = __ldg(n.rstd + row);
+        uint32_t w[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const float lo = unpack(g, 2 * k) * (rstd * (unpack(v[i], 2 * k) - mean)) + unpack(b, 2 * k);
+          const float hi = unpack(g, 2 * k + 1) * (rstd * (unpack(v[i], 2 * k + 1) - mean)) + unpack(b, 2 * k + 1);
+          w[k] = pack_bf16x2(lo, hi);
+        }
+        v[i] = make_uint4(w[0], w[1], w[2], w[3]);
+      }
+    } else if (a.tensor.prologue != Prologue::kNone) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const size_t row = row0 + i;
+        const bool in = col_ok && row < a.x_rows;
+        const uint4 aux = (a.tensor.prologue == Prologue::kGeluTanhBackward && in)
+                              ? __ldg(reinterpret_cast<const uint4*>(a.tensor.aux + row * a.cols + col))
+                              : make_uint4(0, 0, 0, 0);
+        if (in) v[i] = apply_prologue(v[i], a.tensor.prologue, aux);
+      }
+    }
+  }
+  cast_tile<F, M>(a, v, r0, c0, first);
+  if constexpr (kSwigluBwd) {
+    __syncthreads();  // the shared staging of the first tile is read out
+    cast_tile<F, M>(a, v_up, r0, c0 + half, false);
+  }
+}
+
+template <Format F, TileMode M, bool kSwigluBwd = false>
 __global__ void __launch_bounds__(kThreads) quantize_tile_kernel(const TileArgs a) {
-  quantize_tile<F, M>(a, static_cast<size_t>(blockIdx.y) * kTile, static_cast<size_t>(blockIdx.x) * kTile,
-                      blockIdx.x == 0 && blockIdx.y == 0);
+  quantize_tile<F, M, kSwigluBwd>(a, static_cast<size_t>(blockIdx.y) * kTile, static_cast<size_t>(blockIdx.x) * kTile,
+                                  blockIdx.x == 0 && blockIdx.y == 0);
 }
 
 // ---- (g) grouped tensors: every segment in one launch ---------------------------------------------------
@@ -764,6 +817,14 @@ void check_tile_shape(const uint16_t* x, const Fp8TensorView& t) {
 template <TileMode M, Format F>
 void launch_tile(const TileArgs& args, CudaStream stream) {
   const dim3 grid(static_cast<unsigned>(ceil_div(args.cols, kTile)), static_cast<unsigned>(ceil_div(args.rows, kTile)));
+  if constexpr (M == TileMode::kTensorGiven) {
+    if (args.tensor.prologue == Prologue::kSwigluBackward) {  // a block per tile pair: the gate half's columns
+      const dim3 pairs(static_cast<unsigned>(args.cols / 2 / kTile), grid.y);
+      quantize_tile_kernel<F, M, true><<<pairs, kThreads, 0, stream>>>(args);
+      FP8TRON_CUDA_CHECK_LAUNCH("quantize_tile_kernel (SwiGLU backward)");
+      return;
+    }
+  }
   quantize_tile_kernel<F, M><<<grid, kThreads, 0, stream>>>(args);
   FP8TRON_CUDA_CHECK_LAUNCH("quantize_tile_kernel");
 }
@@ -965,6 +1026,9 @@ void quantize_tensor_delayed(const uint16_t* x, const Fp8TensorView& out, CudaSt
   s.aux = fusion.aux;
   s.norm = fusion.norm;
   FP8TRON_CHECK(fusion.prologue != Prologue::kSwiglu || out.data_t != nullptr, "the SwiGLU cast needs the transposed copy");
+  FP8TRON_CHECK(fusion.prologue != Prologue::kSwigluBackward ||
+                    (out.data_t != nullptr && out.cols % (2 * kTile) == 0 && fusion.aux && aligned16(fusion.aux)),
+                "the SwiGLU-backward cast needs the transposed copy, columns a multiple of 256 and the SwiGLU input");
   FP8TRON_CHECK(fusion.prologue != Prologue::kLayerNorm ||
                     (out.data_t != nullptr && fusion.norm.rstd && fusion.norm.gamma &&
                      aligned16(fusion.norm.gamma) && (!fusion.norm.beta || aligned16(fusion.norm.beta))),
@@ -977,11 +1041,12 @@ void quantize_tensor_current(const uint16_t* x, const Fp8TensorView& out, const 
   FP8TRON_CHECK(out.scaling_mode == ScalingMode::kTensor, "quantize_tensor_current needs tensor scaling");
   FP8TRON_CHECK(out.amax != nullptr && out.scale_inv != nullptr, "current scaling needs out.amax and out.scale_inv");
   check_element_format(out.format, true);
+  FP8TRON_CHECK(fusion.prologue != Prologue::kLayerNorm && fusion.prologue != Prologue::kSwiglu &&
+                    fusion.prologue != Prologue::kSwigluBackward,
+                "the LayerNorm and SwiGLU casts take delayed (given) scales only");
   FP8TRON_CUDA_CHECK(cudaMemsetAsync(out.amax, 0, sizeof(float), stream));
   launch_amax(x, out.numel(), out.amax, fusion.prologue, fusion.aux, stream);
   TensorScaleArgs s;
-  FP8TRON_CHECK(fusion.prologue != Prologue::kLayerNorm && fusion.prologue != Prologue::kSwiglu,
-                "the LayerNorm and SwiGLU casts take delayed (given) scales only");
   s.prologue = fusion.prologue;
   s.column_sums = fusion.column_sums;
   s.aux = fusion.aux;

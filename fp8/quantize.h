@@ -48,9 +48,18 @@ struct CurrentScalingOptions {
 //                norm of TELayerNormColumnParallelLinear fused into the cast. kLayerNorm runs in
 //                the tile kernel (data_t given) with delayed (given) scales only.
 //                kSwiglu quantizes bf16(bf16(silu(x[r, c])) * x[r, c + cols]) from x [rows, 2 cols]
-//                (row stride 2 cols: the gate and up halves of a SwiGLU fc1 output), as torch's
-//                silu(gate) * up rounds; tile kernel, delayed scales.
-enum class Prologue : uint8_t { kNone, kGeluTanh, kGeluTanhBackward, kLayerNorm, kSwiglu };
+//                (row stride 2 cols: the gate and up halves of a SwiGLU fc1 output), rounding as
+//                torch's silu(gate) * up; tile kernel, delayed scales.
+//                kSwigluBackward quantizes the gradient of a SwiGLU's input h = [gate | up]
+//                (aux, bf16 [rows, cols]) from the gradient x of its output (bf16 [rows, cols / 2],
+//                row stride cols / 2): column c < cols / 2 is bf16(silu'(gate) * (x * up)), column
+//                cols / 2 + c is bf16(x * silu(gate)), as models/swiglu_kernels.h's backward
+//                computes them. fc1's gradient cast of a SwiGLU MLP: the bf16 gradient of h is
+//                never stored. Tile kernel, delayed scales, cols % 256 == 0 (each half whole
+//                128-column tiles).
+//                Both SwiGLU prologues evaluate silu with the fast exponential and reciprocal
+//                (fp8/silu_math.cuh): within one bf16 step of torch's formulas.
+enum class Prologue : uint8_t { kNone, kGeluTanh, kGeluTanhBackward, kLayerNorm, kSwiglu, kSwigluBackward };
 struct NormPrologue {
   const float* mean = nullptr;       // [rows]; null for RMSNorm (mean 0)
   const float* rstd = nullptr;       // [rows]
@@ -60,7 +69,7 @@ struct NormPrologue {
 struct TensorCastFusion {
   Prologue prologue = Prologue::kNone;
   float* column_sums = nullptr;
-  const uint16_t* aux = nullptr;  // kGeluTanhBackward: the GeLU input, bf16 [rows, cols]
+  const uint16_t* aux = nullptr;  // kGeluTanhBackward: the GeLU input, bf16 [rows, cols]; kSwigluBackward: h
   NormPrologue norm;              // kLayerNorm
 };
 

@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "fp8/cuda_check.h"
+#include "fp8/silu_math.cuh"
 #include "models/kernel_pack.h"
 #include "models/swiglu_kernels.h"
 
@@ -18,14 +19,10 @@ constexpr int kThreads = 256;
 constexpr int64_t kMaxBlocks = 8192;
 
 
-// The formulas of torch's silu and silu_backward kernels (opmath fp32), so fp32 results agree
-// with the unfused chain to the last bits: silu(g) = g / (1 + e^-g), sigmoid(g) = 1 / (1 + e^-g).
-__device__ __forceinline__ float silu(float g) { return g / (1.0f + expf(-g)); }
-// d silu(g) scaled by dy, evaluated as torch does: dy * s * (1 + g (1 - s)), left to right.
-__device__ __forceinline__ float silu_backward(float dy, float g) {
-  const float s = 1.0f / (1.0f + expf(-g));
-  return dy * s * (1.0f + g * (1.0f - s));
-}
+// torch's silu and silu_backward formulas (fp8/silu_math.cuh), so fp32 results agree with the
+// unfused chain to the last bits, and the FP8 cast that fuses this backward stores the same bits.
+using fp8::silu;
+using fp8::silu_backward;
 
 // Pack i of the [rows, f / V] grid: its row and first column.
 struct Position {

@@ -166,6 +166,34 @@ TEST(Fp8Linear, SwigluPrologueIsTheLinearOfTheSwiglu) {
   EXPECT_TRUE(torch::equal(dw, w.grad()));
 }
 
+// fc1 -> SwiGLU -> fc2 in bf16: fc2 hands SwiGLU's backward to fc1's node (on GPUs fused into
+// fc1's gradient cast, here computed by fc1's node); every gradient equals the chain's where fc2
+// applies it itself (a view between the two linears stops the hand-over).
+TEST(Fp8Linear, SwigluBackwardHandedToFc1IsTheSameGradient) {
+  auto engine = cpu_engine(recipe_of(fp8::RecipeKind::kDelayed, fp8::Fp8Format::kHybrid));
+  auto fc1 = engine->add_site("decoder.layers.1.mlp.linear_fc1", 1, 2 * kIn, kOut);
+  auto fc2 = engine->add_site("decoder.layers.1.mlp.linear_fc2", 1, kOut, kIn);
+  torch::manual_seed(22);
+  const auto bf16 = torch::TensorOptions().dtype(torch::kBFloat16);
+  auto x = torch::randn({kRows, kOut}, bf16).requires_grad_(true);
+  auto w1 = (torch::randn({2 * kIn, kOut}, bf16) * 0.1).requires_grad_(true), b1 = torch::randn({2 * kIn}, bf16).requires_grad_(true);
+  auto w2 = (torch::randn({kOut, kIn}, bf16) * 0.1).requires_grad_(true);
+  auto dy = torch::randn({kRows, kOut}, bf16);
+  auto run = [&](bool hand_over) {
+    for (auto* t : {&x, &w1, &b1, &w2}) t->mutable_grad() = torch::Tensor();
+    auto h = fp8::fp8_linear(x, w1, b1, *fc1);
+    if (!hand_over) h = h.view(h.sizes());
+    auto y = fp8::fp8_linear(h, w2, {}, *fc2, fp8::Prologue::kSwiglu);
+    EXPECT_EQ(fp8::hands_over_swiglu_backward(h), hand_over);
+    y.backward(dy);
+    return std::vector<torch::Tensor>{y.detach(), x.grad(), w1.grad(), b1.grad(), w2.grad()};
+  };
+  auto handed = run(true), plain = run(false);
+  const char* names[] = {"y", "dx", "dw1", "db1", "dw2"};
+  for (size_t i = 0; i < handed.size(); ++i) EXPECT_TRUE(torch::equal(handed[i], plain[i])) << names[i];
+  EXPECT_GT(x.grad().abs().sum().item<float>(), 0.0f);
+}
+
 TEST(Fp8Linear, BlockAndMxRecipesAreCloseToTheExactProduct) {
   for (auto [kind, format] : {std::pair{fp8::RecipeKind::kBlockwise, fp8::Fp8Format::kE4M3},
                               std::pair{fp8::RecipeKind::kBlockwise, fp8::Fp8Format::kHybrid},

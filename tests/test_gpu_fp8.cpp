@@ -11,6 +11,8 @@
 #include "fp8/fp8_grouped_linear.h"
 #include "fp8/fp8_linear.h"
 #include "fp8/grouped_gemm.h"
+#include "fp8/swiglu_backward.h"
+#include "models/fused_swiglu.h"
 #include "models/grouped_linear.h"
 #include "parallel/parallel_state.h"
 
@@ -229,6 +231,70 @@ TEST(GpuFp8, SwigluFusedIntoTheCastMatchesTheUnfusedPath) {
   EXPECT_LT(ey, 1e-2);
   EXPECT_LT(eh, 1e-2);
   EXPECT_LT(ew, 1e-2);
+}
+
+// fc1 -> SwiGLU -> fc2 with SwiGLU's backward in fc1's gradient cast (Prologue::kSwigluBackward)
+// against fc2 applying the exact backward kernel and fc1 casting its bf16 output. The cast's fast
+// exponential and reciprocal move a few bf16 roundings: fc1's gradients agree to FP8 precision,
+// fc2's (upstream of the hand-over) bit for bit. Two steps, so the second casts with the scales
+// the first recorded.
+TEST(GpuFp8, SwigluBackwardInFc1sGradientCastMatchesTheKernelPlusCast) {
+  REQUIRE_GPU();
+  struct HookGuard {
+    HookGuard() { fp8::install_swiglu_backward(&fused_swiglu_backward); }
+    ~HookGuard() { fp8::install_swiglu_backward(nullptr); }
+  } hook;
+  fp8::Fp8EngineOptions o;
+  o.recipe = fp8::make_recipe(fp8::RecipeKind::kDelayed, fp8::Fp8Format::kHybrid);
+  o.num_layers = 1;
+  for (bool with_bias : {false, true}) {
+    fp8::Fp8Engine fused_engine(o, torch::Device(torch::kCUDA, 0)), plain_engine(o, torch::Device(torch::kCUDA, 0));
+    auto sites = [](fp8::Fp8Engine& e) {
+      return std::pair{e.add_site("decoder.layers.0.mlp.linear_fc1", 0, 2048, 512),
+                       e.add_site("decoder.layers.0.mlp.linear_fc2", 0, 512, 1024)};
+    };
+    auto fused_sites = sites(fused_engine), plain_sites = sites(plain_engine);
+    auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
+    torch::manual_seed(23);
+    auto x0 = torch::randn({1024, 512}, opts), w10 = torch::randn({2048, 512}, opts) * 0.05;
+    auto b10 = torch::randn({2048}, opts) * 0.1, w20 = torch::randn({512, 1024}, opts) * 0.02;
+    auto dy = torch::randn({1024, 512}, opts) * 1e-2;
+    auto run = [&](bool fused) {
+      auto& [fc1, fc2] = fused ? fused_sites : plain_sites;
+      fp8::Fp8Engine& engine = fused ? fused_engine : plain_engine;
+      auto x = x0.clone().requires_grad_(true), w1 = w10.clone().requires_grad_(true);
+      auto b1 = with_bias ? b10.clone().requires_grad_(true) : torch::Tensor(), w2 = w20.clone().requires_grad_(true);
+      std::vector<torch::Tensor> out;
+      for (int step = 0; step < 2; ++step) {
+        for (auto* t : {&x, &w1, &b1, &w2})
+          if (t->defined()) t->mutable_grad() = torch::Tensor();
+        auto h = fp8::fp8_linear(x, w1, b1, *fc1);
+        if (!fused) h = h.view(h.sizes());  // a view stops the hand-over: fc2 applies the backward
+        auto y = fp8::fp8_linear(h, w2, {}, *fc2, fp8::Prologue::kSwiglu);
+        EXPECT_EQ(fp8::hands_over_swiglu_backward(h), fused);
+        y.backward(dy);
+        engine.end_step(nullptr);
+        out = {y.detach(), x.grad(), w1.grad(), w2.grad(), with_bias ? b1.grad() : torch::zeros({1}, opts)};
+      }
+      return out;
+    };
+    auto f = run(true), p = run(false);
+    SCOPED_TRACE(with_bias ? "with bias" : "without bias");
+    EXPECT_TRUE(torch::equal(f[0], p[0])) << "y";
+    EXPECT_TRUE(torch::equal(f[3], p[3])) << "dW2";
+    const double edx = relative_error(f[1], p[1]), edw1 = relative_error(f[2], p[2]);
+    const double edb = with_bias ? relative_error(f[4], p[4]) : 0.0;
+    // The scales the two steps' recorded amaxes gave (the history itself is cleared for the next step).
+    const double eamax = relative_error(fused_engine.scale(), plain_engine.scale());
+    EXPECT_LT(edx, 1e-2);
+    EXPECT_LT(edw1, 1e-2);
+    EXPECT_LT(edb, 1e-2);
+    EXPECT_LT(eamax, 1e-2);
+    EXPECT_GT(f[1].abs().sum().item<float>(), 0.0f);
+    std::printf("[fp8-module] SwiGLU backward in fc1's gradient cast%s vs the kernel + cast: y, dW2 bitwise; dx %.1e "
+                "dW1 %.1e db1 %.1e scales %.1e\n",
+                with_bias ? " (with bias)" : "", edx, edw1, edb, eamax);
+  }
 }
 
 // With an fp32 main gradient on the weight, the wgrad GEMM accumulates into it (autograd gets no

@@ -59,8 +59,11 @@ void run(const Case& c, double copy_gbs) {
   const auto f32 = bf.dtype(torch::kFloat32);
   const auto u8 = bf.dtype(torch::kUInt8);
   torch::manual_seed(1);
-  // SwiGLU reads the gate and up halves of fc1's output, [rows, 2 cols].
-  const int64_t x_cols = c.prologue == Prologue::kSwiglu ? 2 * c.cols : c.cols;
+  // SwiGLU reads the gate and up halves of fc1's output, [rows, 2 cols]; its backward the gradient
+  // of its output, [rows, cols / 2], and fc1's output (aux).
+  const int64_t x_cols = c.prologue == Prologue::kSwiglu           ? 2 * c.cols
+                         : c.prologue == Prologue::kSwigluBackward ? c.cols / 2
+                                                                   : c.cols;
   const auto x = torch::randn({c.rows, x_cols}, bf);
   const auto aux = torch::randn({c.rows, c.cols}, bf);
   auto data = torch::empty({c.rows, c.cols}, u8), data_t = torch::empty({c.cols, c.rows}, u8);
@@ -77,12 +80,12 @@ void run(const Case& c, double copy_gbs) {
   out.cols = size_t(c.cols);
   TensorCastFusion fusion;
   fusion.prologue = c.prologue;
-  if (c.prologue == Prologue::kGeluTanhBackward) fusion.aux = bits(aux);
+  if (c.prologue == Prologue::kGeluTanhBackward || c.prologue == Prologue::kSwigluBackward) fusion.aux = bits(aux);
   if (c.column_sums) fusion.column_sums = sums.data_ptr<float>();
   const double ms = time_ms([&] { quantize_tensor_delayed(bits(x), out, current(), fusion); });
   const double elements = double(c.rows) * double(c.cols);
-  const double inputs = c.prologue == Prologue::kSwiglu || fusion.aux ? 2.0 : 1.0;
-  const double bytes = elements * (2.0 * inputs + 2.0);  // bf16 in (+ aux or the up half), two fp8 copies out
+  // bf16 in (+ aux), two fp8 copies out
+  const double bytes = 2.0 * double(c.rows) * double(x_cols) + (fusion.aux ? 2.0 * elements : 0.0) + 2.0 * elements;
   const double gbs = bytes / (ms * 1e-3) / 1e9;
   std::printf("| %-34s | %6lld x %-6lld | %8.1f | %7.1f | %6.0f | %4.2f |\n", c.name.c_str(), (long long)c.rows,
               (long long)c.cols, ms * 1e3, bytes / 1e6, gbs, gbs / copy_gbs);
@@ -112,6 +115,8 @@ int main(int argc, char** argv) {
       {"E5M2 grad + bias grad (fc2, proj)", tokens, hidden, Format::kE5M2, Prologue::kNone, true},
       {"E5M2 grad (no bias)", tokens, hidden, Format::kE5M2, Prologue::kNone, false},
       {"E5M2 GeLU backward + bias grad (fc1)", tokens, ffn, Format::kE5M2, Prologue::kGeluTanhBackward, true},
+      {"E5M2 SwiGLU backward (fc1, 2 x ffn)", tokens, 2 * ffn, Format::kE5M2, Prologue::kSwigluBackward, false},
+      {"E5M2 grad (fc1, 2 x ffn: SwiGLU unfused)", tokens, 2 * ffn, Format::kE5M2, Prologue::kNone, false},
       {"E5M2 grad + bias grad (qkv)", tokens, 3 * hidden, Format::kE5M2, Prologue::kNone, true},
   };
   for (const Case& c : cases) run(c, copy_gbs);
