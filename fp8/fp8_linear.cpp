@@ -641,14 +641,18 @@ struct NormInputs {
   torch::Tensor gamma, beta, mean, rstd;
 };
 
-// Whether fc2's SwiGLU backward goes to fc1's node (`producer`, of fc1's output x): x is its only
-// output, not handed over already, in bf16, and fc1's gradient cast can fuse the backward (native
-// delayed scaling, each half of x whole 128-column tiles). On the CPU, where CI runs it, the
-// hand-over runs too, with the unfused backward in fc1's node.
+// Whether fc1's node (`producer`, of fc1's output x) can take over the backward of the activation
+// fused into fc2's cast: x is its only output, in bf16, and nothing was handed to it already.
+bool takes_hand_over(const Fp8LinearBackward& producer, const torch::Tensor& x) {
+  return x.output_nr() == 0 && !producer.deferred_gelu_input.defined() && !producer.deferred_swiglu_input.defined() &&
+         x.scalar_type() == torch::kBFloat16;
+}
+
+// ... for SwiGLU, also where fc1's gradient cast can fuse the backward (native delayed scaling,
+// each half of x whole 128-column tiles). On the CPU, where CI runs it, the hand-over runs too,
+// with the unfused backward in fc1's node.
 bool swiglu_hand_over_applies(const Fp8LinearBackward& producer, const torch::Tensor& x) {
-  if (x.output_nr() != 0 || producer.deferred_swiglu_input.defined() || producer.deferred_gelu_input.defined() ||
-      x.scalar_type() != torch::kBFloat16)
-    return false;
+  if (!takes_hand_over(producer, x)) return false;
   const Fp8Engine& e = *producer.site->engine;
   if (path_of(e) == Path::kCpu) return true;
   return path_of(e) == Path::kNative && recipe_kind(e.recipe()) == RecipeKind::kDelayed &&
@@ -720,8 +724,7 @@ torch::Tensor linear_impl(const torch::Tensor& x, const torch::Tensor& weight, c
     // When x comes straight from another FP8 linear, that node applies GeLU's derivative inside
     // its own gradient cast (no bf16 dGeLU-input tensor); otherwise this node applies it.
     auto producer = std::dynamic_pointer_cast<Fp8LinearBackward>(x.grad_fn());
-    if (producer && x.output_nr() == 0 && !producer->deferred_gelu_input.defined() &&
-        !producer->deferred_swiglu_input.defined() && x.scalar_type() == torch::kBFloat16) {
+    if (producer && takes_hand_over(*producer, x)) {
       producer->deferred_gelu_input = x.detach();  // this node hands back dGeLU-output as is
     } else {
       node->activation_input = x.detach();

@@ -187,7 +187,8 @@ TERowParallelLinearImpl::TERowParallelLinearImpl(const LinearOptions& o, const M
   }
   fp8_site = fp8_site_for(o, f, o.out_features, o.in_features / tp.size);
   attach_weight(fp8_site, weight);
-  // The SwiGLU FP8 fuses into this input's cast runs its backward through our kernel.
+  // The SwiGLU that FP8 fuses into this input's cast runs its backward through our kernel (where fc1's
+  // gradient cast does not take it over).
   if (fp8_site) fp8::install_swiglu_backward(&fused_swiglu_backward);
   overlapped = overlap_plan_for(tp, o.init_name, &overlap_plan);
 }

@@ -20,7 +20,7 @@ constexpr int64_t kMaxBlocks = 8192;
 
 
 // torch's silu and silu_backward formulas (fp8/silu_math.cuh), so fp32 results agree with the
-// unfused chain to the last bits, and the FP8 cast that fuses this backward stores the same bits.
+// unfused chain to the last bits. (The FP8 casts that fuse SwiGLU use the fast variants there.)
 using fp8::silu;
 using fp8::silu_backward;
 
