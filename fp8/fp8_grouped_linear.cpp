@@ -4,19 +4,12 @@
 #include <ATen/ExpandUtils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
-#include <cuda_runtime_api.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
 
 #include <functional>
-#include <map>
-#include <mutex>
-#include <tuple>
 
 #include "core/error.h"
-#include "core/log.h"
-#include "core/text.h"
-#include "fp8/call_timer.h"
 #include "fp8/cuda_check.h"
 #include "fp8/forward_replay.h"
 #include "fp8/gemm.h"
@@ -92,50 +85,14 @@ void run_bf16_jobs(const std::vector<Bf16Job>& jobs, bool cublas_lt, const torch
   }
 }
 
-// Which backend runs a (pass, shape, experts, bias) of bf16 grouped GEMMs: timed once per process.
-enum class Bf16Pass : uint8_t { kFprop, kDgrad };
-using Bf16Key = std::tuple<int, int, int64_t, int64_t, int64_t, bool>;  // device, pass, out, in, experts, bias
-std::mutex g_bf16_mutex;
-std::map<Bf16Key, bool> g_bf16_uses_lt;
-std::vector<std::string> g_bf16_choices;
-
-bool capturing(CudaStream stream) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return true;
-  }
-  return status != cudaStreamCaptureStatusNone;
-}
-
-// Mean milliseconds of run() over a few calls after a warm-up call (plans, handles, workspaces).
-double time_ms(const std::function<void()>& run, CudaStream stream) { return mean_call_ms(run, 3, stream, 1); }
-
-bool choose_cublas_lt(Bf16Pass pass, const Bf16Key& key, const std::vector<Bf16Job>& jobs, const torch::Device& device,
-                      Bf16GroupedBackend forced) {
-  if (forced != Bf16GroupedBackend::kAuto) return forced == Bf16GroupedBackend::kCublasLt;
-  {
-    std::lock_guard<std::mutex> lock(g_bf16_mutex);
-    auto it = g_bf16_uses_lt.find(key);
-    if (it != g_bf16_uses_lt.end()) return it->second;
-  }
-  // Nothing can be timed inside a CUDA graph capture: cuBLASLt, decided later.
-  if (capturing(current_stream(device))) return true;
-  // Both write the same outputs (the real call follows), so they are timed in place.
-  const CudaStream stream = current_stream(device);
-  const double lt_ms = time_ms([&] { run_bf16_jobs(jobs, true, device); }, stream);
-  const double mm_ms = time_ms([&] { run_bf16_jobs(jobs, false, device); }, stream);
-  const bool lt = lt_ms <= mm_ms;
-  const std::string line =
-      strprintf("grouped bf16 %s, %lld experts, %lld -> %lld features%s: cuBLASLt %.3f ms, at::mm %.3f ms: %s",
-                pass == Bf16Pass::kFprop ? "fprop" : "dgrad", (long long)std::get<4>(key), (long long)std::get<3>(key),
-                (long long)std::get<2>(key), std::get<5>(key) ? " + bias" : "", lt_ms, mm_ms, lt ? "cuBLASLt" : "at::mm");
-  std::lock_guard<std::mutex> lock(g_bf16_mutex);
-  if (g_bf16_uses_lt.emplace(key, lt).second) {
-    g_bf16_choices.push_back(line);
-    log::info(line);
-  }
-  return lt;
+// The backend of the bf16 grouped GEMMs: cuBLASLt with the bucketed plans unless at::mm is asked
+// for. The GPU times are close (at::mm 0-8% faster per expert GEMM at Mixtral-like shapes, and more
+// with skewed routing, scripts/bench_grouped_gemm.sh), but at::mm runs cuBLAS's own heuristics on
+// the host for every token count it has not seen, about 250 us per GEMM on an H200's host, and
+// routing gives new counts every step: measured 36 ms per Mixtral-style step (196 GEMMs) of GPU
+// idle behind them. Timing both in place, as this once did, repeats one shape and cannot see it.
+bool uses_cublas_lt(bool lt_ok, Bf16GroupedBackend forced) {
+  return lt_ok && forced != Bf16GroupedBackend::kAtenMm;
 }
 
 // y[rows of e] = x[rows of e] W_e^T (+ b_e).
@@ -166,14 +123,13 @@ torch::Tensor bf16_forward(const torch::Tensor& x, const Splits& splits, const s
     for (const Bf16Job& j : jobs) j.aten();
     return y;
   }
-  const Bf16Key key{x.get_device(), int(Bf16Pass::kFprop), out_features, x.size(1), int64_t(w.size()), b[0].defined()};
-  run_bf16_jobs(jobs, lt_ok && choose_cublas_lt(Bf16Pass::kFprop, key, jobs, x.device(), forced), x.device());
+  run_bf16_jobs(jobs, uses_cublas_lt(lt_ok, forced), x.device());
   return y;
 }
 
 // dx[rows of e] = dy[rows of e] W_e.
 torch::Tensor bf16_dgrad(const torch::Tensor& dy, const Splits& splits, const std::vector<torch::Tensor>& w,
-                         Bf16GroupedBackend forced, bool has_bias) {
+                         Bf16GroupedBackend forced) {
   const int64_t in_features = w[0].size(1), out_features = w[0].size(0);
   auto dx = torch::empty({dy.size(0), in_features}, dy.options());
   const auto begin = row_begins(splits);
@@ -201,8 +157,7 @@ torch::Tensor bf16_dgrad(const torch::Tensor& dy, const Splits& splits, const st
     for (const Bf16Job& j : jobs) j.aten();
     return dx;
   }
-  const Bf16Key key{dy.get_device(), int(Bf16Pass::kDgrad), out_features, in_features, int64_t(w.size()), has_bias};
-  run_bf16_jobs(jobs, lt_ok && choose_cublas_lt(Bf16Pass::kDgrad, key, jobs, dy.device(), forced), dy.device());
+  run_bf16_jobs(jobs, uses_cublas_lt(lt_ok, forced), dy.device());
   return dx;
 }
 
@@ -379,9 +334,7 @@ struct GroupedLinearBackward : public torch::autograd::Node {
   void bf16_backward(const torch::Tensor& dy, variable_list& out) {
     const auto begin = row_begins(splits);
     if (task_should_compute_output(0)) {
-      bool has_bias = false;
-      for (const auto& b : bias_params) has_bias = has_bias || b.defined();
-      out[0] = bf16_dgrad(dy, splits, weights, bf16_backend, has_bias).to(input_dtype);
+      out[0] = bf16_dgrad(dy, splits, weights, bf16_backend).to(input_dtype);
     }
     std::vector<GroupedGemm> gemms;
     for (size_t e = 0; e < experts(); ++e) {
@@ -612,11 +565,6 @@ torch::Tensor grouped_linear(const torch::Tensor& x_in, const std::vector<int64_
   node->set_next_edges(torch::autograd::collect_next_edges(inputs));
   torch::autograd::set_history(y, node);
   return y;
-}
-
-std::vector<std::string> bf16_grouped_backend_choices() {
-  std::lock_guard<std::mutex> lock(g_bf16_mutex);
-  return g_bf16_choices;
 }
 
 }  // namespace fp8tron::fp8

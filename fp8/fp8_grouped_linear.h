@@ -46,6 +46,8 @@
 
 namespace fp8tron::fp8 {
 
+// The bf16 experts' GEMMs: kAuto is cuBLASLt where the operands allow it (bf16 on a GPU), else
+// at::mm; kAtenMm forces at::mm (comparisons in tests and benchmarks).
 enum class Bf16GroupedBackend : uint8_t { kAuto, kCublasLt, kAtenMm };
 
 torch::Tensor grouped_linear(const torch::Tensor& x, const std::vector<int64_t>& m_splits,
@@ -53,8 +55,5 @@ torch::Tensor grouped_linear(const torch::Tensor& x, const std::vector<int64_t>&
                              const std::vector<Fp8Site*>& sites,
                              Bf16GroupedBackend bf16_backend = Bf16GroupedBackend::kAuto);
 
-// The bf16 backend choices made so far, one line each (shape, timings, choice), for logs and
-// benchmarks.
-std::vector<std::string> bf16_grouped_backend_choices();
 
 }  // namespace fp8tron::fp8

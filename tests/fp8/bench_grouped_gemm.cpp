@@ -259,7 +259,6 @@ int main(int argc, char** argv) {
     bench(s, true);
   }
   std::printf("\n");
-  for (const auto& line : bf16_grouped_backend_choices()) std::printf("[grouped-bench] %s\n", line.c_str());
   size_t bucketed = 0;
   int64_t misses = 0;
   for (const auto& info : grouped_gemm_resources().handle.plan_infos()) {
