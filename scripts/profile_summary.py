@@ -7,7 +7,8 @@
 Sums the duration of every GPU kernel and memcpy/memset by name, groups the names into families
 (GEMM, attention, cross entropy, norm, elementwise, optimizer, communication, copies, ...), and
 prints both per step (divided by --steps, the number of profiled iterations) with their share of
-the GPU's busy time, plus the idle time between kernels (launch gaps). --by-op also sums the
+the GPU's busy time, plus the idle time between kernels (launch gaps): the main stream's, and the
+time when no stream at all is busy. --by-op also sums the
 kernels by the outermost CPU-side operator that launched them (an aten op in the forward, the
 autograd node, e.g. "evaluate_function: AddBackward0", in the backward): what to fuse next.
 --gaps N explains the idle time of the busiest stream: a histogram of the gaps by length, the N
@@ -93,9 +94,11 @@ def main():
     stream = main_stream(gpu)
     span = end(stream[-1]) - stream[0]["ts"]
     gaps = sum(gap_length(a, b) for a, b in idle_gaps(stream))
+    idle = all_streams_idle(gpu)
     s = args.steps
     print(f"GPU busy per step {busy / s / 1000:.2f} ms over {len(gpu) // s} kernels; main stream span "
-          f"{span / s / 1000:.2f} ms per step, idle gaps {gaps / s / 1000:.2f} ms ({100 * gaps / span:.1f}%)")
+          f"{span / s / 1000:.2f} ms per step, idle gaps {gaps / s / 1000:.2f} ms ({100 * gaps / span:.1f}%); "
+          f"no stream busy {idle / s / 1000:.2f} ms per step")
     print("| family | ms per step | share of GPU busy time |")
     print("| --- | --- | --- |")
     for fam, dur in by_family.most_common():
@@ -122,6 +125,18 @@ def main_stream(gpu):
     for e in gpu:
         per_stream[(e.get("pid"), e.get("tid"))].append(e)
     return sorted(max(per_stream.values(), key=lambda v: sum(e["dur"] for e in v)), key=lambda e: e["ts"])
+
+
+def all_streams_idle(gpu):
+    """Time (us) between the first and the last GPU activity when no stream runs anything. The main
+    stream's gaps overstate the GPU's idle time where work runs on side streams (the MoE experts'
+    GEMMs on their 4 streams, communication) while the main stream waits for it."""
+    idle, busy_until = 0.0, None
+    for e in sorted(gpu, key=lambda e: e["ts"]):
+        if busy_until is not None and e["ts"] > busy_until:
+            idle += e["ts"] - busy_until
+        busy_until = end(e) if busy_until is None else max(busy_until, end(e))
+    return idle
 
 
 def idle_gaps(stream):

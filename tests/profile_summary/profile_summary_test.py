@@ -169,6 +169,10 @@ class GapsTest(unittest.TestCase):
                       "(gaps < 10 us) 0.032 ms in 9.0 gaps; other 1.805 ms in 4.5 gaps", self.out)
         self.assertIn("idle gaps 2.08 ms", self.out)
 
+    def test_idle_of_all_streams_leaves_out_side_stream_work(self):
+        # The all-reduce's 300 us on SIDE fall inside the main stream's 1650 us gap of each step.
+        self.assertIn("no stream busy 1.78 ms per step", self.out)
+
     def test_by_op_still_attributes_kernels_to_outermost_launching_operator(self):
         self.assertIn("| `aten::linear` | 1 | 0.100 |", self.out)
         self.assertIn("| `bwd: MmBackward0` | 1 | 0.200 |", self.out)
