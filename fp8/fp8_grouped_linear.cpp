@@ -282,7 +282,7 @@ struct GroupedLinearBackward : public torch::autograd::Node {
   torch::ScalarType input_dtype = torch::kBFloat16, weight_dtype = torch::kBFloat16;
   torch::TensorOptions weight_options;
   int64_t in_features = 0, out_features = 0;
-  Bf16GroupedBackend bf16_backend = Bf16GroupedBackend::kAuto;
+  Bf16GroupedBackend bf16_backend = Bf16GroupedBackend::kCublasLt;
 
   size_t experts() const { return splits.size(); }
   std::string name() const override { return "GroupedLinearBackward"; }

@@ -23,11 +23,9 @@
 // a padded buffer, whose real rows are then gathered (one copy, only when some count is unaligned).
 //
 // bf16 (sites empty): per expert addmm on the CPU (bit for bit F::linear's forward and backward);
-// on the GPU per-expert GEMMs on the side streams, through cuBLASLt (bucketed plans) or at::mm,
-// whichever is faster for the layer's shape: the first call of each (pass, shape, experts, bias)
-// times both on its own operands (a few ms and one synchronisation, once per shape for the
-// process) and keeps the faster; `bf16_backend` forces one (tests). Wgrad always runs through
-// cuBLASLt, adding into the fp32 main gradient when the weight has one.
+// on the GPU per-expert GEMMs on the side streams through cuBLASLt (bucketed plans: no host-side
+// heuristics per token count), or at::mm when `bf16_backend` asks for it (tests, benchmarks).
+// Wgrad always runs through cuBLASLt, adding into the fp32 main gradient when the weight has one.
 //
 // Gradients: the weight gradient of an expert goes straight into its fp32 main gradient on the GPU
 // (gradient-accumulation fusion, as fp8_linear; FP8 sites overwrite it in a step's first backward
@@ -46,14 +44,14 @@
 
 namespace fp8tron::fp8 {
 
-// The bf16 experts' GEMMs: kAuto is cuBLASLt where the operands allow it (bf16 on a GPU), else
-// at::mm; kAtenMm forces at::mm (comparisons in tests and benchmarks).
-enum class Bf16GroupedBackend : uint8_t { kAuto, kCublasLt, kAtenMm };
+// The bf16 experts' fprop and dgrad GEMMs: cuBLASLt where the operands allow it (bf16 on a GPU),
+// else at::mm; kAtenMm forces at::mm (comparisons in tests and benchmarks).
+enum class Bf16GroupedBackend : uint8_t { kCublasLt, kAtenMm };
 
 torch::Tensor grouped_linear(const torch::Tensor& x, const std::vector<int64_t>& m_splits,
                              const std::vector<torch::Tensor>& weights, const std::vector<torch::Tensor>& biases,
                              const std::vector<Fp8Site*>& sites,
-                             Bf16GroupedBackend bf16_backend = Bf16GroupedBackend::kAuto);
+                             Bf16GroupedBackend bf16_backend = Bf16GroupedBackend::kCublasLt);
 
 
 }  // namespace fp8tron::fp8
