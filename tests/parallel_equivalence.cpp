@@ -10,7 +10,7 @@
 // `--identical-without --flag` (repeatable) trains the layout a third time without that flag (and
 // its value, for a valued flag) and requires bitwise-identical losses and weights (for flags that
 // must not change the arithmetic, such as --overlap-param-gather: a weight used before its
-// all-gather lands would show; the tensor-parallel overlap).
+// all-gather lands would show), unless `--without-tolerance` is given.
 // `--identical-swapped --a --b` trains the layout once more with switch --a replaced by --b and
 // requires bitwise-identical losses and weights (--use-ascend-mc2 and --tp-comm-overlap).
 // `--without-tolerance T` relaxes both comparisons for runs whose arithmetic differs by design (GPU
