@@ -8,7 +8,10 @@
 #include <cstdio>
 
 #include "core/text.h"
+#include "models/moe/aux_loss.h"
+#include "models/moe/fused_topk_routing.h"
 #include "models/moe/permute.h"
+#include "models/moe/routing.h"
 #include "test_helpers.h"
 #include "trainer/trainer.h"
 
@@ -48,6 +51,16 @@ TEST(GpuMoe, PermuteKernelsMatchTheCpuPath) {
       const auto gpu_index = moe::make_permute_index(map.to(cuda), counts);
       EXPECT_TRUE(torch::equal(cpu_index.row_of, gpu_index.row_of.cpu()));
       EXPECT_TRUE(torch::equal(cpu_index.flat_of_row, gpu_index.flat_of_row.cpu()));
+      // The index kernel also pads the experts' rows (--moe-router-padding-for-quantization) and
+      // reads a map that is a column slice of a wider one (the allgather dispatcher's local experts).
+      const int64_t pad = tokens >= 512 ? 16 : 2;
+      const auto padded_cpu = moe::make_permute_index(map, counts, pad);
+      const auto wide = torch::cat({skewed_map(tokens, experts, k), map}, 1).to(cuda);
+      const auto padded_gpu = moe::make_permute_index(wide.narrow(1, experts, experts), counts, pad);
+      EXPECT_EQ(padded_cpu.counts, padded_gpu.counts);
+      EXPECT_GT(padded_cpu.rows, cpu_index.rows);
+      EXPECT_TRUE(torch::equal(padded_cpu.row_of, padded_gpu.row_of.cpu()));
+      EXPECT_TRUE(torch::equal(padded_cpu.flat_of_row, padded_gpu.flat_of_row.cpu()));
       auto x = torch::randn({tokens, hidden}).to(dtype);
       auto probs = (torch::rand({tokens, experts}) * map).to(torch::kFloat32);
       // permute: a gather, bitwise.
@@ -79,6 +92,53 @@ TEST(GpuMoe, PermuteKernelsMatchTheCpuPath) {
       for (int64_t e = experts - 1; e >= 0; --e) order.push_back(e);
       auto s_gpu = moe::sort_chunks(y.to(cuda), sizes, order), s_cpu = moe::sort_chunks(y, sizes, order);
       EXPECT_TRUE(torch::equal(s_gpu.cpu(), s_cpu));
+    }
+  }
+}
+
+// The fused softmax top-k kernel against the torch operations it replaces (topk_routing and
+// aux_loss_scores on the same GPU logits): the same selections and counts, probs and scores to
+// fp32 rounding, and the same logit gradients through both outputs.
+TEST(GpuMoe, FusedTopkRoutingMatchesTheTorchPath) {
+  REQUIRE_GPU();
+  const auto cuda = torch::Device(torch::kCUDA, 0);
+  torch::manual_seed(3);
+  for (auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+    for (auto [experts, k, pre, scale] : std::vector<std::tuple<int64_t, int64_t, bool, double>>{
+             {8, 2, false, 0.0}, {8, 1, true, 0.0}, {64, 6, false, 2.5}, {100, 8, true, 1.5}, {8, 8, false, 0.0}}) {
+      SCOPED_TRACE(strprintf("%s E=%lld k=%lld pre=%d scale=%g", c10::toString(dtype), (long long)experts, (long long)k,
+                             int(pre), scale));
+      moe::TopKOptions o;
+      o.topk = k;
+      o.pre_softmax = pre;
+      if (scale != 0.0) o.scaling_factor = scale;
+      // Distinct logits (a permutation of a grid per token): no ties, in either dtype.
+      const int64_t tokens = 777;
+      auto grid = torch::linspace(-4, 4, experts).to(torch::kFloat32);
+      auto order = std::get<1>(torch::rand({tokens, experts}).sort(1));
+      auto logits = grid.index_select(0, order.reshape({-1})).view({tokens, experts}).to(dtype).to(cuda);
+      ASSERT_TRUE(moe::fused_routing_applies(logits, o));
+      auto a = logits.clone().requires_grad_(true), b = logits.clone().requires_grad_(true);
+      const auto fused = moe::fused_topk_softmax(a, o);
+      const auto want = moe::topk_routing(b, o);
+      const auto want_aux = moe::aux_loss_scores(b, k, MoeScoreFunction::kSoftmax);
+      EXPECT_TRUE(torch::equal(fused.routing.map.cpu(), want.map.cpu()));
+      EXPECT_TRUE(torch::equal(fused.routing.counts.cpu(), want.map.sum(0).cpu()));
+      EXPECT_TRUE(torch::equal(fused.aux.map.cpu(), want_aux.map.cpu()));
+      EXPECT_TRUE(torch::equal(fused.aux.counts.cpu(), want_aux.map.sum(0, false, torch::kFloat32).cpu()));
+      const double tol = dtype == torch::kFloat32 ? 1e-6 : 8e-3;
+      EXPECT_EQ(fused.routing.probs.scalar_type(), dtype);
+      EXPECT_TRUE(torch::allclose(fused.routing.probs.to(torch::kFloat32).cpu(), want.probs.to(torch::kFloat32).cpu(), tol, tol));
+      EXPECT_TRUE(torch::allclose(fused.aux.scores.cpu(), want_aux.scores.cpu(), 1e-6, 1e-6));
+      // Gradients through both outputs at once.
+      auto wp = torch::randn({tokens, experts}, torch::TensorOptions().device(cuda));
+      auto ws = torch::randn({tokens, experts}, torch::TensorOptions().device(cuda));
+      ((fused.routing.probs.to(torch::kFloat32) * wp).sum() + (fused.aux.scores * ws).sum()).backward();
+      ((want.probs.to(torch::kFloat32) * wp).sum() + (want_aux.scores * ws).sum()).backward();
+      EXPECT_EQ(a.grad().scalar_type(), dtype);
+      const double gtol = dtype == torch::kFloat32 ? 1e-5 : 2e-2;
+      EXPECT_TRUE(torch::allclose(a.grad().to(torch::kFloat32).cpu(), b.grad().to(torch::kFloat32).cpu(), gtol, gtol))
+          << (a.grad().to(torch::kFloat32) - b.grad().to(torch::kFloat32)).abs().max();
     }
   }
 }

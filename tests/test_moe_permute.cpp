@@ -32,6 +32,20 @@ TEST(MoePermute, RowsAreExpertMajorThenTokenAscending) {
   EXPECT_TRUE(torch::equal(y, want)) << y;
 }
 
+TEST(MoePermute, PaddingAddsEachExpertsEarliestUnroutedTokens) {
+  const auto map = example_map();
+  const auto index = moe::make_permute_index(map, column_counts(map), /*pad_multiple=*/2);
+  // Counts 2, 2, 3 padded to multiples of 2: expert 2 also takes token 2, its earliest unrouted one.
+  EXPECT_EQ(index.counts, (std::vector<int64_t>{2, 2, 4}));
+  EXPECT_EQ(index.rows, 8);
+  auto want_rows = torch::tensor({{0, -1, 4}, {1, 2, 5}, {-1, 3, 6}, {-1, -1, 7}, {-1, -1, -1}}, torch::kInt32);
+  EXPECT_TRUE(torch::equal(index.row_of, want_rows)) << index.row_of;
+  EXPECT_TRUE(torch::equal(index.flat_of_row, torch::tensor({0, 3, 4, 7, 2, 5, 8, 11}, torch::kInt64))) << index.flat_of_row;
+  EXPECT_EQ(moe::padded_count(17, 16), 32);
+  EXPECT_EQ(moe::padded_count(0, 16), 0);
+  EXPECT_EQ(moe::padded_count(5, 0), 5);
+}
+
 TEST(MoePermute, UnpermuteIsTheProbabilityWeightedSum) {
   torch::manual_seed(1);
   const auto map = example_map();

@@ -1,6 +1,7 @@
 #include "models/moe/aux_loss.h"
 
 #include "models/moe/moe_context.h"
+#include "models/moe/routing.h"
 
 namespace fp8tron::moe {
 namespace {
@@ -33,8 +34,7 @@ AuxScores aux_loss_scores(const torch::Tensor& logits, int64_t topk, MoeScoreFun
     scores = scores / (scores.sum(-1, true) + 1e-20);
   }
   auto indices = std::get<1>(scores.detach().topk(topk, 1));
-  auto map = torch::zeros(scores.sizes(), scores.options().dtype(torch::kInt32)).scatter(1, indices, 1).to(torch::kBool);
-  return AuxScores{scores, map};
+  return AuxScores{scores, selection_mask(scores, indices)};
 }
 
 torch::Tensor switch_load_balancing_loss(const torch::Tensor& scores, const torch::Tensor& tokens_per_expert,

@@ -19,6 +19,7 @@ namespace moe {
 struct AuxScores {
   torch::Tensor scores;  // [T, E], differentiable
   torch::Tensor map;     // [T, E] bool
+  torch::Tensor counts;  // [E] fp32: the map's column sums, when already known (else undefined)
 };
 AuxScores aux_loss_scores(const torch::Tensor& logits, int64_t topk, MoeScoreFunction score_function);
 

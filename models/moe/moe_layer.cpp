@@ -59,7 +59,7 @@ torch::Tensor MoeLayerImpl::shared_output(const torch::Tensor& x) {
 }
 
 torch::Tensor MoeLayerImpl::routed(const torch::Tensor& x2d, const moe::Routing& routing) {
-  auto dispatched = dispatcher_->dispatch(x2d, routing.probs, routing.map);
+  auto dispatched = dispatcher_->dispatch(x2d, routing);
   auto y = experts(dispatched.tokens, dispatched.tokens_per_expert);
   return dispatcher_->combine(y);
 }

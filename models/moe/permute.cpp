@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "models/moe/permute_kernels.h"
+#include "models/moe/routing.h"
 
 namespace fp8tron::moe {
 namespace {
@@ -40,22 +41,23 @@ bool is_identity(const std::vector<int64_t>& order) {
   return true;
 }
 
-// out[r] = x[src[r]] (x scale[r] in fp32), in x's dtype.
-torch::Tensor gather(const torch::Tensor& x_in, const torch::Tensor& flat_of_row, int64_t experts, const torch::Tensor& scale) {
+// out[r] = x[token of row r], times probs[pair of row r] in fp32 when probs is given, in x's dtype.
+torch::Tensor gather(const torch::Tensor& x_in, const torch::Tensor& flat_of_row, int64_t experts, const torch::Tensor& probs) {
   auto x = x_in.contiguous();
   const int64_t rows = flat_of_row.size(0), hidden = x.size(1);
   kernels::DType d;
-  if (x.is_cuda() && kernel_dtype(x.scalar_type(), &d)) {
-    auto src = flat_of_row.div(experts, "floor");
+  const bool float_probs = !probs.defined() || probs.scalar_type() != torch::kFloat64;
+  if (x.is_cuda() && float_probs && kernel_dtype(x.scalar_type(), &d)) {
     auto out = torch::empty({rows, hidden}, x.options());
-    auto s = scale.defined() ? scale.to(torch::kFloat32).contiguous() : torch::Tensor();
-    kernels::gather_rows(x.data_ptr(), out.data_ptr(), d, src.data_ptr<int64_t>(), s.defined() ? s.data_ptr<float>() : nullptr,
-                         rows, hidden, stream_of(x));
+    auto p = probs.defined() ? probs.to(torch::kFloat32).contiguous() : torch::Tensor();
+    kernels::gather_rows(x.data_ptr(), out.data_ptr(), d, flat_of_row.data_ptr<int64_t>(), experts,
+                         p.defined() ? p.data_ptr<float>() : nullptr, rows, hidden, stream_of(x));
     return out;
   }
   auto out = x.index_select(0, flat_of_row.div(experts, "floor"));
-  if (!scale.defined()) return out;
+  if (!probs.defined()) return out;
   const auto math = x.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+  auto scale = probs.reshape({-1}).index_select(0, flat_of_row);
   return (out.to(math) * scale.to(math).unsqueeze(1)).to(x.scalar_type());
 }
 
@@ -136,7 +138,7 @@ struct UnpermuteFn : torch::autograd::Function<UnpermuteFn> {
     auto flat = ctx->saved_data["flat_of_row"].toTensor();
     const int64_t experts = row_of.size(1);
     auto dout = grad[0];
-    auto dy = gather(dout, flat, experts, probs.reshape({-1}).index_select(0, flat)).to(y.scalar_type());
+    auto dy = gather(dout, flat, experts, probs).to(y.scalar_type());
     torch::Tensor dprobs;
     if (probs.requires_grad()) dprobs = prob_grads(y, dout, row_of, flat).to(probs.scalar_type());
     return {dy, dprobs, {}, {}, {}};
@@ -215,30 +217,45 @@ variable_list SortChunksFn::backward(AutogradContext* ctx, variable_list grad) {
 
 }  // namespace
 
-PermuteIndex make_permute_index(const torch::Tensor& map, const std::vector<int64_t>& counts) {
-  FP8TRON_CHECK(map.dim() == 2 && int64_t(counts.size()) == map.size(1), "permute index: one count per expert");
+int64_t padded_count(int64_t count, int64_t multiple) {
+  return multiple > 0 ? (count + multiple - 1) / multiple * multiple : count;
+}
+
+PermuteIndex make_permute_index(const torch::Tensor& map_in, const std::vector<int64_t>& counts, int64_t pad_multiple) {
+  FP8TRON_CHECK(map_in.dim() == 2 && int64_t(counts.size()) == map_in.size(1), "permute index: one count per expert");
   torch::NoGradGuard no_grad;
+  const int64_t tokens = map_in.size(0), experts = map_in.size(1);
   PermuteIndex index;
-  index.counts = counts;
-  std::vector<int32_t> offsets(counts.size(), 0);
-  for (size_t e = 1; e < counts.size(); ++e) offsets[e] = offsets[e - 1] + int32_t(counts[e - 1]);
-  index.rows = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+  std::vector<int32_t> begin(counts.size(), 0), missing(counts.size(), 0);
+  for (size_t e = 0; e < counts.size(); ++e) {
+    const int64_t n = padded_count(counts[e], pad_multiple);
+    FP8TRON_CHECK(n <= tokens, "permute index: an expert lacks the unrouted tokens to pad its rows");
+    index.counts.push_back(n);
+    missing[e] = int32_t(n - counts[e]);
+    if (e + 1 < counts.size()) begin[e + 1] = begin[e] + int32_t(n);
+    index.rows += n;
+  }
   FP8TRON_CHECK(index.rows < (int64_t(1) << 31), "permute index: too many rows for int32 row numbers");
+  auto map = map_in.scalar_type() == torch::kBool ? map_in : map_in.to(torch::kBool);
+  if (map.is_cuda() && map.stride(1) == 1) {
+    index.row_of = torch::empty({tokens, experts}, map.options().dtype(torch::kInt32));
+    index.flat_of_row = torch::empty({index.rows}, map.options().dtype(torch::kInt64));
+    kernels::permute_index(map.data_ptr<bool>(), map.stride(0), tokens, experts, begin.data(), missing.data(),
+                           index.row_of.data_ptr<int32_t>(), index.flat_of_row.data_ptr<int64_t>(), stream_of(map));
+    return index;
+  }
+  // The same index from torch operations (the CPU path, which the GPU tests hold the kernel to).
+  if (pad_multiple > 0) map = pad_routing_map(map, pad_multiple);
+  // Rank of each token among the expert's rows (a running count down each column), plus the
+  // expert's first row.
   const auto int32 = map.options().dtype(torch::kInt32);
-  // Rank of each token among the expert's routed tokens, shifted by the expert's offset.
-  // The running count runs along each expert's column. torch scans the outer dimension of a
-  // [tokens, experts] tensor with a thread per column (0.65 ms per layer on an H200 for 4096 x 8,
-  // 10 ms per Mixtral-style micro-batch); scanning the rows of its transpose is the fast inner scan.
-  auto routed = map.to(torch::kInt32).t().contiguous();
-  auto rank = routed.cumsum(1, torch::kInt32).t().contiguous() - 1;
-  auto base = table_on(map.device(), offsets, torch::kInt32);
-  index.row_of = torch::where(map.to(torch::kBool), rank + base.unsqueeze(0), torch::full({}, -1, int32)).to(torch::kInt32);
+  auto rank = map.to(torch::kInt32).cumsum(0, torch::kInt32) - 1;
+  auto first = torch::tensor(begin, torch::kInt32).to(map.device());
+  index.row_of = torch::where(map, rank + first.unsqueeze(0), torch::full({}, -1, int32)).to(torch::kInt32).contiguous();
   // Invert: row -> t * E + e (the unrouted pairs all land in a spare slot, dropped).
-  const int64_t pairs = map.numel();
   auto rows = index.row_of.reshape({-1}).to(torch::kInt64);
   auto target = torch::where(rows >= 0, rows, torch::full({}, index.rows, rows.options()));
-  auto inverse = torch::empty({index.rows + 1}, rows.options())
-                     .scatter_(0, target, torch::arange(pairs, rows.options()));
+  auto inverse = torch::empty({index.rows + 1}, rows.options()).scatter_(0, target, torch::arange(map.numel(), rows.options()));
   index.flat_of_row = inverse.narrow(0, 0, index.rows);
   return index;
 }

@@ -1,13 +1,15 @@
-// CUDA kernels behind permute_kernels.h. One thread block per row (gather, chunk sort) or per
-// token (combine, probability gradients), threads striding over the hidden dimension; copies move
-// 16 bytes per thread step when rows and pointers allow it. A token's routed experts are
-// compacted into shared memory in ascending expert order by warp 0 (ballots), so the sums run in
-// the order of the CPU path.
+// CUDA kernels behind permute_kernels.h (the index kernel is in permute_index.cu). One warp per
+// row (gather) or per token (combine, probability gradients), lanes striding over the hidden
+// dimension 16 bytes at a time when rows and pointers allow it; one block per row for the chunk
+// sort. A token's routed experts are compacted by its warp (ballots) in ascending expert order, so
+// the sums run in the order of the CPU path.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <initializer_list>
+#include <type_traits>
 
 #include "core/error.h"
 #include "fp8/cuda_check.h"
@@ -17,43 +19,103 @@ namespace fp8tron::moe::kernels {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
 constexpr int kMaxBlocks = 65535 * 8;
 
-__device__ __forceinline__ float load(const float* p, int64_t i) { return p[i]; }
-__device__ __forceinline__ float load(const __nv_bfloat16* p, int64_t i) { return __bfloat162float(p[i]); }
-__device__ __forceinline__ float load(const __half* p, int64_t i) { return __half2float(p[i]); }
-__device__ __forceinline__ void store(float* p, int64_t i, float v) { p[i] = v; }
-__device__ __forceinline__ void store(__nv_bfloat16* p, int64_t i, float v) { p[i] = __float2bfloat16_rn(v); }
-__device__ __forceinline__ void store(__half* p, int64_t i, float v) { p[i] = __float2half_rn(v); }
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+template <typename T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <>
+__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
 
-size_t element_size(DType d) { return d == DType::kF32 ? 4 : 2; }
-int blocks_for(int64_t n) { return int(std::max<int64_t>(1, std::min<int64_t>(n, kMaxBlocks))); }
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
-
-// ---- row copies ---------------------------------------------------------------------------------------
-// Copies `bytes` (a multiple of 16 when `vec`) from src to dst with the block's threads.
-__device__ __forceinline__ void copy_row(const char* src, char* dst, int64_t bytes, bool vec) {
-  if (vec) {
-    const auto* s = reinterpret_cast<const uint4*>(src);
-    auto* d = reinterpret_cast<uint4*>(dst);
-    for (int64_t i = threadIdx.x; i < bytes / 16; i += blockDim.x) d[i] = s[i];
+// N consecutive elements as fp32: one 16-byte load when N elements are 16 bytes (the caller
+// checked the alignment), element loads otherwise.
+template <typename T, int N>
+__device__ __forceinline__ void load_n(const T* p, float (&out)[N]) {
+  if constexpr (N * sizeof(T) == 16) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(p);
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = to_float(e[i]);
   } else {
-    for (int64_t i = threadIdx.x; i < bytes; i += blockDim.x) dst[i] = src[i];
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = to_float(p[i]);
   }
 }
 
-__global__ void gather_copy_kernel(const char* x, char* out, const int64_t* src_row, int64_t rows, int64_t row_bytes,
-                                   bool vec) {
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) copy_row(x + src_row[r] * row_bytes, out + r * row_bytes, row_bytes, vec);
+// Stores N fp32 values as T, 16 bytes at a time when N elements fill whole 16-byte words.
+template <typename T, int N>
+__device__ __forceinline__ void store_n(T* p, const float (&v)[N]) {
+  if constexpr (N * sizeof(T) % 16 == 0) {
+    constexpr int kPer = 16 / sizeof(T);
+#pragma unroll
+    for (int w = 0; w < N / kPer; ++w) {
+      uint4 raw;
+      T* e = reinterpret_cast<T*>(&raw);
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) e[i] = from_float<T>(v[w * kPer + i]);
+      reinterpret_cast<uint4*>(p)[w] = raw;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) p[i] = from_float<T>(v[i]);
+  }
 }
 
-template <typename T>
-__global__ void gather_scale_kernel(const T* x, T* out, const int64_t* src_row, const float* scale, int64_t rows,
-                                    int64_t hidden) {
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const int64_t src = src_row[r] * hidden, dst = r * hidden;
-    const float s = scale[r];
-    for (int64_t h = threadIdx.x; h < hidden; h += blockDim.x) store(out, dst + h, __fmul_rn(load(x, src + h), s));
+size_t element_size(DType d) { return d == DType::kF32 ? 4 : 2; }
+int blocks_for(int64_t n) { return int(std::max<int64_t>(1, std::min<int64_t>(n, kMaxBlocks))); }
+int warp_blocks_for(int64_t n) { return blocks_for((n + kWarps - 1) / kWarps); }
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+// Whether rows of `hidden` elements of `bytes` each can move 16 bytes at a time from/to all of `ptrs`.
+bool vectorizable(int64_t hidden, size_t bytes, std::initializer_list<const void*> ptrs) {
+  if ((hidden * int64_t(bytes)) % 16 != 0) return false;
+  for (const void* p : ptrs)
+    if (!aligned16(p)) return false;
+  return true;
+}
+
+// ---- row copies ---------------------------------------------------------------------------------------
+// Copies `bytes` (a multiple of 16 when `vec`) from src to dst with the warp's lanes.
+__device__ __forceinline__ void warp_copy_row(const char* src, char* dst, int64_t bytes, bool vec, int lane) {
+  if (vec) {
+    const auto* s = reinterpret_cast<const uint4*>(src);
+    auto* d = reinterpret_cast<uint4*>(dst);
+    for (int64_t i = lane; i < bytes / 16; i += 32) d[i] = s[i];
+  } else {
+    for (int64_t i = lane; i < bytes; i += 32) dst[i] = src[i];
+  }
+}
+
+__global__ void gather_copy_kernel(const char* x, char* out, const int64_t* flat_of_row, int64_t experts, int64_t rows,
+                                   int64_t row_bytes, bool vec) {
+  const int lane = threadIdx.x % 32;
+  for (int64_t r = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32; r < rows; r += int64_t(gridDim.x) * kWarps)
+    warp_copy_row(x + (flat_of_row[r] / experts) * row_bytes, out + r * row_bytes, row_bytes, vec, lane);
+}
+
+template <typename T, int N>
+__global__ void gather_scale_kernel(const T* x, T* out, const int64_t* flat_of_row, int64_t experts, const float* probs,
+                                    int64_t rows, int64_t hidden) {
+  const int lane = threadIdx.x % 32;
+  for (int64_t r = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32; r < rows; r += int64_t(gridDim.x) * kWarps) {
+    const int64_t flat = flat_of_row[r];
+    const T* src = x + (flat / experts) * hidden;
+    T* dst = out + r * hidden;
+    const float s = probs[flat];
+    for (int64_t h = int64_t(lane) * N; h < hidden; h += 32 * N) {
+      float v[N];
+      load_n<T, N>(src + h, v);
+#pragma unroll
+      for (int i = 0; i < N; ++i) v[i] = __fmul_rn(v[i], s);
+      store_n<T, N>(dst + h, v);
+    }
   }
 }
 
@@ -68,79 +130,89 @@ __global__ void sort_chunks_kernel(const char* x, char* out, const int64_t* src_
       else hi = mid - 1;
     }
     const int64_t src = src_start[lo] + (r - dst_start[lo]);
-    copy_row(x + src * row_bytes, out + r * row_bytes, row_bytes, vec);
+    const char* s = x + src * row_bytes;
+    char* d = out + r * row_bytes;
+    if (vec) {
+      for (int64_t i = threadIdx.x; i < row_bytes / 16; i += blockDim.x)
+        reinterpret_cast<uint4*>(d)[i] = reinterpret_cast<const uint4*>(s)[i];
+    } else {
+      for (int64_t i = threadIdx.x; i < row_bytes; i += blockDim.x) d[i] = s[i];
+    }
   }
 }
 
 // ---- per-token sums over the routed experts ------------------------------------------------------------
-// Warp 0 lists token t's routed (row, prob) pairs in ascending expert order; returns how many.
-__device__ int compact_routes(const int32_t* row_of, const float* probs, int64_t t, int64_t experts, int32_t* rows_out,
-                              float* probs_out) {
-  __shared__ int count;
-  if (threadIdx.x < 32) {
-    int n = 0;
-    const unsigned lane = threadIdx.x;
-    for (int64_t base = 0; base < experts; base += 32) {
-      const int64_t e = base + lane;
-      const int32_t row = e < experts ? row_of[t * experts + e] : -1;
-      const unsigned routed = __ballot_sync(0xffffffffu, row >= 0);
-      if (row >= 0) {
-        const int at = n + __popc(routed & ((1u << lane) - 1u));
-        rows_out[at] = row;
-        if (probs_out) probs_out[at] = probs ? probs[t * experts + e] : 1.0f;
-      }
-      n += __popc(routed);
+// The warp lists token t's routed pairs in ascending expert order (row, expert) into its own
+// shared-memory slots; returns how many. `unrouted_zero`, when given, gets 0 at the token's
+// unrouted pairs.
+__device__ int compact_routes(const int32_t* row_of, int64_t t, int64_t experts, int32_t* rows_out, int32_t* experts_out,
+                              float* unrouted_zero, int lane) {
+  int n = 0;
+  for (int64_t base = 0; base < experts; base += 32) {
+    const int64_t e = base + lane;
+    const int32_t row = e < experts ? row_of[t * experts + e] : -1;
+    const unsigned routed = __ballot_sync(0xffffffffu, row >= 0);
+    if (row >= 0) {
+      const int at = n + __popc(routed & ((1u << lane) - 1u));
+      rows_out[at] = row;
+      experts_out[at] = int32_t(e);
+    } else if (unrouted_zero && e < experts) {
+      unrouted_zero[t * experts + e] = 0.0f;
     }
-    if (lane == 0) count = n;
+    n += __popc(routed);
   }
-  __syncthreads();
-  const int n = count;
-  __syncthreads();  // `count` is reused by the next token
+  __syncwarp();
   return n;
 }
 
-template <typename In, typename Out>
+template <typename In, typename Out, int N>
 __global__ void combine_kernel(const In* y, const int32_t* row_of, const float* probs, Out* out, int64_t tokens,
                                int64_t experts, int64_t hidden) {
-  extern __shared__ unsigned char shared[];
-  auto* rows = reinterpret_cast<int32_t*>(shared);
-  auto* weights = reinterpret_cast<float*>(rows + experts);
-  for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
-    const int n = compact_routes(row_of, probs, t, experts, rows, weights);
-    for (int64_t h = threadIdx.x; h < hidden; h += blockDim.x) {
-      float acc = 0.0f;
+  extern __shared__ int32_t routes[];  // per warp: rows [experts], experts [experts]
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  int32_t* rows = routes + int64_t(warp) * 2 * experts;
+  int32_t* ids = rows + experts;
+  for (int64_t t = int64_t(blockIdx.x) * kWarps + warp; t < tokens; t += int64_t(gridDim.x) * kWarps) {
+    const int n = compact_routes(row_of, t, experts, rows, ids, nullptr, lane);
+    for (int64_t h = int64_t(lane) * N; h < hidden; h += 32 * N) {
+      float acc[N];
+#pragma unroll
+      for (int j = 0; j < N; ++j) acc[j] = 0.0f;
       for (int i = 0; i < n; ++i) {
-        const float v = load(y, int64_t(rows[i]) * hidden + h);
-        acc = __fadd_rn(acc, probs ? __fmul_rn(weights[i], v) : v);
+        float v[N];
+        load_n<In, N>(y + int64_t(rows[i]) * hidden + h, v);
+        const float p = probs ? probs[t * experts + ids[i]] : 1.0f;
+#pragma unroll
+        for (int j = 0; j < N; ++j) acc[j] = __fadd_rn(acc[j], probs ? __fmul_rn(p, v[j]) : v[j]);
       }
-      store(out, t * hidden + h, acc);
+      store_n<Out, N>(out + t * hidden + h, acc);
     }
-    __syncthreads();
+    __syncwarp();  // the slots are rewritten for the next token
   }
 }
 
-template <typename T>
+template <typename T, int N>
 __global__ void prob_grad_kernel(const T* y, const T* dout, const int32_t* row_of, float* dprobs, int64_t tokens,
                                  int64_t experts, int64_t hidden) {
-  __shared__ float partial[kThreads / 32];
-  for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
-    // The experts' indices are needed too: walk row_of directly.
-    for (int64_t e = 0; e < experts; ++e) {
-      const int32_t row = row_of[t * experts + e];
-      if (row < 0) continue;
+  extern __shared__ int32_t routes[];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  int32_t* rows = routes + int64_t(warp) * 2 * experts;
+  int32_t* ids = rows + experts;
+  for (int64_t t = int64_t(blockIdx.x) * kWarps + warp; t < tokens; t += int64_t(gridDim.x) * kWarps) {
+    const int n = compact_routes(row_of, t, experts, rows, ids, dprobs, lane);
+    for (int i = 0; i < n; ++i) {
       float acc = 0.0f;
-      for (int64_t h = threadIdx.x; h < hidden; h += blockDim.x)
-        acc = __fadd_rn(acc, __fmul_rn(load(y, int64_t(row) * hidden + h), load(dout, t * hidden + h)));
-      for (int offset = 16; offset > 0; offset /= 2) acc += __shfl_down_sync(0xffffffffu, acc, offset);
-      if ((threadIdx.x & 31) == 0) partial[threadIdx.x / 32] = acc;
-      __syncthreads();
-      if (threadIdx.x == 0) {
-        float sum = 0.0f;
-        for (int w = 0; w < kThreads / 32; ++w) sum += partial[w];
-        dprobs[t * experts + e] = sum;
+      for (int64_t h = int64_t(lane) * N; h < hidden; h += 32 * N) {
+        float a[N], b[N];
+        load_n<T, N>(y + int64_t(rows[i]) * hidden + h, a);
+        load_n<T, N>(dout + t * hidden + h, b);
+#pragma unroll
+        for (int j = 0; j < N; ++j) acc = __fadd_rn(acc, __fmul_rn(a[j], b[j]));
       }
-      __syncthreads();
+      for (int offset = 16; offset > 0; offset /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, offset);
+      if (lane == 0) dprobs[t * experts + ids[i]] = acc;
     }
+    __syncwarp();
   }
 }
 
@@ -153,25 +225,35 @@ void by_dtype(DType d, F&& f) {
   }
 }
 
-size_t route_shared_bytes(int64_t experts) { return size_t(experts) * (sizeof(int32_t) + sizeof(float)); }
+// Per warp: a token's routed rows and expert ids.
+size_t route_shared_bytes(int64_t experts) { return size_t(kWarps) * size_t(experts) * 2 * sizeof(int32_t); }
+
+// f(std::integral_constant<int, N>) with N the elements per 16 bytes when `vec`, else 1.
+template <typename T, typename F>
+void by_width(bool vec, F&& f) {
+  if (vec) f(std::integral_constant<int, int(16 / sizeof(T))>{});
+  else f(std::integral_constant<int, 1>{});
+}
 
 }  // namespace
 
-void gather_rows(const void* x, void* out, DType dtype, const int64_t* src_row, const float* row_scale, int64_t rows,
-                 int64_t hidden, cudaStream_t stream) {
+void gather_rows(const void* x, void* out, DType dtype, const int64_t* flat_of_row, int64_t experts, const float* probs,
+                 int64_t rows, int64_t hidden, cudaStream_t stream) {
   if (rows == 0 || hidden == 0) return;
-  if (!row_scale) {
-    const int64_t row_bytes = hidden * int64_t(element_size(dtype));
-    const bool vec = row_bytes % 16 == 0 && aligned16(x) && aligned16(out);
-    gather_copy_kernel<<<blocks_for(rows), kThreads, 0, stream>>>(static_cast<const char*>(x), static_cast<char*>(out),
-                                                                   src_row, rows, row_bytes, vec);
+  const size_t bytes = element_size(dtype);
+  const bool vec = vectorizable(hidden, bytes, {x, out});
+  if (!probs) {
+    gather_copy_kernel<<<warp_blocks_for(rows), kThreads, 0, stream>>>(
+        static_cast<const char*>(x), static_cast<char*>(out), flat_of_row, experts, rows, hidden * int64_t(bytes), vec);
     FP8TRON_CUDA_CHECK_LAUNCH("moe gather_copy_kernel");
     return;
   }
   by_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    gather_scale_kernel<T><<<blocks_for(rows), kThreads, 0, stream>>>(static_cast<const T*>(x), static_cast<T*>(out), src_row,
-                                                                      row_scale, rows, hidden);
+    by_width<T>(vec, [&](auto n) {
+      gather_scale_kernel<T, decltype(n)::value><<<warp_blocks_for(rows), kThreads, 0, stream>>>(
+          static_cast<const T*>(x), static_cast<T*>(out), flat_of_row, experts, probs, rows, hidden);
+    });
   });
   FP8TRON_CUDA_CHECK_LAUNCH("moe gather_scale_kernel");
 }
@@ -182,26 +264,35 @@ void combine_rows(const void* y, DType y_dtype, const int32_t* row_of, const flo
   FP8TRON_CHECK(out_dtype == y_dtype || out_dtype == DType::kF32, "combine_rows: output in the input's dtype or fp32");
   const size_t shared = route_shared_bytes(experts);
   FP8TRON_CHECK(shared <= 48 * 1024, "combine_rows: too many experts for one block's shared memory");
+  // 16-byte steps of y's elements (the fp32 output of a 16-bit input then takes 32 bytes a step).
+  const bool vec = vectorizable(hidden, element_size(y_dtype), {y, out});
   by_dtype(y_dtype, [&](auto tag) {
     using In = decltype(tag);
-    if (out_dtype == DType::kF32)
-      combine_kernel<In, float><<<blocks_for(tokens), kThreads, shared, stream>>>(
-          static_cast<const In*>(y), row_of, probs, static_cast<float*>(out), tokens, experts, hidden);
-    else
-      combine_kernel<In, In><<<blocks_for(tokens), kThreads, shared, stream>>>(
-          static_cast<const In*>(y), row_of, probs, static_cast<In*>(out), tokens, experts, hidden);
+    by_width<In>(vec, [&](auto n) {
+      constexpr int N = decltype(n)::value;
+      if (out_dtype == DType::kF32)
+        combine_kernel<In, float, N><<<warp_blocks_for(tokens), kThreads, shared, stream>>>(
+            static_cast<const In*>(y), row_of, probs, static_cast<float*>(out), tokens, experts, hidden);
+      else
+        combine_kernel<In, In, N><<<warp_blocks_for(tokens), kThreads, shared, stream>>>(
+            static_cast<const In*>(y), row_of, probs, static_cast<In*>(out), tokens, experts, hidden);
+    });
   });
   FP8TRON_CUDA_CHECK_LAUNCH("moe combine_kernel");
 }
 
 void prob_grads(const void* y, const void* dout, DType dtype, const int32_t* row_of, float* dprobs, int64_t tokens,
                 int64_t experts, int64_t hidden, cudaStream_t stream) {
-  FP8TRON_CUDA_CHECK(cudaMemsetAsync(dprobs, 0, size_t(tokens * experts) * sizeof(float), stream));
-  if (tokens == 0 || hidden == 0) return;
+  if (tokens == 0 || experts == 0) return;
+  const size_t shared = route_shared_bytes(experts);
+  FP8TRON_CHECK(shared <= 48 * 1024, "prob_grads: too many experts for one block's shared memory");
+  const bool vec = vectorizable(hidden, element_size(dtype), {y, dout});
   by_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    prob_grad_kernel<T><<<blocks_for(tokens), kThreads, 0, stream>>>(static_cast<const T*>(y), static_cast<const T*>(dout),
-                                                                     row_of, dprobs, tokens, experts, hidden);
+    by_width<T>(vec, [&](auto n) {
+      prob_grad_kernel<T, decltype(n)::value><<<warp_blocks_for(tokens), kThreads, shared, stream>>>(
+          static_cast<const T*>(y), static_cast<const T*>(dout), row_of, dprobs, tokens, experts, hidden);
+    });
   });
   FP8TRON_CUDA_CHECK_LAUNCH("moe prob_grad_kernel");
 }

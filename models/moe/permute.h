@@ -29,7 +29,14 @@ struct PermuteIndex {
 };
 
 // `counts` are the map's column sums, already on the host (the dispatcher's one device-to-host copy).
-PermuteIndex make_permute_index(const torch::Tensor& map, const std::vector<int64_t>& counts);
+// pad_multiple > 0 (--moe-router-padding-for-quantization): each expert's rows also take its
+// earliest unrouted tokens until their number is a multiple of it, as pad_routing_map pads the map
+// (their probabilities are zero); index.counts are then the padded counts. On the GPU one kernel
+// (permute_kernels.h) builds the whole index.
+PermuteIndex make_permute_index(const torch::Tensor& map, const std::vector<int64_t>& counts, int64_t pad_multiple = 0);
+
+// `count` rounded up to a multiple of `multiple` (0: unchanged).
+int64_t padded_count(int64_t count, int64_t multiple);
 
 // x [T, H] -> [rows, H]. Differentiable in x.
 torch::Tensor permute(const torch::Tensor& x, const PermuteIndex& index);

@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "models/moe/aux_loss.h"
+#include "models/moe/fused_topk_routing.h"
 #include "models/recompute.h"
 
 namespace fp8tron {
@@ -84,9 +85,12 @@ torch::Tensor TopKRouterImpl::gating(const torch::Tensor& x2d) const {
                         : RouterGating::apply(x2d, weight, int64_t(dtype));
 }
 
-torch::Tensor TopKRouterImpl::counts_over(const torch::Tensor& map, Communicator& group) const {
-  auto counts = map.sum(0).to(torch::kFloat32);
-  if (group.size() > 1) group.all_reduce(counts);
+torch::Tensor TopKRouterImpl::counts_over(const torch::Tensor& map, Communicator& group, const torch::Tensor& known) const {
+  auto counts = known.defined() ? known : map.sum(0, false, torch::kFloat32);
+  if (group.size() > 1) {
+    if (known.defined()) counts = counts.clone();  // reduced in place; `known` may serve another loss
+    group.all_reduce(counts);
+  }
   return counts;
 }
 
@@ -102,13 +106,13 @@ torch::Tensor TopKRouterImpl::attach_z_loss(const torch::Tensor& logits) {
 
 // Megatron's _apply_aux_loss / _apply_seq_aux_loss / _apply_global_aux_loss, in that order.
 torch::Tensor TopKRouterImpl::attach_balancing_losses(torch::Tensor probs, const torch::Tensor& logits, int64_t seq,
-                                                      int64_t batch) {
+                                                      int64_t batch, const std::optional<moe::AuxScores>& fused_aux) {
   bool any = false;
   for (const auto& t : config_.balancing) any = any || (metric_name(t.type)[0] != '\0' && t.coeff > 0);
   if (!any) return probs;
   const auto& groups = context_->groups();
   const int64_t k = config_.topk, experts = config_.num_experts, tokens = logits.size(0);
-  const auto aux = moe::aux_loss_scores(logits, k, config_.score_function);
+  const auto aux = fused_aux ? *fused_aux : moe::aux_loss_scores(logits, k, config_.score_function);
   auto attach = [&](MoeBalancing type, const torch::Tensor& loss, double coeff, MetricGroup reduce, bool dp_average) {
     context_->record(metric_name(type), layer_, loss.detach() / coeff, reduce, MetricGroup::kNone, dp_average);
     probs = moe::attach_aux_loss(probs, loss, *context_);
@@ -120,7 +124,7 @@ torch::Tensor TopKRouterImpl::attach_balancing_losses(torch::Tensor probs, const
     if (coeff <= 0) continue;
     if (type == MoeBalancing::kAuxLoss) {
       const double total = double(tokens * groups.tp_cp->size());
-      auto counts = counts_over(aux.map, *groups.tp_cp);
+      auto counts = counts_over(aux.map, *groups.tp_cp, aux.counts);
       attach(type, moe::switch_load_balancing_loss(aux.scores, counts, total, k, experts, coeff), coeff, MetricGroup::kTpCp,
              true);
     } else if (type == MoeBalancing::kSeqAuxLoss) {
@@ -135,7 +139,7 @@ torch::Tensor TopKRouterImpl::attach_balancing_losses(torch::Tensor probs, const
       // Counts of the global batch so far: this micro-batch's over tp x dp x cp, averaged with
       // the step's earlier micro-batches.
       const double total = double(tokens * groups.tp_dp_cp->size());
-      auto counts = counts_over(aux.map, *groups.tp_dp_cp);
+      auto counts = counts_over(aux.map, *groups.tp_dp_cp, aux.counts);
       if (!global_tokens_per_expert_.defined()) global_tokens_per_expert_ = torch::zeros_like(counts);
       global_tokens_per_expert_ += counts;
       ++global_aux_micro_batches_;
@@ -160,14 +164,24 @@ moe::Routing TopKRouterImpl::forward(const torch::Tensor& x) {
   const bool training = is_training() && gradient_pass;
   if (training && config_.z_loss_coeff) logits = attach_z_loss(logits);
   const bool sinkhorn = config_.balancing.size() == 1 && config_.balancing[0].type == MoeBalancing::kSinkhorn;
-  moe::Routing r = sinkhorn ? moe::sinkhorn_routing(logits, config_.topk, is_training())
-                            : moe::topk_routing(logits, moe::TopKOptions::from(config_), expert_bias);
+  const auto options = moe::TopKOptions::from(config_);
+  moe::Routing r;
+  std::optional<moe::AuxScores> fused_aux;
+  if (sinkhorn) {
+    r = moe::sinkhorn_routing(logits, config_.topk, is_training());
+  } else if (moe::fused_routing_applies(logits, options)) {
+    auto fused = moe::fused_topk_softmax(logits, options);
+    r = fused.routing;
+    fused_aux = fused.aux;
+  } else {
+    r = moe::topk_routing(logits, options, expert_bias);
+  }
   if (config_.capacity_factor)
     r = moe::apply_capacity(r, config_.topk, *config_.capacity_factor, config_.drop_policy, config_.pad_to_capacity);
-  if (training) r.probs = attach_balancing_losses(r.probs, logits, seq, batch);
+  if (training) r.probs = attach_balancing_losses(r.probs, logits, seq, batch, fused_aux);
   if (expert_bias.defined() && gradient_pass) {
     torch::NoGradGuard no_grad;
-    auto counts = r.map.sum(0).to(torch::kFloat32);
+    auto counts = r.map.sum(0, false, torch::kFloat32);
     if (!local_tokens_per_expert_.defined()) local_tokens_per_expert_ = torch::zeros_like(counts);
     local_tokens_per_expert_ += counts;
   }

@@ -8,10 +8,12 @@
 #include <torch/torch.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "core/config/model_config.h"
 #include "models/module_factory.h"
+#include "models/moe/aux_loss.h"
 #include "models/moe/moe_context.h"
 #include "models/moe/routing.h"
 
@@ -38,9 +40,12 @@ class TopKRouterImpl : public ShardedModule {
   int64_t layer() const { return layer_; }
 
  private:
-  torch::Tensor attach_balancing_losses(torch::Tensor probs, const torch::Tensor& logits, int64_t seq, int64_t batch);
+  // fused_aux: the aux scores the fused routing kernel already computed (else recomputed here).
+  torch::Tensor attach_balancing_losses(torch::Tensor probs, const torch::Tensor& logits, int64_t seq, int64_t batch,
+                                        const std::optional<moe::AuxScores>& fused_aux);
   torch::Tensor attach_z_loss(const torch::Tensor& logits);
-  torch::Tensor counts_over(const torch::Tensor& map, Communicator& group) const;
+  // The map's column sums (fp32; `known` when given) summed over the group.
+  torch::Tensor counts_over(const torch::Tensor& map, Communicator& group, const torch::Tensor& known = {}) const;
 
   MoeConfig config_;
   int64_t layer_;

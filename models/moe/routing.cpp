@@ -15,10 +15,6 @@ std::pair<torch::Tensor, torch::Tensor> select_topk(const torch::Tensor& scores,
   return {values, indices};
 }
 
-torch::Tensor mask_of(const torch::Tensor& like, const torch::Tensor& indices) {
-  return torch::zeros(like.sizes(), like.options().dtype(torch::kInt32)).scatter(1, indices, 1).to(torch::kBool);
-}
-
 // sigmoid(l) or sqrt(softplus(l)) in fp32.
 torch::Tensor elementwise_scores(const torch::Tensor& logits, MoeScoreFunction f) {
   auto l = logits.to(torch::kFloat32);
@@ -26,6 +22,10 @@ torch::Tensor elementwise_scores(const torch::Tensor& logits, MoeScoreFunction f
 }
 
 }  // namespace
+
+torch::Tensor selection_mask(const torch::Tensor& like, const torch::Tensor& indices) {
+  return torch::zeros(like.sizes(), like.options().dtype(torch::kBool)).scatter_(1, indices, true);
+}
 
 TopKOptions TopKOptions::from(const MoeConfig& c) {
   TopKOptions o;
@@ -77,7 +77,7 @@ Routing topk_routing(const torch::Tensor& logits, const TopKOptions& o, const to
   }
   if (o.scaling_factor && *o.scaling_factor != 0.0) probs = probs * *o.scaling_factor;
   probs = probs.to(logits.scalar_type());
-  return Routing{torch::zeros_like(logits).scatter(1, indices, probs), mask_of(logits, indices)};
+  return Routing{torch::zeros_like(logits).scatter(1, indices, probs), selection_mask(logits, indices)};
 }
 
 torch::Tensor sinkhorn(const torch::Tensor& cost_in, double tolerance) {
@@ -104,7 +104,7 @@ Routing sinkhorn_routing(const torch::Tensor& logits, int64_t topk, bool trainin
   } else {
     indices = std::get<1>(activation.topk(topk, 1));
   }
-  auto map = mask_of(logits, indices);
+  auto map = selection_mask(logits, indices);
   return Routing{activation * map, map};
 }
 

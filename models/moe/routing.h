@@ -18,6 +18,7 @@ namespace fp8tron::moe {
 struct Routing {
   torch::Tensor probs;
   torch::Tensor map;
+  torch::Tensor counts;  // [E] int64 on the map's device: its column sums, when already known (else undefined)
 };
 
 struct TopKOptions {
@@ -28,6 +29,9 @@ struct TopKOptions {
   std::optional<double> scaling_factor;
   static TopKOptions from(const MoeConfig& c);
 };
+
+// The [tokens, experts] bool map of `like`'s shape, true at each row's `indices` [tokens, k].
+torch::Tensor selection_mask(const torch::Tensor& like, const torch::Tensor& indices);
 
 // Scores and top-k selection (§3.3 of the brief, moe.md):
 //   softmax             top-k of the logits, then softmax over the k selected (renormalised)

@@ -18,9 +18,11 @@ class AllGatherDispatcher : public TokenDispatcher {
  public:
   using TokenDispatcher::TokenDispatcher;
 
-  DispatchedTokens dispatch(const torch::Tensor& x, const torch::Tensor& probs, const torch::Tensor& map) override {
+  DispatchedTokens dispatch(const torch::Tensor& x, const moe::Routing& routing) override {
     input_dtype_ = x.scalar_type();
     time("moe-token-dispatch", true);
+    const torch::Tensor& probs = routing.probs;
+    const torch::Tensor& map = routing.map;
     Communicator& group = *options_.groups.expert_tp_ep;
     // Every rank of the group sees all of the group's tokens (group-rank order).
     auto all_x = gather_rows(x, group);
@@ -57,14 +59,14 @@ class AllToAllDispatcher : public TokenDispatcher {
  public:
   using TokenDispatcher::TokenDispatcher;
 
-  DispatchedTokens dispatch(const torch::Tensor& x, const torch::Tensor& probs, const torch::Tensor& map_in) override {
+  DispatchedTokens dispatch(const torch::Tensor& x, const moe::Routing& routing) override {
     input_dtype_ = x.scalar_type();
     time("moe-token-dispatch", true);
-    probs_ = probs;
-    torch::Tensor map = map_in;
-    if (options_.pad_multiple > 0) map = moe::pad_routing_map(map, options_.pad_multiple);
-    plan(map);
-    index_ = moe::make_permute_index(map, counts_);
+    probs_ = routing.probs;
+    plan(routing.map, routing.counts);
+    // With --moe-router-padding-for-quantization the index pads each expert's rows (the map stays
+    // as routed; the padding tokens' probabilities are zero).
+    index_ = moe::make_permute_index(routing.map, routed_counts_, options_.pad_multiple);
     auto rows = moe::permute(x, index_);  // by global expert: contiguous per destination EP rank
     rows = all_to_all_rows(rows, *options_.groups.ep, input_splits_, output_splits_);
     if (options_.groups.expert_tp->size() > 1) rows = all_gather_rows_v(rows, *options_.groups.expert_tp, output_splits_tp_);
@@ -90,26 +92,33 @@ class AllToAllDispatcher : public TokenDispatcher {
  private:
   // Token counts of the whole expert tensor x expert parallel group, gathered on the device and
   // copied to the host once; every split below derives from them.
-  void plan(const torch::Tensor& map) {
+  void plan(const torch::Tensor& map, const torch::Tensor& known_counts) {
     const auto& g = options_.groups;
     const int64_t experts = options_.num_experts, local = options_.num_local_experts;
     const int ep = g.ep->size(), etp = g.expert_tp->size();
-    auto local_counts = map.sum(0);  // [E] on the device
+    auto local_counts = known_counts.defined() ? known_counts : map.sum(0);  // [E] int64 on the device
     auto gathered = to_host(all_gather_no_grad(local_counts.unsqueeze(0), *g.expert_tp_ep).reshape({-1}));
-    // The expert grid puts etp fastest: group rank j = ep_source * ETP + etp_source.
+    // The expert grid puts etp fastest: group rank j = ep_source * ETP + etp_source. Rows after the
+    // padding for quantization, which every source applies to its own counts.
     auto count = [&](int etp_source, int ep_source, int64_t expert) {
-      return gathered[size_t((int64_t(ep_source) * etp + etp_source) * experts + expert)];
+      const int64_t routed = gathered[size_t((int64_t(ep_source) * etp + etp_source) * experts + expert)];
+      return moe::padded_count(routed, options_.pad_multiple);
     };
     const int me = g.expert_tp_rank;
+    const int64_t tokens = map.size(0);
+    routed_counts_.assign(size_t(experts), 0);
     counts_.assign(size_t(experts), 0);
-    for (int64_t e = 0; e < experts; ++e) counts_[size_t(e)] = count(me, g.ep_rank, e);
+    for (int64_t e = 0; e < experts; ++e) {
+      routed_counts_[size_t(e)] = gathered[size_t((int64_t(g.ep_rank) * etp + me) * experts + e)];
+      counts_[size_t(e)] = count(me, g.ep_rank, e);
+    }
     if (options_.pad_multiple > 0)
       for (int64_t e = 0; e < experts; ++e)
-        if (counts_[size_t(e)] % options_.pad_multiple != 0)
+        if (counts_[size_t(e)] > tokens)
           throw UserError(strprintf("--moe-router-padding-for-quantization: expert %lld would need more padding tokens "
                                     "than this rank routes elsewhere (%lld tokens, multiple of %lld); use a larger "
                                     "micro-batch or let the experts pad (drop the flag)",
-                                    (long long)e, (long long)counts_[size_t(e)], (long long)options_.pad_multiple));
+                                    (long long)e, (long long)routed_counts_[size_t(e)], (long long)options_.pad_multiple));
     const int64_t first = int64_t(g.ep_rank) * local;
     input_splits_.assign(size_t(ep), 0);
     for (int r = 0; r < ep; ++r)
@@ -144,7 +153,7 @@ class AllToAllDispatcher : public TokenDispatcher {
 
   torch::Tensor probs_;
   moe::PermuteIndex index_;
-  std::vector<int64_t> counts_, input_splits_, output_splits_, output_splits_tp_, tokens_per_expert_;
+  std::vector<int64_t> routed_counts_, counts_, input_splits_, output_splits_, output_splits_tp_, tokens_per_expert_;
   std::vector<int64_t> chunk_sizes_, by_expert_, regrouped_sizes_, by_source_;
 };
 

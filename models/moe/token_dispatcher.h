@@ -12,6 +12,8 @@
 #pragma once
 #include <torch/torch.h>
 
+#include "models/moe/routing.h"
+
 #include <memory>
 #include <vector>
 
@@ -38,8 +40,9 @@ class TokenDispatcher {
  public:
   explicit TokenDispatcher(DispatcherOptions options) : options_(std::move(options)) {}
   virtual ~TokenDispatcher() = default;
-  // x [T, H]; probs, map [T, E]. Keeps what combine() needs.
-  virtual DispatchedTokens dispatch(const torch::Tensor& x, const torch::Tensor& probs, const torch::Tensor& map) = 0;
+  // x [T, H]; routing: probs and map [T, E], and the map's column sums when the router already has
+  // them. Keeps what combine() needs.
+  virtual DispatchedTokens dispatch(const torch::Tensor& x, const moe::Routing& routing) = 0;
   // The experts' outputs [rows, H] (partial sums when expert TP > 1) -> [T, H] in x's dtype, each
   // token the probability-weighted sum of its experts' outputs.
   virtual torch::Tensor combine(const torch::Tensor& y) = 0;
