@@ -42,7 +42,7 @@ TEST(GpuMoe, PermuteKernelsMatchTheCpuPath) {
   torch::manual_seed(1);
   for (auto dtype : {torch::kFloat32, torch::kBFloat16}) {
     for (auto [tokens, experts, hidden, k] : std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t>>{
-             {512, 8, 256, 2}, {1000, 64, 72, 6}, {33, 4, 7, 1}}) {
+             {512, 8, 256, 2}, {1000, 64, 72, 6}, {33, 4, 7, 1}, {300, 1000, 32, 4}}) {
       SCOPED_TRACE(strprintf("%s T=%lld E=%lld H=%lld k=%lld", c10::toString(dtype), (long long)tokens, (long long)experts,
                              (long long)hidden, (long long)k));
       const auto map = skewed_map(tokens, experts, k);
@@ -51,7 +51,8 @@ TEST(GpuMoe, PermuteKernelsMatchTheCpuPath) {
       const auto gpu_index = moe::make_permute_index(map.to(cuda), counts);
       EXPECT_TRUE(torch::equal(cpu_index.row_of, gpu_index.row_of.cpu()));
       EXPECT_TRUE(torch::equal(cpu_index.flat_of_row, gpu_index.flat_of_row.cpu()));
-      // The index kernel also pads the experts' rows (--moe-router-padding-for-quantization) and
+      // (1000 experts: fewer warps per block in the per-token kernels, whose shared memory holds
+      // each warp's routes.) The index kernel also pads the experts' rows (--moe-router-padding-for-quantization) and
       // reads a map that is a column slice of a wider one (the allgather dispatcher's local experts).
       const int64_t pad = tokens >= 512 ? 16 : 2;
       const auto padded_cpu = moe::make_permute_index(map, counts, pad);

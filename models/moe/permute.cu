@@ -169,10 +169,10 @@ template <typename In, typename Out, int N>
 __global__ void combine_kernel(const In* y, const int32_t* row_of, const float* probs, Out* out, int64_t tokens,
                                int64_t experts, int64_t hidden) {
   extern __shared__ int32_t routes[];  // per warp: rows [experts], experts [experts]
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   int32_t* rows = routes + int64_t(warp) * 2 * experts;
   int32_t* ids = rows + experts;
-  for (int64_t t = int64_t(blockIdx.x) * kWarps + warp; t < tokens; t += int64_t(gridDim.x) * kWarps) {
+  for (int64_t t = int64_t(blockIdx.x) * warps + warp; t < tokens; t += int64_t(gridDim.x) * warps) {
     const int n = compact_routes(row_of, t, experts, rows, ids, nullptr, lane);
     for (int64_t h = int64_t(lane) * N; h < hidden; h += 32 * N) {
       float acc[N];
@@ -194,11 +194,11 @@ __global__ void combine_kernel(const In* y, const int32_t* row_of, const float* 
 template <typename T, int N>
 __global__ void prob_grad_kernel(const T* y, const T* dout, const int32_t* row_of, float* dprobs, int64_t tokens,
                                  int64_t experts, int64_t hidden) {
-  extern __shared__ int32_t routes[];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  extern __shared__ int32_t routes[];  // as combine_kernel's
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   int32_t* rows = routes + int64_t(warp) * 2 * experts;
   int32_t* ids = rows + experts;
-  for (int64_t t = int64_t(blockIdx.x) * kWarps + warp; t < tokens; t += int64_t(gridDim.x) * kWarps) {
+  for (int64_t t = int64_t(blockIdx.x) * warps + warp; t < tokens; t += int64_t(gridDim.x) * warps) {
     const int n = compact_routes(row_of, t, experts, rows, ids, dprobs, lane);
     for (int i = 0; i < n; ++i) {
       float acc = 0.0f;
@@ -225,8 +225,17 @@ void by_dtype(DType d, F&& f) {
   }
 }
 
-// Per warp: a token's routed rows and expert ids.
-size_t route_shared_bytes(int64_t experts) { return size_t(kWarps) * size_t(experts) * 2 * sizeof(int32_t); }
+// The per-token kernels keep each warp's routes (a token's rows and expert ids) in shared memory:
+// up to 8 warps per block, fewer when many experts would pass the 48 KiB of a block (one warp
+// takes up to 6144 experts).
+constexpr size_t kSharedBytes = 48 * 1024;
+size_t route_bytes_per_warp(int64_t experts) { return size_t(experts) * 2 * sizeof(int32_t); }
+int token_warps(int64_t experts) {
+  return int(std::max<size_t>(1, std::min<size_t>(kWarps, kSharedBytes / std::max<size_t>(1, route_bytes_per_warp(experts)))));
+}
+int token_blocks(int64_t tokens, int warps) {
+  return int(std::max<int64_t>(1, std::min<int64_t>((tokens + warps - 1) / warps, kMaxBlocks)));
+}
 
 // f(std::integral_constant<int, N>) with N the elements per 16 bytes when `vec`, else 1.
 template <typename T, typename F>
@@ -262,8 +271,9 @@ void combine_rows(const void* y, DType y_dtype, const int32_t* row_of, const flo
                   int64_t tokens, int64_t experts, int64_t hidden, cudaStream_t stream) {
   if (tokens == 0 || hidden == 0) return;
   FP8TRON_CHECK(out_dtype == y_dtype || out_dtype == DType::kF32, "combine_rows: output in the input's dtype or fp32");
-  const size_t shared = route_shared_bytes(experts);
-  FP8TRON_CHECK(shared <= 48 * 1024, "combine_rows: too many experts for one block's shared memory");
+  FP8TRON_CHECK(route_bytes_per_warp(experts) <= kSharedBytes, "combine_rows: too many experts for a block's shared memory");
+  const int warps = token_warps(experts);
+  const size_t shared = size_t(warps) * route_bytes_per_warp(experts);
   // 16-byte steps of y's elements (the fp32 output of a 16-bit input then takes 32 bytes a step).
   const bool vec = vectorizable(hidden, element_size(y_dtype), {y, out});
   by_dtype(y_dtype, [&](auto tag) {
@@ -271,10 +281,10 @@ void combine_rows(const void* y, DType y_dtype, const int32_t* row_of, const flo
     by_width<In>(vec, [&](auto n) {
       constexpr int N = decltype(n)::value;
       if (out_dtype == DType::kF32)
-        combine_kernel<In, float, N><<<warp_blocks_for(tokens), kThreads, shared, stream>>>(
+        combine_kernel<In, float, N><<<token_blocks(tokens, warps), 32 * warps, shared, stream>>>(
             static_cast<const In*>(y), row_of, probs, static_cast<float*>(out), tokens, experts, hidden);
       else
-        combine_kernel<In, In, N><<<warp_blocks_for(tokens), kThreads, shared, stream>>>(
+        combine_kernel<In, In, N><<<token_blocks(tokens, warps), 32 * warps, shared, stream>>>(
             static_cast<const In*>(y), row_of, probs, static_cast<In*>(out), tokens, experts, hidden);
     });
   });
@@ -284,13 +294,14 @@ void combine_rows(const void* y, DType y_dtype, const int32_t* row_of, const flo
 void prob_grads(const void* y, const void* dout, DType dtype, const int32_t* row_of, float* dprobs, int64_t tokens,
                 int64_t experts, int64_t hidden, cudaStream_t stream) {
   if (tokens == 0 || experts == 0) return;
-  const size_t shared = route_shared_bytes(experts);
-  FP8TRON_CHECK(shared <= 48 * 1024, "prob_grads: too many experts for one block's shared memory");
+  FP8TRON_CHECK(route_bytes_per_warp(experts) <= kSharedBytes, "prob_grads: too many experts for a block's shared memory");
+  const int warps = token_warps(experts);
+  const size_t shared = size_t(warps) * route_bytes_per_warp(experts);
   const bool vec = vectorizable(hidden, element_size(dtype), {y, dout});
   by_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     by_width<T>(vec, [&](auto n) {
-      prob_grad_kernel<T, decltype(n)::value><<<warp_blocks_for(tokens), kThreads, shared, stream>>>(
+      prob_grad_kernel<T, decltype(n)::value><<<token_blocks(tokens, warps), 32 * warps, shared, stream>>>(
           static_cast<const T*>(y), static_cast<const T*>(dout), row_of, dprobs, tokens, experts, hidden);
     });
   });
