@@ -84,8 +84,16 @@ std::vector<std::string> without_layout_flags(const std::vector<std::string>& ar
       "--tp-comm-overlap-disable-fc1", "--use-ascend-mc2", "--use-ascend-coc", "--coc-fused-kernel",
       "--overlap-p2p-communication", "--no-overlap-p2p-communication", "--overlap-p2p-communication-warmup-flush",
       "--fp8-param-gather", "--distribute-saved-activations"};
+  // The routing map's padding for FP8 needs the alltoall dispatcher: the reference keeps it then.
+  const bool router_padding = std::count(args.begin(), args.end(), "--moe-router-padding-for-fp8") +
+                                  std::count(args.begin(), args.end(), "--moe-router-padding-for-quantization") >
+                              0;
   std::vector<std::string> out;
   for (size_t i = 0; i < args.size(); ++i) {
+    if (router_padding && args[i] == "--moe-token-dispatcher-type") {
+      out.push_back(args[i]);
+      continue;  // its value follows as an ordinary argument
+    }
     if (layout.count(args[i])) {  // with its value(s)
       while (i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0) ++i;
       continue;

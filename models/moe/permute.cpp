@@ -230,14 +230,16 @@ PermuteIndex make_permute_index(const torch::Tensor& map_in, const std::vector<i
   for (size_t e = 0; e < counts.size(); ++e) {
     const int64_t n = padded_count(counts[e], pad_multiple);
     FP8TRON_CHECK(n <= tokens, "permute index: an expert lacks the unrouted tokens to pad its rows");
-    index.counts.push_back(n);
+    FP8TRON_CHECK(index.rows + n < (int64_t(1) << 31), "permute index: too many rows for int32 row numbers");
+    begin[e] = int32_t(index.rows);
     missing[e] = int32_t(n - counts[e]);
-    if (e + 1 < counts.size()) begin[e + 1] = begin[e] + int32_t(n);
+    index.counts.push_back(n);
     index.rows += n;
   }
-  FP8TRON_CHECK(index.rows < (int64_t(1) << 31), "permute index: too many rows for int32 row numbers");
   auto map = map_in.scalar_type() == torch::kBool ? map_in : map_in.to(torch::kBool);
-  if (map.is_cuda() && map.stride(1) == 1) {
+  // The kernel takes its per-expert table as a kernel argument: up to kMaxIndexExperts columns
+  // (more take the torch operations below).
+  if (map.is_cuda() && map.stride(1) == 1 && experts <= kernels::kMaxIndexExperts) {
     index.row_of = torch::empty({tokens, experts}, map.options().dtype(torch::kInt32));
     index.flat_of_row = torch::empty({index.rows}, map.options().dtype(torch::kInt64));
     kernels::permute_index(map.data_ptr<bool>(), map.stride(0), tokens, experts, begin.data(), missing.data(),

@@ -112,13 +112,16 @@ class AllToAllDispatcher : public TokenDispatcher {
       routed_counts_[size_t(e)] = gathered[size_t((int64_t(g.ep_rank) * etp + me) * experts + e)];
       counts_[size_t(e)] = count(me, g.ep_rank, e);
     }
+    // Every rank checks every source's counts (all ranks route micro-batches of the same size), so
+    // all of them stop together instead of some waiting in the all-to-all.
     if (options_.pad_multiple > 0)
-      for (int64_t e = 0; e < experts; ++e)
-        if (counts_[size_t(e)] > tokens)
-          throw UserError(strprintf("--moe-router-padding-for-quantization: expert %lld would need more padding tokens "
-                                    "than this rank routes elsewhere (%lld tokens, multiple of %lld); use a larger "
-                                    "micro-batch or let the experts pad (drop the flag)",
-                                    (long long)e, (long long)routed_counts_[size_t(e)], (long long)options_.pad_multiple));
+      for (size_t j = 0; j < gathered.size(); ++j)
+        if (moe::padded_count(gathered[j], options_.pad_multiple) > tokens)
+          throw UserError(strprintf("--moe-router-padding-for-quantization: expert %lld on rank %lld of the expert-parallel group "
+                                    "would need more padding tokens than that rank routes elsewhere (%lld tokens, "
+                                    "multiple of %lld); use a larger micro-batch or let the experts pad (drop the flag)",
+                                    (long long)(int64_t(j) % experts), (long long)(int64_t(j) / experts),
+                                    (long long)gathered[j], (long long)options_.pad_multiple));
     const int64_t first = int64_t(g.ep_rank) * local;
     input_splits_.assign(size_t(ep), 0);
     for (int r = 0; r < ep; ++r)
