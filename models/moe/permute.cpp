@@ -248,11 +248,12 @@ PermuteIndex make_permute_index(const torch::Tensor& map_in, const std::vector<i
   }
   // The same index from torch operations (the CPU path, which the GPU tests hold the kernel to).
   if (pad_multiple > 0) map = pad_routing_map(map, pad_multiple);
-  // Rank of each token among the expert's rows (a running count down each column), plus the
-  // expert's first row.
+  // Rank of each token among the expert's rows, plus the expert's first row. The running count
+  // runs down each column; on a GPU (maps of more than kMaxIndexExperts columns) torch scans the
+  // outer dimension with a thread per column, so the rows of the transpose are scanned instead.
   const auto int32 = map.options().dtype(torch::kInt32);
-  auto rank = map.to(torch::kInt32).cumsum(0, torch::kInt32) - 1;
-  auto first = torch::tensor(begin, torch::kInt32).to(map.device());
+  auto rank = map.to(torch::kInt32).t().contiguous().cumsum(1, torch::kInt32).t() - 1;
+  auto first = table_on(map.device(), begin, torch::kInt32);
   index.row_of = torch::where(map, rank + first.unsqueeze(0), torch::full({}, -1, int32)).to(torch::kInt32).contiguous();
   // Invert: row -> t * E + e (the unrouted pairs all land in a spare slot, dropped).
   auto rows = index.row_of.reshape({-1}).to(torch::kInt64);

@@ -98,20 +98,18 @@ class AllToAllDispatcher : public TokenDispatcher {
     const int ep = g.ep->size(), etp = g.expert_tp->size();
     auto local_counts = known_counts.defined() ? known_counts : map.sum(0);  // [E] int64 on the device
     auto gathered = to_host(all_gather_no_grad(local_counts.unsqueeze(0), *g.expert_tp_ep).reshape({-1}));
-    // The expert grid puts etp fastest: group rank j = ep_source * ETP + etp_source. Rows after the
-    // padding for quantization, which every source applies to its own counts.
+    // The expert grid puts etp fastest: group rank j = ep_source * ETP + etp_source. Rows are counted
+    // after the padding for quantization, which every source applies to its own counts.
+    auto routed = [&](int etp_source, int ep_source, int64_t expert) {
+      return gathered[size_t((int64_t(ep_source) * etp + etp_source) * experts + expert)];
+    };
     auto count = [&](int etp_source, int ep_source, int64_t expert) {
-      const int64_t routed = gathered[size_t((int64_t(ep_source) * etp + etp_source) * experts + expert)];
-      return moe::padded_count(routed, options_.pad_multiple);
+      return moe::padded_count(routed(etp_source, ep_source, expert), options_.pad_multiple);
     };
     const int me = g.expert_tp_rank;
     const int64_t tokens = map.size(0);
     routed_counts_.assign(size_t(experts), 0);
-    counts_.assign(size_t(experts), 0);
-    for (int64_t e = 0; e < experts; ++e) {
-      routed_counts_[size_t(e)] = gathered[size_t((int64_t(g.ep_rank) * etp + me) * experts + e)];
-      counts_[size_t(e)] = count(me, g.ep_rank, e);
-    }
+    for (int64_t e = 0; e < experts; ++e) routed_counts_[size_t(e)] = routed(me, g.ep_rank, e);
     // Every rank checks every source's counts (all ranks route micro-batches of the same size), so
     // all of them stop together instead of some waiting in the all-to-all.
     if (options_.pad_multiple > 0)
@@ -125,7 +123,7 @@ class AllToAllDispatcher : public TokenDispatcher {
     const int64_t first = int64_t(g.ep_rank) * local;
     input_splits_.assign(size_t(ep), 0);
     for (int r = 0; r < ep; ++r)
-      for (int64_t l = 0; l < local; ++l) input_splits_[size_t(r)] += counts_[size_t(r * local + l)];
+      for (int64_t l = 0; l < local; ++l) input_splits_[size_t(r)] += count(me, g.ep_rank, r * local + l);
     // Rows each (etp, ep) source sends to each local expert.
     output_splits_.assign(size_t(ep), 0);
     output_splits_tp_.assign(size_t(etp), 0);
@@ -156,7 +154,7 @@ class AllToAllDispatcher : public TokenDispatcher {
 
   torch::Tensor probs_;
   moe::PermuteIndex index_;
-  std::vector<int64_t> routed_counts_, counts_, input_splits_, output_splits_, output_splits_tp_, tokens_per_expert_;
+  std::vector<int64_t> routed_counts_, input_splits_, output_splits_, output_splits_tp_, tokens_per_expert_;
   std::vector<int64_t> chunk_sizes_, by_expert_, regrouped_sizes_, by_source_;
 };
 
