@@ -8,6 +8,7 @@
 #include <torch/csrc/autograd/functions/utils.h>
 
 #include <functional>
+#include <numeric>
 
 #include "core/error.h"
 #include "fp8/cuda_check.h"
@@ -15,6 +16,7 @@
 #include "fp8/gemm.h"
 #include "fp8/grouped_gemm.h"
 #include "fp8/quantized_tensor.h"
+#include "fp8/swiglu_backward.h"
 
 namespace fp8tron::fp8 {
 
@@ -171,9 +173,11 @@ struct RowOutput {
   torch::Tensor out, padded;
 };
 
-RowOutput row_output(const QuantizedSegments& a, int64_t width, const torch::TensorOptions& options) {
+// `into`: the [total rows, width] tensor to write (undefined: a new one).
+RowOutput row_output(const QuantizedSegments& a, int64_t width, const torch::TensorOptions& options,
+                     const torch::Tensor& into = {}) {
   RowOutput r;
-  r.out = torch::empty({int64_t(a.layout.total_rows()), width}, options);
+  r.out = into.defined() ? into : torch::empty({int64_t(a.layout.total_rows()), width}, options);
   if (a.layout.padding()) r.padded = torch::empty({int64_t(a.layout.total_padded()), width}, options);
   return r;
 }
@@ -233,12 +237,12 @@ struct Fp8Forward {
 
 Fp8Forward fp8_forward(const torch::Tensor& x, const Splits& splits, const std::vector<torch::Tensor>& weights,
                        const std::vector<torch::Tensor>& biases, const std::vector<Fp8Site*>& sites, bool need_dw,
-                       bool record_amax) {
+                       bool record_amax, Prologue prologue) {
   Fp8Engine& e = *sites[0]->engine;
   const Path path = path_of(e);
   Fp8Forward f;
   // Amaxes are recorded for training steps only: evaluation must not move the scales.
-  f.input = quantize_grouped(e, sites, TensorRole::kInput, x, splits, true, need_dw, record_amax);
+  f.input = quantize_grouped(e, sites, TensorRole::kInput, x, splits, true, need_dw, record_amax, nullptr, prologue);
   f.weights.resize(sites.size());
   for (size_t i = 0; i < sites.size(); ++i)
     if (splits[i] > 0) f.weights[i] = quantized_weight(*sites[i], weights[i], record_amax);
@@ -276,6 +280,14 @@ struct GroupedLinearBackward : public torch::autograd::Node {
   std::shared_ptr<QuantizedSegments> input;             // FP8: x's transposed copies (wgrad)
   std::vector<std::shared_ptr<Quantized>> weights_q;    // FP8: W_e (both copies) of experts with tokens
   torch::Tensor input_hp;                               // bf16: x (wgrad)
+  torch::Tensor swiglu_input;                           // Prologue::kSwiglu: x = [gate | up] (dgrad)
+  // The SwiGLU hand-over, as fp8_linear's: an fc2 with Prologue::kSwiglu whose x is this node's
+  // output (fc1's h) hands back the gradient of the SwiGLU's output [rows, f] in the first rows * f
+  // elements of a gradient shaped as h, [rows, 2f] (`swiglu_deferred`, on fc2's node), and this
+  // node applies SwiGLU's backward inside its gradient cast (Prologue::kSwigluBackward), or first
+  // where that cast does not apply. Holds h (`deferred_swiglu_input`, on fc1's node).
+  torch::Tensor deferred_swiglu_input;
+  bool swiglu_deferred = false;
   std::vector<torch::Tensor> weights;                   // bf16: W_e (dgrad)
   std::vector<torch::Tensor> weight_params;             // the leaf weights (main gradients)
   std::vector<torch::Tensor> bias_params;               // defined where the expert has a bias
@@ -290,6 +302,9 @@ struct GroupedLinearBackward : public torch::autograd::Node {
     input.reset();
     weights_q.clear();
     input_hp = torch::Tensor();
+    swiglu_input = torch::Tensor();
+    deferred_swiglu_input = torch::Tensor();
+    packed_dx_ = torch::Tensor();
     weights.clear();
     weight_params.clear();
     bias_params.clear();
@@ -303,6 +318,20 @@ struct GroupedLinearBackward : public torch::autograd::Node {
     sites.empty() ? bf16_backward(dy, out) : fp8_backward(dy, out);
     release_variables();
     return out;
+  }
+
+  // swiglu_deferred: the gradient handed to fc1's node, [rows, 2f] with dX [rows, f] in its first
+  // rows * f elements (the rest is never read). packed_rows() allocates it and returns the [rows, f]
+  // view the dgrad GEMMs write; pack_for_producer copies a dX computed elsewhere into one.
+  torch::Tensor packed_dx_;
+  torch::Tensor packed_rows(const torch::Device& device) {
+    const int64_t rows = std::accumulate(splits.begin(), splits.end(), int64_t{0});
+    packed_dx_ = torch::empty({rows, 2 * in_features}, torch::TensorOptions().device(device).dtype(input_dtype));
+    return packed_dx_.view(-1).narrow(0, 0, rows * in_features).view({rows, in_features});
+  }
+  torch::Tensor pack_for_producer(const torch::Tensor& dx) {
+    packed_rows(dx.device()).copy_(dx);
+    return packed_dx_;
   }
 
   bool need_dw(size_t e) { return task_should_compute_output(1 + e); }
@@ -373,7 +402,7 @@ struct GroupedLinearBackward : public torch::autograd::Node {
     sum_bias_grads(dy, out, false);
   }
 
-  void fp8_backward(const torch::Tensor& dy, variable_list& out) {
+  void fp8_backward(torch::Tensor dy, variable_list& out) {
     Fp8Engine& e = *sites[0]->engine;
     const Path path = path_of(e);
     const bool need_dx = task_should_compute_output(0), want_dw = any_dw();
@@ -383,17 +412,35 @@ struct GroupedLinearBackward : public torch::autograd::Node {
     // The bias gradients come out of the cast kernel when they can (one read of dY fewer).
     const bool fused_db = want_db && quantize_dy && path == Path::kNative && !e.options().deterministic &&
                           scaling_mode(e.recipe(), TensorRole::kGradOutput) == ScalingMode::kTensor;
+    torch::Tensor swiglu_h;  // set: the cast applies SwiGLU's backward to dy, the SwiGLU output's gradient
+    if (deferred_swiglu_input.defined()) {
+      const int64_t rows = dy.size(0), f = out_features / 2;
+      const torch::Tensor dswiglu = dy.view(-1).narrow(0, 0, rows * f).view({rows, f});
+      // The fused cast writes the transposed copy the wgrad reads, and the bias gradients only as
+      // its column sums.
+      const bool fuse = want_dw && (!want_db || fused_db) && f % 128 == 0 && dy.scalar_type() == torch::kBFloat16 &&
+                        grouped_swiglu_cast_fuses(e, TensorRole::kGradOutput);
+      if (fuse) {
+        dy = dswiglu;
+        swiglu_h = deferred_swiglu_input;
+      } else {
+        dy = swiglu_backward(dswiglu, deferred_swiglu_input);
+      }
+    }
     torch::Tensor db;
     if (fused_db) db = torch::zeros({int64_t(experts()), out_features}, dy.options().dtype(torch::kFloat32));
     std::shared_ptr<QuantizedSegments> dyq;
     if (quantize_dy)
       dyq = quantize_grouped(e, sites, TensorRole::kGradOutput, dy, splits, need_dx, want_dw, /*record_amax=*/true,
-                             fused_db ? db.data_ptr<float>() : nullptr);
+                             fused_db ? db.data_ptr<float>() : nullptr,
+                             swiglu_h.defined() ? Prologue::kSwigluBackward : Prologue::kNone, swiglu_h);
     if (path == Path::kNative && quantize_dy) {
       native_gemms(e, dyq, need_dx, out);
     } else if (quantize_dy) {
       high_precision_gemms(*dyq, need_dx, out);
     }
+    if (need_dx && swiglu_input.defined()) out[0] = swiglu_backward(out[0], swiglu_input);
+    if (need_dx && swiglu_deferred && !out[0].is_same(packed_dx_)) out[0] = pack_for_producer(out[0]);
     if (fused_db) {
       for (size_t i = 0; i < experts(); ++i)
         if (need_db(i)) out[1 + experts() + i] = db[int64_t(i)].to(bias_params[i].scalar_type());
@@ -409,7 +456,8 @@ struct GroupedLinearBackward : public torch::autograd::Node {
     std::vector<GroupedGemm> gemms;
     RowOutput dx;
     if (need_dx) {
-      dx = row_output(*dyq, in_features, dyq->data.options().dtype(torch::kBFloat16));
+      dx = row_output(*dyq, in_features, dyq->data.options().dtype(torch::kBFloat16),
+                      swiglu_deferred && input_dtype == torch::kBFloat16 ? packed_rows(dyq->data.device()) : torch::Tensor());
       add_row_products(*dyq, [&](size_t i) { return transposed_matrix(weights_q[i]->view); }, {}, false, dx, gemms);
     }
     std::vector<torch::Tensor> wgrads(experts());
@@ -443,7 +491,7 @@ struct GroupedLinearBackward : public torch::autograd::Node {
     grouped_gemm(res.handle, res.streams, gemms, current_stream(e.device()));
     if (need_dx) {
       gather_rows(*dyq, dx);
-      out[0] = dx.out.to(input_dtype);
+      out[0] = packed_dx_.defined() ? packed_dx_ : dx.out.to(input_dtype);
     }
     for (size_t i = 0; i < experts(); ++i)
       if (wgrads[i].defined()) out[1 + i] = wgrads[i].to(weight_dtype);
@@ -485,8 +533,23 @@ struct GroupedLinearBackward : public torch::autograd::Node {
   }
 };
 
+// Whether fc1's node (`producer`, of fc1's output h) can take over the backward of the SwiGLU fused
+// into fc2's cast: h is its only output, FP8 with the same experts' token counts, nothing handed to
+// it already, and its gradient cast can fuse the backward (native delayed scaling, bf16, each half
+// of h whole 128-column tiles). On the CPU, where CI runs it, the hand-over runs too, with the
+// unfused backward in fc1's node.
+bool takes_swiglu_hand_over(const GroupedLinearBackward& producer, const torch::Tensor& h, const Splits& splits) {
+  if (h.output_nr() != 0 || producer.sites.empty() || producer.deferred_swiglu_input.defined() ||
+      producer.splits != splits || producer.out_features != h.size(1) || producer.weight_params.empty())
+    return false;
+  const Fp8Engine& e = *producer.sites[0]->engine;
+  if (path_of(e) == Path::kCpu) return true;
+  return h.scalar_type() == torch::kBFloat16 && (producer.out_features / 2) % 128 == 0 &&
+         grouped_swiglu_cast_fuses(e, TensorRole::kGradOutput);
+}
+
 void check_inputs(const torch::Tensor& x, const Splits& splits, const std::vector<torch::Tensor>& weights,
-                  const std::vector<torch::Tensor>& biases, const std::vector<Fp8Site*>& sites) {
+                  const std::vector<torch::Tensor>& biases, const std::vector<Fp8Site*>& sites, Prologue prologue) {
   const size_t n = weights.size();
   FP8TRON_CHECK(n >= 1 && splits.size() == n && biases.size() == n && (sites.empty() || sites.size() == n),
                 "grouped_linear: one token count, weight, bias slot (maybe undefined) and FP8 site (or none) per expert");
@@ -502,15 +565,19 @@ void check_inputs(const torch::Tensor& x, const Splits& splits, const std::vecto
                     "grouped_linear: an FP8 site does not match its expert's weight");
     total += splits[e];
   }
-  FP8TRON_CHECK(x.size(1) == shape[1] && total == x.size(0), "grouped_linear: the input does not match the experts");
+  const int64_t in_features = prologue == Prologue::kSwiglu ? 2 * shape[1] : shape[1];
+  FP8TRON_CHECK(x.size(1) == in_features && total == x.size(0), "grouped_linear: the input does not match the experts");
 }
 
 }  // namespace
 
 torch::Tensor grouped_linear(const torch::Tensor& x_in, const std::vector<int64_t>& splits,
                              const std::vector<torch::Tensor>& weights, const std::vector<torch::Tensor>& biases,
-                             const std::vector<Fp8Site*>& sites, Bf16GroupedBackend bf16_backend) {
-  check_inputs(x_in, splits, weights, biases, sites);
+                             const std::vector<Fp8Site*>& sites, Bf16GroupedBackend bf16_backend, Prologue prologue) {
+  FP8TRON_CHECK(prologue == Prologue::kNone || prologue == Prologue::kSwiglu, "grouped_linear: the only prologue is SwiGLU");
+  check_inputs(x_in, splits, weights, biases, sites, prologue);
+  if (sites.empty() && prologue == Prologue::kSwiglu)  // bf16: the SwiGLU as differentiable torch ops
+    return grouped_linear(torch_swiglu(x_in), splits, weights, biases, sites, bf16_backend);
   const size_t n = weights.size();
   const bool grad_mode = torch::GradMode::is_enabled();
   bool need_dw = false, track = grad_mode && x_in.requires_grad();
@@ -534,7 +601,8 @@ torch::Tensor grouped_linear(const torch::Tensor& x_in, const std::vector<int64_
       node->weights = w;
     } else {
       // A recomputed forward pass (activation recomputation) records nothing: the original pass did.
-      Fp8Forward f = fp8_forward(x, splits, w, b, sites, need_dw, /*record_amax=*/track && !forward_replay_active());
+      Fp8Forward f =
+          fp8_forward(x, splits, w, b, sites, need_dw, /*record_amax=*/track && !forward_replay_active(), prologue);
       y = f.y;
       // Keep only what backward reads: X's transposed copies (wgrad) and the weights.
       if (need_dw) {
@@ -555,6 +623,17 @@ torch::Tensor grouped_linear(const torch::Tensor& x_in, const std::vector<int64_
   node->in_features = weights[0].size(1);
   node->out_features = weights[0].size(0);
   node->bf16_backend = bf16_backend;
+  if (prologue == Prologue::kSwiglu && x_in.requires_grad()) {
+    // When x comes straight from another FP8 grouped linear (fc1), that node applies SwiGLU's
+    // backward inside its own gradient cast (no bf16 gradient of x); otherwise this node applies it.
+    auto producer = std::dynamic_pointer_cast<GroupedLinearBackward>(x_in.grad_fn());
+    if (producer && takes_swiglu_hand_over(*producer, x_in, splits)) {
+      producer->deferred_swiglu_input = x;
+      node->swiglu_deferred = true;
+    } else {
+      node->swiglu_input = x;
+    }
+  }
   for (size_t e = 0; e < n; ++e) {
     node->weight_params.push_back(weights[e].is_leaf() ? weights[e] : torch::Tensor());
     node->bias_params.push_back(biases[e]);
@@ -565,6 +644,15 @@ torch::Tensor grouped_linear(const torch::Tensor& x_in, const std::vector<int64_
   node->set_next_edges(torch::autograd::collect_next_edges(inputs));
   torch::autograd::set_history(y, node);
   return y;
+}
+
+bool grouped_hands_over_swiglu_backward(const torch::Tensor& h) {
+  const auto producer = std::dynamic_pointer_cast<GroupedLinearBackward>(h.grad_fn());
+  return producer && producer->deferred_swiglu_input.defined();
+}
+
+bool grouped_linear_fuses_swiglu(const std::vector<Fp8Site*>& sites) {
+  return !sites.empty() && grouped_swiglu_cast_fuses(*sites[0]->engine, TensorRole::kInput);
 }
 
 }  // namespace fp8tron::fp8

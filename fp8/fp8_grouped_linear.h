@@ -48,10 +48,28 @@ namespace fp8tron::fp8 {
 // else at::mm; kAtenMm forces at::mm (comparisons in tests and benchmarks).
 enum class Bf16GroupedBackend : uint8_t { kCublasLt, kAtenMm };
 
+// prologue kSwiglu (an MoE layer's fc2): x is [tokens, 2 in], the SwiGLU fc1 outputs [gate | up],
+// and the GEMMs read silu(gate) * up. FP8 sites: the SwiGLU runs inside the input's grouped cast
+// where grouped_linear_fuses_swiglu (its bf16 output is never stored: one read of x, no write),
+// with torch's ops before the cast elsewhere; the backward applies fp8::swiglu_backward to the
+// dgrad output, unless x is the output of another FP8 grouped_linear (fc1) with the same token
+// counts: that node then applies SwiGLU's backward inside its gradient cast (the hand-over of
+// fp8_linear.h, Prologue::kSwigluBackward on native delayed scaling, first elsewhere), so the bf16
+// gradient of x is never stored either; x must then have no other consumer. bf16 (no sites):
+// torch's SwiGLU ops, then the grouped GEMMs.
 torch::Tensor grouped_linear(const torch::Tensor& x, const std::vector<int64_t>& m_splits,
                              const std::vector<torch::Tensor>& weights, const std::vector<torch::Tensor>& biases,
                              const std::vector<Fp8Site*>& sites,
-                             Bf16GroupedBackend bf16_backend = Bf16GroupedBackend::kCublasLt);
+                             Bf16GroupedBackend bf16_backend = Bf16GroupedBackend::kCublasLt,
+                             Prologue prologue = Prologue::kNone);
+
+// Whether the grouped linear that produced h (fc1) applies the SwiGLU backward of the one that
+// consumed it (fc2): the hand-over above. For tests and diagnostics; false once the backward ran.
+bool grouped_hands_over_swiglu_backward(const torch::Tensor& h);
+
+// Whether grouped_linear with these sites fuses Prologue::kSwiglu into its input's cast (native FP8
+// GEMMs, delayed per-tensor scaling). False for bf16 experts (no sites).
+bool grouped_linear_fuses_swiglu(const std::vector<Fp8Site*>& sites);
 
 
 }  // namespace fp8tron::fp8

@@ -46,13 +46,6 @@ namespace {
 
 void* ptr(torch::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
 
-// silu(gate) * up of [..., 2f] -> [..., f] (a SwiGLU fc1 output: gate half, then up half), and its
-// backward (the gradient of both halves from the gradient of the product).
-torch::Tensor swiglu(const torch::Tensor& h) {
-  auto halves = h.chunk(2, -1);
-  return at::silu(halves[0]) * halves[1];
-}
-
 }  // namespace
 
 torch::Tensor scale_storage(const ScaleLayout& layout, const torch::Device& device) {
@@ -72,7 +65,7 @@ void record_cast_stats(Fp8Engine& e, const Fp8Site& site, TensorRole role, Forma
   switch (fusion.prologue) {
     case Prologue::kNone: break;
     case Prologue::kGeluTanh: values = at::gelu(xb, "tanh"); break;
-    case Prologue::kSwiglu: values = swiglu(xb); break;
+    case Prologue::kSwiglu: values = torch_swiglu(xb); break;
     case Prologue::kGeluTanhBackward: {
       auto aux = torch::from_blob(const_cast<uint16_t*>(fusion.aux), xb.sizes(), floats.dtype(torch::kBFloat16));
       values = at::gelu_backward(xb, aux, "tanh");
@@ -110,7 +103,7 @@ std::shared_ptr<Quantized> quantize(Fp8Engine& e, const Fp8Site& site, TensorRol
   const bool fusable = path != Path::kCpu && scaling_mode(recipe, role) == ScalingMode::kTensor && transposed;
   if (fusion.prologue == Prologue::kGeluTanh && !fusable) x2d = at::gelu(x2d, "tanh");
   if (fusion.prologue == Prologue::kSwiglu && !(fusable && recipe_kind(recipe) == RecipeKind::kDelayed)) {
-    x2d = swiglu(x2d);
+    x2d = torch_swiglu(x2d);
     fusion.prologue = Prologue::kNone;
   }
   FP8TRON_CHECK(fusion.column_sums == nullptr || fusable, "column sums need the fused per-tensor GPU cast");

@@ -630,7 +630,12 @@ template <TileMode M>
 __device__ __forceinline__ TileArgs segment_tile_args(const TileArgs& base, const SegmentTable& t, int s) {
   TileArgs a = base;
   const size_t e = t.first + static_cast<size_t>(s);
-  a.x = base.x + static_cast<size_t>(t.src_row[s]) * base.cols;
+  // x's rows: kSwiglu reads [gate | up] rows twice as long as the output's, kSwigluBackward the
+  // output gradient's, half as long (its [gate | up] rows are aux's).
+  const Prologue p = base.tensor.prologue;
+  const size_t x_ld = p == Prologue::kSwiglu ? 2 * base.cols : p == Prologue::kSwigluBackward ? base.cols / 2 : base.cols;
+  a.x = base.x + static_cast<size_t>(t.src_row[s]) * x_ld;
+  if (p == Prologue::kSwigluBackward) a.tensor.aux = base.tensor.aux + static_cast<size_t>(t.src_row[s]) * base.cols;
   a.x_rows = t.x_rows[s];
   a.rows = t.rows[s];
   const size_t codes = static_cast<size_t>(t.dst_row[s]) * base.cols;
@@ -653,14 +658,15 @@ __device__ __forceinline__ TileArgs segment_tile_args(const TileArgs& base, cons
 
 static_assert(sizeof(TileArgs) + sizeof(SegmentTable) <= 4096, "the grouped cast's kernel parameters exceed 4 KiB");
 
-// Grid: (column tiles, the launch's 128-row tiles over all its segments).
-template <Format F, TileMode M>
+// Grid: (column tiles, the launch's 128-row tiles over all its segments); kSwigluBwd: column tile
+// pairs (the gate half's tiles), as the dense cast.
+template <Format F, TileMode M, bool kSwigluBwd = false>
 __global__ void __launch_bounds__(kThreads) quantize_segments_kernel(const TileArgs base, const SegmentTable t) {
   const int s = segment_of_tile(t, blockIdx.y);
   const uint32_t tile = blockIdx.y - t.tile_begin[s];
   const TileArgs a = segment_tile_args<M>(base, t, s);
-  quantize_tile<F, M>(a, static_cast<size_t>(tile) * kTile, static_cast<size_t>(blockIdx.x) * kTile,
-                      tile == 0 && blockIdx.x == 0);
+  quantize_tile<F, M, kSwigluBwd>(a, static_cast<size_t>(tile) * kTile, static_cast<size_t>(blockIdx.x) * kTile,
+                                  tile == 0 && blockIdx.x == 0);
 }
 
 // Current scaling's first pass: amax[first + s] = max |x| over segment s, one 128x128 tile per
@@ -953,6 +959,14 @@ template <TileMode M, Format F>
 void launch_segments(const TileArgs& base, const std::vector<SegmentTable>& tables, CudaStream stream) {
   for (const SegmentTable& t : tables) {
     if (t.tile_begin[t.count] == 0) continue;  // only empty segments
+    if constexpr (M == TileMode::kTensorGiven) {
+      if (base.tensor.prologue == Prologue::kSwigluBackward) {
+        const dim3 pairs(static_cast<unsigned>(base.cols / 2 / kTile), t.tile_begin[t.count]);
+        quantize_segments_kernel<F, M, true><<<pairs, kThreads, 0, stream>>>(base, t);
+        FP8TRON_CUDA_CHECK_LAUNCH("quantize_segments_kernel (SwiGLU backward)");
+        continue;
+      }
+    }
     quantize_segments_kernel<F, M><<<segment_grid(base.cols, t), kThreads, 0, stream>>>(base, t);
     FP8TRON_CUDA_CHECK_LAUNCH("quantize_segments_kernel");
   }
@@ -991,6 +1005,13 @@ void check_segments(const uint16_t* x, const SegmentLayout& l, const SegmentedFp
                     (cast.kind == Kind::kMxfp8) == (out.scaling_mode == ScalingMode::kMxfp8),
                 "quantize_segments: the cast kind does not match the scaling mode");
   FP8TRON_CHECK(cast.column_sums == nullptr || tensor, "quantize_segments: column sums need a per-tensor cast");
+  const bool swiglu = cast.prologue == Prologue::kSwiglu || cast.prologue == Prologue::kSwigluBackward;
+  FP8TRON_CHECK(cast.prologue == Prologue::kNone || (swiglu && cast.kind == Kind::kDelayed && out.data_t != nullptr),
+                "quantize_segments: the prologues are SwiGLU and its backward, with delayed scaling and the transposed "
+                "copies");
+  FP8TRON_CHECK(cast.prologue != Prologue::kSwigluBackward ||
+                    (l.cols % 256 == 0 && cast.aux != nullptr && aligned16(cast.aux)),
+                "quantize_segments: the SwiGLU-backward cast needs cols % 256 == 0 and an aligned [gate | up] operand");
   FP8TRON_CHECK(tensor || ((out.data == nullptr || out.scale_inv != nullptr) &&
                            (out.data_t == nullptr || out.scale_inv_t != nullptr)),
                 "quantize_segments: block-scaled copies need their scale_inv");
@@ -1110,6 +1131,8 @@ void quantize_segments(const uint16_t* x, const SegmentLayout& l, const Segmente
   base.out = static_cast<uint8_t*>(out.data);
   base.out_t = static_cast<uint8_t*>(out.data_t);
   base.tensor.column_sums = cast.column_sums;
+  base.tensor.prologue = cast.prologue;
+  base.tensor.aux = cast.aux;
   switch (cast.kind) {
     case SegmentCast::Kind::kDelayed:
       FP8TRON_CHECK(out.scale != nullptr && out.scale_inv != nullptr, "delayed scaling needs scale and scale_inv");

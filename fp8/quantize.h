@@ -136,6 +136,16 @@ struct SegmentCast {
   // (a linear layer's bias gradients from its output gradient) into row e. Atomic adds: the
   // summation order varies between runs.
   float* column_sums = nullptr;
+  // kNone, or (kDelayed with the transposed copies only) the SwiGLU prologues, each segment as the
+  // per-tensor cast with that prologue computes it:
+  //   kSwiglu          x is [total_rows, 2 cols], each row the [gate | up] halves of a SwiGLU fc1
+  //                    output; quantizes silu(gate) * up (an MoE fc2's input: the activation is
+  //                    never stored in bf16)
+  //   kSwigluBackward  x is [total_rows, cols / 2], the gradient of the SwiGLU's output, and aux
+  //                    [total_rows, cols] its input h; quantizes the gradient of h (an MoE fc1's
+  //                    output gradient: never stored in bf16). cols % 256 == 0.
+  Prologue prologue = Prologue::kNone;
+  const uint16_t* aux = nullptr;
 };
 void quantize_segments(const uint16_t* x, const SegmentLayout& layout, const SegmentedFp8View& out,
                        const SegmentCast& cast, CudaStream stream);

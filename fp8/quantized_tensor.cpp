@@ -4,6 +4,7 @@
 #include "core/text.h"
 #include "fp8/quantize_reference.h"
 #include "fp8/recipe.h"
+#include "fp8/swiglu_backward.h"
 
 namespace fp8tron::fp8 {
 
@@ -132,27 +133,49 @@ torch::Tensor QuantizedSegments::dequantized_cols(size_t e) const {
 std::shared_ptr<QuantizedSegments> quantize_grouped(Fp8Engine& e, const std::vector<Fp8Site*>& sites, TensorRole role,
                                                     const torch::Tensor& x2d, const std::vector<int64_t>& rows,
                                                     bool rowwise, bool transposed, bool record_amax,
-                                                    float* column_sums) {
+                                                    float* column_sums, Prologue prologue,
+                                                    const torch::Tensor& swiglu_input) {
   FP8TRON_CHECK(!sites.empty() && sites.size() == rows.size(), "quantize_grouped: one site per segment");
   FP8TRON_CHECK(rowwise || transposed, "quantize_grouped: neither copy requested");
+  FP8TRON_CHECK(prologue == Prologue::kNone || prologue == Prologue::kSwiglu || prologue == Prologue::kSwigluBackward,
+                "quantize_grouped: the prologues are SwiGLU and its backward");
+  const bool backward = prologue == Prologue::kSwigluBackward;
+  FP8TRON_CHECK(!backward || (swiglu_input.defined() && swiglu_input.size(0) == x2d.size(0) &&
+                              swiglu_input.size(1) == 2 * x2d.size(1)),
+                "quantize_grouped: the SwiGLU backward needs its [gate | up] input, twice as wide as the gradient");
+  const bool fused = prologue != Prologue::kNone && transposed && grouped_swiglu_cast_fuses(e, role) &&
+                     (!backward || (x2d.size(1) % 128 == 0 && x2d.scalar_type() == torch::kBFloat16 &&
+                                    swiglu_input.scalar_type() == torch::kBFloat16));
+  if (prologue != Prologue::kNone && !fused) {
+    const torch::Tensor values = backward ? swiglu_backward(x2d, swiglu_input) : torch_swiglu(x2d);
+    return quantize_grouped(e, sites, role, values, rows, rowwise, transposed, record_amax, column_sums);
+  }
   const Recipe& recipe = e.recipe();
   const Path path = path_of(e);
   auto q = std::make_shared<QuantizedSegments>();
   const ScalingMode mode = scaling_mode(recipe, role);
-  q->layout = make_segment_layout(mode, size_t(x2d.size(1)), rows, fp8_token_alignment(recipe));
+  const size_t width = size_t(x2d.size(1));
+  const size_t cols = prologue == Prologue::kSwiglu ? width / 2 : backward ? 2 * width : width;
+  q->layout = make_segment_layout(mode, cols, rows, fp8_token_alignment(recipe));
   const SegmentLayout& l = q->layout;
   FP8TRON_CHECK(l.total_rows() == size_t(x2d.size(0)), "quantize_grouped: the segments do not cover the rows");
   SegmentedFp8View& v = q->view;
   v.format = tensor_format(recipe, role);
   v.scaling_mode = mode;
   const auto bytes = torch::TensorOptions().device(x2d.device()).dtype(torch::kUInt8);
-  const int64_t cols = int64_t(l.cols), total = int64_t(l.total_padded());
-  if (rowwise) q->data = torch::empty({total, cols}, bytes);
-  if (transposed) q->data_t = torch::empty({total * cols}, bytes);
+  const int64_t total = int64_t(l.total_padded());
+  if (rowwise) q->data = torch::empty({total, int64_t(cols)}, bytes);
+  if (transposed) q->data_t = torch::empty({total * int64_t(cols)}, bytes);
   v.data = ptr(q->data);
   v.data_t = ptr(q->data_t);
   SegmentCast cast = prepare_scales(e, sites, role, rowwise, transposed, record_amax, *q);
   cast.column_sums = column_sums;
+  cast.prologue = prologue;
+  torch::Tensor aux;
+  if (backward) {
+    aux = swiglu_input.contiguous();
+    cast.aux = static_cast<const uint16_t*>(aux.data_ptr());
+  }
   // The quantizers read bf16: on the CPU path an fp32 model's activations are rounded first, as
   // the GPU path's activations are bf16 (fp8_linear does the same).
   const torch::Tensor xb = x2d.to(torch::kBFloat16).contiguous();
@@ -160,9 +183,17 @@ std::shared_ptr<QuantizedSegments> quantize_grouped(Fp8Engine& e, const std::vec
   const bool cpu = path == Path::kCpu;
   const CudaStream stream = cpu ? nullptr : current_stream(x2d.device());
   if (total > 0) cpu ? reference::quantize_segments(x, l, v, cast) : quantize_segments(x, l, v, cast, stream);
-  if (e.collecting_stats()) record_segment_stats(e, sites, role, xb, rows, *q);
+  if (e.collecting_stats()) {
+    const torch::Tensor values = prologue == Prologue::kSwiglu ? torch_swiglu(xb) : backward ? swiglu_backward(xb, aux) : xb;
+    record_segment_stats(e, sites, role, values, rows, *q);
+  }
   if (path != Path::kNative) dequantize_copies(*q, cpu, stream);
   return q;
+}
+
+bool grouped_swiglu_cast_fuses(const Fp8Engine& e, TensorRole role) {
+  return path_of(e) == Path::kNative && recipe_kind(e.recipe()) == RecipeKind::kDelayed &&
+         scaling_mode(e.recipe(), role) == ScalingMode::kTensor;
 }
 
 }  // namespace fp8tron::fp8

@@ -65,9 +65,21 @@ struct QuantizedSegments {
 // other (consecutive delayed-scaling slots: one strided pointer serves them all). column_sums:
 // per-tensor recipes on the GPU, a zeroed fp32 [segments, cols] that receives each segment's
 // column sums.
+// The SwiGLU prologues, fused into the cast where grouped_swiglu_cast_fuses(e, role) and the
+// transposed copy is requested, applied first elsewhere:
+//   kSwiglu          x2d is [sum of rows, 2 cols], SwiGLU fc1 outputs; quantizes silu(gate) * up
+//                    (torch's ops where not fused)
+//   kSwigluBackward  x2d is [sum of rows, cols / 2], the gradient of the SwiGLU's output, and
+//                    swiglu_input its input h [sum of rows, cols]; quantizes the gradient of h
+//                    (fp8::swiglu_backward where not fused; fused needs cols % 256 == 0)
 std::shared_ptr<QuantizedSegments> quantize_grouped(Fp8Engine& e, const std::vector<Fp8Site*>& sites, TensorRole role,
                                                     const torch::Tensor& x2d, const std::vector<int64_t>& rows,
                                                     bool rowwise, bool transposed, bool record_amax,
-                                                    float* column_sums = nullptr);
+                                                    float* column_sums = nullptr, Prologue prologue = Prologue::kNone,
+                                                    const torch::Tensor& swiglu_input = {});
+
+// Whether quantize_grouped fuses a SwiGLU into the cast of `role` (transposed copy requested):
+// native FP8 GEMMs with delayed per-tensor scaling.
+bool grouped_swiglu_cast_fuses(const Fp8Engine& e, TensorRole role);
 
 }  // namespace fp8tron::fp8

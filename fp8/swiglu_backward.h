@@ -21,4 +21,8 @@ torch::Tensor swiglu_backward(const torch::Tensor& grad, const torch::Tensor& h)
 // torch's ops: cat(silu_backward(grad * up, gate), grad * silu(gate)).
 torch::Tensor torch_swiglu_backward(const torch::Tensor& grad, const torch::Tensor& h);
 
+// The forward in torch's ops: silu(gate) * up of h = [gate | up] ([..., 2f] -> [..., f]), where a
+// cast cannot fuse it (Prologue::kSwiglu on the other paths).
+torch::Tensor torch_swiglu(const torch::Tensor& h);
+
 }  // namespace fp8tron::fp8

@@ -82,12 +82,27 @@ std::vector<fp8::Fp8Site*> TEGroupedLinearImpl::gemm_sites() const {
 }
 
 torch::Tensor TEGroupedLinearImpl::forward(const torch::Tensor& x, const std::vector<int64_t>& m_splits) {
-  FP8TRON_CHECK(x.dim() == 2 && x.size(1) == weights.front().size(1),
-                "TEGroupedLinear: the input must be [tokens, local in features]");
+  return run(x, m_splits, fp8::Prologue::kNone);
+}
+
+torch::Tensor TEGroupedLinearImpl::forward_swiglu(const torch::Tensor& h, const std::vector<int64_t>& m_splits) {
+  FP8TRON_CHECK(fuses_swiglu(), "TEGroupedLinear: the SwiGLU is fused into FP8 delayed-scaling casts only");
+  return run(h, m_splits, fp8::Prologue::kSwiglu);
+}
+
+bool TEGroupedLinearImpl::fuses_swiglu() const { return fp8::grouped_linear_fuses_swiglu(gemm_sites()); }
+
+torch::Tensor TEGroupedLinearImpl::run(const torch::Tensor& x, const std::vector<int64_t>& m_splits,
+                                       fp8::Prologue prologue) {
+  const int64_t width = weights.front().size(1) * (prologue == fp8::Prologue::kSwiglu ? 2 : 1);
+  FP8TRON_CHECK(x.dim() == 2 && x.size(1) == width, prologue == fp8::Prologue::kSwiglu
+                                                        ? "TEGroupedLinear: the input must be [tokens, 2 x local in features]"
+                                                        : "TEGroupedLinear: the input must be [tokens, local in features]");
   check_splits(x, m_splits);
   std::vector<torch::Tensor> gemm_biases;
   for (size_t i = 0; i < weights.size(); ++i) gemm_biases.push_back(gemm_bias(i));
-  return fp8::grouped_linear(x, m_splits, weights, gemm_biases, gemm_sites());
+  return fp8::grouped_linear(x, m_splits, weights, gemm_biases, gemm_sites(), fp8::Bf16GroupedBackend::kCublasLt,
+                             prologue);
 }
 
 }  // namespace fp8tron

@@ -41,6 +41,7 @@
 namespace fp8tron {
 namespace fp8 {
 struct Fp8Site;
+enum class Prologue : uint8_t;
 }
 
 enum class GroupedParallelMode : uint8_t { kColumn, kRow };
@@ -69,6 +70,11 @@ class TEGroupedLinearImpl : public ShardedModule {
   // tokens; UserError otherwise), host values (no device synchronisation). Returns [tokens, local
   // out features] (row mode: partial sums).
   torch::Tensor forward(const torch::Tensor& x, const std::vector<int64_t>& m_splits);
+  // forward(silu(gate) * up) of h = [gate | up] ([tokens, 2 x local in features], a SwiGLU fc1's
+  // output), with the SwiGLU inside the FP8 input cast: call it where fuses_swiglu() holds (FP8
+  // experts, delayed scaling on FP8 tensor cores). The activation is never stored in bf16.
+  torch::Tensor forward_swiglu(const torch::Tensor& h, const std::vector<int64_t>& m_splits);
+  bool fuses_swiglu() const;
 
   GroupedLinearOptions options;
   TensorParallelContext tp;
@@ -77,6 +83,7 @@ class TEGroupedLinearImpl : public ShardedModule {
 
  private:
   void check_splits(const torch::Tensor& x, const std::vector<int64_t>& m_splits) const;
+  torch::Tensor run(const torch::Tensor& x, const std::vector<int64_t>& m_splits, fp8::Prologue prologue);
   torch::Tensor gemm_bias(size_t expert) const;  // the bias this rank adds (undefined: none)
   std::vector<fp8::Fp8Site*> gemm_sites() const;  // empty: bf16 GEMMs
 };

@@ -8,6 +8,7 @@
 
 #include <cstdio>
 
+#include "core/text.h"
 #include "fp8/fp8_grouped_linear.h"
 #include "fp8/fp8_linear.h"
 #include "fp8/grouped_gemm.h"
@@ -398,6 +399,146 @@ TEST(GpuFp8, GroupedLinearExpertsMatchPerExpertLinearsAndClearIdleGradients) {
   }
   std::printf("[fp8-module] TEGroupedLinear (3 FP8 experts, one idle) vs per-expert fp8_linear: %.2e\n", worst);
   EXPECT_LT(worst, 5e-3);
+}
+
+// The fused SwiGLU casts change which bf16 values reach the FP8 casts by a rounding (the fast
+// exponential): each such change can move an E5M2 code a whole step, and once a recorded amax
+// differs, the next step's scales differ and every code may. So a fused path is not compared with
+// the unfused one to a fixed tolerance, but both with the same chain without FP8 (bf16 GEMMs, the
+// same weights): the fused path must be as accurate as the unfused one. A wrong offset, scale or
+// gradient would be off by far more.
+void expect_as_accurate(const std::vector<torch::Tensor>& fused, const std::vector<torch::Tensor>& unfused,
+                        const std::vector<torch::Tensor>& exact, const char* what) {
+  ASSERT_EQ(fused.size(), exact.size());
+  ASSERT_EQ(unfused.size(), exact.size());
+  std::string line;
+  for (size_t i = 0; i < exact.size(); ++i) {
+    const double ef = relative_error(fused[i], exact[i]), eu = relative_error(unfused[i], exact[i]);
+    EXPECT_LT(ef, 1.25 * eu + 2e-3) << what << ": output " << i << " (unfused " << eu << ")";
+    EXPECT_LT(ef, 0.1) << what << ": output " << i;
+    line += strprintf(" %.1e/%.1e", ef, eu);
+  }
+  std::printf("[fp8-module] %s, error vs bf16 fused/unfused:%s\n", what, line.c_str());
+}
+
+// An MoE fc2 with the SwiGLU inside its grouped input cast (TEGroupedLinear::forward_swiglu)
+// against silu(gate) * up in torch's ops followed by the plain grouped linear, both against bf16
+// GEMMs, two steps (the second casts with the scales the first recorded), unaligned counts and an
+// idle expert.
+TEST(GpuFp8, GroupedSwigluFusedIntoTheCastMatchesTheUnfusedPath) {
+  REQUIRE_GPU();
+  fp8::Fp8EngineOptions o;
+  o.recipe = fp8::make_recipe(fp8::RecipeKind::kDelayed, fp8::Fp8Format::kHybrid);
+  o.num_layers = 4;
+  TensorParallelContext tp{make_self_communicator("tp", 0), 0, 1, false};
+  GroupedLinearOptions g;
+  g.in_features = 512;
+  g.out_features = 768;
+  g.num_gemms = 3;
+  g.init_name = "decoder.layers.1.mlp.experts.linear_fc2";
+  auto module = [&](const std::shared_ptr<fp8::Fp8Engine>& engine) {
+    TEGroupedLinear m(g, ModuleFactory(7, tp, engine));
+    m->to(torch::Device(torch::kCUDA, 0), torch::kBFloat16);
+    return m;
+  };
+  auto fused_engine = std::make_shared<fp8::Fp8Engine>(o, torch::Device(torch::kCUDA, 0));
+  auto plain_engine = std::make_shared<fp8::Fp8Engine>(o, torch::Device(torch::kCUDA, 0));
+  TEGroupedLinear fused = module(fused_engine), plain = module(plain_engine), exact = module(nullptr);
+  ASSERT_TRUE(fused->fuses_swiglu());
+  ASSERT_FALSE(exact->fuses_swiglu());
+  const std::vector<int64_t> splits = {500, 0, 268};
+  auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
+  for (int step = 0; step < 2; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    torch::manual_seed(31 + step);
+    const auto h0 = torch::randn({768, 1024}, opts) * 2, dy = torch::randn({768, 768}, opts) * 1e-2;
+    auto run = [&](TEGroupedLinear& m, bool fuse) {
+      for (auto& p : m->parameters()) p.mutable_grad() = torch::Tensor();
+      auto h = h0.clone().requires_grad_(true);
+      auto y = fuse ? m->forward_swiglu(h, splits) : m->forward(fp8::torch_swiglu(h), splits);
+      y.backward(dy);
+      std::vector<torch::Tensor> out{y.detach(), h.grad()};
+      for (size_t i : {0, 2}) out.push_back(m->weights[i].grad());
+      return out;
+    };
+    const auto f = run(fused, true), p = run(plain, false), r = run(exact, false);
+    expect_as_accurate(f, p, r, "grouped SwiGLU fused into fc2's cast (y, dH, dW0, dW2)");
+    EXPECT_EQ(fused->weights[1].grad().abs().max().item<float>(), 0.0f) << "idle expert";
+    fused_engine->end_step(nullptr);
+    plain_engine->end_step(nullptr);
+  }
+}
+
+// An MoE's fc1 -> SwiGLU -> fc2 with the hand-over: fc2's cast computes the SwiGLU, fc1's gradient
+// cast its backward (Prologue::kSwigluBackward), with and without biases (their gradients from
+// that cast's column sums). Against fc1 -> torch's SwiGLU -> fc2, both against bf16 GEMMs, two steps.
+TEST(GpuFp8, GroupedSwigluBackwardInFc1sGradientCastMatchesTheUnfusedChain) {
+  REQUIRE_GPU();
+  fp8::Fp8EngineOptions o;
+  o.recipe = fp8::make_recipe(fp8::RecipeKind::kDelayed, fp8::Fp8Format::kHybrid);
+  o.num_layers = 4;
+  TensorParallelContext tp{make_self_communicator("tp", 0), 0, 1, false};
+  for (bool bias : {false, true}) {
+    SCOPED_TRACE(bias ? "with biases" : "without biases");
+    struct Mlp {
+      std::shared_ptr<fp8::Fp8Engine> engine;
+      TEGroupedLinear fc1{nullptr}, fc2{nullptr};
+    };
+    auto make = [&](bool fp8_run) {
+      torch::manual_seed(3);
+      Mlp m{fp8_run ? std::make_shared<fp8::Fp8Engine>(o, torch::Device(torch::kCUDA, 0)) : nullptr};
+      GroupedLinearOptions g;
+      g.in_features = 512;
+      g.out_features = 2 * 256;
+      g.num_gemms = 3;
+      g.bias = bias;
+      g.init_name = "decoder.layers.1.mlp.experts.linear_fc1";
+      m.fc1 = TEGroupedLinear(g, ModuleFactory(7, tp, m.engine));
+      g.in_features = 256;
+      g.out_features = 512;
+      g.parallel_mode = GroupedParallelMode::kRow;
+      g.init_name = "decoder.layers.1.mlp.experts.linear_fc2";
+      m.fc2 = TEGroupedLinear(g, ModuleFactory(8, tp, m.engine));
+      for (auto* mod : {&m.fc1, &m.fc2}) {
+        (*mod)->to(torch::Device(torch::kCUDA, 0), torch::kBFloat16);
+        torch::NoGradGuard no_grad;
+        for (auto& b : (*mod)->biases) b.copy_(torch::randn(b.sizes(), b.options()) * 0.1);
+      }
+      return m;
+    };
+    Mlp fused = make(true), plain = make(true), exact = make(false);
+    ASSERT_TRUE(fused.fc2->fuses_swiglu());
+    const std::vector<int64_t> splits = {500, 0, 268};
+    auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
+    for (int step = 0; step < 2; ++step) {
+      SCOPED_TRACE("step " + std::to_string(step));
+      torch::manual_seed(41 + step);
+      const auto x0 = torch::randn({768, 512}, opts), dy = torch::randn({768, 512}, opts) * 1e-2;
+      auto run = [&](Mlp& m, bool fuse) {
+        for (auto* mod : {&m.fc1, &m.fc2})
+          for (auto& p : (*mod)->parameters()) p.mutable_grad() = torch::Tensor();
+        auto x = x0.clone().requires_grad_(true);
+        auto h = m.fc1(x, splits);
+        auto y = fuse ? m.fc2->forward_swiglu(h, splits) : m.fc2(fp8::torch_swiglu(h), splits);
+        EXPECT_EQ(fp8::grouped_hands_over_swiglu_backward(h), fuse);
+        y.backward(dy);
+        std::vector<torch::Tensor> out{y.detach(), x.grad()};
+        for (auto* mod : {&m.fc1, &m.fc2})
+          for (size_t i : {0, 2}) {
+            out.push_back((*mod)->weights[i].grad());
+            if (bias) out.push_back((*mod)->biases[i].grad());
+          }
+        return out;
+      };
+      const auto f = run(fused, true), p = run(plain, false), r = run(exact, false);
+      expect_as_accurate(f, p, r, bias ? "grouped fc1 -> SwiGLU -> fc2 with the hand-over, biases"
+                                       : "grouped fc1 -> SwiGLU -> fc2 with the hand-over");
+      EXPECT_GT(f[1].abs().sum().item<float>(), 0.0f);
+      EXPECT_EQ(fused.fc1->weights[1].grad().abs().max().item<float>(), 0.0f) << "idle expert";
+      fused.engine->end_step(nullptr);
+      plain.engine->end_step(nullptr);
+    }
+  }
 }
 
 // The grouped FP8 linear, every recipe, token counts that are not multiples of the alignment and

@@ -5,7 +5,11 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <optional>
+
+#include "fp8/fp8_grouped_linear.h"
 #include "fp8/fp8_linear.h"
+#include "fp8/swiglu_backward.h"
 #include "models/grouped_linear.h"
 #include "models/modules.h"
 #include "parallel/parallel_state.h"
@@ -292,6 +296,121 @@ TEST(TEGroupedLinear, InferenceAndPartialGradients) {
     EXPECT_TRUE(torch::equal(m->weights[3].grad(), full.dw[3]));
     EXPECT_TRUE(torch::equal(m->biases[2].grad(), full.db[2]));
     m->weights[2].requires_grad_(true);
+  }
+}
+
+// Prologue::kSwiglu (an MoE fc2 reading fc1's [gate | up] output): on every FP8 path that cannot
+// fuse it (the CPU path here) and for bf16 experts, the same outputs and gradients, bit for bit,
+// as the SwiGLU in torch's ops followed by the plain grouped linear; the gradient of h comes
+// through the node's own SwiGLU backward. (The fused GPU cast: GpuFp8's grouped SwiGLU test.)
+TEST(TEGroupedLinear, SwigluPrologueIsTorchsSwigluThenTheGroupedLinear) {
+  const std::vector<int64_t> splits = {5, 0, 19, 12};
+  std::vector<std::optional<RecipeCase>> cases = {std::nullopt};
+  for (const RecipeCase& c : kRecipes) cases.push_back(c);
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c ? std::string(fp8::recipe_kind_name(c->kind)) + " " + fp8::fp8_format_name(c->format) : "bf16");
+    auto fused_engine = c ? cpu_engine(*c) : nullptr, plain_engine = c ? cpu_engine(*c) : nullptr;
+    auto fused = TEGroupedLinear(options(), factory(fused_engine)), plain = TEGroupedLinear(options(), factory(plain_engine));
+    randomize_biases(fused, 3);
+    randomize_biases(plain, 3);
+    EXPECT_FALSE(fused->fuses_swiglu());  // only native FP8 GEMMs with delayed scaling fuse it
+    auto sites = [](TEGroupedLinear& m) {
+      std::vector<fp8::Fp8Site*> out;
+      for (auto& s : m->fp8_sites) out.push_back(s.get());
+      return out;
+    };
+    for (int step = 0; step < 2; ++step) {
+      SCOPED_TRACE("step " + std::to_string(step));
+      torch::manual_seed(40 + step);
+      const auto h0 = torch::randn({total(splits), 2 * kIn}) * (step + 1);
+      const auto dy = torch::randn({total(splits), kOut}) * 1e-2;
+      auto run = [&](TEGroupedLinear& m, bool with_prologue) {
+        for (auto& p : m->parameters()) p.mutable_grad() = torch::Tensor();
+        auto h = h0.clone().requires_grad_(true);
+        auto y = with_prologue ? fp8::grouped_linear(h, splits, m->weights, m->biases, sites(m),
+                                                     fp8::Bf16GroupedBackend::kCublasLt, fp8::Prologue::kSwiglu)
+                               : m(fp8::torch_swiglu(h), splits);
+        y.backward(dy);
+        Result r;
+        r.y = y.detach();
+        r.dx = h.grad();
+        for (auto& w : m->weights) r.dw.push_back(w.grad());
+        for (auto& b : m->biases) r.db.push_back(b.grad());
+        return r;
+      };
+      const Result got = run(fused, true), want = run(plain, false);
+      expect_equal(got, want);
+      EXPECT_GT(got.dx.abs().max().item<float>(), 0.0f);
+      if (c && c->kind == fp8::RecipeKind::kDelayed) EXPECT_TRUE(torch::equal(fused_engine->history(), plain_engine->history()));
+      if (fused_engine) fused_engine->end_step(nullptr);
+      if (plain_engine) plain_engine->end_step(nullptr);
+    }
+  }
+}
+
+// fc1 -> SwiGLU -> fc2 with the SwiGLU as fc2's prologue: fc1's node takes over SwiGLU's backward
+// (the hand-over; on the CPU it applies the unfused backward) and every gradient is, bit for bit,
+// that of fc1 -> torch's SwiGLU -> fc2, on every FP8 recipe.
+TEST(TEGroupedLinear, SwigluHandOverToFc1MatchesTheUnfusedChain) {
+  const std::vector<int64_t> splits = {5, 0, 19, 12};
+  for (const RecipeCase& c : kRecipes) {
+    SCOPED_TRACE(std::string(fp8::recipe_kind_name(c.kind)) + " " + fp8::fp8_format_name(c.format));
+    struct Mlp {
+      std::shared_ptr<fp8::Fp8Engine> engine;
+      TEGroupedLinear fc1{nullptr}, fc2{nullptr};
+    };
+    auto make = [&] {
+      Mlp m{cpu_engine(c)};
+      GroupedLinearOptions o1 = options();
+      o1.out_features = 2 * kIn;
+      m.fc1 = TEGroupedLinear(o1, factory(m.engine));
+      GroupedLinearOptions o2 = options(GroupedParallelMode::kRow);
+      o2.init_name = "decoder.layers.1.mlp.experts.linear_fc2";
+      m.fc2 = TEGroupedLinear(o2, factory(m.engine));
+      randomize_biases(m.fc1, 5);
+      randomize_biases(m.fc2, 6);
+      return m;
+    };
+    Mlp fused = make(), plain = make();
+    auto sites = [](TEGroupedLinear& m) {
+      std::vector<fp8::Fp8Site*> out;
+      for (auto& s : m->fp8_sites) out.push_back(s.get());
+      return out;
+    };
+    for (int step = 0; step < 2; ++step) {
+      SCOPED_TRACE("step " + std::to_string(step));
+      torch::manual_seed(50 + step);
+      const auto x0 = torch::randn({total(splits), kIn}) * (step + 1), dy = torch::randn({total(splits), kOut}) * 1e-2;
+      auto run = [&](Mlp& m, bool hand_over) {
+        for (auto* mod : {&m.fc1, &m.fc2})
+          for (auto& p : (*mod)->parameters()) p.mutable_grad() = torch::Tensor();
+        auto x = x0.clone().requires_grad_(true);
+        auto h = m.fc1(x, splits);
+        torch::Tensor y;
+        if (hand_over) {
+          y = fp8::grouped_linear(h, splits, m.fc2->weights, m.fc2->biases, sites(m.fc2),
+                                  fp8::Bf16GroupedBackend::kCublasLt, fp8::Prologue::kSwiglu);
+          EXPECT_TRUE(fp8::grouped_hands_over_swiglu_backward(h));
+        } else {
+          y = m.fc2(fp8::torch_swiglu(h), splits);
+          EXPECT_FALSE(fp8::grouped_hands_over_swiglu_backward(h));
+        }
+        y.backward(dy);
+        EXPECT_FALSE(fp8::grouped_hands_over_swiglu_backward(h));  // released by the backward
+        std::vector<torch::Tensor> out{y.detach(), x.grad()};
+        for (auto* mod : {&m.fc1, &m.fc2}) {
+          for (auto& w : (*mod)->weights) out.push_back(w.grad());
+          for (auto& b : (*mod)->biases) out.push_back(b.grad());
+        }
+        return out;
+      };
+      const auto got = run(fused, true), want = run(plain, false);
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(torch::equal(got[i], want[i])) << "output " << i;
+      if (c.kind == fp8::RecipeKind::kDelayed) EXPECT_TRUE(torch::equal(fused.engine->history(), plain.engine->history()));
+      fused.engine->end_step(nullptr);
+      plain.engine->end_step(nullptr);
+    }
   }
 }
 

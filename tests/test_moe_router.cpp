@@ -297,6 +297,36 @@ TEST(MoeAuxLoss, GlobalAuxLossAveragesTheCountsOverTheStepsMicroBatches) {
   EXPECT_NEAR(context->metrics()["global_load_balancing_loss"].values[0].item<double>(), fresh, 1e-5);
 }
 
+// --moe-router-force-load-balancing: the routing comes from the default generator, not from the
+// router's weights (two different routers route the same with the same seed), loads are even to
+// sampling noise, and the router's weight still gets the gradient of the real logits.
+TEST(MoeRouter, ForceLoadBalancingRoutesOnRandomLogitsAndKeepsTheGradient) {
+  const auto m = router_model({"--moe-router-force-load-balancing", "--moe-aux-loss-coeff", "0"});
+  ASSERT_TRUE(m.moe.force_load_balancing);
+  auto context = context_for(m);
+  TopKRouter a(m, "decoder.layers.0.mlp.router", 0, plain_factory(7), context);
+  TopKRouter b(m, "decoder.layers.1.mlp.router", 1, plain_factory(8), context);
+  ASSERT_FALSE(torch::equal(a->weight, b->weight));
+  a->train();
+  b->train();
+  torch::manual_seed(5);
+  auto x = torch::randn({512, 4, m.hidden_size}).requires_grad_(true);
+  torch::manual_seed(11);
+  auto ra = a(x);
+  torch::manual_seed(11);
+  auto rb = b(x.detach());
+  EXPECT_TRUE(torch::equal(ra.map, rb.map));
+  EXPECT_TRUE(torch::equal(ra.probs.detach(), rb.probs.detach()));
+  // 2048 tokens x top-k over 4 experts: each expert's share is 1/4 within sampling noise.
+  const auto share = ra.map.sum(0).to(torch::kFloat64) / ra.map.sum().to(torch::kFloat64);
+  EXPECT_LT((share - 0.25).abs().max().item<double>(), 0.03) << share;
+  // The gradient goes straight through to the gating GEMM: d(sum probs * c)/dW is nonzero.
+  (ra.probs * torch::arange(4, ra.probs.options()).unsqueeze(0)).sum().backward();
+  ASSERT_TRUE(a->weight.grad().defined());
+  EXPECT_GT(a->weight.grad().abs().sum().item<double>(), 0.0);
+  EXPECT_GT(x.grad().abs().sum().item<double>(), 0.0);
+}
+
 TEST(MoeRouter, ExpertBiasMovesTowardsTheMeanCount) {
   const auto m = router_model({"--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias",
                                "--moe-router-bias-update-rate", "1e-3"});

@@ -41,6 +41,7 @@ struct MoeConfig {
   bool balancing_is_list = false;
   std::optional<double> z_loss_coeff;
   std::optional<double> input_jitter_eps;
+  bool force_load_balancing = false;  // --moe-router-force-load-balancing (benchmarks)
   bool enable_expert_bias = false;
   double bias_update_rate = 1e-3;
   std::optional<int64_t> num_groups, group_topk;  // group-limited routing

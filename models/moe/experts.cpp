@@ -42,6 +42,9 @@ torch::Tensor GroupedMlpImpl::activation(const torch::Tensor& h) const {
 
 torch::Tensor GroupedMlpImpl::forward(const torch::Tensor& x, const std::vector<int64_t>& counts) {
   auto h = linear_fc1(x, counts);
+  // FP8 experts with delayed scaling: the SwiGLU runs inside fc2's input cast and its output is
+  // never stored (moe_act recomputation, which would discard it, is refused with delayed scaling).
+  if (swiglu_ && linear_fc2->fuses_swiglu()) return linear_fc2->forward_swiglu(h, counts);
   if (!recompute_activation_ || !is_training()) return linear_fc2(activation(h), counts);
   OutputDiscardingRecompute checkpoint;
   // Called again in backward: captures `this` (the model outlives its graphs).

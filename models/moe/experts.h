@@ -7,8 +7,11 @@
 // FP8: the expert GEMMs run in FP8 through TEGroupedLinear (one site per expert), which pads each
 // expert's rows to the FP8 alignment inside (Megatron's TEGroupedMLP/Fp8Padding): unaligned counts
 // are never refused and change no output. --no-use-gmm-fp8 keeps them in bf16.
-// --recompute-modules moe_act: the activation's output (fc2's input) is discarded once fc2 has run
-// and recomputed from fc1's output in backward (models/output_discarding_recompute.h).
+// With delayed scaling on FP8 tensor cores the SwiGLU runs inside fc2's grouped input cast
+// (TEGroupedLinear::forward_swiglu): its bf16 output is never stored.
+// --recompute-modules moe_act (refused with delayed scaling, as by Megatron): the activation's
+// output (fc2's input) is discarded once fc2 has run and recomputed from fc1's output in backward
+// (models/output_discarding_recompute.h).
 #pragma once
 #include <torch/torch.h>
 

@@ -158,6 +158,7 @@ moe::Routing TopKRouterImpl::forward(const torch::Tensor& x) {
   // Multiplicative noise from the default generator (as Megatron; dropout's stream).
   if (config_.input_jitter_eps) input = moe::input_jitter(input, *config_.input_jitter_eps);
   auto logits = gating(input);
+  if (config_.force_load_balancing) logits = moe::random_logits(logits);
   // The auxiliary losses, their logged values and the expert-bias counts belong to the pass the
   // gradients flow through: under recomputation, the replay (models/recompute.h).
   const bool gradient_pass = torch::GradMode::is_enabled() && !recompute_first_pass_active();

@@ -135,6 +135,12 @@ torch::Tensor input_jitter(const torch::Tensor& x, double eps) {
   return x * torch::empty_like(x, x.options().requires_grad(false)).uniform_(1.0 - eps, 1.0 + eps);
 }
 
+torch::Tensor random_logits(const torch::Tensor& logits) {
+  const auto noise = torch::randn(logits.sizes(), logits.options().requires_grad(false));
+  // noise + 0 in the forward (x - x is exactly 0 for finite x), the identity in the backward.
+  return noise + (logits - logits.detach());
+}
+
 torch::Tensor pad_routing_map(const torch::Tensor& map, int64_t multiple) {
   auto per_expert = map.t().to(torch::kInt64);  // [E, T]
   auto count = per_expert.sum(1, true);

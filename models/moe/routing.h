@@ -67,6 +67,13 @@ Routing apply_capacity(const Routing& routing, int64_t topk, double capacity_fac
 // (Megatron's rsample: gradients flow through x).
 torch::Tensor input_jitter(const torch::Tensor& x, double eps);
 
+// --moe-router-force-load-balancing (Megatron's apply_random_logits, a benchmarking aid): standard
+// normal values in place of the logits, so that routing is balanced and independent of the model
+// (the same in bf16 and FP8 runs); the gradient passes to the real logits unchanged (Megatron's
+// straight-through RandomSTE). Drawn from the default generator, which recomputation replays
+// (Megatron draws from the expert-parallel RNG tracker or a generator of its own).
+torch::Tensor random_logits(const torch::Tensor& logits);
+
 // --moe-router-padding-for-quantization: per expert, switch on the earliest unrouted tokens until
 // its count is a multiple of `multiple` (their probs stay 0). Throws UserError when an expert
 // would need more tokens than there are.

@@ -1,10 +1,12 @@
 // The grouped (segmented) quantize kernel against the CPU reference, bit for bit: every kind
 // (delayed, current, 1x128 / 128x128 blockwise, MXFP8) and format, both copies or one, empty and
 // unaligned segments, partial column tiles, more segments than one launch takes; the fused column
-// sums within fp32 reordering; and the kernel's bandwidth on MoE-sized inputs ("[fp8-bench]").
+// sums within fp32 reordering; the SwiGLU prologues against the dense SwiGLU casts; and the kernel's
+// bandwidth on MoE-sized inputs ("[fp8-bench]").
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -148,6 +150,133 @@ TEST(GpuSegments, EveryKindMatchesTheReference) {
     for (int i = 0; i < 70; ++i) many.push_back((i * 37) % 150 == 0 ? 0 : (i * 37) % 150);
     check_case(k, 64, many, align, true, true, ++seed);
     check_case(k, 128, {0, 0, 0}, align, true, true, ++seed);  // nothing at all
+  }
+}
+
+// The SwiGLU prologue (an MoE fc2's input cast from fc1's [gate | up] rows): segment e is, byte
+// for byte, the dense SwiGLU cast (quantize_tensor_delayed, Prologue::kSwiglu) of its rows padded
+// with zero rows, as the plain grouped cast is the plain dense cast of each padded segment.
+TEST(GpuSegments, SwigluPrologueIsTheDenseSwigluCastOfEachPaddedSegment) {
+  FP8_REQUIRE_GPU();
+  const size_t cols = 272, stride = 3;  // a partial column tile
+  const std::vector<int64_t> rows = {0, 5, 16, 200, 0, 33};
+  for (Format format : {Format::kE4M3, Format::kE5M2}) {
+    SCOPED_TRACE(format_name(format));
+    HostSegments h(ScalingMode::kTensor, format, cols, rows, 16, true, true, stride);
+    for (size_t e = 0; e < rows.size(); ++e) {
+      h.scale[e * stride] = max_finite(format) / (3.0f + float(e));
+      h.amax[e * stride] = 0.125f;
+    }
+    const SegmentLayout& l = h.layout;
+    const auto x = random_bf16(l.total_rows() * 2 * cols, 77, 3.0f, 6);  // [rows, 2 cols]
+    DeviceBuffer<uint16_t> dx(x);
+    DeviceSegments d(h);
+    SegmentCast cast;
+    cast.prologue = Prologue::kSwiglu;
+    quantize_segments(dx.get(), l, d.view, cast, nullptr);
+    FP8TRON_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto data = d.data.download(), data_t = d.data_t.download(), scale_inv = d.scale_inv.download();
+    const auto amax = d.amax.download();
+    for (size_t e = 0; e < rows.size(); ++e) {
+      if (rows[e] == 0) continue;
+      SCOPED_TRACE("segment " + std::to_string(e));
+      const size_t padded = l.padded[e];
+      std::vector<uint16_t> xe(padded * 2 * cols, 0);  // the segment's rows, then zero rows
+      std::copy(x.begin() + l.src_begin[e] * 2 * cols, x.begin() + (l.src_begin[e] + rows[e]) * 2 * cols, xe.begin());
+      DeviceBuffer<uint16_t> dxe(xe);
+      DeviceBuffer<uint8_t> q(padded * cols, 0xEE), qt(padded * cols, 0xEE);
+      DeviceBuffer<float> scale(std::vector<float>{h.scale[e * stride]}), sinv(1, 0xEE), am(std::vector<float>{0.125f});
+      Fp8TensorView v;
+      v.data = q.get();
+      v.data_t = qt.get();
+      v.scale = scale.get();
+      v.scale_inv = sinv.get();
+      v.amax = am.get();
+      v.format = format;
+      v.rows = padded;
+      v.cols = cols;
+      TensorCastFusion fusion;
+      fusion.prologue = Prologue::kSwiglu;
+      quantize_tensor_delayed(dxe.get(), v, nullptr, fusion);
+      FP8TRON_CUDA_CHECK(cudaDeviceSynchronize());
+      const size_t begin = l.row_begin[e] * cols;
+      count_mismatches({data.begin() + begin, data.begin() + begin + padded * cols}, q.download(), "data");
+      count_mismatches({data_t.begin() + begin, data_t.begin() + begin + padded * cols}, qt.download(), "data_t");
+      const std::vector<uint8_t> grouped_sinv(scale_inv.begin() + l.scale_begin[e] * 4,
+                                              scale_inv.begin() + l.scale_begin[e] * 4 + 4);
+      const auto dense_sinv = sinv.download();
+      const auto* bytes = reinterpret_cast<const uint8_t*>(dense_sinv.data());
+      count_mismatches(grouped_sinv, {bytes, bytes + 4}, "scale_inv");
+      expect_same_floats({amax[e * stride]}, am.download(), "amax");
+    }
+  }
+}
+
+// The SwiGLU-backward prologue (an MoE fc1's gradient cast from the SwiGLU output's gradient and
+// fc1's output h): segment e is, byte for byte, the dense kSwigluBackward cast of its rows padded
+// with zero rows, column sums (the bias gradients) within fp32 reordering.
+TEST(GpuSegments, SwigluBackwardPrologueIsTheDenseCastOfEachPaddedSegment) {
+  FP8_REQUIRE_GPU();
+  const size_t cols = 512, half = cols / 2, stride = 2;  // h's width: each half two whole tiles
+  const std::vector<int64_t> rows = {0, 5, 16, 200, 0, 33};
+  HostSegments h(ScalingMode::kTensor, Format::kE5M2, cols, rows, 16, true, true, stride);
+  for (size_t e = 0; e < rows.size(); ++e) {
+    h.scale[e * stride] = max_finite(Format::kE5M2) / (2.0f + float(e));
+    h.amax[e * stride] = 0.0f;
+  }
+  const SegmentLayout& l = h.layout;
+  const auto dy = random_bf16(l.total_rows() * half, 91, 1.0f, 4);   // [rows, cols / 2]
+  const auto act_in = random_bf16(l.total_rows() * cols, 92, 2.0f);  // h = [gate | up], [rows, cols]
+  DeviceBuffer<uint16_t> ddy(dy), dh(act_in);
+  DeviceSegments d(h);
+  SegmentCast cast;
+  cast.prologue = Prologue::kSwigluBackward;
+  cast.aux = dh.get();
+  cast.column_sums = d.column_sums.get();
+  quantize_segments(ddy.get(), l, d.view, cast, nullptr);
+  FP8TRON_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto data = d.data.download(), data_t = d.data_t.download(), scale_inv = d.scale_inv.download();
+  const auto amax = d.amax.download(), sums = d.column_sums.download();
+  for (size_t e = 0; e < rows.size(); ++e) {
+    if (rows[e] == 0) continue;
+    SCOPED_TRACE("segment " + std::to_string(e));
+    const size_t padded = l.padded[e], src = l.src_begin[e], n = size_t(rows[e]);
+    std::vector<uint16_t> dye(padded * half, 0), he(padded * cols, 0);  // the rows, then zero rows
+    std::copy(dy.begin() + src * half, dy.begin() + (src + n) * half, dye.begin());
+    std::copy(act_in.begin() + src * cols, act_in.begin() + (src + n) * cols, he.begin());
+    DeviceBuffer<uint16_t> ddye(dye), dhe(he);
+    DeviceBuffer<uint8_t> q(padded * cols, 0xEE), qt(padded * cols, 0xEE);
+    DeviceBuffer<float> scale(std::vector<float>{h.scale[e * stride]}), sinv(1, 0xEE), am(std::vector<float>{0.0f});
+    DeviceBuffer<float> dense_sums(std::vector<float>(cols, 0.0f));
+    Fp8TensorView v;
+    v.data = q.get();
+    v.data_t = qt.get();
+    v.scale = scale.get();
+    v.scale_inv = sinv.get();
+    v.amax = am.get();
+    v.format = Format::kE5M2;
+    v.rows = padded;
+    v.cols = cols;
+    TensorCastFusion fusion;
+    fusion.prologue = Prologue::kSwigluBackward;
+    fusion.aux = dhe.get();
+    fusion.column_sums = dense_sums.get();
+    quantize_tensor_delayed(ddye.get(), v, nullptr, fusion);
+    FP8TRON_CUDA_CHECK(cudaDeviceSynchronize());
+    const size_t begin = l.row_begin[e] * cols;
+    count_mismatches({data.begin() + begin, data.begin() + begin + padded * cols}, q.download(), "data");
+    count_mismatches({data_t.begin() + begin, data_t.begin() + begin + padded * cols}, qt.download(), "data_t");
+    const auto dense_sinv = sinv.download();
+    const auto* bytes = reinterpret_cast<const uint8_t*>(dense_sinv.data());
+    count_mismatches({scale_inv.begin() + l.scale_begin[e] * 4, scale_inv.begin() + l.scale_begin[e] * 4 + 4},
+                     {bytes, bytes + 4}, "scale_inv");
+    expect_same_floats({amax[e * stride]}, am.download(), "amax");
+    EXPECT_GT(amax[e * stride], 0.0f);
+    const auto want_sums = dense_sums.download();
+    double worst = 0;
+    for (size_t c = 0; c < cols; ++c)
+      worst = std::max(worst, std::fabs(double(sums[e * cols + c]) - want_sums[c]) / (1.0 + std::fabs(want_sums[c])));
+    EXPECT_LT(worst, 1e-4) << "column sums";
   }
 }
 

@@ -80,6 +80,7 @@ MoeConfig build_moe_config(const FlagValues& f, const ModelConfig& m, std::vecto
   build_balancing(f, moe);
   moe.z_loss_coeff = f.opt_float("moe-z-loss-coeff");
   moe.input_jitter_eps = f.opt_float("moe-input-jitter-eps");
+  moe.force_load_balancing = f.get_bool("moe-router-force-load-balancing");
   moe.enable_expert_bias = f.get_bool("moe-router-enable-expert-bias");
   moe.bias_update_rate = f.get_float("moe-router-bias-update-rate");
   moe.num_groups = f.opt_int("moe-router-num-groups");
