@@ -299,6 +299,13 @@ TEST(TEGroupedLinear, InferenceAndPartialGradients) {
   }
 }
 
+// The module's FP8 sites as grouped_linear takes them (empty for bf16 experts).
+std::vector<fp8::Fp8Site*> site_pointers(TEGroupedLinear& m) {
+  std::vector<fp8::Fp8Site*> out;
+  for (auto& s : m->fp8_sites) out.push_back(s.get());
+  return out;
+}
+
 // Prologue::kSwiglu (an MoE fc2 reading fc1's [gate | up] output): on every FP8 path that cannot
 // fuse it (the CPU path here) and for bf16 experts, the same outputs and gradients, bit for bit,
 // as the SwiGLU in torch's ops followed by the plain grouped linear; the gradient of h comes
@@ -314,11 +321,6 @@ TEST(TEGroupedLinear, SwigluPrologueIsTorchsSwigluThenTheGroupedLinear) {
     randomize_biases(fused, 3);
     randomize_biases(plain, 3);
     EXPECT_FALSE(fused->fuses_swiglu());  // only native FP8 GEMMs with delayed scaling fuse it
-    auto sites = [](TEGroupedLinear& m) {
-      std::vector<fp8::Fp8Site*> out;
-      for (auto& s : m->fp8_sites) out.push_back(s.get());
-      return out;
-    };
     for (int step = 0; step < 2; ++step) {
       SCOPED_TRACE("step " + std::to_string(step));
       torch::manual_seed(40 + step);
@@ -327,7 +329,7 @@ TEST(TEGroupedLinear, SwigluPrologueIsTorchsSwigluThenTheGroupedLinear) {
       auto run = [&](TEGroupedLinear& m, bool with_prologue) {
         for (auto& p : m->parameters()) p.mutable_grad() = torch::Tensor();
         auto h = h0.clone().requires_grad_(true);
-        auto y = with_prologue ? fp8::grouped_linear(h, splits, m->weights, m->biases, sites(m),
+        auto y = with_prologue ? fp8::grouped_linear(h, splits, m->weights, m->biases, site_pointers(m),
                                                      fp8::Bf16GroupedBackend::kCublasLt, fp8::Prologue::kSwiglu)
                                : m(fp8::torch_swiglu(h), splits);
         y.backward(dy);
@@ -372,11 +374,6 @@ TEST(TEGroupedLinear, SwigluHandOverToFc1MatchesTheUnfusedChain) {
       return m;
     };
     Mlp fused = make(), plain = make();
-    auto sites = [](TEGroupedLinear& m) {
-      std::vector<fp8::Fp8Site*> out;
-      for (auto& s : m->fp8_sites) out.push_back(s.get());
-      return out;
-    };
     for (int step = 0; step < 2; ++step) {
       SCOPED_TRACE("step " + std::to_string(step));
       torch::manual_seed(50 + step);
@@ -388,7 +385,7 @@ TEST(TEGroupedLinear, SwigluHandOverToFc1MatchesTheUnfusedChain) {
         auto h = m.fc1(x, splits);
         torch::Tensor y;
         if (hand_over) {
-          y = fp8::grouped_linear(h, splits, m.fc2->weights, m.fc2->biases, sites(m.fc2),
+          y = fp8::grouped_linear(h, splits, m.fc2->weights, m.fc2->biases, site_pointers(m.fc2),
                                   fp8::Bf16GroupedBackend::kCublasLt, fp8::Prologue::kSwiglu);
           EXPECT_TRUE(fp8::grouped_hands_over_swiglu_backward(h));
         } else {
