@@ -4,6 +4,8 @@
 
 #include <cmath>
 
+#include "core/error.h"
+
 namespace fp8tron {
 
 NumericsGuard::NumericsGuard(torch::Device device) : device_(device) {
@@ -52,14 +54,26 @@ torch::Tensor NumericsGuard::rejection(const torch::Tensor& values, const std::v
 }
 
 std::pair<double, double> NumericsGuard::read(const torch::Tensor& values) {
-  if (device_.is_cuda()) {
-    host_.copy_(values, /*non_blocking=*/true);
-    at::cuda::CUDAEvent copied;
-    copied.record();
-    copied.synchronize();
-  } else {
+  start_read(values);
+  return finish_read();
+}
+
+void NumericsGuard::start_read(const torch::Tensor& values) {
+  FP8TRON_CHECK(!pending_, "NumericsGuard: a read was started twice");
+  pending_ = true;
+  if (!device_.is_cuda()) {
     host_.copy_(values);
+    return;
   }
+  host_.copy_(values, /*non_blocking=*/true);
+  if (!copied_) copied_ = std::make_unique<c10::cuda::CUDAEvent>();
+  copied_->record();
+}
+
+std::pair<double, double> NumericsGuard::finish_read() {
+  FP8TRON_CHECK(pending_, "NumericsGuard: finish_read without start_read");
+  pending_ = false;
+  if (copied_) copied_->synchronize();
   return {host_[0].item<double>(), host_[1].item<double>()};
 }
 

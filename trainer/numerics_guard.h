@@ -3,7 +3,10 @@
 // norm, which every rank holds alike. The loop never waits for the GPU before the optimizer step:
 // values() and rejection() only queue work, so the step can be taken at once and skipped on the
 // device when the host rule (rerun::rejects, evaluated here in double on the same bits) would
-// reject; read() then waits for the one small copy of the two values, after the step.
+// reject; read() then waits for the one small copy of the two values. The copy is queued
+// (start_read) before the optimizer step and waited for (finish_read) after the step was queued:
+// the host then resumes as soon as the values exist, and queues the next iteration while the GPU
+// still runs the optimizer, instead of finding an empty queue.
 #pragma once
 #include <torch/torch.h>
 
@@ -12,6 +15,10 @@
 #include <vector>
 
 #include "trainer/rerun/rerun_state_machine.h"
+
+namespace c10::cuda {
+struct CUDAEvent;
+}
 
 namespace fp8tron {
 
@@ -28,10 +35,15 @@ class NumericsGuard {
                           const rerun::PassPlan& plan) const;
   // The values on the host (loss, grad norm), waiting for their copy only.
   std::pair<double, double> read(const torch::Tensor& values);
+  // read() in two halves: queue the copy to the host, then wait for it (after queuing more work).
+  void start_read(const torch::Tensor& values);
+  std::pair<double, double> finish_read();
 
  private:
   torch::Device device_;
   torch::Tensor host_;  // [loss, grad norm], pinned for a GPU
+  std::unique_ptr<c10::cuda::CUDAEvent> copied_;  // GPU: recorded after the copy start_read queued
+  bool pending_ = false;
 };
 
 }  // namespace fp8tron

@@ -636,12 +636,15 @@ torch::Tensor Trainer::train_step(int64_t iteration) {
   if (plan.snapshot) snapshot.emplace(device_, fp8_.get(), model_buffers());
   Pass pass = forward_backward(iteration);
   torch::Tensor values = plan.judge ? numerics_->values(pass.loss, pass.prepared.grad_norm) : torch::Tensor();
+  // The copy of the values is queued before the step, so that the wait below ends when they exist,
+  // while the GPU still has the optimizer step to run.
+  if (plan.judge) numerics_->start_read(values);
   bool stepped = plan.step_now;
   if (plan.step_now)
     last_step_ = apply_step(pass, plan.device_rejection ? numerics_->rejection(values, rerun_->calls(), plan) : torch::Tensor());
   while (plan.judge) {
     // The one wait for the device per iteration: the two values, after the step was queued.
-    const auto [loss, grad_norm] = numerics_->read(values);
+    const auto [loss, grad_norm] = numerics_->finish_read();
     const rerun::PassOutcome outcome = rerun_->after_pass(loss, grad_norm);
     if (outcome.kind == rerun::PassOutcome::Kind::kStop)
       end_run(iteration, outcome, snapshot ? &*snapshot : nullptr, loss, grad_norm);
@@ -656,6 +659,7 @@ torch::Tensor Trainer::train_step(int64_t iteration) {
     if (fp8_param_gather_) optimizer_->publish_model_params();  // FP8 weights cast with the restored scales
     pass = forward_backward(iteration);
     values = numerics_->values(pass.loss, pass.prepared.grad_norm);
+    numerics_->start_read(values);
     stepped = false;
   }
   account_step(pass);
