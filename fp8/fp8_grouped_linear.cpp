@@ -416,11 +416,9 @@ struct GroupedLinearBackward : public torch::autograd::Node {
     if (deferred_swiglu_input.defined()) {
       const int64_t rows = dy.size(0), f = out_features / 2;
       const torch::Tensor dswiglu = dy.view(-1).narrow(0, 0, rows * f).view({rows, f});
-      // The fused cast writes the transposed copy the wgrad reads, and the bias gradients only as
-      // its column sums.
-      const bool fuse = want_dw && (!want_db || fused_db) && f % 128 == 0 && dy.scalar_type() == torch::kBFloat16 &&
-                        grouped_swiglu_cast_fuses(e, TensorRole::kGradOutput);
-      if (fuse) {
+      // The cast applies the backward with the transposed copy (the wgrad's), and then gives the
+      // bias gradients only as its column sums; quantize_grouped decides whether it fuses it.
+      if (want_dw && (!want_db || fused_db)) {
         dy = dswiglu;
         swiglu_h = deferred_swiglu_input;
       } else {

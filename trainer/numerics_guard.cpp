@@ -53,11 +53,6 @@ torch::Tensor NumericsGuard::rejection(const torch::Tensor& values, const std::v
   return reject.to(torch::kFloat32);
 }
 
-std::pair<double, double> NumericsGuard::read(const torch::Tensor& values) {
-  start_read(values);
-  return finish_read();
-}
-
 void NumericsGuard::start_read(const torch::Tensor& values) {
   FP8TRON_CHECK(!pending_, "NumericsGuard: a read was started twice");
   pending_ = true;

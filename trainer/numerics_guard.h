@@ -3,7 +3,7 @@
 // norm, which every rank holds alike. The loop never waits for the GPU before the optimizer step:
 // values() and rejection() only queue work, so the step can be taken at once and skipped on the
 // device when the host rule (rerun::rejects, evaluated here in double on the same bits) would
-// reject; read() then waits for the one small copy of the two values. The copy is queued
+// reject; the loop then waits for the one small copy of the two values. The copy is queued
 // (start_read) before the optimizer step and waited for (finish_read) after the step was queued:
 // the host then resumes as soon as the values exist, and queues the next iteration while the GPU
 // still runs the optimizer, instead of finding an empty queue.
@@ -33,9 +33,8 @@ class NumericsGuard {
   // or the plan injects a rejection.
   torch::Tensor rejection(const torch::Tensor& values, const std::vector<rerun::ValidationCall>& calls,
                           const rerun::PassPlan& plan) const;
-  // The values on the host (loss, grad norm), waiting for their copy only.
-  std::pair<double, double> read(const torch::Tensor& values);
-  // read() in two halves: queue the copy to the host, then wait for it (after queuing more work).
+  // The values on the host (loss, grad norm), in two halves: queue their copy to the host, then
+  // (after queuing more work) wait for that copy only.
   void start_read(const torch::Tensor& values);
   std::pair<double, double> finish_read();
 
