@@ -2,9 +2,13 @@
 // the tiny mixture-of-experts GPT, with the MoE flags in the test's arguments) twice, once alone
 // (the reference) and once in the parallel layout given on the command line, each from its own
 // initialisation (nothing injected: the same seed gives bitwise the same initial weights in every
-// layout, which is checked first), and compares the 10 losses (and the MoE and MTP losses) and its final
-// (tensor-parallel-gathered) weights with the reference: losses within 1e-5 relative (fp32,
-// dropout 0; `--tolerance X` for bf16 runs on GPUs),
+// layout, which is checked first), and compares the 10 losses (and the MoE and MTP losses), the 10
+// gradient norms and its final (tensor-parallel-gathered) weights with the reference: losses within
+// 1e-5 relative (fp32, dropout 0; `--tolerance X` for bf16 runs on GPUs), gradient norms within 10x
+// the loss tolerance (the norm sums the squares of every gradient of every group: dense, expert,
+// each pipeline stage's; a group counted twice or left out moves it by a large fraction, reduction
+// orders by ~1e-7; `--grad-norm-tolerance X` where FP8 codes flip, which then also holds the
+// non-bitwise --identical-* comparisons below),
 // every tensor within 1e-2 of its own update (see the weights check; `--tensor-tolerance`,
 // `--weights-tolerance` where a layout changes the rounding, each documented where it is passed).
 // `--identical-without --flag` (repeatable) trains the layout a third time without that flag (and
@@ -24,6 +28,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <map>
 #include <optional>
 #include <set>
@@ -103,11 +108,26 @@ std::vector<std::string> without_layout_flags(const std::vector<std::string>& ar
   return out;
 }
 
+// The worst relative difference of `other`'s gradient norms from `run`'s (0 when both are inf/nan,
+// as in a skipped step; inf when only one is or the counts differ).
+double worst_grad_norm_difference(const std::vector<double>& run, const std::vector<double>& other) {
+  if (run.size() != other.size()) return std::numeric_limits<double>::infinity();
+  double worst = 0;
+  for (size_t i = 0; i < run.size(); ++i) {
+    if (!std::isfinite(run[i]) || !std::isfinite(other[i])) {
+      if (std::isfinite(run[i]) != std::isfinite(other[i])) return std::numeric_limits<double>::infinity();
+      continue;
+    }
+    if (run[i] != other[i]) worst = std::max(worst, std::abs(other[i] - run[i]) / std::max(std::abs(run[i]), 1e-30));
+  }
+  return worst;
+}
+
 // Failures of `other` against `run`: bitwise (loss tolerance 0), or losses within `loss` relative,
 // all weights within `weights` and each tensor within `tensor` of its update since `initial`. The
 // measured differences are printed either way, so that a tolerance is chosen from figures.
 struct Tolerances {
-  double loss = 0, weights = 0, tensor = 0;
+  double loss = 0, weights = 0, tensor = 0, grad_norm = 0;
 };
 int compare_runs(const TrainResult& run, const TrainResult& other, const Tolerances& tol,
                  const std::map<std::string, torch::Tensor>& initial, const std::string& what, int rank) {
@@ -124,6 +144,11 @@ int compare_runs(const TrainResult& run, const TrainResult& other, const Toleran
     losses_ok = close(other.losses[i], run.losses[i]) && losses_ok;
   if (!losses_ok) {
     std::fprintf(stderr, "[rank %d] losses differ %s\n", rank, what.c_str());
+    ++failures;
+  }
+  const double grad_norms = worst_grad_norm_difference(run.grad_norms, other.grad_norms);
+  if (!(grad_norms <= tol.grad_norm)) {
+    std::fprintf(stderr, "[rank %d] gradient norms differ %s (%.2e relative)\n", rank, what.c_str(), grad_norms);
     ++failures;
   }
   double diff_sq = 0, ref_sq = 0, worst_ratio = 0;
@@ -150,8 +175,9 @@ int compare_runs(const TrainResult& run, const TrainResult& other, const Toleran
     std::fprintf(stderr, "[rank %d] weights differ %s\n", rank, what.c_str());
     ++failures;
   }
-  std::printf("[rank %d] %s: worst relative loss difference %.2e, weights %.2e, worst tensor %s at %.2e of its "
-              "update%s\n", rank, what.c_str(), worst_loss, weights_rel, worst_tensor.c_str(), worst_ratio,
+  std::printf("[rank %d] %s: worst relative loss difference %.2e, gradient norm %.2e, weights %.2e, worst tensor %s "
+              "at %.2e of its update%s\n", rank, what.c_str(), worst_loss, grad_norms, weights_rel, worst_tensor.c_str(),
+              worst_ratio,
               bitwise && failures == 0 ? " (bitwise identical)" : "");
   return failures;
 }
@@ -165,12 +191,13 @@ int main(int argc, char** argv) {
     std::optional<std::pair<std::string, std::string>> swapped;
     double without_tolerance = 0;  // 0: the --identical-* comparisons are bitwise
     double tolerance = 1e-5;
-    std::optional<double> weights_tolerance, tensor_tolerance, without_weights, without_tensor;
+    std::optional<double> weights_tolerance, tensor_tolerance, without_weights, without_tensor, grad_norm_tolerance;
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
       if (a == "--tolerance" && i + 1 < argc) tolerance = std::stod(argv[++i]);
       else if (a == "--weights-tolerance" && i + 1 < argc) weights_tolerance = std::stod(argv[++i]);
       else if (a == "--tensor-tolerance" && i + 1 < argc) tensor_tolerance = std::stod(argv[++i]);
+      else if (a == "--grad-norm-tolerance" && i + 1 < argc) grad_norm_tolerance = std::stod(argv[++i]);
       else if (a == "--identical-without" && i + 1 < argc) identical_without.insert(argv[++i]);
       else if (a == "--identical-swapped" && i + 2 < argc) { swapped = {argv[i + 1], argv[i + 2]}; i += 2; }
       else if (a == "--without-tolerance" && i + 1 < argc) without_tolerance = std::stod(argv[++i]);
@@ -184,9 +211,9 @@ int main(int argc, char** argv) {
     Config reference_config = make_config(without_layout_flags(layout), alone);
     Config parallel_config = make_config(layout, env);
     TrainOptions reference_options{.force_single_process = true, .collect_final_weights = true,
-                                   .collect_initial_weights = true};
+                                   .collect_initial_weights = true, .collect_grad_norms = true};
     TrainOptions parallel_options{.force_single_process = false, .collect_final_weights = true,
-                                  .collect_initial_weights = true};
+                                  .collect_initial_weights = true, .collect_grad_norms = true};
     TrainResult reference = train(reference_config, reference_options);
     TrainResult parallel = train(parallel_config, parallel_options);
 
@@ -225,6 +252,15 @@ int main(int argc, char** argv) {
             ++failures;
           }
       }
+    // The gradient norm before clipping, as logged: global over every group exactly once.
+    const double grad_norm_rel = worst_grad_norm_difference(reference.grad_norms, parallel.grad_norms);
+    if (reference.grad_norms.empty() || !(grad_norm_rel <= grad_norm_tolerance.value_or(10 * tolerance))) {
+      std::fprintf(stderr, "[rank %d] gradient norms differ from one process's by %.2e relative\n", env.rank, grad_norm_rel);
+      for (size_t i = 0; i < reference.grad_norms.size() && i < parallel.grad_norms.size(); ++i)
+        std::fprintf(stderr, "[rank %d] iteration %zu: grad norm %.8g vs reference %.8g\n", env.rank, i + 1,
+                     parallel.grad_norms[i], reference.grad_norms[i]);
+      ++failures;
+    }
     const double valid_rel = std::abs(parallel.last_validation_loss - reference.last_validation_loss) / reference.last_validation_loss;
     if (!(valid_rel <= tolerance)) {
       std::fprintf(stderr, "[rank %d] validation loss %.8f vs %.8f\n", env.rank, parallel.last_validation_loss, reference.last_validation_loss);
@@ -262,7 +298,8 @@ int main(int argc, char** argv) {
     const Tolerances without{
         without_tolerance,
         without_weights.value_or(weights_tolerance.value_or(std::max(without_tolerance, tolerance))),
-        without_tensor.value_or(tensor_tolerance.value_or(1e-2))};
+        without_tensor.value_or(tensor_tolerance.value_or(1e-2)),
+        without_tolerance > 0 ? grad_norm_tolerance.value_or(10 * without_tolerance) : 0.0};
     if (!identical_without.empty()) {
       std::vector<std::string> plain_layout;
       for (size_t i = 0; i < layout.size(); ++i) {
@@ -290,9 +327,10 @@ int main(int argc, char** argv) {
       double worst = 0;
       for (size_t i = 0; i < reference.losses.size(); ++i)
         worst = std::max(worst, std::abs(parallel.losses[i] - reference.losses[i]) / std::abs(reference.losses[i]));
-      std::printf("[rank %d] %s: losses %.6f -> %.6f, worst relative loss difference %.2e, weights %.2e, worst tensor "
-                  "%s at %.2e of its update: %s\n", env.rank,
-                  joined.c_str(), reference.losses.front(), reference.losses.back(), worst, weights_rel,
+      std::printf("[rank %d] %s: losses %.6f -> %.6f, worst relative loss difference %.2e, gradient norm %.2e (%.4g at "
+                  "iteration 1), weights %.2e, worst tensor %s at %.2e of its update: %s\n", env.rank,
+                  joined.c_str(), reference.losses.front(), reference.losses.back(), worst, grad_norm_rel,
+                  reference.grad_norms.empty() ? 0.0 : reference.grad_norms.front(), weights_rel,
                   worst_tensor.c_str(), worst_update_ratio,
                   total > 0 ? "MISMATCH"
                   : without_tolerance > 0 && (swapped || !identical_without.empty())

@@ -1156,7 +1156,7 @@ TrainResult Trainer::run() {
   const auto& t = c_.training;
   result.iterations = first_iteration - 1;
   if (c_.training.weight_hash_interval) check_weight_hashes_across_replicas(result.iterations);
-  std::vector<torch::Tensor> losses;
+  std::vector<torch::Tensor> losses, grad_norms;
   losses.reserve(size_t(t.train_iters));
   log::print("training ...");
   const auto start = Clock::now();
@@ -1174,6 +1174,9 @@ TrainResult Trainer::run() {
       continue;
     }
     losses.push_back(train_step(iteration));
+    if (options_.collect_grad_norms)
+      grad_norms.push_back(last_step_.grad_norm.defined() ? last_step_.grad_norm.detach().clone()
+                                                          : torch::full({}, std::nan(""), torch::kFloat64));
     if (moe_) report_moe(iteration);
     ++interval_iterations;
     result.iterations = iteration;
@@ -1222,6 +1225,7 @@ TrainResult Trainer::run() {
   optimizer_->finish_param_gather();  // the weights are complete when training returns
   synchronize();
   for (const auto& l : losses) result.losses.push_back(l.item<double>());
+  for (const auto& g : grad_norms) result.grad_norms.push_back(g.item<double>());
   for (const auto& [name, values] : moe_history_)
     for (const auto& v : values) result.moe_losses[name].push_back(v.item<double>());
   for (const auto& values : mtp_history_) {

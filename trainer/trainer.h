@@ -20,6 +20,8 @@ struct TrainOptions {
   bool collect_final_weights = false;
   // Return the same global weights as they are before the first iteration (initial_weights).
   bool collect_initial_weights = false;
+  // Return every iteration's gradient norm (grad_norms); real runs leave this off.
+  bool collect_grad_norms = false;
 };
 
 struct TrainResult {
@@ -28,6 +30,9 @@ struct TrainResult {
   std::map<std::string, std::vector<double>> moe_losses;
   // Multi-token prediction: "mtp_<k>" (depth k = 1, 2, ...) loss of every iteration, as logged.
   std::map<std::string, std::vector<double>> mtp_losses;
+  // With collect_grad_norms: the global gradient norm of every iteration, before clipping, as
+  // logged (grad norm); inf/nan where the step was skipped.
+  std::vector<double> grad_norms;
   double last_validation_loss = 0;
   int64_t iterations = 0;      // the last iteration reached (< train_iters after an exit condition;
                                // a run resumed from a checkpoint counts the loaded iterations too)
