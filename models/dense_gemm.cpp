@@ -1,5 +1,6 @@
 #include "models/dense_gemm.h"
 
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include <array>
@@ -68,6 +69,7 @@ uint64_t dense_gemm_calls() { return calls.load(); }
 torch::Tensor linear_dgrad(const torch::Tensor& dy, const torch::Tensor& weight) {
   if (!dense_gemms_through_cublaslt() || !bf16_matrix(dy) || !bf16_matrix(weight) || dy.size(1) != weight.size(0))
     return at::mm(dy, weight);
+  const c10::cuda::CUDAGuard device(dy.device());
   const int64_t rows = dy.size(0), in = weight.size(1);
   auto dx = torch::empty({rows, in}, dy.options());
   if (rows == 0) return dx;
@@ -79,12 +81,16 @@ torch::Tensor linear_dgrad(const torch::Tensor& dy, const torch::Tensor& weight)
 }
 
 bool dense_param_grads_apply(const torch::Tensor& dy, const torch::Tensor& x) {
-  return dense_gemms_through_cublaslt() && bf16_matrix(dy) && bf16_matrix(x) && dy.size(0) == x.size(0);
+  // No tokens: ATen's calls write or keep the zeros (gemm() takes no empty dimension).
+  return dense_gemms_through_cublaslt() && bf16_matrix(dy) && bf16_matrix(x) && dy.size(0) == x.size(0) &&
+         x.size(0) > 0;
 }
 
 void dense_wgrad(const torch::Tensor& dy, const torch::Tensor& x, torch::Tensor& main_grad, bool overwrite) {
-  FP8TRON_CHECK(dense_param_grads_apply(dy, x) && main_grad.scalar_type() == torch::kFloat32 && main_grad.is_contiguous(),
+  FP8TRON_CHECK(dense_param_grads_apply(dy, x) && main_grad.scalar_type() == torch::kFloat32 && main_grad.is_contiguous() &&
+                    main_grad.dim() == 2 && main_grad.size(0) == dy.size(1) && main_grad.size(1) == x.size(1),
                 "dense_wgrad: operands it does not take");
+  const c10::cuda::CUDAGuard device(x.device());
   const int64_t in = x.size(1);
   // Column-major: main_grad (in x out) (+)= X as stored (in x tokens) * (dY as stored)^T (tokens x out).
   const fp8::GemmOutput d{main_grad.data_ptr(), fp8::DType::kFP32, in};
@@ -98,6 +104,7 @@ void dense_bias_grad(const torch::Tensor& dy, torch::Tensor& bias_main_grad, boo
   FP8TRON_CHECK(bf16_matrix(dy) && bias_main_grad.scalar_type() == torch::kFloat32 && bias_main_grad.is_contiguous() &&
                     bias_main_grad.numel() == dy.size(1),
                 "dense_bias_grad: operands it does not take");
+  const c10::cuda::CUDAGuard device(dy.device());
   const int64_t rows = dy.size(0), cols = dy.size(1);
   auto scratch = torch::empty({std::max<int64_t>(1, kernels::column_sums_scratch_floats(rows, cols))},
                               dy.options().dtype(torch::kFloat32));
