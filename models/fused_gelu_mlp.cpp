@@ -8,7 +8,6 @@
 #include "core/error.h"
 #include "core/text.h"
 #include "fp8/wgrad_fusion.h"
-#include "models/dense_gemm.h"
 #include "models/gelu_kernels.h"
 #include "models/linear_grads.h"
 #include "models/main_grad_first_write.h"
@@ -78,7 +77,7 @@ struct FusedGeluMlp : torch::autograd::Function<FusedGeluMlp> {
     // fc2's wgrad, and fc1's bias gradient is summed (models/gelu_kernels.h). Neither cuBLASLt's
     // DGELU_BGRAD epilogue (on an H200 a separate generic kernel, 0.61 ms per GPT 1.3B layer) nor
     // its BGRADB one (a second read of dL/dpre).
-    auto grad = linear_dgrad(dy, w2);
+    auto grad = at::mm(dy, w2);
     auto g = torch::empty_like(pre);
     const auto bias = fc1_bias_grad_target(b1);
     auto scratch = bias.grad.defined()
@@ -100,14 +99,14 @@ struct FusedGeluMlp : torch::autograd::Function<FusedGeluMlp> {
       const bool want_norm_params = ctx->needs_input_grad(gamma_edge) || (beta.defined() && ctx->needs_input_grad(gamma_edge + 1));
       const auto n = norm_prologue_backward(norm_of(true, ctx->saved_data["rms"].toBool(), 0.0,
                                                     ctx->saved_data["zero_centered_gamma"].toBool(), gamma, beta),
-                                            kept, linear_dgrad(dpre, w1).view(kept.sum.sizes()), d_sum, want_norm_params, true);
+                                            kept, at::mm(dpre, w1).view(kept.sum.sizes()), d_sum, want_norm_params, true);
       result[0] = n.d_in;
       if (has_branch) result[1] = n.d_in;
       result[2] = n.d_weight;
       result[3] = n.d_bias;
       x = n.normed;
     } else if (ctx->needs_input_grad(0)) {
-      result[0] = linear_dgrad(dpre, w1).view(x.sizes());
+      result[0] = at::mm(dpre, w1).view(x.sizes());
     }
     result[4] = linear_param_grads(dpre, x.reshape({-1, in}), w1, torch::Tensor(), true, false).weight;
     if (b1.defined() && !bias.into_main_grad) result[5] = bias.grad.to(b1.scalar_type());

@@ -1,7 +1,6 @@
 #include "models/fused_linear.h"
 
 #include "fp8/wgrad_fusion.h"
-#include "models/dense_gemm.h"
 #include "models/linear_grads.h"
 
 namespace fp8tron {
@@ -29,7 +28,7 @@ struct FusedLinear : torch::autograd::Function<FusedLinear<kBias>> {
     const int64_t out = weight.size(0), in = weight.size(1);
     auto dy = grads[0].reshape({-1, out});
     variable_list result(kBias ? 3 : 2);
-    if (ctx->needs_input_grad(0)) result[0] = linear_dgrad(dy, weight).view(x.sizes());
+    if (ctx->needs_input_grad(0)) result[0] = at::mm(dy, weight).view(x.sizes());
     const torch::Tensor bias = kBias ? saved[2] : torch::Tensor();
     auto grads_left = linear_param_grads(dy, x.reshape({-1, in}), weight, bias, ctx->needs_input_grad(1),
                                          kBias && ctx->needs_input_grad(2));

@@ -7,7 +7,6 @@
 
 #include "core/error.h"
 #include "fp8/swiglu_backward.h"
-#include "models/dense_gemm.h"
 #include "models/fused_linear.h"
 #include "models/kernel_float_of.h"
 #include "models/linear_grads.h"
@@ -84,7 +83,7 @@ struct SwigluLinear : torch::autograd::Function<SwigluLinear<kBias>> {
     const c10::cuda::CUDAGuard device(x.device());
     const int64_t out = weight.size(0), f = weight.size(1), rows = x.numel() / (2 * f);
     const auto dz = grads[0].reshape({-1, out}).to(x.scalar_type()).contiguous();
-    const auto dy = linear_dgrad(dz, weight);  // [rows, f]
+    const auto dy = at::mm(dz, weight);  // [rows, f]
     auto dx = torch::empty_like(x);
     auto y = torch::empty({rows, f}, x.options());
     kernels::swiglu_backward(dy.data_ptr(), x.data_ptr(), dx.data_ptr(), *kernel_float_of(x), rows, f, stream_of(x),

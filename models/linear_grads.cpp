@@ -4,7 +4,6 @@
 
 #include "fp8/gemm.h"
 #include "fp8/grouped_gemm.h"
-#include "models/dense_gemm.h"
 #include "models/main_grad_first_write.h"
 
 namespace fp8tron {
@@ -50,13 +49,7 @@ LinearParamGrads linear_param_grads(const torch::Tensor& dy, const torch::Tensor
     // Both gradients from one GEMM, both into their fp32 main gradients.
     torch::Tensor main_grad = weight.grad(), bias_main_grad = bias.grad();
     const bool overwrite_weight = main_grad_first_write::take(weight);
-    const bool overwrite_bias = main_grad_first_write::take(bias);
-    if (dense_param_grads_apply(dy, x)) {  // FP8TRON_DENSE_GEMMS=cublaslt (models/dense_gemm.h)
-      dense_wgrad(dy, x, main_grad, overwrite_weight);
-      dense_bias_grad(dy, bias_main_grad, overwrite_bias);
-    } else {
-      wgrad_and_bias_grad(dy, x, main_grad, overwrite_weight, bias_main_grad, overwrite_bias);
-    }
+    wgrad_and_bias_grad(dy, x, main_grad, overwrite_weight, bias_main_grad, main_grad_first_write::take(bias));
     return result;
   }
   if (want_weight) {
@@ -64,9 +57,8 @@ LinearParamGrads linear_param_grads(const torch::Tensor& dy, const torch::Tensor
       // dW [out, in] = dY^T [out, M] x X [M, in] in fp32 into the main gradient: written by a
       // step's first write (beta 0: the stale values are not read), else accumulated.
       torch::Tensor main_grad = weight.grad();
-      const bool overwrite = main_grad_first_write::take(weight);
-      if (dense_param_grads_apply(dy, x)) dense_wgrad(dy, x, main_grad, overwrite);
-      else at::addmm_out(main_grad, main_grad, dy.t(), x, torch::kFloat32, overwrite ? 0.0 : 1.0);
+      const double beta = main_grad_first_write::take(weight) ? 0.0 : 1.0;
+      at::addmm_out(main_grad, main_grad, dy.t(), x, torch::kFloat32, beta);
     } else {
       result.weight = at::mm(dy.t(), x);
     }

@@ -2,8 +2,7 @@
 // fusion (models/fused_linear.h): the weight gradient is accumulated by its GEMM in fp32 straight
 // into the parameter's main gradient (the optimizer's flat fp32 buffer, which `.grad` views) when
 // it has one; the bias gradient too, by the same GEMM call (cuBLASLt's BGRADB epilogue), when both
-// have one and the tensors are bf16 (with FP8TRON_DENSE_GEMMS=cublaslt, an A/B switch: our autotuned
-// GEMM and a column-sum pass over dY instead, models/dense_gemm.h). Shared by the fused linear and the fused GeLU MLP
+// have one and the tensors are bf16. Shared by the fused linear and the fused GeLU MLP
 // (models/fused_gelu_mlp.h), whose backward passes call these on [tokens, features] matrices.
 #pragma once
 #include <torch/torch.h>

@@ -2,7 +2,6 @@
 
 #include <optional>
 
-#include "models/dense_gemm.h"
 #include "models/fused_linear.h"
 #include "models/linear_grads.h"
 
@@ -56,7 +55,7 @@ struct NormLinearFunction : torch::autograd::Function<NormLinearFunction> {
     const int64_t out = weight.size(0), in = weight.size(1);
     const auto dy = dy_in.defined() ? dy_in.reshape({-1, out}) : dy_in;
     // dgrad, then the norm's pass (which rebuilds the GEMM's input), then the wgrad.
-    const auto d_normed = dy.defined() ? linear_dgrad(dy, weight).view(kept.sum.sizes()) : torch::Tensor();
+    const auto d_normed = dy.defined() ? at::mm(dy, weight).view(kept.sum.sizes()) : torch::Tensor();
     const bool rewrite = dy.defined() && (want_weight || want_bias);
     const auto n = norm_prologue_backward(norm, kept, d_normed, d_sum, want_norm_params && dy.defined(), rewrite);
     LinearParamGrads linear;
