@@ -193,6 +193,9 @@ class GemmHandle {
   std::vector<GemmPlanInfo> plan_infos() const;
   // Allocates the workspace for `stream` now (call before capturing a CUDA graph on it).
   void reserve_workspace(CUstream_st* stream);
+  // Every live handle of `device` reserves its workspace for `stream`: a capture cannot call
+  // cudaMalloc, and the trainer's full-iteration graph runs whichever handles the model uses.
+  static void reserve_workspaces(int device, CUstream_st* stream);
 
   struct Impl;
 

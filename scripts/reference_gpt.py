@@ -13,7 +13,8 @@ prints one line of figures:
 
 Flags it does not need (data, logging, schedules, ...) are ignored; the model and batch flags are
 the ones fp8tron uses. Extra options of its own: --iters N (timed iterations, default 20),
---warmup N (default 10), --no-compile.
+--warmup N (default 10), --no-compile. With fp8tron's --cuda-graph-impl full_iteration it compiles
+with mode="reduce-overhead" (CUDA graphs), so both sides replay graphs.
 """
 import argparse
 import json
@@ -66,6 +67,7 @@ class Config:
         self.groups = int(f.get("num-query-groups", self.heads)) if f.get("group-query-attention") else self.heads
         self.seq = int(f["seq-length"])
         self.swiglu = bool(f.get("swiglu", False))
+        self.cuda_graphs = f.get("cuda-graph-impl") == "full_iteration"
         default_ffn = 4 * self.hidden
         if self.swiglu:
             default_ffn = int(2 * default_ffn / 3) // 64 * 64
@@ -175,7 +177,10 @@ def main():
     torch.manual_seed(1234)
     model = Gpt(c).to(device)
     compiled = not opts.no_compile and device.type == "cuda"
-    step_model = torch.compile(model) if compiled else model
+    # fp8tron's --cuda-graph-impl full_iteration replays each step's forward and backward as a CUDA
+    # graph; the reference then does the same through torch.compile's CUDA-graph mode.
+    graphed = compiled and c.cuda_graphs
+    step_model = torch.compile(model, mode="reduce-overhead" if graphed else None) if compiled else model
     optimizer = torch.optim.AdamW(model.parameters(), lr=c.lr, betas=(0.9, 0.95), weight_decay=0.1,
                                   fused=device.type == "cuda")
     cos, sin = rope_tables(c, device) if c.rope else (None, None)
@@ -190,7 +195,8 @@ def main():
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        return loss
+        # A CUDA-graph output is overwritten by the next replay.
+        return loss.detach().clone() if graphed else loss
 
     for i in range(opts.warmup):
         step(i)
@@ -206,7 +212,7 @@ def main():
     tokens = c.micro_batch * c.seq
     mem = torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else 0.0
     print(f"reference | tokens/s {tokens / seconds:.0f} | ms/iter {1000 * seconds:.1f} | max allocated MB {mem:.0f} | "
-          f"{'compiled' if compiled else 'eager'} | loss {loss.item():.3f}")
+          f"{'compiled' if compiled else 'eager'}{', CUDA graphs' if graphed else ''} | loss {loss.item():.3f}")
     if opts.profile_trace:
         activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
         with torch.profiler.profile(activities=activities) as prof:

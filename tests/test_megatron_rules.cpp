@@ -301,3 +301,58 @@ TEST(MegatronRules, InterleavedScheduleTable) {
 }
 
 }  // namespace fp8tron
+
+namespace fp8tron {
+using namespace fp8tron::testing;
+
+// --cuda-graph-impl full_iteration, Megatron's older spellings of it, the per-layer graphs that
+// warn, and what the full-iteration graph refuses, each in one line naming the flag.
+TEST(MegatronRules, FullIterationCudaGraph) {
+  auto on_gpu = [](std::vector<std::string> args, int world = 1) {
+    LaunchEnv env;
+    env.world_size = world;
+    return build_config(parse(args), env, /*gpu_available=*/true);
+  };
+  auto graph = [](std::initializer_list<std::string> extra) {
+    auto a = tiny_args({"--bf16", "--cuda-graph-impl", "full_iteration"});
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  const Config c = on_gpu(graph({}));
+  EXPECT_TRUE(c.training.cuda_graph.full_iteration);
+  EXPECT_EQ(c.training.cuda_graph.warmup_steps, 3);  // Megatron's default
+  EXPECT_EQ(on_gpu(graph({"--cuda-graph-warmup-steps", "1"})).training.cuda_graph.warmup_steps, 1);
+  EXPECT_FALSE(on_gpu(tiny_args({"--bf16"})).training.cuda_graph.full_iteration);
+  for (const auto& older : {tiny_args({"--bf16", "--enable-cuda-graph", "--cuda-graph-scope", "full_iteration"}),
+                            tiny_args({"--bf16", "--cuda-graph-impl", "local", "--cuda-graph-scope", "full_iteration"})})
+    EXPECT_TRUE(on_gpu(older).training.cuda_graph.full_iteration) << join(older, " ");
+  // Per-layer graphs: every step runs eagerly, and one warning line says so.
+  for (const auto& per_layer : {tiny_args({"--enable-cuda-graph"}),
+                                tiny_args({"--cuda-graph-impl", "transformer_engine", "--cuda-graph-scope", "attn", "mlp"}),
+                                tiny_args({"--cuda-graph-impl", "local", "--cuda-graph-modules", "attn"})}) {
+    const Config p = on_gpu(per_layer);
+    EXPECT_FALSE(p.training.cuda_graph.full_iteration);
+    int lines = 0;
+    for (const auto& w : p.hint_warnings)
+      if (w.find("per-layer CUDA graphs") != std::string::npos) {
+        ++lines;
+        EXPECT_NE(w.find("every step runs eagerly"), std::string::npos) << w;
+        EXPECT_EQ(w.find('\n'), std::string::npos) << w;
+      }
+    EXPECT_EQ(lines, 1) << join(per_layer, " ") << ": " << join(p.hint_warnings, "\n");
+  }
+  EXPECT_USER_ERROR(on_gpu(tiny_args({"--cuda-graph-scope", "everything"})), "--cuda-graph-scope everything: not a graph scope");
+  EXPECT_USER_ERROR(on_gpu(graph({"--cuda-graph-warmup-steps", "0"})), "--cuda-graph-warmup-steps must be at least 1");
+  EXPECT_USER_ERROR(build(graph({})), "--cuda-graph-impl full_iteration needs a GPU");
+  EXPECT_USER_ERROR(on_gpu(graph({"--global-batch-size", "4"}), 2), "captures one GPU's step so far");
+  EXPECT_USER_ERROR(on_gpu(graph({"--num-experts", "4"})), "mixture-of-experts");
+  EXPECT_USER_ERROR(on_gpu(graph({"--fp8-format", "hybrid"})), "does not capture FP8 steps yet");
+  EXPECT_USER_ERROR(on_gpu(without(graph({"--fp16"}), "--bf16")), "needs a fixed loss scale");
+  EXPECT_NO_THROW(on_gpu(without(graph({"--fp16", "--loss-scale", "1024"}), "--bf16")));
+  EXPECT_USER_ERROR(on_gpu(graph({"--recompute-granularity", "full", "--recompute-method", "uniform",
+                                  "--recompute-num-layers", "1"})),
+                    "activation recomputation");
+  EXPECT_USER_ERROR(on_gpu(graph({"--mtp-num-layers", "1"})), "multi-token prediction");
+}
+
+}  // namespace fp8tron

@@ -53,6 +53,7 @@
 #include "trainer/numerics_guard.h"
 #include "trainer/moe_metrics.h"
 #include "trainer/rerun/rerun_state_machine.h"
+#include "trainer/step_graph.h"
 #include "trainer/step_snapshot.h"
 
 namespace fp8tron {
@@ -161,9 +162,18 @@ class Trainer {
  private:
   void synchronize() const { if (device_.is_cuda()) torch::cuda::synchronize(device_.index()); }
   void build();
+  // Micro-batch `micro_batch` of the batch that starts at `first_sample`, this rank's part of it
+  // (Megatron's sampler and context-parallel shard), on the device.
+  Batch load_micro_batch(BatchLoader& loader, int64_t micro_batch, int64_t first_sample);
+  // One chunk's forward of a micro-batch; `batch` gives the micro-batch when the stage reads it.
   // `loss_tokens` (--calculate-per-token-loss): the loss stage adds its micro-batch's loss-token count.
-  torch::Tensor forward_chunk(int chunk, int64_t micro_batch, const torch::Tensor& input, BatchLoader& loader,
-                              int64_t first_sample, torch::Tensor* loss_tokens = nullptr);
+  using BatchOf = std::function<Batch()>;
+  torch::Tensor forward_chunk(int chunk, const torch::Tensor& input, const BatchOf& batch,
+                              torch::Tensor* loss_tokens = nullptr);
+  // The step's forward and backward passes over every micro-batch through the pipeline schedule:
+  // the sum of their losses (the loss stage adds their loss-token counts to `loss_tokens`).
+  torch::Tensor run_micro_batches(int64_t micro_batches, double backward_scale,
+                                  const std::function<Batch(int64_t)>& batch_of, torch::Tensor* loss_tokens);
   // Mean loss of a global batch of `micro_batches`, averaged over micro-batches and data-parallel
   // ranks (all ranks); with --calculate-per-token-loss the summed loss over the global token count.
   torch::Tensor average_loss(torch::Tensor loss_sum, int64_t micro_batches, const torch::Tensor& loss_tokens) const;
@@ -262,6 +272,7 @@ class Trainer {
   std::shared_ptr<overlap::CommTimer> tp_comm_timer_;  // --timing-log-level >= 1 with TP: exposed TP communication
   std::shared_ptr<overlap::CommTimer> pp_comm_timer_;  // ... with PP: exposed pipeline receives
   std::unique_ptr<Fp8ParamGather> fp8_param_gather_;   // --fp8-param-gather
+  std::unique_ptr<StepGraph> step_graph_;              // --cuda-graph-impl full_iteration
 };
 
 void Trainer::build() {
@@ -379,6 +390,12 @@ void Trainer::build() {
       log::warning("cuDNN attention is not available for these shapes/settings; using " + backend);
   }
   if (fp8_) log::info(" > " + fp8_->describe());
+  if (c_.training.cuda_graph.full_iteration) {
+    step_graph_ = std::make_unique<StepGraph>(c_.training.cuda_graph.warmup_steps, device_);
+    log::info(strprintf(" > CUDA graph: each step's forward and backward passes run as one graph, captured after %lld "
+                        "eager steps (--cuda-graph-impl full_iteration)",
+                        (long long)c_.training.cuda_graph.warmup_steps));
+  }
   log_tp_overlap();
   if (moe_) log_moe_layout();
   interval_.reset(device_, c_.model.mtp.num_layers);
@@ -542,16 +559,10 @@ void Trainer::end_fp8_step() {
   });
 }
 
-torch::Tensor Trainer::forward_chunk(int chunk, int64_t micro_batch, const torch::Tensor& input, BatchLoader& loader,
-                                     int64_t first_sample, torch::Tensor* loss_tokens) {
-  auto& model = chunks_[size_t(chunk)];
-  const StageSpec& stage = model->stage();
+Batch Trainer::load_micro_batch(BatchLoader& loader, int64_t micro_batch, int64_t first_sample) {
   // Megatron's sampler: micro-batch m of data-parallel rank r starts at m*mbs*dp + r*mbs.
   const int64_t mbs = c_.training.micro_batch_size;
   const int64_t sample = first_sample + micro_batch * mbs * parallel_.sizes.dp + parallel_.dp_rank * mbs;
-  // Middle stages need the batch only for the document mask of --reset-attention-mask.
-  const bool document_mask = c_.data.reset_attention_mask && c_.data.create_attention_mask;
-  if (!stage.has_embedding && !stage.has_head && !document_mask) return model->forward_stage(input, {}, {});
   timers_.start("batch-generator", 2);
   Batch batch = loader.load(sample);
   // Megatron's get_batch_on_this_cp_rank: every context-parallel rank loads the micro-batch and
@@ -560,6 +571,17 @@ torch::Tensor Trainer::forward_chunk(int chunk, int64_t micro_batch, const torch
     for (torch::Tensor* t : {&batch.tokens, &batch.labels, &batch.loss_mask, &batch.position_ids, &batch.segment_ids})
       if (t->defined()) *t = cp_shard(*t, 1, cp_.size(), cp_.rank());
   timers_.stop("batch-generator", 2);
+  return batch;
+}
+
+torch::Tensor Trainer::forward_chunk(int chunk, const torch::Tensor& input, const BatchOf& batch_of,
+                                     torch::Tensor* loss_tokens) {
+  auto& model = chunks_[size_t(chunk)];
+  const StageSpec& stage = model->stage();
+  // Middle stages need the batch only for the document mask of --reset-attention-mask.
+  const bool document_mask = c_.data.reset_attention_mask && c_.data.create_attention_mask;
+  if (!stage.has_embedding && !stage.has_head && !document_mask) return model->forward_stage(input, {}, {});
+  const Batch batch = batch_of();
   if (stage.has_head && loss_tokens) *loss_tokens += batch.loss_mask.sum();
   torch::Tensor out = model->forward_stage(stage.has_embedding ? batch.tokens : input, batch.labels, batch.loss_mask,
                                            batch.position_ids, batch.segment_ids, batch.tokens);
@@ -567,6 +589,16 @@ torch::Tensor Trainer::forward_chunk(int chunk, int64_t micro_batch, const torch
   if (stage.has_head && model->is_training() && n.test_nan_iteration == iteration_ && n.test_nan_param.empty())
     out = out * std::nan("");  // --fp8tron-test-inject-nan ITER: a NaN loss, and so NaN gradients
   return out;
+}
+
+torch::Tensor Trainer::run_micro_batches(int64_t micro_batches, double backward_scale,
+                                         const std::function<Batch(int64_t)>& batch_of, torch::Tensor* loss_tokens) {
+  return pipeline_->run(
+      micro_batches,
+      [&](int chunk, int64_t mb, const torch::Tensor& input) {
+        return forward_chunk(chunk, input, [&] { return batch_of(mb); }, loss_tokens);
+      },
+      backward_scale, [&] { optimizer_->arm_grad_overlap(); }, c_.distributed.microbatch_group_size);
 }
 
 torch::Tensor Trainer::average_loss(torch::Tensor loss_sum, int64_t micro_batches, const torch::Tensor& loss_tokens) const {
@@ -691,8 +723,13 @@ void Trainer::skip_zeroing_gemm_written_grads() {
 Trainer::Pass Trainer::forward_backward(int64_t iteration) {
   const auto& t = c_.training;
   timers_.start("forward-backward", 1);
+  const int64_t micro = micro_batches_;
+  // --cuda-graph-impl full_iteration: after its warm-up steps the passes run as one CUDA graph
+  // (trainer/step_graph.h). A replay repeats the first writes of the capture, whose record the
+  // registry keeps.
+  const bool graphed = step_graph_ && step_graph_->take_step(micro);
   optimizer_->zero_grad();
-  main_grad_first_write::new_step();
+  if (!(graphed && step_graph_->replays(micro))) main_grad_first_write::new_step();
   // Each micro-batch's loss is scaled by 1 / (micro-batches x data-parallel ranks) in backward, and
   // the data-parallel reduction then sums: the same mean gradient as Megatron's local average
   // followed by a data-parallel average, but every micro-batch's gradients have the same magnitude
@@ -701,7 +738,6 @@ Trainer::Pass Trainer::forward_backward(int64_t iteration) {
   // --calculate-per-token-loss: the summed token losses go backward unscaled and the gradients are
   // divided by the global loss-token count at the step. --ddp-average-in-collective: the
   // data-parallel sum is divided by the data-parallel size after the reduction instead.
-  const int64_t micro = micro_batches_;
   const bool per_token = t.calculate_per_token_loss, average_after = c_.distributed.average_in_collective;
   const double backward_scale =
       per_token ? scaler_.scale() : scaler_.scale() / double(micro * (average_after ? 1 : parallel_.sizes.dp));
@@ -710,12 +746,24 @@ Trainer::Pass Trainer::forward_backward(int64_t iteration) {
   // loss_scale x cp / micro-batches, or loss_scale with --calculate-per-token-loss; and the 1 / DP
   // its data-parallel average applies to them).
   if (moe_) moe_->set_aux_grad_scale(backward_scale);
-  auto loss_sum = pipeline_->run(
-      micro,
-      [&](int chunk, int64_t mb, const torch::Tensor& input) {
-        return forward_chunk(chunk, mb, input, *train_loader_, consumed_train_samples_, &loss_tokens);
-      },
-      backward_scale, [&] { optimizer_->arm_grad_overlap(); }, c_.distributed.microbatch_group_size);
+  torch::Tensor loss_sum;
+  if (graphed) {
+    std::vector<Batch> batches;
+    for (int64_t mb = 0; mb < micro; ++mb) batches.push_back(load_micro_batch(*train_loader_, mb, consumed_train_samples_));
+    step_graph_->stage(batches);
+    const auto outputs = step_graph_->run(micro, [&] {
+      auto tokens = torch::zeros({}, loss_tokens.options());
+      auto sum = run_micro_batches(micro, backward_scale, [&](int64_t mb) { return step_graph_->staged(mb); }, &tokens);
+      return std::vector<torch::Tensor>{sum, tokens};
+    });
+    // The graph's outputs are overwritten by the next replay (a re-run of this iteration).
+    loss_sum = outputs[0].clone();
+    loss_tokens = outputs[1].clone();
+  } else {
+    loss_sum = run_micro_batches(
+        micro, backward_scale,
+        [&](int64_t mb) { return load_micro_batch(*train_loader_, mb, consumed_train_samples_); }, &loss_tokens);
+  }
   timers_.stop("forward-backward", 1);
   if (t.numerics.test_nan_iteration == iteration && !t.numerics.test_nan_param.empty()) inject_nan_gradient();
   // After the timer's synchronization: the step's communication events are complete.
@@ -907,7 +955,8 @@ double Trainer::evaluate() {
   auto tokens = torch::zeros_like(total);
   for (int64_t i = 0; i < t.eval_iters; ++i) {
     total += pipeline_->run_forward_only(t.num_micro_batches, [&](int chunk, int64_t mb, const torch::Tensor& input) {
-      return forward_chunk(chunk, mb, input, *valid_loader_, consumed_valid_samples_, &tokens);
+      return forward_chunk(
+          chunk, input, [&] { return load_micro_batch(*valid_loader_, mb, consumed_valid_samples_); }, &tokens);
     });
     consumed_valid_samples_ += t.global_batch_size;
   }
@@ -1233,6 +1282,7 @@ TrainResult Trainer::run() {
     for (int64_t k = 0; k < host.numel(); ++k) result.mtp_losses["mtp_" + std::to_string(k + 1)].push_back(host[k].item<double>());
   }
   result.consumed_samples = consumed_train_samples_;
+  if (step_graph_) result.cuda_graph_replays = step_graph_->replayed();
   // Gathering every global weight to the host is for tests; a real run skips it.
   if (options_.collect_final_weights) result.final_weights = global_weights(&result.final_weights_sample);
   if (tensorboard_) tensorboard_->flush();

@@ -37,6 +37,7 @@ struct TrainResult {
   int64_t iterations = 0;      // the last iteration reached (< train_iters after an exit condition;
                                // a run resumed from a checkpoint counts the loaded iterations too)
   int64_t consumed_samples = 0;
+  int64_t cuda_graph_replays = 0;  // --cuda-graph-impl full_iteration: the steps that replayed the graph
   std::vector<double> final_weights_sample;          // a few values, for determinism tests
   std::map<std::string, torch::Tensor> final_weights;    // with collect_final_weights
   std::map<std::string, torch::Tensor> initial_weights;  // with collect_initial_weights

@@ -31,6 +31,14 @@ struct NumericsChecks {
   std::string test_nan_param;
 };
 
+// --cuda-graph-impl full_iteration (or --enable-cuda-graph / --cuda-graph-impl local with
+// --cuda-graph-scope full_iteration, Megatron's older spelling): each step's forward and backward
+// passes as one CUDA graph (trainer/step_graph.h).
+struct CudaGraphConfig {
+  bool full_iteration = false;
+  int64_t warmup_steps = 3;  // --cuda-graph-warmup-steps: eager steps before the capture
+};
+
 struct TrainingConfig {
   int64_t micro_batch_size = 0;
   int64_t global_batch_size = 0;
@@ -57,6 +65,7 @@ struct TrainingConfig {
   // --iterations-to-skip (and the iterations --result-rejected-tracker-filename's records name):
   // 1-indexed iterations that run no step; their samples are consumed and counted as skipped.
   std::vector<int64_t> iterations_to_skip;
+  CudaGraphConfig cuda_graph;
 };
 
 // --optimizer muon: Megatron's TensorParallelMuon (Emerging-Optimizers' Muon) for the 2-D hidden

@@ -17,6 +17,7 @@
 #include "trainer/cli/logging_args.h"
 #include "trainer/cli/moe_args.h"
 #include "trainer/cli/rerun_args.h"
+#include "trainer/cli/cuda_graph_args.h"
 #include "trainer/cli/recompute_args.h"
 #include "trainer/cli/tp_overlap_args.h"
 
@@ -767,6 +768,7 @@ Config build_config(const FlagValues& flags, const LaunchEnv& launch, bool gpu_a
   c.precision = build_precision(flags);
   c.model.params_dtype = c.precision.params_dtype;
   c.training = build_training(flags, c.parallel.dp);
+  c.training.cuda_graph = build_cuda_graph_config(flags, c.hint_warnings);
   if (c.training.rampup)
     c.notices.push_back("--rampup-batch-size: the batch grows as in Megatron-LM before April 2026 (the newest Megatron-LM "
                         "deprecates the flag and trains at --global-batch-size from the start)");

@@ -13,6 +13,7 @@
 #include "trainer/cli/config_builder.h"
 #include "trainer/cli/context_parallel_args.h"
 #include "trainer/cli/determinism_env.h"
+#include "trainer/cli/cuda_graph_args.h"
 #include "trainer/cli/recompute_args.h"
 
 namespace fp8tron {
@@ -369,6 +370,7 @@ const std::vector<Rule>& rules() {
          return "";
        }},
       {"activation recomputation", recompute_problem},
+      {"CUDA graphs", cuda_graph_problem},
       {"context parallelism", context_parallel_problem},
       {"tensor-parallel overlap needs sequence parallelism",
        [](const Config& c, const FlagValues& f) -> std::string {
