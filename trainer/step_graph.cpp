@@ -44,13 +44,12 @@ bool StepGraph::take_step(int64_t micro_batches) {
 bool StepGraph::replays(int64_t micro_batches) const { return graph_ && captured_micro_batches_ == micro_batches; }
 
 void StepGraph::stage(const std::vector<Batch>& batches) {
-  if (staged_.size() < batches.size())
-    for (size_t m = staged_.size(); m < batches.size(); ++m) {
-      const Batch& b = batches[m];
-      staged_.push_back(Batch{static_like(b.tokens, device_), static_like(b.labels, device_),
-                              static_like(b.loss_mask, device_), static_like(b.position_ids, device_),
-                              static_like(b.segment_ids, device_)});
-    }
+  for (size_t m = staged_.size(); m < batches.size(); ++m) {
+    const Batch& b = batches[m];
+    staged_.push_back(Batch{static_like(b.tokens, device_), static_like(b.labels, device_),
+                            static_like(b.loss_mask, device_), static_like(b.position_ids, device_),
+                            static_like(b.segment_ids, device_)});
+  }
   for (size_t m = 0; m < batches.size(); ++m) {
     Batch& to = staged_[m];
     const Batch& from = batches[m];
@@ -112,7 +111,6 @@ void StepGraph::capture(int64_t micro_batches, const Pass& pass) {
   captured.block(main);
   graph_ = std::move(graph);
   captured_micro_batches_ = micro_batches;
-  ++captures_;
 }
 
 }  // namespace fp8tron

@@ -51,7 +51,6 @@ class StepGraph {
   // replay.
   using Pass = std::function<std::vector<torch::Tensor>()>;
   std::vector<torch::Tensor> run(int64_t micro_batches, const Pass& pass);
-  int64_t captures() const { return captures_; }
   int64_t replayed() const { return replayed_; }
 
  private:
@@ -64,7 +63,7 @@ class StepGraph {
   int64_t captured_micro_batches_ = 0;
   std::vector<Batch> staged_;
   std::vector<torch::Tensor> outputs_;
-  int64_t captures_ = 0, replayed_ = 0;
+  int64_t replayed_ = 0;
 };
 
 }  // namespace fp8tron
