@@ -10,7 +10,6 @@
 #include "fp8/wgrad_fusion.h"
 #include "models/gelu_kernels.h"
 #include "models/linear_grads.h"
-#include "models/main_grad_first_write.h"
 
 namespace fp8tron {
 namespace {
@@ -20,22 +19,24 @@ using torch::autograd::variable_list;
 cudaStream_t stream_of(const torch::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
 
 // Inputs: fc1's input (or, with has_norm, the residual its norm reads, and the stream's pending
-// branch), the norm's gamma and beta, w1, b1, w2, b2; the optional ones absent are no autograd
-// inputs (needs_input_grad counts the present ones, the returned gradients every argument).
+// branch), the norm's gamma and beta, w1, b1, w2, b2, and the pending branch's bias; the optional
+// ones absent are no autograd inputs (needs_input_grad counts the present ones, the returned
+// gradients every argument).
 // Outputs {y}, or {sum, y} with a norm and a branch.
 struct FusedGeluMlp : torch::autograd::Function<FusedGeluMlp> {
   static variable_list forward(AutogradContext* ctx, const torch::Tensor& input, const std::optional<torch::Tensor>& branch,
                                const std::optional<torch::Tensor>& gamma, const std::optional<torch::Tensor>& beta,
                                const torch::Tensor& w1, const std::optional<torch::Tensor>& b1, const torch::Tensor& w2,
-                               const std::optional<torch::Tensor>& b2, bool rms, double epsilon,
-                               bool zero_centered_gamma) {
+                               const std::optional<torch::Tensor>& b2, const std::optional<torch::Tensor>& branch_bias,
+                               bool rms, double epsilon, bool zero_centered_gamma) {
     const c10::cuda::CUDAGuard device(input.device());
     ctx->set_materialize_grads(false);
     const bool has_norm = gamma.has_value();
     const NormPrologue norm = norm_of(has_norm, rms, epsilon, zero_centered_gamma, gamma, beta);
     // With a norm, x (fc1's input) is its output, and is not kept: the norm's backward rebuilds it.
     NormPrologueForward normed;
-    if (has_norm) normed = norm_prologue_forward(input, branch.value_or(torch::Tensor()), norm);
+    const auto pending_bias = branch_bias.value_or(torch::Tensor());
+    if (has_norm) normed = norm_prologue_forward(input, branch.value_or(torch::Tensor()), norm, pending_bias);
     const torch::Tensor& x = has_norm ? normed.normed : input;
     const torch::Tensor fc1_bias = b1.value_or(torch::Tensor()), fc2_bias = b2.value_or(torch::Tensor());
     const int64_t in = w1.size(1);
@@ -44,7 +45,7 @@ struct FusedGeluMlp : torch::autograd::Function<FusedGeluMlp> {
     auto g = torch::empty_like(pre);
     kernels::gelu_tanh_forward(pre.data_ptr(), g.data_ptr(), g.numel(), stream_of(x));
     ctx->save_for_backward({has_norm ? torch::Tensor() : x, normed.saved.sum, normed.saved.mean, normed.saved.rstd,
-                            norm.weight, norm.bias, w1, fc1_bias, w2, fc2_bias, pre});
+                            norm.weight, norm.bias, w1, fc1_bias, w2, fc2_bias, pre, pending_bias});
     ctx->saved_data["has_branch"] = branch.has_value();
     ctx->saved_data["rms"] = rms;
     ctx->saved_data["zero_centered_gamma"] = zero_centered_gamma;
@@ -59,16 +60,25 @@ struct FusedGeluMlp : torch::autograd::Function<FusedGeluMlp> {
     const auto saved = ctx->get_saved_variables();
     const NormSaved kept{saved[1], saved[2], saved[3]};
     const torch::Tensor &gamma = saved[4], &beta = saved[5], &w1 = saved[6], &b1 = saved[7], &w2 = saved[8],
-                        &b2 = saved[9], &pre = saved[10];
+                        &b2 = saved[9], &pre = saved[10], &branch_bias = saved[11];
     const bool has_norm = gamma.defined(), has_branch = ctx->saved_data["has_branch"].toBool();
     const c10::cuda::CUDAGuard device(pre.device());
     const int64_t in = w1.size(1), ffn = w1.size(0), out = w2.size(0), tokens = pre.size(0);
     const bool two_outputs = has_norm && has_branch;
     const torch::Tensor d_sum = two_outputs ? grads[0] : torch::Tensor();
     const torch::Tensor& dy_in = grads[two_outputs ? 1 : 0];
-    variable_list result(11);
+    variable_list result(12);
+    // The pending branch bias's edge: after every present tensor input before it.
+    const int64_t branch_bias_edge = 1 + int64_t(has_branch) + int64_t(has_norm) + int64_t(beta.defined()) + 1 +
+                                     int64_t(b1.defined()) + 1 + int64_t(b2.defined());
+    const auto branch_bias_grad = branch_bias.defined() && ctx->needs_input_grad(branch_bias_edge)
+                                      ? bias_grad_target(branch_bias)
+                                      : BiasGradTarget{};
     if (!dy_in.defined()) {  // the MLP's output was not used: only the sum's gradient flows on
-      if (has_norm) result[0] = result[1] = norm_prologue_backward(NormPrologue{}, kept, {}, d_sum, false, false).d_in;
+      if (has_norm)
+        result[0] = result[1] =
+            norm_prologue_backward(NormPrologue{}, kept, {}, d_sum, false, false, branch_bias_grad).d_in;
+      result[8] = bias_grad_for_autograd(branch_bias, branch_bias_grad);
       return result;
     }
     // The gradient of a sum arrives expanded, of a cast in another dtype.
@@ -79,7 +89,7 @@ struct FusedGeluMlp : torch::autograd::Function<FusedGeluMlp> {
     // its BGRADB one (a second read of dL/dpre).
     auto grad = at::mm(dy, w2);
     auto g = torch::empty_like(pre);
-    const auto bias = fc1_bias_grad_target(b1);
+    const auto bias = bias_grad_target(b1);
     auto scratch = bias.grad.defined()
                        ? torch::empty({kernels::gelu_backward_scratch_floats(tokens, ffn)}, pre.options().dtype(torch::kFloat32))
                        : torch::Tensor();
@@ -99,17 +109,19 @@ struct FusedGeluMlp : torch::autograd::Function<FusedGeluMlp> {
       const bool want_norm_params = ctx->needs_input_grad(gamma_edge) || (beta.defined() && ctx->needs_input_grad(gamma_edge + 1));
       const auto n = norm_prologue_backward(norm_of(true, ctx->saved_data["rms"].toBool(), 0.0,
                                                     ctx->saved_data["zero_centered_gamma"].toBool(), gamma, beta),
-                                            kept, at::mm(dpre, w1).view(kept.sum.sizes()), d_sum, want_norm_params, true);
+                                            kept, at::mm(dpre, w1).view(kept.sum.sizes()), d_sum, want_norm_params, true,
+                                            branch_bias_grad);
       result[0] = n.d_in;
       if (has_branch) result[1] = n.d_in;
       result[2] = n.d_weight;
       result[3] = n.d_bias;
+      result[8] = bias_grad_for_autograd(branch_bias, branch_bias_grad);
       x = n.normed;
     } else if (ctx->needs_input_grad(0)) {
       result[0] = at::mm(dpre, w1).view(x.sizes());
     }
     result[4] = linear_param_grads(dpre, x.reshape({-1, in}), w1, torch::Tensor(), true, false).weight;
-    if (b1.defined() && !bias.into_main_grad) result[5] = bias.grad.to(b1.scalar_type());
+    result[5] = bias_grad_for_autograd(b1, bias);
     return result;
   }
 
@@ -119,18 +131,6 @@ struct FusedGeluMlp : torch::autograd::Function<FusedGeluMlp> {
     if (!has_norm) return NormPrologue{};
     return NormPrologue{norm_options_of(rms, epsilon, zero_centered_gamma, gamma->size(0)), *gamma,
                         beta.value_or(torch::Tensor())};
-  }
-  // Where the GeLU kernel puts fc1's bias gradient: the bias's fp32 main gradient (written in the
-  // step's first write, models/main_grad_first_write.h, else added), or a new fp32 tensor for
-  // autograd. None without a bias.
-  struct BiasGradTarget {
-    torch::Tensor grad;
-    bool accumulate = false, into_main_grad = false;
-  };
-  static BiasGradTarget fc1_bias_grad_target(const torch::Tensor& b1) {
-    if (!b1.defined()) return {};
-    if (!is_main_grad(b1)) return {torch::empty(b1.sizes(), b1.options().dtype(torch::kFloat32)), false, false};
-    return {b1.grad(), !main_grad_first_write::take(b1), true};
   }
 };
 
@@ -169,16 +169,18 @@ torch::Tensor fused_gelu_mlp(const torch::Tensor& x, const GeluMlpParams& p) {
   const std::string blocker = fused_gelu_mlp_blocker(x, p);
   FP8TRON_CHECK(blocker.empty(), "fused GeLU MLP called where it does not apply: " + blocker);
   return FusedGeluMlp::apply(x, std::nullopt, std::nullopt, std::nullopt, p.fc1_weight, optional(p.fc1_bias), p.fc2_weight,
-                             optional(p.fc2_bias), false, 0.0, false)[0];
+                             optional(p.fc2_bias), std::nullopt, false, 0.0, false)[0];
 }
 
 ResidualOutput fused_norm_gelu_mlp(const ResidualStream& in, const NormPrologue& norm, const GeluMlpParams& p) {
   const std::string blocker = fused_gelu_mlp_blocker(in.residual, p);
   FP8TRON_CHECK(blocker.empty(), "fused GeLU MLP called where it does not apply: " + blocker);
-  FP8TRON_CHECK(norm_prologue_applies(in.residual, in.branch, norm), "fused norm + GeLU MLP: the norm's kernels do not apply");
+  FP8TRON_CHECK(norm_prologue_applies(in.residual, in.branch, norm, in.branch_bias),
+                "fused norm + GeLU MLP: the norm's kernels do not apply");
   const bool rms = norm.options.kind == Normalization::RMSNorm;
   const auto out = FusedGeluMlp::apply(in.residual, optional(in.branch), norm.weight, optional(rms ? torch::Tensor() : norm.bias),
-                                       p.fc1_weight, optional(p.fc1_bias), p.fc2_weight, optional(p.fc2_bias), rms,
+                                       p.fc1_weight, optional(p.fc1_bias), p.fc2_weight, optional(p.fc2_bias),
+                                       optional(in.branch_bias), rms,
                                        norm.options.epsilon, norm.options.zero_centered_gamma);
   if (!in.branch.defined()) return {in.residual, out[0]};
   return {out[0], out[1]};

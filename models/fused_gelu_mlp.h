@@ -7,7 +7,8 @@
 //   backward  fc2 dgrad  dG = dY W2                                  at::mm
 //             GeLU       dPre = gelu'(Pre) * dG (in place), G = gelu(Pre) again,
 //                        b1's gradient = sum dPre over tokens        one kernel
-//             fc2 wgrad  W2's main gradient += dY^T G (and b2's += sum dY: BGRADB, one GEMM)
+//             fc2 wgrad  W2's main gradient += dY^T G (and b2's += sum dY: BGRADB, one GEMM,
+//                        unless the caller left b2 to the next norm: no b2 given)
 //             fc1        dX = dPre W1; W1's main gradient += dPre^T X
 //
 // Saved for backward: X and Pre, as torch.compile keeps them; G (fc2's input, one [tokens, ffn]

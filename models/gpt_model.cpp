@@ -81,16 +81,19 @@ SelfAttentionImpl::SelfAttentionImpl(const ModelConfig& m, const std::string& pr
 }
 
 torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& attention_mask) {
-  return attend(linear_qkv(x), attention_mask);
+  return attend(linear_qkv(x), attention_mask, false).out;
 }
 
-ResidualOutput SelfAttentionImpl::forward_residual(const ResidualStream& in, const torch::Tensor& attention_mask) {
+ResidualOutput SelfAttentionImpl::forward_residual(const ResidualStream& in, const torch::Tensor& attention_mask,
+                                                   bool defer_bias) {
   const auto qkv = linear_qkv->forward_residual(in);
-  return {qkv.sum, attend(qkv.out, attention_mask)};
+  const auto y = attend(qkv.out, attention_mask, defer_bias);
+  return {qkv.sum, y.out, y.bias};
 }
 
 // qkv: [s, b, local (q + 2 kv)].
-torch::Tensor SelfAttentionImpl::attend(const torch::Tensor& qkv, const torch::Tensor& attention_mask) {
+DeferredBiasOutput SelfAttentionImpl::attend(const torch::Tensor& qkv, const torch::Tensor& attention_mask,
+                                             bool defer_bias) {
   const auto& m = config_;
   const int64_t s = qkv.size(0), b = qkv.size(1), d = m.kv_channels;
   const int64_t per_group = local_heads_ / local_groups_;
@@ -111,7 +114,7 @@ torch::Tensor SelfAttentionImpl::attend(const torch::Tensor& qkv, const torch::T
     q = q.reshape({s, b, local_heads_, d});
   }
   const double p = is_training() ? m.attention_dropout : 0.0;
-  return linear_proj(core_attention_.forward(q, k, v, attention_mask, p, is_training()));
+  return linear_proj->forward_deferring_bias(core_attention_.forward(q, k, v, attention_mask, p, is_training()), defer_bias);
 }
 
 // ---- MLP -------------------------------------------------------------------------------------------
@@ -133,30 +136,32 @@ torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
   if (fused_gelu_applies(x)) {
     const ResidualStream stream{x, {}};
     if (const auto norm = linear_fc1->fusable_norm(stream))
-      return linear_fc2->forward_fused_norm_gelu_mlp(stream, *norm, linear_fc1->weight, linear_fc1->bias).out;
-    return linear_fc2->forward_fused_gelu_mlp(linear_fc1->gemm_input(x), linear_fc1->weight, linear_fc1->bias);
+      return linear_fc2->forward_fused_norm_gelu_mlp(stream, *norm, linear_fc1->weight, linear_fc1->bias, false).out;
+    return linear_fc2->forward_fused_gelu_mlp(linear_fc1->gemm_input(x), linear_fc1->weight, linear_fc1->bias, false).out;
   }
-  return activation_and_fc2(linear_fc1(x));
+  return activation_and_fc2(linear_fc1(x), false).out;
 }
 
-ResidualOutput MlpImpl::forward_residual(const ResidualStream& in) {
+ResidualOutput MlpImpl::forward_residual(const ResidualStream& in, bool defer_bias) {
   if (fused_gelu_applies(in.residual)) {
     // fc1's norm in the MLP's op where one rank runs it (no normed input kept for the backward).
     if (const auto norm = linear_fc1->fusable_norm(in))
-      return linear_fc2->forward_fused_norm_gelu_mlp(in, *norm, linear_fc1->weight, linear_fc1->bias);
+      return linear_fc2->forward_fused_norm_gelu_mlp(in, *norm, linear_fc1->weight, linear_fc1->bias, defer_bias);
     const auto g = linear_fc1->gemm_input_residual(in);
-    return {g.sum, linear_fc2->forward_fused_gelu_mlp(g.out, linear_fc1->weight, linear_fc1->bias)};
+    const auto y = linear_fc2->forward_fused_gelu_mlp(g.out, linear_fc1->weight, linear_fc1->bias, defer_bias);
+    return {g.sum, y.out, y.bias};
   }
   const auto fc1 = linear_fc1->forward_residual(in);
-  return {fc1.sum, activation_and_fc2(fc1.out)};
+  const auto y = activation_and_fc2(fc1.out, defer_bias);
+  return {fc1.sum, y.out, y.bias};
 }
 
-torch::Tensor MlpImpl::activation_and_fc2(const torch::Tensor& h) {
+DeferredBiasOutput MlpImpl::activation_and_fc2(const torch::Tensor& h, bool defer_bias) {
   // GeLU (tanh, as Megatron and TE) or SwiGLU on this rank's gate|up shards, fused into FP8 casts
   // (in bf16, GeLU with fc1's bias runs in the GEMMs' epilogues where it can: the callers take that
   // path first); squared ReLU (Megatron's torch.pow(F.relu(x), 2)) unfused.
-  if (squared_relu_) return linear_fc2(torch::relu(h).square());
-  return swiglu_ ? linear_fc2->forward_swiglu(h) : linear_fc2->forward_gelu(h);
+  if (squared_relu_) return linear_fc2->forward_deferring_bias(torch::relu(h).square(), defer_bias);
+  return swiglu_ ? linear_fc2->forward_swiglu(h, defer_bias) : linear_fc2->forward_gelu(h, defer_bias);
 }
 
 bool MlpImpl::fused_gelu_applies(const torch::Tensor& x) const {
@@ -210,25 +215,34 @@ ResidualOutput TransformerLayerImpl::normed(TELayerNorm& norm, const ResidualStr
   return {x, out};
 }
 
-ResidualOutput TransformerLayerImpl::attention(const ResidualStream& in, const torch::Tensor& attention_mask) {
+ResidualOutput TransformerLayerImpl::attention(const ResidualStream& in, const torch::Tensor& attention_mask,
+                                               bool defer_bias) {
   if (mla_attention)
     return normed(input_layernorm, in, [&](const torch::Tensor& y) { return mla_attention->forward(y, attention_mask); });
-  return self_attention->forward_residual(in, attention_mask);
+  return self_attention->forward_residual(in, attention_mask, defer_bias);
 }
 
-ResidualOutput TransformerLayerImpl::mlp_or_moe(const ResidualStream& in) {
+ResidualOutput TransformerLayerImpl::mlp_or_moe(const ResidualStream& in, bool defer_bias) {
   if (moe) return normed(pre_mlp_layernorm, in, [this](const torch::Tensor& y) { return moe(y); });
-  if (!recompute_mlp_ || !is_training()) return mlp->forward_residual(in);
+  if (!recompute_mlp_ || !is_training()) return mlp->forward_residual(in, defer_bias);
   // --recompute-modules mlp: only the MLP's input is kept (the module outlives its graphs), so its
   // norm stays inside the recomputed function and the add runs first.
   const auto h = in.sum();
   return {h, recompute([this](const std::vector<torch::Tensor>& x) { return mlp(x[0]); }, {h})};
 }
 
+ResidualStream TransformerLayerImpl::continue_stream(const ResidualOutput& sub_layer) {
+  if (sub_layer.out_bias.defined()) return {sub_layer.sum, sub_layer.out, sub_layer.out_bias};
+  return {sub_layer.sum, maybe_dropout(sub_layer.out, hidden_dropout_, is_training())};
+}
+
 ResidualStream TransformerLayerImpl::forward_stream(const ResidualStream& in, const torch::Tensor& attention_mask) {
-  const auto a = attention(in, attention_mask);  // a.sum: the layer's input x
-  const auto m = mlp_or_moe({a.sum, maybe_dropout(a.out, hidden_dropout_, is_training())});  // m.sum: h = x + attention
-  return {m.sum, maybe_dropout(m.out, hidden_dropout_, is_training())};
+  // Megatron's bias-dropout-add: without a dropout to apply, the output projections' biases are
+  // added in the next norm's kernel (ResidualStream::branch_bias); with one, before it.
+  const bool defer_bias = !(hidden_dropout_ > 0 && is_training());
+  const auto a = attention(in, attention_mask, defer_bias);            // a.sum: the layer's input x
+  const auto m = mlp_or_moe(continue_stream(a), defer_bias);           // m.sum: h = x + attention
+  return continue_stream(m);
 }
 
 torch::Tensor TransformerLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& attention_mask) {

@@ -25,8 +25,10 @@ class SelfAttentionImpl : public torch::nn::Module {
   SelfAttentionImpl(const ModelConfig& m, const std::string& prefix, const ModuleFactory& factory);
   // attention_mask: [b, 1, s, s] bool (true = may attend), or undefined for plain causal.
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& attention_mask);
-  // forward() of the stream's sum, the pending add fused into linear_qkv's norm where it can be.
-  ResidualOutput forward_residual(const ResidualStream& in, const torch::Tensor& attention_mask);
+  // forward() of the stream's sum, the pending add fused into linear_qkv's norm where it can be;
+  // with defer_bias, linear_proj's bias left in out_bias where it can be
+  // (TERowParallelLinear::forward_deferring_bias).
+  ResidualOutput forward_residual(const ResidualStream& in, const torch::Tensor& attention_mask, bool defer_bias = false);
 
   TELayerNormColumnParallelLinear linear_qkv{nullptr};
   TELayerNorm q_layernorm{nullptr}, k_layernorm{nullptr};
@@ -34,7 +36,7 @@ class SelfAttentionImpl : public torch::nn::Module {
 
  private:
   // Attention from the QKV projection's output on.
-  torch::Tensor attend(const torch::Tensor& qkv, const torch::Tensor& attention_mask);
+  DeferredBiasOutput attend(const torch::Tensor& qkv, const torch::Tensor& attention_mask, bool defer_bias);
 
   ModelConfig config_;
   int64_t local_heads_, local_groups_;
@@ -47,14 +49,15 @@ class MlpImpl : public torch::nn::Module {
  public:
   MlpImpl(const ModelConfig& m, const std::string& prefix, const ModuleFactory& factory);
   torch::Tensor forward(const torch::Tensor& x);
-  // forward() of the stream's sum, the pending add fused into linear_fc1's norm where it can be.
-  ResidualOutput forward_residual(const ResidualStream& in);
+  // forward() of the stream's sum, the pending add fused into linear_fc1's norm where it can be;
+  // with defer_bias, linear_fc2's bias left in out_bias where it can be (the fused GeLU MLP).
+  ResidualOutput forward_residual(const ResidualStream& in, bool defer_bias = false);
 
   TELayerNormColumnParallelLinear linear_fc1{nullptr};
   TERowParallelLinear linear_fc2{nullptr};
 
  private:
-  torch::Tensor activation_and_fc2(const torch::Tensor& fc1_out);
+  DeferredBiasOutput activation_and_fc2(const torch::Tensor& fc1_out, bool defer_bias);
 
   // The fused bf16 GeLU MLP (models/fused_gelu_mlp.h, TERowParallelLinear::
   // forward_fused_gelu_mlp): on unless --no-bias-gelu-fusion, where both linears and the tensors
@@ -102,8 +105,12 @@ class TransformerLayerImpl : public torch::nn::Module {
   // recomputed in backward (models/output_discarding_recompute.h).
   ResidualOutput normed(TELayerNorm& norm, const ResidualStream& in,
                         const std::function<torch::Tensor(const torch::Tensor&)>& consumer);
-  ResidualOutput attention(const ResidualStream& in, const torch::Tensor& attention_mask);
-  ResidualOutput mlp_or_moe(const ResidualStream& in);
+  // With defer_bias the output projection's bias may come back pending (out_bias).
+  ResidualOutput attention(const ResidualStream& in, const torch::Tensor& attention_mask, bool defer_bias);
+  ResidualOutput mlp_or_moe(const ResidualStream& in, bool defer_bias);
+  // The stream a sub-layer's output continues: its bias pending where it came back so, else after
+  // the hidden dropout.
+  ResidualStream continue_stream(const ResidualOutput& sub_layer);
 
   double hidden_dropout_;
   bool recompute_mlp_ = false;        // --recompute-modules mlp

@@ -67,6 +67,17 @@ LinearParamGrads linear_param_grads(const torch::Tensor& dy, const torch::Tensor
   return result;
 }
 
+BiasGradTarget bias_grad_target(const torch::Tensor& bias) {
+  if (!bias.defined()) return {};
+  if (!is_main_grad(bias)) return {torch::empty(bias.sizes(), bias.options().dtype(torch::kFloat32)), false, false};
+  return {bias.grad(), !main_grad_first_write::take(bias), true};
+}
+
+torch::Tensor bias_grad_for_autograd(const torch::Tensor& bias, const BiasGradTarget& target) {
+  if (!bias.defined() || !target.grad.defined() || target.into_main_grad) return {};
+  return target.grad.to(bias.scalar_type());
+}
+
 torch::Tensor into_main_grad_or_return(const torch::Tensor& param, const torch::Tensor& grad) {
   if (!is_main_grad(param)) return grad;
   torch::Tensor main_grad = param.grad();

@@ -23,6 +23,18 @@ struct LinearParamGrads {
 LinearParamGrads linear_param_grads(const torch::Tensor& dy, const torch::Tensor& x, const torch::Tensor& weight,
                                     const torch::Tensor& bias, bool want_weight, bool want_bias);
 
+// Where one of our kernels puts a bias's gradient, summed in fp32 over tokens: the bias's fp32
+// main gradient (written in the step's first write, models/main_grad_first_write.h, else added
+// to), or a new fp32 tensor for autograd. `grad` undefined: no bias.
+struct BiasGradTarget {
+  torch::Tensor grad;
+  bool accumulate = false, into_main_grad = false;
+};
+// Call only where the gradient will be written: it claims the step's first write.
+BiasGradTarget bias_grad_target(const torch::Tensor& bias);
+// What autograd gets for the bias afterwards: undefined where it went into the main gradient.
+torch::Tensor bias_grad_for_autograd(const torch::Tensor& bias, const BiasGradTarget& target);
+
 // `grad` added (in fp32) into the parameter's main gradient when it has one (undefined returned),
 // else returned for autograd.
 torch::Tensor into_main_grad_or_return(const torch::Tensor& param, const torch::Tensor& grad);

@@ -11,6 +11,7 @@ struct Entry {
   torch::Tensor param;
   const void* main_grad = nullptr;  // the `.grad` registered: a parameter given another gradient is not ours
   uint64_t written = 0;             // the step of its last write
+  uint64_t zeroed = 0;              // the step in which zero_unwritten found it unwritten
 };
 
 struct Registry {
@@ -61,9 +62,9 @@ void zero_unwritten() {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   for (auto& [impl, e] : r.entries)
-    if (e.written != r.step) {
+    if (e.written != r.step || e.zeroed == r.step) {
       e.param.grad().zero_();
-      e.written = r.step;
+      e.written = e.zeroed = r.step;
     }
 }
 

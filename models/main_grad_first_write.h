@@ -27,7 +27,9 @@ void new_step();
 // Whether `param` is registered and its main gradient not yet written since new_step(); marks it
 // written. The GEMM about to produce its gradient then writes instead of adding.
 bool take(const torch::Tensor& param);
-// Zeroes the registered main gradients that no GEMM wrote since new_step().
+// Zeroes the registered main gradients that no GEMM wrote since new_step(). Called again without a
+// new_step() (a CUDA graph replaying the step whose first writes it captured: no host call marks
+// them), it zeroes again those it zeroed the first time, as the replayed step did not write them.
 void zero_unwritten();
 // How many first writes take() has granted in this process (tests check the path runs).
 uint64_t granted();

@@ -90,7 +90,7 @@ TELayerNormImpl::TELayerNormImpl(const NormOptions& o, bool partial_grads, const
 }
 torch::Tensor TELayerNormImpl::forward(const torch::Tensor& x) { return apply_norm(x, options, weight, bias); }
 ResidualNormOutput TELayerNormImpl::forward_residual(const ResidualStream& in) {
-  return residual_add_norm(in.residual, in.branch, options, weight, bias);
+  return residual_add_norm(in.residual, in.branch, options, weight, bias, in.branch_bias);
 }
 
 TEColumnParallelLinearImpl::TEColumnParallelLinearImpl(const LinearOptions& o, const ModuleFactory& f) : options(o), tp(f.tp()) {
@@ -154,7 +154,7 @@ torch::Tensor TELayerNormColumnParallelLinearImpl::forward(const torch::Tensor& 
 std::optional<NormPrologue> TELayerNormColumnParallelLinearImpl::fusable_norm(const ResidualStream& in) const {
   if (fp8_site || overlapped || tp.size != 1) return std::nullopt;
   NormPrologue norm{norm_options, layer_norm_weight, layer_norm_bias};
-  if (!norm_prologue_applies(in.residual, in.branch, norm)) return std::nullopt;
+  if (!norm_prologue_applies(in.residual, in.branch, norm, in.branch_bias)) return std::nullopt;
   return norm;
 }
 torch::Tensor TELayerNormColumnParallelLinearImpl::gemm_input(const torch::Tensor& x) {
@@ -173,7 +173,7 @@ ResidualOutput TELayerNormColumnParallelLinearImpl::forward_residual(const Resid
   return {g.sum, linear(g.out, weight, bias, fp8_site)};
 }
 ResidualOutput TELayerNormColumnParallelLinearImpl::gemm_input_residual(const ResidualStream& in) {
-  const auto r = residual_add_norm(in.residual, in.branch, norm_options, layer_norm_weight, layer_norm_bias);
+  const auto r = residual_add_norm(in.residual, in.branch, norm_options, layer_norm_weight, layer_norm_bias, in.branch_bias);
   return {r.sum, enter_tp(r.normed, tp)};
 }
 
@@ -192,49 +192,66 @@ TERowParallelLinearImpl::TERowParallelLinearImpl(const LinearOptions& o, const M
   if (fp8_site) fp8::install_swiglu_backward(&fused_swiglu_backward);
   overlapped = overlap_plan_for(tp, o.init_name, &overlap_plan);
 }
-torch::Tensor TERowParallelLinearImpl::forward_gelu(const torch::Tensor& x) {
-  if (!fp8_site) return forward(at::gelu(x, "tanh"));
-  if (overlapped) return forward_overlapped(x, fp8::Prologue::kGeluTanh);
-  return reduce_and_add_bias(fp8::fp8_linear(x, weight, own_bias(), *fp8_site, fp8::Prologue::kGeluTanh));
+DeferredBiasOutput TERowParallelLinearImpl::forward_gelu(const torch::Tensor& x, bool defer_bias) {
+  if (!fp8_site) return forward_deferring_bias(at::gelu(x, "tanh"), defer_bias);
+  if (overlapped) return {forward_overlapped(x, fp8::Prologue::kGeluTanh), {}};
+  return {reduce_and_add_bias(fp8::fp8_linear(x, weight, own_bias(), *fp8_site, fp8::Prologue::kGeluTanh)), {}};
 }
-torch::Tensor TERowParallelLinearImpl::forward_fused_gelu_mlp(const torch::Tensor& x, const torch::Tensor& fc1_weight,
-                                                              const torch::Tensor& fc1_bias) {
-  return reduce_and_add_bias(fused_gelu_mlp(x, GeluMlpParams{fc1_weight, fc1_bias, weight, own_bias()}));
+DeferredBiasOutput TERowParallelLinearImpl::forward_fused_gelu_mlp(const torch::Tensor& x, const torch::Tensor& fc1_weight,
+                                                                   const torch::Tensor& fc1_bias, bool defer_bias) {
+  const bool deferred = defers_bias(x, defer_bias);
+  return output(fused_gelu_mlp(x, GeluMlpParams{fc1_weight, fc1_bias, weight, own_bias(deferred)}), deferred);
 }
 ResidualOutput TERowParallelLinearImpl::forward_fused_norm_gelu_mlp(const ResidualStream& in, const NormPrologue& fc1_norm,
                                                                     const torch::Tensor& fc1_weight,
-                                                                    const torch::Tensor& fc1_bias) {
-  const auto r = fused_norm_gelu_mlp(in, fc1_norm, GeluMlpParams{fc1_weight, fc1_bias, weight, own_bias()});
-  return {r.sum, reduce_and_add_bias(r.out)};
+                                                                    const torch::Tensor& fc1_bias, bool defer_bias) {
+  const bool deferred = defers_bias(in.residual, defer_bias);
+  const auto r = fused_norm_gelu_mlp(in, fc1_norm, GeluMlpParams{fc1_weight, fc1_bias, weight, own_bias(deferred)});
+  const auto y = output(r.out, deferred);
+  return {r.sum, y.out, y.bias};
 }
 bool TERowParallelLinearImpl::fused_gelu_mlp_applies(const torch::Tensor& x, const torch::Tensor& fc1_weight,
                                                      const torch::Tensor& fc1_bias) const {
   return !fp8_site && !overlapped && fused_gelu_mlp_blocker(x, GeluMlpParams{fc1_weight, fc1_bias, weight, own_bias()}).empty();
 }
-torch::Tensor TERowParallelLinearImpl::forward_swiglu(const torch::Tensor& x) {
-  if (!fp8_site && !overlapped) return reduce_and_add_bias(swiglu_linear(x, weight, own_bias()));
-  if (!fp8_site) return forward(fused_swiglu(x));
-  if (overlapped) return forward_overlapped(x, fp8::Prologue::kSwiglu);
-  return reduce_and_add_bias(fp8::fp8_linear(x, weight, own_bias(), *fp8_site, fp8::Prologue::kSwiglu));
+DeferredBiasOutput TERowParallelLinearImpl::forward_swiglu(const torch::Tensor& x, bool defer_bias) {
+  if (!fp8_site && !overlapped) {
+    const bool deferred = defers_bias(x, defer_bias);
+    return output(swiglu_linear(x, weight, own_bias(deferred)), deferred);
+  }
+  if (!fp8_site) return {forward(fused_swiglu(x)), {}};
+  if (overlapped) return {forward_overlapped(x, fp8::Prologue::kSwiglu), {}};
+  return {reduce_and_add_bias(fp8::fp8_linear(x, weight, own_bias(), *fp8_site, fp8::Prologue::kSwiglu)), {}};
 }
 torch::Tensor TERowParallelLinearImpl::forward(const torch::Tensor& x) {
   if (overlapped) return forward_overlapped(x, fp8::Prologue::kNone);
   return reduce_and_add_bias(linear(x, weight, own_bias(), fp8_site));
+}
+DeferredBiasOutput TERowParallelLinearImpl::forward_deferring_bias(const torch::Tensor& x, bool defer_bias) {
+  if (!defers_bias(x, defer_bias)) return {forward(x), {}};
+  return output(linear(x, weight, {}, fp8_site), true);
 }
 torch::Tensor TERowParallelLinearImpl::forward_overlapped(const torch::Tensor& x, fp8::Prologue prologue) {
   auto kernels = kernels_for(weight, {}, fp8_site, tp, overlap_plan, prologue);
   auto y = overlap::tp_linear(x, weight, {}, {}, kernels, overlap_plan, *tp.comm, weight.size(0));
   return bias.defined() ? y + bias : y;
 }
-torch::Tensor TERowParallelLinearImpl::own_bias() const {
+torch::Tensor TERowParallelLinearImpl::own_bias(bool deferred) const {
   // One rank holds the whole sum: the bias rides in the GEMM's epilogue (and its gradient comes
   // from the GEMM's backward) instead of a separate add after the reduction.
-  return tp.size == 1 ? bias : torch::Tensor();
+  return tp.size == 1 && !deferred ? bias : torch::Tensor();
 }
-torch::Tensor TERowParallelLinearImpl::reduce_and_add_bias(const torch::Tensor& partial) {
+torch::Tensor TERowParallelLinearImpl::reduce_and_add_bias(const torch::Tensor& partial, bool deferred) {
   if (tp.size == 1) return partial;
   auto y = tp.sequence_parallel ? reduce_scatter_to_sp(partial, *tp.comm) : reduce_from_tp(partial, *tp.comm);
-  return bias.defined() ? y + bias : y;
+  return bias.defined() && !deferred ? y + bias : y;
+}
+bool TERowParallelLinearImpl::defers_bias(const torch::Tensor& x, bool defer_bias) const {
+  // The CPU keeps the bias in the GEMM: its results stay those of the unfused model.
+  return defer_bias && bias.defined() && !fp8_site && !overlapped && x.is_cuda();
+}
+DeferredBiasOutput TERowParallelLinearImpl::output(const torch::Tensor& partial, bool deferred) {
+  return {reduce_and_add_bias(partial, deferred), deferred ? bias : torch::Tensor()};
 }
 
 namespace {

@@ -106,20 +106,33 @@ class TELayerNormColumnParallelLinearImpl : public ShardedModule {
 };
 TORCH_MODULE(TELayerNormColumnParallelLinear);
 
+// A linear's output, and its bias where the linear left it to the caller (Megatron's
+// skip_bias_add): out + bias is the linear's result. bias undefined: none pending.
+struct DeferredBiasOutput {
+  torch::Tensor out, bias;
+};
+
 // y = x W^T + b with W split by input columns; partial outputs are summed over the group
 // (all-reduce, or reduce-scatter to sequence shards with SP) before the bias.
+//
+// The forward_* calls that take `defer_bias` leave the bias to the caller where it asks and the
+// linear is a bf16 one on a GPU (no FP8, not the overlapped op): the output projections of a
+// layer's branches, whose bias the next norm adds in its kernel (ResidualStream::branch_bias) and
+// whose backward pass sums the bias's gradient, so the wgrad GEMM runs without cuBLASLt's BGRADB
+// epilogue (a second kernel reading dY on Hopper). Elsewhere the bias is added here as before.
 class TERowParallelLinearImpl : public ShardedModule {
  public:
   TERowParallelLinearImpl(const LinearOptions& options, const ModuleFactory& factory);
   torch::Tensor forward(const torch::Tensor& x);
+  DeferredBiasOutput forward_deferring_bias(const torch::Tensor& x, bool defer_bias);
   // forward(gelu_tanh(x)); with FP8 the GeLU is fused into the cast of the GEMM input.
-  torch::Tensor forward_gelu(const torch::Tensor& x);
+  DeferredBiasOutput forward_gelu(const torch::Tensor& x, bool defer_bias = false);
   // forward(gelu_tanh(x W1^T + b1)) of the dense bf16 MLP with fc1 (weight W1, bias b1: this
   // rank's) run here too, as one op that saves fc1's pre-activation only (models/fused_gelu_mlp.h): x
   // is fc1's GEMM input (TELayerNormColumnParallelLinear::gemm_input). Only where
   // fused_gelu_mlp_applies.
-  torch::Tensor forward_fused_gelu_mlp(const torch::Tensor& x, const torch::Tensor& fc1_weight,
-                                       const torch::Tensor& fc1_bias);
+  DeferredBiasOutput forward_fused_gelu_mlp(const torch::Tensor& x, const torch::Tensor& fc1_weight,
+                                            const torch::Tensor& fc1_bias, bool defer_bias);
   // Whether it can run: this linear bf16 (no FP8 site) and not overlapped, and the tensors fit
   // (fused_gelu_mlp_blocker). x: fc1's GEMM input, or any tensor of its dtype, device and width.
   bool fused_gelu_mlp_applies(const torch::Tensor& x, const torch::Tensor& fc1_weight,
@@ -127,10 +140,11 @@ class TERowParallelLinearImpl : public ShardedModule {
   // forward_fused_gelu_mlp of fc1's norm of the stream, the norm run in the same op
   // (fused_norm_gelu_mlp): fc1_norm from TELayerNormColumnParallelLinear::fusable_norm.
   ResidualOutput forward_fused_norm_gelu_mlp(const ResidualStream& in, const NormPrologue& fc1_norm,
-                                             const torch::Tensor& fc1_weight, const torch::Tensor& fc1_bias);
+                                             const torch::Tensor& fc1_weight, const torch::Tensor& fc1_bias,
+                                             bool defer_bias);
   // forward(silu(gate) * up) of x = [gate | up]; with FP8 fused into the cast of the GEMM input,
   // else one kernel each way on a GPU (models/fused_swiglu.h).
-  torch::Tensor forward_swiglu(const torch::Tensor& x);
+  DeferredBiasOutput forward_swiglu(const torch::Tensor& x, bool defer_bias = false);
   LinearOptions options;
   TensorParallelContext tp;
   torch::Tensor weight, bias;
@@ -141,9 +155,14 @@ class TERowParallelLinearImpl : public ShardedModule {
  private:
   // The communicating op: partial outputs reduce-scattered as they are computed, then the bias.
   torch::Tensor forward_overlapped(const torch::Tensor& x, fp8::Prologue prologue);
-  // Partial outputs summed over the group (all-reduce, or reduce-scatter under SP), then the bias.
-  torch::Tensor reduce_and_add_bias(const torch::Tensor& partial);
-  torch::Tensor own_bias() const;  // the bias the GEMM adds itself (without tensor parallelism)
+  // Partial outputs summed over the group (all-reduce, or reduce-scatter under SP), then the bias
+  // unless deferred.
+  torch::Tensor reduce_and_add_bias(const torch::Tensor& partial, bool deferred = false);
+  // The bias the GEMM adds itself (without tensor parallelism, unless deferred).
+  torch::Tensor own_bias(bool deferred = false) const;
+  // Whether a call on x asking for defer_bias leaves the bias to its caller.
+  bool defers_bias(const torch::Tensor& x, bool defer_bias) const;
+  DeferredBiasOutput output(const torch::Tensor& partial, bool deferred);
 };
 TORCH_MODULE(TERowParallelLinear);
 

@@ -5,8 +5,9 @@
 //   forward   {sum, normed} = residual_add_norm(residual, branch)      one kernel
 //             y = normed W^T (+ b)                                      at::linear
 //   backward  d_normed = dy W                                            at::mm
-//             d_residual = d_branch = d_sum + norm'(d_normed), gamma's and beta's gradients,
-//             and normed written again, bitwise the forward's           one pass (+ a reduction)
+//             d_residual = d_branch = d_sum + norm'(d_normed), gamma's and beta's gradients
+//             (and the branch's pending bias's), and normed written
+//             again, bitwise the forward's                              one pass (+ a reduction)
 //             W's (and b's) main gradient += dy^T normed (sum dy)       models/linear_grads.h
 //
 // Kept from forward to backward: the sum, the norm's fp32 statistics and the parameters, as the

@@ -27,18 +27,21 @@ kernels::ResidualNormShape shape_of(const torch::Tensor& x, bool rms, double eps
 }
 
 // Inputs: residual, branch (with has_branch false: the norm of residual alone), weight, bias (with
-// has_bias false: none; always for RMSNorm). The absent ones come as empty placeholders: a C++
-// autograd function takes no undefined tensor as an input (it asks every input for its device).
-// Outputs {sum, normed}, or {normed} without a branch.
+// has_bias false: none; always for RMSNorm), the branch's pending bias (with has_branch_bias false:
+// none). The absent ones come as empty placeholders: a C++ autograd function takes no undefined
+// tensor as an input (it asks every input for its device). Outputs {sum, normed}, or {normed}
+// without a branch.
 struct ResidualNormFunction : torch::autograd::Function<ResidualNormFunction> {
   static variable_list forward(AutogradContext* ctx, const torch::Tensor& residual, const torch::Tensor& branch,
-                               const torch::Tensor& weight, const torch::Tensor& bias, bool has_branch, bool has_bias,
-                               bool rms, double epsilon, bool zero_centered_gamma) {
+                               const torch::Tensor& weight, const torch::Tensor& bias, const torch::Tensor& branch_bias,
+                               bool has_branch, bool has_bias, bool has_branch_bias, bool rms, double epsilon,
+                               bool zero_centered_gamma) {
     ctx->set_materialize_grads(false);  // an unused output's gradient stays undefined (zero), not a zero tensor
     const NormPrologue norm{norm_options_of(rms, epsilon, zero_centered_gamma, weight.size(0)), weight,
                             has_bias ? bias : torch::Tensor()};
-    const auto f = norm_prologue_forward(residual, has_branch ? branch : torch::Tensor(), norm);
-    ctx->save_for_backward({f.saved.sum, weight, norm.bias, f.saved.mean, f.saved.rstd});
+    const auto pending_bias = has_branch_bias ? branch_bias : torch::Tensor();
+    const auto f = norm_prologue_forward(residual, has_branch ? branch : torch::Tensor(), norm, pending_bias);
+    ctx->save_for_backward({f.saved.sum, weight, norm.bias, f.saved.mean, f.saved.rstd, pending_bias});
     ctx->saved_data["has_branch"] = has_branch;
     ctx->saved_data["has_bias"] = has_bias;
     ctx->saved_data["rms"] = rms;
@@ -57,10 +60,22 @@ struct ResidualNormFunction : torch::autograd::Function<ResidualNormFunction> {
     const auto& d_sum = has_branch ? grads[0] : torch::Tensor();
     const auto& d_normed = grads[has_branch ? 1 : 0];
     const bool want_params = ctx->needs_input_grad(2) || (has_bias && ctx->needs_input_grad(3));
-    auto b = norm_prologue_backward(norm, kept, d_normed, d_sum, want_params, /*rewrite_normed=*/false);
+    const torch::Tensor& branch_bias = saved[5];
+    const auto branch_bias_grad =
+        branch_bias.defined() && ctx->needs_input_grad(4) ? bias_grad_target(branch_bias) : BiasGradTarget{};
+    auto b = norm_prologue_backward(norm, kept, d_normed, d_sum, want_params, /*rewrite_normed=*/false, branch_bias_grad);
     // residual and branch take the same gradient (an add passes it on to both).
-    return {b.d_in, has_branch ? b.d_in : torch::Tensor(), b.d_weight, has_bias ? b.d_bias : torch::Tensor(),
-            torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    return {b.d_in,
+            has_branch ? b.d_in : torch::Tensor(),
+            b.d_weight,
+            has_bias ? b.d_bias : torch::Tensor(),
+            bias_grad_for_autograd(branch_bias, branch_bias_grad),
+            torch::Tensor(),
+            torch::Tensor(),
+            torch::Tensor(),
+            torch::Tensor(),
+            torch::Tensor(),
+            torch::Tensor()};
   }
 
 };
@@ -69,7 +84,41 @@ bool same_kind(const torch::Tensor& a, const torch::Tensor& b) {
   return a.scalar_type() == b.scalar_type() && a.device() == b.device();
 }
 
+// The fp32 sum over tokens of g [..., n] into the bias gradient's target.
+void sum_into(const BiasGradTarget& target, const torch::Tensor& g) {
+  const auto total = g.reshape({-1, g.size(-1)}).sum(0, false, torch::kFloat32);
+  if (target.accumulate) target.grad.add_(total);
+  else target.grad.copy_(total);
+}
+
+// branch + bias with the bias's gradient summed in fp32 into bias_grad_target (the unfused
+// counterpart of the norms' folded add).
+struct BranchBiasFunction : torch::autograd::Function<BranchBiasFunction> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& branch, const torch::Tensor& bias) {
+    ctx->save_for_backward({bias});
+    return branch + bias;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const torch::Tensor bias = ctx->get_saved_variables()[0];
+    const torch::Tensor& g = grads[0];
+    if (!g.defined() || !ctx->needs_input_grad(1)) return {g, torch::Tensor()};
+    const auto target = bias_grad_target(bias);
+    sum_into(target, g);
+    return {g, bias_grad_for_autograd(bias, target)};
+  }
+};
+
 }  // namespace
+
+torch::Tensor add_branch_bias(const torch::Tensor& branch, const torch::Tensor& bias) {
+  if (!bias.defined()) return branch;
+  if (!branch.is_cuda()) return branch + bias;
+  return BranchBiasFunction::apply(branch, bias);
+}
+
+torch::Tensor ResidualStream::sum() const {
+  return branch.defined() ? residual + add_branch_bias(branch, branch_bias) : residual;
+}
 
 NormOptions norm_options_of(bool rms, double epsilon, bool zero_centered_gamma, int64_t size) {
   NormOptions o;
@@ -80,11 +129,15 @@ NormOptions norm_options_of(bool rms, double epsilon, bool zero_centered_gamma, 
   return o;
 }
 
-bool norm_prologue_applies(const torch::Tensor& residual, const torch::Tensor& branch, const NormPrologue& norm) {
+bool norm_prologue_applies(const torch::Tensor& residual, const torch::Tensor& branch, const NormPrologue& norm,
+                           const torch::Tensor& branch_bias) {
   const NormOptions& o = norm.options;
   if (!residual.is_cuda() || !kernel_float_of(residual) || residual.dim() == 0) return false;
   if (o.size < 1 || o.size > kernels::kResidualNormMaxHidden || residual.size(-1) != o.size) return false;
   if (branch.defined() && !(same_kind(branch, residual) && branch.sizes() == residual.sizes())) return false;
+  if (branch_bias.defined() &&
+      !(branch.defined() && same_kind(branch_bias, residual) && branch_bias.dim() == 1 && branch_bias.size(0) == o.size))
+    return false;
   const auto& weight = norm.weight;
   if (!same_kind(weight, residual) || weight.dim() != 1 || weight.size(0) != o.size) return false;
   const auto& bias = norm.bias;
@@ -93,7 +146,7 @@ bool norm_prologue_applies(const torch::Tensor& residual, const torch::Tensor& b
 }
 
 NormPrologueForward norm_prologue_forward(const torch::Tensor& residual, const torch::Tensor& branch,
-                                          const NormPrologue& norm) {
+                                          const NormPrologue& norm, const torch::Tensor& branch_bias) {
   const c10::cuda::CUDAGuard device(residual.device());
   const bool rms = norm.options.kind == Normalization::RMSNorm;
   const auto x = residual.contiguous();
@@ -107,23 +160,35 @@ NormPrologueForward norm_prologue_forward(const torch::Tensor& residual, const t
   const auto stats = x.options().dtype(torch::kFloat32);
   auto mean = rms ? torch::Tensor() : torch::empty({s.rows}, stats);
   auto rstd = torch::empty({s.rows}, stats);
-  kernels::residual_norm_forward(s, x.data_ptr(), data_or_null(b), gamma.data_ptr(), data_or_null(beta),
-                                 b.defined() ? f.sum.data_ptr() : nullptr, f.normed.data_ptr(),
-                                 mean.defined() ? mean.data_ptr<float>() : nullptr, rstd.data_ptr<float>(), stream_of(x));
+  const auto pending_bias = b.defined() && branch_bias.defined() ? branch_bias.contiguous() : torch::Tensor();
+  kernels::ResidualNormForwardIo io;
+  io.residual = x.data_ptr();
+  io.branch = data_or_null(b);
+  io.branch_bias = data_or_null(pending_bias);
+  io.gamma = gamma.data_ptr();
+  io.beta = data_or_null(beta);
+  io.sum = b.defined() ? f.sum.data_ptr() : nullptr;
+  io.normed = f.normed.data_ptr();
+  io.mean = mean.defined() ? mean.data_ptr<float>() : nullptr;
+  io.rstd = rstd.data_ptr<float>();
+  kernels::residual_norm_forward(s, io, stream_of(x));
   f.saved = {f.sum, mean, rstd};
   return f;
 }
 
 NormPrologueBackward norm_prologue_backward(const NormPrologue& norm, const NormSaved& saved, const torch::Tensor& d_normed_in,
-                                            const torch::Tensor& d_sum_in, bool want_params, bool rewrite_normed) {
+                                            const torch::Tensor& d_sum_in, bool want_params, bool rewrite_normed,
+                                            const BiasGradTarget& branch_bias_grad) {
   const auto& sum = saved.sum;
   const c10::cuda::CUDAGuard device(sum.device());
   // The gradient of a sum arrives expanded (stride 0), of a cast in another dtype.
   auto as_rows = [&](const torch::Tensor& g) { return g.defined() ? g.to(sum.scalar_type()).contiguous() : g; };
   const auto d_sum = as_rows(d_sum_in), d_normed = as_rows(d_normed_in);
   NormPrologueBackward out;
+  const bool branch_bias = branch_bias_grad.grad.defined();
   if (!d_normed.defined() && !rewrite_normed) {
     out.d_in = d_sum;  // the norm's output was not used: no norm gradients
+    if (branch_bias) sum_into(branch_bias_grad, d_sum.defined() ? d_sum : torch::zeros_like(sum));
     return out;
   }
   const bool rms = norm.options.kind == Normalization::RMSNorm;
@@ -143,14 +208,24 @@ NormPrologueBackward norm_prologue_backward(const NormPrologue& norm, const Norm
   io.rstd = saved.rstd.data_ptr<float>();
   io.d_in = out.d_in.data_ptr();
   torch::Tensor workspace;
+  if (want_params || branch_bias) {
+    io.workspace_rows = kernels::residual_norm_workspace_rows(s);
+    // Gamma's and beta's partial rows, then the branch bias's (the kernels' layout).
+    workspace = torch::empty({(branch_bias ? 3 : 2) * io.workspace_rows, s.hidden}, sum.options().dtype(torch::kFloat32));
+    io.workspace = workspace.data_ptr<float>();
+  }
   if (want_params) {
     out.d_weight = torch::empty_like(gamma);
     if (beta.defined()) out.d_bias = torch::empty_like(gamma);
-    io.workspace_rows = kernels::residual_norm_workspace_rows(s);
-    workspace = torch::empty({2 * io.workspace_rows, s.hidden}, sum.options().dtype(torch::kFloat32));
-    io.workspace = workspace.data_ptr<float>();
     io.d_gamma = out.d_weight.data_ptr();
     io.d_beta = out.d_bias.defined() ? out.d_bias.data_ptr() : nullptr;
+  }
+  if (branch_bias) {
+    TORCH_CHECK(branch_bias_grad.grad.scalar_type() == torch::kFloat32 && branch_bias_grad.grad.is_contiguous() &&
+                    branch_bias_grad.grad.numel() == s.hidden,
+                "the branch bias's gradient must be fp32 [hidden]");
+    io.d_branch_bias = branch_bias_grad.grad.data_ptr<float>();
+    io.accumulate_branch_bias = branch_bias_grad.accumulate;
   }
   if (rewrite_normed) {
     out.normed = torch::empty_like(sum);
@@ -181,20 +256,22 @@ fp8::NormBackwardGrads fp8_norm_backward(const fp8::NormBackwardInputs& in) {
 
 ResidualNormOutput unfused_residual_add_norm(const torch::Tensor& residual, const torch::Tensor& branch,
                                              const NormOptions& options, const torch::Tensor& weight,
-                                             const torch::Tensor& bias) {
-  auto sum = branch.defined() ? residual + branch : residual;
+                                             const torch::Tensor& bias, const torch::Tensor& branch_bias) {
+  auto sum = ResidualStream{residual, branch, branch_bias}.sum();
   return {sum, torch_norm(sum, options, weight, bias)};
 }
 
 ResidualNormOutput residual_add_norm(const torch::Tensor& residual, const torch::Tensor& branch, const NormOptions& options,
-                                     const torch::Tensor& weight, const torch::Tensor& bias) {
-  if (!norm_prologue_applies(residual, branch, NormPrologue{options, weight, bias}))
-    return unfused_residual_add_norm(residual, branch, options, weight, bias);
+                                     const torch::Tensor& weight, const torch::Tensor& bias,
+                                     const torch::Tensor& branch_bias) {
+  if (!norm_prologue_applies(residual, branch, NormPrologue{options, weight, bias}, branch_bias))
+    return unfused_residual_add_norm(residual, branch, options, weight, bias, branch_bias);
   const bool rms = options.kind == Normalization::RMSNorm;
   const bool has_bias = !rms && bias.defined();
   const auto none = torch::empty({0}, residual.options());
   const auto out = ResidualNormFunction::apply(residual, branch.defined() ? branch : none, weight, has_bias ? bias : none,
-                                               branch.defined(), has_bias, rms, options.epsilon, options.zero_centered_gamma);
+                                               branch_bias.defined() ? branch_bias : none, branch.defined(), has_bias,
+                                               branch_bias.defined(), rms, options.epsilon, options.zero_centered_gamma);
   if (!branch.defined()) return {residual, out[0]};
   return {out[0], out[1]};
 }

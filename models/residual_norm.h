@@ -10,7 +10,9 @@
 //             and beta's gradients in fp32 from per-block partial sums reduced in a fixed order,
 //             bitwise the same on every run (models/residual_norm_kernels.h).
 // Against the unfused chain this saves the add kernels (one each way) and a pass over the sum in
-// each direction. An undefined branch makes it the norm of residual alone (sum is residual).
+// each direction. The branch may come with its own pending bias (the output projection's, see
+// ResidualStream): sum = residual + (branch + bias), each add rounded as torch rounds it, and the
+// backward pass also sums the bias's gradient (the branch's, over tokens) in fp32. An undefined branch makes it the norm of residual alone (sum is residual).
 // Zero-centred gamma (--apply-layernorm-1p) adds 1 to the weight in fp32 (the unfused chain adds it
 // in the weight's dtype).
 //
@@ -22,6 +24,7 @@
 #include <torch/torch.h>
 
 #include "fp8/norm_backward.h"
+#include "models/linear_grads.h"
 #include "models/norm.h"
 
 namespace fp8tron {
@@ -31,8 +34,10 @@ struct ResidualNormOutput {
   torch::Tensor normed;  // norm(sum): the next sub-layer's input
 };
 
+// branch_bias (undefined: none) is the branch's pending bias: sum = residual + (branch + branch_bias).
 ResidualNormOutput residual_add_norm(const torch::Tensor& residual, const torch::Tensor& branch, const NormOptions& options,
-                                     const torch::Tensor& weight, const torch::Tensor& bias);
+                                     const torch::Tensor& weight, const torch::Tensor& bias,
+                                     const torch::Tensor& branch_bias = {});
 
 // The norm of x alone, as every module runs it: residual_add_norm's kernel on GPUs, so that a norm
 // whose residual add ran apart (at a recomputed unit's boundary, inside a recomputed MLP) gives
@@ -43,7 +48,7 @@ torch::Tensor apply_norm(const torch::Tensor& x, const NormOptions& options, con
 // The unfused chain (residual + branch, then torch_norm): the CPU path and the GPU reference.
 ResidualNormOutput unfused_residual_add_norm(const torch::Tensor& residual, const torch::Tensor& branch,
                                              const NormOptions& options, const torch::Tensor& weight,
-                                             const torch::Tensor& bias);
+                                             const torch::Tensor& bias, const torch::Tensor& branch_bias = {});
 
 // The same kernels as the first stage of another op's autograd function: the norm + linear
 // (models/norm_linear.h) and the norm + GeLU MLP (models/fused_gelu_mlp.h). Such an op keeps what
@@ -72,31 +77,48 @@ struct NormPrologueBackward {
 NormOptions norm_options_of(bool rms, double epsilon, bool zero_centered_gamma, int64_t size);
 
 // Whether the kernels take these tensors (the conditions of residual_add_norm's fused path).
-bool norm_prologue_applies(const torch::Tensor& residual, const torch::Tensor& branch, const NormPrologue& norm);
-// Call only where norm_prologue_applies. branch may be undefined (the norm of residual alone).
+// branch_bias, where defined, needs a branch.
+bool norm_prologue_applies(const torch::Tensor& residual, const torch::Tensor& branch, const NormPrologue& norm,
+                           const torch::Tensor& branch_bias = {});
+// Call only where norm_prologue_applies. branch may be undefined (the norm of residual alone);
+// branch_bias too (the branch has no pending bias).
 NormPrologueForward norm_prologue_forward(const torch::Tensor& residual, const torch::Tensor& branch,
-                                          const NormPrologue& norm);
+                                          const NormPrologue& norm, const torch::Tensor& branch_bias = {});
 // d_sum may be undefined (zero). The gradients have the activations' dtype, as autograd expects.
+// With branch_bias_grad (bias_grad_target of the forward's branch bias) the same pass sums the
+// branch's gradient over tokens into it: the bias's gradient, in fp32.
 NormPrologueBackward norm_prologue_backward(const NormPrologue& norm, const NormSaved& saved, const torch::Tensor& d_normed,
-                                            const torch::Tensor& d_sum, bool want_params, bool rewrite_normed);
+                                            const torch::Tensor& d_sum, bool want_params, bool rewrite_normed,
+                                            const BiasGradTarget& branch_bias_grad = {});
 
 // The backward of the norm an FP8 linear fuses into its input cast (fp8/norm_backward.h), through
 // this kernel: installed by the modules that own such a norm. torch's where the kernel does not
 // take the tensors.
 fp8::NormBackwardGrads fp8_norm_backward(const fp8::NormBackwardInputs& in);
 
+// branch + bias where bias is the branch's pending bias (undefined: branch itself). On a GPU its
+// backward sums the branch's gradient over tokens in fp32 into the bias's main gradient
+// (bias_grad_target), as the norms' kernels do when they fold the add.
+torch::Tensor add_branch_bias(const torch::Tensor& branch, const torch::Tensor& bias);
+
 // The residual stream where a norm reads it: the hidden states are residual + branch, the branch
 // (the last sub-layer's output, after its dropout) not added yet so that the norm can add it
-// itself. An undefined branch: residual is the hidden states.
+// itself. An undefined branch: residual is the hidden states. branch_bias is the branch's own bias
+// when its linear left it to the norm (Megatron's skip_bias_add, the bias-dropout-add fusion):
+// the hidden states are then residual + (branch + branch_bias), and the norm's backward pass sums
+// the bias's gradient (no bias-gradient epilogue on the linear's wgrad GEMM). Only without
+// dropout on the branch (the bias goes in before a dropout).
 struct ResidualStream {
-  torch::Tensor residual, branch;
-  torch::Tensor sum() const { return branch.defined() ? residual + branch : residual; }
+  torch::Tensor residual, branch, branch_bias;
+  torch::Tensor sum() const;
 };
 
 // A sub-layer run on a residual stream: the stream's sum (the residual of the sub-layer's own add)
-// and the sub-layer's output.
+// and the sub-layer's output, whose bias out_bias (undefined: none) is still to be added where
+// the sub-layer was asked to leave it (out + out_bias is the output).
 struct ResidualOutput {
-  torch::Tensor sum, out;
+  torch::Tensor sum, out, out_bias;
+  torch::Tensor out_with_bias() const { return add_branch_bias(out, out_bias); }
 };
 
 }  // namespace fp8tron

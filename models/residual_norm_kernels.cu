@@ -4,12 +4,14 @@
 // and every pointer allow it, else single elements. The statistics are two-pass over the
 // registers (mean, then the mean square about it) in fp32; row sums reduce in a fixed order, so
 // every run gives the same bits.
-//   forward:  reads residual and branch, writes sum and normed (the unfused chain wrote the sum,
-//             then read it for the norm's statistics and again for its output);
+//   forward:  reads residual and branch (and the branch's pending bias), writes sum and normed
+//             (the unfused chain wrote the sum, then read it for the norm's statistics and again
+//             for its output);
 //   backward: reads d_normed, d_sum and the saved sum, writes d_in = d_sum + the norm's input
 //             gradient (the unfused chain wrote the norm's input gradient and autograd then added
 //             it to d_sum in a separate kernel), and accumulates the parameter gradients of the
-//             block's rows in registers; one partial row per block, summed by a second kernel;
+//             block's rows in registers (and the branch bias's: the sum of d_in); one partial
+//             row per block, summed by a second kernel;
 //             asked, it also writes the norm's output again (for a GEMM's weight gradient), with
 //             the forward's arithmetic.
 
@@ -79,6 +81,7 @@ template <class T>
 struct ForwardArgs {
   const T* residual;
   const T* branch;  // null: norm of residual alone, no sum written
+  const T* branch_bias;  // null: none; else added to branch (rounded) before the residual
   const T* gamma;
   const T* beta;    // null: none
   T* sum;
@@ -111,7 +114,13 @@ __global__ void __launch_bounds__(kBlockThreads) residual_norm_forward_kernel(co
     x[k] = load<P>(a.residual + at);
     if (a.branch) {
       // Rounded to T before the statistics, as the unfused chain's add stored it.
-      const P b = load<P>(a.branch + at);
+      P b = load<P>(a.branch + at);
+      if (a.branch_bias) {
+        // branch + bias rounded first, as the unfused residual + (branch + bias) rounds it.
+        const P bias = load<P>(a.branch_bias + p * V);
+#pragma unroll
+        for (int j = 0; j < V; ++j) b.v[j] = from_float<T>(to_float(b.v[j]) + to_float(bias.v[j]));
+      }
 #pragma unroll
       for (int j = 0; j < V; ++j) x[k].v[j] = from_float<T>(to_float(x[k].v[j]) + to_float(b.v[j]));
       store(a.sum + at, x[k]);
@@ -179,6 +188,7 @@ struct BackwardArgs {
   T* normed;          // null: the norm's output is not written again
   float* d_gamma_part;  // [gridDim.x, hidden], null: no parameter gradients
   float* d_beta_part;   // null: no beta
+  float* d_branch_bias_part;  // [gridDim.x, hidden], null: no branch bias gradient
   int64_t rows;
   int hidden;
   float gamma_offset;
@@ -238,16 +248,16 @@ __global__ void __launch_bounds__(kBlockThreads) residual_norm_backward_kernel(c
   using P = Pack<T, V>;
   __shared__ float scratch[kMaxRowsPerBlock * kWarp * 2];
   extern __shared__ float columns[];  // blockDim.y x hidden, with parameter gradients
-  const bool rms = a.mean == nullptr, params = a.d_gamma_part != nullptr;
+  const bool rms = a.mean == nullptr;
   const int packs = a.hidden / V;
   const float inv_hidden = 1.0f / float(a.hidden);
 
   // Gamma is read where it is used (cached): as registers held across rows it cost occupancy.
-  float d_gamma[kPacks][V], d_beta[kPacks][V];
+  float d_gamma[kPacks][V], d_beta[kPacks][V], d_branch_bias[kPacks][V];
 #pragma unroll
   for (int k = 0; k < kPacks; ++k) {
 #pragma unroll
-    for (int j = 0; j < V; ++j) d_gamma[k][j] = d_beta[k][j] = 0.0f;
+    for (int j = 0; j < V; ++j) d_gamma[k][j] = d_beta[k][j] = d_branch_bias[k][j] = 0.0f;
   }
 
   // Every group runs the same number of iterations (the row sums synchronize the block).
@@ -300,35 +310,56 @@ __global__ void __launch_bounds__(kBlockThreads) residual_norm_backward_kernel(c
         out.v[j] = from_float<T>(dx);
         d_gamma[k][j] += d * xhat;
         d_beta[k][j] += d;
+        d_branch_bias[k][j] += to_float(out.v[j]);  // the branch's gradient as stored
       }
       store(a.d_in + at, out);
     }
   }
-  if (!params) return;  // uniform over the block
-  write_block_partial(d_gamma, columns, a.d_gamma_part + int64_t(blockIdx.x) * a.hidden, packs, a.hidden);
-  if (a.d_beta_part) write_block_partial(d_beta, columns, a.d_beta_part + int64_t(blockIdx.x) * a.hidden, packs, a.hidden);
+  // Each condition is uniform over the block.
+  const int64_t row_of_block = int64_t(blockIdx.x) * a.hidden;
+  if (a.d_gamma_part) write_block_partial(d_gamma, columns, a.d_gamma_part + row_of_block, packs, a.hidden);
+  if (a.d_beta_part) write_block_partial(d_beta, columns, a.d_beta_part + row_of_block, packs, a.hidden);
+  if (a.d_branch_bias_part)
+    write_block_partial(d_branch_bias, columns, a.d_branch_bias_part + row_of_block, packs, a.hidden);
 }
+
+// The partial rows to sum and where each total goes: gamma's and beta's gradients in T, the
+// branch bias's in fp32 (its main gradient), written or added to. A null partial: none.
+template <class T>
+struct ReducePartialsArgs {
+  const float* gamma_part;
+  const float* beta_part;
+  const float* branch_bias_part;
+  T* d_gamma;
+  T* d_beta;
+  float* d_branch_bias;
+  bool accumulate_branch_bias;
+  int64_t parts;
+  int hidden;
+};
 
 // out[c] = the sum of part[i, c] over the `parts` partial rows: 32 columns per block, thread y
 // adding rows y, y + 32, ... in order, then the 32 subtotals in order. blockIdx.y picks gamma's
-// (0) or beta's (1) partials.
+// (0), beta's (1) or the branch bias's (2) partials.
 template <class T>
-__global__ void __launch_bounds__(kWarp * kWarp)
-    residual_norm_reduce_partials_kernel(const float* gamma_part, const float* beta_part, int64_t parts, int hidden,
-                                         T* d_gamma, T* d_beta) {
+__global__ void __launch_bounds__(kWarp * kWarp) residual_norm_reduce_partials_kernel(const ReducePartialsArgs<T> a) {
   __shared__ float subtotal[kWarp][kWarp + 1];
-  const float* part = blockIdx.y == 0 ? gamma_part : beta_part;
-  T* out = blockIdx.y == 0 ? d_gamma : d_beta;
+  const float* part = blockIdx.y == 0 ? a.gamma_part : blockIdx.y == 1 ? a.beta_part : a.branch_bias_part;
+  if (part == nullptr) return;  // uniform over the block
   const int c = blockIdx.x * kWarp + threadIdx.x;
   float total = 0.0f;
-  if (c < hidden)
-    for (int64_t i = threadIdx.y; i < parts; i += kWarp) total += part[i * hidden + c];
+  if (c < a.hidden)
+    for (int64_t i = threadIdx.y; i < a.parts; i += kWarp) total += part[i * a.hidden + c];
   subtotal[threadIdx.y][threadIdx.x] = total;
   __syncthreads();
-  if (threadIdx.y != 0 || c >= hidden) return;
+  if (threadIdx.y != 0 || c >= a.hidden) return;
   float sum = 0.0f;
   for (int i = 0; i < kWarp; ++i) sum += subtotal[i][threadIdx.x];
-  out[c] = from_float<T>(sum);
+  if (blockIdx.y == 2) {
+    a.d_branch_bias[c] = a.accumulate_branch_bias ? a.d_branch_bias[c] + sum : sum;
+  } else {
+    (blockIdx.y == 0 ? a.d_gamma : a.d_beta)[c] = from_float<T>(sum);
+  }
 }
 
 // How a row is spread: one pack per thread up to 512 threads, then ceil(packs / 512) per thread
@@ -385,7 +416,8 @@ template <class T, int V, int kPacks>
 int64_t launch_backward_as(const BackwardArgs<T>& a, cudaStream_t stream) {
   const Layout l = layout_for(a.hidden, V, kBackwardBlockTarget);
   const dim3 block(l.threads_per_row, l.rows_per_block);
-  const size_t shared = a.d_gamma_part ? size_t(l.rows_per_block) * a.hidden * sizeof(float) : 0;
+  const bool partials = a.d_gamma_part || a.d_branch_bias_part;
+  const size_t shared = partials ? size_t(l.rows_per_block) * a.hidden * sizeof(float) : 0;
   int resident = 0;
   FP8TRON_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, residual_norm_backward_kernel<T, V, kPacks>,
                                                                    l.threads(), shared));
@@ -416,16 +448,26 @@ void check_shape(const ResidualNormShape& s) {
 }
 
 template <class T>
-void forward_typed(const ResidualNormShape& s, const void* residual, const void* branch, const void* gamma,
-                   const void* beta, void* sum, void* normed, float* mean, float* rstd, cudaStream_t stream) {
+void forward_typed(const ResidualNormShape& s, const ResidualNormForwardIo& io, cudaStream_t stream) {
   check_shape(s);
   if (s.rows == 0) return;
-  FP8TRON_CHECK(s.rms || mean != nullptr, "LayerNorm needs somewhere to save the means");
-  const ForwardArgs<T> a{static_cast<const T*>(residual), static_cast<const T*>(branch), static_cast<const T*>(gamma),
-                         s.rms ? nullptr : static_cast<const T*>(beta), branch ? static_cast<T*>(sum) : nullptr,
-                         static_cast<T*>(normed), s.rms ? nullptr : mean, rstd, s.rows, int(s.hidden), s.epsilon,
+  FP8TRON_CHECK(s.rms || io.mean != nullptr, "LayerNorm needs somewhere to save the means");
+  FP8TRON_CHECK(io.branch_bias == nullptr || io.branch != nullptr, "a branch bias needs a branch");
+  const ForwardArgs<T> a{static_cast<const T*>(io.residual),
+                         static_cast<const T*>(io.branch),
+                         static_cast<const T*>(io.branch_bias),
+                         static_cast<const T*>(io.gamma),
+                         s.rms ? nullptr : static_cast<const T*>(io.beta),
+                         io.branch ? static_cast<T*>(io.sum) : nullptr,
+                         static_cast<T*>(io.normed),
+                         s.rms ? nullptr : io.mean,
+                         io.rstd,
+                         s.rows,
+                         int(s.hidden),
+                         s.epsilon,
                          s.gamma_offset};
-  const bool vectorized = can_vectorize<T>(s.hidden, {a.residual, a.branch, a.gamma, a.beta, a.sum, a.normed});
+  const bool vectorized =
+      can_vectorize<T>(s.hidden, {a.residual, a.branch, a.branch_bias, a.gamma, a.beta, a.sum, a.normed});
   dispatch<T>(vectorized, s.hidden, kForwardBlockTarget, [&](auto v, auto packs) {
     launch_forward_as<T, decltype(v)::value, decltype(packs)::value>(a, stream);
   });
@@ -436,9 +478,14 @@ void backward_typed(const ResidualNormShape& s, const ResidualNormBackwardIo& io
   check_shape(s);
   FP8TRON_CHECK(s.rms || io.mean != nullptr || s.rows == 0, "LayerNorm's backward needs the saved means");
   const bool params = io.d_gamma != nullptr, beta = params && io.d_beta != nullptr && !s.rms;
-  FP8TRON_CHECK(!params || (io.workspace && io.workspace_rows >= 1), "the parameter gradients need the workspace");
-  float* gamma_part = params ? io.workspace : nullptr;
-  float* beta_part = beta ? io.workspace + io.workspace_rows * s.hidden : nullptr;
+  const bool branch_bias = io.d_branch_bias != nullptr;
+  FP8TRON_CHECK(!(params || branch_bias) || (io.workspace && io.workspace_rows >= 1),
+                "the parameter gradients need the workspace");
+  // The workspace's three blocks of workspace_rows partial rows: gamma's, beta's, the branch bias's.
+  const auto block = [&](int i) { return io.workspace + i * io.workspace_rows * s.hidden; };
+  float* gamma_part = params ? block(0) : nullptr;
+  float* beta_part = beta ? block(1) : nullptr;
+  float* branch_bias_part = branch_bias ? block(2) : nullptr;
   int64_t parts = 0;
   if (s.rows > 0) {
     const BackwardArgs<T> a{static_cast<const T*>(io.d_normed), static_cast<const T*>(io.d_sum),
@@ -447,31 +494,38 @@ void backward_typed(const ResidualNormShape& s, const ResidualNormBackwardIo& io
                             s.rms ? nullptr : io.mean,          io.rstd,
                             static_cast<T*>(io.d_in),           static_cast<T*>(io.normed),
                             gamma_part,                         beta_part,
-                            s.rows,                             int(s.hidden),
-                            s.gamma_offset};
+                            branch_bias_part,                   s.rows,
+                            int(s.hidden),                      s.gamma_offset};
     const bool vectorized =
         can_vectorize<T>(s.hidden, {a.d_normed, a.d_sum, a.sum, a.gamma, a.beta, a.d_in, a.normed});
     parts = dispatch<T>(vectorized, s.hidden, kBackwardBlockTarget, [&](auto v, auto packs) {
       return launch_backward_as<T, decltype(v)::value, decltype(packs)::value>(a, stream);
     });
-    FP8TRON_CHECK(!params || parts <= io.workspace_rows, "the backward grid outgrew its workspace");
+    FP8TRON_CHECK(!(params || branch_bias) || parts <= io.workspace_rows, "the backward grid outgrew its workspace");
   }
-  if (!params) return;
-  const dim3 grid(ceil_div(s.hidden, kWarp), beta ? 2 : 1), block(kWarp, kWarp);
-  residual_norm_reduce_partials_kernel<T><<<grid, block, 0, stream>>>(
-      gamma_part, beta_part, parts, int(s.hidden), static_cast<T*>(io.d_gamma), static_cast<T*>(io.d_beta));
+  if (!params && !branch_bias) return;
+  // With no rows (parts 0) the totals are zero.
+  const ReducePartialsArgs<T> r{gamma_part,
+                                beta_part,
+                                branch_bias_part,
+                                static_cast<T*>(io.d_gamma),
+                                static_cast<T*>(io.d_beta),
+                                io.d_branch_bias,
+                                io.accumulate_branch_bias,
+                                parts,
+                                int(s.hidden)};
+  const dim3 grid(ceil_div(s.hidden, kWarp), branch_bias ? 3 : beta ? 2 : 1), threads(kWarp, kWarp);
+  residual_norm_reduce_partials_kernel<T><<<grid, threads, 0, stream>>>(r);
   FP8TRON_CUDA_CHECK_LAUNCH("residual_norm_reduce_partials_kernel");
 }
 
 }  // namespace
 
-void residual_norm_forward(const ResidualNormShape& s, const void* residual, const void* branch, const void* gamma,
-                           const void* beta, void* sum, void* normed, float* mean, float* rstd, cudaStream_t stream) {
+void residual_norm_forward(const ResidualNormShape& s, const ResidualNormForwardIo& io, cudaStream_t stream) {
   switch (s.dtype) {
-    case FloatType::kFloat32: return forward_typed<float>(s, residual, branch, gamma, beta, sum, normed, mean, rstd, stream);
-    case FloatType::kBFloat16:
-      return forward_typed<__nv_bfloat16>(s, residual, branch, gamma, beta, sum, normed, mean, rstd, stream);
-    case FloatType::kFloat16: return forward_typed<__half>(s, residual, branch, gamma, beta, sum, normed, mean, rstd, stream);
+    case FloatType::kFloat32: return forward_typed<float>(s, io, stream);
+    case FloatType::kBFloat16: return forward_typed<__nv_bfloat16>(s, io, stream);
+    case FloatType::kFloat16: return forward_typed<__half>(s, io, stream);
   }
 }
 

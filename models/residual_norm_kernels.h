@@ -24,15 +24,28 @@ struct ResidualNormShape {
   float gamma_offset = 0.0f;  // 1 for a zero-centred gamma (the weight stores gamma - 1)
 };
 
-// sum = residual + branch, rounded to dtype as torch's add rounds it; normed = norm(sum) * gamma
-// (+ beta), with the mean (LayerNorm) and rstd = 1 / sqrt(variance or mean square + epsilon) of
-// each row in fp32. branch null: the norm of residual alone, and sum is not written (may be
-// null). beta null: no shift. mean is null for RMSNorm.
-void residual_norm_forward(const ResidualNormShape& shape, const void* residual, const void* branch, const void* gamma,
-                           const void* beta, void* sum, void* normed, float* mean, float* rstd, cudaStream_t stream);
+// The forward's pointers: inputs, then outputs.
+struct ResidualNormForwardIo {
+  const void* residual = nullptr;
+  const void* branch = nullptr;       // null: the norm of residual alone, and sum is not written
+  const void* branch_bias = nullptr;  // [hidden], null: none; needs a branch (Megatron's deferred
+                                      // bias of the sub-layer's output projection)
+  const void* gamma = nullptr;
+  const void* beta = nullptr;         // null: no shift
+  void* sum = nullptr;                // may be null without a branch
+  void* normed = nullptr;
+  float* mean = nullptr;              // null for RMSNorm
+  float* rstd = nullptr;
+};
+
+// sum = residual + (branch + branch_bias), each add rounded to dtype as torch's add rounds it;
+// normed = norm(sum) * gamma (+ beta), with the mean (LayerNorm) and rstd = 1 / sqrt(variance or
+// mean square + epsilon) of each row in fp32.
+void residual_norm_forward(const ResidualNormShape& shape, const ResidualNormForwardIo& io, cudaStream_t stream);
 
 // How many rows of per-block partial sums the backward's parameter gradients may use on the current
-// device: its workspace is 2 x that x hidden fp32 values (gamma's partials, then beta's).
+// device: its workspace is 3 x that x hidden fp32 values (gamma's partials, beta's, then the branch
+// bias's).
 int64_t residual_norm_workspace_rows(const ResidualNormShape& shape);
 
 // The backward's pointers: inputs, then outputs (optional ones may be null).
@@ -48,13 +61,16 @@ struct ResidualNormBackwardIo {
   void* d_gamma = nullptr;      // null: no parameter gradients
   void* d_beta = nullptr;       // null: none (RMSNorm, or no beta)
   void* normed = nullptr;       // non-null: norm(sum) written again, bitwise the forward's output
-  float* workspace = nullptr;   // with d_gamma: residual_norm_workspace_rows x 2 x hidden floats
+  float* d_branch_bias = nullptr;      // fp32 [hidden]: the sum of d_in over rows; null: none
+  bool accumulate_branch_bias = false;  // added to d_branch_bias's values instead of written
+  float* workspace = nullptr;  // with d_gamma or d_branch_bias: residual_norm_workspace_rows x 3 x hidden floats
   int64_t workspace_rows = 0;
 };
 
 // d_in = d_sum + the norm's input gradient for d_normed, in one rounding, from the saved sum and
-// statistics. With d_gamma also the gradients of gamma and (d_beta, LayerNorm) beta, in dtype:
-// each block accumulates its rows' contributions in fp32, one partial row per block goes to
+// statistics. With d_gamma also the gradients of gamma and (d_beta, LayerNorm) beta, in dtype,
+// and with d_branch_bias the branch bias's (the sum over rows of d_in as stored), in fp32: each
+// block accumulates its rows' contributions in fp32, one partial row per block goes to
 // `workspace`, and a second kernel sums the partial rows in a fixed order, so the results are
 // bitwise the same on every run (no atomics). With `normed` the pass also writes the norm's output
 // again, bit for bit what the forward wrote: a GEMM that read it (a weight gradient) need not keep

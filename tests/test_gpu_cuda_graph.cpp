@@ -6,6 +6,7 @@
 // streams and the loss outputs are all checked through the losses and the final weights.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -22,7 +23,7 @@ namespace {
 
 constexpr int64_t kIterations = 8, kWarmup = 2;
 
-Config graph_test_config(const std::vector<std::string>& model, bool graphed) {
+std::vector<std::string> graph_test_args(const std::vector<std::string>& model, bool graphed) {
   auto args = tiny_args({"--hidden-size", "128", "--num-attention-heads", "4", "--seq-length", "128",
                          "--micro-batch-size", "8", "--global-batch-size", "16", "--vocab-size", "512", "--lr", "3e-3",
                          "--log-interval", "1000", "--eval-iters", "0", "--device", "cuda", "--bf16", "--train-iters",
@@ -30,7 +31,11 @@ Config graph_test_config(const std::vector<std::string>& model, bool graphed) {
   args.insert(args.end(), model.begin(), model.end());
   if (graphed)
     for (const char* a : {"--cuda-graph-impl", "full_iteration", "--cuda-graph-warmup-steps", "2"}) args.push_back(a);
-  return build_config(parse(args), LaunchEnv{}, /*gpu_available=*/true);
+  return args;
+}
+
+Config graph_test_config(const std::vector<std::string>& model, bool graphed) {
+  return build_config(parse(graph_test_args(model, graphed)), LaunchEnv{}, /*gpu_available=*/true);
 }
 
 struct Runs {
@@ -98,6 +103,33 @@ TEST(GpuCudaGraph, DefaultKernelsStayWithinRunToRunNoise) {
     const double bound = std::min(std::max(4 * noise, 1e-7 * std::abs(r.eager.losses[i])), 1e-4 * std::abs(r.eager.losses[i]));
     EXPECT_LE(std::abs(r.graphed.losses[i] - r.eager.losses[i]), bound) << "iteration " << i + 1;
   }
+}
+
+// A batch-size rampup changes the number of micro-batches per step: the new count warms up
+// eagerly again before its own capture (its accumulating GEMMs create their plans outside the
+// capture), and the replays of both counts equal the eager steps. --rampup-batch-size 8 8 32
+// with micro-batches of 8: 4 steps of one micro-batch (2 eager, 2 replayed), then 8 of two
+// (2 eager, 6 replayed).
+TEST(GpuCudaGraph, ARampupWarmsUpEachMicroBatchCountBeforeItsCapture) {
+  REQUIRE_GPU();
+  auto config = [](bool graphed) {
+    auto args = graph_test_args({"--deterministic-mode", "--train-samples", std::to_string(4 * 8 + 8 * 16),
+                                 "--rampup-batch-size", "8", "8", "32"},
+                                graphed);
+    for (auto at = std::find(args.begin(), args.end(), "--train-iters"); at != args.end();
+         at = std::find(args.begin(), args.end(), "--train-iters"))
+      args.erase(at, at + 2);
+    return build_config(parse(args), LaunchEnv{}, /*gpu_available=*/true);
+  };
+  const TrainOptions weights{.collect_final_weights = true};
+  const Config graphed = config(true);
+  ASSERT_EQ(graphed.training.train_iters, 12);
+  const Runs r{train(config(false), weights), train(graphed, weights)};
+  EXPECT_EQ(r.graphed.cuda_graph_replays, 2 + 6) << "each micro-batch count replays after its own warm-up";
+  ASSERT_EQ(r.eager.losses.size(), size_t(12));
+  EXPECT_EQ(r.graphed.losses, r.eager.losses);
+  for (const auto& [name, w] : r.eager.final_weights)
+    EXPECT_TRUE(torch::equal(w, r.graphed.final_weights.at(name))) << name;
 }
 
 }  // namespace fp8tron

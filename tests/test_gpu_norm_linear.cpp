@@ -147,15 +147,18 @@ std::vector<Case> cases() {
           {"LayerNorm without beta, no pending add", Normalization::LayerNorm, false, false}};
 }
 
-// One side's leaves: the stream, the norm's parameters and the linears'.
+// One side's leaves: the stream, the norm's parameters and the linears'. With biases the pending
+// branch has one too (the last sub-layer's output projection's, left to the norm), whose gradient
+// the norm's pass adds into its main gradient.
 struct Leaves {
-  torch::Tensor residual, branch, gamma, beta;
+  torch::Tensor residual, branch, branch_bias, gamma, beta;
   std::vector<torch::Tensor> linear;  // w1, b1 (may be undefined), w2, b2
 };
 Leaves leaves_of(const Leaves& values) {
   Leaves l;
   l.residual = leaf(values.residual);
   if (values.branch.defined()) l.branch = leaf(values.branch);
+  if (values.branch_bias.defined()) l.branch_bias = main_grad_leaf(values.branch_bias);
   l.gamma = leaf(values.gamma);
   if (values.beta.defined()) l.beta = leaf(values.beta);
   for (const auto& v : values.linear) l.linear.push_back(v.defined() ? main_grad_leaf(v) : torch::Tensor());
@@ -165,6 +168,7 @@ std::vector<torch::Tensor> grads_of(const Leaves& l) {
   std::vector<torch::Tensor> g = {l.residual.grad(), l.branch.defined() ? l.branch.grad() : torch::Tensor(), l.gamma.grad(),
                                   l.beta.defined() ? l.beta.grad() : torch::Tensor()};
   for (const auto& p : l.linear) g.push_back(p.defined() ? p.grad() : torch::Tensor());
+  g.push_back(l.branch_bias.defined() ? l.branch_bias.grad() : torch::Tensor());
   return g;
 }
 
@@ -175,7 +179,7 @@ std::vector<torch::Tensor> run(const Leaves& values, const NormOptions& o, const
                                const torch::Tensor& c_y, Op op) {
   torch::manual_seed(5);  // the same earlier accumulations on both sides
   const Leaves l = leaves_of(values);
-  const ResidualStream in{l.residual, l.branch};
+  const ResidualStream in{l.residual, l.branch, l.branch_bias};
   const NormPrologue norm{o, l.gamma, l.beta};
   const ResidualOutput r = op(in, norm, l.linear);
   auto loss = (r.out.to(torch::kFloat32) * c_y).sum();
@@ -187,7 +191,8 @@ std::vector<torch::Tensor> run(const Leaves& values, const NormOptions& o, const
 }
 
 void expect_bitwise(const std::vector<torch::Tensor>& fused, const std::vector<torch::Tensor>& separate, const std::string& where) {
-  static const char* names[] = {"sum", "output", "d_residual", "d_branch", "d_gamma", "d_beta", "w1", "b1", "w2", "b2"};
+  static const char* names[] = {"sum", "output", "d_residual", "d_branch", "d_gamma", "d_beta", "w1", "b1", "w2", "b2",
+                                "branch bias"};
   ASSERT_EQ(fused.size(), separate.size());
   for (size_t i = 0; i < fused.size(); ++i) {
     ASSERT_EQ(fused[i].defined(), separate[i].defined()) << where << ": " << names[i];
@@ -200,6 +205,7 @@ Leaves values_for(const Case& c, int64_t tokens, int64_t hidden, int64_t ffn, in
   Leaves v;
   v.residual = rows(tokens, hidden, torch::kBFloat16).view({tokens / 2, 2, hidden});
   if (c.branch) v.branch = rows(tokens, hidden, torch::kBFloat16).view({tokens / 2, 2, hidden});
+  if (c.branch && c.biases) v.branch_bias = (torch::randn({hidden}, kCuda) * 0.1).to(torch::kBFloat16);
   const auto n = norm_params(norm_options(c.kind, hidden), torch::kBFloat16, c.biases);
   v.gamma = n.weight;
   v.beta = n.bias;
@@ -221,7 +227,7 @@ TEST(GpuNormLinear, IsTheSeparateNormAndLinearBitwise) {
       return norm_linear(in, norm, p[0], p[1]);
     });
     const auto separate = run(v, o, c_sum, c_y, [](const ResidualStream& in, const NormPrologue& norm, const std::vector<torch::Tensor>& p) {
-      const auto r = residual_add_norm(in.residual, in.branch, norm.options, norm.weight, norm.bias);
+      const auto r = residual_add_norm(in.residual, in.branch, norm.options, norm.weight, norm.bias, in.branch_bias);
       return ResidualOutput{r.sum, linear_with_grad_accumulation_fusion(r.normed, p[0], p[1])};
     });
     expect_bitwise(fused, separate, c.name);
@@ -239,7 +245,7 @@ TEST(GpuNormLinear, NormGeluMlpIsTheSeparateNormAndMlpBitwise) {
       return fused_norm_gelu_mlp(in, norm, GeluMlpParams{p[0], p[1], p[2], p[3]});
     });
     const auto separate = run(v, o, c_sum, c_y, [](const ResidualStream& in, const NormPrologue& norm, const std::vector<torch::Tensor>& p) {
-      const auto r = residual_add_norm(in.residual, in.branch, norm.options, norm.weight, norm.bias);
+      const auto r = residual_add_norm(in.residual, in.branch, norm.options, norm.weight, norm.bias, in.branch_bias);
       return ResidualOutput{r.sum, fused_gelu_mlp(r.normed, GeluMlpParams{p[0], p[1], p[2], p[3]})};
     });
     expect_bitwise(fused, separate, c.name);

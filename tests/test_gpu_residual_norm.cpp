@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "models/main_grad_first_write.h"
 #include "models/residual_norm.h"
 #include "residual_norm_harness.h"
 #include "test_helpers.h"
@@ -52,6 +53,16 @@ ResidualNormRun fused_run(const Inputs& in, const NormOptions& o, bool use_sum =
       },
       in.residual, in.branch, in.weight, in.bias, use_sum ? in.c_sum : torch::Tensor(),
       use_normed ? in.c_normed : torch::Tensor());
+}
+
+// fused_run with the branch's pending bias `branch_bias` (a leaf the caller owns: its gradient stays
+// there, in autograd's .grad or in its main gradient).
+ResidualNormRun fused_run_with_branch_bias(const Inputs& in, const NormOptions& o, const torch::Tensor& branch_bias) {
+  return run_residual_norm(
+      [&](const torch::Tensor& r, const torch::Tensor& b, const torch::Tensor& w, const torch::Tensor& bb) {
+        return residual_add_norm(r, b, o, w, bb, branch_bias);
+      },
+      in.residual, in.branch, in.weight, in.bias, in.c_sum, in.c_normed);
 }
 
 // The exact result in fp32 of the same rounded inputs: the sum as torch's add rounds it (in the
@@ -143,6 +154,73 @@ TEST(GpuKernels, ResidualNormMatchesTheFp32Chain) {
         std::printf("[residual norm] %s: max relative error normed %.2e, d_in %.2e, d_gamma %.2e\n", what.c_str(),
                     relative_error(fused.normed, exact.normed), relative_error(fused.d_residual, exact.d_residual),
                     relative_error(fused.d_weight, exact.d_weight));
+      }
+    }
+  }
+}
+
+// The branch's pending bias (ResidualStream::branch_bias, Megatron's skip_bias_add): the fused add
+// + norm with the bias equals, bit for bit, the same op on branch + bias added first by torch
+// (sum, normed and every other gradient); the bias's gradient is the fp32 sum over tokens of the
+// branch's gradient, written into a fresh tensor for autograd, added to a main gradient, or
+// written over a stale one in a step's first write (models/main_grad_first_write.h). Also past
+// the kernels' widest row (hidden 9000) and through ResidualStream::sum(), where torch's ops run.
+TEST(GpuKernels, ResidualNormAddsTheBranchBiasAndSumsItsGradient) {
+  REQUIRE_GPU();
+  struct Restore {
+    ~Restore() { main_grad_first_write::own({}); }
+  } restore;
+  for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+    for (const int64_t hidden : {768, 1000, 9000}) {
+      for (const auto kind : {Normalization::LayerNorm, Normalization::RMSNorm}) {
+        const NormOptions o{hidden, kind, 1e-5, false};
+        const std::string what = std::string(c10::toString(dtype)) + " " + kind_name(o) + " hidden " + std::to_string(hidden);
+        SCOPED_TRACE(what);
+        const Inputs in = make_inputs({37, 7, o.size}, o, dtype, true);
+        const auto branch_bias = (torch::randn({o.size}, kCuda) * 0.5).to(dtype);
+        // Pre-added: the reference for everything but the bias's gradient.
+        const Inputs added{in.residual, in.branch + branch_bias, in.weight, in.bias, in.c_sum, in.c_normed};
+        const auto want = fused_run(added, o);
+        const auto want_bias_grad = want.d_branch.to(torch::kFloat64).reshape({-1, o.size}).sum(0);
+        const auto bias_error = [&](const torch::Tensor& g) {
+          return relative_error(g.to(torch::kFloat64), want_bias_grad);
+        };
+        // fp32 sums in another order than fp64's, of bf16 gradients kept in fp32 until stored.
+        const double tolerance = 1e-5;
+
+        // Autograd gets the bias's gradient (no main gradient), in the bias's dtype.
+        const auto leaf = branch_bias.detach().clone().requires_grad_(true);
+        const auto got = fused_run_with_branch_bias(in, o, leaf);
+        EXPECT_TRUE(torch::equal(got.sum, want.sum)) << "sum";
+        EXPECT_TRUE(torch::equal(got.normed, want.normed)) << "normed";
+        EXPECT_TRUE(torch::equal(got.d_residual, want.d_residual)) << "residual's gradient";
+        EXPECT_TRUE(torch::equal(got.d_weight, want.d_weight)) << "gamma's gradient";
+        if (want.d_bias.defined()) EXPECT_TRUE(torch::equal(got.d_bias, want.d_bias)) << "beta's gradient";
+        ASSERT_TRUE(leaf.grad().defined());
+        EXPECT_EQ(leaf.grad().scalar_type(), dtype);
+        EXPECT_LE(bias_error(leaf.grad().to(torch::kFloat32)),
+                  dtype == torch::kFloat32 ? tolerance : std::ldexp(1.0, -8))  // one rounding to bf16
+            << "the bias's gradient for autograd";
+
+        // A main gradient: added to, then written over in a step's first write.
+        auto param = branch_bias.detach().clone().requires_grad_(true);
+        param.mutable_grad() = torch::ones({o.size}, kCuda.dtype(torch::kFloat32));
+        main_grad_first_write::own({});
+        fused_run_with_branch_bias(in, o, param);
+        EXPECT_LE(relative_error(param.grad().to(torch::kFloat64) - 1.0, want_bias_grad), tolerance) << "added";
+        main_grad_first_write::own({param});
+        main_grad_first_write::new_step();
+        param.grad().fill_(1e30);  // stale: must not be read
+        fused_run_with_branch_bias(in, o, param);
+        EXPECT_LE(bias_error(param.grad()), tolerance) << "first write";
+
+        // The unfused sum (a stage's output, a recomputed unit's input): the same gradient.
+        main_grad_first_write::own({});
+        param.grad().fill_(0.0);
+        auto r = in.residual.detach().clone().requires_grad_(true);
+        (ResidualStream{r, in.branch, param}.sum().to(torch::kFloat32) * in.c_sum.to(torch::kFloat32)).sum().backward();
+        const auto c_sum_sums = in.c_sum.to(torch::kFloat64).reshape({-1, o.size}).sum(0);
+        EXPECT_LE(relative_error(param.grad().to(torch::kFloat64), c_sum_sums), tolerance) << "through sum()";
       }
     }
   }
@@ -272,11 +350,13 @@ TEST(GpuKernels, ResidualNormFallsBackToTheChainAndTakesNoRows) {
 // A whole model on the GPU in fp32 (the layers threading their pending adds into the next norm's
 // kernel) against the same model run unfused (tests/unfused_model.h): logits and every parameter
 // gradient within 1e-4 of the largest (the kernels sum in other orders than torch's norms). With
-// hidden dropout: the masks are drawn in the same order.
+// hidden dropout: the masks are drawn in the same order. Without it the output projections leave
+// their biases to the next norm (ResidualStream::branch_bias), whose pass sums their gradients.
 TEST(GpuKernels, ModelsWithTheFusedResidualNormMatchTheUnfusedLayers) {
   REQUIRE_GPU();
   const std::vector<std::pair<std::string, std::vector<std::string>>> variants = {
       {"GPT", {"--hidden-dropout", "0.1", "--attention-dropout", "0"}},
+      {"GPT without dropout", {"--hidden-dropout", "0", "--attention-dropout", "0"}},
       {"LLaMA-style", {"--hidden-dropout", "0", "--attention-dropout", "0", "--normalization", "RMSNorm",
                        "--apply-layernorm-1p", "--swiglu", "--position-embedding-type", "rope",
                        "--untie-embeddings-and-output-weights", "--disable-bias-linear"}},
@@ -297,6 +377,14 @@ TEST(GpuKernels, ModelsWithTheFusedResidualNormMatchTheUnfusedLayers) {
     EXPECT_LE(relative_error(fused.first, unfused.first), 1e-4);
     ASSERT_EQ(fused.second.size(), unfused.second.size());
     for (const auto& [p, g] : fused.second) EXPECT_LE(relative_error(g, unfused.second.at(p)), 1e-4) << p;
+    // Whether a layer left its output projections' biases pending: only without dropout, and
+    // only where the model has biases.
+    auto& layer = module_named<TransformerLayerImpl>(*model, "decoder.layers.0");
+    const auto x = torch::randn({m.seq_length, 2, m.hidden_size}, kCuda);
+    const bool pending = m.hidden_dropout == 0 && m.add_bias_linear;
+    EXPECT_EQ(layer.self_attention->forward_residual({x, {}}, {}, true).out_bias.defined(), m.add_bias_linear)
+        << "linear_proj's bias";
+    EXPECT_EQ(layer.forward_stream({x, {}}).branch_bias.defined(), pending) << "linear_fc2's bias";
   }
 }
 

@@ -341,6 +341,14 @@ TEST(MegatronRules, FullIterationCudaGraph) {
       }
     EXPECT_EQ(lines, 1) << join(per_layer, " ") << ": " << join(p.hint_warnings, "\n");
   }
+  // The full-iteration scope without an implementation captures nothing, as in Megatron: one line
+  // names the flag that would.
+  {
+    const Config p = on_gpu(tiny_args({"--cuda-graph-scope", "full_iteration"}));
+    EXPECT_FALSE(p.training.cuda_graph.full_iteration);
+    ASSERT_EQ(p.hint_warnings.size(), 1u) << join(p.hint_warnings, "\n");
+    EXPECT_NE(p.hint_warnings[0].find("add --cuda-graph-impl full_iteration"), std::string::npos) << p.hint_warnings[0];
+  }
   EXPECT_USER_ERROR(on_gpu(tiny_args({"--cuda-graph-scope", "everything"})), "--cuda-graph-scope everything: not a graph scope");
   EXPECT_USER_ERROR(on_gpu(graph({"--cuda-graph-warmup-steps", "0"})), "--cuda-graph-warmup-steps must be at least 1");
   EXPECT_USER_ERROR(build(graph({})), "--cuda-graph-impl full_iteration needs a GPU");

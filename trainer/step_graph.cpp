@@ -5,6 +5,7 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
 
 #include "core/error.h"
 #include "fp8/gemm.h"
@@ -26,7 +27,8 @@ void copy_into(torch::Tensor& to, const torch::Tensor& from, const char* what) {
 
 }  // namespace
 
-StepGraph::StepGraph(int64_t warmup_steps, torch::Device device) : warmup_left_(warmup_steps), device_(device) {
+StepGraph::StepGraph(int64_t warmup_steps, torch::Device device)
+    : warmup_steps_(warmup_steps), warmup_left_(warmup_steps), device_(device) {
   if (!device.is_cuda()) throw UserError("--cuda-graph-impl full_iteration needs a GPU (CUDA graphs); drop the flag on CPU");
 }
 
@@ -34,6 +36,10 @@ StepGraph::~StepGraph() = default;
 
 bool StepGraph::take_step(int64_t micro_batches) {
   if (replays(micro_batches)) return true;
+  if (micro_batches != warming_for_) {
+    if (warming_for_ >= 0) warmup_left_ = warmup_steps_;  // the first count's warm-up counts from the run's start
+    warming_for_ = micro_batches;
+  }
   if (warmup_left_ > 0) {
     --warmup_left_;
     return false;
@@ -96,11 +102,14 @@ void StepGraph::capture(int64_t micro_batches, const Pass& pass) {
     try {
       outputs_ = pass();
     } catch (const std::exception& e) {
-      // End the capture so the stream and the allocator leave capture mode; its error is secondary.
+      // End the capture so the stream and the allocator leave capture mode; its error (the
+      // capture was invalidated) is secondary and not sticky: cleared, so that later CUDA calls
+      // of this process do not report it. The graph and its private pool go with `graph`.
       try {
         graph->capture_end();
       } catch (const std::exception&) {
       }
+      (void)cudaGetLastError();
       throw std::runtime_error(std::string("--cuda-graph-impl full_iteration: the step could not be captured as a "
                                            "CUDA graph (run without the flag): ") + e.what());
     }

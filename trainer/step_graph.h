@@ -37,7 +37,9 @@ class StepGraph {
   StepGraph& operator=(const StepGraph&) = delete;
 
   // Whether a step of `micro_batches` goes through the graph: after the warm-up steps, which this
-  // counts (each call during the warm-up is one eager step).
+  // counts (each call during the warm-up is one eager step). A new micro-batch count (a batch-size
+  // rampup) warms up anew before its capture: its first steps create the GEMM plans and
+  // workspaces of accumulating micro-batches eagerly, as the capture may not.
   bool take_step(int64_t micro_batches);
   // Whether the graph holds a capture for `micro_batches` (a step replays it; else run() captures).
   bool replays(int64_t micro_batches) const;
@@ -56,7 +58,8 @@ class StepGraph {
  private:
   void capture(int64_t micro_batches, const Pass& pass);
 
-  int64_t warmup_left_;
+  int64_t warmup_steps_, warmup_left_;
+  int64_t warming_for_ = -1;  // the micro-batch count the warm-up steps ran for
   torch::Device device_;
   std::unique_ptr<at::cuda::CUDAGraph> graph_;
   std::optional<c10::cuda::CUDAStream> capture_stream_;  // the same for every capture

@@ -24,7 +24,7 @@ SharedExpertMlpImpl::SharedExpertMlpImpl(const ModelConfig& m, const std::string
 
 torch::Tensor SharedExpertMlpImpl::forward(const torch::Tensor& x) {
   auto h = linear_fc1(x);
-  auto out = swiglu_ ? linear_fc2->forward_swiglu(h) : linear_fc2->forward_gelu(h);
+  auto out = (swiglu_ ? linear_fc2->forward_swiglu(h) : linear_fc2->forward_gelu(h)).out;
   if (gate_weight.defined()) out = out * torch::sigmoid(torch::nn::functional::linear(x, gate_weight));
   return out;
 }

@@ -36,7 +36,10 @@ CudaGraphConfig build_cuda_graph_config(const FlagValues& f, std::vector<std::st
   if (g.full_iteration && g.warmup_steps < 1)
     throw UserError("--cuda-graph-warmup-steps must be at least 1 with " + std::string(kFlag) +
                     " (the eager steps create the library handles and workspaces the graph replays)");
-  if (!g.full_iteration && (per_layer_impl || !scopes.empty()))
+  if (!g.full_iteration && full_scope && !per_layer_impl)
+    warnings.push_back("--cuda-graph-scope full_iteration without --cuda-graph-impl captures nothing (as in Megatron): "
+                       "add " + std::string(kFlag) + " to capture each step's forward and backward passes");
+  else if (!g.full_iteration && (per_layer_impl || !scopes.empty()))
     warnings.push_back("per-layer CUDA graphs (--cuda-graph-impl local/transformer_engine, --enable-cuda-graph, "
                        "--cuda-graph-scope) are not implemented in fp8tron: every step runs eagerly; " +
                        std::string(kFlag) + " captures each step's forward and backward passes as one graph");
