@@ -247,8 +247,9 @@ torch::Tensor TERowParallelLinearImpl::reduce_and_add_bias(const torch::Tensor& 
   return bias.defined() && !deferred ? y + bias : y;
 }
 bool TERowParallelLinearImpl::defers_bias(const torch::Tensor& x, bool defer_bias) const {
-  // The CPU keeps the bias in the GEMM: its results stay those of the unfused model.
-  return defer_bias && bias.defined() && !fp8_site && !overlapped && x.is_cuda();
+  // The CPU keeps the bias in the GEMM: its results stay those of the unfused model. Under tensor
+  // parallelism the bias stays after the reduction (not yet run on several GPUs deferred).
+  return defer_bias && bias.defined() && !fp8_site && !overlapped && tp.size == 1 && x.is_cuda();
 }
 DeferredBiasOutput TERowParallelLinearImpl::output(const torch::Tensor& partial, bool deferred) {
   return {reduce_and_add_bias(partial, deferred), deferred ? bias : torch::Tensor()};

@@ -116,7 +116,7 @@ struct DeferredBiasOutput {
 // (all-reduce, or reduce-scatter to sequence shards with SP) before the bias.
 //
 // The forward_* calls that take `defer_bias` leave the bias to the caller where it asks and the
-// linear is a bf16 one on a GPU (no FP8, not the overlapped op): the output projections of a
+// linear is a bf16/fp32 one on one GPU (no FP8, no tensor parallelism): the output projections of a
 // layer's branches, whose bias the next norm adds in its kernel (ResidualStream::branch_bias) and
 // whose backward pass sums the bias's gradient, so the wgrad GEMM runs without cuBLASLt's BGRADB
 // epilogue (a second kernel reading dY on Hopper). Elsewhere the bias is added here as before.
