@@ -71,9 +71,9 @@ struct FusedGeluMlp : torch::autograd::Function<FusedGeluMlp> {
     // The pending branch bias's edge: after every present tensor input before it.
     const int64_t branch_bias_edge = 1 + int64_t(has_branch) + int64_t(has_norm) + int64_t(beta.defined()) + 1 +
                                      int64_t(b1.defined()) + 1 + int64_t(b2.defined());
-    const auto branch_bias_grad = branch_bias.defined() && ctx->needs_input_grad(branch_bias_edge)
-                                      ? bias_grad_target(branch_bias)
-                                      : BiasGradTarget{};
+    // (An absent input has no edge to ask about.)
+    const auto branch_bias_grad =
+        bias_grad_target(branch_bias, branch_bias.defined() && ctx->needs_input_grad(branch_bias_edge));
     if (!dy_in.defined()) {  // the MLP's output was not used: only the sum's gradient flows on
       if (has_norm)
         result[0] = result[1] =

@@ -67,8 +67,8 @@ LinearParamGrads linear_param_grads(const torch::Tensor& dy, const torch::Tensor
   return result;
 }
 
-BiasGradTarget bias_grad_target(const torch::Tensor& bias) {
-  if (!bias.defined()) return {};
+BiasGradTarget bias_grad_target(const torch::Tensor& bias, bool wanted) {
+  if (!bias.defined() || !wanted) return {};
   if (!is_main_grad(bias)) return {torch::empty(bias.sizes(), bias.options().dtype(torch::kFloat32)), false, false};
   return {bias.grad(), !main_grad_first_write::take(bias), true};
 }

@@ -30,8 +30,9 @@ struct BiasGradTarget {
   torch::Tensor grad;
   bool accumulate = false, into_main_grad = false;
 };
-// Call only where the gradient will be written: it claims the step's first write.
-BiasGradTarget bias_grad_target(const torch::Tensor& bias);
+// None unless `wanted` (autograd's needs_input_grad). Ask only where the gradient will be written:
+// it claims the step's first write.
+BiasGradTarget bias_grad_target(const torch::Tensor& bias, bool wanted = true);
 // What autograd gets for the bias afterwards: undefined where it went into the main gradient.
 torch::Tensor bias_grad_for_autograd(const torch::Tensor& bias, const BiasGradTarget& target);
 

@@ -54,9 +54,9 @@ struct NormLinearFunction : torch::autograd::Function<NormLinearFunction> {
     const bool want_weight = ctx->needs_input_grad(weight_edge);
     const bool want_bias = bias.defined() && ctx->needs_input_grad(weight_edge + 1);
     const int64_t branch_bias_edge = weight_edge + (bias.defined() ? 2 : 1);
-    const auto branch_bias_grad = branch_bias.defined() && ctx->needs_input_grad(branch_bias_edge)
-                                      ? bias_grad_target(branch_bias)
-                                      : BiasGradTarget{};
+    // (An absent input has no edge to ask about.)
+    const auto branch_bias_grad =
+        bias_grad_target(branch_bias, branch_bias.defined() && ctx->needs_input_grad(branch_bias_edge));
 
     const torch::Tensor d_sum = has_branch ? grads[0] : torch::Tensor();
     const torch::Tensor& dy_in = grads[has_branch ? 1 : 0];

@@ -61,8 +61,7 @@ struct ResidualNormFunction : torch::autograd::Function<ResidualNormFunction> {
     const auto& d_normed = grads[has_branch ? 1 : 0];
     const bool want_params = ctx->needs_input_grad(2) || (has_bias && ctx->needs_input_grad(3));
     const torch::Tensor& branch_bias = saved[5];
-    const auto branch_bias_grad =
-        branch_bias.defined() && ctx->needs_input_grad(4) ? bias_grad_target(branch_bias) : BiasGradTarget{};
+    const auto branch_bias_grad = bias_grad_target(branch_bias, ctx->needs_input_grad(4));
     auto b = norm_prologue_backward(norm, kept, d_normed, d_sum, want_params, /*rewrite_normed=*/false, branch_bias_grad);
     // residual and branch take the same gradient (an add passes it on to both).
     return {b.d_in,
@@ -101,20 +100,21 @@ struct BranchBiasFunction : torch::autograd::Function<BranchBiasFunction> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const torch::Tensor bias = ctx->get_saved_variables()[0];
     const torch::Tensor& g = grads[0];
-    if (!g.defined() || !ctx->needs_input_grad(1)) return {g, torch::Tensor()};
-    const auto target = bias_grad_target(bias);
+    const auto target = bias_grad_target(bias, g.defined() && ctx->needs_input_grad(1));
+    if (!target.grad.defined()) return {g, torch::Tensor()};
     sum_into(target, g);
     return {g, bias_grad_for_autograd(bias, target)};
   }
 };
 
-}  // namespace
-
+// branch + bias (undefined: branch itself); on a GPU the bias's gradient as the kernels sum it.
 torch::Tensor add_branch_bias(const torch::Tensor& branch, const torch::Tensor& bias) {
   if (!bias.defined()) return branch;
   if (!branch.is_cuda()) return branch + bias;
   return BranchBiasFunction::apply(branch, bias);
 }
+
+}  // namespace
 
 torch::Tensor ResidualStream::sum() const {
   return branch.defined() ? residual + add_branch_bias(branch, branch_bias) : residual;

@@ -96,11 +96,6 @@ NormPrologueBackward norm_prologue_backward(const NormPrologue& norm, const Norm
 // take the tensors.
 fp8::NormBackwardGrads fp8_norm_backward(const fp8::NormBackwardInputs& in);
 
-// branch + bias where bias is the branch's pending bias (undefined: branch itself). On a GPU its
-// backward sums the branch's gradient over tokens in fp32 into the bias's main gradient
-// (bias_grad_target), as the norms' kernels do when they fold the add.
-torch::Tensor add_branch_bias(const torch::Tensor& branch, const torch::Tensor& bias);
-
 // The residual stream where a norm reads it: the hidden states are residual + branch, the branch
 // (the last sub-layer's output, after its dropout) not added yet so that the norm can add it
 // itself. An undefined branch: residual is the hidden states. branch_bias is the branch's own bias
@@ -110,6 +105,8 @@ torch::Tensor add_branch_bias(const torch::Tensor& branch, const torch::Tensor& 
 // dropout on the branch (the bias goes in before a dropout).
 struct ResidualStream {
   torch::Tensor residual, branch, branch_bias;
+  // residual + (branch + branch_bias) through torch's ops, where no norm folds the add. On a GPU
+  // the bias's gradient goes where the norms' kernels put it (bias_grad_target).
   torch::Tensor sum() const;
 };
 
@@ -118,7 +115,6 @@ struct ResidualStream {
 // the sub-layer was asked to leave it (out + out_bias is the output).
 struct ResidualOutput {
   torch::Tensor sum, out, out_bias;
-  torch::Tensor out_with_bias() const { return add_branch_bias(out, out_bias); }
 };
 
 }  // namespace fp8tron
