@@ -72,13 +72,11 @@ struct FusedGeluMlp : torch::autograd::Function<FusedGeluMlp> {
     const int64_t branch_bias_edge = 1 + int64_t(has_branch) + int64_t(has_norm) + int64_t(beta.defined()) + 1 +
                                      int64_t(b1.defined()) + 1 + int64_t(b2.defined());
     // (An absent input has no edge to ask about.)
-    const auto branch_bias_grad =
-        bias_grad_target(branch_bias, branch_bias.defined() && ctx->needs_input_grad(branch_bias_edge));
+    NormGradRequest request;
+    request.branch_bias = bias_grad_target(branch_bias, branch_bias.defined() && ctx->needs_input_grad(branch_bias_edge));
     if (!dy_in.defined()) {  // the MLP's output was not used: only the sum's gradient flows on
-      if (has_norm)
-        result[0] = result[1] =
-            norm_prologue_backward(NormPrologue{}, kept, {}, d_sum, false, false, branch_bias_grad).d_in;
-      result[8] = bias_grad_for_autograd(branch_bias, branch_bias_grad);
+      if (has_norm) result[0] = result[1] = norm_prologue_backward(NormPrologue{}, kept, {}, d_sum, request, false).d_in;
+      result[8] = bias_grad_for_autograd(branch_bias, request.branch_bias);
       return result;
     }
     // The gradient of a sum arrives expanded, of a cast in another dtype.
@@ -106,16 +104,16 @@ struct FusedGeluMlp : torch::autograd::Function<FusedGeluMlp> {
     if (has_norm) {
       // fc1's dgrad feeds the norm's backward, whose pass writes x again for fc1's wgrad.
       const int64_t gamma_edge = has_branch ? 2 : 1;
-      const bool want_norm_params = ctx->needs_input_grad(gamma_edge) || (beta.defined() && ctx->needs_input_grad(gamma_edge + 1));
+      request.gamma = ctx->needs_input_grad(gamma_edge);
+      request.beta = beta.defined() && ctx->needs_input_grad(gamma_edge + 1);
       const auto n = norm_prologue_backward(norm_of(true, ctx->saved_data["rms"].toBool(), 0.0,
                                                     ctx->saved_data["zero_centered_gamma"].toBool(), gamma, beta),
-                                            kept, at::mm(dpre, w1).view(kept.sum.sizes()), d_sum, want_norm_params, true,
-                                            branch_bias_grad);
+                                            kept, at::mm(dpre, w1).view(kept.sum.sizes()), d_sum, request, true);
       result[0] = n.d_in;
       if (has_branch) result[1] = n.d_in;
       result[2] = n.d_weight;
       result[3] = n.d_bias;
-      result[8] = bias_grad_for_autograd(branch_bias, branch_bias_grad);
+      result[8] = bias_grad_for_autograd(branch_bias, request.branch_bias);
       x = n.normed;
     } else if (ctx->needs_input_grad(0)) {
       result[0] = at::mm(dpre, w1).view(x.sizes());

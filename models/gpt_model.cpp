@@ -9,6 +9,7 @@
 #include "models/mla_attention.h"
 #include "models/mtp.h"
 #include "models/cross_entropy.h"
+#include "models/embedding.h"
 #include "models/output_discarding_recompute.h"
 #include "models/qkv_split.h"
 #include "models/recompute.h"
@@ -334,7 +335,9 @@ torch::Tensor GptModelImpl::embed(const torch::Tensor& tokens, const torch::Tens
   if (output_copy_) params_ready(*output_copy_);
   auto t = tokens.t();  // [s, b]
   const int64_t vocab_start = tp_.rank * (config_.padded_vocab_size / tp_.size);
-  auto h = vocab_parallel_embedding(t, word_embedding_weight(), vocab_start, *tp_.comm);
+  // One rank holds the whole vocabulary: the lookup whose backward sums into the main gradient.
+  auto h = tp_.size == 1 ? embedding_lookup(t, word_embedding_weight())
+                         : vocab_parallel_embedding(t, word_embedding_weight(), vocab_start, *tp_.comm);
   if (position_embeddings_) {
     auto table = position_embeddings_->named_parameters(false)["weight"];
     torch::Tensor rows;  // the positions of the tokens: 0..s-1, or a context-parallel shard's own

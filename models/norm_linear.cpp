@@ -49,14 +49,12 @@ struct NormLinearFunction : torch::autograd::Function<NormLinearFunction> {
                             gamma, beta};
     // needs_input_grad's indices: the present inputs in order.
     const int64_t gamma_edge = has_branch ? 2 : 1, weight_edge = gamma_edge + (beta.defined() ? 2 : 1);
-    const bool want_norm_params =
-        ctx->needs_input_grad(gamma_edge) || (beta.defined() && ctx->needs_input_grad(gamma_edge + 1));
     const bool want_weight = ctx->needs_input_grad(weight_edge);
     const bool want_bias = bias.defined() && ctx->needs_input_grad(weight_edge + 1);
     const int64_t branch_bias_edge = weight_edge + (bias.defined() ? 2 : 1);
     // (An absent input has no edge to ask about.)
-    const auto branch_bias_grad =
-        bias_grad_target(branch_bias, branch_bias.defined() && ctx->needs_input_grad(branch_bias_edge));
+    NormGradRequest request;
+    request.branch_bias = bias_grad_target(branch_bias, branch_bias.defined() && ctx->needs_input_grad(branch_bias_edge));
 
     const torch::Tensor d_sum = has_branch ? grads[0] : torch::Tensor();
     const torch::Tensor& dy_in = grads[has_branch ? 1 : 0];
@@ -65,8 +63,10 @@ struct NormLinearFunction : torch::autograd::Function<NormLinearFunction> {
     // dgrad, then the norm's pass (which rebuilds the GEMM's input), then the wgrad.
     const auto d_normed = dy.defined() ? at::mm(dy, weight).view(kept.sum.sizes()) : torch::Tensor();
     const bool rewrite = dy.defined() && (want_weight || want_bias);
-    const auto n =
-        norm_prologue_backward(norm, kept, d_normed, d_sum, want_norm_params && dy.defined(), rewrite, branch_bias_grad);
+    // Without dy the norm's output was not used: its parameters get no gradient.
+    request.gamma = dy.defined() && ctx->needs_input_grad(gamma_edge);
+    request.beta = dy.defined() && beta.defined() && ctx->needs_input_grad(gamma_edge + 1);
+    const auto n = norm_prologue_backward(norm, kept, d_normed, d_sum, request, rewrite);
     LinearParamGrads linear;
     if (rewrite) linear = linear_param_grads(dy, n.normed.reshape({-1, in}), weight, bias, want_weight, want_bias);
     return {n.d_in,
@@ -75,7 +75,7 @@ struct NormLinearFunction : torch::autograd::Function<NormLinearFunction> {
             n.d_bias,
             linear.weight,
             linear.bias,
-            bias_grad_for_autograd(branch_bias, branch_bias_grad),
+            bias_grad_for_autograd(branch_bias, request.branch_bias),
             torch::Tensor(),
             torch::Tensor(),
             torch::Tensor()};

@@ -3,7 +3,9 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include "fp8/wgrad_fusion.h"
 #include "models/kernel_float_of.h"
+#include "models/main_grad_first_write.h"
 #include "models/residual_norm_kernels.h"
 
 namespace fp8tron {
@@ -14,6 +16,17 @@ using torch::autograd::variable_list;
 cudaStream_t stream_of(const torch::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
 
 const void* data_or_null(const torch::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
+
+// Where the backward puts a norm parameter's gradient (NormGradRequest): its fp32 main gradient,
+// or a new tensor in its dtype, `for_autograd`. None for an undefined parameter or when not wanted.
+kernels::SummedGradOut norm_param_grad_out(const torch::Tensor& param, bool wanted, bool into_main_grads,
+                                           torch::Tensor& for_autograd) {
+  if (!param.defined() || !wanted) return {};
+  if (into_main_grads && gradient_accumulation_fusion() && is_main_grad(param))
+    return {param.grad().data_ptr(), true, !main_grad_first_write::take(param)};
+  for_autograd = torch::empty_like(param);
+  return {for_autograd.data_ptr(), false, false};
+}
 
 kernels::ResidualNormShape shape_of(const torch::Tensor& x, bool rms, double epsilon, bool zero_centered_gamma) {
   kernels::ResidualNormShape s;
@@ -59,16 +72,18 @@ struct ResidualNormFunction : torch::autograd::Function<ResidualNormFunction> {
                             saved[1], saved[2]};
     const auto& d_sum = has_branch ? grads[0] : torch::Tensor();
     const auto& d_normed = grads[has_branch ? 1 : 0];
-    const bool want_params = ctx->needs_input_grad(2) || (has_bias && ctx->needs_input_grad(3));
     const torch::Tensor& branch_bias = saved[5];
-    const auto branch_bias_grad = bias_grad_target(branch_bias, ctx->needs_input_grad(4));
-    auto b = norm_prologue_backward(norm, kept, d_normed, d_sum, want_params, /*rewrite_normed=*/false, branch_bias_grad);
+    NormGradRequest request;
+    request.gamma = ctx->needs_input_grad(2);
+    request.beta = has_bias && ctx->needs_input_grad(3);
+    request.branch_bias = bias_grad_target(branch_bias, ctx->needs_input_grad(4));
+    auto b = norm_prologue_backward(norm, kept, d_normed, d_sum, request, /*rewrite_normed=*/false);
     // residual and branch take the same gradient (an add passes it on to both).
     return {b.d_in,
             has_branch ? b.d_in : torch::Tensor(),
             b.d_weight,
             has_bias ? b.d_bias : torch::Tensor(),
-            bias_grad_for_autograd(branch_bias, branch_bias_grad),
+            bias_grad_for_autograd(branch_bias, request.branch_bias),
             torch::Tensor(),
             torch::Tensor(),
             torch::Tensor(),
@@ -177,8 +192,9 @@ NormPrologueForward norm_prologue_forward(const torch::Tensor& residual, const t
 }
 
 NormPrologueBackward norm_prologue_backward(const NormPrologue& norm, const NormSaved& saved, const torch::Tensor& d_normed_in,
-                                            const torch::Tensor& d_sum_in, bool want_params, bool rewrite_normed,
-                                            const BiasGradTarget& branch_bias_grad) {
+                                            const torch::Tensor& d_sum_in, const NormGradRequest& request,
+                                            bool rewrite_normed) {
+  const BiasGradTarget& branch_bias_grad = request.branch_bias;
   const auto& sum = saved.sum;
   const c10::cuda::CUDAGuard device(sum.device());
   // The gradient of a sum arrives expanded (stride 0), of a cast in another dtype.
@@ -207,25 +223,21 @@ NormPrologueBackward norm_prologue_backward(const NormPrologue& norm, const Norm
   io.mean = saved.mean.defined() ? saved.mean.data_ptr<float>() : nullptr;
   io.rstd = saved.rstd.data_ptr<float>();
   io.d_in = out.d_in.data_ptr();
-  torch::Tensor workspace;
-  if (want_params || branch_bias) {
-    io.workspace_rows = kernels::residual_norm_workspace_rows(s);
-    // Gamma's and beta's partial rows, then the branch bias's (the kernels' layout).
-    workspace = torch::empty({(branch_bias ? 3 : 2) * io.workspace_rows, s.hidden}, sum.options().dtype(torch::kFloat32));
-    io.workspace = workspace.data_ptr<float>();
-  }
-  if (want_params) {
-    out.d_weight = torch::empty_like(gamma);
-    if (beta.defined()) out.d_bias = torch::empty_like(gamma);
-    io.d_gamma = out.d_weight.data_ptr();
-    io.d_beta = out.d_bias.defined() ? out.d_bias.data_ptr() : nullptr;
-  }
+  io.d_gamma = norm_param_grad_out(norm.weight, request.gamma, request.into_main_grads, out.d_weight);
+  io.d_beta = norm_param_grad_out(beta.defined() ? norm.bias : torch::Tensor(), request.beta, request.into_main_grads,
+                                  out.d_bias);
   if (branch_bias) {
     TORCH_CHECK(branch_bias_grad.grad.scalar_type() == torch::kFloat32 && branch_bias_grad.grad.is_contiguous() &&
                     branch_bias_grad.grad.numel() == s.hidden,
                 "the branch bias's gradient must be fp32 [hidden]");
-    io.d_branch_bias = branch_bias_grad.grad.data_ptr<float>();
-    io.accumulate_branch_bias = branch_bias_grad.accumulate;
+    io.d_branch_bias = {branch_bias_grad.grad.data_ptr(), true, branch_bias_grad.accumulate};
+  }
+  torch::Tensor workspace;
+  if (io.d_gamma.data || io.d_beta.data || branch_bias) {
+    io.workspace_rows = kernels::residual_norm_workspace_rows(s);
+    // Gamma's and beta's partial rows, then the branch bias's (the kernels' layout).
+    workspace = torch::empty({(branch_bias ? 3 : 2) * io.workspace_rows, s.hidden}, sum.options().dtype(torch::kFloat32));
+    io.workspace = workspace.data_ptr<float>();
   }
   if (rewrite_normed) {
     out.normed = torch::empty_like(sum);
@@ -249,9 +261,14 @@ fp8::NormBackwardGrads fp8_norm_backward(const fp8::NormBackwardInputs& in) {
                        in.rstd.defined() && stats(in.rstd) && stats(in.mean) &&
                        in.d_normed.scalar_type() == in.input.scalar_type() && in.d_normed.sizes() == in.input.sizes();
   if (!applies) return fp8::torch_norm_backward(in);
+  // The FP8 norm-linear returns them to autograd (its gamma may be gamma + 1, no parameter).
+  NormGradRequest request;
+  request.gamma = in.want_dgamma;
+  request.beta = in.want_dbeta;
+  request.into_main_grads = false;
   const auto b = norm_prologue_backward(norm, NormSaved{in.input, in.mean, in.rstd}, in.d_normed, torch::Tensor(),
-                                        in.want_dgamma || in.want_dbeta, /*rewrite_normed=*/false);
-  return {b.d_in, in.want_dgamma ? b.d_weight : torch::Tensor(), in.want_dbeta ? b.d_bias : torch::Tensor()};
+                                        request, /*rewrite_normed=*/false);
+  return {b.d_in, b.d_weight, b.d_bias};
 }
 
 ResidualNormOutput unfused_residual_add_norm(const torch::Tensor& residual, const torch::Tensor& branch,

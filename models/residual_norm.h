@@ -67,9 +67,21 @@ struct NormPrologueForward {
   torch::Tensor sum, normed;  // sum is residual itself without a branch
   NormSaved saved;
 };
+// The gradients the norm's backward pass sums over the rows besides its input's, and where they go.
+// With into_main_grads and gradient-accumulation fusion on (fp8/wgrad_fusion.h), gamma's and
+// beta's go into the parameters' fp32 main gradients where they have them (is_main_grad: added
+// to, or written in the step's first write, as the wgrad GEMMs do); else, in the parameters'
+// dtype, to autograd. That saves autograd's add of a rounded gradient into the fp32 buffer (one
+// small kernel per norm parameter), and the gradient keeps its fp32 sum.
+struct NormGradRequest {
+  bool gamma = false, beta = false;  // autograd wants them (beta: LayerNorm with a shift)
+  bool into_main_grads = true;
+  BiasGradTarget branch_bias;        // the forward's pending branch bias's (bias_grad_target)
+};
 struct NormPrologueBackward {
   torch::Tensor d_in;               // d_sum + the norm's input gradient: residual's and branch's
-  torch::Tensor d_weight, d_bias;   // undefined unless asked for (d_bias: LayerNorm with beta)
+  torch::Tensor d_weight, d_bias;   // what autograd gets: undefined unless requested, or where they
+                                    // went into main gradients
   torch::Tensor normed;             // the forward's output again, if asked for
 };
 
@@ -84,12 +96,12 @@ bool norm_prologue_applies(const torch::Tensor& residual, const torch::Tensor& b
 // branch_bias too (the branch has no pending bias).
 NormPrologueForward norm_prologue_forward(const torch::Tensor& residual, const torch::Tensor& branch,
                                           const NormPrologue& norm, const torch::Tensor& branch_bias = {});
-// d_sum may be undefined (zero). The gradients have the activations' dtype, as autograd expects.
-// With branch_bias_grad (bias_grad_target of the forward's branch bias) the same pass sums the
-// branch's gradient over tokens into it: the bias's gradient, in fp32.
+// d_sum may be undefined (zero). The gradients autograd gets have the activations' dtype. With
+// request.branch_bias the same pass sums the branch's gradient over tokens into it: the bias's
+// gradient, in fp32.
 NormPrologueBackward norm_prologue_backward(const NormPrologue& norm, const NormSaved& saved, const torch::Tensor& d_normed,
-                                            const torch::Tensor& d_sum, bool want_params, bool rewrite_normed,
-                                            const BiasGradTarget& branch_bias_grad = {});
+                                            const torch::Tensor& d_sum, const NormGradRequest& request,
+                                            bool rewrite_normed);
 
 // The backward of the norm an FP8 linear fuses into its input cast (fp8/norm_backward.h), through
 // this kernel: installed by the modules that own such a norm. torch's where the kernel does not

@@ -186,8 +186,8 @@ struct BackwardArgs {
   const float* rstd;
   T* d_in;
   T* normed;          // null: the norm's output is not written again
-  float* d_gamma_part;  // [gridDim.x, hidden], null: no parameter gradients
-  float* d_beta_part;   // null: no beta
+  float* d_gamma_part;  // [gridDim.x, hidden], null: no gamma gradient
+  float* d_beta_part;   // null: no beta gradient
   float* d_branch_bias_part;  // [gridDim.x, hidden], null: no branch bias gradient
   int64_t rows;
   int hidden;
@@ -323,17 +323,11 @@ __global__ void __launch_bounds__(kBlockThreads) residual_norm_backward_kernel(c
     write_block_partial(d_branch_bias, columns, a.d_branch_bias_part + row_of_block, packs, a.hidden);
 }
 
-// The partial rows to sum and where each total goes: gamma's and beta's gradients in T, the
-// branch bias's in fp32 (its main gradient), written or added to. A null partial: none.
-template <class T>
+// The partial rows to sum (gamma's, beta's, the branch bias's; null: none) and where each total
+// goes.
 struct ReducePartialsArgs {
-  const float* gamma_part;
-  const float* beta_part;
-  const float* branch_bias_part;
-  T* d_gamma;
-  T* d_beta;
-  float* d_branch_bias;
-  bool accumulate_branch_bias;
+  const float* part[3];
+  SummedGradOut out[3];
   int64_t parts;
   int hidden;
 };
@@ -342,9 +336,9 @@ struct ReducePartialsArgs {
 // adding rows y, y + 32, ... in order, then the 32 subtotals in order. blockIdx.y picks gamma's
 // (0), beta's (1) or the branch bias's (2) partials.
 template <class T>
-__global__ void __launch_bounds__(kWarp * kWarp) residual_norm_reduce_partials_kernel(const ReducePartialsArgs<T> a) {
+__global__ void __launch_bounds__(kWarp * kWarp) residual_norm_reduce_partials_kernel(const ReducePartialsArgs a) {
   __shared__ float subtotal[kWarp][kWarp + 1];
-  const float* part = blockIdx.y == 0 ? a.gamma_part : blockIdx.y == 1 ? a.beta_part : a.branch_bias_part;
+  const float* part = a.part[blockIdx.y];
   if (part == nullptr) return;  // uniform over the block
   const int c = blockIdx.x * kWarp + threadIdx.x;
   float total = 0.0f;
@@ -355,10 +349,12 @@ __global__ void __launch_bounds__(kWarp * kWarp) residual_norm_reduce_partials_k
   if (threadIdx.y != 0 || c >= a.hidden) return;
   float sum = 0.0f;
   for (int i = 0; i < kWarp; ++i) sum += subtotal[i][threadIdx.x];
-  if (blockIdx.y == 2) {
-    a.d_branch_bias[c] = a.accumulate_branch_bias ? a.d_branch_bias[c] + sum : sum;
+  const SummedGradOut& out = a.out[blockIdx.y];
+  if (!out.fp32) {
+    static_cast<T*>(out.data)[c] = from_float<T>(sum);
   } else {
-    (blockIdx.y == 0 ? a.d_gamma : a.d_beta)[c] = from_float<T>(sum);
+    float* total = static_cast<float*>(out.data);
+    total[c] = out.accumulate ? total[c] + sum : sum;
   }
 }
 
@@ -416,7 +412,7 @@ template <class T, int V, int kPacks>
 int64_t launch_backward_as(const BackwardArgs<T>& a, cudaStream_t stream) {
   const Layout l = layout_for(a.hidden, V, kBackwardBlockTarget);
   const dim3 block(l.threads_per_row, l.rows_per_block);
-  const bool partials = a.d_gamma_part || a.d_branch_bias_part;
+  const bool partials = a.d_gamma_part || a.d_beta_part || a.d_branch_bias_part;
   const size_t shared = partials ? size_t(l.rows_per_block) * a.hidden * sizeof(float) : 0;
   int resident = 0;
   FP8TRON_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, residual_norm_backward_kernel<T, V, kPacks>,
@@ -477,13 +473,16 @@ template <class T>
 void backward_typed(const ResidualNormShape& s, const ResidualNormBackwardIo& io, cudaStream_t stream) {
   check_shape(s);
   FP8TRON_CHECK(s.rms || io.mean != nullptr || s.rows == 0, "LayerNorm's backward needs the saved means");
-  const bool params = io.d_gamma != nullptr, beta = params && io.d_beta != nullptr && !s.rms;
-  const bool branch_bias = io.d_branch_bias != nullptr;
-  FP8TRON_CHECK(!(params || branch_bias) || (io.workspace && io.workspace_rows >= 1),
-                "the parameter gradients need the workspace");
+  const bool gamma = io.d_gamma.data != nullptr, beta = io.d_beta.data != nullptr && !s.rms;
+  const bool branch_bias = io.d_branch_bias.data != nullptr;
+  const bool sums = gamma || beta || branch_bias;
+  FP8TRON_CHECK(!sums || (io.workspace && io.workspace_rows >= 1), "the parameter gradients need the workspace");
+  FP8TRON_CHECK(!branch_bias || io.d_branch_bias.fp32, "the branch bias's gradient is summed in fp32");
+  for (const SummedGradOut* out : {&io.d_gamma, &io.d_beta, &io.d_branch_bias})
+    FP8TRON_CHECK(out->fp32 || !out->accumulate, "only an fp32 gradient can be added to");
   // The workspace's three blocks of workspace_rows partial rows: gamma's, beta's, the branch bias's.
   const auto block = [&](int i) { return io.workspace + i * io.workspace_rows * s.hidden; };
-  float* gamma_part = params ? block(0) : nullptr;
+  float* gamma_part = gamma ? block(0) : nullptr;
   float* beta_part = beta ? block(1) : nullptr;
   float* branch_bias_part = branch_bias ? block(2) : nullptr;
   int64_t parts = 0;
@@ -501,19 +500,14 @@ void backward_typed(const ResidualNormShape& s, const ResidualNormBackwardIo& io
     parts = dispatch<T>(vectorized, s.hidden, kBackwardBlockTarget, [&](auto v, auto packs) {
       return launch_backward_as<T, decltype(v)::value, decltype(packs)::value>(a, stream);
     });
-    FP8TRON_CHECK(!(params || branch_bias) || parts <= io.workspace_rows, "the backward grid outgrew its workspace");
+    FP8TRON_CHECK(!sums || parts <= io.workspace_rows, "the backward grid outgrew its workspace");
   }
-  if (!params && !branch_bias) return;
+  if (!sums) return;
   // With no rows (parts 0) the totals are zero.
-  const ReducePartialsArgs<T> r{gamma_part,
-                                beta_part,
-                                branch_bias_part,
-                                static_cast<T*>(io.d_gamma),
-                                static_cast<T*>(io.d_beta),
-                                io.d_branch_bias,
-                                io.accumulate_branch_bias,
-                                parts,
-                                int(s.hidden)};
+  const ReducePartialsArgs r{{gamma_part, beta_part, branch_bias_part},
+                             {io.d_gamma, io.d_beta, io.d_branch_bias},
+                             parts,
+                             int(s.hidden)};
   const dim3 grid(ceil_div(s.hidden, kWarp), branch_bias ? 3 : beta ? 2 : 1), threads(kWarp, kWarp);
   residual_norm_reduce_partials_kernel<T><<<grid, threads, 0, stream>>>(r);
   FP8TRON_CUDA_CHECK_LAUNCH("residual_norm_reduce_partials_kernel");

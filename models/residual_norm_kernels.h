@@ -48,6 +48,15 @@ void residual_norm_forward(const ResidualNormShape& shape, const ResidualNormFor
 // bias's).
 int64_t residual_norm_workspace_rows(const ResidualNormShape& shape);
 
+// Where one of the backward's sums over rows goes (gamma's, beta's or the branch bias's gradient):
+// in the activations' dtype (a gradient for autograd), or in fp32 (a parameter's fp32 main
+// gradient, or an fp32 gradient), written or added to.
+struct SummedGradOut {
+  void* data = nullptr;     // null: not wanted
+  bool fp32 = false;
+  bool accumulate = false;  // fp32 only: added to the values there instead of written
+};
+
 // The backward's pointers: inputs, then outputs (optional ones may be null).
 struct ResidualNormBackwardIo {
   const void* d_normed = nullptr;
@@ -58,18 +67,17 @@ struct ResidualNormBackwardIo {
   const float* mean = nullptr;  // null for RMSNorm
   const float* rstd = nullptr;
   void* d_in = nullptr;
-  void* d_gamma = nullptr;      // null: no parameter gradients
-  void* d_beta = nullptr;       // null: none (RMSNorm, or no beta)
+  SummedGradOut d_gamma;        // [hidden]
+  SummedGradOut d_beta;         // [hidden]; none for RMSNorm
   void* normed = nullptr;       // non-null: norm(sum) written again, bitwise the forward's output
-  float* d_branch_bias = nullptr;      // fp32 [hidden]: the sum of d_in over rows; null: none
-  bool accumulate_branch_bias = false;  // added to d_branch_bias's values instead of written
-  float* workspace = nullptr;  // with d_gamma or d_branch_bias: residual_norm_workspace_rows x 3 x hidden floats
+  SummedGradOut d_branch_bias;  // fp32 [hidden]: the sum of d_in over rows
+  float* workspace = nullptr;   // with any of the three sums: residual_norm_workspace_rows x 3 x hidden floats
   int64_t workspace_rows = 0;
 };
 
 // d_in = d_sum + the norm's input gradient for d_normed, in one rounding, from the saved sum and
-// statistics. With d_gamma also the gradients of gamma and (d_beta, LayerNorm) beta, in dtype,
-// and with d_branch_bias the branch bias's (the sum over rows of d_in as stored), in fp32: each
+// statistics. With d_gamma or d_beta also the gradients of gamma and (LayerNorm) beta, and with
+// d_branch_bias the branch bias's (the sum over rows of d_in as stored), in fp32: each
 // block accumulates its rows' contributions in fp32, one partial row per block goes to
 // `workspace`, and a second kernel sums the partial rows in a fixed order, so the results are
 // bitwise the same on every run (no atomics). With `normed` the pass also writes the norm's output

@@ -64,8 +64,10 @@ TEST(GpuNormPrologue, BackwardRewritesTheForwardOutputBitwise) {
             const auto residual = rows(67, hidden, dtype), branch = rows(67, hidden, dtype);
             const auto f = norm_prologue_forward(residual, branch, norm);
             const auto d_normed = rows(67, hidden, dtype), d_sum = rows(67, hidden, dtype);
-            const auto plain = norm_prologue_backward(norm, f.saved, d_normed, d_sum, true, false);
-            const auto rewriting = norm_prologue_backward(norm, f.saved, d_normed, d_sum, true, true);
+            NormGradRequest params;  // gamma's and (where there is one) beta's gradients
+            params.gamma = params.beta = true;
+            const auto plain = norm_prologue_backward(norm, f.saved, d_normed, d_sum, params, false);
+            const auto rewriting = norm_prologue_backward(norm, f.saved, d_normed, d_sum, params, true);
             ASSERT_TRUE(rewriting.normed.defined()) << where;
             EXPECT_FALSE(plain.normed.defined()) << where;
             EXPECT_TRUE(torch::equal(rewriting.normed, f.normed)) << where << ": the rewritten output differs";
@@ -76,7 +78,7 @@ TEST(GpuNormPrologue, BackwardRewritesTheForwardOutputBitwise) {
             if (rewriting.d_bias.defined()) EXPECT_TRUE(torch::equal(rewriting.d_bias, plain.d_bias)) << where;
             // The norm of residual alone, without parameter gradients.
             const auto alone = norm_prologue_forward(residual, torch::Tensor(), norm);
-            const auto b = norm_prologue_backward(norm, alone.saved, d_normed, torch::Tensor(), false, true);
+            const auto b = norm_prologue_backward(norm, alone.saved, d_normed, torch::Tensor(), {}, true);
             EXPECT_TRUE(torch::equal(b.normed, alone.normed)) << where << " (no branch)";
             EXPECT_FALSE(b.d_weight.defined()) << where;
           }
@@ -149,7 +151,7 @@ std::vector<Case> cases() {
 
 // One side's leaves: the stream, the norm's parameters and the linears'. With biases the pending
 // branch has one too (the last sub-layer's output projection's, left to the norm), whose gradient
-// the norm's pass adds into its main gradient.
+// the norm's pass adds into its main gradient, as it does gamma's and beta's.
 struct Leaves {
   torch::Tensor residual, branch, branch_bias, gamma, beta;
   std::vector<torch::Tensor> linear;  // w1, b1 (may be undefined), w2, b2
@@ -159,8 +161,8 @@ Leaves leaves_of(const Leaves& values) {
   l.residual = leaf(values.residual);
   if (values.branch.defined()) l.branch = leaf(values.branch);
   if (values.branch_bias.defined()) l.branch_bias = main_grad_leaf(values.branch_bias);
-  l.gamma = leaf(values.gamma);
-  if (values.beta.defined()) l.beta = leaf(values.beta);
+  l.gamma = main_grad_leaf(values.gamma);
+  if (values.beta.defined()) l.beta = main_grad_leaf(values.beta);
   for (const auto& v : values.linear) l.linear.push_back(v.defined() ? main_grad_leaf(v) : torch::Tensor());
   return l;
 }

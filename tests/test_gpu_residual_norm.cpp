@@ -226,6 +226,47 @@ TEST(GpuKernels, ResidualNormAddsTheBranchBiasAndSumsItsGradient) {
   }
 }
 
+// gamma's and beta's gradients go into the parameters' fp32 main gradients where they have them
+// (NormGradRequest): written over a stale value in a step's first write, the fp32 sum whose one
+// rounding autograd gets without a main gradient (bitwise); added to one otherwise; and autograd
+// then gets nothing for them (no AccumulateGrad add). The norm + linear and the norm + GeLU MLP
+// share this backward pass (tests/test_gpu_norm_linear.cpp compares them with the plain op).
+TEST(GpuKernels, ResidualNormSumsGammaAndBetaIntoTheirMainGradients) {
+  REQUIRE_GPU();
+  struct Restore {
+    ~Restore() { main_grad_first_write::own({}); }
+  } restore;
+  for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+    for (const auto kind : {Normalization::LayerNorm, Normalization::RMSNorm}) {
+      const NormOptions o{768, kind, 1e-5, false};
+      SCOPED_TRACE(std::string(c10::toString(dtype)) + " " + kind_name(o));
+      const Inputs in = make_inputs({37, 7, o.size}, o, dtype, true);
+      const auto want = fused_run(in, o);  // leaves without main gradients: autograd's gradients
+      ASSERT_TRUE(want.d_weight.defined());
+      auto weight = in.weight.detach().clone().requires_grad_(true);
+      auto bias = in.bias.defined() ? in.bias.detach().clone().requires_grad_(true) : torch::Tensor();
+      std::vector<torch::Tensor> params{weight};
+      if (bias.defined()) params.push_back(bias);
+      for (auto& p : params) p.mutable_grad() = torch::full(p.sizes(), 1e30, kCuda.dtype(torch::kFloat32));
+      main_grad_first_write::own(params);
+      main_grad_first_write::new_step();
+      const auto run = [&] {
+        auto r = in.residual.detach().clone().requires_grad_(true), b = in.branch.detach().clone().requires_grad_(true);
+        const auto out = residual_add_norm(r, b, o, weight, bias);
+        ((out.sum * in.c_sum).sum() + (out.normed * in.c_normed).sum()).backward();
+        EXPECT_TRUE(torch::equal(r.grad(), want.d_residual)) << "residual's gradient";
+      };
+      run();  // the first write
+      const auto written_gamma = weight.grad().clone();
+      EXPECT_TRUE(torch::equal(written_gamma.to(dtype), want.d_weight)) << "gamma's main gradient, rounded";
+      if (bias.defined()) EXPECT_TRUE(torch::equal(bias.grad().to(dtype), want.d_bias)) << "beta's main gradient, rounded";
+      run();  // added to
+      EXPECT_TRUE(torch::equal(weight.grad(), written_gamma + written_gamma)) << "gamma's, added";
+      main_grad_first_write::own({});
+    }
+  }
+}
+
 // Without a branch it is the norm of the residual alone; with either output unused its gradient is
 // absent: only the normed output (d_sum zero), only the sum (the gradient passes through as it is,
 // no parameter gradients).
