@@ -31,7 +31,6 @@ void add_into_main_grad(const torch::Tensor& tokens, const torch::Tensor& grad_i
   kernels::EmbeddingGradShape s;
   s.lookups = grad.size(0);
   s.hidden = hidden;
-  s.vocab = weight.size(0);
   s.dtype = *kernel_float_of(grad);
   auto workspace = torch::empty({kernels::embedding_grad_workspace_floats(s)}, grad.options().dtype(torch::kFloat32));
   kernels::embedding_grad_into_main_grad(s, std::get<0>(sorted).data_ptr<int64_t>(), std::get<1>(sorted).data_ptr<int64_t>(),

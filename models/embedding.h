@@ -8,8 +8,10 @@
 // token ids and adds each token's summed rows into its row of the main gradient
 // (models/embedding_grad_kernels.h): fp32 sums in a fixed order, the same bits on every run, and
 // autograd gets no gradient for the weight (its hooks still run). The tied output layer's logits
-// GEMM has already written that main gradient in the step by then; otherwise the step's first
-// write (models/main_grad_first_write.h) zeroes it first.
+// GEMM has already written that main gradient in the step by then; otherwise the optimizer zeroed
+// it. (The weight is not among the step's first-written parameters, models/main_grad_first_write.h:
+// the paths that return its gradient to autograd, tensor parallelism and the fallback, add to the
+// buffer. Should it be registered, this backward zeroes it before a first write.)
 //
 // Where it does not apply (the CPU, no main gradient, fusion off) it is torch's embedding and its
 // backward, bit for bit.

@@ -23,7 +23,6 @@ constexpr int64_t kEmbeddingGradChunk = 32;
 struct EmbeddingGradShape {
   int64_t lookups = 0;  // rows of grad
   int64_t hidden = 0;
-  int64_t vocab = 0;    // rows of the main gradient (ids are checked against it on the host)
   FloatType dtype = FloatType::kBFloat16;  // grad's
 };
 
@@ -31,7 +30,9 @@ struct EmbeddingGradShape {
 int64_t embedding_grad_workspace_floats(const EmbeddingGradShape& shape);
 
 // main_grad[id] += the sum of grad[positions[i]] over the lookups i of each id. grad is
-// [lookups, hidden] contiguous in shape.dtype; main_grad is fp32 [vocab, hidden] contiguous.
+// [lookups, hidden] contiguous in shape.dtype; main_grad is fp32 [vocab, hidden] contiguous. The
+// ids must be rows of main_grad: the caller's forward lookup checked them (an id out of range
+// would write outside the row range).
 void embedding_grad_into_main_grad(const EmbeddingGradShape& shape, const int64_t* sorted_ids, const int64_t* positions,
                                    const void* grad, float* main_grad, float* workspace, cudaStream_t stream);
 

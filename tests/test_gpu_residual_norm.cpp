@@ -258,10 +258,23 @@ TEST(GpuKernels, ResidualNormSumsGammaAndBetaIntoTheirMainGradients) {
       };
       run();  // the first write
       const auto written_gamma = weight.grad().clone();
+      const auto written_beta = bias.defined() ? bias.grad().clone() : torch::Tensor();
       EXPECT_TRUE(torch::equal(written_gamma.to(dtype), want.d_weight)) << "gamma's main gradient, rounded";
-      if (bias.defined()) EXPECT_TRUE(torch::equal(bias.grad().to(dtype), want.d_bias)) << "beta's main gradient, rounded";
+      if (bias.defined()) EXPECT_TRUE(torch::equal(written_beta.to(dtype), want.d_bias)) << "beta's main gradient, rounded";
       run();  // added to
       EXPECT_TRUE(torch::equal(weight.grad(), written_gamma + written_gamma)) << "gamma's, added";
+      if (bias.defined()) EXPECT_TRUE(torch::equal(bias.grad(), written_beta + written_beta)) << "beta's, added";
+      if (bias.defined()) {
+        // A frozen gamma: beta's gradient alone (the reduction's gamma row is not asked for).
+        weight.requires_grad_(false);
+        weight.mutable_grad() = torch::Tensor();
+        main_grad_first_write::own({bias});
+        main_grad_first_write::new_step();
+        bias.grad().fill_(1e30);
+        run();
+        EXPECT_TRUE(torch::equal(bias.grad(), written_beta)) << "beta's main gradient with gamma frozen";
+        EXPECT_FALSE(weight.grad().defined());
+      }
       main_grad_first_write::own({});
     }
   }
