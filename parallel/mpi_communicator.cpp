@@ -95,9 +95,7 @@ class MpiWork : public CommWork {
           std::fflush(stderr);
         }
       }
-      if (waited > op_.timeouts.timeout)
-        throw UserError("timed out after " + std::to_string(op_.timeouts.timeout.count() / 60000) +
-                        " min (--distributed-timeout-minutes) in " + what() + (report.empty() ? "" : ": " + report));
+      if (waited > op_.timeouts.timeout) give_up(report);
       std::this_thread::sleep_for(std::chrono::microseconds(20));  // yield: ranks may share cores
     }
     if (op_.board) op_.board->done_waiting();
@@ -111,6 +109,16 @@ class MpiWork : public CommWork {
  private:
   std::string what() const {
     return strprintf("%s on group '%s' (global rank %d)", op_.op.c_str(), op_.group.c_str(), op_.world_rank);
+  }
+  // A collective past --distributed-timeout-minutes cannot be recovered, and an orderly exit would
+  // wait on the missing rank again (MPI_Finalize, a checkpoint's agreement): the process ends here,
+  // non-zero, and mpirun ends the other ranks.
+  [[noreturn]] void give_up(const std::string& report) const {
+    std::fprintf(stderr, "fp8tron: error: timed out after %lld min (--distributed-timeout-minutes) in %s%s%s\n",
+                 (long long)(op_.timeouts.timeout.count() / 60000), what().c_str(), report.empty() ? "" : ": ",
+                 report.c_str());
+    std::fflush(stderr);
+    std::_Exit(1);
   }
   MpiOp op_;
   bool done_ = false;

@@ -8,6 +8,8 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <sstream>
 
 #include "core/log.h"
@@ -28,11 +30,6 @@ std::string host_name() {
   return name;
 }
 
-std::condition_variable& wakeup() {
-  static std::condition_variable cv;
-  return cv;
-}
-
 }  // namespace
 
 struct ProgressBoard::Record {
@@ -45,68 +42,40 @@ struct ProgressBoard::Record {
   std::map<std::string, uint64_t> entered;
 };
 
-ProgressBoard::ProgressBoard(std::shared_ptr<c10d::Store> store, int rank, int world_size, Options options)
-    : store_(std::move(store)), rank_(rank), world_size_(world_size), options_(options) {
-  publish();  // every rank's record exists before the first collective can hang
-  thread_ = std::thread([this] { loop(); });
-}
+// Everything the board's thread touches. The thread holds a reference of its own, so a board can be
+// destroyed while its thread is stuck in a store call that never returns.
+struct ProgressBoard::State {
+  std::shared_ptr<c10d::Store> store;
+  int rank = 0, world_size = 1;
+  std::mutex mutex;  // guards every member below
+  std::condition_variable wake;
+  // This rank's record.
+  int64_t last_iteration = 0;
+  std::map<std::string, uint64_t> entered;
+  std::string wait_key, wait_op;
+  uint64_t wait_seq = 0;
+  int64_t wait_since_ms = 0;
+  bool iteration_changed = false;
+  // Requests to the thread and its answers, counted so that a waiter knows its own.
+  uint64_t publishes_asked = 0, publishes_done = 0;
+  uint64_t reads_asked = 0, reads_done = 0;
+  std::vector<Record> read_records;
+  bool read_ok = false;
+  bool stop = false, exited = false;
 
-ProgressBoard::~ProgressBoard() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stop_ = true;
+  std::string serialize_locked() const {
+    std::ostringstream os;
+    os << "iteration " << last_iteration << "\npublished " << now_ms() << "\n";
+    if (!wait_key.empty()) os << "wait " << wait_seq << " " << wait_since_ms << " " << wait_op << " " << wait_key << "\n";
+    for (const auto& [key, n] : entered) os << "group " << n << " " << key << "\n";
+    return os.str();
   }
-  wakeup().notify_all();
-  if (thread_.joinable()) thread_.join();
-}
+};
 
-std::string ProgressBoard::group_key(const std::string& name, const std::vector<int>& members) {
-  std::string key = name + "[";
-  for (size_t i = 0; i < members.size(); ++i) {
-    if (i) key += ',';
-    key += std::to_string(members[i]);
-  }
-  return key + "]";
-}
+namespace {
 
-void ProgressBoard::iteration_finished(int64_t iteration) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    last_iteration_ = iteration;
-    iteration_changed_ = true;
-  }
-  wakeup().notify_all();  // published soon (at most every 200 ms), not only at the next second
-}
-
-uint64_t ProgressBoard::entered(const std::string& key) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return ++entered_[key];
-}
-
-void ProgressBoard::waiting(const std::string& key, const std::string& op, uint64_t seq) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  wait_key_ = key;
-  wait_op_ = op;
-  wait_seq_ = seq;
-  wait_since_ms_ = now_ms();
-}
-
-void ProgressBoard::done_waiting() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  wait_key_.clear();
-}
-
-std::string ProgressBoard::serialize() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  std::ostringstream os;
-  os << "iteration " << last_iteration_ << "\npublished " << now_ms() << "\n";
-  if (!wait_key_.empty()) os << "wait " << wait_seq_ << " " << wait_since_ms_ << " " << wait_op_ << " " << wait_key_ << "\n";
-  for (const auto& [key, n] : entered_) os << "group " << n << " " << key << "\n";
-  return os.str();
-}
-
-ProgressBoard::Record ProgressBoard::parse(const std::string& text) {
-  Record r;
+ProgressBoard::Record parse_record(const std::string& text) {
+  ProgressBoard::Record r;
   r.present = true;
   std::istringstream in(text);
   std::string word;
@@ -124,47 +93,146 @@ ProgressBoard::Record ProgressBoard::parse(const std::string& text) {
   return r;
 }
 
-void ProgressBoard::publish() {
-  try {
-    // Serialized under the store's lock: of two publishes (the background loop's and a direct
-    // one), the later write carries the later state, never a stale record over a fresh one.
-    std::lock_guard<std::mutex> lock(store_mutex_);
-    const std::string text = serialize();
-    store_->set(record_key(rank_), std::vector<uint8_t>(text.begin(), text.end()));
-  } catch (const std::exception&) {
-    // The side channel is down (e.g. rank 0's process stopped): the next publish retries.
+// Every other rank's record; throws when the store fails (or times out on its own).
+std::vector<ProgressBoard::Record> read_records(c10d::Store& store, int rank, int world_size) {
+  std::vector<ProgressBoard::Record> records(static_cast<size_t>(world_size));
+  for (int r = 0; r < world_size; ++r) {
+    if (r == rank || !store.check({record_key(r)})) continue;
+    const auto bytes = store.get(record_key(r));
+    records[size_t(r)] = parse_record(std::string(bytes.begin(), bytes.end()));
   }
+  return records;
 }
 
-void ProgressBoard::loop() {
-  std::unique_lock<std::mutex> lock(mutex_);
-  while (!stop_) {
-    wakeup().wait_for(lock, options_.publish_every, [this] { return stop_ || iteration_changed_; });
-    if (stop_) return;
-    iteration_changed_ = false;
+// The board's thread: publishes this rank's record every publish_every (within 200 ms of a
+// finished iteration, at most five times a second) and answers requests. Every store call of the
+// board happens here.
+void board_loop(std::shared_ptr<ProgressBoard::State> s, std::chrono::milliseconds publish_every) {
+  using Clock = std::chrono::steady_clock;
+  constexpr auto kMinGap = std::chrono::milliseconds(200);
+  std::unique_lock<std::mutex> lock(s->mutex);
+  auto last_publish = Clock::now() - kMinGap;
+  const auto asked = [&] { return s->publishes_asked > s->publishes_done || s->reads_asked > s->reads_done; };
+  while (!s->stop) {
+    s->wake.wait_until(lock, last_publish + publish_every, [&] { return s->stop || asked() || s->iteration_changed; });
+    // A finished iteration waits out the minimum gap; a request does not.
+    if (!asked()) s->wake.wait_until(lock, last_publish + kMinGap, [&] { return s->stop || asked(); });
+    if (s->stop) break;
+    const uint64_t publish_ticket = s->publishes_asked, read_ticket = s->reads_asked;
+    const bool read = read_ticket > s->reads_done;
+    s->iteration_changed = false;
+    const std::string text = s->serialize_locked();
     lock.unlock();
-    publish();
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // at most five publishes a second
+    try {
+      s->store->set(record_key(s->rank), std::vector<uint8_t>(text.begin(), text.end()));
+    } catch (const std::exception&) {
+      // The side channel is down (e.g. its host process stopped): the next publish retries.
+    }
+    last_publish = Clock::now();
+    std::vector<ProgressBoard::Record> records;
+    bool ok = true;
+    if (read) {
+      try {
+        records = read_records(*s->store, s->rank, s->world_size);
+      } catch (const std::exception&) {
+        ok = false;
+      }
+    }
     lock.lock();
+    s->publishes_done = publish_ticket;
+    if (read) {
+      s->read_records = std::move(records);
+      s->read_ok = ok;
+      s->reads_done = read_ticket;
+    }
+    s->wake.notify_all();
   }
+  s->exited = true;
+  s->wake.notify_all();
+}
+
+}  // namespace
+
+ProgressBoard::ProgressBoard(std::shared_ptr<c10d::Store> store, int rank, int world_size, Options options)
+    : options_(options), rank_(rank), world_size_(world_size), state_(std::make_shared<State>()) {
+  state_->store = std::move(store);
+  state_->rank = rank;
+  state_->world_size = world_size;
+  thread_ = std::thread(board_loop, state_, options_.publish_every);
+  publish();  // every rank's record exists before the first collective can hang
+}
+
+ProgressBoard::~ProgressBoard() {
+  std::unique_lock<std::mutex> lock(state_->mutex);
+  state_->stop = true;
+  state_->wake.notify_all();
+  // A thread stuck in a store call whose host is gone is left behind (it owns what it uses).
+  const bool exited = state_->wake.wait_for(lock, std::chrono::seconds(2), [&] { return state_->exited; });
+  lock.unlock();
+  if (exited) thread_.join();
+  else thread_.detach();
+}
+
+std::string ProgressBoard::group_key(const std::string& name, const std::vector<int>& members) {
+  std::string key = name + "[";
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (i) key += ',';
+    key += std::to_string(members[i]);
+  }
+  return key + "]";
+}
+
+void ProgressBoard::iteration_finished(int64_t iteration) {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  state_->last_iteration = iteration;
+  state_->iteration_changed = true;
+  state_->wake.notify_all();
+}
+
+uint64_t ProgressBoard::entered(const std::string& key) {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return ++state_->entered[key];
+}
+
+void ProgressBoard::waiting(const std::string& key, const std::string& op, uint64_t seq) {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  state_->wait_key = key;
+  state_->wait_op = op;
+  state_->wait_seq = seq;
+  state_->wait_since_ms = now_ms();
+}
+
+void ProgressBoard::done_waiting() {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  state_->wait_key.clear();
+}
+
+void ProgressBoard::publish() {
+  std::unique_lock<std::mutex> lock(state_->mutex);
+  const uint64_t ticket = ++state_->publishes_asked;
+  state_->wake.notify_all();
+  state_->wake.wait_for(lock, options_.read_limit, [&] { return state_->publishes_done >= ticket || state_->exited; });
 }
 
 ProgressBoard::Report ProgressBoard::describe(const std::string& group_name, const std::vector<int>& members,
                                               const std::string& op, uint64_t seq, std::chrono::milliseconds waited) {
   const std::string key = group_key(group_name, members);
-  std::vector<Record> records(static_cast<size_t>(world_size_) + 0);
-  bool channel_ok = true;
-  try {
-    std::lock_guard<std::mutex> lock(store_mutex_);
-    for (int r = 0; r < world_size_; ++r) {
-      if (r == rank_ || !store_->check({record_key(r)})) continue;
-      const auto bytes = store_->get(record_key(r));
-      records[size_t(r)] = parse(std::string(bytes.begin(), bytes.end()));
+  std::vector<Record> records;
+  bool channel_ok = false;
+  std::string mine;
+  {
+    std::unique_lock<std::mutex> lock(state_->mutex);
+    const uint64_t ticket = ++state_->reads_asked;
+    state_->wake.notify_all();
+    if (state_->wake.wait_for(lock, options_.read_limit, [&] { return state_->reads_done >= ticket || state_->exited; }) &&
+        state_->reads_done >= ticket) {
+      records = state_->read_records;
+      channel_ok = state_->read_ok;
     }
-  } catch (const std::exception&) {
-    channel_ok = false;
+    mine = state_->serialize_locked();
   }
-  records[size_t(rank_)] = parse(serialize());
+  records.resize(static_cast<size_t>(world_size_));
+  records[size_t(rank_)] = parse_record(mine);
   const int64_t now = now_ms();
   const double stale_after_s = 3.0 * double(options_.publish_every.count()) / 1000.0;
 
@@ -205,10 +273,12 @@ ProgressBoard::Report ProgressBoard::describe(const std::string& group_name, con
     members_text += std::to_string(members[i]);
   }
   if (members.size() > 16) members_text += ",...";
-  std::string who = missing.empty() ? "every rank of the group has entered it (the transport itself is stuck: network "
-                                      "or NCCL)"
-                                    : "not arrived: " + join(missing, ", ");
-  if (!channel_ok) who += "; the side channel (rank 0's store) does not answer: rank 0's process may be stopped or dead";
+  std::string who = !channel_ok ? strprintf("the side channel did not answer within %g s, so which ranks have not arrived "
+                                            "is unknown; under mpirun rank 0's process hosts it: rank 0 is stopped or dead",
+                                            double(options_.read_limit.count()) / 1000.0)
+                    : missing.empty() ? "every rank of the group has entered it (the transport itself is stuck: network "
+                                        "or NCCL)"
+                                      : "not arrived: " + join(missing, ", ");
   Report report;
   report.text = strprintf("collective hang: %s #%llu on group '%s' (global ranks %s) has waited %.0f s on rank %d; %s. "
                           "Last finished iteration per rank: %s. The job ends after --distributed-timeout-minutes "

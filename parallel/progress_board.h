@@ -11,12 +11,16 @@
 // published -- a stopped or dead process stops publishing) and every rank's last finished
 // iteration. Only the lowest-numbered waiting rank of the group prints it. The job still ends only
 // after --distributed-timeout-minutes.
+//
+// The store may live in the very process that hangs (rank 0 hosts it under mpirun), and a read from
+// a stopped process can block forever. So every store call runs on the board's own thread: a
+// report waits for the records at most `read_limit` and otherwise says that the store's host does
+// not answer; a board whose thread is stuck in the store is left behind at destruction instead of
+// joined. Nothing that reports or ends a hung job waits on the rank that hangs.
 #pragma once
 #include <chrono>
 #include <cstdint>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -33,6 +37,7 @@ class ProgressBoard {
     std::chrono::milliseconds report_after{90000};   // --hang-report-seconds
     std::chrono::milliseconds hard_limit{600000};    // --distributed-timeout-minutes
     std::chrono::milliseconds publish_every{1000};
+    std::chrono::milliseconds read_limit{15000};     // how long a report waits for the records
   };
   // `store` is shared by every rank of the job; `rank` and `world_size` are global.
   ProgressBoard(std::shared_ptr<c10d::Store> store, int rank, int world_size, Options options);
@@ -54,7 +59,8 @@ class ProgressBoard {
   void done_waiting();
 
   // The report of a collective this rank has waited `waited` for (one line), and whether this rank
-  // is the one to print it (the lowest-numbered member that has entered it).
+  // is the one to print it (the lowest-numbered member that has entered it). Returns within
+  // options().read_limit whatever the store does.
   struct Report {
     std::string text;
     bool print = false;
@@ -62,27 +68,17 @@ class ProgressBoard {
   Report describe(const std::string& group_name, const std::vector<int>& members, const std::string& op, uint64_t seq,
                   std::chrono::milliseconds waited);
 
-  // Publishes this rank's record now (the background thread does so every publish_every).
+  // Publishes this rank's record now and waits until it is written (at most read_limit); the
+  // background thread publishes every publish_every anyway.
   void publish();
 
- private:
-  struct Record;
-  std::string serialize();
-  static Record parse(const std::string& text);
-  void loop();
+  struct Record;  // one rank's published state (progress_board.cpp)
+  struct State;   // this rank's record and the requests to the board's thread, shared with it
 
-  std::shared_ptr<c10d::Store> store_;
-  int rank_, world_size_;
+ private:
   Options options_;
-  std::mutex mutex_;
-  std::mutex store_mutex_;
-  int64_t last_iteration_ = 0;
-  std::map<std::string, uint64_t> entered_;
-  std::string wait_key_, wait_op_;
-  uint64_t wait_seq_ = 0;
-  int64_t wait_since_ms_ = 0;
-  bool stop_ = false;
-  bool iteration_changed_ = false;
+  int rank_, world_size_;
+  std::shared_ptr<State> state_;
   std::thread thread_;
 };
 

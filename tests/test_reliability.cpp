@@ -8,7 +8,9 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include <cmath>
+#include <condition_variable>
 #include <filesystem>
+#include <mutex>
 
 #include "checkpoint/temp_dir.h"
 #include "data/indexed_dataset.h"
@@ -428,6 +430,94 @@ TEST(ProgressBoard, AHangReportNamesWhoDidNotArriveAndEveryRanksIteration) {
       << r0.text;
   EXPECT_NE(r0.text.find("Last finished iteration per rank: 0:7 1:7 2:6"), std::string::npos) << r0.text;
   EXPECT_EQ(r0.text.find("rank 1 ("), std::string::npos) << "rank 1 has arrived";
+}
+
+// A store whose host stops answering (a stopped rank 0 under mpirun): every call blocks until the
+// store is thawed.
+class FreezableStore : public c10d::HashStore {
+ public:
+  void freeze() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    frozen_ = true;
+  }
+  void thaw() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      frozen_ = false;
+    }
+    thawed_.notify_all();
+  }
+  void set(const std::string& key, const std::vector<uint8_t>& value) override {
+    block();
+    HashStore::set(key, value);
+  }
+  std::vector<uint8_t> get(const std::string& key) override {
+    block();
+    return HashStore::get(key);
+  }
+  bool check(const std::vector<std::string>& keys) override {
+    block();
+    return HashStore::check(keys);
+  }
+
+ private:
+  void block() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    thawed_.wait(lock, [this] { return !frozen_; });
+  }
+  std::mutex mutex_;
+  std::condition_variable thawed_;
+  bool frozen_ = false;
+};
+
+TEST(ProgressBoard, TheBackgroundThreadPublishesTheLatestRecord) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::shared_ptr<c10d::Store> shared(store.get(), [keep = store](c10d::Store*) {});
+  ProgressBoard::Options options;
+  options.publish_every = std::chrono::milliseconds(50);
+  ProgressBoard board(shared, 0, 1, options);
+  for (int i = 0; i < 3; ++i) board.entered("dp[0,1]");
+  board.iteration_finished(5);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  std::string record;
+  while (std::chrono::steady_clock::now() < deadline) {
+    const auto bytes = store->get("fp8tron/progress/0");
+    record.assign(bytes.begin(), bytes.end());
+    if (record.find("iteration 5") != std::string::npos && record.find("group 3 dp[0,1]") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_NE(record.find("iteration 5"), std::string::npos) << record;
+  EXPECT_NE(record.find("group 3 dp[0,1]"), std::string::npos) << record;
+}
+
+TEST(ProgressBoard, AReportAndTheExitDoNotWaitOnAStoreThatStoppedAnswering) {
+  auto store = c10::make_intrusive<FreezableStore>();
+  std::shared_ptr<c10d::Store> shared(store.get(), [keep = store](c10d::Store*) {});
+  ProgressBoard::Options options;
+  options.publish_every = std::chrono::milliseconds(50);
+  options.read_limit = std::chrono::milliseconds(500);
+  using Clock = std::chrono::steady_clock;
+  {
+    ProgressBoard rank1(shared, 1, 2, options);
+    rank1.entered("dp[0,1]");
+    store->freeze();
+    const auto start = Clock::now();
+    const auto r = rank1.describe("dp", {0, 1}, "all_reduce", 1, std::chrono::seconds(20));
+    EXPECT_LT(Clock::now() - start, std::chrono::seconds(5));
+    EXPECT_TRUE(r.print) << "every waiting rank prints when nobody can read the records";
+    EXPECT_NE(r.text.find("collective hang: all_reduce #1 on group 'dp' (global ranks 0,1) has waited 20 s on rank 1; the "
+                          "side channel did not answer within 0.5 s"),
+              std::string::npos)
+        << r.text;
+    EXPECT_NE(r.text.find("rank 0 is stopped or dead"), std::string::npos) << r.text;
+    // The board's thread is stuck in the store: destroying the board leaves it behind.
+    const auto destroyed = Clock::now();
+    {
+      ProgressBoard another(shared, 0, 2, options);  // its first publish gives up after read_limit
+    }
+    EXPECT_LT(Clock::now() - destroyed, std::chrono::seconds(6));
+  }
+  store->thaw();
 }
 
 }  // namespace
