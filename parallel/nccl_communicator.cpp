@@ -86,19 +86,25 @@ class Watchdog {
   void loop() {
     while (!stop_) {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      std::lock_guard<std::mutex> lock(mutex_);
+      std::unique_lock<std::mutex> lock(mutex_);
       while (!pending_.empty()) {
         Entry& e = pending_.front();
-        if (e.done->query()) { pending_.pop_front(); continue; }
+        if (completed(e)) { pending_.pop_front(); continue; }
         const auto now = std::chrono::steady_clock::now();
         const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(now - e.issued);
         if (board_ && !e.reported && e.op.seq > 0 && waited >= timeouts_.report_after) {
           e.reported = true;
-          const ProgressBoard::Report r = board_->describe(e.op.group, e.op.members, e.op.op, e.op.seq, waited);
+          // The report reads the other ranks' records (up to the board's read limit): new
+          // operations may be issued meanwhile; only this thread removes entries.
+          const Op op = e.op;
+          lock.unlock();
+          const ProgressBoard::Report r = board_->describe(op.group, op.members, op.op, op.seq, waited);
           if (r.print) {
-            std::fprintf(stderr, "fp8tron: [rank %d] %s\n", e.op.world_rank, r.text.c_str());
+            std::fprintf(stderr, "fp8tron: [rank %d] %s\n", op.world_rank, r.text.c_str());
             std::fflush(stderr);
           }
+          lock.lock();
+          continue;  // the front entry may have completed meanwhile
         }
         ncclResult_t async = ncclSuccess;
         ncclCommGetAsyncError(e.comm, &async);
@@ -113,6 +119,20 @@ class Watchdog {
         }
         break;  // operations on one stream finish in order enough for a coarse check
       }
+    }
+  }
+  // Whether the operation's event has fired. A failed kernel anywhere on the device (an illegal
+  // address, say) surfaces here first, on this thread: it ends the process with one line instead
+  // of an exception no one catches.
+  bool completed(const Entry& e) const {
+    try {
+      return e.done->query();
+    } catch (const std::exception& error) {
+      const std::string text = error.what();
+      std::fprintf(stderr, "fp8tron: error: CUDA error while %s was in flight: %s\n", what(e.op).c_str(),
+                   text.substr(0, text.find('\n')).c_str());
+      std::fflush(stderr);
+      std::_Exit(1);
     }
   }
   CommTimeouts timeouts_;
@@ -310,15 +330,20 @@ std::shared_ptr<c10d::Store> make_launcher_store(const LaunchEnv& env, std::chro
   return std::make_shared<c10d::TCPStore>(env.master_addr, options);
 }
 
-// Exchanges the world's ncclUniqueId: MPI under mpirun, else the launcher's store.
+// Exchanges the world's ncclUniqueId: MPI under mpirun, else the launcher's store. A process can
+// build several worlds one after another (tests train several layouts in one job); torchrun's
+// agent store outlives them all, so each world's id has a key of its own, numbered alike on every
+// rank, and no rank can read the id of an earlier world.
 ncclUniqueId exchange_unique_id(const LaunchEnv& env, c10d::Store* store) {
+  static int worlds_built = 0;
+  const int world_number = worlds_built++;
   ncclUniqueId id{};
   if (env.rank == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
   if (!store) {
     MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
     return id;
   }
-  const std::string key = "fp8tron/nccl_unique_id";
+  const std::string key = "fp8tron/nccl_unique_id/" + std::to_string(world_number);
   if (env.rank == 0) {
     std::vector<uint8_t> bytes(reinterpret_cast<uint8_t*>(&id), reinterpret_cast<uint8_t*>(&id) + sizeof id);
     store->set(key, bytes);
