@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
 # Everything the GPU machine checks in one go (its machines start bare): build, GPU tests (ctest
 # label gpu), multi-GPU equivalence under mpirun and torchrun, and the benchmarks. Results go to
-# $OUT (or gpu-check/). Usage: scripts/gpu_check.sh [equivalence] [bench] [fp8-bench] [fp8-convergence]
-# [grouped] [parallel-bench] [data] [checkpoint] [moe] [moe-equivalence] [moe-parallel-bench] [moe-convergence]
-# [overlap] [overlap-bench] [recompute-cp-bench] [max-fit]
+# $OUT (or gpu-check/). Usage: scripts/gpu_check.sh [nccl] [sanitize] [equivalence] [bench] [fp8-bench]
+# [fp8-convergence] [grouped] [parallel-bench] [data] [checkpoint] [moe] [moe-equivalence]
+# [moe-parallel-bench] [moe-convergence] [overlap] [overlap-bench] [recompute-cp-bench] [max-fit]
+#
+# nccl: every multi-process test of the suite over NCCL (ctest label nccl: the layout equivalences,
+#   resume and reshard, communicators, Megatron's 8-rank configs, the multi-rank faults) on the GPUs
+#   present, the ranks sharing them when there are fewer GPUs than ranks (docs/distributed_testing.md).
+#   `nccl` alone builds only the programs it runs. CHECK_SHARD=i/n or CHECK_TESTS=<regex> run a part.
+# sanitize: compute-sanitizer's racecheck and synccheck over a tensor-parallel overlap step (2 ranks).
 # (max-fit: the largest micro-batch and sequence of the 1.3B model that fit on one GPU with and
 # without recomputation, scripts/bench_max_fit.sh)
 # (grouped: the MoE expert GEMMs against torch's grouped GEMMs, scripts/bench_grouped_gemm.sh;
@@ -26,10 +32,18 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 export FP8TRON_SKIP_APT=1 FP8TRON_JOBS=$(nproc) BENCH_OUT=$OUT NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 ./scripts/setup.sh >"$OUT/setup.log" 2>&1 || { tail -5 "$OUT/setup.log"; exit 1; }
-( time ./scripts/build.sh ) >"$OUT/build.log" 2>&1 || { grep -m3 -A8 error "$OUT/build.log"; exit 1; }
+# The NCCL steps need only the multi-process programs; any other step builds the whole tree.
+NCCL_TARGETS=(fp8tron fp8tron-preprocess fp8tron_parallel_equivalence fp8tron_checkpoint_resume fp8tron_parallel_comm_test
+              fp8tron_make_megatron_test_data)
+ONLY_NCCL=$(($# > 0))
+for step in "$@"; do case $step in nccl | sanitize) ;; *) ONLY_NCCL=0 ;; esac; done
+TARGETS=()
+[ $ONLY_NCCL = 1 ] && TARGETS=("${NCCL_TARGETS[@]}")
+( time ./scripts/build.sh "${TARGETS[@]}" ) >"$OUT/build.log" 2>&1 || { grep -m3 -A8 error "$OUT/build.log"; exit 1; }
 tail -3 "$OUT/build.log"
 source .setup/env.sh
 GPUS=$(nvidia-smi -L | wc -l)
+BUILD=${FP8TRON_BUILD_DIR:-build}
 
 FAILED=()
 # check <name> <lines to show (regex)> <command...>: runs the command into $OUT/<name>.log.
@@ -46,18 +60,49 @@ check() {
 }
 EQUIV_LINES="\[rank 0\].*(equivalent|MISMATCH)|rror|differ:"
 
-echo "== GPU tests ($GPUS GPUs)"
-check gpu-tests "tests passed|\*\*\*Failed" bash -c "cd build && timeout 600 ctest -L gpu --output-on-failure"
-# The FP8 GEMM/kernel diagnostics print only when the binary runs directly.
-check fp8-gpu "fp8-bench\].*(TFLOP|GB/s|x bf16)|FAILED" ./build/tests/fp8/fp8tron_fp8_gpu_tests
-check fp8-module "fp8-module|FAILED|Failure" ./build/tests/fp8tron_gpu_tests --gtest_filter='GpuFp8*'
-# Recomputation (bitwise with dropout and FP8, peak memory) and the CP attention blocks on the fused kernels.
-check recompute-cp-gpu "recompute-memory|cp-blocks|FAILED|Failure" ./build/tests/fp8tron_recompute_cp_gpu_tests
+if [ $ONLY_NCCL = 0 ]; then
+  echo "== GPU tests ($GPUS GPUs)"
+  check gpu-tests "tests passed|\*\*\*Failed" bash -c "cd $BUILD && timeout 600 ctest -L gpu --output-on-failure"
+  # The FP8 GEMM/kernel diagnostics print only when the binary runs directly.
+  check fp8-gpu "fp8-bench\].*(TFLOP|GB/s|x bf16)|FAILED" ./$BUILD/tests/fp8/fp8tron_fp8_gpu_tests
+  check fp8-module "fp8-module|FAILED|Failure" ./$BUILD/tests/fp8tron_gpu_tests --gtest_filter='GpuFp8*'
+  # Recomputation (bitwise with dropout and FP8, peak memory) and the CP attention blocks on the fused kernels.
+  check recompute-cp-gpu "recompute-memory|cp-blocks|FAILED|Failure" ./$BUILD/tests/fp8tron_recompute_cp_gpu_tests
+fi
 
 EQ=./build/tests/fp8tron_parallel_equivalence
 MPI=(timeout 240 mpirun --allow-run-as-root --bind-to none -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH -x OMP_NUM_THREADS=4)
 for step in "$@"; do
   case $step in
+    nccl)
+      # Every rank of every test on the GPUs present; ctest runs as many tests side by side as
+      # there are cores (PROCESSORS = ranks). The per-test lines (and each rank's measured
+      # differences) are in $OUT/nccl.log. With one GPU the whole suite takes longer than one
+      # machine call allows: CHECK_SHARD=i/n runs every n-th test from the i-th (1-based), and
+      # CHECK_TESTS=<regex> the tests whose names match.
+      echo "== the multi-process suite over NCCL ($GPUS GPU(s), ranks sharing them)"
+      select=()
+      [ -n "${CHECK_TESTS:-}" ] && select+=(-R "$CHECK_TESTS")
+      [ -n "${CHECK_SHARD:-}" ] && select+=(-I "${CHECK_SHARD%/*},,${CHECK_SHARD#*/}")
+      quoted=""
+      ((${#select[@]})) && printf -v quoted '%q ' "${select[@]}"
+      check nccl "tests passed|tests failed|\*\*\*Failed|\*\*\*Timeout|Total Test time" bash -c \
+        "cd $BUILD && ctest -L nccl $quoted -j ${CHECK_JOBS:-$(nproc)} --timeout 600 --output-on-failure -V"
+      grep -hE "^[0-9]+: \[rank 0\].*(equivalent|MISMATCH)|^[0-9]+: \[rank 0\].*resume|^[0-9]+: (ok|FAIL) " "$OUT/nccl.log" \
+        >"$OUT/nccl-summary.txt" ;;
+    sanitize)
+      # The tensor-parallel overlap's kernels and streams under compute-sanitizer (2 ranks, bf16,
+      # two steps): shared-memory races (racecheck) and misuse of barriers and syncs (synccheck).
+      echo "== compute-sanitizer over a tensor-parallel overlap step"
+      SAN_FLAGS=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 64 --micro-batch-size 2
+                 --global-batch-size 2 --train-iters 2 --lr 1e-3 --vocab-size 256 --builtin-data --bf16 --eval-iters 0
+                 --tensor-model-parallel-size 2 --sequence-parallel --tp-comm-overlap --tp-comm-overlap-rs-dgrad)
+      for tool in racecheck synccheck; do
+        check sanitize-$tool "ERROR SUMMARY|rror" ./tests/nccl/launch.sh mpirun 2 compute-sanitizer --tool $tool \
+          --error-exitcode 9 ./$BUILD/fp8tron "${SAN_FLAGS[@]}"
+      done
+      check sanitize-fp8-racecheck "ERROR SUMMARY|rror" ./tests/nccl/launch.sh mpirun 2 compute-sanitizer --tool racecheck \
+        --error-exitcode 9 ./$BUILD/fp8tron "${SAN_FLAGS[@]}" --fp8-format hybrid ;;
     equivalence)
       echo "== NCCL equivalence (bf16, tolerance 2e-2; fp32 1e-4)"
       check eq-tp2-fp32 "$EQUIV_LINES" "${MPI[@]}" -np 2 $EQ --device cuda --tensor-model-parallel-size 2 --tolerance 1e-4

@@ -8,9 +8,13 @@
 # (later values win): a few iterations, a checkpoint, and a resume from it, as Megatron's
 # ckpt-resume test runs them.
 #
-# usage: megatron_configs_train.sh FP8TRON FP8TRON_PREPROCESS MAKE_TEST_DATA SOURCE_DIR MPIRUN
+# usage: megatron_configs_train.sh FP8TRON FP8TRON_PREPROCESS MAKE_TEST_DATA SOURCE_DIR MPIRUN [--nccl LAUNCH]
+# --nccl: the same runs over NCCL on this machine's GPUs (LAUNCH is tests/nccl/launch.sh; with fewer
+# GPUs than ranks the ranks share them; exit 77 without a GPU).
 set -u
 BIN=$1 PRE=$2 MAKE=$3 SRC=$4 MPIRUN=$5
+NCCL_LAUNCH=""
+[ "${6:-}" = --nccl ] && NCCL_LAUNCH=$7
 DIR=$SRC/tests/megatron_configs
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
@@ -31,9 +35,17 @@ run() {  # run <name> <log> <extra flags...>: the configuration under mpirun wit
   local f="$DIR/$name.args"
   local ws; ws=$(sed -n 's/^# world-size: \([0-9]*\).*/\1/p' "$f")
   eval "args=($(grep -v '^#' "$f" | tr '\n' ' '))"
-  "$MPIRUN" --allow-run-as-root --oversubscribe --bind-to none -np "$ws" -x OMP_NUM_THREADS=1 \
-    "$BIN" "${args[@]}" "${SHRINK[@]}" "$@" >"$log" 2>&1
+  if [ -n "$NCCL_LAUNCH" ]; then
+    "$NCCL_LAUNCH" mpirun "$ws" "$BIN" "${args[@]}" "${SHRINK[@]}" --device cuda "$@" >"$log" 2>&1
+  else
+    "$MPIRUN" --allow-run-as-root --oversubscribe --bind-to none -np "$ws" -x OMP_NUM_THREADS=1 \
+      "$BIN" "${args[@]}" "${SHRINK[@]}" "$@" >"$log" 2>&1
+  fi
 }
+if [ -n "$NCCL_LAUNCH" ]; then
+  "$NCCL_LAUNCH" mpirun 1 true >/dev/null
+  [ $? = 77 ] && { echo "skipped: no GPU on this machine"; exit 77; }
+fi
 check() {  # check <log> <rc> <text>...: exit status 0 and every text in the log
   local log=$1 rc=$2; shift 2
   local missing=""

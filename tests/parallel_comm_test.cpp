@@ -1,14 +1,17 @@
-// Communicators and parallel state under mpirun (CPU, MPI), 4 ranks: the uneven collectives the
-// overlapped distributed optimizer and the MoE token dispatchers use (with their autograd pairs),
-// and the expert-parallel groups. Every rank runs every
-// test in the same order (collectives must match); any rank's failure fails the job.
+// Communicators and parallel state, 4 ranks: the uneven collectives the overlapped distributed
+// optimizer and the MoE token dispatchers use (with their autograd pairs), and the expert-parallel
+// groups. Under mpirun on CPU (MPI), or with --device cuda over NCCL (tests/nccl/launch.sh, also
+// under torchrun). Every rank runs every test in the same order (collectives must match); any
+// rank's failure fails the job.
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
 
 #include <algorithm>
 #include <chrono>
 #include <numeric>
 
 #include "parallel/grad_buckets.h"
+#include "parallel/launch_env.h"
 #include "parallel/moe_comm.h"
 #include "parallel/parallel_state.h"
 
@@ -17,15 +20,22 @@ namespace {
 
 using Groups = std::vector<std::vector<int>>;
 constexpr int kWorld = 4;
+// --device cuda: NCCL communicators and tensors on this rank's GPU; otherwise MPI on the CPU.
+torch::Device g_device = torch::kCPU;
 
 ParallelState state_for(int tp, int pp, int ep, int etp) {
   auto sizes = ParallelSizes::derive(kWorld, tp, 1, pp, ep, etp, false);
-  return build_parallel_state(make_mpi_transport(CommTimeouts{std::chrono::minutes(2), std::chrono::seconds(90)}), sizes, false);
+  const CommTimeouts timeouts{std::chrono::minutes(2), std::chrono::seconds(90)};
+  if (g_device.is_cuda()) return build_parallel_state(make_nccl_transport(read_launch_env(), g_device.index(), timeouts), sizes, false);
+  return build_parallel_state(make_mpi_transport(timeouts), sizes, false);
 }
+
+// A tensor on the test's device.
+torch::Tensor dev(const torch::Tensor& t) { return t.to(g_device); }
 
 // The value every rank contributes: distinct per rank and element.
 torch::Tensor contribution(int world_rank, int64_t n, torch::Dtype dtype = torch::kFloat32) {
-  return (torch::arange(n, torch::kFloat64) + 1000.0 * (world_rank + 1)).to(dtype);
+  return dev((torch::arange(n, torch::kFloat64) + 1000.0 * (world_rank + 1)).to(dtype));
 }
 
 // The member of `groups` that holds `rank`.
@@ -44,7 +54,7 @@ void expect_group(Communicator& comm, const Groups& expected, int world_rank) {
   // An all-reduce over the group sums exactly its members' contributions.
   auto t = contribution(world_rank, 5);
   comm.all_reduce_async(t, ReduceOp::Sum)->wait();
-  auto want = torch::zeros({5}, torch::kFloat32);
+  auto want = dev(torch::zeros({5}, torch::kFloat32));
   for (int r : members) want += contribution(r, 5);
   EXPECT_TRUE(torch::equal(t, want)) << comm.name() << ": " << t << " vs " << want;
 }
@@ -79,12 +89,12 @@ TEST(Communicator, ReduceScatterV) {
   const int me = s.world_rank;
   const std::vector<int64_t> counts = {3, 0, 5, 1};
   const int64_t total = 9, begin = std::accumulate(counts.begin(), counts.begin() + me, int64_t(0));
-  auto want = torch::zeros({total}, torch::kFloat64);
+  auto want = dev(torch::zeros({total}, torch::kFloat64));
   for (int r = 0; r < kWorld; ++r) want += contribution(r, total, torch::kFloat64);
   want = want.narrow(0, begin, counts[size_t(me)]);
   for (auto dtype : {torch::kFloat32, torch::kBFloat16}) {
     auto in = contribution(me, total, dtype);
-    auto out = torch::full({counts[size_t(me)]}, -1.0, dtype);
+    auto out = dev(torch::full({counts[size_t(me)]}, -1.0, dtype));
     s.world->reduce_scatter_v_async(out, in, counts)->wait();
     EXPECT_TRUE(torch::allclose(out.to(torch::kFloat64), want, 1e-2, 0)) << out << want;
     EXPECT_TRUE(torch::equal(in, contribution(me, total, dtype))) << "the input must be left alone";
@@ -101,17 +111,17 @@ TEST(Communicator, AllGatherV) {
   const int64_t total = 9;
   std::vector<int64_t> begin(kWorld, 0);
   for (int r = 1; r < kWorld; ++r) begin[size_t(r)] = begin[size_t(r - 1)] + counts[size_t(r - 1)];
-  auto want = torch::empty({total}, torch::kFloat32);
+  auto want = dev(torch::empty({total}, torch::kFloat32));
   for (int r = 0; r < kWorld; ++r)
     want.narrow(0, begin[size_t(r)], counts[size_t(r)]).copy_(contribution(r, counts[size_t(r)]));
   for (auto dtype : {torch::kFloat32, torch::kBFloat16}) {
     // Separate input.
-    auto out = torch::full({total}, -1.0, dtype);
+    auto out = dev(torch::full({total}, -1.0, dtype));
     auto in = contribution(me, counts[size_t(me)], dtype);
     s.world->all_gather_v_async(out, in, counts)->wait();
     EXPECT_TRUE(torch::equal(out, want.to(dtype))) << out;
     // In place: this rank's piece already sits in the output.
-    auto buffer = torch::full({total}, -1.0, dtype);
+    auto buffer = dev(torch::full({total}, -1.0, dtype));
     buffer.narrow(0, begin[size_t(me)], counts[size_t(me)]).copy_(in);
     auto own = buffer.narrow(0, begin[size_t(me)], counts[size_t(me)]);
     s.world->all_gather_v_async(buffer, own, counts)->wait();
@@ -121,8 +131,8 @@ TEST(Communicator, AllGatherV) {
 
 TEST(Communicator, UnevenPiecesMustAddUp) {
   ParallelState s = state_for(1, 1, 1, 1);
-  auto in = torch::zeros({8});
-  auto out = torch::zeros({2});
+  auto in = dev(torch::zeros({8}));
+  auto out = dev(torch::zeros({2}));
   EXPECT_THROW(s.world->reduce_scatter_v_async(out, in, {2, 2, 2}), std::exception);  // 3 counts for 4 ranks
   EXPECT_THROW(s.world->reduce_scatter_v_async(out, in, {2, 2, 2, 1}), std::exception);  // 7 != 8
 }
@@ -133,7 +143,7 @@ int64_t rows_between(int from, int to) { return (from * 3 + to * 2) % 5 == 0 ? 0
 torch::Tensor rows_for(int from, int to, int64_t columns, torch::Dtype dtype) {
   const int64_t n = rows_between(from, to);
   auto r = torch::arange(n, torch::kFloat64).unsqueeze(1) * 10 + torch::arange(columns, torch::kFloat64).unsqueeze(0);
-  return (r + 1000.0 * from + 100.0 * to).to(dtype);
+  return dev((r + 1000.0 * from + 100.0 * to).to(dtype));
 }
 
 TEST(Communicator, AllToAllVMovesUnevenRows) {
@@ -149,13 +159,13 @@ TEST(Communicator, AllToAllVMovesUnevenRows) {
       expected.push_back(rows_for(r, me, 3, dtype));
     }
     auto in = torch::cat(outgoing, 0);
-    auto out = torch::full({std::accumulate(recv.begin(), recv.end(), int64_t(0)), 3}, -1, dtype);
+    auto out = dev(torch::full({std::accumulate(recv.begin(), recv.end(), int64_t(0)), 3}, -1, dtype));
     s.world->all_to_all_v_async(out, in, send, recv)->wait();
     EXPECT_TRUE(torch::equal(out, torch::cat(expected, 0))) << out;
   }
   // Counts that do not match the tensors are refused.
-  auto in = torch::zeros({3, 2});
-  auto out = torch::zeros({3, 2});
+  auto in = dev(torch::zeros({3, 2}));
+  auto out = dev(torch::zeros({3, 2}));
   EXPECT_THROW(s.world->all_to_all_v_async(out, in, {1, 1, 1}, {1, 1, 1}), std::exception);
   EXPECT_THROW(s.world->all_to_all_v_async(out, in, {1, 1, 1, 1}, {1, 1, 1, 0}), std::exception);
 }
@@ -171,7 +181,7 @@ TEST(MoeComm, AllToAllRowsBackwardIsTheReverseExchange) {
     recv.push_back(rows_between(r, me));
   }
   const int64_t rows = std::accumulate(send.begin(), send.end(), int64_t(0));
-  auto x = (torch::arange(rows * 2, torch::kFloat64).view({rows, 2}) + 100.0 * me).requires_grad_(true);
+  auto x = dev(torch::arange(rows * 2, torch::kFloat64).view({rows, 2}) + 100.0 * me).requires_grad_(true);
   auto y = all_to_all_rows(x, *s.world, send, recv);
   // Weight each received row by its value: d(sum y^2 / 2)/dy = y, so dx must be x itself.
   (y * y / 2).sum().backward();
@@ -182,7 +192,7 @@ TEST(MoeComm, GatherAndReduceScatterRowsV) {
   ParallelState s = state_for(1, 1, 1, 1);
   const int me = s.world_rank;
   const std::vector<int64_t> rows = {2, 0, 3, 1};
-  auto x = (torch::ones({rows[size_t(me)], 3}, torch::kFloat64) * (me + 1)).requires_grad_(true);
+  auto x = dev(torch::ones({rows[size_t(me)], 3}, torch::kFloat64) * (me + 1)).requires_grad_(true);
   auto all = all_gather_rows_v(x, *s.world, rows);
   ASSERT_EQ(all.size(0), 6);
   EXPECT_EQ(all[0][0].item<double>(), 1.0);
@@ -193,12 +203,12 @@ TEST(MoeComm, GatherAndReduceScatterRowsV) {
   (all * double(me + 1)).sum().backward();
   EXPECT_TRUE(torch::allclose(x.grad(), torch::full_like(x, 10.0))) << x.grad();
   // Reduce-scatter: sums over ranks, each keeps its piece; backward gathers the pieces.
-  auto z = (torch::ones({6, 2}, torch::kFloat64) * (me + 1)).requires_grad_(true);
+  auto z = dev(torch::ones({6, 2}, torch::kFloat64) * (me + 1)).requires_grad_(true);
   auto piece = reduce_scatter_rows_v(z, *s.world, rows);
   ASSERT_EQ(piece.size(0), rows[size_t(me)]);
   if (piece.numel() > 0) EXPECT_EQ(piece[0][0].item<double>(), 10.0);
   (piece * double(me + 1)).sum().backward();
-  auto want = torch::cat({torch::full({2, 2}, 1.0), torch::full({3, 2}, 3.0), torch::full({1, 2}, 4.0)}).to(torch::kFloat64);
+  auto want = dev(torch::cat({torch::full({2, 2}, 1.0), torch::full({3, 2}, 3.0), torch::full({1, 2}, 4.0)}).to(torch::kFloat64));
   EXPECT_TRUE(torch::allclose(z.grad(), want)) << z.grad();
 }
 
@@ -254,3 +264,14 @@ TEST(ParallelState, NoExpertParallelismReusesDenseGroups) {
 
 }  // namespace
 }  // namespace fp8tron
+
+// gtest's own main, plus --device cpu|cuda (cuda: this rank's GPU is LOCAL_RANK % GPUs).
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::string(argv[i]) == "--device" && std::string(argv[i + 1]) == "cuda") {
+      const int gpus = std::max(1, int(torch::cuda::device_count()));
+      fp8tron::g_device = torch::Device(torch::kCUDA, fp8tron::read_launch_env().local_rank % gpus);
+    }
+  return RUN_ALL_TESTS();
+}

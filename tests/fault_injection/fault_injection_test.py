@@ -15,6 +15,12 @@ transient and persistent errors under mpirun (every rank exits alike), a non-fat
 continues, and report_stats.
 
 usage: fault_injection_test.py FP8TRON FP8TRON_PREPROCESS WORK_DIR [--quick]
+       fault_injection_test.py FP8TRON FP8TRON_PREPROCESS WORK_DIR --nccl LAUNCH [--ranks N]
+--nccl: the faults of a multi-rank job over NCCL instead, on this machine's GPUs (LAUNCH is
+tests/nccl/launch.sh: with fewer GPUs than ranks the ranks share them), in --deterministic-mode so
+that resumes compare bitwise: one rank of N (4 by default) killed, one stopped (reported, then
+killed), and rank 0 stopped (the others must report it and end the job on their own after
+--distributed-timeout-minutes). Exits 77 (skipped) where LAUNCH finds no GPU.
 Prints one line per scenario and a report of counts; exits non-zero on any failure.
 """
 import json
@@ -29,14 +35,18 @@ import time
 
 FP8TRON, PREPROCESS, WORK = sys.argv[1], sys.argv[2], os.path.abspath(sys.argv[3])
 QUICK = "--quick" in sys.argv
+NCCL_LAUNCH = sys.argv[sys.argv.index("--nccl") + 1] if "--nccl" in sys.argv else None
+NCCL_RANKS = int(sys.argv[sys.argv.index("--ranks") + 1]) if "--ranks" in sys.argv else 4
 MPIRUN = [shutil.which("mpirun") or "mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
           "-x", "OMP_NUM_THREADS=1"]
 ITERS = 12
+# On GPUs, resumes compare bitwise only with deterministic kernels and NCCL's ring algorithm.
+DEVICE = ["--device", "cuda", "--deterministic-mode"] if NCCL_LAUNCH else ["--device", "cpu"]
 MODEL = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "32",
          "--max-position-embeddings", "32", "--vocab-size", "128", "--builtin-data", "--micro-batch-size", "2",
          "--global-batch-size", "8", "--lr", "3e-3", "--min-lr", "3e-4", "--lr-decay-style", "cosine",
          "--lr-warmup-iters", "2", "--train-iters", str(ITERS), "--log-interval", "1", "--eval-iters", "0",
-         "--save-interval", "2", "--device", "cpu", "--seed", "7"]
+         "--save-interval", "2", "--seed", "7"] + DEVICE
 DP2 = ["--use-distributed-optimizer"]
 # A job too long to end on its own while a test stops or kills one of its ranks: at ~7 ms an
 # iteration, the 12-iteration job can finish between the log line the test waits for and the
@@ -61,7 +71,11 @@ def fail(scenario, msg):
 
 
 def command(args, ranks=1):
-    return (MPIRUN + ["-np", str(ranks)] if ranks > 1 else []) + [FP8TRON] + MODEL + args
+    if ranks > 1:
+        launcher = [NCCL_LAUNCH, "mpirun", str(ranks)] if NCCL_LAUNCH else MPIRUN + ["-np", str(ranks)]
+    else:
+        launcher = []
+    return launcher + [FP8TRON] + MODEL + args
 
 
 def run(args, ranks=1, timeout=240):
@@ -97,6 +111,11 @@ def wait_for(out, pattern, timeout):
         time.sleep(0.1)
     out.seek(0)
     return None
+
+
+def text_of(out):
+    out.seek(0)
+    return out.read()
 
 
 def fresh(name):
@@ -151,7 +170,7 @@ def check_resume(scenario, save_dir, ranks=1, extra=(), model=()):
 tracker_before = {}
 
 
-def check_long_resume(scenario, save_dir, ranks=2):
+def check_long_resume(scenario, save_dir, ranks):
     """Resumes a LONG job until four iterations past its last checkpoint (--exit-interval saves
     there) and compares with an uninterrupted LONG run that exits at the same iteration."""
     saved = int(tracker(save_dir) or 0)
@@ -264,36 +283,44 @@ def mpi_rank_pids(mpirun_pid):
     return pids
 
 
-def start_two_rank_job(scenario, save_dir, flags, iteration):
-    """Starts a LONG two-rank job; once it has logged `iteration`, returns (mpirun, log, pids by
-    rank), or None after a failure."""
-    p, out = start(["--save", save_dir] + flags + DP2 + LONG, ranks=2)
-    if not wait_for(out, r"iteration\s+%d/" % iteration, 120):
+def start_job(scenario, save_dir, flags, iteration, ranks):
+    """Starts a LONG job of `ranks` ranks; once it has logged `iteration`, returns (mpirun, log,
+    pids by rank), or None after a failure."""
+    p, out = start(["--save", save_dir] + flags + DP2 + LONG, ranks=ranks)
+    if not wait_for(out, r"iteration\s+%d/" % iteration, 240):
         kill_group(p)
-        return fail(scenario, f"the job did not reach iteration {iteration}")
+        return fail(scenario, f"the job did not reach iteration {iteration}:\n{text_of(out)[-1500:]}")
     pids = mpi_rank_pids(p.pid)
-    if 1 not in pids:
+    if sorted(pids) != list(range(ranks)):
         kill_group(p)
-        return fail(scenario, f"rank 1's process not found (children: {pids})")
+        return fail(scenario, f"not every rank's process found (children: {pids})")
     return p, out, pids
 
 
-def kill_one_rank():
-    d = fresh("rank_kill")
-    job = start_two_rank_job("kill one rank", d, [], 5)
+def kill_one_rank(ranks=2, victim=1):
+    scenario = f"SIGKILL of rank {victim} of a {ranks}-rank mpirun job" + (" (NCCL)" if NCCL_LAUNCH else "")
+    d = fresh(f"rank_kill_{ranks}")
+    job = start_job(scenario, d, [], 5, ranks)
     if not job:
         return
     p, _, pids = job
-    os.kill(pids[1], signal.SIGKILL)
+    os.kill(pids[victim], signal.SIGKILL)
+    killed = time.time()
     try:
         p.wait(timeout=60)
     except subprocess.TimeoutExpired:
         kill_group(p)
-        return fail("kill one rank", "mpirun did not end the job after rank 1 died")
+        return fail(scenario, f"mpirun did not end the job after rank {victim} died")
+    ended = time.time() - killed
+    rc = p.returncode
     kill_group(p)
+    kill_ranks_and_wait(list(pids.values()))
     counts["faults injected"] += 1
+    if rc == 0:
+        return fail(scenario, "the job exited 0 after one of its ranks was killed")
+    log(f"ok   {scenario}: the job ended {ended:.0f} s later, exit {rc}")
     tracker_before[d] = tracker(d)
-    check_long_resume("SIGKILL of rank 1 of an mpirun job", d)
+    check_long_resume(scenario, d, ranks)
 
 
 def kill_ranks_and_wait(pids, timeout=60):
@@ -317,30 +344,75 @@ def kill_ranks_and_wait(pids, timeout=60):
             time.sleep(0.2)
 
 
-def stopped_rank_is_reported():
-    d = fresh("hang")
-    job = start_two_rank_job("stopped rank", d, ["--hang-report-seconds", "5", "--distributed-timeout-minutes", "2"], 3)
+HANG_PARTS = (r"on group '[^']+' \(global ranks [0-9,]+\)", r"Last finished iteration per rank: 0:[0-9?]+ 1:[0-9?]+")
+
+
+def stopped_rank_is_reported(ranks=2, victim=1, report_after=5):
+    """A stopped rank is named by the ranks that wait for it, within --hang-report-seconds."""
+    scenario = f"rank {victim} of {ranks} stopped (SIGSTOP)" + (" (NCCL)" if NCCL_LAUNCH else "")
+    d = fresh(f"hang_{ranks}")
+    job = start_job(scenario, d, ["--hang-report-seconds", str(report_after), "--distributed-timeout-minutes", "2"], 3,
+                    ranks)
     if not job:
         return
     p, out, pids = job
-    os.kill(pids[1], signal.SIGSTOP)
+    os.kill(pids[victim], signal.SIGSTOP)
     stopped = time.time()
-    text = wait_for(out, r"collective hang: .*", 30)
+    text = wait_for(out, r"collective hang: .*", report_after + 25)
     took = time.time() - stopped
     kill_group(p)
     kill_ranks_and_wait(list(pids.values()))
     counts["faults injected"] += 1
     if not text:
-        return fail("stopped rank", "no hang report within 30 s")
+        return fail(scenario, f"no hang report within {report_after + 25} s")
     line = re.search(r"collective hang: .*", text).group(0)
-    for part in (r"on group '[^']+' \(global ranks 0,1\)", r"not arrived: rank 1 \(last finished iteration \d+",
-                 r"no heartbeat for \d+ s: stopped or dead", r"Last finished iteration per rank: 0:\d+ 1:\d+"):
+    for part in HANG_PARTS + (rf"not arrived: (rank \d+ \([^)]*\), )*rank {victim} \(last finished iteration \d+",
+                              r"no heartbeat for \d+ s: stopped or dead"):
         if not re.search(part, line):
-            return fail("stopped rank", f"the report lacks /{part}/: {line}")
+            return fail(scenario, f"the report lacks /{part}/: {line}")
     counts["clear errors checked"] += 1
-    log(f"ok   rank 1 stopped (SIGSTOP): reported after {took:.0f} s: {line[:200]}...")
+    log(f"ok   {scenario}: reported after {took:.0f} s: {line[:200]}...")
     tracker_before[d] = tracker(d)
-    check_long_resume("resume after the stopped-rank job was killed", d)
+    check_long_resume(f"resume after the job with a stopped rank {victim} was killed", d, ranks)
+
+
+def stopped_host_rank_ends_the_job(ranks=2, report_after=5):
+    """Rank 0 stopped: it hosts the side channel under mpirun, so the others' reports must not wait on
+    it; they say so, and the job ends on its own, non-zero, after --distributed-timeout-minutes."""
+    scenario = f"rank 0 of {ranks} stopped (SIGSTOP)" + (" (NCCL)" if NCCL_LAUNCH else "")
+    d = fresh(f"hang_host_{ranks}")
+    job = start_job(scenario, d, ["--hang-report-seconds", str(report_after), "--distributed-timeout-minutes", "1"], 3,
+                    ranks)
+    if not job:
+        return
+    p, out, pids = job
+    os.kill(pids[0], signal.SIGSTOP)
+    stopped = time.time()
+    text = wait_for(out, r"collective hang: .*", report_after + 30)
+    took = time.time() - stopped
+    try:
+        p.wait(timeout=60 + 45 - (time.time() - stopped))
+        ended, rc = time.time() - stopped, p.returncode
+    except (subprocess.TimeoutExpired, ValueError):
+        ended, rc = None, None
+    kill_group(p)
+    kill_ranks_and_wait(list(pids.values()))
+    counts["faults injected"] += 1
+    if not text:
+        return fail(scenario, f"no hang report within {report_after + 30} s")
+    line = re.search(r"collective hang: .*", text).group(0)
+    for part in HANG_PARTS[:1] + (r"the side channel did not answer within", r"rank 0 is stopped or dead"):
+        if not re.search(part, line):
+            return fail(scenario, f"the report lacks /{part}/: {line}")
+    if ended is None:
+        return fail(scenario, "the job did not end within 45 s after its 1-minute --distributed-timeout-minutes")
+    if rc == 0 or not re.search(r"timed out after 1 min \(--distributed-timeout-minutes\)", text_of(out)):
+        return fail(scenario, f"expected a timeout error and a non-zero exit, got exit {rc}")
+    counts["clear errors checked"] += 1
+    log(f"ok   {scenario}: reported after {took:.0f} s ({line[:160]}...); the job ended {ended:.0f} s after the stop, "
+        f"exit {rc}")
+    tracker_before[d] = tracker(d)
+    check_long_resume(f"resume after the job with a stopped rank 0 timed out", d, ranks)
 
 
 def full_disk():
@@ -600,15 +672,36 @@ def rerun_engine():
         log(f"ok   report_stats: '{calls[-1]}': {summaries[-1]}; final state bitwise the uninterrupted run's")
 
 
+def nccl_faults():
+    """The faults of a multi-rank job over NCCL (the rest of the suite is about files and flags,
+    the same on every device)."""
+    if subprocess.run([NCCL_LAUNCH, "mpirun", "1", "true"], capture_output=True).returncode == 77:
+        log("skipped: no GPU on this machine")
+        sys.exit(77)
+    kill_one_rank(NCCL_RANKS, victim=1)
+    stopped_rank_is_reported(NCCL_RANKS, victim=1, report_after=20)
+    stopped_host_rank_ends_the_job(NCCL_RANKS, report_after=20)
+
+
+def report_and_exit(start_time):
+    log("fault injection report: " + ", ".join(f"{v} {k}" for k, v in counts.items()) +
+        f"; {len(losses)} resumed runs ended with the reference's last loss; {time.time() - start_time:.0f} s")
+    sys.exit(1 if counts["failures"] else 0)
+
+
 def main():
     os.makedirs(WORK, exist_ok=True)
     start_time = time.time()
+    if NCCL_LAUNCH:
+        nccl_faults()
+        report_and_exit(start_time)
     reference(1)
     reference(2)
     kill_points()
     random_kills(2 if QUICK else 4)
     kill_one_rank()
     stopped_rank_is_reported()
+    stopped_host_rank_ends_the_job()
     full_disk()
     corrupt_and_fall_back()
     bad_token_ids()
@@ -616,9 +709,7 @@ def main():
     nan_loss()
     rerun_engine()
     moe_faults()
-    log("fault injection report: " + ", ".join(f"{v} {k}" for k, v in counts.items()) +
-        f"; {len(losses)} resumed runs ended with the reference's last loss; {time.time() - start_time:.0f} s")
-    sys.exit(1 if counts["failures"] else 0)
+    report_and_exit(start_time)
 
 
 if __name__ == "__main__":
