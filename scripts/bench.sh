@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Throughput of the reference models (configs/, TARGETS of the project) on this machine, raced in
+# Throughput of the reference models (configs/, docs/performance.md) on this machine, raced in
 # the same run against scripts/reference_gpt.py: a PyTorch GPT of the same architecture with
 # torch.compile, fused AdamW and bf16 autocast, given the same flags. Prints a markdown table
 # (tokens/s of both, their ratio, TFLOP/s/GPU, peak memory of both); full logs go to $BENCH_OUT

@@ -11,7 +11,7 @@
 #     tp-comm-exposed); the table shows it, the cut against the same run without overlap, and the
 #     speed-up.
 # Usage: scripts/bench_parallel.sh [GPUS] [layouts|overlap|all] (default: all visible GPUs, all)
-# NVLink multicast stays off (NCCL_NVLS_ENABLE=0), as on every run on the shared GPU machines.
+# NVLink multicast stays off (NCCL_NVLS_ENABLE=0): on shared machines it can take GPUs out of service.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"

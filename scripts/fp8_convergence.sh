@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# FP8 convergence check (issue 5): GPT-2 124M on the built-in dataset, 500 steps, bf16 and each
+# FP8 convergence check: GPT-2 124M on the built-in dataset, 500 steps, bf16 and each
 # FP8 recipe from the same seed; prints the final loss (mean of the last 50 iterations) of each and
 # its difference from bf16 (target: within 2%). Logs go to $BENCH_OUT (default bench-logs/).
 # Usage: scripts/fp8_convergence.sh [iterations] [-- extra flags for every run]
