@@ -35,7 +35,7 @@ for m in "${models[@]}"; do
     echo "| $m | ${extra[*]} | failed: $(tail -1 "$log") | | | | | |"; failed=1; continue
   fi
   # The last interval excludes start-up (kernel selection, allocator warm-up).
-  last=$(grep " iteration " "$log" | tail -1)
+  last=$(grep "] iteration " "$log" | tail -1)
   tps=$(sed -n 's/.*tokens per second: \([0-9.]*\).*/\1/p' <<<"$last")
   tfl=$(sed -n 's/.*TFLOP\/s\/GPU): \([0-9.]*\).*/\1/p' <<<"$last")
   ms=$(sed -n 's/.*elapsed time per iteration (ms): \([0-9.]*\).*/\1/p' <<<"$last")

@@ -29,7 +29,7 @@ for r in "${recipes[@]}"; do
   log="$OUT/convergence-$tag-${1}-${2:-bf16}.log"
   ./build/fp8tron --config "$CONFIG" --train-iters "$ITERS" --lr-warmup-iters 50 --log-interval 50 \
     "${flags[@]}" "${extra[@]}" >"$log" 2>&1 || { echo "| $1 | ${2:-} | failed: $(tail -1 "$log") | | |"; failed=1; continue; }
-  last=$(grep " iteration " "$log" | tail -1)
+  last=$(grep "] iteration " "$log" | tail -1)
   loss=$(sed -n 's/.*lm loss: \([0-9.E+-]*\).*/\1/p' <<<"$last")
   tps=$(sed -n 's/.*tokens per second: \([0-9.]*\).*/\1/p' <<<"$last")
   [ -z "$baseline" ] && baseline=$loss
