@@ -1,4 +1,4 @@
-# Finds every dependency named in DESIGN.md. scripts/setup.sh installs them and writes
+# Finds every dependency fp8tron builds against. scripts/setup.sh installs them and writes
 # .setup/env.sh, whose variables are read here when the cache does not set them.
 if(NOT CMAKE_PREFIX_PATH AND DEFINED ENV{FP8TRON_TORCH_PREFIX})
   list(APPEND CMAKE_PREFIX_PATH $ENV{FP8TRON_TORCH_PREFIX})

@@ -1,4 +1,4 @@
-# One static library per folder, and the layering of DESIGN.md enforced by the compiler.
+# One static library per folder, and the layering of docs/architecture.md enforced by the compiler.
 #
 # A library does not put the source root on its include path. It publishes an "include view":
 # a directory under the build tree holding symbolic links to the headers of its own folder(s)

@@ -39,7 +39,7 @@ class GemmHandle;
 struct Fp8EngineOptions {
   Recipe recipe;
   // GEMMs whose input or output features (per tensor-parallel rank) are below this stay bf16:
-  // their casts cost more than the faster FP8 GEMM saves (see docs/benchmarks.md). 0: all FP8.
+  // their casts can cost more than the faster FP8 GEMM saves (docs/fp8.md). 0: all FP8.
   int64_t min_features = 0;
   // --first-last-layers-bf16: global layer numbers [0, bf16_first) and [num_layers - bf16_last,
   // num_layers) stay bf16.

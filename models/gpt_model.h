@@ -221,7 +221,7 @@ TORCH_MODULE(GptModel);
 // Which fused attention backend ATen picks for these shapes (logged once at start).
 std::string attention_backend_name(const ModelConfig& m, int64_t micro_batch, torch::Device device, torch::Dtype dtype);
 
-// Prefers cuDNN attention on GPU (1.9x the flash path on H200, TARGETS.md), flash as fallback.
+// Prefers cuDNN attention on GPU (1.9x the flash path on an H200), flash as fallback.
 void configure_attention_backends();
 
 }  // namespace fp8tron

@@ -1,4 +1,4 @@
-// The residual add fused with the norm that reads its result (issue 13). A pre-norm transformer
+// The residual add fused with the norm that reads its result. A pre-norm transformer
 // layer computes h = x + branch and then norm(h) for the next sub-layer, h staying the residual
 // stream; in backward the stream's gradient and the norm's input gradient meet at h and are
 // summed. residual_add_norm computes {sum, normed} = {residual + branch, norm(residual + branch)}:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Throughput of the reference models (configs/, TARGETS of the project) on this machine, raced in
+# Throughput of the reference models (configs/, docs/performance.md) on this machine, raced in
 # the same run against scripts/reference_gpt.py: a PyTorch GPT of the same architecture with
 # torch.compile, fused AdamW and bf16 autocast, given the same flags. Prints a markdown table
 # (tokens/s of both, their ratio, TFLOP/s/GPU, peak memory of both); full logs go to $BENCH_OUT
@@ -35,7 +35,7 @@ for m in "${models[@]}"; do
     echo "| $m | ${extra[*]} | failed: $(tail -1 "$log") | | | | | |"; failed=1; continue
   fi
   # The last interval excludes start-up (kernel selection, allocator warm-up).
-  last=$(grep " iteration " "$log" | tail -1)
+  last=$(grep "] iteration " "$log" | tail -1)
   tps=$(sed -n 's/.*tokens per second: \([0-9.]*\).*/\1/p' <<<"$last")
   tfl=$(sed -n 's/.*TFLOP\/s\/GPU): \([0-9.]*\).*/\1/p' <<<"$last")
   ms=$(sed -n 's/.*elapsed time per iteration (ms): \([0-9.]*\).*/\1/p' <<<"$last")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Checkpoints on this machine's GPU (issue 6 targets: >= 1 GB/s per rank to local disk for the
+# Checkpoints on this machine's GPU (what to expect: >= 1 GB/s per rank to local disk for the
 # 1.3B model with optimizer state; with --async-save training blocked < 1 s per save, the first
 # included; with --deterministic-mode bitwise repeatable training and resume).
 #   1. --deterministic-mode: 20 iterations straight, saving at 10 and 20 (synchronous saves: their

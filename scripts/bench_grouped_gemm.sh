@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# MoE expert GEMMs on this machine's GPU (issue 11 item 3; TARGETS.md "MoE expert GEMMs"): builds
+# MoE expert GEMMs on this machine's GPU (docs/performance.md, "Mixture of experts"): builds
 # and runs tests/fp8/bench_grouped_gemm.cpp, which times fp8tron's grouped GEMMs and grouped linear
-# side by side with torch._grouped_mm / torch._scaled_grouped_mm (through ATen) on the three
-# TARGETS shapes, balanced and skewed, eager and CUDA-graph timings; then the same torch calls from
+# side by side with torch._grouped_mm / torch._scaled_grouped_mm (through ATen) on three expert
+# shapes, balanced and skewed, eager and CUDA-graph timings; then the same torch calls from
 # Python (tests/fp8/bench_grouped_gemm_torch.py, same timing) as a cross-check of the torch rows.
 # Output also goes to $BENCH_OUT/grouped-gemm.txt (default bench-logs/). Usage:
 #   scripts/bench_grouped_gemm.sh [iterations per timing (default 20)]

@@ -34,7 +34,7 @@ run() {  # run <name> <flags...>
     --global-batch-size "$GBS" --distributed-timeout-minutes 5 "$@" "${extra[@]}" >"$log" 2>&1 || {
     echo "| $name | $* | failed: $(grep -m1 -i error "$log" | cut -c1-120) | | | |"; return; }
   # The last interval excludes start-up (allocator warm-up, first plans).
-  local last; last=$(grep " iteration " "$log" | tail -1)
+  local last; last=$(grep "] iteration " "$log" | tail -1)
   local tps tfl ms mem share=""
   tps=$(sed -n 's/.*tokens per second: \([0-9.]*\).*/\1/p' <<<"$last")
   tfl=$(sed -n 's/.*TFLOP\/s\/GPU): \([0-9.]*\).*/\1/p' <<<"$last")

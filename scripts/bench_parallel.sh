@@ -11,7 +11,7 @@
 #     tp-comm-exposed); the table shows it, the cut against the same run without overlap, and the
 #     speed-up.
 # Usage: scripts/bench_parallel.sh [GPUS] [layouts|overlap|all] (default: all visible GPUs, all)
-# NVLink multicast stays off (NCCL_NVLS_ENABLE=0), as on every run on the shared GPU machines.
+# NVLink multicast stays off (NCCL_NVLS_ENABLE=0): on shared machines it can take GPUs out of service.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -31,7 +31,7 @@ launch() {
   timeout 600 mpirun --allow-run-as-root --bind-to none -np "$N" -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH -x OMP_NUM_THREADS=8 \
     ./build/fp8tron --config "$config" --train-iters "$ITERS" --log-interval 5 --distributed-timeout-minutes 2 "$@" >"$log" 2>&1
 }
-last_iteration() { grep " iteration " "$1" | tail -1; }
+last_iteration() { grep "] iteration " "$1" | tail -1; }
 tokens_per_second() { sed -n 's/.*tokens per second: \([0-9.]*\).*/\1/p' <<<"$(last_iteration "$1")"; }
 tflops() { sed -n 's/.*TFLOP\/s\/GPU): \([0-9.]*\).*/\1/p' <<<"$(last_iteration "$1")"; }
 # A timer of the last "(min, max) time across ranks" block: its max, ms per iteration.

@@ -21,7 +21,7 @@ run() {  # run <ranks> <name> <flags...>
   timeout 400 mpirun --allow-run-as-root --bind-to none -np "$n" -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH -x OMP_NUM_THREADS=8 \
     ./build/fp8tron --config configs/gpt-1.3b.json --train-iters "$ITERS" --log-interval 5 --distributed-timeout-minutes 2 \
     "$@" >"$log" 2>&1 || { echo "| $name | $* | failed: $(grep -m1 -i error "$log" | cut -c1-120) | | |"; return; }
-  local last; last=$(grep " iteration " "$log" | tail -1)
+  local last; last=$(grep "] iteration " "$log" | tail -1)
   local tps tfl mem
   tps=$(sed -n 's/.*tokens per second: \([0-9.]*\).*/\1/p' <<<"$last")
   tfl=$(sed -n 's/.*TFLOP\/s\/GPU): \([0-9.]*\).*/\1/p' <<<"$last")

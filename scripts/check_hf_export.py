@@ -5,7 +5,7 @@ transformers: GPT2LMHeadModel / LlamaForCausalLM / DeepseekV3ForCausalLM load it
     build/fp8tron-export --load CKPT --output HF_DIR --reference-tokens 64
     python3 scripts/check_hf_export.py HF_DIR [--tolerance 1e-4]
 
-Needs torch, transformers and safetensors (installed on the GPU machine). Runs in fp32 on the CPU
+Needs torch, transformers and safetensors (pip install transformers). Runs in fp32 on the CPU
 (or --device cuda); exits 0 when the relative difference of the logits is within the tolerance.
 """
 import argparse

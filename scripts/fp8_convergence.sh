@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# FP8 convergence check (issue 5): GPT-2 124M on the built-in dataset, 500 steps, bf16 and each
+# FP8 convergence check: GPT-2 124M on the built-in dataset, 500 steps, bf16 and each
 # FP8 recipe from the same seed; prints the final loss (mean of the last 50 iterations) of each and
 # its difference from bf16 (target: within 2%). Logs go to $BENCH_OUT (default bench-logs/).
 # Usage: scripts/fp8_convergence.sh [iterations] [-- extra flags for every run]
@@ -29,7 +29,7 @@ for r in "${recipes[@]}"; do
   log="$OUT/convergence-$tag-${1}-${2:-bf16}.log"
   ./build/fp8tron --config "$CONFIG" --train-iters "$ITERS" --lr-warmup-iters 50 --log-interval 50 \
     "${flags[@]}" "${extra[@]}" >"$log" 2>&1 || { echo "| $1 | ${2:-} | failed: $(tail -1 "$log") | | |"; failed=1; continue; }
-  last=$(grep " iteration " "$log" | tail -1)
+  last=$(grep "] iteration " "$log" | tail -1)
   loss=$(sed -n 's/.*lm loss: \([0-9.E+-]*\).*/\1/p' <<<"$last")
   tps=$(sed -n 's/.*tokens per second: \([0-9.]*\).*/\1/p' <<<"$last")
   [ -z "$baseline" ] && baseline=$loss

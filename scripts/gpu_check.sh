@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Everything the GPU machine checks in one go (its machines start bare): build, GPU tests (ctest
+# Everything to check on a machine with GPUs in one go, from a bare machine: build, GPU tests (ctest
 # label gpu), multi-GPU equivalence under mpirun and torchrun, and the benchmarks. Results go to
 # $OUT (or gpu-check/). Usage: scripts/gpu_check.sh [nccl] [sanitize] [equivalence] [bench] [fp8-bench]
 # [fp8-convergence] [grouped] [parallel-bench] [data] [checkpoint] [moe] [moe-equivalence]

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up for a fresh machine: Debian packages, then LibTorch from the torch==2.11.0 wheel
-# in a project-local virtual environment (or an existing torch install when one is there, as on the
-# GPU machine). Writes .setup/env.sh, which the other scripts source.
+# in a project-local virtual environment (or an existing torch install when one is there, as on
+# many GPU machines). Writes .setup/env.sh, which the other scripts source.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -27,7 +27,7 @@ if ((${#missing[@]})) && [ "${FP8TRON_SKIP_APT:-0}" != 1 ]; then
   fi
 fi
 
-# A machine without apt access (the GPU machine) can bring header-only packages as .deb files:
+# A machine without apt access can bring header-only packages as .deb files:
 # FP8TRON_DEB_DIR=<dir with e.g. libxxhash-dev_*.deb> unpacks them into .setup/sysroot, where
 # cmake/Dependencies.cmake looks too.
 if [ -n "${FP8TRON_DEB_DIR:-}" ]; then

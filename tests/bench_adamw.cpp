@@ -9,7 +9,7 @@
 // bandwidth: bytes the pass must move / time (AdamW 28 B per parameter, + 2 for the bf16 copy; the
 // separate copy 6; the norm 4; zeroing 4).
 //
-// Build and run (GPU machine):
+// Build and run (on a machine with a GPU):
 //   ./scripts/build.sh fp8tron_bench_adamw && build/tests/fp8tron_bench_adamw [billions of parameters (1.1)] [iters (10)]
 // 4.73 billion (the Mixtral-style MoE) needs ~86 GB: an H200.
 #include <c10/cuda/CUDAStream.h>

@@ -7,7 +7,7 @@
 // counts each kernel design's compulsory traffic (fused forward: read 2, write 2 tensors; fused
 // backward: read 3, write 1), the same bytes for both columns.
 //
-// Build and run (GPU machine):
+// Build and run (on a machine with a GPU):
 //   ./scripts/build.sh fp8tron_bench_residual_norm && build/tests/fp8tron_bench_residual_norm [iters]
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>

@@ -1,9 +1,17 @@
 #!/usr/bin/env bash
-# Runs every command of README.md's "Running" block, as printed, on this machine's CPU, scaled down:
-# a small model's flags are appended to each fp8tron command line (command-line flags win over a
-# --config file), `./scripts/bench.sh` runs 2 iterations of the same small model, and the torchrun
-# line runs as a --dry-run (multi-process CPU runs use MPI, so its real run needs GPUs). The inputs
-# the commands name (docs.jsonl, vocab.json, merges.txt) are made first, in a scratch directory.
+# Runs every command of README.md, as printed, on this machine's CPU, scaled down. The commands are
+# the lines of every fenced block but the first: that one holds the two set-up scripts, which
+# install, build and run the whole test suite, this test included. Each command runs with a small
+# model's flags appended (command-line flags win over a --config file and over the flags a
+# benchmark script passes before its extra flags), with these changes:
+# - ./scripts/bench*.sh and fp8_convergence.sh get the small model after their `--` (2 iterations;
+#   bench.sh's reference runs 1 timed iteration);
+# - the torchrun line runs as a --dry-run (multi-process CPU runs use MPI, so its real run needs GPUs);
+# - a command that asks for --cuda-graph-impl full_iteration (a GPU-only capture) runs without it on
+#   the CPU, and a --dry-run on `--device cuda` checks that the graph is accepted for that model;
+# - --dry-run commands plan a job: nothing to scale.
+# The inputs the commands name (docs.jsonl, vocab.json, merges.txt) are made first, in a scratch
+# directory.
 # Usage: readme_commands_test.sh SOURCE_DIR BUILD_DIR
 set -uo pipefail
 SRC=$1
@@ -35,23 +43,34 @@ json.dump(vocab, open("vocab.json", "w"))
 open("merges.txt", "w").write("#version: 0.2\n")
 PY
 
-# The block's commands, one per line (continuation lines joined, trailing comments dropped).
-mapfile -t COMMANDS < <(awk '/^## Running/ {inside = 1; next}
-  inside && /^```/ { if (started) exit; started = 1; next }
-  started { line = line $0; if (line ~ /\\$/) { sub(/\\$/, "", line); next } print line; line = "" }' "$SRC/README.md" |
-  sed -E 's/[[:space:]]+#[^"]*$//')
-[ ${#COMMANDS[@]} -ge 8 ] || { echo "FAIL: found ${#COMMANDS[@]} commands in README.md's Running block"; exit 1; }
+# The commands, one per line (continuation lines joined, trailing comments and comment lines dropped).
+mapfile -t COMMANDS < <(awk '/^```/ { fence++; next }
+  fence % 2 == 1 && fence > 1 { line = line $0; if (line ~ /\\$/) { sub(/\\$/, "", line); next } print line; line = "" }' \
+  "$SRC/README.md" | sed -E 's/[[:space:]]+#[^"]*$//' | grep -Ev '^[[:space:]]*(#|$)')
+[ ${#COMMANDS[@]} -ge 12 ] || { echo "FAIL: found ${#COMMANDS[@]} commands in README.md"; exit 1; }
 
 fail=0
+GRAPH="--cuda-graph-impl full_iteration"
 for cmd in "${COMMANDS[@]}"; do
   run=$cmd
   case $cmd in
     *"--dry-run"*) ;;                                          # plans a job: nothing to scale
     torchrun*) run="${cmd/torchrun/$FP8TRON_PYTHON -m torch.distributed.run} ${SMALL[*]} --dry-run" ;;
-    ./scripts/bench.sh*) run="$cmd -- ${SMALL[*]}" ;;
+    *./scripts/bench*.sh*|*./scripts/fp8_convergence.sh*)
+      case $cmd in *" -- "*) run="$cmd ${SMALL[*]}" ;; *) run="$cmd -- ${SMALL[*]}" ;; esac ;;
     *fp8tron-preprocess*|*fp8tron-export*) ;;
     *) run="$cmd ${SMALL[*]}" ;;
   esac
+  if [[ $run == *"$GRAPH"* ]]; then
+    # The graph captures GPU steps only: check it is accepted for each model the command names,
+    # then run the rest of the command on the CPU.
+    for cfg in $(grep -o 'gpt2-124m\|gpt-1.3b\|llama-style' <<<"$cmd"); do
+      if ! out=$(./build/fp8tron --config "configs/$cfg.json" $GRAPH --device cuda --dry-run 2>&1); then
+        echo "FAIL: $cmd"; echo "  the graph is refused for $cfg:"; echo "$out" | tail -3 | sed 's/^/  /'; fail=1
+      fi
+    done
+    run=${run//$GRAPH/}
+  fi
   if out=$(eval "$run" 2>&1); then
     echo "ok: $cmd"
   else

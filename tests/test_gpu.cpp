@@ -1,4 +1,4 @@
-// GPU tests (ctest label `gpu`): skipped where no CUDA device is visible; run on the GPU machine.
+// GPU tests (ctest label `gpu`): skipped where no CUDA device is visible.
 #include <gtest/gtest.h>
 
 #include <ATen/Context.h>

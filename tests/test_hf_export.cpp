@@ -1,8 +1,8 @@
 // fp8tron-export: a trained checkpoint becomes a Hugging Face directory whose weights, run through
 // Hugging Face's GPT2LMHeadModel / LlamaForCausalLM computation (written out below from
 // transformers' modeling code: Conv1D, split q/k/v, rotate-half RoPE, repeat_kv, RMSNorm), give
-// fp8tron's logits. (On the GPU machine, where transformers is installed, the same check runs
-// against transformers itself.)
+// fp8tron's logits. (Where transformers is installed, scripts/check_hf_export.py runs the same
+// check against transformers itself.)
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>

@@ -1,4 +1,4 @@
-// pretrain_gpt.py's defaults and Megatron's validation rules as fp8tron applies them (issue: a
+// pretrain_gpt.py's defaults and Megatron's validation rules as fp8tron applies them (so that a
 // Megatron user's script runs unchanged): the tokenizer default, --split, --train-iters with the
 // -samples flags, virtual-pipeline derivation and the interleaved micro-batch rule, pipeline
 // layouts and the account-for flags, model-variant rules, the pipeline schedule table.

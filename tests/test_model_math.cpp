@@ -13,7 +13,8 @@ ModelConfig reference(int64_t layers, int64_t hidden, int64_t heads, int64_t seq
       .model;
 }
 
-// TARGETS.md: GPT-2 124M has 124.48M parameters and 0.855 GFLOP/token; GPT 1.3B 1315.8M and 9.07.
+// The reference models (docs/performance.md): GPT-2 124M has 124.48M parameters and 0.855 GFLOP/token;
+// GPT 1.3B 1315.8M and 9.07.
 TEST(ModelMath, ReferenceModels) {
   auto small = reference(12, 768, 12, 1024);
   EXPECT_EQ(small.padded_vocab_size, 50304);

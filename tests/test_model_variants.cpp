@@ -23,7 +23,7 @@ ModelConfig variant_config(std::initializer_list<std::string> extra) {
   return build(args).model;
 }
 
-// Megatron's _apply_scaling (head dim 128, base 500000, factor 8): the brief's values.
+// Megatron's _apply_scaling (head dim 128, base 500000, factor 8): Llama 3.1's values.
 TEST(Rotary, Llama3FrequenciesMatchMegatron) {
   RotarySpec s;
   s.dim = 128;

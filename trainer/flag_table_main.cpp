@@ -1,4 +1,4 @@
-// fp8tron-flag-table: prints the README's table of Megatron-LM flags by support level, generated
+// fp8tron-flag-table: prints docs/flags.md, the Megatron-LM flags by support level, generated
 // from the flag table (trainer/cli/flag_docs.h).
 #include <cstdio>
 

@@ -1,4 +1,4 @@
-// State shared by the MoE layers of a model, passed explicitly (no globals, DESIGN.md): the
+// State shared by the MoE layers of a model, passed explicitly (no globals): the
 // process groups the MoE code communicates over, the auxiliary-loss gradient scale, the metric
 // recorder (Megatron's MoEMetricsTracker, record side) and the routers whose expert-bias
 // statistics the trainer folds in after each step.

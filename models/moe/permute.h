@@ -7,8 +7,8 @@
 //   unpermute  out[t] = sum_e probs[t, e] * y[row(t, e)] in fp32 (experts in ascending order),
 //              then the output dtype. Backward: dy[row] = probs * dout[t] and
 //              dprobs[t, e] = <y[row(t, e)], dout[t]>.
-// fp8tron applies the routing probabilities here, at the combine (as Megatron did when issue 11
-// was written). Current Megatron-Core multiplies them inside the experts instead (the activation
+// fp8tron applies the routing probabilities here, at the combine (as Megatron-Core's dispatchers
+// long did). Current Megatron-Core multiplies them inside the experts instead (the activation
 // times the prob before fc2, and the fc2 bias times the prob): the same sum
 // sum_e p_e * expert_e(x), rounded at a different place.
 #pragma once

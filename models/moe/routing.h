@@ -33,7 +33,7 @@ struct TopKOptions {
 // The [tokens, experts] bool map of `like`'s shape, true at each row's `indices` [tokens, k].
 torch::Tensor selection_mask(const torch::Tensor& like, const torch::Tensor& indices);
 
-// Scores and top-k selection (§3.3 of the brief, moe.md):
+// Scores and top-k selection (Megatron-Core's TopKRouter; docs/moe.md):
 //   softmax             top-k of the logits, then softmax over the k selected (renormalised)
 //   softmax, pre        softmax over all experts (fp32), top-k of it, not renormalised
 //   sigmoid/sqrtsoftplus  s = sigmoid(l) or sqrt(softplus(l)) in fp32; select on s + expert_bias

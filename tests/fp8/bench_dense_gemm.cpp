@@ -13,7 +13,7 @@
 // training step (every layer's linears; the output layer's logits GEMMs once). The autotuned
 // plans' candidates are printed with FP8TRON_BENCH_VERBOSE=1.
 //
-// Build and run (GPU machine):
+// Build and run (on a machine with a GPU):
 //   ./scripts/build.sh fp8tron_bench_dense_gemm && build/tests/fp8/fp8tron_bench_dense_gemm [iters]
 #include <ATen/cuda/CUDAContext.h>
 #include <torch/torch.h>

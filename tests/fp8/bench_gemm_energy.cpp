@@ -1,6 +1,6 @@
 // Which cuBLASLt algorithm of a dense model's bf16 GEMMs is fastest at the GPU's power cap.
 //
-// A bf16 training step on an H200 runs at its 700 W limit (docs/benchmarks.md, session 14): the
+// A bf16 training step on an H200 runs at its 700 W limit (docs/performance.md, "The power cap"): the
 // clock sinks until the power fits, so a GEMM's speed in the step follows its energy per call, not
 // its speed on a cool GPU, which is what autotuning and the heuristic's model rank. This benchmark
 // keeps the GPU at the cap and, for every GEMM of a linear (fprop with its bias epilogue, dgrad,
@@ -11,7 +11,7 @@
 // of both. Per GEMM it prints every candidate; per model the step's sums for the heuristic's first
 // choice, the fastest candidate on a cool GPU (short burst) and the fastest at the cap.
 //
-// Build and run (GPU machine):
+// Build and run (on a machine with a GPU):
 //   ./scripts/build.sh fp8tron_bench_gemm_energy
 //   build/tests/fp8/fp8tron_bench_gemm_energy [model substring] [candidates] [window ms]
 #include <ATen/cuda/CUDAContext.h>

@@ -1,6 +1,7 @@
 // MoE expert GEMMs on one GPU: fp8tron's grouped GEMMs against torch's (torch._grouped_mm and
-// torch._scaled_grouped_mm through ATen, the kernels the Python calls run), on the shapes of
-// ../shared/TARGETS.md, balanced and skewed token counts, timed the same way side by side.
+// torch._scaled_grouped_mm through ATen, the kernels the Python calls run), on three expert shapes
+// (Mixtral-like, a wide one, fine-grained DeepSeek-like; docs/performance.md), balanced and
+// skewed token counts, timed the same way side by side.
 //
 //   GEMM only   pre-quantized operands (tensor scales of 1; torch: rowwise scales of 1), bf16
 //               output, fast accumulation for FP8 (TE's fprop setting; torch: use_fast_accum):
@@ -15,11 +16,11 @@
 // Timing: "eager" = CUDA events around `iters` back-to-back calls after warm-up (host launch
 // overhead counts when the GPU outruns it); "graph" = the same call captured once in a CUDA graph
 // and replayed (GEMM only: launch overhead excluded), only with FP8TRON_BENCH_GRAPHS=1: on an H200
-// (2026-11-24) one of the captured calls aborted the process (a device-to-device copy "not
+// (torch 2.11) one of the captured calls aborted the process (a device-to-device copy "not
 // permitted when stream is capturing", not caught as an exception), so the default is eager
 // only and the graph column reads "-". TFLOP/s = 2 * tokens * in * out per GEMM.
 //
-// Build and run (GPU machine):
+// Build and run (on a machine with a GPU):
 //   ./scripts/build.sh fp8tron_bench_grouped_gemm && build/tests/fp8/fp8tron_bench_grouped_gemm [iters]
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAGraph.h>

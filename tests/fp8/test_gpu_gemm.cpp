@@ -726,7 +726,7 @@ TEST_F(GpuGemm, AutotunerPicksTheFastestAndSkipsGraphCapture) {
   cudaStreamDestroy(stream);
 }
 
-// Throughput at the TARGETS.md shape: Y[16384, 8192] = X[16384, 2048] W[8192, 2048]^T, bf16 output.
+// Throughput at a GPT-sized shape: Y[16384, 8192] = X[16384, 2048] W[8192, 2048]^T, bf16 output.
 // Method: operands are normal-distributed bf16 values and their current-scaling FP8 casts (what
 // training feeds the GEMM; uniformly random codes draw more power and clock lower), rotated over
 // three copies at different addresses so that no run finds its inputs in the 50 MiB L2; 300 ms of

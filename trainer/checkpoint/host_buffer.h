@@ -5,7 +5,7 @@
 // Why not torch::empty(..., pinned_memory(true)): torch's caching host allocator rounds every
 // block up to a power of two (a 5.2 GB Adam moment takes 8 GB of pinned memory) and keeps blocks
 // cached after they are freed, and cudaHostAlloc zero-fills and pins the pages in one
-// single-threaded driver call, about 2 GB/s (8.4 s for the 1.3B model's 18 GB on the GPU machine).
+// single-threaded driver call, about 2 GB/s (8.4 s for the 1.3B model's 18 GB on an H200 host).
 // Here the block is an anonymous mapping (transparent huge pages where the kernel allows), its
 // pages are faulted in by a few threads with no driver involved, and one cudaHostRegister then
 // pins the pages already there. The exact size is used and the memory returns to the system when

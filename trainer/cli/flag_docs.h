@@ -1,12 +1,12 @@
-// The README's table of Megatron-LM flags by support level, generated from the flag table so
-// that it cannot drift (build/fp8tron-flag-table prints it; tests/readme_flag_table_test.sh checks
-// the README against it).
+// docs/flags.md, generated from the flag table so that it cannot drift (build/fp8tron-flag-table
+// prints it; tests/flag_docs_test.sh checks the file against it).
 #pragma once
 #include <string>
 
 namespace fp8tron {
 
-// Markdown: one row per (support level, reason), the flags of each row in table order.
+// Markdown: every Megatron-LM flag, one row per flag, in sections by support level (in table
+// order), then fp8tron's own flags.
 std::string megatron_flag_table_markdown();
 
 }  // namespace fp8tron

@@ -19,7 +19,7 @@ enum class FlagKind {
 
 enum class Support {
   Yes,          // implemented with Megatron's meaning
-  NotYet,       // parsed and validated; using it fails with "not supported yet: --flag" (note names the issue)
+  NotYet,       // parsed and validated; using it fails with "not supported yet: --flag" (note names the feature)
   HintOnly,     // logging or performance hint only: accepted with a one-line warning (note says why)
   Unsupported,  // changes the model or the math and is not implemented: using it is an error
 };
@@ -29,7 +29,7 @@ struct FlagSpec {
   FlagKind kind;
   const char* default_value;  // Megatron's default as text; "" means None / unset
   Support support;
-  const char* note;           // NotYet: the feature/issue; HintOnly/Unsupported: why
+  const char* note;           // NotYet: the feature; HintOnly/Unsupported: why
   const char* choices;        // "a|b|c", or "" for any value
   const char* help;
 };

@@ -13,7 +13,7 @@ MoeBalancing parse_balancing(const std::string& v) {
   if (v == "global_aux_loss") return MoeBalancing::kGlobalAuxLoss;
   if (v == "sinkhorn") return MoeBalancing::kSinkhorn;
   if (v == "none") return MoeBalancing::kNone;
-  // Newer than issue 11 and out of fp8tron's scope: refused by name, not ignored.
+  // Megatron's other balancing types are out of fp8tron's scope: refused by name, not ignored.
   throw UserError("--moe-router-load-balancing-type " + v +
                   " is not supported by fp8tron (use aux_loss, seq_aux_loss, global_aux_loss, sinkhorn or none)");
 }
