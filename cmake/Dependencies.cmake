@@ -22,7 +22,7 @@ find_package(MPI REQUIRED COMPONENTS CXX)
 find_package(CUDAToolkit REQUIRED)
 
 # XXH3 checksums of checkpoint tensors: xxHash from Debian's libxxhash-dev, used header-only
-# (XXH_INLINE_ALL in trainer/checkpoint/checksum.cpp), so nothing but the header is needed. A
+# (XXH_INLINE_ALL in checkpoint/checksum.cpp), so nothing but the header is needed. A
 # machine without apt can unpack the package's .deb into .setup/sysroot (dpkg -x).
 find_path(XXHASH_INCLUDE_DIR xxhash.h HINTS ${PROJECT_SOURCE_DIR}/.setup/sysroot/usr/include)
 if(NOT XXHASH_INCLUDE_DIR)

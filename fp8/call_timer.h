@@ -8,7 +8,7 @@
 
 #include <functional>
 
-#include "fp8/cuda_check.h"
+#include "core/cuda/cuda_check.h"
 
 namespace fp8tron::fp8 {
 

@@ -1,4 +1,4 @@
-// Activation recomputation replays a forward pass during backward (models/recompute.h). The
+// Activation recomputation replays a forward pass during backward (models/recompute/recompute.h). The
 // replay must quantize exactly as the original pass did and must not record amaxes a second
 // time. While a ForwardReplayGuard lives on a thread, the FP8 linears on that thread record no
 // amaxes and cache no re-quantised weight: they use the scales and the cached FP8 weights of the

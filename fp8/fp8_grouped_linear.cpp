@@ -11,7 +11,7 @@
 #include <numeric>
 
 #include "core/error.h"
-#include "fp8/cuda_check.h"
+#include "core/cuda/cuda_check.h"
 #include "fp8/forward_replay.h"
 #include "fp8/gemm.h"
 #include "fp8/grouped_gemm.h"

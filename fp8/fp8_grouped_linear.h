@@ -1,5 +1,5 @@
 // The grouped linear of a mixture-of-experts layer (Transformer Engine's GroupedLinear, the math of
-// models/grouped_linear.h's TEGroupedLinear): x [tokens, in] holds the tokens of E experts one
+// models/linear/grouped_linear.h's TEGroupedLinear): x [tokens, in] holds the tokens of E experts one
 // after the other, m_splits[e] rows for expert e, and
 //     y[rows of e] = x[rows of e] W_e^T (+ b_e),   W_e [out, in], b_e [out] or undefined.
 // One autograd node for all experts; every GEMM of a pass (fprop; dgrad and wgrad together) is

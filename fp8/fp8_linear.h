@@ -201,7 +201,7 @@ bool hands_over_swiglu_backward(const torch::Tensor& h);
 // the amax, so the bf16 norm output is never stored; backward runs the dgrad GEMM, then the norm's
 // backward from the saved statistics. Elsewhere it is the norm followed by fp8_linear.
 // Differentiable in x, gamma, beta, weight, bias. The modules no longer call it: on one rank the
-// fused residual add + norm kernel followed by fp8_linear measured faster (models/modules.cpp);
+// fused residual add + norm kernel followed by fp8_linear measured faster (models/linear/modules.cpp);
 // the overlapped op fuses the norm into its shard's cast through its own kernels.
 torch::Tensor fp8_norm_linear(const torch::Tensor& x, bool rms, const torch::Tensor& gamma, const torch::Tensor& beta,
                               double eps, bool zero_centered_gamma, const torch::Tensor& weight, const torch::Tensor& bias,

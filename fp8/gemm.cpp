@@ -13,7 +13,7 @@
 
 #include "core/error.h"
 #include "core/text.h"
-#include "fp8/cuda_check.h"
+#include "core/cuda/cuda_check.h"
 
 #define FP8TRON_CUBLAS_CHECK(call)                                                                  \
   do {                                                                                              \

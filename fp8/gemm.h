@@ -38,7 +38,7 @@
 // Output: bf16 or fp32. Optional bias epilogue (length m in column-major terms = N in gemm_nt).
 //
 // GeLU epilogues (bf16 GEMMs; GemmConfig::activation): cuBLASLt's GELU_AUX[_BIAS] and
-// DGELU[_BGRAD]. The models use neither any more (models/fused_gelu_mlp.h measures why); their GPU
+// DGELU[_BGRAD]. The models use neither any more (models/mlp/fused_gelu_mlp.h measures why); their GPU
 // tests keep them correct for a GEMM that wants them. They compute the tanh GeLU (Megatron's and
 // TE's, at::gelu(x, "tanh")). The auxiliary matrix holds the GeLU's input: m x n column-major like
 // D, in D's dtype (cuBLASLt's default aux type for non-FP8 outputs), leading dimension aux_ld a

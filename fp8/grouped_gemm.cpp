@@ -6,7 +6,7 @@
 #include <array>
 
 #include "core/error.h"
-#include "fp8/cuda_check.h"
+#include "core/cuda/cuda_check.h"
 
 namespace fp8tron::fp8 {
 

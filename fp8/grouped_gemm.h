@@ -86,8 +86,8 @@ void grouped_gemm(GemmHandle& handle, SideStreams& pool, const std::vector<Group
 // The cuBLASLt handle (heuristic algorithm selection; bucketed plans) and side streams the grouped
 // GEMMs of the current device share, created on first use and kept for the process (like torch's
 // per-device cuBLAS handles and stream pools): per-module copies would multiply the 32 MiB
-// workspaces. The bf16 linears' wgrad-with-bias-gradient GEMMs (models/linear_grads.cpp) and the
-// fused GeLU MLP's epilogue GEMMs (models/fused_gelu_mlp.cpp) use the same handle.
+// workspaces. The bf16 linears' wgrad-with-bias-gradient GEMMs (models/linear/linear_grads.cpp) and the
+// fused GeLU MLP's epilogue GEMMs (models/mlp/fused_gelu_mlp.cpp) use the same handle.
 struct GroupedGemmResources {
   GemmHandle handle;
   SideStreams streams;

@@ -1,7 +1,7 @@
 // The pieces of the FP8 linear (fp8_linear.h; the quantized tensors and quantizers of
 // quantized_tensor.h) for linears that run their GEMMs on row blocks and move quantized rows
 // between ranks: the communicating op of parallel/overlap, through
-// models/linear_kernels_fp8.h. The same quantizers, GEMMs and weight cache as fp8_linear, so a
+// models/linear/linear_kernels_fp8.h. The same quantizers, GEMMs and weight cache as fp8_linear, so a
 // linear computed in pieces from the same codes and scales gives the same products. fp8/ knows
 // nothing of process groups: a cross-rank amax reduction is a callback (AmaxReducer).
 #pragma once

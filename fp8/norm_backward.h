@@ -1,7 +1,7 @@
 // The backward of the LayerNorm / RMSNorm that fp8_norm_linear fuses into its input's cast (and the
-// overlapped FP8 op, models/linear_kernels_fp8.h): torch's native_layer_norm_backward /
+// overlapped FP8 op, models/linear/linear_kernels_fp8.h): torch's native_layer_norm_backward /
 // _fused_rms_norm_backward unless a faster one is installed. The models library installs its own
-// fused norm kernel (models/residual_norm.h), which fp8/ cannot link against: fp8/ sits below
+// fused norm kernel (models/norm/residual_norm.h), which fp8/ cannot link against: fp8/ sits below
 // models/ in the layering. The installed function must be a drop-in: the same gradients to within
 // rounding, for any rows it accepts; it falls back to torch_norm_backward itself where its kernel
 // does not apply.

@@ -20,16 +20,23 @@
 
 #include "core/error.h"
 #include "core/text.h"
-#include "fp8/cuda_check.h"
+#include "core/cuda/activations.cuh"
+#include "core/cuda/cuda_check.h"
+#include "core/cuda/warp_reduce.cuh"
 #include "fp8/format_codec.h"
 #include "fp8/formats.h"
 #include "fp8/quantize.h"
 #include "fp8/scale_math.h"
-#include "fp8/silu_math.cuh"
 
 namespace fp8tron::fp8 {
 
 namespace {
+using kernels::gelu_tanh;
+using kernels::gelu_tanh_backward;
+using kernels::sigmoid_fast;
+using kernels::silu_backward_from_sigmoid;
+using kernels::silu_fast;
+using kernels::warp_max;
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
@@ -47,30 +54,6 @@ __device__ __forceinline__ float abs_max8(const uint4& v, float m) {
 #pragma unroll
   for (int j = 0; j < 8; ++j) m = fmaxf(m, fabsf(unpack(v, j)));
   return m;
-}
-
-// torch's gelu(x, approximate="tanh") in fp32, as its bf16 kernel computes it.
-__device__ __forceinline__ float gelu_tanh(float x) {
-  constexpr float kBeta = 0.7978845608028654f;  // sqrt(2 / pi)
-  constexpr float kKappa = 0.044715f;
-  const float x_cube = x * x * x;
-  const float inner = kBeta * (x + kKappa * x_cube);
-  return 0.5f * x * (1.0f + tanhf(inner));
-}
-
-// torch's gelu_backward(dy, x, approximate="tanh") in fp32.
-__device__ __forceinline__ float gelu_tanh_backward(float dy, float x) {
-  constexpr float kBeta = 0.7978845608028654f;
-  constexpr float kKappa = 0.044715f;
-  const float x_sq = x * x;
-  const float x_cube = x_sq * x;
-  const float inner = kBeta * (x + kKappa * x_cube);
-  const float tanh_inner = tanhf(inner);
-  const float left = 0.5f * x;
-  const float right = 1.0f + tanh_inner;
-  const float left_derivative = 0.5f * right;
-  const float right_derivative = left * (1.0f - tanh_inner * tanh_inner) * kBeta * (1.0f + 3.0f * kKappa * x_sq);
-  return dy * (left_derivative + right_derivative);
 }
 
 // bf16 rounding on the device by the hardware conversion (cvt.rn.bf16[x2].f32: round to nearest
@@ -145,11 +128,6 @@ __device__ __forceinline__ float decode1(uint8_t c) {
   else return codec::decode_hif8(c);
 }
 
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
-  return v;
-}
 
 // Max over the block; every thread gets the result. `red` holds kWarps + 1 floats.
 __device__ __forceinline__ float block_max(float v, float* red) {
@@ -377,16 +355,14 @@ __device__ __forceinline__ void cast_tile(const TileArgs& a, const uint4 (&v)[8]
       for (int i = 0; i < 8; ++i) {
         float m = abs_max8(v[i], 0.0f);
         if constexpr (M == TileMode::kBlock1x128) {
-#pragma unroll
-          for (int o = 8; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+          m = kernels::warp_max<16>(m);
           row_scale[i] = scale_from_amax(m, a.fp8_max, a.power_2, a.epsilon);
           const size_t row = row0 + i;
           if (tx == 0 && row < a.rows) {
             static_cast<float*>(a.scale_inv)[(c0 / kTile) * a.ld + row] = __frcp_rn(row_scale[i]);
           }
         } else {
-          m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, 1));
-          m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, 2));
+          m = kernels::warp_max<4>(m);
           const uint8_t e = mx_block_scale(m, a.fp8_max_rcp);
           row_scale[i] = codec::e8m0_reciprocal(e);
           const size_t row = row0 + i;
@@ -505,7 +481,7 @@ __device__ __forceinline__ void quantize_tile(const TileArgs& a, size_t r0, size
   }
   if constexpr (kTensorMode) {
     if constexpr (kSwigluBwd) {
-      // The gradient of h = [gate | up] from dy = v: models/swiglu_kernels.cu's backward per element,
+      // The gradient of h = [gate | up] from dy = v: models/mlp/swiglu_kernels.cu's backward per element,
       // with the fast exponential and reciprocal. Rows past x_rows stay zero.
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
@@ -773,8 +749,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int j = 0; j < 8; ++j) sum += unpack(v, j);
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
+    sum = kernels::warp_sum(sum);
     mean = sum / static_cast<float>(cols);
   }
   float sq = 0.0f;
@@ -786,8 +761,7 @@ __global__ void __launch_bounds__(kThreads)
       sq += d * d;
     }
   }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) sq += __shfl_xor_sync(0xFFFFFFFFu, sq, o);
+  sq = kernels::warp_sum(sq);
   if (lane == 0) {
     if (mean_out != nullptr) mean_out[row] = mean;
     rstd_out[row] = rsqrtf(sq / static_cast<float>(cols) + eps);

@@ -53,7 +53,7 @@ struct CurrentScalingOptions {
 //                kSwigluBackward quantizes the gradient of a SwiGLU's input h = [gate | up]
 //                (aux, bf16 [rows, cols]) from the gradient x of its output (bf16 [rows, cols / 2],
 //                row stride cols / 2): column c < cols / 2 is bf16(silu'(gate) * (x * up)), column
-//                cols / 2 + c is bf16(x * silu(gate)), as models/swiglu_kernels.h's backward
+//                cols / 2 + c is bf16(x * silu(gate)), as models/mlp/swiglu_kernels.h's backward
 //                computes them. fc1's gradient cast of a SwiGLU MLP: the bf16 gradient of h is
 //                never stored. Tile kernel, delayed scales, cols % 256 == 0 (each half whole
 //                128-column tiles).

@@ -4,7 +4,7 @@
 #include <cuda_runtime.h>
 
 #include "core/error.h"
-#include "fp8/cuda_check.h"
+#include "core/cuda/cuda_check.h"
 #include "fp8/scale_math.h"
 #include "fp8/scaling_state.h"
 

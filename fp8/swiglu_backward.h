@@ -2,7 +2,7 @@
 // gradient of fc1's output h = [gate | up] ([rows, 2f]) from the gradient of silu(gate) * up
 // ([rows, f]). torch's ops (silu_backward, two muls, the cat; five kernels and bf16 temporaries)
 // unless a faster one is installed. The models library installs its fused kernel
-// (models/fused_swiglu.h), which fp8/ cannot link against: fp8/ sits below models/ in the
+// (models/mlp/fused_swiglu.h), which fp8/ cannot link against: fp8/ sits below models/ in the
 // layering. The installed function must be a drop-in: the same gradient to within rounding, for any
 // input; it falls back to torch_swiglu_backward itself where its kernel does not apply.
 #pragma once

@@ -6,13 +6,13 @@
 #include <utility>
 
 #include "core/error.h"
-#include "models/mla_attention.h"
+#include "models/attention/mla_attention.h"
 #include "models/mtp.h"
-#include "models/cross_entropy.h"
-#include "models/embedding.h"
-#include "models/output_discarding_recompute.h"
-#include "models/qkv_split.h"
-#include "models/recompute.h"
+#include "models/loss/cross_entropy.h"
+#include "models/embedding/embedding.h"
+#include "models/recompute/output_discarding_recompute.h"
+#include "models/attention/qkv_split.h"
+#include "models/recompute/recompute.h"
 #include "parallel/parallel_state.h"
 #include "parallel/tensor_parallel.h"
 

@@ -13,8 +13,8 @@
 
 #include <functional>
 
-#include "models/core_attention.h"
-#include "models/modules.h"
+#include "models/attention/core_attention.h"
+#include "models/linear/modules.h"
 #include "models/moe/moe_layer.h"
 #include "core/config/model_config.h"
 
@@ -59,7 +59,7 @@ class MlpImpl : public torch::nn::Module {
  private:
   DeferredBiasOutput activation_and_fc2(const torch::Tensor& fc1_out, bool defer_bias);
 
-  // The fused bf16 GeLU MLP (models/fused_gelu_mlp.h, TERowParallelLinear::
+  // The fused bf16 GeLU MLP (models/mlp/fused_gelu_mlp.h, TERowParallelLinear::
   // forward_fused_gelu_mlp): on unless --no-bias-gelu-fusion, where both linears and the tensors
   // allow it (x: the MLP's input).
   bool fused_gelu_applies(const torch::Tensor& x) const;
@@ -71,7 +71,7 @@ class MlaSelfAttentionImpl;
 
 // A dense layer's MLP carries its norm fused into linear_fc1; an MoE layer (--moe-layer-freq) has
 // a separate pre_mlp_layernorm and the MoeLayer registered as "mlp" (Megatron's MoE layer spec).
-// Each residual add is fused into the norm that reads its sum (models/residual_norm.h): x +
+// Each residual add is fused into the norm that reads its sum (models/norm/residual_norm.h): x +
 // attention into the MLP's norm, and the layer's last add, h + mlp, into the next layer's input
 // norm (or the decoder's final norm), so a layer hands its output on as a ResidualStream whose
 // branch is still to be added.
@@ -102,7 +102,7 @@ class TransformerLayerImpl : public torch::nn::Module {
   // consumer(norm(stream's sum)) for a norm that is a module of its own (MLA's input norm, an MoE
   // layer's pre-MLP norm), the pending add fused into the norm. With --recompute-modules layernorm
   // the sum is formed first and the norm's output is discarded once `consumer` has run and
-  // recomputed in backward (models/output_discarding_recompute.h).
+  // recomputed in backward (models/recompute/output_discarding_recompute.h).
   ResidualOutput normed(TELayerNorm& norm, const ResidualStream& in,
                         const std::function<torch::Tensor(const torch::Tensor&)>& consumer);
   // With defer_bias the output projection's bias may come back pending (out_bias).
@@ -134,7 +134,7 @@ class GptModelImpl : public torch::nn::Module {
   // `fp8`: the engine the chunk's linear layers register with (null: bf16 GEMMs). `moe`: the MoE
   // state shared by the model's chunks (its groups, aux-loss scale, metrics); null in an MoE
   // model builds a single-process one. `cp`: context parallelism (inputs are then this rank's
-  // sequence shards, models/context_parallel_attention.h).
+  // sequence shards, models/attention/context_parallel_attention.h).
   GptModelImpl(const ModelConfig& m, const TensorParallelContext& tp, const StageSpec& stage,
                std::shared_ptr<fp8::Fp8Engine> fp8 = nullptr, std::shared_ptr<MoeContext> moe = nullptr,
                ContextParallelContext cp = {});

@@ -1,11 +1,11 @@
-// A tensor's dtype as the models' CUDA kernels name it (models/kernel_float.h): none for dtypes
+// A tensor's dtype as the models' CUDA kernels name it (core/cuda/float_type.h): none for dtypes
 // they do not take.
 #pragma once
 #include <torch/torch.h>
 
 #include <optional>
 
-#include "models/kernel_float.h"
+#include "core/cuda/float_type.h"
 
 namespace fp8tron {
 

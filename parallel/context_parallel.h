@@ -1,6 +1,6 @@
 // Context parallelism: the sequence of every micro-batch is split over the context-parallel ranks
 // (Megatron's load-balanced split), and attention, the only place where tokens meet, exchanges
-// what it needs over the context-parallel group (models/context_parallel_attention.h).
+// what it needs over the context-parallel group (models/attention/context_parallel_attention.h).
 //
 // The load-balanced split: the sequence is cut into 2 x CP equal chunks and rank r holds chunks r
 // and 2 CP - 1 - r, in that order. Under causal attention an early chunk has little to attend to

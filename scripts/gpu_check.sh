@@ -67,7 +67,7 @@ if [ $ONLY_NCCL = 0 ]; then
   check fp8-gpu "fp8-bench\].*(TFLOP|GB/s|x bf16)|FAILED" ./$BUILD/tests/fp8/fp8tron_fp8_gpu_tests
   check fp8-module "fp8-module|FAILED|Failure" ./$BUILD/tests/fp8tron_gpu_tests --gtest_filter='GpuFp8*'
   # Recomputation (bitwise with dropout and FP8, peak memory) and the CP attention blocks on the fused kernels.
-  check recompute-cp-gpu "recompute-memory|cp-blocks|FAILED|Failure" ./$BUILD/tests/fp8tron_recompute_cp_gpu_tests
+  check recompute-cp-gpu "recompute-memory|cp-blocks|FAILED|Failure" ./$BUILD/tests/fp8tron_gpu_tests --gtest_filter='RecomputeGpu*:ContextParallelGpu*'
 fi
 
 EQ=./build/tests/fp8tron_parallel_equivalence
@@ -228,7 +228,7 @@ with open('$OUT/corpus.jsonl', 'w') as f:
     parallel-bench) echo "== multi-GPU benchmarks"; check parallel-bench "^\|" ./scripts/bench_parallel.sh "$GPUS" layouts ;;
     overlap)
       echo "== tensor-parallel overlap: FP8 functor on one GPU, NCCL equivalence on $GPUS GPUs"
-      check overlap-gpu "overlap-gpu|FAILED|Failure" ./build/tests/fp8tron_gpu_tests --gtest_filter='*Overlap*'
+      check overlap-gpu "overlap-gpu|FAILED|Failure" ./$BUILD/tests/fp8tron_gpu_tests --gtest_filter='*Overlap*'
       if [ "$GPUS" -ge 2 ]; then check overlap-nccl "$EQUIV_LINES|FAILED" ./tests/gpu_overlap_equivalence.sh $EQ "$ROOT"
       else echo "overlap-nccl: skipped, $GPUS GPU (needs 2)"; fi ;;
     overlap-bench) echo "== tensor-parallel overlap benchmarks"; check overlap-bench "^\|" ./scripts/bench_parallel.sh "$GPUS" overlap ;;
@@ -267,7 +267,7 @@ with open('$OUT/corpus.jsonl', 'w') as f:
       done ;;
     moe)
       echo "== mixture of experts: GPU tests, Mixtral-style benchmark (bf16, FP8)"
-      check moe-gpu "moe-fp8|FAILED|Failure|OK \]" ./build/tests/fp8tron_gpu_tests --gtest_filter='GpuMoe*'
+      check moe-gpu "moe-fp8|FAILED|Failure|OK \]" ./$BUILD/tests/fp8tron_gpu_tests --gtest_filter='GpuMoe*'
       check moe-bench "^\|" ./scripts/bench_moe.sh ;;
     moe-equivalence)
       echo "== MoE equivalence under NCCL (bf16, tolerance 2e-2; fp32 1e-4)"

@@ -19,7 +19,7 @@
 
 #include "fp8/fp8_linear.h"
 #include "parallel/parallel_state.h"
-#include "trainer/optim/mixed_precision_optimizer.h"
+#include "optim/mixed_precision_optimizer.h"
 
 namespace fp8tron {
 

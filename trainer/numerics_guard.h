@@ -1,4 +1,4 @@
-// The two results the rerun engine validates each pass of an iteration (trainer/rerun/): the
+// The two results the rerun engine validates each pass of an iteration (rerun/): the
 // iteration's loss (averaged over micro-batches and data-parallel ranks) and the global gradient
 // norm, which every rank holds alike. The loop never waits for the GPU before the optimizer step:
 // values() and rejection() only queue work, so the step can be taken at once and skipped on the
@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "trainer/rerun/rerun_state_machine.h"
+#include "rerun/rerun_state_machine.h"
 
 namespace c10::cuda {
 struct CUDAEvent;

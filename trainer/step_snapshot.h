@@ -1,5 +1,5 @@
 // What running an iteration changes besides the weights and the optimizer state, captured before
-// its first pass so that the rerun engine (trainer/rerun/) can run it again from the same state:
+// its first pass so that the rerun engine (rerun/) can run it again from the same state:
 // the dropout generators, the FP8 delayed-scaling state (amax histories, scales, step count), and
 // the model's buffers (the MoE routers' expert biases, which a step's token counts move). The
 // weights and the optimizer state need no copy: a rejected pass's optimizer step is skipped on the
@@ -14,7 +14,7 @@
 
 #include "fp8/fp8_linear.h"
 #include "models/moe/moe_context.h"
-#include "models/rng_snapshot.h"
+#include "models/recompute/rng_snapshot.h"
 
 namespace fp8tron {
 

@@ -24,35 +24,35 @@
 #include "fp8/fp8_linear.h"
 #include "fp8/wgrad_fusion.h"
 #include "models/gpt_model.h"
-#include "models/main_grad_first_write.h"
-#include "models/modules.h"
+#include "models/linear/main_grad_first_write.h"
+#include "models/linear/modules.h"
 #include "parallel/context_parallel.h"
 #include "parallel/layer_split.h"
 #include "parallel/overlap/comm_timer.h"
 #include "parallel/pipeline_schedule.h"
 #include "trainer/cli/config_builder.h"
-#include "trainer/checkpoint/async_saver.h"
-#include "trainer/checkpoint/load.h"
-#include "trainer/checkpoint/save.h"
+#include "checkpoint/async_saver.h"
+#include "checkpoint/load.h"
+#include "checkpoint/save.h"
 #include "trainer/determinism.h"
 #include "trainer/exit_signal.h"
 #include "trainer/fp8_param_gather.h"
 #include "trainer/profiling.h"
 #include "trainer/logging/iteration_log.h"
-#include "trainer/optim/loss_scaler.h"
-#include "trainer/optim/lr_schedule.h"
-#include "trainer/optim/mixed_precision_optimizer.h"
+#include "optim/loss_scaler.h"
+#include "optim/lr_schedule.h"
+#include "optim/mixed_precision_optimizer.h"
 #include "trainer/weight_hash_check.h"
 #include "trainer/cli/model_math.h"
 #include "trainer/cli/tp_overlap_args.h"
 #include "trainer/logging/tensorboard_writer.h"
 #include "trainer/logging/timers.h"
-#include "trainer/checkpoint/fault_points.h"
-#include "trainer/checkpoint/rank_agreement.h"
-#include "trainer/checkpoint/save_dir_lock.h"
+#include "checkpoint/fault_points.h"
+#include "checkpoint/rank_agreement.h"
+#include "checkpoint/save_dir_lock.h"
 #include "trainer/numerics_guard.h"
 #include "trainer/moe_metrics.h"
-#include "trainer/rerun/rerun_state_machine.h"
+#include "rerun/rerun_state_machine.h"
 #include "trainer/step_graph.h"
 #include "trainer/step_snapshot.h"
 
@@ -709,7 +709,7 @@ void Trainer::skip_zeroing_gemm_written_grads() {
     fp8_->set_overwrite_main_grads(true);
   }
   if (device_.is_cuda() && param_dtype(c_) == torch::kBFloat16 && main_grad_first_write::enabled()) {
-    // So do the bf16 linears' (models/main_grad_first_write.h).
+    // So do the bf16 linears' (models/linear/main_grad_first_write.h).
     std::vector<torch::Tensor> bf16;
     for (const auto& chunk : chunks_)
       for (auto& param : gemm_written_params(*chunk)) bf16.push_back(param);

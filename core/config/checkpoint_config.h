@@ -1,4 +1,4 @@
-// Megatron's --save/--load family (trainer/checkpoint/).
+// Megatron's --save/--load family (checkpoint/).
 #pragma once
 #include <cstdint>
 #include <optional>

@@ -21,12 +21,12 @@ enum class RecomputeMethod {
 struct RecomputeModules {
   bool core_attn = true;   // softmax(QK^T)V (with its dropout and any context-parallel communication)
   bool mlp = false;        // a dense layer's MLP (norm, fc1, activation, fc2)
-  // Output-discarding (models/output_discarding_recompute.h):
+  // Output-discarding (models/recompute/output_discarding_recompute.h):
   bool layernorm = false;    // norms that are modules of their own (an MoE layer's pre-MLP norm,
                              // MLA's input norm); norms fused into a linear have none
   bool moe_act = false;      // the MoE experts' activation function
   bool mla_up_proj = false;  // MLA's query/key-value up projections and rotary embedding
-  // Whole modules (models/recompute.h):
+  // Whole modules (models/recompute/recompute.h):
   bool moe = false;          // the whole MoE layer
   bool shared_experts = false;
 };

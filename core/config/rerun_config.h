@@ -1,6 +1,6 @@
 // Megatron's rerun engine (its RerunStateMachineConfig): how the validated results of an
 // iteration (the loss and the gradient norm, NumericsChecks) are judged, and the error injection
-// its tests use. trainer/rerun/rerun_state_machine.h says what each mode does.
+// its tests use. rerun/rerun_state_machine.h says what each mode does.
 #pragma once
 #include <cstdint>
 #include <string>

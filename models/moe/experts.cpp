@@ -2,8 +2,8 @@
 
 #include <cmath>
 
-#include "models/fused_swiglu.h"
-#include "models/output_discarding_recompute.h"
+#include "models/mlp/fused_swiglu.h"
+#include "models/recompute/output_discarding_recompute.h"
 
 namespace fp8tron {
 

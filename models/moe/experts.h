@@ -11,7 +11,7 @@
 // (TEGroupedLinear::forward_swiglu): its bf16 output is never stored.
 // --recompute-modules moe_act (refused with delayed scaling, as by Megatron): the activation's
 // output (fc2's input) is discarded once fc2 has run and recomputed from fc1's output in backward
-// (models/output_discarding_recompute.h).
+// (models/recompute/output_discarding_recompute.h).
 #pragma once
 #include <torch/torch.h>
 
@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "core/config/model_config.h"
-#include "models/grouped_linear.h"
+#include "models/linear/grouped_linear.h"
 #include "models/module_factory.h"
 
 namespace fp8tron {

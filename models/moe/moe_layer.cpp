@@ -7,7 +7,7 @@
 
 #include "core/error.h"
 #include "fp8/fp8_linear.h"
-#include "models/recompute.h"
+#include "models/recompute/recompute.h"
 
 namespace fp8tron {
 namespace {

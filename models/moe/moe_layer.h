@@ -5,7 +5,7 @@
 // --moe-shared-expert-overlap (alltoall dispatcher): on a GPU the shared expert's forward runs on
 // a side stream while the tokens are dispatched; the math is the same as without it.
 // --recompute-modules moe / shared_experts (selective granularity): the whole layer, or the shared
-// expert, keeps only its input and is replayed in backward (models/recompute.h).
+// expert, keeps only its input and is replayed in backward (models/recompute/recompute.h).
 #pragma once
 #include <torch/torch.h>
 

@@ -12,7 +12,8 @@
 #include <type_traits>
 
 #include "core/error.h"
-#include "fp8/cuda_check.h"
+#include "core/cuda/cuda_check.h"
+#include "core/cuda/warp_reduce.cuh"
 #include "models/moe/permute_kernels.h"
 
 namespace fp8tron::moe::kernels {
@@ -209,7 +210,7 @@ __global__ void prob_grad_kernel(const T* y, const T* dout, const int32_t* row_o
 #pragma unroll
         for (int j = 0; j < N; ++j) acc = __fadd_rn(acc, __fmul_rn(a[j], b[j]));
       }
-      for (int offset = 16; offset > 0; offset /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, offset);
+      acc = ::fp8tron::kernels::warp_sum(acc);
       if (lane == 0) dprobs[t * experts + ids[i]] = acc;
     }
     __syncwarp();

@@ -11,7 +11,7 @@
 #include <cstring>
 
 #include "core/error.h"
-#include "fp8/cuda_check.h"
+#include "core/cuda/cuda_check.h"
 #include "models/moe/permute_kernels.h"
 
 namespace fp8tron::moe::kernels {

@@ -3,7 +3,7 @@
 #include "core/error.h"
 #include "models/moe/aux_loss.h"
 #include "models/moe/fused_topk_routing.h"
-#include "models/recompute.h"
+#include "models/recompute/recompute.h"
 
 namespace fp8tron {
 namespace {
@@ -160,7 +160,7 @@ moe::Routing TopKRouterImpl::forward(const torch::Tensor& x) {
   auto logits = gating(input);
   if (config_.force_load_balancing) logits = moe::random_logits(logits);
   // The auxiliary losses, their logged values and the expert-bias counts belong to the pass the
-  // gradients flow through: under recomputation, the replay (models/recompute.h).
+  // gradients flow through: under recomputation, the replay (models/recompute/recompute.h).
   const bool gradient_pass = torch::GradMode::is_enabled() && !recompute_first_pass_active();
   const bool training = is_training() && gradient_pass;
   if (training && config_.z_loss_coeff) logits = attach_z_loss(logits);

@@ -8,7 +8,8 @@
 #include <cmath>
 
 #include "core/error.h"
-#include "fp8/cuda_check.h"
+#include "core/cuda/cuda_check.h"
+#include "core/cuda/warp_reduce.cuh"
 #include "models/moe/router_kernels.h"
 
 namespace fp8tron::moe::kernels {
@@ -23,14 +24,8 @@ __device__ __forceinline__ float load(const __nv_bfloat16* p, int64_t i) { retur
 __device__ __forceinline__ void store(float* p, int64_t i, float v) { p[i] = v; }
 __device__ __forceinline__ void store(__nv_bfloat16* p, int64_t i, float v) { p[i] = __float2bfloat16_rn(v); }
 
-__device__ __forceinline__ float warp_max(float v) {
-  for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(kAll, v, o));
-  return v;
-}
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(kAll, v, o);
-  return v;
-}
+using ::fp8tron::kernels::warp_max;
+using ::fp8tron::kernels::warp_sum;
 
 // Whether (a, ia) ranks before (b, ib) in torch.topk's order: larger first, NaN largest, ties to
 // the lower index.

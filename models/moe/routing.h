@@ -2,7 +2,7 @@
 // (MoE/moe_utils.py: topk_routing_with_score_function, group_limited_topk, sinkhorn,
 // apply_router_token_dropping, pad_routing_map). Tokens are rows in the router's order
 // t = s * B + b of the [S, B, H] activation. Unit-tested against hand-computed values
-// (tests/test_moe_router.cpp, docs/moe.md).
+// (tests/models/test_moe_router.cpp, docs/moe.md).
 #pragma once
 #include <torch/torch.h>
 

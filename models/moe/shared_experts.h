@@ -7,7 +7,7 @@
 #include <torch/torch.h>
 
 #include "core/config/model_config.h"
-#include "models/modules.h"
+#include "models/linear/modules.h"
 
 namespace fp8tron {
 

@@ -1,7 +1,7 @@
 // Chunk schedules of the overlapped tensor-parallel linears: pure functions of the group size n and
 // this rank r, so every rank derives the same plan and the sends and receives pair up. "Chunk c"
 // is the sequence shard first held by rank c: rows [c L, (c + 1) L) of the gathered tensor.
-// Torch-free; tests/test_overlap_schedule.cpp checks the invariants and the tables of
+// Torch-free; tests/parallel/test_overlap_schedule.cpp checks the invariants and the tables of
 // docs/overlap.md (Transformer Engine's userbuffer algorithms, comm_gemm_overlap.cpp).
 #pragma once
 #include <cstdint>

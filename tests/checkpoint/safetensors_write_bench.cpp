@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "trainer/checkpoint/safetensors.h"
+#include "checkpoint/safetensors.h"
 
 using namespace fp8tron::checkpoint;
 

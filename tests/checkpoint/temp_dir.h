@@ -7,7 +7,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "trainer/checkpoint/file_io.h"
+#include "checkpoint/file_io.h"
 
 namespace fp8tron::checkpoint::testing {
 

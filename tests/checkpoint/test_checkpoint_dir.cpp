@@ -1,7 +1,7 @@
 // Megatron layout, tracker parsing and the atomic commit: a crash simulated after every commit
 // step (the hook throws) must leave the tracker naming a complete, loadable checkpoint; a full
 // disk must give a clear error and keep the previous checkpoint.
-#include "trainer/checkpoint/checkpoint_dir.h"
+#include "checkpoint/checkpoint_dir.h"
 
 #include <gtest/gtest.h>
 
@@ -10,7 +10,7 @@
 
 #include "core/error.h"
 #include "tests/checkpoint/temp_dir.h"
-#include "trainer/checkpoint/safetensors.h"
+#include "checkpoint/safetensors.h"
 
 namespace fp8tron::checkpoint {
 namespace {

@@ -12,10 +12,10 @@
 
 #include "core/error.h"
 #include "tests/checkpoint/temp_dir.h"
-#include "trainer/checkpoint/checksum.h"
-#include "trainer/checkpoint/fault_points.h"
-#include "trainer/checkpoint/save_dir_lock.h"
-#include "trainer/checkpoint/sharded_io.h"
+#include "checkpoint/checksum.h"
+#include "checkpoint/fault_points.h"
+#include "checkpoint/save_dir_lock.h"
+#include "checkpoint/sharded_io.h"
 
 namespace fp8tron::checkpoint {
 namespace {

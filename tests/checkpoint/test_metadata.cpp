@@ -1,6 +1,6 @@
 // The metadata JSON: exact round trip of every field (binary state bit for bit), and one clear
 // error per kind of bad file.
-#include "trainer/checkpoint/metadata.h"
+#include "checkpoint/metadata.h"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // Resharding on load: saved shards (boxes) to the box a rank of another layout needs, checked
 // element by element against a reference that indexes the global tensor directly.
-#include "trainer/checkpoint/resharding.h"
+#include "checkpoint/resharding.h"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // The safetensors writer and reader: exact bytes, round trips of every dtype, alignment,
 // streaming through the staging buffer, and a clear UserError for every kind of bad file.
-#include "trainer/checkpoint/safetensors.h"
+#include "checkpoint/safetensors.h"
 
 #include <gtest/gtest.h>
 

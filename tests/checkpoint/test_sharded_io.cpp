@@ -1,7 +1,7 @@
 // End to end without torch: a (TP, DP) = (2, 2) job saves a toy GPT layer — tensor-parallel
 // weights, a replicated layernorm and distributed-optimizer flat shards — through the atomic
 // commit; it then loads into TP 1, TP 4 and arbitrary boxes, and bad checkpoints fail clearly.
-#include "trainer/checkpoint/sharded_io.h"
+#include "checkpoint/sharded_io.h"
 
 #include <gtest/gtest.h>
 

@@ -35,7 +35,7 @@
 #include <string>
 #include <vector>
 
-#include "fp8/cuda_check.h"
+#include "core/cuda/cuda_check.h"
 #include "fp8/call_timer.h"
 #include "fp8/fp8_grouped_linear.h"
 #include "fp8/fp8_linear.h"

@@ -20,7 +20,7 @@
 #include <functional>
 #include <string>
 
-#include "fp8/cuda_check.h"
+#include "core/cuda/cuda_check.h"
 #include "fp8/call_timer.h"
 #include "fp8/quantize.h"
 

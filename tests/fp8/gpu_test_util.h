@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "fp8/cuda_check.h"
+#include "core/cuda/cuda_check.h"
 #include "fp8_test_util.h"
 #include "fp8/call_timer.h"
 

@@ -6,8 +6,8 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/text.h"
-#include "trainer/checkpoint/checkpoint_dir.h"
-#include "trainer/checkpoint/metadata.h"
+#include "checkpoint/checkpoint_dir.h"
+#include "checkpoint/metadata.h"
 
 namespace fp8tron {
 

@@ -12,7 +12,7 @@
 #include "fp8/recipe.h"
 #include "parallel/pipeline_layout.h"
 #include "trainer/cli/model_variant_args.h"
-#include "trainer/checkpoint/fault_points.h"
+#include "checkpoint/fault_points.h"
 #include "trainer/cli/context_parallel_args.h"
 #include "trainer/cli/logging_args.h"
 #include "trainer/cli/moe_args.h"

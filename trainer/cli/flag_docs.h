@@ -1,5 +1,5 @@
 // docs/flags.md, generated from the flag table so that it cannot drift (build/fp8tron-flag-table
-// prints it; tests/flag_docs_test.sh checks the file against it).
+// prints it; tests/cli/flag_docs_test.sh checks the file against it).
 #pragma once
 #include <string>
 

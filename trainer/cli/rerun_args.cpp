@@ -4,7 +4,7 @@
 
 #include "core/error.h"
 #include "core/text.h"
-#include "trainer/rerun/result_tracker_file.h"
+#include "rerun/result_tracker_file.h"
 
 namespace fp8tron {
 namespace {

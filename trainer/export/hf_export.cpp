@@ -12,11 +12,11 @@
 #include "core/error.h"
 #include "core/text.h"
 #include "models/gpt_model.h"
-#include "trainer/checkpoint/checkpoint_dir.h"
-#include "trainer/checkpoint/file_io.h"
-#include "trainer/checkpoint/metadata.h"
-#include "trainer/checkpoint/safetensors.h"
-#include "trainer/checkpoint/sharded_io.h"
+#include "checkpoint/checkpoint_dir.h"
+#include "checkpoint/file_io.h"
+#include "checkpoint/metadata.h"
+#include "checkpoint/safetensors.h"
+#include "checkpoint/sharded_io.h"
 
 namespace fp8tron {
 namespace {

@@ -1,0 +1,20 @@
+// The CPU and CUDA generators' states: saved per rank, restored when the layout is unchanged.
+#pragma once
+#include <torch/torch.h>
+
+#include <string>
+
+#include "checkpoint/metadata.h"
+#include "checkpoint/training_state.h"
+
+namespace fp8tron {
+
+std::string generator_state(const torch::Device& device);
+// Throws UserError naming `source` when the bytes are not a state of that generator.
+void set_generator_state(const torch::Device& device, const std::string& bytes, const std::string& source);
+
+// This rank's states from the checkpoint at `path`, when it was saved in the same layout (else
+// the random streams continue from --seed, said once in the log).
+void restore_rng(const checkpoint::CheckpointMetadata& m, const TrainingState& s, const std::string& path);
+
+}  // namespace fp8tron

@@ -1,0 +1,36 @@
+// Megatron's core attention (TEDotProductAttention): softmax(Q K^T / sqrt(d)) V, causal (or under
+// a document mask), with dropout on the probabilities, grouped keys and values, and context
+// parallelism (models/attention/context_parallel_attention.h, by the layer's --cp-comm-type). With
+// --recompute-granularity selective and core_attn in --recompute-modules it is recomputed in
+// backward (models/recompute/recompute.h): only q, k and v are kept.
+#pragma once
+#include <torch/torch.h>
+
+#include "core/config/model_config.h"
+#include "parallel/context_parallel.h"
+
+namespace fp8tron {
+
+class CoreAttention {
+ public:
+  CoreAttention() = default;
+  // `layer`: the global layer number (its --cp-comm-type).
+  CoreAttention(const ModelConfig& m, int64_t layer, ContextParallelContext cp);
+
+  // q [s, b, heads, d], k and v [s, b, groups, d] (this rank's heads; under context parallelism
+  // its sequence shard). attention_mask: [b, 1, s, s] bool (true = may attend) or undefined for
+  // causal. Returns [s, b, heads * d].
+  torch::Tensor forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                        const torch::Tensor& attention_mask, double dropout, bool training) const;
+
+ private:
+  torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                       const torch::Tensor& attention_mask, double dropout) const;
+
+  bool recompute_ = false;
+  ContextParallelContext cp_;
+  CpCommType comm_type_ = CpCommType::P2P;
+  double scale_ = 1;
+};
+
+}  // namespace fp8tron

@@ -1,0 +1,203 @@
+// The fused AdamW kernel (optim/adamw_kernels.h): one grid-stride pass over a segment.
+// Elements go in packs of four (16-byte fp32 loads and stores, the model copy's four values as one
+// 8-byte store for bf16 / fp16) from the first 16-byte boundary of p; the few elements before it and
+// after the last whole pack, or every element when g, m or v do not share p's alignment, go one by
+// one. The grid is the number of blocks the GPU holds at once, so each thread streams through many
+// packs with no tail wave.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <type_traits>
+#include <utility>
+
+#include "core/cuda/cuda_check.h"
+#include "optim/adamw_kernels.h"
+
+namespace fp8tron::kernels {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kPack = 4;  // fp32 elements per 16-byte access
+
+struct Args {
+  float* p;
+  const float* g;
+  float* m;
+  float* v;
+  void* copy;
+  int64_t n;
+  const float* step;
+  const float* found_inf;
+  const float* divisor;
+  float lr, beta1, beta2, eps, weight_decay;  // rounded from double on the host, as torch does on the device
+};
+
+// The step's constants, as torch's functor derives them from the device step count.
+struct StepConstants {
+  float beta1, beta2, eps, lr_wd, step_size, bias_correction2_sqrt, divisor;
+  bool decay, divide;
+};
+
+__device__ __forceinline__ StepConstants step_constants(const Args& a) {
+  StepConstants c;
+  const float step = *a.step;
+  c.beta1 = a.beta1;
+  c.beta2 = a.beta2;
+  c.eps = a.eps;
+  const float bias_correction1 = __fsub_rn(1.0f, powf(a.beta1, step));
+  c.step_size = __fdiv_rn(a.lr, bias_correction1);
+  c.bias_correction2_sqrt = __fsqrt_rn(__fsub_rn(1.0f, powf(a.beta2, step)));
+  c.lr_wd = __fmul_rn(a.lr, a.weight_decay);
+  c.decay = a.weight_decay != 0.0f;
+  c.divide = a.divisor != nullptr;
+  c.divisor = c.divide ? *a.divisor : 1.0f;
+  return c;
+}
+
+// One element, every rounding spelled out (intrinsics: no contraction or flag can change them).
+__device__ __forceinline__ void adamw_element(float& p, float g, float& m, float& v, const StepConstants& c) {
+  if (c.divide) g = __fdiv_rn(g, c.divisor);
+  if (c.decay) p = __fmaf_rn(p, -c.lr_wd, p);  // p - (lr wd) p, one rounding (torch's compiled form)
+  m = __fmaf_rn(c.beta1, m, __fmaf_rn(-c.beta1, g, g));
+  const float g2 = __fmul_rn(g, g);
+  v = __fmaf_rn(c.beta2, v, __fmaf_rn(-c.beta2, g2, g2));
+  const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), c.bias_correction2_sqrt), c.eps);
+  p = __fsub_rn(p, __fdiv_rn(__fmul_rn(c.step_size, m), denom));
+}
+
+template <class C> __device__ __forceinline__ C rounded(float v);
+template <> __device__ __forceinline__ float rounded(float v) { return v; }
+template <> __device__ __forceinline__ __nv_bfloat16 rounded(float v) { return __float2bfloat16_rn(v); }
+template <> __device__ __forceinline__ __half rounded(float v) { return __float2half_rn(v); }
+
+// Four model-copy values as one store, 16 bytes for fp32, 8 for bf16 / fp16, through __stwb (an
+// explicit st.global.v4 / v2): as a plain assignment nvcc splits this fourth store of the loop into
+// element stores.
+__device__ __forceinline__ unsigned bits_of(__nv_bfloat16 v) { return __bfloat16_as_ushort(v); }
+__device__ __forceinline__ unsigned bits_of(__half v) { return __half_as_ushort(v); }
+template <class C>
+__device__ __forceinline__ void store_pack(C* dst, const float4& p) {
+  if constexpr (std::is_same_v<C, float>) {
+    __stwb(reinterpret_cast<float4*>(dst), p);
+  } else {
+    const uint2 words = make_uint2(bits_of(rounded<C>(p.x)) | bits_of(rounded<C>(p.y)) << 16,
+                                   bits_of(rounded<C>(p.z)) | bits_of(rounded<C>(p.w)) << 16);
+    __stwb(reinterpret_cast<uint2*>(dst), words);
+  }
+}
+
+template <class C>
+__device__ __forceinline__ void store_copy(void* copy, int64_t i, float p) {
+  if constexpr (!std::is_void_v<C>) static_cast<C*>(copy)[i] = rounded<C>(p);
+}
+
+// C: the model copy's element type (void: none). kPackedCopy: its packs are aligned for one store.
+template <class C, bool kPackedCopy>
+__global__ void __launch_bounds__(kThreads) adamw_kernel(Args a, int64_t head, int64_t packs) {
+  if (a.found_inf != nullptr && *a.found_inf != 0.0f) return;  // a skipped step: p, m, v and the copy stand
+  const StepConstants c = step_constants(a);
+  const int64_t first = int64_t(blockIdx.x) * kThreads + threadIdx.x, stride = int64_t(gridDim.x) * kThreads;
+  // One by one: the head before the first pack and the tail after the last.
+  const int64_t body_end = head + packs * kPack, loose = a.n - packs * kPack;
+  for (int64_t k = first; k < loose; k += stride) {
+    const int64_t i = k < head ? k : body_end + (k - head);
+    float p = a.p[i], m = a.m[i], v = a.v[i];
+    adamw_element(p, a.g[i], m, v, c);
+    a.p[i] = p;
+    a.m[i] = m;
+    a.v[i] = v;
+    store_copy<C>(a.copy, i, p);
+  }
+  for (int64_t k = first; k < packs; k += stride) {
+    const int64_t i = head + k * kPack;
+    float4 p = *reinterpret_cast<const float4*>(a.p + i);
+    const float4 g = *reinterpret_cast<const float4*>(a.g + i);
+    float4 m = *reinterpret_cast<const float4*>(a.m + i);
+    float4 v = *reinterpret_cast<const float4*>(a.v + i);
+    adamw_element(p.x, g.x, m.x, v.x, c);
+    adamw_element(p.y, g.y, m.y, v.y, c);
+    adamw_element(p.z, g.z, m.z, v.z, c);
+    adamw_element(p.w, g.w, m.w, v.w, c);
+    *reinterpret_cast<float4*>(a.p + i) = p;
+    *reinterpret_cast<float4*>(a.m + i) = m;
+    *reinterpret_cast<float4*>(a.v + i) = v;
+    if constexpr (!std::is_void_v<C>) {
+      if constexpr (kPackedCopy) {
+        store_pack(static_cast<C*>(a.copy) + i, p);
+      } else {
+        store_copy<C>(a.copy, i, p.x);
+        store_copy<C>(a.copy, i + 1, p.y);
+        store_copy<C>(a.copy, i + 2, p.z);
+        store_copy<C>(a.copy, i + 3, p.w);
+      }
+    }
+  }
+}
+
+bool aligned(const void* p, int64_t byte_offset, int64_t alignment) {
+  return (reinterpret_cast<uintptr_t>(p) + uintptr_t(byte_offset)) % uintptr_t(alignment) == 0;
+}
+
+// Blocks of `kernel` that the current device runs at once (cached per device and kernel).
+int resident_blocks(const void* kernel) {
+  static std::mutex mutex;
+  static std::map<std::pair<int, const void*>, int> cache;
+  int device = 0;
+  FP8TRON_CUDA_CHECK(cudaGetDevice(&device));
+  const std::lock_guard<std::mutex> lock(mutex);
+  auto [it, inserted] = cache.try_emplace({device, kernel}, 0);
+  if (inserted) {
+    int sms = 0, per_sm = 0;
+    FP8TRON_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    FP8TRON_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0));
+    it->second = std::max(sms * std::max(per_sm, 1), 1);
+  }
+  return it->second;
+}
+
+template <class C, bool kPackedCopy>
+void launch(const Args& a, int64_t head, int64_t packs, cudaStream_t stream) {
+  const auto kernel = adamw_kernel<C, kPackedCopy>;
+  const int64_t work = std::max(packs, a.n - packs * kPack);
+  const int64_t blocks = std::min<int64_t>((work + kThreads - 1) / kThreads, resident_blocks(reinterpret_cast<const void*>(kernel)));
+  kernel<<<unsigned(blocks), kThreads, 0, stream>>>(a, head, packs);
+  FP8TRON_CUDA_CHECK_LAUNCH("adamw_kernel");
+}
+
+// The copy's packs need 4 x sizeof(C) alignment at the first pack; otherwise its values go one by one.
+template <class C>
+void launch_with_copy(const Args& a, int64_t head, int64_t packs, cudaStream_t stream) {
+  const int64_t bytes = int64_t(sizeof(C));
+  if (aligned(a.copy, head * bytes, bytes * kPack)) launch<C, true>(a, head, packs, stream);
+  else launch<C, false>(a, head, packs, stream);
+}
+
+}  // namespace
+
+void fused_adamw(const AdamWSegment& s, const AdamWDeviceScalars& scalars, const AdamWHyperParams& h, cudaStream_t stream) {
+  if (s.numel <= 0) return;
+  const Args a{s.param, s.grad, s.exp_avg, s.exp_avg_sq, s.model_copy, s.numel, scalars.step, scalars.found_inf,
+               scalars.grad_divisor, float(h.lr), float(h.beta1), float(h.beta2), float(h.eps), float(h.weight_decay)};
+  // Packs start where p reaches a 16-byte boundary; g, m and v must reach one at the same element.
+  int64_t head = std::min<int64_t>((16 - int64_t(reinterpret_cast<uintptr_t>(s.param) % 16)) % 16 / 4, s.numel);
+  const int64_t at = head * int64_t(sizeof(float));
+  int64_t packs = (s.numel - head) / kPack;
+  if (!aligned(s.param, at, 16) || !aligned(s.grad, at, 16) || !aligned(s.exp_avg, at, 16) || !aligned(s.exp_avg_sq, at, 16)) {
+    head = s.numel;
+    packs = 0;
+  }
+  const ModelCopyType copy = s.model_copy ? s.copy_type : ModelCopyType::kNone;
+  switch (copy) {
+    case ModelCopyType::kNone: return launch<void, true>(a, head, packs, stream);
+    case ModelCopyType::kFloat32: return launch_with_copy<float>(a, head, packs, stream);
+    case ModelCopyType::kBFloat16: return launch_with_copy<__nv_bfloat16>(a, head, packs, stream);
+    case ModelCopyType::kFloat16: return launch_with_copy<__half>(a, head, packs, stream);
+  }
+}
+
+}  // namespace fp8tron::kernels

@@ -1,0 +1,32 @@
+// The optimizer's own fused AdamW step on CUDA tensors (the kernel: optim/adamw_kernels.h),
+// for one contiguous fp32 segment of the flat buffers, optionally writing the model's copy of the
+// updated parameters (bf16, fp16 or fp32) in the same pass. p, m and v come out bitwise as
+// at::_fused_adamw_ leaves them (adamw: maximize and amsgrad off); the gradient is read, never
+// written.
+#pragma once
+#include <torch/torch.h>
+
+#include <optional>
+
+namespace fp8tron {
+
+struct AdamWState {
+  torch::Tensor param, grad, exp_avg, exp_avg_sq;  // fp32, contiguous, equal numel, one CUDA device
+  torch::Tensor model_copy;  // undefined, or contiguous bf16 / fp16 / fp32 of param's numel: := param
+};
+
+struct AdamWHyper {
+  double lr, beta1, beta2, eps, weight_decay;
+};
+
+// Whether fused_adamw takes these tensors (CUDA, fp32, contiguous, one device; 0-dim fp32 device
+// scalars); otherwise the caller uses at::_fused_adamw_.
+bool fused_adamw_applies(const AdamWState& s, const torch::Tensor& step, const torch::Tensor& found_inf,
+                         const std::optional<torch::Tensor>& grad_divisor);
+
+// `step`: the step count, already advanced; `found_inf` nonzero: nothing changes; `grad_divisor`:
+// every gradient is divided by it as it is read. Never waits for the device.
+void fused_adamw(const AdamWState& s, const torch::Tensor& step, const torch::Tensor& found_inf,
+                 const std::optional<torch::Tensor>& grad_divisor, const AdamWHyper& hyper);
+
+}  // namespace fp8tron

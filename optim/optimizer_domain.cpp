@@ -1,0 +1,520 @@
+#include "optim/optimizer_domain.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "optim/buffer_layout.h"
+#include "optim/fused_adamw.h"
+#include "optim/param_groups.h"
+
+namespace fp8tron {
+namespace {
+// Megatron's parameter groups (optim/param_groups.h).
+bool decays(const NamedParam& p, const OptimizerConfig& c) { return applies_weight_decay(p.name, p.tensor.dim(), c); }
+int lr_group(const NamedParam& p, const OptimizerConfig& c) { return c.decoupled_lr && is_embedding_or_output(p.name) ? 1 : 0; }
+bool muon(const NamedParam& p, const OptimizerConfig& c) { return uses_muon(p.name, p.tensor.dim(), c); }
+torch::Dtype to_torch(ParamDtype d) {
+  return d == ParamDtype::Bf16 ? torch::kBFloat16 : d == ParamDtype::Fp16 ? torch::kFloat16 : torch::kFloat32;
+}
+// How a parameter counts in the global gradient norm: 0 normal, 1 duplicated over tensor-parallel
+// ranks (counted once), 2 the last stage's tied-embedding copy (not counted).
+int norm_class(const NamedParam& p) {
+  if (p.info.shared_embedding_copy) return 2;
+  return p.info.partition_dim < 0 ? 1 : 0;
+}
+}  // namespace
+
+OptimizerDomain::OptimizerDomain(const std::vector<NamedParam>& params, const OptimizerConfig& optimizer,
+                                 const PrecisionConfig& precision, DomainGroups groups, bool distributed, torch::Device device,
+                                 const std::vector<torch::Tensor>& byte_params)
+    : config_(optimizer),
+      groups_(std::move(groups)),
+      distributed_(distributed && groups_.dp->size() > 1),
+      separate_main_weights_(precision.params_dtype != ParamDtype::Fp32 || distributed_) {
+  torch::NoGradGuard no_grad;
+  // Order: Adam/SGD before Muon parameters, decay first; within it the default learning rate
+  // before the decoupled one, normal, TP-duplicated (partial-gradient ones first), excluded.
+  std::vector<const NamedParam*> ordered;
+  for (const auto& p : params) ordered.push_back(&p);
+  auto model_order = [&](const NamedParam* p) { return int64_t(p - params.data()); };
+  const OptimizerConfig& c = config_;
+  // Byte-published parameters (FP8 linears' weights: Adam, decayed, default learning rate, normal
+  // norm class) come first.
+  auto published_as_bytes = [&](const NamedParam* p) {
+    for (const auto& b : byte_params)
+      if (b.is_same(p->tensor)) return true;
+    return false;
+  };
+  std::stable_sort(ordered.begin(), ordered.end(), [&](const NamedParam* a, const NamedParam* b) {
+    auto key = [&](const NamedParam* p) {
+      return std::make_tuple(muon(*p, c), !decays(*p, c), lr_group(*p, c), norm_class(*p), !published_as_bytes(p),
+                             !p->info.reduce_grad_over_tp);
+    };
+    return key(a) < key(b);
+  });
+  for (const auto* p : ordered) {
+    if (!published_as_bytes(p)) break;
+    byte_numel_ += p->tensor.numel();
+  }
+  // Muon's matrices stay whole on one data-parallel rank with the distributed optimizer
+  // (Megatron's layer-wise distributed optimizer, optim/buffer_layout.h); everything
+  // else is sharded elementwise.
+  std::vector<LayoutParam> sizes;
+  for (const auto* p : ordered) {
+    const bool whole = muon(*p, c);
+    const int64_t n = p->tensor.numel();
+    sizes.push_back(LayoutParam{n, whole, whole ? newton_schulz_cost(p->tensor.size(0), p->tensor.size(1)) : double(n)});
+  }
+  const BufferLayout layout = plan_buffer_layout(sizes, distributed_ ? dp_size() : 1);
+  std::vector<size_t> by_offset(ordered.size());
+  for (size_t i = 0; i < by_offset.size(); ++i) by_offset[i] = i;
+  std::stable_sort(by_offset.begin(), by_offset.end(), [&](size_t a, size_t b) { return layout.offsets[a] < layout.offsets[b]; });
+  numel_ = layout.numel;
+  const int64_t dp = dp_size();
+  padded_numel_ = distributed_ ? layout.shard_numel * dp : numel_;
+  shard_numel_ = distributed_ ? layout.shard_numel : numel_;
+  shard_begin_ = distributed_ ? shard_numel_ * groups_.dp->rank() : 0;
+
+  const int tp_size = groups_.tp->size();
+  const double tp = double(tp_size);
+  const bool pipeline_copies = groups_.embedding && groups_.embedding->size() > 1;
+  const auto fp32 = torch::TensorOptions().device(device).dtype(torch::kFloat32);
+  const auto param_dtype = to_torch(precision.params_dtype);
+  auto all_main = torch::zeros({padded_numel_}, fp32);
+  model_params_ = separate_main_weights_ ? torch::zeros({padded_numel_}, fp32.dtype(param_dtype)) : all_main;
+  main_grads_ = torch::zeros({padded_numel_}, fp32.dtype(precision.grads_in_fp32 ? torch::kFloat32 : param_dtype));
+  for (size_t i : by_offset) {
+    const NamedParam* p = ordered[i];
+    const int64_t offset = layout.offsets[i], n = p->tensor.numel();
+    const bool decay = decays(*p, c), is_muon = muon(*p, c);
+    const int group = lr_group(*p, c);
+    const double w = norm_class(*p) == 0 ? 1.0 : norm_class(*p) == 1 ? 1.0 / tp : 0.0;
+    // A segment is a contiguous run of equally treated parameters (padding ends it).
+    if (segments_.empty() || segments_.back().decay != decay || segments_.back().norm_weight != w ||
+        segments_.back().lr_group != group || segments_.back().muon != is_muon ||
+        segments_.back().offset + segments_.back().numel != offset)
+      segments_.push_back(Segment{offset, 0, decay, w, group, is_muon});
+    if (is_muon) muon_slots_.push_back(MuonSlot{offset, p->tensor.sizes().vec(), MuonParam{p->info, is_fused_qkv(p->name), {}}});
+    segments_.back().numel += n;
+    auto add_range = [&](std::vector<std::pair<int64_t, int64_t>>& ranges) {
+      if (!ranges.empty() && ranges.back().first + ranges.back().second == offset) ranges.back().second += n;
+      else ranges.emplace_back(offset, n);
+    };
+    if (p->info.reduce_grad_over_tp && tp_size > 1) add_range(tp_partial_ranges_);
+    // The tied embedding's two copies (first and last stage) sum their gradients.
+    if ((p->info.tied_embedding || p->info.shared_embedding_copy) && pipeline_copies) add_range(embedding_ranges_);
+    torch::Tensor t = p->tensor;
+    all_main.narrow(0, offset, n).copy_(t.detach().reshape({-1}));  // fp32 values as initialised
+    if (separate_main_weights_) model_params_.narrow(0, offset, n).copy_(all_main.narrow(0, offset, n));
+    t.set_data(model_params_.narrow(0, offset, n).view(t.sizes()));
+    // Gradients accumulate in place into the flat buffer. AccumulateGrad adds each new
+    // (parameter-dtype) gradient into an existing .grad with `+=`, so an fp32 buffer under a
+    // bf16 parameter accumulates micro-batches in fp32, as Megatron's main_grad does.
+    t.mutable_grad() = main_grads_.narrow(0, offset, n).view(t.sizes());
+    buffer_order_.push_back({t, offset, n, model_order(p)});
+    slots_.push_back(ParamSlot{p->name, offset, n, t.sizes().vec(), p->info, is_muon});
+  }
+  main_params_ = distributed_ ? all_main.narrow(0, shard_begin_, shard_numel_).clone() : all_main;
+  if (distributed_ || main_grads_.scalar_type() != torch::kFloat32) grad_shard_ = torch::zeros({shard_numel_}, fp32);
+  exp_avg_ = torch::zeros({shard_numel_}, fp32);  // Adam's first moment, SGD's and Muon's momentum
+  if (config_.optimizer == "adam" || config_.optimizer == "muon") exp_avg_sq_ = torch::zeros({shard_numel_}, fp32);
+  for (size_t i = 0; i < segments_.size(); ++i) step_counts_.push_back(torch::zeros({}, fp32));
+}
+
+void OptimizerDomain::enable_grad_overlap(int64_t bucket_numel) {
+  if (dp_size() == 1) return;  // nothing to reduce
+  if (main_grads_.scalar_type() != torch::kFloat32 && !main_grads_.is_cuda())
+    throw UserError("--overlap-grad-reduce on CPU needs fp32 gradients (--bf16 or --accumulate-allreduce-grads-in-fp32)");
+  GradBuckets::Options options;
+  options.bucket_numel = bucket_numel;
+  if (distributed_) {
+    options.shard_numel = shard_numel_;
+    // The tied embedding's copies lie at different offsets on the first and last stage, so their
+    // shard owners differ: they must be summed before the data-parallel reduction (Megatron gives
+    // them a bucket of their own for the same reason).
+    if (groups_.embedding && groups_.embedding->size() > 1) options.deferred = embedding_ranges_;
+  }
+  buckets_ = std::make_unique<GradBuckets>(main_grads_, buffer_order_, options, groups_.dp);
+}
+
+void OptimizerDomain::arm_grad_overlap() {
+  if (buckets_) buckets_->arm();
+}
+
+void OptimizerDomain::enable_byte_publish(BytePublish publish) {
+  int64_t numel = 0;
+  for (const auto& p : publish.params) numel += p.numel();
+  FP8TRON_CHECK(numel == byte_numel_ && byte_numel_ > 0, "byte-published parameters must be the constructor's");
+  FP8TRON_CHECK(!param_gather_, "enable_byte_publish comes before enable_param_gather_overlap");
+  if (!separate_main_weights_)
+    throw UserError("--fp8-param-gather needs fp32 main weights separate from the model's: train with --bf16, or "
+                    "with --use-distributed-optimizer over more than one data-parallel rank");
+  codes_ = torch::zeros({padded_numel_}, model_params_.options().dtype(torch::kUInt8));
+  byte_publish_ = std::move(publish);
+}
+
+void OptimizerDomain::encode_own_shard() {
+  // This rank's part of the byte-published range, from its fp32 main weights.
+  const int64_t lo = std::min(shard_begin_, byte_numel_), hi = std::min(shard_begin_ + shard_numel_, byte_numel_);
+  const auto main = main_params_.narrow(0, lo - shard_begin_, hi - lo);
+  auto codes = codes_.narrow(0, lo, hi - lo);
+  byte_publish_.encode(main, codes, lo);
+}
+
+// The byte range and the rest of the buffer, each all-gathered from the shards' owners.
+void OptimizerDomain::gather_and_decode() {
+  if (distributed_) {
+    const int dp = dp_size();
+    auto own = [&](torch::Tensor& buffer, int64_t offset, int64_t numel) {
+      const int64_t lo = std::clamp(shard_begin_, offset, offset + numel);
+      const int64_t hi = std::clamp(shard_begin_ + shard_numel_, offset, offset + numel);
+      return buffer.narrow(0, lo, hi - lo);
+    };
+    auto codes = codes_.narrow(0, 0, byte_numel_);
+    groups_.dp->wait(*groups_.dp->all_gather_v_async(codes, own(codes_, 0, byte_numel_),
+                                                     shard_counts(0, byte_numel_, shard_numel_, dp)));
+    auto rest = model_params_.narrow(0, byte_numel_, padded_numel_ - byte_numel_);
+    groups_.dp->wait(*groups_.dp->all_gather_v_async(rest, own(model_params_, byte_numel_, padded_numel_ - byte_numel_),
+                                                     shard_counts(byte_numel_, padded_numel_ - byte_numel_, shard_numel_, dp)));
+  } else {
+    model_params_.narrow(0, byte_numel_, numel_ - byte_numel_).copy_(main_params_.narrow(0, byte_numel_, numel_ - byte_numel_));
+  }
+  byte_publish_.decode(codes_.narrow(0, 0, byte_numel_), 0, byte_numel_);
+}
+
+void OptimizerDomain::enable_param_gather_overlap(int64_t bucket_numel) {
+  if (!distributed_) return;  // one data-parallel rank holds everything: nothing to gather
+  ParamGather::Bytes bytes;
+  if (codes_.defined()) bytes = {codes_, byte_numel_, byte_publish_.decode};
+  param_gather_ = std::make_unique<ParamGather>(model_params_, buffer_order_, bucket_numel, shard_numel_, groups_.dp, bytes);
+}
+
+void OptimizerDomain::wait_for_params(const torch::nn::Module& module) {
+  if (param_gather_) param_gather_->wait_for(module);
+}
+
+void OptimizerDomain::finish_param_gather() {
+  if (param_gather_) param_gather_->finish();
+}
+
+void OptimizerDomain::zero_grad() {
+  if (zero_all_) {
+    main_grads_.zero_();
+    return;
+  }
+  for (auto [offset, n] : zeroed_ranges_) main_grads_.narrow(0, offset, n).zero_();
+}
+
+bool OptimizerDomain::holds(const torch::Tensor& param) const {
+  const torch::Tensor g = param.grad();
+  if (!g.defined() || main_grads_.numel() == 0 || g.scalar_type() != main_grads_.scalar_type() ||
+      g.device() != main_grads_.device())
+    return false;
+  const auto* base = static_cast<const char*>(main_grads_.data_ptr());
+  const int64_t offset = (static_cast<const char*>(g.data_ptr()) - base) / int64_t(main_grads_.element_size());
+  return offset >= 0 && offset + g.numel() <= main_grads_.numel();
+}
+
+void OptimizerDomain::skip_zeroing(const std::vector<torch::Tensor>& params) {
+  std::vector<std::pair<int64_t, int64_t>> skipped;
+  const auto* base = static_cast<const char*>(main_grads_.data_ptr());
+  for (const auto& p : params) {
+    if (!holds(p)) continue;  // another domain's
+    const torch::Tensor g = p.grad();
+    FP8TRON_CHECK(g.defined() && g.scalar_type() == main_grads_.scalar_type(), "skip_zeroing: not a main-gradient view");
+    const int64_t offset = (static_cast<const char*>(g.data_ptr()) - base) / int64_t(main_grads_.element_size());
+    FP8TRON_CHECK(offset >= 0 && offset + g.numel() <= main_grads_.numel(), "skip_zeroing: gradient outside the buffer");
+    skipped.emplace_back(offset, g.numel());
+  }
+  std::sort(skipped.begin(), skipped.end());
+  zeroed_ranges_.clear();
+  zero_all_ = false;
+  int64_t at = 0;
+  for (auto [offset, n] : skipped) {
+    if (offset > at) zeroed_ranges_.emplace_back(at, offset - at);
+    at = std::max(at, offset + n);
+  }
+  if (at < main_grads_.numel()) zeroed_ranges_.emplace_back(at, main_grads_.numel() - at);
+}
+
+void OptimizerDomain::sum_tensor_parallel_partials(bool own_shard_only) {
+  // Tensor-parallel ranks lay the buffer out identically, so with the distributed optimizer they
+  // own the same elements: summing only those is enough after an overlapped reduce-scatter.
+  const int64_t lo_bound = own_shard_only ? shard_begin_ : 0, hi_bound = own_shard_only ? shard_begin_ + shard_numel_ : numel_;
+  for (auto [off, n] : tp_partial_ranges_) {
+    const int64_t lo = std::max(off, lo_bound), hi = std::min(off + n, hi_bound);
+    if (hi <= lo) continue;
+    auto view = main_grads_.narrow(0, lo, hi - lo);
+    groups_.tp->all_reduce(view);
+  }
+}
+
+void OptimizerDomain::sum_embedding_copies() {
+  if (!groups_.embedding || groups_.embedding->size() == 1) return;
+  for (auto [off, n] : embedding_ranges_) {
+    auto view = main_grads_.narrow(0, off, n);
+    groups_.embedding->all_reduce(view);
+  }
+}
+
+void OptimizerDomain::finalize_grads() {
+  torch::NoGradGuard no_grad;
+  if (buckets_) {
+    // Overlapped data-parallel reductions must land before anything else touches the buffer. The
+    // other groups' sums commute with the data-parallel average; with the distributed optimizer
+    // the embedding copies are summed first (their buckets wait for it, see enable_grad_overlap).
+    if (distributed_) {
+      buckets_->finish([this] { sum_embedding_copies(); });
+      sum_tensor_parallel_partials(/*own_shard_only=*/true);
+      grad_shard_.copy_(main_grads_.narrow(0, shard_begin_, shard_numel_));
+    } else {
+      buckets_->finish();
+      sum_tensor_parallel_partials(/*own_shard_only=*/false);
+      sum_embedding_copies();
+    }
+    return;
+  }
+  sum_tensor_parallel_partials(/*own_shard_only=*/false);
+  sum_embedding_copies();
+  // The data-parallel mean is a sum here: backward already scaled each micro-batch's loss by
+  // 1 / (micro-batches x data-parallel ranks) (trainer.cpp, train_step). For experts the sum over
+  // the expert data-parallel group then gives Megatron's expert gradient (1/|DP| x the sum over
+  // expert-DP replicas: an expert already holds every expert-parallel rank's tokens).
+  if (dp_size() == 1) return;
+  if (distributed_) {
+    auto shard = main_grads_.scalar_type() == torch::kFloat32 ? grad_shard_ : torch::empty({shard_numel_}, main_grads_.options());
+    groups_.dp->reduce_scatter(shard, main_grads_);
+    if (!shard.is_same(grad_shard_)) grad_shard_.copy_(shard);
+  } else {
+    groups_.dp->all_reduce(main_grads_);
+  }
+}
+
+void OptimizerDomain::all_reduce_model_groups(torch::Tensor& value) {
+  // Tensor-parallel ranks hold different shards, pipeline stages (and expert-parallel ranks)
+  // different layers (experts), and with the distributed optimizer data-parallel ranks different
+  // parts of the buffer.
+  for (const auto& group : groups_.model_parallel)
+    if (group->size() > 1) group->all_reduce(value);
+  if (distributed_) groups_.dp->all_reduce(value);
+}
+
+namespace {
+// On GPUs dot products (fp32 accumulation, no [numel] temporary of squares) over chunks below
+// cuBLAS's 2^31-element limit; the CPU path keeps the elementwise squares.
+torch::Tensor sum_of_squares(const torch::Tensor& v) {
+  if (!v.is_cuda()) return v.pow(2).sum();
+  constexpr int64_t kChunk = int64_t{1} << 30;
+  torch::Tensor total;
+  for (int64_t at = 0; at < v.numel(); at += kChunk) {
+    const auto c = v.narrow(0, at, std::min(kChunk, v.numel() - at));
+    total = total.defined() ? total + at::dot(c, c) : at::dot(c, c);
+  }
+  return total.defined() ? total : torch::zeros({}, v.options());
+}
+}  // namespace
+
+torch::Tensor OptimizerDomain::global_norm_squared(const torch::Tensor& buffer, int64_t base) {
+  auto total = torch::zeros({}, buffer.options().dtype(torch::kFloat32));
+  const int64_t end = base + buffer.numel();
+  for (const auto& s : segments_) {
+    const int64_t lo = std::max(s.offset, base), hi = std::min(s.offset + s.numel, end);
+    if (hi <= lo || s.norm_weight == 0.0) continue;
+    auto part = buffer.narrow(0, lo - base, hi - lo).to(torch::kFloat32);
+    total += s.norm_weight * sum_of_squares(part);
+  }
+  all_reduce_model_groups(total);
+  return total;
+}
+
+torch::Tensor OptimizerDomain::unscaled_grads(const torch::Tensor& divisor) {
+  torch::NoGradGuard no_grad;
+  // The gradients this rank updates with, in fp32, laid out from shard_begin_.
+  torch::Tensor grads = main_grads_.narrow(0, 0, numel_);
+  if (distributed_) grads = grad_shard_;
+  else if (grad_shard_.defined()) grads = grad_shard_.copy_(main_grads_);
+  if (divisor.defined()) grads.div_(divisor);
+  return grads;
+}
+
+std::optional<std::string> OptimizerDomain::first_nonfinite_grad() const {
+  torch::NoGradGuard no_grad;
+  // The gradients step() used, laid out from `base` as unscaled_grads() returns them (the step
+  // clips them in place; clipping by a non-finite norm multiplies by 0, which keeps NaN and inf).
+  const torch::Tensor grads = grad_shard_.defined() ? grad_shard_ : main_grads_.narrow(0, 0, numel_);
+  const int64_t base = distributed_ ? shard_begin_ : 0;
+  std::optional<std::pair<int64_t, std::string>> first;  // (model order, name)
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const int64_t lo = std::max(slots_[i].offset, base), hi = std::min(slots_[i].offset + slots_[i].numel, base + grads.numel());
+    if (lo >= hi || (first && first->first < buffer_order_[i].first_use)) continue;
+    if (!torch::isfinite(grads.narrow(0, lo - base, hi - lo)).all().item<bool>())
+      first = std::make_pair(buffer_order_[i].first_use, slots_[i].name);
+  }
+  if (!first) return std::nullopt;
+  return first->second;
+}
+
+torch::Tensor OptimizerDomain::norm_squared(const torch::Tensor& grads) { return global_norm_squared(grads, shard_begin_); }
+
+bool OptimizerDomain::folds_clipping(const torch::Tensor& grads) const {
+  return grads.is_cuda() && config_.optimizer == "adam";
+}
+
+void OptimizerDomain::update(const torch::Tensor& grads, double lr, double weight_decay, const torch::Tensor& found_inf,
+                             const torch::Tensor& clip_coeff, std::optional<double> decoupled_lr) {
+  torch::NoGradGuard no_grad;
+  FP8TRON_CHECK(!clip_coeff.defined() || folds_clipping(grads), "update: clipping is folded only into fused Adam on GPUs");
+  // The fused kernel divides each gradient by grad_scale as it reads it.
+  const std::optional<torch::Tensor> grad_divisor =
+      clip_coeff.defined() ? std::optional<torch::Tensor>(clip_coeff.reciprocal()) : std::nullopt;
+  const int64_t shard_end = shard_begin_ + shard_numel_;
+  auto keep = 1.0 - found_inf;
+  // Nothing may still read this rank's shard of the model parameters: the step may write it.
+  if (param_gather_) param_gather_->finish();
+  Ranges published;  // model parameters the fused Adam kernel wrote
+  for (size_t i = 0; i < segments_.size(); ++i) {
+    const auto& s = segments_[i];
+    const int64_t lo = std::max(s.offset, shard_begin_), hi = std::min(s.offset + s.numel, std::min(shard_end, numel_));
+    if (hi <= lo) continue;
+    const int64_t off = lo - shard_begin_, n = hi - lo;
+    const double wd = s.decay ? weight_decay : 0.0;
+    const double group_lr = s.lr_group == 1 ? decoupled_lr.value_or(lr) : lr;
+    if (s.muon) {
+      muon_step(s, grads, group_lr, wd, found_inf);
+    } else if (config_.optimizer == "adam" || config_.optimizer == "muon") {
+      step_counts_[i].add_(keep);  // a skipped step does not advance bias correction
+      if (adam_step(i, lo, n, grads, group_lr, wd, found_inf, grad_divisor)) published.emplace_back(lo, n);
+    } else {
+      // SGD with momentum (torch.optim.SGD semantics); skipped steps leave everything unchanged.
+      auto p = main_params_.narrow(0, off, n), g = grads.narrow(0, off, n), m = exp_avg_.narrow(0, off, n);
+      auto d = torch::nan_to_num(g, 0.0, 0.0, 0.0) + wd * p;
+      m.mul_(config_.sgd_momentum * keep + found_inf).add_(d * keep);
+      p.sub_(m * (group_lr * keep));
+    }
+  }
+  if (param_gather_) {
+    copy_main_to_model(published);
+    if (codes_.defined()) encode_own_shard();
+    param_gather_->start();
+  } else {
+    publish_model_params(published);
+  }
+}
+
+bool OptimizerDomain::adam_step(size_t segment, int64_t lo, int64_t n, const torch::Tensor& grads, double lr, double wd,
+                                const torch::Tensor& found_inf, const std::optional<torch::Tensor>& grad_divisor) {
+  const int64_t off = lo - shard_begin_;
+  AdamWState state{main_params_.narrow(0, off, n), grads.narrow(0, off, n), exp_avg_.narrow(0, off, n),
+                   exp_avg_sq_.narrow(0, off, n), {}};
+  // The model parameters, when they are a buffer of their own published as values (not as bytes:
+  // --fp8-param-gather encodes its range from the main weights after the step), in the same pass.
+  if (separate_main_weights_ && !codes_.defined()) state.model_copy = model_params_.narrow(0, lo, n);
+  const torch::Tensor& step = step_counts_[segment];
+  if (!torch_adam_kernel_ && fused_adamw_applies(state, step, found_inf, grad_divisor)) {
+    fused_adamw(state, step, found_inf, grad_divisor, {lr, config_.adam_beta1, config_.adam_beta2, config_.adam_eps, wd});
+    return state.model_copy.defined();
+  }
+  at::_fused_adamw_({state.param}, {state.grad}, {state.exp_avg}, {state.exp_avg_sq}, {}, {step}, lr, config_.adam_beta1,
+                    config_.adam_beta2, wd, config_.adam_eps, false, false, grad_divisor, found_inf);
+  return false;
+}
+
+// Muon (Emerging-Optimizers' OrthogonalizedOptimizer.step with Megatron's TensorParallelMuon):
+// decoupled weight decay p <- p (1 - lr wd), momentum m <- m + (1 - beta)(g - m), direction m (or
+// Nesterov's g + beta (m - g)), p <- p - lr x scaled Newton-Schulz(direction). A skipped step
+// (inf/nan gradients) leaves p and m unchanged without waiting for the device. The domain's
+// tensor-parallel group gathers the shards (expert tensor parallelism for the experts). With the
+// distributed optimizer a rank updates the matrices its shard holds, each whole (the layout puts
+// every Muon matrix inside one shard); its tensor-parallel peers hold the same matrices' other
+// shards in the same place of the same layout, so they join the same gathers in the same order.
+void OptimizerDomain::muon_step(const Segment& s, const torch::Tensor& grads, double lr, double wd,
+                                const torch::Tensor& found_inf) {
+  const MuonConfig& c = config_.muon;
+  auto keep = 1.0 - found_inf;
+  for (const auto& slot : muon_slots_) {
+    if (slot.offset < s.offset || slot.offset >= s.offset + s.numel) continue;
+    if (slot.offset < shard_begin_ || slot.offset >= shard_begin_ + shard_numel_) continue;  // another rank's
+    int64_t n = 1;
+    for (int64_t d : slot.shape) n *= d;
+    FP8TRON_CHECK(slot.offset + n <= shard_begin_ + shard_numel_, "a Muon matrix crosses a distributed-optimizer shard");
+    const int64_t at = slot.offset - shard_begin_;  // the optimizer's buffers start at shard_begin_
+    auto p = main_params_.narrow(0, at, n).view(slot.shape);
+    auto g = torch::nan_to_num(grads.narrow(0, at, n), 0.0, 0.0, 0.0).view(slot.shape);
+    auto m = exp_avg_.narrow(0, at, n).view(slot.shape);
+    auto m_new = m + (1.0 - c.momentum) * (g - m);
+    auto direction = c.nesterov ? g + c.momentum * (m_new - g) : m_new;
+    auto update = muon_update(direction, slot.param, c, *groups_.tp);
+    m.copy_(keep * m_new + found_inf * m);
+    p.copy_(keep * (p * (1.0 - lr * wd) - lr * update) + found_inf * p);
+  }
+}
+
+void OptimizerDomain::set_qkv_rows(const std::vector<int64_t>& rows) {
+  for (auto& slot : muon_slots_)
+    if (slot.param.qkv) slot.param.qkv_rows = rows;
+}
+
+torch::Tensor OptimizerDomain::zeros_in(const torch::Tensor& grads) {
+  // Tensor-parallel duplicates count on rank 0 of their group only; the tied embedding's copy not at all.
+  auto total = torch::zeros({}, grads.options().dtype(torch::kFloat64));
+  const int64_t end = shard_begin_ + grads.numel();
+  for (const auto& s : segments_) {
+    const int64_t lo = std::max(s.offset, shard_begin_), hi = std::min(std::min(s.offset + s.numel, end), numel_);
+    if (hi <= lo || s.norm_weight == 0.0 || (s.norm_weight < 1.0 && groups_.tp->rank() != 0)) continue;
+    total += (grads.narrow(0, lo - shard_begin_, hi - lo) == 0).sum().to(torch::kFloat64);
+  }
+  all_reduce_model_groups(total);
+  return total;
+}
+
+void OptimizerDomain::copy_main_to_model(const Ranges& published) {
+  // This rank's elements: its shard, or the whole buffer without the distributed optimizer.
+  const int64_t end = distributed_ ? shard_begin_ + shard_numel_ : numel_;
+  auto copy = [&](int64_t lo, int64_t hi) {
+    if (hi > lo) model_params_.narrow(0, lo, hi - lo).copy_(main_params_.narrow(0, lo - shard_begin_, hi - lo));
+  };
+  int64_t at = shard_begin_;
+  for (auto [offset, n] : published) {
+    copy(at, offset);
+    at = offset + n;
+  }
+  copy(at, end);
+}
+
+void OptimizerDomain::publish_model_params() { publish_model_params(Ranges{}); }
+
+void OptimizerDomain::publish_model_params(const Ranges& published) {
+  torch::NoGradGuard no_grad;
+  finish_param_gather();
+  if (codes_.defined()) {
+    if (distributed_) model_params_.narrow(0, shard_begin_, shard_numel_).copy_(main_params_);
+    encode_own_shard();
+    gather_and_decode();
+    return;
+  }
+  if (distributed_) {
+    copy_main_to_model(published);
+    auto mine = model_params_.narrow(0, shard_begin_, shard_numel_);
+    auto gathered = model_params_;
+    groups_.dp->all_gather(gathered, mine.clone());
+  } else if (separate_main_weights_) {
+    copy_main_to_model(published);
+  }
+}
+
+double OptimizerDomain::step_count() const {
+  double steps = 0;
+  for (const auto& s : step_counts_) steps = std::max(steps, s.item<double>());
+  return steps;
+}
+
+void OptimizerDomain::set_step_count(double steps) {
+  for (auto& s : step_counts_) s.fill_(steps);
+}
+
+torch::Tensor OptimizerDomain::params_norm_squared() {
+  torch::NoGradGuard no_grad;
+  return global_norm_squared(main_params_, shard_begin_);
+}
+
+}  // namespace fp8tron

@@ -1,0 +1,212 @@
+// One domain of the mixed-precision optimizer: a set of parameters over flat buffers, reduced,
+// sharded and normed over its own groups (Megatron's DistributedOptimizer inside a
+// ChainedOptimizer). A dense model has one domain (data-parallel); a mixture-of-experts model
+// adds the routed experts' domain (expert data-parallel, Megatron's expert_parallel_buffers):
+//  - model parameters (bf16/fp16/fp32) become views into one contiguous buffer;
+//  - their gradients are views into one contiguous "main grad" buffer (fp32, or the parameter
+//    dtype for fp16 without --accumulate-allreduce-grads-in-fp32), so autograd accumulates
+//    micro-batches straight into it and the reductions work on it in place;
+//  - parameters are ordered into segments by (Muon or not, weight decay, learning-rate group,
+//    how they count in the gradient norm), so every optimizer kernel and norm runs once per
+//    segment over one tensor (Muon: once per matrix);
+//  - with --use-distributed-optimizer the fp32 main weights and Adam states exist only for this
+//    rank's shard of the buffer over the domain's data-parallel group: gradients are
+//    reduce-scattered into it and the updated parameters all-gathered back. Muon's matrices are
+//    never cut by a shard boundary (Megatron's layer-wise distributed optimizer: Newton-Schulz
+//    needs the whole matrix), so the buffer may hold padding between them
+//    (optim/buffer_layout.h).
+#pragma once
+#include <torch/torch.h>
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/config/precision_config.h"
+#include "core/config/training_config.h"
+#include "parallel/grad_buckets.h"
+#include "parallel/param_gather.h"
+#include "parallel/sharding.h"
+#include "optim/muon.h"
+
+namespace fp8tron {
+
+struct NamedParam {
+  std::string name;
+  torch::Tensor tensor;
+  ParamInfo info;
+};
+
+// --fp8-param-gather: parameters published in one byte per element. The step encodes this rank's
+// shard of them from the fp32 main weights (`encode(main, codes, offset)`: main and codes cover the
+// buffer elements [offset, offset + main.numel()); called on every rank, possibly with an empty
+// range, as it may reduce over the data-parallel group), the all-gather moves the bytes, and
+// `decode(codes, offset, numel)` runs once a gathered range [offset, offset + numel) (whole
+// parameters) has arrived; it gives the model parameters their new values. The optimizer knows
+// nothing of FP8 (trainer/fp8_param_gather.h supplies the functions).
+struct BytePublish {
+  std::vector<torch::Tensor> params;  // whole parameters, laid out first in the flat buffer
+  std::function<void(const torch::Tensor& main, torch::Tensor& codes, int64_t offset)> encode;
+  std::function<void(const torch::Tensor& codes, int64_t offset, int64_t numel)> decode;
+};
+
+// The groups a domain's parameters are reduced, sharded and normed over.
+struct DomainGroups {
+  std::string name;                  // "dense" | "expert"
+  // Gradient sum and distributed-optimizer shards. The backward seeds carry 1 / (micro-batches x
+  // data-parallel ranks), so summing over this group gives the data-parallel mean for the dense
+  // weights and, for the experts (summed over their expert data-parallel replicas, each already
+  // holding every expert-parallel rank's tokens), Megatron's expert gradient.
+  std::shared_ptr<Communicator> dp;
+  std::shared_ptr<Communicator> tp;  // partitions the weights; sums partial (reduce_grad_over_tp) grads
+  // Groups holding other parts of the model, summed over for the gradient norm (after tp).
+  std::vector<std::shared_ptr<Communicator>> model_parallel;
+  // The tied embedding's first and last stages (dense domain; null elsewhere).
+  std::shared_ptr<Communicator> embedding;
+};
+
+class OptimizerDomain {
+ public:
+  // `params` may be empty (an expert domain on a pipeline stage without MoE layers still joins
+  // the norm's collectives); `device` is where its buffers live. `byte_params`: parameters to be
+  // published as bytes later (enable_byte_publish); they are laid out first in the flat buffer.
+  OptimizerDomain(const std::vector<NamedParam>& params, const OptimizerConfig& optimizer, const PrecisionConfig& precision,
+                  DomainGroups groups, bool distributed, torch::Device device,
+                  const std::vector<torch::Tensor>& byte_params = {});
+  // Call before enable_param_gather_overlap; `publish.params` must be the constructor's byte_params.
+  void enable_byte_publish(BytePublish publish);
+  // Whether some model parameters hold other values than their fp32 main weights (published as bytes).
+  bool byte_published() const { return codes_.defined(); }
+
+  const DomainGroups& groups() const { return groups_; }
+  void zero_grad();
+  // Of `params`, those in this domain: their gradients are not zeroed by zero_grad().
+  void skip_zeroing(const std::vector<torch::Tensor>& params);
+  bool holds(const torch::Tensor& param) const;  // its gradient is a view into this domain's buffer
+  void finalize_grads();
+  void enable_grad_overlap(int64_t bucket_numel);
+  void arm_grad_overlap();
+  void enable_param_gather_overlap(int64_t bucket_numel);
+  void wait_for_params(const torch::nn::Module& module);
+  void finish_param_gather();
+  bool param_gather_overlapped() const { return param_gather_ != nullptr; }
+
+  // The step in three parts so that one global norm covers every domain:
+  // fp32 grads laid out from shard_begin(), divided by `divisor` (a device scalar: the loss scale,
+  // times the global loss-token count with --calculate-per-token-loss; undefined: 1).
+  torch::Tensor unscaled_grads(const torch::Tensor& divisor);
+  torch::Tensor norm_squared(const torch::Tensor& grads);  // summed over the domain's groups
+  // Zero elements of `grads` (Megatron's count_zeros_fp32: each parameter once), summed over the
+  // domain's groups; float64.
+  torch::Tensor zeros_in(const torch::Tensor& grads);
+  // `clip_coeff`: see folds_clipping. `decoupled_lr`: the embedding's and output layer's learning
+  // rate (--decoupled-lr).
+  void update(const torch::Tensor& grads, double lr, double weight_decay, const torch::Tensor& found_inf,
+              const torch::Tensor& clip_coeff = {}, std::optional<double> decoupled_lr = std::nullopt);
+  // Whether update() applies a clip coefficient inside the fused Adam kernel (the GPU path: saves a
+  // read-modify-write pass over every gradient) instead of the caller scaling the gradients. Not
+  // with Muon: its Newton-Schulz path reads the gradients outside the fused kernel.
+  bool folds_clipping(const torch::Tensor& grads) const;
+  // Muon: the fused QKV weight's rows per query group (Q heads, K, V), for splitting it.
+  void set_qkv_rows(const std::vector<int64_t>& rows);
+  torch::Tensor params_norm_squared();
+  // After a step whose gradient norm was not finite: the name of the first of this rank's
+  // parameters of the domain, in the model's order, whose gradient (as the step saw it) holds NaN
+  // or inf; nullopt when none does. One check per parameter: for the error report only.
+  std::optional<std::string> first_nonfinite_grad() const;
+
+  int64_t num_parameters() const { return numel_; }
+  const torch::Tensor& main_grads() const { return main_grads_; }
+
+  // ---- for checkpoints: where each parameter and its optimizer state live ----
+  struct ParamSlot {
+    std::string name;
+    int64_t offset = 0, numel = 0;  // in the flat buffers
+    std::vector<int64_t> shape;     // this rank's shard
+    ParamInfo info;
+    bool muon = false;  // updated by Muon: its state is the momentum alone (Adam's: both moments)
+  };
+  const std::vector<ParamSlot>& param_slots() const { return slots_; }  // in buffer order
+  bool distributed() const { return distributed_; }
+  // The fp32 main weights and Adam states (exp_avg is SGD's momentum) hold the elements
+  // [shard_begin, shard_begin + shard_numel) of the flat buffer: all of it, or with
+  // --use-distributed-optimizer this rank's shard (the padding included).
+  int64_t shard_begin() const { return shard_begin_; }
+  int64_t shard_numel() const { return shard_numel_; }
+  torch::Tensor model_params() const { return model_params_.narrow(0, 0, numel_); }
+  torch::Tensor main_params() const { return main_params_; }
+  torch::Tensor exp_avg() const { return exp_avg_; }
+  torch::Tensor exp_avg_sq() const { return exp_avg_sq_; }  // undefined for SGD
+  double step_count() const;  // 0 for an empty domain
+  void set_step_count(double steps);
+  // Model parameters := main weights (cast; all-gathered over the domain's data-parallel group
+  // with the distributed optimizer). Waits.
+  void publish_model_params();
+  // Adam on CUDA runs the optimizer's own fused kernel (optim/fused_adamw.h), which also
+  // writes the model parameters' copy of each segment; `true` goes back to torch's _fused_adamw_
+  // followed by the separate copy, for tests comparing the two.
+  void use_torch_adam_kernel(bool on) { torch_adam_kernel_ = on; }
+
+ private:
+  struct Segment {
+    int64_t offset, numel;
+    bool decay;
+    double norm_weight;  // 1, 1/tp for tensor-parallel duplicates, 0 for the tied-embedding copy
+    int lr_group = 0;    // 1: the decoupled learning rate (embedding and output layer)
+    bool muon = false;   // updated by Muon (2-D hidden weights with --optimizer muon)
+  };
+  struct MuonSlot {
+    int64_t offset;              // in the flat buffers
+    std::vector<int64_t> shape;  // this rank's shard
+    MuonParam param;
+  };
+  using Ranges = std::vector<std::pair<int64_t, int64_t>>;  // (offset, numel) in the flat buffers
+  void muon_step(const Segment& s, const torch::Tensor& grads, double lr, double wd, const torch::Tensor& found_inf);
+  // Adam over this rank's part [lo, lo + n) of a segment; returns whether the model parameters of
+  // that range were written too (the fused kernel's copy).
+  bool adam_step(size_t segment, int64_t lo, int64_t n, const torch::Tensor& grads, double lr, double wd,
+                 const torch::Tensor& found_inf, const std::optional<torch::Tensor>& grad_divisor);
+  // This rank's model parameters (its shard with the distributed optimizer) := main weights, except
+  // in `published` (sorted, disjoint ranges already written by the step).
+  void copy_main_to_model(const Ranges& published);
+  void publish_model_params(const Ranges& published);
+  torch::Tensor global_norm_squared(const torch::Tensor& buffer, int64_t base);
+  void all_reduce_model_groups(torch::Tensor& value);
+  void sum_tensor_parallel_partials(bool own_shard_only);
+  void sum_embedding_copies();
+  void encode_own_shard();
+  void gather_and_decode();
+  int dp_size() const { return groups_.dp->size(); }
+
+  OptimizerConfig config_;
+  DomainGroups groups_;
+  bool distributed_;
+  std::unique_ptr<GradBuckets> buckets_;
+  std::unique_ptr<ParamGather> param_gather_;
+  std::vector<BufferParam> buffer_order_;  // parameters in flat-buffer order
+  bool separate_main_weights_;
+  int64_t numel_ = 0, padded_numel_ = 0, shard_begin_ = 0, shard_numel_ = 0;
+  std::vector<Segment> segments_;
+  std::vector<std::pair<int64_t, int64_t>> tp_partial_ranges_;  // (offset, numel)
+  std::vector<std::pair<int64_t, int64_t>> embedding_ranges_;
+  torch::Tensor model_params_;  // flat, parameter dtype (padded)
+  torch::Tensor main_params_;   // fp32: the whole buffer, or this rank's shard
+  torch::Tensor main_grads_;    // flat (padded), fp32 or parameter dtype
+  torch::Tensor grad_shard_;    // distributed optimizer: this rank's reduced gradients (fp32)
+  torch::Tensor exp_avg_, exp_avg_sq_;
+  // --fp8-param-gather: [0, byte_numel_) of the buffer is published as bytes through `codes_`.
+  int64_t byte_numel_ = 0;
+  torch::Tensor codes_;  // uint8, like model_params_
+  BytePublish byte_publish_;
+  std::vector<torch::Tensor> step_counts_;  // one per segment
+  std::vector<ParamSlot> slots_;
+  std::vector<MuonSlot> muon_slots_;
+  std::vector<std::pair<int64_t, int64_t>> zeroed_ranges_;  // (offset, numel) zero_grad() clears
+  bool zero_all_ = true;                                     // until skip_zeroing(): all of main_grads_
+  bool torch_adam_kernel_ = false;                           // use_torch_adam_kernel()
+};
+
+}  // namespace fp8tron

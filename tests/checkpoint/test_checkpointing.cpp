@@ -1,0 +1,468 @@
+// Checkpoint save and resume through the trainer (one process, CPU): exact resume, the flags
+// around it, and the errors users see. Multi-process layouts and resharding: checkpoint_resume.cpp.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <thread>
+
+#include "tests/checkpoint/temp_dir.h"
+#include "tests/test_helpers.h"
+#include "checkpoint/checkpoint_dir.h"
+#include "checkpoint/metadata.h"
+#include "checkpoint/sharded_io.h"
+#include "trainer/cli/checkpoint_args.h"
+#include "checkpoint/async_saver.h"
+#include "checkpoint/load.h"
+#include "checkpoint/save.h"
+#include "optim/loss_scaler.h"
+#include "optim/lr_schedule.h"
+#include "optim/mixed_precision_optimizer.h"
+#include "models/gpt_model.h"
+#include "trainer/trainer.h"
+
+namespace fp8tron {
+namespace {
+using namespace fp8tron::testing;
+using checkpoint::testing::TempDir;
+
+Config checkpoint_config(const std::vector<std::string>& extra) {
+  auto args = tiny_args({"--global-batch-size", "4", "--lr", "3e-3", "--log-interval", "1000", "--eval-interval", "5",
+                         "--eval-iters", "1", "--weight-decay", "0.1"});
+  args.insert(args.end(), extra.begin(), extra.end());
+  return build(args);
+}
+
+TrainResult run(const std::vector<std::string>& args) {
+  return train(checkpoint_config(args), TrainOptions{.collect_final_weights = true});
+}
+
+void expect_identical_weights(const TrainResult& a, const TrainResult& b) {
+  ASSERT_EQ(a.final_weights.size(), b.final_weights.size());
+  for (const auto& [name, w] : a.final_weights) {
+    ASSERT_TRUE(b.final_weights.count(name)) << name;
+    EXPECT_TRUE(torch::equal(w, b.final_weights.at(name))) << name << " differs";
+  }
+}
+
+// 20 iterations straight vs 10, save (on --exit-interval), load into a fresh trainer, 10 more:
+// identical losses and bitwise-identical weights.
+void check_exact_resume(const std::vector<std::string>& model, const std::vector<std::string>& saving = {}) {
+  TempDir dir;
+  const auto base = with(model, {"--train-iters", "20"});
+  TrainResult straight = run(base);
+  ASSERT_EQ(straight.losses.size(), 20u);
+  TrainResult first = run(with(with(base, {"--exit-interval", "10", "--save", dir.path()}), saving));
+  EXPECT_EQ(first.iterations, 10);
+  ASSERT_TRUE(checkpoint::read_tracker(dir.path()));
+  EXPECT_EQ(checkpoint::read_tracker(dir.path())->iteration, 10);
+  TrainResult resumed = run(with(base, {"--load", dir.path()}));
+  EXPECT_EQ(resumed.iterations, 20);
+  EXPECT_EQ(resumed.consumed_samples, straight.consumed_samples);
+  EXPECT_EQ(std::vector<double>(straight.losses.begin() + 10, straight.losses.end()), resumed.losses);
+  EXPECT_EQ(straight.last_validation_loss, resumed.last_validation_loss);
+  expect_identical_weights(straight, resumed);
+}
+
+TEST(Checkpointing, ExactResumeFp32WithDropout) {
+  check_exact_resume({"--attention-dropout", "0.1", "--hidden-dropout", "0.1"});
+}
+
+TEST(Checkpointing, ExactResumeBf16LlamaStyle) {
+  check_exact_resume({"--bf16", "--swiglu", "--normalization", "RMSNorm", "--position-embedding-type", "rope",
+                      "--disable-bias-linear", "--untie-embeddings-and-output-weights", "--group-query-attention",
+                      "--num-query-groups", "2", "--attention-dropout", "0", "--hidden-dropout", "0.1"});
+}
+
+TEST(Checkpointing, ExactResumeFp16KeepsTheLossScaler) {
+  check_exact_resume({"--fp16", "--initial-loss-scale", "65536", "--loss-scale-window", "4"});
+}
+
+TEST(Checkpointing, ExactResumeFp8DelayedScaling) {
+  // A history longer than the interval and the max rule: the resumed scales depend on the saved
+  // histories and step count, so a resume that dropped them would diverge.
+  check_exact_resume({"--fp8-format", "hybrid", "--fp8-amax-history-len", "4", "--fp8-amax-compute-algo", "max",
+                      "--fp8-interval", "3"});
+}
+
+TEST(Checkpointing, ExactResumeSgd) { check_exact_resume({"--optimizer", "sgd", "--lr", "0.1"}); }
+
+// Muon: its matrices' momentum, and Adam's two moments for the parameters it does not take
+// (embeddings, norms, biases), under their own names.
+TEST(Checkpointing, ExactResumeMuonWithItsScalarAdam) {
+  check_exact_resume({"--optimizer", "muon", "--muon-fp32-matmul-prec", "high"});
+  TempDir dir;
+  run({"--optimizer", "muon", "--train-iters", "2", "--save", dir.path()});
+  const auto m = checkpoint::read_metadata(checkpoint::locate_latest_checkpoint(dir.path()).path);
+  EXPECT_TRUE(m.tensors.count("optimizer.state.momentum_buffer.decoder.layers.1.mlp.linear_fc1.weight"));
+  EXPECT_FALSE(m.tensors.count("optimizer.state.exp_avg.decoder.layers.1.mlp.linear_fc1.weight"));
+  EXPECT_FALSE(m.tensors.count("optimizer.state.exp_avg_sq.decoder.layers.1.mlp.linear_fc1.weight"));
+  EXPECT_TRUE(m.tensors.count("optimizer.state.exp_avg.embedding.word_embeddings.weight"));
+  EXPECT_TRUE(m.tensors.count("optimizer.state.exp_avg_sq.decoder.final_layernorm.weight"));
+}
+
+TEST(Checkpointing, ExactResumeAfterAsynchronousSaves) {
+  check_exact_resume({"--bf16"}, {"--async-save", "--save-interval", "3"});
+}
+
+TEST(Checkpointing, ExactResumeInDeterministicMode) {
+  check_exact_resume({"--bf16", "--deterministic-mode", "--hidden-dropout", "0.1"});
+}
+
+TEST(Checkpointing, AsynchronousSavesAreAllCommitted) {
+  TempDir dir;
+  TrainResult r = run({"--train-iters", "10", "--save", dir.path(), "--save-interval", "2", "--async-save"});
+  EXPECT_EQ(checkpoint::list_checkpoint_iterations(dir.path()), (std::vector<int64_t>{2, 4, 6, 8, 10}));
+  EXPECT_EQ(checkpoint::read_tracker(dir.path())->iteration, 10);
+  // Each is complete and what training had at that iteration: resuming from 6 replays 7..10.
+  TrainResult resumed = run({"--train-iters", "10", "--load", dir.path(), "--ckpt-step", "6"});
+  EXPECT_EQ(std::vector<double>(r.losses.begin() + 6, r.losses.end()), resumed.losses);
+}
+
+// The training state of one process without the training loop: a model, its optimizer (with
+// state that differs per element), schedule, scaler and counters.
+class StateRig {
+ public:
+  explicit StateRig(Config c)
+      : config_(std::move(c)), parallel_(single_process_state()), model_(config_.model), schedule_(config_.lr_schedule),
+        scaler_(config_.precision) {
+    std::vector<NamedParam> params;
+    const auto infos = model_->param_infos();
+    for (const auto& item : model_->named_parameters()) params.push_back({item.key(), item.value(), infos.at(item.key())});
+    optimizer_ = std::make_unique<MixedPrecisionOptimizer>(params, config_.optimizer, config_.precision, parallel_, false);
+  }
+  void scramble(uint64_t seed) {
+    torch::NoGradGuard no_grad;
+    torch::manual_seed(seed);
+    const auto& dense = *optimizer_->domains().front();
+    dense.main_params().normal_();
+    dense.exp_avg().normal_();
+    dense.exp_avg_sq().uniform_();
+    optimizer_->set_step_count(double(seed));
+    optimizer_->publish_model_params();
+    schedule_.set_num_steps(int64_t(seed) * 4);
+  }
+  TrainingState state() {
+    return {config_, parallel_, torch::Device(torch::kCPU), *optimizer_, schedule_, scaler_, train_samples_,
+            valid_samples_};
+  }
+  const MixedPrecisionOptimizer& optimizer() const { return *optimizer_; }
+
+ private:
+  Config config_;
+  ParallelState parallel_;
+  GptModel model_;
+  std::unique_ptr<MixedPrecisionOptimizer> optimizer_;
+  LrSchedule schedule_;
+  LossScaler scaler_;
+  int64_t train_samples_ = 0, valid_samples_ = 0;
+};
+
+void expect_same_state(const MixedPrecisionOptimizer& a_chain, const MixedPrecisionOptimizer& b_chain) {
+  ASSERT_EQ(a_chain.domains().size(), b_chain.domains().size());
+  for (size_t i = 0; i < a_chain.domains().size(); ++i) {
+    const auto& a = *a_chain.domains()[i];
+    const auto& b = *b_chain.domains()[i];
+    EXPECT_TRUE(torch::equal(a.model_params(), b.model_params()));
+    EXPECT_TRUE(torch::equal(a.main_params(), b.main_params()));
+    EXPECT_TRUE(torch::equal(a.exp_avg(), b.exp_avg()));
+    EXPECT_TRUE(torch::equal(a.exp_avg_sq(), b.exp_avg_sq()));
+    EXPECT_EQ(a.step_count(), b.step_count());
+  }
+}
+
+TEST(AsyncCheckpointSaver, FirstSaveUsesHostMemoryReservedBeforeIt) {
+  TempDir dir;
+  StateRig rig(checkpoint_config({"--bf16", "--save", dir.path(), "--async-save"}));
+  rig.scramble(3);
+  const int64_t n = rig.optimizer().num_parameters();
+  AsyncCheckpointSaver saver;
+  saver.reserve(rig.state());
+  saver.save(rig.state(), 1);
+  saver.finalize(rig.state(), /*blocking=*/true);
+  const AsyncSaveStats& stats = saver.stats();
+  // bf16 weights, fp32 main weights and two Adam moments: four buffers, all made by reserve().
+  EXPECT_EQ(stats.buffers_reserved, 4);
+  EXPECT_EQ(stats.bytes_reserved, n * 2 + 3 * n * 4);
+  EXPECT_EQ(stats.buffers_allocated_by_saves, 0) << "the first save allocated host memory";
+  EXPECT_EQ(stats.last_copied_bytes, stats.bytes_reserved);
+  EXPECT_GE(stats.last_blocked_seconds, stats.last_copy_seconds);
+  // Later saves reuse the same memory, and each checkpoint holds the state of its iteration.
+  rig.scramble(5);
+  saver.save(rig.state(), 2);
+  rig.scramble(7);  // training moves on while the writer works: the snapshot must not see it
+  saver.finalize(rig.state(), true);
+  EXPECT_EQ(stats.buffers_allocated_by_saves, 0);
+  EXPECT_EQ(stats.saves, 2);
+  StateRig expected(checkpoint_config({"--bf16"}));
+  expected.scramble(5);
+  StateRig loaded(checkpoint_config({"--bf16", "--load", dir.path()}));
+  EXPECT_EQ(load_checkpoint(loaded.state()), 2);
+  expect_same_state(loaded.optimizer(), expected.optimizer());
+}
+
+TEST(AsyncCheckpointSaver, SaveOfOtherSizesThanReservedAllocatesWhatItNeeds) {
+  TempDir dir;
+  StateRig reserved_for(checkpoint_config({"--save", dir.path(), "--async-save"}));  // fp32: three buffers
+  StateRig larger(checkpoint_config({"--bf16", "--hidden-size", "64", "--save", dir.path(), "--async-save"}));
+  larger.scramble(11);
+  AsyncCheckpointSaver saver;
+  saver.reserve(reserved_for.state());
+  saver.save(larger.state(), 4);
+  saver.finalize(larger.state(), true);
+  EXPECT_EQ(saver.stats().buffers_reserved, 3);
+  EXPECT_EQ(saver.stats().buffers_allocated_by_saves, 4);
+  StateRig loaded(checkpoint_config({"--bf16", "--hidden-size", "64", "--load", dir.path()}));
+  EXPECT_EQ(load_checkpoint(loaded.state()), 4);
+  expect_same_state(loaded.optimizer(), larger.optimizer());
+}
+
+TEST(Checkpointing, LayoutAndMetadata) {
+  TempDir dir;
+  TrainResult r = run({"--train-iters", "10", "--save", dir.path(), "--save-interval", "4", "--bf16"});
+  // Every --save-interval, and at the end of training.
+  EXPECT_EQ(checkpoint::list_checkpoint_iterations(dir.path()), (std::vector<int64_t>{4, 8, 10}));
+  EXPECT_EQ(checkpoint::read_tracker(dir.path())->iteration, 10);
+  checkpoint::CheckpointLocation location = checkpoint::locate_latest_checkpoint(dir.path());
+  EXPECT_EQ(location.path, dir / "iter_0000010");
+  EXPECT_EQ(checkpoint::list_checkpoint_files(location),
+            (std::vector<std::string>{"fp8tron_checkpoint.json", "rank_00000.safetensors"}));
+  const auto m = checkpoint::read_metadata(location.path);
+  EXPECT_EQ(m.iteration, 10);
+  EXPECT_EQ(m.consumed_train_samples, 40);
+  EXPECT_EQ(m.lr_scheduler_num_steps, 40);
+  EXPECT_EQ(m.consumed_valid_samples, 2 * 4);  // evaluations at iterations 5 and 10
+  EXPECT_EQ(m.args.at("hidden-size"), "32");
+  EXPECT_EQ(m.args.at("model.hidden_size"), "32");
+  ASSERT_EQ(m.rng.size(), 1u);
+  EXPECT_EQ(m.rng[0].name, "cpu");
+  const auto& w = m.tensors.at("decoder.layers.1.mlp.linear_fc1.weight");
+  EXPECT_EQ(w.dtype, checkpoint::DType::BF16);
+  EXPECT_EQ(w.shape, (std::vector<int64_t>{128, 32}));
+  EXPECT_EQ(m.tensors.at("optimizer.state.fp32_param.decoder.layers.1.mlp.linear_fc1.weight").dtype, checkpoint::DType::F32);
+  EXPECT_TRUE(m.tensors.count("optimizer.state.exp_avg.embedding.word_embeddings.weight"));
+  EXPECT_TRUE(m.tensors.count("optimizer.state.exp_avg_sq.decoder.final_layernorm.weight"));
+  EXPECT_TRUE(m.tensors.count("optimizer.state.step"));
+  // The stored weights are the trained model's.
+  checkpoint::CheckpointReader reader(location);
+  auto fc1 = torch::empty({128, 32}, torch::kBFloat16);
+  reader.read("decoder.layers.1.mlp.linear_fc1.weight", checkpoint::DType::BF16, {128, 32}, checkpoint::whole({128, 32}),
+              fc1.data_ptr());
+  EXPECT_TRUE(torch::equal(fc1.to(torch::kFloat32), r.final_weights.at("decoder.layers.1.mlp.linear_fc1.weight")));
+}
+
+TEST(Checkpointing, ResavingAnIterationReplacesIt) {
+  TempDir dir;
+  run({"--train-iters", "2", "--save", dir.path()});
+  TrainResult second = run({"--train-iters", "2", "--save", dir.path(), "--seed", "7"});
+  EXPECT_EQ(checkpoint::list_checkpoint_iterations(dir.path()), (std::vector<int64_t>{2}));
+  EXPECT_EQ(checkpoint::read_metadata(dir / "iter_0000002").args.at("seed"), "7");
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir.path()), std::filesystem::directory_iterator()), 3)
+      << "only iter_0000002, the tracker and the lock file: the replaced copy is deleted";
+}
+
+TEST(Checkpointing, MismatchedModelIsAClearError) {
+  TempDir dir;
+  run({"--train-iters", "2", "--save", dir.path()});
+  EXPECT_USER_ERROR(run({"--train-iters", "4", "--load", dir.path(), "--hidden-size", "64"}),
+                    "was saved from a different model: hidden_size is 32 in the checkpoint but 64 here (--hidden-size)");
+  EXPECT_USER_ERROR(run({"--train-iters", "4", "--load", dir.path(), "--optimizer", "sgd"}),
+                    "was saved with --optimizer adam but this run uses sgd");
+}
+
+TEST(Checkpointing, CorruptOrIncompleteCheckpointIsAClearError) {
+  TempDir dir;
+  run({"--train-iters", "2", "--save", dir.path()});
+  const std::string iter = dir / "iter_0000002";
+  const std::string shard = iter + "/rank_00000.safetensors";
+  const std::string bytes = checkpoint::testing::slurp(shard);
+  checkpoint::testing::spit(shard, bytes.substr(0, bytes.size() / 2));
+  EXPECT_USER_ERROR(run({"--train-iters", "4", "--load", dir.path()}), "rank_00000.safetensors");
+  std::filesystem::remove(shard);
+  EXPECT_USER_ERROR(run({"--train-iters", "4", "--load", dir.path()}), "shard file rank_00000.safetensors is missing");
+  checkpoint::testing::spit(iter + "/fp8tron_checkpoint.json", "{\"format\": \"fp8tron-checkpoint\", ");
+  EXPECT_USER_ERROR(run({"--train-iters", "4", "--load", dir.path()}), "not valid JSON");
+  checkpoint::testing::spit(dir / "latest_checkpointed_iteration.txt", "7");
+  EXPECT_USER_ERROR(run({"--train-iters", "4", "--load", dir.path()}), "iter_0000007");
+}
+
+TEST(Checkpointing, FinetuneLoadsWeightsOnlyAndStartsAtIterationZero) {
+  TempDir dir;
+  TrainResult first = run({"--train-iters", "10", "--save", dir.path()});
+  TrainResult fresh = run({"--train-iters", "3"});
+  TrainResult tuned = run({"--train-iters", "3", "--load", dir.path(), "--finetune"});
+  EXPECT_EQ(tuned.iterations, 3);
+  EXPECT_EQ(tuned.losses.size(), 3u);
+  EXPECT_EQ(tuned.consumed_samples, 12);
+  // Trained weights on the same first batches: lower loss than a fresh model.
+  EXPECT_LT(tuned.losses[0], fresh.losses[0] - 0.05);
+  // --no-load-optim keeps the iteration (and consumed samples) but not the optimizer.
+  TrainResult no_optim = run({"--train-iters", "12", "--load", dir.path(), "--no-load-optim"});
+  EXPECT_EQ(no_optim.iterations, 12);
+  EXPECT_EQ(no_optim.losses.size(), 2u);
+  EXPECT_EQ(no_optim.consumed_samples, 48);
+}
+
+TEST(Checkpointing, SaveRetainIntervalKeepsMultiplesAndTheLatest) {
+  for (const char* mode : {"--save-interval", "--persistent-save-interval"}) {  // Megatron's two names
+    TempDir dir, async_dir;
+    run({"--train-iters", "10", "--save", dir.path(), mode, "2", "--save-retain-interval", "4"});
+    // Each save deletes the previous latest unless it is a multiple of 4: 2 and 6 go.
+    EXPECT_EQ(checkpoint::list_checkpoint_iterations(dir.path()), (std::vector<int64_t>{4, 8, 10})) << mode;
+    run({"--train-iters", "10", "--save", async_dir.path(), mode, "2", "--save-retain-interval", "4", "--async-save"});
+    EXPECT_EQ(checkpoint::list_checkpoint_iterations(async_dir.path()), (std::vector<int64_t>{4, 8, 10})) << mode;
+  }
+}
+
+TEST(Checkpointing, NonPersistentCheckpointsKeepOnlyTheNewestAndLoadWhenNewer) {
+  TempDir dir;
+  const std::vector<std::string> np = {"--non-persistent-ckpt-type", "global"};
+  TrainResult straight =
+      run(with({"--train-iters", "10", "--save", dir.path(), "--save-interval", "4", "--non-persistent-save-interval", "3"},
+               np));
+  // Persistent at 4, 8 and the end; non-persistent at 3, 6, 9 (only the newest kept) in <save>/non_persistent.
+  EXPECT_EQ(checkpoint::list_checkpoint_iterations(dir.path()), (std::vector<int64_t>{4, 8, 10}));
+  EXPECT_EQ(checkpoint::list_checkpoint_iterations(dir / "non_persistent"), (std::vector<int64_t>{9}));
+  EXPECT_EQ(checkpoint::read_tracker(dir / "non_persistent")->iteration, 9);
+  // As Megatron: the non-persistent checkpoint is taken when it is at least as new as the
+  // persistent one asked for (here --ckpt-step 8), and resumes exactly.
+  TrainResult from_np = run(with({"--train-iters", "10", "--load", dir.path(), "--ckpt-step", "8"}, np));
+  ASSERT_EQ(from_np.losses.size(), 1u);
+  EXPECT_EQ(from_np.losses[0], straight.losses[9]);
+  EXPECT_EQ(run({"--train-iters", "10", "--load", dir.path(), "--ckpt-step", "8"}).losses.size(), 2u);
+  EXPECT_EQ(run(with({"--train-iters", "12", "--load", dir.path(), "--override-opt-param-scheduler"}, np)).losses.size(), 2u)
+      << "10 is newer than 9";
+  // An explicit directory.
+  TempDir elsewhere;
+  run(with({"--train-iters", "4", "--save", dir.path(), "--non-persistent-save-interval", "2",
+            "--non-persistent-global-ckpt-dir", elsewhere.path()},
+           np));
+  EXPECT_EQ(checkpoint::list_checkpoint_iterations(elsewhere.path()), (std::vector<int64_t>{4}));
+}
+
+TEST(Checkpointing, MegatronCheckpointFormatsAreNamed) {
+  TempDir dir;
+  checkpoint::testing::spit(dir / "latest_checkpointed_iteration.txt", "5");
+  std::filesystem::create_directories(dir / "iter_0000005");
+  checkpoint::testing::spit(dir / "iter_0000005/metadata.json", "{\"sharded_backend\": \"torch_dist\", "
+                                                               "\"sharded_backend_version\": 1}");
+  checkpoint::testing::spit(dir / "iter_0000005/common.pt", "x");
+  EXPECT_USER_ERROR(run({"--train-iters", "6", "--load", dir.path(), "--auto-detect-ckpt-format"}),
+                    "is in the Megatron torch_dist (distributed) format; fp8tron reads only its own format");
+  TempDir legacy;
+  checkpoint::testing::spit(legacy / "latest_checkpointed_iteration.txt", "5");
+  std::filesystem::create_directories(legacy / "iter_0000005/mp_rank_00");
+  EXPECT_USER_ERROR(run({"--train-iters", "6", "--load", legacy.path()}), "Megatron legacy torch");
+}
+
+TEST(Checkpointing, DistCkptStrictnessHandlesTensorMismatches) {
+  TempDir dir;
+  run({"--train-iters", "4", "--save", dir.path()});
+  const std::string iter = dir / "iter_0000004";
+  auto m = checkpoint::read_metadata(iter);
+  const std::string gone = "optimizer.state.exp_avg.decoder.final_layernorm.weight";
+  const auto kept = m.tensors.at(gone);
+  m.tensors.erase(gone);
+  m.tensors["extra.weight"] = m.tensors.at("decoder.final_layernorm.weight");
+  checkpoint::write_metadata(iter, m);
+  auto resume = [&](const std::string& strictness) {
+    return run({"--train-iters", "6", "--load", dir.path(), "--dist-ckpt-strictness", strictness,
+                "--override-opt-param-scheduler"});
+  };
+  // A tensor the model needs is absent: the default fails reading it, raise_* before reading.
+  EXPECT_USER_ERROR(resume("assume_ok_unexpected"), "has no tensor '" + gone + "'");
+  EXPECT_USER_ERROR(resume("raise_unexpected"),
+                    "lacks tensors this model needs (--dist-ckpt-strictness raise_unexpected): " + gone);
+  EXPECT_USER_ERROR(resume("raise_all"), "lacks tensors this model needs");
+  for (const char* lenient : {"log_unexpected", "log_all", "return_unexpected", "return_all", "ignore_all"})
+    EXPECT_EQ(resume(lenient).losses.size(), 2u) << lenient;
+  // Only a tensor no rank reads: raise_all refuses it, the others load.
+  m.tensors[gone] = kept;
+  checkpoint::write_metadata(iter, m);
+  EXPECT_USER_ERROR(resume("raise_all"),
+                    "holds tensors this model does not read (--dist-ckpt-strictness raise_all): extra.weight");
+  EXPECT_EQ(resume("raise_unexpected").losses.size(), 2u);
+  EXPECT_EQ(resume("assume_ok_unexpected").losses.size(), 2u);
+}
+
+TEST(Checkpointing, NoSaveOptimAndNoSaveRng) {
+  TempDir dir;
+  run({"--train-iters", "4", "--save", dir.path(), "--no-save-optim", "--no-save-rng"});
+  const auto m = checkpoint::read_metadata(dir / "iter_0000004");
+  EXPECT_FALSE(m.tensors.count("optimizer.state.step"));
+  EXPECT_TRUE(m.rng.empty());
+  EXPECT_USER_ERROR(run({"--train-iters", "6", "--load", dir.path()}), "pass --no-load-optim or --finetune");
+  EXPECT_USER_ERROR(run({"--train-iters", "6", "--load", dir.path(), "--no-load-optim"}), "pass --no-load-rng");
+  EXPECT_EQ(run({"--train-iters", "6", "--load", dir.path(), "--no-load-optim", "--no-load-rng"}).losses.size(), 2u);
+}
+
+TEST(Checkpointing, MissingCheckpointStartsFromScratchUnlessAskedToExit) {
+  TempDir dir;
+  EXPECT_EQ(run({"--train-iters", "2", "--load", dir.path()}).losses.size(), 2u);
+  EXPECT_USER_ERROR(run({"--train-iters", "2", "--load", dir.path(), "--exit-on-missing-checkpoint"}),
+                    "--exit-on-missing-checkpoint");
+}
+
+TEST(Checkpointing, CkptStepLoadsAnOlderIteration) {
+  TempDir dir;
+  TrainResult straight = run({"--train-iters", "8"});
+  run({"--train-iters", "8", "--save", dir.path(), "--save-interval", "3"});
+  TrainResult resumed = run({"--train-iters", "8", "--load", dir.path(), "--ckpt-step", "3"});
+  EXPECT_EQ(std::vector<double>(straight.losses.begin() + 3, straight.losses.end()), resumed.losses);
+}
+
+TEST(Checkpointing, UseCheckpointArgsTakesTheModelFromTheCheckpoint) {
+  TempDir dir;
+  // (The built-in data needs no tokenizer file; the checkpoint records the flag all the same.)
+  run({"--train-iters", "2", "--save", dir.path(), "--swiglu", "--num-layers", "3", "--tokenizer-model", "/data/t.model"});
+  auto args = with(tiny_args({"--global-batch-size", "4", "--lr", "3e-3", "--log-interval", "1000", "--eval-iters", "0",
+                              "--train-iters", "4", "--hidden-size", "64"}),
+                   {"--load", dir.path(), "--use-checkpoint-args", "--override-opt-param-scheduler"});
+  FlagValues keep_tokenizer = parse(with(args, {"--no-use-tokenizer-model-from-checkpoint-args"}));
+  apply_checkpoint_args(keep_tokenizer);
+  EXPECT_EQ(keep_tokenizer.get_string("tokenizer-model"), "");
+  EXPECT_EQ(keep_tokenizer.get_int("num-layers"), 3);
+  FlagValues flags = parse(args);
+  apply_checkpoint_args(flags);
+  const Config c = build_config(flags, LaunchEnv{}, false);
+  EXPECT_EQ(c.data.tokenizer_model, "/data/t.model");  // as Megatron, unless told not to
+  EXPECT_EQ(c.model.hidden_size, 32);
+  EXPECT_EQ(c.model.num_layers, 3);
+  EXPECT_TRUE(c.model.swiglu);
+  EXPECT_EQ(train(c).iterations, 4);
+  FlagValues no_load = parse(tiny_args({"--use-checkpoint-args"}));
+  EXPECT_USER_ERROR(apply_checkpoint_args(no_load), "--use-checkpoint-args needs --load");
+}
+
+TEST(Checkpointing, ExitSignalSavesAndExitsCleanly) {
+  TempDir dir;
+  std::atomic<bool> done{false};
+  // Send SIGTERM once the trainer has installed its handler.
+  std::thread sender([&] {
+    while (!done) {
+      struct sigaction current {};
+      sigaction(SIGTERM, nullptr, &current);
+      if (current.sa_handler != SIG_DFL && current.sa_handler != SIG_IGN) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        kill(getpid(), SIGTERM);
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  });
+  TrainResult r = run({"--train-iters", "100000", "--save", dir.path(), "--exit-signal-handler"});
+  done = true;
+  sender.join();
+  EXPECT_LT(r.iterations, 100000);
+  ASSERT_TRUE(checkpoint::read_tracker(dir.path()));
+  EXPECT_EQ(checkpoint::read_tracker(dir.path())->iteration, r.iterations);
+  struct sigaction after {};
+  sigaction(SIGTERM, nullptr, &after);
+  EXPECT_EQ(after.sa_handler, SIG_DFL) << "the previous handler is restored";
+}
+
+}  // namespace
+}  // namespace fp8tron

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Megatron-LM's multi-token-prediction MoE test configurations train on the CPU, each with its own
+# flags and its own parallel layout (8 ranks under mpirun: TP 2 x PP 2 with 4 virtual stages or
+# the layout 'Et*3|(tt|)*6tmL', EP 4, ETP 1, the distributed optimizer with overlapped reduction
+# and gather, MLA, the MoE routing as configured, an MoE MTP layer, FP8 tensorwise (emulated) in
+# the first, selective recomputation of layernorm, mla_up_proj, mlp and moe_act in the second,
+# --logging-level 40), only the model shrunk to CPU size by flags appended after the file's
+# (later values win): a few iterations, a checkpoint, and a resume from it, as Megatron's
+# ckpt-resume test runs them.
+#
+# usage: megatron_configs_train.sh FP8TRON FP8TRON_PREPROCESS MAKE_TEST_DATA SOURCE_DIR MPIRUN [--nccl LAUNCH]
+# --nccl: the same runs over NCCL on this machine's GPUs (LAUNCH is tests/parallel/nccl_launch.sh; with fewer
+# GPUs than ranks the ranks share them; exit 77 without a GPU).
+set -u
+BIN=$1 PRE=$2 MAKE=$3 SRC=$4 MPIRUN=$5
+NCCL_LAUNCH=""
+[ "${6:-}" = --nccl ] && NCCL_LAUNCH=$7
+DIR=$SRC/tests/megatron_configs
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+source "$DIR/test_data.sh"
+
+# CPU size: hidden 64, 4 heads of 16, sequences of 64 tokens, 8 experts of 32, MLA ranks 32/16; a
+# split that leaves the small test corpus a test set.
+SHRINK=(--hidden-size 64 --ffn-hidden-size 128 --num-attention-heads 4 --kv-channels 16 --seq-length 64
+        --max-position-embeddings 64 --micro-batch-size 1 --global-batch-size 4 --num-experts 8
+        --moe-ffn-hidden-size 32 --moe-shared-expert-intermediate-size 32 --q-lora-rank 32 --kv-lora-rank 16
+        --qk-head-dim 16 --qk-pos-emb-head-dim 8 --v-head-dim 16 --make-vocab-size-divisible-by 64
+        --train-iters 4 --save-interval 2 --eval-interval 2 --eval-iters 1 --log-interval 1 --device cpu
+        --distributed-timeout-minutes 5 --split 90,8,2)
+
+fail=0
+run() {  # run <name> <log> <extra flags...>: the configuration under mpirun with its world size
+  local name=$1 log=$2; shift 2
+  local f="$DIR/$name.args"
+  local ws; ws=$(sed -n 's/^# world-size: \([0-9]*\).*/\1/p' "$f")
+  eval "args=($(grep -v '^#' "$f" | tr '\n' ' '))"
+  if [ -n "$NCCL_LAUNCH" ]; then
+    "$NCCL_LAUNCH" mpirun "$ws" "$BIN" "${args[@]}" "${SHRINK[@]}" --device cuda "$@" >"$log" 2>&1
+  else
+    "$MPIRUN" --allow-run-as-root --oversubscribe --bind-to none -np "$ws" -x OMP_NUM_THREADS=1 \
+      "$BIN" "${args[@]}" "${SHRINK[@]}" "$@" >"$log" 2>&1
+  fi
+}
+if [ -n "$NCCL_LAUNCH" ]; then
+  "$NCCL_LAUNCH" mpirun 1 true >/dev/null
+  [ $? = 77 ] && { echo "skipped: no GPU on this machine"; exit 77; }
+fi
+check() {  # check <log> <rc> <text>...: exit status 0 and every text in the log
+  local log=$1 rc=$2; shift 2
+  local missing=""
+  for t in "$@"; do grep -qF -- "$t" "$log" || missing="$missing [$t]"; done
+  if [ "$rc" != 0 ] || [ -n "$missing" ]; then
+    echo "FAIL: $log: rc $rc, missing:$missing"; grep -m5 'error\|Error' "$log"; tail -5 "$log"; fail=1
+    return 1
+  fi
+  echo "ok: $(basename "$log" .log)"
+}
+
+for name in gpt3_mcore_te_tp2_pp2_ep4_etp1_mtp_resume_torch_dist_fp8 gpt3_mcore_te_tp2_pp2_ep4_etp1_selective_recompute_experimental; do
+  rm -rf "$WORK/save" "$WORK/load"
+  # First run: to iteration 2 and a checkpoint there (the load directory is empty: a fresh start).
+  run "$name" "$WORK/$name.first.log" --exit-interval 2; rc=$?
+  check "$WORK/$name.first.log" $rc "iteration        2/       4 |" "mtp_1 loss:" "seq_load_balancing_loss:" \
+    "successfully saved checkpoint from iteration       2" || continue
+  # --logging-level 40: the iteration lines print (Megatron's print_rank_last), info lines do not.
+  if grep -qF "fp8tron 0.1.0 (commit" "$WORK/$name.first.log"; then
+    echo "FAIL: $name: --logging-level 40 should hide the version line (an info line)"; fail=1
+  fi
+  # Second run: resume from it to iteration 4, as the ckpt-resume test does.
+  CHECKPOINT_LOAD_PATH="$WORK/save" run "$name" "$WORK/$name.resume.log" --exit-interval 4; rc=$?
+  check "$WORK/$name.resume.log" $rc "successfully loaded checkpoint from $WORK/save" "iteration        4/       4 |" \
+    "mtp_1 loss:"
+done
+[ $fail = 0 ] && echo "megatron configs train: all passed"
+exit $fail

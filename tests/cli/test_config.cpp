@@ -1,0 +1,343 @@
+#include <gtest/gtest.h>
+
+#include <csignal>
+#include <cstdlib>
+#include <map>
+
+#include "core/error.h"
+#include "parallel/launch_env.h"
+#include "tests/test_helpers.h"
+#include "trainer/cli/determinism_env.h"
+#include "trainer/cli/dry_run.h"
+
+namespace fp8tron {
+using namespace fp8tron::testing;
+
+TEST(Config, MegatronDefaults) {
+  Config c = build(tiny_args());
+  EXPECT_EQ(c.model.ffn_hidden_size, 4 * 32);
+  EXPECT_EQ(c.model.kv_channels, 8);
+  EXPECT_EQ(c.model.num_query_groups, 4);
+  EXPECT_EQ(c.model.max_position_embeddings, 16);
+  EXPECT_EQ(c.model.vocab_size, 65);          // NullTokenizer: vocab-size + EOD
+  EXPECT_EQ(c.model.padded_vocab_size, 128);  // padded to a multiple of 128
+  EXPECT_DOUBLE_EQ(c.model.hidden_dropout, 0.1);
+  EXPECT_EQ(c.training.global_batch_size, 2);  // micro x dp
+  EXPECT_EQ(c.training.num_micro_batches, 1);
+  EXPECT_EQ(c.lr_schedule.decay_steps, 10 * 2);  // in samples
+  EXPECT_EQ(c.precision.params_dtype, ParamDtype::Fp32);
+  EXPECT_EQ(c.device, "cpu");
+}
+
+TEST(Config, SwigluFfnAndGqa) {
+  Config c = build(tiny_args({"--hidden-size", "96", "--num-attention-heads", "6", "--swiglu", "--group-query-attention",
+                              "--num-query-groups", "2"}));
+  EXPECT_EQ(c.model.ffn_hidden_size, 256);  // int(4*96*2/3 / 64) * 64
+  EXPECT_EQ(c.model.num_query_groups, 2);
+  EXPECT_EQ(build(tiny_args({"--num-query-groups", "2"})).model.num_query_groups, 4)
+      << "--num-query-groups only counts with --group-query-attention";
+}
+
+// --no-bias-gelu-fusion is a real switch (the bf16 MLP as the unfused chain of ops instead of the fused GeLU MLP), not a hint.
+TEST(Config, NoBiasGeluFusionReachesTheModel) {
+  const Config on = build(tiny_args());
+  const Config off = build(tiny_args({"--no-bias-gelu-fusion"}));
+  EXPECT_TRUE(on.model.bias_gelu_fusion);
+  EXPECT_FALSE(off.model.bias_gelu_fusion);
+  EXPECT_EQ(off.hint_warnings.size(), on.hint_warnings.size()) << "warned as hint-only";
+}
+
+TEST(Config, VocabPaddingFollowsMegatron) {
+  EXPECT_EQ(padded_vocab_size(50257, 128, 1), 50304);
+  EXPECT_EQ(padded_vocab_size(50257, 128, 2), 50432);
+  EXPECT_EQ(padded_vocab_size(50304, 128, 1), 50304);
+  EXPECT_EQ(padded_vocab_size(32000, 128, 8), 32768);
+}
+
+TEST(Config, Bf16ForcesFp32Gradients) {
+  EXPECT_TRUE(build(tiny_args({"--bf16"})).precision.grads_in_fp32);
+  EXPECT_FALSE(build(tiny_args({"--fp16"})).precision.grads_in_fp32);
+  EXPECT_TRUE(build(tiny_args({"--fp16", "--accumulate-allreduce-grads-in-fp32"})).precision.grads_in_fp32);
+  EXPECT_TRUE(build(tiny_args({"--fp16"})).precision.dynamic_loss_scale());
+  EXPECT_FALSE(build(tiny_args({"--fp16", "--loss-scale", "128"})).precision.dynamic_loss_scale());
+}
+
+TEST(Config, InvalidCombinationsNameTheFlags) {
+  EXPECT_USER_ERROR(build(tiny_args({"--bf16", "--fp16"})), "--bf16 and --fp16 cannot be used together");
+  EXPECT_USER_ERROR(build(tiny_args({"--group-query-attention", "--num-query-groups", "3"})),
+                    "--num-attention-heads (4) is not divisible by --num-query-groups (3)");
+  EXPECT_USER_ERROR(build(tiny_args({"--global-batch-size", "5"})),
+                    "--global-batch-size (5) is not divisible by --micro-batch-size (2) x data-parallel size (1)");
+  EXPECT_USER_ERROR(build(tiny_args({"--global-batch-size", "6"}), 2),
+                    "--global-batch-size (6) is not divisible by --micro-batch-size (2) x data-parallel size (2)");
+  EXPECT_USER_ERROR(build(tiny_args({"--train-samples", "100"})), "--train-iters and --train-samples cannot be used together");
+  EXPECT_USER_ERROR(build(tiny_args({"--hidden-size", "30"})), "--hidden-size (30) is not divisible by --num-attention-heads (4)");
+  EXPECT_USER_ERROR(build(tiny_args({"--max-position-embeddings", "8"})), "--max-position-embeddings (8) is smaller than --seq-length (16)");
+  EXPECT_USER_ERROR(build(tiny_args({"--lr-warmup-fraction", "0.1", "--lr-warmup-iters", "2"})),
+                    "--lr-warmup-fraction and --lr-warmup-iters: give only one");
+  EXPECT_USER_ERROR(build(tiny_args({"--lr-warmup-iters", "10"})), "warmup");
+  EXPECT_USER_ERROR(build(tiny_args({"--min-lr", "1"})), "--min-lr is larger than --lr");
+  EXPECT_USER_ERROR(build(tiny_args({"--lr-decay-style", "WSD"})), "--lr-wsd-decay-iters");
+  EXPECT_USER_ERROR(build(tiny_args({"--loss-scale", "8"})), "--loss-scale needs --fp16");
+  EXPECT_USER_ERROR(build(tiny_args({"--attention-dropout", "1.5"})), "--attention-dropout must be in [0, 1)");
+  EXPECT_USER_ERROR(build(tiny_args({"--position-embedding-type", "rope", "--rotary-percent", "0.3"})), "--rotary-percent");
+  EXPECT_USER_ERROR(build(tiny_args({"--tensor-model-parallel-size", "3"})), "world size 1 is not divisible");
+  EXPECT_USER_ERROR(build(tiny_args({"--mock-data"})), "choose one data source");
+  EXPECT_USER_ERROR(build(tiny_args({"--lr-decay-samples", "4"})), "with --train-iters use --lr-decay-iters");
+}
+
+TEST(Config, MissingRequiredFlags) {
+  EXPECT_USER_ERROR(build({"--num-layers", "2", "--builtin-data", "--vocab-size", "64"}), "missing required flag --hidden-size");
+  auto args = tiny_args();
+  args.erase(args.begin() + 10, args.begin() + 12);  // drop --lr
+  EXPECT_USER_ERROR(build(args), "--lr is required");
+  args = tiny_args();
+  args.pop_back();  // drop --builtin-data
+  EXPECT_USER_ERROR(build(args), "no training data");
+}
+
+TEST(Config, DataFlags) {
+  auto files = [](std::initializer_list<std::string> extra) {
+    auto args = tiny_args(extra);
+    args.erase(std::find(args.begin(), args.end(), "--builtin-data"));
+    return args;
+  };
+  // pretrain_gpt.py's default tokenizer, GPT2BPETokenizer, needs its two files.
+  EXPECT_USER_ERROR(build(files({"--data-path", "/data/x"})), "GPT2BPETokenizer (pretrain_gpt.py's default), which needs --vocab-file and --merge-file");
+  EXPECT_USER_ERROR(build(files({"--data-path", "/data/x", "--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", "v",
+                                 "--merge-file", "m"})),
+                    "needs the trainer to build the tokenizer");
+  EXPECT_NE(build(tiny_args({"--split", "90,10,0"})).hint_warnings.back().find("--split has no effect"), std::string::npos);
+  EXPECT_USER_ERROR(build(files({"--data-path", "a", "--valid-data-path", "b", "--tokenizer-type", "NullTokenizer"})),
+                    "cannot be combined");
+  Config c = build(files({"--data-path", "0.3", "a", "0.7", "b", "--tokenizer-type", "NullTokenizer", "--split", "98,2,0",
+                          "--eod-mask-loss", "--reset-position-ids"}));
+  EXPECT_EQ(c.data.source, DataSource::Files);
+  EXPECT_EQ(c.data.split, "98,2,0");
+  EXPECT_EQ(c.data.eod, 63);              // NullTokenizer (Megatron-LM d98e8a6): eod = --vocab-size - 1
+  EXPECT_EQ(c.model.vocab_size, 64);
+  EXPECT_EQ(c.notices.front(), "Overriding default arguments for tokenizer_type:GPT2BPETokenizer with tokenizer_type:NullTokenizer");
+  EXPECT_TRUE(c.data.eod_mask_loss && c.data.reset_position_ids);
+  // A real tokenizer decides the vocabulary through the resolver the trainer passes.
+  LaunchEnv env;
+  Config g = build_config(parse(files({"--data-path", "a", "--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", "v.json",
+                                       "--merge-file", "m.txt"})),
+                          env, false, [](const DataConfig& d) {
+                            EXPECT_EQ(d.vocab_file, "v.json");
+                            return TokenizerInfo{50257, 50256};
+                          });
+  EXPECT_EQ(g.model.padded_vocab_size, 50304);
+  EXPECT_EQ(g.data.eod, 50256);
+}
+
+TEST(Config, TrainSamplesConvertsToIterations) {
+  auto args = tiny_args({"--global-batch-size", "4", "--train-samples", "40", "--lr-warmup-samples", "8"});
+  args.erase(std::find(args.begin(), args.end(), "--train-iters"), std::find(args.begin(), args.end(), "--train-iters") + 2);
+  Config c = build(args);
+  EXPECT_EQ(c.training.train_iters, 10);
+  EXPECT_EQ(c.lr_schedule.decay_steps, 40);
+  EXPECT_EQ(c.lr_schedule.warmup_steps, 8);
+}
+
+TEST(Config, SupportLevels) {
+  // Planned features are recorded (training refuses them); their defaults are harmless.
+  Config c = build(tiny_args({"--tensor-model-parallel-size", "1", "--override-ckpt-iteration", "5"}));
+  ASSERT_EQ(c.not_supported_yet.size(), 1u);
+  EXPECT_NE(c.not_supported_yet[0].find("--override-ckpt-iteration"), std::string::npos);
+  // Data parallelism is there.
+  EXPECT_TRUE(build(tiny_args({"--global-batch-size", "4"}), 2).not_supported_yet.empty());
+  // Overlapped data-parallel communication, with Megatron's rules for the parameter all-gather.
+  Config overlapped = build(tiny_args({"--overlap-grad-reduce", "--use-distributed-optimizer", "--overlap-param-gather"}));
+  EXPECT_TRUE(overlapped.not_supported_yet.empty());
+  EXPECT_TRUE(overlapped.distributed.overlap_grad_reduce && overlapped.distributed.overlap_param_gather);
+  EXPECT_USER_ERROR(build(tiny_args({"--overlap-param-gather", "--overlap-grad-reduce"})),
+                    "--overlap-param-gather is only supported with --use-distributed-optimizer");
+  EXPECT_USER_ERROR(build(tiny_args({"--overlap-param-gather", "--use-distributed-optimizer"})),
+                    "--overlap-param-gather needs --overlap-grad-reduce");
+  // Hint-only flags warn; math-changing flags we do not implement fail naming the flag.
+  EXPECT_EQ(build(tiny_args({"--no-masked-softmax-fusion"})).hint_warnings.size(), 1u);
+  EXPECT_USER_ERROR(build(tiny_args({"--openai-gelu"})), "--openai-gelu is not supported by fp8tron");
+}
+
+TEST(Config, ExpertParallelismNeedsExperts) {
+  // As Megatron: expert parallelism splits a mixture-of-experts model's experts.
+  EXPECT_USER_ERROR(build(tiny_args({"--expert-model-parallel-size", "2", "--global-batch-size", "4"}), 2),
+                    "--expert-model-parallel-size 2 needs --num-experts");
+  // With experts the layout is valid and trains.
+  Config c = build(tiny_args({"--expert-model-parallel-size", "2", "--num-experts", "4", "--global-batch-size", "4"}), 2);
+  EXPECT_EQ(c.parallel.ep, 2);
+  EXPECT_EQ(c.parallel.edp, 1);
+  EXPECT_TRUE(c.not_supported_yet.empty());
+  EXPECT_USER_ERROR(build(tiny_args({"--expert-model-parallel-size", "4", "--num-experts", "6", "--global-batch-size", "8"}), 4),
+                    "--num-experts (6) is not divisible by --expert-model-parallel-size (4)");
+}
+
+TEST(Config, CheckpointFlags) {
+  Config c = build(tiny_args({"--save", "/tmp/a", "--load", "/tmp/b", "--save-interval", "50", "--no-save-optim",
+                              "--no-load-rng", "--finetune", "--exit-signal-handler", "--exit-signal", "SIGUSR1",
+                              "--ckpt-step", "100"}));
+  EXPECT_TRUE(c.not_supported_yet.empty());
+  EXPECT_EQ(c.checkpoint.save, "/tmp/a");
+  EXPECT_EQ(c.checkpoint.load, "/tmp/b");
+  EXPECT_EQ(c.checkpoint.save_interval, 50);
+  EXPECT_FALSE(c.checkpoint.save_optim);
+  EXPECT_TRUE(c.checkpoint.save_rng);
+  EXPECT_TRUE(c.checkpoint.load_optim);
+  EXPECT_FALSE(c.checkpoint.load_rng);
+  EXPECT_TRUE(c.checkpoint.finetune);
+  EXPECT_TRUE(c.checkpoint.exit_signal_handler);
+  EXPECT_EQ(c.checkpoint.exit_signal, SIGUSR1);
+  EXPECT_EQ(c.checkpoint.ckpt_step, 100);
+  EXPECT_EQ(build(tiny_args()).checkpoint.exit_signal, SIGTERM);
+  // Megatron's formats are accepted with a notice; ours is used.
+  auto notices = build(tiny_args({"--ckpt-format", "torch_dist"})).hint_warnings;
+  ASSERT_EQ(notices.size(), 1u);
+  EXPECT_NE(notices[0].find("its own checkpoint format"), std::string::npos);
+  EXPECT_USER_ERROR(build(tiny_args({"--ckpt-format", "zarr2"})), "--ckpt-format");
+  EXPECT_USER_ERROR(build(tiny_args({"--save-interval", "0"})), "--save-interval must be positive");
+  EXPECT_USER_ERROR(build(tiny_args({"--exit-signal", "SIGKILL"})), "cannot be caught");
+  EXPECT_TRUE(build(tiny_args({"--async-save"})).checkpoint.async_save);
+  // Megatron's second name for --save-interval.
+  EXPECT_EQ(build(tiny_args({"--persistent-save-interval", "30"})).checkpoint.save_interval, 30);
+  EXPECT_EQ(build(tiny_args({"--persistent-save-interval", "30", "--save-interval", "30"})).checkpoint.save_interval, 30);
+  EXPECT_USER_ERROR(build(tiny_args({"--persistent-save-interval", "30", "--save-interval", "20"})), "name the same setting");
+  EXPECT_EQ(build(tiny_args({"--save-retain-interval", "1000"})).checkpoint.save_retain_interval, 1000);
+  EXPECT_USER_ERROR(build(tiny_args({"--save-retain-interval", "0"})), "--save-retain-interval must be positive");
+  // Non-persistent checkpoints: global only.
+  Config np = build(tiny_args({"--non-persistent-save-interval", "5", "--non-persistent-ckpt-type", "global",
+                               "--non-persistent-global-ckpt-dir", "/tmp/np"}));
+  EXPECT_TRUE(np.not_supported_yet.empty());
+  EXPECT_EQ(np.checkpoint.non_persistent_save_interval, 5);
+  EXPECT_TRUE(np.checkpoint.non_persistent_global);
+  EXPECT_EQ(np.checkpoint.non_persistent_dir, "/tmp/np");
+  EXPECT_USER_ERROR(build(tiny_args({"--non-persistent-save-interval", "5"})), "needs --non-persistent-ckpt-type global");
+  EXPECT_USER_ERROR(build(tiny_args({"--save", "/tmp/c", "--non-persistent-ckpt-type", "global",
+                                     "--non-persistent-global-ckpt-dir", "/tmp/c/"})),
+                    "--non-persistent-global-ckpt-dir must differ from --save and --load");
+  EXPECT_USER_ERROR(build(tiny_args({"--non-persistent-ckpt-type", "local"})), "only global non-persistent checkpoints");
+  EXPECT_USER_ERROR(build(tiny_args({"--non-persistent-ckpt-type", "in_memory"})), "only global non-persistent");
+  // Fully parallel saves are Megatron's default.
+  EXPECT_TRUE(build(tiny_args()).checkpoint.fully_parallel_save);
+  EXPECT_FALSE(build(tiny_args({"--no-ckpt-fully-parallel-save"})).checkpoint.fully_parallel_save);
+  EXPECT_EQ(build(tiny_args()).checkpoint.dist_ckpt_strictness, "assume_ok_unexpected");
+  EXPECT_EQ(build(tiny_args({"--dist-ckpt-strictness", "log_all"})).checkpoint.dist_ckpt_strictness, "log_all");
+  EXPECT_USER_ERROR(build(tiny_args({"--dist-ckpt-strictness", "lenient"})), "--dist-ckpt-strictness");
+  // Megatron's own async/fully-parallel-load knobs are accepted with a notice.
+  Config hints = build(tiny_args({"--ckpt-fully-parallel-load", "--async-strategy", "mcore", "--ckpt-fully-parallel-save"}));
+  EXPECT_TRUE(hints.not_supported_yet.empty());
+  EXPECT_EQ(hints.hint_warnings.size(), 3u);
+}
+
+TEST(Config, DeterministicMode) {
+  EXPECT_FALSE(build(tiny_args()).training.deterministic);
+  const Config c = build(tiny_args({"--deterministic-mode"}));
+  EXPECT_TRUE(c.training.deterministic);
+  EXPECT_TRUE(c.hint_warnings.empty());
+  EXPECT_TRUE(c.not_supported_yet.empty());
+}
+
+TEST(DeterministicEnvironment, SetsWhatIsUnsetKeepsAcceptedValuesRefusesOthers) {
+  std::map<std::string, std::string> env;
+  auto lookup = [&env](const char* name) -> const char* {
+    auto it = env.find(name);
+    return it == env.end() ? nullptr : it->second.c_str();
+  };
+  auto value = [](const std::vector<EnvSetting>& settings, const std::string& name) {
+    for (const auto& s : settings)
+      if (s.name == name) return s.value + (s.already_set ? " kept" : " set");
+    return std::string("missing");
+  };
+  auto fresh = deterministic_environment(lookup);
+  EXPECT_EQ(value(fresh, "CUBLAS_WORKSPACE_CONFIG"), ":4096:8 set");
+  EXPECT_EQ(value(fresh, "NCCL_ALGO"), "Ring set");
+  EXPECT_EQ(value(fresh, "FP8TRON_GEMM_AUTOTUNE"), "0 set");
+  env = {{"CUBLAS_WORKSPACE_CONFIG", ":16:8"}, {"NCCL_ALGO", "Tree"}, {"FP8TRON_GEMM_AUTOTUNE", "0"}};
+  auto given = deterministic_environment(lookup);
+  EXPECT_EQ(value(given, "CUBLAS_WORKSPACE_CONFIG"), ":16:8 kept");
+  EXPECT_EQ(value(given, "NCCL_ALGO"), "Tree kept");
+  EXPECT_EQ(value(given, "FP8TRON_GEMM_AUTOTUNE"), "0 kept");
+  env["NCCL_ALGO"] = "NVLS";
+  EXPECT_USER_ERROR(deterministic_environment(lookup), "NCCL_ALGO=NVLS is not one of");
+  env["NCCL_ALGO"] = "^NVLS";
+  env["CUBLAS_WORKSPACE_CONFIG"] = ":0:0";
+  EXPECT_USER_ERROR(deterministic_environment(lookup), "CUBLAS_WORKSPACE_CONFIG=:0:0");
+  env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8";
+  env["FP8TRON_GEMM_AUTOTUNE"] = "1";
+  EXPECT_USER_ERROR(deterministic_environment(lookup), "FP8TRON_GEMM_AUTOTUNE=1");
+}
+
+TEST(DeterministicEnvironment, ValidationRefusesABadEnvironmentForGpuRuns) {
+  const char* previous = std::getenv("NCCL_ALGO");
+  const std::string saved = previous ? previous : "";
+  setenv("NCCL_ALGO", "NVLS", 1);
+  // A dry run plans for the GPU without one; the environment is checked all the same.
+  EXPECT_USER_ERROR(build(tiny_args({"--deterministic-mode", "--dry-run", "--device", "cuda"})),
+                    "invalid configuration (deterministic mode environment): --deterministic-mode: NCCL_ALGO=NVLS");
+  EXPECT_NO_THROW(build(tiny_args({"--deterministic-mode", "--device", "cpu"})));  // no NCCL, no cuBLAS
+  if (previous) setenv("NCCL_ALGO", saved.c_str(), 1); else unsetenv("NCCL_ALGO");
+}
+
+TEST(Config, ParallelFlags) {
+  Config c = build(tiny_args({"--num-layers", "8", "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
+                              "--num-layers-per-virtual-pipeline-stage", "2", "--sequence-parallel", "--use-distributed-optimizer",
+                              "--global-batch-size", "8"}),
+                   8);
+  EXPECT_EQ(c.parallel.dp, 2);
+  EXPECT_EQ(c.distributed.virtual_stages, 2);
+  EXPECT_TRUE(c.distributed.sequence_parallel);
+  EXPECT_TRUE(c.distributed.distributed_optimizer);
+  EXPECT_FALSE(build(tiny_args({"--sequence-parallel"})).distributed.sequence_parallel) << "SP needs TP > 1";
+  EXPECT_USER_ERROR(build(tiny_args({"--num-layers", "3", "--pipeline-model-parallel-size", "2"}), 2),
+                    "--num-layers (3) is not divisible by the 2 pipeline stages");
+  EXPECT_USER_ERROR(build(tiny_args({"--num-layers", "8", "--pipeline-model-parallel-size", "2",
+                                     "--num-layers-per-virtual-pipeline-stage", "2"}), 2),
+                    "micro-batches in a virtual pipeline stage should range in [PP=2, M=1]");
+  EXPECT_USER_ERROR(build(tiny_args({"--num-layers-per-virtual-pipeline-stage", "1"})), "needs --pipeline-model-parallel-size > 1");
+  EXPECT_EQ(build(tiny_args({"--num-layers", "5", "--pipeline-model-parallel-size", "2", "--decoder-first-pipeline-num-layers", "2"}), 2)
+                .distributed.first_stage_layers.value_or(0), 2);
+  EXPECT_USER_ERROR(build(tiny_args({"--tensor-model-parallel-size", "2", "--sequence-parallel", "--seq-length", "15"}), 2),
+                    "is not divisible by --tensor-model-parallel-size (2) as --sequence-parallel needs");
+}
+
+TEST(Config, DryRunPlanForALargeJob) {
+  auto args = tiny_args({"--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
+                         "--global-batch-size", "500", "--dry-run"});
+  Config c = build(args, 1000);
+  EXPECT_EQ(c.parallel.dp, 250);
+  std::string plan = format_plan(c);
+  EXPECT_NE(plan.find("world 1000 = TP 2 x CP 1 x DP 250 x PP 2"), std::string::npos) << plan;
+  EXPECT_NE(format_arguments(c).find("  num_layers "), std::string::npos);
+}
+
+TEST(LaunchEnv, ReadsEachLauncher) {
+  auto clear = [] {
+    for (const char* v : {"WORLD_SIZE", "RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK",
+                          "SLURM_NTASKS", "SLURM_PROCID", "TORCHELASTIC_USE_AGENT_STORE"})
+      unsetenv(v);
+  };
+  clear();
+  EXPECT_EQ(read_launch_env().world_size, 1);
+  setenv("OMPI_COMM_WORLD_SIZE", "8", 1);
+  setenv("OMPI_COMM_WORLD_RANK", "3", 1);
+  EXPECT_EQ(read_launch_env().launcher, "mpirun");
+  EXPECT_EQ(read_launch_env().rank, 3);
+  clear();
+  setenv("SLURM_NTASKS", "16", 1);
+  setenv("SLURM_PROCID", "15", 1);
+  EXPECT_EQ(read_launch_env().world_size, 16);
+  clear();
+  setenv("WORLD_SIZE", "4", 1);
+  setenv("RANK", "1", 1);
+  setenv("TORCHELASTIC_USE_AGENT_STORE", "True", 1);
+  LaunchEnv e = read_launch_env();
+  EXPECT_EQ(e.launcher, "torchrun");
+  EXPECT_TRUE(e.agent_store);
+  setenv("RANK", "4", 1);
+  EXPECT_USER_ERROR(read_launch_env(), "rank 4 is not below world size 4");
+  clear();
+  setenv("WORLD_SIZE", "1024", 1);  // a dry run for a planned job
+  EXPECT_EQ(read_launch_env().world_size, 1024);
+  clear();
+}
+
+}  // namespace fp8tron

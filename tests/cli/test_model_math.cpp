@@ -1,0 +1,62 @@
+#include <gtest/gtest.h>
+
+#include "tests/test_helpers.h"
+#include "trainer/cli/model_math.h"
+
+namespace fp8tron {
+using namespace fp8tron::testing;
+
+ModelConfig reference(int64_t layers, int64_t hidden, int64_t heads, int64_t seq) {
+  return build(tiny_args({"--num-layers", std::to_string(layers), "--hidden-size", std::to_string(hidden),
+                          "--num-attention-heads", std::to_string(heads), "--seq-length", std::to_string(seq),
+                          "--vocab-size", "50257"}))
+      .model;
+}
+
+// The reference models (docs/performance.md): GPT-2 124M has 124.48M parameters and 0.855 GFLOP/token;
+// GPT 1.3B 1315.8M and 9.07.
+TEST(ModelMath, ReferenceModels) {
+  auto small = reference(12, 768, 12, 1024);
+  EXPECT_EQ(small.padded_vocab_size, 50304);
+  EXPECT_EQ(count_parameters(small).total, 124475904);
+  EXPECT_NEAR(training_flops_per_token(small) / 1e9, 0.855, 0.001);
+  auto large = reference(24, 2048, 16, 2048);
+  EXPECT_NEAR(double(count_parameters(large).total) / 1e6, 1315.8, 0.1);
+  EXPECT_NEAR(training_flops_per_token(large) / 1e9, 9.07, 0.01);
+}
+
+// The classic formula 72 L H^2 (1 + S/6H + V/12LH) equals Megatron's general one for GPT-2 shapes.
+TEST(ModelMath, FlopsMatchClassicFormula) {
+  auto m = reference(24, 1024, 16, 2048);
+  const double L = 24, H = 1024, S = 2048, V = double(m.padded_vocab_size);
+  EXPECT_NEAR(training_flops_per_token(m), 72 * L * H * H * (1 + S / (6 * H) + V / (12 * L * H)), 1.0);
+}
+
+TEST(ModelMath, GatedAndGroupedVariants) {
+  auto m = build(tiny_args({"--swiglu", "--group-query-attention", "--num-query-groups", "2", "--disable-bias-linear",
+                            "--normalization", "RMSNorm", "--untie-embeddings-and-output-weights",
+                            "--position-embedding-type", "rope"}))
+               .model;
+  auto p = count_parameters(m);
+  const int64_t h = 32, f = m.ffn_hidden_size, q = 32, kv = 16;
+  EXPECT_EQ(p.per_layer, h + h * (q + 2 * kv) + q * h + h + h * 2 * f + f * h);
+  EXPECT_EQ(p.embedding, m.padded_vocab_size * h);  // rope: no position table
+  EXPECT_EQ(p.output_layer, m.padded_vocab_size * h);
+}
+
+TEST(ModelMath, MemoryEstimateFollowsThePaper) {
+  Config c = build(tiny_args({"--num-layers", "24", "--hidden-size", "2048", "--num-attention-heads", "16",
+                              "--seq-length", "2048", "--micro-batch-size", "4", "--vocab-size", "50257", "--bf16"}));
+  MemoryEstimate e = estimate_memory(c);
+  const double params = double(count_parameters(c.model).total);
+  EXPECT_DOUBLE_EQ(e.weights, params * 2);
+  EXPECT_DOUBLE_EQ(e.main_weights, params * 4);
+  EXPECT_DOUBLE_EQ(e.grads, params * 4);
+  EXPECT_DOUBLE_EQ(e.optimizer_states, params * 8);
+  // s*b*h*(34 + 5*a*s/h) per layer without parallelism.
+  const double s = 2048, b = 4, h = 2048, a = 16;
+  EXPECT_DOUBLE_EQ(e.activations_paper, 24 * s * b * h * (34 + 5 * a * s / h));
+  EXPECT_LT(e.activations_fused, e.activations_paper);
+}
+
+}  // namespace fp8tron

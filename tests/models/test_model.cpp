@@ -1,0 +1,251 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <set>
+
+#include "models/gpt_model.h"
+#include "models/linear/main_grad_first_write.h"
+#include "models/linear/modules.h"
+#include "tests/test_helpers.h"
+#include "optim/mixed_precision_optimizer.h"
+#include "trainer/cli/model_math.h"
+
+namespace fp8tron {
+using namespace fp8tron::testing;
+
+ModelConfig model_config(std::initializer_list<std::string> extra = {}) {
+  auto args = tiny_args({"--attention-dropout", "0", "--hidden-dropout", "0"});
+  args.insert(args.end(), extra.begin(), extra.end());
+  return build(args).model;
+}
+
+int64_t numel(GptModel& model) {
+  int64_t n = 0;
+  for (const auto& p : model->parameters()) n += p.numel();
+  return n;
+}
+
+TEST(GptModel, ParameterCountMatchesClosedForm) {
+  const std::vector<std::vector<std::string>> variants = {
+      {},
+      {"--swiglu"},
+      {"--group-query-attention", "--num-query-groups", "2"},
+      {"--normalization", "RMSNorm", "--disable-bias-linear"},
+      {"--disable-bias-linear", "--add-qkv-bias"},
+      {"--untie-embeddings-and-output-weights", "--position-embedding-type", "rope"},
+      {"--qk-layernorm", "--kv-channels", "16", "--ffn-hidden-size", "48"},
+      {"--qk-layernorm", "--normalization", "RMSNorm"},
+  };
+  for (const auto& v : variants) {
+    auto args = tiny_args();
+    args.insert(args.end(), v.begin(), v.end());
+    ModelConfig m = build(args).model;
+    GptModel model(m);
+    EXPECT_EQ(numel(model), count_parameters(m).total) << "variant: " << (v.empty() ? "default" : v[0]);
+  }
+}
+
+TEST(GptModel, MegatronParameterNames) {
+  GptModel model(model_config({"--qk-layernorm", "--untie-embeddings-and-output-weights"}));
+  auto params = model->named_parameters();
+  for (const char* name : {"embedding.word_embeddings.weight", "embedding.position_embeddings.weight",
+                           "decoder.layers.0.self_attention.linear_qkv.layer_norm_weight",
+                           "decoder.layers.0.self_attention.linear_qkv.layer_norm_bias",
+                           "decoder.layers.0.self_attention.linear_qkv.weight",
+                           "decoder.layers.0.self_attention.linear_qkv.bias",
+                           "decoder.layers.0.self_attention.q_layernorm.weight",
+                           "decoder.layers.1.self_attention.linear_proj.weight",
+                           "decoder.layers.1.mlp.linear_fc1.layer_norm_weight", "decoder.layers.1.mlp.linear_fc2.bias",
+                           "decoder.final_layernorm.weight", "output_layer.weight"})
+    EXPECT_TRUE(params.contains(name)) << name;
+}
+
+TEST(GptModel, MegatronInitialisation) {
+  auto m = model_config({"--num-layers", "8", "--hidden-size", "256", "--num-attention-heads", "4"});
+  torch::manual_seed(1);
+  GptModel model(m);
+  auto params = model->named_parameters();
+  EXPECT_NEAR(params["decoder.layers.0.self_attention.linear_qkv.weight"].std().item<double>(), 0.02, 0.001);
+  EXPECT_NEAR(params["decoder.layers.0.mlp.linear_fc2.weight"].std().item<double>(), 0.02 / std::sqrt(16.0), 0.0005);
+  EXPECT_NEAR(params["decoder.layers.0.self_attention.linear_proj.weight"].std().item<double>(), 0.02 / 4, 0.0005);
+  EXPECT_EQ(params["decoder.layers.0.mlp.linear_fc1.bias"].abs().sum().item<double>(), 0.0);
+  EXPECT_EQ(params["decoder.final_layernorm.weight"].mean().item<double>(), 1.0);
+  GptModel one_p(model_config({"--apply-layernorm-1p"}));
+  EXPECT_EQ(one_p->named_parameters()["decoder.final_layernorm.weight"].abs().sum().item<double>(), 0.0);
+}
+
+// Changing a token must not change the logits of any earlier position.
+TEST(GptModel, CausalMasking) {
+  for (const char* pos : {"learned_absolute", "rope"}) {
+    torch::manual_seed(3);
+    GptModel model(model_config({"--position-embedding-type", pos, "--group-query-attention", "--num-query-groups", "2"}));
+    model->eval();
+    torch::NoGradGuard no_grad;
+    auto tokens = torch::randint(0, 64, {2, 16}, torch::kInt64);
+    auto changed = tokens.clone();
+    changed.index_put_({torch::indexing::Slice(), 9}, (tokens.index({torch::indexing::Slice(), 9}) + 1) % 64);
+    auto a = model->forward(tokens), b = model->forward(changed);
+    auto before = torch::indexing::Slice(0, 9), after = torch::indexing::Slice(9, 16);
+    EXPECT_TRUE(torch::allclose(a.index({torch::indexing::Slice(), before}), b.index({torch::indexing::Slice(), before}),
+                                1e-6, 1e-6))
+        << pos;
+    EXPECT_FALSE(torch::allclose(a.index({torch::indexing::Slice(), after}), b.index({torch::indexing::Slice(), after})))
+        << pos;
+  }
+}
+
+TEST(GptModel, LossIsMaskedMeanCrossEntropy) {
+  torch::manual_seed(4);
+  GptModel model(model_config());
+  model->eval();
+  auto tokens = torch::randint(0, 64, {2, 16}, torch::kInt64);
+  auto labels = torch::randint(0, 64, {2, 16}, torch::kInt64);
+  auto mask = torch::ones({2, 16});
+  mask.index_put_({0, torch::indexing::Slice(0, 8)}, 0.0);
+  auto logits = model->forward(tokens).reshape({-1, 128});
+  auto per_token = torch::nn::functional::cross_entropy(
+      logits, labels.view({-1}), torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
+  auto expected = (per_token * mask.view({-1})).sum() / 24.0;
+  EXPECT_NEAR(model->loss(tokens, labels, mask).item<double>(), expected.item<double>(), 1e-5);
+}
+
+// bf16 parameters, fp32 gradient buffer: two micro-batches accumulate in fp32.
+TEST(MixedPrecisionOptimizer, Bf16GradientsAccumulateInFp32) {
+  auto m = model_config({"--bf16"});
+  torch::manual_seed(5);
+  GptModel model(m);
+  std::vector<NamedParam> named;
+  const auto infos = model->param_infos();
+  for (const auto& item : model->named_parameters()) named.push_back({item.key(), item.value(), infos.at(item.key())});
+  PrecisionConfig precision;
+  precision.params_dtype = ParamDtype::Bf16;
+  const ParallelState single = single_process_state();
+  MixedPrecisionOptimizer optimizer(named, OptimizerConfig{}, precision, single, false);
+  for (const auto& [name, p, info] : named) {
+    EXPECT_EQ(p.scalar_type(), torch::kBFloat16) << name;
+    EXPECT_EQ(p.grad().scalar_type(), torch::kFloat32) << name;
+  }
+  auto tokens = torch::randint(0, 64, {2, 16}, torch::kInt64);
+  auto mask = torch::ones({2, 16});
+  model->loss(tokens, tokens, mask).backward();
+  auto once = optimizer.main_grads().clone();
+  EXPECT_GT(once.abs().sum().item<double>(), 0.0);
+  model->loss(tokens, tokens, mask).backward();
+  // Same micro-batch twice: the buffer holds exactly twice the first gradient (fp32 adds).
+  EXPECT_TRUE(torch::allclose(optimizer.main_grads(), 2 * once, 1e-6, 1e-7));
+  for (const auto& [name, p, info] : named) EXPECT_EQ(p.grad().scalar_type(), torch::kFloat32) << name;
+}
+
+// Gradients that FP8 wgrad GEMMs overwrite are left alone by zero_grad; the rest is zeroed.
+TEST(MixedPrecisionOptimizer, SkipZeroingLeavesOnlyTheNamedGradients) {
+  auto a = torch::randn({4, 3}).requires_grad_(true), b = torch::randn({3}).requires_grad_(true),
+       c = torch::randn({5, 2}).requires_grad_(true);
+  const ParallelState single = single_process_state();
+  ParamInfo info;
+  MixedPrecisionOptimizer optimizer({{"a.weight", a, info}, {"b.bias", b, info}, {"c.weight", c, info}}, OptimizerConfig{},
+                                    PrecisionConfig{}, single, false);
+  optimizer.skip_zeroing({a, c});
+  for (auto* t : {&a, &b, &c}) t->mutable_grad().fill_(7.0);
+  optimizer.zero_grad();
+  EXPECT_TRUE(torch::equal(a.grad(), torch::full({4, 3}, 7.0)));
+  EXPECT_TRUE(torch::equal(c.grad(), torch::full({5, 2}, 7.0)));
+  EXPECT_TRUE(torch::equal(b.grad(), torch::zeros({3})));
+  // Everything outside the skipped parameters (padding included) is zero.
+  EXPECT_EQ(optimizer.main_grads().sum().item<double>(), 7.0 * 22);
+}
+
+// The bf16 linears whose gradients only their GEMMs write: every linear's weight and bias, not the
+// norms, embeddings or the tied output layer (the word embedding's gradient also comes from the
+// embedding's backward); the untied output layer's weight is one of them.
+TEST(GemmWrittenParams, AreTheLinearsWeightsAndBiases) {
+  const auto names_of = [](GptModel& model) {
+    std::set<std::string> names;
+    const auto written = gemm_written_params(*model);
+    for (const auto& item : model->named_parameters())
+      for (const auto& p : written)
+        if (p.is_same(item.value())) names.insert(item.key());
+    EXPECT_EQ(names.size(), written.size()) << "a parameter listed twice or not the model's";
+    return names;
+  };
+  GptModel tied(model_config());
+  std::set<std::string> expected;
+  for (const std::string layer : {"decoder.layers.0.", "decoder.layers.1."})
+    for (const std::string linear : {"self_attention.linear_qkv.", "self_attention.linear_proj.", "mlp.linear_fc1.",
+                                     "mlp.linear_fc2."})
+      for (const std::string p : {"weight", "bias"}) expected.insert(layer + linear + p);
+  EXPECT_EQ(names_of(tied), expected);
+  GptModel untied(model_config({"--untie-embeddings-and-output-weights", "--disable-bias-linear"}));
+  const auto names = names_of(untied);
+  EXPECT_EQ(names.size(), 2u * 4 + 1);
+  EXPECT_TRUE(names.count("output_layer.weight"));
+  for (const auto& n : names) EXPECT_EQ(n.find("bias"), std::string::npos) << n;
+}
+
+// A registered main gradient is taken once per step (the first GEMM writes it), not at all when it
+// is not registered or was replaced, and one no GEMM wrote is zeroed before the step uses it.
+TEST(MainGradFirstWrite, GrantsOneWritePerStepAndZeroesTheUnwritten) {
+  auto a = torch::ones({3}).requires_grad_(true), b = torch::ones({2}).requires_grad_(true),
+       c = torch::ones({2}).requires_grad_(true);
+  for (auto* t : {&a, &b, &c}) t->mutable_grad() = torch::full(t->sizes(), 5.0);
+  main_grad_first_write::own({a, b});
+  main_grad_first_write::new_step();
+  EXPECT_TRUE(main_grad_first_write::take(a));
+  EXPECT_FALSE(main_grad_first_write::take(a)) << "the second micro-batch adds";
+  EXPECT_FALSE(main_grad_first_write::take(c)) << "not registered";
+  main_grad_first_write::zero_unwritten();
+  EXPECT_TRUE(torch::equal(a.grad(), torch::full({3}, 5.0))) << "written this step: kept";
+  EXPECT_TRUE(torch::equal(b.grad(), torch::zeros({2}))) << "no GEMM wrote it: zeroed";
+  EXPECT_TRUE(torch::equal(c.grad(), torch::full({2}, 5.0)));
+  EXPECT_FALSE(main_grad_first_write::take(b)) << "zeroed counts as written";
+  main_grad_first_write::new_step();
+  EXPECT_TRUE(main_grad_first_write::take(a));
+  EXPECT_TRUE(main_grad_first_write::take(b));
+  main_grad_first_write::new_step();
+  b.mutable_grad() = torch::zeros({2});  // another buffer: no longer the registered main gradient
+  EXPECT_FALSE(main_grad_first_write::take(b));
+  main_grad_first_write::own({});
+  main_grad_first_write::new_step();
+  EXPECT_FALSE(main_grad_first_write::take(a));
+}
+
+// One AdamW step over the flat buffers equals torch::optim::AdamW (decoupled weight decay),
+// with no decay on biases and norm weights, after clipping to the global norm.
+TEST(MixedPrecisionOptimizer, AdamWMatchesReference) {
+  auto w = torch::randn({4, 3}), b = torch::randn({3}), gw = torch::randn({4, 3}), gb = torch::randn({3});
+  auto w_ref = w.clone().requires_grad_(true), b_ref = b.clone().requires_grad_(true);
+  auto w_ours = w.clone().requires_grad_(true), b_ours = b.clone().requires_grad_(true);
+  OptimizerConfig oc;
+  oc.clip_grad = 1.0;
+  const ParallelState single = single_process_state();
+  ParamInfo info;
+  MixedPrecisionOptimizer ours({{"layer.weight", w_ours, info}, {"layer.bias", b_ours, info}}, oc, PrecisionConfig{}, single, false);
+  w_ours.mutable_grad().copy_(gw);
+  b_ours.mutable_grad().copy_(gb);
+  auto result = ours.step(/*lr=*/0.1, /*weight_decay=*/0.01, 1.0);
+
+  const double norm = torch::cat({gw.view(-1), gb}).norm().item<double>();
+  EXPECT_NEAR(result.grad_norm.item<double>(), norm, 1e-5);
+  const double coeff = std::min(1.0, 1.0 / (norm + 1e-6));
+  w_ref.mutable_grad() = gw * coeff;
+  b_ref.mutable_grad() = gb * coeff;
+  torch::optim::AdamW decay({w_ref}, torch::optim::AdamWOptions(0.1).betas({0.9, 0.999}).eps(1e-8).weight_decay(0.01));
+  torch::optim::AdamW no_decay({b_ref}, torch::optim::AdamWOptions(0.1).betas({0.9, 0.999}).eps(1e-8).weight_decay(0.0));
+  decay.step();
+  no_decay.step();
+  EXPECT_TRUE(torch::allclose(w_ours, w_ref, 1e-6, 1e-6));
+  EXPECT_TRUE(torch::allclose(b_ours, b_ref, 1e-6, 1e-6));
+}
+
+TEST(MixedPrecisionOptimizer, NonFiniteGradientSkipsTheStep) {
+  auto w = torch::randn({4, 3}).requires_grad_(true);
+  auto before = w.detach().clone();
+  const ParallelState single = single_process_state();
+  MixedPrecisionOptimizer opt({{"w", w, ParamInfo{}}}, OptimizerConfig{}, PrecisionConfig{}, single, false);
+  w.mutable_grad().fill_(1.0);
+  w.mutable_grad()[0][0] = std::numeric_limits<float>::infinity();
+  auto r = opt.step(0.1, 0.0, 1.0);
+  EXPECT_EQ(r.found_inf.item<float>(), 1.0f);
+  EXPECT_TRUE(torch::equal(w.detach(), before));
+}
+
+}  // namespace fp8tron

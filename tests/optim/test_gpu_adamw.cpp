@@ -1,0 +1,343 @@
+// GPU tests of the optimizer's fused AdamW (optim/fused_adamw.h) against torch's
+// at::_fused_adamw_, which the optimizer used before (label gpu; skipped without a CUDA device,
+// failing on any mismatch). The kernel spells out torch's roundings, so every comparison is
+// bitwise: p, m and v against torch's on the same inputs, the model copy against p.to(dtype), and
+// whole optimizer steps (segments, decoupled learning rates, folded clipping, skipped steps, the
+// distributed optimizer's shards) against the same optimizer running torch's kernel.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <limits>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "parallel/parallel_state.h"
+#include "optim/fused_adamw.h"
+#include "optim/mixed_precision_optimizer.h"
+
+namespace fp8tron {
+namespace {
+
+#define REQUIRE_GPU() \
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device"
+
+const auto kCuda = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kFloat32);
+
+// Bit patterns equal (so -0 != +0, and NaNs compare by payload).
+::testing::AssertionResult same_bits(const torch::Tensor& a, const torch::Tensor& b) {
+  if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes())
+    return ::testing::AssertionFailure() << "dtype or shape differs";
+  const auto bits = a.element_size() == 4 ? torch::kInt32 : a.element_size() == 2 ? torch::kInt16 : torch::kInt8;
+  const auto x = a.contiguous().view(bits), y = b.contiguous().view(bits);
+  const int64_t differ = (x != y).sum().item<int64_t>();
+  if (differ == 0) return ::testing::AssertionSuccess();
+  const auto diff = (a.to(torch::kFloat64) - b.to(torch::kFloat64)).abs();
+  return ::testing::AssertionFailure() << differ << " of " << a.numel() << " elements differ, max |difference| "
+                                       << diff.max().item<double>();
+}
+
+// A fresh buffer holding `n` elements from element `offset` on (earlier ones are a guard).
+torch::Tensor at_offset(const torch::Tensor& values, int64_t offset, torch::ScalarType dtype = torch::kFloat32) {
+  auto buffer = torch::full({offset + values.numel() + 3}, -7.0, kCuda.dtype(dtype));
+  auto view = buffer.narrow(0, offset, values.numel());
+  view.copy_(values);
+  return view;
+}
+
+// Gradients with the scales a step sees: mostly small, a few large, some exact zeros and tiny ones.
+torch::Tensor gradients(int64_t n, int seed) {
+  torch::manual_seed(seed);
+  auto g = torch::randn({n}, kCuda) * 1e-3;
+  g = torch::where(torch::rand({n}, kCuda) < 0.01, g * 1e4, g);
+  g = torch::where(torch::rand({n}, kCuda) < 0.01, torch::zeros_like(g), g);
+  return torch::where(torch::rand({n}, kCuda) < 0.01, g * 1e-30, g);  // subnormal squares
+}
+
+struct KernelCase {
+  int64_t n;
+  int64_t p_offset, g_offset, copy_offset;  // elements into their buffers (m, v share p's)
+  torch::ScalarType copy_dtype;             // kByte: no copy
+  const char* why;
+};
+
+struct Hyper {
+  double lr, beta1, beta2, eps;
+};
+
+// Three steps of ours and torch's on equal inputs, with and without weight decay and a gradient
+// divisor, then a skipped step (found_inf = 1).
+void check_against_torch(const KernelCase& c, const Hyper& h, double wd, bool divide) {
+  torch::manual_seed(11);
+  const auto p0 = torch::randn({c.n}, kCuda);
+  auto p = at_offset(p0, c.p_offset), m = at_offset(torch::zeros({c.n}, kCuda), c.p_offset),
+       v = at_offset(torch::zeros({c.n}, kCuda), c.p_offset);
+  auto tp = p0.clone(), tm = torch::zeros({c.n}, kCuda), tv = torch::zeros({c.n}, kCuda);
+  torch::Tensor copy;
+  if (c.copy_dtype != torch::kByte) copy = at_offset(torch::zeros({c.n}, kCuda), c.copy_offset, c.copy_dtype);
+  auto step = torch::zeros({}, kCuda), tstep = torch::zeros({}, kCuda);
+  const auto no_inf = torch::zeros({}, kCuda);
+  // A clip coefficient's reciprocal, as the optimizer folds clipping.
+  const std::optional<torch::Tensor> divisor =
+      divide ? std::optional<torch::Tensor>(torch::full({}, 0.37, kCuda).reciprocal()) : std::nullopt;
+  for (int s = 1; s <= 3; ++s) {
+    SCOPED_TRACE("step " + std::to_string(s));
+    const auto g_values = gradients(c.n, 100 + s);
+    auto g = at_offset(g_values, c.g_offset);
+    auto tg = g_values.clone();
+    step.add_(1);
+    tstep.add_(1);
+    fused_adamw({p, g, m, v, copy}, step, no_inf, divisor, {h.lr, h.beta1, h.beta2, h.eps, wd});
+    at::_fused_adamw_({tp}, {tg}, {tm}, {tv}, {}, {tstep}, h.lr, h.beta1, h.beta2, wd, h.eps, false, false, divisor, no_inf);
+    EXPECT_TRUE(same_bits(p, tp)) << "p";
+    EXPECT_TRUE(same_bits(m, tm)) << "exp_avg";
+    EXPECT_TRUE(same_bits(v, tv)) << "exp_avg_sq";
+    EXPECT_TRUE(same_bits(g, g_values)) << "the gradient is read only";
+    if (copy.defined()) {
+      EXPECT_TRUE(same_bits(copy, p.to(c.copy_dtype))) << "model copy";
+    }
+  }
+  // Nothing outside the segments moved (each buffer's guard elements before and after).
+  for (const auto& t : {p, m, v}) {
+    auto whole = t.as_strided({c.p_offset + c.n + 3}, {1}, t.storage_offset() - c.p_offset);
+    EXPECT_EQ((whole.narrow(0, 0, c.p_offset) != -7).sum().item<int64_t>(), 0) << "before the segment";
+    EXPECT_EQ((whole.narrow(0, c.p_offset + c.n, 3) != -7).sum().item<int64_t>(), 0) << "after the segment";
+  }
+  // A skipped step: the caller does not advance the count, and nothing changes (the copy neither).
+  const auto found_inf = torch::ones({}, kCuda);
+  const auto p_before = p.clone(), m_before = m.clone(), v_before = v.clone();
+  if (copy.defined()) copy.fill_(3.0);
+  auto g = at_offset(gradients(c.n, 200), c.g_offset);
+  fused_adamw({p, g, m, v, copy}, step, found_inf, divisor, {h.lr, h.beta1, h.beta2, h.eps, wd});
+  EXPECT_TRUE(same_bits(p, p_before));
+  EXPECT_TRUE(same_bits(m, m_before));
+  EXPECT_TRUE(same_bits(v, v_before));
+  if (copy.defined()) {
+    EXPECT_EQ((copy.to(torch::kFloat32) != 3.0).sum().item<int64_t>(), 0) << "copy written on a skipped step";
+  }
+}
+
+TEST(GpuAdamW, MatchesTorchFusedAdamWBitwise) {
+  REQUIRE_GPU();
+  const std::vector<KernelCase> cases = {
+      {1, 0, 0, 0, torch::kBFloat16, "one element"},
+      {3, 0, 0, 0, torch::kBFloat16, "three: no whole pack"},
+      {1000003, 0, 0, 0, torch::kBFloat16, "aligned, odd tail"},
+      {1000003, 1, 1, 1, torch::kBFloat16, "a narrow from element 1: head of 3"},
+      {1000003, 2, 2, 6, torch::kFloat16, "head of 2, fp16 copy"},
+      {1000003, 3, 3, 7, torch::kFloat32, "head of 1, fp32 copy"},
+      {1000003, 1, 1, 0, torch::kBFloat16, "copy out of phase with p: element stores"},
+      {1000003, 0, 1, 0, torch::kBFloat16, "g out of phase with p: everything element by element"},
+      {4096 * 4 + 5, 2, 2, 2, torch::kByte, "no copy"},
+  };
+  const std::vector<Hyper> hypers = {{1e-3, 0.9, 0.95, 1e-8}, {3e-4, 0.8, 0.999, 1e-5}};
+  for (const auto& c : cases)
+    for (const auto& h : hypers)
+      for (double wd : {0.0, 0.1})
+        for (bool divide : {false, true}) {
+          SCOPED_TRACE(std::string(c.why) + " n=" + std::to_string(c.n) + " lr=" + std::to_string(h.lr) +
+                       " wd=" + std::to_string(wd) + (divide ? " with divisor" : ""));
+          check_against_torch(c, h, wd, divide);
+        }
+}
+
+// More than 2^31 elements: 64-bit indexing. Torch's kernel runs on copies of three slices
+// (the start, across 2^31, the end); elementwise, so the slices' results are the whole's.
+TEST(GpuAdamW, MoreThanTwoToThe31Elements) {
+  REQUIRE_GPU();
+  const int64_t n = (int64_t{1} << 31) + 4099;
+  size_t free_bytes = 0, total_bytes = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_bytes, &total_bytes), cudaSuccess);
+  if (double(free_bytes) < 48e9) GTEST_SKIP() << "needs 48 GB of free device memory, has " << free_bytes;
+  torch::manual_seed(5);
+  auto p = torch::randn({n}, kCuda), g = torch::randn({n}, kCuda).mul_(1e-2), m = torch::randn({n}, kCuda).mul_(1e-3),
+       v = torch::rand({n}, kCuda).mul_(1e-5);
+  auto copy = torch::empty({n}, kCuda.dtype(torch::kBFloat16));
+  auto step = torch::full({}, 7.0, kCuda);
+  const auto no_inf = torch::zeros({}, kCuda);
+  const Hyper h{1e-3, 0.9, 0.95, 1e-8};
+  struct Slice {
+    int64_t at, len;
+  };
+  const std::vector<Slice> slices = {{0, 4096}, {(int64_t{1} << 31) - 2050, 4100}, {n - 4099, 4099}};
+  std::vector<std::vector<torch::Tensor>> expected;
+  for (const auto& s : slices) {
+    std::vector<torch::Tensor> t;
+    for (const auto& x : {p, g, m, v}) t.push_back(x.narrow(0, s.at, s.len).clone());
+    auto tstep = step.clone();
+    at::_fused_adamw_({t[0]}, {t[1]}, {t[2]}, {t[3]}, {}, {tstep}, h.lr, h.beta1, h.beta2, 0.1, h.eps, false, false,
+                      std::nullopt, no_inf);
+    expected.push_back(t);
+  }
+  fused_adamw({p, g, m, v, copy}, step, no_inf, std::nullopt, {h.lr, h.beta1, h.beta2, h.eps, 0.1});
+  for (size_t i = 0; i < slices.size(); ++i) {
+    SCOPED_TRACE("slice at " + std::to_string(slices[i].at));
+    const auto& s = slices[i];
+    EXPECT_TRUE(same_bits(p.narrow(0, s.at, s.len), expected[i][0]));
+    EXPECT_TRUE(same_bits(m.narrow(0, s.at, s.len), expected[i][2]));
+    EXPECT_TRUE(same_bits(v.narrow(0, s.at, s.len), expected[i][3]));
+    EXPECT_TRUE(same_bits(copy.narrow(0, s.at, s.len), expected[i][0].to(torch::kBFloat16)));
+  }
+}
+
+// ---- whole optimizer steps: the fused kernel against torch's kernel and the separate copy ----
+
+struct ParamSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+
+// Segments of every kind Megatron's groups make: decayed weights, undecayed biases and norms, the
+// embedding and output layer with --decoupled-lr. Odd sizes put segment starts off 16-byte
+// boundaries.
+const std::vector<ParamSpec> kParams = {
+    {"embedding.word_embeddings.weight", {37, 16}},
+    {"decoder.layers.0.self_attention.linear_qkv.weight", {48, 16}},
+    {"decoder.layers.0.self_attention.linear_qkv.bias", {48}},
+    {"decoder.layers.0.mlp.linear_fc1.weight", {33, 16}},
+    {"decoder.layers.0.mlp.linear_fc1.bias", {33}},
+    {"decoder.layers.0.mlp.linear_fc2.weight", {16, 33}},
+    {"decoder.final_layernorm.weight", {16}},
+    {"output_layer.weight", {37, 16}},
+};
+
+std::vector<NamedParam> make_params(torch::ScalarType dtype) {
+  torch::manual_seed(21);
+  std::vector<NamedParam> params;
+  for (const auto& spec : kParams)
+    params.push_back({spec.name, (torch::randn(spec.shape, kCuda) * 0.05).to(dtype).requires_grad_(true), ParamInfo{}});
+  return params;
+}
+
+// Rank `rank` of a data-parallel group of two, in one process: the reduce-scatter hands this rank
+// its own chunk of the input, the all-reduce keeps the local value, and the all-gather writes this
+// rank's shard in place (the other rank's part of the buffer keeps whatever it holds). Both
+// optimizers under comparison see the same collectives, so their results must agree bitwise.
+class LoneDataParallelRank : public Communicator {
+ public:
+  explicit LoneDataParallelRank(int rank) : Communicator("fake-dp", rank, 2, {0, 1}) {}
+  std::unique_ptr<CommWork> all_reduce_async(torch::Tensor&, ReduceOp) override { return done(); }
+  std::unique_ptr<CommWork> all_gather_async(torch::Tensor& out, const torch::Tensor& in) override {
+    out.narrow(0, in.size(0) * rank_, in.size(0)).copy_(in);
+    return done();
+  }
+  std::unique_ptr<CommWork> reduce_scatter_async(torch::Tensor& out, const torch::Tensor& in) override {
+    out.copy_(in.narrow(0, out.size(0) * rank_, out.size(0)));
+    return done();
+  }
+  std::unique_ptr<CommWork> reduce_scatter_v_async(torch::Tensor&, const torch::Tensor&, const std::vector<int64_t>&) override {
+    return unexpected();
+  }
+  std::unique_ptr<CommWork> all_gather_v_async(torch::Tensor&, const torch::Tensor&, const std::vector<int64_t>&) override {
+    return unexpected();
+  }
+  std::unique_ptr<CommWork> all_to_all_v_async(torch::Tensor&, const torch::Tensor&, const std::vector<int64_t>&,
+                                               const std::vector<int64_t>&) override {
+    return unexpected();
+  }
+  void broadcast(torch::Tensor&, int) override { unexpected(); }
+  std::unique_ptr<CommWork> batch_p2p_async(std::vector<P2POp>) override { return unexpected(); }
+  void barrier() override {}
+
+ private:
+  struct Done : CommWork {
+    void wait() override {}
+  };
+  static std::unique_ptr<CommWork> done() { return std::make_unique<Done>(); }
+  static std::unique_ptr<CommWork> unexpected() {
+    ADD_FAILURE() << "unexpected collective";
+    return done();
+  }
+};
+
+struct Layout {
+  ParamDtype dtype;
+  int dp_rank;  // -1: one process, no distributed optimizer
+  const char* why;
+};
+
+torch::ScalarType torch_dtype(ParamDtype d) {
+  return d == ParamDtype::Bf16 ? torch::kBFloat16 : d == ParamDtype::Fp16 ? torch::kFloat16 : torch::kFloat32;
+}
+
+struct OptimizerRun {
+  std::vector<NamedParam> params;
+  std::unique_ptr<MixedPrecisionOptimizer> optimizer;
+};
+
+OptimizerRun make_run(const Layout& s, bool torch_kernel) {
+  OptimizerRun r;
+  r.params = make_params(torch_dtype(s.dtype));
+  OptimizerConfig oc;
+  oc.clip_grad = 0.05;  // below the gradients' norm: the coefficient is folded into the kernel
+  oc.adam_beta2 = 0.95;
+  oc.decoupled_lr = 3e-3;
+  PrecisionConfig pc;
+  pc.params_dtype = s.dtype;
+  ParallelState state = single_process_state();
+  if (s.dp_rank >= 0) state.dp = std::make_shared<LoneDataParallelRank>(s.dp_rank);
+  r.optimizer = std::make_unique<MixedPrecisionOptimizer>(r.params, oc, pc, state, /*distributed=*/s.dp_rank >= 0);
+  for (const auto& d : r.optimizer->domains()) d->use_torch_adam_kernel(torch_kernel);
+  return r;
+}
+
+void expect_same_state(const OptimizerDomain& a, const OptimizerDomain& b) {
+  EXPECT_TRUE(same_bits(a.main_params(), b.main_params())) << "main params";
+  EXPECT_TRUE(same_bits(a.exp_avg(), b.exp_avg())) << "exp_avg";
+  EXPECT_TRUE(same_bits(a.exp_avg_sq(), b.exp_avg_sq())) << "exp_avg_sq";
+  EXPECT_TRUE(same_bits(a.model_params(), b.model_params())) << "model params";
+  EXPECT_EQ(a.step_count(), b.step_count());
+}
+
+TEST(GpuAdamW, OptimizerStepsMatchTorchKernelAndCopy) {
+  REQUIRE_GPU();
+  const std::vector<Layout> setups = {
+      {ParamDtype::Bf16, -1, "bf16 parameters, one process"},
+      {ParamDtype::Fp16, -1, "fp16 parameters, one process"},
+      {ParamDtype::Fp32, -1, "fp32 parameters (the main weights themselves), one process"},
+      {ParamDtype::Bf16, 0, "bf16, distributed optimizer, rank 0 of 2"},
+      {ParamDtype::Bf16, 1, "bf16, distributed optimizer, rank 1 of 2 (shard starts at an odd element)"},
+      {ParamDtype::Fp32, 1, "fp32, distributed optimizer, rank 1 of 2"},
+  };
+  for (const auto& s : setups) {
+    SCOPED_TRACE(s.why);
+    OptimizerRun ours = make_run(s, false), theirs = make_run(s, true);
+    const auto& a = *ours.optimizer->domains().front();
+    const auto& b = *theirs.optimizer->domains().front();
+    if (s.dp_rank == 1) {
+      ASSERT_TRUE(a.distributed());
+      EXPECT_EQ(a.shard_begin() % 2, 1) << "the test wants a shard start out of phase with 16-byte packs";
+    }
+    for (int step = 1; step <= 5; ++step) {
+      SCOPED_TRACE("step " + std::to_string(step));
+      const int64_t n = a.main_grads().numel();
+      auto g = gradients(n, 300 + step) * 10;
+      // Step 3 is skipped (an inf in this rank's shard): nothing moves.
+      if (step == 3) g[a.shard_begin() + 5] = std::numeric_limits<float>::infinity();
+      const double loss_scale = step == 4 ? 4.0 : 1.0;                   // a divisor before the norm
+      for (OptimizerRun* r : {&ours, &theirs}) {
+        r->optimizer->zero_grad();
+        auto grads = r->optimizer->domains().front()->main_grads();
+        grads.copy_(g.to(grads.scalar_type()));
+        r->optimizer->finalize_grads();
+      }
+      const StepResult ra = ours.optimizer->step(1e-3 * step, 0.1, loss_scale, 2e-3);
+      const StepResult rb = theirs.optimizer->step(1e-3 * step, 0.1, loss_scale, 2e-3);
+      EXPECT_EQ(ra.found_inf.item<float>(), step == 3 ? 1.0f : 0.0f);
+      EXPECT_TRUE(same_bits(ra.grad_norm, rb.grad_norm));
+      expect_same_state(a, b);
+      // The parameters the model reads are the model buffer's.
+      for (size_t i = 0; i < ours.params.size(); ++i) EXPECT_TRUE(same_bits(ours.params[i].tensor, theirs.params[i].tensor));
+    }
+    EXPECT_EQ(a.step_count(), 4.0) << "the skipped step does not advance bias correction";
+    // Publishing again (as a checkpoint load does) changes nothing: the step left them published.
+    auto before = a.model_params().clone();
+    ours.optimizer->publish_model_params();
+    EXPECT_TRUE(same_bits(a.model_params(), before));
+  }
+}
+
+}  // namespace
+}  // namespace fp8tron

@@ -1,0 +1,158 @@
+// --overlap-param-gather's waits, in one process: a data-parallel group of two is simulated by a
+// communicator whose all-gather delivers the other rank's weights only when its work is waited
+// for (a transport that makes no progress on its own), so any weight the forward pass reads
+// before waiting for its bucket is visibly stale.
+#include <gtest/gtest.h>
+
+#include <functional>
+
+#include "models/gpt_model.h"
+#include "parallel/param_gather.h"
+#include "tests/test_helpers.h"
+
+namespace fp8tron {
+namespace {
+using namespace fp8tron::testing;
+
+class FunctionWork : public CommWork {
+ public:
+  explicit FunctionWork(std::function<void()> f) : f_(std::move(f)) {}
+  void wait() override {
+    if (f_) f_();
+    f_ = nullptr;
+  }
+
+ private:
+  std::function<void()> f_;
+};
+
+// Rank `rank` of two; `truth` is what the whole buffer holds once gathered.
+class DeferredGatherComm : public Communicator {
+ public:
+  DeferredGatherComm(int rank, torch::Tensor buffer, torch::Tensor truth)
+      : Communicator("fake-dp", rank, 2, {0, 1}), buffer_(std::move(buffer)), truth_(std::move(truth)) {}
+  int issued = 0, completed = 0;
+
+  std::unique_ptr<CommWork> all_gather_v_async(torch::Tensor& out, const torch::Tensor& in,
+                                               const std::vector<int64_t>& counts) override {
+    const auto offsets = piece_offsets("all_gather_v", out, in, counts);
+    const int64_t element = buffer_.element_size();
+    const int64_t base = (static_cast<char*>(out.data_ptr()) - static_cast<char*>(buffer_.data_ptr())) / element;
+    if (in.numel() > 0)
+      EXPECT_EQ(in.data_ptr(), static_cast<char*>(out.data_ptr()) + offsets[size_t(rank_)] * element) << "gathers in place";
+    ++issued;
+    torch::Tensor target = out;
+    return std::make_unique<FunctionWork>([this, target, offsets, counts, base]() mutable {
+      for (int r = 0; r < size_; ++r)
+        if (r != rank_) target.narrow(0, offsets[size_t(r)], counts[size_t(r)]).copy_(truth_.narrow(0, base + offsets[size_t(r)], counts[size_t(r)]));
+      ++completed;
+    });
+  }
+  std::unique_ptr<CommWork> all_reduce_async(torch::Tensor&, ReduceOp) override { return unexpected(); }
+  std::unique_ptr<CommWork> all_gather_async(torch::Tensor&, const torch::Tensor&) override { return unexpected(); }
+  std::unique_ptr<CommWork> reduce_scatter_async(torch::Tensor&, const torch::Tensor&) override { return unexpected(); }
+  std::unique_ptr<CommWork> reduce_scatter_v_async(torch::Tensor&, const torch::Tensor&, const std::vector<int64_t>&) override {
+    return unexpected();
+  }
+  std::unique_ptr<CommWork> all_to_all_v_async(torch::Tensor&, const torch::Tensor&, const std::vector<int64_t>&,
+                                               const std::vector<int64_t>&) override {
+    return unexpected();
+  }
+  void broadcast(torch::Tensor&, int) override { unexpected(); }
+  std::unique_ptr<CommWork> batch_p2p_async(std::vector<P2POp>) override { return unexpected(); }
+  void barrier() override { unexpected(); }
+
+ private:
+  static std::unique_ptr<CommWork> unexpected() {
+    ADD_FAILURE() << "unexpected collective";
+    return std::make_unique<FunctionWork>(nullptr);
+  }
+  torch::Tensor buffer_, truth_;
+};
+
+struct Batch {
+  torch::Tensor tokens, labels, mask;
+};
+
+Batch batch(int64_t vocab) {
+  torch::manual_seed(3);
+  return {torch::randint(vocab, {2, 16}, torch::kLong), torch::randint(vocab, {2, 16}, torch::kLong), torch::ones({2, 16})};
+}
+
+void check_forward_waits(const std::vector<std::string>& flags, int rank) {
+  auto args = tiny_args({"--attention-dropout", "0", "--hidden-dropout", "0"});
+  args.insert(args.end(), flags.begin(), flags.end());
+  const ModelConfig config = build(args).model;
+  GptModel model(config);
+  model->eval();
+  torch::NoGradGuard no_grad;
+  const Batch b = batch(config.vocab_size);
+  const double reference = model->loss(b.tokens, b.labels, b.mask).item<double>();
+
+  // A flat buffer in reverse model order, so that offset order is not forward order (as in the
+  // optimizer's buffer, ordered by weight decay first).
+  auto params = model->parameters();
+  int64_t total = 0;
+  for (const auto& p : params) total += p.numel();
+  const int64_t padded = (total + 1) / 2 * 2, shard = padded / 2;
+  auto flat = torch::zeros({padded});
+  std::vector<BufferParam> layout;
+  int64_t offset = 0;
+  for (int64_t i = int64_t(params.size()) - 1; i >= 0; --i) {
+    auto& p = params[size_t(i)];
+    const int64_t n = p.numel();
+    flat.narrow(0, offset, n).copy_(p.reshape({-1}));
+    p.set_data(flat.narrow(0, offset, n).view(p.sizes()));
+    layout.push_back(BufferParam{p, offset, n, i});
+    offset += n;
+  }
+  const auto truth = flat.clone();
+  // The other rank's shard holds stale values until its buckets are gathered.
+  flat.narrow(0, (1 - rank) * shard, shard).copy_(torch::randn({shard}, torch::kFloat32));
+  auto comm = std::make_shared<DeferredGatherComm>(rank, flat, truth);
+  ParamGather gather(flat, layout, /*bucket_numel=*/1500, shard, comm);
+  ASSERT_GT(gather.num_buckets(), 6u);
+  gather.start();
+  EXPECT_EQ(comm->issued, int(gather.num_buckets()));
+  EXPECT_TRUE(gather.in_flight());
+
+  int parts = 0, completed_after_first_part = -1;
+  model->set_params_ready_hook([&](const torch::nn::Module& part) {
+    gather.wait_for(part);
+    if (parts++ == 0) completed_after_first_part = comm->completed;
+  });
+  const double loss = model->loss(b.tokens, b.labels, b.mask).item<double>();
+  EXPECT_EQ(loss, reference) << "a weight was read before its all-gather landed";
+  EXPECT_GT(completed_after_first_part, 0);
+  EXPECT_LT(completed_after_first_part, comm->issued) << "the embedding waited for more than its own buckets";
+  EXPECT_FALSE(gather.in_flight()) << "every weight is used by the forward pass";
+  EXPECT_TRUE(torch::equal(flat, truth));
+}
+
+TEST(ParamGather, ForwardWaitsForEveryBucketItReads) {
+  for (int rank : {0, 1}) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    check_forward_waits({}, rank);
+    check_forward_waits({"--untie-embeddings-and-output-weights", "--swiglu", "--qk-layernorm"}, rank);
+  }
+}
+
+TEST(ParamGather, FinishWaitsForAll) {
+  auto flat = torch::arange(20, torch::kFloat32);
+  const auto truth = flat.clone();
+  flat.narrow(0, 10, 10).zero_();
+  std::vector<BufferParam> layout;
+  for (int64_t i = 0; i < 5; ++i) layout.push_back(BufferParam{torch::Tensor(), 4 * i, 4, i});
+  auto comm = std::make_shared<DeferredGatherComm>(0, flat, truth);
+  ParamGather gather(flat, layout, 4, 10, comm);
+  EXPECT_EQ(gather.num_buckets(), 5u);
+  gather.start();
+  EXPECT_FALSE(torch::equal(flat, truth));
+  gather.finish();
+  EXPECT_FALSE(gather.in_flight());
+  EXPECT_TRUE(torch::equal(flat, truth));
+  EXPECT_EQ(comm->completed, 5);
+}
+
+}  // namespace
+}  // namespace fp8tron
