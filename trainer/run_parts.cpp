@@ -1,0 +1,300 @@
+#include "trainer/run_parts.h"
+
+#include <c10/cuda/CUDAFunctions.h>
+#include <unistd.h>
+
+#include "core/config/batch_schedule.h"
+#include "checkpoint/rank_agreement.h"
+#include "trainer/cli/config_builder.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/text.h"
+#include "data/loader/builtin_datasets.h"
+#include "data/loader/cyclic_source.h"
+#include "data/loader/file_source.h"
+#include "fp8/wgrad_fusion.h"
+#include "models/linear/main_grad_first_write.h"
+#include "models/linear/modules.h"
+#include "parallel/layer_split.h"
+#include "rerun/validation_calls.h"
+#include "trainer/cli/model_math.h"
+#include "trainer/moe_metrics.h"
+
+namespace fp8tron {
+
+torch::Dtype param_dtype(const Config& c) {
+  return c.precision.params_dtype == ParamDtype::Bf16 ? torch::kBFloat16
+         : c.precision.params_dtype == ParamDtype::Fp16 ? torch::kFloat16 : torch::kFloat32;
+}
+
+RunParts::RunParts(const Config& c)
+    : config(c),
+      device(c.device == "cuda" ? torch::Device(torch::kCUDA, c.launch.local_rank % std::max(1, int(torch::cuda::device_count())))
+                                : torch::Device(torch::kCPU)) {}
+
+void RunParts::synchronize() const {
+  if (device.is_cuda()) torch::cuda::synchronize(device.index());
+}
+
+std::vector<torch::Tensor> RunParts::model_buffers() const {
+  std::vector<torch::Tensor> out;
+  for (const auto& chunk : chunks)
+    for (const auto& item : chunk->named_buffers()) out.push_back(item.value());
+  return out;
+}
+
+std::vector<bool> RunParts::any_rank(const std::vector<bool>& flags) const {
+  if (parallel.sizes.world_size == 1) return flags;
+  std::vector<float> values(flags.begin(), flags.end());
+  auto t = torch::tensor(values, torch::kFloat32).to(device);
+  parallel.world->all_reduce(t, ReduceOp::Max);
+  t = t.cpu();
+  std::vector<bool> out;
+  for (int64_t i = 0; i < t.numel(); ++i) out.push_back(t[i].item<float>() > 0);
+  return out;
+}
+
+namespace {
+
+std::shared_ptr<SampleSource> make_source(const Config& c) {
+  switch (c.data.source) {
+    case DataSource::Mock: return make_mock_source(c.model.seq_length, c.model.vocab_size, c.data.eod, c.training.seed);
+    case DataSource::Builtin: return make_builtin_source(c.model.seq_length, c.model.vocab_size, c.training.seed);
+    case DataSource::Files: {
+      const auto& t = c.training;
+      FileSourceSizes sizes{megatron_split_samples(t.train_iters, t.train_samples, t.global_batch_size, t.eval_interval,
+                                                   t.eval_iters, t.start_eval_at_iter),
+                            c.model.seq_length, t.seed};
+      return make_file_source(c.data, sizes);
+    }
+  }
+  FP8TRON_CHECK(false, "unknown data source");
+}
+
+// One job per save directory (checkpoint/save_dir_lock.h): rank 0 holds the locks of --save (and
+// of a separate --non-persistent-global-ckpt-dir); every rank stops with rank 0's refusal.
+void lock_save_dirs(RunParts& r) {
+  const auto& k = r.config.checkpoint;
+  if (k.save.empty()) return;
+  std::vector<std::string> dirs = {k.save};
+  if (k.non_persistent_save_interval && !k.non_persistent_dir.empty()) dirs.push_back(k.non_persistent_dir);
+  std::string error;
+  if (r.parallel.world_rank == 0) {
+    try {
+      for (const auto& dir : dirs) {
+        auto lock = checkpoint::SaveDirLock::acquire(dir);
+        if (!lock->taken_over().empty())
+          log::info(" > " + lock->path() + ": taking over the lock of a job that is gone (" + lock->taken_over() + ")");
+        r.save_locks.push_back(std::move(lock));
+      }
+    } catch (const UserError& e) {
+      error = e.what();
+      r.save_locks.clear();
+    }
+  }
+  const std::string refusal = all_gather_strings(r.parallel, r.device, error).front();
+  if (!refusal.empty()) throw UserError(refusal);
+}
+
+// The context-parallel groups and the data-parallel view (collective).
+void build_context_parallel(RunParts& r) {
+  r.data_parallel = r.parallel;
+  if (r.parallel.sizes.cp == 1) return;
+  // The hierarchical levels exist for a2a+p2p layers only (Megatron creates them regardless).
+  bool hierarchical = false;
+  for (CpCommType t : r.config.context_parallel.comm_types) hierarchical = hierarchical || t == CpCommType::A2AP2P;
+  const auto groups = build_context_parallel_groups(
+      r.parallel, hierarchical ? r.config.context_parallel.hierarchical_sizes : std::vector<int>{});
+  r.cp = ContextParallelContext{r.config.context_parallel, r.parallel.cp, groups.a2a_level, groups.p2p_level};
+  r.data_parallel = with_context_parallel_in_data_parallel(r.parallel, groups.dp_cp);
+}
+
+void build_fp8_and_moe(RunParts& r, Timers& timers) {
+  const Config& c = r.config;
+  if (c.precision.fp8.enabled()) {
+    const Fp8Config& f = c.precision.fp8;
+    fp8::Fp8EngineOptions o{*f.recipe, f.min_features, f.bf16_first_layers, f.bf16_last_layers, c.model.num_layers,
+                            c.training.deterministic};
+    r.fp8 = std::make_shared<fp8::Fp8Engine>(o, r.device);
+  }
+  if (c.model.moe.enabled()) {
+    const ParallelState& p = r.parallel;
+    ExpertParallelGroups g{p.ep, p.expert_tp, p.expert_tp_ep, p.tp_cp, p.tp_dp_cp, p.ep_rank, p.expert_tp_rank};
+    r.moe = std::make_shared<MoeContext>(c.model.moe, moe_metric_layers(c.model), std::move(g));
+    r.moe->set_timer([&timers](const char* name, bool start) {
+      if (start) timers.start(name, 2);
+      else timers.stop(name, 2);
+    });
+  }
+}
+
+// This pipeline rank's model chunks, and their parameters for the optimizer.
+std::vector<NamedParam> build_chunks(RunParts& r) {
+  const Config& c = r.config;
+  TensorParallelContext tp{r.parallel.tp, r.parallel.tp_rank, r.parallel.sizes.tp, r.parallel.sequence_parallel};
+  if (c.distributed.tp_overlap.enabled()) tp.overlap = std::make_shared<TpOverlapConfig>(c.distributed.tp_overlap);
+  std::vector<NamedParam> params;
+  for (const ChunkPlan& plan : plan_pipeline_chunks(pipeline_split(c), r.parallel.pp_rank)) {
+    StageSpec spec{plan.first_layer, plan.num_layers, plan.embedding, plan.loss};
+    // Weights are drawn on the CPU in fp32 from (seed, name): every layout and device starts from
+    // the same global weights; then they move to the device and the optimizer casts them.
+    GptModel chunk(c.model, tp, spec, r.fp8, r.moe, r.cp);
+    chunk->to(r.device);
+    chunk->train();
+    chunk->set_per_token_loss(c.training.calculate_per_token_loss);
+    const auto infos = chunk->param_infos();
+    for (const auto& item : chunk->named_parameters()) params.push_back({item.key(), item.value(), infos.at(item.key())});
+    r.chunks.push_back(chunk);
+  }
+  return params;
+}
+
+// The gradients the wgrad GEMMs write in a step's first backward leave the optimizer's zeroing.
+void skip_zeroing_gemm_written_grads(RunParts& r) {
+  const auto& p = r.config.precision;
+  if (!p.grads_in_fp32 || !p.gradient_accumulation_fusion) return;
+  std::vector<torch::Tensor> skipped;
+  if (r.fp8 && r.fp8->overwrites_main_grads()) {
+    // FP8 wgrad GEMMs write their fp32 main gradients (overwriting in a step's first backward).
+    for (const auto& site : r.fp8->sites()) skipped.push_back(site->parameter);
+    r.fp8->set_overwrite_main_grads(true);
+  }
+  if (r.device.is_cuda() && param_dtype(r.config) == torch::kBFloat16 && main_grad_first_write::enabled()) {
+    // So do the bf16 linears' (models/linear/main_grad_first_write.h).
+    std::vector<torch::Tensor> bf16;
+    for (const auto& chunk : r.chunks)
+      for (auto& param : gemm_written_params(*chunk)) bf16.push_back(param);
+    main_grad_first_write::own(bf16);
+    skipped.insert(skipped.end(), bf16.begin(), bf16.end());
+  }
+  // Zeroing those 95% of the gradient buffer every step would be wasted bandwidth.
+  if (!skipped.empty()) r.optimizer->skip_zeroing(skipped);
+}
+
+void build_optimizer(RunParts& r, std::vector<NamedParam> params) {
+  const Config& c = r.config;
+  const auto& d = c.distributed;
+  std::vector<torch::Tensor> byte_params;
+  if (r.fp8 && c.precision.fp8.param_gather && r.fp8->num_sites() > 0) {
+    r.fp8_param_gather = std::make_unique<Fp8ParamGather>(r.fp8, r.data_parallel);
+    byte_params = r.fp8_param_gather->params();
+  }
+  r.optimizer = std::make_unique<MixedPrecisionOptimizer>(params, c.optimizer, c.precision, r.data_parallel,
+                                                          d.distributed_optimizer, c.model.moe.enabled(), byte_params);
+  if (r.fp8_param_gather) r.optimizer->enable_byte_publish(r.fp8_param_gather->publish(*r.optimizer));
+  const ModelConfig& m = c.model;
+  r.optimizer->count_zeros(c.logging.log_num_zeros_in_grad);
+  r.optimizer->set_qkv_rows({m.num_attention_heads / m.num_query_groups * m.kv_channels, m.kv_channels, m.kv_channels});
+  if (d.overlap_grad_reduce) r.optimizer->enable_grad_overlap(d.bucket_numel);
+  set_gradient_accumulation_fusion(c.precision.gradient_accumulation_fusion);
+  skip_zeroing_gemm_written_grads(r);
+  if (d.overlap_param_gather) r.optimizer->enable_param_gather_overlap(d.bucket_numel);
+  if (r.optimizer->param_gather_overlapped()) {
+    MixedPrecisionOptimizer* optimizer = r.optimizer.get();
+    for (auto& chunk : r.chunks)
+      chunk->set_params_ready_hook([optimizer](const torch::nn::Module& part) { optimizer->wait_for_params(part); });
+  }
+}
+
+// The expert sites' slots of the delayed-scaling state, reduced over their own group.
+void find_expert_amax_slots(RunParts& r) {
+  if (!r.fp8 || !r.moe) return;
+  const OptimizerDomain& experts = *r.optimizer->domains().back();
+  std::vector<int64_t> slots;
+  for (const auto& site : r.fp8->sites())
+    if (experts.holds(site->parameter))
+      for (auto role : {fp8::TensorRole::kInput, fp8::TensorRole::kWeight, fp8::TensorRole::kOutput,
+                        fp8::TensorRole::kGradOutput, fp8::TensorRole::kGradInput})
+        slots.push_back(int64_t(r.fp8->slot(*site, role)));
+  if (!slots.empty()) r.expert_amax_slots = torch::tensor(slots, torch::kInt64).to(r.device);
+}
+
+void build_pipeline(RunParts& r, Timers& timers) {
+  const Config& c = r.config;
+  const auto& d = c.distributed;
+  const int64_t s = c.model.seq_length / r.parallel.sizes.cp / (r.parallel.sequence_parallel ? r.parallel.sizes.tp : 1);
+  r.pipeline = std::make_unique<PipelineSchedule>(r.parallel, d.virtual_stages,
+                                                  std::vector<int64_t>{s, c.training.micro_batch_size, c.model.hidden_size},
+                                                  param_dtype(c), r.device,
+                                                  PipelineOverlap{d.overlap_p2p, d.overlap_p2p_warmup_flush});
+  if (timers.enabled(1) && r.parallel.sizes.pp > 1) {
+    // The stall of the pipeline's receives (what --overlap-p2p-communication hides).
+    r.pp_comm_timer = std::make_shared<overlap::CommTimer>(r.device.is_cuda());
+    for (auto* senders : {&r.parallel.forward_senders, &r.parallel.backward_senders})
+      for (auto& comm : *senders) comm->set_wait_observer(r.pp_comm_timer);
+  }
+}
+
+void build_loaders(RunParts& r) {
+  const Config& c = r.config;
+  std::shared_ptr<SampleSource> source = make_source(c);
+  if (c.data.dataloader_type == DataloaderType::Cyclic) {
+    // Sized as the files are, or (built-in and mock data) as Megatron sizes the splits.
+    const auto& t = c.training;
+    const auto sizes = megatron_split_samples(t.train_iters, t.train_samples, t.global_batch_size, t.eval_interval,
+                                              t.eval_iters, t.start_eval_at_iter);
+    source = std::make_shared<CyclicSource>(source, sizes, t.micro_batch_size, r.parallel.sizes.dp, c.data.data_sharding);
+  }
+  BatchOptions batch;
+  batch.seq_length = c.model.seq_length;
+  batch.micro_batch_size = c.training.micro_batch_size;
+  batch.eod = c.data.eod;
+  batch.eod_mask_loss = c.data.eod_mask_loss;
+  batch.reset_position_ids = c.data.reset_position_ids;
+  batch.reset_attention_mask = c.data.reset_attention_mask;
+  batch.pad = c.data.pad;
+  batch.create_attention_mask = c.data.create_attention_mask;
+  batch.prefetch = c.data.num_workers;
+  batch.stride = c.training.micro_batch_size * r.parallel.sizes.dp;
+  batch.vocab_size = c.model.vocab_size;
+  r.train_loader = std::make_unique<BatchLoader>(source, Split::Train, batch, r.device);
+  r.valid_loader = std::make_unique<BatchLoader>(source, Split::Valid, batch, r.device);
+}
+
+void build_rerun_engine(RunParts& r) {
+  const Config& c = r.config;
+  const RerunConfig& rc = c.training.rerun;
+  std::string node = rc.test_node_name;
+  if (node.empty()) {
+    char host[256] = {};
+    gethostname(host, sizeof host - 1);
+    node = host;
+  }
+  rerun::Hardware hardware{node, r.device.is_cuda() ? int(r.device.index()) : -1};
+  r.numerics = std::make_unique<NumericsGuard>(r.device);
+  r.rerun = std::make_unique<rerun::RerunStateMachine>(
+      rc, rerun::validation_calls(c.training.numerics), r.parallel.world_rank, r.parallel.sizes.world_size, hardware,
+      c.training.seed, !c.checkpoint.save.empty(), [&r](const std::vector<bool>& flags) { return r.any_rank(flags); });
+  r.iterations_to_skip.insert(c.training.iterations_to_skip.begin(), c.training.iterations_to_skip.end());
+}
+
+}  // namespace
+
+std::unique_ptr<RunParts> build_run_parts(const Config& c, bool force_single_process, Timers& timers) {
+  auto r = std::make_unique<RunParts>(c);
+  if (r->device.is_cuda()) {
+    c10::cuda::set_device(r->device.index());
+    configure_attention_backends();
+  }
+  // Before the first NCCL communicator and cuBLAS handle: it sets the environment they read.
+  if (c.training.deterministic) r->deterministic.emplace(r->device);
+  r->parallel = make_parallel_state(c, force_single_process);
+  lock_save_dirs(*r);
+  torch::manual_seed(c.training.seed + 100 * uint64_t(r->parallel.pp_rank));  // dropout streams, as Megatron seeds them
+  build_context_parallel(*r);
+  if (timers.enabled(1) && r->parallel.sizes.tp > 1) {
+    r->tp_comm_timer = std::make_shared<overlap::CommTimer>(r->device.is_cuda());
+    r->parallel.tp->set_wait_observer(r->tp_comm_timer);
+  }
+  build_fp8_and_moe(*r, timers);
+  build_optimizer(*r, build_chunks(*r));
+  find_expert_amax_slots(*r);
+  build_pipeline(*r, timers);
+  build_loaders(*r);
+  if (c.training.cuda_graph.full_iteration)
+    r->step_graph = std::make_unique<StepGraph>(c.training.cuda_graph.warmup_steps, r->device);
+  build_rerun_engine(*r);
+  return r;
+}
+
+}  // namespace fp8tron
