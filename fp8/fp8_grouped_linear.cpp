@@ -1,5 +1,4 @@
 #include "fp8/fp8_grouped_linear.h"
-#include "fp8/wgrad_fusion.h"
 
 #include <ATen/ExpandUtils.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -35,8 +34,8 @@ std::vector<int64_t> row_begins(const Splits& splits) {
 bool is_bf16(const torch::Tensor& t) { return t.scalar_type() == torch::kBFloat16; }
 
 // The fp32 main gradient the wgrad GEMM may write into (gradient-accumulation fusion), or undefined.
-torch::Tensor main_grad_of(const torch::Tensor& weight_param) {
-  if (!weight_param.defined() || !weight_param.is_cuda() || !gradient_accumulation_fusion()) return {};
+torch::Tensor main_grad_of(const torch::Tensor& weight_param, bool fusion) {
+  if (!weight_param.defined() || !weight_param.is_cuda() || !fusion) return {};
   torch::Tensor g = weight_param.grad();
   const bool ok = g.defined() && g.scalar_type() == torch::kFloat32 && g.is_contiguous() &&
                   g.sizes() == weight_param.sizes();
@@ -295,6 +294,7 @@ struct GroupedLinearBackward : public torch::autograd::Node {
   torch::TensorOptions weight_options;
   int64_t in_features = 0, out_features = 0;
   Bf16GroupedBackend bf16_backend = Bf16GroupedBackend::kCublasLt;
+  bool fusion = true;  // gradient-accumulation fusion: wgrads into the weights' fp32 main gradients
 
   size_t experts() const { return splits.size(); }
   std::string name() const override { return "GroupedLinearBackward"; }
@@ -375,7 +375,7 @@ struct GroupedLinearBackward : public torch::autograd::Node {
       }
       const torch::Tensor x_e = input_hp.narrow(0, begin[e], splits[e]), dy_e = dy.narrow(0, begin[e], splits[e]);
       const bool lt = dy.is_cuda() && is_bf16(dy) && is_bf16(input_hp);
-      const torch::Tensor main_grad = lt ? main_grad_of(param) : torch::Tensor();
+      const torch::Tensor main_grad = lt ? main_grad_of(param, fusion) : torch::Tensor();
       if (!lt || (!main_grad.defined() && !is_bf16(weights[e]))) {
         out[1 + e] = at::mm(dy_e.t(), x_e).to(weight_dtype);  // addmm's mat2 backward, bit for bit
         continue;
@@ -422,7 +422,7 @@ struct GroupedLinearBackward : public torch::autograd::Node {
         dy = dswiglu;
         swiglu_h = deferred_swiglu_input;
       } else {
-        dy = swiglu_backward(dswiglu, deferred_swiglu_input);
+        dy = e.swiglu_backward(dswiglu, deferred_swiglu_input);
       }
     }
     torch::Tensor db;
@@ -437,7 +437,7 @@ struct GroupedLinearBackward : public torch::autograd::Node {
     } else if (quantize_dy) {
       high_precision_gemms(*dyq, need_dx, out);
     }
-    if (need_dx && swiglu_input.defined()) out[0] = swiglu_backward(out[0], swiglu_input);
+    if (need_dx && swiglu_input.defined()) out[0] = e.swiglu_backward(out[0], swiglu_input);
     if (need_dx && swiglu_deferred && !out[0].is_same(packed_dx_)) out[0] = pack_for_producer(out[0]);
     if (fused_db) {
       for (size_t i = 0; i < experts(); ++i)
@@ -462,7 +462,7 @@ struct GroupedLinearBackward : public torch::autograd::Node {
     for (size_t i = 0; i < experts(); ++i) {
       if (!need_dw(i)) continue;
       Fp8Site& site = *sites[i];
-      const torch::Tensor main_grad = main_grad_of(weight_params[i]);
+      const torch::Tensor main_grad = main_grad_of(weight_params[i], fusion);
       // With the optimizer not zeroing these gradients, the step's first backward overwrites.
       const bool overwrite = main_grad.defined() && e.overwrite_main_grads() &&
                              site.main_grad_generation != e.weight_generation();
@@ -571,11 +571,13 @@ void check_inputs(const torch::Tensor& x, const Splits& splits, const std::vecto
 
 torch::Tensor grouped_linear(const torch::Tensor& x_in, const std::vector<int64_t>& splits,
                              const std::vector<torch::Tensor>& weights, const std::vector<torch::Tensor>& biases,
-                             const std::vector<Fp8Site*>& sites, Bf16GroupedBackend bf16_backend, Prologue prologue) {
+                             const std::vector<Fp8Site*>& sites, Bf16GroupedBackend bf16_backend, Prologue prologue,
+                             bool gradient_accumulation_fusion) {
   FP8TRON_CHECK(prologue == Prologue::kNone || prologue == Prologue::kSwiglu, "grouped_linear: the only prologue is SwiGLU");
   check_inputs(x_in, splits, weights, biases, sites, prologue);
   if (sites.empty() && prologue == Prologue::kSwiglu)  // bf16: the SwiGLU as differentiable torch ops
-    return grouped_linear(torch_swiglu(x_in), splits, weights, biases, sites, bf16_backend);
+    return grouped_linear(torch_swiglu(x_in), splits, weights, biases, sites, bf16_backend, Prologue::kNone,
+                          gradient_accumulation_fusion);
   const size_t n = weights.size();
   const bool grad_mode = torch::GradMode::is_enabled();
   bool need_dw = false, track = grad_mode && x_in.requires_grad();
@@ -585,6 +587,7 @@ torch::Tensor grouped_linear(const torch::Tensor& x_in, const std::vector<int64_
   }
   const torch::Tensor x = x_in.detach().contiguous();
   auto node = std::shared_ptr<GroupedLinearBackward>(new GroupedLinearBackward(), torch::autograd::deleteNode);
+  node->fusion = gradient_accumulation_fusion;
   torch::Tensor y;
   {
     torch::NoGradGuard no_grad;

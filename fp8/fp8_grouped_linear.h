@@ -61,7 +61,7 @@ torch::Tensor grouped_linear(const torch::Tensor& x, const std::vector<int64_t>&
                              const std::vector<torch::Tensor>& weights, const std::vector<torch::Tensor>& biases,
                              const std::vector<Fp8Site*>& sites,
                              Bf16GroupedBackend bf16_backend = Bf16GroupedBackend::kCublasLt,
-                             Prologue prologue = Prologue::kNone);
+                             Prologue prologue = Prologue::kNone, bool gradient_accumulation_fusion = true);
 
 // Whether the grouped linear that produced h (fc1) applies the SwiGLU backward of the one that
 // consumed it (fc2): the hand-over above. For tests and diagnostics; false once the backward ran.

@@ -1,7 +1,6 @@
 #include "fp8/fp8_linear.h"
 #include "fp8/norm_backward.h"
 #include "fp8/swiglu_backward.h"
-#include "fp8/wgrad_fusion.h"
 
 #include <ATen/cuda/CUDAContext.h>
 #include <torch/csrc/autograd/function.h>
@@ -74,7 +73,7 @@ void record_cast_stats(Fp8Engine& e, const Fp8Site& site, TensorRole role, Forma
     case Prologue::kSwigluBackward: {
       auto h = torch::from_blob(const_cast<uint16_t*>(fusion.aux), {xb.size(0), 2 * xb.size(1)},
                                 floats.dtype(torch::kBFloat16));
-      values = swiglu_backward(xb, h);
+      values = e.swiglu_backward(xb, h);
       break;
     }
     case Prologue::kLayerNorm: {
@@ -373,7 +372,7 @@ struct Fp8LinearBackward : public torch::autograd::Node {
         fusion.prologue = Prologue::kSwigluBackward;
         fusion.aux = static_cast<const uint16_t*>(swiglu_input.data_ptr());
       } else {
-        dy = swiglu_backward(dswiglu, swiglu_input);
+        dy = e.swiglu_backward(dswiglu, swiglu_input);
       }
     }
     // The bias gradient comes out of the cast kernel when it can (one read of dY fewer).
@@ -396,7 +395,7 @@ struct Fp8LinearBackward : public torch::autograd::Node {
         out[0] = packed;
       } else if (swiglu) {
         out[0] = gemm(e, *dyq, false, *weight, true, {}, GemmKind::kDgrad, input_dtype);
-        out[0] = swiglu_backward(out[0], activation_input.reshape({-1, 2 * site->in_features})).view(input_shape);
+        out[0] = e.swiglu_backward(out[0], activation_input.reshape({-1, 2 * site->in_features})).view(input_shape);
       } else {
         out[0] = gemm(e, *dyq, false, *weight, true, {}, GemmKind::kDgrad, input_dtype).view(input_shape);
         // GeLU's derivative, unless the producing FP8 linear applies it (activation_input unset).
@@ -405,7 +404,7 @@ struct Fp8LinearBackward : public torch::autograd::Node {
       if (norm) {
         const int64_t rows = norm->input.size(0), h = norm->input.size(1);
         // The installed norm backward (fp8/norm_backward.h): the models' fused kernel on GPUs.
-        const auto g = norm_backward({out[0].reshape({rows, h}), norm->input, norm->mean, norm->rstd, norm->gamma,
+        const auto g = e.norm_backward({out[0].reshape({rows, h}), norm->input, norm->mean, norm->rstd, norm->gamma,
                                       norm->beta, need_dgamma, need_dbeta});
         const torch::Tensor dx = task_should_compute_output(0) ? g.dx : torch::Tensor();
         out[3] = g.dgamma;
@@ -419,7 +418,7 @@ struct Fp8LinearBackward : public torch::autograd::Node {
       // (AccumulateGrad then has nothing to add, and its hooks still run). Saves writing dW in
       // bf16 and the separate read-add-write of the fp32 buffer.
       const torch::Tensor main_grad = weight_param.defined() ? weight_param.grad() : torch::Tensor();
-      if (path_of(e) == Path::kNative && gradient_accumulation_fusion() && main_grad.defined() &&
+      if (path_of(e) == Path::kNative && e.options().gradient_accumulation_fusion && main_grad.defined() &&
           main_grad.scalar_type() == torch::kFloat32 &&
           main_grad.is_contiguous() && main_grad.sizes() == weight_param.sizes()) {
         // With the optimizer not zeroing these gradients, the step's first backward overwrites.
@@ -437,7 +436,7 @@ struct Fp8LinearBackward : public torch::autograd::Node {
       // output.
       torch::Tensor g = dy;
       if (!fused_db && fusion.prologue == Prologue::kGeluTanhBackward) g = at::gelu_backward(dy, gelu_input, "tanh");
-      if (!fused_db && fusion.prologue == Prologue::kSwigluBackward) g = swiglu_backward(dy, swiglu_input);
+      if (!fused_db && fusion.prologue == Prologue::kSwigluBackward) g = e.swiglu_backward(dy, swiglu_input);
       out[2] = (fused_db ? db : g.sum(0, false, torch::kFloat32)).to(bias_dtype);
     }
     release_variables();
@@ -606,8 +605,25 @@ std::vector<Fp8Engine::CastStats> Fp8Engine::take_stats() {
 }
 
 GemmHandle& Fp8Engine::gemm_handle() {
-  if (!gemm_) gemm_ = std::make_unique<GemmHandle>();
+  if (!gemm_) {
+    GemmHandleOptions o;
+    o.algo_selection = options_.autotune_gemms ? AlgoSelection::kAutotune : AlgoSelection::kHeuristic;
+    gemm_ = std::make_unique<GemmHandle>(o);
+  }
   return *gemm_;
+}
+
+void Fp8Engine::use_backward_kernels(NormBackwardFn norm, SwigluBackwardFn swiglu) {
+  if (norm) norm_backward_ = norm;
+  if (swiglu) swiglu_backward_ = swiglu;
+}
+
+NormBackwardGrads Fp8Engine::norm_backward(const NormBackwardInputs& in) const {
+  return norm_backward_ ? norm_backward_(in) : torch_norm_backward(in);
+}
+
+torch::Tensor Fp8Engine::swiglu_backward(const torch::Tensor& grad, const torch::Tensor& h) const {
+  return swiglu_backward_ ? swiglu_backward_(grad, h) : torch_swiglu_backward(grad, h);
 }
 
 std::string Fp8Engine::describe() const {

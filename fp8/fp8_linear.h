@@ -29,8 +29,10 @@
 #include <string>
 #include <vector>
 
+#include "fp8/norm_backward.h"
 #include "fp8/quantize.h"
 #include "fp8/recipe.h"
+#include "fp8/swiglu_backward.h"
 
 namespace fp8tron::fp8 {
 
@@ -46,6 +48,12 @@ struct Fp8EngineOptions {
   int64_t bf16_first_layers = 0, bf16_last_layers = 0, num_layers = 0;
   // --deterministic-mode: no atomically accumulated bias gradients.
   bool deterministic = false;
+  // Gradient-accumulation fusion (Megatron's, --no-gradient-accumulation-fusion turns it off): on
+  // the native path the wgrad GEMMs accumulate into the weights' fp32 main gradients.
+  bool gradient_accumulation_fusion = true;
+  // Whether the GEMMs' algorithms are timed on first use (fp8/gemm.h's AlgoSelection::kAutotune)
+  // or taken from cuBLASLt's heuristic (the same kernels in every run: --deterministic-mode).
+  bool autotune_gemms = true;
 };
 
 // Replaces row 0 of the amax history (a [num_slots] fp32 tensor) by its maximum over the ranks
@@ -137,6 +145,12 @@ class Fp8Engine {
   void set_steps(uint64_t steps) { steps_ = steps; }
 
   GemmHandle& gemm_handle();
+  // The backward kernels of the norm and the SwiGLU that the casts fuse (fp8/norm_backward.h,
+  // fp8/swiglu_backward.h): torch's unless the model supplies faster ones, as its modules do when
+  // they register a site that fuses them.
+  void use_backward_kernels(NormBackwardFn norm, SwigluBackwardFn swiglu);
+  NormBackwardGrads norm_backward(const NormBackwardInputs& in) const;
+  torch::Tensor swiglu_backward(const torch::Tensor& grad, const torch::Tensor& h) const;
   // One log line describing the recipe, the path (native / emulated / CPU) and the bf16 sites.
   std::string describe() const;
 
@@ -171,6 +185,8 @@ class Fp8Engine {
   bool overwrite_main_grads_ = false;
   torch::Tensor history_, scale_, scale_inv_;
   std::unique_ptr<GemmHandle> gemm_;
+  NormBackwardFn norm_backward_ = nullptr;
+  SwigluBackwardFn swiglu_backward_ = nullptr;
   bool collect_stats_ = false;
   // (site index, role) -> [amax, underflows, overflows, elements] (fp64, on the device)
   std::map<std::pair<size_t, int>, torch::Tensor> stats_;

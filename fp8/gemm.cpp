@@ -350,49 +350,15 @@ GemmHandle::GemmHandle(size_t workspace_bytes) : GemmHandle([&] {
   return o;
 }()) {}
 
-namespace {
-
-// The live handles, for GemmHandle::reserve_workspaces.
-struct LiveHandles {
-  std::mutex mutex;
-  std::vector<GemmHandle*> handles;
-};
-LiveHandles& live_handles() {
-  static LiveHandles* live = new LiveHandles();  // never destroyed: handles may outlive static destruction order
-  return *live;
-}
-
-}  // namespace
-
-void GemmHandle::reserve_workspaces(int device, CUstream_st* stream) {
-  LiveHandles& live = live_handles();
-  std::lock_guard<std::mutex> lock(live.mutex);
-  for (GemmHandle* h : live.handles)
-    if (h->device() == device) h->reserve_workspace(stream);
-}
-
 GemmHandle::GemmHandle(const GemmHandleOptions& options) : impl_(std::make_unique<Impl>()) {
   FP8TRON_CUDA_CHECK(cudaGetDevice(&impl_->device));
   impl_->options = options;
-  if (const char* env = std::getenv("FP8TRON_GEMM_AUTOTUNE"); env != nullptr && *env != '\0') {
-    const std::string v(env);
-    FP8TRON_CHECK(v == "0" || v == "1", "FP8TRON_GEMM_AUTOTUNE must be 0 or 1, not '" + v + "'");
-    impl_->options.algo_selection = v == "1" ? AlgoSelection::kAutotune : AlgoSelection::kHeuristic;
-  }
   FP8TRON_CHECK(impl_->options.max_candidates >= 1 && impl_->options.tuning_iterations >= 1,
                 "GemmHandleOptions: max_candidates and tuning_iterations must be >= 1");
   FP8TRON_CUBLAS_CHECK(cublasLtCreate(&impl_->lt));
-  LiveHandles& live = live_handles();  // last: a constructor that threw registers nothing
-  std::lock_guard<std::mutex> lock(live.mutex);
-  live.handles.push_back(this);
 }
 
 GemmHandle::~GemmHandle() {
-  {
-    LiveHandles& live = live_handles();
-    std::lock_guard<std::mutex> lock(live.mutex);
-    live.handles.erase(std::remove(live.handles.begin(), live.handles.end(), this), live.handles.end());
-  }
   if (!impl_) return;
   int current = 0;
   const bool switch_device = cudaGetDevice(&current) == cudaSuccess && current != impl_->device;

@@ -65,16 +65,15 @@
 // first choice is cached), so run every GEMM once before capturing. kHeuristic always takes the
 // heuristic's first choice, as Transformer Engine and torch._scaled_mm do: the same kernel in every
 // run and on every rank (autotuned choices may differ between runs, and kernels differ in rounding).
-// FP8TRON_GEMM_AUTOTUNE=0 or 1 in the environment overrides the option. plan_infos() reports each
-// plan's candidates, their timings and the choice.
+// plan_infos() reports each plan's candidates, their timings and the choice.
 //
 // Bucketed plans (grouped GEMMs: one GEMM per MoE expert, token counts that change every call):
 // GemmConfig::bucket names the dimension that varies (n: the rows of X in gemm_nt, i.e. fprop and
 // dgrad; k: the reduction, i.e. wgrad over tokens). The plan is then keyed by gemm_bucket(that
 // dimension) instead of its value (and by pointer alignments capped at 16 bytes, which every
 // expert's slice of an FP8 tensor has), created once per bucket with the heuristic's first choice
-// for the bucket's upper bound, never autotuned (whatever FP8TRON_GEMM_AUTOTUNE says: timing
-// every bucket would stall the first steps), and each call runs that algorithm with layouts of
+// for the bucket's upper bound, never autotuned (whatever the options say: timing every bucket
+// would stall the first steps), and each call runs that algorithm with layouts of
 // its exact size initialised on the stack. Should cuBLASLt refuse the bucket's algorithm for an
 // exact size (it checks every call), that call falls back to a plan for its exact size (the
 // heuristic's first choice), counted in GemmPlanInfo::bucket_misses.
@@ -187,15 +186,13 @@ class GemmHandle {
   GemmHandle& operator=(const GemmHandle&) = delete;
 
   int device() const;
-  const GemmHandleOptions& options() const;  // after the FP8TRON_GEMM_AUTOTUNE override
+  const GemmHandleOptions& options() const;
   size_t cached_plans() const;
   // Every cached plan, in creation order.
   std::vector<GemmPlanInfo> plan_infos() const;
-  // Allocates the workspace for `stream` now (call before capturing a CUDA graph on it).
+  // Allocates the workspace for `stream` now: a CUDA graph's capture cannot call cudaMalloc, so
+  // the owner of a handle a captured step uses calls this before capturing on that stream.
   void reserve_workspace(CUstream_st* stream);
-  // Every live handle of `device` reserves its workspace for `stream`: a capture cannot call
-  // cudaMalloc, and the trainer's full-iteration graph runs whichever handles the model uses.
-  static void reserve_workspaces(int device, CUstream_st* stream);
 
   struct Impl;
 

@@ -1,18 +1,6 @@
 #include "fp8/norm_backward.h"
 
-#include <atomic>
-
 namespace fp8tron::fp8 {
-namespace {
-std::atomic<NormBackwardFn> installed{nullptr};
-}  // namespace
-
-void install_norm_backward(NormBackwardFn fn) { installed.store(fn); }
-
-NormBackwardGrads norm_backward(const NormBackwardInputs& in) {
-  const NormBackwardFn fn = installed.load();
-  return fn ? fn(in) : torch_norm_backward(in);
-}
 
 NormBackwardGrads torch_norm_backward(const NormBackwardInputs& in) {
   const int64_t rows = in.input.size(0), h = in.input.size(1);

@@ -1,10 +1,10 @@
 // The backward of the LayerNorm / RMSNorm that fp8_norm_linear fuses into its input's cast (and the
 // overlapped FP8 op, models/linear/linear_kernels_fp8.h): torch's native_layer_norm_backward /
-// _fused_rms_norm_backward unless a faster one is installed. The models library installs its own
-// fused norm kernel (models/norm/residual_norm.h), which fp8/ cannot link against: fp8/ sits below
-// models/ in the layering. The installed function must be a drop-in: the same gradients to within
-// rounding, for any rows it accepts; it falls back to torch_norm_backward itself where its kernel
-// does not apply.
+// _fused_rms_norm_backward unless the engine is given a faster one (Fp8Engine::use_backward_kernels).
+// The models library gives its own fused norm kernel (models/norm/residual_norm.h), which fp8/
+// cannot link against: fp8/ sits below models/ in the layering. That function must be a drop-in:
+// the same gradients to within rounding, for any rows it accepts; it falls back to
+// torch_norm_backward itself where its kernel does not apply.
 #pragma once
 #include <torch/torch.h>
 
@@ -23,11 +23,6 @@ struct NormBackwardGrads {
 
 using NormBackwardFn = NormBackwardGrads (*)(const NormBackwardInputs&);
 
-// Installs `fn` for every later backward (nullptr: torch's again). Idempotent; call before training.
-void install_norm_backward(NormBackwardFn fn);
-
-// The installed norm backward, or torch's.
-NormBackwardGrads norm_backward(const NormBackwardInputs& in);
 
 // torch's kernels.
 NormBackwardGrads torch_norm_backward(const NormBackwardInputs& in);

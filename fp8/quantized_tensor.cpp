@@ -147,7 +147,7 @@ std::shared_ptr<QuantizedSegments> quantize_grouped(Fp8Engine& e, const std::vec
                      (!backward || (x2d.size(1) % 128 == 0 && x2d.scalar_type() == torch::kBFloat16 &&
                                     swiglu_input.scalar_type() == torch::kBFloat16));
   if (prologue != Prologue::kNone && !fused) {
-    const torch::Tensor values = backward ? swiglu_backward(x2d, swiglu_input) : torch_swiglu(x2d);
+    const torch::Tensor values = backward ? e.swiglu_backward(x2d, swiglu_input) : torch_swiglu(x2d);
     return quantize_grouped(e, sites, role, values, rows, rowwise, transposed, record_amax, column_sums);
   }
   const Recipe& recipe = e.recipe();
@@ -184,7 +184,7 @@ std::shared_ptr<QuantizedSegments> quantize_grouped(Fp8Engine& e, const std::vec
   const CudaStream stream = cpu ? nullptr : current_stream(x2d.device());
   if (total > 0) cpu ? reference::quantize_segments(x, l, v, cast) : quantize_segments(x, l, v, cast, stream);
   if (e.collecting_stats()) {
-    const torch::Tensor values = prologue == Prologue::kSwiglu ? torch_swiglu(xb) : backward ? swiglu_backward(xb, aux) : xb;
+    const torch::Tensor values = prologue == Prologue::kSwiglu ? torch_swiglu(xb) : backward ? e.swiglu_backward(xb, aux) : xb;
     record_segment_stats(e, sites, role, values, rows, *q);
   }
   if (path != Path::kNative) dequantize_copies(*q, cpu, stream);

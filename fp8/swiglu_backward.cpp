@@ -1,18 +1,6 @@
 #include "fp8/swiglu_backward.h"
 
-#include <atomic>
-
 namespace fp8tron::fp8 {
-namespace {
-std::atomic<SwigluBackwardFn> installed{nullptr};
-}  // namespace
-
-void install_swiglu_backward(SwigluBackwardFn fn) { installed.store(fn); }
-
-torch::Tensor swiglu_backward(const torch::Tensor& grad, const torch::Tensor& h) {
-  const SwigluBackwardFn fn = installed.load();
-  return fn ? fn(grad, h) : torch_swiglu_backward(grad, h);
-}
 
 torch::Tensor torch_swiglu_backward(const torch::Tensor& grad, const torch::Tensor& h) {
   auto halves = h.chunk(2, -1);

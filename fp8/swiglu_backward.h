@@ -1,10 +1,11 @@
 // The backward of the SwiGLU that fp8_linear fuses into its input's cast (Prologue::kSwiglu): the
 // gradient of fc1's output h = [gate | up] ([rows, 2f]) from the gradient of silu(gate) * up
 // ([rows, f]). torch's ops (silu_backward, two muls, the cat; five kernels and bf16 temporaries)
-// unless a faster one is installed. The models library installs its fused kernel
-// (models/mlp/fused_swiglu.h), which fp8/ cannot link against: fp8/ sits below models/ in the
-// layering. The installed function must be a drop-in: the same gradient to within rounding, for any
-// input; it falls back to torch_swiglu_backward itself where its kernel does not apply.
+// unless the engine is given a faster one (Fp8Engine::use_backward_kernels). The models library
+// gives its fused kernel (models/mlp/fused_swiglu.h), which fp8/ cannot link against: fp8/ sits
+// below models/ in the layering. That function must be a drop-in: the same gradient to within
+// rounding, for any input; it falls back to torch_swiglu_backward itself where its kernel does not
+// apply.
 #pragma once
 #include <torch/torch.h>
 
@@ -12,11 +13,6 @@ namespace fp8tron::fp8 {
 
 using SwigluBackwardFn = torch::Tensor (*)(const torch::Tensor& grad, const torch::Tensor& h);
 
-// Installs `fn` for every later backward (nullptr: torch's again). Idempotent; call before training.
-void install_swiglu_backward(SwigluBackwardFn fn);
-
-// The installed SwiGLU backward, or torch's.
-torch::Tensor swiglu_backward(const torch::Tensor& grad, const torch::Tensor& h);
 
 // torch's ops: cat(silu_backward(grad * up, gate), grad * silu(gate)).
 torch::Tensor torch_swiglu_backward(const torch::Tensor& grad, const torch::Tensor& h);

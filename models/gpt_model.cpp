@@ -73,7 +73,9 @@ SelfAttentionImpl::SelfAttentionImpl(const ModelConfig& m, const std::string& pr
   }
   linear_proj = register_module(
       "linear_proj",
-      TERowParallelLinear(LinearOptions{q, m.hidden_size, m.add_bias_linear, output_std(m), 1, prefix + ".linear_proj"}, f));
+      TERowParallelLinear(LinearOptions{q, m.hidden_size, m.add_bias_linear, output_std(m), 1, prefix + ".linear_proj",
+                                        false, true, /*defer_bias=*/true},
+                          f));
   // Under context parallelism the tokens are this rank's shard: their own positions.
   const auto& cp = f.cp();
   const torch::Tensor positions = cp.enabled() ? cp_positions(m.seq_length, cp.size(), cp.rank()) : torch::Tensor();
@@ -129,8 +131,20 @@ MlpImpl::MlpImpl(const ModelConfig& m, const std::string& prefix, const ModuleFa
                                                     f));
   linear_fc2 = register_module(
       "linear_fc2", TERowParallelLinear(LinearOptions{m.ffn_hidden_size, m.hidden_size, m.add_bias_linear, output_std(m), 1,
-                                                      prefix + ".linear_fc2"},
+                                                      prefix + ".linear_fc2", false, true, /*defer_bias=*/true},
                                         f));
+  // The bf16 GeLU MLP as one op (fc1's GEMM with its bias and the GeLU, fc2's GEMM; its norm too on
+  // one rank) where both linears run the plain path, unless --no-bias-gelu-fusion.
+  fused_gelu_mlp_ = m.bias_gelu_fusion && !m.swiglu && !m.squared_relu && linear_fc1->plan().path == LinearPath::kPlain &&
+                    linear_fc2->plan().path == LinearPath::kPlain;
+}
+
+std::string MlpImpl::describe_plan() const {
+  if (fused_gelu_mlp_) return "fc1 + GeLU + fc2 as one op (the fused GeLU MLP), its norm in it on one rank";
+  if (squared_relu_) return "squared ReLU between fc1 and fc2 (torch's ops)";
+  const bool fp8 = linear_fc2->plan().fp8();
+  if (swiglu_) return fp8 ? "SwiGLU fused into fc2's FP8 input cast" : "SwiGLU kernel (with fc2 in one op on one rank)";
+  return fp8 ? "GeLU fused into fc2's FP8 input cast" : "GeLU (torch's op) between fc1 and fc2";
 }
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
@@ -167,8 +181,7 @@ DeferredBiasOutput MlpImpl::activation_and_fc2(const torch::Tensor& h, bool defe
 
 bool MlpImpl::fused_gelu_applies(const torch::Tensor& x) const {
   // The norm and the all-gather keep x's dtype, device and width: x stands for fc1's GEMM input.
-  const auto& fc1 = *linear_fc1;
-  return bias_gelu_fusion_ && !swiglu_ && !squared_relu_ && !fc1.fp8_site && !fc1.overlapped && linear_fc2->fused_gelu_mlp_applies(x, fc1.weight, fc1.bias);
+  return fused_gelu_mlp_ && linear_fc2->fused_gelu_mlp_applies(x, linear_fc1->weight, linear_fc1->bias);
 }
 
 // ---- layer -------------------------------------------------------------------------------------------
@@ -179,6 +192,7 @@ TransformerLayerImpl::TransformerLayerImpl(const ModelConfig& m, const std::stri
 TransformerLayerImpl::TransformerLayerImpl(const ModelConfig& m, const std::string& prefix, int64_t layer,
                                            const ModuleFactory& f, std::shared_ptr<MoeContext> moe_context, bool moe_mlp)
     : hidden_dropout_(m.hidden_dropout),
+      main_grads_(f.main_grads()),
       recompute_mlp_(m.recompute.selective(&RecomputeModules::mlp)),
       recompute_layernorm_(m.recompute.selective(&RecomputeModules::layernorm)) {
   if (m.mla.enabled) {
@@ -207,7 +221,7 @@ ResidualOutput TransformerLayerImpl::normed(TELayerNorm& norm, const ResidualStr
     const auto r = norm->forward_residual(in);
     return {r.sum, consumer(r.normed)};
   }
-  const auto x = in.sum();
+  const auto x = in.sum(main_grads_);
   OutputDiscardingRecompute checkpoint;
   // Called again in backward: captures the module holder (the model outlives its graphs).
   auto y = checkpoint.run_one([norm](const torch::Tensor& in) mutable { return norm(in); }, x);
@@ -228,7 +242,7 @@ ResidualOutput TransformerLayerImpl::mlp_or_moe(const ResidualStream& in, bool d
   if (!recompute_mlp_ || !is_training()) return mlp->forward_residual(in, defer_bias);
   // --recompute-modules mlp: only the MLP's input is kept (the module outlives its graphs), so its
   // norm stays inside the recomputed function and the add runs first.
-  const auto h = in.sum();
+  const auto h = in.sum(main_grads_);
   return {h, recompute([this](const std::vector<torch::Tensor>& x) { return mlp(x[0]); }, {h})};
 }
 
@@ -247,16 +261,17 @@ ResidualStream TransformerLayerImpl::forward_stream(const ResidualStream& in, co
 }
 
 torch::Tensor TransformerLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& attention_mask) {
-  return forward_stream({x, {}}, attention_mask).sum();
+  return forward_stream({x, {}}, attention_mask).sum(main_grads_);
 }
 
 // ---- model -------------------------------------------------------------------------------------------
 GptModelImpl::GptModelImpl(const ModelConfig& m) : GptModelImpl(m, no_tensor_parallel(), StageSpec::whole(m)) {}
 
 GptModelImpl::GptModelImpl(const ModelConfig& m, const TensorParallelContext& tp, const StageSpec& stage,
-                           std::shared_ptr<fp8::Fp8Engine> fp8, std::shared_ptr<MoeContext> moe, ContextParallelContext cp)
-    : config_(m), tp_(tp), cp_(std::move(cp)), stage_(stage), moe_(std::move(moe)) {
-  const ModuleFactory f(m.seed, tp, std::move(fp8), cp_);
+                           std::shared_ptr<fp8::Fp8Engine> fp8, std::shared_ptr<MoeContext> moe, ContextParallelContext cp,
+                           MainGradsPtr main_grads)
+    : config_(m), tp_(tp), cp_(std::move(cp)), stage_(stage), moe_(std::move(moe)), main_grads_(std::move(main_grads)) {
+  const ModuleFactory f(m.seed, tp, std::move(fp8), cp_, main_grads_);
   if (m.moe.enabled() && !moe_) {
     FP8TRON_CHECK(tp.size == 1, "a tensor-parallel MoE model needs its MoE context (the expert-parallel groups)");
     moe_ = std::make_shared<MoeContext>(m.moe, moe_metric_layers(m), ExpertParallelGroups::single_process());
@@ -336,7 +351,7 @@ torch::Tensor GptModelImpl::embed(const torch::Tensor& tokens, const torch::Tens
   auto t = tokens.t();  // [s, b]
   const int64_t vocab_start = tp_.rank * (config_.padded_vocab_size / tp_.size);
   // One rank holds the whole vocabulary: the lookup whose backward sums into the main gradient.
-  auto h = tp_.size == 1 ? embedding_lookup(t, word_embedding_weight())
+  auto h = tp_.size == 1 ? embedding_lookup(t, word_embedding_weight(), main_grads_)
                          : vocab_parallel_embedding(t, word_embedding_weight(), vocab_start, *tp_.comm);
   if (position_embeddings_) {
     auto table = position_embeddings_->named_parameters(false)["weight"];
@@ -435,7 +450,7 @@ torch::Tensor GptModelImpl::forward_stage(const torch::Tensor& input, const torc
     attention_mask = same.logical_and(torch::ones({s, s}, same.options()).tril()).unsqueeze(1);
   }
   const ResidualStream out = run_layers(h, attention_mask);
-  h = final_norm_here_ ? final_norm(out) : out.sum();
+  h = final_norm_here_ ? final_norm(out) : out.sum(main_grads_);
   if (!stage_.has_head) return h;
   auto per_token = token_losses(output_logits(h), labels);  // [s, b]
   auto mask = loss_mask.t().to(torch::kFloat32);
@@ -470,9 +485,9 @@ ResidualStream GptModelImpl::run_layers(const torch::Tensor& h, const torch::Ten
         [this, unit, attention_mask](const std::vector<torch::Tensor>& in) {
           ResidualStream x{in[0], {}};
           for (int64_t i = unit.begin; i < unit.end; ++i) x = layers_[size_t(i)]->forward_stream(x, attention_mask);
-          return x.sum();
+          return x.sum(main_grads_);
         },
-        {stream.sum()}, options);
+        {stream.sum(main_grads_)}, options);
     stream = {out, {}};
   }
   return stream;

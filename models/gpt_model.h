@@ -14,6 +14,7 @@
 #include <functional>
 
 #include "models/attention/core_attention.h"
+#include "models/attention/rotary.h"
 #include "models/linear/modules.h"
 #include "models/moe/moe_layer.h"
 #include "core/config/model_config.h"
@@ -52,6 +53,8 @@ class MlpImpl : public torch::nn::Module {
   // forward() of the stream's sum, the pending add fused into linear_fc1's norm where it can be;
   // with defer_bias, linear_fc2's bias left in out_bias where it can be (the fused GeLU MLP).
   ResidualOutput forward_residual(const ResidualStream& in, bool defer_bias = false);
+  // How the activation runs between fc1 and fc2 (--print-model-plan).
+  std::string describe_plan() const;
 
   TELayerNormColumnParallelLinear linear_fc1{nullptr};
   TERowParallelLinear linear_fc2{nullptr};
@@ -60,10 +63,11 @@ class MlpImpl : public torch::nn::Module {
   DeferredBiasOutput activation_and_fc2(const torch::Tensor& fc1_out, bool defer_bias);
 
   // The fused bf16 GeLU MLP (models/mlp/fused_gelu_mlp.h, TERowParallelLinear::
-  // forward_fused_gelu_mlp): on unless --no-bias-gelu-fusion, where both linears and the tensors
-  // allow it (x: the MLP's input).
+  // forward_fused_gelu_mlp): planned when the MLP is built; runs where the tensors fit (x: the
+  // MLP's input; the kernels need a GPU, bf16 and fp32 main gradients).
   bool fused_gelu_applies(const torch::Tensor& x) const;
   bool swiglu_, squared_relu_, bias_gelu_fusion_;
+  bool fused_gelu_mlp_ = false;
 };
 TORCH_MODULE(Mlp);
 
@@ -113,6 +117,7 @@ class TransformerLayerImpl : public torch::nn::Module {
   ResidualStream continue_stream(const ResidualOutput& sub_layer);
 
   double hidden_dropout_;
+  MainGradsPtr main_grads_;
   bool recompute_mlp_ = false;        // --recompute-modules mlp
   bool recompute_layernorm_ = false;  // --recompute-modules layernorm
 };
@@ -134,10 +139,12 @@ class GptModelImpl : public torch::nn::Module {
   // `fp8`: the engine the chunk's linear layers register with (null: bf16 GEMMs). `moe`: the MoE
   // state shared by the model's chunks (its groups, aux-loss scale, metrics); null in an MoE
   // model builds a single-process one. `cp`: context parallelism (inputs are then this rank's
-  // sequence shards, models/attention/context_parallel_attention.h).
+  // sequence shards, models/attention/context_parallel_attention.h). `main_grads`: how the
+  // kernels treat the fp32 main gradients (models/linear/main_grads.h; a model of its own, fusion
+  // on, by default).
   GptModelImpl(const ModelConfig& m, const TensorParallelContext& tp, const StageSpec& stage,
                std::shared_ptr<fp8::Fp8Engine> fp8 = nullptr, std::shared_ptr<MoeContext> moe = nullptr,
-               ContextParallelContext cp = {});
+               ContextParallelContext cp = {}, MainGradsPtr main_grads = make_main_grads());
   explicit GptModelImpl(const ModelConfig& m);  // whole model, one process
 
   // One pipeline chunk: tokens [b, s] (first stage) or hidden states from the previous stage in,
@@ -165,6 +172,7 @@ class GptModelImpl : public torch::nn::Module {
   const ModelConfig& config() const { return config_; }
   const StageSpec& stage() const { return stage_; }
   const std::shared_ptr<MoeContext>& moe_context() const { return moe_; }
+  const MainGradsPtr& main_grads() const { return main_grads_; }
   std::map<std::string, ParamInfo> param_infos() const { return collect_param_infos(*this); }
   // The tied word embedding (first stage) or its last-stage copy; undefined if untied.
   torch::Tensor shared_embedding_weight() const;
@@ -201,6 +209,7 @@ class GptModelImpl : public torch::nn::Module {
   ContextParallelContext cp_;
   StageSpec stage_;
   std::shared_ptr<MoeContext> moe_;
+  MainGradsPtr main_grads_;
   ParamsReadyHook params_ready_;
   std::shared_ptr<torch::nn::Module> embedding_;
   std::shared_ptr<ShardedModule> word_embeddings_, position_embeddings_;

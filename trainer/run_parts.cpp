@@ -12,8 +12,6 @@
 #include "data/loader/builtin_datasets.h"
 #include "data/loader/cyclic_source.h"
 #include "data/loader/file_source.h"
-#include "fp8/wgrad_fusion.h"
-#include "models/linear/main_grad_first_write.h"
 #include "models/linear/modules.h"
 #include "parallel/layer_split.h"
 #include "rerun/validation_calls.h"
@@ -115,6 +113,8 @@ void build_fp8_and_moe(RunParts& r, Timers& timers) {
     const Fp8Config& f = c.precision.fp8;
     fp8::Fp8EngineOptions o{*f.recipe, f.min_features, f.bf16_first_layers, f.bf16_last_layers, c.model.num_layers,
                             c.training.deterministic};
+    o.gradient_accumulation_fusion = c.precision.gradient_accumulation_fusion;
+    o.autotune_gemms = f.gemm_autotune;
     r.fp8 = std::make_shared<fp8::Fp8Engine>(o, r.device);
   }
   if (c.model.moe.enabled()) {
@@ -138,7 +138,7 @@ std::vector<NamedParam> build_chunks(RunParts& r) {
     StageSpec spec{plan.first_layer, plan.num_layers, plan.embedding, plan.loss};
     // Weights are drawn on the CPU in fp32 from (seed, name): every layout and device starts from
     // the same global weights; then they move to the device and the optimizer casts them.
-    GptModel chunk(c.model, tp, spec, r.fp8, r.moe, r.cp);
+    GptModel chunk(c.model, tp, spec, r.fp8, r.moe, r.cp, r.main_grads);
     chunk->to(r.device);
     chunk->train();
     chunk->set_per_token_loss(c.training.calculate_per_token_loss);
@@ -150,7 +150,7 @@ std::vector<NamedParam> build_chunks(RunParts& r) {
 }
 
 // The gradients the wgrad GEMMs write in a step's first backward leave the optimizer's zeroing.
-void skip_zeroing_gemm_written_grads(RunParts& r) {
+void skip_zeroing_gemm_written_grads(RunParts& r, bool first_writes) {
   const auto& p = r.config.precision;
   if (!p.grads_in_fp32 || !p.gradient_accumulation_fusion) return;
   std::vector<torch::Tensor> skipped;
@@ -159,19 +159,19 @@ void skip_zeroing_gemm_written_grads(RunParts& r) {
     for (const auto& site : r.fp8->sites()) skipped.push_back(site->parameter);
     r.fp8->set_overwrite_main_grads(true);
   }
-  if (r.device.is_cuda() && param_dtype(r.config) == torch::kBFloat16 && main_grad_first_write::enabled()) {
-    // So do the bf16 linears' (models/linear/main_grad_first_write.h).
+  if (r.device.is_cuda() && param_dtype(r.config) == torch::kBFloat16 && first_writes) {
+    // So do the bf16 linears' (models/linear/main_grads.h).
     std::vector<torch::Tensor> bf16;
     for (const auto& chunk : r.chunks)
       for (auto& param : gemm_written_params(*chunk)) bf16.push_back(param);
-    main_grad_first_write::own(bf16);
+    r.main_grads->own(bf16);
     skipped.insert(skipped.end(), bf16.begin(), bf16.end());
   }
   // Zeroing those 95% of the gradient buffer every step would be wasted bandwidth.
   if (!skipped.empty()) r.optimizer->skip_zeroing(skipped);
 }
 
-void build_optimizer(RunParts& r, std::vector<NamedParam> params) {
+void build_optimizer(RunParts& r, std::vector<NamedParam> params, bool first_writes) {
   const Config& c = r.config;
   const auto& d = c.distributed;
   std::vector<torch::Tensor> byte_params;
@@ -186,8 +186,7 @@ void build_optimizer(RunParts& r, std::vector<NamedParam> params) {
   r.optimizer->count_zeros(c.logging.log_num_zeros_in_grad);
   r.optimizer->set_qkv_rows({m.num_attention_heads / m.num_query_groups * m.kv_channels, m.kv_channels, m.kv_channels});
   if (d.overlap_grad_reduce) r.optimizer->enable_grad_overlap(d.bucket_numel);
-  set_gradient_accumulation_fusion(c.precision.gradient_accumulation_fusion);
-  skip_zeroing_gemm_written_grads(r);
+  skip_zeroing_gemm_written_grads(r, first_writes);
   if (d.overlap_param_gather) r.optimizer->enable_param_gather_overlap(d.bucket_numel);
   if (r.optimizer->param_gather_overlapped()) {
     MixedPrecisionOptimizer* optimizer = r.optimizer.get();
@@ -270,7 +269,7 @@ void build_rerun_engine(RunParts& r) {
 
 }  // namespace
 
-std::unique_ptr<RunParts> build_run_parts(const Config& c, bool force_single_process, Timers& timers) {
+std::unique_ptr<RunParts> build_run_parts(const Config& c, const TrainOptions& options, Timers& timers) {
   auto r = std::make_unique<RunParts>(c);
   if (r->device.is_cuda()) {
     c10::cuda::set_device(r->device.index());
@@ -278,7 +277,7 @@ std::unique_ptr<RunParts> build_run_parts(const Config& c, bool force_single_pro
   }
   // Before the first NCCL communicator and cuBLAS handle: it sets the environment they read.
   if (c.training.deterministic) r->deterministic.emplace(r->device);
-  r->parallel = make_parallel_state(c, force_single_process);
+  r->parallel = make_parallel_state(c, options.force_single_process);
   lock_save_dirs(*r);
   torch::manual_seed(c.training.seed + 100 * uint64_t(r->parallel.pp_rank));  // dropout streams, as Megatron seeds them
   build_context_parallel(*r);
@@ -287,7 +286,8 @@ std::unique_ptr<RunParts> build_run_parts(const Config& c, bool force_single_pro
     r->parallel.tp->set_wait_observer(r->tp_comm_timer);
   }
   build_fp8_and_moe(*r, timers);
-  build_optimizer(*r, build_chunks(*r));
+  r->main_grads = make_main_grads(c.precision.gradient_accumulation_fusion);
+  build_optimizer(*r, build_chunks(*r), options.main_grad_first_writes);
   find_expert_amax_slots(*r);
   build_pipeline(*r, timers);
   build_loaders(*r);

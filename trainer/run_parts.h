@@ -50,6 +50,9 @@ struct RunParts {
   std::vector<std::unique_ptr<checkpoint::SaveDirLock>> save_locks;  // rank 0: one job per --save
   std::shared_ptr<fp8::Fp8Engine> fp8;  // --fp8-format: every chunk's FP8 linears
   std::shared_ptr<MoeContext> moe;      // --num-experts: the chunks' MoE state
+  // How the chunks' kernels treat the fp32 main gradients: gradient-accumulation fusion and the
+  // wgrad GEMMs' first writes (models/linear/main_grads.h).
+  MainGradsPtr main_grads;
   torch::Tensor expert_amax_slots;      // FP8 slots of expert sites (their own amax group)
   std::vector<GptModel> chunks;  // this pipeline rank's model chunks (virtual stages)
   std::unique_ptr<Fp8ParamGather> fp8_param_gather;  // --fp8-param-gather
@@ -71,8 +74,9 @@ struct RunParts {
 };
 
 // Builds every part of the run (collective: every rank calls it). `timers` takes the MoE
-// dispatcher's timings; `force_single_process`: single-process groups even under a launcher.
-std::unique_ptr<RunParts> build_run_parts(const Config& c, bool force_single_process, Timers& timers);
+// dispatcher's timings; options.force_single_process: single-process groups even under a
+// launcher; options.main_grad_first_writes: off, every main gradient is zeroed before a step.
+std::unique_ptr<RunParts> build_run_parts(const Config& c, const TrainOptions& options, Timers& timers);
 
 // The dtype of the model's parameters (--bf16, --fp16, or fp32).
 torch::Dtype param_dtype(const Config& c);

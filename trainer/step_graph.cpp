@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "fp8/gemm.h"
+#include "fp8/grouped_gemm.h"
 
 namespace fp8tron {
 namespace {
@@ -89,8 +90,10 @@ void StepGraph::capture(int64_t micro_batches, const Pass& pass) {
   // has queued (the staged batches, the zeroed gradients), and the replay runs on the main stream.
   if (!capture_stream_) capture_stream_ = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, index);
   const c10::cuda::CUDAStream side = *capture_stream_;
-  // Nor can it allocate with cudaMalloc: our cuBLASLt handles' workspaces for that stream first.
-  fp8::GemmHandle::reserve_workspaces(index, side.stream());
+  // Nor can it allocate with cudaMalloc: the cuBLASLt handle a bf16 step uses (the bf16 linears'
+  // wgrad and the fused GeLU MLP's GEMMs) reserves its workspace for that stream first. FP8 steps,
+  // whose engine has a handle of its own, are not captured (trainer/cli/cuda_graph_args.cpp).
+  fp8::grouped_gemm_resources().handle.reserve_workspace(side.stream());
   at::cuda::CUDAEvent queued;
   queued.record(main);
   queued.block(side);

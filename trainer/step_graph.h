@@ -7,7 +7,7 @@
 // - the step's micro-batches are copied into static device buffers before each replay (stage());
 // - the pass's outputs (the loss sums) are the capture's tensors, overwritten by each replay;
 // - every host decision taken while the pass was captured is replayed as taken: the backward scale,
-//   which main gradients a GEMM writes first (models/linear/main_grad_first_write.h). The trainer graphs
+//   which main gradients a GEMM writes first (models/linear/main_grads.h). The trainer graphs
 //   only runs where those are the same every step (the refusals are in trainer/cli/cuda_graph_args.cpp).
 // The optimizer step, the gradient norm and the numerics checks stay outside the graph and run
 // eagerly after each replay, as in Megatron, where the graph wraps forward_backward_func only.

@@ -10,7 +10,6 @@
 #include "checkpoint/fault_points.h"
 #include "core/error.h"
 #include "core/log.h"
-#include "models/linear/main_grad_first_write.h"
 #include "trainer/cli/config_builder.h"
 #include "trainer/exit_signal.h"
 #include "trainer/profiling.h"
@@ -87,12 +86,8 @@ bool evaluation_due(const RunParts& parts, int64_t iteration) {
 TrainResult run_training(const Config& c, const TrainOptions& options) {
   std::unique_ptr<RunParts> owned;
   Timers timers(c.logging.timing_log_level, [&owned] { if (owned) owned->synchronize(); });
-  owned = build_run_parts(c, options.force_single_process, timers);
+  owned = build_run_parts(c, options, timers);
   RunParts& parts = *owned;
-  // The first-write registry holds this run's parameters until the run ends.
-  struct ReleaseFirstWrites {
-    ~ReleaseFirstWrites() { main_grad_first_write::own({}); }
-  } release_first_writes;
   RunProgress progress(c, parts.parallel.sizes.dp);
   RunReporter reporter(parts, progress, timers);
   reporter.log_start();
@@ -171,6 +166,7 @@ TrainResult run_training(const Config& c, const TrainOptions& options) {
   result.mtp_losses = reporter.mtp_history();
   result.consumed_samples = progress.consumed_train_samples;
   if (parts.step_graph) result.cuda_graph_replays = parts.step_graph->replayed();
+  result.main_grad_first_writes = parts.main_grads->granted();
   // Gathering every global weight to the host is for tests; a real run skips it.
   if (options.collect_final_weights) result.final_weights = global_weights(parts, &result.final_weights_sample);
   reporter.flush();

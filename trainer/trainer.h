@@ -22,6 +22,9 @@ struct TrainOptions {
   bool collect_initial_weights = false;
   // Return every iteration's gradient norm (grad_norms); real runs leave this off.
   bool collect_grad_norms = false;
+  // The bf16 linears' wgrad GEMMs write their main gradients in a step's first backward
+  // (models/linear/main_grads.h); off: every main gradient is zeroed before a step (tests compare).
+  bool main_grad_first_writes = true;
 };
 
 struct TrainResult {
@@ -38,6 +41,7 @@ struct TrainResult {
                                // a run resumed from a checkpoint counts the loaded iterations too)
   int64_t consumed_samples = 0;
   int64_t cuda_graph_replays = 0;  // --cuda-graph-impl full_iteration: the steps that replayed the graph
+  uint64_t main_grad_first_writes = 0;  // the wgrad GEMMs' first writes of main gradients
   std::vector<double> final_weights_sample;          // a few values, for determinism tests
   std::map<std::string, torch::Tensor> final_weights;    // with collect_final_weights
   std::map<std::string, torch::Tensor> initial_weights;  // with collect_initial_weights

@@ -7,7 +7,6 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/text.h"
-#include "models/linear/main_grad_first_write.h"
 #include "parallel/context_parallel.h"
 
 namespace fp8tron {
@@ -100,7 +99,7 @@ TrainingStep::Pass TrainingStep::forward_backward(int64_t iteration) {
   // registry keeps.
   const bool graphed = parts_.step_graph && parts_.step_graph->take_step(micro);
   parts_.optimizer->zero_grad();
-  if (!(graphed && parts_.step_graph->replays(micro))) main_grad_first_write::new_step();
+  if (!(graphed && parts_.step_graph->replays(micro))) parts_.main_grads->new_step();
   // Each micro-batch's loss is scaled by 1 / (micro-batches x data-parallel ranks) in backward, and
   // the data-parallel reduction then sums: the same mean gradient as Megatron's local average
   // followed by a data-parallel average, but every micro-batch's gradients have the same magnitude
@@ -142,7 +141,7 @@ TrainingStep::Pass TrainingStep::forward_backward(int64_t iteration) {
   if (parts_.pp_comm_timer) timers_.add("pp-comm-exposed", 1, parts_.pp_comm_timer->take_ms());
 
   timers_.start("optimizer", 1);
-  main_grad_first_write::zero_unwritten();  // before the reductions read them
+  parts_.main_grads->zero_unwritten();  // before the reductions read them
   parts_.optimizer->finalize_grads();
   if (parts_.moe) parts_.moe->end_step();  // expert-bias update from the step's token counts (Megatron: finalize_model_grads)
   // Averaged before the step: with --overlap-param-gather the step leaves the weights' all-gathers

@@ -25,6 +25,7 @@
 
 #include <memory>
 
+#include "models/attention/rotary.h"
 #include "models/linear/modules.h"
 #include "parallel/context_parallel.h"
 

@@ -16,12 +16,15 @@
 #pragma once
 #include <torch/torch.h>
 
+#include "models/linear/main_grads.h"
+
 namespace fp8tron {
 
+// `main_grads`: the model's (models/linear/main_grads.h; null: the ordinary linear).
 torch::Tensor linear_with_grad_accumulation_fusion(const torch::Tensor& x, const torch::Tensor& weight,
-                                                   const torch::Tensor& bias);
+                                                   const torch::Tensor& bias, const MainGradsPtr& main_grads);
 
 // Whether the fused linear applies to this weight (see above).
-bool grad_accumulation_fusion_applies(const torch::Tensor& x, const torch::Tensor& weight);
+bool grad_accumulation_fusion_applies(const torch::Tensor& x, const torch::Tensor& weight, const MainGrads& main_grads);
 
 }  // namespace fp8tron

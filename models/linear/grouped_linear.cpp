@@ -1,5 +1,6 @@
 #include "models/linear/grouped_linear.h"
 
+#include <algorithm>
 #include <numeric>
 
 #include "core/error.h"
@@ -16,7 +17,8 @@ std::shared_ptr<fp8::Fp8Engine> grouped_engine(const GroupedLinearOptions& o, co
 }
 }  // namespace
 
-TEGroupedLinearImpl::TEGroupedLinearImpl(const GroupedLinearOptions& o, const ModuleFactory& f) : options(o), tp(f.tp()) {
+TEGroupedLinearImpl::TEGroupedLinearImpl(const GroupedLinearOptions& o, const ModuleFactory& f)
+    : options(o), tp(f.tp()), main_grad_fusion(f.main_grads()->fusion()) {
   FP8TRON_CHECK(o.num_gemms >= 1, "TEGroupedLinear needs at least one GEMM");
   const bool column = o.parallel_mode == GroupedParallelMode::kColumn;
   FP8TRON_CHECK(column || o.interleave == 1, "interleaved blocks are a column-parallel layout");
@@ -102,7 +104,17 @@ torch::Tensor TEGroupedLinearImpl::run(const torch::Tensor& x, const std::vector
   std::vector<torch::Tensor> gemm_biases;
   for (size_t i = 0; i < weights.size(); ++i) gemm_biases.push_back(gemm_bias(i));
   return fp8::grouped_linear(x, m_splits, weights, gemm_biases, gemm_sites(), fp8::Bf16GroupedBackend::kCublasLt,
-                             prologue);
+                             prologue, main_grad_fusion);
+}
+
+std::string TEGroupedLinearImpl::describe_plan() const {
+  const size_t fp8 = size_t(std::count_if(fp8_sites.begin(), fp8_sites.end(), [](const auto& s) { return s != nullptr; }));
+  std::string what = fp8 == 0 ? "bf16 grouped GEMMs (cuBLASLt, bucketed plans)"
+                              : fp8 == fp8_sites.size() ? "FP8 grouped GEMMs, one cast for all experts"
+                                                        : "FP8 grouped GEMMs (some experts bf16)";
+  what += strprintf(" | %lld local experts", (long long)weights.size());
+  what += main_grad_fusion ? " | weight gradients: into their fp32 main gradients" : " | weight gradients: to autograd";
+  return what;
 }
 
 }  // namespace fp8tron

@@ -80,6 +80,11 @@ class TEGroupedLinearImpl : public ShardedModule {
   TensorParallelContext tp;
   std::vector<torch::Tensor> weights, biases;            // local expert i = weight<expert_offset + i>, bias<...>
   std::vector<std::shared_ptr<fp8::Fp8Site>> fp8_sites;  // one per expert; empty: bf16 GEMMs
+  // Gradient-accumulation fusion: the experts' wgrads into their fp32 main gradients (the model's
+  // setting, models/linear/main_grads.h).
+  bool main_grad_fusion = true;
+  // The experts' GEMMs (--print-model-plan).
+  std::string describe_plan() const;
 
  private:
   void check_splits(const torch::Tensor& x, const std::vector<int64_t>& m_splits) const;

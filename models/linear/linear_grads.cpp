@@ -4,14 +4,13 @@
 
 #include "fp8/gemm.h"
 #include "fp8/grouped_gemm.h"
-#include "models/linear/main_grad_first_write.h"
 
 namespace fp8tron {
 namespace {
 
 // dW [out, in] (+)= dY^T X in fp32 into the main gradient and, through the same GEMM call (cuBLASLt's
 // BGRADB epilogue: the sum of dY over tokens), db in fp32: written straight into the bias's main
-// gradient in a step's first write (models/linear/main_grad_first_write.h), else into a temporary that is
+// gradient in a step's first write (models/linear/main_grads.h), else into a temporary that is
 // added to it. On Hopper cuBLASLt runs the sum as a second kernel, still faster than torch's
 // reduction (1.43 vs 2.0 ms per GPT-2 124M step on an H100). The device's shared heuristic-choice
 // handle: the same kernels in every run, as at::addmm.
@@ -42,14 +41,16 @@ bool is_main_grad(const torch::Tensor& param) {
 }
 
 LinearParamGrads linear_param_grads(const torch::Tensor& dy, const torch::Tensor& x, const torch::Tensor& weight,
-                                    const torch::Tensor& bias, bool want_weight, bool want_bias) {
+                                    const torch::Tensor& bias, bool want_weight, bool want_bias,
+                                    const MainGradsPtr& main_grads) {
+  const auto first_write = [&](const torch::Tensor& param) { return main_grads && main_grads->take(param); };
   LinearParamGrads result;
   const bool has_bias = bias.defined() && want_bias;
   if (has_bias && want_weight && is_main_grad(weight) && is_main_grad(bias) && x.scalar_type() == torch::kBFloat16) {
     // Both gradients from one GEMM, both into their fp32 main gradients.
     torch::Tensor main_grad = weight.grad(), bias_main_grad = bias.grad();
-    const bool overwrite_weight = main_grad_first_write::take(weight);
-    wgrad_and_bias_grad(dy, x, main_grad, overwrite_weight, bias_main_grad, main_grad_first_write::take(bias));
+    const bool overwrite_weight = first_write(weight);
+    wgrad_and_bias_grad(dy, x, main_grad, overwrite_weight, bias_main_grad, first_write(bias));
     return result;
   }
   if (want_weight) {
@@ -57,7 +58,7 @@ LinearParamGrads linear_param_grads(const torch::Tensor& dy, const torch::Tensor
       // dW [out, in] = dY^T [out, M] x X [M, in] in fp32 into the main gradient: written by a
       // step's first write (beta 0: the stale values are not read), else accumulated.
       torch::Tensor main_grad = weight.grad();
-      const double beta = main_grad_first_write::take(weight) ? 0.0 : 1.0;
+      const double beta = first_write(weight) ? 0.0 : 1.0;
       at::addmm_out(main_grad, main_grad, dy.t(), x, torch::kFloat32, beta);
     } else {
       result.weight = at::mm(dy.t(), x);
@@ -67,10 +68,10 @@ LinearParamGrads linear_param_grads(const torch::Tensor& dy, const torch::Tensor
   return result;
 }
 
-BiasGradTarget bias_grad_target(const torch::Tensor& bias, bool wanted) {
+BiasGradTarget bias_grad_target(const torch::Tensor& bias, bool wanted, const MainGradsPtr& main_grads) {
   if (!bias.defined() || !wanted) return {};
   if (!is_main_grad(bias)) return {torch::empty(bias.sizes(), bias.options().dtype(torch::kFloat32)), false, false};
-  return {bias.grad(), !main_grad_first_write::take(bias), true};
+  return {bias.grad(), !(main_grads && main_grads->take(bias)), true};
 }
 
 torch::Tensor bias_grad_for_autograd(const torch::Tensor& bias, const BiasGradTarget& target) {

@@ -7,6 +7,8 @@
 #pragma once
 #include <torch/torch.h>
 
+#include "models/linear/main_grads.h"
+
 namespace fp8tron {
 
 // Whether the parameter's gradient is such a buffer: fp32, contiguous, the parameter's shape.
@@ -19,20 +21,22 @@ struct LinearParamGrads {
 };
 
 // dW = dY^T X and db = sum of dY over tokens, for dy [tokens, out], x [tokens, in], weight
-// [out, in] and bias [out] (undefined: none). want_*: autograd's needs_input_grad.
+// [out, in] and bias [out] (undefined: none). want_*: autograd's needs_input_grad. `main_grads`:
+// the model's (first writes; null: none).
 LinearParamGrads linear_param_grads(const torch::Tensor& dy, const torch::Tensor& x, const torch::Tensor& weight,
-                                    const torch::Tensor& bias, bool want_weight, bool want_bias);
+                                    const torch::Tensor& bias, bool want_weight, bool want_bias,
+                                    const MainGradsPtr& main_grads);
 
 // Where one of our kernels puts a bias's gradient, summed in fp32 over tokens: the bias's fp32
-// main gradient (written in the step's first write, models/linear/main_grad_first_write.h, else added
-// to), or a new fp32 tensor for autograd. `grad` undefined: no bias.
+// main gradient (written in the step's first write, models/linear/main_grads.h, else added to), or
+// a new fp32 tensor for autograd. `grad` undefined: no bias.
 struct BiasGradTarget {
   torch::Tensor grad;
   bool accumulate = false, into_main_grad = false;
 };
 // None unless `wanted` (autograd's needs_input_grad). Ask only where the gradient will be written:
 // it claims the step's first write.
-BiasGradTarget bias_grad_target(const torch::Tensor& bias, bool wanted = true);
+BiasGradTarget bias_grad_target(const torch::Tensor& bias, bool wanted, const MainGradsPtr& main_grads);
 // What autograd gets for the bias afterwards: undefined where it went into the main gradient.
 torch::Tensor bias_grad_for_autograd(const torch::Tensor& bias, const BiasGradTarget& target);
 

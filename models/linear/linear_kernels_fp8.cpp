@@ -7,7 +7,6 @@
 #include "core/error.h"
 #include "fp8/forward_replay.h"
 #include "fp8/norm_backward.h"
-#include "fp8/wgrad_fusion.h"
 #include "models/mlp/fused_swiglu.h"
 
 namespace fp8tron {
@@ -280,7 +279,7 @@ overlap::WeightGrads Fp8LinearKernels::wgrad(const Operand& dy, const Operand& x
     // (gradient-accumulation fusion, as fp8_linear).
     const Quantized& xt = *block_of(x)->q;
     const torch::Tensor main_grad = weight_param_.grad();
-    if (fp8::path_of(engine_) == fp8::Path::kNative && gradient_accumulation_fusion() && main_grad.defined() &&
+    if (fp8::path_of(engine_) == fp8::Path::kNative && engine_.options().gradient_accumulation_fusion && main_grad.defined() &&
         main_grad.scalar_type() == torch::kFloat32 && main_grad.is_contiguous() && main_grad.sizes() == weight_param_.sizes()) {
       const bool overwrite = engine_.overwrite_main_grads() && site_.main_grad_generation != engine_.weight_generation();
       site_.main_grad_generation = engine_.weight_generation();
@@ -307,7 +306,7 @@ std::vector<torch::Tensor> Fp8LinearKernels::input_grads(torch::Tensor dx) {
   // The fused norm's backward from the saved statistics, on this rank's rows.
   const Norm& n = *norm_;
   const bool need_dgamma = n.gamma_param.requires_grad(), need_dbeta = n.beta_param.defined() && n.beta_param.requires_grad();
-  const auto g = fp8::norm_backward({dx, n.input, n.rms ? torch::Tensor() : n.mean, n.rstd, n.gamma, n.beta, need_dgamma,
+  const auto g = engine_.norm_backward({dx, n.input, n.rms ? torch::Tensor() : n.mean, n.rstd, n.gamma, n.beta, need_dgamma,
                                      need_dbeta});
   std::vector<torch::Tensor> out = {g.dx, g.dgamma};
   if (!n.rms) out.push_back(g.dbeta);

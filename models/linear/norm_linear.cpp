@@ -23,7 +23,7 @@ struct NormLinearFunction : torch::autograd::Function<NormLinearFunction> {
                                const torch::Tensor& gamma, const std::optional<torch::Tensor>& beta,
                                const torch::Tensor& weight, const std::optional<torch::Tensor>& bias,
                                const std::optional<torch::Tensor>& branch_bias, bool rms, double epsilon,
-                               bool zero_centered_gamma) {
+                               bool zero_centered_gamma, const MainGradsPtr& main_grads) {
     ctx->set_materialize_grads(false);  // an unused output's gradient stays undefined
     const NormPrologue norm{norm_options_of(rms, epsilon, zero_centered_gamma, gamma.size(0)), gamma,
                             beta.value_or(torch::Tensor())};
@@ -35,6 +35,7 @@ struct NormLinearFunction : torch::autograd::Function<NormLinearFunction> {
     ctx->saved_data["has_branch"] = branch.has_value();
     ctx->saved_data["rms"] = rms;
     ctx->saved_data["zero_centered_gamma"] = zero_centered_gamma;
+    ctx->saved_data["main_grads"] = main_grads_value(main_grads);
     if (branch.has_value()) return {f.sum, y};
     return {y};
   }
@@ -54,7 +55,9 @@ struct NormLinearFunction : torch::autograd::Function<NormLinearFunction> {
     const int64_t branch_bias_edge = weight_edge + (bias.defined() ? 2 : 1);
     // (An absent input has no edge to ask about.)
     NormGradRequest request;
-    request.branch_bias = bias_grad_target(branch_bias, branch_bias.defined() && ctx->needs_input_grad(branch_bias_edge));
+    request.main_grads = main_grads_of(ctx->saved_data["main_grads"]);
+    request.branch_bias =
+        bias_grad_target(branch_bias, branch_bias.defined() && ctx->needs_input_grad(branch_bias_edge), request.main_grads);
 
     const torch::Tensor d_sum = has_branch ? grads[0] : torch::Tensor();
     const torch::Tensor& dy_in = grads[has_branch ? 1 : 0];
@@ -68,7 +71,8 @@ struct NormLinearFunction : torch::autograd::Function<NormLinearFunction> {
     request.beta = dy.defined() && beta.defined() && ctx->needs_input_grad(gamma_edge + 1);
     const auto n = norm_prologue_backward(norm, kept, d_normed, d_sum, request, rewrite);
     LinearParamGrads linear;
-    if (rewrite) linear = linear_param_grads(dy, n.normed.reshape({-1, in}), weight, bias, want_weight, want_bias);
+    if (rewrite)
+      linear = linear_param_grads(dy, n.normed.reshape({-1, in}), weight, bias, want_weight, want_bias, request.main_grads);
     return {n.d_in,
             has_branch ? n.d_in : torch::Tensor(),
             n.d_weight,
@@ -78,25 +82,28 @@ struct NormLinearFunction : torch::autograd::Function<NormLinearFunction> {
             bias_grad_for_autograd(branch_bias, request.branch_bias),
             torch::Tensor(),
             torch::Tensor(),
+            torch::Tensor(),
             torch::Tensor()};
   }
 };
 
 }  // namespace
 
-bool norm_linear_applies(const ResidualStream& in, const NormPrologue& norm, const torch::Tensor& weight) {
+bool norm_linear_applies(const ResidualStream& in, const NormPrologue& norm, const torch::Tensor& weight,
+                         const MainGrads& main_grads) {
   return norm_prologue_applies(in.residual, in.branch, norm, in.branch_bias) &&
-         grad_accumulation_fusion_applies(in.residual, weight) &&
+         grad_accumulation_fusion_applies(in.residual, weight, main_grads) &&
          weight.size(1) == norm.options.size;
 }
 
 ResidualOutput norm_linear(const ResidualStream& in, const NormPrologue& norm, const torch::Tensor& weight,
-                           const torch::Tensor& bias) {
+                           const torch::Tensor& bias, const MainGradsPtr& main_grads) {
   const bool rms = norm.options.kind == Normalization::RMSNorm;
   const auto beta = rms ? torch::Tensor() : norm.bias;
   const auto out =
       NormLinearFunction::apply(in.residual, optional(in.branch), norm.weight, optional(beta), weight, optional(bias),
-                                optional(in.branch_bias), rms, norm.options.epsilon, norm.options.zero_centered_gamma);
+                                optional(in.branch_bias), rms, norm.options.epsilon, norm.options.zero_centered_gamma,
+                                main_grads);
   if (!in.branch.defined()) return {in.residual, out[0]};
   return {out[0], out[1]};
 }

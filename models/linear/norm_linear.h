@@ -26,11 +26,12 @@ namespace fp8tron {
 
 // Whether the op runs on these tensors: the norm's kernels apply (GPU, a supported dtype and
 // width) and the weight's gradient is an fp32 main gradient (models/linear/fused_linear.h).
-bool norm_linear_applies(const ResidualStream& in, const NormPrologue& norm, const torch::Tensor& weight);
+bool norm_linear_applies(const ResidualStream& in, const NormPrologue& norm, const torch::Tensor& weight,
+                         const MainGrads& main_grads);
 
 // {sum, y} as above, for residual (and branch, may be undefined) [..., in], weight [out, in],
 // bias [out] or undefined. Only where norm_linear_applies.
 ResidualOutput norm_linear(const ResidualStream& in, const NormPrologue& norm, const torch::Tensor& weight,
-                           const torch::Tensor& bias);
+                           const torch::Tensor& bias, const MainGradsPtr& main_grads);
 
 }  // namespace fp8tron

@@ -7,7 +7,6 @@
 
 #include "core/error.h"
 #include "core/text.h"
-#include "fp8/wgrad_fusion.h"
 #include "models/mlp/gelu_kernels.h"
 #include "models/linear/linear_grads.h"
 
@@ -28,7 +27,7 @@ struct FusedGeluMlp : torch::autograd::Function<FusedGeluMlp> {
                                const std::optional<torch::Tensor>& gamma, const std::optional<torch::Tensor>& beta,
                                const torch::Tensor& w1, const std::optional<torch::Tensor>& b1, const torch::Tensor& w2,
                                const std::optional<torch::Tensor>& b2, const std::optional<torch::Tensor>& branch_bias,
-                               bool rms, double epsilon, bool zero_centered_gamma) {
+                               bool rms, double epsilon, bool zero_centered_gamma, const MainGradsPtr& main_grads) {
     const c10::cuda::CUDAGuard device(input.device());
     ctx->set_materialize_grads(false);
     const bool has_norm = gamma.has_value();
@@ -49,6 +48,7 @@ struct FusedGeluMlp : torch::autograd::Function<FusedGeluMlp> {
     ctx->saved_data["has_branch"] = branch.has_value();
     ctx->saved_data["rms"] = rms;
     ctx->saved_data["zero_centered_gamma"] = zero_centered_gamma;
+    ctx->saved_data["main_grads"] = main_grads_value(main_grads);
     auto sizes = x.sizes().vec();
     sizes.back() = w2.size(0);
     auto y = at::linear(g, w2, fc2_bias).view(sizes);
@@ -67,13 +67,16 @@ struct FusedGeluMlp : torch::autograd::Function<FusedGeluMlp> {
     const bool two_outputs = has_norm && has_branch;
     const torch::Tensor d_sum = two_outputs ? grads[0] : torch::Tensor();
     const torch::Tensor& dy_in = grads[two_outputs ? 1 : 0];
-    variable_list result(12);
+    variable_list result(13);
     // The pending branch bias's edge: after every present tensor input before it.
     const int64_t branch_bias_edge = 1 + int64_t(has_branch) + int64_t(has_norm) + int64_t(beta.defined()) + 1 +
                                      int64_t(b1.defined()) + 1 + int64_t(b2.defined());
     // (An absent input has no edge to ask about.)
     NormGradRequest request;
-    request.branch_bias = bias_grad_target(branch_bias, branch_bias.defined() && ctx->needs_input_grad(branch_bias_edge));
+    request.main_grads = main_grads_of(ctx->saved_data["main_grads"]);
+    const MainGradsPtr& main_grads = request.main_grads;
+    request.branch_bias =
+        bias_grad_target(branch_bias, branch_bias.defined() && ctx->needs_input_grad(branch_bias_edge), main_grads);
     if (!dy_in.defined()) {  // the MLP's output was not used: only the sum's gradient flows on
       if (has_norm) result[0] = result[1] = norm_prologue_backward(NormPrologue{}, kept, {}, d_sum, request, false).d_in;
       result[8] = bias_grad_for_autograd(branch_bias, request.branch_bias);
@@ -87,7 +90,7 @@ struct FusedGeluMlp : torch::autograd::Function<FusedGeluMlp> {
     // its BGRADB one (a second read of dL/dpre).
     auto grad = at::mm(dy, w2);
     auto g = torch::empty_like(pre);
-    const auto bias = bias_grad_target(b1);
+    const auto bias = bias_grad_target(b1, true, main_grads);
     auto scratch = bias.grad.defined()
                        ? torch::empty({kernels::gelu_backward_scratch_floats(tokens, ffn)}, pre.options().dtype(torch::kFloat32))
                        : torch::Tensor();
@@ -97,7 +100,7 @@ struct FusedGeluMlp : torch::autograd::Function<FusedGeluMlp> {
     const auto& dpre = grad;
     // Gradients in the order of forward's arguments; the parameters' go into their main
     // gradients where they have them (undefined here), the rest to autograd.
-    const auto fc2 = linear_param_grads(dy, g, w2, b2, true, b2.defined());
+    const auto fc2 = linear_param_grads(dy, g, w2, b2, true, b2.defined(), main_grads);
     result[6] = fc2.weight;
     result[7] = fc2.bias;
     torch::Tensor x = saved[0];
@@ -118,7 +121,7 @@ struct FusedGeluMlp : torch::autograd::Function<FusedGeluMlp> {
     } else if (ctx->needs_input_grad(0)) {
       result[0] = at::mm(dpre, w1).view(x.sizes());
     }
-    result[4] = linear_param_grads(dpre, x.reshape({-1, in}), w1, torch::Tensor(), true, false).weight;
+    result[4] = linear_param_grads(dpre, x.reshape({-1, in}), w1, torch::Tensor(), true, false, main_grads).weight;
     result[5] = bias_grad_for_autograd(b1, bias);
     return result;
   }
@@ -135,7 +138,7 @@ struct FusedGeluMlp : torch::autograd::Function<FusedGeluMlp> {
 }  // namespace
 
 std::string fused_gelu_mlp_blocker(const torch::Tensor& x, const GeluMlpParams& p) {
-  if (!gradient_accumulation_fusion()) return "gradient-accumulation fusion is off";
+  if (!p.main_grads || !p.main_grads->fusion()) return "gradient-accumulation fusion is off";
   const auto bf16 = [](const torch::Tensor& t) { return !t.defined() || t.scalar_type() == torch::kBFloat16; };
   if (!bf16(x) || !bf16(p.fc1_weight) || !bf16(p.fc1_bias) || !bf16(p.fc2_weight) || !bf16(p.fc2_bias))
     return "the input and parameters are not all bf16";
@@ -167,7 +170,7 @@ torch::Tensor fused_gelu_mlp(const torch::Tensor& x, const GeluMlpParams& p) {
   const std::string blocker = fused_gelu_mlp_blocker(x, p);
   FP8TRON_CHECK(blocker.empty(), "fused GeLU MLP called where it does not apply: " + blocker);
   return FusedGeluMlp::apply(x, std::nullopt, std::nullopt, std::nullopt, p.fc1_weight, optional(p.fc1_bias), p.fc2_weight,
-                             optional(p.fc2_bias), std::nullopt, false, 0.0, false)[0];
+                             optional(p.fc2_bias), std::nullopt, false, 0.0, false, p.main_grads)[0];
 }
 
 ResidualOutput fused_norm_gelu_mlp(const ResidualStream& in, const NormPrologue& norm, const GeluMlpParams& p) {
@@ -178,8 +181,8 @@ ResidualOutput fused_norm_gelu_mlp(const ResidualStream& in, const NormPrologue&
   const bool rms = norm.options.kind == Normalization::RMSNorm;
   const auto out = FusedGeluMlp::apply(in.residual, optional(in.branch), norm.weight, optional(rms ? torch::Tensor() : norm.bias),
                                        p.fc1_weight, optional(p.fc1_bias), p.fc2_weight, optional(p.fc2_bias),
-                                       optional(in.branch_bias), rms,
-                                       norm.options.epsilon, norm.options.zero_centered_gamma);
+                                       optional(in.branch_bias), rms, norm.options.epsilon,
+                                       norm.options.zero_centered_gamma, p.main_grads);
   if (!in.branch.defined()) return {in.residual, out[0]};
   return {out[0], out[1]};
 }

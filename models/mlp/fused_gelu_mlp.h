@@ -19,7 +19,7 @@
 // separate kernel at 1.3B and is not used. Nor is its DGELU_BGRAD backward epilogue: on an H200
 // it ran as a separate generic kernel, 0.61 ms per GPT 1.3B layer against 0.11 ms for
 // gelu_backward. Weight and bias gradients go into their fp32 main gradients as in
-// models/linear/fused_linear.h (written by a step's first write, models/linear/main_grad_first_write.h); a bias
+// models/linear/fused_linear.h (written by a step's first write, models/linear/main_grads.h); a bias
 // without a main gradient gets its gradient through autograd.
 //
 // fused_norm_gelu_mlp runs fc1's norm (with the residual stream's pending add) in the same op,
@@ -36,6 +36,7 @@
 
 #include <string>
 
+#include "models/linear/main_grads.h"
 #include "models/norm/residual_norm.h"
 
 namespace fp8tron {
@@ -43,6 +44,7 @@ namespace fp8tron {
 struct GeluMlpParams {
   torch::Tensor fc1_weight, fc1_bias;  // [ffn, in], [ffn] (undefined: none)
   torch::Tensor fc2_weight, fc2_bias;  // [out, ffn], [out] (undefined: none)
+  MainGradsPtr main_grads;             // the model's (models/linear/main_grads.h)
 };
 
 // Why the fused MLP cannot run on these tensors ("" when it can): gradient-accumulation fusion

@@ -56,7 +56,8 @@ struct FusedSwiglu : torch::autograd::Function<FusedSwiglu> {
 template <bool kBias>
 struct SwigluLinear : torch::autograd::Function<SwigluLinear<kBias>> {
   static torch::Tensor run(AutogradContext* ctx, const torch::Tensor& x_in, const torch::Tensor& weight,
-                           const torch::Tensor& bias) {
+                           const torch::Tensor& bias, const MainGradsPtr& main_grads) {
+    ctx->saved_data["main_grads"] = main_grads_value(main_grads);
     const c10::cuda::CUDAGuard device(x_in.device());
     const auto x = x_in.contiguous();
     const int64_t f = weight.size(1), rows = x.numel() / (2 * f);
@@ -68,12 +69,13 @@ struct SwigluLinear : torch::autograd::Function<SwigluLinear<kBias>> {
     sizes.back() = weight.size(0);
     return at::linear(y, weight, bias).view(sizes);
   }
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight) {
-    return run(ctx, x, weight, torch::Tensor());
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight,
+                               const MainGradsPtr& main_grads) {
+    return run(ctx, x, weight, torch::Tensor(), main_grads);
   }
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight,
-                               const torch::Tensor& bias) {
-    return run(ctx, x, weight, bias);
+                               const torch::Tensor& bias, const MainGradsPtr& main_grads) {
+    return run(ctx, x, weight, bias, main_grads);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -88,8 +90,9 @@ struct SwigluLinear : torch::autograd::Function<SwigluLinear<kBias>> {
     auto y = torch::empty({rows, f}, x.options());
     kernels::swiglu_backward(dy.data_ptr(), x.data_ptr(), dx.data_ptr(), *kernel_float_of(x), rows, f, stream_of(x),
                              y.data_ptr());
-    const auto left = linear_param_grads(dz, y, weight, bias, ctx->needs_input_grad(1), kBias && ctx->needs_input_grad(2));
-    variable_list result(kBias ? 3 : 2);
+    const auto left = linear_param_grads(dz, y, weight, bias, ctx->needs_input_grad(1), kBias && ctx->needs_input_grad(2),
+                                         main_grads_of(ctx->saved_data["main_grads"]));
+    variable_list result(kBias ? 4 : 3);
     result[0] = dx;
     result[1] = left.weight;
     if (kBias) result[2] = left.bias;
@@ -119,12 +122,14 @@ torch::Tensor fused_swiglu_backward(const torch::Tensor& grad, const torch::Tens
   return swiglu_backward_kernel(grad, x);
 }
 
-torch::Tensor swiglu_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
+torch::Tensor swiglu_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                            const MainGradsPtr& main_grads) {
   FP8TRON_CHECK(weight.dim() == 2 && x.dim() >= 1 && x.size(-1) == 2 * weight.size(1),
                 "SwiGLU then linear: the input's last dimension is not twice the weight's input features");
-  if (!x.is_cuda() || !kernel_float_of(x) || !grad_accumulation_fusion_applies(x, weight))
-    return linear_with_grad_accumulation_fusion(fused_swiglu(x), weight, bias);
-  return bias.defined() ? SwigluLinear<true>::apply(x, weight, bias) : SwigluLinear<false>::apply(x, weight);
+  if (!x.is_cuda() || !kernel_float_of(x) || !main_grads || !grad_accumulation_fusion_applies(x, weight, *main_grads))
+    return linear_with_grad_accumulation_fusion(fused_swiglu(x), weight, bias, main_grads);
+  return bias.defined() ? SwigluLinear<true>::apply(x, weight, bias, main_grads)
+                        : SwigluLinear<false>::apply(x, weight, main_grads);
 }
 
 }  // namespace fp8tron

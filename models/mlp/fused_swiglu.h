@@ -11,6 +11,8 @@
 #pragma once
 #include <torch/torch.h>
 
+#include "models/linear/main_grads.h"
+
 namespace fp8tron {
 
 torch::Tensor fused_swiglu(const torch::Tensor& x);
@@ -21,11 +23,12 @@ torch::Tensor fused_swiglu(const torch::Tensor& x);
 // forward (2 GB at the LLaMA-style 1.1B). On a GPU where gradient-accumulation fusion applies to
 // the weight (models/linear/fused_linear.h: its gradients go into the fp32 main gradients the same way);
 // elsewhere the two ops.
-torch::Tensor swiglu_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias);
+torch::Tensor swiglu_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                            const MainGradsPtr& main_grads);
 
 // The gradient of x = [gate | up] from the gradient of fused_swiglu(x), outside autograd: the FP8
-// path's SwiGLU (fused into fc2's input cast) runs its backward through this (installed in fp8/ by
-// the modules, fp8/swiglu_backward.h). One kernel on a GPU as above; elsewhere torch's chain.
+// path's SwiGLU (fused into fc2's input cast) runs its backward through this (given to the FP8
+// engine by the modules, fp8/swiglu_backward.h). One kernel on a GPU as above; elsewhere torch's chain.
 torch::Tensor fused_swiglu_backward(const torch::Tensor& grad, const torch::Tensor& x);
 
 // The unfused chain: silu(gate) * up through torch's autograd (the CPU path, the GPU reference).

@@ -3,9 +3,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
-#include "fp8/wgrad_fusion.h"
 #include "models/kernel_float_of.h"
-#include "models/linear/main_grad_first_write.h"
 #include "models/norm/residual_norm_kernels.h"
 
 namespace fp8tron {
@@ -19,11 +17,10 @@ const void* data_or_null(const torch::Tensor& t) { return t.defined() ? t.data_p
 
 // Where the backward puts a norm parameter's gradient (NormGradRequest): its fp32 main gradient,
 // or a new tensor in its dtype, `for_autograd`. None for an undefined parameter or when not wanted.
-kernels::SummedGradOut norm_param_grad_out(const torch::Tensor& param, bool wanted, bool into_main_grads,
+kernels::SummedGradOut norm_param_grad_out(const torch::Tensor& param, bool wanted, const MainGradsPtr& main_grads,
                                            torch::Tensor& for_autograd) {
   if (!param.defined() || !wanted) return {};
-  if (into_main_grads && gradient_accumulation_fusion() && is_main_grad(param))
-    return {param.grad().data_ptr(), true, !main_grad_first_write::take(param)};
+  if (main_grads && main_grads->fuses_into(param)) return {param.grad().data_ptr(), true, !main_grads->take(param)};
   for_autograd = torch::empty_like(param);
   return {for_autograd.data_ptr(), false, false};
 }
@@ -48,7 +45,7 @@ struct ResidualNormFunction : torch::autograd::Function<ResidualNormFunction> {
   static variable_list forward(AutogradContext* ctx, const torch::Tensor& residual, const torch::Tensor& branch,
                                const torch::Tensor& weight, const torch::Tensor& bias, const torch::Tensor& branch_bias,
                                bool has_branch, bool has_bias, bool has_branch_bias, bool rms, double epsilon,
-                               bool zero_centered_gamma) {
+                               bool zero_centered_gamma, const MainGradsPtr& main_grads) {
     ctx->set_materialize_grads(false);  // an unused output's gradient stays undefined (zero), not a zero tensor
     const NormPrologue norm{norm_options_of(rms, epsilon, zero_centered_gamma, weight.size(0)), weight,
                             has_bias ? bias : torch::Tensor()};
@@ -59,6 +56,7 @@ struct ResidualNormFunction : torch::autograd::Function<ResidualNormFunction> {
     ctx->saved_data["has_bias"] = has_bias;
     ctx->saved_data["rms"] = rms;
     ctx->saved_data["zero_centered_gamma"] = zero_centered_gamma;
+    if (main_grads) ctx->saved_data["main_grads"] = main_grads_value(main_grads);
     if (has_branch) return {f.sum, f.normed};
     return {f.normed};
   }
@@ -76,7 +74,8 @@ struct ResidualNormFunction : torch::autograd::Function<ResidualNormFunction> {
     NormGradRequest request;
     request.gamma = ctx->needs_input_grad(2);
     request.beta = has_bias && ctx->needs_input_grad(3);
-    request.branch_bias = bias_grad_target(branch_bias, ctx->needs_input_grad(4));
+    if (ctx->saved_data.count("main_grads")) request.main_grads = main_grads_of(ctx->saved_data["main_grads"]);
+    request.branch_bias = bias_grad_target(branch_bias, ctx->needs_input_grad(4), request.main_grads);
     auto b = norm_prologue_backward(norm, kept, d_normed, d_sum, request, /*rewrite_normed=*/false);
     // residual and branch take the same gradient (an add passes it on to both).
     return {b.d_in,
@@ -89,9 +88,9 @@ struct ResidualNormFunction : torch::autograd::Function<ResidualNormFunction> {
             torch::Tensor(),
             torch::Tensor(),
             torch::Tensor(),
+            torch::Tensor(),
             torch::Tensor()};
   }
-
 };
 
 bool same_kind(const torch::Tensor& a, const torch::Tensor& b) {
@@ -108,31 +107,35 @@ void sum_into(const BiasGradTarget& target, const torch::Tensor& g) {
 // branch + bias with the bias's gradient summed in fp32 into bias_grad_target (the unfused
 // counterpart of the norms' folded add).
 struct BranchBiasFunction : torch::autograd::Function<BranchBiasFunction> {
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& branch, const torch::Tensor& bias) {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& branch, const torch::Tensor& bias,
+                               const MainGradsPtr& main_grads) {
     ctx->save_for_backward({bias});
+    if (main_grads) ctx->saved_data["main_grads"] = main_grads_value(main_grads);
     return branch + bias;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const torch::Tensor bias = ctx->get_saved_variables()[0];
     const torch::Tensor& g = grads[0];
-    const auto target = bias_grad_target(bias, g.defined() && ctx->needs_input_grad(1));
-    if (!target.grad.defined()) return {g, torch::Tensor()};
+    const MainGradsPtr main_grads =
+        ctx->saved_data.count("main_grads") ? main_grads_of(ctx->saved_data["main_grads"]) : MainGradsPtr();
+    const auto target = bias_grad_target(bias, g.defined() && ctx->needs_input_grad(1), main_grads);
+    if (!target.grad.defined()) return {g, torch::Tensor(), torch::Tensor()};
     sum_into(target, g);
-    return {g, bias_grad_for_autograd(bias, target)};
+    return {g, bias_grad_for_autograd(bias, target), torch::Tensor()};
   }
 };
 
 // branch + bias (undefined: branch itself); on a GPU the bias's gradient as the kernels sum it.
-torch::Tensor add_branch_bias(const torch::Tensor& branch, const torch::Tensor& bias) {
+torch::Tensor add_branch_bias(const torch::Tensor& branch, const torch::Tensor& bias, const MainGradsPtr& main_grads) {
   if (!bias.defined()) return branch;
   if (!branch.is_cuda()) return branch + bias;
-  return BranchBiasFunction::apply(branch, bias);
+  return BranchBiasFunction::apply(branch, bias, main_grads);
 }
 
 }  // namespace
 
-torch::Tensor ResidualStream::sum() const {
-  return branch.defined() ? residual + add_branch_bias(branch, branch_bias) : residual;
+torch::Tensor ResidualStream::sum(const MainGradsPtr& main_grads) const {
+  return branch.defined() ? residual + add_branch_bias(branch, branch_bias, main_grads) : residual;
 }
 
 NormOptions norm_options_of(bool rms, double epsilon, bool zero_centered_gamma, int64_t size) {
@@ -223,9 +226,9 @@ NormPrologueBackward norm_prologue_backward(const NormPrologue& norm, const Norm
   io.mean = saved.mean.defined() ? saved.mean.data_ptr<float>() : nullptr;
   io.rstd = saved.rstd.data_ptr<float>();
   io.d_in = out.d_in.data_ptr();
-  io.d_gamma = norm_param_grad_out(norm.weight, request.gamma, request.into_main_grads, out.d_weight);
-  io.d_beta = norm_param_grad_out(beta.defined() ? norm.bias : torch::Tensor(), request.beta, request.into_main_grads,
-                                  out.d_bias);
+  const MainGradsPtr main_grads = request.into_main_grads ? request.main_grads : MainGradsPtr();
+  io.d_gamma = norm_param_grad_out(norm.weight, request.gamma, main_grads, out.d_weight);
+  io.d_beta = norm_param_grad_out(beta.defined() ? norm.bias : torch::Tensor(), request.beta, main_grads, out.d_bias);
   if (branch_bias) {
     TORCH_CHECK(branch_bias_grad.grad.scalar_type() == torch::kFloat32 && branch_bias_grad.grad.is_contiguous() &&
                     branch_bias_grad.grad.numel() == s.hidden,
@@ -273,29 +276,31 @@ fp8::NormBackwardGrads fp8_norm_backward(const fp8::NormBackwardInputs& in) {
 
 ResidualNormOutput unfused_residual_add_norm(const torch::Tensor& residual, const torch::Tensor& branch,
                                              const NormOptions& options, const torch::Tensor& weight,
-                                             const torch::Tensor& bias, const torch::Tensor& branch_bias) {
-  auto sum = ResidualStream{residual, branch, branch_bias}.sum();
+                                             const torch::Tensor& bias, const torch::Tensor& branch_bias,
+                                             const MainGradsPtr& main_grads) {
+  auto sum = ResidualStream{residual, branch, branch_bias}.sum(main_grads);
   return {sum, torch_norm(sum, options, weight, bias)};
 }
 
 ResidualNormOutput residual_add_norm(const torch::Tensor& residual, const torch::Tensor& branch, const NormOptions& options,
                                      const torch::Tensor& weight, const torch::Tensor& bias,
-                                     const torch::Tensor& branch_bias) {
+                                     const torch::Tensor& branch_bias, const MainGradsPtr& main_grads) {
   if (!norm_prologue_applies(residual, branch, NormPrologue{options, weight, bias}, branch_bias))
-    return unfused_residual_add_norm(residual, branch, options, weight, bias, branch_bias);
+    return unfused_residual_add_norm(residual, branch, options, weight, bias, branch_bias, main_grads);
   const bool rms = options.kind == Normalization::RMSNorm;
   const bool has_bias = !rms && bias.defined();
   const auto none = torch::empty({0}, residual.options());
   const auto out = ResidualNormFunction::apply(residual, branch.defined() ? branch : none, weight, has_bias ? bias : none,
                                                branch_bias.defined() ? branch_bias : none, branch.defined(), has_bias,
-                                               branch_bias.defined(), rms, options.epsilon, options.zero_centered_gamma);
+                                               branch_bias.defined(), rms, options.epsilon, options.zero_centered_gamma,
+                                               main_grads);
   if (!branch.defined()) return {residual, out[0]};
   return {out[0], out[1]};
 }
 
 torch::Tensor apply_norm(const torch::Tensor& x, const NormOptions& options, const torch::Tensor& weight,
-                         const torch::Tensor& bias) {
-  return residual_add_norm(x, torch::Tensor(), options, weight, bias).normed;
+                         const torch::Tensor& bias, const MainGradsPtr& main_grads) {
+  return residual_add_norm(x, torch::Tensor(), options, weight, bias, torch::Tensor(), main_grads).normed;
 }
 
 }  // namespace fp8tron

@@ -35,20 +35,23 @@ struct ResidualNormOutput {
 };
 
 // branch_bias (undefined: none) is the branch's pending bias: sum = residual + (branch + branch_bias).
+// `main_grads`: the model's (models/linear/main_grads.h): gamma's, beta's and the branch bias's
+// gradients go into their fp32 main gradients as it says (null: to autograd).
 ResidualNormOutput residual_add_norm(const torch::Tensor& residual, const torch::Tensor& branch, const NormOptions& options,
                                      const torch::Tensor& weight, const torch::Tensor& bias,
-                                     const torch::Tensor& branch_bias = {});
+                                     const torch::Tensor& branch_bias, const MainGradsPtr& main_grads);
 
 // The norm of x alone, as every module runs it: residual_add_norm's kernel on GPUs, so that a norm
 // whose residual add ran apart (at a recomputed unit's boundary, inside a recomputed MLP) gives
 // the bits the fused add + norm gives; torch_norm elsewhere.
 torch::Tensor apply_norm(const torch::Tensor& x, const NormOptions& options, const torch::Tensor& weight,
-                         const torch::Tensor& bias);
+                         const torch::Tensor& bias, const MainGradsPtr& main_grads);
 
 // The unfused chain (residual + branch, then torch_norm): the CPU path and the GPU reference.
 ResidualNormOutput unfused_residual_add_norm(const torch::Tensor& residual, const torch::Tensor& branch,
                                              const NormOptions& options, const torch::Tensor& weight,
-                                             const torch::Tensor& bias, const torch::Tensor& branch_bias = {});
+                                             const torch::Tensor& bias, const torch::Tensor& branch_bias,
+                                             const MainGradsPtr& main_grads);
 
 // The same kernels as the first stage of another op's autograd function: the norm + linear
 // (models/linear/norm_linear.h) and the norm + GeLU MLP (models/mlp/fused_gelu_mlp.h). Such an op keeps what
@@ -68,14 +71,15 @@ struct NormPrologueForward {
   NormSaved saved;
 };
 // The gradients the norm's backward pass sums over the rows besides its input's, and where they go.
-// With into_main_grads and gradient-accumulation fusion on (fp8/wgrad_fusion.h), gamma's and
-// beta's go into the parameters' fp32 main gradients where they have them (is_main_grad: added
+// With into_main_grads and main_grads fusing (models/linear/main_grads.h), gamma's and beta's go
+// into the parameters' fp32 main gradients where they have them (is_main_grad: added
 // to, or written in the step's first write, as the wgrad GEMMs do); else, in the parameters'
 // dtype, to autograd. That saves autograd's add of a rounded gradient into the fp32 buffer (one
 // small kernel per norm parameter), and the gradient keeps its fp32 sum.
 struct NormGradRequest {
   bool gamma = false, beta = false;  // autograd wants them (beta: LayerNorm with a shift)
   bool into_main_grads = true;
+  MainGradsPtr main_grads;           // the model's; null: everything to autograd
   BiasGradTarget branch_bias;        // the forward's pending branch bias's (bias_grad_target)
 };
 struct NormPrologueBackward {
@@ -104,8 +108,8 @@ NormPrologueBackward norm_prologue_backward(const NormPrologue& norm, const Norm
                                             bool rewrite_normed);
 
 // The backward of the norm an FP8 linear fuses into its input cast (fp8/norm_backward.h), through
-// this kernel: installed by the modules that own such a norm. torch's where the kernel does not
-// take the tensors.
+// this kernel: given to the FP8 engine by the modules that own such a norm. torch's where the
+// kernel does not take the tensors.
 fp8::NormBackwardGrads fp8_norm_backward(const fp8::NormBackwardInputs& in);
 
 // The residual stream where a norm reads it: the hidden states are residual + branch, the branch
@@ -118,8 +122,8 @@ fp8::NormBackwardGrads fp8_norm_backward(const fp8::NormBackwardInputs& in);
 struct ResidualStream {
   torch::Tensor residual, branch, branch_bias;
   // residual + (branch + branch_bias) through torch's ops, where no norm folds the add. On a GPU
-  // the bias's gradient goes where the norms' kernels put it (bias_grad_target).
-  torch::Tensor sum() const;
+  // the bias's gradient goes where the norms' kernels put it (bias_grad_target of `main_grads`).
+  torch::Tensor sum(const MainGradsPtr& main_grads) const;
 };
 
 // A sub-layer run on a residual stream: the stream's sum (the residual of the sub-layer's own add)

@@ -94,6 +94,8 @@ TEST(GpuFp8, FusedGeluCastAndBiasGradientMatchTheUnfusedPath) {
     o.recipe = fp8::make_recipe(kind, fp8::Fp8Format::kHybrid);
     o.num_layers = 1;
     fp8::Fp8Engine fused_engine(o, torch::Device(torch::kCUDA, 0)), plain_engine(o, torch::Device(torch::kCUDA, 0));
+    fused_engine.use_backward_kernels(nullptr, &fused_swiglu_backward);
+    plain_engine.use_backward_kernels(nullptr, &fused_swiglu_backward);
     o.deterministic = true;  // no fused bias gradient
     fp8::Fp8Engine det_engine(o, torch::Device(torch::kCUDA, 0));
     auto fs = fused_engine.add_site("decoder.layers.0.mlp.linear_fc2", 0, 512, 2048);
@@ -165,6 +167,8 @@ TEST(GpuFp8, NormFusedIntoTheCastMatchesTheUnfusedPath) {
     o.recipe = fp8::make_recipe(fp8::RecipeKind::kDelayed, fp8::Fp8Format::kHybrid);
     o.num_layers = 1;
     fp8::Fp8Engine fused_engine(o, torch::Device(torch::kCUDA, 0)), plain_engine(o, torch::Device(torch::kCUDA, 0));
+    fused_engine.use_backward_kernels(nullptr, &fused_swiglu_backward);
+    plain_engine.use_backward_kernels(nullptr, &fused_swiglu_backward);
     auto fs = fused_engine.add_site("decoder.layers.0.self_attention.linear_qkv", 0, 1536, 512);
     auto ps = plain_engine.add_site("decoder.layers.0.self_attention.linear_qkv", 0, 1536, 512);
     auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
@@ -241,15 +245,13 @@ TEST(GpuFp8, SwigluFusedIntoTheCastMatchesTheUnfusedPath) {
 // the first recorded.
 TEST(GpuFp8, SwigluBackwardInFc1sGradientCastMatchesTheKernelPlusCast) {
   REQUIRE_GPU();
-  struct HookGuard {
-    HookGuard() { fp8::install_swiglu_backward(&fused_swiglu_backward); }
-    ~HookGuard() { fp8::install_swiglu_backward(nullptr); }
-  } hook;
   fp8::Fp8EngineOptions o;
   o.recipe = fp8::make_recipe(fp8::RecipeKind::kDelayed, fp8::Fp8Format::kHybrid);
   o.num_layers = 1;
   for (bool with_bias : {false, true}) {
     fp8::Fp8Engine fused_engine(o, torch::Device(torch::kCUDA, 0)), plain_engine(o, torch::Device(torch::kCUDA, 0));
+    fused_engine.use_backward_kernels(nullptr, &fused_swiglu_backward);
+    plain_engine.use_backward_kernels(nullptr, &fused_swiglu_backward);
     auto sites = [](fp8::Fp8Engine& e) {
       return std::pair{e.add_site("decoder.layers.0.mlp.linear_fc1", 0, 2048, 512),
                        e.add_site("decoder.layers.0.mlp.linear_fc2", 0, 512, 1024)};

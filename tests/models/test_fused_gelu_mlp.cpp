@@ -7,7 +7,6 @@
 #include <stdexcept>
 #include <string>
 
-#include "fp8/wgrad_fusion.h"
 #include "models/mlp/fused_gelu_mlp.h"
 #include "models/gpt_model.h"
 #include "parallel/parallel_state.h"
@@ -26,13 +25,8 @@ torch::Tensor with_main_grad(torch::Tensor p) {
 
 GeluMlpParams params(int64_t in, int64_t ffn, int64_t out) {
   return {with_main_grad(torch::randn({ffn, in}, kBf16)), with_main_grad(torch::randn({ffn}, kBf16)),
-          with_main_grad(torch::randn({out, ffn}, kBf16)), with_main_grad(torch::randn({out}, kBf16))};
+          with_main_grad(torch::randn({out, ffn}, kBf16)), with_main_grad(torch::randn({out}, kBf16)), make_main_grads()};
 }
-
-struct FusionOff {  // --no-gradient-accumulation-fusion, restored however the test ends
-  FusionOff() { set_gradient_accumulation_fusion(false); }
-  ~FusionOff() { set_gradient_accumulation_fusion(true); }
-};
 
 // Each condition fails alone (the device is checked last, so everything before it is seen here).
 TEST(FusedGeluMlp, NamesWhyItCannotRun) {
@@ -40,10 +34,9 @@ TEST(FusedGeluMlp, NamesWhyItCannotRun) {
   const auto x = torch::randn({3, 2, 16}, kBf16);
   const GeluMlpParams p = params(16, 32, 16);
   EXPECT_EQ(fused_gelu_mlp_blocker(x, p), "not on a GPU");
-  {
-    FusionOff off;
-    EXPECT_EQ(fused_gelu_mlp_blocker(x, p), "gradient-accumulation fusion is off");
-  }
+  GeluMlpParams fusion_off = p;  // --no-gradient-accumulation-fusion
+  fusion_off.main_grads = make_main_grads(false);
+  EXPECT_EQ(fused_gelu_mlp_blocker(x, fusion_off), "gradient-accumulation fusion is off");
   EXPECT_EQ(fused_gelu_mlp_blocker(x.to(torch::kFloat32), p), "the input and parameters are not all bf16");
   GeluMlpParams fp32_bias = p;
   fp32_bias.fc2_bias = p.fc2_bias.detach().to(torch::kFloat32);
@@ -57,7 +50,7 @@ TEST(FusedGeluMlp, NamesWhyItCannotRun) {
   GeluMlpParams plain_biases = p;
   plain_biases.fc1_bias = p.fc1_bias.detach().clone().requires_grad_(true);
   EXPECT_EQ(fused_gelu_mlp_blocker(x, plain_biases), "not on a GPU");
-  EXPECT_EQ(fused_gelu_mlp_blocker(x, GeluMlpParams{p.fc1_weight, {}, p.fc2_weight, {}}), "not on a GPU");
+  EXPECT_EQ(fused_gelu_mlp_blocker(x, GeluMlpParams{p.fc1_weight, {}, p.fc2_weight, {}, p.main_grads}), "not on a GPU");
   EXPECT_NE(fused_gelu_mlp_blocker(x, params(16, 36, 16)).find("fc1's 36 output features (this rank's) are not a multiple of 8"),
             std::string::npos);
   EXPECT_EQ(fused_gelu_mlp_blocker(torch::randn({0, 2, 16}, kBf16), p), "no tokens");

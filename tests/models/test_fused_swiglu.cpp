@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "fp8/fp8_linear.h"
 #include "fp8/swiglu_backward.h"
 #include "models/mlp/fused_swiglu.h"
 
@@ -38,7 +39,8 @@ TEST(FusedSwiglu, CpuIsTheUnfusedChainBitwise) {
 }
 
 // The backward the FP8 path calls outside autograd (fp8/swiglu_backward.h): on the CPU the chain's
-// gradient bitwise, and fp8::swiglu_backward runs whichever function the modules installed.
+// gradient bitwise, and an engine's swiglu_backward runs the kernel its model gave it, torch's
+// until then.
 TEST(FusedSwiglu, BackwardOutsideAutogradIsTheChainsGradient) {
   torch::manual_seed(6);
   auto x = (torch::randn({6, 40}) * 2).to(torch::kBFloat16);
@@ -49,15 +51,17 @@ TEST(FusedSwiglu, BackwardOutsideAutogradIsTheChainsGradient) {
   EXPECT_TRUE(torch::equal(fp8::torch_swiglu_backward(dy, x), leaf.grad()));
 
   static int calls = 0;
-  fp8::install_swiglu_backward([](const torch::Tensor& g, const torch::Tensor& h) {
+  fp8::Fp8Engine engine(fp8::Fp8EngineOptions{}, torch::Device(torch::kCPU));
+  EXPECT_TRUE(torch::equal(engine.swiglu_backward(dy, x), leaf.grad()));
+  engine.use_backward_kernels(nullptr, [](const torch::Tensor& g, const torch::Tensor& h) {
     ++calls;
     return fused_swiglu_backward(g, h);
   });
-  EXPECT_TRUE(torch::equal(fp8::swiglu_backward(dy, x), leaf.grad()));
+  EXPECT_TRUE(torch::equal(engine.swiglu_backward(dy, x), leaf.grad()));
   EXPECT_EQ(calls, 1);
-  fp8::install_swiglu_backward(nullptr);
-  EXPECT_TRUE(torch::equal(fp8::swiglu_backward(dy, x), leaf.grad()));
-  EXPECT_EQ(calls, 1);
+  fp8::Fp8Engine other(fp8::Fp8EngineOptions{}, torch::Device(torch::kCPU));
+  EXPECT_TRUE(torch::equal(other.swiglu_backward(dy, x), leaf.grad()));
+  EXPECT_EQ(calls, 1) << "another engine keeps torch's backward";
   EXPECT_THROW(fused_swiglu_backward(torch::randn({6, 21}), x), std::logic_error);
 }
 

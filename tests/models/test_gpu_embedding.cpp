@@ -8,9 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "fp8/wgrad_fusion.h"
 #include "models/embedding/embedding.h"
-#include "models/linear/main_grad_first_write.h"
+#include "models/linear/main_grads.h"
 
 namespace fp8tron {
 namespace {
@@ -46,21 +45,15 @@ torch::Tensor exact_grad(const torch::Tensor& ids, const torch::Tensor& grad) {
       .index_add_(0, ids.reshape({-1}), grad.reshape({-1, hidden}).to(torch::kFloat64));
 }
 
-// Backpropagates sum(lookup * c) through embedding_lookup on `weight`.
-void run(const torch::Tensor& ids, const torch::Tensor& weight, const torch::Tensor& c) {
-  (embedding_lookup(ids, weight).to(torch::kFloat32) * c).sum().backward();
+// Backpropagates sum(lookup * c) through embedding_lookup on `weight`, under a model's settings
+// (fusion on by default).
+void run(const torch::Tensor& ids, const torch::Tensor& weight, const torch::Tensor& c,
+         const MainGradsPtr& main_grads = make_main_grads()) {
+  (embedding_lookup(ids, weight, main_grads).to(torch::kFloat32) * c).sum().backward();
 }
-
-struct FusionOff {
-  FusionOff() { set_gradient_accumulation_fusion(false); }
-  ~FusionOff() { set_gradient_accumulation_fusion(true); }
-};
 
 TEST(GpuEmbedding, SumsEachTokensRowsIntoTheMainGradient) {
   REQUIRE_GPU();
-  struct Restore {
-    ~Restore() { main_grad_first_write::own({}); }
-  } restore;
   for (const auto dtype : {torch::kBFloat16, torch::kFloat32, torch::kFloat16}) {
     for (const int64_t hidden : {768, 100}) {
       for (const int64_t lookups : {4096, 1001, 1}) {  // a whole number of chunks, a partial last chunk, one lookup
@@ -93,20 +86,17 @@ TEST(GpuEmbedding, SumsEachTokensRowsIntoTheMainGradient) {
         EXPECT_TRUE(torch::equal(weight.grad(), added)) << "not repeatable";
 
         // The step's first write: the stale values are not read.
-        main_grad_first_write::own({weight});
-        main_grad_first_write::new_step();
+        const auto first_writes = make_main_grads();
+        first_writes->own({weight});
+        first_writes->new_step();
         weight.grad().fill_(1e30);
-        run(ids, weight, c);
+        run(ids, weight, c, first_writes);
         EXPECT_LE(max_error(weight.grad()), tolerance) << "first write";
         EXPECT_EQ(weight.grad().index({~seen}).count_nonzero().item<int64_t>(), 0) << "an unseen row is not zero";
-        main_grad_first_write::own({});
 
         // Fusion off (--no-gradient-accumulation-fusion): torch's gradient, added by autograd.
         weight.grad().fill_(1.0);
-        {
-          const FusionOff off;
-          run(ids, weight, c);
-        }
+        run(ids, weight, c, make_main_grads(/*gradient_accumulation_fusion=*/false));
         EXPECT_TRUE(torch::equal(weight.grad(), 1.0 + torch_grad.to(torch::kFloat32))) << "fusion off";
       }
     }

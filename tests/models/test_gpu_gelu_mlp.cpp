@@ -25,7 +25,6 @@
 
 #include "fp8/gemm.h"
 #include "fp8/grouped_gemm.h"
-#include "fp8/wgrad_fusion.h"
 #include "models/mlp/fused_gelu_mlp.h"
 #include "models/linear/fused_linear.h"
 #include "models/mlp/gelu_kernels.h"
@@ -279,11 +278,12 @@ Params leaves(const Params& values, const Params& initial, Biases biases) {
 }
 
 torch::Tensor unfused_chain(const torch::Tensor& x, const Params& p) {
-  const auto h = linear_with_grad_accumulation_fusion(x, p.w1, p.b1);
-  return linear_with_grad_accumulation_fusion(at::gelu(h, "tanh"), p.w2, p.b2);
+  const auto main_grads = make_main_grads();
+  const auto h = linear_with_grad_accumulation_fusion(x, p.w1, p.b1, main_grads);
+  return linear_with_grad_accumulation_fusion(at::gelu(h, "tanh"), p.w2, p.b2, main_grads);
 }
 torch::Tensor fused_chain(const torch::Tensor& x, const Params& p) {
-  const GeluMlpParams params{p.w1, p.b1, p.w2, p.b2};
+  const GeluMlpParams params{p.w1, p.b1, p.w2, p.b2, make_main_grads()};
   EXPECT_EQ(fused_gelu_mlp_blocker(x, params), "");
   return fused_gelu_mlp(x, params);
 }
@@ -420,9 +420,10 @@ ModelConfig mlp_config(bool bias_gelu_fusion) {
   return m;
 }
 
-Mlp gpu_mlp(bool bias_gelu_fusion) {
+Mlp gpu_mlp(bool bias_gelu_fusion, bool gradient_accumulation_fusion = true) {
   const TensorParallelContext tp{make_self_communicator("tp", 0), 0, 1, false};
-  Mlp mlp(mlp_config(bias_gelu_fusion), "decoder.layers.0.mlp", ModuleFactory(1234, tp));
+  Mlp mlp(mlp_config(bias_gelu_fusion), "decoder.layers.0.mlp",
+          ModuleFactory(1234, tp, nullptr, {}, make_main_grads(gradient_accumulation_fusion)));
   mlp->to(torch::kCUDA, torch::kBFloat16);
   torch::NoGradGuard no_grad;
   torch::manual_seed(21);  // the same parameters for every module built here
@@ -451,9 +452,10 @@ TEST(GpuFusedGeluMlp, ModuleDispatchAndItsSwitches) {
   auto& fc1 = *plain->linear_fc1;
   auto& fc2 = *plain->linear_fc2;
   auto xc = x.clone().requires_grad_(true);
-  const auto normed = apply_norm(xc, fc1.norm_options, fc1.layer_norm_weight, fc1.layer_norm_bias);  // the modules' norm
-  const auto h = linear_with_grad_accumulation_fusion(normed, fc1.weight, fc1.bias);
-  const auto y_chain = linear_with_grad_accumulation_fusion(at::gelu(h, "tanh"), fc2.weight, fc2.bias);
+  const auto normed =
+      apply_norm(xc, fc1.norm_options, fc1.layer_norm_weight, fc1.layer_norm_bias, plain->linear_fc1->main_grads);  // the modules' norm
+  const auto h = linear_with_grad_accumulation_fusion(normed, fc1.weight, fc1.bias, fc1.main_grads);
+  const auto y_chain = linear_with_grad_accumulation_fusion(at::gelu(h, "tanh"), fc2.weight, fc2.bias, fc2.main_grads);
   EXPECT_TRUE(torch::equal(y_plain, y_chain)) << "--no-bias-gelu-fusion is not today's path";
   y_plain.backward(dy);
   const auto dx_plain = xp.grad().clone();
@@ -464,15 +466,9 @@ TEST(GpuFusedGeluMlp, ModuleDispatchAndItsSwitches) {
   const double scale = y_plain.abs().max().item<double>();
   EXPECT_LT((y_fused - y_plain).abs().max().item<double>(), 0.05 * scale);
 
-  struct FusionOff {  // --no-gradient-accumulation-fusion, restored however the test ends
-    FusionOff() { set_gradient_accumulation_fusion(false); }
-    ~FusionOff() { set_gradient_accumulation_fusion(true); }
-  };
-  torch::Tensor y_no_fusion;
-  {
-    FusionOff off;
-    y_no_fusion = fused->forward(x);
-  }
+  // --no-gradient-accumulation-fusion: the model built with fusion off plans no fused MLP.
+  auto no_fusion = gpu_mlp(true, /*gradient_accumulation_fusion=*/false);
+  const torch::Tensor y_no_fusion = no_fusion->forward(x);
   EXPECT_EQ(grad_fn_of(y_no_fusion).find("FusedGeluMlp"), std::string::npos)
       << "--no-gradient-accumulation-fusion kept the fused MLP: " << grad_fn_of(y_no_fusion);
 }

@@ -5,7 +5,6 @@
 
 #include <cstdio>
 
-#include "fp8/wgrad_fusion.h"
 #include "models/loss/cross_entropy.h"
 #include "models/linear/fused_linear.h"
 #include "models/attention/qkv_split.h"
@@ -62,6 +61,7 @@ TEST(GpuKernels, FusedCrossEntropyMatchesTheUnfusedChain) {
 TEST(GpuKernels, LinearWithGradAccumulationFusionAddsIntoTheMainGradient) {
   REQUIRE_GPU();
   torch::manual_seed(5);
+  const auto main_grads = make_main_grads();
   const auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
   const auto w0 = torch::randn({96, 64}, opts) * 0.05, b0 = torch::randn({96}, opts) * 0.05;
   const std::vector<torch::Tensor> xs = {torch::randn({4, 32, 64}, opts), torch::randn({4, 32, 64}, opts)};
@@ -71,12 +71,12 @@ TEST(GpuKernels, LinearWithGradAccumulationFusionAddsIntoTheMainGradient) {
   const auto initial = torch::randn({96, 64}, opts.dtype(torch::kFloat32));  // earlier accumulation
   fused_w.mutable_grad() = initial.clone();
   torch::Tensor main_grad = fused_w.grad();
-  ASSERT_TRUE(grad_accumulation_fusion_applies(xs[0], fused_w));
+  ASSERT_TRUE(grad_accumulation_fusion_applies(xs[0], fused_w, *main_grads));
   auto plain_w = w0.clone().requires_grad_(true), plain_b = b0.clone().requires_grad_(true);
   torch::Tensor expected = initial.clone();
   for (size_t i = 0; i < xs.size(); ++i) {
     auto xf = xs[i].clone().requires_grad_(true), xp = xs[i].clone().requires_grad_(true);
-    linear_with_grad_accumulation_fusion(xf, fused_w, fused_b).backward(dys[i]);
+    linear_with_grad_accumulation_fusion(xf, fused_w, fused_b, main_grads).backward(dys[i]);
     auto yp = torch::nn::functional::linear(xp, plain_w, plain_b);
     yp.backward(dys[i]);
     expected += plain_w.grad().to(torch::kFloat32);
@@ -92,7 +92,7 @@ TEST(GpuKernels, LinearWithGradAccumulationFusionAddsIntoTheMainGradient) {
 
   // Without a bias (the output layer, --disable-bias-linear): same forward and input gradient.
   auto xn = xs[0].clone().requires_grad_(true), xq = xs[0].clone().requires_grad_(true);
-  auto yn = linear_with_grad_accumulation_fusion(xn, fused_w, torch::Tensor());
+  auto yn = linear_with_grad_accumulation_fusion(xn, fused_w, torch::Tensor(), main_grads);
   auto yq = torch::nn::functional::linear(xq, plain_w);
   EXPECT_TRUE(torch::equal(yn, yq)) << "forward without a bias";
   yn.backward(dys[0]);
@@ -108,7 +108,7 @@ TEST(GpuKernels, LinearWithGradAccumulationFusionAddsIntoTheMainGradient) {
   torch::Tensor bias_main_grad = both_b.grad();
   auto expected_b = initial_b.to(torch::kFloat64);
   for (size_t i = 0; i < xs.size(); ++i) {
-    linear_with_grad_accumulation_fusion(xs[i], both_w, both_b).backward(dys[i]);
+    linear_with_grad_accumulation_fusion(xs[i], both_w, both_b, main_grads).backward(dys[i]);
     expected_b += dys[i].to(torch::kFloat64).sum(std::vector<int64_t>{0, 1});
   }
   EXPECT_EQ(both_b.grad().data_ptr(), bias_main_grad.data_ptr()) << "the bias's main gradient was replaced";
@@ -118,9 +118,8 @@ TEST(GpuKernels, LinearWithGradAccumulationFusionAddsIntoTheMainGradient) {
   const double wgrad_err = (both_w.grad() - expected).abs().max().item<double>();
   EXPECT_LT(wgrad_err, scale * 1e-2) << "wgrad with the bias-gradient epilogue differs beyond bf16 rounding";
 
-  set_gradient_accumulation_fusion(false);
-  EXPECT_FALSE(grad_accumulation_fusion_applies(xs[0], fused_w)) << "--no-gradient-accumulation-fusion ignored";
-  set_gradient_accumulation_fusion(true);
+  EXPECT_FALSE(grad_accumulation_fusion_applies(xs[0], fused_w, *make_main_grads(false)))
+      << "--no-gradient-accumulation-fusion ignored";
 }
 
 // The QKV split's backward (one contiguous gradient assembled by the strided-rows copy) against

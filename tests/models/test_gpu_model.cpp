@@ -8,7 +8,7 @@
 #include <cstdlib>
 
 #include "models/gpt_model.h"
-#include "models/linear/main_grad_first_write.h"
+#include "models/linear/main_grads.h"
 #include "tests/test_helpers.h"
 #include "checkpoint/file_io.h"
 #include "trainer/determinism.h"
@@ -158,7 +158,7 @@ TEST(Gpu, DeterministicModeRepeatsAndResumesBitwise) {
 }
 
 // A step's first wgrad GEMM writes the bf16 linears' main gradients instead of adding to zeros
-// (models/linear/main_grad_first_write.h); the second micro-batch adds. Against the run that zeroes every
+// (models/linear/main_grads.h); the second micro-batch adds. Against the run that zeroes every
 // gradient: the same weights after three steps, with biases (BGRADB writes the bias's main
 // gradient) and without (GeLU MLP vs SwiGLU, tied vs untied output layer), and the path ran for
 // every linear weight and bias of every step.
@@ -171,9 +171,6 @@ TEST(Gpu, FirstWgradWriteMatchesZeroingAndAccumulating) {
   const std::vector<Variant> variants = {
       {{}, 2 * 8},
       {{"--disable-bias-linear", "--swiglu", "--untie-embeddings-and-output-weights"}, 2 * 4 + 1}};
-  struct Restore {
-    ~Restore() { main_grad_first_write::set_enabled(true); }
-  } restore;
   for (const auto& v : variants) {
     std::vector<std::string> args = {"--train-iters", "3", "--bf16", "--device", "cuda", "--deterministic-mode"};
     args.insert(args.end(), v.flags.begin(), v.flags.end());
@@ -184,15 +181,12 @@ TEST(Gpu, FirstWgradWriteMatchesZeroingAndAccumulating) {
     argv.insert(argv.end(), args.begin(), args.end());
     LaunchEnv env;
     const Config c = build_config(parse(argv), env, /*gpu_available=*/true);
-    const TrainOptions weights{.collect_final_weights = true};
-    main_grad_first_write::set_enabled(true);
-    const uint64_t before = main_grad_first_write::granted();
-    const TrainResult written = train(c, weights);
-    EXPECT_EQ(main_grad_first_write::granted() - before, 3 * v.written_per_step) << "first writes per step";
-    main_grad_first_write::set_enabled(false);
-    const uint64_t before_off = main_grad_first_write::granted();
-    const TrainResult zeroed = train(c, weights);
-    EXPECT_EQ(main_grad_first_write::granted(), before_off) << "switched off, yet first writes ran";
+    const TrainOptions writes{.collect_final_weights = true, .main_grad_first_writes = true};
+    const TrainOptions zeroes{.collect_final_weights = true, .main_grad_first_writes = false};
+    const TrainResult written = train(c, writes);
+    EXPECT_EQ(written.main_grad_first_writes, 3 * v.written_per_step) << "first writes per step";
+    const TrainResult zeroed = train(c, zeroes);
+    EXPECT_EQ(zeroed.main_grad_first_writes, 0u) << "switched off, yet first writes ran";
     ASSERT_EQ(written.final_weights.size(), zeroed.final_weights.size());
     for (const auto& [name, w] : written.final_weights) {
       const auto diff = (w - zeroed.final_weights.at(name)).abs().max().item<double>();

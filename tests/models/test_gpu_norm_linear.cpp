@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "fp8/fp8_linear.h"
 #include "fp8/norm_backward.h"
 #include "models/mlp/fused_gelu_mlp.h"
 #include "models/linear/fused_linear.h"
@@ -116,11 +117,12 @@ TEST(GpuNormPrologue, Fp8NormBackwardMatchesTorchs) {
         close(ours.dgamma, theirs.dgamma, "dgamma");
         if (with_beta) close(ours.dbeta, theirs.dbeta, "dbeta");
         else EXPECT_FALSE(ours.dbeta.defined()) << where;
-        // Installed, the FP8 path's entry point runs ours.
-        fp8::install_norm_backward(&fp8_norm_backward);
-        EXPECT_TRUE(torch::equal(fp8::norm_backward(in).dx, ours.dx)) << where;
-        fp8::install_norm_backward(nullptr);
-        EXPECT_TRUE(torch::equal(fp8::norm_backward(in).dx, theirs.dx)) << where;
+        // Given to an engine, the FP8 path's entry point runs ours; an engine without it, torch's.
+        fp8::Fp8Engine given(fp8::Fp8EngineOptions{}, torch::Device(torch::kCUDA, 0));
+        fp8::Fp8Engine plain(fp8::Fp8EngineOptions{}, torch::Device(torch::kCUDA, 0));
+        given.use_backward_kernels(&fp8_norm_backward, nullptr);
+        EXPECT_TRUE(torch::equal(given.norm_backward(in).dx, ours.dx)) << where;
+        EXPECT_TRUE(torch::equal(plain.norm_backward(in).dx, theirs.dx)) << where;
       }
     }
   }
@@ -225,12 +227,15 @@ TEST(GpuNormLinear, IsTheSeparateNormAndLinearBitwise) {
     const auto o = norm_options(c.kind, hidden);
     const auto c_sum = torch::randn({tokens / 2, 2, hidden}, kCuda), c_y = torch::randn({tokens / 2, 2, out}, kCuda);
     const auto fused = run(v, o, c_sum, c_y, [&](const ResidualStream& in, const NormPrologue& norm, const std::vector<torch::Tensor>& p) {
-      EXPECT_TRUE(norm_linear_applies(in, norm, p[0])) << c.name;
-      return norm_linear(in, norm, p[0], p[1]);
+      const auto main_grads = make_main_grads();
+      EXPECT_TRUE(norm_linear_applies(in, norm, p[0], *main_grads)) << c.name;
+      return norm_linear(in, norm, p[0], p[1], main_grads);
     });
     const auto separate = run(v, o, c_sum, c_y, [](const ResidualStream& in, const NormPrologue& norm, const std::vector<torch::Tensor>& p) {
-      const auto r = residual_add_norm(in.residual, in.branch, norm.options, norm.weight, norm.bias, in.branch_bias);
-      return ResidualOutput{r.sum, linear_with_grad_accumulation_fusion(r.normed, p[0], p[1])};
+      const auto main_grads = make_main_grads();
+      const auto r = residual_add_norm(in.residual, in.branch, norm.options, norm.weight, norm.bias, in.branch_bias,
+                                       main_grads);
+      return ResidualOutput{r.sum, linear_with_grad_accumulation_fusion(r.normed, p[0], p[1], main_grads)};
     });
     expect_bitwise(fused, separate, c.name);
   }
@@ -244,11 +249,13 @@ TEST(GpuNormLinear, NormGeluMlpIsTheSeparateNormAndMlpBitwise) {
     const auto o = norm_options(c.kind, hidden);
     const auto c_sum = torch::randn({tokens / 2, 2, hidden}, kCuda), c_y = torch::randn({tokens / 2, 2, hidden}, kCuda);
     const auto fused = run(v, o, c_sum, c_y, [](const ResidualStream& in, const NormPrologue& norm, const std::vector<torch::Tensor>& p) {
-      return fused_norm_gelu_mlp(in, norm, GeluMlpParams{p[0], p[1], p[2], p[3]});
+      return fused_norm_gelu_mlp(in, norm, GeluMlpParams{p[0], p[1], p[2], p[3], make_main_grads()});
     });
     const auto separate = run(v, o, c_sum, c_y, [](const ResidualStream& in, const NormPrologue& norm, const std::vector<torch::Tensor>& p) {
-      const auto r = residual_add_norm(in.residual, in.branch, norm.options, norm.weight, norm.bias, in.branch_bias);
-      return ResidualOutput{r.sum, fused_gelu_mlp(r.normed, GeluMlpParams{p[0], p[1], p[2], p[3]})};
+      const auto main_grads = make_main_grads();
+      const auto r = residual_add_norm(in.residual, in.branch, norm.options, norm.weight, norm.bias, in.branch_bias,
+                                       main_grads);
+      return ResidualOutput{r.sum, fused_gelu_mlp(r.normed, GeluMlpParams{p[0], p[1], p[2], p[3], main_grads})};
     });
     expect_bitwise(fused, separate, c.name);
   }

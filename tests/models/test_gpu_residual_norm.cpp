@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "models/linear/main_grad_first_write.h"
+#include "models/linear/main_grads.h"
 #include "models/norm/residual_norm.h"
 #include "residual_norm_harness.h"
 #include "tests/test_helpers.h"
@@ -49,18 +49,19 @@ Inputs make_inputs(std::vector<int64_t> sizes, const NormOptions& o, torch::Dtyp
 ResidualNormRun fused_run(const Inputs& in, const NormOptions& o, bool use_sum = true, bool use_normed = true) {
   return run_residual_norm(
       [&](const torch::Tensor& r, const torch::Tensor& b, const torch::Tensor& w, const torch::Tensor& bb) {
-        return residual_add_norm(r, b, o, w, bb);
+        return residual_add_norm(r, b, o, w, bb, {}, make_main_grads());
       },
       in.residual, in.branch, in.weight, in.bias, use_sum ? in.c_sum : torch::Tensor(),
       use_normed ? in.c_normed : torch::Tensor());
 }
 
 // fused_run with the branch's pending bias `branch_bias` (a leaf the caller owns: its gradient stays
-// there, in autograd's .grad or in its main gradient).
-ResidualNormRun fused_run_with_branch_bias(const Inputs& in, const NormOptions& o, const torch::Tensor& branch_bias) {
+// there, in autograd's .grad or in its main gradient as `main_grads` says).
+ResidualNormRun fused_run_with_branch_bias(const Inputs& in, const NormOptions& o, const torch::Tensor& branch_bias,
+                                           const MainGradsPtr& main_grads) {
   return run_residual_norm(
       [&](const torch::Tensor& r, const torch::Tensor& b, const torch::Tensor& w, const torch::Tensor& bb) {
-        return residual_add_norm(r, b, o, w, bb, branch_bias);
+        return residual_add_norm(r, b, o, w, bb, branch_bias, main_grads);
       },
       in.residual, in.branch, in.weight, in.bias, in.c_sum, in.c_normed);
 }
@@ -163,13 +164,10 @@ TEST(GpuKernels, ResidualNormMatchesTheFp32Chain) {
 // + norm with the bias equals, bit for bit, the same op on branch + bias added first by torch
 // (sum, normed and every other gradient); the bias's gradient is the fp32 sum over tokens of the
 // branch's gradient, written into a fresh tensor for autograd, added to a main gradient, or
-// written over a stale one in a step's first write (models/linear/main_grad_first_write.h). Also past
+// written over a stale one in a step's first write (models/linear/main_grads.h). Also past
 // the kernels' widest row (hidden 9000) and through ResidualStream::sum(), where torch's ops run.
 TEST(GpuKernels, ResidualNormAddsTheBranchBiasAndSumsItsGradient) {
   REQUIRE_GPU();
-  struct Restore {
-    ~Restore() { main_grad_first_write::own({}); }
-  } restore;
   for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
     for (const int64_t hidden : {768, 1000, 9000}) {
       for (const auto kind : {Normalization::LayerNorm, Normalization::RMSNorm}) {
@@ -190,7 +188,8 @@ TEST(GpuKernels, ResidualNormAddsTheBranchBiasAndSumsItsGradient) {
 
         // Autograd gets the bias's gradient (no main gradient), in the bias's dtype.
         const auto leaf = branch_bias.detach().clone().requires_grad_(true);
-        const auto got = fused_run_with_branch_bias(in, o, leaf);
+        const auto main_grads = make_main_grads();
+        const auto got = fused_run_with_branch_bias(in, o, leaf, main_grads);
         EXPECT_TRUE(torch::equal(got.sum, want.sum)) << "sum";
         EXPECT_TRUE(torch::equal(got.normed, want.normed)) << "normed";
         EXPECT_TRUE(torch::equal(got.d_residual, want.d_residual)) << "residual's gradient";
@@ -205,20 +204,19 @@ TEST(GpuKernels, ResidualNormAddsTheBranchBiasAndSumsItsGradient) {
         // A main gradient: added to, then written over in a step's first write.
         auto param = branch_bias.detach().clone().requires_grad_(true);
         param.mutable_grad() = torch::ones({o.size}, kCuda.dtype(torch::kFloat32));
-        main_grad_first_write::own({});
-        fused_run_with_branch_bias(in, o, param);
+        fused_run_with_branch_bias(in, o, param, main_grads);
         EXPECT_LE(relative_error(param.grad().to(torch::kFloat64) - 1.0, want_bias_grad), tolerance) << "added";
-        main_grad_first_write::own({param});
-        main_grad_first_write::new_step();
+        main_grads->own({param});
+        main_grads->new_step();
         param.grad().fill_(1e30);  // stale: must not be read
-        fused_run_with_branch_bias(in, o, param);
+        fused_run_with_branch_bias(in, o, param, main_grads);
         EXPECT_LE(bias_error(param.grad()), tolerance) << "first write";
 
         // The unfused sum (a stage's output, a recomputed unit's input): the same gradient.
-        main_grad_first_write::own({});
+        main_grads->own({});
         param.grad().fill_(0.0);
         auto r = in.residual.detach().clone().requires_grad_(true);
-        (ResidualStream{r, in.branch, param}.sum().to(torch::kFloat32) * in.c_sum.to(torch::kFloat32)).sum().backward();
+        (ResidualStream{r, in.branch, param}.sum(main_grads).to(torch::kFloat32) * in.c_sum.to(torch::kFloat32)).sum().backward();
         const auto c_sum_sums = in.c_sum.to(torch::kFloat64).reshape({-1, o.size}).sum(0);
         EXPECT_LE(relative_error(param.grad().to(torch::kFloat64), c_sum_sums), tolerance) << "through sum()";
       }
@@ -233,9 +231,6 @@ TEST(GpuKernels, ResidualNormAddsTheBranchBiasAndSumsItsGradient) {
 // share this backward pass (tests/models/test_gpu_norm_linear.cpp compares them with the plain op).
 TEST(GpuKernels, ResidualNormSumsGammaAndBetaIntoTheirMainGradients) {
   REQUIRE_GPU();
-  struct Restore {
-    ~Restore() { main_grad_first_write::own({}); }
-  } restore;
   for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
     for (const auto kind : {Normalization::LayerNorm, Normalization::RMSNorm}) {
       const NormOptions o{768, kind, 1e-5, false};
@@ -248,11 +243,12 @@ TEST(GpuKernels, ResidualNormSumsGammaAndBetaIntoTheirMainGradients) {
       std::vector<torch::Tensor> params{weight};
       if (bias.defined()) params.push_back(bias);
       for (auto& p : params) p.mutable_grad() = torch::full(p.sizes(), 1e30, kCuda.dtype(torch::kFloat32));
-      main_grad_first_write::own(params);
-      main_grad_first_write::new_step();
+      const auto main_grads = make_main_grads();
+      main_grads->own(params);
+      main_grads->new_step();
       const auto run = [&] {
         auto r = in.residual.detach().clone().requires_grad_(true), b = in.branch.detach().clone().requires_grad_(true);
-        const auto out = residual_add_norm(r, b, o, weight, bias);
+        const auto out = residual_add_norm(r, b, o, weight, bias, {}, main_grads);
         ((out.sum * in.c_sum).sum() + (out.normed * in.c_normed).sum()).backward();
         EXPECT_TRUE(torch::equal(r.grad(), want.d_residual)) << "residual's gradient";
       };
@@ -268,14 +264,13 @@ TEST(GpuKernels, ResidualNormSumsGammaAndBetaIntoTheirMainGradients) {
         // A frozen gamma: beta's gradient alone (the reduction's gamma row is not asked for).
         weight.requires_grad_(false);
         weight.mutable_grad() = torch::Tensor();
-        main_grad_first_write::own({bias});
-        main_grad_first_write::new_step();
+        main_grads->own({bias});
+        main_grads->new_step();
         bias.grad().fill_(1e30);
         run();
         EXPECT_TRUE(torch::equal(bias.grad(), written_beta)) << "beta's main gradient with gamma frozen";
         EXPECT_FALSE(weight.grad().defined());
       }
-      main_grad_first_write::own({});
     }
   }
 }
@@ -348,7 +343,7 @@ TEST(GpuKernels, ResidualNormTakesMisalignedAndStridedInputs) {
   misaligned.residual = shifted;
   const auto fused = run_residual_norm(
       [&](const torch::Tensor&, const torch::Tensor& b, const torch::Tensor& w, const torch::Tensor& bb) {
-        return residual_add_norm(shifted, b, o, w, bb);  // the view itself: run's leaf would be a fresh copy
+        return residual_add_norm(shifted, b, o, w, bb, {}, make_main_grads());  // the view itself: run's leaf would be a fresh copy
       },
       in.residual, in.branch, in.weight, in.bias, in.c_sum, in.c_normed);
   EXPECT_NE(fused.node.find("ResidualNorm"), std::string::npos) << fused.node;
@@ -368,7 +363,7 @@ TEST(GpuKernels, ResidualNormFallsBackToTheChainAndTakesNoRows) {
   REQUIRE_GPU();
   auto chain = [](const NormOptions& o) {
     return [o](const torch::Tensor& r, const torch::Tensor& b, const torch::Tensor& w, const torch::Tensor& bb) {
-      return unfused_residual_add_norm(r, b, o, w, bb);
+      return unfused_residual_add_norm(r, b, o, w, bb, {}, make_main_grads());
     };
   };
   {

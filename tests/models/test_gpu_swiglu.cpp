@@ -195,6 +195,7 @@ TEST(GpuKernels, SwigluLinearIsTheTwoOpsBitwise) {
       std::vector<torch::Tensor> zs, dxs;
       torch::Tensor w_grad, b_grad;
     };
+    const auto main_grads = make_main_grads(true);
     const auto run_with = [&](bool fused) {
       auto w = w_values.clone().requires_grad_(true);
       w.mutable_grad() = torch::zeros({out, f}, kCuda.dtype(torch::kFloat32));
@@ -206,7 +207,8 @@ TEST(GpuKernels, SwigluLinearIsTheTwoOpsBitwise) {
       Run r;
       for (size_t i = 0; i < xs.size(); ++i) {
         auto x = xs[i].clone().requires_grad_(true);
-        auto z = fused ? swiglu_linear(x, w, b) : linear_with_grad_accumulation_fusion(fused_swiglu(x), w, b);
+        auto z = fused ? swiglu_linear(x, w, b, main_grads)
+                       : linear_with_grad_accumulation_fusion(fused_swiglu(x), w, b, main_grads);
         if (fused) EXPECT_NE(z.grad_fn()->name().find("SwigluLinear"), std::string::npos) << z.grad_fn()->name();
         z.backward(dzs[i]);
         r.zs.push_back(z.detach());

@@ -4,7 +4,7 @@
 #include <set>
 
 #include "models/gpt_model.h"
-#include "models/linear/main_grad_first_write.h"
+#include "models/linear/main_grads.h"
 #include "models/linear/modules.h"
 #include "tests/test_helpers.h"
 #include "optim/mixed_precision_optimizer.h"
@@ -183,29 +183,69 @@ TEST(GemmWrittenParams, AreTheLinearsWeightsAndBiases) {
 
 // A registered main gradient is taken once per step (the first GEMM writes it), not at all when it
 // is not registered or was replaced, and one no GEMM wrote is zeroed before the step uses it.
-TEST(MainGradFirstWrite, GrantsOneWritePerStepAndZeroesTheUnwritten) {
+TEST(MainGrads, GrantsOneFirstWritePerStepAndZeroesTheUnwritten) {
   auto a = torch::ones({3}).requires_grad_(true), b = torch::ones({2}).requires_grad_(true),
        c = torch::ones({2}).requires_grad_(true);
   for (auto* t : {&a, &b, &c}) t->mutable_grad() = torch::full(t->sizes(), 5.0);
-  main_grad_first_write::own({a, b});
-  main_grad_first_write::new_step();
-  EXPECT_TRUE(main_grad_first_write::take(a));
-  EXPECT_FALSE(main_grad_first_write::take(a)) << "the second micro-batch adds";
-  EXPECT_FALSE(main_grad_first_write::take(c)) << "not registered";
-  main_grad_first_write::zero_unwritten();
+  MainGrads g;
+  g.own({a, b});
+  g.new_step();
+  EXPECT_TRUE(g.take(a));
+  EXPECT_FALSE(g.take(a)) << "the second micro-batch adds";
+  EXPECT_FALSE(g.take(c)) << "not registered";
+  g.zero_unwritten();
   EXPECT_TRUE(torch::equal(a.grad(), torch::full({3}, 5.0))) << "written this step: kept";
   EXPECT_TRUE(torch::equal(b.grad(), torch::zeros({2}))) << "no GEMM wrote it: zeroed";
   EXPECT_TRUE(torch::equal(c.grad(), torch::full({2}, 5.0)));
-  EXPECT_FALSE(main_grad_first_write::take(b)) << "zeroed counts as written";
-  main_grad_first_write::new_step();
-  EXPECT_TRUE(main_grad_first_write::take(a));
-  EXPECT_TRUE(main_grad_first_write::take(b));
-  main_grad_first_write::new_step();
+  EXPECT_FALSE(g.take(b)) << "zeroed counts as written";
+  g.new_step();
+  EXPECT_TRUE(g.take(a));
+  EXPECT_TRUE(g.take(b));
+  g.new_step();
   b.mutable_grad() = torch::zeros({2});  // another buffer: no longer the registered main gradient
-  EXPECT_FALSE(main_grad_first_write::take(b));
-  main_grad_first_write::own({});
-  main_grad_first_write::new_step();
-  EXPECT_FALSE(main_grad_first_write::take(a));
+  EXPECT_FALSE(g.take(b));
+  g.own({});
+  g.new_step();
+  EXPECT_FALSE(g.take(a));
+  EXPECT_EQ(g.granted(), 3u);
+}
+
+// Two models in one process with different settings: each module follows its own model's
+// (gradient-accumulation fusion on in one, off in the other), and the first writes one model
+// registers are not the other's.
+TEST(MainGrads, TwoModelsKeepTheirOwnSettings) {
+  const ModelConfig m = model_config();
+  const TensorParallelContext tp{make_self_communicator("tp", 0), 0, 1, false};
+  const auto fused = make_main_grads(true), unfused = make_main_grads(false);
+  const std::shared_ptr<fp8::Fp8Engine> no_fp8;
+  const std::shared_ptr<MoeContext> no_moe;
+  GptModel a(m, tp, StageSpec::whole(m), no_fp8, no_moe, ContextParallelContext{}, fused);
+  GptModel b(m, tp, StageSpec::whole(m), no_fp8, no_moe, ContextParallelContext{}, unfused);
+  EXPECT_EQ(a->main_grads().get(), fused.get());
+  EXPECT_EQ(b->main_grads().get(), unfused.get());
+  const auto plans_a = linear_plans(*a), plans_b = linear_plans(*b);
+  ASSERT_FALSE(plans_a.empty());
+  ASSERT_EQ(plans_a.size(), plans_b.size());
+  for (size_t i = 0; i < plans_a.size(); ++i) {
+    EXPECT_TRUE(plans_a[i].second.main_grad_fusion) << plans_a[i].first;
+    EXPECT_FALSE(plans_b[i].second.main_grad_fusion) << plans_b[i].first;
+    EXPECT_NE(plans_a[i].second.describe(), plans_b[i].second.describe());
+  }
+  // Model a's first writes: registered in a's settings only.
+  auto weight = a->named_parameters()["decoder.layers.0.mlp.linear_fc1.weight"];
+  weight.mutable_grad() = torch::zeros_like(weight);
+  fused->own({weight});
+  fused->new_step();
+  unfused->new_step();
+  EXPECT_FALSE(unfused->take(weight)) << "b knows nothing of a's registrations";
+  EXPECT_TRUE(fused->take(weight));
+  // Each keeps working with its own setting: a step of each changes its weights.
+  auto tokens = torch::randint(0, m.vocab_size, {2, m.seq_length}, torch::kInt64);
+  for (auto* model : {&a, &b}) {
+    const auto loss = (*model)->loss(tokens, tokens, torch::ones({2, m.seq_length}));
+    loss.backward();
+    EXPECT_TRUE(std::isfinite(loss.item<double>()));
+  }
 }
 
 // One AdamW step over the flat buffers equals torch::optim::AdamW (decoupled weight decay),

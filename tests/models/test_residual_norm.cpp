@@ -43,7 +43,7 @@ TEST(ResidualNorm, CpuIsTheUnfusedChainBitwise) {
           const auto c_sum = torch::randn({5, 3, hidden}).to(dtype), c_normed = torch::randn({5, 3, hidden}).to(dtype);
 
           auto fused = [&](const torch::Tensor& r, const torch::Tensor& b, const torch::Tensor& w, const torch::Tensor& bb) {
-            return residual_add_norm(r, b, o, w, bb);
+            return residual_add_norm(r, b, o, w, bb, {}, nullptr);
           };
           // The chain as the layers wrote it before the fusion.
           auto chain = [&](const torch::Tensor& r, const torch::Tensor& b, const torch::Tensor& w, const torch::Tensor& bb) {
@@ -72,10 +72,11 @@ TEST(ResidualNorm, CpuIsTheUnfusedChainBitwise) {
 
 TEST(ResidualNorm, WithoutABranchTheSumIsTheResidualItself) {
   const auto x = torch::randn({4, 16});
-  const auto out = residual_add_norm(x, {}, NormOptions{16, Normalization::RMSNorm, 1e-6, false}, torch::ones({16}), {});
+  const auto out = residual_add_norm(x, {}, NormOptions{16, Normalization::RMSNorm, 1e-6, false}, torch::ones({16}), {}, {},
+                                     nullptr);
   EXPECT_TRUE(out.sum.is_same(x));
   EXPECT_TRUE(torch::equal(out.normed, at::rms_norm(x, {16}, torch::ones({16}), 1e-6)));
-  EXPECT_TRUE((ResidualStream{x, {}}.sum().is_same(x)));
+  EXPECT_TRUE((ResidualStream{x, {}}.sum(nullptr).is_same(x)));
 }
 
 // Logits and every parameter's gradient of a whole model (the layers threading their pending adds

@@ -18,6 +18,7 @@
 #include "trainer/cli/moe_args.h"
 #include "trainer/cli/rerun_args.h"
 #include "trainer/cli/cuda_graph_args.h"
+#include "trainer/cli/determinism_env.h"
 #include "trainer/cli/recompute_args.h"
 #include "trainer/cli/tp_overlap_args.h"
 
@@ -124,6 +125,16 @@ PrecisionConfig build_precision(const FlagValues& f) {
   p.loss_scale_window = int64_t(f.get_float("loss-scale-window"));
   p.hysteresis = int(f.get_int("hysteresis"));
   return p;
+}
+
+// FP8TRON_GEMM_AUTOTUNE (environment): 0 keeps the FP8 GEMMs on cuBLASLt's heuristic choice, 1 or
+// unset times the candidates on first use (fp8/gemm.h). Read here, once, for the whole run.
+bool gemm_autotune_from_environment(const EnvLookup& lookup) {
+  const char* v = lookup("FP8TRON_GEMM_AUTOTUNE");
+  if (!v || !*v) return true;
+  const std::string value(v);
+  if (value != "0" && value != "1") throw UserError("FP8TRON_GEMM_AUTOTUNE must be 0 or 1, not '" + value + "'");
+  return value == "1";
 }
 
 // --fp8-format turns FP8 on (Megatron: no format, no FP8); the other --fp8-* flags shape the recipe.
@@ -812,6 +823,8 @@ Config build_config(const FlagValues& flags, const LaunchEnv& launch, bool gpu_a
   if (c.device == "cuda" && !gpu_available && !c.dry_run)
     throw UserError("--device cuda: no CUDA GPU is visible to this process (use --device cpu)");
   c.precision.fp8 = build_fp8(flags, c.model, c.precision, c.device == "cuda");
+  c.precision.fp8.gemm_autotune =
+      gemm_autotune_from_environment([](const char* name) { return std::getenv(name); }) && !c.training.deterministic;
   c.model.moe.expert_gemm_fp8 = c.precision.fp8.grouped_gemm_fp8;
   c.distributed.tp_overlap = build_tp_overlap(flags, tp, c.precision.fp8.enabled(), c.hint_warnings);
 

@@ -1,0 +1,80 @@
+// How a model's backward kernels treat the parameters' fp32 main gradients (the optimizer's flat
+// buffer, which each parameter's `.grad` views). One object per model, made by whoever builds it
+// (the trainer, from --no-gradient-accumulation-fusion) and handed to every module by the
+// ModuleFactory; the autograd nodes that write gradients keep a reference to it. Two models with
+// different settings can therefore live in one process.
+//
+// Gradient-accumulation fusion (Megatron's, on unless --no-gradient-accumulation-fusion): on a
+// GPU, a linear whose weight gradient is an fp32 main gradient accumulates its wgrad GEMM straight
+// into it, and autograd gets no weight gradient. Off: the GEMM writes dW in the weight's dtype and
+// autograd adds it into the buffer (a separate read-add-write). A kernel choice: the math is the
+// same up to the fp32 summation order.
+//
+// First writes: Megatron zeroes every main gradient before a step and every wgrad GEMM adds into
+// it (beta = 1). For the bf16 linears whose weight and bias gradients only their own GEMMs write,
+// the step's first GEMM can write them (beta = 0) and later micro-batches add: no zeroing pass over
+// those 95% of the buffer, and no read of the zeros by the first GEMM. The result is the same bit
+// for bit (0 + x = x). The trainer registers those parameters once (own; and takes them out of the
+// optimizer's zeroing), starts each step with new_step(), and before the gradients are reduced
+// zeroes any registered gradient the step did not write (zero_unwritten), so a weight that got no
+// gradient still reads 0. The FP8 linears do the same through their engine (fp8/fp8_linear.h).
+#pragma once
+#include <torch/custom_class.h>
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+namespace fp8tron {
+
+class MainGrads : public torch::CustomClassHolder {
+ public:
+  explicit MainGrads(bool gradient_accumulation_fusion = true) : fusion_(gradient_accumulation_fusion) {}
+
+  bool fusion() const { return fusion_; }
+  // Whether a kernel should put `param`'s gradient straight into its fp32 main gradient: fusion is
+  // on and the parameter has one (models/linear/linear_grads.h's is_main_grad).
+  bool fuses_into(const torch::Tensor& param) const;
+
+  // The parameters whose main gradients the wgrad GEMMs write first; replaces any earlier set.
+  void own(const std::vector<torch::Tensor>& params);
+  // The gradients count as zeroed: each registered one's next GEMM writes.
+  void new_step();
+  // Whether `param` is registered and its main gradient not yet written since new_step(); marks it
+  // written. The GEMM about to produce its gradient then writes instead of adding.
+  bool take(const torch::Tensor& param);
+  // Zeroes the registered main gradients that no GEMM wrote since new_step(). Called again without a
+  // new_step() (a CUDA graph replaying the step whose first writes it captured: no host call marks
+  // them), it zeroes again those it zeroed the first time, as the replayed step did not write them.
+  void zero_unwritten();
+  // How many first writes take() has granted (tests check the path runs).
+  uint64_t granted() const;
+
+ private:
+  struct Entry {
+    torch::Tensor param;
+    const void* main_grad = nullptr;  // the `.grad` registered: a parameter given another gradient is not ours
+    uint64_t written = 0;             // the step of its last write
+    uint64_t zeroed = 0;              // the step in which zero_unwritten found it unwritten
+  };
+  const bool fusion_;
+  mutable std::mutex mutex_;  // backward may run on autograd's device threads
+  std::unordered_map<const c10::TensorImpl*, Entry> entries_;
+  uint64_t step_ = 1;
+  uint64_t granted_ = 0;
+};
+
+using MainGradsPtr = c10::intrusive_ptr<MainGrads>;
+
+// A model's settings: fusion on (or off), no first writes registered.
+inline MainGradsPtr make_main_grads(bool gradient_accumulation_fusion = true) {
+  return c10::make_intrusive<MainGrads>(gradient_accumulation_fusion);
+}
+
+// The MainGrads an autograd node keeps, stored in and read back from its context.
+inline c10::IValue main_grads_value(const MainGradsPtr& g) { return c10::IValue::make_capsule(g); }
+inline MainGradsPtr main_grads_of(const c10::IValue& v) { return c10::static_intrusive_pointer_cast<MainGrads>(v.toCapsule()); }
+
+}  // namespace fp8tron
