@@ -11,7 +11,7 @@ import sys
 import tempfile
 import unittest
 
-SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "profile_summary.py"
+SCRIPT = pathlib.Path(__file__).resolve().parents[3] / "scripts" / "profile_summary.py"
 sys.path.insert(0, str(SCRIPT.parent))
 import profile_summary  # noqa: E402
 
