@@ -1,7 +1,10 @@
 #include "fp8/quantized_tensor.h"
 
+#include <ATen/cuda/CUDAContext.h>
+
 #include "core/error.h"
 #include "core/text.h"
+#include "fp8/linear_ops.h"
 #include "fp8/quantize_reference.h"
 #include "fp8/recipe.h"
 #include "fp8/swiglu_backward.h"
@@ -194,6 +197,207 @@ std::shared_ptr<QuantizedSegments> quantize_grouped(Fp8Engine& e, const std::vec
 bool grouped_swiglu_cast_fuses(const Fp8Engine& e, TensorRole role) {
   return path_of(e) == Path::kNative && recipe_kind(e.recipe()) == RecipeKind::kDelayed &&
          scaling_mode(e.recipe(), role) == ScalingMode::kTensor;
+}
+
+// ---- per-tensor quantizers ------------------------------------------------------------------------
+
+CudaStream current_stream(const torch::Device& device) {
+  return at::cuda::getCurrentCUDAStream(device.index()).stream();
+}
+
+Path path_of(const Fp8Engine& e) {
+  if (!e.device().is_cuda()) return Path::kCpu;
+  return e.emulated() ? Path::kEmulated : Path::kNative;
+}
+
+
+torch::Tensor scale_storage(const ScaleLayout& layout, const torch::Device& device) {
+  const auto dtype = layout.element_bytes == 1 ? torch::kUInt8 : torch::kFloat32;
+  return torch::empty({int64_t(layout.elements())}, torch::TensorOptions().device(device).dtype(dtype));
+}
+namespace {
+
+// --log-fp8-stats-to-tensorboard: the values a cast quantized (a fused prologue applied as the
+// kernel applies it), against its FP8 codes (`transposed`: the codes are the transposed copy).
+void record_cast_stats(Fp8Engine& e, const Fp8Site& site, TensorRole role, Format format, const torch::Tensor& xb,
+                       const TensorCastFusion& fusion, const torch::Tensor& codes, bool transposed) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor values = xb;
+  const auto floats = torch::TensorOptions().device(xb.device()).dtype(torch::kFloat32);
+  switch (fusion.prologue) {
+    case Prologue::kNone: break;
+    case Prologue::kGeluTanh: values = at::gelu(xb, "tanh"); break;
+    case Prologue::kSwiglu: values = torch_swiglu(xb); break;
+    case Prologue::kGeluTanhBackward: {
+      auto aux = torch::from_blob(const_cast<uint16_t*>(fusion.aux), xb.sizes(), floats.dtype(torch::kBFloat16));
+      values = at::gelu_backward(xb, aux, "tanh");
+      break;
+    }
+    case Prologue::kSwigluBackward: {
+      auto h = torch::from_blob(const_cast<uint16_t*>(fusion.aux), {xb.size(0), 2 * xb.size(1)},
+                                floats.dtype(torch::kBFloat16));
+      values = e.swiglu_backward(xb, h);
+      break;
+    }
+    case Prologue::kLayerNorm: {
+      const int64_t rows = xb.size(0), cols = xb.size(1);
+      auto rstd = torch::from_blob(const_cast<float*>(fusion.norm.rstd), {rows, 1}, floats);
+      auto x = xb.to(torch::kFloat32);
+      if (fusion.norm.mean) x = x - torch::from_blob(const_cast<float*>(fusion.norm.mean), {rows, 1}, floats);
+      x = x * rstd * torch::from_blob(const_cast<uint16_t*>(fusion.norm.gamma), {cols}, floats.dtype(torch::kBFloat16));
+      if (fusion.norm.beta)
+        x = x + torch::from_blob(const_cast<uint16_t*>(fusion.norm.beta), {cols}, floats.dtype(torch::kBFloat16));
+      values = x;
+      break;
+    }
+  }
+  e.record_stats(site, role, format, values, transposed ? codes.t() : codes);
+}
+
+}  // namespace
+
+std::shared_ptr<Quantized> quantize(Fp8Engine& e, const Fp8Site& site, TensorRole role, torch::Tensor x2d,
+                                    bool rowwise, bool transposed, bool record_amax, TensorCastFusion fusion,
+                                    const AmaxReducer* reduce_current) {
+  const Recipe& recipe = e.recipe();
+  const Path path = path_of(e);
+  // The fused kernels serve per-tensor scaling on the GPU; elsewhere the prologue runs first.
+  const bool fusable = path != Path::kCpu && scaling_mode(recipe, role) == ScalingMode::kTensor && transposed;
+  if (fusion.prologue == Prologue::kGeluTanh && !fusable) x2d = at::gelu(x2d, "tanh");
+  if (fusion.prologue == Prologue::kSwiglu && !(fusable && recipe_kind(recipe) == RecipeKind::kDelayed)) {
+    x2d = torch_swiglu(x2d);
+    fusion.prologue = Prologue::kNone;
+  }
+  FP8TRON_CHECK(fusion.column_sums == nullptr || fusable, "column sums need the fused per-tensor GPU cast");
+  FP8TRON_CHECK(fusion.prologue != Prologue::kGeluTanhBackward || fusable, "the GeLU-backward cast needs the fused path");
+  FP8TRON_CHECK(fusion.prologue != Prologue::kLayerNorm || (fusable && recipe_kind(recipe) == RecipeKind::kDelayed),
+                "the LayerNorm cast needs the fused delayed-scaling path");
+  FP8TRON_CHECK(fusion.prologue != Prologue::kSwigluBackward || (fusable && recipe_kind(recipe) == RecipeKind::kDelayed),
+                "the SwiGLU-backward cast needs the fused delayed-scaling path");
+  if (!fusable) fusion.prologue = Prologue::kNone;
+  auto q = std::make_shared<Quantized>();
+  Fp8TensorView& v = q->view;
+  v.format = tensor_format(recipe, role);
+  v.scaling_mode = scaling_mode(recipe, role);
+  v.rows = size_t(x2d.size(0));
+  // SwiGLU halves the width; its backward doubles it.
+  v.cols = fusion.prologue == Prologue::kSwiglu           ? size_t(x2d.size(1) / 2)
+           : fusion.prologue == Prologue::kSwigluBackward ? size_t(2 * x2d.size(1))
+                                                          : size_t(x2d.size(1));
+  const auto device = x2d.device();
+  const auto bytes = torch::TensorOptions().device(device).dtype(torch::kUInt8);
+  const auto floats = bytes.dtype(torch::kFloat32);
+  const int64_t rows = int64_t(v.rows), cols = int64_t(v.cols);
+  if (rowwise) q->data = torch::empty({rows, cols}, bytes);
+  if (transposed) q->data_t = torch::empty({cols, rows}, bytes);
+  v.data = ptr(q->data);
+  v.data_t = ptr(q->data_t);
+  // The quantizers read bf16: on the CPU path an fp32 model's activations are rounded to bf16
+  // first, as the GPU path's bf16 activations are.
+  const torch::Tensor xb = x2d.to(torch::kBFloat16).contiguous();
+  const auto* x = static_cast<const uint16_t*>(xb.data_ptr());
+  const bool cpu = path == Path::kCpu;
+  CudaStream stream = cpu ? nullptr : current_stream(device);
+
+  switch (v.scaling_mode) {
+    case ScalingMode::kTensor: {
+      q->scale_inv = torch::empty({1}, floats);
+      v.scale_inv = ptr(q->scale_inv);
+      if (recipe_kind(recipe) == RecipeKind::kDelayed) {
+        const size_t s = e.slot(site, role);
+        v.scale = e.scale().data_ptr<float>() + s;
+        v.amax = record_amax ? e.history().data_ptr<float>() + s : nullptr;
+        cpu ? reference::quantize_tensor_delayed(x, v) : quantize_tensor_delayed(x, v, stream, fusion);
+      } else {
+        const auto& current = std::get<CurrentScaling>(recipe);
+        const CurrentScalingOptions options{current.power_2_scales, current.amax_epsilon};
+        q->scale = torch::empty({1}, floats);
+        q->amax = torch::empty({1}, floats);
+        v.scale = q->scale.data_ptr<float>();
+        v.amax = q->amax.data_ptr<float>();
+        if (reduce_current) {
+          FP8TRON_CHECK(fusion.prologue == Prologue::kNone && fusion.column_sums == nullptr,
+                        "a reduced current-scaling amax takes no fused prologue");
+          if (cpu) {
+            q->amax.fill_(reference::amax_bf16(x, v.numel()));
+          } else {
+            q->amax.zero_();
+            amax_bf16(x, v.numel(), v.amax, stream);
+          }
+          (*reduce_current)(q->amax);
+          cpu ? reference::quantize_tensor_current_given_amax(x, v, options)
+              : quantize_tensor_current_given_amax(x, v, options, stream);
+        } else {
+          cpu ? reference::quantize_tensor_current(x, v, options) : quantize_tensor_current(x, v, options, stream, fusion);
+        }
+      }
+      break;
+    }
+    case ScalingMode::kBlock1x128:
+    case ScalingMode::kBlock128x128: {
+      const auto& block = std::get<BlockwiseScaling>(recipe);
+      const BlockScalingOptions options{block.power_2_scales, block.amax_epsilon};
+      if (rowwise) q->scale_inv = scale_storage(v.layout(), device);
+      if (transposed) q->scale_inv_t = scale_storage(v.layout_t(), device);
+      v.scale_inv = ptr(q->scale_inv);
+      v.scale_inv_t = ptr(q->scale_inv_t);
+      cpu ? reference::quantize_blockwise(x, v, options) : quantize_blockwise(x, v, options, stream);
+      break;
+    }
+    case ScalingMode::kMxfp8: {
+      if (rowwise) q->scale_inv = scale_storage(v.layout(), device);
+      if (transposed) q->scale_inv_t = scale_storage(v.layout_t(), device);
+      v.scale_inv = ptr(q->scale_inv);
+      v.scale_inv_t = ptr(q->scale_inv_t);
+      cpu ? reference::quantize_mxfp8(x, v) : quantize_mxfp8(x, v, stream);
+      break;
+    }
+  }
+  if (e.collecting_stats()) record_cast_stats(e, site, role, v.format, xb, fusion, q->data.defined() ? q->data : q->data_t,
+                                              !q->data.defined());
+  if (path == Path::kNative) return q;
+  // Emulation: the GEMMs run in high precision on the dequantized values (bf16 on the GPU as the
+  // tensor cores would see them after the scale; fp32 on the CPU).
+  auto dequantize_copy = [&](bool t) {
+    const int64_t r = t ? cols : rows, c = t ? rows : cols;
+    if (cpu) {
+      auto out = torch::empty({r, c}, torch::kFloat32);
+      reference::dequantize_to_float(v, t, out.data_ptr<float>());
+      return out;
+    }
+    auto out = torch::empty({r, c}, torch::TensorOptions().device(device).dtype(torch::kBFloat16));
+    dequantize(v, t, static_cast<uint16_t*>(out.data_ptr()), stream);
+    return out;
+  };
+  if (rowwise) q->dequantized = dequantize_copy(false);
+  if (transposed) q->dequantized_t = dequantize_copy(true);
+  return q;
+}
+
+std::shared_ptr<Quantized> quantized_weight(Fp8Site& site, const torch::Tensor& weight, bool record_amax) {
+  Fp8Engine& e = *site.engine;
+  if (site.codes.defined() && site.codes_generation == e.weight_generation()) {
+    // --fp8-param-gather: the gathered codes are this step's weight (its amax was recorded when
+    // the optimizer cast it).
+    if (!(site.weight && site.weight_generation == e.weight_generation() && site.weight_data == site.codes.data_ptr())) {
+      site.weight = weight_from_codes(e, site);
+      site.weight_generation = e.weight_generation();
+      site.weight_data = site.codes.data_ptr();
+      site.weight_version = -1;
+    }
+    return site.weight;
+  }
+  const bool fresh = site.weight && site.weight_generation == e.weight_generation() &&
+                     site.weight_data == weight.data_ptr() && site.weight_version == int64_t(weight._version());
+  if (fresh) return site.weight;
+  // Evaluation quantizes without recording amaxes and without caching, so the next training
+  // step still records its weight amax.
+  if (!record_amax) return quantize(e, site, TensorRole::kWeight, weight.detach(), true, true, false);
+  site.weight = quantize(e, site, TensorRole::kWeight, weight.detach(), true, true, true);
+  site.weight_generation = e.weight_generation();
+  site.weight_data = weight.data_ptr();
+  site.weight_version = int64_t(weight._version());
+  return site.weight;
 }
 
 }  // namespace fp8tron::fp8

@@ -3,8 +3,8 @@
 //   native     GPU, FP8 tensor cores: the quantize kernels, the codes feed cuBLASLt
 //   emulated   GPU, MXFP8 on Hopper and HiF8: the same kernels, then dequantized to bf16 copies
 //   cpu        the reference quantizers (quantize_reference.h), dequantized to fp32 copies
-// The per-tensor quantizers (quantize, quantized_weight) live in fp8_linear.cpp, the grouped one in
-// quantized_tensor.cpp.
+// All of them are in quantized_tensor.cpp: the per-tensor quantizers (quantize, quantized_weight)
+// and the grouped one.
 #pragma once
 #include <torch/torch.h>
 

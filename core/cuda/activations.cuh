@@ -11,7 +11,7 @@ constexpr float kGeluBeta = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluKappa = 0.044715f;
 
 // torch's gelu(x, approximate="tanh") and gelu_backward in fp32, as its kernels compute them (the
-// compiler may fuse multiply-adds), for the FP8 casts that fuse the activation (fp8/quantize.cu).
+// compiler may fuse multiply-adds), for the FP8 casts that fuse the activation (fp8/quantize_tile.cuh).
 __device__ __forceinline__ float gelu_tanh(float x) {
   const float x_cube = x * x * x;
   const float inner = kGeluBeta * (x + kGeluKappa * x_cube);
@@ -47,7 +47,7 @@ __device__ __forceinline__ float gelu_derivative_from_tanh(float x, float t) {
 
 // SiLU and its derivative: torch's formulas (opmath fp32), which the fused SwiGLU kernels use
 // (models/mlp/swiglu_kernels.cu), and fast approximations, which the FP8 casts that fuse SwiGLU use
-// (fp8/quantize.cu).
+// (fp8/quantize_tile.cuh).
 
 // silu(g) = g / (1 + e^-g).
 __device__ __forceinline__ float silu(float g) { return g / (1.0f + expf(-g)); }
