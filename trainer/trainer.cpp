@@ -5,11 +5,14 @@
 #include "trainer/trainer.h"
 
 #include <chrono>
+#include <cstdio>
 #include <optional>
 
 #include "checkpoint/fault_points.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/text.h"
+#include "models/model_plan.h"
 #include "trainer/cli/config_builder.h"
 #include "trainer/exit_signal.h"
 #include "trainer/profiling.h"
@@ -76,6 +79,24 @@ void check_weight_hashes_across_replicas(RunParts& parts, int64_t iteration) {
   log::print(check_weight_hashes(params, experts, parts.parallel, iteration));
 }
 
+// --print-model-plan: how this pipeline rank's chunks run, module by module. The first rank of each
+// stage prints it (the other tensor-, context- and data-parallel ranks run the same plan).
+std::string model_plan_text(const RunParts& parts) {
+  const auto& p = parts.parallel;
+  std::string text = strprintf("model plan, pipeline rank %d of %d:\n", p.pp_rank, p.sizes.pp);
+  for (size_t i = 0; i < parts.chunks.size(); ++i) {
+    if (parts.chunks.size() > 1) text += strprintf(" virtual pipeline chunk %zu:\n", i);
+    text += format_model_plan(model_plan(*parts.chunks[i]));
+  }
+  return text;
+}
+
+void print_model_plan(const std::string& text, const ParallelState& p) {
+  if (p.tp_rank != 0 || p.cp_rank != 0 || p.dp_rank != 0) return;
+  std::fputs(text.c_str(), stdout);
+  std::fflush(stdout);
+}
+
 // Megatron's rule: every --eval-interval iterations, from --start-eval-at-iter on.
 bool evaluation_due(const RunParts& parts, int64_t iteration) {
   const auto& t = parts.config.training;
@@ -91,6 +112,12 @@ TrainResult run_training(const Config& c, const TrainOptions& options) {
   RunProgress progress(c, parts.parallel.sizes.dp);
   RunReporter reporter(parts, progress, timers);
   reporter.log_start();
+  if (c.print_model_plan) {
+    TrainResult planned;
+    planned.model_plan = model_plan_text(parts);
+    print_model_plan(planned.model_plan, parts.parallel);
+    return planned;
+  }
   RunCheckpoints checkpoints(parts, progress);
   TrainingStep step(parts, progress, timers, checkpoints, reporter);
 

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <map>
+#include <string>
 #include <vector>
 
 #include "parallel/parallel_state.h"
@@ -42,6 +43,7 @@ struct TrainResult {
   int64_t consumed_samples = 0;
   int64_t cuda_graph_replays = 0;  // --cuda-graph-impl full_iteration: the steps that replayed the graph
   uint64_t main_grad_first_writes = 0;  // the wgrad GEMMs' first writes of main gradients
+  std::string model_plan;  // --print-model-plan: this rank's plan (training then does not start)
   std::vector<double> final_weights_sample;          // a few values, for determinism tests
   std::map<std::string, torch::Tensor> final_weights;    // with collect_final_weights
   std::map<std::string, torch::Tensor> initial_weights;  // with collect_initial_weights

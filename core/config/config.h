@@ -33,6 +33,7 @@ struct Config {
   LaunchEnv launch;
   std::string device;      // "cpu" | "cuda"
   bool dry_run = false;
+  bool print_model_plan = false;  // build the run, print how each module runs, exit before step 1
   // Flags that are recognised but whose feature has not landed, as "--flag (feature)"; training
   // refuses to start while any is set. --dry-run lists them.
   std::vector<std::string> not_supported_yet;

@@ -51,7 +51,7 @@ const char* bias_text(BiasPlacement b) {
     case BiasPlacement::kNone: return "no bias";
     case BiasPlacement::kGemmEpilogue: return "bias: in the GEMM";
     case BiasPlacement::kAfterReduction: return "bias: added after the reduction";
-    case BiasPlacement::kNextNorm: return "bias: left to the next norm (without dropout)";
+    case BiasPlacement::kNextNorm: return "bias: left to the next residual add + norm on GPUs (in the GEMM under hidden dropout)";
   }
   return "";
 }

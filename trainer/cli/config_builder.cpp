@@ -755,6 +755,7 @@ Config build_config(const FlagValues& flags, const LaunchEnv& launch, bool gpu_a
   Config c;
   c.launch = launch;
   c.dry_run = flags.get_bool("dry-run");
+  c.print_model_plan = flags.get_bool("print-model-plan");
   classify_given_flags(flags, c);
 
   const int tp = int(flags.get_int("tensor-model-parallel-size"));

@@ -19,6 +19,7 @@ const std::vector<FlagSpec>& flag_table() {
       // ---- fp8tron's own -----------------------------------------------------------------------------
       {"config", K::String, "", S::Yes, "", "", "JSON file of flags (keys = flag names without '--'); command-line flags win."},
       {"dry-run", K::Bool, "", S::Yes, "", "", "Resolve and validate everything, print the plan and estimates, exit without touching data or GPUs."},
+      {"print-model-plan", K::Bool, "", S::Yes, "", "", "Build the run as training would, print how every linear layer, MLP and expert group runs (precision, tensor-parallel communication and overlap, fused norm, bias, weight gradient), exit before the first step."},
       {"device", K::String, "", S::Yes, "", "cpu|cuda", "Where to train (default: cuda when a GPU is present, else cpu)."},
       {"builtin-data", K::Bool, "", S::Yes, "", "", "Train on fp8tron's embedded learnable synthetic dataset (first-order Markov text)."},
       {"log-all-ranks", K::Bool, "", S::Yes, "", "", "Print info lines from every rank, not only rank 0."},

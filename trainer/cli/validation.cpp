@@ -159,6 +159,12 @@ const std::vector<Rule>& rules() {
                   "give --tensorboard-dir";
          return "";
        }},
+      {"model plan",
+       [](const Config& c, const FlagValues&) -> std::string {
+         if (c.print_model_plan && c.dry_run)
+           return "--print-model-plan builds the model, which --dry-run never does; give one of the two";
+         return "";
+       }},
       {"collective backend",
        [](const Config&, const FlagValues& f) -> std::string {
          if (f.get_string("distributed-backend") == "gloo")
