@@ -6,6 +6,7 @@
 #include <cstring>
 #include <condition_variable>
 #include <deque>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -253,6 +254,9 @@ PreprocessStats preprocess(const PreprocessOptions& o, std::ostream& log) {
   if (o.log_interval < 1) throw UserError("--log-interval must be positive");
 
   const auto startup = Clock::now();
+  std::error_code ec;
+  if (std::filesystem::is_directory(o.input, ec))
+    throw UserError(strprintf("--input %s is a directory; give one JSONL file (run once per file)", o.input.c_str()));
   std::ifstream in(o.input, std::ios::binary);
   if (!in) throw UserError(strprintf("cannot open --input %s", o.input.c_str()));
   log << "Opening " << o.input << std::endl;
@@ -303,6 +307,10 @@ PreprocessStats preprocess(const PreprocessOptions& o, std::ostream& log) {
   reader.join();
   for (auto& t : workers) t.join();
   if (auto error = pipeline.error()) std::rethrow_exception(error);
+  // An empty dataset would only fail later, inside training, far from its cause.
+  if (stats.documents == 0)
+    throw UserError(strprintf("--input %s holds no documents (one JSON object per line expected); nothing written",
+                              o.input.c_str()));
 
   for (size_t k = 0; k < builders.size(); ++k) builders[k]->finalize(outputs.idx(k));
   builders.clear();

@@ -3,6 +3,8 @@
 #include <csignal>
 #include <cstdlib>
 #include <map>
+#include <set>
+#include <sstream>
 
 #include "core/error.h"
 #include "parallel/launch_env.h"
@@ -307,6 +309,36 @@ TEST(Config, DryRunPlanForALargeJob) {
   std::string plan = format_plan(c);
   EXPECT_NE(plan.find("world 1000 = TP 2 x CP 1 x DP 250 x PP 2"), std::string::npos) << plan;
   EXPECT_NE(format_arguments(c).find("  num_layers "), std::string::npos);
+}
+
+// Megatron prints one line per argument, with a --no- switch's destination on by default.
+TEST(Config, ArgumentTablePrintsEachArgumentOnceWithItsEffectiveValue) {
+  auto line_of = [](const std::string& table, const std::string& key) {
+    const size_t at = table.find("  " + key + " ");
+    if (at == std::string::npos) return std::string();
+    return table.substr(at, table.find('\n', at) - at);
+  };
+  const std::string table = format_arguments(build(tiny_args({"--override-opt_param-scheduler"})));
+  EXPECT_NE(line_of(table, "check_for_nan_in_loss_and_grad").find(" true"), std::string::npos) << table;
+  EXPECT_EQ(line_of(table, "no_check_for_nan_in_loss_and_grad"), "") << table;
+  EXPECT_NE(line_of(table, "override_opt_param_scheduler").find(" true"), std::string::npos) << table;
+  std::set<std::string> keys;
+  std::istringstream lines(table);
+  for (std::string line; std::getline(lines, line);)
+    if (line.rfind("  ", 0) == 0) EXPECT_TRUE(keys.insert(line.substr(2, line.find(' ', 2) - 2)).second) << line;
+  const std::string off = format_arguments(build(tiny_args({"--no-check-for-nan-in-loss-and-grad"})));
+  EXPECT_NE(line_of(off, "check_for_nan_in_loss_and_grad").find(" false"), std::string::npos) << off;
+}
+
+// Values Megatron would refuse or that would fail far from their cause.
+TEST(Config, RefusesWeightsAndTokenIdsOutOfRange) {
+  EXPECT_USER_ERROR(build(tiny_args({"--init-method-std", "-1"})), "--init-method-std must not be negative");
+  std::vector<std::string> mock = {"--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
+                                   "--seq-length", "16", "--micro-batch-size", "2", "--lr", "1e-3", "--train-iters", "10",
+                                   "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "1024"};
+  EXPECT_USER_ERROR(build(with(mock, {"--null-tokenizer-eod-id", "5000"})),
+                    "--null-tokenizer-eod-id 5000 is outside the vocabulary");
+  EXPECT_EQ(build(with(mock, {"--null-tokenizer-eod-id", "7"})).data.null_eod_id.value_or(0), 7);
 }
 
 TEST(LaunchEnv, ReadsEachLauncher) {

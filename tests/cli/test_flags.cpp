@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <set>
 
 #include "core/error.h"
@@ -18,7 +19,7 @@ TEST(FlagTable, NamesAreUniqueAndWellFormed) {
   EXPECT_GT(flag_table().size(), 500u) << "the table should know every Megatron flag";
 }
 
-TEST(FlagTable, IssueFlagsAreImplemented) {
+TEST(FlagTable, CoreMegatronFlagsAreImplemented) {
   for (const char* name : {"num-layers", "hidden-size", "ffn-hidden-size", "num-attention-heads", "kv-channels",
                            "group-query-attention", "num-query-groups", "seq-length", "max-position-embeddings",
                            "position-embedding-type", "rotary-base", "rotary-percent", "normalization", "norm-epsilon",
@@ -70,6 +71,19 @@ TEST(Flags, BadValues) {
   EXPECT_USER_ERROR(parse({"--lr-decay-style", "exp"}), "invalid choice 'exp'");
   EXPECT_USER_ERROR(parse({"--num-layers"}), "command line");
   EXPECT_USER_ERROR(parse({"stray"}), "unexpected argument 'stray'");
+  EXPECT_USER_ERROR(parse({"--lr", "nan"}), "--lr expects a finite number, got 'nan'");
+  EXPECT_USER_ERROR(parse({"--clip-grad", "inf"}), "--clip-grad expects a finite number");
+  EXPECT_USER_ERROR(parse({"--save", ""}), "--save was given an empty value");
+}
+
+// Megatron's parser refuses a second value after a single-valued flag; keeping the last one would
+// train a model nobody asked for.
+TEST(Flags, ExtraValueAfterAFlagIsRefused) {
+  EXPECT_USER_ERROR(parse({"--num-layers", "2", "3"}), "--num-layers takes one value, but '2' is followed by '3'");
+  EXPECT_USER_ERROR(parse({"--lr", "1e-3", "5e-4", "--bf16"}), "--lr takes one value");
+  EXPECT_EQ(parse({"--init-method-std", "-1", "--lr", "1"}).get_float("init-method-std"), -1.0);
+  EXPECT_EQ(parse({"--data-path", "0.3", "a", "0.7", "b"}).get_list("data-path").size(), 4u);
+  EXPECT_EQ(parse({"--lr=1e-3", "--num-layers", "2"}).get_int("num-layers"), 2);
 }
 
 TEST(Flags, JsonConfigMergesAndCommandLineWins) {
@@ -87,6 +101,7 @@ TEST(Flags, JsonConfigMergesAndCommandLineWins) {
 
 TEST(Flags, JsonConfigErrors) {
   EXPECT_USER_ERROR(parse({"--config", "/nonexistent/x.json"}), "cannot open");
+  EXPECT_USER_ERROR(parse({"--config", std::filesystem::temp_directory_path().string()}), "is a directory");
   EXPECT_USER_ERROR(parse({"--config", temp_file("bad.json", "{not json")}), "not valid JSON");
   EXPECT_USER_ERROR(parse({"--config", temp_file("arr.json", "[1,2]")}), "must be a JSON object");
   EXPECT_USER_ERROR(parse({"--config", temp_file("unk.json", R"({"num-layerz": 2})")}), "did you mean '--num-layers'?");

@@ -25,4 +25,15 @@ status=0
   2> "$dir/err" || status=$?
 test "$status" -eq 1
 grep -q "error: cannot open --input" "$dir/err"
+
+# A directory or an empty file is refused without writing a dataset.
+for input in "$dir" "$dir/empty.jsonl"; do
+  : > "$dir/empty.jsonl"
+  status=0
+  "$bin" --input "$input" --output-prefix "$dir/e" --tokenizer-type NullTokenizer --vocab-size 100 \
+    2> "$dir/err" || status=$?
+  test "$status" -eq 1
+  grep -Eq "error: --input .* (is a directory|holds no documents)" "$dir/err"
+  if ls "$dir"/e_* > /dev/null 2>&1; then echo "a refused input left files behind"; exit 1; fi
+done
 echo "preprocess CLI: ok"

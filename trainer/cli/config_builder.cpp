@@ -4,6 +4,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstdlib>
+#include <map>
 #include <sstream>
 
 #include "core/config/batch_schedule.h"
@@ -434,9 +435,34 @@ LrScheduleConfig build_lr_schedule(const FlagValues& f, const OptimizerConfig& o
 }
 
 std::string format_value(const FlagSpec& spec, const FlagValues& f) {
-  if (spec.kind == FlagKind::Bool) return f.get_bool(spec.name) ? "true" : "false";
+  if (spec.kind == FlagKind::Bool) {
+    // A switch with a --no- twin is on unless the twin is given, as Megatron's store_false
+    // destinations print (check_for_nan_in_loss_and_grad is true by default).
+    const std::string twin = std::string("no-") + spec.name;
+    if (find_flag(twin) != nullptr) return f.get_bool(spec.name) || !f.get_bool(twin) ? "true" : "false";
+    return f.get_bool(spec.name) ? "true" : "false";
+  }
   if (f.given(spec.name)) return join(f.get_list(spec.name), " ");
   return *spec.default_value ? spec.default_value : "None";
+}
+
+// The argument table Megatron prints: one line per argument. A --no- twin is folded into its
+// switch, and spellings that differ only by '_' against '-' (--override-opt_param-scheduler) are
+// one argument.
+std::vector<std::pair<std::string, std::string>> resolved_flags(const FlagValues& flags) {
+  std::vector<std::pair<std::string, std::string>> out;
+  std::map<std::string, size_t> line_of;  // spelling with '-' only -> its line in out
+  for (const auto& spec : flag_table()) {
+    if (!((spec.support == Support::Yes && !is_test_flag(spec)) || flags.given(spec.name))) continue;
+    const std::string name = spec.name;
+    if (spec.kind == FlagKind::Bool && name.rfind("no-", 0) == 0 && find_flag(name.substr(3)) != nullptr) continue;
+    std::string key = name;
+    std::replace(key.begin(), key.end(), '_', '-');
+    auto [it, first] = line_of.emplace(key, out.size());
+    if (first) out.emplace_back(name, format_value(spec, flags));
+    else if (flags.given(name)) out[it->second].second = format_value(spec, flags);  // the spelling the user gave
+  }
+  return out;
 }
 
 // Data source and tokenizer, as pretrain_gpt.py resolves them: --tokenizer-type defaults to
@@ -829,9 +855,7 @@ Config build_config(const FlagValues& flags, const LaunchEnv& launch, bool gpu_a
   c.model.moe.expert_gemm_fp8 = c.precision.fp8.grouped_gemm_fp8;
   c.distributed.tp_overlap = build_tp_overlap(flags, tp, c.precision.fp8.enabled(), c.hint_warnings);
 
-  for (const auto& spec : flag_table())
-    if ((spec.support == Support::Yes && !is_test_flag(spec)) || flags.given(spec.name))
-      c.resolved_flags.emplace_back(spec.name, format_value(spec, flags));
+  c.resolved_flags = resolved_flags(flags);
   validate_config(c, flags);
   c.model.mtp.chunk_without_decoder_layers = mtp_chunk_without_decoder_layers(c);
   for (auto& warning : inert_flag_warnings(c, flags)) c.hint_warnings.push_back(std::move(warning));

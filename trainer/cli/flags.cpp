@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -53,8 +55,15 @@ void check_value(const FlagSpec& spec, const std::string& value) {
       if (!parses_as_int(value)) throw UserError(flag + " expects an integer, got '" + value + "'");
       break;
     case FlagKind::Float:
-    case FlagKind::FloatList:
-      if (!parses_as_float(value)) throw UserError(flag + " expects a number, got '" + value + "'");
+    case FlagKind::FloatList: {
+      double v = 0;
+      if (!parses_as_float(value, &v)) throw UserError(flag + " expects a number, got '" + value + "'");
+      if (!std::isfinite(v)) throw UserError(flag + " expects a finite number, got '" + value + "'");
+      break;
+    }
+    case FlagKind::String:
+      // An empty path would silently turn the feature off (e.g. --save ""): leave the flag out instead.
+      if (value.empty()) throw UserError(flag + " was given an empty value; give a value or leave the flag out");
       break;
     default:
       break;
@@ -78,6 +87,23 @@ bool is_list(FlagKind k) { return k == FlagKind::IntList || k == FlagKind::Float
   std::string hint = closest_match(name, all_flag_names());
   throw UserError("unknown flag " + where + "'" + raw + "'" +
                   (hint.empty() ? "" : "; did you mean '--" + hint + "'?"));
+}
+
+// Megatron's argparse refuses `--num-layers 2 3` and `--lr 1e-3 5e-4`; CLI11 with a take-last
+// policy would keep the last word, so a single-valued flag followed by a second bare word is refused
+// here, before CLI11 sees it.
+void refuse_extra_values(int argc, const char* const* argv) {
+  for (int i = 1; i < argc; ++i) {
+    std::string token = argv[i];
+    if (token.rfind("--", 0) != 0 || token.find('=') != std::string::npos) continue;
+    const FlagSpec* spec = find_flag(token.substr(2));
+    if (spec == nullptr || spec->kind == FlagKind::Bool || is_list(spec->kind)) continue;
+    const int extra = i + 2;
+    if (extra < argc && argv[extra][0] != '-')
+      throw UserError(token + " takes one value, but '" + argv[i + 1] + "' is followed by '" + argv[extra] +
+                      "'; remove the extra value");
+    ++i;
+  }
 }
 
 }  // namespace
@@ -156,6 +182,7 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
     }
     options[spec.name] = opt;
   }
+  refuse_extra_values(argc, argv);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -180,6 +207,9 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
 }
 
 void merge_json_config(const std::string& path, FlagValues& values) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw UserError("--config " + path + ": is a directory; give the JSON file inside it");
   std::ifstream in(path);
   if (!in) throw UserError("--config " + path + ": cannot open the file");
   nlohmann::json json;

@@ -178,7 +178,15 @@ const std::vector<Rule>& rules() {
          if (m.ffn_hidden_size <= 0) return "--ffn-hidden-size must be positive";
          if (m.kv_channels <= 0) return "--kv-channels must be positive";
          if (m.seq_length <= 0) return "--seq-length must be positive";
+         if (m.init_method_std < 0) return "--init-method-std must not be negative (it is the initial weights' standard deviation)";
          return "";
+       }},
+      {"end-of-document id inside the vocabulary",
+       [](const Config& c, const FlagValues&) -> std::string {
+         const auto& eod = c.data.null_eod_id;
+         if (!eod || c.model.vocab_size <= 0 || (*eod >= 0 && *eod < c.model.vocab_size)) return "";
+         return "--null-tokenizer-eod-id " + ll(*eod) + " is outside the vocabulary of " + ll(c.model.vocab_size) +
+                " tokens; give an id below it or leave the flag out";
        }},
       {"positions cover the sequence",
        [](const Config& c, const FlagValues&) -> std::string {
