@@ -284,6 +284,14 @@ void clean_up_after_commit(const CheckpointConfig& k, const PendingSave& save, s
       if (it < t.iteration) delete_checkpoint(t.save_dir, it, t.token);
     return;
   }
+  // A fault's checkpoint never retires the checkpoint saved before the fault: if the re-run is
+  // not possible, that one is the way back.
+  if (save.for_rerun) {
+    if (previous && !previous->release && previous->iteration < t.iteration)
+      log::print(strprintf("  kept the checkpoint of iteration %lld at %s: the last one saved before the fault",
+                           (long long)previous->iteration, t.save_dir.c_str()));
+    return;
+  }
   if (k.save_retain_interval && previous && !previous->release && previous->iteration > 0 &&
       previous->iteration < t.iteration && previous->iteration % *k.save_retain_interval != 0)
     delete_checkpoint(t.save_dir, previous->iteration, t.token);
@@ -321,6 +329,7 @@ std::unique_ptr<PendingSave> prepare_save(const TrainingState& s, int64_t iterat
   auto save = std::make_unique<PendingSave>();
   save->start = Clock::now();
   save->non_persistent = non_persistent;
+  save->for_rerun = s.rerun != nullptr && s.rerun->to_save.has_value();
   const std::string dir = non_persistent ? ck::non_persistent_dir(k.non_persistent_dir, k.save) : k.save;
   log::print(strprintf("saving %scheckpoint at iteration %7lld to %s in fp8tron format", non_persistent ? "non-persistent " : "",
                       (long long)iteration, dir.c_str()));

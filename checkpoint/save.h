@@ -64,6 +64,7 @@ struct PendingSave {
   int64_t bytes_copied = 0;  // into the snapshot buffers (asynchronous saves)
   double copy_seconds = 0;   // taking the host copies
   bool non_persistent = false;
+  bool for_rerun = false;  // the state before a faulty iteration, saved for its re-run elsewhere
   PendingSave();
   ~PendingSave();  // where RankShards is complete
 };

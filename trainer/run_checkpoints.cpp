@@ -1,7 +1,9 @@
 #include "trainer/run_checkpoints.h"
 
+#include "checkpoint/checkpoint_dir.h"
 #include "checkpoint/load.h"
 #include "checkpoint/save.h"
+#include "core/error.h"
 #include "core/log.h"
 #include "core/text.h"
 
@@ -48,10 +50,18 @@ void RunCheckpoints::save(int64_t iteration, bool non_persistent) {
   if (!non_persistent) progress_.last_saved_iteration = iteration;
 }
 
-void RunCheckpoints::save_for_rerun(int64_t iteration, const rerun::RerunRecord& record) {
+std::optional<int64_t> RunCheckpoints::save_for_rerun(int64_t iteration, const rerun::RerunRecord& record) {
+  std::optional<int64_t> before;
+  try {
+    const auto tracker = checkpoint::read_tracker(parts_.config.checkpoint.save);
+    if (tracker && !tracker->release) before = tracker->iteration;
+  } catch (const UserError&) {
+    // a garbage tracker names no checkpoint to go back to
+  }
   rerun_io_.to_save = record;
   save(iteration);
   rerun_io_.to_save.reset();
+  return before;
 }
 
 void RunCheckpoints::finish() {

@@ -5,6 +5,7 @@
 #pragma once
 #include <chrono>
 #include <memory>
+#include <optional>
 
 #include "checkpoint/async_saver.h"
 #include "checkpoint/training_state.h"
@@ -27,8 +28,9 @@ class RunCheckpoints {
   TrainingState state();
   void save(int64_t iteration, bool non_persistent = false);
   // Saves the state from before iteration `iteration + 1` with the rerun engine's record (a
-  // fault's checkpoint for a re-run elsewhere).
-  void save_for_rerun(int64_t iteration, const rerun::RerunRecord& record);
+  // fault's checkpoint for a re-run elsewhere). Returns the iteration of the latest checkpoint
+  // saved before it, which retention keeps (none when --save held none).
+  std::optional<int64_t> save_for_rerun(int64_t iteration, const rerun::RerunRecord& record);
   // Megatron's checkpoint_and_decide_exit: whether the loop ends after `iteration`.
   bool save_and_decide_exit(int64_t iteration, Clock::time_point start, const ExitSignalHandler* signal);
   // Commits an asynchronous save in flight, waiting for its writer.

@@ -1,6 +1,7 @@
 #include "trainer/training_step.h"
 
 #include <cmath>
+#include <optional>
 #include <sstream>
 
 #include "checkpoint/rank_agreement.h"
@@ -16,6 +17,19 @@ std::string value_text(double v) {
   if (std::isnan(v)) return "NaN";
   if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
   return strprintf("%.6E", v);
+}
+
+// What a user whose job stopped for a re-run elsewhere can do on this machine instead: the fault's
+// checkpoint asks for a re-run, the one saved before it (kept by retention) does not.
+std::string way_back_after_fault(int64_t saved_for_rerun, std::optional<int64_t> saved_before) {
+  if (saved_before && *saved_before < saved_for_rerun)
+    return strprintf(". The last checkpoint from before the fault is iteration %lld: to go on here, resume it with "
+                     "--ckpt-step %lld and a lower --lr or other data, or resume iteration %lld with --rerun-mode "
+                     "disabled to skip the re-run protocol",
+                     (long long)*saved_before, (long long)*saved_before, (long long)saved_for_rerun);
+  return strprintf(". To go on here, resume iteration %lld with --rerun-mode disabled (it skips the re-run protocol) "
+                   "and a lower --lr or other data",
+                   (long long)saved_for_rerun);
 }
 
 }  // namespace
@@ -230,6 +244,7 @@ void TrainingStep::end_run(int64_t iteration, const rerun::PassOutcome& outcome,
   std::string where;
   if (!param.empty()) where = " (the first parameter whose gradient is not finite: " + param + ")";
   else if (gradient) where = " (every gradient element is finite: their squares overflow the norm)";
+  std::string way_back;
   if (outcome.save_checkpoint) {
     // The state before the iteration (its step was skipped), with the record a restarted job reads.
     FP8TRON_CHECK(snapshot != nullptr, "a checkpoint for a re-run without a snapshot");
@@ -249,14 +264,15 @@ void TrainingStep::end_run(int64_t iteration, const rerun::PassOutcome& outcome,
       suspects.emplace_back(rank, hw);
     }
     parts_.rerun->set_suspects(suspects);
-    checkpoints_.save_for_rerun(iteration - 1, parts_.rerun->record());
+    const std::optional<int64_t> before = checkpoints_.save_for_rerun(iteration - 1, parts_.rerun->record());
+    way_back = way_back_after_fault(iteration - 1, before);
   }
   // A save prepared before this step holds a good state: it is committed before stopping.
   checkpoints_.finish();
   if (outcome.exit_status != 1) {
     const bool fatal_gradient = outcome.failed_call && parts_.rerun->calls()[*outcome.failed_call].subject ==
                                                            rerun::Subject::kGradNorm && gradient;
-    throw RunEnd(outcome.exit_status, outcome.conclusion + (fatal_gradient ? where : ""));
+    throw RunEnd(outcome.exit_status, outcome.conclusion + (fatal_gradient ? where : "") + way_back);
   }
   // --rerun-mode disabled (or a job's first iteration): today's one line.
   const std::string what = !std::isfinite(loss)

@@ -622,6 +622,27 @@ def rerun_engine():
     tracker_before[d] = "6"
     check_resume("resume from the rerun checkpoint", d, extra=["--rerun-mode", "disabled"])
 
+    # Retention never retires the checkpoint from before the fault: with --save-retain-interval the
+    # fault's checkpoint (iteration 7) would count as the newer good one and delete iteration 6,
+    # the healthy run's last, leaving nothing to go back to on this machine.
+    d = fresh("rerun_retention")
+    rc, out = run(["--save", d, "--save-retain-interval", "100", "--fp8tron-test-inject-nan", "8"])
+    if expect_exit("reproducible NaN with --save-retain-interval", rc, out, 16,
+                   r"saved the checkpoint of iteration 7.*The last checkpoint from before the fault is iteration 6: "
+                   r"to go on here, resume it with --ckpt-step 6"):
+        kept = sorted(x for x in os.listdir(d) if x.startswith("iter_"))
+        if kept != ["iter_0000006", "iter_0000007"] or tracker(d) != "7":
+            fail("retention after a fault", f"checkpoints {kept}, tracker {tracker(d)}: want iterations 6 and 7, tracker 7")
+        else:
+            rc, out = run(["--load", d, "--ckpt-step", "6", "--save", fresh("rerun_retention_resumed"),
+                           "--rerun-mode", "disabled"])
+            if rc != 0 or last_loss(out) != reference(1)[1]:
+                fail("resume the checkpoint kept from before the fault", f"exit {rc}:\n{out[-1500:]}")
+            else:
+                counts["resumes checked"] += 1
+                log("ok   retention kept iteration 6 beside the fault's checkpoint 7; --ckpt-step 6 resumed to the "
+                    "reference's last loss")
+
     # Injected errors under mpirun (data parallel 2, distributed optimizer): every rank decides alike.
     d = fresh("rerun_transient")
     rc, out = run(["--save", d, "--error-injection-rate", "20"] + DP2, ranks=2)
