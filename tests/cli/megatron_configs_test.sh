@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Megatron-LM's own test configurations (tests/megatron_configs/*.args: the MODEL_ARGS of
+# Megatron-LM's own test configurations (tests/cli/megatron_configs/*.args: the MODEL_ARGS of
 # tests/functional_tests/test_cases/{gpt,moe}/*/model_config.yaml at Megatron-LM d98e8a6, data
 # paths replaced by ${...} placeholders) through `fp8tron --dry-run` with the world size each names,
 # on test data made here. Each must be accepted, or refused naming the flag of a feature fp8tron
@@ -9,7 +9,7 @@
 # usage: megatron_configs_test.sh FP8TRON FP8TRON_PREPROCESS MAKE_TEST_DATA SOURCE_DIR
 set -u
 BIN=$1 PRE=$2 MAKE=$3 SRC=$4
-DIR=$SRC/tests/megatron_configs
+DIR=$SRC/tests/cli/megatron_configs
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 

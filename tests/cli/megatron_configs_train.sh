@@ -15,7 +15,7 @@ set -u
 BIN=$1 PRE=$2 MAKE=$3 SRC=$4 MPIRUN=$5
 NCCL_LAUNCH=""
 [ "${6:-}" = --nccl ] && NCCL_LAUNCH=$7
-DIR=$SRC/tests/megatron_configs
+DIR=$SRC/tests/cli/megatron_configs
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 source "$DIR/test_data.sh"

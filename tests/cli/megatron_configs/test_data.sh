@@ -1,4 +1,4 @@
-# Sourced by tests/megatron_configs_*.sh: makes the test data in $WORK (a synthetic GPT-2-sized BPE
+# Sourced by tests/cli/megatron_configs_*.sh: makes the test data in $WORK (a synthetic GPT-2-sized BPE
 # vocabulary, a preprocessed JSONL corpus, a SentencePiece model when the trainer is built in) and
 # exports the placeholders the .args files use (Megatron's CI fills the same names with its paths).
 # Needs WORK, MAKE (fp8tron_make_megatron_test_data) and PRE (fp8tron-preprocess).
