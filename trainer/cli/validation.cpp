@@ -159,6 +159,18 @@ const std::vector<Rule>& rules() {
                   "give --tensorboard-dir";
          return "";
        }},
+      {"Weights & Biases",
+       [](const Config& c, const FlagValues& f) -> std::string {
+         const WandbConfig& w = c.logging.wandb;
+         if (!w.enabled()) return "";
+         if (f.given("wandb-exp-name") && w.exp_name.empty())
+           return "--wandb-exp-name is empty (Megatron: \"Please specify the wandb experiment name!\"): name the run, "
+                  "or leave the flag out and W&B names it";
+         if (w.save_dir.empty())
+           return "--wandb-project needs a directory for the run's files: give --wandb-save-dir, or --save (W&B then "
+                  "writes under <--save>/wandb, as Megatron)";
+         return "";
+       }},
       {"collective backend",
        [](const Config&, const FlagValues& f) -> std::string {
          if (f.get_string("distributed-backend") == "gloo")
