@@ -44,9 +44,11 @@ std::string json_number(double v) {
   return strprintf("%.17g", v);
 }
 
-std::string setup_hint(const std::string& python) {
-  return "run scripts/setup.sh (it installs wandb into the project's .venv), or `" + python +
-         " -m pip install wandb`, or point FP8TRON_WANDB_PYTHON at a Python that has it";
+// `runs`: whether `python` could be started (then pip can install wandb for it).
+std::string setup_hint(const std::string& python, bool runs = true) {
+  const std::string pip = runs ? "`" + python + " -m pip install wandb`, or " : "";
+  return "run scripts/setup.sh (it installs wandb into the project's .venv), or " + pip +
+         "point FP8TRON_WANDB_PYTHON at a Python that has it";
 }
 
 }  // namespace
@@ -106,7 +108,7 @@ void WandbWriter::spawn(const WandbLoggerCommand& command) {
     close(input[1]);
     close(status[0]);
     throw UserError("--wandb-project: W&B logging needs Python with the wandb package, and " + command.python +
-                    " cannot be run (" + std::strerror(rc) + "); " + setup_hint(command.python));
+                    " cannot be run (" + std::strerror(rc) + "); " + setup_hint(command.python, false));
   }
   input_fd_ = input[1];
   status_fd_ = status[0];
