@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Idempotent set-up for a fresh machine: Debian packages, then LibTorch from the torch==2.11.0 wheel
 # in a project-local virtual environment (or an existing torch install when one is there, as on
-# many GPU machines). Writes .setup/env.sh, which the other scripts source.
+# many GPU machines), and the wandb client for --wandb-project. Writes .setup/env.sh, which the
+# other scripts source.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 TORCH_VERSION=2.11.0
+WANDB_VERSION=0.31.0
 
 log() { echo "[setup] $*"; }
 
@@ -50,7 +52,22 @@ if [ -z "$PY" ]; then
 fi
 log "using torch from $PY"
 
-# --- 3. paths for CMake and the run-time loader ------------------------------------------------------
+# --- 3. the wandb client (--wandb-project) -------------------------------------------------------
+# The trainer logs to W&B through a Python side process (trainer/logging/wandb_logger.py) that
+# needs only wandb: it goes into the project's .venv, made here when torch came from elsewhere.
+# Without it training still works; --wandb-project then stops at start-up naming this script.
+# An existing .venv without wandb (made before W&B logging) gets it here too.
+WANDB_PY=${FP8TRON_WANDB_PYTHON:-$ROOT/.venv/bin/python}
+if [ "$WANDB_PY" = "$ROOT/.venv/bin/python" ] && [ ! -x "$WANDB_PY" ]; then
+  python3 -m venv "$ROOT/.venv" || log "warning: could not create $ROOT/.venv for wandb"
+fi
+if ! "$WANDB_PY" -c "import wandb" >/dev/null 2>&1; then
+  log "installing wandb==$WANDB_VERSION for $WANDB_PY (W&B logging)"
+  "$WANDB_PY" -m pip install -q "wandb==$WANDB_VERSION" ||
+    log "warning: could not install wandb for $WANDB_PY; --wandb-project needs it (everything else works)"
+fi
+
+# --- 4. paths for CMake and the run-time loader ------------------------------------------------------
 eval "$("$PY" - <<'PYEOF'
 import os, torch
 site = os.path.dirname(os.path.dirname(torch.__file__))
@@ -72,6 +89,7 @@ mkdir -p .setup
 cat > .setup/env.sh <<ENVEOF
 # written by scripts/setup.sh
 export FP8TRON_PYTHON='$PY'
+export FP8TRON_WANDB_PYTHON='$WANDB_PY'
 export FP8TRON_TORCH_PREFIX='$TORCH_PREFIX'
 export FP8TRON_NCCL_ROOT='$nccl_root'
 export FP8TRON_CUDNN_INCLUDE='$cudnn_inc'

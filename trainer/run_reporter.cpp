@@ -35,6 +35,11 @@ std::string memory_report(const torch::Device& device, int64_t iteration) {
                    (long long)iteration, usage.ru_maxrss / 1024.0);
 }
 
+std::unique_ptr<TensorBoardWriter> tensorboard_writer(const Config& c) {
+  if (c.logging.tensorboard_dir.empty() || log::rank() != 0) return nullptr;
+  return std::make_unique<TensorBoardWriter>(c.logging.tensorboard_dir);
+}
+
 }  // namespace
 
 void RunReporter::IntervalSums::reset(const torch::Device& d, int64_t mtp_layers) {
@@ -56,10 +61,8 @@ void RunReporter::IntervalSums::add_moe(const std::string& name, const torch::Te
   moe_sums.emplace_back(name, value.clone());
 }
 
-RunReporter::RunReporter(RunParts& parts, RunProgress& progress, Timers& timers)
-    : parts_(parts), progress_(progress), timers_(timers) {
-  if (!parts.config.logging.tensorboard_dir.empty() && log::rank() == 0)
-    tensorboard_ = std::make_unique<TensorBoardWriter>(parts.config.logging.tensorboard_dir);
+RunReporter::RunReporter(RunParts& parts, RunProgress& progress, Timers& timers, std::unique_ptr<WandbWriter> wandb)
+    : parts_(parts), progress_(progress), timers_(timers), writers_(tensorboard_writer(parts.config), std::move(wandb)) {
   interval_.reset(parts.device, parts.config.model.mtp.num_layers);
 }
 
@@ -163,14 +166,14 @@ void RunReporter::report_moe(int64_t iteration) {
     interval_.add_moe(name, value);
     moe_history_[name].push_back(value);
   }
-  if (!tensorboard_) return;
+  if (!writers_.any()) return;
   // Every iteration, as Megatron's training_log (not gated by --tensorboard-log-interval).
-  for (const auto& [name, value] : r.scalars) tensorboard_->add_scalar(name, value.item<double>(), iteration);
+  for (const auto& [name, value] : r.scalars) writers_.add(name, value.item<double>(), iteration);
   if (!parts_.config.model.moe.per_layer_logging) return;
   for (const auto& [name, values] : r.per_layer) {
     auto host = values.cpu();
     for (int64_t i = 0; i < host.numel(); ++i)
-      tensorboard_->add_scalar("moe/" + name + "_layer_" + std::to_string(i), host[i].item<double>(), iteration);
+      writers_.add("moe/" + name + "_layer_" + std::to_string(i), host[i].item<double>(), iteration);
   }
 }
 
@@ -205,7 +208,7 @@ std::string RunReporter::iteration_line(int64_t iteration, double seconds, int64
   if (c.logging.log_params_norm) s.params_norm = parts_.optimizer->params_norm().item<double>();
   s.skipped_iterations = int64_t(interval_.skipped.item<double>());
   s.nan_iterations = int64_t(interval_.nan.item<double>());
-  if (tensorboard_ && s.tflops_per_gpu) tensorboard_->add_scalar("throughput", *s.tflops_per_gpu, iteration);
+  if (s.tflops_per_gpu) writers_.add("throughput", *s.tflops_per_gpu, iteration);
   return format_iteration_line(s);
 }
 
@@ -228,14 +231,17 @@ void RunReporter::write_timers(int64_t iteration, int64_t iterations_in_interval
   const Timers::Report timing = timers_.report(kLogOrder, double(iterations_in_interval),
                                                parts_.config.logging.timing_log_option, gather, p.sizes.world_size);
   if (!timing.text.empty()) log::print(timing.text);
-  if (tensorboard_ && parts_.config.logging.log_timers_to_tensorboard)
-    for (const auto& [name, ms] : timing.max_ms) tensorboard_->add_scalar(name + "-time", ms, iteration);
+  if (parts_.config.logging.log_timers_to_tensorboard)
+    for (const auto& [name, ms] : timing.max_ms) writers_.add(name + "-time", ms, iteration);
 }
 
 void RunReporter::log_interval(int64_t iteration, double seconds, int64_t iterations_in_interval) {
   // Megatron prints this line with print_rank_last, not through logging: --logging-level never hides it.
   log::print(iteration_line(iteration, seconds, iterations_in_interval));
   interval_.reset(parts_.device, parts_.config.model.mtp.num_layers);
+  // Megatron's "iteration-time": seconds per iteration over the interval.
+  if (parts_.config.logging.log_timers_to_tensorboard)
+    writers_.add("iteration-time", seconds / double(iterations_in_interval), iteration);
   write_timers(iteration, iterations_in_interval);
   if (!memory_reported_) {
     log::print(memory_report(parts_.device, iteration));
@@ -243,55 +249,59 @@ void RunReporter::log_interval(int64_t iteration, double seconds, int64_t iterat
   }
 }
 
-void RunReporter::write_tensorboard(int64_t iteration, const torch::Tensor& loss) {
+bool RunReporter::training_scalars_due(int64_t iteration) const {
+  const auto& g = parts_.config.logging;
+  return (!g.tensorboard_dir.empty() || g.wandb.enabled()) && iteration % g.tensorboard_log_interval == 0;
+}
+
+void RunReporter::write_training_scalars(int64_t iteration, const torch::Tensor& loss) {
   const Config& c = parts_.config;
-  if (!tensorboard_ && !c.logging.log_params_norm) return;  // nothing to write, no norm to join
+  if (!writers_.any() && !c.logging.log_params_norm) return;  // nothing to write, no norm to join
   const double l = loss.item<double>();
   const double params_norm = c.logging.log_params_norm ? parts_.optimizer->params_norm().item<double>() : 0.0;
-  if (!tensorboard_) return;  // every rank joins the norm's collectives; rank 0 writes
-  // Megatron's training_log scalars, each also against the consumed samples.
+  if (!writers_.any()) return;  // every rank joins the norm's collectives; the writers' ranks write
+  // Megatron's training_log scalars, in its order.
   const auto& g = c.logging;
   const StepResult& step = progress_.last_step;
-  auto both = [&](const std::string& tag, double value) {
-    tensorboard_->add_scalar(tag, value, iteration);
-    tensorboard_->add_scalar(tag + " vs samples", value, progress_.consumed_train_samples);
-  };
-  both("learning-rate", progress_.schedule.lr());
+  const int64_t samples = progress_.consumed_train_samples;
+  writers_.add_samples_vs_steps(samples, iteration);
+  writers_.add_with_samples("learning-rate", progress_.schedule.lr(), iteration, samples);
   if (progress_.skipped_train_samples > 0)
-    tensorboard_->add_scalar("skipped-train-samples", double(progress_.skipped_train_samples), iteration);
-  both("batch-size", double(progress_.current_global_batch));
-  both("lm loss", l);
-  if (g.log_loss_scale_to_tensorboard) both("loss-scale", progress_.scaler.scale());
-  if (g.log_world_size_to_tensorboard) both("world-size", double(c.parallel.world_size));
-  both("grad-norm", step.grad_norm.item<double>());
-  if (step.num_zeros.defined()) both("num-zeros", double(step.num_zeros.item<int64_t>()));
-  if (g.log_params_norm) both("params-norm", params_norm);
+    writers_.add("skipped-train-samples", double(progress_.skipped_train_samples), iteration);
+  writers_.add_with_samples("batch-size", double(progress_.current_global_batch), iteration, samples);
+  writers_.add_with_samples("lm loss", l, iteration, samples);
+  if (g.log_loss_scale_to_tensorboard) writers_.add_with_samples("loss-scale", progress_.scaler.scale(), iteration, samples);
+  if (g.log_world_size_to_tensorboard) writers_.add_with_samples("world-size", double(c.parallel.world_size), iteration, samples);
+  writers_.add_with_samples("grad-norm", step.grad_norm.item<double>(), iteration, samples);
+  if (step.num_zeros.defined()) writers_.add_with_samples("num-zeros", double(step.num_zeros.item<int64_t>()), iteration, samples);
+  if (g.log_params_norm) writers_.add_with_samples("params-norm", params_norm, iteration, samples);
   if (g.log_memory_to_tensorboard && parts_.device.is_cuda()) {
     const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(parts_.device.index());
     const auto all = size_t(c10::CachingAllocator::StatType::AGGREGATE);
-    tensorboard_->add_scalar("mem-reserved-bytes", double(stats.reserved_bytes[all].current), iteration);
-    tensorboard_->add_scalar("mem-allocated-bytes", double(stats.allocated_bytes[all].current), iteration);
-    tensorboard_->add_scalar("mem-max-allocated-bytes", double(stats.allocated_bytes[all].peak), iteration);
-    tensorboard_->add_scalar("mem-allocated-count", double(stats.allocation[all].current), iteration);
+    writers_.add_tensorboard_only("mem-reserved-bytes", double(stats.reserved_bytes[all].current), iteration);
+    writers_.add_tensorboard_only("mem-allocated-bytes", double(stats.allocated_bytes[all].current), iteration);
+    writers_.add_tensorboard_only("mem-max-allocated-bytes", double(stats.allocated_bytes[all].peak), iteration);
+    writers_.add_tensorboard_only("mem-allocated-count", double(stats.allocation[all].current), iteration);
   }
 }
 
 // --log-fp8-stats-to-tensorboard: statistics are gathered in the steps TensorBoard logs.
 bool RunReporter::fp8_stats_due(int64_t iteration) const {
   const auto& g = parts_.config.logging;
-  return parts_.fp8 && g.log_fp8_stats_to_tensorboard && !g.tensorboard_dir.empty() &&
+  return parts_.fp8 && g.log_fp8_stats_to_tensorboard && (!g.tensorboard_dir.empty() || g.wandb.enabled()) &&
          iteration % g.tensorboard_log_interval == 0;
 }
 
-// Every rank's FP8 cast statistics of this step to rank 0's TensorBoard: a layer's tensor-parallel
-// shards and data-parallel replicas add up (their amaxes: the maximum).
+// Every rank's FP8 cast statistics of this step to the writers (rank 0's TensorBoard, the last
+// rank's W&B): a layer's tensor-parallel shards and data-parallel replicas add up (their amaxes:
+// the maximum).
 void RunReporter::log_fp8_stats(int64_t iteration) {
   std::string mine;
   for (const auto& s : parts_.fp8->take_stats())
     mine += strprintf("%s %s %.17g %.17g %.17g %.17g\n", s.site.c_str(), fp8::tensor_role_name(s.role), s.amax,
                       s.underflows, s.overflows, s.elements);
   const std::vector<std::string> all = all_gather_strings(parts_.parallel, parts_.device, mine);
-  if (!tensorboard_) return;
+  if (!writers_.any()) return;
   std::map<std::string, std::array<double, 4>> merged;  // "<site>/<role>" -> amax, underflows, overflows, elements
   for (const std::string& text : all) {
     std::istringstream in(text);
@@ -305,10 +315,10 @@ void RunReporter::log_fp8_stats(int64_t iteration) {
     }
   }
   for (const auto& [key, v] : merged) {
-    tensorboard_->add_scalar("fp8/" + key + "/amax", v[0], iteration);
-    tensorboard_->add_scalar("fp8/" + key + "/underflows", v[1], iteration);
-    tensorboard_->add_scalar("fp8/" + key + "/overflows", v[2], iteration);
-    tensorboard_->add_scalar("fp8/" + key + "/elements", v[3], iteration);
+    writers_.add("fp8/" + key + "/amax", v[0], iteration);
+    writers_.add("fp8/" + key + "/underflows", v[1], iteration);
+    writers_.add("fp8/" + key + "/overflows", v[2], iteration);
+    writers_.add("fp8/" + key + "/elements", v[3], iteration);
   }
 }
 
@@ -316,19 +326,17 @@ void RunReporter::log_validation(int64_t iteration, double loss, bool at_end) {
   log::print(format_validation_block(at_end ? std::string("validation loss at the end of training for val data")
                                             : strprintf("validation loss at iteration %lld", (long long)iteration),
                                      loss));
-  if (!tensorboard_ || at_end) return;
-  tensorboard_->add_scalar("lm loss validation", loss, iteration);
-  tensorboard_->add_scalar("lm loss validation vs samples", loss, progress_.consumed_train_samples);
+  if (!writers_.any() || at_end) return;
+  const int64_t samples = progress_.consumed_train_samples;
+  writers_.add_with_samples("lm loss validation", loss, iteration, samples);
   if (parts_.config.logging.log_validation_ppl_to_tensorboard) {
     const double ppl = std::exp(std::min(20.0, loss));
-    tensorboard_->add_scalar("lm loss validation ppl", ppl, iteration);
-    tensorboard_->add_scalar("lm loss validation ppl vs samples", ppl, progress_.consumed_train_samples);
+    writers_.add_tensorboard_only("lm loss validation ppl", ppl, iteration);
+    writers_.add_tensorboard_only("lm loss validation ppl vs samples", ppl, samples);
   }
 }
 
-void RunReporter::flush() {
-  if (tensorboard_) tensorboard_->flush();
-}
+void RunReporter::finish() { writers_.finish(0); }
 
 std::map<std::string, std::vector<double>> RunReporter::moe_history() const {
   std::map<std::string, std::vector<double>> out;

@@ -1,7 +1,7 @@
 // What a run reports: Megatron's start-up lines, the iteration line every --log-interval (losses
 // averaged over the interval, throughput, the timers gathered over the ranks, memory once), the
-// validation block, TensorBoard's scalars (training, validation, memory, MoE, FP8 cast statistics)
-// and the per-iteration MoE and MTP losses a test run returns. The sums of an interval stay on the
+// validation block, the scalars for TensorBoard and W&B (training, validation, memory, MoE, FP8
+// cast statistics) and the per-iteration MoE and MTP losses a test run returns. The sums of an interval stay on the
 // device, so reporting never makes the loop wait for the GPU between log lines.
 #pragma once
 #include <torch/torch.h>
@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "trainer/logging/tensorboard_writer.h"
+#include "trainer/logging/scalar_writers.h"
 #include "trainer/logging/timers.h"
 #include "trainer/run_parts.h"
 #include "trainer/run_progress.h"
@@ -21,7 +21,8 @@ namespace fp8tron {
 
 class RunReporter {
  public:
-  RunReporter(RunParts& parts, RunProgress& progress, Timers& timers);
+  // `wandb`: the W&B run on the last rank (start_wandb_run), else nullptr.
+  RunReporter(RunParts& parts, RunProgress& progress, Timers& timers, std::unique_ptr<WandbWriter> wandb);
 
   // The lines Megatron prints once the model, optimizer and data are built.
   void log_start() const;
@@ -29,17 +30,22 @@ class RunReporter {
   void add_step(const torch::Tensor& loss, const torch::Tensor& mtp_losses);
   // Every iteration: the MoE losses and per-layer statistics (collective over the MoE groups).
   void report_moe(int64_t iteration);
-  // Every --tensorboard-log-interval with --tensorboard-dir: the training scalars (rank 0; every
-  // rank joins the parameter norm's collectives when --log-params-norm).
-  void write_tensorboard(int64_t iteration, const torch::Tensor& loss);
+  // Whether this iteration's training scalars are written: every --tensorboard-log-interval with
+  // --tensorboard-dir or --wandb-project (the same answer on every rank).
+  bool training_scalars_due(int64_t iteration) const;
+  // The training scalars (TensorBoard on rank 0, W&B on the last rank; every rank joins the
+  // parameter norm's collectives when --log-params-norm).
+  void write_training_scalars(int64_t iteration, const torch::Tensor& loss);
   // --log-fp8-stats-to-tensorboard: whether this iteration's casts are counted, and their report
-  // (collective: every rank's statistics go to rank 0).
+  // (collective: every rank's statistics reach the ranks that write).
   bool fp8_stats_due(int64_t iteration) const;
   void log_fp8_stats(int64_t iteration);
   // Every --log-interval (collective): the iteration line, the timers, memory after the first.
   void log_interval(int64_t iteration, double seconds, int64_t iterations_in_interval);
   void log_validation(int64_t iteration, double loss, bool at_end);
-  void flush();
+  // The end of a run that finished: TensorBoard flushed, the W&B run closed as finished. (A
+  // reporter destroyed without it, by an error, closes the W&B run as failed.)
+  void finish();
 
   // Every iteration's MoE losses and each MTP depth's loss ("mtp_1", ...), read once the run is
   // over (each read waits for the device).
@@ -66,7 +72,7 @@ class RunReporter {
   RunParts& parts_;
   RunProgress& progress_;
   Timers& timers_;
-  std::unique_ptr<TensorBoardWriter> tensorboard_;  // rank 0 with --tensorboard-dir
+  ScalarWriters writers_;  // TensorBoard on rank 0, W&B on the last rank
   IntervalSums interval_;
   bool memory_reported_ = false;
   std::map<std::string, std::vector<torch::Tensor>> moe_history_;

@@ -21,6 +21,7 @@
 #include "trainer/run_progress.h"
 #include "trainer/run_reporter.h"
 #include "trainer/training_step.h"
+#include "trainer/wandb_run.h"
 #include "trainer/weight_hash_check.h"
 
 namespace fp8tron {
@@ -105,12 +106,14 @@ bool evaluation_due(const RunParts& parts, int64_t iteration) {
 }
 
 TrainResult run_training(const Config& c, const TrainOptions& options) {
+  // Before the model is built: a W&B run that cannot start stops the job here.
+  std::unique_ptr<WandbWriter> wandb = start_wandb_run(c);
   std::unique_ptr<RunParts> owned;
   Timers timers(c.logging.timing_log_level, [&owned] { if (owned) owned->synchronize(); });
   owned = build_run_parts(c, options, timers);
   RunParts& parts = *owned;
   RunProgress progress(c, parts.parallel.sizes.dp);
-  RunReporter reporter(parts, progress, timers);
+  RunReporter reporter(parts, progress, timers, std::move(wandb));
   reporter.log_start();
   if (c.print_model_plan) {
     TrainResult planned;
@@ -154,8 +157,7 @@ TrainResult run_training(const Config& c, const TrainOptions& options) {
     ++interval_iterations;
     result.iterations = iteration;
     if (parts.parallel.progress) parts.parallel.progress->iteration_finished(iteration);
-    if (!c.logging.tensorboard_dir.empty() && iteration % c.logging.tensorboard_log_interval == 0)
-      reporter.write_tensorboard(iteration, losses.back());
+    if (reporter.training_scalars_due(iteration)) reporter.write_training_scalars(iteration, losses.back());
     if (reporter.fp8_stats_due(iteration)) reporter.log_fp8_stats(iteration);
     if (iteration % c.logging.log_interval == 0) {
       parts.synchronize();
@@ -196,7 +198,7 @@ TrainResult run_training(const Config& c, const TrainOptions& options) {
   result.main_grad_first_writes = parts.main_grads->granted();
   // Gathering every global weight to the host is for tests; a real run skips it.
   if (options.collect_final_weights) result.final_weights = global_weights(parts, &result.final_weights_sample);
-  reporter.flush();
+  reporter.finish();
   return result;
 }
 

@@ -1,4 +1,4 @@
-// What the run reports: iteration lines, timers, TensorBoard.
+// What the run reports: iteration lines, timers, TensorBoard, Weights & Biases.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -6,6 +6,15 @@
 #include <vector>
 
 namespace fp8tron {
+
+// --wandb-*: a W&B run, written by the last rank as Megatron's _set_wandb_writer.
+struct WandbConfig {
+  std::string project;   // --wandb-project: W&B logging is on when it is not empty
+  std::string exp_name;  // --wandb-exp-name ("": W&B names the run)
+  std::string entity;    // --wandb-entity ("": the account's default entity)
+  std::string save_dir;  // --wandb-save-dir, else <--save>/wandb (Megatron's default)
+  bool enabled() const { return !project.empty(); }
+};
 
 struct LoggingConfig {
   int64_t log_interval = 100;
@@ -23,6 +32,7 @@ struct LoggingConfig {
   bool log_loss_scale_to_tensorboard = true;       // "loss-scale" (off: --no-log-loss-scale-to-tensorboard)
   bool log_all_ranks = false;
   bool log_num_zeros_in_grad = false;              // " num zeros:" and TensorBoard "num-zeros"
+  WandbConfig wandb;
   // --logging-level, else MEGATRON_LOGGING_LEVEL (a Python logging level); unset: fp8tron's 20.
   std::optional<int> logging_level;
 };

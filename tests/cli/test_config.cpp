@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "parallel/launch_env.h"
 #include "tests/test_helpers.h"
+#include "trainer/cli/arguments_json.h"
 #include "trainer/cli/determinism_env.h"
 #include "trainer/cli/dry_run.h"
 
@@ -159,6 +160,46 @@ TEST(Config, SupportLevels) {
   // Hint-only flags warn; math-changing flags we do not implement fail naming the flag.
   EXPECT_EQ(build(tiny_args({"--no-masked-softmax-fusion"})).hint_warnings.size(), 1u);
   EXPECT_USER_ERROR(build(tiny_args({"--openai-gelu"})), "--openai-gelu is not supported by fp8tron");
+}
+
+TEST(Config, WandbFlags) {
+  // As Megatron's _set_wandb_writer: on with --wandb-project; the files under <--save>/wandb unless
+  // --wandb-save-dir says where.
+  Config c = build(tiny_args({"--wandb-project", "p", "--save", "/ckpt", "--wandb-entity", "team"}));
+  EXPECT_TRUE(c.logging.wandb.enabled());
+  EXPECT_EQ(c.logging.wandb.save_dir, "/ckpt/wandb");
+  EXPECT_EQ(c.logging.wandb.entity, "team");
+  EXPECT_EQ(c.logging.wandb.exp_name, "");
+  EXPECT_EQ(build(tiny_args({"--wandb-project", "p", "--save", "/ckpt", "--wandb-save-dir", "/w"})).logging.wandb.save_dir, "/w");
+  EXPECT_FALSE(build(tiny_args({})).logging.wandb.enabled());
+  EXPECT_USER_ERROR(build(tiny_args({"--wandb-project", "p"})), "give --wandb-save-dir, or --save");
+  EXPECT_USER_ERROR(build(tiny_args({"--wandb-project", "p", "--save", "/c", "--wandb-exp-name", ""})),
+                    "--wandb-exp-name was given an empty value");
+  const auto warnings = build(tiny_args({"--wandb-exp-name", "run", "--wandb-save-dir", "/w"})).hint_warnings;
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_EQ(warnings[0], "--wandb-exp-name, --wandb-save-dir have no effect without --wandb-project (W&B logging is off)");
+  // The TensorBoard flags W&B follows too are not inert with W&B alone; memory and perplexity are.
+  const auto wandb_only = build(tiny_args({"--wandb-project", "p", "--save", "/c", "--log-timers-to-tensorboard",
+                                           "--tensorboard-log-interval", "5", "--log-memory-to-tensorboard"}))
+                              .hint_warnings;
+  ASSERT_EQ(wandb_only.size(), 1u);
+  EXPECT_EQ(wandb_only[0], "--log-memory-to-tensorboard has no effect without --tensorboard-dir");
+}
+
+TEST(Config, ArgumentsAsTypedJson) {
+  // The W&B run's config: Megatron's argument names with typed values, as vars(args).
+  const auto args = arguments_json(build(tiny_args({"--global-batch-size", "4", "--iterations-to-skip", "3", "5"}), 2));
+  EXPECT_EQ(args.at("hidden_size"), 32);
+  EXPECT_EQ(args.at("lr"), 1e-3);
+  EXPECT_EQ(args.at("builtin_data"), true);
+  EXPECT_EQ(args.at("bf16"), false);
+  EXPECT_TRUE(args.at("save").is_null());
+  EXPECT_EQ(args.at("iterations_to_skip"), nlohmann::json::array({3, 5}));
+  EXPECT_EQ(args.at("profile_ranks"), nlohmann::json::array({0}));  // a default list
+  EXPECT_EQ(args.at("moe_aux_loss_coeff"), nlohmann::json::array({0.0}));
+  EXPECT_EQ(args.at("world_size"), 2);
+  EXPECT_EQ(args.at("data_parallel_size"), 2);
+  EXPECT_EQ(args.at("padded_vocab_size"), 128);
 }
 
 TEST(Config, ExpertParallelismNeedsExperts) {

@@ -844,6 +844,9 @@ Config build_config(const FlagValues& flags, const LaunchEnv& launch, bool gpu_a
       !flags.get_bool("no-log-loss-scale-to-tensorboard") && !flags.get_bool("disable-log-loss-scale-to-tensorboard");
   c.logging.log_all_ranks = flags.get_bool("log-all-ranks");
   c.logging.log_num_zeros_in_grad = flags.get_bool("log-num-zeros-in-grad");
+  c.logging.wandb = WandbConfig{flags.get_string("wandb-project"), flags.get_string("wandb-exp-name"),
+                                flags.get_string("wandb-entity"), flags.get_string("wandb-save-dir")};
+  if (c.logging.wandb.save_dir.empty() && !c.checkpoint.save.empty()) c.logging.wandb.save_dir = c.checkpoint.save + "/wandb";
 
   c.device = flags.get_string("device");
   if (c.device.empty()) c.device = gpu_available ? "cuda" : "cpu";

@@ -50,6 +50,12 @@ const std::vector<Rule>& rules() {
                                     " no effect without --first-last-layers-bf16";
       },
       [](const Config& c, const FlagValues& f) -> std::string {
+        if (c.logging.wandb.enabled()) return "";
+        const std::string g = given_among(f, {"wandb-exp-name", "wandb-entity", "wandb-save-dir"});
+        return g.empty() ? "" : g + " ha" + (g.find(',') == std::string::npos ? "s" : "ve") +
+                                    " no effect without --wandb-project (W&B logging is off)";
+      },
+      [](const Config& c, const FlagValues& f) -> std::string {
         if (c.precision.params_dtype == ParamDtype::Fp16) return "";
         const std::string g = given_among(f, {"initial-loss-scale", "min-loss-scale", "loss-scale-window", "hysteresis"});
         return g.empty() ? "" : g + ": loss scaling applies to --fp16 only; ignored";
@@ -99,9 +105,12 @@ const std::vector<Rule>& rules() {
       },
       [](const Config& c, const FlagValues& f) -> std::string {
         if (!c.logging.tensorboard_dir.empty()) return "";
-        const std::string g = given_among(f, {"tensorboard-log-interval", "log-timers-to-tensorboard",
-                                              "log-validation-ppl-to-tensorboard", "log-memory-to-tensorboard",
-                                              "log-world-size-to-tensorboard", "log-fp8-stats-to-tensorboard"});
+        // W&B takes these scalars too, except the two Megatron writes to TensorBoard only.
+        const std::string g =
+            c.logging.wandb.enabled()
+                ? given_among(f, {"log-validation-ppl-to-tensorboard", "log-memory-to-tensorboard"})
+                : given_among(f, {"tensorboard-log-interval", "log-timers-to-tensorboard", "log-validation-ppl-to-tensorboard",
+                                  "log-memory-to-tensorboard", "log-world-size-to-tensorboard", "log-fp8-stats-to-tensorboard"});
         return g.empty() ? "" : g + " ha" + (g.find(',') == std::string::npos ? "s" : "ve") +
                                     " no effect without --tensorboard-dir";
       },

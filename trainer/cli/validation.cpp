@@ -165,6 +165,15 @@ const std::vector<Rule>& rules() {
            return "--print-model-plan builds the model, which --dry-run never does; give one of the two";
          return "";
        }},
+      {"Weights & Biases",
+       [](const Config& c, const FlagValues&) -> std::string {
+         const WandbConfig& w = c.logging.wandb;
+         if (!w.enabled()) return "";
+         if (w.save_dir.empty())
+           return "--wandb-project needs a directory for the run's files: give --wandb-save-dir, or --save (W&B then "
+                  "writes under <--save>/wandb, as Megatron)";
+         return "";
+       }},
       {"collective backend",
        [](const Config&, const FlagValues& f) -> std::string {
          if (f.get_string("distributed-backend") == "gloo")
