@@ -2,10 +2,13 @@
 # Resuming checkpoints that Megatron-LM wrote (tests/fixtures/megatron_checkpoints): fp8tron, run
 # with the flags Megatron ran with, loads iteration 10 and trains to 14 on the CPU in fp32; the lm
 # loss of iterations 11-14 must equal the one Megatron printed within 1e-4 relative. Damaged or
-# mismatched checkpoints fail with one line naming the file and what differs.
+# mismatched checkpoints fail with one line naming the file and what differs. With MPIRUN, the
+# same in other parallel layouts (tensor and pipeline parallel, the distributed optimizer).
+# Usage: megatron_resume_test.sh FP8TRON SOURCE_DIR [MPIRUN]
 set -u
 BIN=$1
 FIXTURES=$2/tests/fixtures/megatron_checkpoints
+MPIRUN=${3:-}
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 fail=0
@@ -32,17 +35,28 @@ compare() {
     END { exit bad }' <(losses "$1") <(losses "$2")
 }
 
-for dir in gpt_torch_dist gpt_torch_legacy; do
+# resume <fixture> [launcher and layout flags...]: Megatron's losses after the load.
+resume() {
+  local dir=$1; shift
+  local launch=() layout=()
+  if [ $# -gt 0 ]; then launch=($MPIRUN --allow-run-as-root --oversubscribe --bind-to none -np 2 -x OMP_NUM_THREADS=1); layout=("$@"); fi
   read -ra MODEL < "$FIXTURES/$dir/args.txt"
-  log=$WORK/$dir.log
-  "$BIN" "${FLAGS[@]}" "${MODEL[@]}" --load "$FIXTURES/$dir/ckpt" > "$log" 2>&1
+  local log=$WORK/$dir.log rc name="$dir${layout[*]:+ ${layout[*]}}"
+  "${launch[@]}" "$BIN" "${FLAGS[@]}" "${MODEL[@]}" "${layout[@]}" --load "$FIXTURES/$dir/ckpt" > "$log" 2>&1
   rc=$?
   if [ $rc != 0 ] || ! grep -q "successfully loaded Megatron's" "$log" || ! compare "$log" "$FIXTURES/$dir/losses.txt"; then
-    echo "FAIL: $dir (rc $rc)"; tail -20 "$log"; fail=1
+    echo "FAIL: $name (rc $rc)"; tail -20 "$log"; fail=1
   else
-    echo "ok: $dir resumes with Megatron's losses"
+    echo "ok: $name resumes with Megatron's losses"
   fi
-done
+}
+resume gpt_torch_dist
+resume gpt_torch_legacy
+if [ -n "$MPIRUN" ]; then
+  resume gpt_torch_dist --tensor-model-parallel-size 2
+  resume gpt_torch_legacy --pipeline-model-parallel-size 2
+  resume gpt_torch_dist --use-distributed-optimizer
+fi
 
 expect_error() {  # expect_error <text> <what> -- args...: exit status 1, one error line with <text>
   local want=$1 what=$2; shift 3
