@@ -6,7 +6,7 @@
 // 8-byte LONG1 integers and refuses globals such as `torch.float32` (all three occur in
 // Megatron's checkpoints), so fp8tron reads pickles itself. Nothing is imported or called: a
 // global is a name, REDUCE/NEWOBJ record the callable and its arguments, BUILD records the state;
-// the readers above (torch_archive.h, dcp_metadata.h, megatron_checkpoint.h) interpret the few
+// the readers above (torch_archive.h, dcp_checkpoint.h, megatron_checkpoint.h) interpret the few
 // classes they know (argparse.Namespace, enums, tensors, DCP's metadata dataclasses).
 #pragma once
 #include <cstdint>
