@@ -201,29 +201,6 @@ std::vector<std::string> list_checkpoint_files(const CheckpointLocation& locatio
   return out;
 }
 
-std::string foreign_checkpoint_format(const std::string& dir) {
-  std::error_code ec;
-  auto exists = [&](const std::string& name) { return fs::exists(join_path(dir, name), ec); };
-  if (exists("metadata.json")) {
-    // Megatron's dist_checkpointing config: {"sharded_backend": "torch_dist", ...}.
-    std::string text;
-    try {
-      text = read_file(join_path(dir, "metadata.json"));
-    } catch (const UserError&) {
-    }
-    for (const char* backend : {"torch_dist", "zarr", "fsdp_dtensor", "torch_dcp"})
-      if (text.find(std::string("\"") + backend + "\"") != std::string::npos)
-        return std::string("Megatron ") + backend + " (distributed)";
-    if (text.find("sharded_backend") != std::string::npos) return "Megatron distributed";
-  }
-  if (exists(".metadata")) return "PyTorch distributed checkpoint (DCP)";
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.rfind("mp_rank_", 0) == 0) return "Megatron legacy torch (mp_rank_* directories)";
-  }
-  return "";
-}
-
 // ---- saving --------------------------------------------------------------------------------
 
 std::string temp_dir_path(const SaveTarget& target) {

@@ -67,12 +67,6 @@ std::vector<int64_t> list_checkpoint_iterations(const std::string& dir);
 // Regular files directly inside a checkpoint directory, sorted.
 std::vector<std::string> list_checkpoint_files(const CheckpointLocation& location);
 
-// What format a checkpoint directory without fp8tron's metadata file is in, when it looks like
-// one of Megatron's ("Megatron torch_dist", "Megatron legacy torch", "PyTorch DCP", ...); "" when
-// nothing is recognised (--auto-detect-ckpt-format: fp8tron reads only its own format and says
-// which one it found instead).
-std::string foreign_checkpoint_format(const std::string& dir);
-
 // ---- saving --------------------------------------------------------------------------------
 
 struct SaveTarget {

@@ -11,6 +11,8 @@
 #include "core/text.h"
 #include "fp8/fp8_linear.h"
 #include "checkpoint/checkpoint_dir.h"
+#include "checkpoint/load_megatron.h"
+#include "checkpoint/megatron/megatron_checkpoint.h"
 #include "checkpoint/metadata.h"
 #include "checkpoint/model_identity.h"
 #include "checkpoint/rank_agreement.h"
@@ -306,11 +308,14 @@ int64_t load_checkpoint(const TrainingState& s) {
   const std::string& from = found->dir;
   log::print(strprintf("loading checkpoint from %s at iteration %lld", from.c_str(), (long long)location.iteration));
   if (!std::filesystem::exists(location.path + "/" + ck::kMetadataFileName)) {
-    const std::string format = ck::foreign_checkpoint_format(location.path);
-    if (!format.empty())
-      throw UserError("checkpoint " + location.path + " is in the " + format +
-                      " format; fp8tron reads only its own format (per-rank safetensors shards + " +
-                      ck::kMetadataFileName + "), which any fp8tron run writes with --save");
+    // Not fp8tron's own format: one of Megatron's, read as Megatron would read it.
+    const std::string format = ck::megatron::detect_format(location.path);
+    if (!format.empty()) {
+      const std::string refusal = ck::megatron::format_refusal(format, k.ckpt_format, k.auto_detect_ckpt_format,
+                                                               location.path);
+      if (!refusal.empty()) throw UserError(refusal);
+      return load_megatron_checkpoint(s, location, format);
+    }
   }
   ck::CheckpointReader reader(location, k.verify_checksums);
   const ck::CheckpointMetadata& m = reader.metadata();

@@ -16,10 +16,10 @@ class Builder {
  public:
   explicit Builder(const GptDatasetsConfig& config) : config_(config) {}
 
-  // GptDatasets of one prefix for every split whose range is set.
+  // GptDatasets of one dataset for every split whose range is set.
   std::array<std::shared_ptr<const GptDataset>, kNumSplits> gpt_splits(
-      const std::string& prefix, const Ranges& ranges, const std::array<std::optional<int64_t>, kNumSplits>& sizes) {
-    auto data = open(prefix);
+      const std::shared_ptr<const LowLevelDataset>& data, const Ranges& ranges,
+      const std::array<std::optional<int64_t>, kNumSplits>& sizes) {
     std::array<std::shared_ptr<const GptDataset>, kNumSplits> out;
     for (int i = 0; i < kNumSplits; ++i) {
       if (!ranges[i]) continue;
@@ -32,7 +32,7 @@ class Builder {
   // The datasets of `blend` for the splits in `ranges`, blended per split.
   SplitDatasets blend(const Blend& blend, const Ranges& ranges, const std::array<std::optional<int64_t>, kNumSplits>& sizes) {
     if (blend.prefixes.size() == 1 && !blend.weights) {
-      auto single = gpt_splits(blend.prefixes[0], ranges, sizes);
+      auto single = gpt_splits(open(blend.prefixes[0]), ranges, sizes);
       return {single[0], single[1], single[2]};
     }
     std::optional<std::vector<double>> weights;
@@ -45,7 +45,7 @@ class Builder {
         if (!weights || !sizes[i]) continue;
         buffer[i] = samples_per_dataset({(*weights)[d]}, *sizes[i], config_.mid_level_dataset_surplus)[0];
       }
-      parts.push_back(gpt_splits(blend.prefixes[d], ranges, buffer));
+      parts.push_back(gpt_splits(open(blend.prefixes[d]), ranges, buffer));
     }
     SplitDatasets out;
     for (int i = 0; i < kNumSplits; ++i) {
@@ -97,6 +97,11 @@ class Builder {
 
 SplitDatasets build_gpt_datasets(const GptDatasetsConfig& config) {
   Builder builder(config);
+  if (config.mock) {
+    // Megatron's mock data: the split is "1,1,1" whatever --split says.
+    auto splits = builder.gpt_splits(config.mock, split_matrix(parse_split("1,1,1")), config.sizes);
+    return {splits[0], splits[1], splits[2]};
+  }
   bool per_split = false;
   for (const auto& b : config.blend_per_split) per_split = per_split || b.has_value();
   if (config.blend && per_split)

@@ -1,5 +1,7 @@
-// BlendedMegatronDatasetBuilder for GPT: turns --data-path/--split (or per-split data paths) and
-// the number of samples each split needs into one dataset per split, following Megatron's cases:
+// BlendedMegatronDatasetBuilder for GPT: turns --data-path/--split (or per-split data paths, or
+// --mock-data) and the number of samples each split needs into one dataset per split, following
+// Megatron's cases:
+//   mock data                    -> a GptDataset per split over the mock documents, split 1,1,1
 //   one prefix, no weights       -> a GptDataset per split
 //   weights and a size           -> GptDatasets of ceil(ceil(size * w) * 1.005) samples each,
 //                                   blended into sum(ceil(size * w)) samples
@@ -15,11 +17,13 @@
 
 #include "data/data_spec.h"
 #include "data/gpt_dataset.h"
+#include "data/low_level_dataset.h"
 #include "data/sample_dataset.h"
 
 namespace fp8tron::data {
 
 struct GptDatasetsConfig {
+  std::shared_ptr<const LowLevelDataset> mock;                // --mock-data (mock_dataset.h)
   std::optional<Blend> blend;                                 // --data-path
   std::array<std::optional<Blend>, kNumSplits> blend_per_split;  // --train/valid/test-data-path
   std::string split = "969, 30, 1";                           // --split (with --data-path only)

@@ -109,23 +109,27 @@ template std::vector<int64_t> build_shuffle_index<int64_t>(int64_t, int64_t, Num
 
 namespace {
 
-int64_t sum_lengths(const IndexedDataset& data, std::pair<int64_t, int64_t> range) {
+int64_t sum_lengths(const LowLevelDataset& data, std::pair<int64_t, int64_t> range) {
   int64_t total = 0;
   for (int64_t i = range.first; i < range.second; ++i) total += data.sequence_length(i);
   return total;
 }
 
-int64_t max_length(const IndexedDataset& data) {
+int64_t max_length(const LowLevelDataset& data) {
   int64_t m = 0;
   for (int64_t i = 0; i < data.num_sequences(); ++i) m = std::max<int64_t>(m, data.sequence_length(i));
   return m;
 }
 
-std::string default_cache_dir(const std::string& prefix) { return prefix + "/cache/GPTDataset_indices"; }
+template <class T>
+std::vector<char> as_bytes(const std::vector<T>& values) {
+  const char* p = reinterpret_cast<const char*>(values.data());
+  return std::vector<char>(p, p + values.size() * sizeof(T));
+}
 
 }  // namespace
 
-GptDataset::GptDataset(std::shared_ptr<const IndexedDataset> data, std::pair<int64_t, int64_t> range,
+GptDataset::GptDataset(std::shared_ptr<const LowLevelDataset> data, std::pair<int64_t, int64_t> range,
                        std::optional<int64_t> num_samples, Split split, const GptDatasetConfig& config)
     : data_(std::move(data)), range_(range), num_samples_(num_samples), split_(split), config_(config),
       extra_(config.add_extra_token_to_sequence ? 1 : 0) {
@@ -137,25 +141,36 @@ GptDataset::GptDataset(std::shared_ptr<const IndexedDataset> data, std::pair<int
   if (num_samples_ && *num_samples_ == 0 && tokens_per_epoch_ <= 1) return;  // nothing wanted, nothing there
   if (tokens_per_epoch_ <= 1)
     throw UserError(strprintf("the %s split of %s is empty (sequences [%lld, %lld) hold %lld tokens): adjust "
-                              "--split or give more data", split_name(split_), data_->path_prefix().c_str(),
+                              "--split or give more data", split_name(split_), data_->name().c_str(),
                               (long long)range_.first, (long long)range_.second, (long long)tokens_per_epoch_));
   num_epochs_ = gpt_num_epochs(tokens_per_epoch_, num_samples_, config_.sequence_length, extra_);
   if (num_epochs_ > std::numeric_limits<int32_t>::max() ||
       (range_.second - range_.first) * num_epochs_ > std::numeric_limits<int32_t>::max())
     throw UserError(strprintf("the %s split of %s would need %lld epochs of %lld tokens: too many for the "
                               "int32 document index; use more data or fewer samples", split_name(split_),
-                              data_->path_prefix().c_str(), (long long)num_epochs_, (long long)tokens_per_epoch_));
+                              data_->name().c_str(), (long long)num_epochs_, (long long)tokens_per_epoch_));
 
   const std::string description_text = description();
-  cache_.dir = config_.cache_dir.empty() ? default_cache_dir(data_->path_prefix()) : config_.cache_dir;
+  cache_.dir = config_.cache_dir.empty() ? data_->default_cache_dir() : config_.cache_dir;
   cache_.base = strprintf("fp8tron-%s-GPTDataset-%s", hash_hex(description_text).c_str(), split_name(split_));
   cache_.description = description_text;
   cache_.suffixes = {"document_index.npy", "sample_index.npy", "shuffle_index.npy"};
-  built_ = ensure_cached(cache_, [this](const std::vector<std::string>& paths) { build(paths); });
-
-  document_index_ = NpyArray(cache_.path("document_index.npy"));
-  sample_index_ = NpyArray(cache_.path("sample_index.npy"));
-  shuffle_index_ = NpyArray(cache_.path("shuffle_index.npy"));
+  if (cached()) {
+    built_ = ensure_cached(cache_, [this](const std::vector<std::string>& paths) {
+      auto arrays = build();
+      for (size_t i = 0; i < arrays.size(); ++i)
+        save_npy(paths[i], arrays[i].type, arrays[i].shape, arrays[i].bytes.data());
+    });
+    document_index_ = NpyArray(cache_.path("document_index.npy"));
+    sample_index_ = NpyArray(cache_.path("sample_index.npy"));
+    shuffle_index_ = NpyArray(cache_.path("shuffle_index.npy"));
+  } else {
+    auto arrays = build();
+    built_ = true;
+    document_index_ = NpyArray(arrays[0].type, arrays[0].shape, std::move(arrays[0].bytes));
+    sample_index_ = NpyArray(arrays[1].type, arrays[1].shape, std::move(arrays[1].bytes));
+    shuffle_index_ = NpyArray(arrays[2].type, arrays[2].shape, std::move(arrays[2].bytes));
+  }
   if (sample_index_.shape().size() != 2 || sample_index_.shape()[0] < 1 ||
       shuffle_index_.numel() != sample_index_.shape()[0] - 1)
     throw UserError(strprintf("the cached indices %s* are inconsistent: delete them so they are rebuilt",
@@ -163,27 +178,27 @@ GptDataset::GptDataset(std::shared_ptr<const IndexedDataset> data, std::pair<int
   size_ = sample_index_.shape()[0] - 1;
 }
 
-// Everything the indices depend on; its hash names the cache files. The .idx size and token count
-// make a re-tokenized dataset at the same path miss the cache.
+// Everything the indices depend on; its hash names the cache files. An indexed dataset's .idx
+// size and token count make a re-tokenized dataset at the same path miss the cache.
 std::string GptDataset::description() const {
   return strprintf(
       "fp8tron GPTDataset indices (format 1)\n"
-      "dataset_path: %s\ndataset_sequences: %lld\ndataset_tokens: %lld\ndataset_idx_bytes: %lld\n"
+      "%s"
       "split: %s\nsequence_range: [%lld, %lld)\nnum_samples: %s\nsequence_length: %lld\nrandom_seed: %u\n"
       "add_extra_token_to_sequence: %d\ndrop_last_partial_sequence: %d\n",
-      data_->path_prefix().c_str(), (long long)data_->num_sequences(), (long long)data_->num_tokens(),
-      (long long)data_->idx_bytes(), split_name(split_), (long long)range_.first, (long long)range_.second,
+      data_->identity().c_str(), split_name(split_), (long long)range_.first, (long long)range_.second,
       num_samples_ ? std::to_string(*num_samples_).c_str() : "None", (long long)config_.sequence_length,
       config_.seed, extra_,
       split_ == Split::Valid ? int(config_.drop_last_partial_validation_sequence) : 1);
 }
 
-void GptDataset::build(const std::vector<std::string>& paths) const {
+std::vector<GptDataset::BuiltArray> GptDataset::build() const {
   const int64_t seq = config_.sequence_length;
   const bool separate = num_samples_ && gpt_separate_final_epoch(tokens_per_epoch_, num_epochs_, *num_samples_, seq, extra_);
   NumpyRandomState rng(config_.seed);
+  std::vector<BuiltArray> out;
   const auto document_index = build_document_index(range_.first, range_.second, num_epochs_, rng, separate);
-  save_npy(paths[0], NpyType::Int32, {int64_t(document_index.size())}, document_index.data());
+  out.push_back({NpyType::Int32, {int64_t(document_index.size())}, as_bytes(document_index)});
 
   const bool drop_last = split_ == Split::Valid ? config_.drop_last_partial_validation_sequence : true;
   int64_t rows = 0;
@@ -192,25 +207,24 @@ void GptDataset::build(const std::vector<std::string>& paths) const {
     auto index = build_sample_index<int32_t>(data_->sequence_lengths(), document_index, int32_t(seq),
                                              int32_t(num_epochs_), tokens_per_epoch_, drop_last, extra_);
     rows = int64_t(index.size() / 2);
-    save_npy(paths[1], NpyType::Int32, {rows, 2}, index.data());
+    out.push_back({NpyType::Int32, {rows, 2}, as_bytes(index)});
   } else {
     auto index = build_sample_index<int64_t>(data_->sequence_lengths(), document_index, int32_t(seq),
                                              int32_t(num_epochs_), tokens_per_epoch_, drop_last, extra_);
     rows = int64_t(index.size() / 2);
-    save_npy(paths[1], NpyType::Int64, {rows, 2}, index.data());
+    out.push_back({NpyType::Int64, {rows, 2}, as_bytes(index)});
   }
 
   const int64_t total = rows - 1;
   const int64_t first = separate ? ((num_epochs_ - 1) * tokens_per_epoch_ - extra_) / seq : total;
-  if (total >= int64_t(std::numeric_limits<uint32_t>::max()) - 1) {
-    auto shuffle = build_shuffle_index<int64_t>(first, total, rng);
-    save_npy(paths[2], NpyType::Int64, {total}, shuffle.data());
-  } else {
-    auto shuffle = build_shuffle_index<uint32_t>(first, total, rng);
-    save_npy(paths[2], NpyType::UInt32, {total}, shuffle.data());
-  }
-  std::fprintf(stderr, "built GPTDataset %s indices for %s: %lld samples, %lld epochs\n", split_name(split_),
-               data_->path_prefix().c_str(), (long long)total, (long long)num_epochs_);
+  if (total >= int64_t(std::numeric_limits<uint32_t>::max()) - 1)
+    out.push_back({NpyType::Int64, {total}, as_bytes(build_shuffle_index<int64_t>(first, total, rng))});
+  else
+    out.push_back({NpyType::UInt32, {total}, as_bytes(build_shuffle_index<uint32_t>(first, total, rng))});
+  if (cached())
+    std::fprintf(stderr, "built GPTDataset %s indices for %s: %lld samples, %lld epochs\n", split_name(split_),
+                 data_->name().c_str(), (long long)total, (long long)num_epochs_);
+  return out;
 }
 
 void GptDataset::sample(int64_t index, int64_t* out) const {
@@ -243,19 +257,7 @@ std::string GptDataset::token_origin(int64_t index, int64_t position) const {
     const int64_t offset = d == first_doc ? first_offset : 0;
     const int64_t end = d == last_doc ? last_offset + extra_ : data_->sequence_length(sequence);
     const int64_t length = std::min(end - offset, sample_length() - written);
-    if (position < written + length) {
-      // The document holding the sequence: the last boundary at or before it.
-      const auto& bounds = data_->document_indices();
-      int64_t lo = 0, hi = bounds.size() - 1;
-      while (hi - lo > 1) {
-        const int64_t mid = (lo + hi) / 2;
-        (bounds[mid] <= sequence ? lo : hi) = mid;
-      }
-      const std::string where = lo == sequence ? strprintf("document %lld", (long long)lo)
-                                               : strprintf("document %lld (sequence %lld)", (long long)lo, (long long)sequence);
-      return strprintf("dataset %s, %s, token %lld of it", data_->path_prefix().c_str(), where.c_str(),
-                       (long long)(offset + position - written));
-    }
+    if (position < written + length) return data_->origin(sequence, offset + position - written);
     written += length;
   }
   return "";

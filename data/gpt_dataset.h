@@ -1,6 +1,7 @@
 // Megatron's GPTDataset: fixed-length samples cut from the token stream of a range of documents.
 //
-// Three indices, built once per (dataset, documents, samples, seq_length, seed) and cached:
+// Three indices, built once per (dataset, documents, samples, seq_length, seed) and cached (in
+// memory where the dataset has no cache directory, as Megatron keeps the mock dataset's):
 //   document_index  the documents of every epoch, shuffled (int32)
 //   sample_index    [num_samples + 1, 2]: (position in document_index, token offset) where each
 //                   sample starts; sample i runs from row i to row i + 1 plus one extra token, so
@@ -20,7 +21,7 @@
 
 #include "data/data_spec.h"
 #include "data/index_cache.h"
-#include "data/indexed_dataset.h"
+#include "data/low_level_dataset.h"
 #include "data/npy_file.h"
 #include "data/numpy_random.h"
 #include "data/sample_dataset.h"
@@ -32,7 +33,7 @@ struct GptDatasetConfig {
   uint32_t seed = 1234;                      // --seed
   bool add_extra_token_to_sequence = true;   // samples of sequence_length + 1 tokens
   bool drop_last_partial_validation_sequence = true;
-  std::string cache_dir;                     // --data-cache-path; "" = <prefix>/cache/GPTDataset_indices
+  std::string cache_dir;                     // --data-cache-path; "" = the dataset's default_cache_dir()
 };
 
 // ---- Index construction (pure functions; the dataset caches their results) -----------------
@@ -66,7 +67,7 @@ class GptDataset : public SampleDataset {
  public:
   // Samples from sequences [range.first, range.second) of `data`. num_samples: the minimum number
   // of samples wanted (nullopt: one epoch). Builds or loads the cached indices.
-  GptDataset(std::shared_ptr<const IndexedDataset> data, std::pair<int64_t, int64_t> range,
+  GptDataset(std::shared_ptr<const LowLevelDataset> data, std::pair<int64_t, int64_t> range,
              std::optional<int64_t> num_samples, Split split, const GptDatasetConfig& config);
 
   int64_t size() const override { return size_; }
@@ -78,16 +79,23 @@ class GptDataset : public SampleDataset {
   int64_t num_epochs() const { return num_epochs_; }
   int64_t tokens_per_epoch() const { return tokens_per_epoch_; }
   bool built_indices() const { return built_; }  // false when loaded from the cache
+  bool cached() const { return !cache_.dir.empty(); }
   std::string cache_path(const std::string& suffix) const { return cache_.path(suffix); }
   const NpyArray& document_index() const { return document_index_; }
   const NpyArray& sample_index() const { return sample_index_; }
   const NpyArray& shuffle_index() const { return shuffle_index_; }
 
  private:
+  // The three indices as (type, shape, bytes), in the order of CacheEntry::suffixes.
+  struct BuiltArray {
+    NpyType type;
+    std::vector<int64_t> shape;
+    std::vector<char> bytes;
+  };
   std::string description() const;
-  void build(const std::vector<std::string>& paths) const;
+  std::vector<BuiltArray> build() const;
 
-  std::shared_ptr<const IndexedDataset> data_;
+  std::shared_ptr<const LowLevelDataset> data_;
   std::pair<int64_t, int64_t> range_;
   std::optional<int64_t> num_samples_;
   Split split_;

@@ -218,6 +218,23 @@ void IndexedDataset::read(int64_t sequence, int64_t offset, int64_t length, int6
   }
 }
 
+std::string IndexedDataset::identity() const {
+  return strprintf("dataset_path: %s\ndataset_sequences: %lld\ndataset_tokens: %lld\ndataset_idx_bytes: %lld\n",
+                   prefix_.c_str(), (long long)num_sequences(), (long long)num_tokens(), (long long)idx_bytes());
+}
+
+std::string IndexedDataset::origin(int64_t sequence, int64_t token) const {
+  // The document holding the sequence: the last boundary at or before it.
+  int64_t lo = 0, hi = documents_.size() - 1;
+  while (hi - lo > 1) {
+    const int64_t mid = (lo + hi) / 2;
+    (documents_[mid] <= sequence ? lo : hi) = mid;
+  }
+  const std::string where = lo == sequence ? strprintf("document %lld", (long long)lo)
+                                           : strprintf("document %lld (sequence %lld)", (long long)lo, (long long)sequence);
+  return strprintf("dataset %s, %s, token %lld of it", prefix_.c_str(), where.c_str(), (long long)token);
+}
+
 std::vector<int64_t> IndexedDataset::get(int64_t sequence) const {
   std::vector<int64_t> out(static_cast<size_t>(sequence_length(sequence)));
   read(sequence, 0, int64_t(out.size()), out.data());

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "data/low_level_dataset.h"
 #include "data/mapped_file.h"
 
 namespace fp8tron::data {
@@ -39,7 +40,7 @@ constexpr int64_t kIndexHeaderBytes = 34;
 std::string idx_path(const std::string& prefix);
 std::string bin_path(const std::string& prefix);
 
-class IndexedDataset {
+class IndexedDataset : public LowLevelDataset {
  public:
   // Opens prefix.idx and prefix.bin and validates them against each other; every problem is a
   // UserError naming the file and what is wrong.
@@ -48,7 +49,7 @@ class IndexedDataset {
 
   const std::string& path_prefix() const { return prefix_; }
   DType dtype() const { return dtype_; }
-  int64_t num_sequences() const { return lengths_.size(); }
+  int64_t num_sequences() const override { return lengths_.size(); }
   int64_t num_documents() const { return documents_.size() - 1; }
   int64_t num_tokens() const { return num_tokens_; }
   int64_t bin_bytes() const { return int64_t(bin_.size()); }
@@ -56,13 +57,19 @@ class IndexedDataset {
 
   int32_t sequence_length(int64_t i) const { return lengths_[i]; }
   int64_t sequence_pointer(int64_t i) const { return pointers_[i]; }
-  const PackedArray<int32_t>& sequence_lengths() const { return lengths_; }
+  const PackedArray<int32_t>& sequence_lengths() const override { return lengths_; }
   const PackedArray<int64_t>& sequence_pointers() const { return pointers_; }
   const PackedArray<int64_t>& document_indices() const { return documents_; }
 
   // Tokens [offset, offset + length) of sequence i, widened to int64 (IndexedDataset.get).
-  void read(int64_t sequence, int64_t offset, int64_t length, int64_t* out) const;
+  void read(int64_t sequence, int64_t offset, int64_t length, int64_t* out) const override;
   std::vector<int64_t> get(int64_t sequence) const;
+
+  std::string name() const override { return prefix_; }
+  std::string identity() const override;
+  // "dataset <prefix>, document 12 (sequence 40), token 7 of it"
+  std::string origin(int64_t sequence, int64_t token) const override;
+  std::string default_cache_dir() const override { return prefix_ + "/cache/GPTDataset_indices"; }
 
  private:
   void parse_index();

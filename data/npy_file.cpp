@@ -118,6 +118,11 @@ NpyArray::NpyArray(const std::string& path) : file_(path) {
   if (10 + header_len + uint64_t(numel()) * npy_type_size(type_) != size) bad_file(path, "size does not match shape");
 }
 
+NpyArray::NpyArray(NpyType type, std::vector<int64_t> shape, std::vector<char> bytes)
+    : bytes_(std::move(bytes)), type_(type), shape_(std::move(shape)), data_(bytes_.data()) {
+  FP8TRON_CHECK(int64_t(bytes_.size()) == numel() * npy_type_size(type_), "array bytes do not match its shape");
+}
+
 int64_t NpyArray::numel() const {
   int64_t n = 1;
   for (int64_t d : shape_) n *= d;

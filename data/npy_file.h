@@ -17,12 +17,13 @@ const char* npy_descr(NpyType type);  // "<i2", "<i4", "<u4", "<i8"
 // Writes a C-ordered array; the header is laid out as numpy.save lays it out.
 void save_npy(const std::string& path, NpyType type, const std::vector<int64_t>& shape, const void* data);
 
-// A memory-mapped .npy; throws UserError naming the file when it is not a C-ordered array of a
-// supported type.
+// A memory-mapped .npy (throws UserError naming the file when it is not a C-ordered array of a
+// supported type), or the same array held in memory.
 class NpyArray {
  public:
   NpyArray() = default;
   explicit NpyArray(const std::string& path);
+  NpyArray(NpyType type, std::vector<int64_t> shape, std::vector<char> bytes);
   NpyType type() const { return type_; }
   const std::vector<int64_t>& shape() const { return shape_; }
   int64_t numel() const;
@@ -32,6 +33,7 @@ class NpyArray {
 
  private:
   MappedFile file_;
+  std::vector<char> bytes_;  // when held in memory
   NpyType type_ = NpyType::Int64;
   std::vector<int64_t> shape_;
   const char* data_ = nullptr;

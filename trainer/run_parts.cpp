@@ -56,7 +56,13 @@ namespace {
 
 std::shared_ptr<SampleSource> make_source(const Config& c) {
   switch (c.data.source) {
-    case DataSource::Mock: return make_mock_source(c.model.seq_length, c.model.vocab_size, c.data.eod, c.training.seed);
+    case DataSource::Mock: {
+      // Megatron's mock dataset is sized as its train/valid/test splits are.
+      const auto& t = c.training;
+      const auto n = megatron_split_samples(t.train_iters, t.train_samples, t.global_batch_size, t.eval_interval,
+                                            t.eval_iters, t.start_eval_at_iter);
+      return make_mock_source(c.model.seq_length, c.model.vocab_size, c.data.eod, t.seed, {n[0], n[1], n[2]});
+    }
     case DataSource::Builtin: return make_builtin_source(c.model.seq_length, c.model.vocab_size, c.training.seed);
     case DataSource::Files: {
       const auto& t = c.training;

@@ -20,6 +20,10 @@ struct CheckpointConfig {
   // data-parallel ranks; --no-ckpt-fully-parallel-save: data-parallel rank 0 writes them.
   bool fully_parallel_save = true;
   std::string dist_ckpt_strictness = "assume_ok_unexpected";  // tensor mismatches on load (Megatron's values)
+  // --ckpt-format and --auto-detect-ckpt-format: which of Megatron's own checkpoint formats --load
+  // accepts (checkpoint/megatron/megatron_checkpoint.h); fp8tron's own format always loads.
+  std::string ckpt_format = "torch_dist";
+  bool auto_detect_ckpt_format = false;
   // Only the checkpoints of iterations that are multiples of this (and the latest) are kept.
   std::optional<int64_t> save_retain_interval;
   // Non-persistent checkpoints (Megatron's "global" type): every non_persistent_save_interval

@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <mutex>
+
+#include "data/dataset_builder.h"
+#include "data/loader/split_datasets_source.h"
+#include "data/mock_dataset.h"
 
 namespace fp8tron {
 namespace {
@@ -15,45 +18,6 @@ uint64_t mix(uint64_t x) {
   return x ^ (x >> 31);
 }
 uint64_t hash3(uint64_t a, uint64_t b, uint64_t c) { return mix(mix(mix(a) ^ b) ^ c); }
-
-class MockSource : public SampleSource {
- public:
-  MockSource(int64_t seq_length, int64_t vocab_size, int64_t eod, uint64_t seed)
-      : seq_(seq_length), vocab_(vocab_size), eod_(eod), seed_(seed) {}
-
-  void sample(Split split, int64_t index, int64_t* out) const override {
-    // Each split is its own stream of documents; sample i covers stream tokens [i*s, i*s + s].
-    const int64_t start = index * seq_;
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto& starts = doc_starts_[int(split)];
-    extend(split, start + seq_ + 1);
-    auto it = std::upper_bound(starts.begin(), starts.end(), start);
-    size_t doc = size_t(it - starts.begin()) - 1;
-    for (int64_t i = 0; i <= seq_; ++i) {
-      const int64_t pos = start + i;
-      while (starts[doc + 1] <= pos) ++doc;
-      const int64_t offset = pos - starts[doc], length = starts[doc + 1] - starts[doc];
-      // Tokens (1..length-1) mod vocab, then the tokenizer's end-of-document id (as Megatron's
-      // MockGPTLowLevelDataset).
-      out[i] = offset == length - 1 ? eod_ : (offset + 1) % vocab_;
-    }
-  }
-
- private:
-  void extend(Split split, int64_t needed) const {
-    auto& starts = doc_starts_[int(split)];
-    if (starts.empty()) starts.push_back(0);
-    while (starts.back() < needed + 1) {
-      const uint64_t doc = starts.size() - 1;
-      const int64_t length = 1 + int64_t(hash3(seed_, uint64_t(split) + 1, doc) % 4095);
-      starts.push_back(starts.back() + length);
-    }
-  }
-  int64_t seq_, vocab_, eod_;
-  uint64_t seed_;
-  mutable std::mutex mutex_;
-  mutable std::vector<int64_t> doc_starts_[3];
-};
 
 constexpr double kSuccessorProbs[4] = {0.55, 0.25, 0.15, 0.05};
 
@@ -85,8 +49,14 @@ class BuiltinSource : public SampleSource {
 
 }  // namespace
 
-std::unique_ptr<SampleSource> make_mock_source(int64_t seq_length, int64_t vocab_size, int64_t eod, uint64_t seed) {
-  return std::make_unique<MockSource>(seq_length, vocab_size, eod, seed);
+std::unique_ptr<SampleSource> make_mock_source(int64_t seq_length, int64_t vocab_size, int64_t eod, uint64_t seed,
+                                               const std::array<std::optional<int64_t>, 3>& samples) {
+  data::GptDatasetsConfig config;
+  config.mock = std::make_shared<const data::MockLowLevelDataset>(vocab_size, eod);
+  config.sizes = samples;
+  config.gpt.sequence_length = seq_length;
+  config.gpt.seed = uint32_t(seed);
+  return make_split_datasets_source(data::build_gpt_datasets(config));
 }
 std::unique_ptr<SampleSource> make_builtin_source(int64_t seq_length, int64_t vocab_size, uint64_t seed) {
   return std::make_unique<BuiltinSource>(seq_length, vocab_size, seed);

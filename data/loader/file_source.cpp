@@ -6,36 +6,10 @@
 #include "core/text.h"
 #include "data/data_spec.h"
 #include "data/dataset_builder.h"
+#include "data/loader/split_datasets_source.h"
 
 namespace fp8tron {
 namespace {
-
-class FileSource : public SampleSource {
- public:
-  explicit FileSource(data::SplitDatasets datasets) : datasets_(std::move(datasets)) {}
-  void sample(Split split, int64_t index, int64_t* out) const override {
-    const auto& d = datasets_[size_t(split)];
-    FP8TRON_CHECK(d != nullptr, "sampling from an empty split");
-    if (index >= d->size())
-      throw UserError(strprintf("the %s split has %lld samples; sample %lld was requested (more iterations than the "
-                                "dataset was built for)",
-                                split == Split::Train ? "train" : split == Split::Valid ? "validation" : "test",
-                                (long long)d->size(), (long long)index));
-    d->sample(index, out);
-  }
-  bool has(Split split) const override { return datasets_[size_t(split)] != nullptr; }
-  std::optional<int64_t> size(Split split) const override {
-    const auto& d = datasets_[size_t(split)];
-    return d ? std::optional<int64_t>(d->size()) : std::nullopt;
-  }
-  std::string token_origin(Split split, int64_t index, int64_t position) const override {
-    const auto& d = datasets_[size_t(split)];
-    return d && index < d->size() ? d->token_origin(index, position) : "";
-  }
-
- private:
-  data::SplitDatasets datasets_;
-};
 
 std::optional<data::Blend> blend_of(const std::vector<std::string>& paths) {
   if (paths.empty()) return std::nullopt;
@@ -64,7 +38,7 @@ std::unique_ptr<SampleSource> make_file_source(const DataConfig& data, const Fil
   dc.gpt.cache_dir = data.data_cache_path;
   auto datasets = data::build_gpt_datasets(dc);
   if (!datasets[0]) throw UserError("the training split is empty: check --data-path/--train-data-path and --split");
-  return std::make_unique<FileSource>(std::move(datasets));
+  return make_split_datasets_source(std::move(datasets));
 }
 
 }  // namespace fp8tron

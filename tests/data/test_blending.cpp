@@ -5,6 +5,7 @@
 #include "data/blended_dataset.h"
 #include "data/data_spec.h"
 #include "data/dataset_builder.h"
+#include "data/indexed_dataset.h"
 #include "test_util.h"
 
 namespace fp8tron::data {

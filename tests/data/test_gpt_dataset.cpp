@@ -7,6 +7,7 @@
 
 #include "data/dataset_builder.h"
 #include "data/gpt_dataset.h"
+#include "data/indexed_dataset.h"
 #include "test_util.h"
 
 namespace fp8tron::data {

@@ -3,6 +3,7 @@
 #include <numeric>
 
 #include "data/npy_file.h"
+#include "data/numpy_generator.h"
 #include "data/numpy_random.h"
 #include "test_util.h"
 
@@ -34,6 +35,23 @@ TEST(NumpyRandomState, IntervalIsUniform) {
   for (int i = 0; i < 50000; ++i) ++hist[size_t(rng.random_interval(4))];
   for (int h : hist) EXPECT_NEAR(h, 10000, 400);
   EXPECT_EQ(rng.random_interval(0), 0u);
+}
+
+// Golden values from numpy 2.4: SeedSequence(0).generate_state(4, numpy.uint64) and
+// default_rng(0).integers(1, 4096, size=100000, dtype=numpy.int32) (Megatron's mock lengths).
+TEST(NumpyGenerator, MatchesDefaultRng) {
+  const auto words = seed_sequence_state(0, 8);
+  auto word64 = [&](int i) { return uint64_t(words[size_t(2 * i)]) | uint64_t(words[size_t(2 * i + 1)]) << 32; };
+  EXPECT_EQ(word64(0), 15793235383387715774ULL);
+  EXPECT_EQ(word64(1), 12390638538380655177ULL);
+  EXPECT_EQ(word64(2), 2361836109651742017ULL);
+  EXPECT_EQ(word64(3), 3188717715514472916ULL);
+
+  const auto lengths = NumpyGenerator(0).integers_int32(1, 4096, 100000);
+  EXPECT_EQ(std::vector<int32_t>(lengths.begin(), lengths.begin() + 10),
+            (std::vector<int32_t>{3484, 2609, 2094, 1105, 1261, 168, 309, 68, 718, 3331}));
+  EXPECT_EQ(std::vector<int32_t>(lengths.end() - 5, lengths.end()), (std::vector<int32_t>{2815, 2592, 61, 100, 769}));
+  EXPECT_EQ(std::accumulate(lengths.begin(), lengths.end(), int64_t(0)), 204637097);
 }
 
 // numpy.save's exact header for a 1-D int32 array of 5 elements and a [10, 2] int64 array.

@@ -116,15 +116,17 @@ TEST(BuiltinData, DeterministicPerIndexAndSplit) {
   EXPECT_NEAR(builtin_source_entropy(), 1.11, 0.01);
 }
 
-TEST(MockData, CountingDocumentsEndingInEod) {
-  const int64_t vocab = 10000, seq = 64;
-  auto source = make_mock_source(seq, vocab, vocab - 1, 0);
-  std::vector<int64_t> s(seq + 1), next(seq + 1);
-  source->sample(Split::Train, 3, s.data());
-  source->sample(Split::Train, 4, next.data());
-  EXPECT_EQ(s.back(), next.front()) << "consecutive samples share one token, as Megatron's";
-  for (int64_t i = 1; i <= seq; ++i)
-    EXPECT_TRUE(s[i] == s[i - 1] + 1 || s[i] == vocab - 1 || s[i - 1] == vocab - 1) << i;
+TEST(MockData, SamplesAreMegatrons) {
+  // Sample 2 of Megatron's mock train split for --seed 1234, --seq-length 64 and 1024 ids: the end
+  // of a document (its last id, then the end-of-document 1023) and the next document's start.
+  auto source = make_mock_source(64, 1024, 1023, 1234);
+  std::vector<int64_t> s(65);
+  source->sample(Split::Train, 2, s.data());
+  std::vector<int64_t> expected;
+  for (int64_t t = 907; t <= 962; ++t) expected.push_back(t);
+  expected.push_back(1023);
+  for (int64_t t = 1; t <= 8; ++t) expected.push_back(t);
+  EXPECT_EQ(s, expected);
 }
 
 }  // namespace fp8tron

@@ -740,10 +740,13 @@ CheckpointConfig build_checkpoint(const FlagValues& f, std::vector<std::string>&
   k.exit_signal_handler = f.get_bool("exit-signal-handler");
   k.exit_signal_name = f.get_string("exit-signal");
   k.exit_signal = signal_number(k.exit_signal_name);
-  if (f.given("ckpt-format"))
-    notices.push_back("--ckpt-format " + f.get_string("ckpt-format") +
-                      ": fp8tron reads and writes its own checkpoint format (per-rank safetensors shards + one JSON "
-                      "metadata file in Megatron's iter_NNNNNNN layout), whatever the value");
+  k.ckpt_format = f.get_string("ckpt-format");
+  k.auto_detect_ckpt_format = f.get_bool("auto-detect-ckpt-format");
+  if (f.given("ckpt-format") && !f.get_string("save").empty())
+    notices.push_back("--ckpt-format " + k.ckpt_format +
+                      ": fp8tron writes its own checkpoint format (per-rank safetensors shards + one JSON metadata "
+                      "file in Megatron's iter_NNNNNNN layout), whatever the value; --load also reads Megatron's "
+                      "torch_dist and torch checkpoints");
   return k;
 }
 

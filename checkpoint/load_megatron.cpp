@@ -1,0 +1,163 @@
+#include "checkpoint/load_megatron.h"
+
+#include <algorithm>
+#include <set>
+
+#include "checkpoint/megatron/megatron_checkpoint.h"
+#include "checkpoint/rank_agreement.h"
+#include "checkpoint/saved_tensors.h"
+#include "checkpoint/scheduler_state.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/text.h"
+#include "fp8/fp8_linear.h"
+#include "optim/lr_schedule.h"
+
+namespace fp8tron {
+namespace ck = checkpoint;
+namespace mg = checkpoint::megatron;
+namespace {
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::vector<std::string> parts;
+  for (int64_t d : shape) parts.push_back(std::to_string(d));
+  return "[" + join(parts, ", ") + "]";
+}
+
+// The saved run's model flags against this run's: one line naming every difference.
+void check_model_args(const mg::MegatronCheckpoint& c, const ModelConfig& m) {
+  const std::pair<const char*, int64_t> mine[] = {
+      {"num_layers", m.num_layers}, {"hidden_size", m.hidden_size}, {"ffn_hidden_size", m.ffn_hidden_size},
+      {"num_attention_heads", m.num_attention_heads}, {"padded_vocab_size", m.padded_vocab_size},
+      {"max_position_embeddings", m.max_position_embeddings}};
+  std::vector<std::string> differences;
+  for (const auto& [key, value] : mine) {
+    auto it = c.model_args.find(key);
+    if (it == c.model_args.end() || it->second == value) continue;
+    std::string flag = std::string("--") + key;
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    differences.push_back(strprintf("%s %lld there, %lld here", flag.c_str(), (long long)it->second, (long long)value));
+  }
+  if (!differences.empty())
+    throw UserError("checkpoint " + c.path + " holds another model: " + join(differences, "; ") +
+                    "; run with the flags it was saved with");
+}
+
+// Every tensor this rank needs, present with its parameter's global shape, before anything is
+// written; and nothing in the checkpoint that the model lacks.
+void check_tensors(const mg::MegatronCheckpoint& c, const TrainingState& s, bool load_optim) {
+  std::set<std::string> wanted;
+  for (const auto& domain : s.optimizer.domains())
+    for (const Slot& slot : domain->param_slots()) {
+      const std::string name = checkpoint_name(slot);
+      for (const std::string prefix : {std::string(), std::string("optimizer.state.exp_avg."),
+                                       std::string("optimizer.state.exp_avg_sq.")}) {
+        if (!prefix.empty() && !load_optim) continue;
+        wanted.insert(prefix + name);
+        auto it = c.tensors.find(prefix + name);
+        if (it == c.tensors.end())
+          throw UserError("checkpoint " + c.path + " lacks " + prefix + name +
+                          (prefix.empty() ? "; was it saved for another model?" : "; pass --no-load-optim"));
+        if (it->second.sizes().vec() != slot.info.global_shape)
+          throw UserError("checkpoint " + c.path + ": " + prefix + name + " is " + shape_text(it->second.sizes().vec()) +
+                          " there, " + shape_text(slot.info.global_shape) + " in this model; run with the model "
+                          "flags it was saved with");
+      }
+    }
+  for (const auto& [name, tensor] : c.tensors)
+    if (!wanted.count(name) && name.rfind("optimizer.", 0) != 0 && s.parallel.sizes.pp == 1)
+      throw UserError("checkpoint " + c.path + " holds " + name + ", which this model lacks; run with the model flags "
+                      "it was saved with");
+}
+
+// The local elements [begin, end) of `slot` on this rank, taken from the global tensor.
+torch::Tensor local_range(const torch::Tensor& global, const Slot& slot, int tp_rank, int tp_size, int64_t begin,
+                          int64_t end) {
+  std::vector<torch::Tensor> parts;
+  for (const Piece& piece : param_pieces(slot, tp_rank, tp_size)) {
+    torch::Tensor box = global;
+    for (size_t d = 0; d < piece.box.shape.size(); ++d) box = box.narrow(int64_t(d), piece.box.offset[d], piece.box.shape[d]);
+    parts.push_back(box.contiguous().view({-1}));
+  }
+  return torch::cat(parts).narrow(0, begin, end - begin);
+}
+
+void copy_parameters(const mg::MegatronCheckpoint& c, const TrainingState& s, bool load_optim) {
+  torch::NoGradGuard no_grad;
+  for (const auto& domain : s.optimizer.domains()) {
+    const OptimizerDomain& o = *domain;
+    const auto states = optimizer_states(o, s.config.optimizer);
+    const int64_t shard_begin = o.shard_begin(), shard_end = o.shard_begin() + o.shard_numel();
+    const int tp_rank = o.groups().tp->rank(), tp_size = o.groups().tp->size();
+    for (const Slot& slot : o.param_slots()) {
+      const int64_t lo = std::max(slot.offset, shard_begin), hi = std::min(slot.offset + slot.numel, shard_end);
+      if (lo >= hi) continue;
+      auto copy = [&](const torch::Tensor& buffer, const std::string& name) {
+        buffer.narrow(0, lo - shard_begin, hi - lo)
+            .copy_(local_range(c.tensors.at(name), slot, tp_rank, tp_size, lo - slot.offset, hi - slot.offset));
+      };
+      copy(o.main_params(), checkpoint_name(slot));
+      if (!load_optim) continue;
+      for (const auto& [prefix, buffer] : states) copy(buffer, prefix + checkpoint_name(slot));
+    }
+  }
+  if (load_optim) s.optimizer.set_step_count(*c.step);
+  s.optimizer.publish_model_params();
+}
+
+// The schedule to continue with: the checkpoint's against this run's, by Megatron's rules (a
+// difference is refused unless a flag chooses).
+LrScheduleConfig resolved_schedule(const mg::MegatronCheckpoint& c, const TrainingState& s) {
+  const CheckpointConfig& k = s.config.checkpoint;
+  if (!c.scheduler) return s.schedule.config();
+  const mg::SchedulerValues& v = *c.scheduler;
+  ck::SchedulerState saved;
+  saved.max_lr = v.max_lr, saved.min_lr = v.min_lr, saved.lr_warmup_steps = v.lr_warmup_steps;
+  saved.lr_decay_steps = v.lr_decay_steps, saved.lr_decay_style = v.lr_decay_style;
+  saved.start_wd = v.start_wd, saved.end_wd = v.end_wd, saved.wd_incr_steps = v.wd_incr_steps;
+  saved.wd_incr_style = v.wd_incr_style;
+  const SchedulerSource source = k.override_opt_param_scheduler        ? SchedulerSource::kCommandLine
+                                 : k.use_checkpoint_opt_param_scheduler ? SchedulerSource::kCheckpoint
+                                                                        : SchedulerSource::kMustMatch;
+  return resolve_schedule(s.schedule.config(), saved, source, c.path);
+}
+
+}  // namespace
+
+int64_t load_megatron_checkpoint(const TrainingState& s, const ck::CheckpointLocation& location,
+                                 const std::string& format) {
+  const CheckpointConfig& k = s.config.checkpoint;
+  if (s.config.optimizer.optimizer != "adam")
+    throw UserError("checkpoint " + location.path + " is Megatron's; fp8tron reads its Adam state only, this run uses "
+                    "--optimizer " + s.config.optimizer.optimizer + ": pass --no-load-optim or --finetune");
+  log::info(" > reading Megatron's " + format + " checkpoint " + location.path);
+  const mg::MegatronCheckpoint c = mg::read_checkpoint(location.path, format);
+  check_model_args(c, s.config.model);
+  const bool restart = k.finetune || location.release;
+  const bool load_optim = k.load_optim && !restart;
+  if (load_optim && !c.step)
+    throw UserError("checkpoint " + c.path + " holds no optimizer state (saved with --no-save-optim); pass "
+                    "--no-load-optim or --finetune to load only the weights");
+  check_tensors(c, s, load_optim);
+  const LrScheduleConfig schedule = load_optim ? resolved_schedule(c, s) : s.schedule.config();
+
+  // Nothing above wrote to the model, the optimizer or the schedule.
+  copy_parameters(c, s, load_optim);
+  if (s.fp8) s.fp8->invalidate_weights();
+  if (load_optim) {
+    s.schedule.set_config(schedule);
+    if (c.scheduler) s.schedule.set_num_steps(c.scheduler->num_steps);
+  }
+  if (!restart) {
+    s.consumed_train_samples = c.consumed_train_samples;
+    s.consumed_valid_samples = c.consumed_valid_samples;
+    log::info(" > Megatron's RNG states are not restored: random streams continue from --seed");
+  }
+  barrier(s.parallel);
+  const int64_t iteration = restart ? 0 : c.iteration;
+  log::print(strprintf("  successfully loaded Megatron's %s checkpoint from %s at iteration %lld", format.c_str(),
+                       location.path.c_str(), (long long)iteration));
+  return iteration;
+}
+
+}  // namespace fp8tron

@@ -1,0 +1,138 @@
+#include "checkpoint/megatron/dcp_checkpoint.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.h"
+#include "core/text.h"
+
+namespace fp8tron::checkpoint::megatron {
+namespace {
+
+std::string read_whole(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw UserError(path + ": cannot be opened; is the checkpoint complete?");
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+torch::ScalarType dtype_of(const PyRef& properties, const std::string& where) {
+  // TensorProperties pickles its state as (dtype, layout, requires_grad, memory_format, pin_memory).
+  PyRef dtype = attribute(properties, "dtype");
+  if (!dtype && properties && properties->state && properties->state->kind == PyValue::Kind::Tuple &&
+      !properties->state->items.empty())
+    dtype = properties->state->items[0];
+  static const std::pair<const char*, torch::ScalarType> kTypes[] = {
+      {"float32", torch::kFloat32}, {"bfloat16", torch::kBFloat16}, {"float16", torch::kFloat16},
+      {"float64", torch::kFloat64}, {"int64", torch::kInt64}, {"int32", torch::kInt32}, {"uint8", torch::kUInt8}};
+  for (const auto& [name, type] : kTypes)
+    if (is_global(dtype, "torch", name)) return type;
+  throw UserError(where + " has dtype " + describe(dtype) + ", which fp8tron does not read");
+}
+
+std::string storage_key(const std::string& fqn, const std::vector<int64_t>& offsets) {
+  std::string key = fqn + "@";
+  for (int64_t o : offsets) key += std::to_string(o) + ",";
+  return key;
+}
+
+}  // namespace
+
+DcpCheckpoint::DcpCheckpoint(const std::string& dir) : dir_(dir) {
+  const std::string path = dir + "/.metadata";
+  const PyRef root = parse_pickle(read_whole(path), path);
+  if (!is_call_of(root, "torch.distributed.checkpoint.metadata", "Metadata"))
+    throw UserError(path + ": holds " + describe(root) + ", not a distributed checkpoint's Metadata");
+
+  // Where each chunk and object lies, by name and chunk offset.
+  std::map<std::string, DcpStorage> where;
+  const PyRef storage = attribute(root, "storage_data");
+  if (!storage || storage->kind != PyValue::Kind::Dict) throw UserError(path + ": no storage_data table");
+  for (const auto& [index, info] : storage->entries) {
+    std::string fqn;
+    std::vector<int64_t> offsets;
+    DcpStorage s;
+    if (!as_string(attribute(index, "fqn"), fqn) || !as_string(attribute(info, "relative_path"), s.file) ||
+        !as_int(attribute(info, "offset"), s.offset) || !as_int(attribute(info, "length"), s.length))
+      throw UserError(path + ": a malformed storage_data entry " + describe(index));
+    if (!is_none(attribute(index, "offset")) && !as_int_list(attribute(index, "offset"), offsets))
+      throw UserError(path + ": a malformed chunk offset of " + fqn);
+    where[storage_key(fqn, offsets)] = s;
+  }
+
+  const PyRef entries = attribute(root, "state_dict_metadata");
+  if (!entries || entries->kind != PyValue::Kind::Dict) throw UserError(path + ": no state_dict_metadata table");
+  for (const auto& [key, meta] : entries->entries) {
+    std::string fqn;
+    if (!as_string(key, fqn)) throw UserError(path + ": a state_dict_metadata key is not a string");
+    if (is_call_of(meta, "torch.distributed.checkpoint.metadata", "BytesStorageMetadata")) {
+      auto it = where.find(storage_key(fqn, {}));
+      if (it == where.end()) throw UserError(path + ": object " + fqn + " has no storage entry");
+      objects_[fqn] = it->second;
+      continue;
+    }
+    DcpTensor t;
+    if (!as_int_list(attribute(meta, "size"), t.shape)) throw UserError(path + ": tensor " + fqn + " has no size");
+    t.dtype = dtype_of(attribute(meta, "properties"), path + ": tensor " + fqn);
+    const PyRef chunks = attribute(meta, "chunks");
+    if (!chunks || chunks->kind != PyValue::Kind::List) throw UserError(path + ": tensor " + fqn + " has no chunk list");
+    for (const PyRef& c : chunks->items) {
+      DcpChunk chunk;
+      if (!as_int_list(attribute(c, "offsets"), chunk.offsets) || !as_int_list(attribute(c, "sizes"), chunk.sizes) ||
+          chunk.offsets.size() != t.shape.size() || chunk.sizes.size() != t.shape.size())
+        throw UserError(path + ": tensor " + fqn + " has a malformed chunk " + describe(c));
+      auto it = where.find(storage_key(fqn, chunk.offsets));
+      if (it == where.end()) throw UserError(path + ": a chunk of tensor " + fqn + " has no storage entry");
+      chunk.storage = it->second;
+      t.chunks.push_back(std::move(chunk));
+    }
+    tensors_[fqn] = std::move(t);
+  }
+}
+
+std::string DcpCheckpoint::read_range(const DcpStorage& s, const std::string& what) const {
+  const std::string path = dir_ + "/" + s.file;
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(path, ec);
+  if (ec) throw UserError(path + ": missing (" + ec.message() + "); it holds " + what + ": copy the whole checkpoint");
+  if (uint64_t(s.offset + s.length) > size)
+    throw UserError(strprintf("%s: truncated: %s lies at bytes [%lld, %lld) but the file has %llu bytes; copy the "
+                              "checkpoint again", path.c_str(), what.c_str(), (long long)s.offset,
+                              (long long)(s.offset + s.length), (unsigned long long)size));
+  std::ifstream in(path, std::ios::binary);
+  std::string out(size_t(s.length), '\0');
+  in.seekg(s.offset);
+  in.read(out.data(), s.length);
+  if (!in) throw UserError(path + ": cannot read " + what);
+  return out;
+}
+
+torch::Tensor DcpCheckpoint::tensor(const std::string& name) const {
+  auto it = tensors_.find(name);
+  FP8TRON_CHECK(it != tensors_.end(), "reading tensor " + name + " absent from a distributed checkpoint");
+  const DcpTensor& t = it->second;
+  auto out = torch::empty(t.shape, torch::TensorOptions().dtype(t.dtype));
+  int64_t covered = 0;
+  for (const DcpChunk& c : t.chunks) {
+    const std::string what = "a chunk of " + name;
+    TorchArchive archive(read_range(c.storage, what), dir_ + "/" + c.storage.file + ", " + what);
+    const torch::Tensor part = archive.tensor(archive.root(), what);
+    if (part.sizes().vec() != c.sizes || part.scalar_type() != t.dtype)
+      throw UserError(dir_ + "/" + c.storage.file + ": " + what + " does not have the shape and dtype .metadata gives");
+    torch::Tensor box = out;
+    for (size_t d = 0; d < c.sizes.size(); ++d) box = box.narrow(int64_t(d), c.offsets[d], c.sizes[d]);
+    box.copy_(part);
+    covered += part.numel();
+  }
+  if (covered != out.numel())
+    throw UserError(dir_ + "/.metadata: the chunks of " + name + " do not cover the tensor once");
+  return out;
+}
+
+std::unique_ptr<TorchArchive> DcpCheckpoint::object(const std::string& prefix) const {
+  for (const auto& [name, s] : objects_)
+    if (name.rfind(prefix, 0) == 0)
+      return std::make_unique<TorchArchive>(read_range(s, name), dir_ + "/" + s.file + ", " + name);
+  throw UserError(dir_ + "/.metadata: names no " + prefix + " object; is this a Megatron torch_dist checkpoint?");
+}
+
+}  // namespace fp8tron::checkpoint::megatron

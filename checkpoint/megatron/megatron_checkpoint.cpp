@@ -1,0 +1,232 @@
+#include "checkpoint/megatron/megatron_checkpoint.h"
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "checkpoint/megatron/dcp_checkpoint.h"
+#include "checkpoint/megatron/torch_archive.h"
+#include "core/error.h"
+#include "core/text.h"
+
+namespace fp8tron::checkpoint::megatron {
+namespace fs = std::filesystem;
+namespace {
+
+constexpr const char* kExpAvg = "optimizer.state.exp_avg.";
+constexpr const char* kExpAvgSq = "optimizer.state.exp_avg_sq.";
+constexpr const char* kLayers = "decoder.layers.";
+
+bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// Megatron's local-layer names -> the fused names of fp8tron's (and Transformer Engine's) layers.
+std::string fp8tron_name(std::string name) {
+  static const std::pair<const char*, const char*> kRenames[] = {
+      {".input_layernorm.weight", ".self_attention.linear_qkv.layer_norm_weight"},
+      {".input_layernorm.bias", ".self_attention.linear_qkv.layer_norm_bias"},
+      {".pre_mlp_layernorm.weight", ".mlp.linear_fc1.layer_norm_weight"},
+      {".pre_mlp_layernorm.bias", ".mlp.linear_fc1.layer_norm_bias"}};
+  for (const auto& [from, to] : kRenames)
+    if (ends_with(name, from)) return name.substr(0, name.size() - std::strlen(from)) + to;
+  return name;
+}
+
+int64_t int_attribute(const PyRef& v, const char* key, const std::string& where) {
+  int64_t out = 0;
+  if (!as_int(attribute(v, key), out)) throw UserError(where + ": holds no integer " + key);
+  return out;
+}
+
+// The scheduler's state dict and the saved run's arguments, common to both formats.
+void read_common(const PyRef& root, const std::string& where, MegatronCheckpoint& out) {
+  out.iteration = int_attribute(root, "iteration", where);
+  const PyRef args = attribute(root, "args");
+  if (!is_call_of(args, "argparse", "Namespace")) throw UserError(where + ": holds no argparse namespace 'args'");
+  as_int(attribute(args, "consumed_train_samples"), out.consumed_train_samples);
+  as_int(attribute(args, "consumed_valid_samples"), out.consumed_valid_samples);
+  for (const char* key : {"num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "padded_vocab_size",
+                          "max_position_embeddings", "seq_length"}) {
+    int64_t v = 0;
+    if (as_int(attribute(args, key), v)) out.model_args[key] = v;
+  }
+  const PyRef sched = attribute(root, "opt_param_scheduler");
+  if (is_none(sched)) return;
+  SchedulerValues s;
+  if (!as_double(attribute(sched, "max_lr"), s.max_lr) || !as_double(attribute(sched, "min_lr"), s.min_lr) ||
+      !as_int(attribute(sched, "lr_warmup_steps"), s.lr_warmup_steps) ||
+      !as_int(attribute(sched, "lr_decay_steps"), s.lr_decay_steps) ||
+      !as_string(attribute(sched, "lr_decay_style"), s.lr_decay_style) ||
+      !as_int(attribute(sched, "num_steps"), s.num_steps))
+    throw UserError(where + ": a malformed opt_param_scheduler " + describe(sched));
+  as_double(attribute(sched, "start_wd"), s.start_wd);
+  as_double(attribute(sched, "end_wd"), s.end_wd);
+  as_int(attribute(sched, "wd_incr_steps"), s.wd_incr_steps);
+  as_string(attribute(sched, "wd_incr_style"), s.wd_incr_style);
+  out.scheduler = s;
+}
+
+// ---- torch (legacy) --------------------------------------------------------------------------
+
+std::string legacy_file(const std::string& dir) {
+  std::vector<std::string> ranks;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (starts_with(e.path().filename().string(), "mp_rank_")) ranks.push_back(e.path().filename().string());
+  if (ranks.size() != 1 || ranks[0] != "mp_rank_00")
+    throw UserError("checkpoint " + dir + " holds " + std::to_string(ranks.size()) +
+                    " model-parallel rank directories; fp8tron reads Megatron torch checkpoints of one rank "
+                    "(mp_rank_00) only: save them with --tensor-model-parallel-size 1 --pipeline-model-parallel-size 1");
+  return dir + "/mp_rank_00/model_optim_rng.pt";
+}
+
+// Megatron's default parameter groups: weight decay for all but biases and 1-D weights.
+bool decayed(const std::string& name, const torch::Tensor& t) { return !ends_with(name, ".bias") && t.dim() > 1; }
+
+// torch.optim's state dict numbers the parameters group by group; each of Megatron's groups takes
+// the model's parameters of its weight-decay kind in model order.
+void read_legacy_optimizer(const TorchArchive& a, const PyRef& optimizer,
+                           const std::vector<std::pair<std::string, torch::Tensor>>& params, MegatronCheckpoint& out) {
+  const std::string& where = a.source();
+  const PyRef state = attribute(optimizer, "state"), groups = attribute(optimizer, "param_groups");
+  if (!state || !groups || groups->kind != PyValue::Kind::List)
+    throw UserError(where + ": the optimizer state is not torch.optim's (a mixed-precision or distributed "
+                            "optimizer's); pass --no-load-optim to load the weights only");
+  std::map<int64_t, std::string> by_index;
+  std::set<bool> kinds_seen;
+  for (const PyRef& g : groups->items) {
+    double wd = 0;
+    if (!as_double(attribute(g, "wd_mult"), wd)) as_double(attribute(g, "weight_decay"), wd);
+    const bool decay = wd != 0;
+    if (!kinds_seen.insert(decay).second)
+      throw UserError(where + ": two optimizer parameter groups with the same weight decay (--decoupled-lr or "
+                              "learning-rate multipliers); fp8tron does not map them: pass --no-load-optim");
+    std::vector<int64_t> indices;
+    if (!as_int_list(attribute(g, "params"), indices)) throw UserError(where + ": a parameter group lists no params");
+    size_t next = 0;
+    for (const auto& [name, tensor] : params) {
+      if (decayed(name, tensor) != decay) continue;
+      if (next == indices.size()) throw UserError(where + ": the optimizer has fewer parameters than the model");
+      by_index[indices[next++]] = name;
+    }
+    if (next != indices.size()) throw UserError(where + ": the optimizer has more parameters than the model");
+  }
+  for (const auto& [index_value, entry] : state->entries) {
+    int64_t index = 0;
+    if (!as_int(index_value, index) || !by_index.count(index))
+      throw UserError(where + ": optimizer state for unknown parameter " + describe(index_value));
+    const std::string& name = by_index[index];
+    const torch::Tensor& param = out.tensors.at(name);
+    for (const auto& [key, prefix] : {std::pair{"exp_avg", kExpAvg}, std::pair{"exp_avg_sq", kExpAvgSq}}) {
+      torch::Tensor t = a.tensor(attribute(entry, key), std::string(key) + " of " + name);
+      if (t.sizes() != param.sizes())
+        throw UserError(where + ": " + key + " of " + name + " has another shape than the parameter");
+      out.tensors[prefix + name] = t;
+    }
+    const PyRef step = attribute(entry, "step");
+    double value = 0;
+    if (as_double(step, value)) out.step = value;
+    else if (step) out.step = a.tensor(step, "step of " + name).item<double>();
+  }
+}
+
+MegatronCheckpoint read_legacy(const std::string& dir) {
+  MegatronCheckpoint out;
+  out.format = "torch";
+  out.path = legacy_file(dir);
+  TorchArchive a(out.path);
+  read_common(a.root(), out.path, out);
+  const PyRef model = attribute(a.root(), "model");
+  if (!model)
+    throw UserError(out.path + ": holds no 'model' (a virtual-pipeline checkpoint has model0, model1, ...; "
+                               "fp8tron reads one model chunk)");
+  std::vector<std::pair<std::string, torch::Tensor>> params;  // Megatron's names, model order
+  // The state dict's items; its attributes (_metadata) are not tensors.
+  for (const auto& [key, value] : model->entries) {
+    std::string name;
+    if (!as_string(key, name)) throw UserError(out.path + ": a model state key is not a string");
+    if (ends_with(name, "._extra_state")) continue;
+    params.emplace_back(name, a.tensor(value, name));
+    out.tensors[fp8tron_name(name)] = params.back().second;
+  }
+  const PyRef optimizer = attribute(a.root(), "optimizer");
+  if (is_none(optimizer)) return out;
+  // read_legacy_optimizer needs the fp8tron names as keys of out.tensors.
+  std::vector<std::pair<std::string, torch::Tensor>> renamed;
+  for (const auto& [name, t] : params) renamed.emplace_back(fp8tron_name(name), t);
+  read_legacy_optimizer(a, optimizer, renamed, out);
+  return out;
+}
+
+// ---- torch_dist ------------------------------------------------------------------------------
+
+// A stacked decoder-layer tensor [num_layers, ...] as one tensor per layer.
+void unstack(const std::string& prefix, const std::string& rest, const torch::Tensor& t, MegatronCheckpoint& out) {
+  for (int64_t i = 0; i < t.size(0); ++i)
+    out.tensors[prefix + kLayers + std::to_string(i) + "." + rest] = t[i].clone();
+}
+
+MegatronCheckpoint read_dist(const std::string& dir) {
+  MegatronCheckpoint out;
+  out.format = "torch_dist";
+  out.path = dir;
+  DcpCheckpoint dcp(dir);
+  auto common = dcp.object("common_state");
+  PyRef root = common->root();
+  if (root && root->kind == PyValue::Kind::List && root->items.size() == 1) root = root->items[0];
+  read_common(root, common->source(), out);
+  const PyRef step = attribute(attribute(attribute(root, "optimizer"), "state"), "common_step");
+  if (step) out.step = common->tensor(step, "optimizer step").item<double>();
+  for (const auto& [name, entry] : dcp.tensors()) {
+    std::string prefix, param = name;
+    for (const char* p : {kExpAvg, kExpAvgSq})
+      if (starts_with(name, p)) prefix = p, param = name.substr(std::strlen(p));
+    if (!prefix.empty() || !starts_with(name, "optimizer.")) {
+      const torch::Tensor t = dcp.tensor(name);
+      if (starts_with(param, kLayers)) unstack(prefix, fp8tron_name(param.substr(std::strlen(kLayers))), t, out);
+      else out.tensors[prefix + fp8tron_name(param)] = t;
+      continue;
+    }
+    throw UserError(dir + "/.metadata: optimizer tensor " + name +
+                    " is not Adam's moments (a distributed optimizer's flat buffers?); pass --no-load-optim");
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string detect_format(const std::string& dir) {
+  std::error_code ec;
+  if (fs::exists(dir + "/metadata.json", ec)) {
+    std::ifstream in(dir + "/metadata.json");
+    const std::string text((std::istreambuf_iterator<char>(in)), {});
+    for (const char* backend : {"torch_dist", "zarr", "fsdp_dtensor", "torch_dcp"})
+      if (text.find(std::string("\"") + backend + "\"") != std::string::npos) return backend;
+  }
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (starts_with(e.path().filename().string(), "mp_rank_0")) return "torch";
+  if (fs::exists(dir + "/.metadata", ec)) return "torch_dcp";
+  return "";
+}
+
+std::string format_refusal(const std::string& format, const std::string& ckpt_format, bool auto_detect,
+                           const std::string& dir) {
+  if (format != "torch_dist" && format != "torch")
+    return "checkpoint " + dir + " is in Megatron's " + format +
+           " format; fp8tron reads Megatron's torch_dist and torch checkpoints and its own";
+  // Megatron detects the format when asked to, or when it expects a distributed checkpoint;
+  // with --ckpt-format torch it reads legacy checkpoints only.
+  if (format == "torch_dist" && !auto_detect && ckpt_format != "torch_dist" && ckpt_format != "fsdp_dtensor")
+    return "checkpoint " + dir + " is a distributed (torch_dist) checkpoint but --ckpt-format is " + ckpt_format +
+           ": pass --auto-detect-ckpt-format or --ckpt-format torch_dist";
+  return "";
+}
+
+MegatronCheckpoint read_checkpoint(const std::string& dir, const std::string& format) {
+  if (format == "torch") return read_legacy(dir);
+  FP8TRON_CHECK(format == "torch_dist", "reading a Megatron checkpoint in format " + format);
+  return read_dist(dir);
+}
+
+}  // namespace fp8tron::checkpoint::megatron

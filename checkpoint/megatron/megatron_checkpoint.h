@@ -1,0 +1,61 @@
+// Checkpoints written by Megatron-LM itself, read into fp8tron's terms.
+//
+// Formats (Megatron's --ckpt-format names), told apart by the files of iter_NNNNNNN/:
+//   torch_dist  metadata.json {"sharded_backend": "torch_dist"} + a PyTorch distributed
+//               checkpoint (.metadata, *.distcp; dcp_checkpoint.h): the weights of the decoder
+//               layers stacked along a first dimension of num_layers, the optimizer's moments as
+//               optimizer.state.exp_avg(_sq).<weight>, the rest (iteration, args, scheduler, Adam's
+//               step) in the pickled "common_state" object
+//   torch       mp_rank_00/model_optim_rng.pt, one torch.save file (torch_archive.h): the model's
+//               state dict, torch.optim's state dict (moments by parameter index), the scheduler,
+//               the iteration and the pickled argparse namespace
+// Megatron's local layer names (input_layernorm, pre_mlp_layernorm) become the fused names that
+// fp8tron's parameters have (linear_qkv.layer_norm_*, linear_fc1.layer_norm_*).
+//
+// Not read: several tensor- or pipeline-parallel ranks' files, the distributed optimizer's
+// flat buffers, MoE and MLA weights, the RNG states (a resumed run's dropout streams restart).
+#pragma once
+#include <torch/torch.h>
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+
+namespace fp8tron::checkpoint::megatron {
+
+// Megatron's name for the format of checkpoint directory `dir` ("torch_dist", "torch",
+// "torch_dcp", "fsdp_dtensor", "zarr"), or "" when it is none of Megatron's.
+std::string detect_format(const std::string& dir);
+
+// Whether Megatron would load a checkpoint in `format` given --ckpt-format and
+// --auto-detect-ckpt-format: "" when it would, else the one-line reason.
+std::string format_refusal(const std::string& format, const std::string& ckpt_format, bool auto_detect,
+                           const std::string& dir);
+
+// Megatron's OptimizerParamScheduler state dict (steps count samples).
+struct SchedulerValues {
+  double max_lr = 0, min_lr = 0, start_wd = 0, end_wd = 0;
+  int64_t lr_warmup_steps = 0, lr_decay_steps = 0, wd_incr_steps = 0, num_steps = 0;
+  std::string lr_decay_style, wd_incr_style;
+};
+
+struct MegatronCheckpoint {
+  std::string format, path;  // path: the file or directory read, for messages
+  int64_t iteration = 0;
+  int64_t consumed_train_samples = 0, consumed_valid_samples = 0;
+  // Global tensors by fp8tron's checkpoint names: <param>, optimizer.state.exp_avg.<param>,
+  // optimizer.state.exp_avg_sq.<param> (the latter only when the checkpoint holds optimizer state).
+  std::map<std::string, torch::Tensor> tensors;
+  std::optional<double> step;  // Adam's step count
+  std::optional<SchedulerValues> scheduler;
+  // The saved run's arguments that fp8tron compares with its own (num_layers, hidden_size, ...).
+  std::map<std::string, int64_t> model_args;
+};
+
+// Reads the whole checkpoint in `dir` (an iter_NNNNNNN directory) in `format` ("torch_dist" or
+// "torch") into memory. Every problem is a UserError naming the file and what is wrong.
+MegatronCheckpoint read_checkpoint(const std::string& dir, const std::string& format);
+
+}  // namespace fp8tron::checkpoint::megatron

@@ -1,0 +1,45 @@
+// A torch.save file (PyTorch's zip archive: data.pkl, a protocol-2 pickle whose tensors are
+// persistent ids naming the entries data/<key>), read without Python: the pickle as a value tree
+// (pickle.h) and its tensors materialized on request. Megatron's legacy checkpoints
+// (model_optim_rng.pt) are such files, and so is every chunk of a `.distcp` file.
+#pragma once
+#include <torch/torch.h>
+
+#include <memory>
+#include <string>
+
+#include "checkpoint/megatron/pickle.h"
+
+namespace caffe2::serialize {
+class PyTorchStreamReader;
+}
+
+namespace fp8tron::checkpoint::megatron {
+
+class TorchArchive {
+ public:
+  // The archive in file `path`; errors name it.
+  explicit TorchArchive(const std::string& path);
+  // The archive held in `bytes` (a chunk of a larger file); errors name `source`.
+  TorchArchive(std::string bytes, std::string source);
+  ~TorchArchive();
+
+  const PyRef& root() const { return root_; }
+  const std::string& source() const { return source_; }
+
+  // The tensor `v` rebuilds (torch._utils._rebuild_tensor_v2 or _rebuild_parameter over a
+  // storage), as a contiguous CPU tensor that owns its memory; UserError naming `what` otherwise.
+  torch::Tensor tensor(const PyRef& v, const std::string& what) const;
+
+ private:
+  void open();
+  torch::Tensor storage(const PyRef& persistent_id, const std::string& what) const;
+
+  std::string source_;
+  std::string bytes_;
+  std::unique_ptr<std::istream> stream_;
+  std::unique_ptr<caffe2::serialize::PyTorchStreamReader> reader_;
+  PyRef root_;
+};
+
+}  // namespace fp8tron::checkpoint::megatron

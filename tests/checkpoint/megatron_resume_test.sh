@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Resuming checkpoints that Megatron-LM wrote (tests/fixtures/megatron_checkpoints): fp8tron, run
+# with the flags Megatron ran with, loads iteration 10 and trains to 14 on the CPU in fp32; the lm
+# loss of iterations 11-14 must equal the one Megatron printed within 1e-4 relative. Damaged or
+# mismatched checkpoints fail with one line naming the file and what differs. With MPIRUN, the
+# same in other parallel layouts (tensor and pipeline parallel, the distributed optimizer).
+# Usage: megatron_resume_test.sh FP8TRON SOURCE_DIR [MPIRUN]
+set -u
+BIN=$1
+FIXTURES=$2/tests/fixtures/megatron_checkpoints
+MPIRUN=${3:-}
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+fail=0
+FLAGS=(--micro-batch-size 2 --global-batch-size 8 --train-iters 14 --lr 1e-3 --min-lr 1e-4
+       --lr-decay-style cosine --lr-warmup-iters 2 --mock-data --tokenizer-type NullTokenizer
+       --vocab-size 1024 --log-interval 1 --eval-iters 0 --eval-interval 1000 --seed 1234
+       --hidden-dropout 0 --attention-dropout 0 --transformer-impl local --no-persist-layer-norm
+       --no-gradient-accumulation-fusion --save-interval 10 --weight-decay 0.1 --clip-grad 1.0
+       --device cpu)
+
+# "<iteration> <lm loss>" of every iteration line of a log (fp8tron's or Megatron's).
+losses() { sed -nE 's/.*iteration +([0-9]+)\/ +[0-9]+ .*lm loss: ([0-9.E+-]+).*/\1 \2/p' "$1"; }
+
+# compare <log> <losses.txt> [last]: iterations 11 to last (14) within 1e-4 relative.
+compare() {
+  awk -v logfile="$1" -v last="${3:-14}" '
+    FNR == NR { got[$1] = $2; next }
+    $1 > 10 && $1 <= last {
+      if (!($1 in got)) { print "no lm loss for iteration " $1 " in " logfile; bad = 1; next }
+      rel = (got[$1] - $2) / $2; if (rel < 0) rel = -rel
+      printf "iteration %d: fp8tron %s, Megatron %s, relative %.2e\n", $1, got[$1], $2, rel
+      if (rel > 1e-4) bad = 1
+    }
+    END { exit bad }' <(losses "$1") <(losses "$2")
+}
+
+# resume <fixture> [launcher and layout flags...]: Megatron's losses after the load.
+resume() {
+  local dir=$1; shift
+  local launch=() layout=()
+  if [ $# -gt 0 ]; then launch=($MPIRUN --allow-run-as-root --oversubscribe --bind-to none -np 2 -x OMP_NUM_THREADS=1); layout=("$@"); fi
+  read -ra MODEL < "$FIXTURES/$dir/args.txt"
+  local log=$WORK/$dir.log rc name="$dir${layout[*]:+ ${layout[*]}}"
+  "${launch[@]}" "$BIN" "${FLAGS[@]}" "${MODEL[@]}" "${layout[@]}" --load "$FIXTURES/$dir/ckpt" > "$log" 2>&1
+  rc=$?
+  if [ $rc != 0 ] || ! grep -q "successfully loaded Megatron's" "$log" || ! compare "$log" "$FIXTURES/$dir/losses.txt"; then
+    echo "FAIL: $name (rc $rc)"; tail -20 "$log"; fail=1
+  else
+    echo "ok: $name resumes with Megatron's losses"
+  fi
+}
+resume gpt_torch_dist
+resume gpt_torch_legacy
+# The weights alone give iteration 11's loss (the optimizer only acts after it).
+read -ra MODEL < "$FIXTURES/gpt_torch_legacy/args.txt"
+"$BIN" "${FLAGS[@]}" "${MODEL[@]}" --no-load-optim --load "$FIXTURES/gpt_torch_legacy/ckpt" > "$WORK/weights.log" 2>&1
+if [ $? != 0 ] || ! compare "$WORK/weights.log" "$FIXTURES/gpt_torch_legacy/losses.txt" 11; then
+  echo "FAIL: --no-load-optim"; tail -20 "$WORK/weights.log"; fail=1
+else
+  echo "ok: --no-load-optim loads the weights"
+fi
+if [ -n "$MPIRUN" ]; then
+  resume gpt_torch_dist --tensor-model-parallel-size 2
+  resume gpt_torch_legacy --pipeline-model-parallel-size 2
+  resume gpt_torch_dist --use-distributed-optimizer
+fi
+
+expect_error() {  # expect_error <text> <what> -- args...: exit status 1, one error line with <text>
+  local want=$1 what=$2; shift 3
+  local out rc
+  out=$("$BIN" "${FLAGS[@]}" "$@" 2>&1); rc=$?
+  if [ $rc != 1 ] || ! grep -qF -- "$want" <<<"$out" || grep -q "successfully loaded" <<<"$out"; then
+    echo "FAIL: $what -> rc $rc, output lacks: $want"; echo "$out" | tail -5; fail=1
+  else
+    echo "ok: $what"
+  fi
+}
+
+read -ra DIST < "$FIXTURES/gpt_torch_dist/args.txt"
+read -ra LEGACY < "$FIXTURES/gpt_torch_legacy/args.txt"
+expect_error "--hidden-size 64 there, 128 here" "another model's shape" -- \
+  "${DIST[@]}" --hidden-size 128 --load "$FIXTURES/gpt_torch_dist/ckpt"
+expect_error "pass --auto-detect-ckpt-format" "torch_dist under --ckpt-format torch" -- \
+  "${LEGACY[@]}" --load "$FIXTURES/gpt_torch_dist/ckpt"
+cp -r "$FIXTURES/gpt_torch_dist/ckpt" "$WORK/truncated" && chmod -R u+w "$WORK/truncated"
+truncate -s 1000000 "$WORK/truncated/iter_0000010/__0_0.distcp"
+expect_error "__0_0.distcp: truncated" "a truncated .distcp file" -- "${DIST[@]}" --load "$WORK/truncated"
+cp -r "$FIXTURES/gpt_torch_legacy/ckpt" "$WORK/missing" && chmod -R u+w "$WORK/missing"
+rm "$WORK/missing/iter_0000010/mp_rank_00/model_optim_rng.pt"
+expect_error "model_optim_rng.pt" "a missing model_optim_rng.pt" -- "${LEGACY[@]}" --load "$WORK/missing"
+exit $fail

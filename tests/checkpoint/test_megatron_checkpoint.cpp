@@ -1,0 +1,151 @@
+// Reading checkpoints that Megatron-LM wrote (tests/fixtures/megatron_checkpoints: one small GPT
+// saved at iteration 10 by the same run in both formats), and pickles made by CPython.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+
+#include "checkpoint/megatron/megatron_checkpoint.h"
+#include "checkpoint/megatron/pickle.h"
+#include "core/error.h"
+
+namespace fp8tron::checkpoint::megatron {
+namespace {
+
+const std::string kFixtures = std::string(FP8TRON_SOURCE_DIR) + "/tests/fixtures/megatron_checkpoints";
+const std::string kDist = kFixtures + "/gpt_torch_dist/ckpt/iter_0000010";
+const std::string kLegacy = kFixtures + "/gpt_torch_legacy/ckpt/iter_0000010";
+
+// A writable copy of a fixture directory that a test may damage (by the shell: LibTorch exports
+// a std::filesystem::remove_all that crashes when called from here).
+struct Scratch {
+  explicit Scratch(const std::string& from) {
+    const char* base = std::getenv("TMPDIR");
+    path = std::string(base && *base ? base : "/tmp") + "/fp8tron_megatron_XXXXXX";
+    if (!mkdtemp(path.data())) throw std::runtime_error("mkdtemp failed");
+    path += "/ckpt";
+    run("cp -r '" + from + "' '" + path + "' && chmod -R u+w '" + path + "'");
+  }
+  ~Scratch() { run("rm -rf '" + path.substr(0, path.rfind('/')) + "'"); }
+  static void run(const std::string& command) {
+    if (std::system(command.c_str()) != 0) throw std::runtime_error("failed: " + command);
+  }
+  std::string path;
+};
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Pickle, ReadsProtocolTwoAndFour) {
+  // pickle.dumps({'a': [1, -2, 3.5], 'b': ('x', None, True), 'c': 2**40}, protocol=2)
+  const std::string p2("\200\002}q\000(X\001\000\000\000aq\001]q\002(K\001J\376\377\377\377G@\014\000\000\000\000\000\000eX\001\000\000\000bq\003X\001\000\000\000xq\004N\210\207q\005X\001\000\000\000cq\006\212\006\000\000\000\000\000\001u.", 74);
+  const PyRef v = parse_pickle(p2, "p2");
+  int64_t i = 0;
+  double d = 0;
+  const PyRef a = attribute(v, "a");
+  ASSERT_TRUE(a && a->items.size() == 3);
+  EXPECT_TRUE(as_int(a->items[1], i) && i == -2);
+  EXPECT_TRUE(as_double(a->items[2], d) && d == 3.5);
+  EXPECT_TRUE(as_int(attribute(v, "c"), i) && i == (int64_t(1) << 40));
+  EXPECT_TRUE(is_none(attribute(v, "b")->items[1]));
+  EXPECT_EQ(describe(attribute(v, "b")), "('x', None, True)");
+
+  // pickle.dumps(argparse.Namespace(lr=0.5), protocol=4)
+  const std::string p4("\200\004\225/\000\000\000\000\000\000\000\214\010argparse\224\214\011Namespace\224\223\224)\201\224}\224\214\002lr\224G\077\340\000\000\000\000\000\000sb.", 58);
+  const PyRef ns = parse_pickle(p4, "p4");
+  EXPECT_TRUE(is_call_of(ns, "argparse", "Namespace"));
+  EXPECT_TRUE(as_double(attribute(ns, "lr"), d) && d == 0.5);
+}
+
+TEST(Pickle, TruncatedInputIsOneLineNamingTheSource) {
+  const std::string msg = error_of([] { parse_pickle(std::string_view("\200\002]q\000(K\001", 8), "some.pt"); });
+  EXPECT_NE(msg.find("some.pt"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("truncated"), std::string::npos) << msg;
+}
+
+TEST(MegatronCheckpoint, DetectsTheFormats) {
+  EXPECT_EQ(detect_format(kDist), "torch_dist");
+  EXPECT_EQ(detect_format(kLegacy), "torch");
+  EXPECT_EQ(format_refusal("torch_dist", "torch_dist", false, kDist), "");
+  EXPECT_EQ(format_refusal("torch", "torch_dist", false, kLegacy), "");
+  EXPECT_EQ(format_refusal("torch", "torch", false, kLegacy), "");
+  EXPECT_EQ(format_refusal("torch_dist", "torch", true, kDist), "");
+  EXPECT_NE(format_refusal("torch_dist", "torch", false, kDist).find("--auto-detect-ckpt-format"), std::string::npos);
+  EXPECT_NE(format_refusal("zarr", "torch_dist", true, kDist).find("zarr"), std::string::npos);
+}
+
+TEST(MegatronCheckpoint, LegacyHoldsWeightsMomentsAndCounters) {
+  const MegatronCheckpoint c = read_checkpoint(kLegacy, "torch");
+  EXPECT_EQ(c.iteration, 10);
+  EXPECT_EQ(c.consumed_train_samples, 80);
+  ASSERT_TRUE(c.step && c.scheduler);
+  EXPECT_EQ(*c.step, 10);
+  EXPECT_EQ(c.scheduler->num_steps, 80);
+  EXPECT_EQ(c.scheduler->lr_warmup_steps, 16);
+  EXPECT_EQ(c.scheduler->lr_decay_style, "cosine");
+  EXPECT_EQ(c.model_args.at("hidden_size"), 64);
+  EXPECT_EQ(c.tensors.size(), 3u * 28u);  // 28 parameters, their two moments
+  // Values Python's torch.load reads from the same file.
+  EXPECT_FLOAT_EQ(c.tensors.at("decoder.final_layernorm.weight")[0].item<float>(), 0.9986070990562439f);
+  EXPECT_FLOAT_EQ(c.tensors.at("decoder.layers.1.mlp.linear_fc1.weight")[5][7].item<float>(), -0.005036144983023405f);
+  EXPECT_FLOAT_EQ(c.tensors.at("optimizer.state.exp_avg.embedding.word_embeddings.weight")[3][4].item<float>(),
+                  -0.00016141110972967f);
+  EXPECT_FLOAT_EQ(c.tensors.at("optimizer.state.exp_avg_sq.decoder.final_layernorm.bias")[1].item<float>(),
+                  8.55655102327546e-09f);
+  EXPECT_TRUE(c.tensors.count("decoder.layers.0.self_attention.linear_qkv.layer_norm_weight"));
+  EXPECT_TRUE(c.tensors.count("decoder.layers.0.mlp.linear_fc1.layer_norm_bias"));
+}
+
+TEST(MegatronCheckpoint, DistributedEqualsLegacy) {
+  // Both fixtures come from identical runs: the same tensors under the same names.
+  const MegatronCheckpoint dist = read_checkpoint(kDist, "torch_dist");
+  const MegatronCheckpoint legacy = read_checkpoint(kLegacy, "torch");
+  EXPECT_EQ(dist.iteration, 10);
+  EXPECT_EQ(dist.consumed_train_samples, 80);
+  ASSERT_TRUE(dist.step);
+  EXPECT_EQ(*dist.step, 10);
+  ASSERT_EQ(dist.tensors.size(), legacy.tensors.size());
+  for (const auto& [name, t] : legacy.tensors) {
+    ASSERT_TRUE(dist.tensors.count(name)) << name;
+    EXPECT_TRUE(torch::equal(dist.tensors.at(name), t)) << name;
+  }
+}
+
+TEST(MegatronCheckpoint, TruncatedDistcpNamesTheFile) {
+  Scratch s(kDist);
+  ASSERT_EQ(::truncate((s.path + "/__0_0.distcp").c_str(), 1000000), 0);
+  const std::string msg = error_of([&] { read_checkpoint(s.path, "torch_dist"); });
+  EXPECT_NE(msg.find("__0_0.distcp"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("truncated"), std::string::npos) << msg;
+}
+
+TEST(MegatronCheckpoint, CorruptedLegacyFileNamesTheFile) {
+  Scratch s(kLegacy);
+  const std::string file = s.path + "/mp_rank_00/model_optim_rng.pt";
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(0);
+  f.write("garbage!", 8);
+  f.close();
+  const std::string msg = error_of([&] { read_checkpoint(s.path, "torch"); });
+  EXPECT_NE(msg.find("model_optim_rng.pt"), std::string::npos) << msg;
+}
+
+TEST(MegatronCheckpoint, MissingMetadataNamesTheFile) {
+  Scratch s(kDist);
+  ASSERT_EQ(std::remove((s.path + "/.metadata").c_str()), 0);
+  const std::string msg = error_of([&] { read_checkpoint(s.path, "torch_dist"); });
+  EXPECT_NE(msg.find(".metadata"), std::string::npos) << msg;
+}
+
+}  // namespace
+}  // namespace fp8tron::checkpoint::megatron
