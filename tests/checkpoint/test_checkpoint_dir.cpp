@@ -11,9 +11,12 @@
 #include "core/error.h"
 #include "tests/checkpoint/temp_dir.h"
 #include "checkpoint/safetensors.h"
+#include "tests/checkpoint/error_text.h"
 
 namespace fp8tron::checkpoint {
 namespace {
+
+using testing::error_of;
 
 namespace fs = std::filesystem;
 using testing::slurp;
@@ -90,15 +93,6 @@ std::vector<std::string> leftovers(const std::string& dir) {
     if (!committed) out.push_back(n);
   }
   return out;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "";
 }
 
 TEST(CheckpointDir, RemoveTreeRemovesEverythingAndFollowsNoLinks) {

@@ -16,22 +16,16 @@
 #include "checkpoint/fault_points.h"
 #include "checkpoint/save_dir_lock.h"
 #include "checkpoint/sharded_io.h"
+#include "tests/checkpoint/error_text.h"
 
 namespace fp8tron::checkpoint {
 namespace {
 
+using testing::error_of;
+
 using testing::slurp;
 using testing::spit;
 using testing::TempDir;
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "";
-}
 
 TEST(Checksum, Xxh3OfKnownInputsAndInPieces) {
   // XXH3-64 reference values (xxHash's own test vectors: empty input, and "a").

@@ -12,9 +12,12 @@
 #include "checkpoint/megatron/megatron_checkpoint.h"
 #include "checkpoint/megatron/pickle.h"
 #include "core/error.h"
+#include "tests/checkpoint/error_text.h"
 
 namespace fp8tron::checkpoint::megatron {
 namespace {
+
+using checkpoint::testing::error_of;
 
 const std::string kFixtures = std::string(FP8TRON_SOURCE_DIR) + "/tests/fixtures/megatron_checkpoints";
 const std::string kDist = kFixtures + "/gpt_torch_dist/ckpt/iter_0000010";
@@ -36,15 +39,6 @@ struct Scratch {
   }
   std::string path;
 };
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "";
-}
 
 TEST(Pickle, ReadsProtocolTwoAndFour) {
   // pickle.dumps({'a': [1, -2, 3.5], 'b': ('x', None, True), 'c': 2**40}, protocol=2)

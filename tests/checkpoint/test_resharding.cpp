@@ -7,9 +7,12 @@
 #include <random>
 
 #include "core/error.h"
+#include "tests/checkpoint/error_text.h"
 
 namespace fp8tron::checkpoint {
 namespace {
+
+using testing::error_of;
 
 using Dims = std::vector<int64_t>;
 
@@ -70,15 +73,6 @@ std::vector<Box> split(const Dims& gshape, size_t dim, int64_t parts) {
   std::vector<Box> out;
   for (int64_t r = 0; r < parts; ++r) out.push_back(split_box(gshape, dim, r, parts));
   return out;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "";
 }
 
 TEST(Resharding, BoxBasics) {

@@ -9,9 +9,12 @@
 
 #include "core/error.h"
 #include "tests/checkpoint/temp_dir.h"
+#include "tests/checkpoint/error_text.h"
 
 namespace fp8tron::checkpoint {
 namespace {
+
+using testing::error_of;
 
 namespace fs = std::filesystem;
 using testing::slurp;
@@ -146,15 +149,6 @@ TEST(ShardedIo, SaveTp1Dp3LoadTp2) {
   CheckpointReader reader(locate_latest_checkpoint(dir.path()));
   check_load(reader, 2);
   check_load(reader, 1);
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "";
 }
 
 TEST(ShardedIo, MismatchedModelGivesClearErrors) {
