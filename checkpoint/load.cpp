@@ -296,14 +296,35 @@ std::optional<ToLoad> checkpoint_to_load(const CheckpointConfig& k) {
 }
 
 
+bool same_directory(const std::string& a, const std::string& b) {
+  std::error_code ea, eb;
+  const auto ca = std::filesystem::weakly_canonical(a, ea), cb = std::filesystem::weakly_canonical(b, eb);
+  return !ea && !eb ? ca == cb : a == b;
+}
+
+// A run writes into --save only to continue what is there: one that did not resume from --save
+// would overwrite its checkpoints and move its tracker back to its own iterations.
+void refuse_overwriting_another_run(const CheckpointConfig& k, const std::optional<ToLoad>& loaded) {
+  if (k.save.empty() || (loaded && same_directory(loaded->dir, k.save))) return;
+  std::string held;
+  for (int64_t it : ck::list_checkpoint_iterations(k.save)) held += (held.empty() ? "" : ", ") + std::to_string(it);
+  if (held.empty()) return;
+  const bool resumable = !k.load.empty() && same_directory(k.load, k.save);
+  throw UserError("--save " + k.save + " holds the checkpoints of another run (iterations " + held + ") that this run " +
+                  (loaded ? "did not resume from" : "would overwrite from scratch") + "; " +
+                  (resumable ? "resume one with --ckpt-step N"
+                             : "resume it with --load " + k.save + " (and --ckpt-step N for an older one)") +
+                  ", or start over in a new --save directory");
+}
+
 }  // namespace
 
 int64_t load_checkpoint(const TrainingState& s) {
   const CheckpointConfig& k = s.config.checkpoint;
-  if (k.load.empty()) return 0;
-  const ParallelState& p = s.parallel;
-  const std::optional<ToLoad> found = checkpoint_to_load(k);
+  const std::optional<ToLoad> found = k.load.empty() ? std::nullopt : checkpoint_to_load(k);
+  refuse_overwriting_another_run(k, found);
   if (!found) return 0;
+  const ParallelState& p = s.parallel;
   const ck::CheckpointLocation& location = found->location;
   const std::string& from = found->dir;
   log::print(strprintf("loading checkpoint from %s at iteration %lld", from.c_str(), (long long)location.iteration));

@@ -257,7 +257,8 @@ TEST(Checkpointing, LayoutAndMetadata) {
 TEST(Checkpointing, ResavingAnIterationReplacesIt) {
   TempDir dir;
   run({"--train-iters", "2", "--save", dir.path()});
-  TrainResult second = run({"--train-iters", "2", "--save", dir.path(), "--seed", "7"});
+  // A run that resumed from the directory (here weights only, from iteration 0) saves iteration 2 again.
+  TrainResult second = run({"--train-iters", "2", "--load", dir.path(), "--finetune", "--save", dir.path(), "--seed", "7"});
   EXPECT_EQ(checkpoint::list_checkpoint_iterations(dir.path()), (std::vector<int64_t>{2}));
   EXPECT_EQ(checkpoint::read_metadata(dir / "iter_0000002").args.at("seed"), "7");
   EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir.path()), std::filesystem::directory_iterator()), 3)
@@ -336,8 +337,8 @@ TEST(Checkpointing, NonPersistentCheckpointsKeepOnlyTheNewestAndLoadWhenNewer) {
   EXPECT_EQ(run(with({"--train-iters", "12", "--load", dir.path(), "--override-opt-param-scheduler"}, np)).losses.size(), 2u)
       << "10 is newer than 9";
   // An explicit directory.
-  TempDir elsewhere;
-  run(with({"--train-iters", "4", "--save", dir.path(), "--non-persistent-save-interval", "2",
+  TempDir elsewhere, new_save;
+  run(with({"--train-iters", "4", "--save", new_save.path(), "--non-persistent-save-interval", "2",
             "--non-persistent-global-ckpt-dir", elsewhere.path()},
            np));
   EXPECT_EQ(checkpoint::list_checkpoint_iterations(elsewhere.path()), (std::vector<int64_t>{4}));

@@ -550,6 +550,33 @@ def second_job():
     log("ok   the first job finished undisturbed, bitwise equal to the uninterrupted run")
 
 
+def foreign_save_dir():
+    """A run that did not resume from --save never writes into it: neither a new run beside a
+    finished one (it would move the tracker back) nor a run whose --load lost its tracker (it
+    would start from random and overwrite the checkpoints)."""
+    _, _, finished = reference(1)
+    held = sorted(x for x in os.listdir(finished) if x.startswith("iter_"))
+    cases = [("a new run into a finished run's --save", ["--save", finished, "--train-iters", "3"],
+              r"--save .* holds the checkpoints of another run \(iterations [0-9, ]+\) that this run would overwrite "
+              r"from scratch; resume it with --load")]
+    d = fresh("lost_tracker")
+    shutil.copytree(finished, d, dirs_exist_ok=True)
+    os.remove(os.path.join(d, "latest_checkpointed_iteration.txt"))
+    cases.append(("--load and --save of a directory whose tracker is lost", ["--load", d, "--save", d],
+                  r"holds the checkpoints of another run .*; resume one with --ckpt-step N"))
+    for scenario, args, pattern in cases:
+        before = {x: tracker(x) for x in (finished, d)}
+        rc, out = run(args)
+        counts["faults injected"] += 1
+        after = {x: tracker(x) for x in (finished, d)}
+        now = sorted(x for x in os.listdir(finished) if x.startswith("iter_"))
+        if rc != 1 or not re.search(pattern, out) or after != before or now != held:
+            fail(scenario, f"exit {rc}, trackers {before} -> {after}, checkpoints {held} -> {now}:\n{out[-1500:]}")
+            continue
+        counts["clear errors checked"] += 1
+        log(f"ok   {scenario} refused, nothing written: " + re.search(r"fp8tron: error: .*", out).group(0)[:150])
+
+
 def nan_loss():
     """--rerun-mode disabled: the first result is judged, the run stops (exit 1)."""
     d = fresh("nan")
@@ -727,6 +754,7 @@ def main():
     corrupt_and_fall_back()
     bad_token_ids()
     second_job()
+    foreign_save_dir()
     nan_loss()
     rerun_engine()
     moe_faults()
