@@ -14,13 +14,7 @@ bool block_tile_args(const uint16_t* x, const Fp8TensorView& out, const char* na
   FP8TRON_CHECK(out.data == nullptr || out.scale_inv != nullptr, std::string(name) + ": data needs scale_inv");
   FP8TRON_CHECK(out.data_t == nullptr || out.scale_inv_t != nullptr, std::string(name) + ": data_t needs scale_inv_t");
   if (out.numel() == 0) return false;
-  check_tile_shape(x, out);
-  args.x = x;
-  args.rows = out.rows;
-  args.x_rows = out.rows;
-  args.cols = out.cols;
-  args.out = static_cast<uint8_t*>(out.data);
-  args.out_t = static_cast<uint8_t*>(out.data_t);
+  args = whole_tensor_tile_args(x, out);
   args.scale_inv = out.scale_inv;
   args.scale_inv_t = out.scale_inv_t;
   args.ld = out.layout().ld;

@@ -136,6 +136,18 @@ void dispatch_flat(Format f, const uint16_t* x, size_t n, uint8_t* out, const Te
   FP8TRON_CHECK(false, std::string("no cast for format ") + format_name(f));
 }
 
+// Current scaling: the scale comes from the amax in out.amax, and is written with its inverse.
+TensorScaleArgs current_scale_args(const Fp8TensorView& out, const CurrentScalingOptions& options) {
+  TensorScaleArgs s;
+  s.amax_in = out.amax;
+  s.fp8_max = max_finite(out.format);
+  s.power_2 = options.power_2_scales;
+  s.epsilon = options.amax_epsilon;
+  s.scale_out = out.scale;
+  s.scale_inv_out = static_cast<float*>(out.scale_inv);
+  return s;
+}
+
 // Per-tensor cast (delayed or current): flat kernel when no transposed copy is wanted.
 template <bool kFromAmax>
 void cast_tensor(const uint16_t* x, const Fp8TensorView& out, const TensorScaleArgs& s, CudaStream stream) {
@@ -146,15 +158,8 @@ void cast_tensor(const uint16_t* x, const Fp8TensorView& out, const TensorScaleA
     dispatch_flat<kFromAmax>(out.format, x, out.numel(), static_cast<uint8_t*>(out.data), s, stream);
     return;
   }
-  check_tile_shape(x, out);
+  TileArgs args = whole_tensor_tile_args(x, out);
   FP8TRON_CHECK(s.aux == nullptr || aligned16(s.aux), "quantize: the prologue's second operand must be 16-byte aligned");
-  TileArgs args;
-  args.x = x;
-  args.rows = out.rows;
-  args.x_rows = out.rows;
-  args.cols = out.cols;
-  args.out = static_cast<uint8_t*>(out.data);
-  args.out_t = static_cast<uint8_t*>(out.data_t);
   args.tensor = s;
   dispatch_tile<kFromAmax ? TileMode::kTensorFromAmax : TileMode::kTensorGiven>(out.format, args, stream);
 }
@@ -215,16 +220,10 @@ void quantize_tensor_current(const uint16_t* x, const Fp8TensorView& out, const 
                 "the LayerNorm and SwiGLU casts take delayed (given) scales only");
   FP8TRON_CUDA_CHECK(cudaMemsetAsync(out.amax, 0, sizeof(float), stream));
   launch_amax(x, out.numel(), out.amax, fusion.prologue, fusion.aux, stream);
-  TensorScaleArgs s;
+  TensorScaleArgs s = current_scale_args(out, options);
   s.prologue = fusion.prologue;
   s.column_sums = fusion.column_sums;
   s.aux = fusion.aux;
-  s.amax_in = out.amax;
-  s.fp8_max = max_finite(out.format);
-  s.power_2 = options.power_2_scales;
-  s.epsilon = options.amax_epsilon;
-  s.scale_out = out.scale;
-  s.scale_inv_out = static_cast<float*>(out.scale_inv);
   cast_tensor<true>(x, out, s, stream);
 }
 
@@ -233,14 +232,7 @@ void quantize_tensor_current_given_amax(const uint16_t* x, const Fp8TensorView& 
   FP8TRON_CHECK(out.scaling_mode == ScalingMode::kTensor, "quantize_tensor_current_given_amax needs tensor scaling");
   FP8TRON_CHECK(out.amax != nullptr && out.scale_inv != nullptr, "current scaling needs out.amax and out.scale_inv");
   check_element_format(out.format, true);
-  TensorScaleArgs s;
-  s.amax_in = out.amax;
-  s.fp8_max = max_finite(out.format);
-  s.power_2 = options.power_2_scales;
-  s.epsilon = options.amax_epsilon;
-  s.scale_out = out.scale;
-  s.scale_inv_out = static_cast<float*>(out.scale_inv);
-  cast_tensor<true>(x, out, s, stream);
+  cast_tensor<true>(x, out, current_scale_args(out, options), stream);
 }
 
 }  // namespace fp8tron::fp8

@@ -28,6 +28,20 @@ struct TileArgs {
   float epsilon = 0.0f;
 };
 
+// The tile arguments of a whole tensor `out` cast from x (shape checked); the mode's scales are
+// the caller's.
+inline TileArgs whole_tensor_tile_args(const uint16_t* x, const Fp8TensorView& out) {
+  check_tile_shape(x, out);
+  TileArgs args;
+  args.x = x;
+  args.rows = out.rows;
+  args.x_rows = out.rows;
+  args.cols = out.cols;
+  args.out = static_cast<uint8_t*>(out.data);
+  args.out_t = static_cast<uint8_t*>(out.data_t);
+  return args;
+}
+
 // Shared-memory staging of the transposed codes: row c holds the 128 codes of column c of the tile
 // in sixteen 8-byte chunks (chunk k = tile rows 8k..8k+7). Chunk k of row c is stored at slot
 // k ^ swizzle(c), which keeps chunk pairs (2q, 2q+1) adjacent for the 16-byte reads and spreads the
