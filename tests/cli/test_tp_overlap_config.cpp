@@ -266,6 +266,12 @@ TEST(TpOverlapRules, MessagesNameTheFlags) {
   EXPECT_USER_ERROR(tp2({"--tp-comm-overlap", "--fp8-format", "hybrid", "--seq-length", "8"}),
                     "each rank's 8 tokens");
   EXPECT_USER_ERROR(tp2({"--tp-comm-overlap", "--fp8-format", "hybrid"}), "each split of 8 columns");
+  // MC2 splits as TE's defaults do: the message does not send the user to --tp-comm-overlap-cfg,
+  // which only --tp-comm-overlap reads.
+  EXPECT_USER_ERROR(tp2({"--use-ascend-mc2", "--fp8-format", "hybrid", "--seq-length", "32"}),
+                    "proj_fprop's pipeline num_splits 4 (--use-ascend-mc2 splits as Transformer Engine's defaults do, in 4): "
+                    "with FP8 each split of 8 columns is an FP8 GEMM operand and needs a multiple of 16; use --tp-comm-overlap "
+                    "with fewer splits (--tp-comm-overlap-cfg) or a larger --hidden-size");
   EXPECT_USER_ERROR(tp2({"--use-ascend-coc", "--coc-parallel-num", "2", "--fp8-format", "hybrid", "--hidden-size", "64"}),
                     "each piece of 8 tokens");
   EXPECT_USER_ERROR(tp2({"--tp-comm-overlap", "--fp8-format", "e4m3", "--fp8-recipe", "blockwise", "--hidden-size", "256",

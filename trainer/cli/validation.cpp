@@ -49,10 +49,17 @@ std::string local_tokens_formula(const Config& c) {
 std::string check_overlap_split(const Config& c, TpGemm g) {
   const GemmOverlap& o = c.distributed.tp_overlap.gemm(g);
   if (o.method != OverlapMethod::kPipeline) return "";
-  const bool coc = c.distributed.tp_overlap.source == TpOverlapSource::kCoc;
+  const TpOverlapSource source = c.distributed.tp_overlap.source;
+  const bool coc = source == TpOverlapSource::kCoc;
+  // --tp-comm-overlap-cfg applies to --tp-comm-overlap only: MC2 always splits as TE's defaults do.
+  const std::string origin = source == TpOverlapSource::kMc2
+                                 ? " (--use-ascend-mc2 splits as Transformer Engine's defaults do, in 4)"
+                                 : " (Transformer Engine's default is 4; --tp-comm-overlap-cfg sets it)";
+  const std::string fewer_splits = source == TpOverlapSource::kMc2
+                                       ? "use --tp-comm-overlap with fewer splits (--tp-comm-overlap-cfg) or a larger --hidden-size"
+                                       : "use fewer splits";
   const std::string what = coc ? "--coc-parallel-num " + ll(o.num_splits)
-                               : std::string(tp_gemm_name(g)) + "'s pipeline num_splits " + ll(o.num_splits) +
-                                     " (Transformer Engine's default is 4; --tp-comm-overlap-cfg sets it)";
+                               : std::string(tp_gemm_name(g)) + "'s pipeline num_splits " + ll(o.num_splits) + origin;
   const bool gathers = g == TpGemm::kQkvFprop || g == TpGemm::kFc1Fprop || g == TpGemm::kProjDgrad || g == TpGemm::kFc2Dgrad;
   const auto& fp8 = c.precision.fp8;
   if (gathers) {  // CoC pieces of each rank's tokens
@@ -70,10 +77,10 @@ std::string check_overlap_split(const Config& c, TpGemm g) {
     return what + " does not divide the hidden size " + ll(cols) + " (the output columns the pipeline splits)";
   if (fp8.enabled() && (cols / o.num_splits) % 16 != 0)
     return what + ": with FP8 each split of " + ll(cols / o.num_splits) + " columns is an FP8 GEMM operand and needs a "
-           "multiple of 16; use fewer splits";
+           "multiple of 16; " + fewer_splits;
   if (fp8.enabled() && fp8::recipe_kind(*fp8.recipe) == fp8::RecipeKind::kBlockwise && (cols / o.num_splits) % 128 != 0)
     return what + ": with --fp8-recipe blockwise each split of " + ll(cols / o.num_splits) + " columns must hold whole "
-           "128x128 weight blocks (a multiple of 128); use fewer splits or method ring_exchange";
+           "128x128 weight blocks (a multiple of 128); " + fewer_splits + " or method ring_exchange";
   return "";
 }
 
