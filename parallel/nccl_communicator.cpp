@@ -114,13 +114,21 @@ class Watchdog {
                                                        " min (--distributed-timeout-minutes)";
           std::fprintf(stderr, "fp8tron: error: %s in %s\n", why.c_str(), what(e.op).c_str());
           std::fflush(stderr);
-          ncclCommAbort(e.comm);
-          std::_Exit(1);
+          abort_then_exit(e.comm);
         }
         break;  // operations on one stream finish in order enough for a coarse check
       }
     }
   }
+  // Aborting the communicator frees its peers' pending operations sooner, but ncclCommAbort can
+  // itself wait on a peer that is stopped (its proxy thread joins socket transfers): the process
+  // ends after a bounded grace period whether or not the abort returned.
+  [[noreturn]] static void abort_then_exit(ncclComm_t comm) {
+    std::thread([comm] { ncclCommAbort(comm); std::_Exit(1); }).detach();
+    std::this_thread::sleep_for(std::chrono::seconds(kAbortGraceSeconds));
+    std::_Exit(1);
+  }
+  static constexpr int kAbortGraceSeconds = 10;
   // Whether the operation's event has fired. A failed kernel anywhere on the device (an illegal
   // address, say) surfaces here first, on this thread: it ends the process with one line instead
   // of an exception no one catches.
