@@ -49,15 +49,13 @@ std::string local_tokens_formula(const Config& c) {
 std::string check_overlap_split(const Config& c, TpGemm g) {
   const GemmOverlap& o = c.distributed.tp_overlap.gemm(g);
   if (o.method != OverlapMethod::kPipeline) return "";
-  const TpOverlapSource source = c.distributed.tp_overlap.source;
-  const bool coc = source == TpOverlapSource::kCoc;
+  const bool coc = c.distributed.tp_overlap.source == TpOverlapSource::kCoc;
   // --tp-comm-overlap-cfg applies to --tp-comm-overlap only: MC2 always splits as TE's defaults do.
-  const std::string origin = source == TpOverlapSource::kMc2
-                                 ? " (--use-ascend-mc2 splits as Transformer Engine's defaults do, in 4)"
+  const bool mc2 = c.distributed.tp_overlap.source == TpOverlapSource::kMc2;
+  const std::string origin = mc2 ? " (--use-ascend-mc2 splits as Transformer Engine's defaults do, in 4)"
                                  : " (Transformer Engine's default is 4; --tp-comm-overlap-cfg sets it)";
-  const std::string fewer_splits = source == TpOverlapSource::kMc2
-                                       ? "use --tp-comm-overlap with fewer splits (--tp-comm-overlap-cfg) or a larger --hidden-size"
-                                       : "use fewer splits";
+  const std::string fewer_splits =
+      mc2 ? "use --tp-comm-overlap with fewer splits (--tp-comm-overlap-cfg) or a larger --hidden-size" : "use fewer splits";
   const std::string what = coc ? "--coc-parallel-num " + ll(o.num_splits)
                                : std::string(tp_gemm_name(g)) + "'s pipeline num_splits " + ll(o.num_splits) + origin;
   const bool gathers = g == TpGemm::kQkvFprop || g == TpGemm::kFc1Fprop || g == TpGemm::kProjDgrad || g == TpGemm::kFc2Dgrad;
