@@ -48,13 +48,41 @@ bool prefetches_next_receive(const std::vector<PipelineStep>& order, size_t i, c
   return i + 1 >= steady_begin && i + 1 <= last_forward + 1;
 }
 
+namespace {
+
+// NCCL connects two ranks of a communicator at their first send/receive, and the connection holds
+// the CPU until the peer makes its first call there too. The overlapped schedules post a step's
+// receive before the previous step's compute: if that receive is the first message from its peer,
+// the rank waits on the CPU, before its own send, for a peer that may itself be held on the CPU
+// (a synchronising operation) until that send arrives. Seen on one GPU over NCCL: PP2 interleaved
+// with --overlap-p2p-communication-warmup-flush, stage 0 stuck before its second send. So every
+// pair exchanges one message when the schedule is built, in the same order on every rank (by
+// direction, then sending stage): each connection's two ends then meet without waiting on others.
+void connect_pipeline_neighbours(const ParallelState& parallel, const torch::TensorOptions& options) {
+  const int pp = parallel.sizes.pp, rank = parallel.pp_rank;
+  if (pp == 1) return;
+  for (const bool forward : {true, false}) {
+    const auto& senders = forward ? parallel.forward_senders : parallel.backward_senders;
+    for (int sender = 0; sender < pp; ++sender) {
+      const int receiver = forward ? (sender + 1) % pp : (sender - 1 + pp) % pp;
+      auto token = torch::zeros({1}, options);
+      if (rank == sender) senders[size_t(sender)]->batch_p2p_async({{true, token, receiver, 0}})->wait();
+      else if (rank == receiver) senders[size_t(sender)]->batch_p2p_async({{false, token, sender, 0}})->wait();
+    }
+  }
+}
+
+}  // namespace
+
 PipelineSchedule::PipelineSchedule(const ParallelState& parallel, int chunks, std::vector<int64_t> shape, torch::Dtype dtype,
                                    torch::Device device, PipelineOverlap overlap)
     : parallel_(parallel),
       chunks_(chunks),
       overlap_(overlap),
       shape_(std::move(shape)),
-      options_(torch::TensorOptions().dtype(dtype).device(device)) {}
+      options_(torch::TensorOptions().dtype(dtype).device(device)) {
+  connect_pipeline_neighbours(parallel_, options_);
+}
 
 torch::Tensor PipelineSchedule::run(int64_t num_micro, const ForwardFn& forward, double loss_scale,
                                     const std::function<void()>& before_last_backward, int64_t group) {
