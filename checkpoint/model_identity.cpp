@@ -55,6 +55,7 @@ std::vector<ModelField> model_fields(const ModelConfig& m) {
   };
   // Model variants: recorded only when used, so checkpoints without them keep loading.
   if (m.squared_relu) fields.push_back({"squared_relu", "true", "--squared-relu"});
+  if (m.attention_output_gate) fields.push_back({"attention_output_gate", "true", "--attention-output-gate"});
   if (m.mla.enabled) {
     const auto& a = m.mla;
     fields.push_back({"multi_latent_attention", "true", "--multi-latent-attention"});

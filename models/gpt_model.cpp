@@ -11,6 +11,7 @@
 #include "models/loss/cross_entropy.h"
 #include "models/embedding/embedding.h"
 #include "models/recompute/output_discarding_recompute.h"
+#include "models/attention/output_gate.h"
 #include "models/attention/qkv_split.h"
 #include "models/recompute/recompute.h"
 #include "parallel/parallel_state.h"
@@ -62,10 +63,12 @@ SelfAttentionImpl::SelfAttentionImpl(const ModelConfig& m, const std::string& pr
       local_heads_(m.num_attention_heads / f.tp().size),
       local_groups_(m.num_query_groups / f.tp().size) {
   const int64_t q = m.num_attention_heads * m.kv_channels, kv = m.num_query_groups * m.kv_channels;
+  const int64_t gates = m.attention_output_gate ? q : 0;
   linear_qkv = register_module(
-      "linear_qkv", TELayerNormColumnParallelLinear(
-                        NormOptions::from(m, m.hidden_size),
-                        LinearOptions{m.hidden_size, q + 2 * kv, m.add_qkv_bias, m.init_method_std, 1, prefix + ".linear_qkv"}, f));
+      "linear_qkv", TELayerNormColumnParallelLinear(NormOptions::from(m, m.hidden_size),
+                                                    LinearOptions{m.hidden_size, q + gates + 2 * kv, m.add_qkv_bias,
+                                                                  m.init_method_std, 1, prefix + ".linear_qkv"},
+                                                    f));
   if (m.qk_layernorm) {
     // Each tensor-parallel rank normalises its own heads: gradients are partial per rank.
     q_layernorm = register_module("q_layernorm", TELayerNorm(NormOptions::from(m, m.kv_channels), true, f));
@@ -94,7 +97,7 @@ ResidualOutput SelfAttentionImpl::forward_residual(const ResidualStream& in, con
   return {qkv.sum, y.out, y.bias};
 }
 
-// qkv: [s, b, local (q + 2 kv)].
+// qkv: [s, b, local (q + 2 kv)], or [s, b, local (2 q + 2 kv)] with the output gate.
 DeferredBiasOutput SelfAttentionImpl::attend(const torch::Tensor& qkv, const torch::Tensor& attention_mask,
                                              bool defer_bias) {
   const auto& m = config_;
@@ -102,7 +105,8 @@ DeferredBiasOutput SelfAttentionImpl::attend(const torch::Tensor& qkv, const tor
   const int64_t per_group = local_heads_ / local_groups_;
   // One split whose backward writes one gradient (three narrow/select views would each scatter their
   // gradient into a zero-filled copy of qkv, to be summed).
-  auto parts = split_qkv(qkv.view({s, b, local_groups_, per_group + 2, d}), per_group);
+  const bool gated = m.attention_output_gate;
+  auto parts = split_qkv(qkv.view({s, b, local_groups_, (gated ? 2 * per_group : per_group) + 2, d}), per_group, gated);
   auto q = parts[0];  // [s, b, groups, per_group, d]
   auto k = parts[1];  // [s, b, groups, d]
   auto v = parts[2];
@@ -117,7 +121,9 @@ DeferredBiasOutput SelfAttentionImpl::attend(const torch::Tensor& qkv, const tor
     q = q.reshape({s, b, local_heads_, d});
   }
   const double p = is_training() ? m.attention_dropout : 0.0;
-  return linear_proj->forward_deferring_bias(core_attention_.forward(q, k, v, attention_mask, p, is_training()), defer_bias);
+  auto out = core_attention_.forward(q, k, v, attention_mask, p, is_training());
+  if (gated) out = apply_output_gate(out, parts[3]);
+  return linear_proj->forward_deferring_bias(out, defer_bias);
 }
 
 // ---- MLP -------------------------------------------------------------------------------------------

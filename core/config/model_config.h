@@ -37,6 +37,9 @@ struct ModelConfig {
   int64_t vocab_size = 0;         // the tokenizer's
   int64_t padded_vocab_size = 0;  // padded as Megatron pads it
   bool qk_layernorm = false;
+  // --attention-output-gate: the attention output times sigmoid(gate), the gate one more head-sized
+  // slice per query head from linear_qkv (Megatron's layout per query group: q, gate, k, v).
+  bool attention_output_gate = false;
   bool attention_softmax_in_fp32 = false;
   bool transformer_engine_modules = true;  // --transformer-impl
   ParamDtype params_dtype = ParamDtype::Fp32;

@@ -178,6 +178,8 @@ TEST(MegatronRules, ModelVariantRules) {
   EXPECT_USER_ERROR(build(tiny_args({"--squared-relu", "--swiglu", "--disable-bias-linear"})), "cannot be used together");
   EXPECT_USER_ERROR(build(tiny_args({"--multi-latent-attention", "--group-query-attention"})), "mutually exclusive");
   EXPECT_USER_ERROR(build(tiny_args({"--multi-latent-attention", "--rotary-interleaved"})), "--rotary-interleaved cannot");
+  EXPECT_USER_ERROR(build(tiny_args({"--multi-latent-attention", "--attention-output-gate"})),
+                    "--attention-output-gate cannot be used with --multi-latent-attention");
   EXPECT_USER_ERROR(build(tiny_args({"--position-embedding-type", "yarn", "--rotary-interleaved"})), "--rotary-interleaved cannot");
   EXPECT_USER_ERROR(build(tiny_args({"--mtp-num-layers", "1", "--position-embedding-type", "yarn"})), "not supported with 'yarn'");
   EXPECT_USER_ERROR(build(tiny_args({"--position-embedding-type", "mrope"})), "mrope is not supported");

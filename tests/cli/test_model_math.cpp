@@ -44,6 +44,21 @@ TEST(ModelMath, GatedAndGroupedVariants) {
   EXPECT_EQ(p.output_layer, m.padded_vocab_size * h);
 }
 
+// --attention-output-gate widens the QKV projection by one query-sized block: parameters and, as
+// Megatron counts them, the projection FLOPs.
+TEST(ModelMath, AttentionOutputGateWidensQkv) {
+  const std::initializer_list<std::string> base = {"--group-query-attention", "--num-query-groups", "2",
+                                                   "--disable-bias-linear"};
+  auto plain = build(tiny_args(base)).model;
+  auto gated_args = tiny_args(base);
+  gated_args.push_back("--attention-output-gate");
+  auto gated = build(gated_args).model;
+  const int64_t h = 32, q = 32;
+  EXPECT_EQ(count_parameters(gated).per_layer - count_parameters(plain).per_layer, h * q);
+  const double extra = 6.0 * double(gated.num_layers) * double(h * q);
+  EXPECT_NEAR(training_flops_per_token(gated) - training_flops_per_token(plain), extra, 1e-6 * extra);
+}
+
 TEST(ModelMath, MemoryEstimateFollowsThePaper) {
   Config c = build(tiny_args({"--num-layers", "24", "--hidden-size", "2048", "--num-attention-heads", "16",
                               "--seq-length", "2048", "--micro-batch-size", "4", "--vocab-size", "50257", "--bf16"}));

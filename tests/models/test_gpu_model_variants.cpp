@@ -46,7 +46,9 @@ TEST(GpuVariants, Fp32MatchesCpu) {
       {"--decoupled-lr", "1e-2", "--clip-grad", "0.05", "--log-num-zeros-in-grad"},
       {"--position-embedding-type", "yarn", "--rotary-scaling-factor", "8"},
       {"--position-embedding-type", "rope", "--rotary-interleaved", "--use-rope-scaling", "--squared-relu",
-       "--disable-bias-linear"}};
+       "--disable-bias-linear"},
+      // The gated split's backward kernel and the rotary kernel on queries strided past their gates.
+      {"--attention-output-gate", "--group-query-attention", "--num-query-groups", "2", "--position-embedding-type", "rope"}};
   for (auto flags : cases) {
     SCOPED_TRACE(flags.front());
     auto gpu = with(flags, {"--train-iters", "3", "--device", "cuda"});

@@ -1,7 +1,8 @@
 // Model variants against hand or reference computations: rotary frequencies (Llama 3.1, YaRN;
 // values computed with Megatron's formulas), the rotation layouts, squared ReLU, multi-latent
-// attention (forward recomputed from its weights by the formulas), multi-token prediction (its
-// objective and gradients against the loss written out by hand), their parameter counts.
+// attention and gated attention (forward recomputed from their weights by the formulas),
+// multi-token prediction (its objective and gradients against the loss written out by hand), their
+// parameter counts.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -144,6 +145,44 @@ TEST(ModelVariants, MultiLatentAttentionMatchesItsFormula) {
   EXPECT_NE(rotary_concentration(mla_rotary(m)), 1.0);
 }
 
+// Gated attention written out from its weights, with two query groups of two heads: per group the
+// QKV projection holds [q (2 heads), gate (2 heads), k, v] (Megatron's layout); each head attends
+// with its group's key and value, and its output is scaled by sigmoid(gate) before the projection.
+TEST(GatedAttention, MatchesTheFormulaWithGroupedQueries) {
+  ModelConfig m = variant_config({"--attention-output-gate", "--group-query-attention", "--num-query-groups", "2"});
+  GptModel model(m);
+  auto params = model->named_parameters();
+  auto p = [&](const std::string& name) { return params["decoder.layers.0.self_attention." + name]; };
+  auto* attention = dynamic_cast<SelfAttentionImpl*>(model->named_modules()["decoder.layers.0.self_attention"].get());
+  ASSERT_NE(attention, nullptr);
+  const int64_t s = 5, b = 2, n = m.num_attention_heads, g = 2, per = n / g, d = m.kv_channels;
+  ASSERT_EQ(p("linear_qkv.weight").size(0), (2 * n + 2 * g) * d);
+  auto x = torch::randn({s, b, m.hidden_size});
+  // The gate must matter: random gate rows and biases (initialised like the rest, but be sure).
+  {
+    torch::NoGradGuard no_grad;
+    p("linear_qkv.bias").normal_(0, 0.5);
+  }
+  auto normed = F::layer_norm(x, F::LayerNormFuncOptions({m.hidden_size})
+                                     .weight(p("linear_qkv.layer_norm_weight"))
+                                     .bias(p("linear_qkv.layer_norm_bias"))
+                                     .eps(m.norm_epsilon));
+  auto qkv = F::linear(normed, p("linear_qkv.weight"), p("linear_qkv.bias")).view({s, b, g, 2 * per + 2, d});
+  auto q = qkv.narrow(3, 0, per).reshape({s, b, n, d});
+  auto gate = qkv.narrow(3, per, per).reshape({s, b, n * d});
+  auto k = qkv.select(3, 2 * per).repeat_interleave(per, 2);  // head h reads group h / per
+  auto v = qkv.select(3, 2 * per + 1).repeat_interleave(per, 2);
+  auto scores = torch::matmul(q.permute({1, 2, 0, 3}), k.permute({1, 2, 3, 0})) / std::sqrt(double(d));
+  scores = scores.masked_fill(torch::ones({s, s}).triu(1).to(torch::kBool), -INFINITY);
+  auto out = torch::matmul(torch::softmax(scores, -1), v.permute({1, 2, 0, 3})).permute({2, 0, 1, 3}).reshape({s, b, n * d});
+  auto expected = F::linear(out * torch::sigmoid(gate), p("linear_proj.weight"), p("linear_proj.bias"));
+  model->eval();
+  EXPECT_TRUE(torch::allclose(attention->forward(x, {}), expected, 1e-5, 1e-6));
+  // The gate is not a no-op: without it the output differs.
+  auto ungated = F::linear(out, p("linear_proj.weight"), p("linear_proj.bias"));
+  EXPECT_FALSE(torch::allclose(ungated, expected, 1e-3, 1e-4));
+}
+
 // The MTP objective's value is the main loss; its gradient adds (lambda / D) x each depth's mean
 // loss on labels rolled k more positions, the last k positions masked.
 TEST(ModelVariants, MultiTokenPredictionObjective) {
@@ -203,7 +242,8 @@ TEST(ModelVariants, ParameterCountsMatchTheModels) {
             "--qk-pos-emb-head-dim", "4", "--v-head-dim", "5", "--qk-layernorm"},
            {"--multi-latent-attention", "--kv-lora-rank", "10", "--qk-head-dim", "6", "--qk-pos-emb-head-dim", "4",
             "--v-head-dim", "5", "--normalization", "RMSNorm"},
-           {"--mtp-num-layers", "2", "--position-embedding-type", "rope", "--squared-relu", "--disable-bias-linear"}}) {
+           {"--mtp-num-layers", "2", "--position-embedding-type", "rope", "--squared-relu", "--disable-bias-linear"},
+           {"--attention-output-gate", "--group-query-attention", "--num-query-groups", "2"}}) {
     auto args = tiny_args({"--attention-dropout", "0", "--hidden-dropout", "0"});
     args.insert(args.end(), flags.begin(), flags.end());
     ModelConfig m = build(args).model;

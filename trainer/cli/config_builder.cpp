@@ -90,6 +90,7 @@ ModelConfig build_model(const FlagValues& f, int tp, int64_t vocab_size) {
   m.attention_dropout = f.get_float("attention-dropout");
   m.hidden_dropout = f.get_float("hidden-dropout");
   m.qk_layernorm = f.get_bool("qk-layernorm");
+  m.attention_output_gate = f.get_bool("attention-output-gate");
   m.attention_softmax_in_fp32 = f.get_bool("attention-softmax-in-fp32");
   m.transformer_engine_modules = f.get_string("transformer-impl") == "transformer_engine";
   m.vocab_size = vocab_size;

@@ -46,7 +46,8 @@ ParameterCount count_parameters(const ModelConfig& m) {
     layer += mla_attention_parameters(m, ln ? 2 : 1);
   } else {
     layer += norm;                                                  // input norm
-    layer += h * (q + 2 * kv) + (m.add_qkv_bias ? q + 2 * kv : 0);  // QKV
+    const int64_t qkv = q + 2 * kv + (m.attention_output_gate ? q : 0);  // queries (and their gates), keys, values
+    layer += h * qkv + (m.add_qkv_bias ? qkv : 0);
     if (m.qk_layernorm) layer += 2 * (ln ? 2 * m.kv_channels : m.kv_channels);
     layer += q * h + (m.add_bias_linear ? h : 0);  // attention output projection
   }
@@ -98,7 +99,8 @@ double moe_training_flops_per_token(const ModelConfig& m) {
   const double mlp = 6.0 * h *
                      (double(m.ffn_hidden_size) * f * dense_layers + double(e.ffn_hidden_size) * double(e.topk) * f * moe_layers +
                       double(e.shared_expert_size) * f * moe_layers);
-  const double projections = 6.0 * layers * (h * (q + 2.0 * kv) + q * h);
+  const double gates = m.attention_output_gate ? q : 0.0;  // the output gate's columns of the QKV GEMM (Megatron counts them)
+  const double projections = 6.0 * layers * (h * (q + gates + 2.0 * kv) + q * h);
   const double mtp = 6.0 * D * (3.0 * h + 2.0 * h * h);
   const double logits = 6.0 * h * double(m.padded_vocab_size) * (1.0 + D);
   const double core_attention = 6.0 * q * s * layers;  // QK^T and AV, halved for the causal mask
@@ -115,7 +117,9 @@ double training_flops_per_token(const ModelConfig& m) {
   const double heads = double(m.num_attention_heads), groups = double(m.num_query_groups);
   const double q_ratio = double(m.kv_channels) * heads / h;
   const double gated = m.swiglu ? 1.5 : 1.0;
-  const double attention = (1.0 + groups / heads + s / h) * q_ratio;
+  // The output gate's QKV columns: 6 h q more, half a unit of 12 h q.
+  const double gate = m.attention_output_gate ? 0.5 : 0.0;
+  const double attention = (1.0 + groups / heads + gate + s / h) * q_ratio;
   const double mlp = double(m.ffn_hidden_size) / h * gated;
   const double logits = double(m.padded_vocab_size) / (2.0 * L * h);
   const double D = double(m.mtp.num_layers);

@@ -550,6 +550,12 @@ const std::vector<Rule>& rules() {
          if (m.rotary.yarn.scaling_factor <= 0) return "--rotary-scaling-factor must be positive";
          return "";
        }},
+      {"attention output gate",
+       [](const Config& c, const FlagValues&) -> std::string {
+         if (c.model.attention_output_gate && c.model.mla.enabled)
+           return "--attention-output-gate cannot be used with --multi-latent-attention (Megatron has no output gate for MLA)";
+         return "";
+       }},
       {"multi-latent attention",
        [](const Config& c, const FlagValues& f) -> std::string {
          const auto& m = c.model;

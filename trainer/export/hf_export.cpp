@@ -106,6 +106,11 @@ Model read_model(const Source& s) {
   if (experts != s.metadata().args.end() && experts->second != "0")
     throw UserError("the checkpoint holds a mixture-of-experts model (--num-experts " +
                     experts->second + "); Hugging Face export of MoE models is not implemented");
+  // Gated attention (Qwen3-Next's) comes with its linear-attention layers in transformers: no class
+  // holds a plain decoder with the gate.
+  if (s.arg_or("model.attention_output_gate", "false") == "true")
+    throw UserError("the checkpoint's attention has an output gate (--attention-output-gate); Hugging Face export of "
+                    "gated attention is not implemented");
   Model m;
   m.layers = s.integer("model.num_layers");
   m.hidden = s.integer("model.hidden_size");
