@@ -1,16 +1,20 @@
 #include "checkpoint/checkpoint_dir.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <system_error>
 
 #include "core/error.h"
 #include "core/text.h"
 #include "checkpoint/fault_points.h"
+#include "checkpoint/megatron/damage.h"
+#include "checkpoint/other_iterations.h"
 
 namespace fp8tron::checkpoint {
 
@@ -25,6 +29,25 @@ std::string join_path(const std::string& dir, const std::string& name) {
 bool is_directory(const std::string& path) {
   std::error_code ec;
   return fs::is_directory(path, ec);
+}
+
+// "" when `path` is a directory this process can list and enter; otherwise what is wrong with it.
+std::string unusable_directory(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return errno == ENOENT ? "does not exist" : std::strerror(errno);
+  if (S_ISLNK(st.st_mode) && ::stat(path.c_str(), &st) != 0) {
+    const int err = errno;
+    std::error_code ec;
+    const std::string target = fs::read_symlink(path, ec).string();
+    return "is a symbolic link to " + target + ", which " +
+           (err == ENOENT ? std::string("does not exist") : "cannot be reached (" + std::string(std::strerror(err)) + ")");
+  }
+  if (!S_ISDIR(st.st_mode)) return "is a file, not a checkpoint directory";
+  if (::access(path.c_str(), R_OK | X_OK) != 0)
+    return errno == EACCES ? "cannot be read (permission denied): give this user read and search permission on it "
+                             "(chmod -R u+rX " + path + ")"
+                           : "cannot be read (" + std::string(std::strerror(errno)) + ")";
+  return "";
 }
 
 bool valid_token(const std::string& token) {
@@ -150,6 +173,12 @@ CheckpointLocation locate_latest_checkpoint(const std::string& load_dir) {
                               kTrackerFileName, available_summary(load_dir).c_str()));
   std::string name = checkpoint_dir_name(tracker->iteration, tracker->release);
   std::string path = join_path(load_dir, name);
+  const std::string unusable = unusable_directory(path);
+  if (!unusable.empty() && unusable != "does not exist")
+    throw UserError(with_other_iterations(strprintf("%s names %s but %s %s", join_path(load_dir, kTrackerFileName).c_str(),
+                                                    tracker->release ? "release" : ("iteration " + std::to_string(tracker->iteration)).c_str(),
+                                                    path.c_str(), unusable.c_str()),
+                                          load_dir, tracker->release ? -1 : tracker->iteration));
   if (!is_directory(path)) {
     if (auto aside = moved_aside_copy(load_dir, name))
       return {*aside, tracker->iteration, tracker->release};
@@ -167,6 +196,11 @@ CheckpointLocation locate_checkpoint(const std::string& load_dir, int64_t iterat
     throw UserError(strprintf("checkpoint iteration %lld is negative", (long long)iteration));
   std::string name = checkpoint_dir_name(iteration);
   std::string path = join_path(load_dir, name);
+  const std::string unusable = unusable_directory(path);
+  if (!unusable.empty() && unusable != "does not exist")
+    throw UserError(with_other_iterations(strprintf("checkpoint for iteration %lld: %s %s", (long long)iteration,
+                                                    path.c_str(), unusable.c_str()),
+                                          load_dir, iteration));
   if (!is_directory(path)) {
     if (auto aside = moved_aside_copy(load_dir, name)) return {*aside, iteration, false};
     throw UserError(strprintf("no checkpoint for iteration %lld: %s does not exist (%s)",
@@ -186,6 +220,21 @@ std::vector<int64_t> list_checkpoint_iterations(const std::string& dir) {
   }
   std::sort(out.begin(), out.end());
   return out;
+}
+
+std::string other_iterations_hint(const std::string& dir, int64_t iteration) {
+  std::string others;
+  for (int64_t it : list_checkpoint_iterations(dir))
+    if (it != iteration && unusable_directory(join_path(dir, checkpoint_dir_name(it))).empty())
+      others += (others.empty() ? "" : ", ") + std::to_string(it);
+  if (others.empty())
+    return "there is no other complete iteration in " + dir + " to load instead: restore it from a copy";
+  return "load another complete iteration with --ckpt-step N (complete iterations: " + others + ")";
+}
+
+std::string with_other_iterations(const std::string& message, const std::string& dir, int64_t iteration) {
+  if (message.find("--ckpt-step") != std::string::npos) return message;
+  return message + "; " + other_iterations_hint(dir, iteration);
 }
 
 std::vector<std::string> list_checkpoint_files(const CheckpointLocation& location) {
