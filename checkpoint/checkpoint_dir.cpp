@@ -40,7 +40,8 @@ std::string unusable_directory(const std::string& path) {
     std::error_code ec;
     const std::string target = fs::read_symlink(path, ec).string();
     return "is a symbolic link to " + target + ", which " +
-           (err == ENOENT ? std::string("does not exist") : "cannot be reached (" + std::string(std::strerror(err)) + ")");
+           (err == ENOENT ? std::string("does not exist")
+                          : "cannot be reached (" + std::string(std::strerror(err)) + ")");
   }
   if (!S_ISDIR(st.st_mode)) return "is a file, not a checkpoint directory";
   if (::access(path.c_str(), R_OK | X_OK) != 0)
@@ -174,11 +175,12 @@ CheckpointLocation locate_latest_checkpoint(const std::string& load_dir) {
   std::string name = checkpoint_dir_name(tracker->iteration, tracker->release);
   std::string path = join_path(load_dir, name);
   const std::string unusable = unusable_directory(path);
-  if (!unusable.empty() && unusable != "does not exist")
-    throw UserError(with_other_iterations(strprintf("%s names %s but %s %s", join_path(load_dir, kTrackerFileName).c_str(),
-                                                    tracker->release ? "release" : ("iteration " + std::to_string(tracker->iteration)).c_str(),
-                                                    path.c_str(), unusable.c_str()),
+  if (!unusable.empty() && unusable != "does not exist") {
+    const std::string named = tracker->release ? "release" : "iteration " + std::to_string(tracker->iteration);
+    throw UserError(with_other_iterations(join_path(load_dir, kTrackerFileName) + " names " + named + " but " + path +
+                                              " " + unusable,
                                           load_dir, tracker->release ? -1 : tracker->iteration));
+  }
   if (!is_directory(path)) {
     if (auto aside = moved_aside_copy(load_dir, name))
       return {*aside, tracker->iteration, tracker->release};
@@ -316,7 +318,8 @@ void commit_save(const SaveTarget& target, const CommitOptions& options) {
 
   // 3. Into place. Re-saving an iteration: move the old copy aside, delete it only later.
   std::string aside;
-  if (fs::exists(final_dir, ec)) {
+  struct stat existing {};
+  if (::lstat(final_dir.c_str(), &existing) == 0) {  // a dangling link too: renaming onto it fails
     aside = join_path(save, checkpoint_dir_name(target.iteration, target.release) + ".old." + target.token);
     rename_or_throw(final_dir, aside);
     step(CommitStep::kOldMovedAside);

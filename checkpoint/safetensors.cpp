@@ -342,7 +342,8 @@ ParsedSafetensors parse_safetensors(const std::byte* bytes, uint64_t size, const
     root = ojson::parse(header, header + n, on_key);
   } catch (const nlohmann::json::exception& e) {
     // The parser quotes the bytes it stopped at: escaped, a damaged header prints no raw binary.
-    throw DamagedCheckpoint(strprintf("%s has a corrupt safetensors header (%s)", src, escaped_parse_error(e.what()).c_str()));
+    throw DamagedCheckpoint(
+        strprintf("%s has a corrupt safetensors header (%s)", src, escaped_parse_error(e.what()).c_str()));
   }
   if (!duplicate.empty())
     throw DamagedCheckpoint(strprintf("%s: tensor '%s' appears twice in the safetensors header (corrupt file)",

@@ -1,7 +1,7 @@
 // A checkpoint that is damaged (truncated, corrupt, malformed) or cannot be read, as opposed to
-// one that is intact but does not fit this run, and what a load says about it. Loading turns it into a refusal that lists the
-// other complete iterations --ckpt-step can load. It is declared here, in the lowest checkpoint
-// library, because the Megatron readers throw it too.
+// one that is intact but does not fit this run, and what a load says about it. Loading turns it
+// into a refusal that lists the other complete iterations --ckpt-step can load. It is declared
+// here, in the lowest checkpoint library, because the Megatron readers throw it too.
 #pragma once
 #include <cerrno>
 #include <cstdio>

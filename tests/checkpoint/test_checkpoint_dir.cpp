@@ -247,6 +247,16 @@ TEST(CheckpointDir, AnUnusableIterationDirectoryNamesTheOthers) {
   EXPECT_EQ(with_other_iterations("x; use --ckpt-step 5", dir.path(), 200), "x; use --ckpt-step 5");
 }
 
+// Resuming an older iteration past a dangling link left where a newer one was: the save replaces it.
+TEST(CheckpointDir, ASaveReplacesADanglingLinkOfItsName) {
+  TempDir dir;
+  save(dir.path(), 100, "a", 1);
+  fs::create_symlink(dir / "gone", dir / "iter_0000200");
+  save(dir.path(), 200, "b", 1);
+  EXPECT_EQ(load(dir.path()).iteration, 200);
+  EXPECT_FALSE(fs::is_symlink(dir / "iter_0000200"));
+}
+
 TEST(CheckpointDir, DamagedBytesPrintEscapedAndBounded) {
   EXPECT_EQ(escaped_bytes("abc"), "abc");
   EXPECT_EQ(escaped_bytes(std::string("a\0\xc8\n\\", 5)), "a\\x00\\xc8\\x0a\\\\");
