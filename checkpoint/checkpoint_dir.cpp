@@ -153,14 +153,10 @@ std::optional<Tracker> read_tracker(const std::string& dir) {
   if (s == "release") return Tracker{0, true};
   bool digits = !s.empty() && s.size() <= 18 &&
                 std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
-  if (!digits) {
-    std::string shown = s.size() > 40 ? s.substr(0, 40) + "..." : s;
-    for (char& c : shown)
-      if (!std::isprint(static_cast<unsigned char>(c))) c = '?';
-    throw UserError(strprintf("%s holds '%s', not an iteration number or 'release'; write the "
-                              "iteration to load into it (%s)",
-                              path.c_str(), shown.c_str(), available_summary(dir).c_str()));
-  }
+  if (!digits)
+    throw DamagedCheckpoint(strprintf("%s holds '%s', not an iteration number or 'release'; write the iteration to "
+                                      "load into it, or load one with --ckpt-step N (%s)",
+                                      path.c_str(), escaped_bytes(s).c_str(), available_summary(dir).c_str()));
   return Tracker{std::stoll(s), false};
 }
 

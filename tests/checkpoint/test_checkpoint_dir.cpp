@@ -150,6 +150,16 @@ TEST(CheckpointDir, TrackerParsing) {
   }
 }
 
+TEST(CheckpointDir, ADamagedTrackerPrintsEscapedAndNamesTheIterations) {
+  TempDir dir;
+  save(dir.path(), 100, "a", 1);
+  spit(dir / kTrackerFileName, "\x01\xc8" + std::string(50, 'x'));
+  const std::string msg = error_of([&] { read_tracker(dir.path()); });
+  EXPECT_NE(msg.find("holds '\\x01\\xc8" + std::string(32, 'x') + "...', not an iteration number"), std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("or load one with --ckpt-step N (complete iterations found: 100)"), std::string::npos) << msg;
+}
+
 TEST(CheckpointDir, LocateErrorsAreClear) {
   TempDir dir;
   std::string msg = error_of([&] { locate_latest_checkpoint(dir / "missing"); });
