@@ -1,16 +1,20 @@
 #include "checkpoint/checkpoint_dir.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <system_error>
 
 #include "core/error.h"
 #include "core/text.h"
 #include "checkpoint/fault_points.h"
+#include "checkpoint/megatron/damage.h"
+#include "checkpoint/other_iterations.h"
 
 namespace fp8tron::checkpoint {
 
@@ -25,6 +29,26 @@ std::string join_path(const std::string& dir, const std::string& name) {
 bool is_directory(const std::string& path) {
   std::error_code ec;
   return fs::is_directory(path, ec);
+}
+
+// "" when `path` is a directory this process can list and enter; otherwise what is wrong with it.
+std::string unusable_directory(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return errno == ENOENT ? "does not exist" : std::strerror(errno);
+  if (S_ISLNK(st.st_mode) && ::stat(path.c_str(), &st) != 0) {
+    const int err = errno;
+    std::error_code ec;
+    const std::string target = fs::read_symlink(path, ec).string();
+    return "is a symbolic link to " + target + ", which " +
+           (err == ENOENT ? std::string("does not exist")
+                          : "cannot be reached (" + std::string(std::strerror(err)) + ")");
+  }
+  if (!S_ISDIR(st.st_mode)) return "is a file, not a checkpoint directory";
+  if (::access(path.c_str(), R_OK | X_OK) != 0)
+    return errno == EACCES ? "cannot be read (permission denied): give this user read and search permission on it "
+                             "(chmod -R u+rX " + path + ")"
+                           : "cannot be read (" + std::string(std::strerror(errno)) + ")";
+  return "";
 }
 
 bool valid_token(const std::string& token) {
@@ -129,14 +153,10 @@ std::optional<Tracker> read_tracker(const std::string& dir) {
   if (s == "release") return Tracker{0, true};
   bool digits = !s.empty() && s.size() <= 18 &&
                 std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
-  if (!digits) {
-    std::string shown = s.size() > 40 ? s.substr(0, 40) + "..." : s;
-    for (char& c : shown)
-      if (!std::isprint(static_cast<unsigned char>(c))) c = '?';
-    throw UserError(strprintf("%s holds '%s', not an iteration number or 'release'; write the "
-                              "iteration to load into it (%s)",
-                              path.c_str(), shown.c_str(), available_summary(dir).c_str()));
-  }
+  if (!digits)
+    throw DamagedCheckpoint(strprintf("%s holds '%s', not an iteration number or 'release'; write the iteration to "
+                                      "load into it, or load one with --ckpt-step N (%s)",
+                                      path.c_str(), escaped_bytes(s).c_str(), available_summary(dir).c_str()));
   return Tracker{std::stoll(s), false};
 }
 
@@ -150,6 +170,13 @@ CheckpointLocation locate_latest_checkpoint(const std::string& load_dir) {
                               kTrackerFileName, available_summary(load_dir).c_str()));
   std::string name = checkpoint_dir_name(tracker->iteration, tracker->release);
   std::string path = join_path(load_dir, name);
+  const std::string unusable = unusable_directory(path);
+  if (!unusable.empty() && unusable != "does not exist") {
+    const std::string named = tracker->release ? "release" : "iteration " + std::to_string(tracker->iteration);
+    throw UserError(with_other_iterations(join_path(load_dir, kTrackerFileName) + " names " + named + " but " + path +
+                                              " " + unusable,
+                                          load_dir, tracker->release ? -1 : tracker->iteration));
+  }
   if (!is_directory(path)) {
     if (auto aside = moved_aside_copy(load_dir, name))
       return {*aside, tracker->iteration, tracker->release};
@@ -167,6 +194,11 @@ CheckpointLocation locate_checkpoint(const std::string& load_dir, int64_t iterat
     throw UserError(strprintf("checkpoint iteration %lld is negative", (long long)iteration));
   std::string name = checkpoint_dir_name(iteration);
   std::string path = join_path(load_dir, name);
+  const std::string unusable = unusable_directory(path);
+  if (!unusable.empty() && unusable != "does not exist")
+    throw UserError(with_other_iterations(strprintf("checkpoint for iteration %lld: %s %s", (long long)iteration,
+                                                    path.c_str(), unusable.c_str()),
+                                          load_dir, iteration));
   if (!is_directory(path)) {
     if (auto aside = moved_aside_copy(load_dir, name)) return {*aside, iteration, false};
     throw UserError(strprintf("no checkpoint for iteration %lld: %s does not exist (%s)",
@@ -186,6 +218,21 @@ std::vector<int64_t> list_checkpoint_iterations(const std::string& dir) {
   }
   std::sort(out.begin(), out.end());
   return out;
+}
+
+std::string other_iterations_hint(const std::string& dir, int64_t iteration) {
+  std::string others;
+  for (int64_t it : list_checkpoint_iterations(dir))
+    if (it != iteration && unusable_directory(join_path(dir, checkpoint_dir_name(it))).empty())
+      others += (others.empty() ? "" : ", ") + std::to_string(it);
+  if (others.empty())
+    return "there is no other complete iteration in " + dir + " to load instead: restore it from a copy";
+  return "load another complete iteration with --ckpt-step N (complete iterations: " + others + ")";
+}
+
+std::string with_other_iterations(const std::string& message, const std::string& dir, int64_t iteration) {
+  if (message.find("--ckpt-step") != std::string::npos) return message;
+  return message + "; " + other_iterations_hint(dir, iteration);
 }
 
 std::vector<std::string> list_checkpoint_files(const CheckpointLocation& location) {
@@ -267,7 +314,8 @@ void commit_save(const SaveTarget& target, const CommitOptions& options) {
 
   // 3. Into place. Re-saving an iteration: move the old copy aside, delete it only later.
   std::string aside;
-  if (fs::exists(final_dir, ec)) {
+  struct stat existing {};
+  if (::lstat(final_dir.c_str(), &existing) == 0) {  // a dangling link too: renaming onto it fails
     aside = join_path(save, checkpoint_dir_name(target.iteration, target.release) + ".old." + target.token);
     rename_or_throw(final_dir, aside);
     step(CommitStep::kOldMovedAside);

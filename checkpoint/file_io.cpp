@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "core/text.h"
+#include "checkpoint/megatron/damage.h"
 
 namespace fp8tron::checkpoint {
 
@@ -169,7 +170,7 @@ void write_file_atomically(const std::string& path, const std::string& contents,
 
 std::string read_file(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw UserError(io_error_message("opening", path, errno));
+  if (fd < 0) throw DamagedCheckpoint(read_error_message("opening", path, errno));
   std::string out;
   char buf[65536];
   for (;;) {
@@ -178,7 +179,7 @@ std::string read_file(const std::string& path) {
       if (errno == EINTR) continue;
       int err = errno;
       ::close(fd);
-      throw UserError(io_error_message("reading", path, err));
+      throw DamagedCheckpoint(read_error_message("reading", path, err));
     }
     if (r == 0) break;
     out.append(buf, size_t(r));

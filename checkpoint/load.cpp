@@ -12,9 +12,11 @@
 #include "fp8/fp8_linear.h"
 #include "checkpoint/checkpoint_dir.h"
 #include "checkpoint/load_megatron.h"
+#include "checkpoint/megatron/damage.h"
 #include "checkpoint/megatron/megatron_checkpoint.h"
 #include "checkpoint/metadata.h"
 #include "checkpoint/model_identity.h"
+#include "checkpoint/other_iterations.h"
 #include "checkpoint/rank_agreement.h"
 #include "checkpoint/rng_state.h"
 #include "checkpoint/saved_tensors.h"
@@ -317,18 +319,15 @@ void refuse_overwriting_another_run(const CheckpointConfig& k, const std::option
                   ", or start over in a new --save directory");
 }
 
-}  // namespace
 
-int64_t load_checkpoint(const TrainingState& s) {
+int64_t load_found(const TrainingState& s, const ToLoad& found) {
   const CheckpointConfig& k = s.config.checkpoint;
-  const std::optional<ToLoad> found = k.load.empty() ? std::nullopt : checkpoint_to_load(k);
-  refuse_overwriting_another_run(k, found);
-  if (!found) return 0;
   const ParallelState& p = s.parallel;
-  const ck::CheckpointLocation& location = found->location;
-  const std::string& from = found->dir;
+  const ck::CheckpointLocation& location = found.location;
+  const std::string& from = found.dir;
   log::print(strprintf("loading checkpoint from %s at iteration %lld", from.c_str(), (long long)location.iteration));
-  if (!std::filesystem::exists(location.path + "/" + ck::kMetadataFileName)) {
+  std::error_code ec;
+  if (!std::filesystem::exists(location.path + "/" + ck::kMetadataFileName, ec)) {
     // Not fp8tron's own format: one of Megatron's, read as Megatron would read it.
     const std::string format = ck::megatron::detect_format(location.path);
     if (!format.empty()) {
@@ -396,6 +395,26 @@ int64_t load_checkpoint(const TrainingState& s) {
   log::print(strprintf("  successfully loaded checkpoint from %s [ t %d/%d, p %d/%d ] at iteration %lld", from.c_str(),
                       p.tp_rank + 1, p.sizes.tp, p.pp_rank + 1, p.sizes.pp, (long long)iteration));
   return iteration;
+}
+
+}  // namespace
+
+int64_t load_checkpoint(const TrainingState& s) {
+  const CheckpointConfig& k = s.config.checkpoint;
+  std::optional<ToLoad> found;
+  try {
+    if (!k.load.empty()) found = checkpoint_to_load(k);
+  } catch (const ck::DamagedCheckpoint& e) {
+    throw UserError(ck::with_other_iterations(e.what(), k.load, -1));
+  }
+  refuse_overwriting_another_run(k, found);
+  if (!found) return 0;
+  // Whatever part of the checkpoint is damaged or unreadable, the refusal says what else to load.
+  try {
+    return load_found(s, *found);
+  } catch (const ck::DamagedCheckpoint& e) {
+    throw UserError(ck::with_other_iterations(e.what(), found->dir, found->location.iteration));
+  }
 }
 
 }  // namespace fp8tron

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/text.h"
 #include "checkpoint/checksum.h"
+#include "checkpoint/megatron/damage.h"
 
 namespace fp8tron::checkpoint {
 
@@ -83,8 +84,9 @@ class Reader {
  public:
   explicit Reader(const std::string& source) : src_(source) {}
 
+  // A metadata file that does not read as one is damaged (the newer-version refusal is not).
   [[noreturn]] void fail(const std::string& message) const {
-    throw UserError(src_ + ": " + message);
+    throw DamagedCheckpoint(src_ + ": " + message);
   }
 
   const ojson& field(const ojson& obj, const std::string& path, const char* key) const {
@@ -399,7 +401,8 @@ CheckpointMetadata parse_metadata(const std::string& text, const std::string& so
   try {
     j = ojson::parse(text);
   } catch (const nlohmann::json::exception& e) {
-    r.fail(std::string("not valid JSON (") + e.what() + "); the file is corrupt or truncated");
+    // The parser quotes the bytes it stopped at; escaped, they cannot garble the terminal.
+    r.fail("not valid JSON (" + escaped_parse_error(e.what()) + "); the file is corrupt or truncated");
   }
   if (!j.is_object()) r.fail("not a JSON object");
   if (!j.contains("format") || !j["format"].is_string() || j["format"].get<std::string>() != kMetadataFormat)
@@ -408,8 +411,8 @@ CheckpointMetadata parse_metadata(const std::string& text, const std::string& so
   CheckpointMetadata m;
   int64_t version = r.integer(j, "", "format_version");
   if (version > kMetadataFormatVersion)
-    r.fail(strprintf("format version %lld is newer than this fp8tron reads (%d); upgrade fp8tron",
-                     (long long)version, kMetadataFormatVersion));
+    throw UserError(strprintf("%s: format version %lld is newer than this fp8tron reads (%d); upgrade fp8tron",
+                              source.c_str(), (long long)version, kMetadataFormatVersion));
   if (version < 1) r.fail(strprintf("unknown format version %lld", (long long)version));
   m.format_version = int(version);
   if (j.contains("fp8tron_version")) m.fp8tron_version = r.string(j, "", "fp8tron_version");

@@ -19,6 +19,8 @@
 #include "core/error.h"
 #include "core/text.h"
 #include "checkpoint/checksum.h"
+#include "checkpoint/file_io.h"
+#include "checkpoint/megatron/damage.h"
 
 static_assert(std::endian::native == std::endian::little,
               "safetensors stores little-endian data; a big-endian host would need byte swaps");
@@ -307,22 +309,23 @@ WriteStats write_safetensors(const std::string& path, const std::vector<TensorTo
 ParsedSafetensors parse_safetensors(const std::byte* bytes, uint64_t size, const std::string& source) {
   const char* src = source.c_str();
   if (size < 8)
-    throw UserError(strprintf("%s is not a safetensors file: it has %llu bytes, fewer than the "
+    throw DamagedCheckpoint(strprintf("%s is not a safetensors file: it has %llu bytes, fewer than the "
                               "8-byte header length (truncated copy?)",
                               src, (unsigned long long)size));
   uint64_t n = 0;
   for (int i = 0; i < 8; ++i) n |= uint64_t(uint8_t(bytes[i])) << (8 * i);
   if (n > kMaxHeaderBytes)
-    throw UserError(strprintf("%s is not a valid safetensors file: its header length %llu is over "
+    throw DamagedCheckpoint(strprintf("%s is not a valid safetensors file: its header length %llu is over "
                               "the 100 MB limit (corrupt or not safetensors)",
                               src, (unsigned long long)n));
   if (n > size - 8)
-    throw UserError(strprintf("%s is truncated: its header needs %llu bytes but the file has only "
+    throw DamagedCheckpoint(strprintf("%s is truncated: its header needs %llu bytes but the file has only "
                               "%llu after the length (re-copy the file or use another checkpoint)",
                               src, (unsigned long long)n, (unsigned long long)(size - 8)));
   const char* header = reinterpret_cast<const char*>(bytes + 8);
   if (n < 2 || header[0] != '{')
-    throw UserError(strprintf("%s is not a safetensors file: its header does not start with '{'", src));
+    throw DamagedCheckpoint(strprintf("%s is not a safetensors file: its header starts with '%s', not '{'", src,
+                                      escaped_bytes(std::string_view(header, size_t(std::min<uint64_t>(n, 16)))).c_str()));
 
   using ojson = nlohmann::ordered_json;
   // nlohmann keeps the last of duplicate keys silently; a repeated tensor name is corruption.
@@ -338,13 +341,15 @@ ParsedSafetensors parse_safetensors(const std::byte* bytes, uint64_t size, const
   try {
     root = ojson::parse(header, header + n, on_key);
   } catch (const nlohmann::json::exception& e) {
-    throw UserError(strprintf("%s has a corrupt safetensors header (%s)", src, e.what()));
+    // The parser quotes the bytes it stopped at: escaped, a damaged header prints no raw binary.
+    throw DamagedCheckpoint(
+        strprintf("%s has a corrupt safetensors header (%s)", src, escaped_parse_error(e.what()).c_str()));
   }
   if (!duplicate.empty())
-    throw UserError(strprintf("%s: tensor '%s' appears twice in the safetensors header (corrupt file)",
+    throw DamagedCheckpoint(strprintf("%s: tensor '%s' appears twice in the safetensors header (corrupt file)",
                               src, duplicate.c_str()));
   if (!root.is_object())
-    throw UserError(strprintf("%s: the safetensors header is not a JSON object", src));
+    throw DamagedCheckpoint(strprintf("%s: the safetensors header is not a JSON object", src));
 
   const uint64_t data_size = size - 8 - n;
   const std::byte* data = bytes + 8 + n;
@@ -354,10 +359,10 @@ ParsedSafetensors parse_safetensors(const std::byte* bytes, uint64_t size, const
     const ojson& entry = it.value();
     if (name == "__metadata__") {
       if (!entry.is_object())
-        throw UserError(strprintf("%s: '__metadata__' must be an object of strings", src));
+        throw DamagedCheckpoint(strprintf("%s: '__metadata__' must be an object of strings", src));
       for (auto m = entry.begin(); m != entry.end(); ++m) {
         if (!m.value().is_string())
-          throw UserError(strprintf("%s: '__metadata__' value for '%s' is not a string",
+          throw DamagedCheckpoint(strprintf("%s: '__metadata__' value for '%s' is not a string",
                                     src, m.key().c_str()));
         out.metadata[m.key()] = m.value().get<std::string>();
       }
@@ -365,48 +370,48 @@ ParsedSafetensors parse_safetensors(const std::byte* bytes, uint64_t size, const
     }
     const char* nm = name.c_str();
     if (!entry.is_object())
-      throw UserError(strprintf("%s: header entry for tensor '%s' is not an object", src, nm));
+      throw DamagedCheckpoint(strprintf("%s: header entry for tensor '%s' is not an object", src, nm));
     auto field = [&](const char* key) -> const ojson& {
       auto f = entry.find(key);
       if (f == entry.end())
-        throw UserError(strprintf("%s: tensor '%s' has no '%s' in the header", src, nm, key));
+        throw DamagedCheckpoint(strprintf("%s: tensor '%s' has no '%s' in the header", src, nm, key));
       return *f;
     };
     const ojson& jd = field("dtype");
     if (!jd.is_string())
-      throw UserError(strprintf("%s: tensor '%s' has a non-string dtype", src, nm));
+      throw DamagedCheckpoint(strprintf("%s: tensor '%s' has a non-string dtype", src, nm));
     auto dtype = parse_dtype(jd.get<std::string>());
     if (!dtype)
-      throw UserError(strprintf("%s: tensor '%s' has dtype '%s', which fp8tron does not read "
+      throw DamagedCheckpoint(strprintf("%s: tensor '%s' has dtype '%s', which fp8tron does not read "
                                 "(known: %s)", src, nm, jd.get<std::string>().c_str(),
                                 join(dtype_names(), " ").c_str()));
     const ojson& js = field("shape");
     if (!js.is_array())
-      throw UserError(strprintf("%s: tensor '%s' has a shape that is not a list", src, nm));
+      throw DamagedCheckpoint(strprintf("%s: tensor '%s' has a shape that is not a list", src, nm));
     Shape shape;
     for (const auto& d : js) {
       if (!d.is_number_unsigned())
-        throw UserError(strprintf("%s: tensor '%s' has a shape entry %s that is not a "
+        throw DamagedCheckpoint(strprintf("%s: tensor '%s' has a shape entry %s that is not a "
                                   "non-negative integer", src, nm, d.dump().c_str()));
       if (d.get<uint64_t>() > uint64_t(INT64_MAX))
-        throw UserError(strprintf("%s: tensor '%s' has a dimension too large", src, nm));
+        throw DamagedCheckpoint(strprintf("%s: tensor '%s' has a dimension too large", src, nm));
       shape.push_back(d.get<int64_t>());
     }
     const ojson& jo = field("data_offsets");
     if (!jo.is_array() || jo.size() != 2 || !jo[0].is_number_unsigned() || !jo[1].is_number_unsigned())
-      throw UserError(strprintf("%s: tensor '%s' needs data_offsets [begin, end] of non-negative "
+      throw DamagedCheckpoint(strprintf("%s: tensor '%s' needs data_offsets [begin, end] of non-negative "
                                 "integers", src, nm));
     uint64_t begin = jo[0].get<uint64_t>(), end = jo[1].get<uint64_t>();
     if (begin > end)
-      throw UserError(strprintf("%s: tensor '%s' has data_offsets [%llu, %llu] with begin after end",
+      throw DamagedCheckpoint(strprintf("%s: tensor '%s' has data_offsets [%llu, %llu] with begin after end",
                                 src, nm, (unsigned long long)begin, (unsigned long long)end));
     if (end > data_size)
-      throw UserError(strprintf("%s is truncated or corrupt: tensor '%s' ends at data offset %llu "
+      throw DamagedCheckpoint(strprintf("%s is truncated or corrupt: tensor '%s' ends at data offset %llu "
                                 "but the file holds %llu data bytes",
                                 src, nm, (unsigned long long)end, (unsigned long long)data_size));
     auto nbytes = checked_nbytes(shape, *dtype);
     if (!nbytes || *nbytes != end - begin)
-      throw UserError(strprintf("%s: tensor '%s' is %s %s = %s bytes but its data_offsets span %llu",
+      throw DamagedCheckpoint(strprintf("%s: tensor '%s' is %s %s = %s bytes but its data_offsets span %llu",
                                 src, nm, dtype_name(*dtype), shape_string(shape).c_str(),
                                 nbytes ? std::to_string(*nbytes).c_str() : "too many",
                                 (unsigned long long)(end - begin)));
@@ -427,18 +432,18 @@ ParsedSafetensors parse_safetensors(const std::byte* bytes, uint64_t size, const
   for (const auto& t : out.tensors) {
     uint64_t begin = uint64_t(t.data - data);
     if (begin < expect)
-      throw UserError(strprintf("%s: tensor '%s' overlaps the tensor before it in the data "
+      throw DamagedCheckpoint(strprintf("%s: tensor '%s' overlaps the tensor before it in the data "
                                 "(data_offsets begin %llu < %llu); corrupt file",
                                 src, t.name.c_str(), (unsigned long long)begin,
                                 (unsigned long long)expect));
     if (begin > expect)
-      throw UserError(strprintf("%s: the data has a gap of %llu bytes before tensor '%s'; "
+      throw DamagedCheckpoint(strprintf("%s: the data has a gap of %llu bytes before tensor '%s'; "
                                 "safetensors data must be contiguous (corrupt file)",
                                 src, (unsigned long long)(begin - expect), t.name.c_str()));
     expect = begin + t.nbytes;
   }
   if (expect != data_size)
-    throw UserError(strprintf("%s has %llu bytes after its last tensor; the file is corrupt or was "
+    throw DamagedCheckpoint(strprintf("%s has %llu bytes after its last tensor; the file is corrupt or was "
                               "appended to", src, (unsigned long long)(data_size - expect)));
   return out;
 }
@@ -447,16 +452,16 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   SafetensorsFile f;
   f.path_ = path;
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw UserError(io_error_message("opening", path, errno));
+  if (fd < 0) throw DamagedCheckpoint(read_error_message("opening", path, errno));
   struct stat st;
   if (::fstat(fd, &st) != 0) {
     int err = errno;
     ::close(fd);
-    throw UserError(io_error_message("reading the size of", path, err));
+    throw DamagedCheckpoint(read_error_message("reading the size of", path, err));
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    throw UserError(strprintf("%s is not a regular file", path.c_str()));
+    throw DamagedCheckpoint(strprintf("%s is not a regular file", path.c_str()));
   }
   f.size_ = uint64_t(st.st_size);
   if (f.size_ < 8) {
@@ -466,7 +471,7 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   void* map = ::mmap(nullptr, f.size_, PROT_READ, MAP_SHARED, fd, 0);
   int err = errno;
   ::close(fd);
-  if (map == MAP_FAILED) throw UserError(io_error_message("mapping", path, err));
+  if (map == MAP_FAILED) throw DamagedCheckpoint(read_error_message("mapping", path, err));
   f.map_ = map;
   f.parsed_ = parse_safetensors(static_cast<const std::byte*>(map), f.size_, path);
   return f;

@@ -5,6 +5,8 @@
 #include "core/error.h"
 #include "core/text.h"
 #include "checkpoint/checksum.h"
+#include "checkpoint/megatron/damage.h"
+#include "checkpoint/other_iterations.h"
 
 namespace fp8tron::checkpoint {
 
@@ -80,23 +82,25 @@ bool CheckpointReader::has_checksums() const {
   return false;
 }
 
+namespace {
+// The directory a checkpoint is loaded from (--load, or the non-persistent one).
+std::string directory_of(const CheckpointLocation& location) {
+  return std::filesystem::path(location.path).parent_path().string();
+}
+}  // namespace
+
 void CheckpointReader::verify(const SafetensorsFile& f, const TensorView& v, const ShardEntry& s,
                               const std::string& name) {
   if (!verify_checksums_ || !s.checksum || !verified_.insert({s.file, s.key}).second) return;
   const uint64_t found = checksum64(v.data, size_t(v.nbytes));
   if (found == *s.checksum) return;
-  const std::string parent = std::filesystem::path(location_.path).parent_path().string();
-  std::string others;
-  for (int64_t it : list_checkpoint_iterations(parent))
-    if (it != location_.iteration) others += (others.empty() ? "" : ", ") + std::to_string(it);
-  throw UserError(strprintf("checkpoint %s is corrupt: in %s, tensor '%s'%s does not match the checksum recorded "
-                            "when it was saved (xxh3 %s recorded, %s read); %s",
-                            location_.path.c_str(), f.path().c_str(), name.c_str(),
-                            s.key == name ? "" : (" (stored as '" + s.key + "')").c_str(),
-                            checksum_hex(*s.checksum).c_str(), checksum_hex(found).c_str(),
-                            others.empty() ? "restore the file from a copy"
-                                           : ("load another checkpoint with --ckpt-step (complete iterations: " +
-                                              others + ")").c_str()));
+  throw DamagedCheckpoint(with_other_iterations(
+      strprintf("checkpoint %s is corrupt: in %s, tensor '%s'%s does not match the checksum recorded when it was saved "
+                "(xxh3 %s recorded, %s read)",
+                location_.path.c_str(), f.path().c_str(), name.c_str(),
+                s.key == name ? "" : (" (stored as '" + s.key + "')").c_str(), checksum_hex(*s.checksum).c_str(),
+                checksum_hex(found).c_str()),
+      directory_of(location_), location_.iteration));
 }
 
 const SafetensorsFile& CheckpointReader::file(const std::string& name) {
@@ -105,8 +109,9 @@ const SafetensorsFile& CheckpointReader::file(const std::string& name) {
     std::string path = (std::filesystem::path(location_.path) / name).string();
     std::error_code ec;
     if (!std::filesystem::exists(path, ec))
-      throw UserError(strprintf("checkpoint %s is incomplete: shard file %s is missing",
-                                location_.path.c_str(), name.c_str()));
+      throw DamagedCheckpoint(with_other_iterations(
+          strprintf("checkpoint %s is incomplete: shard file %s is missing", location_.path.c_str(), name.c_str()),
+          directory_of(location_), location_.iteration));
     it = files_.emplace(name, SafetensorsFile::open(path)).first;
   }
   return it->second;
@@ -145,8 +150,8 @@ void CheckpointReader::read(const std::string& name, DType dtype, const Shape& g
     const SafetensorsFile& f = file(s.file);
     const TensorView& v = f.at(s.key);
     if (v.dtype != t.dtype || s.element_offset + box_volume(s.box()) > v.numel())
-      throw UserError(strprintf("%s: tensor '%s' is %s %s but the metadata expects %s with at least "
-                                "%lld elements; the checkpoint is corrupt",
+      throw DamagedCheckpoint(strprintf("%s: tensor '%s' is %s %s but the metadata expects %s with at least "
+                                        "%lld elements; the checkpoint is corrupt",
                                 f.path().c_str(), s.key.c_str(), dtype_name(v.dtype),
                                 shape_string(v.shape).c_str(), dtype_name(t.dtype),
                                 (long long)(s.element_offset + box_volume(s.box()))));

@@ -89,7 +89,8 @@ class MpiWork : public CommWork {
       if (op_.board && !reported && waited >= op_.timeouts.report_after) {
         reported = true;
         const ProgressBoard::Report r = op_.board->describe(op_.group, op_.members, op_.op, op_.seq, waited);
-        report = r.text;
+        // Repeated in the timeout's line, where its times would read as stale without their moment.
+        report = strprintf("at the report after %.0f s, %s", double(waited.count()) / 1000.0, r.text.c_str());
         if (r.print) {
           std::fprintf(stderr, "fp8tron: [rank %d] %s\n", op_.world_rank, r.text.c_str());
           std::fflush(stderr);
@@ -115,7 +116,7 @@ class MpiWork : public CommWork {
   // non-zero, and mpirun ends the other ranks.
   [[noreturn]] void give_up(const std::string& report) const {
     std::fprintf(stderr, "fp8tron: error: timed out after %lld min (--distributed-timeout-minutes) in %s%s%s\n",
-                 (long long)(op_.timeouts.timeout.count() / 60000), what().c_str(), report.empty() ? "" : ": ",
+                 (long long)(op_.timeouts.timeout.count() / 60000), what().c_str(), report.empty() ? "" : "; ",
                  report.c_str());
     std::fflush(stderr);
     std::_Exit(1);

@@ -252,8 +252,9 @@ ProgressBoard::Report ProgressBoard::describe(const std::string& group_name, con
     }
     std::string doing = r.wait_key.empty()
                             ? std::string("not in a collective")
-                            : strprintf("waiting in %s #%llu on group %s for %.0f s", r.wait_op.c_str(),
-                                        (unsigned long long)r.wait_seq, r.wait_key.c_str(), double(now - r.wait_since_ms) / 1000.0);
+                            : strprintf("has waited %.0f s in %s #%llu on group %s",  // worded as the report's head
+                                        double(now - r.wait_since_ms) / 1000.0, r.wait_op.c_str(),
+                                        (unsigned long long)r.wait_seq, r.wait_key.c_str());
     const double age = double(now - r.published_ms) / 1000.0;
     if (age > stale_after_s) doing += strprintf("; no heartbeat for %.0f s: stopped or dead", age);
     missing.push_back(strprintf("rank %d (last finished iteration %lld; it entered %llu collectives on this group; %s)", m,

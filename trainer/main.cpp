@@ -1,7 +1,9 @@
 // fp8tron: Megatron-LM's flags in, a trained GPT out.
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <thread>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -19,6 +21,7 @@
 int main(int argc, char** argv) {
   using namespace fp8tron;
   int rank = -1;  // known once the launch environment is read: an error then names its rank
+  bool configuring = true;  // until the configuration is built and checked
   try {
     ParsedCommandLine parsed = parse_command_line(argc, argv);
     if (parsed.help_requested) {
@@ -57,6 +60,7 @@ int main(int argc, char** argv) {
       log::print("dry run: configuration is valid; exiting without reading data or touching a GPU");
       return 0;
     }
+    configuring = false;
     train(config);
     return 0;
   } catch (const RunEnd& e) {
@@ -65,6 +69,12 @@ int main(int argc, char** argv) {
     return e.status();
   } catch (const std::exception& e) {
     const FatalReport report = report_fatal_error(e, rank);
+    if (configuring && rank > 0 && dynamic_cast<const UserError*>(&e)) {
+      // Every rank reads the same flags and refuses them alike: rank 0 says so once, and its exit
+      // makes the launcher end the others (mpirun, torchrun) before they print the same line. A
+      // rank still running after the grace has an error of its own (a file missing on its node).
+      std::this_thread::sleep_for(std::chrono::seconds(10));
+    }
     std::fprintf(stderr, "%s\n", report.line.c_str());
     return report.exit_code;
   }

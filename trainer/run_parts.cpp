@@ -3,6 +3,8 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <unistd.h>
 
+#include <filesystem>
+
 #include "core/config/batch_schedule.h"
 #include "checkpoint/rank_agreement.h"
 #include "trainer/cli/config_builder.h"
@@ -75,17 +77,35 @@ std::shared_ptr<SampleSource> make_source(const Config& c) {
   FP8TRON_CHECK(false, "unknown data source");
 }
 
+// Creates a directory checkpoints will be saved in, or says, naming its flag, why it cannot be:
+// found now, not at the first save after hours of training.
+void create_save_dir(const std::string& flag, const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (std::filesystem::is_directory(dir)) return;
+  std::string why;
+  if (std::filesystem::exists(dir)) why = "it is a file, not a directory";
+  else if (ec == std::errc::not_a_directory) why = "a part of that path is a file, not a directory";
+  else if (ec == std::errc::permission_denied) why = "permission denied (this user cannot create directories there)";
+  else if (ec == std::errc::read_only_file_system) why = "the file system is read-only";
+  else why = ec ? ec.message() : "unknown reason";
+  throw UserError(flag + " " + dir + " cannot be created: " + why + "; give " + flag +
+                  " a directory this user can create and write");
+}
+
 // One job per save directory (checkpoint/save_dir_lock.h): rank 0 holds the locks of --save (and
 // of a separate --non-persistent-global-ckpt-dir); every rank stops with rank 0's refusal.
 void lock_save_dirs(RunParts& r) {
   const auto& k = r.config.checkpoint;
   if (k.save.empty()) return;
-  std::vector<std::string> dirs = {k.save};
-  if (k.non_persistent_save_interval && !k.non_persistent_dir.empty()) dirs.push_back(k.non_persistent_dir);
+  std::vector<std::pair<std::string, std::string>> dirs = {{"--save", k.save}};
+  if (k.non_persistent_save_interval && !k.non_persistent_dir.empty())
+    dirs.emplace_back("--non-persistent-global-ckpt-dir", k.non_persistent_dir);
   std::string error;
   if (r.parallel.world_rank == 0) {
     try {
-      for (const auto& dir : dirs) {
+      for (const auto& [flag, dir] : dirs) {
+        create_save_dir(flag, dir);
         auto lock = checkpoint::SaveDirLock::acquire(dir);
         if (!lock->taken_over().empty())
           log::info(" > " + lock->path() + ": taking over the lock of a job that is gone (" + lock->taken_over() + ")");

@@ -1,8 +1,11 @@
 #include "checkpoint/megatron/dcp_checkpoint.h"
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
+#include "checkpoint/megatron/damage.h"
 #include "core/error.h"
 #include "core/text.h"
 
@@ -11,7 +14,7 @@ namespace {
 
 std::string read_whole(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw UserError(path + ": cannot be opened; is the checkpoint complete?");
+  if (!in) throw DamagedCheckpoint(path + ": cannot be opened (" + std::strerror(errno) + "); is the checkpoint complete?");
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
@@ -41,47 +44,47 @@ DcpCheckpoint::DcpCheckpoint(const std::string& dir) : dir_(dir) {
   const std::string path = dir + "/.metadata";
   const PyRef root = parse_pickle(read_whole(path), path);
   if (!is_call_of(root, "torch.distributed.checkpoint.metadata", "Metadata"))
-    throw UserError(path + ": holds " + describe(root) + ", not a distributed checkpoint's Metadata");
+    throw DamagedCheckpoint(path + ": holds " + describe(root) + ", not a distributed checkpoint's Metadata");
 
   // Where each chunk and object lies, by name and chunk offset.
   std::map<std::string, DcpStorage> where;
   const PyRef storage = attribute(root, "storage_data");
-  if (!storage || storage->kind != PyValue::Kind::Dict) throw UserError(path + ": no storage_data table");
+  if (!storage || storage->kind != PyValue::Kind::Dict) throw DamagedCheckpoint(path + ": no storage_data table");
   for (const auto& [index, info] : storage->entries) {
     std::string fqn;
     std::vector<int64_t> offsets;
     DcpStorage s;
     if (!as_string(attribute(index, "fqn"), fqn) || !as_string(attribute(info, "relative_path"), s.file) ||
         !as_int(attribute(info, "offset"), s.offset) || !as_int(attribute(info, "length"), s.length))
-      throw UserError(path + ": a malformed storage_data entry " + describe(index));
+      throw DamagedCheckpoint(path + ": a malformed storage_data entry " + describe(index));
     if (!is_none(attribute(index, "offset")) && !as_int_list(attribute(index, "offset"), offsets))
-      throw UserError(path + ": a malformed chunk offset of " + fqn);
+      throw DamagedCheckpoint(path + ": a malformed chunk offset of " + fqn);
     where[storage_key(fqn, offsets)] = s;
   }
 
   const PyRef entries = attribute(root, "state_dict_metadata");
-  if (!entries || entries->kind != PyValue::Kind::Dict) throw UserError(path + ": no state_dict_metadata table");
+  if (!entries || entries->kind != PyValue::Kind::Dict) throw DamagedCheckpoint(path + ": no state_dict_metadata table");
   for (const auto& [key, meta] : entries->entries) {
     std::string fqn;
-    if (!as_string(key, fqn)) throw UserError(path + ": a state_dict_metadata key is not a string");
+    if (!as_string(key, fqn)) throw DamagedCheckpoint(path + ": a state_dict_metadata key is not a string");
     if (is_call_of(meta, "torch.distributed.checkpoint.metadata", "BytesStorageMetadata")) {
       auto it = where.find(storage_key(fqn, {}));
-      if (it == where.end()) throw UserError(path + ": object " + fqn + " has no storage entry");
+      if (it == where.end()) throw DamagedCheckpoint(path + ": object " + fqn + " has no storage entry");
       objects_[fqn] = it->second;
       continue;
     }
     DcpTensor t;
-    if (!as_int_list(attribute(meta, "size"), t.shape)) throw UserError(path + ": tensor " + fqn + " has no size");
+    if (!as_int_list(attribute(meta, "size"), t.shape)) throw DamagedCheckpoint(path + ": tensor " + fqn + " has no size");
     t.dtype = dtype_of(attribute(meta, "properties"), path + ": tensor " + fqn);
     const PyRef chunks = attribute(meta, "chunks");
-    if (!chunks || chunks->kind != PyValue::Kind::List) throw UserError(path + ": tensor " + fqn + " has no chunk list");
+    if (!chunks || chunks->kind != PyValue::Kind::List) throw DamagedCheckpoint(path + ": tensor " + fqn + " has no chunk list");
     for (const PyRef& c : chunks->items) {
       DcpChunk chunk;
       if (!as_int_list(attribute(c, "offsets"), chunk.offsets) || !as_int_list(attribute(c, "sizes"), chunk.sizes) ||
           chunk.offsets.size() != t.shape.size() || chunk.sizes.size() != t.shape.size())
-        throw UserError(path + ": tensor " + fqn + " has a malformed chunk " + describe(c));
+        throw DamagedCheckpoint(path + ": tensor " + fqn + " has a malformed chunk " + describe(c));
       auto it = where.find(storage_key(fqn, chunk.offsets));
-      if (it == where.end()) throw UserError(path + ": a chunk of tensor " + fqn + " has no storage entry");
+      if (it == where.end()) throw DamagedCheckpoint(path + ": a chunk of tensor " + fqn + " has no storage entry");
       chunk.storage = it->second;
       t.chunks.push_back(std::move(chunk));
     }
@@ -93,16 +96,16 @@ std::string DcpCheckpoint::read_range(const DcpStorage& s, const std::string& wh
   const std::string path = dir_ + "/" + s.file;
   std::error_code ec;
   const auto size = std::filesystem::file_size(path, ec);
-  if (ec) throw UserError(path + ": missing (" + ec.message() + "); it holds " + what + ": copy the whole checkpoint");
+  if (ec) throw DamagedCheckpoint(path + ": missing (" + ec.message() + "); it holds " + what + ": copy the whole checkpoint");
   if (uint64_t(s.offset + s.length) > size)
-    throw UserError(strprintf("%s: truncated: %s lies at bytes [%lld, %lld) but the file has %llu bytes; copy the "
+    throw DamagedCheckpoint(strprintf("%s: truncated: %s lies at bytes [%lld, %lld) but the file has %llu bytes; copy the "
                               "checkpoint again", path.c_str(), what.c_str(), (long long)s.offset,
                               (long long)(s.offset + s.length), (unsigned long long)size));
   std::ifstream in(path, std::ios::binary);
   std::string out(size_t(s.length), '\0');
   in.seekg(s.offset);
   in.read(out.data(), s.length);
-  if (!in) throw UserError(path + ": cannot read " + what);
+  if (!in) throw DamagedCheckpoint(path + ": cannot read " + what);
   return out;
 }
 
@@ -117,14 +120,14 @@ torch::Tensor DcpCheckpoint::tensor(const std::string& name) const {
     TorchArchive archive(read_range(c.storage, what), dir_ + "/" + c.storage.file + ", " + what);
     const torch::Tensor part = archive.tensor(archive.root(), what);
     if (part.sizes().vec() != c.sizes || part.scalar_type() != t.dtype)
-      throw UserError(dir_ + "/" + c.storage.file + ": " + what + " does not have the shape and dtype .metadata gives");
+      throw DamagedCheckpoint(dir_ + "/" + c.storage.file + ": " + what + " does not have the shape and dtype .metadata gives");
     torch::Tensor box = out;
     for (size_t d = 0; d < c.sizes.size(); ++d) box = box.narrow(int64_t(d), c.offsets[d], c.sizes[d]);
     box.copy_(part);
     covered += part.numel();
   }
   if (covered != out.numel())
-    throw UserError(dir_ + "/.metadata: the chunks of " + name + " do not cover the tensor once");
+    throw DamagedCheckpoint(dir_ + "/.metadata: the chunks of " + name + " do not cover the tensor once");
   return out;
 }
 

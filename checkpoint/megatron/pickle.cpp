@@ -3,6 +3,7 @@
 #include <cstring>
 #include <unordered_map>
 
+#include "checkpoint/megatron/damage.h"
 #include "core/error.h"
 #include "core/text.h"
 
@@ -54,7 +55,7 @@ class Parser {
 
  private:
   [[noreturn]] void fail(const std::string& what) const {
-    throw UserError(strprintf("%s: not a readable pickle at byte %zu: %s", source_.c_str(), at_, what.c_str()));
+    throw DamagedCheckpoint(strprintf("%s: not a readable pickle at byte %zu: %s", source_.c_str(), at_, what.c_str()));
   }
 
   std::string_view take(size_t n) {
@@ -84,7 +85,7 @@ class Parser {
       if (used + (text.size() > used && text.back() == 'L' ? 1 : 0) == text.size()) return v;
     } catch (const std::exception&) {
     }
-    fail("'" + text + "' is not an integer");
+    fail("'" + escaped_bytes(text) + "' is not an integer");
   }
 
   PyRef pop() {

@@ -4,6 +4,7 @@
 
 #include <sstream>
 
+#include "checkpoint/megatron/damage.h"
 #include "core/error.h"
 #include "core/text.h"
 
@@ -31,9 +32,8 @@ auto guarded(const std::string& source, F&& f) {
   } catch (const c10::Error& e) {
     std::string what = e.what_without_backtrace();
     what = what.substr(0, what.find('\n'));
-    if (what.size() > 160) what = what.substr(0, 160) + "...";
-    throw UserError(source + ": not a readable torch.save archive (" + what +
-                    "); the file is truncated or corrupted: copy it again from the run that saved it");
+    throw DamagedCheckpoint(source + ": not a readable torch.save archive (" + escaped_bytes(what, 160) +
+                            "); the file is truncated or corrupted: copy it again from the run that saved it");
   }
 }
 
@@ -53,7 +53,7 @@ TorchArchive::TorchArchive(std::string bytes, std::string source) : source_(std:
 TorchArchive::~TorchArchive() = default;
 
 void TorchArchive::open() {
-  if (!reader_->hasRecord("data.pkl")) throw UserError(source_ + ": a zip archive without data.pkl, not a torch.save file");
+  if (!reader_->hasRecord("data.pkl")) throw DamagedCheckpoint(source_ + ": a zip archive without data.pkl, not a torch.save file");
   auto [data, size] = guarded(source_, [&] { return reader_->getRecord("data.pkl"); });
   root_ = parse_pickle(std::string_view(static_cast<const char*>(data.get()), size), source_ + ", data.pkl");
 }
@@ -69,12 +69,12 @@ torch::Tensor TorchArchive::storage(const PyRef& id, const std::string& what) co
   const auto dtype = storage_dtype(t->items[1]);
   if (!dtype) throw UserError(source_ + ": " + what + " is stored as " + describe(t->items[1]) + ", not a supported dtype");
   const std::string record = "data/" + key;
-  if (!reader_->hasRecord(record)) throw UserError(source_ + ": entry " + record + " of " + what + " is missing");
+  if (!reader_->hasRecord(record)) throw DamagedCheckpoint(source_ + ": entry " + record + " of " + what + " is missing");
   auto out = torch::empty({numel}, torch::TensorOptions().dtype(*dtype));
   const size_t bytes = size_t(numel) * out.element_size();
   auto [data, size] = guarded(source_, [&] { return reader_->getRecord(record); });
   if (size != bytes)
-    throw UserError(strprintf("%s: entry %s of %s holds %zu bytes, its %lld elements need %zu", source_.c_str(),
+    throw DamagedCheckpoint(strprintf("%s: entry %s of %s holds %zu bytes, its %lld elements need %zu", source_.c_str(),
                               record.c_str(), what.c_str(), size, (long long)numel, bytes));
   std::memcpy(out.data_ptr(), data.get(), bytes);
   return out;
@@ -90,7 +90,7 @@ torch::Tensor TorchArchive::tensor(const PyRef& v, const std::string& what) cons
   std::vector<int64_t> size, stride;
   if (!a[0] || a[0]->kind != PyValue::Kind::PersistentId || !as_int(a[1], offset) || !as_int_list(a[2], size) ||
       !as_int_list(a[3], stride) || size.size() != stride.size())
-    throw UserError(source_ + ": " + what + " is a malformed tensor " + describe(v));
+    throw DamagedCheckpoint(source_ + ": " + what + " is a malformed tensor " + describe(v));
   const torch::Tensor flat = storage(a[0], what);
   int64_t last = offset;
   for (size_t d = 0; d < size.size(); ++d) {

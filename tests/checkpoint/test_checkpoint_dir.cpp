@@ -5,13 +5,20 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <filesystem>
+#include <functional>
 #include <thread>
 
 #include "core/error.h"
 #include "tests/checkpoint/temp_dir.h"
 #include "checkpoint/safetensors.h"
 #include "tests/checkpoint/error_text.h"
+#include "checkpoint/megatron/damage.h"
+#include "checkpoint/other_iterations.h"
 
 namespace fp8tron::checkpoint {
 namespace {
@@ -143,6 +150,16 @@ TEST(CheckpointDir, TrackerParsing) {
   }
 }
 
+TEST(CheckpointDir, ADamagedTrackerPrintsEscapedAndNamesTheIterations) {
+  TempDir dir;
+  save(dir.path(), 100, "a", 1);
+  spit(dir / kTrackerFileName, "\x01\xc8" + std::string(50, 'x'));
+  const std::string msg = error_of([&] { read_tracker(dir.path()); });
+  EXPECT_NE(msg.find("holds '\\x01\\xc8" + std::string(32, 'x') + "...', not an iteration number"), std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("or load one with --ckpt-step N (complete iterations found: 100)"), std::string::npos) << msg;
+}
+
 TEST(CheckpointDir, LocateErrorsAreClear) {
   TempDir dir;
   std::string msg = error_of([&] { locate_latest_checkpoint(dir / "missing"); });
@@ -168,6 +185,100 @@ TEST(CheckpointDir, LocateErrorsAreClear) {
   EXPECT_EQ(locate_checkpoint(dir.path(), 100).path, dir / "iter_0000100");
   msg = error_of([&] { locate_checkpoint(dir.path(), 150); });
   EXPECT_NE(msg.find("no checkpoint for iteration 150"), std::string::npos) << msg;
+}
+
+// The message of what `f` throws when run as a user the checkpoint's files are not open to (root
+// reads everything: a child process drops to nobody), or "" when it throws nothing.
+std::string error_as_nobody(const std::function<void()>& f) {
+  int fds[2];
+  if (::pipe(fds) != 0) return "pipe failed";
+  const pid_t child = ::fork();
+  if (child == 0) {
+    ::close(fds[0]);
+    std::string message = "could not become nobody";
+    if (::geteuid() != 0 || (::setgid(65534) == 0 && ::setuid(65534) == 0)) message = error_of(f);
+    (void)!::write(fds[1], message.data(), message.size());
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  std::string message;
+  char buffer[4096];
+  for (ssize_t n; (n = ::read(fds[0], buffer, sizeof buffer)) > 0;) message.append(buffer, size_t(n));
+  ::close(fds[0]);
+  ::waitpid(child, nullptr, 0);
+  return message;
+}
+
+// An iteration directory that cannot be loaded is named with what is wrong with it and the other
+// complete iterations to load instead, never as a raw filesystem error.
+TEST(CheckpointDir, AnUnusableIterationDirectoryNamesTheOthers) {
+  TempDir dir;
+  save(dir.path(), 100, "a", 1);
+  save(dir.path(), 200, "b", 1);
+  const std::string others = "; load another complete iteration with --ckpt-step N (complete iterations: 100)";
+  const std::string iter200 = dir / "iter_0000200";
+
+  fs::permissions(dir.path(), fs::perms::all);  // nobody may enter it
+  for (const auto& e : fs::recursive_directory_iterator(dir.path()))
+    fs::permissions(e.path(), e.is_directory() ? fs::perms::all : fs::perms::all & ~fs::perms::others_exec);
+  fs::permissions(iter200, fs::perms::none);
+  std::string msg = error_as_nobody([&] { locate_latest_checkpoint(dir.path()); });
+  EXPECT_NE(msg.find("names iteration 200 but " + iter200 + " cannot be read (permission denied): give this user "
+                     "read and search permission on it (chmod -R u+rX " + iter200 + ")" + others),
+            std::string::npos) << msg;
+  msg = error_as_nobody([&] { locate_checkpoint(dir.path(), 200); });
+  EXPECT_NE(msg.find("cannot be read (permission denied)"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("filesystem error"), std::string::npos) << msg;
+  fs::permissions(iter200, fs::perms::all);
+
+  fs::permissions(dir / kTrackerFileName, fs::perms::none);
+  msg = error_as_nobody([&] { read_tracker(dir.path()); });
+  EXPECT_NE(msg.find("could not read " + dir / kTrackerFileName + ": permission denied while opening it"),
+            std::string::npos) << msg;
+  EXPECT_EQ(msg.find("save elsewhere"), std::string::npos) << msg;
+  fs::permissions(dir / kTrackerFileName, fs::perms::owner_read | fs::perms::owner_write);
+
+  fs::rename(iter200, dir / "moved");
+  spit(iter200, "x");
+  msg = error_of([&] { locate_latest_checkpoint(dir.path()); });
+  EXPECT_NE(msg.find(iter200 + " is a file, not a checkpoint directory" + others), std::string::npos) << msg;
+  fs::remove(iter200);
+  fs::create_symlink(dir / "gone", iter200);
+  msg = error_of([&] { locate_checkpoint(dir.path(), 200); });
+  EXPECT_NE(msg.find(iter200 + " is a symbolic link to " + dir / "gone" + ", which does not exist" + others),
+            std::string::npos) << msg;
+  fs::remove(iter200);
+  fs::rename(dir / "moved", iter200);
+
+  remove_tree(dir / "iter_0000100");  // not fs::remove_all: LibTorch bundles a copy that crashes here
+  EXPECT_EQ(with_other_iterations("x is corrupt", dir.path(), 200),
+            "x is corrupt; there is no other complete iteration in " + dir.path() + " to load instead: restore it "
+            "from a copy");
+  EXPECT_EQ(with_other_iterations("x; use --ckpt-step 5", dir.path(), 200), "x; use --ckpt-step 5");
+}
+
+// Resuming an older iteration past a dangling link left where a newer one was: the save replaces it.
+TEST(CheckpointDir, ASaveReplacesADanglingLinkOfItsName) {
+  TempDir dir;
+  save(dir.path(), 100, "a", 1);
+  fs::create_symlink(dir / "gone", dir / "iter_0000200");
+  save(dir.path(), 200, "b", 1);
+  EXPECT_EQ(load(dir.path()).iteration, 200);
+  EXPECT_FALSE(fs::is_symlink(dir / "iter_0000200"));
+}
+
+TEST(CheckpointDir, DamagedBytesPrintEscapedAndBounded) {
+  EXPECT_EQ(escaped_bytes("abc"), "abc");
+  EXPECT_EQ(escaped_bytes(std::string("a\0\xc8\n\\", 5)), "a\\x00\\xc8\\x0a\\\\");
+  EXPECT_EQ(escaped_bytes(std::string(100, 'z')), std::string(40, 'z') + "...");
+  EXPECT_EQ(escaped_bytes(std::string(20, '\xff')), "\\xff\\xff\\xff\\xff\\xff\\xff\\xff\\xff\\xff\\xff...");
+  std::string nine;
+  for (int i = 0; i < 9; ++i) nine += "\\x01";
+  EXPECT_EQ(escaped_parse_error("syntax error; last read: '" + std::string(60, '\x01') + "'"),
+            "syntax error; last read: '" + nine + "...");
+  EXPECT_EQ(read_error_message("opening", "/c/x", EACCES).find("save"), std::string::npos);
+  EXPECT_EQ(read_error_message("opening", "/c/x", EACCES).rfind("could not read /c/x: permission denied while opening it", 0),
+            0u);
 }
 
 TEST(CheckpointDir, SaveCommitLoad) {

@@ -354,6 +354,14 @@ TEST(Checkpointing, MegatronCheckpointProblemsAreNamed) {
                                                                "\"sharded_backend_version\": 1}");
   EXPECT_USER_ERROR(run({"--train-iters", "6", "--load", dir.path(), "--auto-detect-ckpt-format"}),
                     "iter_0000005/.metadata: cannot be opened");
+  // A damaged checkpoint is refused with the other complete iterations to load instead.
+  std::filesystem::create_directories(dir / "iter_0000003");
+  const std::string others = "; load another complete iteration with --ckpt-step N (complete iterations: 3)";
+  EXPECT_USER_ERROR(run({"--train-iters", "6", "--load", dir.path(), "--auto-detect-ckpt-format"}),
+                    "is the checkpoint complete?" + others);
+  checkpoint::testing::spit(dir / "iter_0000005/.metadata", std::string("\x80\x02\xc8garbage", 10));
+  EXPECT_USER_ERROR(run({"--train-iters", "6", "--load", dir.path(), "--auto-detect-ckpt-format"}), others);
+  checkpoint::remove_tree(dir / "iter_0000003");
   checkpoint::testing::spit(dir / "iter_0000005/metadata.json", "{\"sharded_backend\": \"zarr\"}");
   EXPECT_USER_ERROR(run({"--train-iters", "6", "--load", dir.path()}), "is in Megatron's zarr format");
   TempDir legacy;

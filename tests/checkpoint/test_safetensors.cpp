@@ -261,7 +261,8 @@ TEST(SafetensorsCorrupt, TruncatedData) {
 TEST(SafetensorsCorrupt, NotJson) {
   TempDir dir;
   expect_bad(make_file(dir, "{\"a\": [1, 2   ", ""), "corrupt safetensors header");
-  expect_bad(make_file(dir, "[1, 2, 3]       ", ""), "does not start with '{'");
+  expect_bad(make_file(dir, "[1, 2, 3]       ", ""), "its header starts with '[1, 2, 3]       ', not '{'");
+  expect_bad(make_file(dir, "\xc8\x01\n\\       ", ""), "its header starts with '\\xc8\\x01\\x0a\\\\       ', not '{'");
   expect_bad(make_file(dir, "{}xx    ", ""), "corrupt safetensors header");
 }
 
@@ -325,7 +326,7 @@ TEST(SafetensorsCorrupt, MissingTensorSuggestsAName) {
 
 TEST(SafetensorsCorrupt, MissingFileIsAUserError) {
   TempDir dir;
-  expect_bad(dir / "absent.safetensors", "No such file");
+  expect_bad(dir / "absent.safetensors", "could not read " + dir / "absent.safetensors" + ": it does not exist");
 }
 
 }  // namespace

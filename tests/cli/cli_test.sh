@@ -140,5 +140,21 @@ SMALL=(--num-layers 2 --hidden-size 64 --ffn-hidden-size 128 --num-attention-hea
 expect 0 "load_balancing_loss: " -- --config "$SRC/configs/mixtral-style.json" "${SMALL[@]}" --num-query-groups 2
 expect 0 "seq_load_balancing_loss: " -- --config "$SRC/configs/deepseek-style.json" "${SMALL[@]}" --moe-ffn-hidden-size 32 \
   --moe-shared-expert-intermediate-size 64 --moe-layer-freq "([0]+[1])"
+# A --save that cannot be created is refused before training, naming the flag and the reason.
+SCRATCH=$(mktemp -d)
+trap 'rm -rf "$SCRATCH"' EXIT
+: > "$SCRATCH/a-file"
+expect 1 "--save $SCRATCH/a-file/run cannot be created: a part of that path is a file, not a directory" -- "${TINY[@]}" \
+  --save "$SCRATCH/a-file/run" --save-interval 2
+expect 1 "--save $SCRATCH/a-file cannot be created: it is a file, not a directory" -- "${TINY[@]}" --save "$SCRATCH/a-file"
+# A configuration error in a multi-rank run is printed once, by rank 0, with the exit status of one.
+out=$(OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np 3 --oversubscribe --bind-to none \
+      "$BIN" "${TINY[@]}" --init-method-std -1 2>&1); rc=$?
+if [ "$rc" != 1 ] || [ "$(grep -c "fp8tron: error: " <<<"$out")" != 1 ] ||
+   ! grep -qF -- "--init-method-std must be positive" <<<"$out"; then
+  echo "FAIL: a configuration error under mpirun -np 3 -> rc $rc, want the line once:"; echo "$out" | tail -8; fail=1
+else
+  echo "ok: a configuration error under mpirun is printed once"
+fi
 if [ $fail = 0 ]; then echo "cli: all passed"; fi
 exit $fail

@@ -380,7 +380,8 @@ TEST(Config, ArgumentTablePrintsEachArgumentOnceWithItsEffectiveValue) {
 
 // Values Megatron would refuse or that would fail far from their cause.
 TEST(Config, RefusesWeightsAndTokenIdsOutOfRange) {
-  EXPECT_USER_ERROR(build(tiny_args({"--init-method-std", "-1"})), "--init-method-std must not be negative");
+  EXPECT_USER_ERROR(build(tiny_args({"--init-method-std", "-1"})), "--init-method-std must be positive");
+  EXPECT_USER_ERROR(build(tiny_args({"--init-method-std", "0"})), "--init-method-std must be positive");
   std::vector<std::string> mock = {"--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
                                    "--seq-length", "16", "--micro-batch-size", "2", "--lr", "1e-3", "--train-iters", "10",
                                    "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "1024"};

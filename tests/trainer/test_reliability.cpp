@@ -432,6 +432,27 @@ TEST(ProgressBoard, AHangReportNamesWhoDidNotArriveAndEveryRanksIteration) {
   EXPECT_EQ(r0.text.find("rank 1 ("), std::string::npos) << "rank 1 has arrived";
 }
 
+TEST(ProgressBoard, ARankWaitingInAnotherCollectiveIsReportedInTheHeadsWords) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::shared_ptr<c10d::Store> shared(store.get(), [keep = store](c10d::Store*) {});
+  ProgressBoard::Options options;
+  options.publish_every = std::chrono::milliseconds(50);
+  ProgressBoard rank0(shared, 0, 2, options), rank1(shared, 1, 2, options);
+  const std::vector<int> dp = {0, 1};
+  const std::string key = ProgressBoard::group_key("dp", dp);
+  rank0.iteration_finished(3);
+  rank1.iteration_finished(3);
+  rank0.waiting(key, "all_reduce", rank0.entered(key));
+  const std::string pp = ProgressBoard::group_key("pp", {1});
+  rank1.waiting(pp, "recv", rank1.entered(pp));  // rank 1 waits elsewhere instead
+  for (auto* b : {&rank0, &rank1}) b->publish();
+  const auto r = rank0.describe("dp", dp, "all_reduce", 1, std::chrono::seconds(20));
+  EXPECT_NE(r.text.find("has waited 20 s on rank 0"), std::string::npos) << r.text;
+  EXPECT_NE(r.text.find("it entered 0 collectives on this group; has waited "), std::string::npos) << r.text;
+  EXPECT_NE(r.text.find(" s in recv #1 on group pp[1])"), std::string::npos) << r.text;
+  EXPECT_EQ(r.text.find("waiting in"), std::string::npos) << r.text;
+}
+
 // A store whose host stops answering (a stopped rank 0 under mpirun): every call blocks until the
 // store is thawed.
 class FreezableStore : public c10d::HashStore {

@@ -192,7 +192,10 @@ const std::vector<Rule>& rules() {
          if (m.ffn_hidden_size <= 0) return "--ffn-hidden-size must be positive";
          if (m.kv_channels <= 0) return "--kv-channels must be positive";
          if (m.seq_length <= 0) return "--seq-length must be positive";
-         if (m.init_method_std < 0) return "--init-method-std must not be negative (it is the initial weights' standard deviation)";
+         // Zero would start every weight at zero: the units of a layer stay identical and never learn apart.
+         if (!(m.init_method_std > 0))
+           return "--init-method-std must be positive (it is the initial weights' standard deviation; Megatron's "
+                  "default is 0.02)";
          return "";
        }},
       {"end-of-document id inside the vocabulary",

@@ -81,7 +81,7 @@ def command(args, ranks=1):
 def run(args, ranks=1, timeout=240):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     p = subprocess.run(command(args, ranks), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                       timeout=timeout, env=env, start_new_session=True)
+                       timeout=timeout, env=env, start_new_session=True, errors="surrogateescape")
     return p.returncode, p.stdout
 
 
@@ -408,6 +408,10 @@ def stopped_host_rank_ends_the_job(ranks=2, report_after=5):
         return fail(scenario, "the job did not end within 45 s after its 1-minute --distributed-timeout-minutes")
     if rc == 0 or not re.search(r"timed out after 1 min \(--distributed-timeout-minutes\)", text_of(out)):
         return fail(scenario, f"expected a timeout error and a non-zero exit, got exit {rc}")
+    # The timeout's line repeats the report with its moment, so that its times do not read as stale.
+    if not NCCL_LAUNCH and not re.search(r"timed out after 1 min .*; at the report after \d+ s, collective hang: .* "
+                                         r"has waited \d+ s on rank", text_of(out)):
+        return fail(scenario, f"the timeout's line does not date the report it repeats:\n{text_of(out)[-1500:]}")
     counts["clear errors checked"] += 1
     log(f"ok   {scenario}: reported after {took:.0f} s ({line[:160]}...); the job ended {ended:.0f} s after the stop, "
         f"exit {rc}")
@@ -461,8 +465,11 @@ def corrupt_and_fall_back():
         counts["faults injected"] += 1
         if rc == 0 or not re.search(pattern, out):
             return fail(scenario, f"expected /{pattern}/, got exit {rc}:\n{out[-1500:]}")
+        line = re.search(r"fp8tron: error: .*", out).group(0)
+        if re.search(r"[^\x20-\x7e]", line):
+            return fail(scenario, f"the error prints raw bytes: {line!r}")
         counts["clear errors checked"] += 1
-        log(f"ok   {scenario}: " + re.search(r"fp8tron: error: .*", out).group(0)[:220])
+        log(f"ok   {scenario}: " + line[:220])
         tracker_before[d] = "8 (--ckpt-step 8)"
         check_resume(f"{scenario}: the previous checkpoint", d, extra=["--ckpt-step", "8"])
 
@@ -472,19 +479,68 @@ def corrupt_and_fall_back():
     for i in range(len(data) - 4096, len(data) - 4088):
         data[i] ^= 0xFF
     open(shard, "wb").write(bytes(data))
-    expect_error("8 flipped bytes in a shard", d, r"is corrupt: in .*rank_00000\.safetensors, tensor '[^']+'")
+    # Every refusal of a damaged checkpoint names what else --ckpt-step can load.
+    others = r".*; load another complete iteration with --ckpt-step N \(complete iterations: 8\)"
+    expect_error("8 flipped bytes in a shard", d, r"is corrupt: in .*rank_00000\.safetensors, tensor '[^']+'" + others)
 
     d = copy_of("truncated")
     shard = os.path.join(d, "iter_0000010", "rank_00000.safetensors")
     data = open(shard, "rb").read()
     open(shard, "wb").write(data[: len(data) // 2])
-    expect_error("a truncated shard", d, r"rank_00000\.safetensors")
+    expect_error("a truncated shard", d, r"rank_00000\.safetensors" + others)
 
     d = copy_of("truncated_metadata")
     meta = os.path.join(d, "iter_0000010", "fp8tron_checkpoint.json")
     text = open(meta).read()
     open(meta, "w").write(text[: len(text) // 3])
-    expect_error("a truncated metadata file", d, r"not valid JSON")
+    expect_error("a truncated metadata file", d, r"not valid JSON" + others)
+
+    # Binary garbage prints escaped and bounded, never as raw bytes.
+    d = copy_of("binary_metadata")
+    open(os.path.join(d, "iter_0000010", "fp8tron_checkpoint.json"), "wb").write(bytes(range(200, 256)) * 4)
+    expect_error("binary bytes in the metadata file", d, r"not valid JSON .*last read: '\\xc8.*" + others)
+    d = copy_of("binary_shard")
+    shard = os.path.join(d, "iter_0000010", "rank_00000.safetensors")
+    data = bytearray(open(shard, "rb").read())
+    data[8:72] = bytes(range(192, 256))
+    open(shard, "wb").write(bytes(data))
+    expect_error("binary bytes in a shard's header", d, r"its header starts with '(\\x[0-9a-f]{2}){10}\.\.\.', not '\{'" + others)
+
+    # An iteration directory that is not one: a file, a dangling link.
+    d = copy_of("iteration_is_a_file")
+    shutil.rmtree(os.path.join(d, "iter_0000010"))
+    open(os.path.join(d, "iter_0000010"), "w").write("x")
+    expect_error("an iteration directory that is a file", d,
+                 r"names iteration 10 but \S+iter_0000010 is a file, not a checkpoint directory" + others)
+    d = copy_of("dangling_link")
+    shutil.rmtree(os.path.join(d, "iter_0000010"))
+    os.symlink(os.path.join(d, "gone"), os.path.join(d, "iter_0000010"))
+    expect_error("an iteration directory that is a dangling link", d,
+                 r"iter_0000010 is a symbolic link to \S+gone, which does not exist" + others)
+
+    # Unreadable: as a user the files are not open to (root reads everything, so the run drops to nobody).
+    for scenario, victim, pattern in [
+            ("an unreadable iteration directory", "iter_0000010",
+             r"iter_0000010 cannot be read \(permission denied\): give this user read and search permission"),
+            ("an unreadable shard", "iter_0000010/rank_00000.safetensors",
+             r"could not read \S+rank_00000\.safetensors: permission denied while opening it")]:
+        d = copy_of("unreadable")
+        for root, dirs, files in os.walk(d):
+            for n in dirs + files:
+                os.chmod(os.path.join(root, n), 0o777 if n in dirs else 0o666)
+        os.chmod(os.path.join(d, victim), 0)
+        as_nobody = (lambda: (os.setgid(65534), os.setuid(65534))) if os.geteuid() == 0 else None
+        p = subprocess.run(command(["--load", d]), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           timeout=240, env=dict(os.environ, OMP_NUM_THREADS="1"), preexec_fn=as_nobody,
+                           errors="surrogateescape")
+        os.chmod(os.path.join(d, victim), 0o777)
+        counts["faults injected"] += 1
+        line = re.search(r"fp8tron: error: .*", p.stdout)
+        if p.returncode != 1 or not line or not re.search(pattern + others, line.group(0)) or "save elsewhere" in line.group(0):
+            fail(scenario, f"expected /{pattern}/ (and no advice to save), got exit {p.returncode}:\n{p.stdout[-1500:]}")
+        else:
+            counts["clear errors checked"] += 1
+            log(f"ok   {scenario}: " + line.group(0)[:220])
 
 
 def bad_token_ids():
@@ -742,6 +798,10 @@ def main():
     start_time = time.time()
     if NCCL_LAUNCH:
         nccl_faults()
+        report_and_exit(start_time)
+    if "--only" in sys.argv:  # e.g. --only corrupt_and_fall_back,second_job: a few scenarios while working on them
+        for name in sys.argv[sys.argv.index("--only") + 1].split(","):
+            globals()[name]()
         report_and_exit(start_time)
     reference(1)
     reference(2)
