@@ -6,12 +6,14 @@ must match transformers' logits of the original model; then fp8tron trains from 
   gpt2          GPT2LMHeadModel (Conv1D, fused c_attn, learned positions, tied embeddings)
   llama         LlamaForCausalLM with GQA, an untied head, rope_theta 500000, saved in shards
   llama_scaled  LlamaForCausalLM with tied embeddings, biases and Llama 3.1 rope scaling
+  mixtral       MixtralForCausalLM (router, 4 experts of which 2 per token, GQA)
   refusals      unsupported config fields are refused with one line naming the field, and no
                 checkpoint is left behind
 
 usage: hf_import_test.py CASE BUILD_DIR
-The logits come from `fp8tron-export --reference-tokens` run on the imported checkpoint: it builds
-fp8tron's model from the checkpoint and writes its logits for random tokens. Exits 77 (ctest's
+fp8tron's logits come from `fp8tron-import --reference-tokens`, which reads the written checkpoint
+back into fp8tron's model, and for the dense models also from `fp8tron-export --reference-tokens`
+run on the imported checkpoint (whose exported tensors must be the original ones). Exits 77 (ctest's
 skip) when transformers is not installed (scripts/setup.sh installs it into .venv).
 """
 import json
@@ -71,6 +73,13 @@ def make_model(case, directory):
                                           bos_token_id=0, eos_token_id=0)
         model = transformers.LlamaForCausalLM(config)
         shard = "30KB"  # several files and model.safetensors.index.json
+    elif case == "mixtral":
+        config = transformers.MixtralConfig(hidden_size=64, intermediate_size=48, num_hidden_layers=2,
+                                            num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                                            num_experts_per_tok=2, vocab_size=100, max_position_embeddings=128,
+                                            bos_token_id=0, eos_token_id=0)
+        model = transformers.MixtralForCausalLM(config)
+        shard = None
     else:  # llama_scaled
         config = transformers.LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                                           num_attention_heads=4, num_key_value_heads=4, vocab_size=100,
@@ -95,13 +104,26 @@ def losses(output):
     return [float(x) for x in re.findall(r"lm loss: ([0-9.eE+-]+)", output)]
 
 
+def compare(case, model, reference_file, tool):
+    reference = load_file(reference_file)
+    with torch.no_grad():
+        expected = model(reference["input_ids"]).logits.float()
+    got = reference["logits"]
+    relative = ((got - expected).norm() / expected.norm()).item()
+    same_argmax = (got.argmax(-1) == expected.argmax(-1)).float().mean().item()
+    check(got.shape == expected.shape and relative <= TOLERANCE,
+          f"{case}: fp8tron's logits ({tool} --reference-tokens) from the imported checkpoint vs transformers': "
+          f"relative difference {relative:.2e} (tolerance {TOLERANCE:.0e}), same argmax at "
+          f"{100 * same_argmax:.0f}% of positions")
+
+
 def import_and_compare(case, build):
     with tempfile.TemporaryDirectory() as tmp:
         hf_dir, ckpt, exported = (os.path.join(tmp, d) for d in ("hf", "ckpt", "exported"))
         model = make_model(case, hf_dir)
         if case == "llama":
             check(os.path.exists(os.path.join(hf_dir, "model.safetensors.index.json")), "the llama model is sharded")
-        out = run([f"{build}/fp8tron-import", "--hf", hf_dir, "--save", ckpt]).stdout
+        out = run([f"{build}/fp8tron-import", "--hf", hf_dir, "--save", ckpt, "--reference-tokens", "48"]).stdout
         print(out.strip())
         flags = open(os.path.join(ckpt, "model_flags.txt")).read().split()
         printed = run([f"{build}/fp8tron-import", "--hf", hf_dir, "--print-flags"]).stdout.split()
@@ -109,23 +131,16 @@ def import_and_compare(case, build):
 
         # fp8tron's logits from the imported checkpoint against transformers' from the original.
         tokens = 48
-        run([f"{build}/fp8tron-export", "--load", ckpt, "--output", exported, "--reference-tokens", str(tokens)])
-        reference = load_file(os.path.join(exported, "fp8tron_reference.safetensors"))
-        with torch.no_grad():
-            expected = model(reference["input_ids"]).logits.float()
-        got = reference["logits"]
-        relative = ((got - expected).norm() / expected.norm()).item()
-        same_argmax = (got.argmax(-1) == expected.argmax(-1)).float().mean().item()
-        check(got.shape == expected.shape and relative <= TOLERANCE,
-              f"{case}: fp8tron's logits from the imported checkpoint vs transformers': relative difference "
-              f"{relative:.2e} (tolerance {TOLERANCE:.0e}), same argmax at {100 * same_argmax:.0f}% of positions")
-        # Import then export gives back the same tensors (the exporter is the import's inverse).
-        original = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight" or "lm_head.weight" in
-                    load_file(os.path.join(exported, "model.safetensors"))}
-        back = load_file(os.path.join(exported, "model.safetensors"))
-        worst = max((back[k] - v).abs().max().item() for k, v in original.items() if k in back)
-        check(set(back) == set(original) and worst == 0,
-              f"{case}: export of the imported checkpoint gives back the original tensors (max difference {worst:g})")
+        compare(case, model, os.path.join(ckpt, "fp8tron_reference.safetensors"), "fp8tron-import")
+        if case != "mixtral":  # fp8tron-export has no MoE classes yet
+            run([f"{build}/fp8tron-export", "--load", ckpt, "--output", exported, "--reference-tokens", str(tokens)])
+            compare(case, model, os.path.join(exported, "fp8tron_reference.safetensors"), "fp8tron-export")
+            # Import then export gives back the same tensors (the exporter is the import's inverse).
+            back = load_file(os.path.join(exported, "model.safetensors"))
+            original = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight" or "lm_head.weight" in back}
+            worst = max((back[k] - v).abs().max().item() for k, v in original.items() if k in back)
+            check(set(back) == set(original) and worst == 0,
+                  f"{case}: export of the imported checkpoint gives back the original tensors (max difference {worst:g})")
 
         # A short training run from the imported weights: they load, and the loss falls.
         train = [f"{build}/fp8tron", "--load", ckpt, "--finetune", *flags, "--mock-data", "--seq-length", "32",
@@ -163,6 +178,7 @@ def refusals(build):
         refused(lambda c: c.update(hidden_act="gelu"), "hidden_act")
         refused(lambda c: c.update(attention_bias=True), "attention_bias")
         refused(lambda c: c.update(quantization_config={"quant_method": "fp8"}), "quantization_config")
+        refused(lambda c: c.update(sliding_window=16), "sliding_window")
         refused(lambda c: None, "--hidden-size", flags=("--hidden-size", "128"))
 
 

@@ -1,5 +1,6 @@
 #include "trainer/export/hf_import.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 #include <chrono>
@@ -188,15 +189,14 @@ void rope_flags(const HfConfig& c, ModelFlags& f) {
   f.add_number("--rope-scaling-factor", scaling.value("factor", 8.0));
 }
 
-ModelFlags llama_flags(const HfConfig& c) {
-  require_architecture(c, "LlamaForCausalLM");
-  ModelFlags f;
-  f.format = "llama";
+// The Llama family's shared part: attention (GQA, RoPE), RMSNorm, SwiGLU, head, dropouts.
+void llama_family_flags(const HfConfig& c, ModelFlags& f) {
   const int64_t hidden = c.integer("hidden_size"), heads = c.integer("num_attention_heads");
   const int64_t groups = c.integer_or("num_key_value_heads", heads);
   const int64_t head_dim = c.integer_or("head_dim", hidden / heads);
   if (c.string_or("hidden_act", "silu") != "silu")
     c.refuse("hidden_act", "'" + c.string_or("hidden_act", "") + "' (fp8tron's SwiGLU gates with silu)");
+  if (c.has("sliding_window")) c.refuse("sliding_window", "fp8tron's attention is full causal attention");
   f.add("--num-layers", c.integer("num_hidden_layers"));
   f.add("--hidden-size", hidden);
   f.add("--ffn-hidden-size", c.integer("intermediate_size"));
@@ -214,7 +214,7 @@ ModelFlags llama_flags(const HfConfig& c) {
   f.add("--normalization", "RMSNorm");
   f.add_number("--norm-epsilon", c.number_or("rms_norm_eps", 1e-6));
   f.add("--swiglu");
-  // Megatron's biases come together (--disable-bias-linear drops all), or on q/k/v only.
+  // Megatron's biases come together (--disable-bias-linear drops all).
   const bool attention_bias = c.flag_or("attention_bias", false), mlp_bias = c.flag_or("mlp_bias", false);
   if (attention_bias != mlp_bias)
     c.refuse(attention_bias ? "attention_bias" : "mlp_bias",
@@ -222,9 +222,34 @@ ModelFlags llama_flags(const HfConfig& c) {
   if (!attention_bias) f.add("--disable-bias-linear");
   if (!c.flag_or("tie_word_embeddings", false)) f.add("--untie-embeddings-and-output-weights");
   f.add_number("--attention-dropout", c.number_or("attention_dropout", 0.0));
-  f.add_number("--hidden-dropout", 0.0);  // Llama has no dropout outside attention
+  f.add_number("--hidden-dropout", 0.0);  // no dropout outside attention
   f.add_number("--init-method-std", c.number_or("initializer_range", 0.02));
   f.add("--vocab-size", c.integer("vocab_size"));
+}
+
+ModelFlags llama_flags(const HfConfig& c) {
+  require_architecture(c, "LlamaForCausalLM");
+  ModelFlags f;
+  f.format = "llama";
+  llama_family_flags(c, f);
+  return f;
+}
+
+// Mixtral: every layer's MLP is a dropless mixture of experts whose router takes the softmax of
+// its top-k logits (softmax over all, top k, renormalised: the same weights), Megatron's default
+// order (no --moe-router-pre-softmax).
+ModelFlags mixtral_flags(const HfConfig& c) {
+  require_architecture(c, "MixtralForCausalLM");
+  if (c.number_or("router_jitter_noise", 0.0) != 0.0)
+    c.refuse("router_jitter_noise", "non-zero (fp8tron's router has no multiplicative jitter)");
+  ModelFlags f;
+  f.format = "mixtral";
+  llama_family_flags(c, f);
+  f.add("--num-experts", c.integer("num_local_experts"));
+  f.add("--moe-router-topk", c.integer_or("num_experts_per_tok", 2));
+  f.add("--moe-ffn-hidden-size", c.integer("intermediate_size"));
+  f.add("--moe-router-load-balancing-type", "aux_loss");
+  f.add_number("--moe-aux-loss-coeff", c.number_or("router_aux_loss_coef", 0.001));
   return f;
 }
 
@@ -235,7 +260,8 @@ ModelFlags model_flags(const std::string& hf_dir) {
   const std::string type = c.string_or("model_type", "");
   if (type == "gpt2") return gpt2_flags(c);
   if (type == "llama") return llama_flags(c);
-  c.refuse("model_type", "'" + type + "' (supported: gpt2, llama)");
+  if (type == "mixtral") return mixtral_flags(c);
+  c.refuse("model_type", "'" + type + "' (supported: gpt2, llama, mixtral)");
 }
 
 // The Hugging Face tensors by name, from model.safetensors or the shards its index lists.
@@ -340,7 +366,11 @@ class Mapper {
     return std::move(out_);
   }
 
-  std::map<std::string, torch::Tensor> llama() {
+  std::map<std::string, torch::Tensor> llama() { return llama_family(false); }
+  std::map<std::string, torch::Tensor> mixtral() { return llama_family(true); }
+
+ private:
+  std::map<std::string, torch::Tensor> llama_family(bool moe) {
     put("embedding.word_embeddings.weight", hf_.take("model.embed_tokens.weight"));
     for (int64_t i = 0; i < m_.num_layers; ++i) {
       const std::string p = "decoder.layers." + std::to_string(i) + ".", h = "model.layers." + std::to_string(i) + ".";
@@ -354,6 +384,12 @@ class Mapper {
             qkv(hf_.take(h + "self_attn.q_proj.bias"), hf_.take(h + "self_attn.k_proj.bias"),
                 hf_.take(h + "self_attn.v_proj.bias")));
         put(p + "self_attention.linear_proj.bias", hf_.take_or_undefined(h + "self_attn.o_proj.bias"));
+      }
+      if (moe) {
+        // A MoE layer's norm is its own module in Megatron (pre_mlp_layernorm), not fused into fc1.
+        norm(p + "pre_mlp_layernorm.weight", h + "post_attention_layernorm.weight");
+        experts(p + "mlp.", h);
+        continue;
       }
       norm(p + "mlp.linear_fc1.layer_norm_weight", h + "post_attention_layernorm.weight");
       // SwiGLU's fc1 stacks [gate; up]: silu(gate) * up.
@@ -369,7 +405,29 @@ class Mapper {
     return std::move(out_);
   }
 
- private:
+  // Mixtral's router and experts: block_sparse_moe.{gate, experts.E.w1 (gate), w3 (up), w2
+  // (down)} as written by save_pretrained, or transformers 5's fused mlp.experts.gate_up_proj
+  // [E, 2 * ffn, hidden] (gate rows first) and down_proj [E, hidden, ffn]. Expert e's fc1 is
+  // [gate; up], as the dense SwiGLU's.
+  void experts(const std::string& p, const std::string& h) {
+    const int64_t n = m_.moe.num_experts;
+    if (hf_.has(h + "block_sparse_moe.gate.weight")) {
+      put(p + "router.weight", hf_.take(h + "block_sparse_moe.gate.weight"));
+      for (int64_t e = 0; e < n; ++e) {
+        const std::string x = h + "block_sparse_moe.experts." + std::to_string(e) + ".", i = std::to_string(e);
+        put(p + "experts.linear_fc1.weight" + i, torch::cat({hf_.take(x + "w1.weight"), hf_.take(x + "w3.weight")}));
+        put(p + "experts.linear_fc2.weight" + i, hf_.take(x + "w2.weight"));
+      }
+      return;
+    }
+    put(p + "router.weight", hf_.take(h + "mlp.gate.weight"));
+    auto gate_up = hf_.take(h + "mlp.experts.gate_up_proj"), down = hf_.take(h + "mlp.experts.down_proj");
+    for (int64_t e = 0; e < n; ++e) {
+      put(p + "experts.linear_fc1.weight" + std::to_string(e), gate_up[e].clone());
+      put(p + "experts.linear_fc2.weight" + std::to_string(e), down[e].clone());
+    }
+  }
+
   hf::QkvShape shape() const { return {m_.num_attention_heads, m_.num_query_groups, m_.kv_channels}; }
 
   void put(const std::string& name, torch::Tensor t) {
@@ -432,6 +490,37 @@ std::string unique_token() {
                    (long long)std::chrono::steady_clock::now().time_since_epoch().count());
 }
 
+// fp8tron's fp32 logits for `tokens` random ids (seed 1234), from the checkpoint as written (read
+// back from disk, fp32 main weights where stored), into `path` as "input_ids" and "logits": what
+// transformers' logits of the imported model must match, the same file fp8tron-export writes.
+void write_reference_logits(const ck::CheckpointLocation& location, const ModelConfig& model, int64_t tokens,
+                            const std::string& path) {
+  ModelConfig c = model;
+  c.attention_dropout = c.hidden_dropout = 0;
+  c.seq_length = std::max(c.seq_length, tokens);
+  if (c.position_embedding == PositionEmbedding::LearnedAbsolute && tokens > c.max_position_embeddings)
+    throw UserError(strprintf("--reference-tokens %lld exceeds the model's %lld positions", (long long)tokens,
+                              (long long)c.max_position_embeddings));
+  ck::CheckpointReader reader(location);
+  torch::NoGradGuard no_grad;
+  GptModel net(c);
+  net->eval();
+  for (auto& item : net->named_parameters()) {
+    const std::string main = kMainParamPrefix + item.key();
+    const std::string name = reader.has_tensor(main) ? main : item.key();
+    const ck::TensorEntry& entry = reader.metadata().tensors.at(name);
+    auto host = torch::empty(entry.shape, torch::TensorOptions().dtype(torch_of(entry.dtype)));
+    reader.read(name, entry.dtype, entry.shape, ck::whole(entry.shape), host.data_ptr());
+    item.value().copy_(host.to(torch::kFloat32));
+  }
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(1234);
+  auto ids = torch::randint(0, c.vocab_size, {1, tokens}, generator, torch::kInt64);
+  auto logits = net->forward(ids).narrow(-1, 0, c.vocab_size).to(torch::kFloat32).contiguous();
+  std::vector<ck::TensorToWrite> out = {{"input_ids", ck::DType::I64, ids.sizes().vec(), ids.data_ptr(), {}},
+                                        {"logits", ck::DType::F32, logits.sizes().vec(), logits.data_ptr(), {}}};
+  ck::write_safetensors(path, out, {{"format", "pt"}});
+}
+
 // Flags parsed as the trainer parses them (argv[0] first).
 FlagValues parse_flags(const std::vector<std::string>& flags) {
   std::vector<const char*> argv = {"fp8tron"};
@@ -488,7 +577,9 @@ ImportResult import_hugging_face(const ImportOptions& o) {
   GptModel net(m);
   HfTensors hf(o.hf_dir);
   Mapper mapper(hf, m);
-  std::map<std::string, torch::Tensor> tensors = model.format == "gpt2" ? mapper.gpt2() : mapper.llama();
+  std::map<std::string, torch::Tensor> tensors = model.format == "gpt2"    ? mapper.gpt2()
+                                                 : model.format == "llama" ? mapper.llama()
+                                                                           : mapper.mixtral();
   for (const auto& name : hf.untaken()) {
     // Buffers some writers store (GPT-2's causal mask, rotary frequencies) are recomputed by fp8tron.
     if (name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias") || name.ends_with("rotary_emb.inv_freq"))
@@ -565,6 +656,10 @@ ImportResult import_hugging_face(const ImportOptions& o) {
   result.tensors = int64_t(stored.size());
   result.flags_file = o.save + "/model_flags.txt";
   ck::write_file_atomically(result.flags_file, join(model.flags, " ") + "\n");
+  if (o.reference_tokens > 0) {
+    result.reference_file = o.save + "/fp8tron_reference.safetensors";
+    write_reference_logits(ck::locate_checkpoint(o.save, 0), m, o.reference_tokens, result.reference_file);
+  }
   return result;
 }
 

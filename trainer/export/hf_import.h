@@ -7,6 +7,9 @@
 //          SwiGLU's linear_fc1, RMSNorm, RoPE (rotate-half, fp8tron's default; with
 //          --rotary-interleaved the rows are permuted as the exporter's inverse), rope_theta and
 //          Llama 3.1 rope scaling
+//   mixtral  MixtralForCausalLM: the llama part, and per layer the router (block_sparse_moe.gate)
+//          and the experts (w1 gate and w3 up stacked as each expert's linear_fc1, w2 as fc2);
+//          the post-attention norm becomes the MoE layer's pre_mlp_layernorm
 // config.json becomes fp8tron flags (the same ones the trainer needs to build the model); the
 // caller's extra flags (e.g. --bf16, --make-vocab-size-divisible-by) are added, and a flag that
 // contradicts config.json is refused. Anything the model cannot express (an activation,
@@ -24,15 +27,20 @@ struct ImportOptions {
   std::string hf_dir;              // Hugging Face directory (config.json, *.safetensors)
   std::string save;                // checkpoint directory to write (iter_0000000 and the tracker)
   std::vector<std::string> flags;  // further fp8tron flags (parallel layout is irrelevant: the checkpoint is global)
+  // > 0: also write <save>/fp8tron_reference.safetensors: "input_ids" [1, n] (random, seed 1234)
+  // and the fp32 "logits" [1, n, vocab] fp8tron computes from the written checkpoint (as
+  // fp8tron-export --reference-tokens does; the tests compare transformers' logits with them).
+  int64_t reference_tokens = 0;
 };
 
 struct ImportResult {
-  std::string format;               // gpt2 | llama
+  std::string format;               // gpt2 | llama | mixtral
   std::vector<std::string> flags;   // the model's fp8tron flags, from config.json
   std::vector<std::string> notes;   // what differs slightly from Hugging Face's class (one line each)
   int64_t tensors = 0;
   uint64_t bytes = 0;               // of the rank file
   std::string flags_file;           // <save>/model_flags.txt
+  std::string reference_file;       // with reference_tokens
 };
 
 // The fp8tron flags that describe the model in `hf_dir`/config.json (UserError naming an

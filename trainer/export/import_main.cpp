@@ -9,14 +9,26 @@
 
 namespace {
 const char* kUsage =
-    "usage: fp8tron-import --hf HF_DIR --save CKPT_DIR [fp8tron flags ...]\n"
+    "usage: fp8tron-import --hf HF_DIR --save CKPT_DIR [--reference-tokens N] [fp8tron flags ...]\n"
     "       fp8tron-import --hf HF_DIR --print-flags\n"
     "Reads a Hugging Face model (config.json + model.safetensors or its shards: GPT2LMHeadModel or\n"
-    "LlamaForCausalLM) and writes an fp8tron checkpoint at iteration 0 into CKPT_DIR. The model's\n"
+    "LlamaForCausalLM or MixtralForCausalLM) and writes an fp8tron checkpoint at iteration 0 into CKPT_DIR. The model's\n"
     "fp8tron flags, from config.json, are printed and written to CKPT_DIR/model_flags.txt; train with\n"
     "  fp8tron --load CKPT_DIR --finetune <those flags> <data, batch and optimizer flags>\n"
     "Further flags (e.g. --bf16, --make-vocab-size-divisible-by N, --rotary-interleaved) shape the\n"
-    "checkpoint as the training run will; a flag that contradicts config.json is refused.\n";
+    "checkpoint as the training run will; a flag that contradicts config.json is refused.\n"
+    "--reference-tokens N also writes CKPT_DIR/fp8tron_reference.safetensors: N random token ids and\n"
+    "fp8tron's fp32 logits for them, computed from the written checkpoint.\n";
+
+int64_t parse_tokens(const std::string& value) {
+  try {
+    size_t used = 0;
+    const int64_t v = std::stoll(value, &used);
+    if (used == value.size() && v >= 0) return v;
+  } catch (const std::exception&) {
+  }
+  throw fp8tron::UserError("--reference-tokens " + value + ": expected a non-negative integer");
+}
 }
 
 int main(int argc, char** argv) {
@@ -34,9 +46,10 @@ int main(int argc, char** argv) {
         print_only = true;
         continue;
       }
-      if ((a == "--hf" || a == "--save") && i + 1 >= argc) throw UserError(a + " needs a value; --help shows the usage");
+      if ((a == "--hf" || a == "--save" || a == "--reference-tokens") && i + 1 >= argc) throw UserError(a + " needs a value; --help shows the usage");
       if (a == "--hf") o.hf_dir = argv[++i];
       else if (a == "--save") o.save = argv[++i];
+      else if (a == "--reference-tokens") o.reference_tokens = parse_tokens(argv[++i]);
       else o.flags.push_back(a);  // an fp8tron flag (checked by the trainer's parser)
     }
     if (print_only) {
@@ -48,6 +61,7 @@ int main(int argc, char** argv) {
     std::printf("imported %s as a %s model into %s at iteration 0 (%lld tensors, %s)\n", o.hf_dir.c_str(),
                 r.format.c_str(), o.save.c_str(), (long long)r.tensors, human_bytes(double(r.bytes)).c_str());
     for (const auto& note : r.notes) std::printf("note: %s\n", note.c_str());
+    if (!r.reference_file.empty()) std::printf("fp8tron's reference logits: %s\n", r.reference_file.c_str());
     std::printf("model flags (also in %s):\n  %s\n", r.flags_file.c_str(), join(r.flags, " ").c_str());
     std::printf("train from it with: fp8tron --load %s --finetune <model flags> <data, batch and optimizer flags>\n",
                 o.save.c_str());
