@@ -7,6 +7,8 @@ must match transformers' logits of the original model; then fp8tron trains from 
   llama         LlamaForCausalLM with GQA, an untied head, rope_theta 500000, saved in shards
   llama_scaled  LlamaForCausalLM with tied embeddings, biases and Llama 3.1 rope scaling
   mixtral       MixtralForCausalLM (router, 4 experts of which 2 per token, GQA)
+  qwen2_moe     Qwen2MoeForCausalLM (q/k/v biases, shared expert with its gate, softmax before top-k,
+                a dense layer among MoE ones)
   refusals      unsupported config fields are refused with one line naming the field, and no
                 checkpoint is left behind
 
@@ -80,6 +82,14 @@ def make_model(case, directory):
                                             bos_token_id=0, eos_token_id=0)
         model = transformers.MixtralForCausalLM(config)
         shard = None
+    elif case == "qwen2_moe":
+        config = transformers.Qwen2MoeConfig(hidden_size=64, intermediate_size=80, moe_intermediate_size=32,
+                                             shared_expert_intermediate_size=40, num_hidden_layers=3,
+                                             num_attention_heads=4, num_key_value_heads=2, num_experts=4,
+                                             num_experts_per_tok=2, vocab_size=100, max_position_embeddings=128,
+                                             mlp_only_layers=[1], bos_token_id=0, eos_token_id=0)
+        model = transformers.Qwen2MoeForCausalLM(config)
+        shard = None
     else:  # llama_scaled
         config = transformers.LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                                           num_attention_heads=4, num_key_value_heads=4, vocab_size=100,
@@ -132,7 +142,7 @@ def import_and_compare(case, build):
         # fp8tron's logits from the imported checkpoint against transformers' from the original.
         tokens = 48
         compare(case, model, os.path.join(ckpt, "fp8tron_reference.safetensors"), "fp8tron-import")
-        if case != "mixtral":  # fp8tron-export has no MoE classes yet
+        if case not in ("mixtral", "qwen2_moe"):  # fp8tron-export has no MoE classes yet
             run([f"{build}/fp8tron-export", "--load", ckpt, "--output", exported, "--reference-tokens", str(tokens)])
             compare(case, model, os.path.join(exported, "fp8tron_reference.safetensors"), "fp8tron-export")
             # Import then export gives back the same tensors (the exporter is the import's inverse).

@@ -189,14 +189,19 @@ void rope_flags(const HfConfig& c, ModelFlags& f) {
   f.add_number("--rope-scaling-factor", scaling.value("factor", 8.0));
 }
 
-// The Llama family's shared part: attention (GQA, RoPE), RMSNorm, SwiGLU, head, dropouts.
-void llama_family_flags(const HfConfig& c, ModelFlags& f) {
+// The Llama family's shared part: attention (GQA, RoPE), RMSNorm, SwiGLU, head, dropouts. Qwen2's
+// biases are on q, k and v only (qkv_bias), and its sliding window is off unless use_sliding_window.
+void llama_family_flags(const HfConfig& c, ModelFlags& f, bool qwen = false) {
   const int64_t hidden = c.integer("hidden_size"), heads = c.integer("num_attention_heads");
   const int64_t groups = c.integer_or("num_key_value_heads", heads);
   const int64_t head_dim = c.integer_or("head_dim", hidden / heads);
   if (c.string_or("hidden_act", "silu") != "silu")
     c.refuse("hidden_act", "'" + c.string_or("hidden_act", "") + "' (fp8tron's SwiGLU gates with silu)");
-  if (c.has("sliding_window")) c.refuse("sliding_window", "fp8tron's attention is full causal attention");
+  if (qwen) {
+    if (c.flag_or("use_sliding_window", false)) c.refuse("use_sliding_window", "fp8tron's attention is full causal attention");
+  } else if (c.has("sliding_window")) {
+    c.refuse("sliding_window", "fp8tron's attention is full causal attention");
+  }
   f.add("--num-layers", c.integer("num_hidden_layers"));
   f.add("--hidden-size", hidden);
   f.add("--ffn-hidden-size", c.integer("intermediate_size"));
@@ -214,12 +219,16 @@ void llama_family_flags(const HfConfig& c, ModelFlags& f) {
   f.add("--normalization", "RMSNorm");
   f.add_number("--norm-epsilon", c.number_or("rms_norm_eps", 1e-6));
   f.add("--swiglu");
+  if (qwen) {
+    if (c.flag_or("qkv_bias", true)) f.add("--add-qkv-bias");
+    f.add("--disable-bias-linear");
+  }
   // Megatron's biases come together (--disable-bias-linear drops all).
   const bool attention_bias = c.flag_or("attention_bias", false), mlp_bias = c.flag_or("mlp_bias", false);
   if (attention_bias != mlp_bias)
     c.refuse(attention_bias ? "attention_bias" : "mlp_bias",
              "true while the other is false (fp8tron's linear biases are on all layers or none)");
-  if (!attention_bias) f.add("--disable-bias-linear");
+  if (!attention_bias && !qwen) f.add("--disable-bias-linear");
   if (!c.flag_or("tie_word_embeddings", false)) f.add("--untie-embeddings-and-output-weights");
   f.add_number("--attention-dropout", c.number_or("attention_dropout", 0.0));
   f.add_number("--hidden-dropout", 0.0);  // no dropout outside attention
@@ -253,6 +262,49 @@ ModelFlags mixtral_flags(const HfConfig& c) {
   return f;
 }
 
+// Qwen2-MoE: q/k/v biases, MoE layers where (i + 1) % decoder_sparse_step == 0 and i is not in
+// mlp_only_layers (the others dense, of intermediate_size), each with a shared expert behind a
+// sigmoid gate. Without norm_topk_prob its router keeps the softmax over all experts of the
+// chosen k (Megatron's --moe-router-pre-softmax); with it, they are renormalised (the default).
+ModelFlags qwen2_moe_flags(const HfConfig& c) {
+  require_architecture(c, "Qwen2MoeForCausalLM");
+  if (c.has("layer_types"))
+    for (const auto& t : c.at("layer_types"))
+      if (t != "full_attention") c.refuse("layer_types", t.dump() + " (fp8tron's attention is full causal attention)");
+  ModelFlags f;
+  f.format = "qwen2_moe";
+  llama_family_flags(c, f, /*qwen=*/true);
+  const int64_t layers = c.integer("num_hidden_layers"), step = c.integer_or("decoder_sparse_step", 1);
+  if (step < 1) c.refuse("decoder_sparse_step", "below 1");
+  std::set<int64_t> dense;
+  if (c.has("mlp_only_layers"))
+    for (const auto& i : c.at("mlp_only_layers")) dense.insert(i.get<int64_t>());
+  // Megatron's list expression in runs, "([1]*2+[0]*1+...)": a bare "[1,0,1]" would be split by
+  // the command-line parser as a list value.
+  std::string pattern;
+  bool all_moe = true;
+  for (int64_t i = 0; i < layers;) {
+    const auto moe = [&](int64_t j) { return !dense.count(j) && (j + 1) % step == 0; };
+    int64_t run = 1;
+    while (i + run < layers && moe(i + run) == moe(i)) ++run;
+    all_moe = all_moe && moe(i);
+    pattern += strprintf("%s[%d]*%lld", i ? "+" : "", moe(i) ? 1 : 0, (long long)run);
+    i += run;
+  }
+  f.add("--num-experts", c.integer("num_experts"));
+  f.add("--moe-router-topk", c.integer_or("num_experts_per_tok", 4));
+  f.add("--moe-ffn-hidden-size", c.integer("moe_intermediate_size"));
+  if (!all_moe) f.add("--moe-layer-freq", "(" + pattern + ")");
+  const int64_t shared = c.integer("shared_expert_intermediate_size");
+  if (shared <= 0) c.refuse("shared_expert_intermediate_size", "Qwen2-MoE's shared expert needs a size");
+  f.add("--moe-shared-expert-intermediate-size", shared);
+  f.add("--moe-shared-expert-gate");
+  if (!c.flag_or("norm_topk_prob", false)) f.add("--moe-router-pre-softmax");
+  f.add("--moe-router-load-balancing-type", "aux_loss");
+  f.add_number("--moe-aux-loss-coeff", c.number_or("router_aux_loss_coef", 0.001));
+  return f;
+}
+
 ModelFlags model_flags(const std::string& hf_dir) {
   const std::string path = hf_dir + "/config.json";
   const HfConfig c(read_json(path), path);
@@ -261,7 +313,8 @@ ModelFlags model_flags(const std::string& hf_dir) {
   if (type == "gpt2") return gpt2_flags(c);
   if (type == "llama") return llama_flags(c);
   if (type == "mixtral") return mixtral_flags(c);
-  c.refuse("model_type", "'" + type + "' (supported: gpt2, llama, mixtral)");
+  if (type == "qwen2_moe") return qwen2_moe_flags(c);
+  c.refuse("model_type", "'" + type + "' (supported: gpt2, llama, mixtral, qwen2_moe)");
 }
 
 // The Hugging Face tensors by name, from model.safetensors or the shards its index lists.
@@ -366,11 +419,8 @@ class Mapper {
     return std::move(out_);
   }
 
-  std::map<std::string, torch::Tensor> llama() { return llama_family(false); }
-  std::map<std::string, torch::Tensor> mixtral() { return llama_family(true); }
-
- private:
-  std::map<std::string, torch::Tensor> llama_family(bool moe) {
+  // Llama, Mixtral and Qwen2-MoE: which layers are MoE comes from the model's --moe-layer-freq.
+  std::map<std::string, torch::Tensor> llama_family() {
     put("embedding.word_embeddings.weight", hf_.take("model.embed_tokens.weight"));
     for (int64_t i = 0; i < m_.num_layers; ++i) {
       const std::string p = "decoder.layers." + std::to_string(i) + ".", h = "model.layers." + std::to_string(i) + ".";
@@ -385,7 +435,7 @@ class Mapper {
                 hf_.take(h + "self_attn.v_proj.bias")));
         put(p + "self_attention.linear_proj.bias", hf_.take_or_undefined(h + "self_attn.o_proj.bias"));
       }
-      if (moe) {
+      if (m_.moe.is_moe_layer(i)) {
         // A MoE layer's norm is its own module in Megatron (pre_mlp_layernorm), not fused into fc1.
         norm(p + "pre_mlp_layernorm.weight", h + "post_attention_layernorm.weight");
         experts(p + "mlp.", h);
@@ -405,29 +455,46 @@ class Mapper {
     return std::move(out_);
   }
 
-  // Mixtral's router and experts: block_sparse_moe.{gate, experts.E.w1 (gate), w3 (up), w2
-  // (down)} as written by save_pretrained, or transformers 5's fused mlp.experts.gate_up_proj
-  // [E, 2 * ffn, hidden] (gate rows first) and down_proj [E, hidden, ffn]. Expert e's fc1 is
-  // [gate; up], as the dense SwiGLU's.
+  // The router and experts: Mixtral's block_sparse_moe.{gate, experts.E.w1 (gate), w3 (up), w2
+  // (down)} as save_pretrained writes them, Qwen2-MoE's mlp.{gate, experts.E.{gate,up,down}_proj},
+  // or transformers 5's fused mlp.experts.gate_up_proj [E, 2 * ffn, hidden] (gate rows first) and
+  // down_proj [E, hidden, ffn]. Expert e's fc1 is [gate; up], as the dense SwiGLU's. Qwen2-MoE's
+  // shared expert and its sigmoid gate map onto Megatron's shared_experts.
   void experts(const std::string& p, const std::string& h) {
     const int64_t n = m_.moe.num_experts;
-    if (hf_.has(h + "block_sparse_moe.gate.weight")) {
-      put(p + "router.weight", hf_.take(h + "block_sparse_moe.gate.weight"));
-      for (int64_t e = 0; e < n; ++e) {
-        const std::string x = h + "block_sparse_moe.experts." + std::to_string(e) + ".", i = std::to_string(e);
+    const bool mixtral = hf_.has(h + "block_sparse_moe.gate.weight");
+    const std::string moe = h + (mixtral ? "block_sparse_moe." : "mlp.");
+    put(p + "router.weight", hf_.take(moe + "gate.weight"));
+    const bool split = hf_.has(moe + "experts.0." + (mixtral ? "w1" : "gate_proj") + ".weight");
+    torch::Tensor gate_up, down;
+    if (!split) {
+      gate_up = hf_.take(moe + "experts.gate_up_proj");
+      down = hf_.take(moe + "experts.down_proj");
+    }
+    for (int64_t e = 0; e < n; ++e) {
+      const std::string x = moe + "experts." + std::to_string(e) + ".", i = std::to_string(e);
+      if (!split) {
+        put(p + "experts.linear_fc1.weight" + i, gate_up[e].clone());
+        put(p + "experts.linear_fc2.weight" + i, down[e].clone());
+      } else if (mixtral) {
         put(p + "experts.linear_fc1.weight" + i, torch::cat({hf_.take(x + "w1.weight"), hf_.take(x + "w3.weight")}));
         put(p + "experts.linear_fc2.weight" + i, hf_.take(x + "w2.weight"));
+      } else {
+        put(p + "experts.linear_fc1.weight" + i,
+            torch::cat({hf_.take(x + "gate_proj.weight"), hf_.take(x + "up_proj.weight")}));
+        put(p + "experts.linear_fc2.weight" + i, hf_.take(x + "down_proj.weight"));
       }
-      return;
     }
-    put(p + "router.weight", hf_.take(h + "mlp.gate.weight"));
-    auto gate_up = hf_.take(h + "mlp.experts.gate_up_proj"), down = hf_.take(h + "mlp.experts.down_proj");
-    for (int64_t e = 0; e < n; ++e) {
-      put(p + "experts.linear_fc1.weight" + std::to_string(e), gate_up[e].clone());
-      put(p + "experts.linear_fc2.weight" + std::to_string(e), down[e].clone());
+    if (m_.moe.shared_expert_size > 0) {
+      const std::string x = moe + "shared_expert.";
+      put(p + "shared_experts.linear_fc1.weight",
+          torch::cat({hf_.take(x + "gate_proj.weight"), hf_.take(x + "up_proj.weight")}));
+      put(p + "shared_experts.linear_fc2.weight", hf_.take(x + "down_proj.weight"));
+      if (m_.moe.shared_expert_gate) put(p + "shared_experts.gate_weight", hf_.take(moe + "shared_expert_gate.weight"));
     }
   }
 
+ private:
   hf::QkvShape shape() const { return {m_.num_attention_heads, m_.num_query_groups, m_.kv_channels}; }
 
   void put(const std::string& name, torch::Tensor t) {
@@ -577,9 +644,7 @@ ImportResult import_hugging_face(const ImportOptions& o) {
   GptModel net(m);
   HfTensors hf(o.hf_dir);
   Mapper mapper(hf, m);
-  std::map<std::string, torch::Tensor> tensors = model.format == "gpt2"    ? mapper.gpt2()
-                                                 : model.format == "llama" ? mapper.llama()
-                                                                           : mapper.mixtral();
+  std::map<std::string, torch::Tensor> tensors = model.format == "gpt2" ? mapper.gpt2() : mapper.llama_family();
   for (const auto& name : hf.untaken()) {
     // Buffers some writers store (GPT-2's causal mask, rotary frequencies) are recomputed by fp8tron.
     if (name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias") || name.ends_with("rotary_emb.inv_freq"))

@@ -10,6 +10,9 @@
 //   mixtral  MixtralForCausalLM: the llama part, and per layer the router (block_sparse_moe.gate)
 //          and the experts (w1 gate and w3 up stacked as each expert's linear_fc1, w2 as fc2);
 //          the post-attention norm becomes the MoE layer's pre_mlp_layernorm
+//   qwen2_moe  Qwen2MoeForCausalLM: q/k/v biases, dense and MoE layers (mlp_only_layers,
+//          decoder_sparse_step), the shared expert and its sigmoid gate, the router's softmax
+//          before top-k unless norm_topk_prob
 // config.json becomes fp8tron flags (the same ones the trainer needs to build the model); the
 // caller's extra flags (e.g. --bf16, --make-vocab-size-divisible-by) are added, and a flag that
 // contradicts config.json is refused. Anything the model cannot express (an activation,
@@ -34,7 +37,7 @@ struct ImportOptions {
 };
 
 struct ImportResult {
-  std::string format;               // gpt2 | llama | mixtral
+  std::string format;               // gpt2 | llama | mixtral | qwen2_moe
   std::vector<std::string> flags;   // the model's fp8tron flags, from config.json
   std::vector<std::string> notes;   // what differs slightly from Hugging Face's class (one line each)
   int64_t tensors = 0;

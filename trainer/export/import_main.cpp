@@ -11,9 +11,10 @@ namespace {
 const char* kUsage =
     "usage: fp8tron-import --hf HF_DIR --save CKPT_DIR [--reference-tokens N] [fp8tron flags ...]\n"
     "       fp8tron-import --hf HF_DIR --print-flags\n"
-    "Reads a Hugging Face model (config.json + model.safetensors or its shards: GPT2LMHeadModel or\n"
-    "LlamaForCausalLM or MixtralForCausalLM) and writes an fp8tron checkpoint at iteration 0 into CKPT_DIR. The model's\n"
-    "fp8tron flags, from config.json, are printed and written to CKPT_DIR/model_flags.txt; train with\n"
+    "Reads a Hugging Face model (config.json + model.safetensors or its shards: GPT2LMHeadModel,\n"
+    "LlamaForCausalLM, MixtralForCausalLM or Qwen2MoeForCausalLM) and writes an fp8tron checkpoint\n"
+    "at iteration 0 into CKPT_DIR. The model's fp8tron flags, from config.json, are printed and\n"
+    "written to CKPT_DIR/model_flags.txt; train with\n"
     "  fp8tron --load CKPT_DIR --finetune <those flags> <data, batch and optimizer flags>\n"
     "Further flags (e.g. --bf16, --make-vocab-size-divisible-by N, --rotary-interleaved) shape the\n"
     "checkpoint as the training run will; a flag that contradicts config.json is refused.\n"
