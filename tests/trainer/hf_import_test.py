@@ -142,6 +142,13 @@ def import_and_compare(case, build):
         # fp8tron's logits from the imported checkpoint against transformers' from the original.
         tokens = 48
         compare(case, model, os.path.join(ckpt, "fp8tron_reference.safetensors"), "fp8tron-import")
+        if case == "llama":
+            # --rotary-interleaved: q and k rows permuted to channel pairs, the same logits.
+            interleaved = os.path.join(tmp, "ckpt_interleaved")
+            run([f"{build}/fp8tron-import", "--hf", hf_dir, "--save", interleaved, "--reference-tokens", "48",
+                 "--rotary-interleaved", "--norm-epsilon", "1e-5"])
+            compare("llama --rotary-interleaved", model, os.path.join(interleaved, "fp8tron_reference.safetensors"),
+                    "fp8tron-import")
         if case not in ("mixtral", "qwen2_moe"):  # fp8tron-export has no MoE classes yet
             run([f"{build}/fp8tron-export", "--load", ckpt, "--output", exported, "--reference-tokens", str(tokens)])
             compare(case, model, os.path.join(exported, "fp8tron_reference.safetensors"), "fp8tron-export")

@@ -83,14 +83,13 @@ class HfConfig {
   std::string path_;
 };
 
+// The shortest text that reads back the same value, for readable flags (1e-05, 0.02).
 std::string number_text(double v) {
-  std::string s = strprintf("%.17g", v);
-  // The shortest text that reads back the same value, for readable flags (1e-05, 10000).
-  for (int digits = 1; digits <= 17; ++digits) {
+  for (int digits = 1; digits < 17; ++digits) {
     std::string t = strprintf("%.*g", digits, v);
     if (std::stod(t) == v) return t;
   }
-  return s;
+  return strprintf("%.17g", v);
 }
 
 // The model's flags, the format and notes, from config.json.
@@ -608,9 +607,24 @@ ImportResult import_hugging_face(const ImportOptions& o) {
   // The caller's flags may add to the model's (e.g. --bf16, --rotary-interleaved) but not contradict it.
   const FlagValues extra = parse_flags(o.flags);
   const FlagValues mine = parse_flags(model.flags);
+  // Values compare as numbers where both are (1e-5 and 1e-05 agree).
+  const auto same = [](const std::vector<std::string>& a, const std::vector<std::string>& b) {
+    if (a.size() != b.size()) return false;
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (a[i] == b[i]) continue;
+      try {
+        size_t used_a = 0, used_b = 0;
+        if (std::stod(a[i], &used_a) == std::stod(b[i], &used_b) && used_a == a[i].size() && used_b == b[i].size())
+          continue;
+      } catch (const std::exception&) {
+      }
+      return false;
+    }
+    return true;
+  };
   for (const auto& [name, values] : extra.all_given()) {
     if (!mine.given(name)) continue;
-    if (values != mine.all_given().at(name))
+    if (!same(values, mine.all_given().at(name)))
       throw UserError("--" + name + " " + join(values, " ") + " contradicts config.json, which gives --" + name + " " +
                       join(mine.all_given().at(name), " "));
   }
@@ -679,9 +693,10 @@ ImportResult import_hugging_face(const ImportOptions& o) {
     throw UserError("fp8tron's model has no parameter " + tensors.begin()->first + " (the flags drop what config.json has)");
 
   // Megatron's layout at iteration 0, written and committed as a save is.
-  for (int64_t it : ck::list_checkpoint_iterations(o.save))
+  const std::vector<int64_t> existing = ck::list_checkpoint_iterations(o.save);
+  if (!existing.empty())
     throw UserError(strprintf("--save %s already holds a checkpoint (iteration %lld); import into a new directory",
-                              o.save.c_str(), (long long)it));
+                              o.save.c_str(), (long long)existing.front()));
   ck::SaveTarget target{o.save, 0, false, unique_token()};
   ImportResult result;
   try {
