@@ -629,7 +629,9 @@ ImportResult import_hugging_face(const ImportOptions& o) {
                       join(mine.all_given().at(name), " "));
   }
   for (const char* owned : {"save", "load"})
-    if (extra.given(owned)) throw UserError(std::string("--") + owned + " is not one of the model's flags; fp8tron-import writes --save itself");
+    if (extra.given(owned))
+      throw UserError(std::string("--") + owned + " is not one of the model's flags (fp8tron-import's --save names the "
+                      "checkpoint directory)");
   std::vector<std::string> all = model.flags;
   all.insert(all.end(), o.flags.begin(), o.flags.end());
   // Training-only flags a configuration needs; any the caller gave win.
