@@ -6,6 +6,7 @@ must match transformers' logits of the original model; then fp8tron trains from 
   gpt2          GPT2LMHeadModel (Conv1D, fused c_attn, learned positions, tied embeddings)
   llama         LlamaForCausalLM with GQA, an untied head, rope_theta 500000, saved in shards
   llama_scaled  LlamaForCausalLM with tied embeddings, biases and Llama 3.1 rope scaling
+  qwen2         Qwen2ForCausalLM (q/k/v biases only, GQA, tied embeddings)
   mixtral       MixtralForCausalLM (router, 4 experts of which 2 per token, GQA)
   qwen2_moe     Qwen2MoeForCausalLM (q/k/v biases, shared expert with its gate, softmax before top-k,
                 a dense layer among MoE ones)
@@ -82,6 +83,13 @@ def make_model(case, directory):
                                             bos_token_id=0, eos_token_id=0)
         model = transformers.MixtralForCausalLM(config)
         shard = None
+    elif case == "qwen2":
+        config = transformers.Qwen2Config(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                          num_attention_heads=4, num_key_value_heads=2, vocab_size=100,
+                                          max_position_embeddings=128, tie_word_embeddings=True,
+                                          bos_token_id=0, eos_token_id=0)
+        model = transformers.Qwen2ForCausalLM(config)
+        shard = None
     elif case == "qwen2_moe":
         config = transformers.Qwen2MoeConfig(hidden_size=64, intermediate_size=80, moe_intermediate_size=32,
                                              shared_expert_intermediate_size=40, num_hidden_layers=3,
@@ -149,7 +157,7 @@ def import_and_compare(case, build):
                  "--rotary-interleaved", "--norm-epsilon", "1e-5"])
             compare("llama --rotary-interleaved", model, os.path.join(interleaved, "fp8tron_reference.safetensors"),
                     "fp8tron-import")
-        if case not in ("mixtral", "qwen2_moe"):  # fp8tron-export has no MoE classes yet
+        if case not in ("qwen2", "mixtral", "qwen2_moe"):  # fp8tron-export writes no Qwen2 or MoE classes yet
             run([f"{build}/fp8tron-export", "--load", ckpt, "--output", exported, "--reference-tokens", str(tokens)])
             compare(case, model, os.path.join(exported, "fp8tron_reference.safetensors"), "fp8tron-export")
             # Import then export gives back the same tensors (the exporter is the import's inverse).

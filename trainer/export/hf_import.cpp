@@ -261,6 +261,18 @@ ModelFlags mixtral_flags(const HfConfig& c) {
   return f;
 }
 
+// Qwen2: Llama with biases on q, k and v only.
+ModelFlags qwen2_flags(const HfConfig& c) {
+  require_architecture(c, "Qwen2ForCausalLM");
+  if (c.has("layer_types"))
+    for (const auto& t : c.at("layer_types"))
+      if (t != "full_attention") c.refuse("layer_types", t.dump() + " (fp8tron's attention is full causal attention)");
+  ModelFlags f;
+  f.format = "qwen2";
+  llama_family_flags(c, f, /*qwen=*/true);
+  return f;
+}
+
 // Qwen2-MoE: q/k/v biases, MoE layers where (i + 1) % decoder_sparse_step == 0 and i is not in
 // mlp_only_layers (the others dense, of intermediate_size), each with a shared expert behind a
 // sigmoid gate. Without norm_topk_prob its router keeps the softmax over all experts of the
@@ -312,8 +324,9 @@ ModelFlags model_flags(const std::string& hf_dir) {
   if (type == "gpt2") return gpt2_flags(c);
   if (type == "llama") return llama_flags(c);
   if (type == "mixtral") return mixtral_flags(c);
+  if (type == "qwen2") return qwen2_flags(c);
   if (type == "qwen2_moe") return qwen2_moe_flags(c);
-  c.refuse("model_type", "'" + type + "' (supported: gpt2, llama, mixtral, qwen2_moe)");
+  c.refuse("model_type", "'" + type + "' (supported: gpt2, llama, qwen2, mixtral, qwen2_moe)");
 }
 
 // The Hugging Face tensors by name, from model.safetensors or the shards its index lists.

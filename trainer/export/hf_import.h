@@ -7,6 +7,7 @@
 //          SwiGLU's linear_fc1, RMSNorm, RoPE (rotate-half, fp8tron's default; with
 //          --rotary-interleaved the rows are permuted as the exporter's inverse), rope_theta and
 //          Llama 3.1 rope scaling
+//   qwen2    Qwen2ForCausalLM: the llama mapping with biases on q, k and v only
 //   mixtral  MixtralForCausalLM: the llama part, and per layer the router (block_sparse_moe.gate)
 //          and the experts (w1 gate and w3 up stacked as each expert's linear_fc1, w2 as fc2);
 //          the post-attention norm becomes the MoE layer's pre_mlp_layernorm
@@ -37,7 +38,7 @@ struct ImportOptions {
 };
 
 struct ImportResult {
-  std::string format;               // gpt2 | llama | mixtral | qwen2_moe
+  std::string format;               // gpt2 | llama | qwen2 | mixtral | qwen2_moe
   std::vector<std::string> flags;   // the model's fp8tron flags, from config.json
   std::vector<std::string> notes;   // what differs slightly from Hugging Face's class (one line each)
   int64_t tensors = 0;
