@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Idempotent set-up for a fresh machine: Debian packages, then LibTorch from the torch==2.11.0 wheel
 # in a project-local virtual environment (or an existing torch install when one is there, as on
-# many GPU machines), and the wandb client for --wandb-project. Writes .setup/env.sh, which the
-# other scripts source.
+# many GPU machines), the wandb client for --wandb-project and transformers for the Hugging Face
+# tests. Writes .setup/env.sh, which the other scripts source.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 TORCH_VERSION=2.11.0
 WANDB_VERSION=0.31.0
+TRANSFORMERS_VERSION=5.25.0
 
 log() { echo "[setup] $*"; }
 
@@ -65,6 +66,13 @@ if ! "$WANDB_PY" -c "import wandb" >/dev/null 2>&1; then
   log "installing wandb==$WANDB_VERSION for $WANDB_PY (W&B logging)"
   "$WANDB_PY" -m pip install -q "wandb==$WANDB_VERSION" ||
     log "warning: could not install wandb for $WANDB_PY; --wandb-project needs it (everything else works)"
+fi
+# transformers, for the Hugging Face import/export tests (tests/trainer/hf_import_test.py,
+# scripts/check_hf_export.py); fp8tron-import and fp8tron-export themselves do not need it.
+if ! "$WANDB_PY" -c "import transformers" >/dev/null 2>&1; then
+  log "installing transformers==$TRANSFORMERS_VERSION for $WANDB_PY (Hugging Face tests)"
+  "$WANDB_PY" -m pip install -q "transformers==$TRANSFORMERS_VERSION" ||
+    log "warning: could not install transformers for $WANDB_PY; the hf tests will be skipped (everything else works)"
 fi
 
 # --- 4. paths for CMake and the run-time loader ------------------------------------------------------

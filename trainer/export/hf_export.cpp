@@ -17,6 +17,7 @@
 #include "checkpoint/metadata.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/sharded_io.h"
+#include "trainer/export/hf_layout.h"
 
 namespace fp8tron {
 namespace {
@@ -202,14 +203,6 @@ nlohmann::ordered_json rope_scaling(const RotaryConfig& r, bool yarn, int64_t* m
   return nullptr;
 }
 
-// --rotary-interleaved rotates channel pairs (2i, 2i+1); Llama rotates (i, i + d/2). Permuting the
-// query and key rows of each head to [0, 2, 4, ..., 1, 3, 5, ...] turns one into the other (the
-// scores are unchanged: q and k move alike).
-torch::Tensor deinterleave_heads(const torch::Tensor& w, int64_t head_dim) {
-  auto heads = w.reshape({-1, head_dim / 2, 2, w.size(-1)});
-  return torch::cat({heads.select(2, 0), heads.select(2, 1)}, 1).reshape(w.sizes());
-}
-
 // The eps transformers' DeepseekV3RMSNorm defaults to (its attention latents' norms keep it).
 constexpr double kHfLatentNormEps = 1e-6;
 
@@ -225,16 +218,9 @@ struct HfModel {
   void add(const std::string& name, torch::Tensor t) { tensors.emplace_back(name, t.contiguous()); }
 };
 
-// Megatron's fused QKV rows (per query group: its query heads, a key, a value) as q, k, v rows.
-struct Qkv {
-  torch::Tensor q, k, v;
-};
-Qkv split_qkv(const torch::Tensor& qkv, const Model& m) {
-  const int64_t per_group = m.heads / m.groups;
-  auto grouped = qkv.reshape({m.groups, per_group + 2, m.head_dim, -1});
-  auto rows = [&](const torch::Tensor& t) { return qkv.dim() == 1 ? t.reshape({-1}) : t.reshape({-1, qkv.size(1)}); };
-  return {rows(grouped.narrow(1, 0, per_group)), rows(grouped.select(1, per_group)), rows(grouped.select(1, per_group + 1))};
-}
+using hf::deinterleave_heads;
+using hf::Qkv;
+Qkv split_qkv(const torch::Tensor& qkv, const Model& m) { return hf::split_qkv(qkv, {m.heads, m.groups, m.head_dim}); }
 
 class Converter {
  public:
