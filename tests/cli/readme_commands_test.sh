@@ -58,7 +58,7 @@ for cmd in "${COMMANDS[@]}"; do
     torchrun*) run="${cmd/torchrun/$FP8TRON_PYTHON -m torch.distributed.run} ${SMALL[*]} --dry-run" ;;
     *./scripts/bench*.sh*|*./scripts/fp8_convergence.sh*)
       case $cmd in *" -- "*) run="$cmd ${SMALL[*]}" ;; *) run="$cmd -- ${SMALL[*]}" ;; esac ;;
-    *fp8tron-preprocess*|*fp8tron-export*) ;;
+    *fp8tron-preprocess*|*fp8tron-export*|*fp8tron-import*) ;;       # their flags come from their input
     *) run="$cmd ${SMALL[*]}" ;;
   esac
   if [[ $run == *"$GRAPH"* ]]; then
@@ -78,5 +78,6 @@ for cmd in "${COMMANDS[@]}"; do
   fi
 done
 [ -f hf-gpt/model.safetensors ] || { echo "FAIL: the export command wrote no hf-gpt/model.safetensors"; fail=1; }
+[ -d checkpoints/from-hf/iter_0000000 ] || { echo "FAIL: the import command wrote no checkpoints/from-hf/iter_0000000"; fail=1; }
 [ $fail = 0 ] && echo "README commands: all ran"
 exit $fail
