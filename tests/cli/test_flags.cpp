@@ -86,6 +86,18 @@ TEST(Flags, ExtraValueAfterAFlagIsRefused) {
   EXPECT_EQ(parse({"--lr=1e-3", "--num-layers", "2"}).get_int("num-layers"), 2);
 }
 
+// A single-valued flag keeps a bracketed value whole (CLI11 alone would split it as a list).
+TEST(Flags, BracketedValueOfASingleValuedFlagStaysWhole) {
+  EXPECT_EQ(parse({"--moe-layer-freq", "[1,0,1]"}).get_string("moe-layer-freq"), "[1,0,1]");
+  EXPECT_EQ(parse({"--moe-layer-freq=[0,1]", "--num-layers", "2"}).get_string("moe-layer-freq"), "[0,1]");
+  EXPECT_EQ(parse({"--data-path", "0.3", "a", "0.7", "b"}).get_list("data-path").size(), 4u);
+  const Config c = build(tiny_args({"--num-layers", "3", "--num-experts", "4", "--moe-ffn-hidden-size", "32",
+                                    "--moe-layer-freq", "[1,0,1]"}));
+  EXPECT_TRUE(c.model.moe.is_moe_layer(0));
+  EXPECT_FALSE(c.model.moe.is_moe_layer(1));
+  EXPECT_TRUE(c.model.moe.is_moe_layer(2));
+}
+
 TEST(Flags, JsonConfigMergesAndCommandLineWins) {
   std::string path = temp_file("config.json", R"({"num_layers": 6, "hidden-size": 128, "bf16": true, "fp16": false,
       "data-path": ["1.0", "x"], "lr": 0.001, "ffn-hidden-size": null})");

@@ -106,6 +106,32 @@ void refuse_extra_values(int argc, const char* const* argv) {
   }
 }
 
+// CLI11 reads a value written "[a,b,c]" as the list a, b, c, so a single-valued flag would keep
+// only "c": `--moe-layer-freq [1,0,1]` became 1. Such values of single-valued flags pass through
+// CLI11 behind a marker that the parse then strips.
+constexpr char kKeepWhole = '\x1f';
+
+std::vector<std::string> protect_bracketed_values(int argc, const char* const* argv) {
+  std::vector<std::string> args(argv, argv + argc);
+  auto single_valued = [](const std::string& name) {
+    const FlagSpec* spec = find_flag(name);
+    return spec != nullptr && spec->kind != FlagKind::Bool && !is_list(spec->kind);
+  };
+  auto bracketed = [](const std::string& v) { return v.size() >= 2 && v.front() == '[' && v.back() == ']'; };
+  for (size_t i = 1; i < args.size(); ++i) {
+    std::string& token = args[i];
+    if (token.rfind("--", 0) != 0) continue;
+    const size_t eq = token.find('=');
+    if (eq != std::string::npos) {
+      if (single_valued(token.substr(2, eq - 2)) && bracketed(token.substr(eq + 1))) token.insert(eq + 1, 1, kKeepWhole);
+    } else if (i + 1 < args.size() && single_valued(token.substr(2)) && bracketed(args[i + 1])) {
+      args[i + 1].insert(0, 1, kKeepWhole);
+      ++i;
+    }
+  }
+  return args;
+}
+
 }  // namespace
 
 // ------------------------------------------------------------------------------------------------
@@ -183,8 +209,11 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
     options[spec.name] = opt;
   }
   refuse_extra_values(argc, argv);
+  const std::vector<std::string> args = protect_bracketed_values(argc, argv);
+  std::vector<const char*> protected_argv;
+  for (const auto& a : args) protected_argv.push_back(a.c_str());
   try {
-    app.parse(argc, argv);
+    app.parse(int(protected_argv.size()), protected_argv.data());
   } catch (const CLI::ParseError& e) {
     throw UserError(std::string("command line: ") + e.what());
   }
@@ -199,6 +228,8 @@ ParsedCommandLine parse_command_line(int argc, const char* const* argv) {
     if (options[spec.name]->count() == 0) continue;
     std::vector<std::string> values =
         spec.kind == FlagKind::Bool ? std::vector<std::string>{"true"} : raw[spec.name];
+    for (auto& v : values)
+      if (!v.empty() && v.front() == kKeepWhole) v.erase(0, 1);
     for (const auto& v : values) check_value(spec, v);
     result.values.set(spec.name, std::move(values));
   }
