@@ -261,12 +261,17 @@ ModelFlags mixtral_flags(const HfConfig& c) {
   return f;
 }
 
+// Qwen's per-layer attention kinds: only full attention has an fp8tron equivalent.
+void refuse_windowed_layers(const HfConfig& c) {
+  if (!c.has("layer_types")) return;
+  for (const auto& t : c.at("layer_types"))
+    if (t != "full_attention") c.refuse("layer_types", t.dump() + " (fp8tron's attention is full causal attention)");
+}
+
 // Qwen2: Llama with biases on q, k and v only.
 ModelFlags qwen2_flags(const HfConfig& c) {
   require_architecture(c, "Qwen2ForCausalLM");
-  if (c.has("layer_types"))
-    for (const auto& t : c.at("layer_types"))
-      if (t != "full_attention") c.refuse("layer_types", t.dump() + " (fp8tron's attention is full causal attention)");
+  refuse_windowed_layers(c);
   ModelFlags f;
   f.format = "qwen2";
   llama_family_flags(c, f, /*qwen=*/true);
@@ -279,9 +284,7 @@ ModelFlags qwen2_flags(const HfConfig& c) {
 // chosen k (Megatron's --moe-router-pre-softmax); with it, they are renormalised (the default).
 ModelFlags qwen2_moe_flags(const HfConfig& c) {
   require_architecture(c, "Qwen2MoeForCausalLM");
-  if (c.has("layer_types"))
-    for (const auto& t : c.at("layer_types"))
-      if (t != "full_attention") c.refuse("layer_types", t.dump() + " (fp8tron's attention is full causal attention)");
+  refuse_windowed_layers(c);
   ModelFlags f;
   f.format = "qwen2_moe";
   llama_family_flags(c, f, /*qwen=*/true);
