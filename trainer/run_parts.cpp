@@ -56,21 +56,23 @@ std::vector<bool> RunParts::any_rank(const std::vector<bool>& flags) const {
 
 namespace {
 
+std::array<int64_t, 3> split_samples(const TrainingConfig& t) {
+  return megatron_split_samples(t.train_iters, t.train_samples, t.global_batch_size, t.eval_global_batch_size,
+                                t.eval_interval, t.eval_iters, t.start_eval_at_iter);
+}
+
 std::shared_ptr<SampleSource> make_source(const Config& c) {
   switch (c.data.source) {
     case DataSource::Mock: {
       // Megatron's mock dataset is sized as its train/valid/test splits are.
       const auto& t = c.training;
-      const auto n = megatron_split_samples(t.train_iters, t.train_samples, t.global_batch_size, t.eval_interval,
-                                            t.eval_iters, t.start_eval_at_iter);
+      const auto n = split_samples(t);
       return make_mock_source(c.model.seq_length, c.model.vocab_size, c.data.eod, t.seed, {n[0], n[1], n[2]});
     }
     case DataSource::Builtin: return make_builtin_source(c.model.seq_length, c.model.vocab_size, c.training.seed);
     case DataSource::Files: {
       const auto& t = c.training;
-      FileSourceSizes sizes{megatron_split_samples(t.train_iters, t.train_samples, t.global_batch_size, t.eval_interval,
-                                                   t.eval_iters, t.start_eval_at_iter),
-                            c.model.seq_length, t.seed};
+      FileSourceSizes sizes{split_samples(t), c.model.seq_length, t.seed};
       return make_file_source(c.data, sizes);
     }
   }
@@ -256,8 +258,7 @@ void build_loaders(RunParts& r) {
   if (c.data.dataloader_type == DataloaderType::Cyclic) {
     // Sized as the files are, or (built-in and mock data) as Megatron sizes the splits.
     const auto& t = c.training;
-    const auto sizes = megatron_split_samples(t.train_iters, t.train_samples, t.global_batch_size, t.eval_interval,
-                                              t.eval_iters, t.start_eval_at_iter);
+    const auto sizes = split_samples(t);
     source = std::make_shared<CyclicSource>(source, sizes, t.micro_batch_size, r.parallel.sizes.dp, c.data.data_sharding);
   }
   BatchOptions batch;

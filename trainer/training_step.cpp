@@ -221,16 +221,16 @@ double TrainingStep::evaluate() {
   auto total = torch::zeros({}, torch::TensorOptions().device(parts_.device).dtype(torch::kFloat32));
   auto tokens = torch::zeros_like(total);
   for (int64_t i = 0; i < t.eval_iters; ++i) {
-    total += parts_.pipeline->run_forward_only(t.num_micro_batches, [&](int chunk, int64_t mb, const torch::Tensor& input) {
+    total += parts_.pipeline->run_forward_only(t.eval_micro_batches, [&](int chunk, int64_t mb, const torch::Tensor& input) {
       return forward_chunk(
           chunk, input, [&] { return load_micro_batch(*parts_.valid_loader, mb, progress_.consumed_valid_samples); }, &tokens);
     });
-    progress_.consumed_valid_samples += t.global_batch_size;
+    progress_.consumed_valid_samples += t.eval_global_batch_size;
   }
   for (auto& m : parts_.chunks) m->train();
   const double loss = t.calculate_per_token_loss
                          ? average_loss(total, 0, global_token_count(tokens)).item<double>()
-                         : average_loss(total, t.num_micro_batches, tokens).item<double>() /
+                         : average_loss(total, t.eval_micro_batches, tokens).item<double>() /
                                double(std::max<int64_t>(1, t.eval_iters));
   for (auto* timer : {parts_.tp_comm_timer.get(), parts_.pp_comm_timer.get()})
     if (timer) timer->take_ms();  // evaluation's waits are not a training step's

@@ -43,6 +43,10 @@ struct TrainingConfig {
   int64_t micro_batch_size = 0;
   int64_t global_batch_size = 0;
   int64_t num_micro_batches = 0;  // global / (micro * dp)
+  // --eval-global-batch-size: the sequences of one evaluation iteration (Megatron's default: the
+  // global batch size after any ramp-up), in eval_micro_batches micro-batches per rank.
+  int64_t eval_global_batch_size = 0;
+  int64_t eval_micro_batches = 0;
   int64_t train_iters = 0;
   std::optional<int64_t> train_samples;
   std::optional<int64_t> exit_interval;

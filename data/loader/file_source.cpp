@@ -19,12 +19,14 @@ std::optional<data::Blend> blend_of(const std::vector<std::string>& paths) {
 }  // namespace
 
 std::array<int64_t, 3> megatron_split_samples(int64_t train_iters, std::optional<int64_t> train_samples,
-                                              int64_t global_batch_size, int64_t eval_interval, int64_t eval_iters,
+                                              int64_t global_batch_size, int64_t eval_global_batch_size,
+                                              int64_t eval_interval, int64_t eval_iters,
                                               std::optional<int64_t> start_eval_at_iter) {
-  const int64_t gbs = global_batch_size;
+  const int64_t eval_gbs = eval_global_batch_size;
   int64_t eval_points = train_iters / eval_interval + 1;
   if (start_eval_at_iter) eval_points = std::max<int64_t>(0, eval_points - *start_eval_at_iter / eval_interval);
-  return {train_samples.value_or(train_iters * gbs), eval_points * eval_iters * gbs, eval_iters * gbs};
+  return {train_samples.value_or(train_iters * global_batch_size), eval_points * eval_iters * eval_gbs,
+          eval_iters * eval_gbs};
 }
 
 std::unique_ptr<SampleSource> make_file_source(const DataConfig& data, const FileSourceSizes& sizes) {

@@ -20,10 +20,11 @@ struct FileSourceSizes {
 };
 
 // Megatron's split sizes: train = iterations x global batch (or --train-samples); valid =
-// evaluation points x eval iterations x global batch, with iterations / eval interval + 1 points
-// less the ones before --start-eval-at-iter; test = eval iterations x global batch.
+// evaluation points x eval iterations x evaluation batch, with iterations / eval interval + 1
+// points less the ones before --start-eval-at-iter; test = eval iterations x evaluation batch.
 std::array<int64_t, 3> megatron_split_samples(int64_t train_iters, std::optional<int64_t> train_samples,
-                                              int64_t global_batch_size, int64_t eval_interval, int64_t eval_iters,
+                                              int64_t global_batch_size, int64_t eval_global_batch_size,
+                                              int64_t eval_interval, int64_t eval_iters,
                                               std::optional<int64_t> start_eval_at_iter = std::nullopt);
 
 std::unique_ptr<SampleSource> make_file_source(const DataConfig& data, const FileSourceSizes& sizes);

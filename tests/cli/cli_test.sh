@@ -156,5 +156,18 @@ if [ "$rc" != 1 ] || [ "$(grep -c "fp8tron: error: " <<<"$out")" != 1 ] ||
 else
   echo "ok: a configuration error under mpirun is printed once"
 fi
+# --eval-global-batch-size: one validation iteration of 4 sequences reads and averages the same
+# samples as two iterations of the global batch (2), so the validation loss is the same.
+valid_loss() { "$BIN" "$@" 2>&1 | grep -o "validation loss at iteration 4 | lm loss value: [^ ]*"; }
+two_iters=$(valid_loss "${TINY[@]}" --eval-iters 2)
+one_wide=$(valid_loss "${TINY[@]}" --eval-iters 1 --eval-global-batch-size 4)
+one_narrow=$(valid_loss "${TINY[@]}" --eval-iters 1)
+if [ -z "$two_iters" ] || [ "$two_iters" != "$one_wide" ] || [ "$one_wide" = "$one_narrow" ]; then
+  echo "FAIL: --eval-global-batch-size 4: '$one_wide', want '$two_iters' (2 iterations of 2), not '$one_narrow'"; fail=1
+else
+  echo "ok: --eval-global-batch-size 4 evaluates what two iterations of 2 do"
+fi
+expect 1 "--eval-global-batch-size (3) must be a positive multiple" -- "${TINY[@]}" --eval-global-batch-size 3
+
 if [ $fail = 0 ]; then echo "cli: all passed"; fi
 exit $fail

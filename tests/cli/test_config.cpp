@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "data/loader/file_source.h"
 #include "parallel/launch_env.h"
 #include "tests/test_helpers.h"
 #include "trainer/cli/arguments_json.h"
@@ -30,6 +31,26 @@ TEST(Config, MegatronDefaults) {
   EXPECT_EQ(c.lr_schedule.decay_steps, 10 * 2);  // in samples
   EXPECT_EQ(c.precision.params_dtype, ParamDtype::Fp32);
   EXPECT_EQ(c.device, "cpu");
+}
+
+// --eval-global-batch-size: Megatron's default is the global batch size; the evaluation runs its
+// own count of micro-batches, and the validation and test splits are sized by it.
+TEST(Config, EvalGlobalBatchSize) {
+  Config c = build(tiny_args({"--global-batch-size", "4"}));
+  EXPECT_EQ(c.training.eval_global_batch_size, 4);
+  EXPECT_EQ(c.training.eval_micro_batches, 2);
+  c = build(tiny_args({"--global-batch-size", "4", "--eval-global-batch-size", "10"}));
+  EXPECT_EQ(c.training.eval_global_batch_size, 10);
+  EXPECT_EQ(c.training.eval_micro_batches, 5);
+  EXPECT_EQ(c.training.num_micro_batches, 2);  // training keeps its own
+  EXPECT_USER_ERROR(build(tiny_args({"--eval-global-batch-size", "3"})),
+                    "--eval-global-batch-size (3) must be a positive multiple of --micro-batch-size (2)");
+  EXPECT_USER_ERROR(build(tiny_args({"--eval-global-batch-size", "0"})), "--eval-global-batch-size (0)");
+  // 10 iterations, evaluations at 0, 5 and 10: three points of 2 iterations of 6 sequences.
+  const auto sizes = megatron_split_samples(10, std::nullopt, 4, 6, 5, 2);
+  EXPECT_EQ(sizes[0], 40);
+  EXPECT_EQ(sizes[1], 3 * 2 * 6);
+  EXPECT_EQ(sizes[2], 2 * 6);
 }
 
 TEST(Config, SwigluFfnAndGqa) {

@@ -285,6 +285,12 @@ TrainingConfig build_training(const FlagValues& f, int dp) {
   // After any ramp-up (the evaluation batch with a step schedule, as Megatron's).
   t.num_micro_batches = t.step_batch_schedule.empty() ? batches.micro_batches(int64_t(1) << 62)
                                                       : t.global_batch_size / micro_times_dp;
+  t.eval_global_batch_size = f.opt_int("eval-global-batch-size").value_or(t.num_micro_batches * micro_times_dp);
+  if (t.eval_global_batch_size <= 0 || t.eval_global_batch_size % micro_times_dp != 0)
+    throw UserError(strprintf("--eval-global-batch-size (%lld) must be a positive multiple of --micro-batch-size (%lld) x "
+                              "data-parallel size (%d)",
+                              (long long)t.eval_global_batch_size, (long long)t.micro_batch_size, dp));
+  t.eval_micro_batches = t.eval_global_batch_size / micro_times_dp;
   // Megatron: iteration mode is "--train-iters given and non-zero"; sample mode likewise.
   const auto iters = f.opt_int("train-iters");
   const auto samples = f.opt_int("train-samples");
