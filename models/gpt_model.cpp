@@ -338,6 +338,18 @@ GptModelImpl::GptModelImpl(const ModelConfig& m, const TensorParallelContext& tp
   }
 }
 
+void GptModelImpl::defer_output_wgrad(int64_t limit) {
+  FP8TRON_CHECK(output_layer_ && output_layer_->plan().path == LinearPath::kPlain && !output_layer_->bias.defined(),
+                "the deferred output-layer weight gradient needs the plain bf16 output layer of the last stage");
+  output_layer_->wgrad_deferral = std::make_shared<WgradDeferral>(limit, main_grads_);
+}
+
+void GptModelImpl::drain_output_wgrad() {
+  if (!output_layer_ || !output_layer_->wgrad_deferral) return;
+  const bool tied = !config_.untie_embeddings_and_output_weights;
+  output_layer_->wgrad_deferral->drain(tied ? shared_embedding_weight() : output_layer_->weight);
+}
+
 torch::Tensor GptModelImpl::shared_embedding_weight() const {
   if (config_.untie_embeddings_and_output_weights) return {};
   if (word_embeddings_) return word_embeddings_->named_parameters(false)["weight"];

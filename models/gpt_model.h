@@ -181,6 +181,11 @@ class GptModelImpl : public torch::nn::Module {
   // data-parallel all-gather of those weights.
   using ParamsReadyHook = std::function<void(const torch::nn::Module&)>;
   void set_params_ready_hook(ParamsReadyHook hook) { params_ready_ = std::move(hook); }
+  // --defer-embedding-wgrad-compute on the stage with the output layer: the weight gradients of
+  // the first `limit` training micro-batches of a step (0: all) wait for drain_output_wgrad(),
+  // called after the step's pipeline schedule (models/linear/wgrad_deferral.h).
+  void defer_output_wgrad(int64_t limit);
+  void drain_output_wgrad();
 
  private:
   torch::Tensor embed(const torch::Tensor& tokens, const torch::Tensor& position_ids);  // [b, s] -> [s(/tp), b, h]

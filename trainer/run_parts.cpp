@@ -170,6 +170,7 @@ std::vector<NamedParam> build_chunks(RunParts& r) {
     chunk->to(r.device);
     chunk->train();
     chunk->set_per_token_loss(c.training.calculate_per_token_loss);
+    if (c.distributed.defer_embedding_wgrad && spec.has_head) chunk->defer_output_wgrad(c.distributed.wgrad_deferral_limit);
     const auto infos = chunk->param_infos();
     for (const auto& item : chunk->named_parameters()) params.push_back({item.key(), item.value(), infos.at(item.key())});
     r.chunks.push_back(chunk);

@@ -319,12 +319,16 @@ torch::Tensor TrainingStep::forward_chunk(int chunk, const torch::Tensor& input,
 
 torch::Tensor TrainingStep::run_micro_batches(int64_t micro_batches, double backward_scale,
                                          const std::function<Batch(int64_t)>& batch_of, torch::Tensor* loss_tokens) {
-  return parts_.pipeline->run(
+  auto loss_sum = parts_.pipeline->run(
       micro_batches,
       [&](int chunk, int64_t mb, const torch::Tensor& input) {
         return forward_chunk(chunk, input, [&] { return batch_of(mb); }, loss_tokens);
       },
       backward_scale, [&] { parts_.optimizer->arm_grad_overlap(); }, c_.distributed.microbatch_group_size);
+  // --defer-embedding-wgrad-compute: the last stage's output-layer weight gradients, while the
+  // other stages finish the pipeline flush.
+  for (auto& chunk : parts_.chunks) chunk->drain_output_wgrad();
+  return loss_sum;
 }
 
 torch::Tensor TrainingStep::average_loss(torch::Tensor loss_sum, int64_t micro_batches, const torch::Tensor& loss_tokens) const {

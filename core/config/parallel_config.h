@@ -124,6 +124,11 @@ struct DistributedConfig {
   // warmup_flush also in the warmup and cool-down phases.
   bool overlap_p2p = true;
   bool overlap_p2p_warmup_flush = false;
+  // --defer-embedding-wgrad-compute / --wgrad-deferral-limit: the output layer's weight gradients
+  // of the step's first `limit` micro-batches (0: all) are computed after the pipeline schedule
+  // (models/linear/wgrad_deferral.h).
+  bool defer_embedding_wgrad = false;
+  int64_t wgrad_deferral_limit = 0;
 };
 
 }  // namespace fp8tron

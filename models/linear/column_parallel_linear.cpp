@@ -37,6 +37,8 @@ torch::Tensor TEColumnParallelLinearImpl::forward_with(const torch::Tensor& x, c
     case LinearPath::kOverlapped:
     case LinearPath::kOverlappedFp8: return overlapped_column_linear(x, w, bias, fp8_site, tp, plan_.overlap);
     case LinearPath::kPlain:
+      if (wgrad_deferral && is_training()) return linear_with_deferred_wgrad(enter_tensor_parallel(x, tp), w, wgrad_deferral);
+      [[fallthrough]];
     case LinearPath::kFp8: return rank_linear(enter_tensor_parallel(x, tp), w, bias, fp8_site, main_grads);
   }
   FP8TRON_CHECK(false, "unknown linear path");

@@ -8,6 +8,7 @@
 
 #include "models/linear/linear_options.h"
 #include "models/linear/linear_plan.h"
+#include "models/linear/wgrad_deferral.h"
 #include "parallel/sharding.h"
 
 namespace fp8tron {
@@ -25,6 +26,8 @@ class TEColumnParallelLinearImpl : public ShardedModule {
   torch::Tensor weight, bias;
   std::shared_ptr<fp8::Fp8Site> fp8_site;  // LinearPath::kFp8 / kOverlappedFp8
   MainGradsPtr main_grads;
+  // Set: in training, the weight gradients go through it (models/linear/wgrad_deferral.h).
+  std::shared_ptr<WgradDeferral> wgrad_deferral;
 
  private:
   LinearPlan plan_;

@@ -256,6 +256,23 @@ TEST(MegatronRules, ExpertParallelOverlapFollowsMegatronsRules) {
 
 // --step-batch-size-schedule: thresholds in tokens (K/M/B/T suffixes) over --seq-length (16):
 // 0.064K tokens = 4 samples; update_train_iters walks it (4, then 8 per step).
+// --defer-embedding-wgrad-compute: Megatron's ModelParallelConfig rules.
+TEST(MegatronRules, DeferredEmbeddingWgrad) {
+  const auto pp2 = [](std::initializer_list<std::string> extra) {
+    auto a = tiny_args({"--pipeline-model-parallel-size", "2", "--defer-embedding-wgrad-compute"});
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  Config c = build(pp2({"--wgrad-deferral-limit", "3"}), 2);
+  EXPECT_TRUE(c.distributed.defer_embedding_wgrad);
+  EXPECT_EQ(c.distributed.wgrad_deferral_limit, 3);
+  EXPECT_USER_ERROR(build(tiny_args({"--defer-embedding-wgrad-compute"})),
+                    "Cannot defer embedding wgrad compute when pipeline model parallel is not used");
+  EXPECT_USER_ERROR(build(pp2({"--no-gradient-accumulation-fusion"}), 2),
+                    "Cannot defer embedding wgrad compute when gradient accumulation fusion is not used");
+  EXPECT_USER_ERROR(build(pp2({"--wgrad-deferral-limit", "-1"}), 2), "--wgrad-deferral-limit must be >= 0");
+}
+
 TEST(MegatronRules, StepBatchSizeSchedule) {
   auto args = without(tiny_args({"--train-samples", "24", "--step-batch-size-schedule", "0:4, 0.064K:8"}), "--train-iters", 1);
   Config c = build(args);

@@ -109,6 +109,32 @@ TEST(GptModel, LossIsMaskedMeanCrossEntropy) {
   EXPECT_NEAR(model->loss(tokens, labels, mask).item<double>(), expected.item<double>(), 1e-5);
 }
 
+// --defer-embedding-wgrad-compute: the output layer's weight gradient waits for the drain, then
+// equals the gradient autograd accumulates without the deferral; the other gradients do not wait.
+TEST(GptModel, DeferredOutputWeightGradientWaitsForTheDrain) {
+  const ModelConfig m = model_config({"--untie-embeddings-and-output-weights"});
+  GptModel plain(m), deferred(m), limited(m);
+  deferred->defer_output_wgrad(0);
+  limited->defer_output_wgrad(1);
+  torch::manual_seed(5);
+  std::vector<torch::Tensor> tokens;
+  for (int mb = 0; mb < 3; ++mb) tokens.push_back(torch::randint(0, 64, {2, 16}, torch::kInt64));
+  for (auto* model : {&plain, &deferred, &limited})
+    for (const auto& t : tokens) (*model)->loss(t, t.roll(-1, 1), torch::ones({2, 16})).backward();
+  auto grad = [](GptModel& model, const std::string& name) { return model->named_parameters()[name].grad(); };
+  const std::string out = "output_layer.weight";
+  EXPECT_FALSE(grad(deferred, out).defined() && grad(deferred, out).abs().sum().item<double>() > 0)
+      << "no weight gradient before the drain";
+  ASSERT_TRUE(grad(limited, out).defined()) << "the micro-batches past the limit add theirs in backward";
+  EXPECT_FALSE(torch::allclose(grad(limited, out), grad(plain, out))) << "the first micro-batch's still waits";
+  deferred->drain_output_wgrad();
+  limited->drain_output_wgrad();
+  EXPECT_TRUE(torch::equal(grad(deferred, out), grad(plain, out))) << "every micro-batch deferred: the same sum";
+  EXPECT_TRUE(torch::allclose(grad(limited, out), grad(plain, out), 1e-6, 1e-7));
+  for (const auto& p : plain->named_parameters())
+    if (p.key() != out) EXPECT_TRUE(torch::equal(p.value().grad(), grad(deferred, p.key()))) << p.key();
+}
+
 // bf16 parameters, fp32 gradient buffer: two micro-batches accumulate in fp32.
 TEST(MixedPrecisionOptimizer, Bf16GradientsAccumulateInFp32) {
   auto m = model_config({"--bf16"});

@@ -391,6 +391,7 @@ TEST(InertFlags, FlagsThatDoNothingHereAreWarnedAbout) {
   EXPECT_TRUE(has(warnings_of({"--sgd-momentum", "0.8"}), "--sgd-momentum: not used by --optimizer adam"));
   EXPECT_TRUE(has(warnings_of({"--rotary-base", "500000"}), "rotary settings, ignored without --position-embedding-type rope"));
   EXPECT_TRUE(has(warnings_of({"--log-fp8-stats-to-tensorboard"}), "--log-fp8-stats-to-tensorboard has no effect without --fp8-format"));
+  EXPECT_TRUE(has(warnings_of({"--wgrad-deferral-limit", "2"}), "--wgrad-deferral-limit has no effect without --defer-embedding-wgrad-compute"));
   EXPECT_TRUE(config_of({}).hint_warnings.empty()) << "the tiny configuration has no inert flags";
   // Checksum verification: on by default.
   EXPECT_TRUE(config_of({}).checkpoint.verify_checksums);

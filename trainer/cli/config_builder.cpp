@@ -655,6 +655,8 @@ DistributedConfig build_distributed(const FlagValues& f, const ParallelSizes& p)
   d.hang_report_seconds = int(f.get_int("hang-report-seconds"));
   if (d.hang_report_seconds <= 0) throw UserError("--hang-report-seconds must be positive");
   d.overlap_p2p_warmup_flush = f.get_bool("overlap-p2p-communication-warmup-flush");
+  d.defer_embedding_wgrad = f.get_bool("defer-embedding-wgrad-compute");
+  d.wgrad_deferral_limit = f.get_int("wgrad-deferral-limit");
   return d;
 }
 

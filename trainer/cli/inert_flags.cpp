@@ -83,6 +83,10 @@ const std::vector<Rule>& rules() {
         return g.empty() ? "" : g + " ha" + (g.find(',') == std::string::npos ? "s" : "ve") + " no effect without --load";
       },
       [](const Config& c, const FlagValues& f) -> std::string {
+        if (c.distributed.defer_embedding_wgrad || !f.given("wgrad-deferral-limit")) return "";
+        return "--wgrad-deferral-limit has no effect without --defer-embedding-wgrad-compute";
+      },
+      [](const Config& c, const FlagValues& f) -> std::string {
         if (c.checkpoint.exit_signal_handler || !f.given("exit-signal")) return "";
         return "--exit-signal has no effect without --exit-signal-handler";
       },

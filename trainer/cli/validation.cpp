@@ -437,6 +437,21 @@ const std::vector<Rule>& rules() {
          return "--deterministic-mode requires: " + join(mismatched, ", ") + " (Megatron); " + fix +
                 ", or --deterministic-mode";
        }},
+      {"deferred embedding weight gradients",
+       [](const Config& c, const FlagValues&) -> std::string {
+         // Megatron's ModelParallelConfig rules.
+         const auto& d = c.distributed;
+         if (!d.defer_embedding_wgrad) return "";
+         if (c.parallel.pp == 1)
+           return "Cannot defer embedding wgrad compute when pipeline model parallel is not used (Megatron): "
+                  "--defer-embedding-wgrad-compute needs --pipeline-model-parallel-size > 1";
+         if (!c.precision.gradient_accumulation_fusion)
+           return "Cannot defer embedding wgrad compute when gradient accumulation fusion is not used (Megatron): drop "
+                  "--no-gradient-accumulation-fusion or --defer-embedding-wgrad-compute";
+         if (d.wgrad_deferral_limit < 0)
+           return "--wgrad-deferral-limit must be >= 0 (0 defers every micro-batch's output-layer weight gradient)";
+         return "";
+       }},
       {"expert-parallel all-to-all overlap",
        [](const Config& c, const FlagValues& f) -> std::string {
          // Megatron's TransformerConfig rules for --overlap-moe-expert-parallel-comm (fp8tron runs
