@@ -38,11 +38,11 @@ PendingSave::~PendingSave() = default;
 
 namespace {
 
-// The part of a buffer replicated over a domain's data-parallel ranks that this rank writes: all
-// of it on data-parallel rank 0 only, or with fully parallel saves (Megatron's default) an equal
-// part on every data-parallel rank.
-std::pair<int64_t, int64_t> replica_part(const TrainingState& s, const OptimizerDomain& d, int64_t numel) {
-  const int dp = d.groups().dp->size(), r = d.groups().dp->rank();
+// The part of a buffer replicated over the ranks of `holders` that this rank writes: all of it on
+// the group's rank 0 only, or with fully parallel saves (Megatron's default) an equal part on every
+// rank of the group.
+std::pair<int64_t, int64_t> replica_part(const TrainingState& s, const Communicator& holders, int64_t numel) {
+  const int dp = holders.size(), r = holders.rank();
   if (!s.config.checkpoint.fully_parallel_save || dp == 1) return {0, r == 0 ? numel : 0};
   const int64_t part = (numel + dp - 1) / dp;
   return {std::min(numel, r * part), std::min(numel, (r + 1) * part)};
@@ -299,18 +299,20 @@ void clean_up_after_commit(const CheckpointConfig& k, const PendingSave& save, s
 
 }  // namespace
 
-// Distributed-optimizer shards are written by the rank holding them, replicas over data-parallel
-// ranks once (replica_part).
+// Distributed-optimizer shards are written by the ranks holding them (one per optimizer instance),
+// replicas over data-parallel ranks once (replica_part).
 std::vector<SaveSource> save_sources(const TrainingState& s) {
   std::vector<SaveSource> sources;
   for (size_t di = 0; di < s.optimizer.domains().size(); ++di) {
     const OptimizerDomain& o = *s.optimizer.domains()[di];
     const torch::Tensor model = o.model_params();
-    const auto [first, last] = replica_part(s, o, model.numel());
+    const auto [first, last] = replica_part(s, *o.groups().dp, model.numel());
     sources.push_back({"", model, first, last, di});
     if (!s.config.checkpoint.save_optim) continue;
     auto add = [&](const std::string& prefix, const torch::Tensor& buffer) {
-      const auto [a, b] = o.distributed() ? std::pair<int64_t, int64_t>{0, buffer.numel()} : replica_part(s, o, buffer.numel());
+      // A distributed-optimizer shard is held by one rank per optimizer instance.
+      const Communicator& holders = o.distributed() ? *o.groups().instances : *o.groups().dp;
+      const auto [a, b] = replica_part(s, holders, buffer.numel());
       sources.push_back({prefix, buffer, a, b, di});
     };
     // fp32 model weights are the main weights, unless --fp8-param-gather made some FP8.

@@ -4,20 +4,24 @@
 
 namespace fp8tron {
 
-DomainGroups dense_domain_groups(const ParallelState& p) {
+DomainGroups dense_domain_groups(const ParallelState& p, const OptimizerInstanceGroups& instances) {
   DomainGroups g;
   g.name = "dense";
   g.dp = p.dp;
+  g.shard = instances.intra;
+  g.instances = instances.inter;
   g.tp = p.tp;
   g.model_parallel = {p.tp, p.pp};
   g.embedding = p.embedding;
   return g;
 }
 
-DomainGroups expert_domain_groups(const ParallelState& p) {
+DomainGroups expert_domain_groups(const ParallelState& p, const OptimizerInstanceGroups& instances) {
   DomainGroups g;
   g.name = "expert";
   g.dp = p.expert_dp;
+  g.shard = instances.intra;
+  g.instances = instances.inter;
   g.tp = p.expert_tp;
   // Expert tensor-parallel ranks hold different shards, expert-parallel ranks different experts.
   g.model_parallel = {p.expert_tp_ep, p.pp};
@@ -27,7 +31,8 @@ DomainGroups expert_domain_groups(const ParallelState& p) {
 MixedPrecisionOptimizer::MixedPrecisionOptimizer(const std::vector<NamedParam>& params, const OptimizerConfig& optimizer,
                                                  const PrecisionConfig& precision, const ParallelState& parallel,
                                                  bool distributed, bool expert_domain,
-                                                 const std::vector<torch::Tensor>& byte_params)
+                                                 const std::vector<torch::Tensor>& byte_params,
+                                                 const DataParallelInstances& instances)
     : clip_grad_(optimizer.clip_grad) {
   FP8TRON_CHECK(!params.empty(), "no parameters");
   std::vector<NamedParam> dense, experts;
@@ -38,11 +43,11 @@ MixedPrecisionOptimizer::MixedPrecisionOptimizer(const std::vector<NamedParam>& 
   const auto device = dense.front().tensor.device();
   for (const auto& b : byte_params)
     for (const auto& p : experts) FP8TRON_CHECK(!b.is_same(p.tensor), "expert parameters cannot be published as bytes");
-  domains_.push_back(std::make_unique<OptimizerDomain>(dense, optimizer, precision, dense_domain_groups(parallel),
-                                                       distributed, device, byte_params));
+  domains_.push_back(std::make_unique<OptimizerDomain>(
+      dense, optimizer, precision, dense_domain_groups(parallel, instances.dense), distributed, device, byte_params));
   if (expert_domain)
-    domains_.push_back(std::make_unique<OptimizerDomain>(experts, optimizer, precision, expert_domain_groups(parallel),
-                                                         distributed, device));
+    domains_.push_back(std::make_unique<OptimizerDomain>(
+        experts, optimizer, precision, expert_domain_groups(parallel, instances.expert), distributed, device));
 }
 
 void MixedPrecisionOptimizer::zero_grad() {

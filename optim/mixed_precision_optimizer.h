@@ -18,6 +18,7 @@
 
 #include "core/config/precision_config.h"
 #include "core/config/training_config.h"
+#include "parallel/optimizer_instances.h"
 #include "parallel/parallel_state.h"
 #include "optim/optimizer_domain.h"
 
@@ -40,10 +41,13 @@ class MixedPrecisionOptimizer {
   // `expert_domain`: the model has routed experts (ParamInfo::expert). Every rank of such a model
   // builds the expert domain, empty on pipeline stages without MoE layers, so the norm's
   // collectives line up. `byte_params` (dense parameters): published as bytes later
-  // (enable_byte_publish, --fp8-param-gather); the dense domain lays them out first.
+  // (enable_byte_publish, --fp8-param-gather); the dense domain lays them out first. `instances`:
+  // the domains' data-parallel groups split into distributed-optimizer instances
+  // (--num-distributed-optimizer-instances); default one instance each.
   MixedPrecisionOptimizer(const std::vector<NamedParam>& params, const OptimizerConfig& optimizer,
                           const PrecisionConfig& precision, const ParallelState& parallel, bool distributed,
-                          bool expert_domain = false, const std::vector<torch::Tensor>& byte_params = {});
+                          bool expert_domain = false, const std::vector<torch::Tensor>& byte_params = {},
+                          const DataParallelInstances& instances = {});
   // Call before enable_param_gather_overlap; `publish.params` must be the constructor's byte_params.
   void enable_byte_publish(BytePublish publish) { domains_.front()->enable_byte_publish(std::move(publish)); }
   // Whether some model parameters hold other values than their fp32 main weights (published as bytes).
@@ -116,8 +120,9 @@ class MixedPrecisionOptimizer {
   std::map<std::string, int64_t> model_order_;  // parameter name -> position in the model's list
 };
 
-// The groups of the dense and the expert domain in `parallel`.
-DomainGroups dense_domain_groups(const ParallelState& parallel);
-DomainGroups expert_domain_groups(const ParallelState& parallel);
+// The groups of the dense and the expert domain in `parallel`, their distributed optimizer split
+// into `instances` (empty: one instance).
+DomainGroups dense_domain_groups(const ParallelState& parallel, const OptimizerInstanceGroups& instances = {});
+DomainGroups expert_domain_groups(const ParallelState& parallel, const OptimizerInstanceGroups& instances = {});
 
 }  // namespace fp8tron

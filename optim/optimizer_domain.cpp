@@ -6,6 +6,7 @@
 #include "optim/buffer_layout.h"
 #include "optim/fused_adamw.h"
 #include "optim/param_groups.h"
+#include "parallel/parallel_state.h"
 
 namespace fp8tron {
 namespace {
@@ -22,14 +23,25 @@ int norm_class(const NamedParam& p) {
   if (p.info.shared_embedding_copy) return 2;
   return p.info.partition_dim < 0 ? 1 : 0;
 }
+// One distributed-optimizer instance unless the caller split the data-parallel group.
+DomainGroups with_instances(DomainGroups g) {
+  if (!g.shard) g.shard = g.dp;
+  if (!g.instances) {
+    const int global_rank = g.dp->global_ranks()[size_t(g.dp->rank())];
+    g.instances = make_self_communicator(g.name + "-inter-instance", global_rank);
+  }
+  FP8TRON_CHECK(g.shard->size() * g.instances->size() == g.dp->size(),
+                "optimizer instances must tile the data-parallel group");
+  return g;
+}
 }  // namespace
 
 OptimizerDomain::OptimizerDomain(const std::vector<NamedParam>& params, const OptimizerConfig& optimizer,
                                  const PrecisionConfig& precision, DomainGroups groups, bool distributed, torch::Device device,
                                  const std::vector<torch::Tensor>& byte_params)
     : config_(optimizer),
-      groups_(std::move(groups)),
-      distributed_(distributed && groups_.dp->size() > 1),
+      groups_(with_instances(std::move(groups))),
+      distributed_(distributed && shard_ranks() > 1),
       separate_main_weights_(precision.params_dtype != ParamDtype::Fp32 || distributed_) {
   torch::NoGradGuard no_grad;
   // Order: Adam/SGD before Muon parameters, decay first; within it the default learning rate
@@ -65,15 +77,14 @@ OptimizerDomain::OptimizerDomain(const std::vector<NamedParam>& params, const Op
     const int64_t n = p->tensor.numel();
     sizes.push_back(LayoutParam{n, whole, whole ? newton_schulz_cost(p->tensor.size(0), p->tensor.size(1)) : double(n)});
   }
-  const BufferLayout layout = plan_buffer_layout(sizes, distributed_ ? dp_size() : 1);
+  const BufferLayout layout = plan_buffer_layout(sizes, distributed_ ? shard_ranks() : 1);
   std::vector<size_t> by_offset(ordered.size());
   for (size_t i = 0; i < by_offset.size(); ++i) by_offset[i] = i;
   std::stable_sort(by_offset.begin(), by_offset.end(), [&](size_t a, size_t b) { return layout.offsets[a] < layout.offsets[b]; });
   numel_ = layout.numel;
-  const int64_t dp = dp_size();
-  padded_numel_ = distributed_ ? layout.shard_numel * dp : numel_;
+  padded_numel_ = distributed_ ? layout.shard_numel * shard_ranks() : numel_;
   shard_numel_ = distributed_ ? layout.shard_numel : numel_;
-  shard_begin_ = distributed_ ? shard_numel_ * groups_.dp->rank() : 0;
+  shard_begin_ = distributed_ ? shard_numel_ * groups_.shard->rank() : 0;
 
   const int tp_size = groups_.tp->size();
   const double tp = double(tp_size);
@@ -133,8 +144,10 @@ void OptimizerDomain::enable_grad_overlap(int64_t bucket_numel) {
     // shard owners differ: they must be summed before the data-parallel reduction (Megatron gives
     // them a bucket of their own for the same reason).
     if (groups_.embedding && groups_.embedding->size() > 1) options.deferred = embedding_ranges_;
+    options.replicas = groups_.instances;
   }
-  buckets_ = std::make_unique<GradBuckets>(main_grads_, buffer_order_, options, groups_.dp);
+  auto group = distributed_ ? groups_.shard : groups_.dp;  // the instance's ranks own the shards
+  buckets_ = std::make_unique<GradBuckets>(main_grads_, buffer_order_, options, group);
 }
 
 void OptimizerDomain::arm_grad_overlap() {
@@ -148,7 +161,7 @@ void OptimizerDomain::enable_byte_publish(BytePublish publish) {
   FP8TRON_CHECK(!param_gather_, "enable_byte_publish comes before enable_param_gather_overlap");
   if (!separate_main_weights_)
     throw UserError("--fp8-param-gather needs fp32 main weights separate from the model's: train with --bf16, or "
-                    "with --use-distributed-optimizer over more than one data-parallel rank");
+                    "with --use-distributed-optimizer over more than one data-parallel rank per optimizer instance");
   codes_ = torch::zeros({padded_numel_}, model_params_.options().dtype(torch::kUInt8));
   byte_publish_ = std::move(publish);
 }
@@ -164,18 +177,19 @@ void OptimizerDomain::encode_own_shard() {
 // The byte range and the rest of the buffer, each all-gathered from the shards' owners.
 void OptimizerDomain::gather_and_decode() {
   if (distributed_) {
-    const int dp = dp_size();
+    const int ranks = shard_ranks();
+    Communicator& shard = *groups_.shard;
     auto own = [&](torch::Tensor& buffer, int64_t offset, int64_t numel) {
       const int64_t lo = std::clamp(shard_begin_, offset, offset + numel);
       const int64_t hi = std::clamp(shard_begin_ + shard_numel_, offset, offset + numel);
       return buffer.narrow(0, lo, hi - lo);
     };
     auto codes = codes_.narrow(0, 0, byte_numel_);
-    groups_.dp->wait(*groups_.dp->all_gather_v_async(codes, own(codes_, 0, byte_numel_),
-                                                     shard_counts(0, byte_numel_, shard_numel_, dp)));
+    shard.wait(*shard.all_gather_v_async(codes, own(codes_, 0, byte_numel_),
+                                         shard_counts(0, byte_numel_, shard_numel_, ranks)));
     auto rest = model_params_.narrow(0, byte_numel_, padded_numel_ - byte_numel_);
-    groups_.dp->wait(*groups_.dp->all_gather_v_async(rest, own(model_params_, byte_numel_, padded_numel_ - byte_numel_),
-                                                     shard_counts(byte_numel_, padded_numel_ - byte_numel_, shard_numel_, dp)));
+    shard.wait(*shard.all_gather_v_async(rest, own(model_params_, byte_numel_, padded_numel_ - byte_numel_),
+                                         shard_counts(byte_numel_, padded_numel_ - byte_numel_, shard_numel_, ranks)));
   } else {
     model_params_.narrow(0, byte_numel_, numel_ - byte_numel_).copy_(main_params_.narrow(0, byte_numel_, numel_ - byte_numel_));
   }
@@ -186,7 +200,8 @@ void OptimizerDomain::enable_param_gather_overlap(int64_t bucket_numel) {
   if (!distributed_) return;  // one data-parallel rank holds everything: nothing to gather
   ParamGather::Bytes bytes;
   if (codes_.defined()) bytes = {codes_, byte_numel_, byte_publish_.decode};
-  param_gather_ = std::make_unique<ParamGather>(model_params_, buffer_order_, bucket_numel, shard_numel_, groups_.dp, bytes);
+  param_gather_ =
+      std::make_unique<ParamGather>(model_params_, buffer_order_, bucket_numel, shard_numel_, groups_.shard, bytes);
 }
 
 void OptimizerDomain::wait_for_params(const torch::nn::Module& module) {
@@ -282,8 +297,11 @@ void OptimizerDomain::finalize_grads() {
   // expert-DP replicas: an expert already holds every expert-parallel rank's tokens).
   if (dp_size() == 1) return;
   if (distributed_) {
+    // Over this rank's optimizer instance, then (several instances) over the owners of the same
+    // shard in the others, in the gradients' dtype as Megatron's buckets.
     auto shard = main_grads_.scalar_type() == torch::kFloat32 ? grad_shard_ : torch::empty({shard_numel_}, main_grads_.options());
-    groups_.dp->reduce_scatter(shard, main_grads_);
+    groups_.shard->reduce_scatter(shard, main_grads_);
+    if (groups_.instances->size() > 1) groups_.instances->all_reduce(shard);
     if (!shard.is_same(grad_shard_)) grad_shard_.copy_(shard);
   } else {
     groups_.dp->all_reduce(main_grads_);
@@ -293,10 +311,10 @@ void OptimizerDomain::finalize_grads() {
 void OptimizerDomain::all_reduce_model_groups(torch::Tensor& value) {
   // Tensor-parallel ranks hold different shards, pipeline stages (and expert-parallel ranks)
   // different layers (experts), and with the distributed optimizer data-parallel ranks different
-  // parts of the buffer.
+  // parts of the buffer (the ranks of one instance: every instance holds the whole buffer).
   for (const auto& group : groups_.model_parallel)
     if (group->size() > 1) group->all_reduce(value);
-  if (distributed_) groups_.dp->all_reduce(value);
+  if (distributed_) groups_.shard->all_reduce(value);
 }
 
 namespace {
@@ -496,7 +514,7 @@ void OptimizerDomain::publish_model_params(const Ranges& published) {
     copy_main_to_model(published);
     auto mine = model_params_.narrow(0, shard_begin_, shard_numel_);
     auto gathered = model_params_;
-    groups_.dp->all_gather(gathered, mine.clone());
+    groups_.shard->all_gather(gathered, mine.clone());
   } else if (separate_main_weights_) {
     copy_main_to_model(published);
   }

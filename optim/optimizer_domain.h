@@ -10,7 +10,8 @@
 //    how they count in the gradient norm), so every optimizer kernel and norm runs once per
 //    segment over one tensor (Muon: once per matrix);
 //  - with --use-distributed-optimizer the fp32 main weights and Adam states exist only for this
-//    rank's shard of the buffer over the domain's data-parallel group: gradients are
+//    rank's shard of the buffer over the domain's data-parallel group (over its optimizer
+//    instance with --num-distributed-optimizer-instances, see DomainGroups): gradients are
 //    reduce-scattered into it and the updated parameters all-gathered back. Muon's matrices are
 //    never cut by a shard boundary (Megatron's layer-wise distributed optimizer: Newton-Schulz
 //    needs the whole matrix), so the buffer may hold padding between them
@@ -61,6 +62,12 @@ struct DomainGroups {
   // weights and, for the experts (summed over their expert data-parallel replicas, each already
   // holding every expert-parallel rank's tokens), Megatron's expert gradient.
   std::shared_ptr<Communicator> dp;
+  // With --use-distributed-optimizer the state is sharded over `shard` and `dp`'s sum is taken as
+  // a reduce-scatter over `shard` followed by an all-reduce over `instances`: Megatron's partial
+  // distributed optimizer (parallel/optimizer_instances.h), where `shard` is this rank's instance
+  // and `instances` the ranks holding the same shard in the other instances. Null: `dp` itself
+  // and no other instance.
+  std::shared_ptr<Communicator> shard, instances;
   std::shared_ptr<Communicator> tp;  // partitions the weights; sums partial (reduce_grad_over_tp) grads
   // Groups holding other parts of the model, summed over for the gradient norm (after tp).
   std::vector<std::shared_ptr<Communicator>> model_parallel;
@@ -180,6 +187,7 @@ class OptimizerDomain {
   void encode_own_shard();
   void gather_and_decode();
   int dp_size() const { return groups_.dp->size(); }
+  int shard_ranks() const { return groups_.shard->size(); }
 
   OptimizerConfig config_;
   DomainGroups groups_;

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "parallel/chained_all_reduce.h"
 
 namespace fp8tron {
 
@@ -37,7 +38,9 @@ std::vector<int64_t> shard_counts(int64_t offset, int64_t numel, int64_t shard_n
 
 GradBuckets::GradBuckets(torch::Tensor grads, const std::vector<Param>& params, const Options& options,
                          std::shared_ptr<Communicator> dp)
-    : grads_(std::move(grads)), dp_(std::move(dp)), shard_numel_(options.shard_numel) {
+    : grads_(std::move(grads)), dp_(std::move(dp)), shard_numel_(options.shard_numel), replicas_(options.replicas) {
+  if (replicas_ && replicas_->size() == 1) replicas_.reset();
+  FP8TRON_CHECK(!replicas_ || shard_numel_ > 0, "instances of the distributed optimizer need its shards");
   FP8TRON_CHECK(shard_numel_ == 0 || shard_numel_ * dp_->size() == grads_.numel(), "the shards must tile the buffer");
   const auto spans = bucket_spans(params, options.bucket_numel, grads_.numel());
   std::vector<size_t> bucket_of(params.size());
@@ -95,6 +98,9 @@ void GradBuckets::launch(Bucket& b) {
   const int64_t mine = std::max(b.offset, dp_->rank() * shard_numel_);
   auto own = grads_.narrow(0, std::min(mine, b.offset + b.numel), counts[size_t(dp_->rank())]);  // in place
   b.work = dp_->reduce_scatter_v_async(own, slice, counts);
+  // Megatron's partial distributed optimizer: the instance's sum of this rank's piece, summed
+  // again over the instances (whose members own the same piece, so all skip an empty one).
+  if (replicas_ && own.numel() > 0) b.work = all_reduce_after(std::move(b.work), *replicas_, own);
 }
 
 void GradBuckets::finish(const std::function<void()>& before_deferred) {

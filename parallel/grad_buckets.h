@@ -56,6 +56,11 @@ class GradBuckets {
     // so whose shard owners, differ between the stages). Buckets touching them are not launched
     // during backward but in finish(), after `before_deferred`.
     std::vector<std::pair<int64_t, int64_t>> deferred;
+    // With shard_numel and several distributed-optimizer instances (parallel/optimizer_instances.h):
+    // `dp` is this rank's instance, and once a bucket's reduce-scatter there is done, this rank's
+    // piece of it is all-reduced over `replicas` (the ranks owning the same shard in the other
+    // instances). Null: one instance.
+    std::shared_ptr<Communicator> replicas;
   };
   // `grads` is the flat gradient buffer; `params` cover [0, grads.numel()) in offset order.
   GradBuckets(torch::Tensor grads, const std::vector<Param>& params, const Options& options, std::shared_ptr<Communicator> dp);
@@ -83,6 +88,7 @@ class GradBuckets {
   torch::Tensor grads_;
   std::shared_ptr<Communicator> dp_;
   int64_t shard_numel_;
+  std::shared_ptr<Communicator> replicas_;
   std::vector<Bucket> buckets_;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keeps the hooked nodes alive
   bool armed_ = false;

@@ -16,6 +16,7 @@
 #include "data/loader/file_source.h"
 #include "models/linear/modules.h"
 #include "parallel/layer_split.h"
+#include "parallel/optimizer_instances.h"
 #include "rerun/validation_calls.h"
 #include "trainer/cli/model_math.h"
 #include "trainer/moe_metrics.h"
@@ -208,8 +209,12 @@ void build_optimizer(RunParts& r, std::vector<NamedParam> params, bool first_wri
     r.fp8_param_gather = std::make_unique<Fp8ParamGather>(r.fp8, r.data_parallel);
     byte_params = r.fp8_param_gather->params();
   }
+  // --num-distributed-optimizer-instances: the optimizer's copies (collective: every rank builds the groups).
+  const DataParallelInstances instances =
+      build_data_parallel_instances(r.parallel, r.data_parallel.dp, d.optimizer_instances, c.model.moe.enabled());
   r.optimizer = std::make_unique<MixedPrecisionOptimizer>(params, c.optimizer, c.precision, r.data_parallel,
-                                                          d.distributed_optimizer, c.model.moe.enabled(), byte_params);
+                                                          d.distributed_optimizer, c.model.moe.enabled(), byte_params,
+                                                          instances);
   if (r.fp8_param_gather) r.optimizer->enable_byte_publish(r.fp8_param_gather->publish(*r.optimizer));
   const ModelConfig& m = c.model;
   r.optimizer->count_zeros(c.logging.log_num_zeros_in_grad);

@@ -113,6 +113,10 @@ struct DistributedConfig {
   int64_t microbatch_group_size = 0;
   bool average_in_collective = false;  // --ddp-average-in-collective
   bool distributed_optimizer = false;
+  // --num-distributed-optimizer-instances: the data-parallel (x context-parallel) ranks form this
+  // many consecutive blocks, each holding a whole copy of the distributed optimizer sharded over its
+  // ranks (Megatron's partial distributed optimizer). 1: one copy over all of them.
+  int optimizer_instances = 1;
   bool overlap_grad_reduce = false;
   bool overlap_param_gather = false;  // needs distributed_optimizer and overlap_grad_reduce (Megatron)
   int64_t bucket_numel = 40000000;  // --ddp-bucket-size (Megatron: max(40M, 1M x dp) elements)

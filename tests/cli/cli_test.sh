@@ -48,6 +48,15 @@ WORLD_SIZE=4 expect 0 "mixture of experts: 2 MoE layers of 2" -- "${TINY[@]}" --
   --global-batch-size 8 --dry-run
 expect 1 "--overlap-param-gather is only supported with --use-distributed-optimizer" -- "${TINY[@]}" --overlap-param-gather
 expect 0 "iteration        4/       4 |" -- "${TINY[@]}" --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather
+# --num-distributed-optimizer-instances: Megatron's partial distributed optimizer, with its rules.
+expect 1 "--num-distributed-optimizer-instances 2 needs --use-distributed-optimizer" -- "${TINY[@]}" \
+  --num-distributed-optimizer-instances 2
+expect 1 "--num-distributed-optimizer-instances 2 must divide the data-parallel size x --context-parallel-size (1)" -- \
+  "${TINY[@]}" --use-distributed-optimizer --num-distributed-optimizer-instances 2
+WORLD_SIZE=4 expect 1 "--num-distributed-optimizer-instances 3 must divide the data-parallel size x" -- "${TINY[@]}" --use-distributed-optimizer --num-distributed-optimizer-instances 3 --global-batch-size 8 --dry-run
+WORLD_SIZE=4 expect 0 "dry run: configuration is valid" -- "${TINY[@]}" --use-distributed-optimizer \
+  --num-distributed-optimizer-instances 2 --global-batch-size 8 --dry-run
+expect 0 "iteration        4/       4 |" -- "${TINY[@]}" --use-distributed-optimizer --num-distributed-optimizer-instances 1
 WORLD_SIZE=2 expect 1 "multi-process CPU runs use MPI: launch with mpirun" -- "${TINY[@]}" --tensor-model-parallel-size 2
 expect 1 "--openai-gelu is not supported by fp8tron" -- "${TINY[@]}" --openai-gelu
 # Tensor-parallel overlap: the plan in the dry run, Megatron's and MindSpeed's refusals.

@@ -183,6 +183,42 @@ TEST(Config, SupportLevels) {
   EXPECT_USER_ERROR(build(tiny_args({"--openai-gelu"})), "--openai-gelu is not supported by fp8tron");
 }
 
+TEST(Config, DistributedOptimizerInstances) {
+  // Megatron's partial distributed optimizer: N copies over dp x cp (and the expert data-parallel
+  // ranks) split evenly; one instance is the default.
+  auto args = [](std::initializer_list<std::string> extra) {
+    std::vector<std::string> a = tiny_args({"--global-batch-size", "8"});
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  EXPECT_EQ(build(args({"--use-distributed-optimizer"}), 4).distributed.optimizer_instances, 1);
+  const Config two = build(args({"--use-distributed-optimizer", "--num-distributed-optimizer-instances", "2"}), 4);
+  EXPECT_EQ(two.distributed.optimizer_instances, 2);
+  EXPECT_TRUE(two.not_supported_yet.empty());
+  // dp x cp counts: CP2 x DP2 splits into 4.
+  EXPECT_EQ(build(args({"--use-distributed-optimizer", "--num-distributed-optimizer-instances", "4",
+                        "--context-parallel-size", "2", "--global-batch-size", "4"}),
+                  4)
+                .distributed.optimizer_instances,
+            4);
+  EXPECT_USER_ERROR(build(args({"--num-distributed-optimizer-instances", "2"}), 4),
+                    "--num-distributed-optimizer-instances 2 needs --use-distributed-optimizer");
+  EXPECT_USER_ERROR(build(args({"--use-distributed-optimizer", "--num-distributed-optimizer-instances", "3"}), 4),
+                    "--num-distributed-optimizer-instances 3 must divide the data-parallel size x "
+                    "--context-parallel-size (4)");
+  EXPECT_USER_ERROR(build(args({"--use-distributed-optimizer", "--num-distributed-optimizer-instances", "0"}), 4),
+                    "--num-distributed-optimizer-instances must be at least 1");
+  // The experts' data-parallel ranks split too: DP4 x EP4 leaves one expert replica.
+  EXPECT_USER_ERROR(build(args({"--use-distributed-optimizer", "--num-distributed-optimizer-instances", "2",
+                                "--num-experts", "4", "--expert-model-parallel-size", "4"}),
+                          4),
+                    "must divide the expert data-parallel size (1)");
+  EXPECT_USER_ERROR(build(args({"--use-distributed-optimizer", "--num-distributed-optimizer-instances", "2",
+                                "--optimizer", "muon"}),
+                          4),
+                    "is not supported with --optimizer muon and --use-distributed-optimizer");
+}
+
 TEST(Config, WandbFlags) {
   // As Megatron's _set_wandb_writer: on with --wandb-project; the files under <--save>/wandb unless
   // --wandb-save-dir says where.

@@ -74,4 +74,23 @@ TEST(ModelMath, MemoryEstimateFollowsThePaper) {
   EXPECT_LT(e.activations_fused, e.activations_paper);
 }
 
+TEST(ModelMath, DistributedOptimizerShardsOverItsInstance) {
+  // fp32 main weights and Adam's two moments: over DP4 one shard of 4, or of 2 with two
+  // distributed-optimizer instances (each holds a whole copy); the weights and gradients stay whole.
+  auto dp4 = [](std::initializer_list<std::string> extra) {
+    std::vector<std::string> a = tiny_args({"--bf16", "--global-batch-size", "8"});
+    a.insert(a.end(), extra.begin(), extra.end());
+    return estimate_memory(build(a, 4));
+  };
+  const MemoryEstimate whole = dp4({});
+  const MemoryEstimate sharded = dp4({"--use-distributed-optimizer"});
+  const MemoryEstimate instances = dp4({"--use-distributed-optimizer", "--num-distributed-optimizer-instances", "2"});
+  EXPECT_DOUBLE_EQ(sharded.optimizer_states, whole.optimizer_states / 4);
+  EXPECT_DOUBLE_EQ(sharded.main_weights, whole.main_weights / 4);
+  EXPECT_DOUBLE_EQ(instances.optimizer_states, whole.optimizer_states / 2);
+  EXPECT_DOUBLE_EQ(instances.main_weights, whole.main_weights / 2);
+  EXPECT_DOUBLE_EQ(instances.weights, whole.weights);
+  EXPECT_DOUBLE_EQ(instances.grads, whole.grads);
+}
+
 }  // namespace fp8tron

@@ -78,7 +78,8 @@ std::vector<std::string> without_layout_flags(const std::vector<std::string>& ar
       "--context-parallel-size", "--hierarchical-context-parallel-sizes", "--cp-comm-type",
       "--pipeline-model-parallel-layout", "--microbatch-group-size-per-virtual-pipeline-stage",
       "--tp-comm-overlap-cfg", "--coc-parallel-num", "--coc-mode", "--expert-model-parallel-size",
-      "--expert-tensor-parallel-size", "--moe-token-dispatcher-type", "--wgrad-deferral-limit"};
+      "--expert-tensor-parallel-size", "--moe-token-dispatcher-type", "--wgrad-deferral-limit",
+      "--num-distributed-optimizer-instances"};
   // The tensor-parallel overlap needs TP and SP, --fp8-param-gather the distributed optimizer, the
   // pipeline p2p flags and the deferred output-layer weight gradients a pipeline: one process runs
   // without them.

@@ -646,6 +646,8 @@ DistributedConfig build_distributed(const FlagValues& f, const ParallelSizes& p)
   d.microbatch_group_size = f.opt_int("microbatch-group-size-per-virtual-pipeline-stage").value_or(0);
   d.average_in_collective = f.get_bool("ddp-average-in-collective");
   d.distributed_optimizer = f.get_bool("use-distributed-optimizer") || f.get_string("optimizer") == "dist_muon";
+  d.optimizer_instances = int(f.get_int("num-distributed-optimizer-instances"));
+  if (d.optimizer_instances < 1) throw UserError("--num-distributed-optimizer-instances must be at least 1");
   d.overlap_grad_reduce = f.get_bool("overlap-grad-reduce");
   d.overlap_param_gather = f.get_bool("overlap-param-gather");
   d.bucket_numel = f.opt_int("ddp-bucket-size").value_or(std::max<int64_t>(40000000, 1000000 * int64_t(p.dp)));

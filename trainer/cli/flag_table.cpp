@@ -144,6 +144,7 @@ const std::vector<FlagSpec>& flag_table() {
       {"overlap-grad-reduce", K::Bool, "", S::Yes, "", "", "Overlap the data-parallel gradient reduction with backward."},
       {"overlap-param-gather", K::Bool, "", S::Yes, "", "", "Overlap the distributed optimizer's parameter all-gather with the next forward pass (needs --use-distributed-optimizer and --overlap-grad-reduce)."},
       {"use-distributed-optimizer", K::Bool, "", S::Yes, "", "", "Shard optimizer state over data-parallel ranks."},
+      {"num-distributed-optimizer-instances", K::Int, "1", S::Yes, "", "", "Copies of the distributed optimizer across the data-parallel (x context-parallel) ranks: each block of dp/N consecutive ranks shards one copy of the optimizer state, gradients are reduce-scattered within the block and all-reduced across blocks (needs --use-distributed-optimizer; dp x cp and the expert data-parallel size divisible by N)."},
       {"distributed-backend", K::String, "nccl", S::Yes, "", "nccl|gloo", "Collective backend: NCCL on GPUs (fp8tron uses MPI for CPU runs; gloo is refused)."},
       {"distributed-timeout-minutes", K::Int, "10", S::Yes, "", "", "Timeout of collective operations."},
       {"ddp-bucket-size", K::Int, "", S::Yes, "", "", "Gradient bucket size (elements)."},

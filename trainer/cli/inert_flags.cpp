@@ -64,7 +64,7 @@ const std::vector<Rule>& rules() {
         // Under context parallelism gradients and optimizer shards span data x context parallel.
         if (c.parallel.dp * c.parallel.cp > 1) return "";
         const std::string g = given_among(f, {"use-distributed-optimizer", "overlap-grad-reduce", "overlap-param-gather",
-                                              "ddp-bucket-size"});
+                                              "ddp-bucket-size", "num-distributed-optimizer-instances"});
         return g.empty() ? "" : g + ": nothing to shard or overlap with data-parallel size 1";
       },
       [](const Config& c, const FlagValues& f) -> std::string {

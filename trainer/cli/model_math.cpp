@@ -140,14 +140,23 @@ MemoryEstimate estimate_memory(const Config& c) {
   const double moe_fraction = m.moe.enabled() ? double(p.moe_layers) / double(m.num_layers) : 0.0;
   const double dense_layer_params =
       (1.0 - moe_fraction) * double(p.per_layer) + moe_fraction * double(p.per_moe_layer - p.experts_per_moe_layer);
-  double params = layers_here * dense_layer_params / par.tp + double(p.embedding) / par.tp;
-  if (m.moe.enabled()) params += layers_here * moe_fraction * double(p.experts_per_moe_layer) / double(par.ep * par.etp);
-  if (par.pp == 1) params += double(p.final_norm + p.output_layer) / par.tp;
+  double dense_params = layers_here * dense_layer_params / par.tp + double(p.embedding) / par.tp;
+  if (par.pp == 1) dense_params += double(p.final_norm + p.output_layer) / par.tp;
+  const double expert_params =
+      m.moe.enabled() ? layers_here * moe_fraction * double(p.experts_per_moe_layer) / double(par.ep * par.etp) : 0.0;
+  const double params = dense_params + expert_params;
   const bool low_precision = c.precision.params_dtype != ParamDtype::Fp32;
+  const DistributedConfig& d = c.distributed;
+  // The distributed optimizer keeps the fp32 main weights and the optimizer states of its shard
+  // only: 1/(dp x cp / N) of the dense ones and 1/(edp / N) of the experts', N optimizer instances.
+  const double dense_shards = d.distributed_optimizer ? double(par.dp) * par.cp / d.optimizer_instances : 1.0;
+  const double expert_shards = d.distributed_optimizer ? double(par.edp) / d.optimizer_instances : 1.0;
+  const double optimizer_params = dense_params / std::max(1.0, dense_shards) + expert_params / std::max(1.0, expert_shards);
+  const bool separate_main = low_precision || dense_shards > 1.0;
   e.weights = params * (low_precision ? 2 : 4);
-  e.main_weights = low_precision ? params * 4 : 0;
+  e.main_weights = separate_main ? optimizer_params * 4 : 0;
   e.grads = params * (c.precision.grads_in_fp32 ? 4 : 2);
-  e.optimizer_states = c.optimizer.optimizer == "adam" ? params * 8 : params * 4;
+  e.optimizer_states = c.optimizer.optimizer == "adam" ? optimizer_params * 8 : optimizer_params * 4;
 
   // Activations per layer in bytes (16-bit activations): s*b*h*(34 + 5*a*s/h) without parallelism;
   // tensor parallel without SP: s*b*h*(10 + 24/t + 5*a*s/(h*t)). The 5as/h term is the stored

@@ -390,6 +390,27 @@ const std::vector<Rule>& rules() {
            return "--overlap-param-gather needs --overlap-grad-reduce";
          return "";
        }},
+      {"distributed-optimizer instances",
+       [](const Config& c, const FlagValues&) -> std::string {
+         // Megatron-LM's rules (parallel_state.py, layer_wise_optimizer.py): the instances are
+         // copies of the distributed optimizer, each over an equal block of the data-parallel x
+         // context-parallel ranks and of the expert data-parallel ranks; the layer-wise (Muon)
+         // distributed optimizer has a single instance.
+         const int n = c.distributed.optimizer_instances;
+         if (n == 1) return "";
+         const std::string flag = "--num-distributed-optimizer-instances " + ll(n);
+         if (!c.distributed.distributed_optimizer) return flag + " needs --use-distributed-optimizer";
+         const int64_t dp_cp = int64_t(c.parallel.dp) * c.parallel.cp;
+         if (dp_cp % n != 0)
+           return flag + " must divide the data-parallel size x --context-parallel-size (" + ll(dp_cp) +
+                  "): use a divisor of it";
+         if (c.parallel.edp % n != 0)
+           return flag + " must divide the expert data-parallel size (" + ll(c.parallel.edp) + "): use a divisor of it";
+         if (c.optimizer.optimizer == "muon")
+           return flag + " is not supported with --optimizer muon and --use-distributed-optimizer (Megatron's "
+                         "layer-wise distributed optimizer has one instance): drop one of them";
+         return "";
+       }},
       {"deterministic mode environment",
        [](const Config& c, const FlagValues&) -> std::string {
          if (!c.training.deterministic || c.device != "cuda") return "";
