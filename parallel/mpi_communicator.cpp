@@ -46,7 +46,9 @@ void ensure_mpi() {
     MPI_Initialized(&initialized);
     if (!initialized) {
       int provided = 0;
-      check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+      // Serialized: the combined 1F1B schedule's two passes call MPI from two threads, one at a
+      // time (parallel/all_to_all_turns.h).
+      check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread");
       std::atexit([] {
         int finalized = 0;
         MPI_Finalized(&finalized);

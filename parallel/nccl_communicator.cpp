@@ -320,7 +320,8 @@ void ensure_mpi_for_nccl() {
   MPI_Initialized(&initialized);
   if (initialized) return;
   int provided = 0;
-  MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+  // Serialized, as the MPI transport asks (parallel/all_to_all_turns.h).
+  MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
   std::atexit([] { int f = 0; MPI_Finalized(&f); if (!f) MPI_Finalize(); });
 }
 

@@ -258,6 +258,19 @@ void build_pipeline(RunParts& r, Timers& timers) {
   }
 }
 
+// The expert-parallel group's wait observer: the exposed-time timer, behind the turn passing of the
+// combined 1F1B schedule when the overlap is on.
+void build_expert_comm_overlap(RunParts& r, Timers& timers) {
+  if (r.parallel.sizes.ep <= 1) return;
+  if (timers.enabled(1)) r.ep_comm_timer = std::make_shared<overlap::CommTimer>(r.device.is_cuda());
+  if (r.config.model.moe.overlap_expert_parallel_comm) {
+    r.a2a_turns = std::make_shared<AllToAllTurns>();
+    r.parallel.ep->set_wait_observer(std::make_shared<TurnAtAllToAll>(r.a2a_turns, r.ep_comm_timer));
+  } else if (r.ep_comm_timer) {
+    r.parallel.ep->set_wait_observer(r.ep_comm_timer);
+  }
+}
+
 void build_loaders(RunParts& r) {
   const Config& c = r.config;
   std::shared_ptr<SampleSource> source = make_source(c);
@@ -323,6 +336,7 @@ std::unique_ptr<RunParts> build_run_parts(const Config& c, const TrainOptions& o
   build_optimizer(*r, build_chunks(*r), options.main_grad_first_writes);
   find_expert_amax_slots(*r);
   build_pipeline(*r, timers);
+  build_expert_comm_overlap(*r, timers);
   build_loaders(*r);
   if (c.training.cuda_graph.full_iteration)
     r->step_graph = std::make_unique<StepGraph>(c.training.cuda_graph.warmup_steps, r->device);

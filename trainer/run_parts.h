@@ -20,6 +20,7 @@
 #include "models/gpt_model.h"
 #include "models/moe/moe_context.h"
 #include "optim/mixed_precision_optimizer.h"
+#include "parallel/all_to_all_turns.h"
 #include "parallel/context_parallel.h"
 #include "parallel/overlap/comm_timer.h"
 #include "parallel/parallel_state.h"
@@ -62,6 +63,12 @@ struct RunParts {
   std::unique_ptr<StepGraph> step_graph;  // --cuda-graph-impl full_iteration
   // --timing-log-level >= 1: the exposed waits of tensor-parallel collectives and pipeline receives.
   std::shared_ptr<overlap::CommTimer> tp_comm_timer, pp_comm_timer;
+  // --timing-log-level >= 1 with expert parallelism: the exposed waits of the expert-parallel
+  // all-to-alls (what --overlap-moe-expert-parallel-comm hides).
+  std::shared_ptr<overlap::CommTimer> ep_comm_timer;
+  // --overlap-moe-expert-parallel-comm: the two micro-batches of the combined 1F1B schedule take
+  // turns at the expert-parallel all-to-alls (parallel/combined_schedule.h).
+  std::shared_ptr<AllToAllTurns> a2a_turns;
   std::unique_ptr<NumericsGuard> numerics;          // the values the rerun engine validates
   std::unique_ptr<rerun::RerunStateMachine> rerun;  // --rerun-mode: judges them
   std::set<int64_t> iterations_to_skip;             // --iterations-to-skip

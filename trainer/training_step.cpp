@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/text.h"
+#include "parallel/combined_schedule.h"
 #include "parallel/context_parallel.h"
 
 namespace fp8tron {
@@ -153,6 +154,7 @@ TrainingStep::Pass TrainingStep::forward_backward(int64_t iteration) {
   // After the timer's synchronization: the step's communication events are complete.
   if (parts_.tp_comm_timer) timers_.add("tp-comm-exposed", 1, parts_.tp_comm_timer->take_ms());
   if (parts_.pp_comm_timer) timers_.add("pp-comm-exposed", 1, parts_.pp_comm_timer->take_ms());
+  if (parts_.ep_comm_timer) timers_.add("ep-comm-exposed", 1, parts_.ep_comm_timer->take_ms());
 
   timers_.start("optimizer", 1);
   parts_.main_grads->zero_unwritten();  // before the reductions read them
@@ -232,7 +234,7 @@ double TrainingStep::evaluate() {
                          ? average_loss(total, 0, global_token_count(tokens)).item<double>()
                          : average_loss(total, t.eval_micro_batches, tokens).item<double>() /
                                double(std::max<int64_t>(1, t.eval_iters));
-  for (auto* timer : {parts_.tp_comm_timer.get(), parts_.pp_comm_timer.get()})
+  for (auto* timer : {parts_.tp_comm_timer.get(), parts_.pp_comm_timer.get(), parts_.ep_comm_timer.get()})
     if (timer) timer->take_ms();  // evaluation's waits are not a training step's
   return loss;
 }
@@ -319,6 +321,19 @@ torch::Tensor TrainingStep::forward_chunk(int chunk, const torch::Tensor& input,
 
 torch::Tensor TrainingStep::run_micro_batches(int64_t micro_batches, double backward_scale,
                                          const std::function<Batch(int64_t)>& batch_of, torch::Tensor* loss_tokens) {
+  if (parts_.a2a_turns) {  // --overlap-moe-expert-parallel-comm (one pipeline stage, one chunk)
+    const int64_t turns_before = parts_.a2a_turns->passes();
+    auto loss_sum = run_combined_1f1b(
+        micro_batches, [&](int64_t mb) { return forward_chunk(0, {}, [&] { return batch_of(mb); }, loss_tokens); },
+        backward_scale, [&] { parts_.optimizer->arm_grad_overlap(); }, *parts_.a2a_turns, parts_.device);
+    if (!reported_turns_) {  // once: shows the overlap at work (and how finely it interleaves)
+      log::info(strprintf("--overlap-moe-expert-parallel-comm: the combined 1F1B schedule took %lld turns at the "
+                          "expert-parallel all-to-alls over %lld micro-batches",
+                          (long long)(parts_.a2a_turns->passes() - turns_before), (long long)micro_batches));
+      reported_turns_ = true;
+    }
+    return loss_sum;
+  }
   auto loss_sum = parts_.pipeline->run(
       micro_batches,
       [&](int chunk, int64_t mb, const torch::Tensor& input) {

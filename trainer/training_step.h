@@ -85,6 +85,7 @@ class TrainingStep {
   Timers& timers_;
   RunCheckpoints& checkpoints_;
   RunReporter& reporter_;
+  bool reported_turns_ = false;  // the combined 1F1B schedule's turns, logged after its first step
 };
 
 }  // namespace fp8tron

@@ -48,6 +48,9 @@ struct MoeConfig {
   int64_t shared_expert_size = 0;                  // --moe-shared-expert-intermediate-size (0: none)
   bool shared_expert_gate = false;
   bool shared_expert_overlap = false;
+  // --overlap-moe-expert-parallel-comm: the combined 1F1B schedule, one micro-batch's forward and
+  // another's backward taking turns at each expert-parallel all-to-all (docs/moe.md).
+  bool overlap_expert_parallel_comm = false;
   std::optional<double> capacity_factor;  // unset: dropless
   bool pad_to_capacity = false;
   MoeDropPolicy drop_policy = MoeDropPolicy::kProbs;

@@ -475,8 +475,8 @@ const std::vector<Rule>& rules() {
        }},
       {"expert-parallel all-to-all overlap",
        [](const Config& c, const FlagValues& f) -> std::string {
-         // Megatron's TransformerConfig rules for --overlap-moe-expert-parallel-comm (fp8tron runs
-         // the same math unoverlapped, but accepts only what Megatron accepts).
+         // Megatron's TransformerConfig rules for --overlap-moe-expert-parallel-comm, then what
+         // fp8tron's combined schedule cannot run yet (refused by name, never ignored).
          if (!f.get_bool("overlap-moe-expert-parallel-comm")) return "";
          const std::string flag = "--overlap-moe-expert-parallel-comm";
          const auto& r = c.model.recompute;
@@ -496,7 +496,26 @@ const std::vector<Rule>& rules() {
          if (c.precision.params_dtype == ParamDtype::Fp32) return flag + " is only supported with --bf16 or --fp16";
          if (c.model.moe.shared_expert_overlap) return flag + ": disable --moe-shared-expert-overlap";
          if (c.model.mtp.num_layers > 1) return flag + ": MTP supports at most one layer (--mtp-num-layers 1)";
+         if (f.get_string("cuda-graph-impl") == "transformer_engine") {
+           auto scopes = f.get_list("cuda-graph-scope");
+           for (const auto& m : f.get_list("cuda-graph-modules")) scopes.push_back(m);
+           for (const auto& s : scopes)
+             if (s == "moe" || s == "mlp")
+               return flag + ": CUDA graph scope on moe and mlp is not supported with it (Megatron): drop " + s +
+                      " from --cuda-graph-scope";
+         }
+         // fp8tron's combined schedule runs the micro-batches of one pipeline stage (no pipeline
+         // parallelism); Megatron's interleaved variant is not built yet.
+         if (c.parallel.pp > 1)
+           return flag + " with the interleaved pipeline is not supported yet in fp8tron (its combined 1F1B schedule runs "
+                         "without pipeline parallelism): use --pipeline-model-parallel-size 1 or drop the flag";
          return "";
+       }},
+      {"delayed weight gradients",
+       [](const Config& c, const FlagValues& f) -> std::string {
+         if (!f.get_bool("delay-wgrad-compute") || c.model.moe.overlap_expert_parallel_comm) return "";
+         return "--delay-wgrad-compute: overlap_moe_expert_parallel_comm must be enabled (Megatron): add "
+                "--overlap-moe-expert-parallel-comm";
        }},
       {"mc2 and coc without experts",
        [](const Config&, const FlagValues& f) -> std::string {
