@@ -25,23 +25,22 @@ torch::Tensor run_combined_1f1b(int64_t n, const std::function<torch::Tensor(int
     loss_sum += loss.detach().to(torch::kFloat32);
     losses[mb] = loss;
   };
-  auto run_backward = [&](int64_t mb) {
+  // A pair's backward loss leaves the map before the pair starts: its forward side inserts into it.
+  auto take_loss = [&](int64_t mb) {
     auto node = losses.extract(mb);
     FP8TRON_CHECK(!node.empty(), "backward before forward in the combined 1F1B schedule");
-    (node.mapped() * loss_scale).backward();
+    return node.mapped();
   };
   for (const CombinedSlot& slot : combined_1f1b_order(n)) {
     // The map is touched by one side at a time (the turns), and never during the other's compute.
     if (slot.backward == n - 1 && before_last_backward) before_last_backward();
-    if (slot.backward < 0) run_forward(slot.forward);
-    else if (slot.forward < 0) run_backward(slot.backward);
-    else {
-      // The backward's loss leaves the map before the pair starts: the forward side inserts into it.
-      auto node = losses.extract(slot.backward);
-      FP8TRON_CHECK(!node.empty(), "backward before forward in the combined 1F1B schedule");
-      const torch::Tensor loss = node.mapped();
-      turns.run_pair([&] { (loss * loss_scale).backward(); }, [&] { run_forward(slot.forward); }, device);
+    if (slot.backward < 0) {
+      run_forward(slot.forward);
+      continue;
     }
+    const torch::Tensor loss = take_loss(slot.backward);
+    if (slot.forward < 0) (loss * loss_scale).backward();
+    else turns.run_pair([&] { (loss * loss_scale).backward(); }, [&] { run_forward(slot.forward); }, device);
   }
   return loss_sum;
 }

@@ -33,7 +33,6 @@ class WgradDeferral {
   void accumulate(const torch::Tensor& weight, const torch::Tensor& x, const torch::Tensor& dy) const;
   // Adds the held GEMMs' gradients in the order they were held, then starts counting anew.
   void drain(const torch::Tensor& weight);
-  size_t held() const { return held_.size(); }
 
  private:
   const int64_t limit_;
