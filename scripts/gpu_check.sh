@@ -3,13 +3,15 @@
 # label gpu), multi-GPU equivalence under mpirun and torchrun, and the benchmarks. Results go to
 # $OUT (or gpu-check/). Usage: scripts/gpu_check.sh [nccl] [sanitize] [equivalence] [bench] [fp8-bench]
 # [fp8-convergence] [grouped] [parallel-bench] [data] [checkpoint] [moe] [moe-equivalence]
-# [moe-parallel-bench] [moe-convergence] [overlap] [overlap-bench] [recompute-cp-bench] [max-fit]
+# [moe-parallel-bench] [moe-overlap] [moe-convergence] [overlap] [overlap-bench] [recompute-cp-bench] [max-fit]
 #
 # nccl: every multi-process test of the suite over NCCL (ctest label nccl: the layout equivalences,
 #   resume and reshard, communicators, Megatron's 8-rank configs, the multi-rank faults) on the GPUs
 #   present, the ranks sharing them when there are fewer GPUs than ranks (docs/distributed_testing.md).
 #   `nccl` alone builds only the programs it runs. CHECK_SHARD=i/n or CHECK_TESTS=<regex> run a part.
 # sanitize: compute-sanitizer's racecheck and synccheck over a tensor-parallel overlap step (2 ranks).
+# moe-overlap: the exposed expert-parallel all-to-all time without and with
+#   --overlap-moe-expert-parallel-comm at EP2 (scripts/bench_moe_overlap.sh; ranks share the GPU).
 # (max-fit: the largest micro-batch and sequence of the 1.3B model that fit on one GPU with and
 # without recomputation, scripts/bench_max_fit.sh)
 # (grouped: the MoE expert GEMMs against torch's grouped GEMMs, scripts/bench_grouped_gemm.sh;
@@ -36,7 +38,7 @@ export FP8TRON_SKIP_APT=1 FP8TRON_JOBS=$(nproc) BENCH_OUT=$OUT NCCL_NVLS_ENABLE=
 NCCL_TARGETS=(fp8tron fp8tron-preprocess fp8tron_parallel_equivalence fp8tron_checkpoint_resume fp8tron_parallel_comm_test
               fp8tron_make_megatron_test_data)
 ONLY_NCCL=$(($# > 0))
-for step in "$@"; do case $step in nccl | sanitize) ;; *) ONLY_NCCL=0 ;; esac; done
+for step in "$@"; do case $step in nccl | sanitize | moe-overlap) ;; *) ONLY_NCCL=0 ;; esac; done
 TARGETS=()
 [ $ONLY_NCCL = 1 ] && TARGETS=("${NCCL_TARGETS[@]}")
 ( time ./scripts/build.sh "${TARGETS[@]}" ) >"$OUT/build.log" 2>&1 || { grep -m3 -A8 error "$OUT/build.log"; exit 1; }
@@ -91,18 +93,29 @@ for step in "$@"; do
       grep -hE "^[0-9]+: \[rank 0\].*(equivalent|MISMATCH)|^[0-9]+: \[rank 0\].*resume|^[0-9]+: (ok|FAIL) " "$OUT/nccl.log" \
         >"$OUT/nccl-summary.txt" ;;
     sanitize)
-      # The tensor-parallel overlap's kernels and streams under compute-sanitizer (2 ranks, bf16,
-      # two steps): shared-memory races (racecheck) and misuse of barriers and syncs (synccheck).
+      # The tensor-parallel overlap's kernels and streams under compute-sanitizer (2 ranks, bf16 and
+      # FP8, two steps): shared-memory races (racecheck) and misuse of barriers and syncs (synccheck)
+      # in fp8tron's own kernels. NCCL's and cuDNN's kernels are left out: synccheck flags the
+      # warp-specialised barriers of NCCL's send/recv kernel (and then aborts it), racecheck flags
+      # the wgmma shared-memory reads of cuDNN's flash-attention kernels, which it cannot order.
       echo "== compute-sanitizer over a tensor-parallel overlap step"
       SAN_FLAGS=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 64 --micro-batch-size 2
                  --global-batch-size 2 --train-iters 2 --lr 1e-3 --vocab-size 256 --builtin-data --bf16 --eval-iters 0
                  --tensor-model-parallel-size 2 --sequence-parallel --tp-comm-overlap --tp-comm-overlap-rs-dgrad)
-      for tool in racecheck synccheck; do
-        check sanitize-$tool "ERROR SUMMARY|rror" ./tests/nccl/launch.sh mpirun 2 compute-sanitizer --tool $tool \
-          --error-exitcode 9 ./$BUILD/fp8tron "${SAN_FLAGS[@]}"
-      done
-      check sanitize-fp8-racecheck "ERROR SUMMARY|rror" ./tests/nccl/launch.sh mpirun 2 compute-sanitizer --tool racecheck \
-        --error-exitcode 9 ./$BUILD/fp8tron "${SAN_FLAGS[@]}" --fp8-format hybrid ;;
+      SAN=(compute-sanitizer --error-exitcode 9 --kernel-name-exclude kns=nccl --kernel-name-exclude kns=cudnn)
+      sanitize_step() { # <log name> <tool> [extra trainer flags...]
+        local name=$1 tool=$2
+        shift 2
+        check "$name" "ERROR SUMMARY|rror" ./tests/parallel/nccl_launch.sh mpirun 2 "${SAN[@]}" --tool "$tool" \
+          ./$BUILD/fp8tron "${SAN_FLAGS[@]}" "$@"
+      }
+      sanitize_step sanitize-racecheck racecheck
+      sanitize_step sanitize-synccheck synccheck
+      sanitize_step sanitize-fp8-racecheck racecheck --fp8-format hybrid
+      sanitize_step sanitize-fp8-synccheck synccheck --fp8-format hybrid ;;
+    moe-overlap)
+      echo "== the expert-parallel all-to-all overlap (EP2, ranks sharing the GPUs when fewer)"
+      check moe-overlap "^\\|" ./scripts/bench_moe_overlap.sh 2 ;;
     equivalence)
       echo "== NCCL equivalence (bf16, tolerance 2e-2; fp32 1e-4)"
       check eq-tp2-fp32 "$EQUIV_LINES" "${MPI[@]}" -np 2 $EQ --device cuda --tensor-model-parallel-size 2 --tolerance 1e-4

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The expert-parallel all-to-all overlap (--overlap-moe-expert-parallel-comm) measured: the
+# Mixtral-style model cut to BENCH_LAYERS layers (default 4) at EP = <ranks> (default 2), bf16,
+# run without and with the overlap (and any extra runs named in BENCH_MOE_OVERLAP_RUNS). With fewer
+# GPUs than ranks the ranks share them (tests/parallel/nccl_launch.sh): NCCL then talks over
+# sockets, a slow transport where the all-to-alls dominate the step, which is where the overlap
+# has the most to hide. Prints a markdown table from the last timer report of each run:
+#   ms/iter, forward-backward (max over ranks), ep-comm-exposed (the waits for all-to-alls that no
+#   computation hid), and the share of the exposed time that the overlap hid of what the
+#   computation could cover: (exposed without - exposed with) / min(exposed without, compute),
+#   compute being forward-backward minus exposed in the run without.
+#   scripts/bench_moe_overlap.sh [ranks] [-- extra flags]
+# BENCH_ITERS (default 12), BENCH_MICRO_BATCHES (per rank and step, default 4); logs in $BENCH_OUT.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+source .setup/env.sh
+OUT=${BENCH_OUT:-bench-logs}
+mkdir -p "$OUT"
+N=2
+if [ $# -gt 0 ] && [ "$1" != "--" ]; then N=$1; shift; fi
+[ "${1:-}" = "--" ] && shift
+extra=("$@")
+ITERS=${BENCH_ITERS:-12}
+MBS=2
+GBS=$((MBS * N * ${BENCH_MICRO_BATCHES:-4}))  # every rank is a data-parallel rank of the dense part
+
+# last_max <log> <timer>: the timer's max over ranks (ms per iteration) in the last report.
+last_max() { grep -E "^ *$2 " "$1" | tail -1 | sed -n 's/.*, \([0-9.]*\))$/\1/p'; }
+
+declare -A FB EXPOSED
+run() {  # run <name> <flags...>
+  local name=$1; shift
+  local log="$OUT/moe-overlap-$name.log"
+  timeout 600 ./tests/parallel/nccl_launch.sh mpirun "$N" ./build/fp8tron --config configs/mixtral-style.json \
+    --num-layers "${BENCH_LAYERS:-4}" --seq-length 1024 --micro-batch-size $MBS --global-batch-size $GBS \
+    --expert-model-parallel-size "$N" --train-iters "$ITERS" --log-interval $((ITERS / 3)) --timing-log-level 1 \
+    --distributed-timeout-minutes 5 "$@" "${extra[@]}" >"$log" 2>&1 || {
+    echo "| $name | $* | failed: $(grep -m1 -i error "$log" | cut -c1-120) | | | |"; return; }
+  local ms
+  ms=$(grep "] iteration " "$log" | tail -1 | sed -n 's/.*elapsed time per iteration (ms): \([0-9.]*\).*/\1/p')
+  FB[$name]=$(last_max "$log" forward-backward)
+  EXPOSED[$name]=$(last_max "$log" ep-comm-exposed)
+  local hidden=""
+  if [ "$name" != plain ] && [ -n "${EXPOSED[plain]:-}" ]; then
+    hidden=$(awk -v e0="${EXPOSED[plain]}" -v f0="${FB[plain]}" -v e1="${EXPOSED[$name]}" \
+      'BEGIN { c = f0 - e0; m = (e0 < c ? e0 : c); if (m > 0) printf "%.0f%% (%.1f of %.1f ms)", 100 * (e0 - e1) / m, e0 - e1, m }')
+  fi
+  echo "| $name | $* | $ms | ${FB[$name]} | ${EXPOSED[$name]} | $hidden |"
+}
+
+echo "| run (EP$N, $N rank(s) on $(nvidia-smi -L | wc -l) GPU(s), global batch $GBS x 1024) | flags | ms/iter | forward-backward ms | ep-comm-exposed ms | exposed time hidden, of what compute covers |"
+echo "| --- | --- | --- | --- | --- | --- |"
+run plain
+run overlap --overlap-moe-expert-parallel-comm
+for r in ${BENCH_MOE_OVERLAP_RUNS:-}; do
+  case $r in
+    overlap_delay_wgrad) run overlap_delay_wgrad --overlap-moe-expert-parallel-comm --delay-wgrad-compute ;;
+    *) echo "bench_moe_overlap.sh: unknown run '$r' (known: overlap_delay_wgrad)" >&2; exit 2 ;;
+  esac
+done
