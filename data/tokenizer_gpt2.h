@@ -26,10 +26,10 @@ class GPT2BPETokenizer : public Tokenizer {
   int64_t eod() const override { return eod_; }
   std::string name() const override { return "GPT2BPETokenizer"; }
   // As Megatron's GPT2BPETokenizer (Hugging Face's GPT-2 tokenizer over these files) looks tokens
-  // up: vocab.json's entries; a missing token is "<|endoftext|>", the only special token.
+  // up: vocab.json's entries; a missing token is "<|endoftext|>" (eod()), the only special token.
   std::optional<int64_t> token_to_id(std::string_view token) const override;
-  std::optional<int64_t> unknown_id() const override { return token_to_id("<|endoftext|>"); }
-  bool is_special(int64_t id) const override { return unknown_id() == id; }
+  std::optional<int64_t> unknown_id() const override { return eod_; }
+  bool is_special(int64_t id) const override { return id == eod_; }
 
  private:
   std::unordered_map<std::string, int64_t> vocab_;
