@@ -201,7 +201,7 @@ TEST(Config, FimDataFlags) {
   // Without --fim-data the other FIM flags do nothing: one warning names them.
   Config off = build(tiny_args({"--fim-rate", "0.2", "--fim-no-prefix", "x"}));
   EXPECT_FALSE(off.data.fim.enabled);
-  EXPECT_NE(off.hint_warnings.back().find("--fim-rate, --fim-no-prefix only apply with --fim-data"), std::string::npos);
+  EXPECT_NE(off.hint_warnings.back().find("--fim-rate, --fim-no-prefix have no effect without --fim-data"), std::string::npos);
 }
 
 TEST(Config, TrainSamplesConvertsToIterations) {

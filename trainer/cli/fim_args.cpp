@@ -26,7 +26,9 @@ FimConfig build_fim_config(const FlagValues& f, std::vector<std::string>& warnin
     std::vector<std::string> given;
     for (const char* name : kFimFlags)
       if (f.given(name)) given.push_back(std::string("--") + name);
-    if (!given.empty()) warnings.push_back(join(given, ", ") + " only apply with --fim-data (as in Megatron)");
+    if (!given.empty())
+      warnings.push_back(join(given, ", ") + (given.size() == 1 ? " has" : " have") +
+                         " no effect without --fim-data (as in Megatron)");
     return c;
   }
   c.rate = probability(f, "fim-rate");
