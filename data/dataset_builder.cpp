@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "core/text.h"
 #include "data/blended_dataset.h"
+#include "data/fim_dataset.h"
 #include "data/indexed_dataset.h"
 
 namespace fp8tron::data {
@@ -33,7 +34,7 @@ class Builder {
   SplitDatasets blend(const Blend& blend, const Ranges& ranges, const std::array<std::optional<int64_t>, kNumSplits>& sizes) {
     if (blend.prefixes.size() == 1 && !blend.weights) {
       auto single = gpt_splits(open(blend.prefixes[0]), ranges, sizes);
-      return {single[0], single[1], single[2]};
+      return {member(single[0]), member(single[1]), member(single[2])};
     }
     std::optional<std::vector<double>> weights;
     if (blend.weights) weights = normalize(*blend.weights);
@@ -51,13 +52,19 @@ class Builder {
     for (int i = 0; i < kNumSplits; ++i) {
       if (!ranges[i]) continue;
       std::vector<std::shared_ptr<const SampleDataset>> members;
-      for (auto& p : parts) members.push_back(p[i]);
+      for (auto& p : parts) members.push_back(member(p[i]));
       out[i] = blend_split(members, weights, sizes[i], Split(i));
     }
     return out;
   }
 
  private:
+  // A GPT dataset as a blend member or split: rewritten by --fim-data when it is given.
+  std::shared_ptr<const SampleDataset> member(std::shared_ptr<const GptDataset> gpt) const {
+    if (!gpt || !config_.fim) return gpt;
+    return std::make_shared<FimDataset>(std::move(gpt), config_.fim->tokenizer, config_.fim->options, config_.gpt.seed);
+  }
+
   std::shared_ptr<const SampleDataset> blend_split(const std::vector<std::shared_ptr<const SampleDataset>>& members,
                                                    const std::optional<std::vector<double>>& weights,
                                                    std::optional<int64_t> size, Split split) {
@@ -98,6 +105,7 @@ class Builder {
 SplitDatasets build_gpt_datasets(const GptDatasetsConfig& config) {
   Builder builder(config);
   if (config.mock) {
+    if (config.fim) throw UserError("--fim-data does not work with --mock-data (as in Megatron): pass --data-path");
     // Megatron's mock data: the split is "1,1,1" whatever --split says.
     auto splits = builder.gpt_splits(config.mock, split_matrix(parse_split("1,1,1")), config.sizes);
     return {splits[0], splits[1], splits[2]};

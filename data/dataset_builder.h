@@ -8,6 +8,8 @@
 //   no weights, a size           -> one-epoch GptDatasets blended by their lengths,
 //                                   min(size, total) samples
 //   no weights, no size          -> every sample of every dataset exactly once
+// With --fim-data each GPT dataset is a FIM dataset (fim_dataset.h), as Megatron builds
+// GPTFIMDatasets in their place.
 #pragma once
 #include <array>
 #include <memory>
@@ -16,9 +18,11 @@
 #include <vector>
 
 #include "data/data_spec.h"
+#include "data/fim_transform.h"
 #include "data/gpt_dataset.h"
 #include "data/low_level_dataset.h"
 #include "data/sample_dataset.h"
+#include "data/tokenizer.h"
 
 namespace fp8tron::data {
 
@@ -30,6 +34,13 @@ struct GptDatasetsConfig {
   std::array<std::optional<int64_t>, kNumSplits> sizes;       // samples each split must supply
   GptDatasetConfig gpt;
   double mid_level_dataset_surplus = 0.005;
+  // --fim-data: every GPT dataset's samples rewritten for fill-in-the-middle (fim_dataset.h),
+  // seeded by gpt.seed.
+  struct Fim {
+    FimOptions options;
+    std::shared_ptr<const Tokenizer> tokenizer;
+  };
+  std::optional<Fim> fim;
 };
 
 using SplitDatasets = std::array<std::shared_ptr<const SampleDataset>, kNumSplits>;

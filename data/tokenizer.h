@@ -22,6 +22,16 @@ class Tokenizer {
   // The pad id (-1: none): Megatron's GPT dataset masks labels equal to it out of the loss.
   virtual int64_t pad() const { return -1; }
   virtual std::string name() const = 0;    // the --tokenizer-type value
+
+  // What --fim-data needs besides tokenize/detokenize (data/fim_tokens.h), as Megatron's library
+  // tokenizers provide it. The id of the vocabulary entry spelled `token` (convert_tokens_to_ids
+  // without a fallback); nullopt when there is none or the tokenizer cannot look tokens up.
+  virtual std::optional<int64_t> token_to_id(std::string_view /*token*/) const { return std::nullopt; }
+  // The id convert_tokens_to_ids gives a token missing from the vocabulary (the unknown token);
+  // nullopt when the tokenizer has none and a missing token is an error.
+  virtual std::optional<int64_t> unknown_id() const { return std::nullopt; }
+  // Whether ids_to_text(..., remove_special_tokens=True) drops this id.
+  virtual bool is_special(int64_t /*id*/) const { return false; }
 };
 
 struct TokenizerOptions {

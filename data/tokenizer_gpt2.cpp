@@ -114,6 +114,12 @@ std::vector<int64_t> GPT2BPETokenizer::tokenize(std::string_view text) const {
   return ids;
 }
 
+std::optional<int64_t> GPT2BPETokenizer::token_to_id(std::string_view token) const {
+  auto it = vocab_.find(std::string(token));
+  if (it == vocab_.end()) return std::nullopt;
+  return it->second;
+}
+
 std::string GPT2BPETokenizer::detokenize(const std::vector<int64_t>& ids) const { return decode_byte_level(decoder_, ids); }
 
 }  // namespace fp8tron::data

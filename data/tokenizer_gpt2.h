@@ -5,7 +5,9 @@
 // plain text, not the special token.
 #pragma once
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -23,6 +25,11 @@ class GPT2BPETokenizer : public Tokenizer {
   int64_t vocab_size() const override { return int64_t(vocab_.size()); }
   int64_t eod() const override { return eod_; }
   std::string name() const override { return "GPT2BPETokenizer"; }
+  // As Megatron's GPT2BPETokenizer (Hugging Face's GPT-2 tokenizer over these files) looks tokens
+  // up: vocab.json's entries; a missing token is "<|endoftext|>" (eod()), the only special token.
+  std::optional<int64_t> token_to_id(std::string_view token) const override;
+  std::optional<int64_t> unknown_id() const override { return eod_; }
+  bool is_special(int64_t id) const override { return id == eod_; }
 
  private:
   std::unordered_map<std::string, int64_t> vocab_;

@@ -116,6 +116,8 @@ void HuggingFaceTokenizer::load(const std::string& json_path) {
     decoder_[id] = token;
     tokens.insert(token);
   }
+  token_ids_ = vocab;
+  unknown_ = unknown;
   std::unordered_map<std::string, int64_t> special_ids;
   for (const json& a : j.value("added_tokens", json::array())) {
     AddedToken t{a.at("content").get<std::string>(), a.at("id").get<int64_t>(), a.value("lstrip", false),
@@ -124,6 +126,8 @@ void HuggingFaceTokenizer::load(const std::string& json_path) {
     decoder_[t.id] = t.content;
     tokens.insert(t.content);
     special_ids[t.content] = t.id;
+    token_ids_[t.content] = t.id;
+    if (a.value("special", false)) special_.insert(t.id);
     added_.push_back(t);
   }
   std::stable_sort(added_.begin(), added_.end(),
@@ -167,12 +171,35 @@ void HuggingFaceTokenizer::load(const std::string& json_path) {
     if (auto it = special_ids.find(eos); it != special_ids.end()) eod_ = it->second;
     else if (auto v = vocab.find(eos); !eos.empty() && v != vocab.end()) eod_ = v->second;
   }
+  // The unknown token Hugging Face's convert_tokens_to_ids falls back to (--fim-data's lookups).
+  for (const char* file : {"tokenizer_config.json", "special_tokens_map.json"}) {
+    if (!std::filesystem::exists(dir / file)) continue;
+    const json config = read_json((dir / file).string());
+    const std::string unk = config.contains("unk_token") ? token_text(config["unk_token"]) : "";
+    if (auto it = token_ids_.find(unk); !unk.empty() && it != token_ids_.end()) {
+      unknown_ = it->second;
+      break;
+    }
+  }
   for (const char* name : {"<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|im_end|>"}) {
     if (eod_ >= 0) break;
     if (auto it = special_ids.find(name); it != special_ids.end()) eod_ = it->second;
     else if (auto v = vocab.find(name); v != vocab.end()) eod_ = v->second;
   }
 }
+
+std::optional<int64_t> HuggingFaceTokenizer::token_to_id(std::string_view token) const {
+  auto it = token_ids_.find(std::string(token));
+  if (it == token_ids_.end()) return std::nullopt;
+  return it->second;
+}
+
+std::optional<int64_t> HuggingFaceTokenizer::unknown_id() const {
+  if (unknown_ < 0) return std::nullopt;
+  return unknown_;
+}
+
+bool HuggingFaceTokenizer::is_special(int64_t id) const { return special_.count(id) > 0 || id == eod_; }
 
 int64_t HuggingFaceTokenizer::eod() const {
   if (eod_ < 0)

@@ -7,8 +7,11 @@
 // never silently tokenized differently.
 #pragma once
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "data/byte_level_bpe.h"
@@ -25,6 +28,12 @@ class HuggingFaceTokenizer : public Tokenizer {
   int64_t vocab_size() const override { return vocab_size_; }
   int64_t eod() const override;
   std::string name() const override { return "HuggingFaceTokenizer"; }
+  // Lookups as convert_tokens_to_ids: the vocabulary and the added tokens; the unknown token is
+  // tokenizer_config.json's (or special_tokens_map.json's) unk_token, else the model's. Special:
+  // the added tokens marked special, and the end-of-document token.
+  std::optional<int64_t> token_to_id(std::string_view token) const override;
+  std::optional<int64_t> unknown_id() const override;
+  bool is_special(int64_t id) const override;
 
  private:
   struct AddedToken {
@@ -43,7 +52,9 @@ class HuggingFaceTokenizer : public Tokenizer {
   std::unordered_map<int64_t, std::string> decoder_;
   bool add_prefix_space_ = false, use_regex_ = true;
   std::vector<int64_t> prefix_ids_, suffix_ids_;  // from the post-processor
-  int64_t vocab_size_ = 0, eod_ = -1;
+  std::unordered_map<std::string, int64_t> token_ids_;  // vocabulary and added tokens
+  std::unordered_set<int64_t> special_;                 // added tokens marked special
+  int64_t vocab_size_ = 0, eod_ = -1, unknown_ = -1;
 };
 
 }  // namespace fp8tron::data

@@ -203,6 +203,12 @@ std::vector<int64_t> TikTokenizer::tokenize(std::string_view raw) const {
   return ids;
 }
 
+std::optional<int64_t> TikTokenizer::token_to_id(std::string_view token) const {
+  for (size_t i = 0; i < specials_.size(); ++i)
+    if (specials_[i] == token) return int64_t(i);
+  return std::nullopt;
+}
+
 std::string TikTokenizer::detokenize(const std::vector<int64_t>& ids) const {
   std::string bytes;
   for (const int64_t id : ids) {

@@ -15,6 +15,7 @@
 // without libpcre2 at build time, constructing one throws a UserError.
 #pragma once
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -36,6 +37,11 @@ class TikTokenizer : public Tokenizer {
   int64_t eod() const override { return eod_; }
   int64_t pad() const override { return pad_; }  // "<pad>"
   std::string name() const override { return "TikTokenizer"; }
+  // Megatron's TikTokenizer looks tokens up among its special tokens (ids 0 .. S-1; another string
+  // would need tiktoken's single-token encoding, which Megatron shifts twice: refused here) and
+  // drops them all when decoding with remove_special_tokens.
+  std::optional<int64_t> token_to_id(std::string_view token) const override;
+  bool is_special(int64_t id) const override { return id >= 0 && id < num_special_; }
 
   // Byte-level BPE of one piece (exposed for tests): ids of the merged parts.
   std::vector<int64_t> encode_piece(std::string_view piece) const;

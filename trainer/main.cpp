@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/version.h"
+#include "data/fim_tokens.h"
 #include "data/tokenizer.h"
 #include "parallel/launch_env.h"
 #include "trainer/cli/checkpoint_args.h"
@@ -46,7 +47,9 @@ int main(int argc, char** argv) {
     // Real datasets: the tokenizer says the vocabulary size (padded later) and the eod id.
     auto tokenizer_info = [](const DataConfig& d) {
       auto tokenizer = data::build_tokenizer(data::tokenizer_options(d));
-      return TokenizerInfo{tokenizer->vocab_size(), tokenizer->eod(), tokenizer->pad()};
+      TokenizerInfo info{tokenizer->vocab_size(), tokenizer->eod(), tokenizer->pad(), {}};
+      if (d.fim.enabled) data::fim_options(d.fim, *tokenizer, &info.warnings);  // its tokens, before any allocation
+      return info;
     };
     const Config config = build_config(parsed.values, launch, gpu, tokenizer_info);
     for (const auto& w : config.hint_warnings) log::warning(w);

@@ -12,6 +12,20 @@ enum class DataSource { Builtin, Mock, Files };
 // permutation every epoch, cycled forever (MegatronPretrainingRandomSampler).
 enum class DataloaderType { Single, Cyclic };
 
+// --fim-data and its flags: Megatron's fill-in-the-middle dataset (GPTFIMDataset), which rewrites
+// a share of the samples as prefix/suffix/middle (PSM) or suffix/prefix/middle (SPM) text
+// (data/fim_dataset.h). Megatron's defaults.
+struct FimConfig {
+  bool enabled = false;                   // --fim-data
+  double rate = 0.5;                      // --fim-rate: share of segments (or samples) rewritten
+  double spm_rate = 0.5;                  // --fim-spm-rate: share of rewritten ones in SPM order
+  std::optional<std::string> split_sample;  // --fim-split-sample: token splitting a sample into fragments
+  std::optional<double> fragment_rate;    // --fim-fragment-rate: share of fragments rewritten
+  std::optional<std::string> no_prefix;   // --fim-no-prefix: text whose segments are left alone
+  std::string prefix_token = "<fim_prefix>", middle_token = "<fim_middle>", suffix_token = "<fim_suffix>",
+              pad_token = "<fim_pad>", eod_token = "<|endoftext|>";  // --fim-*-token
+};
+
 struct DataConfig {
   DataSource source = DataSource::Builtin;
   std::vector<std::string> data_path;  // [weight] prefix ... (--data-path)
@@ -37,6 +51,7 @@ struct DataConfig {
   bool mmap_bin_files = true;              // --no-mmap-bin-files: read .bin files with pread
   DataloaderType dataloader_type = DataloaderType::Single;
   bool data_sharding = true;               // --no-data-sharding (cyclic loader)
+  FimConfig fim;
 };
 
 }  // namespace fp8tron

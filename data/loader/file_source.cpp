@@ -6,6 +6,8 @@
 #include "core/text.h"
 #include "data/data_spec.h"
 #include "data/dataset_builder.h"
+#include "data/fim_tokens.h"
+#include "data/tokenizer.h"
 #include "data/loader/split_datasets_source.h"
 
 namespace fp8tron {
@@ -38,6 +40,12 @@ std::unique_ptr<SampleSource> make_file_source(const DataConfig& data, const Fil
   dc.gpt.sequence_length = sizes.seq_length;
   dc.gpt.seed = uint32_t(sizes.seed);
   dc.gpt.cache_dir = data.data_cache_path;
+  if (data.fim.enabled) {
+    // The rewrite detokenizes and tokenizes again: it needs the run's tokenizer (the warnings
+    // about its FIM tokens were given when the configuration was checked).
+    std::shared_ptr<const data::Tokenizer> tokenizer = data::build_tokenizer(data::tokenizer_options(data));
+    dc.fim = data::GptDatasetsConfig::Fim{data::fim_options(data.fim, *tokenizer, nullptr), tokenizer};
+  }
   auto datasets = data::build_gpt_datasets(dc);
   if (!datasets[0]) throw UserError("the training split is empty: check --data-path/--train-data-path and --split");
   return make_split_datasets_source(std::move(datasets));

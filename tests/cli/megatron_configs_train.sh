@@ -8,6 +8,10 @@
 # (later values win): a few iterations, a checkpoint, and a resume from it, as Megatron's
 # ckpt-resume test runs them. The second's --overlap-moe-expert-parallel-comm is left out: fp8tron
 # refuses it with a pipeline (tests/cli/megatron_configs/expected.tsv), the rest trains as given.
+# The fill-in-the-middle configuration (--fim-data, 8 data-parallel ranks, the distributed
+# optimizer, bf16, GPT-2's tokenizer whose vocabulary lacks the FIM tokens, so they are
+# "<|endoftext|>" as in Megatron) trains shrunk the same way, and a run stopped at iteration 2 and
+# resumed gives the uninterrupted run's losses: each sample's rewrite depends on its index only.
 #
 # usage: megatron_configs_train.sh FP8TRON FP8TRON_PREPROCESS MAKE_TEST_DATA SOURCE_DIR MPIRUN [--nccl LAUNCH]
 # --nccl: the same runs over NCCL on this machine's GPUs (LAUNCH is tests/parallel/nccl_launch.sh; with fewer
@@ -30,17 +34,25 @@ SHRINK=(--hidden-size 64 --ffn-hidden-size 128 --num-attention-heads 4 --kv-chan
         --train-iters 4 --save-interval 2 --eval-interval 2 --eval-iters 1 --log-interval 1 --device cpu
         --distributed-timeout-minutes 5 --split 90,8,2)
 
+# The dense FIM configuration: 2 layers instead of 12, otherwise the same CPU size.
+DENSE_SHRINK=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 64 --max-position-embeddings 64
+              --micro-batch-size 1 --global-batch-size 8 --make-vocab-size-divisible-by 64 --train-iters 4
+              --save-interval 2 --eval-interval 2 --eval-iters 1 --log-interval 1 --device cpu
+              --distributed-timeout-minutes 5 --split 90,8,2)
+
 fail=0
 run() {  # run <name> <log> <extra flags...>: the configuration under mpirun with its world size
   local name=$1 log=$2; shift 2
   local f="$DIR/$name.args"
   local ws; ws=$(sed -n 's/^# world-size: \([0-9]*\).*/\1/p' "$f")
+  local shrink=("${SHRINK[@]}")
+  grep -qx -- '--fim-data' "$f" && shrink=("${DENSE_SHRINK[@]}")
   eval "args=($(grep -v '^#' "$f" | grep -vx -- '--overlap-moe-expert-parallel-comm' | tr '\n' ' '))"
   if [ -n "$NCCL_LAUNCH" ]; then
-    "$NCCL_LAUNCH" mpirun "$ws" "$BIN" "${args[@]}" "${SHRINK[@]}" --device cuda "$@" >"$log" 2>&1
+    "$NCCL_LAUNCH" mpirun "$ws" "$BIN" "${args[@]}" "${shrink[@]}" --device cuda "$@" >"$log" 2>&1
   else
     "$MPIRUN" --allow-run-as-root --oversubscribe --bind-to none -np "$ws" -x OMP_NUM_THREADS=1 \
-      "$BIN" "${args[@]}" "${SHRINK[@]}" "$@" >"$log" 2>&1
+      "$BIN" "${args[@]}" "${shrink[@]}" "$@" >"$log" 2>&1
   fi
 }
 if [ -n "$NCCL_LAUNCH" ]; then
@@ -73,5 +85,23 @@ for name in gpt3_mcore_te_tp2_pp2_ep4_etp1_mtp_resume_torch_dist_fp8 gpt3_mcore_
   check "$WORK/$name.resume.log" $rc "successfully loaded checkpoint from $WORK/save" "iteration        4/       4 |" \
     "mtp_1 loss:"
 done
+# Fill-in-the-middle: uninterrupted to iteration 4, then stopped at 2 and resumed.
+fim=gpt3_mcore_te_tp1_pp1_dist_optimizer_fim_dataset
+losses() { grep -o 'iteration *[34]/.*lm loss: [0-9.E+-]*' "$1" | sed 's/.*\(iteration *[0-9]*\).*lm loss: \(.*\)/\1 \2/'; }
+rm -rf "$WORK/save" "$WORK/load"
+CHECKPOINT_SAVE_PATH="$WORK/fim_straight" run $fim "$WORK/fim.straight.log"; rc=$?
+if check "$WORK/fim.straight.log" $rc "iteration        4/       4 |" "validation loss at iteration 4" \
+     '--fim-prefix-token "<fim_prefix>" is not in the GPT2BPETokenizer vocabulary'; then
+  run $fim "$WORK/fim.first.log" --exit-interval 2; rc=$?
+  check "$WORK/fim.first.log" $rc "successfully saved checkpoint from iteration       2" &&
+    { CHECKPOINT_LOAD_PATH="$WORK/save" run $fim "$WORK/fim.resume.log"; rc=$?
+      check "$WORK/fim.resume.log" $rc "successfully loaded checkpoint from $WORK/save" "iteration        4/       4 |"; } &&
+    if [ "$(losses "$WORK/fim.straight.log")" != "$(losses "$WORK/fim.resume.log")" ] || [ -z "$(losses "$WORK/fim.resume.log")" ]; then
+      echo "FAIL: $fim: the resumed losses differ from the uninterrupted run's:"
+      paste <(losses "$WORK/fim.straight.log") <(losses "$WORK/fim.resume.log"); fail=1
+    else
+      echo "ok: $fim resumed with the uninterrupted run's losses"
+    fi
+fi
 [ $fail = 0 ] && echo "megatron configs train: all passed"
 exit $fail

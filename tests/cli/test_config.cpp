@@ -154,6 +154,56 @@ TEST(Config, DataFlags) {
   EXPECT_EQ(g.data.eod, 50256);
 }
 
+// --fim-data: Megatron's defaults, its refusals (mock data, a split token without a fragment
+// rate, a tokenizer that cannot detokenize), and the tokenizer's warnings passed on.
+TEST(Config, FimDataFlags) {
+  auto gpt2 = [](std::initializer_list<std::string> extra) {
+    auto args = tiny_args({"--data-path", "a", "--vocab-file", "v.json", "--merge-file", "m.txt", "--fim-data"});
+    args.erase(std::find(args.begin(), args.end(), "--builtin-data"));
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  };
+  LaunchEnv env;
+  auto with_tokenizer = [&](const std::vector<std::string>& args) {
+    return build_config(parse(args), env, false, [](const DataConfig& d) {
+      TokenizerInfo info{50257, 50256};
+      if (d.fim.enabled) info.warnings.push_back("fim token warning");
+      return info;
+    });
+  };
+  Config c = with_tokenizer(gpt2({}));
+  EXPECT_TRUE(c.data.fim.enabled);
+  EXPECT_DOUBLE_EQ(c.data.fim.rate, 0.5);
+  EXPECT_DOUBLE_EQ(c.data.fim.spm_rate, 0.5);
+  EXPECT_FALSE(c.data.fim.split_sample || c.data.fim.fragment_rate || c.data.fim.no_prefix);
+  EXPECT_EQ(c.data.fim.prefix_token, "<fim_prefix>");
+  EXPECT_EQ(c.data.fim.middle_token, "<fim_middle>");
+  EXPECT_EQ(c.data.fim.suffix_token, "<fim_suffix>");
+  EXPECT_EQ(c.data.fim.pad_token, "<fim_pad>");
+  EXPECT_EQ(c.data.fim.eod_token, "<|endoftext|>");
+  EXPECT_NE(std::find(c.hint_warnings.begin(), c.hint_warnings.end(), "fim token warning"), c.hint_warnings.end());
+  c = with_tokenizer(gpt2({"--fim-rate", "0.9", "--fim-spm-rate", "0.1", "--fim-split-sample", "<file_sep>",
+                           "--fim-fragment-rate", "0.3", "--fim-no-prefix", "<repo>", "--fim-pad-token", "<pad>"}));
+  EXPECT_DOUBLE_EQ(c.data.fim.rate, 0.9);
+  EXPECT_EQ(c.data.fim.split_sample, "<file_sep>");
+  EXPECT_EQ(c.data.fim.fragment_rate, 0.3);
+  EXPECT_EQ(c.data.fim.no_prefix, "<repo>");
+  EXPECT_EQ(c.data.fim.pad_token, "<pad>");
+  EXPECT_USER_ERROR(with_tokenizer(gpt2({"--fim-split-sample", "<file_sep>"})),
+                    "--fim-split-sample needs --fim-fragment-rate");
+  EXPECT_USER_ERROR(with_tokenizer(gpt2({"--fim-rate", "1.5"})), "--fim-rate 1.5 is not a probability");
+  EXPECT_USER_ERROR(build(tiny_args({"--fim-data"})), "pass --data-path instead of --builtin-data");
+  auto mock = tiny_args({"--fim-data", "--mock-data"});
+  mock.erase(std::find(mock.begin(), mock.end(), "--builtin-data"));
+  EXPECT_USER_ERROR(build(mock), "--fim-data does not work with --mock-data");
+  EXPECT_USER_ERROR(with_tokenizer(gpt2({"--tokenizer-type", "SentencePieceTokenizer", "--tokenizer-model", "t.model"})),
+                    "GPT2BPETokenizer, HuggingFaceTokenizer or TikTokenizer");
+  // Without --fim-data the other FIM flags do nothing: one warning names them.
+  Config off = build(tiny_args({"--fim-rate", "0.2", "--fim-no-prefix", "x"}));
+  EXPECT_FALSE(off.data.fim.enabled);
+  EXPECT_NE(off.hint_warnings.back().find("--fim-rate, --fim-no-prefix have no effect without --fim-data"), std::string::npos);
+}
+
 TEST(Config, TrainSamplesConvertsToIterations) {
   auto args = tiny_args({"--global-batch-size", "4", "--train-samples", "40", "--lr-warmup-samples", "8"});
   args.erase(std::find(args.begin(), args.end(), "--train-iters"), std::find(args.begin(), args.end(), "--train-iters") + 2);

@@ -17,6 +17,7 @@
 #include "trainer/cli/context_parallel_args.h"
 #include "trainer/cli/logging_args.h"
 #include "trainer/cli/moe_args.h"
+#include "trainer/cli/fim_args.h"
 #include "trainer/cli/rerun_args.h"
 #include "trainer/cli/cuda_graph_args.h"
 #include "trainer/cli/determinism_env.h"
@@ -557,8 +558,10 @@ DataWithVocab build_data(const FlagValues& f, const TokenizerResolver& tokenizer
   d.data_sharding = !f.get_bool("no-data-sharding");
   if (!d.data_sharding && d.dataloader_type != DataloaderType::Cyclic)
     warnings.push_back("--no-data-sharding has no effect without --dataloader-type cyclic (as in Megatron)");
+  d.fim = build_fim_config(f, warnings);
 
   if (d.source == DataSource::Builtin) {
+    if (const std::string fim = fim_data_problem(d); !fim.empty()) throw UserError(fim);
     if (!d.tokenizer_defaulted && d.tokenizer_type != "NullTokenizer")
       throw UserError("--tokenizer-type " + d.tokenizer_type + " is not used by --builtin-data (its text has --vocab-size ids)");
     if (!d.null_vocab_size) throw UserError("--builtin-data needs --vocab-size");
@@ -572,6 +575,7 @@ DataWithVocab build_data(const FlagValues& f, const TokenizerResolver& tokenizer
     return d;
   }
   resolve_tokenizer_type(d, notices);
+  if (const std::string fim = fim_data_problem(d); !fim.empty()) throw UserError(fim);
   if (d.tokenizer_type == "NullTokenizer") {
     if (!d.null_vocab_size) throw UserError("--tokenizer-type NullTokenizer needs --vocab-size");
     if (*d.null_vocab_size <= 1) throw UserError("--vocab-size must be at least 2");
@@ -583,6 +587,7 @@ DataWithVocab build_data(const FlagValues& f, const TokenizerResolver& tokenizer
     d.tokenizer_vocab_size = info.vocab_size;
     d.eod = info.eod;
     d.pad = info.pad;
+    warnings.insert(warnings.end(), info.warnings.begin(), info.warnings.end());
   }
   // Megatron's dataset ignores a pad id that collides with the end of a document.
   if (d.pad == d.eod) d.pad = -1;

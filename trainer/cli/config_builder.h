@@ -3,6 +3,8 @@
 // naming the flags.
 #pragma once
 #include <functional>
+#include <string>
+#include <vector>
 
 #include "core/config/config.h"
 #include "parallel/layer_split.h"
@@ -11,11 +13,13 @@
 namespace fp8tron {
 
 // The tokenizer's vocabulary size (before padding) and end-of-document id. The trainer builds
-// the tokenizer (data/) to answer; torch-free callers without real data pass none.
+// the tokenizer (data/) to answer, and checks --fim-data's tokens against it; torch-free callers
+// without real data pass none.
 struct TokenizerInfo {
   int64_t vocab_size = 0;
   int64_t eod = -1;
   int64_t pad = -1;  // Megatron's GPT dataset masks labels equal to the tokenizer's pad id (-1: none)
+  std::vector<std::string> warnings;  // e.g. --fim-data's tokens that fell back to the unknown token
 };
 using TokenizerResolver = std::function<TokenizerInfo(const DataConfig&)>;
 
