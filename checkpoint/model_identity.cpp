@@ -66,6 +66,15 @@ std::vector<ModelField> model_fields(const ModelConfig& m) {
     fields.push_back({"v_head_dim", i(a.v_head_dim), "--v-head-dim"});
   }
   if (m.mtp.num_layers > 0) fields.push_back({"mtp_num_layers", i(m.mtp.num_layers), "--mtp-num-layers"});
+  if (m.mup.enabled) {
+    // MuP's multipliers are part of the function the weights compute.
+    auto d = [](double v) { return strprintf("%.17g", v); };
+    fields.push_back({"use_mup", "true", "--use-mup"});
+    fields.push_back({"mup_width_mult", d(m.mup.width_mult), "--hidden-size / --mup-base-hidden-size"});
+    fields.push_back({"mup_embedding_mult", d(m.mup.embedding_mult), "--mup-embedding-mult"});
+    fields.push_back({"mup_output_mult", d(m.mup.output_mult), "--mup-output-mult"});
+    fields.push_back({"mup_softmax_scale", d(m.mup.softmax_scale.value_or(0.0)), "--mup-base-head-dim, --mup-attn-scale-power"});
+  }
   return fields;
 }
 
@@ -89,7 +98,7 @@ void check_model(const ck::CheckpointMetadata& m, const Config& c, const std::st
   const auto here = model_fields(c.model);
   for (const auto& [key, flag] : std::vector<std::pair<std::string, std::string>>{
            {"squared_relu", "--squared-relu"}, {"multi_latent_attention", "--multi-latent-attention"},
-           {"mtp_num_layers", "--mtp-num-layers"}}) {
+           {"mtp_num_layers", "--mtp-num-layers"}, {"use_mup", "--use-mup"}}) {
     auto it = m.args.find("model." + key);
     const bool used_here = std::any_of(here.begin(), here.end(), [&](const ModelField& f) { return f.key == key; });
     if (it != m.args.end() && !used_here)

@@ -10,6 +10,7 @@
 #include "models/mtp.h"
 #include "models/loss/cross_entropy.h"
 #include "models/embedding/embedding.h"
+#include "models/init_methods.h"
 #include "models/recompute/output_discarding_recompute.h"
 #include "models/attention/output_gate.h"
 #include "models/attention/qkv_split.h"
@@ -20,9 +21,6 @@
 namespace fp8tron {
 namespace {
 namespace F = torch::nn::functional;
-
-// Megatron scales the output projections of each residual branch by 1/sqrt(2 * num_layers).
-double output_std(const ModelConfig& m) { return m.init_method_std / std::sqrt(2.0 * double(m.num_layers)); }
 
 torch::Tensor maybe_dropout(const torch::Tensor& x, double p, bool training) {
   return p > 0 && training ? F::dropout(x, F::DropoutFuncOptions().p(p).training(true)) : x;
@@ -67,7 +65,7 @@ SelfAttentionImpl::SelfAttentionImpl(const ModelConfig& m, const std::string& pr
   linear_qkv = register_module(
       "linear_qkv", TELayerNormColumnParallelLinear(NormOptions::from(m, m.hidden_size),
                                                     LinearOptions{m.hidden_size, q + gates + 2 * kv, m.add_qkv_bias,
-                                                                  m.init_method_std, 1, prefix + ".linear_qkv"},
+                                                                  hidden_init_std(m), 1, prefix + ".linear_qkv"},
                                                     f));
   if (m.qk_layernorm) {
     // Each tensor-parallel rank normalises its own heads: gradients are partial per rank.
@@ -76,7 +74,7 @@ SelfAttentionImpl::SelfAttentionImpl(const ModelConfig& m, const std::string& pr
   }
   linear_proj = register_module(
       "linear_proj",
-      TERowParallelLinear(LinearOptions{q, m.hidden_size, m.add_bias_linear, output_std(m), 1, prefix + ".linear_proj",
+      TERowParallelLinear(LinearOptions{q, m.hidden_size, m.add_bias_linear, output_layer_init_std(m), 1, prefix + ".linear_proj",
                                         false, true, /*defer_bias=*/true},
                           f));
   // Under context parallelism the tokens are this rank's shard: their own positions.
@@ -132,11 +130,11 @@ MlpImpl::MlpImpl(const ModelConfig& m, const std::string& prefix, const ModuleFa
   const int64_t fc1_out = m.swiglu ? 2 * m.ffn_hidden_size : m.ffn_hidden_size;
   linear_fc1 = register_module(
       "linear_fc1", TELayerNormColumnParallelLinear(NormOptions::from(m, m.hidden_size),
-                                                    LinearOptions{m.hidden_size, fc1_out, m.add_bias_linear, m.init_method_std,
+                                                    LinearOptions{m.hidden_size, fc1_out, m.add_bias_linear, hidden_init_std(m),
                                                                   m.swiglu ? 2 : 1, prefix + ".linear_fc1"},
                                                     f));
   linear_fc2 = register_module(
-      "linear_fc2", TERowParallelLinear(LinearOptions{m.ffn_hidden_size, m.hidden_size, m.add_bias_linear, output_std(m), 1,
+      "linear_fc2", TERowParallelLinear(LinearOptions{m.ffn_hidden_size, m.hidden_size, m.add_bias_linear, output_layer_init_std(m), 1,
                                                       prefix + ".linear_fc2", false, true, /*defer_bias=*/true},
                                         f));
   // The bf16 GeLU MLP as one op (fc1's GEMM with its bias and the GeLU, fc2's GEMM; its norm too on
@@ -293,12 +291,12 @@ GptModelImpl::GptModelImpl(const ModelConfig& m, const TensorParallelContext& tp
     auto embedding = register_module("embedding", std::make_shared<torch::nn::Module>("LanguageModelEmbedding"));
     embedding_ = embedding;
     word_embeddings_ = embedding->register_module("word_embeddings", std::make_shared<ShardedModule>("VocabParallelEmbedding"));
-    word_embeddings_->add_param("weight", f.normal("embedding.word_embeddings.weight", word, m.init_method_std), word);
+    word_embeddings_->add_param("weight", f.normal("embedding.word_embeddings.weight", word, embedding_init_std(m)), word);
     if (m.position_embedding == PositionEmbedding::LearnedAbsolute) {
       ParamInfo pos;
       pos.global_shape = {m.max_position_embeddings, m.hidden_size};
       position_embeddings_ = embedding->register_module("position_embeddings", std::make_shared<ShardedModule>("Embedding"));
-      position_embeddings_->add_param("weight", f.normal("embedding.position_embeddings.weight", pos, m.init_method_std), pos);
+      position_embeddings_->add_param("weight", f.normal("embedding.position_embeddings.weight", pos, embedding_init_std(m)), pos);
     }
   }
   auto decoder = register_module("decoder", std::make_shared<torch::nn::Module>("TransformerBlock"));
@@ -314,7 +312,8 @@ GptModelImpl::GptModelImpl(const ModelConfig& m, const TensorParallelContext& tp
     final_layernorm_ = decoder->register_module("final_layernorm", TELayerNorm(NormOptions::from(m, m.hidden_size), tp.sequence_parallel, f));
   }
   if (stage.has_head) {
-    LinearOptions out{m.hidden_size, m.padded_vocab_size, false, m.init_method_std, 1, "output_layer", tied};
+    // Megatron: init_method, or under MuP (untied) the embedding's init: unscaled either way.
+    LinearOptions out{m.hidden_size, m.padded_vocab_size, false, embedding_init_std(m), 1, "output_layer", tied};
     out.fp8 = false;  // the logits GEMM stays bf16, as Megatron's output layer
     output_layer_ = register_module("output_layer", TEColumnParallelLinear(out, f));
     if ((tied || mtp) && !stage.has_embedding) {
@@ -325,7 +324,7 @@ GptModelImpl::GptModelImpl(const ModelConfig& m, const TensorParallelContext& tp
       copy.shared_embedding_copy = true;
       output_copy_ = std::make_shared<ShardedModule>("SharedEmbedding");
       register_module("output_layer_shared", output_copy_);
-      output_copy_->add_param("weight", f.normal("embedding.word_embeddings.weight", copy, m.init_method_std), copy);
+      output_copy_->add_param("weight", f.normal("embedding.word_embeddings.weight", copy, embedding_init_std(m)), copy);
     }
     if (mtp) {
       auto block = register_module("mtp", std::make_shared<torch::nn::Module>("MultiTokenPredictionBlock"));
@@ -380,6 +379,8 @@ torch::Tensor GptModelImpl::embed(const torch::Tensor& tokens, const torch::Tens
       rows = table.narrow(0, 0, t.size(0));
     h = position_ids.defined() ? h + F::embedding(position_ids.t(), table) : h + rows.unsqueeze(1);
   }
+  // MuP: the embedding output (word + position) times --mup-embedding-mult, before SP and dropout.
+  if (config_.mup.enabled && config_.mup.embedding_mult != 1.0) h = h * config_.mup.embedding_mult;
   if (tp_.sequence_parallel) h = scatter_to_sp(h, *tp_.comm);
   return maybe_dropout(h, config_.hidden_dropout, is_training());
 }
@@ -393,7 +394,10 @@ torch::Tensor GptModelImpl::output_logits(const torch::Tensor& h) {
   params_ready(*output_layer_);
   if (output_copy_) params_ready(*output_copy_);  // (a first stage's embedding is ready already)
   const bool tied = !config_.untie_embeddings_and_output_weights;
-  return tied ? output_layer_->forward_with(h, shared_embedding_weight()) : output_layer_(h);  // [s, b, V/tp]
+  auto logits = tied ? output_layer_->forward_with(h, shared_embedding_weight()) : output_layer_(h);  // [s, b, V/tp]
+  // MuP (Megatron's _scale_logits): the main and the MTP heads' logits times the output multiplier.
+  if (config_.mup.enabled && config_.mup.output_mult != 1.0) logits = logits * config_.mup.output_mult;
+  return logits;
 }
 
 torch::Tensor GptModelImpl::token_losses(const torch::Tensor& logits, const torch::Tensor& labels) {

@@ -1,5 +1,6 @@
 #include "models/mtp.h"
 
+#include "models/init_methods.h"
 #include "parallel/tensor_parallel.h"
 
 namespace fp8tron {
@@ -12,7 +13,7 @@ MtpLayerImpl::MtpLayerImpl(const ModelConfig& m, int64_t depth, const ModuleFact
   enorm = register_module("enorm", TELayerNorm(NormOptions::from(m, m.hidden_size), sp, f));
   hnorm = register_module("hnorm", TELayerNorm(NormOptions::from(m, m.hidden_size), sp, f));
   eh_proj = register_module(
-      "eh_proj", TEColumnParallelLinear(LinearOptions{2 * m.hidden_size, m.hidden_size, false, m.init_method_std, 1,
+      "eh_proj", TEColumnParallelLinear(LinearOptions{2 * m.hidden_size, m.hidden_size, false, hidden_init_std(m), 1,
                                                       prefix + ".eh_proj"},
                                         f));
   // Megatron numbers the MTP layers' MoE metrics after the decoder's layers.

@@ -85,16 +85,16 @@ bool MixedPrecisionOptimizer::param_gather_overlapped() const {
   return false;
 }
 
-StepResult MixedPrecisionOptimizer::step(double lr, double weight_decay, double loss_scale, std::optional<double> decoupled_lr) {
+StepResult MixedPrecisionOptimizer::step(double lr, double weight_decay, double loss_scale, const GroupLrs& group_lrs) {
   const auto& reference = domains_.front()->main_grads();
   auto divisor = loss_scale == 1.0 ? torch::Tensor() : torch::full({}, loss_scale, reference.options().dtype(torch::kFloat32));
-  return step(lr, weight_decay, divisor, decoupled_lr);
+  return step(lr, weight_decay, divisor, group_lrs);
 }
 
 StepResult MixedPrecisionOptimizer::step(double lr, double weight_decay, const torch::Tensor& grad_divisor,
-                                         std::optional<double> decoupled_lr) {
+                                         const GroupLrs& group_lrs) {
   PreparedStep prepared = prepare_step(grad_divisor);
-  return apply_step(prepared, lr, weight_decay, decoupled_lr);
+  return apply_step(prepared, lr, weight_decay, group_lrs);
 }
 
 PreparedStep MixedPrecisionOptimizer::prepare_step(const torch::Tensor& grad_divisor) {
@@ -110,7 +110,7 @@ PreparedStep MixedPrecisionOptimizer::prepare_step(const torch::Tensor& grad_div
 }
 
 StepResult MixedPrecisionOptimizer::apply_step(PreparedStep& p, double lr, double weight_decay,
-                                               std::optional<double> decoupled_lr, const torch::Tensor& skip) {
+                                               const GroupLrs& group_lrs, const torch::Tensor& skip) {
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor>& grads = p.grads;
   StepResult result;
@@ -134,7 +134,7 @@ StepResult MixedPrecisionOptimizer::apply_step(PreparedStep& p, double lr, doubl
     result.num_zeros = zeros.to(torch::kInt64);
   }
   for (size_t i = 0; i < domains_.size(); ++i)
-    domains_[i]->update(grads[i], lr, weight_decay, result.found_inf, folded[i] ? coeff : torch::Tensor(), decoupled_lr);
+    domains_[i]->update(grads[i], lr, weight_decay, result.found_inf, folded[i] ? coeff : torch::Tensor(), group_lrs);
   return result;
 }
 

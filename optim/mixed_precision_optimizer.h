@@ -74,18 +74,18 @@ class MixedPrecisionOptimizer {
   void finish_param_gather();
   bool param_gather_overlapped() const;
   // Unscales by 1/loss_scale, checks for inf/nan, clips, updates, publishes the new weights.
-  // `decoupled_lr`: the learning rate of the embedding and output layer (--decoupled-lr).
-  StepResult step(double lr, double weight_decay, double loss_scale, std::optional<double> decoupled_lr = std::nullopt);
+  // `group_lrs`: the learning rates of the groups with their own (optim/param_groups.h: the
+  // embedding and output layer under --decoupled-lr, MuP's width-scaled group); `lr` is the rest's.
+  StepResult step(double lr, double weight_decay, double loss_scale, const GroupLrs& group_lrs = {});
   // The same with the gradients divided by a device scalar (the loss scale times, with
   // --calculate-per-token-loss, the global token count), so the step never waits on the device.
-  StepResult step(double lr, double weight_decay, const torch::Tensor& grad_divisor,
-                  std::optional<double> decoupled_lr = std::nullopt);
+  StepResult step(double lr, double weight_decay, const torch::Tensor& grad_divisor, const GroupLrs& group_lrs = {});
   // step() in two halves, so that the norm can be judged before the update: prepare_step divides the
   // gradients (in place) and takes their global norm; apply_step clips and updates, skipping the
   // update on every rank when the norm is not finite or `skip` (a 0-dim device flag, 1: skip) is
   // set. Neither waits on the GPU.
   PreparedStep prepare_step(const torch::Tensor& grad_divisor);
-  StepResult apply_step(PreparedStep& prepared, double lr, double weight_decay, std::optional<double> decoupled_lr,
+  StepResult apply_step(PreparedStep& prepared, double lr, double weight_decay, const GroupLrs& group_lrs,
                         const torch::Tensor& skip = torch::Tensor());
   // --log-num-zeros-in-grad: every step also counts the zero gradient elements (Megatron's
   // count_zeros_fp32: each parameter once, after clipping, over every rank holding a part).

@@ -12,7 +12,8 @@ namespace fp8tron {
 namespace {
 // Megatron's parameter groups (optim/param_groups.h).
 bool decays(const NamedParam& p, const OptimizerConfig& c) { return applies_weight_decay(p.name, p.tensor.dim(), c); }
-int lr_group(const NamedParam& p, const OptimizerConfig& c) { return c.decoupled_lr && is_embedding_or_output(p.name) ? 1 : 0; }
+LrGroup group_of(const NamedParam& p, const OptimizerConfig& c) { return lr_group(p.name, p.tensor.dim(), c); }
+double eps_mult(const NamedParam& p, const OptimizerConfig& c) { return adam_eps_mult(p.name, p.tensor.dim(), c); }
 bool muon(const NamedParam& p, const OptimizerConfig& c) { return uses_muon(p.name, p.tensor.dim(), c); }
 torch::Dtype to_torch(ParamDtype d) {
   return d == ParamDtype::Bf16 ? torch::kBFloat16 : d == ParamDtype::Fp16 ? torch::kFloat16 : torch::kFloat32;
@@ -44,14 +45,14 @@ OptimizerDomain::OptimizerDomain(const std::vector<NamedParam>& params, const Op
       distributed_(distributed && shard_ranks() > 1),
       separate_main_weights_(precision.params_dtype != ParamDtype::Fp32 || distributed_) {
   torch::NoGradGuard no_grad;
-  // Order: Adam/SGD before Muon parameters, decay first; within it the default learning rate
-  // before the decoupled one, normal, TP-duplicated (partial-gradient ones first), excluded.
+  // Order: Adam/SGD before Muon parameters, decay first; within it the byte-published ones, then
+  // by learning-rate group and Adam epsilon, normal, TP-duplicated (partial-gradient ones first),
+  // excluded.
   std::vector<const NamedParam*> ordered;
   for (const auto& p : params) ordered.push_back(&p);
   auto model_order = [&](const NamedParam* p) { return int64_t(p - params.data()); };
   const OptimizerConfig& c = config_;
-  // Byte-published parameters (FP8 linears' weights: Adam, decayed, default learning rate, normal
-  // norm class) come first.
+  // Byte-published parameters (FP8 linears' weights: Adam, decayed) come first.
   auto published_as_bytes = [&](const NamedParam* p) {
     for (const auto& b : byte_params)
       if (b.is_same(p->tensor)) return true;
@@ -59,8 +60,8 @@ OptimizerDomain::OptimizerDomain(const std::vector<NamedParam>& params, const Op
   };
   std::stable_sort(ordered.begin(), ordered.end(), [&](const NamedParam* a, const NamedParam* b) {
     auto key = [&](const NamedParam* p) {
-      return std::make_tuple(muon(*p, c), !decays(*p, c), lr_group(*p, c), norm_class(*p), !published_as_bytes(p),
-                             !p->info.reduce_grad_over_tp);
+      return std::make_tuple(muon(*p, c), !decays(*p, c), !published_as_bytes(p), group_of(*p, c), -eps_mult(*p, c),
+                             norm_class(*p), !p->info.reduce_grad_over_tp);
     };
     return key(a) < key(b);
   });
@@ -98,13 +99,14 @@ OptimizerDomain::OptimizerDomain(const std::vector<NamedParam>& params, const Op
     const NamedParam* p = ordered[i];
     const int64_t offset = layout.offsets[i], n = p->tensor.numel();
     const bool decay = decays(*p, c), is_muon = muon(*p, c);
-    const int group = lr_group(*p, c);
+    const LrGroup group = group_of(*p, c);
+    const double eps = eps_mult(*p, c);
     const double w = norm_class(*p) == 0 ? 1.0 : norm_class(*p) == 1 ? 1.0 / tp : 0.0;
     // A segment is a contiguous run of equally treated parameters (padding ends it).
     if (segments_.empty() || segments_.back().decay != decay || segments_.back().norm_weight != w ||
-        segments_.back().lr_group != group || segments_.back().muon != is_muon ||
+        segments_.back().lr_group != group || segments_.back().muon != is_muon || segments_.back().eps_mult != eps ||
         segments_.back().offset + segments_.back().numel != offset)
-      segments_.push_back(Segment{offset, 0, decay, w, group, is_muon});
+      segments_.push_back(Segment{offset, 0, decay, w, group, is_muon, eps});
     if (is_muon) muon_slots_.push_back(MuonSlot{offset, p->tensor.sizes().vec(), MuonParam{p->info, is_fused_qkv(p->name), {}}});
     segments_.back().numel += n;
     auto add_range = [&](std::vector<std::pair<int64_t, int64_t>>& ranges) {
@@ -379,7 +381,7 @@ bool OptimizerDomain::folds_clipping(const torch::Tensor& grads) const {
 }
 
 void OptimizerDomain::update(const torch::Tensor& grads, double lr, double weight_decay, const torch::Tensor& found_inf,
-                             const torch::Tensor& clip_coeff, std::optional<double> decoupled_lr) {
+                             const torch::Tensor& clip_coeff, const GroupLrs& group_lrs) {
   torch::NoGradGuard no_grad;
   FP8TRON_CHECK(!clip_coeff.defined() || folds_clipping(grads), "update: clipping is folded only into fused Adam on GPUs");
   // The fused kernel divides each gradient by grad_scale as it reads it.
@@ -396,12 +398,15 @@ void OptimizerDomain::update(const torch::Tensor& grads, double lr, double weigh
     if (hi <= lo) continue;
     const int64_t off = lo - shard_begin_, n = hi - lo;
     const double wd = s.decay ? weight_decay : 0.0;
-    const double group_lr = s.lr_group == 1 ? decoupled_lr.value_or(lr) : lr;
+    const double group_lr = s.lr_group == LrGroup::Decoupled ? group_lrs.decoupled.value_or(lr)
+                            : s.lr_group == LrGroup::Mup     ? group_lrs.mup.value_or(lr)
+                                                             : lr;
     if (s.muon) {
       muon_step(s, grads, group_lr, wd, found_inf);
     } else if (config_.optimizer == "adam" || config_.optimizer == "muon") {
       step_counts_[i].add_(keep);  // a skipped step does not advance bias correction
-      if (adam_step(i, lo, n, grads, group_lr, wd, found_inf, grad_divisor)) published.emplace_back(lo, n);
+      if (adam_step(i, lo, n, grads, group_lr, wd, config_.adam_eps * s.eps_mult, found_inf, grad_divisor))
+        published.emplace_back(lo, n);
     } else {
       // SGD with momentum (torch.optim.SGD semantics); skipped steps leave everything unchanged.
       auto p = main_params_.narrow(0, off, n), g = grads.narrow(0, off, n), m = exp_avg_.narrow(0, off, n);
@@ -420,7 +425,7 @@ void OptimizerDomain::update(const torch::Tensor& grads, double lr, double weigh
 }
 
 bool OptimizerDomain::adam_step(size_t segment, int64_t lo, int64_t n, const torch::Tensor& grads, double lr, double wd,
-                                const torch::Tensor& found_inf, const std::optional<torch::Tensor>& grad_divisor) {
+                                double eps, const torch::Tensor& found_inf, const std::optional<torch::Tensor>& grad_divisor) {
   const int64_t off = lo - shard_begin_;
   AdamWState state{main_params_.narrow(0, off, n), grads.narrow(0, off, n), exp_avg_.narrow(0, off, n),
                    exp_avg_sq_.narrow(0, off, n), {}};
@@ -429,11 +434,11 @@ bool OptimizerDomain::adam_step(size_t segment, int64_t lo, int64_t n, const tor
   if (separate_main_weights_ && !codes_.defined()) state.model_copy = model_params_.narrow(0, lo, n);
   const torch::Tensor& step = step_counts_[segment];
   if (!torch_adam_kernel_ && fused_adamw_applies(state, step, found_inf, grad_divisor)) {
-    fused_adamw(state, step, found_inf, grad_divisor, {lr, config_.adam_beta1, config_.adam_beta2, config_.adam_eps, wd});
+    fused_adamw(state, step, found_inf, grad_divisor, {lr, config_.adam_beta1, config_.adam_beta2, eps, wd});
     return state.model_copy.defined();
   }
   at::_fused_adamw_({state.param}, {state.grad}, {state.exp_avg}, {state.exp_avg_sq}, {}, {step}, lr, config_.adam_beta1,
-                    config_.adam_beta2, wd, config_.adam_eps, false, false, grad_divisor, found_inf);
+                    config_.adam_beta2, wd, eps, false, false, grad_divisor, found_inf);
   return false;
 }
 

@@ -6,9 +6,9 @@
 //  - their gradients are views into one contiguous "main grad" buffer (fp32, or the parameter
 //    dtype for fp16 without --accumulate-allreduce-grads-in-fp32), so autograd accumulates
 //    micro-batches straight into it and the reductions work on it in place;
-//  - parameters are ordered into segments by (Muon or not, weight decay, learning-rate group,
-//    how they count in the gradient norm), so every optimizer kernel and norm runs once per
-//    segment over one tensor (Muon: once per matrix);
+//  - parameters are ordered into segments by (Muon or not, weight decay, learning-rate group and
+//    Adam epsilon (optim/param_groups.h), how they count in the gradient norm), so every
+//    optimizer kernel and norm runs once per segment over one tensor (Muon: once per matrix);
 //  - with --use-distributed-optimizer the fp32 main weights and Adam states exist only for this
 //    rank's shard of the buffer over the domain's data-parallel group (over its optimizer
 //    instance with --num-distributed-optimizer-instances, see DomainGroups): gradients are
@@ -32,6 +32,7 @@
 #include "parallel/param_gather.h"
 #include "parallel/sharding.h"
 #include "optim/muon.h"
+#include "optim/param_groups.h"
 
 namespace fp8tron {
 
@@ -109,10 +110,10 @@ class OptimizerDomain {
   // Zero elements of `grads` (Megatron's count_zeros_fp32: each parameter once), summed over the
   // domain's groups; float64.
   torch::Tensor zeros_in(const torch::Tensor& grads);
-  // `clip_coeff`: see folds_clipping. `decoupled_lr`: the embedding's and output layer's learning
-  // rate (--decoupled-lr).
+  // `clip_coeff`: see folds_clipping. `group_lrs`: the learning rates of the groups that have their
+  // own (--decoupled-lr, --use-mup); `lr` is the base group's.
   void update(const torch::Tensor& grads, double lr, double weight_decay, const torch::Tensor& found_inf,
-              const torch::Tensor& clip_coeff = {}, std::optional<double> decoupled_lr = std::nullopt);
+              const torch::Tensor& clip_coeff = {}, const GroupLrs& group_lrs = {});
   // Whether update() applies a clip coefficient inside the fused Adam kernel (the GPU path: saves a
   // read-modify-write pass over every gradient) instead of the caller scaling the gradients. Not
   // with Muon: its Newton-Schulz path reads the gradients outside the fused kernel.
@@ -162,8 +163,9 @@ class OptimizerDomain {
     int64_t offset, numel;
     bool decay;
     double norm_weight;  // 1, 1/tp for tensor-parallel duplicates, 0 for the tied-embedding copy
-    int lr_group = 0;    // 1: the decoupled learning rate (embedding and output layer)
-    bool muon = false;   // updated by Muon (2-D hidden weights with --optimizer muon)
+    LrGroup lr_group = LrGroup::Base;
+    bool muon = false;      // updated by Muon (2-D hidden weights with --optimizer muon)
+    double eps_mult = 1.0;  // Adam's epsilon is --adam-eps times this (MuP's hidden parameters)
   };
   struct MuonSlot {
     int64_t offset;              // in the flat buffers
@@ -174,7 +176,7 @@ class OptimizerDomain {
   void muon_step(const Segment& s, const torch::Tensor& grads, double lr, double wd, const torch::Tensor& found_inf);
   // Adam over this rank's part [lo, lo + n) of a segment; returns whether the model parameters of
   // that range were written too (the fused kernel's copy).
-  bool adam_step(size_t segment, int64_t lo, int64_t n, const torch::Tensor& grads, double lr, double wd,
+  bool adam_step(size_t segment, int64_t lo, int64_t n, const torch::Tensor& grads, double lr, double wd, double eps,
                  const torch::Tensor& found_inf, const std::optional<torch::Tensor>& grad_divisor);
   // This rank's model parameters (its shard with the distributed optimizer) := main weights, except
   // in `published` (sorted, disjoint ranges already written by the step).

@@ -5,6 +5,9 @@ namespace {
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
+
+// MuP's width scaling is on (Megatron returns no overrides at m = 1).
+bool mup_scales(const OptimizerConfig& c) { return c.mup_width_mult && *c.mup_width_mult != 1.0; }
 }  // namespace
 
 bool applies_weight_decay(const std::string& name, int64_t dim, const OptimizerConfig& config) {
@@ -25,5 +28,32 @@ bool uses_muon(const std::string& name, int64_t dim, const OptimizerConfig& conf
 }
 
 bool is_fused_qkv(const std::string& name) { return ends_with(name, "self_attention.linear_qkv.weight"); }
+
+bool is_mup_vector_like(const std::string& name, int64_t dim) {
+  // Megatron's is_embedding_parameter: every parameter of the embedding module (word and
+  // position tables, on the first stage or a later stage's copy), the output layer, and by name
+  // anything else called an embedding.
+  const bool embedding_class = name.find("embedding") != std::string::npos || is_embedding_or_output(name);
+  return embedding_class || dim <= 1;
+}
+
+std::optional<double> mup_lr_mult(const OptimizerConfig& config) {
+  if (!mup_scales(config)) return std::nullopt;
+  return config.optimizer == "sgd" ? *config.mup_width_mult : 1.0 / *config.mup_width_mult;
+}
+
+LrGroup lr_group(const std::string& name, int64_t dim, const OptimizerConfig& config) {
+  if (config.decoupled_lr && is_embedding_or_output(name)) return LrGroup::Decoupled;
+  if (!mup_scales(config)) return LrGroup::Base;
+  const bool vector_like = is_mup_vector_like(name, dim);
+  if (config.optimizer == "sgd") return vector_like ? LrGroup::Mup : LrGroup::Base;
+  // Muon's own matrices keep Muon's scaling (--muon-scale-mode); the rest of the hidden ones scale.
+  return !vector_like && !uses_muon(name, dim, config) ? LrGroup::Mup : LrGroup::Base;
+}
+
+double adam_eps_mult(const std::string& name, int64_t dim, const OptimizerConfig& config) {
+  if (!mup_scales(config) || config.optimizer != "adam" || is_mup_vector_like(name, dim)) return 1.0;
+  return 1.0 / *config.mup_width_mult;
+}
 
 }  // namespace fp8tron

@@ -182,11 +182,13 @@ TrainingStep::Pass TrainingStep::forward_backward(int64_t iteration) {
 }
 
 StepResult TrainingStep::apply(Pass& pass, const torch::Tensor& skip) {
-  std::optional<double> decoupled_lr;
-  if (c_.optimizer.decoupled_lr)
-    decoupled_lr = progress_.schedule.lr(*c_.optimizer.decoupled_lr, c_.optimizer.decoupled_min_lr.value_or(c_.optimizer.min_lr));
+  const OptimizerConfig& o = c_.optimizer;
+  GroupLrs group_lrs;
+  if (o.decoupled_lr) group_lrs.decoupled = progress_.schedule.lr(*o.decoupled_lr, o.decoupled_min_lr.value_or(o.min_lr));
+  // MuP's group: Megatron overrides its peak and minimum, so warmup still starts at --lr-warmup-init.
+  if (const auto mult = mup_lr_mult(o)) group_lrs.mup = progress_.schedule.lr(o.lr * *mult, o.min_lr * *mult);
   timers_.start("optimizer", 1);
-  StepResult result = parts_.optimizer->apply_step(pass.prepared, progress_.schedule.lr(), progress_.schedule.weight_decay(), decoupled_lr, skip);
+  StepResult result = parts_.optimizer->apply_step(pass.prepared, progress_.schedule.lr(), progress_.schedule.weight_decay(), group_lrs, skip);
   timers_.stop("optimizer", 1);
   return result;
 }

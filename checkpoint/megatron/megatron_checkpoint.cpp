@@ -100,7 +100,7 @@ void read_legacy_optimizer(const TorchArchive& a, const PyRef& optimizer,
     if (!as_double(attribute(g, "wd_mult"), wd)) as_double(attribute(g, "weight_decay"), wd);
     const bool decay = wd != 0;
     if (!kinds_seen.insert(decay).second)
-      throw UserError(where + ": two optimizer parameter groups with the same weight decay (--decoupled-lr or "
+      throw UserError(where + ": two optimizer parameter groups with the same weight decay (--decoupled-lr, --use-mup or "
                               "learning-rate multipliers); fp8tron does not map them: pass --no-load-optim");
     std::vector<int64_t> indices;
     if (!as_int_list(attribute(g, "params"), indices)) throw UserError(where + ": a parameter group lists no params");

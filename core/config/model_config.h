@@ -4,6 +4,7 @@
 
 #include "core/config/model_variants.h"
 #include "core/config/moe_config.h"
+#include "core/config/mup_config.h"
 #include "core/config/precision_config.h"
 #include "core/config/recompute_config.h"
 
@@ -51,6 +52,7 @@ struct ModelConfig {
   MlaConfig mla;              // multi-latent attention
   MtpConfig mtp;              // multi-token prediction
   MoeConfig moe;         // mixture of experts (off: a dense model)
+  MupConfig mup;         // maximal update parametrization (--use-mup)
 };
 
 // Whether the MTP layers' inner transformer layer is an MoE layer, as Megatron builds it

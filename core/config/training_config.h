@@ -99,6 +99,9 @@ struct OptimizerConfig {
   std::optional<double> decoupled_lr, decoupled_min_lr;
   bool apply_wd_to_qk_layernorm = false;  // --apply-wd-to-qk-layernorm: QK norms get weight decay
   MuonConfig muon;
+  // --use-mup: the width multiplier (hidden size / --mup-base-hidden-size) that Megatron's
+  // get_mup_config_overrides scales learning rates and Adam epsilon by (optim/param_groups.h).
+  std::optional<double> mup_width_mult;
 };
 
 enum class DecayStyle { Constant, Linear, Cosine, InverseSquareRoot, WSD };

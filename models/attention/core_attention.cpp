@@ -11,7 +11,8 @@ CoreAttention::CoreAttention(const ModelConfig& m, int64_t layer, ContextParalle
     : recompute_(m.recompute.selective(&RecomputeModules::core_attn)),
       cp_(std::move(cp)),
       comm_type_(cp_.config.comm_type(layer)),
-      scale_(1.0 / std::sqrt(double(m.kv_channels))) {}
+      scale_(m.mup.softmax_scale.value_or(1.0 / std::sqrt(double(m.kv_channels)))),
+      sdpa_scale_(m.mup.softmax_scale) {}
 
 torch::Tensor CoreAttention::forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                      const torch::Tensor& attention_mask, double dropout, bool training) const {
@@ -42,8 +43,8 @@ torch::Tensor CoreAttention::attend(const torch::Tensor& q_in, const torch::Tens
   // A document mask (--reset-attention-mask) already contains causality; it takes SDPA's
   // unfused-mask path, so plain causal attention keeps the fused kernels.
   auto out = attention_mask.defined()
-                 ? at::scaled_dot_product_attention(q, k, v, attention_mask, dropout, /*is_causal=*/false)
-                 : at::scaled_dot_product_attention(q, k, v, {}, dropout, /*is_causal=*/true, std::nullopt, native_groups);
+                 ? at::scaled_dot_product_attention(q, k, v, attention_mask, dropout, /*is_causal=*/false, sdpa_scale_)
+                 : at::scaled_dot_product_attention(q, k, v, {}, dropout, /*is_causal=*/true, sdpa_scale_, native_groups);
   return out.permute({2, 0, 1, 3}).reshape({s, b, heads * d});
 }
 

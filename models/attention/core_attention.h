@@ -1,4 +1,5 @@
-// Megatron's core attention (TEDotProductAttention): softmax(Q K^T / sqrt(d)) V, causal (or under
+// Megatron's core attention (TEDotProductAttention): softmax(Q K^T / sqrt(d)) V (--use-mup: its
+// softmax scale instead, ModelConfig::mup), causal (or under
 // a document mask), with dropout on the probabilities, grouped keys and values, and context
 // parallelism (models/attention/context_parallel_attention.h, by the layer's --cp-comm-type). With
 // --recompute-granularity selective and core_attn in --recompute-modules it is recomputed in
@@ -31,6 +32,8 @@ class CoreAttention {
   ContextParallelContext cp_;
   CpCommType comm_type_ = CpCommType::P2P;
   double scale_ = 1;
+  // The scale handed to SDPA: none for its own 1 / sqrt(d) (the same value), MuP's otherwise.
+  std::optional<double> sdpa_scale_;
 };
 
 }  // namespace fp8tron

@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "fp8/fp8_linear.h"
 #include "models/attention/context_parallel_attention.h"
+#include "models/init_methods.h"
 #include "models/recompute/output_discarding_recompute.h"
 #include "models/recompute/recompute.h"
 #include "parallel/tensor_parallel.h"
@@ -54,7 +55,7 @@ double mla_softmax_scale(const ModelConfig& m) {
 namespace {
 std::shared_ptr<torch::nn::Module> up_projection(const ModelConfig& m, int64_t in, int64_t out, const std::string& name,
                                                  const ModuleFactory& f) {
-  LinearOptions o{in, out, /*bias=*/false, m.init_method_std, 1, name};
+  LinearOptions o{in, out, /*bias=*/false, hidden_init_std(m), 1, name};
   if (m.qk_layernorm) return std::make_shared<TELayerNormColumnParallelLinearImpl>(NormOptions::from(m, in), o, f);
   return std::make_shared<TEColumnParallelLinearImpl>(o, f);
 }
@@ -77,7 +78,7 @@ MlaSelfAttentionImpl::MlaSelfAttentionImpl(const ModelConfig& m, const std::stri
   if (a.q_lora_rank) {
     linear_q_down_proj = register_module(
         "linear_q_down_proj",
-        TEDuplicatedLinear(LinearOptions{H, *a.q_lora_rank, false, m.init_method_std, 1, prefix + ".linear_q_down_proj"}, f));
+        TEDuplicatedLinear(LinearOptions{H, *a.q_lora_rank, false, hidden_init_std(m), 1, prefix + ".linear_q_down_proj"}, f));
     linear_q_up_proj = register_module("linear_q_up_proj",
                                        up_projection(m, *a.q_lora_rank, n * q_head, prefix + ".linear_q_up_proj", f));
   } else {
@@ -85,11 +86,11 @@ MlaSelfAttentionImpl::MlaSelfAttentionImpl(const ModelConfig& m, const std::stri
   }
   linear_kv_down_proj = register_module(
       "linear_kv_down_proj", TEDuplicatedLinear(LinearOptions{H, a.kv_lora_rank + a.qk_pos_emb_head_dim, false,
-                                                              m.init_method_std, 1, prefix + ".linear_kv_down_proj"},
+                                                              hidden_init_std(m), 1, prefix + ".linear_kv_down_proj"},
                                                 f));
   linear_kv_up_proj = register_module(
       "linear_kv_up_proj", up_projection(m, a.kv_lora_rank, n * (a.qk_head_dim + a.v_head_dim), prefix + ".linear_kv_up_proj", f));
-  const double output_std = m.init_method_std / std::sqrt(2.0 * double(m.num_layers));
+  const double output_std = output_layer_init_std(m);
   linear_proj = register_module(
       "linear_proj", TERowParallelLinear(LinearOptions{n * a.v_head_dim, H, m.add_bias_linear, output_std, 1, prefix + ".linear_proj"}, f));
 }

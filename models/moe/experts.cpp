@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "models/init_methods.h"
 #include "models/mlp/fused_swiglu.h"
 #include "models/recompute/output_discarding_recompute.h"
 
@@ -18,7 +19,7 @@ GroupedMlpImpl::GroupedMlpImpl(const ModelConfig& m, const std::string& prefix, 
   fc1.expert_offset = expert_offset;
   fc1.is_expert = true;
   fc1.bias = m.add_bias_linear;
-  fc1.init_std = m.init_method_std;
+  fc1.init_std = hidden_init_std(m);
   fc1.init_name = prefix + ".linear_fc1";
   fc1.parallel_mode = GroupedParallelMode::kColumn;
   fc1.interleave = m.swiglu ? 2 : 1;
@@ -26,7 +27,7 @@ GroupedMlpImpl::GroupedMlpImpl(const ModelConfig& m, const std::string& prefix, 
   GroupedLinearOptions fc2 = fc1;
   fc2.in_features = ffn;
   fc2.out_features = m.hidden_size;
-  fc2.init_std = m.init_method_std / std::sqrt(2.0 * double(m.num_layers));  // Megatron's output_layer_init_method
+  fc2.init_std = output_layer_init_std(m);  // Megatron's output_layer_init_method
   fc2.init_name = prefix + ".linear_fc2";
   fc2.parallel_mode = GroupedParallelMode::kRow;
   fc2.interleave = 1;

@@ -1,6 +1,7 @@
 #include "models/moe/router.h"
 
 #include "core/error.h"
+#include "models/init_methods.h"
 #include "models/moe/aux_loss.h"
 #include "models/moe/fused_topk_routing.h"
 #include "models/recompute/recompute.h"
@@ -69,11 +70,11 @@ TopKRouterImpl::TopKRouterImpl(const ModelConfig& m, const std::string& prefix, 
   ParamInfo w;
   w.global_shape = {experts, m.hidden_size};
   w.reduce_grad_over_tp = f.tp().sequence_parallel && f.tp().size > 1;
-  weight = add_param("weight", f.normal(prefix + ".weight", w, m.init_method_std), w);
+  weight = add_param("weight", f.normal(prefix + ".weight", w, hidden_init_std(m)), w);
   if (m.add_bias_linear) {
     ParamInfo b = w;
     b.global_shape = {experts};
-    bias = add_param("bias", f.normal(prefix + ".bias", b, m.init_method_std), b);  // Megatron: init_method, not zeros
+    bias = add_param("bias", f.normal(prefix + ".bias", b, hidden_init_std(m)), b);  // Megatron: init_method, not zeros
   }
   if (config_.enable_expert_bias) expert_bias = register_buffer("expert_bias", torch::zeros({experts}, torch::kFloat32));
   context_->register_router(this);

@@ -2,14 +2,16 @@
 
 #include <cmath>
 
+#include "models/init_methods.h"
+
 namespace fp8tron {
 
 SharedExpertMlpImpl::SharedExpertMlpImpl(const ModelConfig& m, const std::string& prefix, const ModuleFactory& f)
     : swiglu_(m.swiglu) {
   const int64_t size = m.moe.shared_expert_size;
-  LinearOptions fc1{m.hidden_size, m.swiglu ? 2 * size : size, false, m.init_method_std, m.swiglu ? 2 : 1,
+  LinearOptions fc1{m.hidden_size, m.swiglu ? 2 * size : size, false, hidden_init_std(m), m.swiglu ? 2 : 1,
                     prefix + ".linear_fc1"};
-  LinearOptions fc2{size, m.hidden_size, false, m.init_method_std / std::sqrt(2.0 * double(m.num_layers)), 1,
+  LinearOptions fc2{size, m.hidden_size, false, output_layer_init_std(m), 1,
                     prefix + ".linear_fc2"};
   linear_fc1 = register_module("linear_fc1", TEColumnParallelLinear(fc1, f));
   linear_fc2 = register_module("linear_fc2", TERowParallelLinear(fc2, f));
@@ -18,7 +20,7 @@ SharedExpertMlpImpl::SharedExpertMlpImpl(const ModelConfig& m, const std::string
     ParamInfo info;
     info.global_shape = {1, m.hidden_size};
     info.reduce_grad_over_tp = f.tp().sequence_parallel && f.tp().size > 1;
-    gate_weight = add_param("gate_weight", f.normal(prefix + ".gate_weight", info, m.init_method_std), info);
+    gate_weight = add_param("gate_weight", f.normal(prefix + ".gate_weight", info, hidden_init_std(m)), info);
   }
 }
 

@@ -323,8 +323,8 @@ TEST(GpuAdamW, OptimizerStepsMatchTorchKernelAndCopy) {
         grads.copy_(g.to(grads.scalar_type()));
         r->optimizer->finalize_grads();
       }
-      const StepResult ra = ours.optimizer->step(1e-3 * step, 0.1, loss_scale, 2e-3);
-      const StepResult rb = theirs.optimizer->step(1e-3 * step, 0.1, loss_scale, 2e-3);
+      const StepResult ra = ours.optimizer->step(1e-3 * step, 0.1, loss_scale, GroupLrs{/*decoupled=*/2e-3});
+      const StepResult rb = theirs.optimizer->step(1e-3 * step, 0.1, loss_scale, GroupLrs{/*decoupled=*/2e-3});
       EXPECT_EQ(ra.found_inf.item<float>(), step == 3 ? 1.0f : 0.0f);
       EXPECT_TRUE(same_bits(ra.grad_norm, rb.grad_norm));
       expect_same_state(a, b);

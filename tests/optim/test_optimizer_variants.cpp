@@ -56,7 +56,7 @@ TEST(ParamGroups, DecoupledLearningRateAndQkNormDecay) {
                                {"decoder.layers.0.mlp.linear_fc1.bias", bias, info}},
                               oc, PrecisionConfig{}, single, false);
   for (auto* t : {&emb, &fc, &qn, &bias}) t->mutable_grad().fill_(2.0);
-  opt.step(/*lr=*/0.1, /*weight_decay=*/0.25, 1.0, /*decoupled_lr=*/0.5);
+  opt.step(/*lr=*/0.1, /*weight_decay=*/0.25, 1.0, GroupLrs{/*decoupled=*/0.5});
   EXPECT_TRUE(torch::allclose(emb.detach(), torch::full({4, 2}, 1 - 0.5 * (2 + 0.25))));  // decoupled lr
   EXPECT_TRUE(torch::allclose(fc.detach(), torch::full({3, 2}, 1 - 0.1 * (2 + 0.25))));
   EXPECT_TRUE(torch::allclose(qn.detach(), torch::full({2}, 1 - 0.1 * (2 + 0.25))));   // QK norm decays

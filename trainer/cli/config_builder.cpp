@@ -18,6 +18,7 @@
 #include "trainer/cli/logging_args.h"
 #include "trainer/cli/moe_args.h"
 #include "trainer/cli/fim_args.h"
+#include "trainer/cli/mup_args.h"
 #include "trainer/cli/rerun_args.h"
 #include "trainer/cli/cuda_graph_args.h"
 #include "trainer/cli/determinism_env.h"
@@ -822,6 +823,12 @@ Config build_config(const FlagValues& flags, const LaunchEnv& launch, bool gpu_a
                                   "flag and always scales by 8",
                                   c.model.rotary.llama3_factor));
   c.model.moe = build_moe_config(flags, c.model, c.hint_warnings);
+  c.model.mup = build_mup_config(flags, c.model);
+  if (const MupConfig& u = c.model.mup; u.enabled)
+    c.notices.push_back(strprintf("MuP: width multiplier %g (--hidden-size %lld / --mup-base-hidden-size %lld), embeddings x %g, "
+                                  "logits x %g, attention softmax scale %g",
+                                  u.width_mult, (long long)c.model.hidden_size, (long long)u.base_hidden_size,
+                                  u.embedding_mult, u.output_mult, *u.softmax_scale));
   c.precision = build_precision(flags);
   c.model.params_dtype = c.precision.params_dtype;
   c.training = build_training(flags, c.parallel.dp);
@@ -833,6 +840,8 @@ Config build_config(const FlagValues& flags, const LaunchEnv& launch, bool gpu_a
   c.training.rerun = build_rerun_config(flags, c.training.numerics, c.hint_warnings);
   c.training.iterations_to_skip = build_iterations_to_skip(flags, c.notices);
   c.optimizer = build_optimizer(flags);
+  if (c.model.mup.enabled) c.optimizer.mup_width_mult = c.model.mup.width_mult;
+  for (auto& warning : mup_optimizer_warnings(c.model.mup, c.optimizer)) c.hint_warnings.push_back(std::move(warning));
   if (flags.get_string("optimizer") == "dist_muon")  // Megatron's warn_rank_0 in validate_args
     c.hint_warnings.push_back("optimizer='dist_muon' is deprecated. Use --optimizer muon --use-distributed-optimizer instead.");
   c.lr_schedule = build_lr_schedule(flags, c.optimizer, c.training, c.hint_warnings);

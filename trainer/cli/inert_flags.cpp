@@ -124,6 +124,12 @@ const std::vector<Rule>& rules() {
         return g.empty() ? "" : g + " ha" + (g.find(',') == std::string::npos ? "s" : "ve") +
                                     " no effect without --context-parallel-size > 1";
       },
+      [](const Config& c, const FlagValues& f) -> std::string {
+        if (c.model.mup.enabled) return "";
+        const std::string g = given_among(f, {"mup-width-mult", "mup-base-hidden-size", "mup-embedding-mult", "mup-output-mult",
+                                              "mup-base-head-dim", "mup-attn-scale-power"});
+        return g.empty() ? "" : g + " ha" + (g.find(',') == std::string::npos ? "s" : "ve") + " no effect without --use-mup";
+      },
       [](const Config&, const FlagValues& f) -> std::string {
         if (!f.given("padded-vocab-size") || !f.given("make-vocab-size-divisible-by")) return "";
         return "--make-vocab-size-divisible-by has no effect with --padded-vocab-size";

@@ -186,6 +186,18 @@ const std::vector<Rule>& rules() {
                   "on CPUs (launch CPU jobs with mpirun); drop the flag";
          return "";
        }},
+      {"MuP width multiplier",
+       [](const Config& c, const FlagValues& f) -> std::string {
+         // Megatron recomputes mup_width_mult from the hidden sizes whatever was given; a value that
+         // disagrees with them is a mistake to name, not one to drop silently.
+         const MupConfig& u = c.model.mup;
+         if (!u.enabled || !f.given("mup-width-mult")) return "";
+         const double given = f.get_float("mup-width-mult");
+         if (std::abs(given - u.width_mult) <= 1e-12 * u.width_mult) return "";
+         return strprintf("--mup-width-mult %g disagrees with --hidden-size / --mup-base-hidden-size = %lld / %lld = %g; "
+                          "drop it (it is derived) or set --mup-base-hidden-size",
+                          given, (long long)c.model.hidden_size, (long long)u.base_hidden_size, u.width_mult);
+       }},
       {"positive sizes",
        [](const Config& c, const FlagValues&) -> std::string {
          const auto& m = c.model;

@@ -112,6 +112,10 @@ Model read_model(const Source& s) {
   if (s.arg_or("model.attention_output_gate", "false") == "true")
     throw UserError("the checkpoint's attention has an output gate (--attention-output-gate); Hugging Face export of "
                     "gated attention is not implemented");
+  // MuP multiplies the embeddings and logits and rescales attention: no Hugging Face config holds that.
+  if (s.arg_or("model.use_mup", "false") == "true")
+    throw UserError("the checkpoint was trained with --use-mup, whose embedding, logit and attention multipliers no "
+                    "Hugging Face GPT-2 / Llama / DeepSeek-V3 config holds; Hugging Face export of MuP models is not implemented");
   Model m;
   m.layers = s.integer("model.num_layers");
   m.hidden = s.integer("model.hidden_size");
