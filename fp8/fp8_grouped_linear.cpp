@@ -303,7 +303,13 @@ struct GroupedLinearBackward : public torch::autograd::Node {
 
   size_t experts() const { return splits.size(); }
   std::string name() const override { return "GroupedLinearBackward"; }
+  // Autograd releases a node's state right after its backward ran; held weight gradients still
+  // read it, so their closure releases it once they ran.
+  bool holding_ = false;
   void release_variables() override {
+    if (!holding_) release_state();
+  }
+  void release_state() {
     input.reset();
     weights_q.clear();
     input_hp = torch::Tensor();
@@ -323,7 +329,8 @@ struct GroupedLinearBackward : public torch::autograd::Node {
     for (size_t e = 0; e < experts(); ++e) want_dw_[e] = task_should_compute_output(1 + e);
     const torch::Tensor dy = grads[0].contiguous();
     sites.empty() ? bf16_backward(dy, out) : fp8_backward(dy, out);
-    if (!holds_wgrads()) release_variables();  // else the held work releases them
+    if (holds_wgrads()) holding_ = true;  // the held work releases the state
+    else release_variables();
     return out;
   }
 
@@ -350,7 +357,8 @@ struct GroupedLinearBackward : public torch::autograd::Node {
           variable_list w(1 + 2 * self->experts());
           wgrads(*self, w);
           for (size_t e = 0; e < self->experts(); ++e) accumulate_param_grad(self->weight_params[e], w[1 + e]);
-          self->release_variables();
+          self->holding_ = false;
+          self->release_state();
         },
         weight_params);
   }

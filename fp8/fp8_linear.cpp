@@ -110,7 +110,13 @@ struct Fp8LinearBackward : public torch::autograd::Node {
   bool has_bias = false;
 
   std::string name() const override { return "Fp8LinearBackward"; }
+  // Autograd releases a node's state right after its backward ran; a held weight gradient still
+  // reads it, so its closure releases it once it ran.
+  bool holding = false;
   void release_variables() override {
+    if (!holding) release_state();
+  }
+  void release_state() {
     input.reset();
     weight.reset();
     activation_input = torch::Tensor();
@@ -207,7 +213,8 @@ struct Fp8LinearBackward : public torch::autograd::Node {
           site->wgrad_queue,
           [self, dyq] {
             accumulate_param_grad(self->weight_param, self->weight_grad(*dyq));
-            self->release_variables();
+            self->holding = false;
+            self->release_state();
           },
           {weight_param});
     } else if (need_dw) {
@@ -221,7 +228,8 @@ struct Fp8LinearBackward : public torch::autograd::Node {
       if (!fused_db && fusion.prologue == Prologue::kSwigluBackward) g = e.swiglu_backward(dy, swiglu_input);
       out[2] = (fused_db ? db : g.sum(0, false, torch::kFloat32)).to(bias_dtype);
     }
-    if (!hold) release_variables();  // else the held work releases them
+    if (hold) holding = true;  // the held work releases the state
+    else release_variables();
     return out;
   }
 
