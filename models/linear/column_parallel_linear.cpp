@@ -26,7 +26,7 @@ TEColumnParallelLinearImpl::TEColumnParallelLinearImpl(const LinearOptions& o, c
   }
   fp8_site = fp8_site_for(o, f, o.out_features / tp.size, o.in_features);
   if (fp8_site) fp8_site->parameter = weight;
-  hold_wgrad(o.delay_wgrad, f, weight, fp8_site.get());
+  hold_wgrad(o.delay_wgrad, f, weight, fp8_site.get(), bias);
   plan_ = resolve_linear_plan({LinearRole::kColumn, o.init_name, o.bias, fp8_site != nullptr, false}, tp,
                               main_grads->fusion());
 }

@@ -50,8 +50,10 @@ ParamInfo split_param(std::vector<int64_t> shape, int dim, int interleave = 1);
 std::shared_ptr<fp8::Fp8Site> fp8_site_for(const LinearOptions& o, const ModuleFactory& f, int64_t out, int64_t in);
 
 // --delay-wgrad-compute (models/linear/main_grads.h): registers the weight whose gradient the
-// model's queue holds and hands the queue to its FP8 site (null: none). No-op without the flag or
-// with `delay` false.
-void hold_wgrad(bool delay, const ModuleFactory& f, const torch::Tensor& weight, fp8::Fp8Site* site);
+// model's queue holds and hands the queue to its FP8 site (null: none); on the bf16 path also the
+// bias, whose gradient the held GEMM may produce (models/linear/wgrad_deferral.h). No-op without
+// the flag or with `delay` false.
+void hold_wgrad(bool delay, const ModuleFactory& f, const torch::Tensor& weight, fp8::Fp8Site* site,
+                const torch::Tensor& bias = {});
 
 }  // namespace fp8tron

@@ -9,14 +9,22 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// dW = dy^T x added into `weight`'s gradient: by the GEMM into its fp32 main gradient where
-// gradient-accumulation fusion applies, else as autograd's linear computes it, added as
-// AccumulateGrad adds it.
-void add_weight_grad(const torch::Tensor& weight, const torch::Tensor& x, const torch::Tensor& dy,
-                     const MainGradsPtr& main_grads) {
+// Whether the wgrad GEMM goes into the weight's fp32 main gradient (gradient-accumulation fusion):
+// then, as in the fused linear, the bias's gradient comes from the same GEMM call.
+bool fused(const torch::Tensor& weight, const torch::Tensor& x, const MainGradsPtr& main_grads) {
+  return main_grads && grad_accumulation_fusion_applies(x, weight, *main_grads);
+}
+
+// dW = dy^T x (and db with `bias`, which only the fused path passes) added into the gradients: by
+// the GEMM into the fp32 main gradients as the fused linear does, else as autograd's linear
+// computes dW, added as AccumulateGrad adds it.
+void add_param_grads(const torch::Tensor& weight, const torch::Tensor& bias, const torch::Tensor& x,
+                     const torch::Tensor& dy, const MainGradsPtr& main_grads) {
   torch::NoGradGuard no_grad;
-  if (main_grads && grad_accumulation_fusion_applies(x, weight, *main_grads)) {
-    linear_param_grads(dy, x, weight, {}, true, false, main_grads);
+  if (fused(weight, x, main_grads)) {
+    const auto left = linear_param_grads(dy, x, weight, bias, true, bias.defined(), main_grads);
+    accumulate_param_grad(weight, left.weight);
+    if (bias.defined()) accumulate_param_grad(bias, left.bias);
     return;
   }
   accumulate_param_grad(weight, at::mm(dy.t(), x));
@@ -44,6 +52,7 @@ struct HeldWgradLinear : torch::autograd::Function<HeldWgradLinear<kBias>> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight,
                                const torch::Tensor& bias, c10::intrusive_ptr<HeldWgradOf> state) {
     save(ctx, x, weight, std::move(state));
+    ctx->saved_data["bias"] = bias;  // the parameter (the fused path adds its gradient)
     return at::linear(x, weight.detach(), bias.detach());
   }
   static void save(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight,
@@ -59,12 +68,18 @@ struct HeldWgradLinear : torch::autograd::Function<HeldWgradLinear<kBias>> {
     const auto dy = grads[0].reshape({-1, out});
     const auto x2d = x.reshape({-1, in});
     const auto state = c10::static_intrusive_pointer_cast<HeldWgradOf>(ctx->saved_data["state"].toCapsule());
+    // The bias's gradient: from the wgrad GEMM where it is fused (held with it, as the fused
+    // linear computes it), else at once as autograd's linear computes it.
+    const bool want_bias = kBias && ctx->needs_input_grad(2);
+    const bool bias_in_gemm = want_bias && fused(state->weight, x2d, state->main_grads);
+    const torch::Tensor bias = bias_in_gemm ? ctx->saved_data["bias"].toTensor() : torch::Tensor();
     run_or_hold_wgrad(
-        state->queue, [weight = state->weight, x2d, dy, g = state->main_grads] { add_weight_grad(weight, x2d, dy, g); },
-        {state->weight});
+        state->queue,
+        [weight = state->weight, bias, x2d, dy, g = state->main_grads] { add_param_grads(weight, bias, x2d, dy, g); },
+        {state->weight, kBias ? ctx->saved_data["bias"].toTensor() : torch::Tensor()});
     variable_list result(kBias ? 4 : 3);
     if (ctx->needs_input_grad(0)) result[0] = at::mm(dy, values).view(x.sizes());
-    if (kBias && ctx->needs_input_grad(2)) result[2] = dy.sum(0);
+    if (want_bias && !bias_in_gemm) result[2] = dy.sum(0);
     return result;
   }
 };

@@ -29,7 +29,8 @@ namespace fp8tron {
 // y = x W^T (+ b) for x [..., in], weight [out, in] (a parameter), bias [out] or undefined, whose
 // weight gradient is held in `queue` (null: added in the backward pass). The input and bias
 // gradients are those of at::linear, and so is the weight's, added where autograd would add it
-// (into its fp32 main gradient by the GEMM under gradient-accumulation fusion).
+// (into its fp32 main gradient by the GEMM under gradient-accumulation fusion, the bias's there
+// from the same GEMM call, held with it, as the fused linear computes it).
 torch::Tensor linear_with_held_wgrad(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
                                      std::shared_ptr<DeferredWork> queue, const MainGradsPtr& main_grads);
 
