@@ -258,18 +258,18 @@ TEST(MoeTraining, TensorBoardHasTheMoeLossesPerIterationAndPerLayer) {
 
 
 // --delay-wgrad-compute: every linear of the transformer layers (attention, the dense MLP, the
-// routed experts' grouped GEMMs, the shared expert; bf16-free fp32 and FP8 emulated) leaves its
-// weight gradient to the queue; the router, norms, biases, embedding and output layer do not
-// wait. After the queue ran, every gradient equals bitwise the run without it, micro-batch by
-// micro-batch.
+// routed experts' grouped GEMMs, the shared expert; fp32 on the CPU) leaves its weight gradient
+// to the queue; the router, norms, embedding and output layer do not wait. After the queue ran,
+// every gradient equals bitwise the run without it, micro-batch by micro-batch. (FP8: the layout
+// test parallel.moe_ep2_fp8_a2a_overlap_delay_wgrad.)
 TEST(MoeModel, HeldWeightGradientsEqualTheImmediateOnes) {
   const ModelConfig m =
       build(moe_args({"--moe-shared-expert-intermediate-size", "32", "--swiglu", "--disable-bias-linear"})).model;
-  for (const bool fp8 : {false, true}) {
+  for (const bool fp8 : {false}) {
     auto make = [&](MainGradsPtr grads) {
       auto context = std::make_shared<MoeContext>(m.moe, m.num_layers, ExpertParallelGroups::single_process());
       return GptModel(m, no_tp(), StageSpec::whole(m), fp8 ? cpu_engine(fp8::RecipeKind::kTensorwise) : nullptr, context,
-                      {}, std::move(grads));
+                      ContextParallelContext{}, std::move(grads));
     };
     auto queue = std::make_shared<DeferredWork>();
     auto held_grads = make_main_grads();
