@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "core/deferred_work.h"
 #include "fp8/norm_backward.h"
 #include "fp8/quantize.h"
 #include "fp8/recipe.h"
@@ -70,6 +71,9 @@ struct Fp8Site {
   // of quantizing `parameter` while `codes_generation` is the engine's weight generation.
   torch::Tensor codes, codes_scale_inv;
   uint64_t codes_generation = ~uint64_t{0};
+  // --delay-wgrad-compute: the queue that holds this linear's wgrad GEMM (fp8/held_wgrad.h); null:
+  // the backward pass runs it.
+  std::shared_ptr<DeferredWork> wgrad_queue;
 };
 
 class Fp8Engine {

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/cuda/cuda_check.h"
+#include "fp8/held_wgrad.h"
 #include "fp8/forward_replay.h"
 #include "fp8/gemm.h"
 #include "fp8/grouped_gemm.h"
@@ -295,10 +296,20 @@ struct GroupedLinearBackward : public torch::autograd::Node {
   int64_t in_features = 0, out_features = 0;
   Bf16GroupedBackend bf16_backend = Bf16GroupedBackend::kCublasLt;
   bool fusion = true;  // gradient-accumulation fusion: wgrads into the weights' fp32 main gradients
+  // --delay-wgrad-compute: the weight gradients are held there (fp8/held_wgrad.h); null: computed
+  // in the backward pass.
+  std::shared_ptr<DeferredWork> wgrad_queue;
+  std::vector<bool> want_dw_;  // the weights autograd wants gradients of, read when the backward ran
 
   size_t experts() const { return splits.size(); }
   std::string name() const override { return "GroupedLinearBackward"; }
+  // Autograd releases a node's state right after its backward ran; held weight gradients still
+  // read it, so their closure releases it once they ran.
+  bool holding_ = false;
   void release_variables() override {
+    if (!holding_) release_state();
+  }
+  void release_state() {
     input.reset();
     weights_q.clear();
     input_hp = torch::Tensor();
@@ -314,10 +325,42 @@ struct GroupedLinearBackward : public torch::autograd::Node {
     FP8TRON_CHECK(!weight_params.empty(), "GroupedLinearBackward ran twice (retain_graph is not supported)");
     variable_list out(1 + 2 * experts());
     if (!grads[0].defined()) return out;
+    want_dw_.assign(experts(), false);
+    for (size_t e = 0; e < experts(); ++e) want_dw_[e] = task_should_compute_output(1 + e);
     const torch::Tensor dy = grads[0].contiguous();
     sites.empty() ? bf16_backward(dy, out) : fp8_backward(dy, out);
-    release_variables();
+    if (holds_wgrads()) holding_ = true;  // the held work releases the state
+    else release_variables();
     return out;
+  }
+
+  // Whether the weight gradients go to the queue: every weight a leaf whose gradient is wanted
+  // (the held work adds to the parameters themselves).
+  bool holds_wgrads() const {
+    if (!wgrad_queue || !any_dw()) return false;
+    for (const auto& w : weight_params)
+      if (!w.defined()) return false;
+    return true;
+  }
+  // Runs `wgrads` (which fills the weights' entries of an output list) now into `out`, or holds it:
+  // later it runs into a list of its own whose gradients are then added as AccumulateGrad would,
+  // and releases what this node kept.
+  void weight_grads(const std::function<void(GroupedLinearBackward&, variable_list&)>& wgrads, variable_list& out) {
+    if (!holds_wgrads()) {
+      wgrads(*this, out);
+      return;
+    }
+    auto self = std::static_pointer_cast<GroupedLinearBackward>(shared_from_this());
+    run_or_hold_wgrad(
+        wgrad_queue,
+        [self, wgrads] {
+          variable_list w(1 + 2 * self->experts());
+          wgrads(*self, w);
+          for (size_t e = 0; e < self->experts(); ++e) accumulate_param_grad(self->weight_params[e], w[1 + e]);
+          self->holding_ = false;
+          self->release_state();
+        },
+        weight_params);
   }
 
   // swiglu_deferred: the gradient handed to fc1's node, [rows, 2f] with dX [rows, f] in its first
@@ -334,12 +377,12 @@ struct GroupedLinearBackward : public torch::autograd::Node {
     return packed_dx_;
   }
 
-  bool need_dw(size_t e) { return task_should_compute_output(1 + e); }
+  bool need_dw(size_t e) const { return want_dw_[e]; }
   bool need_db(size_t e) { return bias_params[e].defined() && task_should_compute_output(1 + experts() + e); }
   torch::Tensor idle_weight_grad(size_t e) {
     return idle_grad(weight_params[e], {out_features, in_features}, weight_options);
   }
-  bool any_dw() {
+  bool any_dw() const {
     for (size_t e = 0; e < experts(); ++e)
       if (need_dw(e)) return true;
     return false;
@@ -361,10 +404,15 @@ struct GroupedLinearBackward : public torch::autograd::Node {
   }
 
   void bf16_backward(const torch::Tensor& dy, variable_list& out) {
-    const auto begin = row_begins(splits);
     if (task_should_compute_output(0)) {
       out[0] = bf16_dgrad(dy, splits, weights, bf16_backend).to(input_dtype);
     }
+    weight_grads([dy](GroupedLinearBackward& n, variable_list& o) { n.bf16_wgrads(dy, o); }, out);
+    sum_bias_grads(dy, out, false);
+  }
+
+  void bf16_wgrads(const torch::Tensor& dy, variable_list& out) {
+    const auto begin = row_begins(splits);
     std::vector<GroupedGemm> gemms;
     for (size_t e = 0; e < experts(); ++e) {
       if (!need_dw(e)) continue;
@@ -399,7 +447,6 @@ struct GroupedLinearBackward : public torch::autograd::Node {
       GroupedGemmResources& res = grouped_gemm_resources();
       grouped_gemm(res.handle, res.streams, gemms, current_stream(dy.device()));
     }
-    sum_bias_grads(dy, out, false);
   }
 
   void fp8_backward(torch::Tensor dy, variable_list& out) {
@@ -432,10 +479,17 @@ struct GroupedLinearBackward : public torch::autograd::Node {
       dyq = quantize_grouped(e, sites, TensorRole::kGradOutput, dy, splits, need_dx, want_dw, /*record_amax=*/true,
                              fused_db ? db.data_ptr<float>() : nullptr,
                              swiglu_h.defined() ? Prologue::kSwigluBackward : Prologue::kNone, swiglu_h);
+    // Held weight gradients: the dgrad GEMMs now, the wgrad GEMMs later from the same codes.
+    const bool split = want_dw && holds_wgrads();
     if (path == Path::kNative && quantize_dy) {
-      native_gemms(e, dyq, need_dx, out);
+      native_gemms(e, dyq, need_dx, want_dw && !split, out);
+      if (split)
+        weight_grads([engine = &e, dyq](GroupedLinearBackward& n, variable_list& o) { n.native_gemms(*engine, dyq, false, true, o); },
+                     out);
     } else if (quantize_dy) {
-      high_precision_gemms(*dyq, need_dx, out);
+      high_precision_gemms(*dyq, need_dx, want_dw && !split, out);
+      if (split)
+        weight_grads([dyq](GroupedLinearBackward& n, variable_list& o) { n.high_precision_gemms(*dyq, false, true, o); }, out);
     }
     if (need_dx && swiglu_input.defined()) out[0] = e.swiglu_backward(out[0], swiglu_input);
     if (need_dx && swiglu_deferred && !out[0].is_same(packed_dx_)) out[0] = pack_for_producer(out[0]);
@@ -449,8 +503,9 @@ struct GroupedLinearBackward : public torch::autograd::Node {
     }
   }
 
-  // dgrad and wgrad of every expert in one grouped launch sequence.
-  void native_gemms(Fp8Engine& e, const std::shared_ptr<QuantizedSegments>& dyq, bool need_dx, variable_list& out) {
+  // dgrad (need_dx) and wgrad (need_w) of every expert in one grouped launch sequence.
+  void native_gemms(Fp8Engine& e, const std::shared_ptr<QuantizedSegments>& dyq, bool need_dx, bool need_w,
+                    variable_list& out) {
     std::vector<GroupedGemm> gemms;
     RowOutput dx;
     if (need_dx) {
@@ -459,7 +514,7 @@ struct GroupedLinearBackward : public torch::autograd::Node {
       add_row_products(*dyq, [&](size_t i) { return transposed_matrix(weights_q[i]->view); }, {}, false, dx, gemms);
     }
     std::vector<torch::Tensor> wgrads(experts());
-    for (size_t i = 0; i < experts(); ++i) {
+    for (size_t i = 0; i < experts() && need_w; ++i) {
       if (!need_dw(i)) continue;
       Fp8Site& site = *sites[i];
       const torch::Tensor main_grad = main_grad_of(weight_params[i], fusion);
@@ -497,7 +552,7 @@ struct GroupedLinearBackward : public torch::autograd::Node {
 
   // Emulated / CPU: per expert on the dequantized copies, over the padded rows, as fp8_linear on
   // the expert's padded rows computes them.
-  void high_precision_gemms(const QuantizedSegments& dyq, bool need_dx, variable_list& out) {
+  void high_precision_gemms(const QuantizedSegments& dyq, bool need_dx, bool need_w, variable_list& out) {
     const SegmentLayout& l = dyq.layout;
     if (need_dx) out[0] = torch::empty({int64_t(l.total_rows()), in_features}, dyq.dequantized.options().dtype(input_dtype));
     for (size_t i = 0; i < experts(); ++i) {
@@ -506,7 +561,7 @@ struct GroupedLinearBackward : public torch::autograd::Node {
         const auto p = high_precision_product(dyq.dequantized_rows(i), weights_q[i]->dequantized_t, {});
         out[0].narrow(0, int64_t(l.src_begin[i]), m).copy_(p.narrow(0, 0, m));
       }
-      if (!need_dw(i)) continue;
+      if (!need_w || !need_dw(i)) continue;
       out[1 + i] = m > 0 ? high_precision_product(dyq.dequantized_cols(i), input->dequantized_cols(i), {}).to(weight_dtype)
                          : idle_weight_grad(i);
     }
@@ -572,12 +627,12 @@ void check_inputs(const torch::Tensor& x, const Splits& splits, const std::vecto
 torch::Tensor grouped_linear(const torch::Tensor& x_in, const std::vector<int64_t>& splits,
                              const std::vector<torch::Tensor>& weights, const std::vector<torch::Tensor>& biases,
                              const std::vector<Fp8Site*>& sites, Bf16GroupedBackend bf16_backend, Prologue prologue,
-                             bool gradient_accumulation_fusion) {
+                             bool gradient_accumulation_fusion, std::shared_ptr<DeferredWork> wgrad_queue) {
   FP8TRON_CHECK(prologue == Prologue::kNone || prologue == Prologue::kSwiglu, "grouped_linear: the only prologue is SwiGLU");
   check_inputs(x_in, splits, weights, biases, sites, prologue);
   if (sites.empty() && prologue == Prologue::kSwiglu)  // bf16: the SwiGLU as differentiable torch ops
     return grouped_linear(torch_swiglu(x_in), splits, weights, biases, sites, bf16_backend, Prologue::kNone,
-                          gradient_accumulation_fusion);
+                          gradient_accumulation_fusion, std::move(wgrad_queue));
   const size_t n = weights.size();
   const bool grad_mode = torch::GradMode::is_enabled();
   bool need_dw = false, track = grad_mode && x_in.requires_grad();
@@ -588,6 +643,7 @@ torch::Tensor grouped_linear(const torch::Tensor& x_in, const std::vector<int64_
   const torch::Tensor x = x_in.detach().contiguous();
   auto node = std::shared_ptr<GroupedLinearBackward>(new GroupedLinearBackward(), torch::autograd::deleteNode);
   node->fusion = gradient_accumulation_fusion;
+  node->wgrad_queue = std::move(wgrad_queue);
   torch::Tensor y;
   {
     torch::NoGradGuard no_grad;

@@ -33,6 +33,10 @@
 // its weight and bias still get a gradient, zero (returned when the parameter has none yet; with
 // an overwritten main gradient, cleared in the step's first backward), so the autograd graph does
 // not depend on the routing. No device-to-host synchronisation: the token counts are host values.
+//
+// `wgrad_queue` (--delay-wgrad-compute, fp8/held_wgrad.h): the backward pass runs the dgrad GEMMs
+// (and the bias gradients) and holds the wgrad GEMMs of every expert, from the same quantized
+// copies, in one closure the queue runs later; the gradients are bitwise those computed at once.
 #pragma once
 #include <torch/torch.h>
 
@@ -40,6 +44,7 @@
 #include <string>
 #include <vector>
 
+#include "core/deferred_work.h"
 #include "fp8/fp8_linear.h"
 
 namespace fp8tron::fp8 {
@@ -61,7 +66,8 @@ torch::Tensor grouped_linear(const torch::Tensor& x, const std::vector<int64_t>&
                              const std::vector<torch::Tensor>& weights, const std::vector<torch::Tensor>& biases,
                              const std::vector<Fp8Site*>& sites,
                              Bf16GroupedBackend bf16_backend = Bf16GroupedBackend::kCublasLt,
-                             Prologue prologue = Prologue::kNone, bool gradient_accumulation_fusion = true);
+                             Prologue prologue = Prologue::kNone, bool gradient_accumulation_fusion = true,
+                             std::shared_ptr<DeferredWork> wgrad_queue = nullptr);
 
 // Whether the grouped linear that produced h (fc1) applies the SwiGLU backward of the one that
 // consumed it (fc2): the hand-over above. For tests and diagnostics; false once the backward ran.

@@ -1,4 +1,5 @@
 #include "fp8/fp8_linear.h"
+#include "fp8/held_wgrad.h"
 #include "fp8/norm_backward.h"
 #include "fp8/swiglu_backward.h"
 
@@ -109,7 +110,13 @@ struct Fp8LinearBackward : public torch::autograd::Node {
   bool has_bias = false;
 
   std::string name() const override { return "Fp8LinearBackward"; }
+  // Autograd releases a node's state right after its backward ran; a held weight gradient still
+  // reads it, so its closure releases it once it ran.
+  bool holding = false;
   void release_variables() override {
+    if (!holding) release_state();
+  }
+  void release_state() {
     input.reset();
     weight.reset();
     activation_input = torch::Tensor();
@@ -198,24 +205,20 @@ struct Fp8LinearBackward : public torch::autograd::Node {
         out[0] = dx.defined() ? dx.view(input_shape) : torch::Tensor();
       }
     }
-    if (need_dw) {  // dW [N, K] = dY^T [N, M] * (X^T [K, M])^T
-      // Gradient-accumulation fusion (Megatron's, with TE): when the parameter's gradient is an
-      // fp32 main-gradient buffer, the GEMM adds into it and autograd gets no weight gradient
-      // (AccumulateGrad then has nothing to add, and its hooks still run). Saves writing dW in
-      // bf16 and the separate read-add-write of the fp32 buffer.
-      const torch::Tensor main_grad = weight_param.defined() ? weight_param.grad() : torch::Tensor();
-      if (path_of(e) == Path::kNative && e.options().gradient_accumulation_fusion && main_grad.defined() &&
-          main_grad.scalar_type() == torch::kFloat32 &&
-          main_grad.is_contiguous() && main_grad.sizes() == weight_param.sizes()) {
-        // With the optimizer not zeroing these gradients, the step's first backward overwrites.
-        const bool overwrite = e.overwrite_main_grads() && site->main_grad_generation != e.weight_generation();
-        site->main_grad_generation = e.weight_generation();
-        gemm(e, *dyq, true, *input, true, {}, GemmKind::kWgrad, torch::kFloat32, main_grad, overwrite);
-      } else {
-        FP8TRON_CHECK(!e.overwrite_main_grads(), site->name + ": the optimizer leaves this weight's gradient to the "
-                                                 "wgrad GEMM, but it is not an fp32 main gradient");
-        out[1] = gemm(e, *dyq, true, *input, true, {}, GemmKind::kWgrad, weight_dtype);
-      }
+    // --delay-wgrad-compute (fp8/held_wgrad.h): the wgrad GEMM later, from the same codes.
+    const bool hold = need_dw && site->wgrad_queue && weight_param.defined();
+    if (hold) {
+      auto self = std::static_pointer_cast<Fp8LinearBackward>(shared_from_this());
+      run_or_hold_wgrad(
+          site->wgrad_queue,
+          [self, dyq] {
+            accumulate_param_grad(self->weight_param, self->weight_grad(*dyq));
+            self->holding = false;
+            self->release_state();
+          },
+          {weight_param});
+    } else if (need_dw) {
+      out[1] = weight_grad(*dyq);
     }
     if (need_db) {
       // Unfused with a fused GeLU- or SwiGLU-backward cast: the bias gradient is that of the cast's
@@ -225,8 +228,32 @@ struct Fp8LinearBackward : public torch::autograd::Node {
       if (!fused_db && fusion.prologue == Prologue::kSwigluBackward) g = e.swiglu_backward(dy, swiglu_input);
       out[2] = (fused_db ? db : g.sum(0, false, torch::kFloat32)).to(bias_dtype);
     }
-    release_variables();
+    if (hold) holding = true;  // the held work releases the state
+    else release_variables();
     return out;
+  }
+
+  // dW [N, K] = dY^T [N, M] * (X^T [K, M])^T: what autograd is to add (undefined where the GEMM
+  // added it to the main gradient).
+  torch::Tensor weight_grad(const Quantized& dyq) {
+    Fp8Engine& e = *site->engine;
+    // Gradient-accumulation fusion (Megatron's, with TE): when the parameter's gradient is an
+    // fp32 main-gradient buffer, the GEMM adds into it and autograd gets no weight gradient
+    // (AccumulateGrad then has nothing to add, and its hooks still run). Saves writing dW in
+    // bf16 and the separate read-add-write of the fp32 buffer.
+    const torch::Tensor main_grad = weight_param.defined() ? weight_param.grad() : torch::Tensor();
+    if (path_of(e) == Path::kNative && e.options().gradient_accumulation_fusion && main_grad.defined() &&
+        main_grad.scalar_type() == torch::kFloat32 && main_grad.is_contiguous() &&
+        main_grad.sizes() == weight_param.sizes()) {
+      // With the optimizer not zeroing these gradients, the step's first backward overwrites.
+      const bool overwrite = e.overwrite_main_grads() && site->main_grad_generation != e.weight_generation();
+      site->main_grad_generation = e.weight_generation();
+      gemm(e, dyq, true, *input, true, {}, GemmKind::kWgrad, torch::kFloat32, main_grad, overwrite);
+      return {};
+    }
+    FP8TRON_CHECK(!e.overwrite_main_grads(), site->name + ": the optimizer leaves this weight's gradient to the "
+                                             "wgrad GEMM, but it is not an fp32 main gradient");
+    return gemm(e, dyq, true, *input, true, {}, GemmKind::kWgrad, weight_dtype);
   }
 };
 

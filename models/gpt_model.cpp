@@ -314,6 +314,7 @@ GptModelImpl::GptModelImpl(const ModelConfig& m, const TensorParallelContext& tp
   if (stage.has_head) {
     // Megatron: init_method, or under MuP (untied) the embedding's init: unscaled either way.
     LinearOptions out{m.hidden_size, m.padded_vocab_size, false, embedding_init_std(m), 1, "output_layer", tied};
+    out.delay_wgrad = false;  // Megatron's output layer is no TE linear: its weight gradient is not held
     out.fp8 = false;  // the logits GEMM stays bf16, as Megatron's output layer
     output_layer_ = register_module("output_layer", TEColumnParallelLinear(out, f));
     if ((tied || mtp) && !stage.has_embedding) {
@@ -345,8 +346,7 @@ void GptModelImpl::defer_output_wgrad(int64_t limit) {
 
 void GptModelImpl::drain_output_wgrad() {
   if (!output_layer_ || !output_layer_->wgrad_deferral) return;
-  const bool tied = !config_.untie_embeddings_and_output_weights;
-  output_layer_->wgrad_deferral->drain(tied ? shared_embedding_weight() : output_layer_->weight);
+  output_layer_->wgrad_deferral->drain();
 }
 
 torch::Tensor GptModelImpl::shared_embedding_weight() const {

@@ -70,6 +70,12 @@ void MixedPrecisionOptimizer::enable_grad_overlap(int64_t bucket_numel) {
 void MixedPrecisionOptimizer::arm_grad_overlap() {
   for (auto& d : domains_) d->arm_grad_overlap();
 }
+void MixedPrecisionOptimizer::complete_grads_later(const std::vector<torch::Tensor>& params) {
+  for (auto& d : domains_) d->complete_grads_later(params);
+}
+void MixedPrecisionOptimizer::grad_done(const void* param) {
+  for (auto& d : domains_) d->grad_done(param);
+}
 void MixedPrecisionOptimizer::enable_param_gather_overlap(int64_t bucket_numel) {
   for (auto& d : domains_) d->enable_param_gather_overlap(bucket_numel);
 }

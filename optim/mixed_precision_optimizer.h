@@ -65,6 +65,11 @@ class MixedPrecisionOptimizer {
   // before the backward pass of the last micro-batch.
   void enable_grad_overlap(int64_t bucket_numel);
   void arm_grad_overlap();
+  // --delay-wgrad-compute with the overlap: the gradients of `params` are completed by held work
+  // after autograd passed them (core/deferred_work.h), which reports each with grad_done(its
+  // TensorImpl) instead of its accumulator's hook. Call after enable_grad_overlap.
+  void complete_grads_later(const std::vector<torch::Tensor>& params);
+  void grad_done(const void* param);
   // --overlap-param-gather (distributed optimizer): the step publishes the new weights by issuing
   // the all-gathers bucket by bucket without waiting; the forward pass calls
   // wait_for_params(module) before a module uses its weights, and whatever else reads the model

@@ -156,6 +156,14 @@ void OptimizerDomain::arm_grad_overlap() {
   if (buckets_) buckets_->arm();
 }
 
+void OptimizerDomain::complete_grads_later(const std::vector<torch::Tensor>& params) {
+  if (buckets_) buckets_->complete_later(params);
+}
+
+void OptimizerDomain::grad_done(const void* param) {
+  if (buckets_) buckets_->param_done(param);
+}
+
 void OptimizerDomain::enable_byte_publish(BytePublish publish) {
   int64_t numel = 0;
   for (const auto& p : publish.params) numel += p.numel();

@@ -97,6 +97,8 @@ class OptimizerDomain {
   void finalize_grads();
   void enable_grad_overlap(int64_t bucket_numel);
   void arm_grad_overlap();
+  void complete_grads_later(const std::vector<torch::Tensor>& params);
+  void grad_done(const void* param);
   void enable_param_gather_overlap(int64_t bucket_numel);
   void wait_for_params(const torch::nn::Module& module);
   void finish_param_gather();

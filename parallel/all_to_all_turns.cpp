@@ -76,6 +76,7 @@ int64_t AllToAllTurns::passes() const {
 }
 
 void TurnAtAllToAll::wait(CommWork& work) {
+  if (before_turn_) before_turn_();
   turns_->pass_turn();
   if (inner_) inner_->wait(work);
   else work.wait();

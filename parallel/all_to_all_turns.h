@@ -54,15 +54,21 @@ class AllToAllTurns {
 
 // The expert-parallel group's wait observer: the running side passes the turn after it issued an
 // operation and before it waits for it; then `inner` (the exposed-time timer) or a plain wait.
+// `before_turn` (--delay-wgrad-compute: the held weight-gradient GEMMs) runs first, after the
+// issue: its work fills the time this side's own all-to-all is in flight (Megatron's
+// `backward_dw` beside the backward dispatch). Only a backward pass holds such work, and it runs
+// it before every hand-over, so the forward side always finds nothing to run.
 class TurnAtAllToAll : public WaitObserver {
  public:
-  TurnAtAllToAll(std::shared_ptr<AllToAllTurns> turns, std::shared_ptr<WaitObserver> inner)
-      : turns_(std::move(turns)), inner_(std::move(inner)) {}
+  TurnAtAllToAll(std::shared_ptr<AllToAllTurns> turns, std::shared_ptr<WaitObserver> inner,
+                 std::function<void()> before_turn = {})
+      : turns_(std::move(turns)), inner_(std::move(inner)), before_turn_(std::move(before_turn)) {}
   void wait(CommWork& work) override;
 
  private:
   std::shared_ptr<AllToAllTurns> turns_;
   std::shared_ptr<WaitObserver> inner_;
+  std::function<void()> before_turn_;
 };
 
 }  // namespace fp8tron

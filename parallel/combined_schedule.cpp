@@ -17,7 +17,7 @@ std::vector<CombinedSlot> combined_1f1b_order(int64_t n) {
 
 torch::Tensor run_combined_1f1b(int64_t n, const std::function<torch::Tensor(int64_t)>& forward, double loss_scale,
                                 const std::function<void()>& before_last_backward, AllToAllTurns& turns,
-                                torch::Device device) {
+                                torch::Device device, const std::function<void()>& after_backward) {
   auto loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat32).device(device));
   std::map<int64_t, torch::Tensor> losses;  // forward done, backward pending
   auto run_forward = [&](int64_t mb) {
@@ -39,8 +39,12 @@ torch::Tensor run_combined_1f1b(int64_t n, const std::function<torch::Tensor(int
       continue;
     }
     const torch::Tensor loss = take_loss(slot.backward);
-    if (slot.forward < 0) (loss * loss_scale).backward();
-    else turns.run_pair([&] { (loss * loss_scale).backward(); }, [&] { run_forward(slot.forward); }, device);
+    auto run_backward = [&] {
+      (loss * loss_scale).backward();
+      if (after_backward) after_backward();
+    };
+    if (slot.forward < 0) run_backward();
+    else turns.run_pair(run_backward, [&] { run_forward(slot.forward); }, device);
   }
   return loss_sum;
 }

@@ -24,9 +24,13 @@ std::vector<CombinedSlot> combined_1f1b_order(int64_t num_micro_batches);
 
 // forward(micro_batch) returns the micro-batch's loss (0-dim); backward scales it by
 // `loss_scale`. `before_last_backward` runs just before the step's last backward pass (gradient
-// overlap). Returns the sum of the losses (fp32 on `device`), added in micro-batch order.
+// overlap). `after_backward` runs at the end of each backward pass, still on its side (before the
+// forward side continues and before the next backward pass adds to the same gradients):
+// --delay-wgrad-compute's held weight gradients of the layers after the pass's last all-to-all
+// (the first layers'). Returns the sum of the losses (fp32 on `device`), added in micro-batch order.
 torch::Tensor run_combined_1f1b(int64_t num_micro_batches, const std::function<torch::Tensor(int64_t)>& forward,
                                 double loss_scale, const std::function<void()>& before_last_backward,
-                                AllToAllTurns& turns, torch::Device device);
+                                AllToAllTurns& turns, torch::Device device,
+                                const std::function<void()>& after_backward = {});
 
 }  // namespace fp8tron

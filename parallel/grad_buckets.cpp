@@ -55,9 +55,11 @@ GradBuckets::GradBuckets(torch::Tensor grads, const std::vector<Param>& params, 
     auto accumulator = torch::autograd::impl::grad_accumulator(params[i].tensor);
     FP8TRON_CHECK(accumulator != nullptr, "a parameter without a gradient accumulator");
     const size_t b = bucket_of[i];
+    const void* key = params[i].tensor.unsafeGetTensorImpl();
+    bucket_of_[key] = b;
     accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-        [this, b](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
-          param_ready(b);
+        [this, b, key](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
+          if (!later_.count(key)) param_ready(b);
           return outputs;
         }));
     accumulators_.push_back(std::move(accumulator));
@@ -70,6 +72,16 @@ void GradBuckets::arm() {
     b.pending = b.params;
     b.work.reset();
   }
+}
+
+void GradBuckets::complete_later(const std::vector<torch::Tensor>& params) {
+  for (const auto& p : params)
+    if (bucket_of_.count(p.unsafeGetTensorImpl())) later_.insert(p.unsafeGetTensorImpl());
+}
+
+void GradBuckets::param_done(const void* param) {
+  if (!later_.count(param)) return;  // not in this buffer, or its hook reports it
+  param_ready(bucket_of_.at(param));
 }
 
 void GradBuckets::param_ready(size_t bucket) {

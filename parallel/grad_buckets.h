@@ -12,6 +12,8 @@
 
 #include <functional>
 #include <memory>
+#include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -73,6 +75,11 @@ class GradBuckets {
   // scales the backward pass so that the sum is the mean (trainer.cpp, train_step).
   void finish(const std::function<void()>& before_deferred = {});
   size_t num_buckets() const { return buckets_.size(); }
+  // --delay-wgrad-compute: the gradients of these parameters are completed by held work
+  // (core/deferred_work.h) after autograd has passed them, so their accumulators' hooks are
+  // ignored and param_done() (with the parameter's TensorImpl) reports them instead.
+  void complete_later(const std::vector<torch::Tensor>& params);
+  void param_done(const void* param);
 
  private:
   struct Bucket {
@@ -91,6 +98,8 @@ class GradBuckets {
   std::shared_ptr<Communicator> replicas_;
   std::vector<Bucket> buckets_;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keeps the hooked nodes alive
+  std::unordered_map<const void*, size_t> bucket_of_;  // parameter (TensorImpl) -> bucket
+  std::unordered_set<const void*> later_;              // parameters reported by param_done()
   bool armed_ = false;
 };
 

@@ -220,6 +220,13 @@ void build_optimizer(RunParts& r, std::vector<NamedParam> params, bool first_wri
   r.optimizer->count_zeros(c.logging.log_num_zeros_in_grad);
   r.optimizer->set_qkv_rows({m.num_attention_heads / m.num_query_groups * m.kv_channels, m.kv_channels, m.kv_channels});
   if (d.overlap_grad_reduce) r.optimizer->enable_grad_overlap(d.bucket_numel);
+  if (const auto& queue = r.main_grads->wgrad_queue(); queue && d.overlap_grad_reduce) {
+    // The held weight gradients complete their buckets when they have run, not when autograd
+    // passes the weights.
+    r.optimizer->complete_grads_later(r.main_grads->delayed_params());
+    MixedPrecisionOptimizer* optimizer = r.optimizer.get();
+    queue->set_on_done([optimizer](DeferredWork::Key param) { optimizer->grad_done(param); });
+  }
   skip_zeroing_gemm_written_grads(r, first_writes);
   if (d.overlap_param_gather) r.optimizer->enable_param_gather_overlap(d.bucket_numel);
   if (r.optimizer->param_gather_overlapped()) {
@@ -265,7 +272,17 @@ void build_expert_comm_overlap(RunParts& r, Timers& timers) {
   if (timers.enabled(1)) r.ep_comm_timer = std::make_shared<overlap::CommTimer>(r.device.is_cuda());
   if (r.config.model.moe.overlap_expert_parallel_comm) {
     r.a2a_turns = std::make_shared<AllToAllTurns>();
-    r.parallel.ep->set_wait_observer(std::make_shared<TurnAtAllToAll>(r.a2a_turns, r.ep_comm_timer));
+    if (auto queue = r.main_grads->wgrad_queue()) {
+      // Megatron's backward_dw: the GEMMs fill the time the backward pass's own all-to-all (the
+      // dispatch's, or the next layer's combine) is in flight.
+      r.run_held_wgrads = [queue, &timers] {
+        if (queue->empty()) return;
+        timers.start("delayed-wgrad-compute", 2);
+        queue->run();
+        timers.stop("delayed-wgrad-compute", 2);
+      };
+    }
+    r.parallel.ep->set_wait_observer(std::make_shared<TurnAtAllToAll>(r.a2a_turns, r.ep_comm_timer, r.run_held_wgrads));
   } else if (r.ep_comm_timer) {
     r.parallel.ep->set_wait_observer(r.ep_comm_timer);
   }
@@ -333,6 +350,7 @@ std::unique_ptr<RunParts> build_run_parts(const Config& c, const TrainOptions& o
   }
   build_fp8_and_moe(*r, timers);
   r->main_grads = make_main_grads(c.precision.gradient_accumulation_fusion);
+  if (c.model.moe.delay_wgrad_compute) r->main_grads->set_wgrad_queue(std::make_shared<DeferredWork>());
   build_optimizer(*r, build_chunks(*r), options.main_grad_first_writes);
   find_expert_amax_slots(*r);
   build_pipeline(*r, timers);

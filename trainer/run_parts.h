@@ -8,6 +8,7 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <set>
@@ -69,6 +70,11 @@ struct RunParts {
   // --overlap-moe-expert-parallel-comm: the two micro-batches of the combined 1F1B schedule take
   // turns at the expert-parallel all-to-alls (parallel/combined_schedule.h).
   std::shared_ptr<AllToAllTurns> a2a_turns;
+  // --delay-wgrad-compute: runs the weight gradients the backward pass holds (the model's queue,
+  // main_grads->wgrad_queue()), timed as delayed-wgrad-compute (--timing-log-level 2). Called by
+  // the expert-parallel group's observer before each turn and by the schedule after each backward
+  // pass. Empty without the flag.
+  std::function<void()> run_held_wgrads;
   std::unique_ptr<NumericsGuard> numerics;          // the values the rerun engine validates
   std::unique_ptr<rerun::RerunStateMachine> rerun;  // --rerun-mode: judges them
   std::set<int64_t> iterations_to_skip;             // --iterations-to-skip

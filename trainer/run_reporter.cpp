@@ -219,7 +219,7 @@ void RunReporter::write_timers(int64_t iteration, int64_t iterations_in_interval
   // (parallel/overlap/comm_timer.h).
   static const std::vector<std::string> kLogOrder = {"forward-backward", "batch-generator", "moe-token-dispatch",
                                                      "moe-token-combine", "optimizer", "tp-comm-exposed",
-                                                     "pp-comm-exposed", "ep-comm-exposed"};
+                                                     "pp-comm-exposed", "ep-comm-exposed", "delayed-wgrad-compute"};
   const ParallelState& p = parts_.parallel;
   auto gather = [&](const std::vector<double>& mine) {
     const int n = p.sizes.world_size;

@@ -51,6 +51,9 @@ struct MoeConfig {
   // --overlap-moe-expert-parallel-comm: the combined 1F1B schedule, one micro-batch's forward and
   // another's backward taking turns at each expert-parallel all-to-all (docs/moe.md).
   bool overlap_expert_parallel_comm = false;
+  // --delay-wgrad-compute (with the overlap): the transformer layers' weight-gradient GEMMs are
+  // held and run while the backward pass's next all-to-all is in flight (docs/moe.md).
+  bool delay_wgrad_compute = false;
   std::optional<double> capacity_factor;  // unset: dropless
   bool pad_to_capacity = false;
   MoeDropPolicy drop_policy = MoeDropPolicy::kProbs;

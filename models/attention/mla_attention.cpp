@@ -6,6 +6,7 @@
 #include "fp8/fp8_linear.h"
 #include "models/attention/context_parallel_attention.h"
 #include "models/init_methods.h"
+#include "models/linear/wgrad_deferral.h"
 #include "models/recompute/output_discarding_recompute.h"
 #include "models/recompute/recompute.h"
 #include "parallel/tensor_parallel.h"
@@ -21,10 +22,14 @@ TEDuplicatedLinearImpl::TEDuplicatedLinearImpl(const LinearOptions& o, const Mod
   weight = add_param("weight", f.normal(o.init_name + ".weight", info, o.init_std), info);
   if (f.fp8() && o.fp8) fp8_site = f.fp8()->add_site(o.init_name, layer_number(o.init_name), o.out_features, o.in_features);
   if (fp8_site) fp8_site->parameter = weight;
+  hold_wgrad(o.delay_wgrad, f, weight, fp8_site.get());
+  main_grads_ = f.main_grads();
 }
 
 torch::Tensor TEDuplicatedLinearImpl::forward(const torch::Tensor& x) {
-  return fp8_site ? fp8::fp8_linear(x, weight, {}, *fp8_site) : F::linear(x, weight);
+  if (fp8_site) return fp8::fp8_linear(x, weight, {}, *fp8_site);
+  if (auto queue = main_grads_->wgrad_queue_for(weight)) return linear_with_held_wgrad(x, weight, {}, queue, main_grads_);
+  return F::linear(x, weight);
 }
 
 RotarySpec mla_rotary(const ModelConfig& m) {

@@ -40,6 +40,9 @@ class TEDuplicatedLinearImpl : public ShardedModule {
   LinearOptions options;
   torch::Tensor weight;
   std::shared_ptr<fp8::Fp8Site> fp8_site;
+
+ private:
+  MainGradsPtr main_grads_;  // --delay-wgrad-compute: its queue holds the weight gradient
 };
 TORCH_MODULE(TEDuplicatedLinear);
 

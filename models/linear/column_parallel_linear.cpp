@@ -26,6 +26,7 @@ TEColumnParallelLinearImpl::TEColumnParallelLinearImpl(const LinearOptions& o, c
   }
   fp8_site = fp8_site_for(o, f, o.out_features / tp.size, o.in_features);
   if (fp8_site) fp8_site->parameter = weight;
+  hold_wgrad(o.delay_wgrad, f, weight, fp8_site.get(), bias);
   plan_ = resolve_linear_plan({LinearRole::kColumn, o.init_name, o.bias, fp8_site != nullptr, false}, tp,
                               main_grads->fusion());
 }
@@ -37,7 +38,7 @@ torch::Tensor TEColumnParallelLinearImpl::forward_with(const torch::Tensor& x, c
     case LinearPath::kOverlapped:
     case LinearPath::kOverlappedFp8: return overlapped_column_linear(x, w, bias, fp8_site, tp, plan_.overlap);
     case LinearPath::kPlain:
-      if (wgrad_deferral && is_training()) return linear_with_deferred_wgrad(enter_tensor_parallel(x, tp), w, wgrad_deferral);
+      if (wgrad_deferral && is_training()) return wgrad_deferral->linear(enter_tensor_parallel(x, tp), w);
       [[fallthrough]];
     case LinearPath::kFp8: return rank_linear(enter_tensor_parallel(x, tp), w, bias, fp8_site, main_grads);
   }

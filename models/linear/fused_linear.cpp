@@ -1,6 +1,7 @@
 #include "models/linear/fused_linear.h"
 
 #include "models/linear/linear_grads.h"
+#include "models/linear/wgrad_deferral.h"
 
 namespace fp8tron {
 namespace {
@@ -50,7 +51,9 @@ bool grad_accumulation_fusion_applies(const torch::Tensor& x, const torch::Tenso
 
 torch::Tensor linear_with_grad_accumulation_fusion(const torch::Tensor& x, const torch::Tensor& weight,
                                                    const torch::Tensor& bias, const MainGradsPtr& main_grads) {
-  if (!main_grads || !grad_accumulation_fusion_applies(x, weight, *main_grads)) return at::linear(x, weight, bias);
+  if (!main_grads) return at::linear(x, weight, bias);
+  if (auto queue = main_grads->wgrad_queue_for(weight)) return linear_with_held_wgrad(x, weight, bias, queue, main_grads);
+  if (!grad_accumulation_fusion_applies(x, weight, *main_grads)) return at::linear(x, weight, bias);
   return bias.defined() ? FusedLinear<true>::apply(x, weight, bias, main_grads)
                         : FusedLinear<false>::apply(x, weight, main_grads);
 }

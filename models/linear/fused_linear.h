@@ -12,7 +12,9 @@
 //
 // Used when the weight's gradient is such a buffer (fp32, contiguous, the weight's shape); otherwise
 // — and on the CPU, and with --no-gradient-accumulation-fusion — the ordinary linear runs. The
-// forward is at::linear either way (cuBLASLt with the bias in its epilogue).
+// forward is at::linear either way (cuBLASLt with the bias in its epilogue). A weight whose gradient
+// is held (--delay-wgrad-compute, models/linear/main_grads.h) goes through
+// models/linear/wgrad_deferral.h's linear instead, on every device.
 #pragma once
 #include <torch/torch.h>
 

@@ -50,7 +50,9 @@ TEGroupedLinearImpl::TEGroupedLinearImpl(const GroupedLinearOptions& o, const Mo
       if (site) site->parameter = weights.back();
       fp8_sites.push_back(std::move(site));  // null: this expert stays bf16 (size, first/last layers)
     }
+    hold_wgrad(true, f, weights.back(), nullptr);  // the grouped node holds all experts' GEMMs at once
   }
+  main_grads_ = f.main_grads();
 }
 
 torch::Tensor TEGroupedLinearImpl::gemm_bias(size_t expert) const {
@@ -104,7 +106,7 @@ torch::Tensor TEGroupedLinearImpl::run(const torch::Tensor& x, const std::vector
   std::vector<torch::Tensor> gemm_biases;
   for (size_t i = 0; i < weights.size(); ++i) gemm_biases.push_back(gemm_bias(i));
   return fp8::grouped_linear(x, m_splits, weights, gemm_biases, gemm_sites(), fp8::Bf16GroupedBackend::kCublasLt,
-                             prologue, main_grad_fusion);
+                             prologue, main_grad_fusion, main_grads_->wgrad_queue_for(weights.front()));
 }
 
 std::string TEGroupedLinearImpl::describe_plan() const {

@@ -87,6 +87,7 @@ class TEGroupedLinearImpl : public ShardedModule {
   std::string describe_plan() const;
 
  private:
+  MainGradsPtr main_grads_;  // --delay-wgrad-compute: its queue holds the experts' weight gradients
   void check_splits(const torch::Tensor& x, const std::vector<int64_t>& m_splits) const;
   torch::Tensor run(const torch::Tensor& x, const std::vector<int64_t>& m_splits, fp8::Prologue prologue);
   torch::Tensor gemm_bias(size_t expert) const;  // the bias this rank adds (undefined: none)

@@ -26,6 +26,7 @@ TELayerNormColumnParallelLinearImpl::TELayerNormColumnParallelLinearImpl(const N
     // The norm an FP8 cast fuses runs its backward through the residual-norm kernel.
     f.fp8()->use_backward_kernels(&fp8_norm_backward, nullptr);
   }
+  hold_wgrad(l.delay_wgrad, f, weight, fp8_site.get(), bias);
   plan_ = resolve_linear_plan({LinearRole::kNormColumn, l.init_name, l.bias, fp8_site != nullptr, false}, tp,
                               main_grads->fusion());
 }

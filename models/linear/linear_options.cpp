@@ -38,4 +38,13 @@ std::shared_ptr<fp8::Fp8Site> fp8_site_for(const LinearOptions& o, const ModuleF
   return f.fp8()->add_site(o.init_name, layer_number(o.init_name), out, in);
 }
 
+void hold_wgrad(bool delay, const ModuleFactory& f, const torch::Tensor& weight, fp8::Fp8Site* site,
+                const torch::Tensor& bias) {
+  const auto& queue = f.main_grads()->wgrad_queue();
+  if (!delay || !queue || !weight.defined()) return;
+  f.main_grads()->hold_wgrad_of(weight);
+  if (site) site->wgrad_queue = queue;
+  else f.main_grads()->hold_wgrad_of(bias);  // no-op when undefined
+}
+
 }  // namespace fp8tron

@@ -34,6 +34,9 @@ struct LinearOptions {
   bool external_weight = false;  // the weight is passed to forward_with (tied output layer)
   bool fp8 = true;               // may run in FP8 (the output layer stays bf16, as in Megatron)
   bool defer_bias = false;       // row-parallel: its caller may leave the bias to the next norm
+  // --delay-wgrad-compute holds its weight gradient (Megatron's TE linears do; the output layer,
+  // a plain ColumnParallelLinear there, does not).
+  bool delay_wgrad = true;
 };
 
 // A replicated parameter (partial_grads: each tensor-parallel rank holds a partial gradient to sum
@@ -45,5 +48,12 @@ ParamInfo split_param(std::vector<int64_t> shape, int dim, int interleave = 1);
 // bf16 GEMMs: no engine, the layer stays bf16 (`o.fp8`), or the engine keeps it bf16 (its size or
 // layer, fp8/fp8_linear.h).
 std::shared_ptr<fp8::Fp8Site> fp8_site_for(const LinearOptions& o, const ModuleFactory& f, int64_t out, int64_t in);
+
+// --delay-wgrad-compute (models/linear/main_grads.h): registers the weight whose gradient the
+// model's queue holds and hands the queue to its FP8 site (null: none); on the bf16 path also the
+// bias, whose gradient the held GEMM may produce (models/linear/wgrad_deferral.h). No-op without
+// the flag or with `delay` false.
+void hold_wgrad(bool delay, const ModuleFactory& f, const torch::Tensor& weight, fp8::Fp8Site* site,
+                const torch::Tensor& bias = {});
 
 }  // namespace fp8tron

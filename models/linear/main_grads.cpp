@@ -41,6 +41,29 @@ void MainGrads::zero_unwritten() {
     }
 }
 
+void MainGrads::hold_wgrad_of(const torch::Tensor& param) {
+  if (!wgrad_queue_ || !param.defined()) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (delayed_keys_.insert(param.unsafeGetTensorImpl()).second) delayed_.push_back(param);
+}
+
+bool MainGrads::delays_wgrad_of(const torch::Tensor& param) const {
+  if (!wgrad_queue_ || !param.defined()) return false;
+  std::lock_guard<std::mutex> lock(mutex_);
+  return delayed_keys_.count(param.unsafeGetTensorImpl()) > 0;
+}
+
+std::shared_ptr<DeferredWork> MainGrads::wgrad_queue_for(const torch::Tensor& weight) const {
+  if (!torch::GradMode::is_enabled() || !weight.requires_grad() || !weight.is_leaf() || !delays_wgrad_of(weight))
+    return nullptr;
+  return wgrad_queue_;
+}
+
+std::vector<torch::Tensor> MainGrads::delayed_params() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return delayed_;
+}
+
 uint64_t MainGrads::granted() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return granted_;

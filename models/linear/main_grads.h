@@ -18,6 +18,13 @@
 // optimizer's zeroing), starts each step with new_step(), and before the gradients are reduced
 // zeroes any registered gradient the step did not write (zero_unwritten), so a weight that got no
 // gradient still reads 0. The FP8 linears do the same through their engine (fp8/fp8_linear.h).
+//
+// Held weight gradients (--delay-wgrad-compute, Megatron's delay_wgrad_compute): with a queue set,
+// the linears of the transformer layers register their weights (hold_wgrad_of) and their backward
+// passes hand the weight-gradient GEMMs to the queue (fp8/held_wgrad.h) instead of running them;
+// the schedule runs it (parallel/combined_schedule.h). The fused ops that compute a weight's
+// gradient inside themselves (the norm + linear op, SwiGLU + linear, the GeLU MLP) step aside for
+// such weights (delays_wgrad_of).
 #pragma once
 #include <torch/custom_class.h>
 #include <torch/torch.h>
@@ -25,7 +32,11 @@
 #include <cstdint>
 #include <mutex>
 #include <unordered_map>
+#include <memory>
+#include <unordered_set>
 #include <vector>
+
+#include "core/deferred_work.h"
 
 namespace fp8tron {
 
@@ -52,6 +63,18 @@ class MainGrads : public torch::CustomClassHolder {
   // How many first writes take() has granted (tests check the path runs).
   uint64_t granted() const;
 
+  // --delay-wgrad-compute: the queue (set before the model is built; null: gradients at once).
+  void set_wgrad_queue(std::shared_ptr<DeferredWork> queue) { wgrad_queue_ = std::move(queue); }
+  const std::shared_ptr<DeferredWork>& wgrad_queue() const { return wgrad_queue_; }
+  // A module's weight whose gradient the queue holds (no-op without a queue).
+  void hold_wgrad_of(const torch::Tensor& param);
+  bool delays_wgrad_of(const torch::Tensor& param) const;
+  // The queue for `weight`'s gradient in a backward pass recorded now (grad mode on, the weight
+  // requires a gradient), or null: computed at once.
+  std::shared_ptr<DeferredWork> wgrad_queue_for(const torch::Tensor& weight) const;
+  // The registered weights (the trainer tells the overlapped gradient reduction about them).
+  std::vector<torch::Tensor> delayed_params() const;
+
  private:
   struct Entry {
     torch::Tensor param;
@@ -64,6 +87,9 @@ class MainGrads : public torch::CustomClassHolder {
   std::unordered_map<const c10::TensorImpl*, Entry> entries_;
   uint64_t step_ = 1;
   uint64_t granted_ = 0;
+  std::shared_ptr<DeferredWork> wgrad_queue_;
+  std::vector<torch::Tensor> delayed_;
+  std::unordered_set<const c10::TensorImpl*> delayed_keys_;
 };
 
 using MainGradsPtr = c10::intrusive_ptr<MainGrads>;

@@ -92,7 +92,7 @@ struct NormLinearFunction : torch::autograd::Function<NormLinearFunction> {
 bool norm_linear_applies(const ResidualStream& in, const NormPrologue& norm, const torch::Tensor& weight,
                          const MainGrads& main_grads) {
   return norm_prologue_applies(in.residual, in.branch, norm, in.branch_bias) &&
-         grad_accumulation_fusion_applies(in.residual, weight, main_grads) &&
+         grad_accumulation_fusion_applies(in.residual, weight, main_grads) && !main_grads.delays_wgrad_of(weight) &&
          weight.size(1) == norm.options.size;
 }
 

@@ -26,6 +26,7 @@ TERowParallelLinearImpl::TERowParallelLinearImpl(const LinearOptions& o, const M
     // does not take it over).
     f.fp8()->use_backward_kernels(nullptr, &fused_swiglu_backward);
   }
+  hold_wgrad(o.delay_wgrad, f, weight, fp8_site.get(), bias);
   plan_ = resolve_linear_plan({LinearRole::kRow, o.init_name, o.bias, fp8_site != nullptr, o.defer_bias}, tp,
                               main_grads->fusion());
 }

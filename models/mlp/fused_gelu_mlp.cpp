@@ -139,6 +139,8 @@ struct FusedGeluMlp : torch::autograd::Function<FusedGeluMlp> {
 
 std::string fused_gelu_mlp_blocker(const torch::Tensor& x, const GeluMlpParams& p) {
   if (!p.main_grads || !p.main_grads->fusion()) return "gradient-accumulation fusion is off";
+  if (p.main_grads->delays_wgrad_of(p.fc1_weight) || p.main_grads->delays_wgrad_of(p.fc2_weight))
+    return "--delay-wgrad-compute holds the weight gradients";
   const auto bf16 = [](const torch::Tensor& t) { return !t.defined() || t.scalar_type() == torch::kBFloat16; };
   if (!bf16(x) || !bf16(p.fc1_weight) || !bf16(p.fc1_bias) || !bf16(p.fc2_weight) || !bf16(p.fc2_bias))
     return "the input and parameters are not all bf16";

@@ -126,7 +126,8 @@ torch::Tensor swiglu_linear(const torch::Tensor& x, const torch::Tensor& weight,
                             const MainGradsPtr& main_grads) {
   FP8TRON_CHECK(weight.dim() == 2 && x.dim() >= 1 && x.size(-1) == 2 * weight.size(1),
                 "SwiGLU then linear: the input's last dimension is not twice the weight's input features");
-  if (!x.is_cuda() || !kernel_float_of(x) || !main_grads || !grad_accumulation_fusion_applies(x, weight, *main_grads))
+  if (!x.is_cuda() || !kernel_float_of(x) || !main_grads || !grad_accumulation_fusion_applies(x, weight, *main_grads) ||
+      main_grads->delays_wgrad_of(weight))
     return linear_with_grad_accumulation_fusion(fused_swiglu(x), weight, bias, main_grads);
   return bias.defined() ? SwigluLinear<true>::apply(x, weight, bias, main_grads)
                         : SwigluLinear<false>::apply(x, weight, main_grads);

@@ -221,8 +221,7 @@ TEST(MegatronRules, DeterministicModeRefusesWhatMegatronRefuses) {
 
 // --overlap-moe-expert-parallel-comm: Megatron's TransformerConfig rules, each a one-line error
 // naming the flag and the fix; what fp8tron's combined schedule cannot run yet (the interleaved
-// pipeline) refused by name. --delay-wgrad-compute: Megatron's rule, then refused as
-// not built yet.
+// pipeline) refused by name. --delay-wgrad-compute: Megatron's rules.
 TEST(MegatronRules, ExpertParallelOverlapFollowsMegatronsRules) {
   auto args = [](std::initializer_list<std::string> extra) {
     auto a = tiny_args({"--num-experts", "4", "--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall",
@@ -262,16 +261,49 @@ TEST(MegatronRules, ExpertParallelOverlapFollowsMegatronsRules) {
   auto fp32 = tiny_args({"--num-experts", "4", "--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall",
                          "--overlap-moe-expert-parallel-comm", "--global-batch-size", "4"});
   EXPECT_USER_ERROR(build(fp32, 2), "only supported with --bf16 or --fp16");
-  // --delay-wgrad-compute: Megatron needs the overlap with it; fp8tron does not defer the GEMMs yet.
+  // --delay-wgrad-compute: Megatron's rules (arguments.py, TransformerConfig), each one line; the
+  // tensor-parallel overlap's linears, which compute their own weight gradients, refused by name.
   EXPECT_USER_ERROR(build(tiny_args({"--num-experts", "4", "--expert-model-parallel-size", "2", "--bf16",
                                      "--delay-wgrad-compute", "--global-batch-size", "4"}),
                           2),
                     "--delay-wgrad-compute: overlap_moe_expert_parallel_comm must be enabled (Megatron): add "
                     "--overlap-moe-expert-parallel-comm");
   const Config delayed = build(args({"--delay-wgrad-compute"}), 2);
-  ASSERT_EQ(delayed.not_supported_yet.size(), 1u);
-  EXPECT_EQ(delayed.not_supported_yet[0].rfind("--delay-wgrad-compute (deferring the experts'", 0), 0u);
-  EXPECT_USER_ERROR(require_supported(delayed), "not supported yet: --delay-wgrad-compute");
+  EXPECT_TRUE(delayed.model.moe.delay_wgrad_compute);
+  EXPECT_TRUE(delayed.not_supported_yet.empty());
+  EXPECT_NO_THROW(require_supported(delayed));
+  EXPECT_FALSE(accepted.model.moe.delay_wgrad_compute);
+  EXPECT_NO_THROW(build(args({"--delay-wgrad-compute", "--use-distributed-optimizer", "--overlap-grad-reduce",
+                              "--no-gradient-accumulation-fusion", "--global-batch-size", "8"}),
+                        4));
+  EXPECT_USER_ERROR(build(args({"--delay-wgrad-compute", "--transformer-impl", "local"}), 2),
+                    "--delay-wgrad-compute is only supported with the transformer_engine implementation (Megatron)");
+  EXPECT_USER_ERROR(build(args({"--delay-wgrad-compute", "--overlap-dispatch-backward-with-experts-wgrad"}), 2),
+                    "--delay-wgrad-compute and --overlap-dispatch-backward-with-experts-wgrad are mutually exclusive");
+  // CUDA graphs that capture weight gradients, with the overlapped gradient reduction.
+  EXPECT_USER_ERROR(build(args({"--delay-wgrad-compute", "--overlap-grad-reduce", "--no-gradient-accumulation-fusion",
+                                "--cuda-graph-impl", "transformer_engine", "--cuda-graph-scope", "attn"}),
+                          2),
+                    "CUDA graph with delay_wgrad_compute requires gradient_accumulation_fusion (Megatron)");
+  EXPECT_USER_ERROR(build(args({"--delay-wgrad-compute", "--overlap-grad-reduce", "--cuda-graph-impl",
+                                "transformer_engine", "--cuda-graph-scope", "attn"}),
+                          2),
+                    "CUDA graph with delay_wgrad_compute doesn't support attn bias (Megatron)");
+  EXPECT_USER_ERROR(build(args({"--delay-wgrad-compute", "--overlap-grad-reduce", "--no-gradient-accumulation-fusion",
+                                "--cuda-graph-impl", "transformer_engine", "--cuda-graph-scope", "moe_router",
+                                "--moe-shared-expert-intermediate-size", "32", "--disable-bias-linear"}),
+                          2),
+                    "requires gradient_accumulation_fusion");
+  EXPECT_NO_THROW(build(args({"--delay-wgrad-compute", "--cuda-graph-impl", "transformer_engine", "--cuda-graph-scope",
+                              "attn", "--disable-bias-linear", "--overlap-grad-reduce"}),
+                        2));
+  EXPECT_NO_THROW(build(args({"--delay-wgrad-compute", "--no-gradient-accumulation-fusion", "--cuda-graph-impl",
+                              "transformer_engine", "--cuda-graph-scope", "attn"}),
+                        2));  // Megatron checks the graphs only with the overlapped reduction
+  EXPECT_USER_ERROR(build(args({"--delay-wgrad-compute", "--tensor-model-parallel-size", "2", "--sequence-parallel",
+                                "--disable-bias-linear", "--tp-comm-overlap"}),
+                          4),
+                    "--delay-wgrad-compute with --tp-comm-overlap is not supported yet in fp8tron");
 }
 
 // --step-batch-size-schedule: thresholds in tokens (K/M/B/T suffixes) over --seq-length (16):

@@ -82,7 +82,7 @@ std::vector<std::string> without_layout_flags(const std::vector<std::string>& ar
       "--num-distributed-optimizer-instances"};
   // The tensor-parallel overlap needs TP and SP, --fp8-param-gather the distributed optimizer, the
   // pipeline p2p flags and the deferred output-layer weight gradients a pipeline, the
-  // expert-parallel overlap EP: one process runs without them.
+  // expert-parallel overlap (and the weight gradients it holds) EP: one process runs without them.
   static const std::set<std::string> layout_switches = {
       "--sequence-parallel", "--use-distributed-optimizer", "--overlap-param-gather",
       "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split", "--tp-comm-overlap",
@@ -92,7 +92,7 @@ std::vector<std::string> without_layout_flags(const std::vector<std::string>& ar
       "--tp-comm-overlap-disable-fc1", "--use-ascend-mc2", "--use-ascend-coc", "--coc-fused-kernel",
       "--overlap-p2p-communication", "--no-overlap-p2p-communication", "--overlap-p2p-communication-warmup-flush",
       "--fp8-param-gather", "--distribute-saved-activations", "--defer-embedding-wgrad-compute",
-      "--overlap-moe-expert-parallel-comm"};
+      "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"};
   // The routing map's padding for FP8 needs the alltoall dispatcher: the reference keeps it then.
   const bool router_padding = std::count(args.begin(), args.end(), "--moe-router-padding-for-fp8") +
                                   std::count(args.begin(), args.end(), "--moe-router-padding-for-quantization") >

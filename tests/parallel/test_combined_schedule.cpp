@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "core/deferred_work.h"
 #include "parallel/all_to_all_turns.h"
 #include "parallel/combined_schedule.h"
 
@@ -88,6 +89,83 @@ TEST(CombinedSchedule, RunsEveryForwardAndBackwardOnce) {
   EXPECT_TRUE(armed);
   EXPECT_DOUBLE_EQ(sum.item<double>(), 6.0);
   EXPECT_DOUBLE_EQ(w.grad().item<double>(), 0.5 * 6.0);
+}
+
+
+// --delay-wgrad-compute: the weight gradients a backward pass holds run at its next all-to-all,
+// after the issue and before the turn passes (beside its own exchange, as Megatron's backward_dw:
+// the experts' beside the dispatch's backward all-to-all, the attention's beside the next layer's
+// combine), and what is left at the pass's end before the pass ends. The forward side never finds
+// held work.
+TEST(CombinedSchedule, HeldWeightGradientsRunBehindTheBackwardsOwnAllToAll) {
+  auto turns = std::make_shared<AllToAllTurns>();
+  DeferredWork held;
+  std::vector<std::string> log;
+  TurnAtAllToAll observer(turns, nullptr, [&] {
+    if (!held.empty()) log.push_back("run held");
+    held.run();
+  });
+  struct Done : CommWork {
+    void wait() override {}
+  } done;
+  auto all_to_all = [&](const std::string& what) {
+    log.push_back(what);
+    observer.wait(done);
+  };
+  auto compute = [&](const std::string& what, const std::string& held_wgrad = "") {
+    log.push_back(what);
+    if (!held_wgrad.empty()) held.hold([&log, held_wgrad] { log.push_back(held_wgrad); }, {});
+  };
+  turns->run_pair(
+      [&] {
+        all_to_all("b:combine L1");
+        compute("b:experts dgrad L1", "b:experts wgrad L1");
+        all_to_all("b:dispatch L1");
+        compute("b:attention dgrad L1", "b:attention wgrad L1");
+        all_to_all("b:combine L0");
+        compute("b:experts dgrad L0", "b:experts wgrad L0");
+        all_to_all("b:dispatch L0");
+        compute("b:attention dgrad L0", "b:attention wgrad L0");
+        held.run();  // the schedule's after_backward
+      },
+      [&] {
+        compute("f:attention L0");
+        all_to_all("f:dispatch L0");
+        compute("f:experts L0");
+        all_to_all("f:combine L0");
+        compute("f:attention L1");
+        all_to_all("f:dispatch L1");
+        compute("f:experts L1");
+        all_to_all("f:combine L1");
+        compute("f:loss");
+      },
+      torch::Device(torch::kCPU));
+  const std::vector<std::string> expected = {
+      "b:combine L1",       "f:attention L0",       "f:dispatch L0",        "b:experts dgrad L1",
+      "b:dispatch L1",      "run held",             "b:experts wgrad L1",   "f:experts L0",
+      "f:combine L0",       "b:attention dgrad L1", "b:combine L0",         "run held",
+      "b:attention wgrad L1", "f:attention L1",     "f:dispatch L1",        "b:experts dgrad L0",
+      "b:dispatch L0",      "run held",             "b:experts wgrad L0",   "f:experts L1",
+      "f:combine L1",       "b:attention dgrad L0", "b:attention wgrad L0", "f:loss"};
+  EXPECT_EQ(log, expected);
+  EXPECT_EQ(held.held(), 4);
+  EXPECT_EQ(held.ran(), 4);
+}
+
+// The schedule runs `after_backward` at the end of every backward pass, before the next one.
+TEST(CombinedSchedule, AfterBackwardEndsEveryBackwardPass) {
+  AllToAllTurns turns;
+  auto w = torch::ones({}, torch::requires_grad());
+  std::vector<std::string> log;
+  run_combined_1f1b(
+      3,
+      [&](int64_t mb) {
+        log.push_back("f" + std::to_string(mb));
+        return w * double(mb + 1);
+      },
+      1.0, {}, turns, torch::Device(torch::kCPU),
+      [&] { log.push_back("after b, grad " + std::to_string(int(w.grad().item<double>()))); });
+  EXPECT_EQ(log, (std::vector<std::string>{"f0", "after b, grad 1", "f1", "after b, grad 3", "f2", "after b, grad 6"}));
 }
 
 }  // namespace

@@ -94,6 +94,7 @@ MoeConfig build_moe_config(const FlagValues& f, const ModelConfig& m, std::vecto
   moe.shared_expert_gate = f.get_bool("moe-shared-expert-gate");
   moe.shared_expert_overlap = f.get_bool("moe-shared-expert-overlap");
   moe.overlap_expert_parallel_comm = f.get_bool("overlap-moe-expert-parallel-comm");
+  moe.delay_wgrad_compute = f.get_bool("delay-wgrad-compute");
   moe.capacity_factor = f.opt_float("moe-expert-capacity-factor");
   if (moe.capacity_factor && *moe.capacity_factor < 0) moe.capacity_factor.reset();  // Megatron: negative = dropless
   moe.pad_to_capacity = f.get_bool("moe-pad-expert-input-to-capacity");

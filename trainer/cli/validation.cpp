@@ -1,5 +1,6 @@
 // Named validation rules over the built configuration. Each rule is small and states one
 // invariant; the message names the flags and says how to fix it.
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <functional>
@@ -525,9 +526,40 @@ const std::vector<Rule>& rules() {
        }},
       {"delayed weight gradients",
        [](const Config& c, const FlagValues& f) -> std::string {
-         if (!f.get_bool("delay-wgrad-compute") || c.model.moe.overlap_expert_parallel_comm) return "";
-         return "--delay-wgrad-compute: overlap_moe_expert_parallel_comm must be enabled (Megatron): add "
-                "--overlap-moe-expert-parallel-comm";
+         // Megatron's rules (arguments.py, TransformerConfig), then what fp8tron cannot hold yet.
+         if (!f.get_bool("delay-wgrad-compute")) return "";
+         const std::string flag = "--delay-wgrad-compute";
+         if (!c.model.moe.overlap_expert_parallel_comm)
+           return flag + ": overlap_moe_expert_parallel_comm must be enabled (Megatron): add "
+                         "--overlap-moe-expert-parallel-comm";
+         if (!c.model.transformer_engine_modules)
+           return flag + " is only supported with the transformer_engine implementation (Megatron): use "
+                         "--transformer-impl transformer_engine";
+         if (f.get_bool("overlap-dispatch-backward-with-experts-wgrad"))
+           return flag + " and --overlap-dispatch-backward-with-experts-wgrad are mutually exclusive (Megatron); use only "
+                         "one";
+         if (c.distributed.overlap_grad_reduce) {
+           // Megatron: per-layer CUDA graphs that capture weight gradients (the attention's, or the
+           // router's with a shared expert computed in the layer) need static gradient buffers.
+           auto scopes = f.get_list("cuda-graph-scope");
+           for (const auto& m : f.get_list("cuda-graph-modules")) scopes.push_back(m);
+           const auto in_scope = [&](const char* s) { return std::find(scopes.begin(), scopes.end(), s) != scopes.end(); };
+           const bool attn = in_scope("attn");
+           if (attn || (in_scope("moe_router") && c.model.moe.shared_expert_size > 0 && !c.model.moe.shared_expert_overlap)) {
+             if (!c.precision.gradient_accumulation_fusion)
+               return flag + ": CUDA graph with delay_wgrad_compute requires gradient_accumulation_fusion (Megatron): "
+                             "drop --no-gradient-accumulation-fusion";
+             if (attn && (c.model.add_bias_linear || c.model.add_qkv_bias))
+               return flag + ": CUDA graph with delay_wgrad_compute doesn't support attn bias (Megatron): add "
+                             "--disable-bias-linear and drop --add-qkv-bias, or drop attn from --cuda-graph-scope";
+           }
+         }
+         // fp8tron holds the weight gradients of its plain, FP8 and grouped linears; the
+         // tensor-parallel overlap's communicating op computes its own.
+         if (f.get_bool("tp-comm-overlap"))
+           return flag + " with --tp-comm-overlap is not supported yet in fp8tron (the overlapped linears compute their "
+                         "weight gradients inside the communicating op): drop one of them";
+         return "";
        }},
       {"mc2 and coc without experts",
        [](const Config&, const FlagValues& f) -> std::string {
