@@ -5,10 +5,11 @@
 # GPUs than ranks the ranks share them (tests/parallel/nccl_launch.sh): NCCL then talks over
 # sockets, a slow transport where the all-to-alls dominate the step, which is where the overlap
 # has the most to hide. Prints a markdown table from the last timer report of each run:
-#   ms/iter, forward-backward (max over ranks), ep-comm-exposed (the waits for all-to-alls that no
-#   computation hid), and the share of the exposed time that the overlap hid of what the
-#   computation could cover: (exposed without - exposed with) / min(exposed without, compute),
-#   compute being forward-backward minus exposed in the run without.
+#   ms/iter, forward-backward (max over ranks; host time: on a GPU the step's tail waits in the
+#   optimizer), ep-comm-exposed (the time the GPU waited for all-to-alls that no computation hid,
+#   from events) and the share of the exposed time that the overlap hid of what the computation
+#   could cover: (exposed without - exposed with) / min(exposed without, compute), compute being
+#   the iteration's time minus the exposed time in the run without.
 #   scripts/bench_moe_overlap.sh [ranks] [-- extra flags]
 # BENCH_ITERS (default 12), BENCH_MICRO_BATCHES (per rank and step, default 4); logs in $BENCH_OUT.
 set -euo pipefail
@@ -28,7 +29,7 @@ GBS=$((MBS * N * ${BENCH_MICRO_BATCHES:-4}))  # every rank is a data-parallel ra
 # last_max <log> <timer>: the timer's max over ranks (ms per iteration) in the last report.
 last_max() { grep -E "^ *$2 " "$1" | tail -1 | sed -n 's/.*, \([0-9.]*\))$/\1/p'; }
 
-declare -A FB EXPOSED
+declare -A MS EXPOSED
 run() {  # run <name> <flags...>
   local name=$1; shift
   local log="$OUT/moe-overlap-$name.log"
@@ -39,14 +40,16 @@ run() {  # run <name> <flags...>
     echo "| $name | $* | failed: $(grep -m1 -i error "$log" | cut -c1-120) | | | |"; return; }
   local ms
   ms=$(grep "] iteration " "$log" | tail -1 | sed -n 's/.*elapsed time per iteration (ms): \([0-9.]*\).*/\1/p')
-  FB[$name]=$(last_max "$log" forward-backward)
+  local fb
+  fb=$(last_max "$log" forward-backward)
+  MS[$name]=$ms
   EXPOSED[$name]=$(last_max "$log" ep-comm-exposed)
   local hidden=""
   if [ "$name" != plain ] && [ -n "${EXPOSED[plain]:-}" ]; then
-    hidden=$(awk -v e0="${EXPOSED[plain]}" -v f0="${FB[plain]}" -v e1="${EXPOSED[$name]}" \
-      'BEGIN { c = f0 - e0; m = (e0 < c ? e0 : c); if (m > 0) printf "%.0f%% (%.1f of %.1f ms)", 100 * (e0 - e1) / m, e0 - e1, m }')
+    hidden=$(awk -v e0="${EXPOSED[plain]}" -v t0="${MS[plain]}" -v e1="${EXPOSED[$name]}" \
+      'BEGIN { c = t0 - e0; m = (e0 < c ? e0 : c); if (m > 0) printf "%.0f%% (%.1f of %.1f ms)", 100 * (e0 - e1) / m, e0 - e1, m }')
   fi
-  echo "| $name | $* | $ms | ${FB[$name]} | ${EXPOSED[$name]} | $hidden |"
+  echo "| $name | $* | $ms | $fb | ${EXPOSED[$name]} | $hidden |"
 }
 
 echo "| run (EP$N, $N rank(s) on $(nvidia-smi -L | wc -l) GPU(s), global batch $GBS x 1024) | flags | ms/iter | forward-backward ms | ep-comm-exposed ms | exposed time hidden, of what compute covers |"
