@@ -15,6 +15,7 @@
 #include "fp8/forward_replay.h"
 #include "fp8/gemm.h"
 #include "fp8/grouped_gemm.h"
+#include "fp8/packed_rows.h"
 #include "fp8/quantized_tensor.h"
 #include "fp8/swiglu_backward.h"
 
@@ -237,12 +238,15 @@ struct Fp8Forward {
 
 Fp8Forward fp8_forward(const torch::Tensor& x, const Splits& splits, const std::vector<torch::Tensor>& weights,
                        const std::vector<torch::Tensor>& biases, const std::vector<Fp8Site*>& sites, bool need_dw,
-                       bool record_amax, Prologue prologue) {
+                       bool record_amax, Prologue prologue, const torch::Tensor& packed_x) {
   Fp8Engine& e = *sites[0]->engine;
   const Path path = path_of(e);
   Fp8Forward f;
-  // Amaxes are recorded for training steps only: evaluation must not move the scales.
-  f.input = quantize_grouped(e, sites, TensorRole::kInput, x, splits, true, need_dw, record_amax, nullptr, prologue);
+  // Amaxes are recorded for training steps only: evaluation must not move the scales. Rows that
+  // arrive quantized (packed_x, per-block recipes: no amaxes) keep their codes and scales.
+  f.input = packed_x.defined()
+                ? quantize_grouped_from_packed(e, sites, packed_x, x, splits, need_dw)
+                : quantize_grouped(e, sites, TensorRole::kInput, x, splits, true, need_dw, record_amax, nullptr, prologue);
   f.weights.resize(sites.size());
   for (size_t i = 0; i < sites.size(); ++i)
     if (splits[i] > 0) f.weights[i] = quantized_weight(*sites[i], weights[i], record_amax);
@@ -627,8 +631,12 @@ void check_inputs(const torch::Tensor& x, const Splits& splits, const std::vecto
 torch::Tensor grouped_linear(const torch::Tensor& x_in, const std::vector<int64_t>& splits,
                              const std::vector<torch::Tensor>& weights, const std::vector<torch::Tensor>& biases,
                              const std::vector<Fp8Site*>& sites, Bf16GroupedBackend bf16_backend, Prologue prologue,
-                             bool gradient_accumulation_fusion, std::shared_ptr<DeferredWork> wgrad_queue) {
+                             bool gradient_accumulation_fusion, std::shared_ptr<DeferredWork> wgrad_queue,
+                             const torch::Tensor& packed_x) {
   FP8TRON_CHECK(prologue == Prologue::kNone || prologue == Prologue::kSwiglu, "grouped_linear: the only prologue is SwiGLU");
+  FP8TRON_CHECK(!packed_x.defined() || (!sites.empty() && prologue == Prologue::kNone &&
+                                        quantizes_rows_alone(sites[0]->engine->recipe())),
+                "grouped_linear: rows quantized before they travel feed FP8 sites of a per-block recipe, without a prologue");
   check_inputs(x_in, splits, weights, biases, sites, prologue);
   if (sites.empty() && prologue == Prologue::kSwiglu)  // bf16: the SwiGLU as differentiable torch ops
     return grouped_linear(torch_swiglu(x_in), splits, weights, biases, sites, bf16_backend, Prologue::kNone,
@@ -658,8 +666,8 @@ torch::Tensor grouped_linear(const torch::Tensor& x_in, const std::vector<int64_
       node->weights = w;
     } else {
       // A recomputed forward pass (activation recomputation) records nothing: the original pass did.
-      Fp8Forward f =
-          fp8_forward(x, splits, w, b, sites, need_dw, /*record_amax=*/track && !forward_replay_active(), prologue);
+      Fp8Forward f = fp8_forward(x, splits, w, b, sites, need_dw, /*record_amax=*/track && !forward_replay_active(), prologue,
+                                 packed_x);
       y = f.y;
       // Keep only what backward reads: X's transposed copies (wgrad) and the weights.
       if (need_dw) {

@@ -62,12 +62,16 @@ enum class Bf16GroupedBackend : uint8_t { kCublasLt, kAtenMm };
 // fp8_linear.h, Prologue::kSwigluBackward on native delayed scaling, first elsewhere), so the bf16
 // gradient of x is never stored either; x must then have no other consumer. bf16 (no sites):
 // torch's SwiGLU ops, then the grouped GEMMs.
+// packed_x (an MoE layer's fc1 under --moe-dispatch-fp8): x's rows arrived already quantized, as
+// packed rows (fp8/packed_rows.h: codes and per-block scales, a per-block recipe); the fprop GEMMs
+// run on those codes as they are, x holding the values they stand for, from which the transposed
+// copy of the wgrad is quantized. FP8 sites only, no prologue.
 torch::Tensor grouped_linear(const torch::Tensor& x, const std::vector<int64_t>& m_splits,
                              const std::vector<torch::Tensor>& weights, const std::vector<torch::Tensor>& biases,
                              const std::vector<Fp8Site*>& sites,
                              Bf16GroupedBackend bf16_backend = Bf16GroupedBackend::kCublasLt,
                              Prologue prologue = Prologue::kNone, bool gradient_accumulation_fusion = true,
-                             std::shared_ptr<DeferredWork> wgrad_queue = nullptr);
+                             std::shared_ptr<DeferredWork> wgrad_queue = nullptr, const torch::Tensor& packed_x = {});
 
 // Whether the grouped linear that produced h (fc1) applies the SwiGLU backward of the one that
 // consumed it (fc2): the hand-over above. For tests and diagnostics; false once the backward ran.

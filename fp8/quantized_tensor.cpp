@@ -77,30 +77,6 @@ SegmentCast prepare_scales(Fp8Engine& e, const std::vector<Fp8Site*>& sites, Ten
   return cast;
 }
 
-// The emulated and CPU paths' high-precision copies: bf16 on the GPU, fp32 on the CPU.
-void dequantize_copies(QuantizedSegments& q, bool cpu, CudaStream stream) {
-  const SegmentLayout& l = q.layout;
-  const int64_t cols = int64_t(l.cols), total = int64_t(l.total_padded());
-  const auto options = q.data.defined() ? q.data.options() : q.data_t.options();
-  const auto dtype = cpu ? torch::kFloat32 : torch::kBFloat16;
-  auto copy = [&](bool t) {
-    const std::vector<int64_t> shape = t ? std::vector<int64_t>{total * cols} : std::vector<int64_t>{total, cols};
-    auto out = torch::empty(shape, options.dtype(dtype));
-    for (size_t e = 0; e < l.segments(); ++e) {
-      if (l.padded[e] == 0) continue;
-      const size_t offset = l.row_begin[e] * l.cols;
-      if (cpu) {
-        reference::dequantize_to_float(q.segment(e), t, out.data_ptr<float>() + offset);
-      } else {
-        dequantize(q.segment(e), t, static_cast<uint16_t*>(out.data_ptr()) + offset, stream);
-      }
-    }
-    return out;
-  };
-  if (q.data.defined()) q.dequantized = copy(false);
-  if (q.data_t.defined()) q.dequantized_t = copy(true);
-}
-
 // --log-fp8-stats-to-tensorboard: each segment's values (xb's rows, unpadded) against its FP8
 // codes (the row-wise copy, or the transposed one; the alignment padding left out), under its
 // expert's site, as fp8_linear records a per-tensor cast.
@@ -123,6 +99,29 @@ void record_segment_stats(Fp8Engine& e, const std::vector<Fp8Site*>& sites, Tens
 }
 
 }  // namespace
+
+void dequantize_copies(QuantizedSegments& q, bool cpu, CudaStream stream) {
+  const SegmentLayout& l = q.layout;
+  const int64_t cols = int64_t(l.cols), total = int64_t(l.total_padded());
+  const auto options = q.data.defined() ? q.data.options() : q.data_t.options();
+  const auto dtype = cpu ? torch::kFloat32 : torch::kBFloat16;
+  auto copy = [&](bool t) {
+    const std::vector<int64_t> shape = t ? std::vector<int64_t>{total * cols} : std::vector<int64_t>{total, cols};
+    auto out = torch::empty(shape, options.dtype(dtype));
+    for (size_t e = 0; e < l.segments(); ++e) {
+      if (l.padded[e] == 0) continue;
+      const size_t offset = l.row_begin[e] * l.cols;
+      if (cpu) {
+        reference::dequantize_to_float(q.segment(e), t, out.data_ptr<float>() + offset);
+      } else {
+        dequantize(q.segment(e), t, static_cast<uint16_t*>(out.data_ptr()) + offset, stream);
+      }
+    }
+    return out;
+  };
+  if (q.data.defined()) q.dequantized = copy(false);
+  if (q.data_t.defined()) q.dequantized_t = copy(true);
+}
 
 torch::Tensor QuantizedSegments::dequantized_rows(size_t e) const {
   return dequantized.narrow(0, int64_t(layout.row_begin[e]), int64_t(layout.padded[e]));

@@ -78,6 +78,10 @@ std::shared_ptr<QuantizedSegments> quantize_grouped(Fp8Engine& e, const std::vec
                                                     float* column_sums = nullptr, Prologue prologue = Prologue::kNone,
                                                     const torch::Tensor& swiglu_input = {});
 
+// The emulated and CPU paths' high-precision copies of q's codes (the row-wise copy and/or the
+// transposed one, whichever q holds): bf16 on the GPU, fp32 on the CPU (`cpu`).
+void dequantize_copies(QuantizedSegments& q, bool cpu, CudaStream stream);
+
 // Whether quantize_grouped fuses a SwiGLU into the cast of `role` (transposed copy requested):
 // native FP8 GEMMs with delayed per-tensor scaling.
 bool grouped_swiglu_cast_fuses(const Fp8Engine& e, TensorRole role);

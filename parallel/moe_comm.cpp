@@ -99,7 +99,12 @@ struct ReduceScatterRowsV : torch::autograd::Function<ReduceScatterRowsV> {
 }  // namespace
 
 torch::Tensor all_to_all_rows(const torch::Tensor& x, Communicator& group, const std::vector<int64_t>& send_rows,
-                              const std::vector<int64_t>& recv_rows) {
+                              const std::vector<int64_t>& recv_rows, int64_t* bytes_to_peers) {
+  if (bytes_to_peers) {
+    *bytes_to_peers = 0;
+    for (int r = 0; r < group.size() && size_t(r) < send_rows.size(); ++r)
+      if (r != group.rank()) *bytes_to_peers += send_rows[size_t(r)] * row_elements(x) * int64_t(x.element_size());
+  }
   if (group.size() == 1) return x;
   return AllToAllRows::apply(x, &group, send_rows, recv_rows);
 }

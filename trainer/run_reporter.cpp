@@ -10,6 +10,8 @@
 #include "checkpoint/rank_agreement.h"
 #include "core/log.h"
 #include "core/text.h"
+#include "fp8/packed_rows.h"
+#include "models/linear/grouped_linear.h"
 #include "trainer/cli/model_math.h"
 #include "trainer/cli/tp_overlap_args.h"
 #include "trainer/logging/iteration_log.h"
@@ -140,6 +142,25 @@ void RunReporter::log_moe_layout() const {
   if (parts_.fp8 && m.expert_gemm_fp8)
     log::info(" > FP8 experts: each expert's amaxes are reduced over the ranks holding that expert (expert tensor x "
               "expert data parallel), so an expert's scales do not depend on the expert-parallel layout");
+  if (m.dispatch_fp8 && parts_.fp8) {
+    // The MoE layers of this rank whose dispatch sends FP8 rows (their experts' fc1 runs in FP8).
+    int64_t fp8_layers = 0, layers = 0;
+    for (const auto& chunk : parts_.chunks)
+      for (const auto& module : chunk->modules())
+        if (const auto* g = dynamic_cast<const TEGroupedLinearImpl*>(module.get());
+            g && g->options.parallel_mode == GroupedParallelMode::kColumn) {
+          ++layers;
+          fp8_layers += g->input_dispatched_fp8 ? 1 : 0;
+        }
+    const int64_t h = parts_.config.model.hidden_size;
+    const auto row = fp8::packed_row_layout(parts_.fp8->recipe(), h);
+    log::info(strprintf(" > --moe-dispatch-fp8: %lld of this rank's %lld MoE layers send each token once quantized "
+                        "(%s, %lld codes + %lld scales = %lld bytes, against %lld in bf16); the combine and the "
+                        "gradients travel in the activations' dtype%s",
+                        (long long)fp8_layers, (long long)layers, fp8::recipe_kind_name(fp8::recipe_kind(parts_.fp8->recipe())),
+                        (long long)h, (long long)row.scales, (long long)row.row_bytes(), (long long)(2 * h),
+                        fp8_layers < layers ? " (the others' experts stay bf16: they dispatch bf16)" : ""));
+  }
 }
 
 void RunReporter::add_step(const torch::Tensor& loss, const torch::Tensor& mtp_losses) {
@@ -234,6 +255,14 @@ void RunReporter::write_timers(int64_t iteration, int64_t iterations_in_interval
   if (!timing.text.empty()) log::print(timing.text);
   if (parts_.config.logging.log_timers_to_tensorboard)
     for (const auto& [name, ms] : timing.max_ms) writers_.add(name + "-time", ms, iteration);
+  // The MoE dispatch all-to-all's bytes per iteration (with EP > 1 and the alltoall dispatcher):
+  // what --moe-dispatch-fp8 halves. Every rank takes part (a collective), at timing level 1 or more.
+  if (!parts_.moe || !timers_.enabled(1)) return;
+  const Timers::Report bytes = timers_.report_counts({"moe-dispatch-all-to-all"}, double(iterations_in_interval),
+                                                     parts_.config.logging.timing_log_option, gather, p.sizes.world_size);
+  if (!bytes.text.empty()) log::print(bytes.text);
+  if (parts_.config.logging.log_timers_to_tensorboard)
+    for (const auto& [name, value] : bytes.max_ms) writers_.add(name + "-bytes", value, iteration);
 }
 
 void RunReporter::log_interval(int64_t iteration, double seconds, int64_t iterations_in_interval) {

@@ -108,6 +108,7 @@ torch::Tensor TrainingStep::run(int64_t iteration) {
 TrainingStep::Pass TrainingStep::forward_backward(int64_t iteration) {
   const auto& t = c_.training;
   timers_.start("forward-backward", 1);
+  if (parts_.moe) parts_.moe->take_dispatch_bytes();  // evaluation's dispatches are not the step's
   const int64_t micro = progress_.micro_batches;
   // --cuda-graph-impl full_iteration: after its warm-up steps the passes run as one CUDA graph
   // (trainer/step_graph.h). A replay repeats the first writes of the capture, whose record the
@@ -155,6 +156,9 @@ TrainingStep::Pass TrainingStep::forward_backward(int64_t iteration) {
   if (parts_.tp_comm_timer) timers_.add("tp-comm-exposed", 1, parts_.tp_comm_timer->take_ms());
   if (parts_.pp_comm_timer) timers_.add("pp-comm-exposed", 1, parts_.pp_comm_timer->take_ms());
   if (parts_.ep_comm_timer) timers_.add("ep-comm-exposed", 1, parts_.ep_comm_timer->take_ms());
+  // The bytes the alltoall dispatcher's forward all-to-alls sent to other ranks (FP8 codes and
+  // scales with --moe-dispatch-fp8), measured at the exchange.
+  if (parts_.moe) timers_.add_count("moe-dispatch-all-to-all", 1, double(parts_.moe->take_dispatch_bytes()));
 
   timers_.start("optimizer", 1);
   parts_.main_grads->zero_unwritten();  // before the reductions read them

@@ -60,6 +60,10 @@ struct MoeConfig {
   bool router_padding_for_quantization = false;  // --moe-router-padding-for-fp8/-quantization
   bool per_layer_logging = false;
   MoeDispatcher dispatcher = MoeDispatcher::kAllGather;
+  // --moe-dispatch-fp8 (fp8tron's own): the alltoall dispatcher sends each token quantized once, in
+  // the FP8 experts' per-block recipe (blockwise or MXFP8), codes and scales that their first
+  // grouped GEMM uses as they arrive; combine and gradients stay in the activations' dtype.
+  bool dispatch_fp8 = false;
   bool expert_gemm_fp8 = true;  // !--no-use-gmm-fp8: the experts' grouped GEMMs run in FP8 in FP8 runs
 
   bool enabled() const { return num_experts > 0; }

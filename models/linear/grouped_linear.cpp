@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "core/text.h"
 #include "fp8/fp8_grouped_linear.h"
+#include "fp8/packed_rows.h"
 #include "models/linear/modules.h"
 
 namespace fp8tron {
@@ -85,8 +86,16 @@ std::vector<fp8::Fp8Site*> TEGroupedLinearImpl::gemm_sites() const {
   return sites;
 }
 
-torch::Tensor TEGroupedLinearImpl::forward(const torch::Tensor& x, const std::vector<int64_t>& m_splits) {
-  return run(x, m_splits, fp8::Prologue::kNone);
+torch::Tensor TEGroupedLinearImpl::forward(const torch::Tensor& x, const std::vector<int64_t>& m_splits,
+                                           const torch::Tensor& packed_x) {
+  FP8TRON_CHECK(!packed_x.defined() || takes_packed_input(),
+                "TEGroupedLinear: rows quantized before they travel need FP8 experts of a per-block recipe");
+  return run(x, m_splits, fp8::Prologue::kNone, packed_x);
+}
+
+bool TEGroupedLinearImpl::takes_packed_input() const {
+  const auto sites = gemm_sites();
+  return !sites.empty() && fp8::quantizes_rows_alone(sites[0]->engine->recipe());
 }
 
 torch::Tensor TEGroupedLinearImpl::forward_swiglu(const torch::Tensor& h, const std::vector<int64_t>& m_splits) {
@@ -97,7 +106,7 @@ torch::Tensor TEGroupedLinearImpl::forward_swiglu(const torch::Tensor& h, const 
 bool TEGroupedLinearImpl::fuses_swiglu() const { return fp8::grouped_linear_fuses_swiglu(gemm_sites()); }
 
 torch::Tensor TEGroupedLinearImpl::run(const torch::Tensor& x, const std::vector<int64_t>& m_splits,
-                                       fp8::Prologue prologue) {
+                                       fp8::Prologue prologue, const torch::Tensor& packed_x) {
   const int64_t width = weights.front().size(1) * (prologue == fp8::Prologue::kSwiglu ? 2 : 1);
   FP8TRON_CHECK(x.dim() == 2 && x.size(1) == width, prologue == fp8::Prologue::kSwiglu
                                                         ? "TEGroupedLinear: the input must be [tokens, 2 x local in features]"
@@ -106,7 +115,7 @@ torch::Tensor TEGroupedLinearImpl::run(const torch::Tensor& x, const std::vector
   std::vector<torch::Tensor> gemm_biases;
   for (size_t i = 0; i < weights.size(); ++i) gemm_biases.push_back(gemm_bias(i));
   return fp8::grouped_linear(x, m_splits, weights, gemm_biases, gemm_sites(), fp8::Bf16GroupedBackend::kCublasLt,
-                             prologue, main_grad_fusion, main_grads_->wgrad_queue_for(weights.front()));
+                             prologue, main_grad_fusion, main_grads_->wgrad_queue_for(weights.front()), packed_x);
 }
 
 std::string TEGroupedLinearImpl::describe_plan() const {
@@ -115,6 +124,7 @@ std::string TEGroupedLinearImpl::describe_plan() const {
                               : fp8 == fp8_sites.size() ? "FP8 grouped GEMMs, one cast for all experts"
                                                         : "FP8 grouped GEMMs (some experts bf16)";
   what += strprintf(" | %lld local experts", (long long)weights.size());
+  if (input_dispatched_fp8) what += " | input: the FP8 codes and scales the dispatch delivered (--moe-dispatch-fp8)";
   what += main_grad_fusion ? " | weight gradients: into their fp32 main gradients" : " | weight gradients: to autograd";
   return what;
 }

@@ -69,7 +69,11 @@ class TEGroupedLinearImpl : public ShardedModule {
   // x [tokens, local in features]; m_splits: tokens per expert (num_gemms counts, >= 0, summing to
   // tokens; UserError otherwise), host values (no device synchronisation). Returns [tokens, local
   // out features] (row mode: partial sums).
-  torch::Tensor forward(const torch::Tensor& x, const std::vector<int64_t>& m_splits);
+  // packed_x (--moe-dispatch-fp8, where takes_packed_input()): x's rows as they arrived, already
+  // quantized (fp8/packed_rows.h); the fprop GEMMs use those codes and scales, x holds their values.
+  torch::Tensor forward(const torch::Tensor& x, const std::vector<int64_t>& m_splits, const torch::Tensor& packed_x = {});
+  // Whether forward takes packed_x: FP8 experts (not kept in bf16) of a per-block recipe.
+  bool takes_packed_input() const;
   // forward(silu(gate) * up) of h = [gate | up] ([tokens, 2 x local in features], a SwiGLU fc1's
   // output), with the SwiGLU inside the FP8 input cast: call it where fuses_swiglu() holds (FP8
   // experts, delayed scaling on FP8 tensor cores). The activation is never stored in bf16.
@@ -83,13 +87,17 @@ class TEGroupedLinearImpl : public ShardedModule {
   // Gradient-accumulation fusion: the experts' wgrads into their fp32 main gradients (the model's
   // setting, models/linear/main_grads.h).
   bool main_grad_fusion = true;
+  // Set by the MoE layer when its dispatcher delivers this (fc1) module's input as FP8 codes
+  // (--moe-dispatch-fp8); only what --print-model-plan says.
+  bool input_dispatched_fp8 = false;
   // The experts' GEMMs (--print-model-plan).
   std::string describe_plan() const;
 
  private:
   MainGradsPtr main_grads_;  // --delay-wgrad-compute: its queue holds the experts' weight gradients
   void check_splits(const torch::Tensor& x, const std::vector<int64_t>& m_splits) const;
-  torch::Tensor run(const torch::Tensor& x, const std::vector<int64_t>& m_splits, fp8::Prologue prologue);
+  torch::Tensor run(const torch::Tensor& x, const std::vector<int64_t>& m_splits, fp8::Prologue prologue,
+                    const torch::Tensor& packed_x = {});
   torch::Tensor gemm_bias(size_t expert) const;  // the bias this rank adds (undefined: none)
   std::vector<fp8::Fp8Site*> gemm_sites() const;  // empty: bf16 GEMMs
 };

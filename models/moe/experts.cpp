@@ -41,8 +41,9 @@ torch::Tensor GroupedMlpImpl::activation(const torch::Tensor& h) const {
   return fused_swiglu(h);
 }
 
-torch::Tensor GroupedMlpImpl::forward(const torch::Tensor& x, const std::vector<int64_t>& counts) {
-  auto h = linear_fc1(x, counts);
+torch::Tensor GroupedMlpImpl::forward(const torch::Tensor& x, const std::vector<int64_t>& counts,
+                                      const torch::Tensor& packed_x) {
+  auto h = linear_fc1(x, counts, packed_x);
   // FP8 experts with delayed scaling: the SwiGLU runs inside fc2's input cast and its output is
   // never stored (moe_act recomputation, which would discard it, is refused with delayed scaling).
   if (swiglu_ && linear_fc2->fuses_swiglu()) return linear_fc2->forward_swiglu(h, counts);

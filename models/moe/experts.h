@@ -31,7 +31,11 @@ class GroupedMlpImpl : public torch::nn::Module {
                  const ModuleFactory& factory, bool use_fp8);
   // x [rows, H] grouped by local expert, counts per local expert (host). Returns [rows, H]:
   // each row its expert's output, partial sums over the expert tensor-parallel group.
-  torch::Tensor forward(const torch::Tensor& x, const std::vector<int64_t>& counts);
+  // packed_x (--moe-dispatch-fp8): x's rows as the dispatch delivered them, FP8 codes and scales
+  // (fp8/packed_rows.h) that fc1 uses as they are; x holds their values.
+  torch::Tensor forward(const torch::Tensor& x, const std::vector<int64_t>& counts, const torch::Tensor& packed_x = {});
+  // Whether fc1 takes its rows quantized before the dispatch (FP8 experts of a per-block recipe).
+  bool takes_packed_input() const { return linear_fc1->takes_packed_input(); }
 
   TEGroupedLinear linear_fc1{nullptr}, linear_fc2{nullptr};
 

@@ -5,6 +5,7 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -65,6 +66,13 @@ class MoeContext {
     if (timer_) timer_(name, start);
   }
 
+  // The bytes the alltoall dispatcher's forward all-to-alls handed to the other expert-parallel
+  // ranks (the rows sent to each peer times the row's bytes in the dtype sent: bf16 tokens, or FP8
+  // codes and scales with --moe-dispatch-fp8), summed over layers and micro-batches (replays of
+  // recomputation included) until taken. The trainer reports them per iteration with the timers.
+  void add_dispatch_bytes(int64_t bytes) const { dispatch_bytes_ += bytes; }
+  int64_t take_dispatch_bytes() { return dispatch_bytes_.exchange(0); }
+
   void register_router(TopKRouterImpl* router) { routers_.push_back(router); }
   const std::vector<TopKRouterImpl*>& routers() const { return routers_; }
   // After the gradients are final and before the optimizer step (Megatron's finalize_model_grads):
@@ -81,6 +89,7 @@ class MoeContext {
   std::map<std::string, MoeMetric> metrics_;
   std::vector<TopKRouterImpl*> routers_;
   Timer timer_;
+  mutable std::atomic<int64_t> dispatch_bytes_{0};
 };
 
 }  // namespace fp8tron

@@ -39,7 +39,13 @@ MoeLayerImpl::MoeLayerImpl(const ModelConfig& m, const std::string& prefix, int6
                                                   fp8_experts));
   if (m.moe.shared_expert_size > 0)
     shared_experts = register_module("shared_experts", SharedExpertMlp(m, prefix + ".shared_experts", dense));
-  DispatcherOptions options{m.moe.num_experts, local, router_padding(m, dense), g, context_.get()};
+  DispatcherOptions options{m.moe.num_experts, local, router_padding(m, dense), g, context_.get(), nullptr};
+  // --moe-dispatch-fp8: where this layer's experts run fc1 in FP8 with a per-block recipe (not kept
+  // in bf16 by --first-last-layers-bf16 or --fp8-min-features), the tokens travel as its codes.
+  if (m.moe.dispatch_fp8 && m.moe.dispatcher == MoeDispatcher::kAllToAll && experts->takes_packed_input()) {
+    options.fp8_dispatch = expert_factory.fp8();
+    experts->linear_fc1->input_dispatched_fp8 = true;
+  }
   dispatcher_ = make_token_dispatcher(m.moe.dispatcher, options);
   overlap_shared_ = m.moe.shared_expert_overlap && shared_experts;
   recompute_layer_ = m.recompute.selective(&RecomputeModules::moe);
@@ -61,7 +67,7 @@ torch::Tensor MoeLayerImpl::shared_output(const torch::Tensor& x) {
 
 torch::Tensor MoeLayerImpl::routed(const torch::Tensor& x2d, const moe::Routing& routing) {
   auto dispatched = dispatcher_->dispatch(x2d, routing);
-  auto y = experts(dispatched.tokens, dispatched.tokens_per_expert);
+  auto y = experts(dispatched.tokens, dispatched.tokens_per_expert, dispatched.packed);
   return dispatcher_->combine(y);
 }
 

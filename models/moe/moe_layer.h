@@ -4,6 +4,8 @@
 // shared_experts.{linear_fc1, linear_fc2}.weight, shared_experts.gate_weight.
 // --moe-shared-expert-overlap (alltoall dispatcher): on a GPU the shared expert's forward runs on
 // a side stream while the tokens are dispatched; the math is the same as without it.
+// --moe-dispatch-fp8 (alltoall dispatcher, FP8 experts of a per-block recipe): the tokens travel as
+// the codes and scales the experts' fc1 uses as they arrive (token_dispatcher.h).
 // --recompute-modules moe / shared_experts (selective granularity): the whole layer, or the shared
 // expert, keeps only its input and is replayed in backward (models/recompute/recompute.h).
 #pragma once

@@ -1,7 +1,11 @@
 #include "models/moe/token_dispatcher.h"
 
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+
 #include "core/error.h"
 #include "core/text.h"
+#include "fp8/packed_rows.h"
 #include "models/moe/routing.h"
 #include "parallel/moe_comm.h"
 
@@ -33,7 +37,7 @@ class AllGatherDispatcher : public TokenDispatcher {
     local_probs_ = all_probs.narrow(1, first, local);
     const auto counts = to_host(local_map.sum(0));
     index_ = moe::make_permute_index(local_map, counts);
-    DispatchedTokens out{moe::permute(all_x, index_), counts};
+    DispatchedTokens out{moe::permute(all_x, index_), counts, {}};
     time("moe-token-dispatch", false);
     return out;
   }
@@ -55,6 +59,30 @@ class AllGatherDispatcher : public TokenDispatcher {
   torch::Tensor local_probs_;
 };
 
+// The backward of the FP8 dispatch (--moe-dispatch-fp8): the bf16 dispatch's backward, step for
+// step, on the gradient in the activations' dtype (each forward step's partner collective, as the
+// autograd functions of moe_comm.h and permute.h run them): regroup by source, reduce-scatter over
+// expert TP, the reverse all-to-all, and each token summing its rows' gradients.
+struct Fp8DispatchBackward : public torch::autograd::Node {
+  moe::PermuteIndex index;
+  Communicator* ep = nullptr;
+  Communicator* expert_tp = nullptr;
+  int64_t local_experts = 1;
+  std::vector<int64_t> input_splits, output_splits, output_splits_tp, regrouped_sizes, by_source;
+
+  std::string name() const override { return "Fp8DispatchBackward"; }
+  void release_variables() override { index = {}; }
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
+    if (!grads[0].defined()) return {torch::Tensor()};
+    torch::NoGradGuard no_grad;
+    auto g = grads[0];
+    if (local_experts > 1) g = moe::sort_chunks(g, regrouped_sizes, by_source);
+    if (expert_tp->size() > 1) g = reduce_scatter_rows_v(g, *expert_tp, output_splits_tp);
+    g = all_to_all_rows(g, *ep, output_splits, input_splits);
+    return {moe::unpermute(g, index, torch::Tensor(), g.scalar_type())};
+  }
+};
+
 class AllToAllDispatcher : public TokenDispatcher {
  public:
   using TokenDispatcher::TokenDispatcher;
@@ -67,12 +95,56 @@ class AllToAllDispatcher : public TokenDispatcher {
     // With --moe-router-padding-for-quantization the index pads each expert's rows (the map stays
     // as routed; the padding tokens' probabilities are zero).
     index_ = moe::make_permute_index(routing.map, routed_counts_, options_.pad_multiple);
+    if (options_.fp8_dispatch) {
+      auto out = dispatch_fp8(x);
+      time("moe-token-dispatch", false);
+      return out;
+    }
     auto rows = moe::permute(x, index_);  // by global expert: contiguous per destination EP rank
-    rows = all_to_all_rows(rows, *options_.groups.ep, input_splits_, output_splits_);
+    int64_t bytes = 0;
+    rows = all_to_all_rows(rows, *options_.groups.ep, input_splits_, output_splits_, &bytes);
+    if (options_.context) options_.context->add_dispatch_bytes(bytes);
     if (options_.groups.expert_tp->size() > 1) rows = all_gather_rows_v(rows, *options_.groups.expert_tp, output_splits_tp_);
     if (options_.num_local_experts > 1) rows = moe::sort_chunks(rows, chunk_sizes_, by_expert_);
     time("moe-token-dispatch", false);
-    return DispatchedTokens{rows, tokens_per_expert_};
+    return DispatchedTokens{rows, tokens_per_expert_, {}};
+  }
+
+  // --moe-dispatch-fp8: every token quantized once, before the permutation copies it to its
+  // experts, into packed rows of codes and scales; the bf16 path's row operations on those bytes;
+  // the values of the received codes as the experts' differentiable input (one autograd node for
+  // the whole exchange, whose backward is the bf16 path's).
+  DispatchedTokens dispatch_fp8(const torch::Tensor& x) {
+    fp8::Fp8Engine& engine = *options_.fp8_dispatch;
+    const auto& g = options_.groups;
+    torch::Tensor packed;
+    int64_t bytes = 0;
+    {
+      torch::NoGradGuard no_grad;
+      packed = moe::permute(fp8::quantize_packed_rows(engine, x), index_);
+      packed = all_to_all_rows(packed, *g.ep, input_splits_, output_splits_, &bytes);
+      if (g.expert_tp->size() > 1) packed = all_gather_rows_v(packed, *g.expert_tp, output_splits_tp_);
+      if (options_.num_local_experts > 1) packed = moe::sort_chunks(packed, chunk_sizes_, by_expert_);
+    }
+    if (options_.context) options_.context->add_dispatch_bytes(bytes);
+    // The values the received codes stand for, in x's dtype, as a tensor of its own (not a view of
+    // the padded dequantized copy) that the node below can own.
+    auto values = fp8::dequantize_packed_rows(engine, packed, x.size(1)).to(x.scalar_type()).detach();
+    if (torch::GradMode::is_enabled() && x.requires_grad()) {
+      auto node = std::shared_ptr<Fp8DispatchBackward>(new Fp8DispatchBackward(), torch::autograd::deleteNode);
+      node->index = index_;
+      node->ep = g.ep.get();
+      node->expert_tp = g.expert_tp.get();
+      node->local_experts = options_.num_local_experts;
+      node->input_splits = input_splits_;
+      node->output_splits = output_splits_;
+      node->output_splits_tp = output_splits_tp_;
+      node->regrouped_sizes = regrouped_sizes_;
+      node->by_source = by_source_;
+      node->set_next_edges(torch::autograd::collect_next_edges(x));
+      torch::autograd::set_history(values, node);
+    }
+    return DispatchedTokens{values, tokens_per_expert_, packed};
   }
 
   torch::Tensor combine(const torch::Tensor& y_in) override {

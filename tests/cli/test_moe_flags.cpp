@@ -127,6 +127,45 @@ TEST(MoeConfig, ValidationRulesNameTheFlags) {
   EXPECT_EQ(ok.parallel.edp, 1);
 }
 
+// --moe-dispatch-fp8 (fp8tron's own, off by default): accepted with the alltoall dispatcher and FP8
+// experts of a per-block recipe (with expert parallelism, expert TP, the routing map padded for
+// FP8, the distributed optimizer and the expert-parallel overlap too); every other combination
+// refused in one line naming the flag and what to change.
+TEST(MoeConfig, DispatchFp8RulesNameTheFlag) {
+  auto flags = [](const std::string& recipe, const std::string& format) {
+    return std::vector<std::string>{"--moe-token-dispatcher-type", "alltoall", "--fp8-format", format, "--fp8-recipe",
+                                    recipe, "--moe-dispatch-fp8"};
+  };
+  auto args = [&](std::initializer_list<std::string> extra) { return with(with(moe({}), flags("blockwise", "e4m3")), extra); };
+  EXPECT_FALSE(build(moe({})).model.moe.dispatch_fp8);
+  EXPECT_TRUE(build(args({})).model.moe.dispatch_fp8);
+  EXPECT_TRUE(build(with(moe({}), flags("mxfp8", "e4m3"))).model.moe.dispatch_fp8);
+  EXPECT_TRUE(build(with(moe({}), flags("mxfp8", "hybrid"))).model.moe.dispatch_fp8);
+  EXPECT_NO_THROW(build(args({"--expert-model-parallel-size", "2", "--global-batch-size", "4"}), 2));
+  EXPECT_NO_THROW(build(args({"--expert-model-parallel-size", "2", "--tensor-model-parallel-size", "2", "--sequence-parallel",
+                              "--disable-bias-linear", "--global-batch-size", "4"}),
+                        4));
+  EXPECT_NO_THROW(build(args({"--moe-router-padding-for-quantization"})));
+  EXPECT_NO_THROW(build(args({"--expert-model-parallel-size", "2", "--use-distributed-optimizer", "--global-batch-size", "8"}), 4));
+  EXPECT_NO_THROW(build(args({"--expert-model-parallel-size", "2", "--bf16", "--overlap-moe-expert-parallel-comm",
+                              "--global-batch-size", "4"}),
+                        2));
+  EXPECT_USER_ERROR(build(tiny_args({"--moe-dispatch-fp8"})),
+                    "--moe-dispatch-fp8 needs a mixture-of-experts model (--num-experts)");
+  EXPECT_USER_ERROR(build(moe({"--fp8-format", "e4m3", "--fp8-recipe", "blockwise", "--moe-dispatch-fp8"})),
+                    "--moe-dispatch-fp8 needs --moe-token-dispatcher-type alltoall");
+  EXPECT_USER_ERROR(build(moe({"--moe-token-dispatcher-type", "alltoall", "--moe-dispatch-fp8"})),
+                    "--moe-dispatch-fp8 needs FP8 experts: add --fp8-format with --fp8-recipe blockwise or mxfp8");
+  EXPECT_USER_ERROR(build(args({"--no-use-gmm-fp8"})), "--moe-dispatch-fp8 needs FP8 experts: drop --no-use-gmm-fp8");
+  EXPECT_USER_ERROR(build(with(moe({}), flags("delayed", "hybrid"))),
+                    "--moe-dispatch-fp8 supports the per-block recipes, --fp8-recipe blockwise or mxfp8, not delayed");
+  EXPECT_USER_ERROR(build(with(moe({}), flags("tensorwise", "hybrid"))),
+                    "--moe-dispatch-fp8 supports the per-block recipes, --fp8-recipe blockwise or mxfp8, not tensorwise");
+  EXPECT_USER_ERROR(build(with(moe({}), flags("tensorwise", "hif8"))), "--moe-dispatch-fp8 supports the per-block recipes");
+  EXPECT_USER_ERROR(build(args({"--log-fp8-stats-to-tensorboard", "--tensorboard-dir", "/tmp/fp8tron-unused"})),
+                    "--moe-dispatch-fp8 with --log-fp8-stats-to-tensorboard is not supported");
+}
+
 ModelConfig reference_moe(const std::vector<std::string>& extra) {
   std::vector<std::string> a = {"--seq-length", "2048", "--max-position-embeddings", "2048", "--position-embedding-type",
                                 "rope", "--normalization", "RMSNorm", "--swiglu", "--disable-bias-linear",

@@ -10,6 +10,10 @@
 #include <chrono>
 #include <numeric>
 
+#include "core/text.h"
+#include "fp8/packed_rows.h"
+#include "fp8/recipe.h"
+#include "models/moe/token_dispatcher.h"
 #include "parallel/grad_buckets.h"
 #include "parallel/launch_env.h"
 #include "parallel/moe_comm.h"
@@ -210,6 +214,88 @@ TEST(MoeComm, GatherAndReduceScatterRowsV) {
   (piece * double(me + 1)).sum().backward();
   auto want = dev(torch::cat({torch::full({2, 2}, 1.0), torch::full({3, 2}, 3.0), torch::full({1, 2}, 4.0)}).to(torch::kFloat64));
   EXPECT_TRUE(torch::allclose(z.grad(), want)) << z.grad();
+}
+
+// --moe-dispatch-fp8 over real expert-parallel groups (EP4; EP2 x expert TP2, whose all-gather
+// moves the packed rows too; EP2 x expert DP2), blockwise and MXFP8: the FP8 dispatch delivers, bit
+// for bit, the codes and scales the receiver's own cast of the bf16 dispatch's rows gives, and
+// their values; the all-to-all sends row_bytes per token to the other ranks where the bf16
+// dispatch sends H x its element size (the measured counter); the backward (gradients in the
+// activations' dtype) and the combine are the bf16 dispatch's, bit for bit.
+TEST(MoeDispatchFp8, DeliversTheReceiversCodesAndCountsItsBytes) {
+  struct Layout {
+    int tp, ep, etp;
+  };
+  constexpr int64_t kExperts = 8, kTokens = 37, kHidden = 160;
+  const auto dtype = g_device.is_cuda() ? torch::kBFloat16 : torch::kFloat32;
+  for (const Layout layout : {Layout{1, 4, 1}, Layout{2, 2, 2}, Layout{1, 2, 1}})
+    for (const auto kind : {fp8::RecipeKind::kBlockwise, fp8::RecipeKind::kMxfp8}) {
+      SCOPED_TRACE(strprintf("tp %d ep %d etp %d, %s", layout.tp, layout.ep, layout.etp, fp8::recipe_kind_name(kind)));
+      ParallelState s = state_for(layout.tp, 1, layout.ep, layout.etp);
+      const int me = s.world_rank;
+      ExpertParallelGroups groups{s.ep, s.expert_tp, s.expert_tp_ep, s.tp_cp, s.tp_dp_cp, s.ep_rank, s.expert_tp_rank};
+      MoeConfig moe;
+      moe.num_experts = kExperts;
+      moe.dispatcher = MoeDispatcher::kAllToAll;
+      fp8::Fp8EngineOptions o;
+      o.recipe = fp8::make_recipe(kind, fp8::Fp8Format::kE4M3);
+      auto engine = std::make_shared<fp8::Fp8Engine>(o, g_device);
+      // Each rank routes its own tokens (top-2 of random scores, some experts left idle).
+      torch::manual_seed(100 + me);
+      auto x = (torch::randn({kTokens, kHidden}) * torch::pow(2.0, torch::randint(-6, 6, {kTokens, 1}).to(torch::kFloat32)))
+                   .to(dtype)
+                   .to(g_device);
+      auto scores = torch::rand({kTokens, kExperts});
+      scores.select(1, 5).mul_(0.01);  // expert 5 rarely chosen
+      const auto top = std::get<1>(scores.topk(2, 1));
+      auto map = torch::zeros({kTokens, kExperts}, torch::kBool).scatter_(1, top, true);
+      auto probs = torch::where(map, torch::softmax(scores, 1), torch::zeros({}));
+      moe::Routing routing{probs.to(g_device), map.to(g_device), torch::Tensor()};
+      struct Run {
+        DispatchedTokens out;
+        torch::Tensor dx, combined;
+        int64_t bytes = 0;
+      };
+      const auto grad = torch::randn({1, kHidden}).to(dtype).to(g_device);
+      auto run = [&](bool fp8_dispatch) {
+        auto context = std::make_shared<MoeContext>(moe, 1, groups);
+        DispatcherOptions opts{kExperts, kExperts / layout.ep, 0, groups, context.get(), fp8_dispatch ? engine : nullptr};
+        auto dispatcher = make_token_dispatcher(MoeDispatcher::kAllToAll, opts);
+        auto xin = x.clone().requires_grad_(true);
+        Run r;
+        r.out = dispatcher->dispatch(xin, routing);
+        r.bytes = context->take_dispatch_bytes();
+        // Rows weighted by their position: the gradient tells the rows apart.
+        const auto weight = torch::arange(r.out.tokens.size(0), torch::TensorOptions().dtype(torch::kFloat32))
+                                .unsqueeze(1)
+                                .to(dtype)
+                                .to(g_device);
+        (r.out.tokens * weight * grad).sum().backward();
+        r.dx = xin.grad();
+        // The experts' outputs: the same for both runs.
+        torch::manual_seed(7);
+        r.combined = dispatcher->combine(torch::randn({r.out.tokens.size(0), kHidden}).to(dtype).to(g_device));
+        return r;
+      };
+      const Run off = run(false), on = run(true);
+      ASSERT_FALSE(off.out.packed.defined());
+      ASSERT_TRUE(on.out.packed.defined());
+      EXPECT_EQ(on.out.tokens_per_expert, off.out.tokens_per_expert);
+      // The sender's codes are the ones the receiver's cast of the bf16 rows gives, and their values.
+      const auto own = fp8::quantize_packed_rows(*engine, off.out.tokens.detach());
+      EXPECT_TRUE(torch::equal(on.out.packed, own));
+      EXPECT_TRUE(torch::equal(on.out.tokens.detach(),
+                               fp8::dequantize_packed_rows(*engine, own, kHidden).to(dtype)));
+      // Bytes: the same rows, row_bytes each against H elements.
+      const int64_t row_bytes = fp8::packed_row_layout(engine->recipe(), kHidden).row_bytes();
+      const int64_t element = int64_t(torch::elementSize(dtype));
+      EXPECT_GT(off.bytes, 0);
+      EXPECT_EQ(off.bytes % (kHidden * element), 0);
+      EXPECT_EQ(on.bytes, off.bytes / (kHidden * element) * row_bytes);
+      // Backward and combine in the activations' dtype, as without the flag.
+      EXPECT_TRUE(torch::equal(on.dx, off.dx));
+      EXPECT_TRUE(torch::equal(on.combined, off.combined));
+    }
 }
 
 // Megatron's expert grid, world 4, tp 1, ep 2: ep {0,1},{2,3}; expert-dp {0,2},{1,3}; expert-tp

@@ -18,6 +18,10 @@
 // all-gather lands would show), unless `--without-tolerance` is given.
 // `--identical-swapped --a --b` trains the layout once more with switch --a replaced by --b and
 // requires bitwise-identical losses and weights (--use-ascend-mc2 and --tp-comm-overlap).
+// `--identical-first-loss` keeps the first iteration's loss of those comparisons bitwise under
+// `--without-tolerance`: for a flag whose forward is bitwise the run's without it and whose
+// gradients are not (--moe-dispatch-fp8: fc1's weight gradients), the first loss is computed from
+// the same weights by the same forward.
 // `--without-tolerance T` relaxes both comparisons for runs whose arithmetic differs by design (GPU
 // kernels and reduction orders; --fp8-param-gather's direct fp32-to-FP8 weight casts; the
 // tensor-parallel overlap's split GEMMs, which the CPU's BLAS may round unlike the whole GEMM):
@@ -92,7 +96,7 @@ std::vector<std::string> without_layout_flags(const std::vector<std::string>& ar
       "--tp-comm-overlap-disable-fc1", "--use-ascend-mc2", "--use-ascend-coc", "--coc-fused-kernel",
       "--overlap-p2p-communication", "--no-overlap-p2p-communication", "--overlap-p2p-communication-warmup-flush",
       "--fp8-param-gather", "--distribute-saved-activations", "--defer-embedding-wgrad-compute",
-      "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"};
+      "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute", "--moe-dispatch-fp8"};
   // The routing map's padding for FP8 needs the alltoall dispatcher: the reference keeps it then.
   const bool router_padding = std::count(args.begin(), args.end(), "--moe-router-padding-for-fp8") +
                                   std::count(args.begin(), args.end(), "--moe-router-padding-for-quantization") >
@@ -132,6 +136,7 @@ double worst_grad_norm_difference(const std::vector<double>& run, const std::vec
 // measured differences are printed either way, so that a tolerance is chosen from figures.
 struct Tolerances {
   double loss = 0, weights = 0, tensor = 0, grad_norm = 0;
+  bool first_loss_bitwise = false;  // --identical-first-loss
 };
 int compare_runs(const TrainResult& run, const TrainResult& other, const Tolerances& tol,
                  const std::map<std::string, torch::Tensor>& initial, const std::string& what, int rank) {
@@ -148,6 +153,11 @@ int compare_runs(const TrainResult& run, const TrainResult& other, const Toleran
     losses_ok = close(other.losses[i], run.losses[i]) && losses_ok;
   if (!losses_ok) {
     std::fprintf(stderr, "[rank %d] losses differ %s\n", rank, what.c_str());
+    ++failures;
+  }
+  if (tol.first_loss_bitwise && (run.losses.empty() || other.losses.empty() || run.losses[0] != other.losses[0])) {
+    std::fprintf(stderr, "[rank %d] the first loss (the same weights' forward) differs %s: %.9g vs %.9g\n", rank,
+                 what.c_str(), other.losses.empty() ? 0.0 : other.losses[0], run.losses.empty() ? 0.0 : run.losses[0]);
     ++failures;
   }
   const double grad_norms = worst_grad_norm_difference(run.grad_norms, other.grad_norms);
@@ -194,6 +204,7 @@ int main(int argc, char** argv) {
     std::set<std::string> identical_without;
     std::optional<std::pair<std::string, std::string>> swapped;
     double without_tolerance = 0;  // 0: the --identical-* comparisons are bitwise
+    bool identical_first_loss = false;
     double tolerance = 1e-5;
     std::optional<double> weights_tolerance, tensor_tolerance, without_weights, without_tensor, grad_norm_tolerance,
         aux_loss_tolerance;
@@ -207,6 +218,7 @@ int main(int argc, char** argv) {
       else if (a == "--identical-without" && i + 1 < argc) identical_without.insert(argv[++i]);
       else if (a == "--identical-swapped" && i + 2 < argc) { swapped = {argv[i + 1], argv[i + 2]}; i += 2; }
       else if (a == "--without-tolerance" && i + 1 < argc) without_tolerance = std::stod(argv[++i]);
+      else if (a == "--identical-first-loss") identical_first_loss = true;
       else if (a == "--without-weights-tolerance" && i + 1 < argc) without_weights = std::stod(argv[++i]);
       else if (a == "--without-tensor-tolerance" && i + 1 < argc) without_tensor = std::stod(argv[++i]);
       else layout.push_back(a);
@@ -305,7 +317,7 @@ int main(int argc, char** argv) {
         without_tolerance,
         without_weights.value_or(weights_tolerance.value_or(std::max(without_tolerance, tolerance))),
         without_tensor.value_or(tensor_tolerance.value_or(1e-2)),
-        without_tolerance > 0 ? grad_norm_tolerance.value_or(10 * without_tolerance) : 0.0};
+        without_tolerance > 0 ? grad_norm_tolerance.value_or(10 * without_tolerance) : 0.0, identical_first_loss};
     if (!identical_without.empty()) {
       std::vector<std::string> plain_layout;
       for (size_t i = 0; i < layout.size(); ++i) {
@@ -339,6 +351,8 @@ int main(int argc, char** argv) {
                   reference.grad_norms.empty() ? 0.0 : reference.grad_norms.front(), weights_rel,
                   worst_tensor.c_str(), worst_update_ratio,
                   total > 0 ? "MISMATCH"
+                  : without_tolerance > 0 && (swapped || !identical_without.empty()) && identical_first_loss
+                      ? "equivalent to one process, and within --without-tolerance of the run without the flags (its first loss bitwise)"
                   : without_tolerance > 0 && (swapped || !identical_without.empty())
                       ? "equivalent to one process, and within --without-tolerance of the run without the flags / with the swapped one"
                   : !identical_without.empty() && swapped ? "equivalent to one process, bitwise identical without the flags and with the swapped one"

@@ -3,6 +3,7 @@
 #include <regex>
 
 #include "trainer/logging/iteration_log.h"
+#include "trainer/logging/timers.h"
 
 namespace fp8tron {
 
@@ -39,6 +40,38 @@ TEST(IterationLog, ValidationBlock) {
             std::string::npos);
   EXPECT_EQ(block.front(), '-');
   EXPECT_EQ(block.back(), '-');
+}
+
+// Counters (the MoE dispatch all-to-all's bytes) beside the timers: per iteration over the interval,
+// every rank's values gathered, printed in the --timing-log-option forms as whole numbers under a
+// title of their own; nothing below the counter's level; reset by the report.
+TEST(Timers, CountersReportBytesPerIterationAcrossRanks) {
+  Timers timers(1, [] {});
+  timers.add_count("moe-dispatch-all-to-all", 1, 6996);
+  timers.add_count("moe-dispatch-all-to-all", 1, 6996);
+  timers.add_count("moe-dispatch-all-to-all", 2, 1e9);  // above the level: not counted
+  // Two ranks: this one's values, then the other's (10692 per iteration).
+  auto gather = [](const std::vector<double>& mine) {
+    std::vector<double> all = mine;
+    all.push_back(10692);
+    return all;
+  };
+  const auto r = timers.report_counts({"moe-dispatch-all-to-all"}, 2, "minmax", gather, 2);
+  EXPECT_EQ(r.text,
+            "(min, max) bytes per iteration across ranks:\n"
+            "    moe-dispatch-all-to-all ........................: (6996, 10692)");
+  ASSERT_EQ(r.max_ms.size(), 1u);
+  EXPECT_EQ(r.max_ms[0].second, 10692);
+  timers.add_count("moe-dispatch-all-to-all", 1, 100);
+  const auto all = timers.report_counts({"moe-dispatch-all-to-all"}, 1, "all", gather, 2);
+  EXPECT_EQ(all.text, "bytes per iteration across ranks:\n  moe-dispatch-all-to-all:\n     rank  0: 100\n     rank  1: 10692");
+  // Reported and reset: nothing left on this rank, and the times' report is separate.
+  const auto single = timers.report_counts({"moe-dispatch-all-to-all"}, 1, "max", [](const std::vector<double>& m) { return m; }, 1);
+  EXPECT_EQ(single.text, "");
+  EXPECT_EQ(timers.report({"moe-dispatch-all-to-all"}, 1, "minmax", gather, 1).text, "");
+  Timers off(0, [] {});
+  off.add_count("moe-dispatch-all-to-all", 1, 5);
+  EXPECT_EQ(off.report_counts({"moe-dispatch-all-to-all"}, 1, "max", gather, 1).text, "");
 }
 
 }  // namespace fp8tron

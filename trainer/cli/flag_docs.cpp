@@ -13,7 +13,8 @@ namespace {
 
 // fp8tron's own flags (not Megatron's): listed in a section of their own.
 bool own_flag(const std::string& name) {
-  static const std::set<std::string> own = {"config", "dry-run", "device", "builtin-data", "log-all-ranks", "fp8-min-features"};
+  static const std::set<std::string> own = {"config", "dry-run", "device", "builtin-data", "log-all-ranks", "fp8-min-features",
+                                            "moe-dispatch-fp8"};
   return own.count(name) != 0;
 }
 

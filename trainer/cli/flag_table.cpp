@@ -23,6 +23,7 @@ const std::vector<FlagSpec>& flag_table() {
       {"device", K::String, "", S::Yes, "", "cpu|cuda", "Where to train (default: cuda when a GPU is present, else cpu)."},
       {"builtin-data", K::Bool, "", S::Yes, "", "", "Train on fp8tron's embedded learnable synthetic dataset (first-order Markov text)."},
       {"log-all-ranks", K::Bool, "", S::Yes, "", "", "Print info lines from every rank, not only rank 0."},
+      {"moe-dispatch-fp8", K::Bool, "", S::Yes, "", "", "fp8tron's own (not a Megatron flag): the alltoall token dispatcher sends each token quantized once in the FP8 experts' per-block recipe (--fp8-recipe blockwise or mxfp8), codes and scales, about half of bf16's bytes, which the experts' first grouped GEMM uses as they arrive; the combine and all gradients stay in the activations' dtype. Needs --moe-token-dispatcher-type alltoall and FP8 experts."},
 
       // ---- network size ------------------------------------------------------------------------------
       {"num-layers", K::Int, "", S::Yes, "", "", "Number of transformer layers."},

@@ -107,6 +107,7 @@ MoeConfig build_moe_config(const FlagValues& f, const ModelConfig& m, std::vecto
   moe.per_layer_logging = f.get_bool("moe-per-layer-logging");
   moe.dispatcher = f.get_string("moe-token-dispatcher-type") == "alltoall" ? MoeDispatcher::kAllToAll
                                                                             : MoeDispatcher::kAllGather;
+  moe.dispatch_fp8 = f.get_bool("moe-dispatch-fp8");
   return moe;
 }
 

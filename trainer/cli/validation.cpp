@@ -524,6 +524,33 @@ const std::vector<Rule>& rules() {
                          "without pipeline parallelism): use --pipeline-model-parallel-size 1 or drop the flag";
          return "";
        }},
+      {"MoE dispatch in FP8",
+       [](const Config& c, const FlagValues& f) -> std::string {
+         // fp8tron's own --moe-dispatch-fp8: what it needs, and the recipes whose casts are
+         // per-tensor (one scale per expert over every rank's tokens), refused by name.
+         if (!f.get_bool("moe-dispatch-fp8")) return "";
+         const std::string flag = "--moe-dispatch-fp8";
+         const auto& moe = c.model.moe;
+         if (!moe.enabled()) return flag + " needs a mixture-of-experts model (--num-experts)";
+         if (moe.dispatcher != MoeDispatcher::kAllToAll)
+           return flag + " needs --moe-token-dispatcher-type alltoall (the allgather dispatcher gathers the tokens in "
+                         "their dtype)";
+         if (!c.precision.fp8.enabled())
+           return flag + " needs FP8 experts: add --fp8-format with --fp8-recipe blockwise or mxfp8";
+         if (!moe.expert_gemm_fp8) return flag + " needs FP8 experts: drop --no-use-gmm-fp8";
+         const auto kind = fp8::recipe_kind(*c.precision.fp8.recipe);
+         if (kind == fp8::RecipeKind::kDelayed)
+           return flag + " supports the per-block recipes, --fp8-recipe blockwise or mxfp8, not delayed: a token's "
+                         "per-tensor scale is its receiving expert's, which the sending rank does not hold";
+         if (kind == fp8::RecipeKind::kTensorwise)
+           return flag + " supports the per-block recipes, --fp8-recipe blockwise or mxfp8, not tensorwise: an "
+                         "expert's per-tensor scale comes from the amax of its tokens from every rank, known only "
+                         "after the dispatch";
+         if (c.logging.log_fp8_stats_to_tensorboard)
+           return flag + " with --log-fp8-stats-to-tensorboard is not supported: the experts' input casts run on the "
+                         "ranks that send the tokens";
+         return "";
+       }},
       {"delayed weight gradients",
        [](const Config& c, const FlagValues& f) -> std::string {
          // Megatron's rules (arguments.py, TransformerConfig), then what fp8tron cannot hold yet.

@@ -25,6 +25,12 @@ class Timers {
     elapsed_ms_[name] += ms;
   }
   bool enabled(int level) const { return level <= level_; }
+  // Adds to a counter (a quantity per iteration that is not a time, e.g. the bytes the MoE
+  // dispatch all-to-all sent), reported by report_counts at the same levels as the timers.
+  void add_count(const std::string& name, int level, double value) {
+    if (level > level_) return;
+    counts_[name] += value;
+  }
 
   // Every rank's values of `mine` (world_size x mine.size(), rank-major); all ranks call it with the
   // same number of values.
@@ -41,13 +47,20 @@ class Timers {
   // (every rank's time). Resets the accumulated times.
   Report report(const std::vector<std::string>& names, double normalizer, const std::string& option,
                 const GatherAllRanks& gather, int world_size);
+  // The same for the counters in `names`, per iteration ("(min, max) bytes per iteration across
+  // ranks:", integers; max_ms then holds the maxima).
+  Report report_counts(const std::vector<std::string>& names, double normalizer, const std::string& option,
+                       const GatherAllRanks& gather, int world_size);
 
  private:
+  Report report_values(std::map<std::string, double>& values, const std::vector<std::string>& names, double normalizer,
+                       const std::string& option, const GatherAllRanks& gather, int world_size, bool counts);
   using Clock = std::chrono::steady_clock;
   int level_;
   std::function<void()> sync_;
   std::map<std::string, Clock::time_point> starts_;
   std::map<std::string, double> elapsed_ms_;
+  std::map<std::string, double> counts_;
 };
 
 }  // namespace fp8tron
