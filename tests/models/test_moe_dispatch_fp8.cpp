@@ -121,7 +121,7 @@ TEST_P(PackedRows, GroupedLinearForwardAndInputGradientAreTheBf16Dispatchs) {
     }
     Run r;
     r.y = fp8::grouped_linear(xin, kSplits, w, b, sites, fp8::Bf16GroupedBackend::kAtenMm, fp8::Prologue::kNone, true,
-                              packed);
+                              nullptr, packed);
     r.y.backward(dy);
     r.dx = xin.grad();
     for (auto& p : w) r.dw.push_back(p.grad().clone());
