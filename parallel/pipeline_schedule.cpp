@@ -8,7 +8,8 @@
 
 namespace fp8tron {
 
-std::vector<PipelineStep> pipeline_order(int pp, int rank, int chunks, int64_t num_micro, int64_t group) {
+std::vector<PipelineStep> pipeline_order(int pp, int rank, int chunks, int64_t num_micro, int64_t group,
+                                         bool extra_warmup_forward) {
   const int64_t total = num_micro * chunks;
   if (group <= 0) group = pp;
   // Megatron's schedule table (get_schedule_table): micro-batches in groups of `group`, the last
@@ -24,6 +25,7 @@ std::vector<PipelineStep> pipeline_order(int pp, int rank, int chunks, int64_t n
   int64_t warmup;
   if (chunks == 1) warmup = std::min<int64_t>(pp - rank - 1, num_micro);
   else warmup = std::min<int64_t>(int64_t(pp - rank - 1) * 2 + int64_t(chunks - 1) * group, total);
+  if (extra_warmup_forward) warmup = std::min<int64_t>(warmup + 1, total);
 
   std::vector<PipelineStep> order;
   int64_t f = 0, b = 0;
@@ -75,10 +77,11 @@ void connect_pipeline_neighbours(const ParallelState& parallel, const torch::Ten
 }  // namespace
 
 PipelineSchedule::PipelineSchedule(const ParallelState& parallel, int chunks, std::vector<int64_t> shape, torch::Dtype dtype,
-                                   torch::Device device, PipelineOverlap overlap)
+                                   torch::Device device, PipelineOverlap overlap, CombinedSteps combined)
     : parallel_(parallel),
       chunks_(chunks),
       overlap_(overlap),
+      combined_(std::move(combined)),
       shape_(std::move(shape)),
       options_(torch::TensorOptions().dtype(dtype).device(device)) {
   connect_pipeline_neighbours(parallel_, options_);
@@ -126,38 +129,78 @@ torch::Tensor PipelineSchedule::run(int64_t num_micro, const ForwardFn& forward,
     return r->tensor;
   };
 
-  std::map<std::pair<int, int64_t>, std::pair<torch::Tensor, torch::Tensor>> in_flight;  // (chunk, micro) -> (input, output)
+  using InOut = std::pair<torch::Tensor, torch::Tensor>;  // a step's input and output
+  std::map<std::pair<int, int64_t>, InOut> in_flight;      // (chunk, micro) -> forward done
   auto loss_sum = torch::zeros({}, options_.dtype(torch::kFloat32));
-  const auto order = pipeline_order(pp, rank, chunks_, num_micro, n);
-  std::optional<Receive> prefetched;  // posted during the previous step
-  for (size_t i = 0; i < order.size(); ++i) {
-    const PipelineStep& step = order[i];
-    const int stage = stage_of(step.chunk);
-    if (i + 1 == order.size() && before_last_backward) before_last_backward();
-    const bool first = stage == 0, last = stage == virtual_stages - 1;
-    std::optional<Receive> incoming = prefetched ? std::move(prefetched) : post_receive(step);
-    prefetched.reset();
-    torch::Tensor message = incoming ? received(incoming) : torch::Tensor();
-    // Megatron's overlap_p2p_comm: the next step's receive goes out before this step's compute.
-    if (prefetches_next_receive(order, i, overlap_)) prefetched = post_receive(order[i + 1]);
-    if (step.forward) {
-      torch::Tensor input;
-      if (!first) input = message.requires_grad_(true);
-      auto output = forward(step.chunk, step.micro_batch, input);
-      if (last) loss_sum += output.detach().to(torch::kFloat32);
-      else send(true, output, next, tag(true, stage + 1, step.micro_batch));
-      in_flight[{step.chunk, step.micro_batch}] = {input, output};
+  const bool combined = combined_.turns != nullptr;
+  const auto order = pipeline_order(pp, rank, chunks_, num_micro, n, combined);
+  // The steps that run together from step i: a steady-state forward and the backward after it
+  // when combined, else step i alone.
+  auto unit_end = [&](size_t i) {
+    const bool pair = combined && order[i].forward && i + 1 < order.size() && !order[i + 1].forward;
+    return i + (pair ? 2 : 1);
+  };
+  std::map<size_t, std::optional<Receive>> posted;  // receives posted ahead of their step
+  auto message_for = [&](size_t i) {
+    std::optional<Receive> incoming;
+    if (auto it = posted.find(i); it != posted.end()) {
+      incoming = std::move(it->second);
+      posted.erase(it);
     } else {
-      auto node = in_flight.extract({step.chunk, step.micro_batch});
-      FP8TRON_CHECK(!node.empty(), "backward before forward in the pipeline schedule");
-      auto [input, output] = node.mapped();
-      if (last) {
-        (output * loss_scale).backward();
-      } else {
-        torch::autograd::backward({output}, {message});
-      }
-      if (!first) send(false, input.grad(), prev, tag(false, stage - 1, step.micro_batch));
+      incoming = post_receive(order[i]);
     }
+    return incoming ? received(incoming) : torch::Tensor();
+  };
+  auto run_forward = [&](const PipelineStep& step, const torch::Tensor& message) -> InOut {
+    torch::Tensor input;
+    if (stage_of(step.chunk) != 0) input = message.requires_grad_(true);
+    return {input, forward(step.chunk, step.micro_batch, input)};
+  };
+  auto finish_forward = [&](const PipelineStep& step, InOut io) {
+    const int stage = stage_of(step.chunk);
+    if (stage == virtual_stages - 1) loss_sum += io.second.detach().to(torch::kFloat32);
+    else send(true, io.second, next, tag(true, stage + 1, step.micro_batch));
+    in_flight[{step.chunk, step.micro_batch}] = std::move(io);
+  };
+  auto take_forward = [&](const PipelineStep& step) {
+    auto node = in_flight.extract({step.chunk, step.micro_batch});
+    FP8TRON_CHECK(!node.empty(), "backward before forward in the pipeline schedule");
+    return node.mapped();
+  };
+  auto run_backward = [&](const PipelineStep& step, const InOut& io, const torch::Tensor& message) {
+    if (stage_of(step.chunk) == virtual_stages - 1) (io.second * loss_scale).backward();
+    else torch::autograd::backward({io.second}, {message});
+    if (combined_.after_backward) combined_.after_backward();
+  };
+  auto finish_backward = [&](const PipelineStep& step, const InOut& io) {
+    const int stage = stage_of(step.chunk);
+    if (stage != 0) send(false, io.first.grad(), prev, tag(false, stage - 1, step.micro_batch));
+  };
+
+  for (size_t i = 0; i < order.size();) {
+    const size_t end = unit_end(i);
+    if (end == order.size() && before_last_backward) before_last_backward();
+    std::vector<torch::Tensor> messages;
+    for (size_t k = i; k < end; ++k) messages.push_back(message_for(k));
+    // Megatron's overlap_p2p_comm: the next steps' receives go out before this compute.
+    if (prefetches_next_receive(order, end - 1, overlap_))
+      for (size_t k = end; k < unit_end(end); ++k) posted[k] = post_receive(order[k]);
+    if (end - i == 2) {  // a forward and a backward taking turns at the all-to-alls
+      const PipelineStep &f = order[i], &b = order[i + 1];
+      const InOut backward_io = take_forward(b);
+      InOut forward_io;
+      combined_.turns->run_pair([&] { run_backward(b, backward_io, messages[1]); },
+                                [&] { forward_io = run_forward(f, messages[0]); }, combined_.device);
+      finish_forward(f, std::move(forward_io));
+      finish_backward(b, backward_io);
+    } else if (order[i].forward) {
+      finish_forward(order[i], run_forward(order[i], messages[0]));
+    } else {
+      const InOut io = take_forward(order[i]);
+      run_backward(order[i], io, messages[0]);
+      finish_backward(order[i], io);
+    }
+    i = end;
   }
   for (auto& w : pending_sends) w->wait();
   return loss_sum;

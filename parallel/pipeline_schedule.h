@@ -9,6 +9,7 @@
 #include <functional>
 #include <vector>
 
+#include "parallel/all_to_all_turns.h"
 #include "parallel/parallel_state.h"
 
 namespace fp8tron {
@@ -21,8 +22,23 @@ struct PipelineStep {
 
 // The order of forward/backward steps of `pp_rank` (Megatron's 1F1B, interleaved when chunks > 1
 // with micro-batches in groups of `group`, --microbatch-group-size-per-virtual-pipeline-stage;
-// 0 = the pipeline size).
-std::vector<PipelineStep> pipeline_order(int pp_size, int pp_rank, int chunks, int64_t num_micro_batches, int64_t group = 0);
+// 0 = the pipeline size). `extra_warmup_forward`: one more forward before the steady state, as
+// Megatron's interleaved schedule has with --overlap-moe-expert-parallel-comm, so that the forward
+// and the backward of each steady-state step belong to independent micro-batches.
+std::vector<PipelineStep> pipeline_order(int pp_size, int pp_rank, int chunks, int64_t num_micro_batches, int64_t group = 0,
+                                         bool extra_warmup_forward = false);
+
+// Megatron's combined 1F1B schedule inside the interleaved pipeline (--overlap-moe-expert-parallel-comm
+// with a virtual pipeline, combined_1f1b_schedule_for_interleaved_pipelining): each steady-state
+// forward step and the backward step after it run as one pair taking turns at the expert-parallel
+// all-to-alls (all_to_all_turns.h, the backward holding the turn first). Both steps' receives are
+// waited before the pair and both sends go out after it; the warmup and cool-down steps run alone.
+struct CombinedSteps {
+  AllToAllTurns* turns = nullptr;  // null: every step runs alone
+  torch::Device device = torch::kCPU;
+  // At the end of each backward pass (--delay-wgrad-compute's held weight gradients).
+  std::function<void()> after_backward;
+};
 
 // Megatron's overlap_p2p_comm for the interleaved schedule: a step's receive is posted before the
 // previous step's compute instead of just before its own, so the transfer runs beside that compute
@@ -40,7 +56,7 @@ class PipelineSchedule {
  public:
   // `activation_shape`: what flows between stages ([s(/tp), b, h]) in `dtype` on `device`.
   PipelineSchedule(const ParallelState& parallel, int chunks, std::vector<int64_t> activation_shape, torch::Dtype dtype,
-                   torch::Device device, PipelineOverlap overlap = {});
+                   torch::Device device, PipelineOverlap overlap = {}, CombinedSteps combined = {});
 
   // forward(chunk, micro_batch, input) runs one chunk; input is undefined on the first virtual
   // stage. On the last virtual stage it returns the micro-batch's loss, elsewhere the hidden
@@ -58,6 +74,7 @@ class PipelineSchedule {
   const ParallelState& parallel_;
   int chunks_;
   PipelineOverlap overlap_;
+  CombinedSteps combined_;
   std::vector<int64_t> shape_;
   torch::TensorOptions options_;
 };

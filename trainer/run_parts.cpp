@@ -249,6 +249,13 @@ void find_expert_amax_slots(RunParts& r) {
   if (!slots.empty()) r.expert_amax_slots = torch::tensor(slots, torch::kInt64).to(r.device);
 }
 
+// --overlap-moe-expert-parallel-comm with a virtual pipeline: the pipeline runs its steady-state
+// steps as pairs taking turns (without a pipeline the combined 1F1B schedule runs the micro-batches).
+CombinedSteps combined_steps(const RunParts& r) {
+  if (!r.a2a_turns || r.parallel.sizes.pp == 1) return {};
+  return CombinedSteps{r.a2a_turns.get(), r.device, r.run_held_wgrads};
+}
+
 void build_pipeline(RunParts& r, Timers& timers) {
   const Config& c = r.config;
   const auto& d = c.distributed;
@@ -256,7 +263,8 @@ void build_pipeline(RunParts& r, Timers& timers) {
   r.pipeline = std::make_unique<PipelineSchedule>(r.parallel, d.virtual_stages,
                                                   std::vector<int64_t>{s, c.training.micro_batch_size, c.model.hidden_size},
                                                   param_dtype(c), r.device,
-                                                  PipelineOverlap{d.overlap_p2p, d.overlap_p2p_warmup_flush});
+                                                  PipelineOverlap{d.overlap_p2p, d.overlap_p2p_warmup_flush},
+                                                  combined_steps(r));
   if (timers.enabled(1) && r.parallel.sizes.pp > 1) {
     // The stall of the pipeline's receives (what --overlap-p2p-communication hides).
     r.pp_comm_timer = std::make_shared<overlap::CommTimer>(r.device.is_cuda());
@@ -353,8 +361,8 @@ std::unique_ptr<RunParts> build_run_parts(const Config& c, const TrainOptions& o
   if (c.model.moe.delay_wgrad_compute) r->main_grads->set_wgrad_queue(std::make_shared<DeferredWork>());
   build_optimizer(*r, build_chunks(*r), options.main_grad_first_writes);
   find_expert_amax_slots(*r);
-  build_pipeline(*r, timers);
   build_expert_comm_overlap(*r, timers);
+  build_pipeline(*r, timers);
   build_loaders(*r);
   if (c.training.cuda_graph.full_iteration)
     r->step_graph = std::make_unique<StepGraph>(c.training.cuda_graph.warmup_steps, r->device);

@@ -327,26 +327,15 @@ torch::Tensor TrainingStep::forward_chunk(int chunk, const torch::Tensor& input,
 
 torch::Tensor TrainingStep::run_micro_batches(int64_t micro_batches, double backward_scale,
                                          const std::function<Batch(int64_t)>& batch_of, torch::Tensor* loss_tokens) {
-  if (parts_.a2a_turns) {  // --overlap-moe-expert-parallel-comm (one pipeline stage, one chunk)
-    const int64_t turns_before = parts_.a2a_turns->passes();
-    const auto& held_queue = parts_.main_grads->wgrad_queue();
-    const int64_t held_before = held_queue ? held_queue->ran() : 0;
+  const int64_t turns_before = parts_.a2a_turns ? parts_.a2a_turns->passes() : 0;
+  const auto& held_queue = parts_.main_grads->wgrad_queue();
+  const int64_t held_before = held_queue ? held_queue->ran() : 0;
+  if (parts_.a2a_turns && parts_.parallel.sizes.pp == 1) {  // --overlap-moe-expert-parallel-comm, no pipeline
     auto loss_sum = run_combined_1f1b(
         micro_batches, [&](int64_t mb) { return forward_chunk(0, {}, [&] { return batch_of(mb); }, loss_tokens); },
         backward_scale, [&] { parts_.optimizer->arm_grad_overlap(); }, *parts_.a2a_turns, parts_.device,
         parts_.run_held_wgrads);
-    if (!reported_turns_) {  // once: shows the overlap at work (and how finely it interleaves)
-      std::string held;
-      if (const auto& queue = parts_.main_grads->wgrad_queue())
-        held = strprintf("; --delay-wgrad-compute: %lld held weight-gradient computations ran behind its all-to-alls "
-                         "or at the ends of the backward passes",
-                         (long long)(queue->ran() - held_before));
-      log::info(strprintf("--overlap-moe-expert-parallel-comm: the combined 1F1B schedule took %lld turns at the "
-                          "expert-parallel all-to-alls over %lld micro-batches%s",
-                          (long long)(parts_.a2a_turns->passes() - turns_before), (long long)micro_batches,
-                          held.c_str()));
-      reported_turns_ = true;
-    }
+    report_turns(turns_before, held_before, micro_batches);
     return loss_sum;
   }
   auto loss_sum = parts_.pipeline->run(
@@ -358,7 +347,21 @@ torch::Tensor TrainingStep::run_micro_batches(int64_t micro_batches, double back
   // --defer-embedding-wgrad-compute: the last stage's output-layer weight gradients, while the
   // other stages finish the pipeline flush.
   for (auto& chunk : parts_.chunks) chunk->drain_output_wgrad();
+  if (parts_.a2a_turns) report_turns(turns_before, held_before, micro_batches);  // the interleaved pipeline's pairs
   return loss_sum;
+}
+
+void TrainingStep::report_turns(int64_t turns_before, int64_t held_before, int64_t micro_batches) {
+  if (reported_turns_) return;  // once: shows the overlap at work (and how finely it interleaves)
+  std::string held;
+  if (const auto& queue = parts_.main_grads->wgrad_queue())
+    held = strprintf("; --delay-wgrad-compute: %lld held weight-gradient computations ran behind its all-to-alls "
+                     "or at the ends of the backward passes",
+                     (long long)(queue->ran() - held_before));
+  log::info(strprintf("--overlap-moe-expert-parallel-comm: the combined 1F1B schedule took %lld turns at the "
+                      "expert-parallel all-to-alls over %lld micro-batches%s",
+                      (long long)(parts_.a2a_turns->passes() - turns_before), (long long)micro_batches, held.c_str()));
+  reported_turns_ = true;
 }
 
 torch::Tensor TrainingStep::average_loss(torch::Tensor loss_sum, int64_t micro_batches, const torch::Tensor& loss_tokens) const {

@@ -65,6 +65,8 @@ class TrainingStep {
   // the sum of their losses (the loss stage adds their loss-token counts to `loss_tokens`).
   torch::Tensor run_micro_batches(int64_t micro_batches, double backward_scale,
                                   const std::function<Batch(int64_t)>& batch_of, torch::Tensor* loss_tokens);
+  // Logs once how many turns the combined 1F1B schedule took (and held weight gradients ran).
+  void report_turns(int64_t turns_before, int64_t held_before, int64_t micro_batches);
   // Mean loss of a global batch of `micro_batches`, averaged over micro-batches and data-parallel
   // ranks (all ranks); with --calculate-per-token-loss the summed loss over the global token count.
   torch::Tensor average_loss(torch::Tensor loss_sum, int64_t micro_batches, const torch::Tensor& loss_tokens) const;

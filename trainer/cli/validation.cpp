@@ -517,11 +517,6 @@ const std::vector<Rule>& rules() {
                return flag + ": CUDA graph scope on moe and mlp is not supported with it (Megatron): drop " + s +
                       " from --cuda-graph-scope";
          }
-         // fp8tron's combined schedule runs the micro-batches of one pipeline stage (no pipeline
-         // parallelism); Megatron's interleaved variant is not built yet.
-         if (c.parallel.pp > 1)
-           return flag + " with the interleaved pipeline is not supported yet in fp8tron (its combined 1F1B schedule runs "
-                         "without pipeline parallelism): use --pipeline-model-parallel-size 1 or drop the flag";
          return "";
        }},
       {"MoE dispatch in FP8",
