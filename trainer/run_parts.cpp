@@ -173,7 +173,9 @@ std::vector<NamedParam> build_chunks(RunParts& r) {
     chunk->set_per_token_loss(c.training.calculate_per_token_loss);
     if (c.distributed.defer_embedding_wgrad && spec.has_head) chunk->defer_output_wgrad(c.distributed.wgrad_deferral_limit);
     const auto infos = chunk->param_infos();
-    for (const auto& item : chunk->named_parameters()) params.push_back({item.key(), item.value(), infos.at(item.key())});
+    const int index = int(r.chunks.size());
+    for (const auto& item : chunk->named_parameters())
+      params.push_back({item.key(), item.value(), infos.at(item.key()), index});
     r.chunks.push_back(chunk);
   }
   return params;
@@ -228,7 +230,8 @@ void build_optimizer(RunParts& r, std::vector<NamedParam> params, bool first_wri
     queue->set_on_done([optimizer](DeferredWork::Key param) { optimizer->grad_done(param); });
   }
   skip_zeroing_gemm_written_grads(r, first_writes);
-  if (d.overlap_param_gather) r.optimizer->enable_param_gather_overlap(d.bucket_numel);
+  if (d.overlap_param_gather)
+    r.optimizer->enable_param_gather_overlap(d.bucket_numel, d.overlap_param_gather_with_optimizer_step);
   if (r.optimizer->param_gather_overlapped()) {
     MixedPrecisionOptimizer* optimizer = r.optimizer.get();
     for (auto& chunk : r.chunks)

@@ -456,6 +456,40 @@ TEST(Config, ParallelFlags) {
                     "is not divisible by --tensor-model-parallel-size (2) as --sequence-parallel needs");
 }
 
+// Megatron's rules for --overlap-param-gather-with-optimizer-step, and fp8tron's refusals.
+TEST(Config, OverlapParamGatherWithOptimizerStep) {
+  const std::vector<std::string> ok = tiny_args({"--num-layers", "8", "--pipeline-model-parallel-size", "2",
+                                                 "--num-layers-per-virtual-pipeline-stage", "2", "--global-batch-size", "8",
+                                                 "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
+                                                 "--ckpt-format", "torch", "--overlap-param-gather-with-optimizer-step"});
+  const Config c = build(ok, 4);
+  EXPECT_TRUE(c.distributed.overlap_param_gather_with_optimizer_step);
+  EXPECT_TRUE(c.not_supported_yet.empty());
+  auto without = [&](const std::string& flag) {
+    std::vector<std::string> args;
+    for (size_t i = 0; i < ok.size(); ++i) {
+      if (ok[i] == flag) {
+        if (flag == "--num-layers-per-virtual-pipeline-stage" || flag == "--ckpt-format") ++i;
+        continue;
+      }
+      args.push_back(ok[i]);
+    }
+    return args;
+  };
+  EXPECT_USER_ERROR(build(without("--use-distributed-optimizer"), 4),
+                    "--overlap-param-gather is only supported with --use-distributed-optimizer");
+  EXPECT_USER_ERROR(build(without("--overlap-param-gather"), 4),
+                    "Must use --overlap-param-gather-with-optimizer-step with --overlap-param-gather");
+  EXPECT_USER_ERROR(build(without("--num-layers-per-virtual-pipeline-stage"), 4),
+                    "--overlap-param-gather-with-optimizer-step only supported with interleaved pipeline parallelism");
+  EXPECT_USER_ERROR(build(without("--ckpt-format"), 4),
+                    "--overlap-param-gather-with-optimizer-step not supported with distributed checkpointing yet");
+  EXPECT_USER_ERROR(build(with(ok, {"--optimizer", "muon"}), 4),
+                    "--overlap-param-gather-with-optimizer-step is not supported with --optimizer muon");
+  EXPECT_USER_ERROR(build(with(ok, {"--fp8-format", "hybrid", "--fp8-param-gather"}), 4),
+                    "--overlap-param-gather-with-optimizer-step with --fp8-param-gather is not supported yet");
+}
+
 TEST(Config, DryRunPlanForALargeJob) {
   auto args = tiny_args({"--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
                          "--global-batch-size", "500", "--dry-run"});

@@ -154,5 +154,29 @@ TEST(ParamGather, FinishWaitsForAll) {
   EXPECT_EQ(comm->completed, 5);
 }
 
+// --overlap-param-gather-with-optimizer-step: buckets end where the model chunk changes, and the
+// first chunk's are issued on their own, before the others'.
+TEST(ParamGather, FirstChunkBucketsStartAlone) {
+  auto flat = torch::arange(24, torch::kFloat32);
+  const auto truth = flat.clone();
+  flat.narrow(0, 12, 12).zero_();  // rank 1's shard, stale until gathered
+  // Chunks by offset, as the optimizer's buffer interleaves them: 0 0 1 1 0 1 (4 elements each).
+  const std::vector<int> chunks = {0, 0, 1, 1, 0, 1};
+  std::vector<BufferParam> layout;
+  for (int64_t i = 0; i < 6; ++i) layout.push_back(BufferParam{torch::Tensor(), 4 * i, 4, i, chunks[size_t(i)]});
+  auto comm = std::make_shared<DeferredGatherComm>(0, flat, truth);
+  ParamGather merged(flat, layout, /*bucket_numel=*/100, 12, comm);
+  EXPECT_EQ(merged.num_buckets(), 1u) << "without the split one bucket holds everything";
+  ParamGather gather(flat, layout, /*bucket_numel=*/100, 12, comm, {}, /*split_chunks=*/true);
+  EXPECT_EQ(gather.num_buckets(), 4u);  // [0, 8) [8, 16) [16, 20) [20, 24)
+  gather.start_first_chunk();
+  EXPECT_EQ(comm->issued, 2);
+  EXPECT_EQ(gather.buckets_in_flight(), 2);
+  gather.start_other_chunks();
+  EXPECT_EQ(comm->issued, 4);
+  gather.finish();
+  EXPECT_TRUE(torch::equal(flat, truth));
+}
+
 }  // namespace
 }  // namespace fp8tron

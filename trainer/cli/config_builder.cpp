@@ -656,6 +656,7 @@ DistributedConfig build_distributed(const FlagValues& f, const ParallelSizes& p)
   if (d.optimizer_instances < 1) throw UserError("--num-distributed-optimizer-instances must be at least 1");
   d.overlap_grad_reduce = f.get_bool("overlap-grad-reduce");
   d.overlap_param_gather = f.get_bool("overlap-param-gather");
+  d.overlap_param_gather_with_optimizer_step = f.get_bool("overlap-param-gather-with-optimizer-step");
   d.bucket_numel = f.opt_int("ddp-bucket-size").value_or(std::max<int64_t>(40000000, 1000000 * int64_t(p.dp)));
   if (d.bucket_numel <= 0) throw UserError("--ddp-bucket-size must be positive");
   d.timeout_minutes = int(f.get_int("distributed-timeout-minutes"));

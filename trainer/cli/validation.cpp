@@ -403,6 +403,31 @@ const std::vector<Rule>& rules() {
            return "--overlap-param-gather needs --overlap-grad-reduce";
          return "";
        }},
+      {"parameter all-gather overlapped with the optimizer step",
+       [](const Config& c, const FlagValues&) -> std::string {
+         // Megatron-LM's assertions (arguments.py, optimizer/__init__.py), then fp8tron's own limit.
+         const auto& d = c.distributed;
+         if (!d.overlap_param_gather_with_optimizer_step) return "";
+         if (!d.distributed_optimizer)
+           return "--overlap-param-gather-with-optimizer-step only supported with distributed optimizer "
+                  "(add --use-distributed-optimizer)";
+         if (!d.overlap_param_gather)
+           return "Must use --overlap-param-gather-with-optimizer-step with --overlap-param-gather";
+         if (d.virtual_stages <= 1)
+           return "--overlap-param-gather-with-optimizer-step only supported with interleaved pipeline parallelism "
+                  "(add --num-layers-per-virtual-pipeline-stage or --num-virtual-stages-per-pipeline-rank)";
+         if (c.checkpoint.ckpt_format != "torch")
+           return "--overlap-param-gather-with-optimizer-step not supported with distributed checkpointing yet "
+                  "(Megatron): add --ckpt-format torch";
+         if (c.optimizer.optimizer == "muon")
+           return "--overlap-param-gather-with-optimizer-step is not supported with --optimizer muon and "
+                  "--use-distributed-optimizer (Megatron's layer-wise distributed optimizer does not split the model "
+                  "chunks): drop one of them";
+         if (c.precision.fp8.param_gather)
+           return "--overlap-param-gather-with-optimizer-step with --fp8-param-gather is not supported yet: fp8tron "
+                  "casts every FP8 weight of a step in one pass after the whole update (drop one of them)";
+         return "";
+       }},
       {"distributed-optimizer instances",
        [](const Config& c, const FlagValues&) -> std::string {
          // Megatron-LM's rules (parallel_state.py, layer_wise_optimizer.py): the instances are
