@@ -293,12 +293,18 @@ void build_expert_comm_overlap(RunParts& r, Timers& timers) {
 
 void build_loaders(RunParts& r) {
   const Config& c = r.config;
-  std::shared_ptr<SampleSource> source = make_source(c);
+  const auto& t = c.training;
+  std::shared_ptr<SampleSource> source = make_source(c), valid_source = source;
   if (c.data.dataloader_type == DataloaderType::Cyclic) {
-    // Sized as the files are, or (built-in and mock data) as Megatron sizes the splits.
-    const auto& t = c.training;
+    // Sized as the files are, or (built-in and mock data) as Megatron sizes the splits; the
+    // validation split's sampler takes the evaluation micro-batch (Megatron's data_samplers).
     const auto sizes = split_samples(t);
-    source = std::make_shared<CyclicSource>(source, sizes, t.micro_batch_size, r.parallel.sizes.dp, c.data.data_sharding);
+    const auto inner = source;
+    source = std::make_shared<CyclicSource>(inner, sizes, t.micro_batch_size, r.parallel.sizes.dp, c.data.data_sharding);
+    valid_source = t.eval_micro_batch_size == t.micro_batch_size
+                       ? source
+                       : std::make_shared<CyclicSource>(inner, sizes, t.eval_micro_batch_size, r.parallel.sizes.dp,
+                                                        c.data.data_sharding);
   }
   BatchOptions batch;
   batch.seq_length = c.model.seq_length;
@@ -313,7 +319,10 @@ void build_loaders(RunParts& r) {
   batch.stride = c.training.micro_batch_size * r.parallel.sizes.dp;
   batch.vocab_size = c.model.vocab_size;
   r.train_loader = std::make_unique<BatchLoader>(source, Split::Train, batch, r.device);
-  r.valid_loader = std::make_unique<BatchLoader>(source, Split::Valid, batch, r.device);
+  BatchOptions eval_batch = batch;  // --eval-micro-batch-size
+  eval_batch.micro_batch_size = t.eval_micro_batch_size;
+  eval_batch.stride = t.eval_micro_batch_size * r.parallel.sizes.dp;
+  r.valid_loader = std::make_unique<BatchLoader>(valid_source, Split::Valid, eval_batch, r.device);
 }
 
 void build_rerun_engine(RunParts& r) {

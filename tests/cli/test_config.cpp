@@ -33,6 +33,30 @@ TEST(Config, MegatronDefaults) {
   EXPECT_EQ(c.device, "cpu");
 }
 
+// --eval-micro-batch-size: Megatron's default is --micro-batch-size; the evaluation batch is cut
+// into micro-batches of that many sequences per data-parallel rank.
+TEST(Config, EvalMicroBatchSize) {
+  Config c = build(tiny_args({"--global-batch-size", "8"}));
+  EXPECT_EQ(c.training.eval_micro_batch_size, 2);
+  EXPECT_EQ(c.training.eval_micro_batches, 4);
+  c = build(tiny_args({"--global-batch-size", "8", "--eval-micro-batch-size", "4"}));
+  EXPECT_EQ(c.training.eval_micro_batch_size, 4);
+  EXPECT_EQ(c.training.eval_micro_batches, 2);
+  EXPECT_EQ(c.training.num_micro_batches, 4);  // training keeps its own
+  c = build(tiny_args({"--global-batch-size", "8", "--eval-micro-batch-size", "1", "--eval-global-batch-size", "6"}), 2);
+  EXPECT_EQ(c.training.eval_micro_batches, 3);
+  EXPECT_USER_ERROR(build(tiny_args({"--global-batch-size", "8", "--eval-micro-batch-size", "3"})),
+                    "--eval-global-batch-size (8) must be a positive multiple of --eval-micro-batch-size (3) x "
+                    "data-parallel size (1)");
+  EXPECT_USER_ERROR(build(tiny_args({"--eval-micro-batch-size", "0"})), "--eval-micro-batch-size (0) must be positive");
+  // The interleaved schedule's micro-batch rule holds for evaluation too (Megatron runs it there).
+  EXPECT_USER_ERROR(build(tiny_args({"--num-layers", "4", "--pipeline-model-parallel-size", "2",
+                                     "--num-layers-per-virtual-pipeline-stage", "1", "--global-batch-size", "8",
+                                     "--eval-micro-batch-size", "8"}),
+                          2),
+                    "should range in [PP=2, M=1]");
+}
+
 // --eval-global-batch-size: Megatron's default is the global batch size; the evaluation runs its
 // own count of micro-batches, and the validation and test splits are sized by it.
 TEST(Config, EvalGlobalBatchSize) {
