@@ -428,7 +428,7 @@ void OptimizerDomain::update(const torch::Tensor& grads, double lr, double weigh
     return;
   }
   Ranges published;  // model parameters the fused Adam kernel wrote
-  update_ranges({{0, padded_numel_}}, grads, lr, weight_decay, found_inf, grad_divisor, group_lrs, published);
+  update_ranges(UpdatePart::kAll, grads, lr, weight_decay, found_inf, grad_divisor, group_lrs, published);
   if (param_gather_) {
     copy_main_to_model(published);
     if (codes_.defined()) encode_own_shard();
@@ -440,48 +440,86 @@ void OptimizerDomain::update(const torch::Tensor& grads, double lr, double weigh
 
 // Megatron's ChainedOptimizer under --overlap-param-gather-with-optimizer-step: the first model
 // chunk's optimizer steps, its parameters' all-gather is dispatched, then the other chunks'
-// optimizer steps. Adam and SGD update each element on its own, so the order changes no value.
+// optimizer steps. Every element is updated once, as without the flag.
 void OptimizerDomain::update_first_chunk_first(const torch::Tensor& grads, double lr, double weight_decay,
                                                const torch::Tensor& found_inf,
                                                const std::optional<torch::Tensor>& grad_divisor,
                                                const GroupLrs& group_lrs) {
   Ranges published;
-  update_ranges(first_chunk_ranges_, grads, lr, weight_decay, found_inf, grad_divisor, group_lrs, published);
+  update_ranges(UpdatePart::kFirstChunk, grads, lr, weight_decay, found_inf, grad_divisor, group_lrs, published);
   copy_main_to_model(published, first_chunk_ranges_);
   param_gather_->start_first_chunk();
   gathers_during_step_ += param_gather_->buckets_in_flight();
   published.clear();
-  update_ranges(other_chunk_ranges_, grads, lr, weight_decay, found_inf, grad_divisor, group_lrs, published);
+  update_ranges(UpdatePart::kOtherChunks, grads, lr, weight_decay, found_inf, grad_divisor, group_lrs, published);
   copy_main_to_model(published, other_chunk_ranges_);
   param_gather_->start_other_chunks();
 }
 
-void OptimizerDomain::update_ranges(const Ranges& within, const torch::Tensor& grads, double lr, double weight_decay,
+namespace {
+// The ranges a step of the first model chunk updates inside [lo, hi), this rank's part of a
+// segment: the chunk's ranges there, widened to multiples of kUpdateGranule elements from lo.
+// ATen's CPU fused Adam runs SIMD vectors over its range from the start (split among threads at
+// multiples of a 64-byte cache line) and a scalar loop, which rounds differently (FMA), over the
+// tail; cutting a segment only at multiples of 64 elements from its start (or at its end) keeps
+// every element on the path it takes in one call over the whole part, so the run stays bitwise.
+// The few other-chunk elements updated early are gathered with their own buckets, after the step.
+constexpr int64_t kUpdateGranule = 64;
+std::vector<std::pair<int64_t, int64_t>> first_chunk_pieces(const std::vector<std::pair<int64_t, int64_t>>& first,
+                                                            int64_t lo, int64_t hi) {
+  std::vector<std::pair<int64_t, int64_t>> pieces;  // (offset, numel)
+  for (auto [offset, numel] : first) {
+    int64_t a = std::max(offset, lo), b = std::min(offset + numel, hi);
+    if (b <= a) continue;
+    a = lo + (a - lo) / kUpdateGranule * kUpdateGranule;
+    b = std::min(hi, lo + (b - lo + kUpdateGranule - 1) / kUpdateGranule * kUpdateGranule);
+    if (!pieces.empty() && pieces.back().first + pieces.back().second >= a)
+      pieces.back().second = std::max(pieces.back().first + pieces.back().second, b) - pieces.back().first;
+    else
+      pieces.emplace_back(a, b - a);
+  }
+  return pieces;
+}
+}  // namespace
+
+void OptimizerDomain::update_ranges(UpdatePart part, const torch::Tensor& grads, double lr, double weight_decay,
                                     const torch::Tensor& found_inf, const std::optional<torch::Tensor>& grad_divisor,
                                     const GroupLrs& group_lrs, Ranges& published) {
   const int64_t shard_end = std::min(shard_begin_ + shard_numel_, numel_);
   auto keep = 1.0 - found_inf;
   for (size_t i = 0; i < segments_.size(); ++i) {
     const auto& s = segments_[i];
+    const int64_t lo = std::max(s.offset, shard_begin_), hi = std::min(s.offset + s.numel, shard_end);
+    if (hi <= lo) continue;
     const double wd = s.decay ? weight_decay : 0.0;
     const double group_lr = s.lr_group == LrGroup::Decoupled ? group_lrs.decoupled.value_or(lr)
                             : s.lr_group == LrGroup::Mup     ? group_lrs.mup.value_or(lr)
                                                              : lr;
     if (s.muon) {
-      FP8TRON_CHECK(within.size() == 1 && within.front().first == 0 && within.front().second >= numel_,
-                    "Muon updates whole segments");
-      if (std::max(s.offset, shard_begin_) < std::min(s.offset + s.numel, shard_end))
-        muon_step(s, grads, group_lr, wd, found_inf);
+      FP8TRON_CHECK(part == UpdatePart::kAll, "Muon updates whole segments");
+      muon_step(s, grads, group_lr, wd, found_inf);
       continue;
     }
-    for (auto [w_offset, w_numel] : within) {
-      const int64_t lo = std::max({s.offset, shard_begin_, w_offset});
-      const int64_t hi = std::min({s.offset + s.numel, shard_end, w_offset + w_numel});
-      if (hi <= lo) continue;
-      const int64_t off = lo - shard_begin_, n = hi - lo;
+    Ranges pieces{{lo, hi - lo}};
+    if (part != UpdatePart::kAll) {
+      const Ranges first = first_chunk_pieces(first_chunk_ranges_, lo, hi);
+      if (part == UpdatePart::kFirstChunk) {
+        pieces = first;
+      } else {  // the rest of [lo, hi)
+        pieces.clear();
+        int64_t at = lo;
+        for (auto [offset, numel] : first) {
+          if (offset > at) pieces.emplace_back(at, offset - at);
+          at = offset + numel;
+        }
+        if (at < hi) pieces.emplace_back(at, hi - at);
+      }
+    }
+    for (auto [a, n] : pieces) {
+      const int64_t off = a - shard_begin_;
       if (config_.optimizer == "adam" || config_.optimizer == "muon") {
-        if (adam_step(i, lo, n, grads, group_lr, wd, config_.adam_eps * s.eps_mult, found_inf, grad_divisor))
-          published.emplace_back(lo, n);
+        if (adam_step(i, a, n, grads, group_lr, wd, config_.adam_eps * s.eps_mult, found_inf, grad_divisor))
+          published.emplace_back(a, n);
       } else {
         // SGD with momentum (torch.optim.SGD semantics); skipped steps leave everything unchanged.
         auto p = main_params_.narrow(0, off, n), g = grads.narrow(0, off, n), m = exp_avg_.narrow(0, off, n);

@@ -186,9 +186,12 @@ class OptimizerDomain {
   // that range were written too (the fused kernel's copy).
   bool adam_step(size_t segment, int64_t lo, int64_t n, const torch::Tensor& grads, double lr, double wd, double eps,
                  const torch::Tensor& found_inf, const std::optional<torch::Tensor>& grad_divisor);
-  // The update of this rank's part of the buffer ranges `within` (sorted, disjoint); appends to
-  // `published` the ranges whose model parameters the fused Adam kernel wrote.
-  void update_ranges(const Ranges& within, const torch::Tensor& grads, double lr, double weight_decay,
+  // Which parameters an update_ranges() call steps: all, or (--overlap-param-gather-with-optimizer-step)
+  // the first model chunk's and then the others'.
+  enum class UpdatePart { kAll, kFirstChunk, kOtherChunks };
+  // The update of this rank's part of the buffer; appends to `published` the ranges whose model
+  // parameters the fused Adam kernel wrote.
+  void update_ranges(UpdatePart part, const torch::Tensor& grads, double lr, double weight_decay,
                      const torch::Tensor& found_inf, const std::optional<torch::Tensor>& grad_divisor,
                      const GroupLrs& group_lrs, Ranges& published);
   // The first model chunk's parameters stepped and their all-gather issued, then the others'.
