@@ -76,8 +76,13 @@ void MixedPrecisionOptimizer::complete_grads_later(const std::vector<torch::Tens
 void MixedPrecisionOptimizer::grad_done(const void* param) {
   for (auto& d : domains_) d->grad_done(param);
 }
-void MixedPrecisionOptimizer::enable_param_gather_overlap(int64_t bucket_numel) {
-  for (auto& d : domains_) d->enable_param_gather_overlap(bucket_numel);
+void MixedPrecisionOptimizer::enable_param_gather_overlap(int64_t bucket_numel, bool with_optimizer_step) {
+  for (auto& d : domains_) d->enable_param_gather_overlap(bucket_numel, with_optimizer_step);
+}
+int64_t MixedPrecisionOptimizer::param_gathers_during_step() const {
+  int64_t n = 0;
+  for (const auto& d : domains_) n += d->param_gathers_during_step();
+  return n;
 }
 void MixedPrecisionOptimizer::wait_for_params(const torch::nn::Module& module) {
   for (auto& d : domains_) d->wait_for_params(module);

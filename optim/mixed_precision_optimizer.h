@@ -74,10 +74,14 @@ class MixedPrecisionOptimizer {
   // the all-gathers bucket by bucket without waiting; the forward pass calls
   // wait_for_params(module) before a module uses its weights, and whatever else reads the model
   // weights calls finish_param_gather() first. Without it both are no-ops.
-  void enable_param_gather_overlap(int64_t bucket_numel);
+  // `with_optimizer_step` (--overlap-param-gather-with-optimizer-step): each domain steps the
+  // first model chunk's parameters first and issues their all-gather before stepping the rest.
+  void enable_param_gather_overlap(int64_t bucket_numel, bool with_optimizer_step = false);
   void wait_for_params(const torch::nn::Module& module);
   void finish_param_gather();
   bool param_gather_overlapped() const;
+  // Parameter all-gather buckets issued while the step still had parameters to update, so far.
+  int64_t param_gathers_during_step() const;
   // Unscales by 1/loss_scale, checks for inf/nan, clips, updates, publishes the new weights.
   // `group_lrs`: the learning rates of the groups with their own (optim/param_groups.h: the
   // embedding and output layer under --decoupled-lr, MuP's width-scaled group); `lr` is the rest's.

@@ -124,7 +124,7 @@ OptimizerDomain::OptimizerDomain(const std::vector<NamedParam>& params, const Op
     // (parameter-dtype) gradient into an existing .grad with `+=`, so an fp32 buffer under a
     // bf16 parameter accumulates micro-batches in fp32, as Megatron's main_grad does.
     t.mutable_grad() = main_grads_.narrow(0, offset, n).view(t.sizes());
-    buffer_order_.push_back({t, offset, n, model_order(p)});
+    buffer_order_.push_back({t, offset, n, model_order(p), p->chunk});
     slots_.push_back(ParamSlot{p->name, offset, n, t.sizes().vec(), p->info, is_muon});
   }
   main_params_ = distributed_ ? all_main.narrow(0, shard_begin_, shard_numel_).clone() : all_main;
@@ -206,12 +206,28 @@ void OptimizerDomain::gather_and_decode() {
   byte_publish_.decode(codes_.narrow(0, 0, byte_numel_), 0, byte_numel_);
 }
 
-void OptimizerDomain::enable_param_gather_overlap(int64_t bucket_numel) {
+void OptimizerDomain::enable_param_gather_overlap(int64_t bucket_numel, bool with_optimizer_step) {
   if (!distributed_) return;  // one data-parallel rank holds everything: nothing to gather
   ParamGather::Bytes bytes;
   if (codes_.defined()) bytes = {codes_, byte_numel_, byte_publish_.decode};
-  param_gather_ =
-      std::make_unique<ParamGather>(model_params_, buffer_order_, bucket_numel, shard_numel_, groups_.shard, bytes);
+  param_gather_ = std::make_unique<ParamGather>(model_params_, buffer_order_, bucket_numel, shard_numel_, groups_.shard,
+                                                bytes, with_optimizer_step);
+  if (!with_optimizer_step) return;
+  // Refused by the flag's rule; the chunk-by-chunk update needs elementwise updates and values
+  // published as they are.
+  FP8TRON_CHECK(muon_slots_.empty() && !codes_.defined(),
+                "the parameter gather overlaps the optimizer step with elementwise optimizers and values only");
+  first_chunk_ranges_.clear();
+  other_chunk_ranges_.clear();
+  for (size_t i = 0; i < buffer_order_.size(); ++i) {
+    const BufferParam& p = buffer_order_[i];
+    const int64_t end = i + 1 == buffer_order_.size() ? padded_numel_ : p.offset + p.numel;  // with the padding
+    Ranges& ranges = p.chunk == 0 ? first_chunk_ranges_ : other_chunk_ranges_;
+    if (!ranges.empty() && ranges.back().first + ranges.back().second == p.offset)
+      ranges.back().second = end - ranges.back().first;
+    else
+      ranges.emplace_back(p.offset, end - p.offset);
+  }
 }
 
 void OptimizerDomain::wait_for_params(const torch::nn::Module& module) {
@@ -395,40 +411,123 @@ void OptimizerDomain::update(const torch::Tensor& grads, double lr, double weigh
   // The fused kernel divides each gradient by grad_scale as it reads it.
   const std::optional<torch::Tensor> grad_divisor =
       clip_coeff.defined() ? std::optional<torch::Tensor>(clip_coeff.reciprocal()) : std::nullopt;
-  const int64_t shard_end = shard_begin_ + shard_numel_;
-  auto keep = 1.0 - found_inf;
   // Nothing may still read this rank's shard of the model parameters: the step may write it.
   if (param_gather_) param_gather_->finish();
-  Ranges published;  // model parameters the fused Adam kernel wrote
-  for (size_t i = 0; i < segments_.size(); ++i) {
-    const auto& s = segments_[i];
-    const int64_t lo = std::max(s.offset, shard_begin_), hi = std::min(s.offset + s.numel, std::min(shard_end, numel_));
-    if (hi <= lo) continue;
-    const int64_t off = lo - shard_begin_, n = hi - lo;
-    const double wd = s.decay ? weight_decay : 0.0;
-    const double group_lr = s.lr_group == LrGroup::Decoupled ? group_lrs.decoupled.value_or(lr)
-                            : s.lr_group == LrGroup::Mup     ? group_lrs.mup.value_or(lr)
-                                                             : lr;
-    if (s.muon) {
-      muon_step(s, grads, group_lr, wd, found_inf);
-    } else if (config_.optimizer == "adam" || config_.optimizer == "muon") {
-      step_counts_[i].add_(keep);  // a skipped step does not advance bias correction
-      if (adam_step(i, lo, n, grads, group_lr, wd, config_.adam_eps * s.eps_mult, found_inf, grad_divisor))
-        published.emplace_back(lo, n);
-    } else {
-      // SGD with momentum (torch.optim.SGD semantics); skipped steps leave everything unchanged.
-      auto p = main_params_.narrow(0, off, n), g = grads.narrow(0, off, n), m = exp_avg_.narrow(0, off, n);
-      auto d = torch::nan_to_num(g, 0.0, 0.0, 0.0) + wd * p;
-      m.mul_(config_.sgd_momentum * keep + found_inf).add_(d * keep);
-      p.sub_(m * (group_lr * keep));
+  // A skipped step does not advance bias correction. Every Adam segment this rank updates counts
+  // the step once, before any part of it is updated.
+  const int64_t shard_end = std::min(shard_begin_ + shard_numel_, numel_);
+  if (config_.optimizer == "adam" || config_.optimizer == "muon") {
+    auto keep = 1.0 - found_inf;
+    for (size_t i = 0; i < segments_.size(); ++i) {
+      const Segment& s = segments_[i];
+      if (!s.muon && std::max(s.offset, shard_begin_) < std::min(s.offset + s.numel, shard_end)) step_counts_[i].add_(keep);
     }
   }
+  if (!first_chunk_ranges_.empty()) {
+    update_first_chunk_first(grads, lr, weight_decay, found_inf, grad_divisor, group_lrs);
+    return;
+  }
+  Ranges published;  // model parameters the fused Adam kernel wrote
+  update_ranges(UpdatePart::kAll, grads, lr, weight_decay, found_inf, grad_divisor, group_lrs, published);
   if (param_gather_) {
     copy_main_to_model(published);
     if (codes_.defined()) encode_own_shard();
     param_gather_->start();
   } else {
     publish_model_params(published);
+  }
+}
+
+// Megatron's ChainedOptimizer under --overlap-param-gather-with-optimizer-step: the first model
+// chunk's optimizer steps, its parameters' all-gather is dispatched, then the other chunks'
+// optimizer steps. Every element is updated once, as without the flag.
+void OptimizerDomain::update_first_chunk_first(const torch::Tensor& grads, double lr, double weight_decay,
+                                               const torch::Tensor& found_inf,
+                                               const std::optional<torch::Tensor>& grad_divisor,
+                                               const GroupLrs& group_lrs) {
+  Ranges published;
+  update_ranges(UpdatePart::kFirstChunk, grads, lr, weight_decay, found_inf, grad_divisor, group_lrs, published);
+  copy_main_to_model(published, first_chunk_ranges_);
+  param_gather_->start_first_chunk();
+  gathers_during_step_ += param_gather_->buckets_in_flight();
+  published.clear();
+  update_ranges(UpdatePart::kOtherChunks, grads, lr, weight_decay, found_inf, grad_divisor, group_lrs, published);
+  copy_main_to_model(published, other_chunk_ranges_);
+  param_gather_->start_other_chunks();
+}
+
+namespace {
+// The ranges a step of the first model chunk updates inside [lo, hi), this rank's part of a
+// segment: the chunk's ranges there, widened to multiples of kUpdateGranule elements from lo.
+// ATen's CPU fused Adam runs SIMD vectors over its range from the start (split among threads at
+// multiples of a 64-byte cache line) and a scalar loop, which rounds differently (FMA), over the
+// tail; cutting a segment only at multiples of 64 elements from its start (or at its end) keeps
+// every element on the path it takes in one call over the whole part, so the run stays bitwise.
+// The few other-chunk elements updated early are gathered with their own buckets, after the step.
+constexpr int64_t kUpdateGranule = 64;
+std::vector<std::pair<int64_t, int64_t>> first_chunk_pieces(const std::vector<std::pair<int64_t, int64_t>>& first,
+                                                            int64_t lo, int64_t hi) {
+  std::vector<std::pair<int64_t, int64_t>> pieces;  // (offset, numel)
+  for (auto [offset, numel] : first) {
+    int64_t a = std::max(offset, lo), b = std::min(offset + numel, hi);
+    if (b <= a) continue;
+    a = lo + (a - lo) / kUpdateGranule * kUpdateGranule;
+    b = std::min(hi, lo + (b - lo + kUpdateGranule - 1) / kUpdateGranule * kUpdateGranule);
+    if (!pieces.empty() && pieces.back().first + pieces.back().second >= a)
+      pieces.back().second = std::max(pieces.back().first + pieces.back().second, b) - pieces.back().first;
+    else
+      pieces.emplace_back(a, b - a);
+  }
+  return pieces;
+}
+}  // namespace
+
+void OptimizerDomain::update_ranges(UpdatePart part, const torch::Tensor& grads, double lr, double weight_decay,
+                                    const torch::Tensor& found_inf, const std::optional<torch::Tensor>& grad_divisor,
+                                    const GroupLrs& group_lrs, Ranges& published) {
+  const int64_t shard_end = std::min(shard_begin_ + shard_numel_, numel_);
+  auto keep = 1.0 - found_inf;
+  for (size_t i = 0; i < segments_.size(); ++i) {
+    const auto& s = segments_[i];
+    const int64_t lo = std::max(s.offset, shard_begin_), hi = std::min(s.offset + s.numel, shard_end);
+    if (hi <= lo) continue;
+    const double wd = s.decay ? weight_decay : 0.0;
+    const double group_lr = s.lr_group == LrGroup::Decoupled ? group_lrs.decoupled.value_or(lr)
+                            : s.lr_group == LrGroup::Mup     ? group_lrs.mup.value_or(lr)
+                                                             : lr;
+    if (s.muon) {
+      FP8TRON_CHECK(part == UpdatePart::kAll, "Muon updates whole segments");
+      muon_step(s, grads, group_lr, wd, found_inf);
+      continue;
+    }
+    Ranges pieces{{lo, hi - lo}};
+    if (part != UpdatePart::kAll) {
+      const Ranges first = first_chunk_pieces(first_chunk_ranges_, lo, hi);
+      if (part == UpdatePart::kFirstChunk) {
+        pieces = first;
+      } else {  // the rest of [lo, hi)
+        pieces.clear();
+        int64_t at = lo;
+        for (auto [offset, numel] : first) {
+          if (offset > at) pieces.emplace_back(at, offset - at);
+          at = offset + numel;
+        }
+        if (at < hi) pieces.emplace_back(at, hi - at);
+      }
+    }
+    for (auto [a, n] : pieces) {
+      const int64_t off = a - shard_begin_;
+      if (config_.optimizer == "adam" || config_.optimizer == "muon") {
+        if (adam_step(i, a, n, grads, group_lr, wd, config_.adam_eps * s.eps_mult, found_inf, grad_divisor))
+          published.emplace_back(a, n);
+      } else {
+        // SGD with momentum (torch.optim.SGD semantics); skipped steps leave everything unchanged.
+        auto p = main_params_.narrow(0, off, n), g = grads.narrow(0, off, n), m = exp_avg_.narrow(0, off, n);
+        auto d = torch::nan_to_num(g, 0.0, 0.0, 0.0) + wd * p;
+        m.mul_(config_.sgd_momentum * keep + found_inf).add_(d * keep);
+        p.sub_(m * (group_lr * keep));
+      }
+    }
   }
 }
 
@@ -498,18 +597,25 @@ torch::Tensor OptimizerDomain::zeros_in(const torch::Tensor& grads) {
   return total;
 }
 
-void OptimizerDomain::copy_main_to_model(const Ranges& published) {
+void OptimizerDomain::copy_main_to_model(const Ranges& published) { copy_main_to_model(published, {{0, padded_numel_}}); }
+
+void OptimizerDomain::copy_main_to_model(const Ranges& published, const Ranges& within) {
   // This rank's elements: its shard, or the whole buffer without the distributed optimizer.
   const int64_t end = distributed_ ? shard_begin_ + shard_numel_ : numel_;
   auto copy = [&](int64_t lo, int64_t hi) {
     if (hi > lo) model_params_.narrow(0, lo, hi - lo).copy_(main_params_.narrow(0, lo - shard_begin_, hi - lo));
   };
-  int64_t at = shard_begin_;
-  for (auto [offset, n] : published) {
-    copy(at, offset);
-    at = offset + n;
+  for (auto [w_offset, w_numel] : within) {
+    int64_t at = std::max(w_offset, shard_begin_);
+    const int64_t stop = std::min(w_offset + w_numel, end);
+    if (stop <= at) continue;
+    for (auto [offset, n] : published) {
+      if (offset + n <= at || offset >= stop) continue;
+      copy(at, offset);
+      at = std::max(at, offset + n);
+    }
+    copy(at, stop);
   }
-  copy(at, end);
 }
 
 void OptimizerDomain::publish_model_params() { publish_model_params(Ranges{}); }

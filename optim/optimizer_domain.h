@@ -40,6 +40,7 @@ struct NamedParam {
   std::string name;
   torch::Tensor tensor;
   ParamInfo info;
+  int chunk = 0;  // the model chunk (virtual pipeline stage) of this pipeline rank holding it
 };
 
 // --fp8-param-gather: parameters published in one byte per element. The step encodes this rank's
@@ -99,10 +100,15 @@ class OptimizerDomain {
   void arm_grad_overlap();
   void complete_grads_later(const std::vector<torch::Tensor>& params);
   void grad_done(const void* param);
-  void enable_param_gather_overlap(int64_t bucket_numel);
+  // `with_optimizer_step` (--overlap-param-gather-with-optimizer-step): update() steps the first
+  // model chunk's parameters first and issues their all-gather before it steps the others'.
+  void enable_param_gather_overlap(int64_t bucket_numel, bool with_optimizer_step = false);
   void wait_for_params(const torch::nn::Module& module);
   void finish_param_gather();
   bool param_gather_overlapped() const { return param_gather_ != nullptr; }
+  // The parameter all-gather buckets issued while the optimizer step still had parameters to
+  // update (with_optimizer_step), summed over the steps so far.
+  int64_t param_gathers_during_step() const { return gathers_during_step_; }
 
   // The step in three parts so that one global norm covers every domain:
   // fp32 grads laid out from shard_begin(), divided by `divisor` (a device scalar: the loss scale,
@@ -180,9 +186,23 @@ class OptimizerDomain {
   // that range were written too (the fused kernel's copy).
   bool adam_step(size_t segment, int64_t lo, int64_t n, const torch::Tensor& grads, double lr, double wd, double eps,
                  const torch::Tensor& found_inf, const std::optional<torch::Tensor>& grad_divisor);
-  // This rank's model parameters (its shard with the distributed optimizer) := main weights, except
-  // in `published` (sorted, disjoint ranges already written by the step).
+  // Which parameters an update_ranges() call steps: all, or (--overlap-param-gather-with-optimizer-step)
+  // the first model chunk's and then the others'.
+  enum class UpdatePart { kAll, kFirstChunk, kOtherChunks };
+  // The update of this rank's part of the buffer; appends to `published` the ranges whose model
+  // parameters the fused Adam kernel wrote.
+  void update_ranges(UpdatePart part, const torch::Tensor& grads, double lr, double weight_decay,
+                     const torch::Tensor& found_inf, const std::optional<torch::Tensor>& grad_divisor,
+                     const GroupLrs& group_lrs, Ranges& published);
+  // The first model chunk's parameters stepped and their all-gather issued, then the others'.
+  void update_first_chunk_first(const torch::Tensor& grads, double lr, double weight_decay,
+                                const torch::Tensor& found_inf, const std::optional<torch::Tensor>& grad_divisor,
+                                const GroupLrs& group_lrs);
+  // This rank's model parameters (its shard with the distributed optimizer) within `within`
+  // (default: all) := main weights, except in `published` (sorted, disjoint ranges already
+  // written by the step).
   void copy_main_to_model(const Ranges& published);
+  void copy_main_to_model(const Ranges& published, const Ranges& within);
   void publish_model_params(const Ranges& published);
   torch::Tensor global_norm_squared(const torch::Tensor& buffer, int64_t base);
   void all_reduce_model_groups(torch::Tensor& value);
@@ -198,6 +218,10 @@ class OptimizerDomain {
   bool distributed_;
   std::unique_ptr<GradBuckets> buckets_;
   std::unique_ptr<ParamGather> param_gather_;
+  // --overlap-param-gather-with-optimizer-step: the buffer ranges of the first model chunk (the
+  // padding after the last parameter goes with that parameter's chunk) and of the others.
+  Ranges first_chunk_ranges_, other_chunk_ranges_;
+  int64_t gathers_during_step_ = 0;
   std::vector<BufferParam> buffer_order_;  // parameters in flat-buffer order
   bool separate_main_weights_;
   int64_t numel_ = 0, padded_numel_ = 0, shard_begin_ = 0, shard_numel_ = 0;

@@ -9,12 +9,14 @@
 
 namespace fp8tron {
 
-std::vector<BucketSpan> bucket_spans(const std::vector<BufferParam>& params, int64_t bucket_numel, int64_t buffer_numel) {
+std::vector<BucketSpan> bucket_spans(const std::vector<BufferParam>& params, int64_t bucket_numel, int64_t buffer_numel,
+                                     bool split_chunks) {
   FP8TRON_CHECK(bucket_numel > 0, "bucket size must be positive");
   std::vector<BucketSpan> spans;
   for (size_t i = 0; i < params.size(); ++i) {
     const auto& p = params[i];
-    if (spans.empty() || spans.back().numel >= bucket_numel || spans.back().offset + spans.back().numel != p.offset)
+    if (spans.empty() || spans.back().numel >= bucket_numel || spans.back().offset + spans.back().numel != p.offset ||
+        (split_chunks && params[spans.back().params.back()].chunk != p.chunk))
       spans.push_back(BucketSpan{p.offset, 0, {}});
     spans.back().numel += p.numel;
     spans.back().params.push_back(i);

@@ -27,16 +27,19 @@ struct BufferParam {
   int64_t offset = 0;    // where it lies in the flat buffer
   int64_t numel = 0;
   int64_t first_use = 0;  // its position in the model's parameter list: forward order
+  int chunk = 0;          // its model chunk (virtual pipeline stage) on this pipeline rank
 };
 
 // Buckets over a flat buffer of `buffer_numel` elements whose `params` are in offset order: a new
 // bucket starts when the current one holds `bucket_numel` elements or more (or at a gap). The
 // padding after the last parameter (distributed-optimizer alignment) rides with the last bucket.
+// With `split_chunks` a bucket also ends where the next parameter belongs to another model chunk.
 struct BucketSpan {
   int64_t offset = 0, numel = 0;
   std::vector<size_t> params;  // indices into `params`
 };
-std::vector<BucketSpan> bucket_spans(const std::vector<BufferParam>& params, int64_t bucket_numel, int64_t buffer_numel);
+std::vector<BucketSpan> bucket_spans(const std::vector<BufferParam>& params, int64_t bucket_numel, int64_t buffer_numel,
+                                     bool split_chunks = false);
 
 // How many elements of [offset, offset + numel) each of `ranks` contiguous shards of
 // `shard_numel` elements owns (rank r owns [r * shard_numel, (r + 1) * shard_numel)): the counts

@@ -8,7 +8,7 @@
 namespace fp8tron {
 
 ParamGather::ParamGather(torch::Tensor params, const std::vector<BufferParam>& layout, int64_t bucket_numel,
-                         int64_t shard_numel, std::shared_ptr<Communicator> dp, Bytes bytes)
+                         int64_t shard_numel, std::shared_ptr<Communicator> dp, Bytes bytes, bool split_chunks)
     : params_(std::move(params)), bytes_(std::move(bytes)), dp_(std::move(dp)), shard_numel_(shard_numel) {
   FP8TRON_CHECK(params_.is_contiguous() && params_.dim() == 1, "the weight buffer must be flat");
   FP8TRON_CHECK(shard_numel_ * dp_->size() == params_.numel(), "the shards must tile the buffer");
@@ -17,9 +17,9 @@ ParamGather::ParamGather(torch::Tensor params, const std::vector<BufferParam>& l
   for (const auto& p : layout) (p.offset < bytes_.numel ? byte_params : rest).push_back(p);
   std::vector<int64_t> first_use;
   auto add = [&](const std::vector<BufferParam>& part, int64_t end, bool as_bytes) {
-    for (const auto& span : bucket_spans(part, bucket_numel, end)) {
+    for (const auto& span : bucket_spans(part, bucket_numel, end, split_chunks)) {
       buckets_.push_back(Bucket{span.offset, span.numel, shard_counts(span.offset, span.numel, shard_numel_, dp_->size()),
-                                nullptr, as_bytes});
+                                nullptr, as_bytes, part[span.params.front()].chunk});
       int64_t first = INT64_MAX;
       for (size_t i : span.params) first = std::min(first, part[i].first_use);
       first_use.push_back(first);
@@ -36,15 +36,28 @@ ParamGather::ParamGather(torch::Tensor params, const std::vector<BufferParam>& l
 
 void ParamGather::start() {
   finish();  // the previous round must be done before this rank's shard is read again
-  for (size_t i : launch_order_) {
-    Bucket& b = buckets_[i];
-    torch::Tensor& buffer = b.bytes ? bytes_.codes : params_;
-    auto whole = buffer.narrow(0, b.offset, b.numel);
-    const int64_t mine = std::max(b.offset, dp_->rank() * shard_numel_);
-    auto own = buffer.narrow(0, std::min(mine, b.offset + b.numel), b.counts[size_t(dp_->rank())]);  // in place
-    b.work = dp_->all_gather_v_async(whole, own, b.counts);
-    ++in_flight_;
-  }
+  for (size_t i : launch_order_) issue(buckets_[i]);
+}
+
+void ParamGather::start_first_chunk() {
+  finish();
+  for (size_t i : launch_order_)
+    if (buckets_[i].chunk == 0) issue(buckets_[i]);
+}
+
+void ParamGather::start_other_chunks() {
+  for (size_t i : launch_order_)
+    if (buckets_[i].chunk != 0) issue(buckets_[i]);
+}
+
+void ParamGather::issue(Bucket& b) {
+  FP8TRON_CHECK(!b.work, "a parameter bucket's all-gather issued twice");
+  torch::Tensor& buffer = b.bytes ? bytes_.codes : params_;
+  auto whole = buffer.narrow(0, b.offset, b.numel);
+  const int64_t mine = std::max(b.offset, dp_->rank() * shard_numel_);
+  auto own = buffer.narrow(0, std::min(mine, b.offset + b.numel), b.counts[size_t(dp_->rank())]);  // in place
+  b.work = dp_->all_gather_v_async(whole, own, b.counts);
+  ++in_flight_;
 }
 
 void ParamGather::wait(Bucket& b) {

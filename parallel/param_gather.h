@@ -6,6 +6,9 @@
 // weights (evaluation, checkpoints, the end of training) calls finish() first.
 // Buckets are those of GradBuckets (--ddp-bucket-size); each is an uneven all-gather from the
 // owners of its elements (the shards are contiguous ranges of the buffer, see grad_buckets.cpp).
+// --overlap-param-gather-with-optimizer-step splits the buckets where the model chunk changes, so
+// that the first chunk's can be issued (start_first_chunk()) while the optimizer still updates the
+// other chunks' parameters, whose buckets follow (start_other_chunks()).
 #pragma once
 #include <torch/torch.h>
 
@@ -31,16 +34,23 @@ class ParamGather {
   using Bytes = ParamGatherBytes;
   // `params` is the flat weight buffer; `layout` covers it in offset order; rank r of `dp` owns
   // [r * shard_numel, (r + 1) * shard_numel).
+  // With `split_chunks` no bucket holds parameters of two model chunks (BufferParam::chunk).
   ParamGather(torch::Tensor params, const std::vector<BufferParam>& layout, int64_t bucket_numel, int64_t shard_numel,
-              std::shared_ptr<Communicator> dp, Bytes bytes = {});
+              std::shared_ptr<Communicator> dp, Bytes bytes = {}, bool split_chunks = false);
 
   // Issues every bucket's all-gather (this rank's shard of `params` must hold its new weights).
   void start();
+  // start() in two parts (with split_chunks): the buckets of model chunk 0 (waits for the previous
+  // round first; this rank's shard of chunk 0's parameters must hold their new weights), then those
+  // of the other chunks.
+  void start_first_chunk();
+  void start_other_chunks();
   // Waits for the buckets that hold `module`'s parameters (those in another buffer are skipped).
   void wait_for(const torch::nn::Module& module);
   // Waits for every bucket still in flight.
   void finish();
   bool in_flight() const { return in_flight_ > 0; }
+  int buckets_in_flight() const { return in_flight_; }
   size_t num_buckets() const { return buckets_.size(); }
 
  private:
@@ -49,7 +59,9 @@ class ParamGather {
     std::vector<int64_t> counts;
     std::unique_ptr<CommWork> work;
     bool bytes = false;  // gathers Bytes::codes
+    int chunk = 0;       // the model chunk of its (first) parameter
   };
+  void issue(Bucket& b);
   void wait(Bucket& b);
 
   torch::Tensor params_;

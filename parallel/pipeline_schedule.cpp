@@ -206,8 +206,10 @@ torch::Tensor PipelineSchedule::run(int64_t num_micro, const ForwardFn& forward,
   return loss_sum;
 }
 
-torch::Tensor PipelineSchedule::run_forward_only(int64_t num_micro, const ForwardFn& forward) {
+torch::Tensor PipelineSchedule::run_forward_only(int64_t num_micro, const ForwardFn& forward, int64_t micro_batch_size) {
   torch::NoGradGuard no_grad;
+  std::vector<int64_t> shape = shape_;  // [s, b, h]
+  if (micro_batch_size > 0) shape[1] = micro_batch_size;
   const int pp = parallel_.sizes.pp, rank = parallel_.pp_rank, virtual_stages = pp * chunks_;
   std::vector<std::unique_ptr<CommWork>> pending_sends;
   auto loss_sum = torch::zeros({}, options_.dtype(torch::kFloat32));
@@ -217,7 +219,7 @@ torch::Tensor PipelineSchedule::run_forward_only(int64_t num_micro, const Forwar
       const int stage = chunk * pp + rank;
       torch::Tensor input;
       if (stage > 0) {
-        input = torch::empty(shape_, options_);
+        input = torch::empty(shape, options_);
         parallel_.forward_senders[size_t(prev)]->batch_p2p_async({{false, input, prev, int(stage * num_micro + mb)}})->wait();
       }
       auto output = forward(chunk, mb, input);

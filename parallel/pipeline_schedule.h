@@ -68,7 +68,9 @@ class PipelineSchedule {
   torch::Tensor run(int64_t num_micro_batches, const ForwardFn& forward, double loss_scale,
                     const std::function<void()>& before_last_backward = {}, int64_t group = 0);
   // Forward only (evaluation), micro-batch by micro-batch through the virtual stages.
-  torch::Tensor run_forward_only(int64_t num_micro_batches, const ForwardFn& forward);
+  // `micro_batch_size` > 0: the micro-batches hold that many sequences instead of the activation
+  // shape's (--eval-micro-batch-size).
+  torch::Tensor run_forward_only(int64_t num_micro_batches, const ForwardFn& forward, int64_t micro_batch_size = 0);
 
  private:
   const ParallelState& parallel_;

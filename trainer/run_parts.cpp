@@ -173,7 +173,9 @@ std::vector<NamedParam> build_chunks(RunParts& r) {
     chunk->set_per_token_loss(c.training.calculate_per_token_loss);
     if (c.distributed.defer_embedding_wgrad && spec.has_head) chunk->defer_output_wgrad(c.distributed.wgrad_deferral_limit);
     const auto infos = chunk->param_infos();
-    for (const auto& item : chunk->named_parameters()) params.push_back({item.key(), item.value(), infos.at(item.key())});
+    const int index = int(r.chunks.size());
+    for (const auto& item : chunk->named_parameters())
+      params.push_back({item.key(), item.value(), infos.at(item.key()), index});
     r.chunks.push_back(chunk);
   }
   return params;
@@ -228,7 +230,8 @@ void build_optimizer(RunParts& r, std::vector<NamedParam> params, bool first_wri
     queue->set_on_done([optimizer](DeferredWork::Key param) { optimizer->grad_done(param); });
   }
   skip_zeroing_gemm_written_grads(r, first_writes);
-  if (d.overlap_param_gather) r.optimizer->enable_param_gather_overlap(d.bucket_numel);
+  if (d.overlap_param_gather)
+    r.optimizer->enable_param_gather_overlap(d.bucket_numel, d.overlap_param_gather_with_optimizer_step);
   if (r.optimizer->param_gather_overlapped()) {
     MixedPrecisionOptimizer* optimizer = r.optimizer.get();
     for (auto& chunk : r.chunks)
@@ -298,12 +301,18 @@ void build_expert_comm_overlap(RunParts& r, Timers& timers) {
 
 void build_loaders(RunParts& r) {
   const Config& c = r.config;
-  std::shared_ptr<SampleSource> source = make_source(c);
+  const auto& t = c.training;
+  std::shared_ptr<SampleSource> source = make_source(c), valid_source = source;
   if (c.data.dataloader_type == DataloaderType::Cyclic) {
-    // Sized as the files are, or (built-in and mock data) as Megatron sizes the splits.
-    const auto& t = c.training;
+    // Sized as the files are, or (built-in and mock data) as Megatron sizes the splits; the
+    // validation split's sampler takes the evaluation micro-batch (Megatron's data_samplers).
     const auto sizes = split_samples(t);
-    source = std::make_shared<CyclicSource>(source, sizes, t.micro_batch_size, r.parallel.sizes.dp, c.data.data_sharding);
+    const auto inner = source;
+    source = std::make_shared<CyclicSource>(inner, sizes, t.micro_batch_size, r.parallel.sizes.dp, c.data.data_sharding);
+    valid_source = t.eval_micro_batch_size == t.micro_batch_size
+                       ? source
+                       : std::make_shared<CyclicSource>(inner, sizes, t.eval_micro_batch_size, r.parallel.sizes.dp,
+                                                        c.data.data_sharding);
   }
   BatchOptions batch;
   batch.seq_length = c.model.seq_length;
@@ -318,7 +327,10 @@ void build_loaders(RunParts& r) {
   batch.stride = c.training.micro_batch_size * r.parallel.sizes.dp;
   batch.vocab_size = c.model.vocab_size;
   r.train_loader = std::make_unique<BatchLoader>(source, Split::Train, batch, r.device);
-  r.valid_loader = std::make_unique<BatchLoader>(source, Split::Valid, batch, r.device);
+  BatchOptions eval_batch = batch;  // --eval-micro-batch-size
+  eval_batch.micro_batch_size = t.eval_micro_batch_size;
+  eval_batch.stride = t.eval_micro_batch_size * r.parallel.sizes.dp;
+  r.valid_loader = std::make_unique<BatchLoader>(valid_source, Split::Valid, eval_batch, r.device);
 }
 
 void build_rerun_engine(RunParts& r) {

@@ -196,6 +196,7 @@ TrainResult run_training(const Config& c, const TrainOptions& options) {
   result.consumed_samples = progress.consumed_train_samples;
   if (parts.step_graph) result.cuda_graph_replays = parts.step_graph->replayed();
   result.main_grad_first_writes = parts.main_grads->granted();
+  result.param_gathers_during_step = parts.optimizer->param_gathers_during_step();
   // Gathering every global weight to the host is for tests; a real run skips it.
   if (options.collect_final_weights) result.final_weights = global_weights(parts, &result.final_weights_sample);
   reporter.finish();

@@ -43,6 +43,9 @@ struct TrainResult {
   int64_t consumed_samples = 0;
   int64_t cuda_graph_replays = 0;  // --cuda-graph-impl full_iteration: the steps that replayed the graph
   uint64_t main_grad_first_writes = 0;  // the wgrad GEMMs' first writes of main gradients
+  // --overlap-param-gather-with-optimizer-step: parameter all-gather buckets this rank issued while
+  // its optimizer step still had parameters to update, over the run.
+  int64_t param_gathers_during_step = 0;
   std::string model_plan;  // --print-model-plan: this rank's plan (training then does not start)
   std::vector<double> final_weights_sample;          // a few values, for determinism tests
   std::map<std::string, torch::Tensor> final_weights;    // with collect_final_weights

@@ -135,7 +135,8 @@ TrainingStep::Pass TrainingStep::forward_backward(int64_t iteration) {
   torch::Tensor loss_sum;
   if (graphed) {
     std::vector<Batch> batches;
-    for (int64_t mb = 0; mb < micro; ++mb) batches.push_back(load_micro_batch(*parts_.train_loader, mb, progress_.consumed_train_samples));
+    for (int64_t mb = 0; mb < micro; ++mb)
+      batches.push_back(load_micro_batch(*parts_.train_loader, mb, progress_.consumed_train_samples, t.micro_batch_size));
     parts_.step_graph->stage(batches);
     const auto outputs = parts_.step_graph->run(micro, [&] {
       auto tokens = torch::zeros({}, loss_tokens.options());
@@ -148,7 +149,10 @@ TrainingStep::Pass TrainingStep::forward_backward(int64_t iteration) {
   } else {
     loss_sum = run_micro_batches(
         micro, backward_scale,
-        [&](int64_t mb) { return load_micro_batch(*parts_.train_loader, mb, progress_.consumed_train_samples); }, &loss_tokens);
+        [&](int64_t mb) {
+          return load_micro_batch(*parts_.train_loader, mb, progress_.consumed_train_samples, t.micro_batch_size);
+        },
+        &loss_tokens);
   }
   timers_.stop("forward-backward", 1);
   if (t.numerics.test_nan_iteration == iteration && !t.numerics.test_nan_param.empty()) inject_nan_gradient();
@@ -229,10 +233,13 @@ double TrainingStep::evaluate() {
   auto total = torch::zeros({}, torch::TensorOptions().device(parts_.device).dtype(torch::kFloat32));
   auto tokens = torch::zeros_like(total);
   for (int64_t i = 0; i < t.eval_iters; ++i) {
-    total += parts_.pipeline->run_forward_only(t.eval_micro_batches, [&](int chunk, int64_t mb, const torch::Tensor& input) {
+    const auto forward = [&](int chunk, int64_t mb, const torch::Tensor& input) {
       return forward_chunk(
-          chunk, input, [&] { return load_micro_batch(*parts_.valid_loader, mb, progress_.consumed_valid_samples); }, &tokens);
-    });
+          chunk, input,
+          [&] { return load_micro_batch(*parts_.valid_loader, mb, progress_.consumed_valid_samples, t.eval_micro_batch_size); },
+          &tokens);
+    };
+    total += parts_.pipeline->run_forward_only(t.eval_micro_batches, forward, t.eval_micro_batch_size);
     progress_.consumed_valid_samples += t.eval_global_batch_size;
   }
   for (auto& m : parts_.chunks) m->train();
@@ -293,9 +300,8 @@ void TrainingStep::end_run(int64_t iteration, const rerun::PassOutcome& outcome,
                             gradient ? " (this iteration's update was not applied)" : ""));
 }
 
-Batch TrainingStep::load_micro_batch(BatchLoader& loader, int64_t micro_batch, int64_t first_sample) {
+Batch TrainingStep::load_micro_batch(BatchLoader& loader, int64_t micro_batch, int64_t first_sample, int64_t mbs) {
   // Megatron's sampler: micro-batch m of data-parallel rank r starts at m*mbs*dp + r*mbs.
-  const int64_t mbs = c_.training.micro_batch_size;
   const int64_t sample = first_sample + micro_batch * mbs * parts_.parallel.sizes.dp + parts_.parallel.dp_rank * mbs;
   timers_.start("batch-generator", 2);
   Batch batch = loader.load(sample);

@@ -53,9 +53,10 @@ class TrainingStep {
   [[noreturn]] void end_run(int64_t iteration, const rerun::PassOutcome& outcome, const StepSnapshot* snapshot,
                             double loss, double grad_norm);
 
-  // Micro-batch `micro_batch` of the batch that starts at `first_sample`, this rank's part of it
-  // (Megatron's sampler and context-parallel shard), on the device.
-  Batch load_micro_batch(BatchLoader& loader, int64_t micro_batch, int64_t first_sample);
+  // Micro-batch `micro_batch` (of `micro_batch_size` sequences per rank) of the batch that starts
+  // at `first_sample`, this rank's part of it (Megatron's sampler and context-parallel shard), on
+  // the device.
+  Batch load_micro_batch(BatchLoader& loader, int64_t micro_batch, int64_t first_sample, int64_t micro_batch_size);
   // One chunk's forward of a micro-batch; `batch_of` gives the micro-batch when the stage reads it.
   // `loss_tokens` (--calculate-per-token-loss): the loss stage adds its micro-batch's loss-token count.
   using BatchOf = std::function<Batch()>;

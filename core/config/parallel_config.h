@@ -119,6 +119,10 @@ struct DistributedConfig {
   int optimizer_instances = 1;
   bool overlap_grad_reduce = false;
   bool overlap_param_gather = false;  // needs distributed_optimizer and overlap_grad_reduce (Megatron)
+  // --overlap-param-gather-with-optimizer-step: the optimizer steps the first model chunk's
+  // parameters first and issues their all-gather before it steps the rest (Megatron's rules: the
+  // distributed optimizer, overlap_param_gather, an interleaved pipeline, --ckpt-format torch).
+  bool overlap_param_gather_with_optimizer_step = false;
   int64_t bucket_numel = 40000000;  // --ddp-bucket-size (Megatron: max(40M, 1M x dp) elements)
   int timeout_minutes = 10;      // --distributed-timeout-minutes: a collective that long ends the job
   int hang_report_seconds = 90;  // --hang-report-seconds: a collective that long is reported (parallel/hang_report.h)

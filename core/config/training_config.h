@@ -47,6 +47,8 @@ struct TrainingConfig {
   // global batch size after any ramp-up), in eval_micro_batches micro-batches per rank.
   int64_t eval_global_batch_size = 0;
   int64_t eval_micro_batches = 0;
+  // --eval-micro-batch-size: the sequences of one evaluation micro-batch (default: micro_batch_size).
+  int64_t eval_micro_batch_size = 0;
   int64_t train_iters = 0;
   std::optional<int64_t> train_samples;
   std::optional<int64_t> exit_interval;

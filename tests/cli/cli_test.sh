@@ -177,6 +177,17 @@ else
   echo "ok: --eval-global-batch-size 4 evaluates what two iterations of 2 do"
 fi
 expect 1 "--eval-global-batch-size (3) must be a positive multiple" -- "${TINY[@]}" --eval-global-batch-size 3
+# --eval-micro-batch-size: the same validation samples in one micro-batch of 4 instead of two of 2
+# give the same loss up to the order of the fp32 sums (each sequence has as many loss tokens).
+one_micro=$(valid_loss "${TINY[@]}" --eval-iters 1 --eval-global-batch-size 4 --eval-micro-batch-size 4)
+if [ -z "$one_micro" ] || ! awk -v a="${one_wide##*: }" -v b="${one_micro##*: }" \
+     'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-5 * a) }'; then
+  echo "FAIL: --eval-micro-batch-size 4: '$one_micro', want '$one_wide' (two micro-batches of 2)"; fail=1
+else
+  echo "ok: --eval-micro-batch-size 4 evaluates what two micro-batches of 2 do"
+fi
+expect 1 "--eval-global-batch-size (2) must be a positive multiple of --eval-micro-batch-size (4)" -- "${TINY[@]}" \
+  --eval-micro-batch-size 4
 
 if [ $fail = 0 ]; then echo "cli: all passed"; fi
 exit $fail

@@ -33,6 +33,30 @@ TEST(Config, MegatronDefaults) {
   EXPECT_EQ(c.device, "cpu");
 }
 
+// --eval-micro-batch-size: Megatron's default is --micro-batch-size; the evaluation batch is cut
+// into micro-batches of that many sequences per data-parallel rank.
+TEST(Config, EvalMicroBatchSize) {
+  Config c = build(tiny_args({"--global-batch-size", "8"}));
+  EXPECT_EQ(c.training.eval_micro_batch_size, 2);
+  EXPECT_EQ(c.training.eval_micro_batches, 4);
+  c = build(tiny_args({"--global-batch-size", "8", "--eval-micro-batch-size", "4"}));
+  EXPECT_EQ(c.training.eval_micro_batch_size, 4);
+  EXPECT_EQ(c.training.eval_micro_batches, 2);
+  EXPECT_EQ(c.training.num_micro_batches, 4);  // training keeps its own
+  c = build(tiny_args({"--global-batch-size", "8", "--eval-micro-batch-size", "1", "--eval-global-batch-size", "6"}), 2);
+  EXPECT_EQ(c.training.eval_micro_batches, 3);
+  EXPECT_USER_ERROR(build(tiny_args({"--global-batch-size", "8", "--eval-micro-batch-size", "3"})),
+                    "--eval-global-batch-size (8) must be a positive multiple of --eval-micro-batch-size (3) x "
+                    "data-parallel size (1)");
+  EXPECT_USER_ERROR(build(tiny_args({"--eval-micro-batch-size", "0"})), "--eval-micro-batch-size (0) must be positive");
+  // The interleaved schedule's micro-batch rule holds for evaluation too (Megatron runs it there).
+  EXPECT_USER_ERROR(build(tiny_args({"--num-layers", "4", "--pipeline-model-parallel-size", "2",
+                                     "--num-layers-per-virtual-pipeline-stage", "1", "--global-batch-size", "8",
+                                     "--eval-micro-batch-size", "8"}),
+                          2),
+                    "should range in [PP=2, M=1]");
+}
+
 // --eval-global-batch-size: Megatron's default is the global batch size; the evaluation runs its
 // own count of micro-batches, and the validation and test splits are sized by it.
 TEST(Config, EvalGlobalBatchSize) {
@@ -454,6 +478,40 @@ TEST(Config, ParallelFlags) {
                 .distributed.first_stage_layers.value_or(0), 2);
   EXPECT_USER_ERROR(build(tiny_args({"--tensor-model-parallel-size", "2", "--sequence-parallel", "--seq-length", "15"}), 2),
                     "is not divisible by --tensor-model-parallel-size (2) as --sequence-parallel needs");
+}
+
+// Megatron's rules for --overlap-param-gather-with-optimizer-step, and fp8tron's refusals.
+TEST(Config, OverlapParamGatherWithOptimizerStep) {
+  const std::vector<std::string> ok = tiny_args({"--num-layers", "8", "--pipeline-model-parallel-size", "2",
+                                                 "--num-layers-per-virtual-pipeline-stage", "2", "--global-batch-size", "8",
+                                                 "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
+                                                 "--ckpt-format", "torch", "--overlap-param-gather-with-optimizer-step"});
+  const Config c = build(ok, 4);
+  EXPECT_TRUE(c.distributed.overlap_param_gather_with_optimizer_step);
+  EXPECT_TRUE(c.not_supported_yet.empty());
+  auto without = [&](const std::string& flag) {
+    std::vector<std::string> args;
+    for (size_t i = 0; i < ok.size(); ++i) {
+      if (ok[i] == flag) {
+        if (flag == "--num-layers-per-virtual-pipeline-stage" || flag == "--ckpt-format") ++i;
+        continue;
+      }
+      args.push_back(ok[i]);
+    }
+    return args;
+  };
+  EXPECT_USER_ERROR(build(without("--use-distributed-optimizer"), 4),
+                    "--overlap-param-gather is only supported with --use-distributed-optimizer");
+  EXPECT_USER_ERROR(build(without("--overlap-param-gather"), 4),
+                    "Must use --overlap-param-gather-with-optimizer-step with --overlap-param-gather");
+  EXPECT_USER_ERROR(build(without("--num-layers-per-virtual-pipeline-stage"), 4),
+                    "--overlap-param-gather-with-optimizer-step only supported with interleaved pipeline parallelism");
+  EXPECT_USER_ERROR(build(without("--ckpt-format"), 4),
+                    "--overlap-param-gather-with-optimizer-step not supported with distributed checkpointing yet");
+  EXPECT_USER_ERROR(build(with(ok, {"--optimizer", "muon"}), 4),
+                    "--overlap-param-gather-with-optimizer-step is not supported with --optimizer muon");
+  EXPECT_USER_ERROR(build(with(ok, {"--fp8-format", "hybrid", "--fp8-param-gather"}), 4),
+                    "--overlap-param-gather-with-optimizer-step with --fp8-param-gather is not supported yet");
 }
 
 TEST(Config, DryRunPlanForALargeJob) {

@@ -96,7 +96,8 @@ std::vector<std::string> without_layout_flags(const std::vector<std::string>& ar
       "--tp-comm-overlap-disable-fc1", "--use-ascend-mc2", "--use-ascend-coc", "--coc-fused-kernel",
       "--overlap-p2p-communication", "--no-overlap-p2p-communication", "--overlap-p2p-communication-warmup-flush",
       "--fp8-param-gather", "--distribute-saved-activations", "--defer-embedding-wgrad-compute",
-      "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute", "--moe-dispatch-fp8"};
+      "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute", "--moe-dispatch-fp8",
+      "--overlap-param-gather-with-optimizer-step"};
   // The routing map's padding for FP8 needs the alltoall dispatcher: the reference keeps it then.
   const bool router_padding = std::count(args.begin(), args.end(), "--moe-router-padding-for-fp8") +
                                   std::count(args.begin(), args.end(), "--moe-router-padding-for-quantization") >
@@ -194,6 +195,19 @@ int compare_runs(const TrainResult& run, const TrainResult& other, const Toleran
               worst_ratio,
               bitwise && failures == 0 ? " (bitwise identical)" : "");
   return failures;
+}
+
+// --overlap-param-gather-with-optimizer-step must issue the first model chunk's parameter
+// all-gathers while the optimizer step still runs (the run without the flag issues none then).
+int check_param_gathers_during_step(const TrainResult& run, const TrainResult& plain, const std::set<std::string>& without,
+                                    int rank) {
+  if (!without.count("--overlap-param-gather-with-optimizer-step")) return 0;
+  std::printf("[rank %d] parameter all-gather buckets issued during the optimizer step: %lld (without the flag: %lld)\n",
+              rank, static_cast<long long>(run.param_gathers_during_step),
+              static_cast<long long>(plain.param_gathers_during_step));
+  if (run.param_gathers_during_step > 0 && plain.param_gathers_during_step == 0) return 0;
+  std::fprintf(stderr, "[rank %d] the parameter all-gather did not start during the optimizer step\n", rank);
+  return 1;
 }
 
 }  // namespace
@@ -328,6 +342,7 @@ int main(int argc, char** argv) {
       TrainResult plain = train(make_config(plain_layout, env), parallel_options);
       failures += compare_runs(parallel, plain, without, reference.initial_weights,
                                "from the run without the --identical-without flags", env.rank);
+      failures += check_param_gathers_during_step(parallel, plain, identical_without, env.rank);
     }
     if (swapped) {
       // The same layout with one switch replaced by another that must mean the same run.

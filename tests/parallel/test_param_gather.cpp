@@ -7,6 +7,7 @@
 #include <functional>
 
 #include "models/gpt_model.h"
+#include "optim/optimizer_domain.h"
 #include "parallel/param_gather.h"
 #include "tests/test_helpers.h"
 
@@ -152,6 +153,111 @@ TEST(ParamGather, FinishWaitsForAll) {
   EXPECT_FALSE(gather.in_flight());
   EXPECT_TRUE(torch::equal(flat, truth));
   EXPECT_EQ(comm->completed, 5);
+}
+
+// --overlap-param-gather-with-optimizer-step: buckets end where the model chunk changes, and the
+// first chunk's are issued on their own, before the others'.
+TEST(ParamGather, FirstChunkBucketsStartAlone) {
+  auto flat = torch::arange(24, torch::kFloat32);
+  const auto truth = flat.clone();
+  flat.narrow(0, 12, 12).zero_();  // rank 1's shard, stale until gathered
+  // Chunks by offset, as the optimizer's buffer interleaves them: 0 0 1 1 0 1 (4 elements each).
+  const std::vector<int> chunks = {0, 0, 1, 1, 0, 1};
+  std::vector<BufferParam> layout;
+  for (int64_t i = 0; i < 6; ++i) layout.push_back(BufferParam{torch::Tensor(), 4 * i, 4, i, chunks[size_t(i)]});
+  auto comm = std::make_shared<DeferredGatherComm>(0, flat, truth);
+  ParamGather merged(flat, layout, /*bucket_numel=*/100, 12, comm);
+  EXPECT_EQ(merged.num_buckets(), 1u) << "without the split one bucket holds everything";
+  ParamGather gather(flat, layout, /*bucket_numel=*/100, 12, comm, {}, /*split_chunks=*/true);
+  EXPECT_EQ(gather.num_buckets(), 4u);  // [0, 8) [8, 16) [16, 20) [20, 24)
+  gather.start_first_chunk();
+  EXPECT_EQ(comm->issued, 2);
+  EXPECT_EQ(gather.buckets_in_flight(), 2);
+  gather.start_other_chunks();
+  EXPECT_EQ(comm->issued, 4);
+  gather.finish();
+  EXPECT_TRUE(torch::equal(flat, truth));
+}
+
+// Rank `rank` of a data-parallel group of two whose all-gathers deliver nothing (the other rank's
+// part of the buffer keeps its values), counting them.
+class CountingGatherComm : public Communicator {
+ public:
+  explicit CountingGatherComm(int rank) : Communicator("fake-dp", rank, 2, {0, 1}) {}
+  int issued = 0;
+  std::unique_ptr<CommWork> all_gather_v_async(torch::Tensor&, const torch::Tensor&, const std::vector<int64_t>&) override {
+    ++issued;
+    return std::make_unique<FunctionWork>(nullptr);
+  }
+  std::unique_ptr<CommWork> all_reduce_async(torch::Tensor&, ReduceOp) override { return unexpected(); }
+  std::unique_ptr<CommWork> all_gather_async(torch::Tensor&, const torch::Tensor&) override { return unexpected(); }
+  std::unique_ptr<CommWork> reduce_scatter_async(torch::Tensor&, const torch::Tensor&) override { return unexpected(); }
+  std::unique_ptr<CommWork> reduce_scatter_v_async(torch::Tensor&, const torch::Tensor&, const std::vector<int64_t>&) override {
+    return unexpected();
+  }
+  std::unique_ptr<CommWork> all_to_all_v_async(torch::Tensor&, const torch::Tensor&, const std::vector<int64_t>&,
+                                               const std::vector<int64_t>&) override {
+    return unexpected();
+  }
+  void broadcast(torch::Tensor&, int) override { unexpected(); }
+  std::unique_ptr<CommWork> batch_p2p_async(std::vector<P2POp>) override { return unexpected(); }
+  void barrier() override { unexpected(); }
+
+ private:
+  static std::unique_ptr<CommWork> unexpected() {
+    ADD_FAILURE() << "unexpected collective";
+    return std::make_unique<FunctionWork>(nullptr);
+  }
+};
+
+// --overlap-param-gather-with-optimizer-step in one optimizer domain of a data-parallel rank of two:
+// stepping the first model chunk's parameters first, then the others', gives bitwise the main
+// weights, Adam moments and model weights of one step over everything, and issues the first
+// chunk's all-gathers while the other chunks' parameters are still to be updated. Parameter sizes
+// are not multiples of a SIMD vector, and the chunks interleave in both segments (decayed weights,
+// undecayed biases), so cuts anywhere inside the CPU fused Adam's vector runs would show.
+TEST(ParamGather, FirstChunkStepIsBitwiseTheWholeStep) {
+  const std::vector<std::vector<int64_t>> shapes = {{10, 13}, {37}, {25, 10}, {90}, {7, 11}, {45}, {30, 10}, {200}, {131}};
+  for (int rank : {0, 1}) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    std::vector<std::unique_ptr<OptimizerDomain>> domains;
+    std::vector<std::shared_ptr<CountingGatherComm>> comms;
+    for (bool with_step : {false, true}) {
+      std::vector<NamedParam> params;
+      torch::manual_seed(11);
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        const std::string kind = shapes[i].size() == 2 ? ".weight" : ".bias";
+        params.push_back({"decoder.layers." + std::to_string(i) + ".mlp.linear_fc1" + kind,
+                          torch::randn(shapes[i]).requires_grad_(true), ParamInfo{}, int(i % 2)});
+      }
+      comms.push_back(std::make_shared<CountingGatherComm>(rank));
+      DomainGroups groups;
+      groups.name = "dense";
+      groups.dp = comms.back();
+      groups.tp = make_self_communicator("tp", rank);
+      domains.push_back(std::make_unique<OptimizerDomain>(params, OptimizerConfig{}, PrecisionConfig{}, groups,
+                                                          /*distributed=*/true, torch::Device(torch::kCPU)));
+      ASSERT_TRUE(domains.back()->distributed());
+      domains.back()->enable_param_gather_overlap(/*bucket_numel=*/200, with_step);
+    }
+    for (int step = 0; step < 3; ++step) {
+      torch::manual_seed(100 + step);
+      const auto values = torch::randn({domains[0]->shard_numel()});
+      for (auto& d : domains) {
+        auto grads = d->unscaled_grads({});
+        grads.copy_(values);
+        d->update(grads, /*lr=*/1e-2, /*weight_decay=*/0.1, torch::zeros({}));
+        d->finish_param_gather();
+      }
+    }
+    EXPECT_TRUE(torch::equal(domains[0]->main_params(), domains[1]->main_params()));
+    EXPECT_TRUE(torch::equal(domains[0]->exp_avg(), domains[1]->exp_avg()));
+    EXPECT_TRUE(torch::equal(domains[0]->exp_avg_sq(), domains[1]->exp_avg_sq()));
+    EXPECT_TRUE(torch::equal(domains[0]->model_params(), domains[1]->model_params()));
+    EXPECT_EQ(domains[0]->param_gathers_during_step(), 0);
+    EXPECT_GT(domains[1]->param_gathers_during_step(), 0);
+    EXPECT_LT(domains[1]->param_gathers_during_step(), comms[1]->issued) << "the other chunk's buckets come after";
+  }
 }
 
 }  // namespace

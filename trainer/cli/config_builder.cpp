@@ -288,11 +288,16 @@ TrainingConfig build_training(const FlagValues& f, int dp) {
   t.num_micro_batches = t.step_batch_schedule.empty() ? batches.micro_batches(int64_t(1) << 62)
                                                       : t.global_batch_size / micro_times_dp;
   t.eval_global_batch_size = f.opt_int("eval-global-batch-size").value_or(t.num_micro_batches * micro_times_dp);
-  if (t.eval_global_batch_size <= 0 || t.eval_global_batch_size % micro_times_dp != 0)
-    throw UserError(strprintf("--eval-global-batch-size (%lld) must be a positive multiple of --micro-batch-size (%lld) x "
+  t.eval_micro_batch_size = f.opt_int("eval-micro-batch-size").value_or(t.micro_batch_size);
+  if (t.eval_micro_batch_size <= 0)
+    throw UserError(strprintf("--eval-micro-batch-size (%lld) must be positive", (long long)t.eval_micro_batch_size));
+  const int64_t eval_micro_times_dp = t.eval_micro_batch_size * dp;
+  const char* eval_micro_flag = f.opt_int("eval-micro-batch-size") ? "--eval-micro-batch-size" : "--micro-batch-size";
+  if (t.eval_global_batch_size <= 0 || t.eval_global_batch_size % eval_micro_times_dp != 0)
+    throw UserError(strprintf("--eval-global-batch-size (%lld) must be a positive multiple of %s (%lld) x "
                               "data-parallel size (%d)",
-                              (long long)t.eval_global_batch_size, (long long)t.micro_batch_size, dp));
-  t.eval_micro_batches = t.eval_global_batch_size / micro_times_dp;
+                              (long long)t.eval_global_batch_size, eval_micro_flag, (long long)t.eval_micro_batch_size, dp));
+  t.eval_micro_batches = t.eval_global_batch_size / eval_micro_times_dp;
   // Megatron: iteration mode is "--train-iters given and non-zero"; sample mode likewise.
   const auto iters = f.opt_int("train-iters");
   const auto samples = f.opt_int("train-samples");
@@ -656,6 +661,7 @@ DistributedConfig build_distributed(const FlagValues& f, const ParallelSizes& p)
   if (d.optimizer_instances < 1) throw UserError("--num-distributed-optimizer-instances must be at least 1");
   d.overlap_grad_reduce = f.get_bool("overlap-grad-reduce");
   d.overlap_param_gather = f.get_bool("overlap-param-gather");
+  d.overlap_param_gather_with_optimizer_step = f.get_bool("overlap-param-gather-with-optimizer-step");
   d.bucket_numel = f.opt_int("ddp-bucket-size").value_or(std::max<int64_t>(40000000, 1000000 * int64_t(p.dp)));
   if (d.bucket_numel <= 0) throw UserError("--ddp-bucket-size must be positive");
   d.timeout_minutes = int(f.get_int("distributed-timeout-minutes"));

@@ -104,7 +104,7 @@ const std::vector<FlagSpec>& flag_table() {
       {"eval-iters", K::Int, "100", S::Yes, "", "", "Iterations per validation run."},
       {"eval-global-batch-size", K::Int, "", S::Yes, "", "",
        "Sequences per validation iteration (default: --global-batch-size after any ramp-up); a multiple of "
-       "--micro-batch-size x data-parallel size."},
+       "--eval-micro-batch-size x data-parallel size."},
       {"log-interval", K::Int, "100", S::Yes, "", "", "Iterations between log lines."},
       {"log-throughput", K::Bool, "", S::Yes, "", "", "Log TFLOP/s per GPU."},
       {"log-params-norm", K::Bool, "", S::Yes, "", "", "Log the L2 norm of the parameters."},

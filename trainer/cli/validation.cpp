@@ -83,6 +83,20 @@ std::string check_overlap_split(const Config& c, TpGemm g) {
   return "";
 }
 
+// Every overlapped GEMM's chunks for micro-batches of c.training.micro_batch_size sequences.
+std::string check_overlap_chunk_shapes(const Config& c, const FlagValues& f) {
+  const int64_t rows = local_tokens(c);
+  if (c.precision.fp8.enabled() && rows % 16 != 0)
+    return overlap_flag(f) + " with FP8: each rank's " + ll(rows) + " tokens " + local_tokens_formula(c) +
+           " are multiplied in their own FP8 GEMM, which needs a multiple of 16; "
+           "change --seq-length or --micro-batch-size";
+  for (size_t i = 0; i < kNumTpGemms; ++i) {
+    std::string problem = check_overlap_split(c, TpGemm(i));
+    if (!problem.empty()) return problem;
+  }
+  return "";
+}
+
 const std::vector<Rule>& rules() {
   static const std::vector<Rule> table = {
       {"query groups divide heads",
@@ -131,8 +145,10 @@ const std::vector<Rule>& rules() {
          const int64_t pp = c.parallel.pp, n = d.microbatch_group_size > 0 ? d.microbatch_group_size : pp;
          const auto& t = c.training;
          const BatchSchedule batches = BatchSchedule::of(t, c.parallel.dp);
-         for (int64_t batch : batches.running_batches()) {
-           const int64_t m = batch / (t.micro_batch_size * c.parallel.dp);
+         std::vector<int64_t> micro_batch_counts;
+         for (int64_t batch : batches.running_batches()) micro_batch_counts.push_back(batch / (t.micro_batch_size * c.parallel.dp));
+         if (t.eval_iters > 0) micro_batch_counts.push_back(t.eval_micro_batches);
+         for (int64_t m : micro_batch_counts) {
            if (n < pp || n > m)
              return "the number of contiguous micro-batches in a virtual pipeline stage should range in [PP=" + ll(pp) +
                     ", M=" + ll(m) + "] (--microbatch-group-size-per-virtual-pipeline-stage " + ll(n) + ")";
@@ -403,6 +419,31 @@ const std::vector<Rule>& rules() {
            return "--overlap-param-gather needs --overlap-grad-reduce";
          return "";
        }},
+      {"parameter all-gather overlapped with the optimizer step",
+       [](const Config& c, const FlagValues&) -> std::string {
+         // Megatron-LM's assertions (arguments.py, optimizer/__init__.py), then fp8tron's own limit.
+         const auto& d = c.distributed;
+         if (!d.overlap_param_gather_with_optimizer_step) return "";
+         if (!d.distributed_optimizer)
+           return "--overlap-param-gather-with-optimizer-step only supported with distributed optimizer "
+                  "(add --use-distributed-optimizer)";
+         if (!d.overlap_param_gather)
+           return "Must use --overlap-param-gather-with-optimizer-step with --overlap-param-gather";
+         if (d.virtual_stages <= 1)
+           return "--overlap-param-gather-with-optimizer-step only supported with interleaved pipeline parallelism "
+                  "(add --num-layers-per-virtual-pipeline-stage or --num-virtual-stages-per-pipeline-rank)";
+         if (c.checkpoint.ckpt_format != "torch")
+           return "--overlap-param-gather-with-optimizer-step not supported with distributed checkpointing yet "
+                  "(Megatron): add --ckpt-format torch";
+         if (c.optimizer.optimizer == "muon")
+           return "--overlap-param-gather-with-optimizer-step is not supported with --optimizer muon and "
+                  "--use-distributed-optimizer (Megatron's layer-wise distributed optimizer does not split the model "
+                  "chunks): drop one of them";
+         if (c.precision.fp8.param_gather)
+           return "--overlap-param-gather-with-optimizer-step with --fp8-param-gather is not supported yet: fp8tron "
+                  "casts every FP8 weight of a step in one pass after the whole update (drop one of them)";
+         return "";
+       }},
       {"distributed-optimizer instances",
        [](const Config& c, const FlagValues&) -> std::string {
          // Megatron-LM's rules (parallel_state.py, layer_wise_optimizer.py): the instances are
@@ -605,16 +646,14 @@ const std::vector<Rule>& rules() {
        [](const Config& c, const FlagValues& f) -> std::string {
          const auto& plan = c.distributed.tp_overlap;
          if (!plan.enabled() || c.parallel.tp < 2) return "";
-         const int64_t rows = local_tokens(c);
-         if (c.precision.fp8.enabled() && rows % 16 != 0)
-           return overlap_flag(f) + " with FP8: each rank's " + ll(rows) + " tokens " + local_tokens_formula(c) +
-                  " are multiplied in their own FP8 GEMM, which needs a multiple of 16; "
-                  "change --seq-length or --micro-batch-size";
-         for (size_t i = 0; i < kNumTpGemms; ++i) {
-           std::string problem = check_overlap_split(c, TpGemm(i));
-           if (!problem.empty()) return problem;
-         }
-         return "";
+         std::string problem = check_overlap_chunk_shapes(c, f);
+         if (!problem.empty() || c.training.eval_micro_batch_size == c.training.micro_batch_size) return problem;
+         // Evaluation micro-batches run through the same overlapped linears.
+         Config eval = c;
+         eval.training.micro_batch_size = c.training.eval_micro_batch_size;
+         problem = check_overlap_chunk_shapes(eval, f);
+         if (problem.empty()) return "";
+         return problem + " (in evaluation, with --eval-micro-batch-size " + ll(c.training.eval_micro_batch_size) + ")";
        }},
       {"FP8 parameters",
        [](const Config& c, const FlagValues&) -> std::string {
