@@ -43,6 +43,9 @@ struct TrainResult {
   int64_t consumed_samples = 0;
   int64_t cuda_graph_replays = 0;  // --cuda-graph-impl full_iteration: the steps that replayed the graph
   uint64_t main_grad_first_writes = 0;  // the wgrad GEMMs' first writes of main gradients
+  // --data-parallel-sharding-strategy optim_grads_params: this rank's weight bytes gathered at most at
+  // once, and all of them (what an unsharded rank holds); 0 without sharded weights.
+  int64_t sharded_weights_peak_bytes = 0, sharded_weights_total_bytes = 0;
   std::string model_plan;  // --print-model-plan: this rank's plan (training then does not start)
   std::vector<double> final_weights_sample;          // a few values, for determinism tests
   std::map<std::string, torch::Tensor> final_weights;    // with collect_final_weights
