@@ -83,9 +83,9 @@ std::string format_plan(const Config& c) {
                   (long long)c.training.global_batch_size, (long long)(c.training.global_batch_size * m.seq_length),
                   (long long)c.training.train_iters);
   os << "memory estimate per GPU (first pipeline stage):\n";
-  os << "  weights            " << human_bytes(mem.weights) << (c.distributed.shard_params() ? " (this rank's shard)" : "")
-     << "\n";
-  if (c.distributed.shard_params())
+  const bool sharded = mem.gathered_weights > 0;  // optim_grads_params over more than one rank
+  os << "  weights            " << human_bytes(mem.weights) << (sharded ? " (this rank's shard)" : "") << "\n";
+  if (sharded)
     os << "  gathered weights   " << human_bytes(mem.gathered_weights)
        << " (optim_grads_params: the largest unit gathered around its use" << (c.distributed.overlap_param_gather ? ", and the next one prefetched)" : ")")
        << "\n";

@@ -154,7 +154,7 @@ MemoryEstimate estimate_memory(const Config& c) {
   const double optimizer_params = dense_params / std::max(1.0, dense_shards) + expert_params / std::max(1.0, expert_shards);
   const bool separate_main = low_precision || dense_shards > 1.0;
   e.weights = params * (low_precision ? 2 : 4);
-  if (d.shard_params()) {
+  if (d.shard_params() && dense_shards > 1.0) {
     // Megatron-FSDP optim_grads_params: the weights between uses are the optimizer's shard; the
     // largest unit (a layer, the embedding or the output layer) is gathered around its use, and
     // with --overlap-param-gather the next one is in flight too.
