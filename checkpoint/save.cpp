@@ -83,13 +83,20 @@ std::vector<HostRange> host_ranges(const std::vector<SaveSource>& sources, Snaps
   return out;
 }
 
+// The flat-buffer index of a source's element 0: the model weights span the domain's whole buffer
+// unless they are sharded (optim_grads_params), the optimizer's buffers only this rank's shard
+// with the distributed optimizer.
+int64_t source_base(const OptimizerDomain& o, bool model_weights) {
+  const bool shard = model_weights ? o.params_sharded() : o.distributed();
+  return shard ? o.shard_begin() : 0;
+}
+
 // One domain's parameters: tensor-parallel shards as boxes, distributed-optimizer shards as flat
 // ranges, replicas once.
 void collect_domain(const TrainingState& s, size_t di, const std::vector<SaveSource>& sources,
                     const std::vector<HostRange>& host, RankShards& out) {
   const OptimizerDomain& o = *s.optimizer.domains()[di];
   const int tp = o.groups().tp->size(), tp_rank = o.groups().tp->rank(), dp = o.groups().dp->size();
-  const int64_t shard_begin = o.distributed() ? o.shard_begin() : 0;  // where the optimizer's buffers start
   for (const Slot& slot : o.param_slots()) {
     if (slot.info.shared_embedding_copy) continue;              // stored by the first stage
     if (slot.info.partition_dim < 0 && tp_rank != 0) continue;  // replicated over TP: rank 0 stores it
@@ -102,8 +109,8 @@ void collect_domain(const TrainingState& s, size_t di, const std::vector<SaveSou
       if (src.domain != di) continue;
       const std::string name = state_name(src.prefix, slot, s.config.optimizer);
       const ck::DType dtype = checkpoint_dtype(src.buffer.scalar_type());
-      const bool replicated = model_weights || !o.distributed();  // over data-parallel ranks
-      const int64_t base = model_weights ? 0 : shard_begin;        // flat-buffer index of the source's element 0
+      const bool replicated = !(model_weights ? o.params_sharded() : o.distributed());  // over data-parallel ranks
+      const int64_t base = source_base(o, model_weights);
       const int64_t lo = base + src.begin, hi = base + src.end;    // what this rank writes, in flat-buffer indices
       model_weights = false;
       if (name.empty()) continue;  // no such state for this parameter (a Muon matrix's second moment)
@@ -168,10 +175,8 @@ std::string first_nonfinite(const TrainingState& s, const std::vector<SaveSource
     const torch::Tensor buffer = src.buffer.detach();
     if (src.end <= src.begin || torch::isfinite(buffer.narrow(0, src.begin, src.end - src.begin)).all().item<bool>())
       continue;
-    // The dense or the expert domain; the model weights span its whole buffer, the optimizer's
-    // buffers only this rank's shard with the distributed optimizer.
     const OptimizerDomain& o = *s.optimizer.domains()[src.domain];
-    const int64_t base = src.prefix.empty() || !o.distributed() ? 0 : o.shard_begin();  // flat-buffer index of element 0
+    const int64_t base = source_base(o, src.prefix.empty());
     for (const Slot& slot : o.param_slots()) {
       const int64_t lo = std::max(slot.offset, base + src.begin), hi = std::min(slot.offset + slot.numel, base + src.end);
       if (lo < hi && !torch::isfinite(buffer.narrow(0, lo - base, hi - lo)).all().item<bool>()) return src.prefix + slot.name;
@@ -306,7 +311,8 @@ std::vector<SaveSource> save_sources(const TrainingState& s) {
   for (size_t di = 0; di < s.optimizer.domains().size(); ++di) {
     const OptimizerDomain& o = *s.optimizer.domains()[di];
     const torch::Tensor model = o.model_params();
-    const auto [first, last] = replica_part(s, *o.groups().dp, model.numel());
+    // Sharded weights (optim_grads_params) are held like the optimizer's shards, once per instance.
+    const auto [first, last] = replica_part(s, o.params_sharded() ? *o.groups().instances : *o.groups().dp, model.numel());
     sources.push_back({"", model, first, last, di});
     if (!s.config.checkpoint.save_optim) continue;
     auto add = [&](const std::string& prefix, const torch::Tensor& buffer) {

@@ -382,19 +382,27 @@ torch::Tensor GptModelImpl::embed(const torch::Tensor& tokens, const torch::Tens
   // MuP: the embedding output (word + position) times --mup-embedding-mult, before SP and dropout.
   if (config_.mup.enabled && config_.mup.embedding_mult != 1.0) h = h * config_.mup.embedding_mult;
   if (tp_.sequence_parallel) h = scatter_to_sp(h, *tp_.comm);
+  if (embedding_) params_used(*embedding_, {h});
+  if (output_copy_) params_used(*output_copy_, {h});
   return maybe_dropout(h, config_.hidden_dropout, is_training());
 }
 
 torch::Tensor GptModelImpl::final_norm(const ResidualStream& in) {
   params_ready(*final_layernorm_);
-  return final_layernorm_->forward_residual(in).normed;
+  auto normed = final_layernorm_->forward_residual(in).normed;
+  params_used(*final_layernorm_, {normed});
+  return normed;
 }
 
 torch::Tensor GptModelImpl::output_logits(const torch::Tensor& h) {
   params_ready(*output_layer_);
-  if (output_copy_) params_ready(*output_copy_);  // (a first stage's embedding is ready already)
   const bool tied = !config_.untie_embeddings_and_output_weights;
+  // The tied word embedding (a first stage's was ready already unless sharded weights released it).
+  const torch::nn::Module* tied_part = !tied ? nullptr : output_copy_ ? output_copy_.get() : word_embeddings_.get();
+  if (tied_part) params_ready(*tied_part);
   auto logits = tied ? output_layer_->forward_with(h, shared_embedding_weight()) : output_layer_(h);  // [s, b, V/tp]
+  params_used(*output_layer_, {logits});
+  if (tied_part) params_used(*tied_part, {logits});
   // MuP (Megatron's _scale_logits): the main and the MTP heads' logits times the output multiplier.
   if (config_.mup.enabled && config_.mup.output_mult != 1.0) logits = logits * config_.mup.output_mult;
   return logits;
@@ -497,6 +505,7 @@ ResidualStream GptModelImpl::run_layers(const torch::Tensor& h, const torch::Ten
       for (int64_t i = unit.begin; i < unit.end; ++i) {
         params_ready(*layers_[size_t(i)]);
         stream = layers_[size_t(i)]->forward_stream(stream, attention_mask);
+        params_used(*layers_[size_t(i)], {stream.residual, stream.branch, stream.branch_bias});
       }
       continue;
     }

@@ -181,6 +181,11 @@ class GptModelImpl : public torch::nn::Module {
   // data-parallel all-gather of those weights.
   using ParamsReadyHook = std::function<void(const torch::nn::Module&)>;
   void set_params_ready_hook(ParamsReadyHook hook) { params_ready_ = std::move(hook); }
+  // Called with each part right after its forward pass, with the tensors it produced: Megatron-FSDP's
+  // sharded weights (--data-parallel-sharding-strategy optim_grads_params) are released there, and
+  // gathered again when the first gradient reaches those tensors.
+  using ParamsUsedHook = std::function<void(const torch::nn::Module&, const std::vector<torch::Tensor>&)>;
+  void set_params_used_hook(ParamsUsedHook hook) { params_used_ = std::move(hook); }
   // --defer-embedding-wgrad-compute on the stage with the output layer: the weight gradients of
   // the first `limit` training micro-batches of a step (0: all) wait for drain_output_wgrad(),
   // called after the step's pipeline schedule (models/linear/wgrad_deferral.h).
@@ -208,6 +213,9 @@ class GptModelImpl : public torch::nn::Module {
   void params_ready(const torch::nn::Module& part) const {
     if (params_ready_) params_ready_(part);
   }
+  void params_used(const torch::nn::Module& part, const std::vector<torch::Tensor>& outputs) const {
+    if (params_used_) params_used_(part, outputs);
+  }
 
   ModelConfig config_;
   TensorParallelContext tp_;
@@ -216,6 +224,7 @@ class GptModelImpl : public torch::nn::Module {
   std::shared_ptr<MoeContext> moe_;
   MainGradsPtr main_grads_;
   ParamsReadyHook params_ready_;
+  ParamsUsedHook params_used_;
   std::shared_ptr<torch::nn::Module> embedding_;
   std::shared_ptr<ShardedModule> word_embeddings_, position_embeddings_;
   std::vector<TransformerLayer> layers_;

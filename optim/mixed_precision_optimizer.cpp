@@ -90,6 +90,35 @@ void MixedPrecisionOptimizer::wait_for_params(const torch::nn::Module& module) {
 void MixedPrecisionOptimizer::finish_param_gather() {
   for (auto& d : domains_) d->finish_param_gather();
 }
+void MixedPrecisionOptimizer::shard_model_params(const std::vector<std::vector<torch::Tensor>>& units, bool prefetch) {
+  for (auto& d : domains_) d->shard_model_params(units, prefetch);
+}
+void MixedPrecisionOptimizer::release_params(const torch::nn::Module& module, const std::vector<torch::Tensor>& outputs) {
+  for (auto& d : domains_) d->release_params(module, outputs);
+}
+void MixedPrecisionOptimizer::gather_all_params() {
+  for (auto& d : domains_) d->gather_all_params();
+}
+void MixedPrecisionOptimizer::all_reduce_sharded_grads() {
+  for (auto& d : domains_) d->all_reduce_sharded_grads();
+}
+bool MixedPrecisionOptimizer::params_sharded() const {
+  for (const auto& d : domains_)
+    if (d->params_sharded()) return true;
+  return false;
+}
+ShardedWeightBytes MixedPrecisionOptimizer::sharded_weight_bytes() const {
+  ShardedWeightBytes bytes;
+  for (const auto& d : domains_) {
+    const ShardedWeights* w = d->sharded_weights();
+    if (!w) continue;
+    bytes.resident += w->resident_bytes();
+    bytes.peak += w->peak_resident_bytes();
+    bytes.total += w->total_bytes();
+    bytes.shard += d->model_params().numel() * int64_t(d->model_params().element_size());
+  }
+  return bytes;
+}
 bool MixedPrecisionOptimizer::param_gather_overlapped() const {
   for (const auto& d : domains_)
     if (d->param_gather_overlapped()) return true;

@@ -30,6 +30,12 @@ struct PreparedStep {
   torch::Tensor grad_norm;           // 0-dim fp32, the global norm before clipping
 };
 
+// Weight bytes of sharded domains (summed over them) on this rank: gathered now, gathered at most
+// so far, all gathered at once (what an unsharded rank holds), and the shard kept between uses.
+struct ShardedWeightBytes {
+  int64_t resident = 0, peak = 0, total = 0, shard = 0;
+};
+
 struct StepResult {
   torch::Tensor grad_norm;  // 0-dim fp32, before clipping (inf/nan when the step was skipped)
   torch::Tensor found_inf;  // 0-dim fp32, 1 when the update was skipped
@@ -82,6 +88,18 @@ class MixedPrecisionOptimizer {
   bool param_gather_overlapped() const;
   // Parameter all-gather buckets issued while the step still had parameters to update, so far.
   int64_t param_gathers_during_step() const;
+  // Megatron-FSDP's optim_grads_params (OptimizerDomain::shard_model_params): every domain keeps
+  // its weights sharded, gathered around their use. `units`: the model's parameters by the module
+  // that uses them, in forward order. The forward pass calls wait_for_params(module) before a
+  // module runs and release_params(module, its outputs) after; readers of the whole model call
+  // gather_all_params() first.
+  void shard_model_params(const std::vector<std::vector<torch::Tensor>>& units, bool prefetch);
+  void release_params(const torch::nn::Module& module, const std::vector<torch::Tensor>& outputs);
+  void gather_all_params();
+  bool params_sharded() const;
+  ShardedWeightBytes sharded_weight_bytes() const;
+  // Megatron-FSDP's optim strategy (OptimizerDomain::all_reduce_sharded_grads). Before enable_grad_overlap.
+  void all_reduce_sharded_grads();
   // Unscales by 1/loss_scale, checks for inf/nan, clips, updates, publishes the new weights.
   // `group_lrs`: the learning rates of the groups with their own (optim/param_groups.h: the
   // embedding and output layer under --decoupled-lr, MuP's width-scaled group); `lr` is the rest's.

@@ -1,6 +1,7 @@
 #include "optim/optimizer_domain.h"
 
 #include <algorithm>
+#include <unordered_map>
 
 #include "core/error.h"
 #include "optim/buffer_layout.h"
@@ -140,7 +141,8 @@ void OptimizerDomain::enable_grad_overlap(int64_t bucket_numel) {
     throw UserError("--overlap-grad-reduce on CPU needs fp32 gradients (--bf16 or --accumulate-allreduce-grads-in-fp32)");
   GradBuckets::Options options;
   options.bucket_numel = bucket_numel;
-  if (distributed_) {
+  const bool scatter = distributed_ && !all_reduce_grads_;  // onto the shards' owners
+  if (scatter) {
     options.shard_numel = shard_numel_;
     // The tied embedding's copies lie at different offsets on the first and last stage, so their
     // shard owners differ: they must be summed before the data-parallel reduction (Megatron gives
@@ -148,7 +150,7 @@ void OptimizerDomain::enable_grad_overlap(int64_t bucket_numel) {
     if (groups_.embedding && groups_.embedding->size() > 1) options.deferred = embedding_ranges_;
     options.replicas = groups_.instances;
   }
-  auto group = distributed_ ? groups_.shard : groups_.dp;  // the instance's ranks own the shards
+  auto group = scatter ? groups_.shard : groups_.dp;  // the instance's ranks own the shards
   buckets_ = std::make_unique<GradBuckets>(main_grads_, buffer_order_, options, group);
 }
 
@@ -207,7 +209,9 @@ void OptimizerDomain::gather_and_decode() {
 }
 
 void OptimizerDomain::enable_param_gather_overlap(int64_t bucket_numel, bool with_optimizer_step) {
-  if (!distributed_) return;  // one data-parallel rank holds everything: nothing to gather
+  // One data-parallel rank holds everything: nothing to gather. Sharded weights are gathered per
+  // unit, prefetching (shard_model_params).
+  if (!distributed_ || sharded_) return;
   ParamGather::Bytes bytes;
   if (codes_.defined()) bytes = {codes_, byte_numel_, byte_publish_.decode};
   param_gather_ = std::make_unique<ParamGather>(model_params_, buffer_order_, bucket_numel, shard_numel_, groups_.shard,
@@ -232,10 +236,52 @@ void OptimizerDomain::enable_param_gather_overlap(int64_t bucket_numel, bool wit
 
 void OptimizerDomain::wait_for_params(const torch::nn::Module& module) {
   if (param_gather_) param_gather_->wait_for(module);
+  if (sharded_) sharded_->gather_for(module);
 }
 
 void OptimizerDomain::finish_param_gather() {
   if (param_gather_) param_gather_->finish();
+}
+
+void OptimizerDomain::shard_model_params(const std::vector<std::vector<torch::Tensor>>& units, bool prefetch) {
+  torch::NoGradGuard no_grad;
+  if (!distributed_) return;  // one rank per optimizer instance holds every weight anyway
+  FP8TRON_CHECK(!sharded_ && !param_gather_, "shard_model_params comes once, before enable_param_gather_overlap");
+  if (codes_.defined())
+    throw UserError("--fp8-param-gather does not compose with --data-parallel-sharding-strategy optim_grads_params yet: "
+                    "use --data-parallel-sharding-strategy optim_grads");
+  std::unordered_map<const void*, const BufferParam*> mine;
+  for (const auto& p : buffer_order_) mine[p.tensor.unsafeGetTensorImpl()] = &p;
+  // This rank's shard of the weights; the whole buffer goes once the parameters are units' views.
+  model_params_ = model_params_.narrow(0, shard_begin_, shard_numel_).clone();
+  model_base_ = shard_begin_;
+  sharded_ = std::make_unique<ShardedWeights>(model_params_, groups_.shard, prefetch);
+  size_t placed = 0;
+  for (const auto& unit : units) {
+    std::vector<BufferParam> params;
+    for (const auto& t : unit)
+      if (auto it = mine.find(t.unsafeGetTensorImpl()); it != mine.end()) params.push_back(*it->second);
+    placed += params.size();
+    sharded_->add_unit(params);
+  }
+  FP8TRON_CHECK(placed == buffer_order_.size(), "every parameter of a sharded domain must belong to exactly one unit");
+}
+
+void OptimizerDomain::release_params(const torch::nn::Module& module, const std::vector<torch::Tensor>& outputs) {
+  if (sharded_) sharded_->release_for(module, outputs);
+}
+
+void OptimizerDomain::gather_all_params() {
+  finish_param_gather();
+  if (sharded_) sharded_->gather_all();
+}
+
+void OptimizerDomain::all_reduce_sharded_grads() {
+  FP8TRON_CHECK(!buckets_, "all_reduce_sharded_grads comes before enable_grad_overlap");
+  if (distributed_ && groups_.instances->size() > 1)
+    throw UserError("--data-parallel-sharding-strategy optim does not compose with --num-distributed-optimizer-instances > 1: "
+                    "use optim_grads");
+  all_reduce_grads_ = true;
 }
 
 void OptimizerDomain::zero_grad() {
@@ -300,6 +346,16 @@ void OptimizerDomain::sum_embedding_copies() {
 
 void OptimizerDomain::finalize_grads() {
   torch::NoGradGuard no_grad;
+  if (sharded_) sharded_->release_all();  // weights whose gradients came outside autograd's accumulation
+  if (distributed_ && all_reduce_grads_) {
+    // Megatron-FSDP's optim strategy: every rank sums every gradient, then updates its shard.
+    if (buckets_) buckets_->finish();
+    sum_tensor_parallel_partials(/*own_shard_only=*/false);
+    sum_embedding_copies();
+    if (!buckets_ && dp_size() > 1) groups_.dp->all_reduce(main_grads_);
+    grad_shard_.copy_(main_grads_.narrow(0, shard_begin_, shard_numel_));
+    return;
+  }
   if (buckets_) {
     // Overlapped data-parallel reductions must land before anything else touches the buffer. The
     // other groups' sums commute with the data-parallel average; with the distributed optimizer
@@ -538,7 +594,7 @@ bool OptimizerDomain::adam_step(size_t segment, int64_t lo, int64_t n, const tor
                    exp_avg_sq_.narrow(0, off, n), {}};
   // The model parameters, when they are a buffer of their own published as values (not as bytes:
   // --fp8-param-gather encodes its range from the main weights after the step), in the same pass.
-  if (separate_main_weights_ && !codes_.defined()) state.model_copy = model_params_.narrow(0, lo, n);
+  if (separate_main_weights_ && !codes_.defined()) state.model_copy = model_params_.narrow(0, lo - model_base_, n);
   const torch::Tensor& step = step_counts_[segment];
   if (!torch_adam_kernel_ && fused_adamw_applies(state, step, found_inf, grad_divisor)) {
     fused_adamw(state, step, found_inf, grad_divisor, {lr, config_.adam_beta1, config_.adam_beta2, eps, wd});
@@ -603,7 +659,7 @@ void OptimizerDomain::copy_main_to_model(const Ranges& published, const Ranges& 
   // This rank's elements: its shard, or the whole buffer without the distributed optimizer.
   const int64_t end = distributed_ ? shard_begin_ + shard_numel_ : numel_;
   auto copy = [&](int64_t lo, int64_t hi) {
-    if (hi > lo) model_params_.narrow(0, lo, hi - lo).copy_(main_params_.narrow(0, lo - shard_begin_, hi - lo));
+    if (hi > lo) model_params_.narrow(0, lo - model_base_, hi - lo).copy_(main_params_.narrow(0, lo - shard_begin_, hi - lo));
   };
   for (auto [w_offset, w_numel] : within) {
     int64_t at = std::max(w_offset, shard_begin_);
@@ -622,6 +678,12 @@ void OptimizerDomain::publish_model_params() { publish_model_params(Ranges{}); }
 
 void OptimizerDomain::publish_model_params(const Ranges& published) {
   torch::NoGradGuard no_grad;
+  if (sharded_) {
+    // The units hold the old values: they gather the new ones from the shards when next used.
+    sharded_->release_all();
+    copy_main_to_model(published);
+    return;
+  }
   finish_param_gather();
   if (codes_.defined()) {
     if (distributed_) model_params_.narrow(0, shard_begin_, shard_numel_).copy_(main_params_);

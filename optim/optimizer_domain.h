@@ -30,6 +30,7 @@
 #include "core/config/training_config.h"
 #include "parallel/grad_buckets.h"
 #include "parallel/param_gather.h"
+#include "parallel/sharded_weights.h"
 #include "parallel/sharding.h"
 #include "optim/muon.h"
 #include "optim/param_groups.h"
@@ -109,6 +110,21 @@ class OptimizerDomain {
   // The parameter all-gather buckets issued while the optimizer step still had parameters to
   // update (with_optimizer_step), summed over the steps so far.
   int64_t param_gathers_during_step() const { return gathers_during_step_; }
+  // Megatron-FSDP's optim_grads_params (ZeRO-3, parallel/sharded_weights.h): with the distributed
+  // optimizer over more than one rank, the model weights are kept as this rank's shard only and
+  // gathered unit by unit around their use. `units`: the model's parameters grouped by the module
+  // that uses them, in forward order (another domain's are skipped). `prefetch`: each gather also
+  // issues the next unit's (--overlap-param-gather). Call once, after enable_byte_publish if any.
+  void shard_model_params(const std::vector<std::vector<torch::Tensor>>& units, bool prefetch);
+  const ShardedWeights* sharded_weights() const { return sharded_.get(); }
+  // After `module`'s forward pass (its outputs): releases its sharded weights (no-op unsharded).
+  void release_params(const torch::nn::Module& module, const std::vector<torch::Tensor>& outputs);
+  // Gathers every sharded weight (for readers of the whole model); unsharded: finish_param_gather().
+  void gather_all_params();
+  // Megatron-FSDP's optim strategy: the distributed optimizer's state sharding with the gradients
+  // all-reduced over the data-parallel group (every rank holds them all), not reduce-scattered.
+  // Call before enable_grad_overlap.
+  void all_reduce_sharded_grads();
 
   // The step in three parts so that one global norm covers every domain:
   // fp32 grads laid out from shard_begin(), divided by `divisor` (a device scalar: the loss scale,
@@ -152,7 +168,10 @@ class OptimizerDomain {
   // --use-distributed-optimizer this rank's shard (the padding included).
   int64_t shard_begin() const { return shard_begin_; }
   int64_t shard_numel() const { return shard_numel_; }
-  torch::Tensor model_params() const { return model_params_.narrow(0, 0, numel_); }
+  // The model weights this rank holds: the whole buffer, or with sharded weights its shard
+  // [shard_begin, shard_begin + shard_numel) (params_sharded()).
+  torch::Tensor model_params() const { return sharded_ ? model_params_ : model_params_.narrow(0, 0, numel_); }
+  bool params_sharded() const { return sharded_ != nullptr; }
   torch::Tensor main_params() const { return main_params_; }
   torch::Tensor exp_avg() const { return exp_avg_; }
   torch::Tensor exp_avg_sq() const { return exp_avg_sq_; }  // undefined for SGD
@@ -222,13 +241,16 @@ class OptimizerDomain {
   // padding after the last parameter goes with that parameter's chunk) and of the others.
   Ranges first_chunk_ranges_, other_chunk_ranges_;
   int64_t gathers_during_step_ = 0;
+  std::unique_ptr<ShardedWeights> sharded_;  // shard_model_params()
+  bool all_reduce_grads_ = false;            // all_reduce_sharded_grads()
   std::vector<BufferParam> buffer_order_;  // parameters in flat-buffer order
   bool separate_main_weights_;
   int64_t numel_ = 0, padded_numel_ = 0, shard_begin_ = 0, shard_numel_ = 0;
   std::vector<Segment> segments_;
   std::vector<std::pair<int64_t, int64_t>> tp_partial_ranges_;  // (offset, numel)
   std::vector<std::pair<int64_t, int64_t>> embedding_ranges_;
-  torch::Tensor model_params_;  // flat, parameter dtype (padded)
+  torch::Tensor model_params_;  // flat, parameter dtype (padded); with sharded weights this rank's shard
+  int64_t model_base_ = 0;      // the flat-buffer index of model_params_'s element 0
   torch::Tensor main_params_;   // fp32: the whole buffer, or this rank's shard
   torch::Tensor main_grads_;    // flat (padded), fp32 or parameter dtype
   torch::Tensor grad_shard_;    // distributed optimizer: this rank's reduced gradients (fp32)

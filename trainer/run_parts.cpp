@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <map>
+#include <regex>
 
 #include "core/config/batch_schedule.h"
 #include "checkpoint/rank_agreement.h"
@@ -203,6 +205,37 @@ void skip_zeroing_gemm_written_grads(RunParts& r, bool first_writes) {
   if (!skipped.empty()) r.optimizer->skip_zeroing(skipped);
 }
 
+// A parameter's sharded-weight unit (--data-parallel-sharding-strategy optim_grads_params): its
+// transformer layer, else the module holding it (an embedding table, the final norm, the output layer).
+std::string sharded_weight_unit(const std::string& name) {
+  static const std::regex layer(R"(^(.*\blayers\.[0-9]+)\.)");
+  std::smatch m;
+  if (std::regex_search(name, m, layer)) return m[1].str();
+  return name.substr(0, name.rfind('.'));
+}
+
+// Megatron-FSDP's optim_grads_params: each rank keeps only its shard of the weights; the model's
+// hooks gather a unit's weights before a part runs forward and release them after (and again
+// around its backward pass, see parallel/sharded_weights.h).
+void shard_weights(RunParts& r) {
+  std::vector<std::vector<torch::Tensor>> units;
+  std::map<std::string, size_t> unit_of;
+  for (const auto& chunk : r.chunks)
+    for (const auto& item : chunk->named_parameters()) {
+      auto [it, added] = unit_of.emplace(sharded_weight_unit(item.key()), units.size());
+      if (added) units.emplace_back();
+      units[it->second].push_back(item.value());
+    }
+  r.optimizer->shard_model_params(units, r.config.distributed.overlap_param_gather);
+  MixedPrecisionOptimizer* optimizer = r.optimizer.get();
+  for (auto& chunk : r.chunks) {
+    chunk->set_params_ready_hook([optimizer](const torch::nn::Module& part) { optimizer->wait_for_params(part); });
+    chunk->set_params_used_hook([optimizer](const torch::nn::Module& part, const std::vector<torch::Tensor>& outputs) {
+      optimizer->release_params(part, outputs);
+    });
+  }
+}
+
 void build_optimizer(RunParts& r, std::vector<NamedParam> params, bool first_writes) {
   const Config& c = r.config;
   const auto& d = c.distributed;
@@ -220,6 +253,7 @@ void build_optimizer(RunParts& r, std::vector<NamedParam> params, bool first_wri
   if (r.fp8_param_gather) r.optimizer->enable_byte_publish(r.fp8_param_gather->publish(*r.optimizer));
   const ModelConfig& m = c.model;
   r.optimizer->count_zeros(c.logging.log_num_zeros_in_grad);
+  if (d.all_reduce_sharded_grads()) r.optimizer->all_reduce_sharded_grads();
   r.optimizer->set_qkv_rows({m.num_attention_heads / m.num_query_groups * m.kv_channels, m.kv_channels, m.kv_channels});
   if (d.overlap_grad_reduce) r.optimizer->enable_grad_overlap(d.bucket_numel);
   if (const auto& queue = r.main_grads->wgrad_queue(); queue && d.overlap_grad_reduce) {
@@ -230,7 +264,8 @@ void build_optimizer(RunParts& r, std::vector<NamedParam> params, bool first_wri
     queue->set_on_done([optimizer](DeferredWork::Key param) { optimizer->grad_done(param); });
   }
   skip_zeroing_gemm_written_grads(r, first_writes);
-  if (d.overlap_param_gather)
+  if (d.shard_params()) shard_weights(r);  // (--overlap-param-gather: the units prefetch)
+  else if (d.overlap_param_gather)
     r.optimizer->enable_param_gather_overlap(d.bucket_numel, d.overlap_param_gather_with_optimizer_step);
   if (r.optimizer->param_gather_overlapped()) {
     MixedPrecisionOptimizer* optimizer = r.optimizer.get();

@@ -50,7 +50,7 @@ using Clock = std::chrono::steady_clock;
 // values of each in `sample` (determinism tests compare those).
 std::map<std::string, torch::Tensor> global_weights(RunParts& parts, std::vector<double>* sample = nullptr) {
   torch::NoGradGuard no_grad;
-  parts.optimizer->finish_param_gather();
+  parts.optimizer->gather_all_params();
   std::map<std::string, torch::Tensor> out;
   for (auto& chunk : parts.chunks) {
     const auto infos = chunk->param_infos();
@@ -96,6 +96,15 @@ void print_model_plan(const std::string& text, const ParallelState& p) {
   if (p.tp_rank != 0 || p.cp_rank != 0 || p.dp_rank != 0) return;
   std::fputs(text.c_str(), stdout);
   std::fflush(stdout);
+}
+
+// Sharded weights (optim_grads_params): what this rank holds between uses and at most, once.
+void log_sharded_weight_memory(const RunParts& parts) {
+  const ShardedWeightBytes b = parts.optimizer->sharded_weight_bytes();
+  constexpr double kMiB = 1024.0 * 1024.0;
+  log::print(strprintf("sharded weights (rank %d): %.2f MiB kept between uses, at most %.2f MiB gathered at once, "
+                       "%.2f MiB unsharded",
+                       parts.parallel.world_rank, double(b.shard) / kMiB, double(b.peak) / kMiB, double(b.total) / kMiB));
 }
 
 // Megatron's rule: every --eval-interval iterations, from --start-eval-at-iter on.
@@ -150,6 +159,7 @@ TrainResult run_training(const Config& c, const TrainOptions& options) {
       continue;
     }
     losses.push_back(step.run(iteration));
+    if (iteration == first_iteration && parts.optimizer->params_sharded()) log_sharded_weight_memory(parts);
     if (options.collect_grad_norms)
       grad_norms.push_back(progress.last_step.grad_norm.defined() ? progress.last_step.grad_norm.detach().clone()
                                                                   : torch::full({}, std::nan(""), torch::kFloat64));
@@ -197,6 +207,9 @@ TrainResult run_training(const Config& c, const TrainOptions& options) {
   if (parts.step_graph) result.cuda_graph_replays = parts.step_graph->replayed();
   result.main_grad_first_writes = parts.main_grads->granted();
   result.param_gathers_during_step = parts.optimizer->param_gathers_during_step();
+  const ShardedWeightBytes sharded = parts.optimizer->sharded_weight_bytes();
+  result.sharded_weights_peak_bytes = sharded.peak;
+  result.sharded_weights_total_bytes = sharded.total;
   // Gathering every global weight to the host is for tests; a real run skips it.
   if (options.collect_final_weights) result.final_weights = global_weights(parts, &result.final_weights_sample);
   reporter.finish();

@@ -97,6 +97,9 @@ struct TpOverlapConfig {
   std::string describe() const;  // one line: source and each GEMM's method
 };
 
+// Megatron-FSDP's --data-parallel-sharding-strategy (None: no --use-megatron-fsdp).
+enum class DataParallelSharding { None, NoShard, Optim, OptimGrads, OptimGradsParams };
+
 // How the model and its training are spread over ranks, beyond the rank grid itself.
 struct DistributedConfig {
   bool sequence_parallel = false;
@@ -123,6 +126,14 @@ struct DistributedConfig {
   // parameters first and issues their all-gather before it steps the rest (Megatron's rules: the
   // distributed optimizer, overlap_param_gather, an interleaved pipeline, --ckpt-format torch).
   bool overlap_param_gather_with_optimizer_step = false;
+  // --use-megatron-fsdp (or --use-torch-fsdp2) with --data-parallel-sharding-strategy: what the
+  // data-parallel ranks shard (docs/sharded_data_parallel.md). None: the flags above alone decide.
+  DataParallelSharding dp_sharding = DataParallelSharding::None;
+  // Optim: the distributed optimizer's state sharding with every gradient all-reduced (not
+  // reduce-scattered onto its owner).
+  bool all_reduce_sharded_grads() const { return dp_sharding == DataParallelSharding::Optim; }
+  // OptimGradsParams (ZeRO-3): each rank keeps only its shard of the weights between uses.
+  bool shard_params() const { return dp_sharding == DataParallelSharding::OptimGradsParams; }
   int64_t bucket_numel = 40000000;  // --ddp-bucket-size (Megatron: max(40M, 1M x dp) elements)
   int timeout_minutes = 10;      // --distributed-timeout-minutes: a collective that long ends the job
   int hang_report_seconds = 90;  // --hang-report-seconds: a collective that long is reported (parallel/hang_report.h)

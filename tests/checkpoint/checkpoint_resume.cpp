@@ -12,7 +12,8 @@
 //                             [--files-with-weights N] [model flags]
 // Layout specs: comma-separated tp=N, pp=N, cp=N, vpp=N (layers per virtual stage), sp, distopt,
 // instances=N (distributed-optimizer instances), ep=N, etp=N
-// (expert and expert tensor parallelism), alltoall (the MoE dispatcher), dp (data parallel over the
+// (expert and expert tensor parallelism), alltoall (the MoE dispatcher), fsdp[=STRATEGY]
+// (--use-megatron-fsdp, by default optim_grads_params), dp (data parallel over the
 // remaining ranks, as always; a spec of its own); "single" trains in one
 // process on every rank. --files-with-weights N: the saved checkpoint must hold model weights in
 // N shard files (data-parallel ranks share the writing of replicas unless
@@ -62,6 +63,10 @@ Layout parse_layout(const std::string& spec) {
     else if (key == "vpp") l.flags.insert(l.flags.end(), {"--num-layers-per-virtual-pipeline-stage", value});
     else if (key == "sp") l.flags.push_back("--sequence-parallel");
     else if (key == "distopt") l.flags.push_back("--use-distributed-optimizer");
+    else if (key == "fsdp") {  // Megatron-FSDP; fsdp=STRATEGY, default optim_grads_params
+      l.flags.push_back("--use-megatron-fsdp");
+      if (!value.empty()) l.flags.insert(l.flags.end(), {"--data-parallel-sharding-strategy", value});
+    }
     else if (key == "instances") l.flags.insert(l.flags.end(), {"--num-distributed-optimizer-instances", value});
     else if (key == "ep") l.flags.insert(l.flags.end(), {"--expert-model-parallel-size", value});
     else if (key == "etp") l.flags.insert(l.flags.end(), {"--expert-tensor-parallel-size", value});

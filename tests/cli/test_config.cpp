@@ -586,4 +586,59 @@ TEST(LaunchEnv, ReadsEachLauncher) {
   clear();
 }
 
+// Megatron-FSDP: each --data-parallel-sharding-strategy maps onto the data-parallel machinery
+// (optim_grads_params, the default, also shards the weights); --use-torch-fsdp2 runs as
+// optim_grads_params under Megatron's FSDP2 rules; what does not compose is refused by name.
+TEST(Config, MegatronFsdpStrategies) {
+  auto fsdp = [](std::initializer_list<std::string> extra, int world = 2) {
+    return build(with(tiny_args({"--use-megatron-fsdp"}), extra), world).distributed;
+  };
+  DistributedConfig d = fsdp({});
+  EXPECT_EQ(d.dp_sharding, DataParallelSharding::OptimGradsParams);
+  EXPECT_TRUE(d.distributed_optimizer && d.shard_params() && !d.all_reduce_sharded_grads());
+  d = fsdp({"--data-parallel-sharding-strategy", "no_shard", "--use-distributed-optimizer"});
+  EXPECT_FALSE(d.distributed_optimizer || d.shard_params());
+  d = fsdp({"--data-parallel-sharding-strategy", "optim"});
+  EXPECT_TRUE(d.distributed_optimizer && d.all_reduce_sharded_grads() && !d.shard_params());
+  d = fsdp({"--data-parallel-sharding-strategy", "optim_grads"});
+  EXPECT_TRUE(d.distributed_optimizer && !d.all_reduce_sharded_grads() && !d.shard_params());
+  // The flags of Megatron's own FSDP test configurations.
+  d = fsdp({"--data-parallel-sharding-strategy", "optim_grads_params", "--use-distributed-optimizer", "--bf16",
+            "--no-gradient-accumulation-fusion", "--megatron-fsdp-main-params-dtype", "fp32",
+            "--megatron-fsdp-main-grads-dtype", "fp32", "--megatron-fsdp-grad-comm-dtype", "fp32", "--ckpt-format",
+            "fsdp_dtensor", "--outer-dp-sharding-strategy", "no_shard", "--num-distributed-optimizer-instances", "1",
+            "--overlap-grad-reduce", "--overlap-param-gather"});
+  EXPECT_TRUE(d.shard_params() && d.overlap_param_gather);
+  d = build(tiny_args({"--use-torch-fsdp2", "--untie-embeddings-and-output-weights", "--no-gradient-accumulation-fusion"}), 2)
+          .distributed;
+  EXPECT_TRUE(d.shard_params() && d.distributed_optimizer);
+
+  EXPECT_USER_ERROR(build(tiny_args({"--data-parallel-sharding-strategy", "optim"}), 2), "need --use-megatron-fsdp");
+  EXPECT_USER_ERROR(fsdp({"--pipeline-model-parallel-size", "2"}, 4),
+                    "optim_grads_params with --pipeline-model-parallel-size > 1 is not supported yet");
+  EXPECT_USER_ERROR(fsdp({"--context-parallel-size", "2"}, 4), "optim_grads_params with --context-parallel-size > 1");
+  EXPECT_USER_ERROR(fsdp({"--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"}),
+                    "optim_grads_params with --recompute-granularity full");
+  EXPECT_USER_ERROR(fsdp({"--check-weight-hash-across-dp-replicas-interval", "2"}),
+                    "--check-weight-hash-across-dp-replicas-interval is not supported with optim_grads_params");
+  EXPECT_USER_ERROR(fsdp({"--megatron-fsdp-main-params-dtype", "bf16"}), "--megatron-fsdp-main-params-dtype bf16 is not supported yet");
+  EXPECT_USER_ERROR(fsdp({"--bf16", "--megatron-fsdp-main-params-dtype", "auto"}),
+                    "--megatron-fsdp-main-params-dtype auto is not supported yet");
+  EXPECT_USER_ERROR(fsdp({"--bf16", "--megatron-fsdp-grad-comm-dtype", "bf16"}),
+                    "--megatron-fsdp-grad-comm-dtype bf16 is not supported yet");
+  EXPECT_USER_ERROR(fsdp({"--bf16", "--megatron-fsdp-main-grads-dtype", "bf16"}),
+                    "--megatron-fsdp-main-grads-dtype bf16 differs from the gradient buffer's dtype (fp32)");
+  EXPECT_USER_ERROR(fsdp({"--outer-dp-sharding-strategy", "optim"}), "--outer-dp-sharding-strategy optim is not supported yet");
+  EXPECT_USER_ERROR(fsdp({"--data-parallel-sharding-strategy", "no_shard", "--overlap-grad-reduce", "--overlap-param-gather"}),
+                    "no_shard has nothing to gather");
+  EXPECT_USER_ERROR(build(tiny_args({"--use-torch-fsdp2", "--no-gradient-accumulation-fusion"}), 2),
+                    "--use-torch-fsdp2 requires --untie-embeddings-and-output-weights");
+  EXPECT_USER_ERROR(build(tiny_args({"--use-torch-fsdp2", "--untie-embeddings-and-output-weights"}), 2),
+                    "--use-torch-fsdp2 is not supported with gradient accumulation fusion");
+  EXPECT_USER_ERROR(build(tiny_args({"--use-torch-fsdp2", "--untie-embeddings-and-output-weights",
+                                     "--no-gradient-accumulation-fusion", "--use-distributed-optimizer"}),
+                          2),
+                    "--use-torch-fsdp2 is not supported with MCore's distributed optimizer");
+}
+
 }  // namespace fp8tron

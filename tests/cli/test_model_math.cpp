@@ -93,4 +93,22 @@ TEST(ModelMath, DistributedOptimizerShardsOverItsInstance) {
   EXPECT_DOUBLE_EQ(instances.grads, whole.grads);
 }
 
+// Megatron-FSDP optim_grads_params: the weights between uses are the optimizer's shard, and the
+// largest unit gathered around its use (twice with prefetching) comes on top.
+TEST(ModelMath, ShardedWeightsMemory) {
+  const std::vector<std::string> base = {"--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
+                                         "--seq-length", "16", "--micro-batch-size", "1", "--lr", "1e-3",
+                                         "--train-iters", "1", "--vocab-size", "1000", "--builtin-data"};
+  const MemoryEstimate plain = estimate_memory(build(with(base, {"--use-distributed-optimizer"}), 4));
+  const MemoryEstimate sharded = estimate_memory(build(with(base, {"--use-megatron-fsdp"}), 4));
+  const MemoryEstimate prefetched = estimate_memory(
+      build(with(base, {"--use-megatron-fsdp", "--overlap-grad-reduce", "--overlap-param-gather"}), 4));
+  EXPECT_EQ(plain.gathered_weights, 0.0);
+  EXPECT_NEAR(sharded.weights, plain.weights / 4, plain.weights * 0.01);
+  EXPECT_GT(sharded.gathered_weights, 0.0);
+  EXPECT_LT(sharded.weights + sharded.gathered_weights, plain.weights);
+  EXPECT_DOUBLE_EQ(prefetched.gathered_weights, 2 * sharded.gathered_weights);
+  EXPECT_DOUBLE_EQ(sharded.total() - sharded.weights - sharded.gathered_weights, plain.total() - plain.weights);
+}
+
 }  // namespace fp8tron

@@ -83,7 +83,8 @@ std::vector<std::string> without_layout_flags(const std::vector<std::string>& ar
       "--pipeline-model-parallel-layout", "--microbatch-group-size-per-virtual-pipeline-stage",
       "--tp-comm-overlap-cfg", "--coc-parallel-num", "--coc-mode", "--expert-model-parallel-size",
       "--expert-tensor-parallel-size", "--moe-token-dispatcher-type", "--wgrad-deferral-limit",
-      "--num-distributed-optimizer-instances"};
+      "--num-distributed-optimizer-instances", "--data-parallel-sharding-strategy", "--outer-dp-sharding-strategy",
+      "--megatron-fsdp-main-params-dtype", "--megatron-fsdp-main-grads-dtype", "--megatron-fsdp-grad-comm-dtype"};
   // The tensor-parallel overlap needs TP and SP, --fp8-param-gather the distributed optimizer, the
   // pipeline p2p flags and the deferred output-layer weight gradients a pipeline, the
   // expert-parallel overlap (and the weight gradients it holds) EP: one process runs without them.
@@ -97,7 +98,7 @@ std::vector<std::string> without_layout_flags(const std::vector<std::string>& ar
       "--overlap-p2p-communication", "--no-overlap-p2p-communication", "--overlap-p2p-communication-warmup-flush",
       "--fp8-param-gather", "--distribute-saved-activations", "--defer-embedding-wgrad-compute",
       "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute", "--moe-dispatch-fp8",
-      "--overlap-param-gather-with-optimizer-step"};
+      "--overlap-param-gather-with-optimizer-step", "--use-megatron-fsdp", "--use-torch-fsdp2"};
   // The routing map's padding for FP8 needs the alltoall dispatcher: the reference keeps it then.
   const bool router_padding = std::count(args.begin(), args.end(), "--moe-router-padding-for-fp8") +
                                   std::count(args.begin(), args.end(), "--moe-router-padding-for-quantization") >
@@ -219,6 +220,8 @@ int main(int argc, char** argv) {
     std::optional<std::pair<std::string, std::string>> swapped;
     double without_tolerance = 0;  // 0: the --identical-* comparisons are bitwise
     bool identical_first_loss = false;
+    // optim_grads_params: this rank must have held at most half of its weights at once.
+    bool expect_sharded_weights = false;
     double tolerance = 1e-5;
     std::optional<double> weights_tolerance, tensor_tolerance, without_weights, without_tensor, grad_norm_tolerance,
         aux_loss_tolerance;
@@ -235,6 +238,7 @@ int main(int argc, char** argv) {
       else if (a == "--identical-first-loss") identical_first_loss = true;
       else if (a == "--without-weights-tolerance" && i + 1 < argc) without_weights = std::stod(argv[++i]);
       else if (a == "--without-tensor-tolerance" && i + 1 < argc) without_tensor = std::stod(argv[++i]);
+      else if (a == "--expect-sharded-weights") expect_sharded_weights = true;
       else layout.push_back(a);
     }
     const LaunchEnv env = read_launch_env();
@@ -352,6 +356,17 @@ int main(int argc, char** argv) {
       TrainResult alt = train(make_config(other, env), parallel_options);
       failures += compare_runs(parallel, alt, without, reference.initial_weights,
                                "with " + swapped->second + " instead of " + swapped->first, env.rank);
+    }
+    if (expect_sharded_weights) {
+      const int64_t peak = parallel.sharded_weights_peak_bytes, all = parallel.sharded_weights_total_bytes;
+      if (!(peak > 0 && 2 * peak <= all)) {
+        std::fprintf(stderr, "[rank %d] sharded weights: %lld of %lld bytes gathered at once, expected at most half\n",
+                     env.rank, (long long)peak, (long long)all);
+        ++failures;
+      } else {
+        std::printf("[rank %d] sharded weights: at most %lld of %lld bytes gathered at once\n", env.rank, (long long)peak,
+                    (long long)all);
+      }
     }
     const int total = failures;
     {

@@ -15,6 +15,7 @@
 #include "trainer/cli/model_variant_args.h"
 #include "checkpoint/fault_points.h"
 #include "trainer/cli/context_parallel_args.h"
+#include "trainer/cli/sharded_dp_args.h"
 #include "trainer/cli/logging_args.h"
 #include "trainer/cli/moe_args.h"
 #include "trainer/cli/fim_args.h"
@@ -657,6 +658,10 @@ DistributedConfig build_distributed(const FlagValues& f, const ParallelSizes& p)
   d.microbatch_group_size = f.opt_int("microbatch-group-size-per-virtual-pipeline-stage").value_or(0);
   d.average_in_collective = f.get_bool("ddp-average-in-collective");
   d.distributed_optimizer = f.get_bool("use-distributed-optimizer") || f.get_string("optimizer") == "dist_muon";
+  // Megatron-FSDP shards what its strategy says, through the distributed optimizer unless no_shard
+  // (Megatron turns --use-distributed-optimizer on itself).
+  d.dp_sharding = build_data_parallel_sharding(f);
+  if (d.dp_sharding != DataParallelSharding::None) d.distributed_optimizer = d.dp_sharding != DataParallelSharding::NoShard;
   d.optimizer_instances = int(f.get_int("num-distributed-optimizer-instances"));
   if (d.optimizer_instances < 1) throw UserError("--num-distributed-optimizer-instances must be at least 1");
   d.overlap_grad_reduce = f.get_bool("overlap-grad-reduce");

@@ -83,7 +83,12 @@ std::string format_plan(const Config& c) {
                   (long long)c.training.global_batch_size, (long long)(c.training.global_batch_size * m.seq_length),
                   (long long)c.training.train_iters);
   os << "memory estimate per GPU (first pipeline stage):\n";
-  os << "  weights            " << human_bytes(mem.weights) << "\n";
+  const bool sharded = mem.gathered_weights > 0;  // optim_grads_params over more than one rank
+  os << "  weights            " << human_bytes(mem.weights) << (sharded ? " (this rank's shard)" : "") << "\n";
+  if (sharded)
+    os << "  gathered weights   " << human_bytes(mem.gathered_weights)
+       << " (optim_grads_params: the largest unit gathered around its use" << (c.distributed.overlap_param_gather ? ", and the next one prefetched)" : ")")
+       << "\n";
   os << "  fp32 main weights  " << human_bytes(mem.main_weights) << "\n";
   os << "  gradients          " << human_bytes(mem.grads) << "\n";
   os << "  optimizer states   " << human_bytes(mem.optimizer_states) << "\n";

@@ -154,6 +154,18 @@ MemoryEstimate estimate_memory(const Config& c) {
   const double optimizer_params = dense_params / std::max(1.0, dense_shards) + expert_params / std::max(1.0, expert_shards);
   const bool separate_main = low_precision || dense_shards > 1.0;
   e.weights = params * (low_precision ? 2 : 4);
+  if (d.shard_params() && dense_shards > 1.0) {
+    // Megatron-FSDP optim_grads_params: the weights between uses are the optimizer's shard; the
+    // largest unit (a layer, the embedding or the output layer) is gathered around its use, and
+    // with --overlap-param-gather the next one is in flight too.
+    const double layer = std::max(dense_layer_params / par.tp,
+                                  m.moe.enabled() ? double(p.per_moe_layer - p.experts_per_moe_layer) / par.tp +
+                                                        double(p.experts_per_moe_layer) / double(par.ep * par.etp)
+                                                  : 0.0);
+    const double unit = std::max({layer, double(p.embedding) / par.tp, double(p.output_layer) / par.tp});
+    e.weights = optimizer_params * (low_precision ? 2 : 4);
+    e.gathered_weights = unit * (d.overlap_param_gather ? 2 : 1) * (low_precision ? 2 : 4);
+  }
   e.main_weights = separate_main ? optimizer_params * 4 : 0;
   e.grads = params * (c.precision.grads_in_fp32 ? 4 : 2);
   e.optimizer_states = c.optimizer.optimizer == "adam" ? optimizer_params * 8 : optimizer_params * 4;

@@ -33,10 +33,14 @@ double training_flops_per_token(const ModelConfig& m);
 
 struct MemoryEstimate {
   double weights = 0, main_weights = 0, grads = 0, optimizer_states = 0;
+  // optim_grads_params: `weights` is this rank's shard; the units gathered at once come on top.
+  double gathered_weights = 0;
   double activations_paper = 0;  // Korthikanti et al. with the stored attention scores (5as/h term)
   double activations_fused = 0;  // the same with fused attention (no stored s x s scores)
   double logits = 0;             // output-layer logits and the fp32 copy for the loss
-  double total() const { return weights + main_weights + grads + optimizer_states + activations_fused + logits; }
+  double total() const {
+    return weights + gathered_weights + main_weights + grads + optimizer_states + activations_fused + logits;
+  }
 };
 // Per GPU of the most loaded (first) pipeline stage.
 MemoryEstimate estimate_memory(const Config& c);

@@ -13,6 +13,7 @@
 #include "parallel/pipeline_layout.h"
 #include "trainer/cli/config_builder.h"
 #include "trainer/cli/context_parallel_args.h"
+#include "trainer/cli/sharded_dp_args.h"
 #include "trainer/cli/determinism_env.h"
 #include "trainer/cli/cuda_graph_args.h"
 #include "trainer/cli/recompute_args.h"
@@ -413,7 +414,7 @@ const std::vector<Rule>& rules() {
          // Megatron-LM's rules: the parameter all-gather exists only with the distributed
          // optimizer, and its buckets are those of the overlapped gradient reduction.
          const auto& d = c.distributed;
-         if (d.overlap_param_gather && !d.distributed_optimizer)
+         if (d.overlap_param_gather && !d.distributed_optimizer && d.dp_sharding == DataParallelSharding::None)
            return "--overlap-param-gather is only supported with --use-distributed-optimizer";
          if (d.overlap_param_gather && !d.overlap_grad_reduce)
            return "--overlap-param-gather needs --overlap-grad-reduce";
@@ -478,6 +479,7 @@ const std::vector<Rule>& rules() {
       {"activation recomputation", recompute_problem},
       {"CUDA graphs", cuda_graph_problem},
       {"context parallelism", context_parallel_problem},
+      {"sharded data parallelism", sharded_data_parallel_problem},
       {"tensor-parallel overlap needs sequence parallelism",
        [](const Config& c, const FlagValues& f) -> std::string {
          const std::string flag = overlap_flag(f);

@@ -1,0 +1,182 @@
+#include "parallel/sharded_weights.h"
+
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace fp8tron {
+namespace {
+
+// The storage behind `buffer` (and behind every view of it) holds `nbytes` fresh bytes, or none.
+// Emptying the StorageImpl in place, rather than dropping the tensor, keeps the parameters' views
+// and autograd's saved references to them pointing at it.
+void allocate_storage(torch::Tensor& buffer, int64_t nbytes) {
+  c10::StorageImpl* storage = buffer.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(storage->allocator()->allocate(size_t(nbytes)));
+  storage->set_nbytes(size_t(nbytes));
+}
+
+void free_storage(torch::Tensor& buffer) {
+  c10::StorageImpl* storage = buffer.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(c10::DataPtr(nullptr, buffer.device()));
+  storage->set_nbytes(0);
+}
+
+}  // namespace
+
+ShardedWeights::ShardedWeights(torch::Tensor shard, std::shared_ptr<Communicator> group, bool prefetch)
+    : shard_(std::move(shard)), group_(std::move(group)), prefetch_(prefetch) {
+  FP8TRON_CHECK(shard_.dim() == 1 && shard_.is_contiguous(), "the weight shard must be flat");
+}
+
+void ShardedWeights::add_unit(const std::vector<BufferParam>& params) {
+  torch::NoGradGuard no_grad;
+  if (params.empty()) return;
+  std::vector<BufferParam> sorted = params;
+  std::sort(sorted.begin(), sorted.end(), [](const BufferParam& a, const BufferParam& b) { return a.offset < b.offset; });
+  Unit u;
+  int64_t numel = 0;
+  for (const auto& p : sorted) {
+    if (!u.pieces.empty() && u.pieces.back().offset + u.pieces.back().numel == p.offset) u.pieces.back().numel += p.numel;
+    else u.pieces.push_back(Piece{p.offset, p.numel, numel});
+    numel += p.numel;
+  }
+  u.buffer = torch::empty({numel}, shard_.options());
+  u.bytes = numel * int64_t(u.buffer.element_size());
+  const size_t index = units_.size();
+  int64_t at = 0;
+  for (const auto& p : sorted) {
+    torch::Tensor t = p.tensor;
+    FP8TRON_CHECK(!unit_of_.count(t.unsafeGetTensorImpl()), "a parameter in two sharded-weight units");
+    auto view = u.buffer.narrow(0, at, p.numel);
+    view.copy_(t.detach().reshape({-1}));  // every rank holds the same values now
+    t.set_data(view.view(t.sizes()));
+    unit_of_[t.unsafeGetTensorImpl()] = index;
+    at += p.numel;
+    if (!t.requires_grad()) continue;
+    auto accumulator = torch::autograd::impl::grad_accumulator(t);
+    FP8TRON_CHECK(accumulator != nullptr, "a parameter without a gradient accumulator");
+    accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+        [this, index](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
+          grad_arrived(index);
+          return outputs;
+        }));
+    accumulators_.push_back(std::move(accumulator));
+    ++u.params;
+  }
+  total_bytes_ += u.bytes;
+  resident_bytes_ += u.bytes;
+  peak_resident_bytes_ = std::max(peak_resident_bytes_, resident_bytes_);
+  u.resident = true;
+  units_.push_back(std::move(u));
+  release(index);
+}
+
+std::vector<size_t> ShardedWeights::units_of(const torch::nn::Module& module) const {
+  std::vector<size_t> out;
+  for (const auto& p : module.parameters()) {
+    auto it = unit_of_.find(p.unsafeGetTensorImpl());
+    if (it != unit_of_.end() && std::find(out.begin(), out.end(), it->second) == out.end()) out.push_back(it->second);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+void ShardedWeights::start(size_t index) {
+  Unit& u = units_[index];
+  if (u.resident) return;
+  torch::NoGradGuard no_grad;
+  allocate_storage(u.buffer, u.bytes);
+  u.resident = true;
+  resident_bytes_ += u.bytes;
+  peak_resident_bytes_ = std::max(peak_resident_bytes_, resident_bytes_);
+  const int ranks = group_->size(), rank = group_->rank();
+  const int64_t shard_numel = shard_.numel(), mine = int64_t(rank) * shard_numel;
+  for (const Piece& piece : u.pieces) {
+    auto whole = u.buffer.narrow(0, piece.at, piece.numel);
+    // This rank's part of the piece, from its shard.
+    const int64_t lo = std::clamp(mine, piece.offset, piece.offset + piece.numel);
+    const int64_t hi = std::clamp(mine + shard_numel, piece.offset, piece.offset + piece.numel);
+    const auto own = hi > lo ? shard_.narrow(0, lo - mine, hi - lo) : shard_.narrow(0, 0, 0);
+    if (ranks == 1) {
+      whole.copy_(own);
+      continue;
+    }
+    u.works.push_back(group_->all_gather_v_async(whole, own, shard_counts(piece.offset, piece.numel, shard_numel, ranks)));
+  }
+}
+
+void ShardedWeights::gather(size_t index, int direction) {
+  start(index);
+  Unit& u = units_[index];
+  for (auto& work : u.works) group_->wait(*work);
+  u.works.clear();
+  // The next unit of the pass: forward, one whose forward has not run yet (the tied word
+  // embedding, gathered again for the output layer, must not pull in the position embedding);
+  // backward, one whose backward is still due.
+  const int64_t next = int64_t(index) + direction;
+  if (!prefetch_ || next < 0 || next >= int64_t(units_.size())) return;
+  if (units_[size_t(next)].awaiting_backward == (direction < 0)) start(size_t(next));
+}
+
+void ShardedWeights::release(size_t index) {
+  Unit& u = units_[index];
+  if (!u.resident) return;
+  for (auto& work : u.works) group_->wait(*work);  // a prefetch still writing into the buffer
+  u.works.clear();
+  free_storage(u.buffer);
+  u.resident = false;
+  resident_bytes_ -= u.bytes;
+}
+
+void ShardedWeights::gather_for(const torch::nn::Module& module) {
+  for (size_t unit : units_of(module)) gather(unit, +1);
+}
+
+void ShardedWeights::release_for(const torch::nn::Module& module, const std::vector<torch::Tensor>& outputs) {
+  const std::vector<size_t> units = units_of(module);
+  if (units.empty()) return;
+  bool backward = false;
+  for (const auto& out : outputs) backward = backward || (out.defined() && out.requires_grad());
+  for (size_t unit : units) {
+    release(unit);
+    units_[unit].pending = units_[unit].params;  // the coming backward pass releases it again
+    units_[unit].awaiting_backward = backward;
+  }
+  for (const auto& out : outputs) {
+    if (!out.defined() || !out.requires_grad()) continue;
+    // The first gradient reaching the module's outputs: its backward pass is about to start.
+    out.register_hook([this, units](const torch::Tensor&) {
+      for (size_t unit : units) units_[unit].awaiting_backward = false;
+      for (auto it = units.rbegin(); it != units.rend(); ++it) gather(*it, -1);
+    });
+  }
+}
+
+void ShardedWeights::grad_arrived(size_t index) {
+  Unit& u = units_[index];
+  if (u.pending <= 0) return;  // not armed by a forward pass (or already released)
+  if (--u.pending == 0) release(index);
+}
+
+void ShardedWeights::gather_all() {
+  const int64_t peak = peak_resident_bytes_;  // the passes' peak: this is for readers of the whole model
+  for (size_t i = 0; i < units_.size(); ++i) start(i);
+  peak_resident_bytes_ = peak;
+  for (auto& u : units_) {
+    for (auto& work : u.works) group_->wait(*work);
+    u.works.clear();
+  }
+}
+
+void ShardedWeights::release_all() {
+  for (size_t i = 0; i < units_.size(); ++i) {
+    release(i);
+    units_[i].pending = 0;
+    units_[i].awaiting_backward = false;
+  }
+}
+
+}  // namespace fp8tron

@@ -1,0 +1,89 @@
+// Megatron-FSDP's optim_grads_params strategy (ZeRO-3), the weights' side: between uses each
+// data-parallel rank keeps only its shard of the model weights, the same contiguous shard of the
+// flat buffer the distributed optimizer updates (rank r owns [r * shard_numel, (r + 1) * shard_numel)).
+//
+// The weights are grouped into units (a transformer layer, the embedding, the final norm, the
+// output layer). A unit's parameters are views into one flat buffer of its own; while the unit is
+// released that buffer's storage holds no memory at all (its StorageImpl is emptied in place, so
+// every view, and every copy autograd saved of a parameter, stays valid and sees the bytes again
+// once they are gathered). A unit is
+//  - gathered (an uneven all-gather of its pieces from their owners) just before a module that
+//    uses it runs forward (gather_for, the model's params-ready hook),
+//  - released right after that module's forward pass (release_for, the params-used hook), which
+//    also hooks the module's outputs so that the first gradient reaching them gathers the unit again
+//    for the backward pass,
+//  - released again once every one of its parameters has received its gradient.
+// With prefetching (--overlap-param-gather) gathering unit i also issues, without waiting, the
+// all-gather of the unit the pass needs next (i + 1 forward, i - 1 backward).
+// A released weight has no data at all: reading it is a bug that faults on the null address.
+#pragma once
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "parallel/communicator.h"
+#include "parallel/grad_buckets.h"
+
+namespace fp8tron {
+
+class ShardedWeights {
+ public:
+  // `shard`: this rank's shard_numel elements of the flat weight buffer (parameter dtype), which
+  // the optimizer writes after each step; `group`: the ranks the buffer is sharded over.
+  ShardedWeights(torch::Tensor shard, std::shared_ptr<Communicator> group, bool prefetch);
+  ShardedWeights(const ShardedWeights&) = delete;
+  ShardedWeights& operator=(const ShardedWeights&) = delete;
+
+  // Adds a unit (units come in forward order): `params` (their offsets in the flat buffer) become
+  // views into the unit's own buffer, which is released at once.
+  void add_unit(const std::vector<BufferParam>& params);
+  size_t num_units() const { return units_.size(); }
+
+  // Gathers the units holding any of `module`'s parameters (other buffers' are skipped).
+  void gather_for(const torch::nn::Module& module);
+  // Releases them, and arms their gather for the backward pass on `outputs` (those requiring grad).
+  void release_for(const torch::nn::Module& module, const std::vector<torch::Tensor>& outputs);
+  void gather_all();
+  // Every unit released (the shard changed, or a step's backward is over).
+  void release_all();
+
+  torch::Tensor& shard() { return shard_; }
+  bool resident(size_t unit) const { return units_[unit].resident; }
+  // Bytes of weights this rank holds gathered now / at most so far in forward and backward passes
+  // (gather_all not counted) / all units gathered at once.
+  int64_t resident_bytes() const { return resident_bytes_; }
+  int64_t peak_resident_bytes() const { return peak_resident_bytes_; }
+  int64_t total_bytes() const { return total_bytes_; }
+
+ private:
+  struct Piece {
+    int64_t offset, numel, at;  // flat-buffer range and its place in the unit's buffer
+  };
+  struct Unit {
+    std::vector<Piece> pieces;  // merged, in offset order
+    torch::Tensor buffer;       // flat; the parameters are views of it
+    int64_t bytes = 0;
+    int params = 0, pending = 0;  // parameters, and those still waiting for their gradient
+    bool resident = false;
+    bool awaiting_backward = false;  // released after a forward pass whose backward has not reached it
+    std::vector<std::unique_ptr<CommWork>> works;  // an all-gather in flight
+  };
+  std::vector<size_t> units_of(const torch::nn::Module& module) const;
+  void start(size_t unit);  // allocates and issues the all-gather
+  void gather(size_t unit, int direction);  // waits; then prefetches unit + direction
+  void release(size_t unit);
+  void grad_arrived(size_t unit);
+
+  torch::Tensor shard_;
+  std::shared_ptr<Communicator> group_;
+  bool prefetch_;
+  std::vector<Unit> units_;
+  std::unordered_map<const void*, size_t> unit_of_;  // parameter (TensorImpl) -> unit
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keeps the hooked nodes alive
+  int64_t resident_bytes_ = 0, peak_resident_bytes_ = 0, total_bytes_ = 0;
+};
+
+}  // namespace fp8tron

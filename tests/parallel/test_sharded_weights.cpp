@@ -1,0 +1,98 @@
+// Megatron-FSDP's optim_grads_params weights (parallel/sharded_weights.h) in one process: a GPT
+// model's weights held as units hold no memory between uses, are gathered for each part's forward
+// and backward pass and released after each, and the model computes exactly what it computes with
+// resident weights. (One rank: a gather is a copy from the shard; the all-gathers across ranks are
+// covered by the parallel.*fsdp* layouts.)
+#include <gtest/gtest.h>
+
+#include <map>
+#include <regex>
+
+#include "models/gpt_model.h"
+#include "parallel/parallel_state.h"
+#include "parallel/sharded_weights.h"
+#include "tests/test_helpers.h"
+
+namespace fp8tron {
+namespace {
+using namespace fp8tron::testing;
+
+// A transformer layer, else the parameter's own module (as the trainer groups them).
+std::string unit_key(const std::string& name) {
+  static const std::regex layer(R"(^(.*\blayers\.[0-9]+)\.)");
+  std::smatch m;
+  return std::regex_search(name, m, layer) ? m[1].str() : name.substr(0, name.rfind('.'));
+}
+
+bool holds_memory(const torch::Tensor& p) { return p.storage().nbytes() > 0; }
+
+TEST(ShardedWeights, WeightsAreFreedBetweenUses) {
+  const ModelConfig config =
+      build(tiny_args({"--num-layers", "6", "--attention-dropout", "0", "--hidden-dropout", "0"})).model;
+  GptModel reference(config), model(config);
+  torch::manual_seed(5);
+  const auto tokens = torch::randint(config.vocab_size, {2, 16}, torch::kLong);
+  const auto labels = torch::randint(config.vocab_size, {2, 16}, torch::kLong);
+  const auto mask = torch::ones({2, 16});
+  auto expected = reference->loss(tokens, labels, mask);
+  expected.backward();
+
+  // The flat buffer in model order; one rank's shard is all of it.
+  std::vector<BufferParam> params;
+  std::map<std::string, std::vector<BufferParam>> by_unit;
+  std::vector<std::string> order;
+  int64_t offset = 0;
+  for (const auto& item : model->named_parameters()) {
+    const BufferParam p{item.value(), offset, item.value().numel(), int64_t(params.size())};
+    params.push_back(p);
+    const std::string key = unit_key(item.key());
+    if (!by_unit.count(key)) order.push_back(key);
+    by_unit[key].push_back(p);
+    offset += p.numel;
+  }
+  auto shard = torch::empty({offset});
+  for (const auto& p : params) shard.narrow(0, p.offset, p.numel).copy_(p.tensor.detach().reshape({-1}));
+  ShardedWeights weights(shard, make_self_communicator("sharded-weights-test", 0), /*prefetch=*/true);
+  for (const auto& key : order) weights.add_unit(by_unit[key]);
+  EXPECT_EQ(weights.num_units(), order.size());
+  EXPECT_EQ(weights.total_bytes(), offset * 4);
+
+  // Between uses no weight holds memory.
+  EXPECT_EQ(weights.resident_bytes(), 0);
+  for (const auto& p : params) EXPECT_FALSE(holds_memory(p.tensor));
+
+  int64_t forward_peak = 0;
+  model->set_params_ready_hook([&](const torch::nn::Module& part) {
+    weights.gather_for(part);
+    for (const auto& p : part.parameters()) EXPECT_TRUE(holds_memory(p));
+    forward_peak = std::max(forward_peak, weights.resident_bytes());
+  });
+  model->set_params_used_hook([&](const torch::nn::Module& part, const std::vector<torch::Tensor>& outputs) {
+    weights.release_for(part, outputs);
+  });
+  auto loss = model->loss(tokens, labels, mask);
+  // After the forward pass every unit is released again (the last prefetch included).
+  EXPECT_EQ(weights.resident_bytes(), 0);
+  loss.backward();
+  // The backward pass gathered each unit again and released it once its gradients had arrived.
+  EXPECT_EQ(weights.resident_bytes(), 0);
+  for (const auto& p : params) EXPECT_FALSE(holds_memory(p.tensor));
+  EXPECT_GT(forward_peak, 0);
+  EXPECT_LT(weights.peak_resident_bytes(), weights.total_bytes() / 2) << "at most a few units at a time";
+
+  EXPECT_TRUE(torch::equal(loss, expected));
+  const auto expected_params = reference->named_parameters();
+  for (const auto& item : model->named_parameters()) {
+    ASSERT_TRUE(item.value().grad().defined()) << item.key();
+    EXPECT_TRUE(torch::equal(item.value().grad(), expected_params[item.key()].grad())) << item.key();
+  }
+  // The weights are back as they were when gathered all at once.
+  weights.gather_all();
+  for (const auto& item : model->named_parameters())
+    EXPECT_TRUE(torch::equal(item.value(), expected_params[item.key()])) << item.key();
+  weights.release_all();
+  EXPECT_EQ(weights.resident_bytes(), 0);
+}
+
+}  // namespace
+}  // namespace fp8tron
