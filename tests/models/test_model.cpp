@@ -147,7 +147,7 @@ TEST(MixedPrecisionOptimizer, Bf16GradientsAccumulateInFp32) {
   precision.params_dtype = ParamDtype::Bf16;
   const ParallelState single = single_process_state();
   MixedPrecisionOptimizer optimizer(named, OptimizerConfig{}, precision, single, false);
-  for (const auto& [name, p, info] : named) {
+  for (const auto& [name, p, info, chunk] : named) {
     EXPECT_EQ(p.scalar_type(), torch::kBFloat16) << name;
     EXPECT_EQ(p.grad().scalar_type(), torch::kFloat32) << name;
   }
@@ -159,7 +159,7 @@ TEST(MixedPrecisionOptimizer, Bf16GradientsAccumulateInFp32) {
   model->loss(tokens, tokens, mask).backward();
   // Same micro-batch twice: the buffer holds exactly twice the first gradient (fp32 adds).
   EXPECT_TRUE(torch::allclose(optimizer.main_grads(), 2 * once, 1e-6, 1e-7));
-  for (const auto& [name, p, info] : named) EXPECT_EQ(p.grad().scalar_type(), torch::kFloat32) << name;
+  for (const auto& [name, p, info, chunk] : named) EXPECT_EQ(p.grad().scalar_type(), torch::kFloat32) << name;
 }
 
 // Gradients that FP8 wgrad GEMMs overwrite are left alone by zero_grad; the rest is zeroed.
