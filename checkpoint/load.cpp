@@ -160,6 +160,23 @@ void plan_domain_reads(ck::CheckpointReader& reader, const TrainingState& s, con
   }
 }
 
+// Optimizer states saved in another dtype than this run stores them in (--exp-avg-dtype and
+// --exp-avg-sq-dtype of the precision-aware optimizer) are converted as they are read: widened
+// exactly, or rounded to nearest-even, as Transformer Engine's FusedAdam loads its states. Said
+// once per state and dtype pair, by the first rank.
+void report_state_conversions(ck::CheckpointReader& reader, const std::vector<Read>& reads, bool log_it) {
+  std::set<std::string> said;
+  for (const Read& r : reads) {
+    if (r.name.rfind("optimizer.state.", 0) != 0 || r.name.rfind(kMainParamPrefix, 0) == 0) continue;
+    const auto it = reader.metadata().tensors.find(r.name);
+    if (it == reader.metadata().tensors.end() || it->second.dtype == checkpoint_dtype(r.destination.scalar_type())) continue;
+    const std::string state = r.name.substr(0, r.name.find('.', std::string("optimizer.state.").size()));
+    const std::string line = state + " is " + ck::dtype_name(it->second.dtype) + " in the checkpoint and " +
+                             ck::dtype_name(checkpoint_dtype(r.destination.scalar_type())) + " in this run: converted";
+    if (said.insert(line).second && log_it) log::info(" > " + line);
+  }
+}
+
 void load_parameters(ck::CheckpointReader& reader, const TrainingState& s, bool load_optim) {
   MixedPrecisionOptimizer& o = s.optimizer;
   const ParallelState& p = s.parallel;
@@ -208,6 +225,7 @@ void load_parameters(ck::CheckpointReader& reader, const TrainingState& s, bool 
   if (strict.report && !missing.empty() && p.world_rank == 0)
     log::warning("checkpoint " + path + " holds tensors this model does not read: " + name_list(missing));
 
+  report_state_conversions(reader, reads, p.world_rank == 0);
   for (const Read& r : reads) {
     if (strict.skip_unexpected && unexpected.count(r.name)) continue;
     const auto pieces = param_pieces(*r.slot, r.tp_rank, r.tp_size);

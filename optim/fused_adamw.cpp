@@ -32,8 +32,13 @@ bool fused_adamw_applies(const AdamWState& s, const torch::Tensor& step, const t
   if (!s.param.defined() || !s.param.is_cuda()) return false;
   const torch::Device device = s.param.device();
   const int64_t n = s.param.numel();
-  for (const auto* t : {&s.param, &s.grad, &s.exp_avg, &s.exp_avg_sq})
+  for (const auto* t : {&s.param, &s.grad})
     if (!on_device_fp32(*t, device) || t->numel() != n) return false;
+  const auto moment_dtype = s.exp_avg.defined() ? s.exp_avg.scalar_type() : torch::kFloat32;
+  if (moment_dtype != torch::kFloat32 && moment_dtype != torch::kBFloat16) return false;
+  for (const auto* t : {&s.exp_avg, &s.exp_avg_sq})
+    if (!t->defined() || t->device() != device || t->scalar_type() != moment_dtype || !t->is_contiguous() || t->numel() != n)
+      return false;
   if (s.model_copy.defined() &&
       (s.model_copy.device() != device || !s.model_copy.is_contiguous() || s.model_copy.numel() != n || !copy_type_of(s.model_copy)))
     return false;
@@ -46,8 +51,10 @@ void fused_adamw(const AdamWState& s, const torch::Tensor& step, const torch::Te
   const c10::cuda::CUDAGuard guard(s.param.device());
   const kernels::AdamWSegment segment{s.param.data_ptr<float>(),
                                       s.grad.data_ptr<float>(),
-                                      s.exp_avg.data_ptr<float>(),
-                                      s.exp_avg_sq.data_ptr<float>(),
+                                      s.exp_avg.data_ptr(),
+                                      s.exp_avg_sq.data_ptr(),
+                                      s.exp_avg.scalar_type() == torch::kBFloat16 ? kernels::MomentType::kBFloat16
+                                                                                 : kernels::MomentType::kFloat32,
                                       s.model_copy.defined() ? s.model_copy.data_ptr() : nullptr,
                                       *copy_type_of(s.model_copy),
                                       s.param.numel()};

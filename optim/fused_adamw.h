@@ -11,7 +11,8 @@
 namespace fp8tron {
 
 struct AdamWState {
-  torch::Tensor param, grad, exp_avg, exp_avg_sq;  // fp32, contiguous, equal numel, one CUDA device
+  torch::Tensor param, grad;           // fp32, contiguous, equal numel, one CUDA device
+  torch::Tensor exp_avg, exp_avg_sq;   // likewise, both fp32 or both bf16 (stored rounded, math in fp32)
   torch::Tensor model_copy;  // undefined, or contiguous bf16 / fp16 / fp32 of param's numel: := param
 };
 
@@ -19,8 +20,9 @@ struct AdamWHyper {
   double lr, beta1, beta2, eps, weight_decay;
 };
 
-// Whether fused_adamw takes these tensors (CUDA, fp32, contiguous, one device; 0-dim fp32 device
-// scalars); otherwise the caller uses at::_fused_adamw_.
+// Whether fused_adamw takes these tensors (CUDA, fp32 (moments: both fp32 or both bf16), contiguous,
+// one device; 0-dim fp32 device scalars); otherwise the caller uses at::_fused_adamw_ (on fp32
+// copies of low-precision moments).
 bool fused_adamw_applies(const AdamWState& s, const torch::Tensor& step, const torch::Tensor& found_inf,
                          const std::optional<torch::Tensor>& grad_divisor);
 

@@ -19,6 +19,11 @@ bool muon(const NamedParam& p, const OptimizerConfig& c) { return uses_muon(p.na
 torch::Dtype to_torch(ParamDtype d) {
   return d == ParamDtype::Bf16 ? torch::kBFloat16 : d == ParamDtype::Fp16 ? torch::kFloat16 : torch::kFloat32;
 }
+// The storage of a precision-aware optimizer state (trainer/cli/validation.cpp refuses fp16 and fp8).
+torch::Dtype state_dtype(StateDtype d) {
+  FP8TRON_CHECK(d == StateDtype::Fp32 || d == StateDtype::Bf16, "optimizer states are stored in fp32 or bf16");
+  return d == StateDtype::Bf16 ? torch::kBFloat16 : torch::kFloat32;
+}
 // How a parameter counts in the global gradient norm: 0 normal, 1 duplicated over tensor-parallel
 // ranks (counted once), 2 the last stage's tied-embedding copy (not counted).
 int norm_class(const NamedParam& p) {
@@ -130,15 +135,20 @@ OptimizerDomain::OptimizerDomain(const std::vector<NamedParam>& params, const Op
   }
   main_params_ = distributed_ ? all_main.narrow(0, shard_begin_, shard_numel_).clone() : all_main;
   if (distributed_ || main_grads_.scalar_type() != torch::kFloat32) grad_shard_ = torch::zeros({shard_numel_}, fp32);
-  exp_avg_ = torch::zeros({shard_numel_}, fp32);  // Adam's first moment, SGD's and Muon's momentum
-  if (config_.optimizer == "adam" || config_.optimizer == "muon") exp_avg_sq_ = torch::zeros({shard_numel_}, fp32);
+  // Adam's first moment, SGD's and Muon's momentum; the precision-aware optimizer (Adam only) may
+  // store Adam's moments in bf16.
+  const PrecisionAwareOptimizer& pa = config_.precision_aware;
+  exp_avg_ = torch::zeros({shard_numel_}, fp32.dtype(pa.enabled ? state_dtype(pa.exp_avg) : torch::kFloat32));
+  if (config_.optimizer == "adam" || config_.optimizer == "muon")
+    exp_avg_sq_ = torch::zeros({shard_numel_}, fp32.dtype(pa.enabled ? state_dtype(pa.exp_avg_sq) : torch::kFloat32));
   for (size_t i = 0; i < segments_.size(); ++i) step_counts_.push_back(torch::zeros({}, fp32));
 }
 
 void OptimizerDomain::enable_grad_overlap(int64_t bucket_numel) {
   if (dp_size() == 1) return;  // nothing to reduce
   if (main_grads_.scalar_type() != torch::kFloat32 && !main_grads_.is_cuda())
-    throw UserError("--overlap-grad-reduce on CPU needs fp32 gradients (--bf16 or --accumulate-allreduce-grads-in-fp32)");
+    throw UserError("--overlap-grad-reduce on CPU needs fp32 gradients (--bf16 without --main-grads-dtype bf16, or "
+                    "--accumulate-allreduce-grads-in-fp32)");
   GradBuckets::Options options;
   options.bucket_numel = bucket_numel;
   const bool scatter = distributed_ && !all_reduce_grads_;  // onto the shards' owners
@@ -600,8 +610,24 @@ bool OptimizerDomain::adam_step(size_t segment, int64_t lo, int64_t n, const tor
     fused_adamw(state, step, found_inf, grad_divisor, {lr, config_.adam_beta1, config_.adam_beta2, eps, wd});
     return state.model_copy.defined();
   }
-  at::_fused_adamw_({state.param}, {state.grad}, {state.exp_avg}, {state.exp_avg_sq}, {}, {step}, lr, config_.adam_beta1,
-                    config_.adam_beta2, wd, eps, false, false, grad_divisor, found_inf);
+  if (state.exp_avg.scalar_type() == torch::kFloat32 && state.exp_avg_sq.scalar_type() == torch::kFloat32) {
+    at::_fused_adamw_({state.param}, {state.grad}, {state.exp_avg}, {state.exp_avg_sq}, {}, {step}, lr, config_.adam_beta1,
+                      config_.adam_beta2, wd, eps, false, false, grad_divisor, found_inf);
+    return false;
+  }
+  // Low-precision moments (the CPU, or a GPU path the fused kernel does not take): as Transformer
+  // Engine's FusedAdam does for them, widen to fp32 (exactly), step in fp32, store rounded to
+  // nearest-even; in chunks, so the fp32 copies stay small. Bitwise the fused kernel's bf16 path.
+  constexpr int64_t kChunk = int64_t{1} << 22;
+  for (int64_t begin = 0; begin < n; begin += kChunk) {
+    const int64_t len = std::min(kChunk, n - begin);
+    auto m = state.exp_avg.narrow(0, begin, len), v = state.exp_avg_sq.narrow(0, begin, len);
+    auto m32 = m.to(torch::kFloat32), v32 = v.to(torch::kFloat32);
+    at::_fused_adamw_({state.param.narrow(0, begin, len)}, {state.grad.narrow(0, begin, len)}, {m32}, {v32}, {}, {step}, lr,
+                      config_.adam_beta1, config_.adam_beta2, wd, eps, false, false, grad_divisor, found_inf);
+    m.copy_(m32);
+    v.copy_(v32);
+  }
   return false;
 }
 

@@ -88,6 +88,20 @@ struct MuonConfig {
   double extra_scale_factor = 1.0;
 };
 
+// The storage dtype of an optimizer state (--exp-avg-dtype, --exp-avg-sq-dtype): the update math is
+// fp32 whatever it is. Fp16 and Fp8 name Transformer Engine's per-tensor-scaled states, which
+// fp8tron refuses (trainer/cli/validation.cpp); they exist so the refusal can name them.
+enum class StateDtype { Fp32, Bf16, Fp16, Fp8 };
+
+// --use-precision-aware-optimizer (Transformer Engine's FusedAdam with master_weights and
+// low-precision states, as Megatron drives it): Adam's moments stored in `exp_avg` /
+// `exp_avg_sq`. The main gradients' dtype (--main-grads-dtype) is PrecisionConfig::grads_in_fp32.
+struct PrecisionAwareOptimizer {
+  bool enabled = false;
+  StateDtype exp_avg = StateDtype::Fp32;
+  StateDtype exp_avg_sq = StateDtype::Fp32;
+};
+
 struct OptimizerConfig {
   std::string optimizer = "adam";  // adam (AdamW) | sgd | muon
   double lr = 0;
@@ -104,6 +118,7 @@ struct OptimizerConfig {
   // --use-mup: the width multiplier (hidden size / --mup-base-hidden-size) that Megatron's
   // get_mup_config_overrides scales learning rates and Adam epsilon by (optim/param_groups.h).
   std::optional<double> mup_width_mult;
+  PrecisionAwareOptimizer precision_aware;
 };
 
 enum class DecayStyle { Constant, Linear, Cosine, InverseSquareRoot, WSD };

@@ -88,6 +88,15 @@ TEST(Checkpointing, ExactResumeFp8DelayedScaling) {
                       "--fp8-interval", "3"});
 }
 
+// The precision-aware optimizer's bf16 Adam moments and bf16 main gradients: saved as bf16, resumed
+// bitwise.
+const std::vector<std::string> kBf16OptimizerStates = {"--bf16", "--use-distributed-optimizer",
+                                                       "--use-precision-aware-optimizer", "--exp-avg-dtype", "bf16",
+                                                       "--exp-avg-sq-dtype", "bf16"};
+TEST(Checkpointing, ExactResumePrecisionAwareBf16States) {
+  check_exact_resume(with(kBf16OptimizerStates, {"--main-grads-dtype", "bf16"}));
+}
+
 TEST(Checkpointing, ExactResumeSgd) { check_exact_resume({"--optimizer", "sgd", "--lr", "0.1"}); }
 
 // Muon: its matrices' momentum, and Adam's two moments for the parameters it does not take
@@ -218,6 +227,38 @@ TEST(AsyncCheckpointSaver, SaveOfOtherSizesThanReservedAllocatesWhatItNeeds) {
   StateRig loaded(checkpoint_config({"--bf16", "--hidden-size", "64", "--load", dir.path()}));
   EXPECT_EQ(load_checkpoint(loaded.state()), 4);
   expect_same_state(loaded.optimizer(), larger.optimizer());
+}
+
+// Optimizer states saved in another dtype than the loading run's are converted as they are read:
+// fp32 moments rounded to nearest-even into bf16 ones, bf16 moments widened exactly into fp32 ones.
+TEST(Checkpointing, OptimizerStatesOfAnotherDtypeAreConverted) {
+  TempDir fp32_dir, bf16_dir;
+  StateRig fp32(checkpoint_config({"--bf16", "--save", fp32_dir.path()}));
+  fp32.scramble(3);
+  save_checkpoint(fp32.state(), 1);
+  StateRig narrowed(checkpoint_config(with(kBf16OptimizerStates, {"--load", fp32_dir.path()})));
+  EXPECT_EQ(load_checkpoint(narrowed.state()), 1);
+  const auto& saved = *fp32.optimizer().domains().front();
+  const auto& narrow = *narrowed.optimizer().domains().front();
+  ASSERT_EQ(narrow.exp_avg().scalar_type(), torch::kBFloat16);
+  EXPECT_TRUE(torch::equal(narrow.exp_avg(), saved.exp_avg().to(torch::kBFloat16)));
+  EXPECT_TRUE(torch::equal(narrow.exp_avg_sq(), saved.exp_avg_sq().to(torch::kBFloat16)));
+  EXPECT_TRUE(torch::equal(narrow.main_params(), saved.main_params()));
+
+  StateRig bf16(checkpoint_config(with(kBf16OptimizerStates, {"--save", bf16_dir.path()})));
+  bf16.scramble(5);
+  save_checkpoint(bf16.state(), 2);
+  EXPECT_EQ(checkpoint::read_metadata(bf16_dir.path() + "/iter_0000002")
+                .tensors.at("optimizer.state.exp_avg.decoder.final_layernorm.weight")
+                .dtype,
+            checkpoint::DType::BF16);
+  StateRig widened(checkpoint_config({"--bf16", "--load", bf16_dir.path()}));
+  EXPECT_EQ(load_checkpoint(widened.state()), 2);
+  const auto& wide = *widened.optimizer().domains().front();
+  const auto& saved_bf16 = *bf16.optimizer().domains().front();
+  ASSERT_EQ(wide.exp_avg().scalar_type(), torch::kFloat32);
+  EXPECT_TRUE(torch::equal(wide.exp_avg(), saved_bf16.exp_avg().to(torch::kFloat32)));
+  EXPECT_TRUE(torch::equal(wide.exp_avg_sq(), saved_bf16.exp_avg_sq().to(torch::kFloat32)));
 }
 
 TEST(Checkpointing, LayoutAndMetadata) {

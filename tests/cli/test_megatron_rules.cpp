@@ -20,6 +20,45 @@ std::vector<std::string> without(std::vector<std::string> args, const std::strin
   return args;
 }
 
+// --use-precision-aware-optimizer and its dtypes (Megatron's OptimizerConfig and validate_args
+// rules; fp16 / fp8 states refused by name).
+TEST(MegatronRules, PrecisionAwareOptimizer) {
+  auto args = [](std::initializer_list<std::string> extra) {
+    std::vector<std::string> a = tiny_args({"--bf16"});
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  const Config ok = build(args({"--use-distributed-optimizer", "--use-precision-aware-optimizer", "--exp-avg-dtype", "bf16",
+                                "--exp-avg-sq-dtype", "bf16", "--main-grads-dtype", "bf16"}));
+  EXPECT_TRUE(ok.optimizer.precision_aware.enabled);
+  EXPECT_EQ(ok.optimizer.precision_aware.exp_avg, StateDtype::Bf16);
+  EXPECT_EQ(ok.optimizer.precision_aware.exp_avg_sq, StateDtype::Bf16);
+  EXPECT_FALSE(ok.precision.grads_in_fp32);
+  const Config fp32_grads = build(args({"--use-distributed-optimizer", "--use-precision-aware-optimizer"}));
+  EXPECT_TRUE(fp32_grads.precision.grads_in_fp32);
+  EXPECT_EQ(fp32_grads.optimizer.precision_aware.exp_avg, StateDtype::Fp32);
+  EXPECT_USER_ERROR(build(args({"--exp-avg-dtype", "bf16"})), "--exp-avg-dtype bf16 needs --use-precision-aware-optimizer");
+  EXPECT_USER_ERROR(build(args({"--main-grads-dtype", "bf16", "--use-distributed-optimizer"})),
+                    "--main-grads-dtype bf16 needs --use-precision-aware-optimizer");
+  EXPECT_USER_ERROR(build(args({"--use-precision-aware-optimizer"})),
+                    "--use-precision-aware-optimizer needs --use-distributed-optimizer");
+  EXPECT_USER_ERROR(build(args({"--use-precision-aware-optimizer", "--use-distributed-optimizer", "--optimizer", "sgd"})),
+                    "supports --optimizer adam only");
+  EXPECT_USER_ERROR(build(args({"--use-precision-aware-optimizer", "--use-distributed-optimizer", "--exp-avg-sq-dtype", "fp8"})),
+                    "--exp-avg-sq-dtype fp8 is not supported by fp8tron");
+  EXPECT_USER_ERROR(build(args({"--use-precision-aware-optimizer", "--use-distributed-optimizer", "--exp-avg-dtype", "fp16"})),
+                    "--exp-avg-dtype fp16 is not supported by fp8tron");
+  EXPECT_USER_ERROR(build(args({"--use-precision-aware-optimizer", "--use-distributed-optimizer", "--main-params-dtype", "fp16"})),
+                    "--main-params-dtype fp16 is not supported by fp8tron");
+  EXPECT_USER_ERROR(build(args({"--use-precision-aware-optimizer", "--use-distributed-optimizer", "--main-grads-dtype", "bf16",
+                                "--accumulate-allreduce-grads-in-fp32"})),
+                    "contradicts --accumulate-allreduce-grads-in-fp32");
+  EXPECT_USER_ERROR(build(without(args({"--use-precision-aware-optimizer", "--use-distributed-optimizer", "--main-grads-dtype",
+                                        "bf16"}),
+                                  "--bf16")),
+                    "--main-grads-dtype bf16 needs --bf16");
+}
+
 TEST(MegatronRules, TokenizerDefaultsAsPretrainGpt) {
   auto mock = without(tiny_args({"--mock-data"}), "--builtin-data");
   // --mock-data with --vocab-size and no tokenizer: a NullTokenizer of --vocab-size ids, said.

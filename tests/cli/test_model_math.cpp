@@ -111,4 +111,20 @@ TEST(ModelMath, ShardedWeightsMemory) {
   EXPECT_DOUBLE_EQ(sharded.total() - sharded.weights - sharded.gathered_weights, plain.total() - plain.weights);
 }
 
+TEST(ModelMath, PrecisionAwareOptimizerStateDtypes) {
+  // bf16 moments take 2 bytes each instead of 4; --main-grads-dtype bf16 halves the gradient buffer.
+  auto estimate = [](std::initializer_list<std::string> extra) {
+    std::vector<std::string> a = tiny_args({"--bf16", "--use-distributed-optimizer", "--use-precision-aware-optimizer"});
+    a.insert(a.end(), extra.begin(), extra.end());
+    return estimate_memory(build(a));
+  };
+  const MemoryEstimate fp32 = estimate({});
+  const double params = double(count_parameters(build(tiny_args()).model).total);
+  EXPECT_DOUBLE_EQ(fp32.optimizer_states, params * 8);
+  EXPECT_DOUBLE_EQ(estimate({"--exp-avg-dtype", "bf16"}).optimizer_states, params * 6);
+  EXPECT_DOUBLE_EQ(estimate({"--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16"}).optimizer_states, params * 4);
+  EXPECT_DOUBLE_EQ(fp32.grads, params * 4);
+  EXPECT_DOUBLE_EQ(estimate({"--main-grads-dtype", "bf16"}).grads, params * 2);
+}
+
 }  // namespace fp8tron

@@ -3,7 +3,7 @@
 // failing on any mismatch). The kernel spells out torch's roundings, so every comparison is
 // bitwise: p, m and v against torch's on the same inputs, the model copy against p.to(dtype), and
 // whole optimizer steps (segments, decoupled learning rates, folded clipping, skipped steps, the
-// distributed optimizer's shards) against the same optimizer running torch's kernel.
+// distributed optimizer's shards, bf16 moments) against the same optimizer running torch's kernel.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -143,6 +143,53 @@ TEST(GpuAdamW, MatchesTorchFusedAdamWBitwise) {
         }
 }
 
+// bf16 moments (the precision-aware optimizer): the kernel widens them, steps in fp32 and rounds
+// them back to nearest-even as it stores them; the CPU path (optim/optimizer_domain.cpp) runs torch's
+// kernel on fp32 copies and rounds them. Bitwise the same p, m and v, at every alignment of the bf16
+// buffers (8-byte packs, or one by one when m or v is out of phase with p).
+TEST(GpuAdamW, Bf16MomentsMatchTheCpuPathBitwise) {
+  REQUIRE_GPU();
+  struct Case {
+    int64_t n, p_offset, m_offset, v_offset;
+    const char* why;
+  };
+  const std::vector<Case> cases = {{3, 0, 0, 0, "no whole pack"},
+                                   {100003, 0, 0, 0, "aligned"},
+                                   {100003, 1, 1, 1, "head of 3"},
+                                   {100003, 0, 2, 0, "m out of phase: element by element"},
+                                   {100003, 0, 0, 1, "v out of phase: element by element"}};
+  const Hyper h{1e-3, 0.9, 0.95, 1e-8};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(std::string(c.why) + " n=" + std::to_string(c.n));
+    torch::manual_seed(13);
+    const auto p0 = torch::randn({c.n}, kCuda);
+    auto p = at_offset(p0, c.p_offset);
+    auto m = at_offset(torch::zeros({c.n}, kCuda), c.m_offset, torch::kBFloat16);
+    auto v = at_offset(torch::zeros({c.n}, kCuda), c.v_offset, torch::kBFloat16);
+    auto copy = at_offset(torch::zeros({c.n}, kCuda), c.p_offset, torch::kBFloat16);
+    auto tp = p0.clone(), tm = torch::zeros({c.n}, kCuda.dtype(torch::kBFloat16)), tv = tm.clone();
+    auto step = torch::zeros({}, kCuda), tstep = torch::zeros({}, kCuda);
+    const auto no_inf = torch::zeros({}, kCuda);
+    for (int s = 1; s <= 4; ++s) {
+      SCOPED_TRACE("step " + std::to_string(s));
+      const auto g_values = gradients(c.n, 400 + s);
+      auto g = at_offset(g_values, c.p_offset);
+      step.add_(1);
+      tstep.add_(1);
+      fused_adamw({p, g, m, v, copy}, step, no_inf, std::nullopt, {h.lr, h.beta1, h.beta2, h.eps, 0.1});
+      auto tm32 = tm.to(torch::kFloat32), tv32 = tv.to(torch::kFloat32);
+      at::_fused_adamw_({tp}, {g_values.clone()}, {tm32}, {tv32}, {}, {tstep}, h.lr, h.beta1, h.beta2, 0.1, h.eps, false,
+                        false, std::nullopt, no_inf);
+      tm.copy_(tm32);
+      tv.copy_(tv32);
+      EXPECT_TRUE(same_bits(p, tp)) << "p";
+      EXPECT_TRUE(same_bits(m, tm)) << "exp_avg";
+      EXPECT_TRUE(same_bits(v, tv)) << "exp_avg_sq";
+      EXPECT_TRUE(same_bits(copy, p.to(torch::kBFloat16))) << "model copy";
+    }
+  }
+}
+
 // More than 2^31 elements: 64-bit indexing. Torch's kernel runs on copies of three slices
 // (the start, across 2^31, the end); elementwise, so the slices' results are the whole's.
 TEST(GpuAdamW, MoreThanTwoToThe31Elements) {
@@ -256,6 +303,7 @@ struct Layout {
   ParamDtype dtype;
   int dp_rank;  // -1: one process, no distributed optimizer
   const char* why;
+  bool bf16_moments = false;  // the precision-aware optimizer's --exp-avg(-sq)-dtype bf16
 };
 
 torch::ScalarType torch_dtype(ParamDtype d) {
@@ -274,6 +322,7 @@ OptimizerRun make_run(const Layout& s, bool torch_kernel) {
   oc.clip_grad = 0.05;  // below the gradients' norm: the coefficient is folded into the kernel
   oc.adam_beta2 = 0.95;
   oc.decoupled_lr = 3e-3;
+  if (s.bf16_moments) oc.precision_aware = {true, StateDtype::Bf16, StateDtype::Bf16};
   PrecisionConfig pc;
   pc.params_dtype = s.dtype;
   ParallelState state = single_process_state();
@@ -300,6 +349,9 @@ TEST(GpuAdamW, OptimizerStepsMatchTorchKernelAndCopy) {
       {ParamDtype::Bf16, 0, "bf16, distributed optimizer, rank 0 of 2"},
       {ParamDtype::Bf16, 1, "bf16, distributed optimizer, rank 1 of 2 (shard starts at an odd element)"},
       {ParamDtype::Fp32, 1, "fp32, distributed optimizer, rank 1 of 2"},
+      // The torch-kernel side runs bf16 moments through fp32 copies (the CPU path).
+      {ParamDtype::Bf16, 1, "bf16 moments, distributed optimizer, rank 1 of 2", true},
+      {ParamDtype::Bf16, -1, "bf16 moments, one process", true},
   };
   for (const auto& s : setups) {
     SCOPED_TRACE(s.why);

@@ -103,8 +103,15 @@ std::vector<std::string> without_layout_flags(const std::vector<std::string>& ar
   const bool router_padding = std::count(args.begin(), args.end(), "--moe-router-padding-for-fp8") +
                                   std::count(args.begin(), args.end(), "--moe-router-padding-for-quantization") >
                               0;
+  // The precision-aware optimizer needs the distributed optimizer (Megatron's rule): the reference
+  // keeps it, which on one process shards nothing.
+  const bool precision_aware = std::count(args.begin(), args.end(), "--use-precision-aware-optimizer") > 0;
   std::vector<std::string> out;
   for (size_t i = 0; i < args.size(); ++i) {
+    if (precision_aware && args[i] == "--use-distributed-optimizer") {
+      out.push_back(args[i]);
+      continue;
+    }
     if (router_padding && args[i] == "--moe-token-dispatcher-type") {
       out.push_back(args[i]);
       continue;  // its value follows as an ordinary argument

@@ -123,7 +123,12 @@ PrecisionConfig build_precision(const FlagValues& f) {
   p.params_dtype = bf16 ? ParamDtype::Bf16 : fp16 ? ParamDtype::Fp16 : ParamDtype::Fp32;
   // Megatron forces fp32 gradient accumulation and reduction for bf16.
   p.gradient_accumulation_fusion = !f.get_bool("no-gradient-accumulation-fusion");
-  p.grads_in_fp32 = p.params_dtype == ParamDtype::Fp32 || bf16 || f.get_bool("accumulate-allreduce-grads-in-fp32");
+  // --main-grads-dtype bf16 (precision-aware optimizer) keeps bf16's gradient buffer in bf16, as
+  // Megatron does by not switching on --accumulate-allreduce-grads-in-fp32 (validation.cpp refuses
+  // the combinations where it would do nothing).
+  const bool bf16_main_grads = f.get_string("main-grads-dtype") == "bf16";
+  p.grads_in_fp32 = p.params_dtype == ParamDtype::Fp32 || (bf16 && !bf16_main_grads) ||
+                    f.get_bool("accumulate-allreduce-grads-in-fp32");
   p.static_loss_scale = f.opt_float("loss-scale");
   p.initial_loss_scale = f.get_float("initial-loss-scale");
   p.min_loss_scale = f.get_float("min-loss-scale");
@@ -358,6 +363,14 @@ void build_muon(const FlagValues& f, OptimizerConfig& o) {
                     " is not supported by fp8tron (adam is)");
 }
 
+// --exp-avg-dtype / --exp-avg-sq-dtype values (the flag table restricts them to these four).
+StateDtype state_dtype(const std::string& name) {
+  if (name == "bf16") return StateDtype::Bf16;
+  if (name == "fp16") return StateDtype::Fp16;
+  if (name == "fp8") return StateDtype::Fp8;
+  return StateDtype::Fp32;
+}
+
 OptimizerConfig build_optimizer(const FlagValues& f) {
   OptimizerConfig o;
   o.optimizer = f.get_string("optimizer");
@@ -378,6 +391,9 @@ OptimizerConfig build_optimizer(const FlagValues& f) {
   o.apply_wd_to_qk_layernorm =
       f.get_bool("apply-wd-to-qk-layernorm") || f.get_string("no-weight-decay-cond-type") == "apply_wd_to_qk_layernorm";
   build_muon(f, o);
+  o.precision_aware.enabled = f.get_bool("use-precision-aware-optimizer");
+  o.precision_aware.exp_avg = state_dtype(f.get_string("exp-avg-dtype"));
+  o.precision_aware.exp_avg_sq = state_dtype(f.get_string("exp-avg-sq-dtype"));
   return o;
 }
 

@@ -168,7 +168,11 @@ MemoryEstimate estimate_memory(const Config& c) {
   }
   e.main_weights = separate_main ? optimizer_params * 4 : 0;
   e.grads = params * (c.precision.grads_in_fp32 ? 4 : 2);
-  e.optimizer_states = c.optimizer.optimizer == "adam" ? optimizer_params * 8 : optimizer_params * 4;
+  // Adam's two moments (4 bytes each, 2 in bf16 with the precision-aware optimizer); SGD's momentum.
+  const PrecisionAwareOptimizer& pa = c.optimizer.precision_aware;
+  auto state_bytes = [&](StateDtype d) { return pa.enabled && d == StateDtype::Bf16 ? 2.0 : 4.0; };
+  e.optimizer_states = c.optimizer.optimizer == "adam" ? optimizer_params * (state_bytes(pa.exp_avg) + state_bytes(pa.exp_avg_sq))
+                                                       : optimizer_params * 4;
 
   // Activations per layer in bytes (16-bit activations): s*b*h*(34 + 5*a*s/h) without parallelism;
   // tensor parallel without SP: s*b*h*(10 + 24/t + 5*a*s/(h*t)). The 5as/h term is the stored

@@ -21,6 +21,39 @@
 namespace fp8tron {
 namespace {
 
+// Megatron's rules for Transformer Engine's precision-aware Adam (OptimizerConfig.__post_init__,
+// get_megatron_optimizer, validate_args), plus refusals of what fp8tron does not implement.
+std::string check_precision_aware_optimizer(const Config& c, const FlagValues& f) {
+  const std::string flags[] = {"main-grads-dtype", "main-params-dtype", "exp-avg-dtype", "exp-avg-sq-dtype"};
+  if (!c.optimizer.precision_aware.enabled) {
+    for (const auto& flag : flags)
+      if (f.get_string(flag) != "fp32")
+        return "--" + flag + " " + f.get_string(flag) + " needs --use-precision-aware-optimizer (without it every "
+               "optimizer state is fp32)";
+    return "";
+  }
+  if (c.optimizer.optimizer != "adam")
+    return "--use-precision-aware-optimizer supports --optimizer adam only (Megatron's rule), not " + c.optimizer.optimizer;
+  if (!c.distributed.distributed_optimizer)
+    return "--use-precision-aware-optimizer needs --use-distributed-optimizer (Megatron's rule)";
+  for (const char* flag : {"exp-avg-dtype", "exp-avg-sq-dtype"}) {
+    const std::string v = f.get_string(flag);
+    if (v == "fp16" || v == "fp8")
+      return std::string("--") + flag + " " + v + " is not supported by fp8tron: Transformer Engine's per-tensor-scaled "
+             "fp16/fp8 Adam states are not implemented; use bf16 or fp32";
+  }
+  if (f.get_string("main-params-dtype") != "fp32")
+    return "--main-params-dtype " + f.get_string("main-params-dtype") + " is not supported by fp8tron: Transformer "
+           "Engine's per-tensor-scaled fp16 main weights are not implemented; keep fp32 (the default)";
+  if (f.get_string("main-grads-dtype") == "bf16") {
+    if (f.get_bool("accumulate-allreduce-grads-in-fp32"))
+      return "--main-grads-dtype bf16 contradicts --accumulate-allreduce-grads-in-fp32 (Megatron's rule): drop one";
+    if (c.precision.params_dtype != ParamDtype::Bf16)
+      return "--main-grads-dtype bf16 needs --bf16 (other parameter dtypes keep their own gradient dtype)";
+  }
+  return "";
+}
+
 struct Rule {
   const char* name;
   std::function<std::string(const Config&, const FlagValues&)> check;  // "" when satisfied
@@ -284,6 +317,7 @@ const std::vector<Rule>& rules() {
          if (o.adam_eps <= 0) return "--adam-eps must be positive";
          return "";
        }},
+      {"precision-aware optimizer", check_precision_aware_optimizer},
       {"loss scaling",
        [](const Config& c, const FlagValues& f) -> std::string {
          const auto& p = c.precision;
