@@ -32,7 +32,11 @@ std::vector<PipelineStep> pipeline_order(int pp, int rank, int chunks, int64_t n
   auto fwd = [&] { order.push_back({true, table[size_t(f)].second, table[size_t(f)].first}); ++f; };
   auto bwd = [&] { order.push_back({false, chunks - 1 - table[size_t(b)].second, table[size_t(b)].first}); ++b; };
   for (int64_t i = 0; i < warmup; ++i) fwd();
-  while (f < total) { fwd(); bwd(); }  // steady state: one forward, one backward
+  while (f < total) {  // steady state: one forward, one backward
+    fwd();
+    order.back().steady = true;
+    bwd();
+  }
   while (b < total) bwd();             // cooldown
   return order;
 }
@@ -136,10 +140,7 @@ torch::Tensor PipelineSchedule::run(int64_t num_micro, const ForwardFn& forward,
   const auto order = pipeline_order(pp, rank, chunks_, num_micro, n, combined);
   // The steps that run together from step i: a steady-state forward and the backward after it
   // when combined, else step i alone.
-  auto unit_end = [&](size_t i) {
-    const bool pair = combined && order[i].forward && i + 1 < order.size() && !order[i + 1].forward;
-    return i + (pair ? 2 : 1);
-  };
+  auto unit_end = [&](size_t i) { return i + (combined && order[i].steady ? 2 : 1); };
   std::map<size_t, std::optional<Receive>> posted;  // receives posted ahead of their step
   auto message_for = [&](size_t i) {
     std::optional<Receive> incoming;

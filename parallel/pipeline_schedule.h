@@ -18,6 +18,9 @@ struct PipelineStep {
   bool forward;
   int chunk;
   int64_t micro_batch;
+  // A forward of the steady state, followed by its backward: with --overlap-moe-expert-parallel-comm
+  // the two run as a combined pair. (With every forward in the warmup there is none.)
+  bool steady = false;
 };
 
 // The order of forward/backward steps of `pp_rank` (Megatron's 1F1B, interleaved when chunks > 1

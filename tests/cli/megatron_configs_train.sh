@@ -6,8 +6,8 @@
 # the first, selective recomputation of layernorm, mla_up_proj, mlp and moe_act in the second,
 # --logging-level 40), only the model shrunk to CPU size by flags appended after the file's
 # (later values win): a few iterations, a checkpoint, and a resume from it, as Megatron's
-# ckpt-resume test runs them. The second's --overlap-moe-expert-parallel-comm is left out: fp8tron
-# refuses it with a pipeline (tests/cli/megatron_configs/expected.tsv), the rest trains as given.
+# ckpt-resume test runs them. The second's --overlap-moe-expert-parallel-comm runs the combined
+# 1F1B schedule inside the interleaved pipeline its layout makes.
 # The fill-in-the-middle configuration (--fim-data, 8 data-parallel ranks, the distributed
 # optimizer, bf16, GPT-2's tokenizer whose vocabulary lacks the FIM tokens, so they are
 # "<|endoftext|>" as in Megatron) trains shrunk the same way, and a run stopped at iteration 2 and
@@ -47,7 +47,7 @@ run() {  # run <name> <log> <extra flags...>: the configuration under mpirun wit
   local ws; ws=$(sed -n 's/^# world-size: \([0-9]*\).*/\1/p' "$f")
   local shrink=("${SHRINK[@]}")
   grep -qx -- '--fim-data' "$f" && shrink=("${DENSE_SHRINK[@]}")
-  eval "args=($(grep -v '^#' "$f" | grep -vx -- '--overlap-moe-expert-parallel-comm' | tr '\n' ' '))"
+  eval "args=($(grep -v '^#' "$f" | tr '\n' ' '))"
   if [ -n "$NCCL_LAUNCH" ]; then
     "$NCCL_LAUNCH" mpirun "$ws" "$BIN" "${args[@]}" "${shrink[@]}" --device cuda "$@" >"$log" 2>&1
   else

@@ -416,7 +416,7 @@ TEST(MegatronRules, InterleavedScheduleTable) {
 TEST(MegatronRules, CombinedPipelineStepsPairIndependentWork) {
   auto pairs_are_independent = [](const std::vector<PipelineStep>& order) {
     for (size_t i = 0; i + 1 < order.size(); ++i) {
-      if (!order[i].forward || order[i + 1].forward) continue;
+      if (!order[i].steady) continue;
       const PipelineStep& b = order[i + 1];
       bool done = false;
       for (size_t k = 0; k < i; ++k) done = done || (order[k].forward && order[k].chunk == b.chunk && order[k].micro_batch == b.micro_batch);
@@ -433,6 +433,16 @@ TEST(MegatronRules, CombinedPipelineStepsPairIndependentWork) {
           EXPECT_TRUE(pairs_are_independent(order)) << "pp " << pp << " rank " << rank << " chunks " << chunks;
         }
   EXPECT_FALSE(pairs_are_independent(pipeline_order(2, 1, 2, 4)));  // the last stage, without the extra forward
+  // Every forward in the warmup (PP 2, 4 chunks, 2 micro-batches on the first stage): no steady
+  // state, so the last forward and the first backward do not pair (pairing them would wait for the
+  // backward's gradient before sending the forward's activations, which the next stage needs first).
+  const auto all_warmup = pipeline_order(2, 0, 4, 2, 0, true);
+  for (const auto& step : all_warmup) EXPECT_FALSE(step.steady);
+  const auto steady = pipeline_order(2, 1, 4, 2, 0, true);  // 7 warmup forwards, one pair, 7 backwards
+  int pairs = 0;
+  for (const auto& step : steady) pairs += step.steady;
+  EXPECT_EQ(pairs, 1);
+  EXPECT_TRUE(steady[7].steady && !steady[8].forward);
   // One stage: Megatron's combined 1F1B order without a pipeline, F0 | F1 B0 | F2 B1 | B2.
   const auto one = pipeline_order(1, 0, 1, 3, 0, true);
   ASSERT_EQ(one.size(), 6u);
