@@ -27,11 +27,37 @@ class FunctionWork : public CommWork {
   std::function<void()> f_;
 };
 
+// A data-parallel group of two whose only collective is the all-gather a fake below defines: any
+// other collective fails the test.
+class GatherOnlyComm : public Communicator {
+ public:
+  explicit GatherOnlyComm(int rank) : Communicator("fake-dp", rank, 2, {0, 1}) {}
+  std::unique_ptr<CommWork> all_reduce_async(torch::Tensor&, ReduceOp) override { return unexpected(); }
+  std::unique_ptr<CommWork> all_gather_async(torch::Tensor&, const torch::Tensor&) override { return unexpected(); }
+  std::unique_ptr<CommWork> reduce_scatter_async(torch::Tensor&, const torch::Tensor&) override { return unexpected(); }
+  std::unique_ptr<CommWork> reduce_scatter_v_async(torch::Tensor&, const torch::Tensor&, const std::vector<int64_t>&) override {
+    return unexpected();
+  }
+  std::unique_ptr<CommWork> all_to_all_v_async(torch::Tensor&, const torch::Tensor&, const std::vector<int64_t>&,
+                                               const std::vector<int64_t>&) override {
+    return unexpected();
+  }
+  void broadcast(torch::Tensor&, int) override { unexpected(); }
+  std::unique_ptr<CommWork> batch_p2p_async(std::vector<P2POp>) override { return unexpected(); }
+  void barrier() override { unexpected(); }
+
+ protected:
+  static std::unique_ptr<CommWork> unexpected() {
+    ADD_FAILURE() << "unexpected collective";
+    return std::make_unique<FunctionWork>(nullptr);
+  }
+};
+
 // Rank `rank` of two; `truth` is what the whole buffer holds once gathered.
-class DeferredGatherComm : public Communicator {
+class DeferredGatherComm : public GatherOnlyComm {
  public:
   DeferredGatherComm(int rank, torch::Tensor buffer, torch::Tensor truth)
-      : Communicator("fake-dp", rank, 2, {0, 1}), buffer_(std::move(buffer)), truth_(std::move(truth)) {}
+      : GatherOnlyComm(rank), buffer_(std::move(buffer)), truth_(std::move(truth)) {}
   int issued = 0, completed = 0;
 
   std::unique_ptr<CommWork> all_gather_v_async(torch::Tensor& out, const torch::Tensor& in,
@@ -49,25 +75,8 @@ class DeferredGatherComm : public Communicator {
       ++completed;
     });
   }
-  std::unique_ptr<CommWork> all_reduce_async(torch::Tensor&, ReduceOp) override { return unexpected(); }
-  std::unique_ptr<CommWork> all_gather_async(torch::Tensor&, const torch::Tensor&) override { return unexpected(); }
-  std::unique_ptr<CommWork> reduce_scatter_async(torch::Tensor&, const torch::Tensor&) override { return unexpected(); }
-  std::unique_ptr<CommWork> reduce_scatter_v_async(torch::Tensor&, const torch::Tensor&, const std::vector<int64_t>&) override {
-    return unexpected();
-  }
-  std::unique_ptr<CommWork> all_to_all_v_async(torch::Tensor&, const torch::Tensor&, const std::vector<int64_t>&,
-                                               const std::vector<int64_t>&) override {
-    return unexpected();
-  }
-  void broadcast(torch::Tensor&, int) override { unexpected(); }
-  std::unique_ptr<CommWork> batch_p2p_async(std::vector<P2POp>) override { return unexpected(); }
-  void barrier() override { unexpected(); }
 
  private:
-  static std::unique_ptr<CommWork> unexpected() {
-    ADD_FAILURE() << "unexpected collective";
-    return std::make_unique<FunctionWork>(nullptr);
-  }
   torch::Tensor buffer_, truth_;
 };
 
@@ -181,31 +190,12 @@ TEST(ParamGather, FirstChunkBucketsStartAlone) {
 
 // Rank `rank` of a data-parallel group of two whose all-gathers deliver nothing (the other rank's
 // part of the buffer keeps its values), counting them.
-class CountingGatherComm : public Communicator {
+class CountingGatherComm : public GatherOnlyComm {
  public:
-  explicit CountingGatherComm(int rank) : Communicator("fake-dp", rank, 2, {0, 1}) {}
+  explicit CountingGatherComm(int rank) : GatherOnlyComm(rank) {}
   int issued = 0;
   std::unique_ptr<CommWork> all_gather_v_async(torch::Tensor&, const torch::Tensor&, const std::vector<int64_t>&) override {
     ++issued;
-    return std::make_unique<FunctionWork>(nullptr);
-  }
-  std::unique_ptr<CommWork> all_reduce_async(torch::Tensor&, ReduceOp) override { return unexpected(); }
-  std::unique_ptr<CommWork> all_gather_async(torch::Tensor&, const torch::Tensor&) override { return unexpected(); }
-  std::unique_ptr<CommWork> reduce_scatter_async(torch::Tensor&, const torch::Tensor&) override { return unexpected(); }
-  std::unique_ptr<CommWork> reduce_scatter_v_async(torch::Tensor&, const torch::Tensor&, const std::vector<int64_t>&) override {
-    return unexpected();
-  }
-  std::unique_ptr<CommWork> all_to_all_v_async(torch::Tensor&, const torch::Tensor&, const std::vector<int64_t>&,
-                                               const std::vector<int64_t>&) override {
-    return unexpected();
-  }
-  void broadcast(torch::Tensor&, int) override { unexpected(); }
-  std::unique_ptr<CommWork> batch_p2p_async(std::vector<P2POp>) override { return unexpected(); }
-  void barrier() override { unexpected(); }
-
- private:
-  static std::unique_ptr<CommWork> unexpected() {
-    ADD_FAILURE() << "unexpected collective";
     return std::make_unique<FunctionWork>(nullptr);
   }
 };
