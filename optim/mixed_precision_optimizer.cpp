@@ -41,13 +41,29 @@ MixedPrecisionOptimizer::MixedPrecisionOptimizer(const std::vector<NamedParam>& 
   FP8TRON_CHECK(!dense.empty(), "no dense parameters");
   FP8TRON_CHECK(expert_domain || experts.empty(), "expert parameters in a model without an expert domain");
   const auto device = dense.front().tensor.device();
-  for (const auto& b : byte_params)
-    for (const auto& p : experts) FP8TRON_CHECK(!b.is_same(p.tensor), "expert parameters cannot be published as bytes");
+  std::vector<torch::Tensor> dense_bytes, expert_bytes;
+  for (const auto& b : byte_params) {
+    bool expert = false;
+    for (const auto& p : experts) expert = expert || b.is_same(p.tensor);
+    (expert ? expert_bytes : dense_bytes).push_back(b);
+  }
   domains_.push_back(std::make_unique<OptimizerDomain>(
-      dense, optimizer, precision, dense_domain_groups(parallel, instances.dense), distributed, device, byte_params));
+      dense, optimizer, precision, dense_domain_groups(parallel, instances.dense), distributed, device, dense_bytes));
   if (expert_domain)
-    domains_.push_back(std::make_unique<OptimizerDomain>(
-        experts, optimizer, precision, expert_domain_groups(parallel, instances.expert), distributed, device));
+    domains_.push_back(std::make_unique<OptimizerDomain>(experts, optimizer, precision,
+                                                         expert_domain_groups(parallel, instances.expert), distributed,
+                                                         device, expert_bytes));
+}
+
+void MixedPrecisionOptimizer::enable_byte_publish(const std::function<BytePublish(const OptimizerDomain&)>& publish) {
+  for (auto& d : domains_)
+    if (d->byte_numel() > 0) d->enable_byte_publish(publish(*d));
+}
+
+bool MixedPrecisionOptimizer::byte_published() const {
+  for (const auto& d : domains_)
+    if (d->byte_published()) return true;
+  return false;
 }
 
 void MixedPrecisionOptimizer::zero_grad() {

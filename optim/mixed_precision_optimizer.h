@@ -46,18 +46,19 @@ class MixedPrecisionOptimizer {
  public:
   // `expert_domain`: the model has routed experts (ParamInfo::expert). Every rank of such a model
   // builds the expert domain, empty on pipeline stages without MoE layers, so the norm's
-  // collectives line up. `byte_params` (dense parameters): published as bytes later
-  // (enable_byte_publish, --fp8-param-gather); the dense domain lays them out first. `instances`:
+  // collectives line up. `byte_params`: published as bytes later (enable_byte_publish,
+  // --fp8-param-gather); the domain holding each (dense or expert) lays them out first. `instances`:
   // the domains' data-parallel groups split into distributed-optimizer instances
   // (--num-distributed-optimizer-instances); default one instance each.
   MixedPrecisionOptimizer(const std::vector<NamedParam>& params, const OptimizerConfig& optimizer,
                           const PrecisionConfig& precision, const ParallelState& parallel, bool distributed,
                           bool expert_domain = false, const std::vector<torch::Tensor>& byte_params = {},
                           const DataParallelInstances& instances = {});
-  // Call before enable_param_gather_overlap; `publish.params` must be the constructor's byte_params.
-  void enable_byte_publish(BytePublish publish) { domains_.front()->enable_byte_publish(std::move(publish)); }
+  // Call before enable_param_gather_overlap: `publish(domain)` gives the functions of each domain
+  // holding some of the constructor's byte_params (its `params` are those of the domain).
+  void enable_byte_publish(const std::function<BytePublish(const OptimizerDomain&)>& publish);
   // Whether some model parameters hold other values than their fp32 main weights (published as bytes).
-  bool byte_published() const { return domains_.front()->byte_published(); }
+  bool byte_published() const;
 
   void zero_grad();
   // Gradients of `params` are overwritten by the first backward of every step (FP8 wgrad GEMMs

@@ -190,9 +190,12 @@ void OptimizerDomain::enable_byte_publish(BytePublish publish) {
 
 void OptimizerDomain::encode_own_shard() {
   // This rank's part of the byte-published range, from its fp32 main weights.
-  const int64_t lo = std::min(shard_begin_, byte_numel_), hi = std::min(shard_begin_ + shard_numel_, byte_numel_);
-  const auto main = main_params_.narrow(0, lo - shard_begin_, hi - lo);
-  auto codes = codes_.narrow(0, lo, hi - lo);
+  // (An empty range where this rank's shard lies past the byte-published elements: every rank
+  // takes part in encode's reduction.)
+  const int64_t hi = std::min(shard_begin_ + shard_numel_, byte_numel_), lo = std::min(shard_begin_, hi);
+  const bool empty = hi == lo;
+  const auto main = empty ? main_params_.narrow(0, 0, 0) : main_params_.narrow(0, lo - shard_begin_, hi - lo);
+  auto codes = empty ? codes_.narrow(0, 0, 0) : codes_.narrow(0, lo - codes_base_, hi - lo);
   byte_publish_.encode(main, codes, lo);
 }
 
@@ -257,15 +260,17 @@ void OptimizerDomain::shard_model_params(const std::vector<std::vector<torch::Te
   torch::NoGradGuard no_grad;
   if (!distributed_) return;  // one rank per optimizer instance holds every weight anyway
   FP8TRON_CHECK(!sharded_ && !param_gather_, "shard_model_params comes once, before enable_param_gather_overlap");
-  if (codes_.defined())
-    throw UserError("--fp8-param-gather does not compose with --data-parallel-sharding-strategy optim_grads_params yet: "
-                    "use --data-parallel-sharding-strategy optim_grads");
   std::unordered_map<const void*, const BufferParam*> mine;
   for (const auto& p : buffer_order_) mine[p.tensor.unsafeGetTensorImpl()] = &p;
   // This rank's shard of the weights; the whole buffer goes once the parameters are units' views.
   model_params_ = model_params_.narrow(0, shard_begin_, shard_numel_).clone();
   model_base_ = shard_begin_;
-  sharded_ = std::make_unique<ShardedWeights>(model_params_, groups_.shard, prefetch);
+  // --fp8-param-gather: the codes too are this rank's shard only; the units gather them.
+  if (codes_.defined()) {
+    codes_ = torch::zeros({shard_numel_}, codes_.options());
+    codes_base_ = shard_begin_;
+  }
+  sharded_ = std::make_unique<ShardedWeights>(model_params_, groups_.shard, prefetch, codes_.defined() ? byte_numel_ : 0);
   size_t placed = 0;
   for (const auto& unit : units) {
     std::vector<BufferParam> params;
@@ -708,6 +713,10 @@ void OptimizerDomain::publish_model_params(const Ranges& published) {
     // The units hold the old values: they gather the new ones from the shards when next used.
     sharded_->release_all();
     copy_main_to_model(published);
+    if (codes_.defined()) {
+      encode_own_shard();
+      sharded_->publish_bytes(codes_, byte_publish_.decode);
+    }
     return;
   }
   finish_param_gather();

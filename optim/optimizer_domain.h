@@ -90,6 +90,8 @@ class OptimizerDomain {
   void enable_byte_publish(BytePublish publish);
   // Whether some model parameters hold other values than their fp32 main weights (published as bytes).
   bool byte_published() const { return codes_.defined(); }
+  // The elements of the constructor's byte_params (laid out first in the flat buffer).
+  int64_t byte_numel() const { return byte_numel_; }
 
   const DomainGroups& groups() const { return groups_; }
   void zero_grad();
@@ -258,6 +260,7 @@ class OptimizerDomain {
   // --fp8-param-gather: [0, byte_numel_) of the buffer is published as bytes through `codes_`.
   int64_t byte_numel_ = 0;
   torch::Tensor codes_;  // uint8, like model_params_
+  int64_t codes_base_ = 0;  // the flat-buffer index of codes_'s element 0 (sharded weights: the shard's)
   BytePublish byte_publish_;
   std::vector<torch::Tensor> step_counts_;  // one per segment
   std::vector<ParamSlot> slots_;

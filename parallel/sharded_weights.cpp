@@ -26,9 +26,18 @@ void free_storage(torch::Tensor& buffer) {
 
 }  // namespace
 
-ShardedWeights::ShardedWeights(torch::Tensor shard, std::shared_ptr<Communicator> group, bool prefetch)
-    : shard_(std::move(shard)), group_(std::move(group)), prefetch_(prefetch) {
+ShardedWeights::ShardedWeights(torch::Tensor shard, std::shared_ptr<Communicator> group, bool prefetch,
+                               int64_t byte_numel)
+    : shard_(std::move(shard)), group_(std::move(group)), prefetch_(prefetch), byte_numel_(byte_numel) {
   FP8TRON_CHECK(shard_.dim() == 1 && shard_.is_contiguous(), "the weight shard must be flat");
+}
+
+void ShardedWeights::publish_bytes(torch::Tensor codes, Decode decode) {
+  FP8TRON_CHECK(byte_numel_ > 0 && codes.numel() == shard_.numel() && codes.scalar_type() == torch::kUInt8,
+                "the codes shard must match the weight shard");
+  release_all();  // units gathered as values are gathered again, as codes
+  codes_ = std::move(codes);
+  decode_ = std::move(decode);
 }
 
 void ShardedWeights::add_unit(const std::vector<BufferParam>& params) {
@@ -39,8 +48,15 @@ void ShardedWeights::add_unit(const std::vector<BufferParam>& params) {
   Unit u;
   int64_t numel = 0;
   for (const auto& p : sorted) {
-    if (!u.pieces.empty() && u.pieces.back().offset + u.pieces.back().numel == p.offset) u.pieces.back().numel += p.numel;
-    else u.pieces.push_back(Piece{p.offset, p.numel, numel});
+    const bool bytes = p.offset < byte_numel_;
+    FP8TRON_CHECK(!bytes || p.offset + p.numel <= byte_numel_, "a weight across the byte-published boundary");
+    Piece* last = u.pieces.empty() ? nullptr : &u.pieces.back();
+    if (last && last->offset + last->numel == p.offset && (last->code_at >= 0) == bytes) {
+      last->numel += p.numel;
+    } else {
+      u.pieces.push_back(Piece{p.offset, p.numel, numel, bytes ? u.code_numel : -1});
+    }
+    if (bytes) u.code_numel += p.numel;
     numel += p.numel;
   }
   u.buffer = torch::empty({numel}, shard_.options());
@@ -92,27 +108,44 @@ void ShardedWeights::start(size_t index) {
   u.resident = true;
   resident_bytes_ += u.bytes;
   peak_resident_bytes_ = std::max(peak_resident_bytes_, resident_bytes_);
+  const bool bytes = codes_.defined() && u.code_numel > 0;
+  if (bytes) u.codes = torch::empty({u.code_numel}, codes_.options());
+  u.decoded = !bytes;
+  for (const Piece& piece : u.pieces) {
+    if (bytes && piece.code_at >= 0) issue(u, piece, u.codes.narrow(0, piece.code_at, piece.numel), codes_);
+    else issue(u, piece, u.buffer.narrow(0, piece.at, piece.numel), shard_);
+  }
+}
+
+// The all-gather of `piece` into `whole` from the owners' parts of it in `shard` (values or codes).
+void ShardedWeights::issue(Unit& u, const Piece& piece, torch::Tensor whole, const torch::Tensor& shard) {
   const int ranks = group_->size(), rank = group_->rank();
   const int64_t shard_numel = shard_.numel(), mine = int64_t(rank) * shard_numel;
-  for (const Piece& piece : u.pieces) {
-    auto whole = u.buffer.narrow(0, piece.at, piece.numel);
-    // This rank's part of the piece, from its shard.
-    const int64_t lo = std::clamp(mine, piece.offset, piece.offset + piece.numel);
-    const int64_t hi = std::clamp(mine + shard_numel, piece.offset, piece.offset + piece.numel);
-    const auto own = hi > lo ? shard_.narrow(0, lo - mine, hi - lo) : shard_.narrow(0, 0, 0);
-    if (ranks == 1) {
-      whole.copy_(own);
-      continue;
-    }
-    u.works.push_back(group_->all_gather_v_async(whole, own, shard_counts(piece.offset, piece.numel, shard_numel, ranks)));
+  // This rank's part of the piece, from its shard.
+  const int64_t lo = std::clamp(mine, piece.offset, piece.offset + piece.numel);
+  const int64_t hi = std::clamp(mine + shard_numel, piece.offset, piece.offset + piece.numel);
+  const auto own = hi > lo ? shard.narrow(0, lo - mine, hi - lo) : shard.narrow(0, 0, 0);
+  if (ranks == 1) {
+    whole.copy_(own);
+    return;
   }
+  u.works.push_back(group_->all_gather_v_async(whole, own, shard_counts(piece.offset, piece.numel, shard_numel, ranks)));
+}
+
+void ShardedWeights::finish(size_t index) {
+  Unit& u = units_[index];
+  for (auto& work : u.works) group_->wait(*work);
+  u.works.clear();
+  if (u.decoded) return;
+  torch::NoGradGuard no_grad;
+  for (const Piece& piece : u.pieces)
+    if (piece.code_at >= 0) decode_(u.codes.narrow(0, piece.code_at, piece.numel), piece.offset, piece.numel);
+  u.decoded = true;
 }
 
 void ShardedWeights::gather(size_t index, int direction) {
   start(index);
-  Unit& u = units_[index];
-  for (auto& work : u.works) group_->wait(*work);
-  u.works.clear();
+  finish(index);
   // The next unit of the pass: forward, one whose forward has not run yet (the tied word
   // embedding, gathered again for the output layer, must not pull in the position embedding);
   // backward, one whose backward is still due.
@@ -127,6 +160,8 @@ void ShardedWeights::release(size_t index) {
   for (auto& work : u.works) group_->wait(*work);  // a prefetch still writing into the buffer
   u.works.clear();
   free_storage(u.buffer);
+  u.codes = torch::Tensor();  // the FP8 weights decoded from them keep them while in use
+  u.decoded = true;
   u.resident = false;
   resident_bytes_ -= u.bytes;
 }
@@ -165,10 +200,7 @@ void ShardedWeights::gather_all() {
   const int64_t peak = peak_resident_bytes_;  // the passes' peak: this is for readers of the whole model
   for (size_t i = 0; i < units_.size(); ++i) start(i);
   peak_resident_bytes_ = peak;
-  for (auto& u : units_) {
-    for (auto& work : u.works) group_->wait(*work);
-    u.works.clear();
-  }
+  for (size_t i = 0; i < units_.size(); ++i) finish(i);
 }
 
 void ShardedWeights::release_all() {

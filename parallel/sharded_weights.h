@@ -16,10 +16,18 @@
 // With prefetching (--overlap-param-gather) gathering unit i also issues, without waiting, the
 // all-gather of the unit the pass needs next (i + 1 forward, i - 1 backward).
 // A released weight has no data at all: reading it is a bug that faults on the null address.
+//
+// Weights published as bytes (--fp8-param-gather: the flat buffer's first `byte_numel` elements,
+// whole FP8 weights) are gathered as their one-byte codes, from the optimizer's codes shard, once
+// publish_bytes() has been called (after the optimizer's first cast; until then they are gathered
+// as values like the rest): each gathered unit hands its codes to `decode`, which writes the
+// weights' values and keeps the codes for the FP8 GEMMs. A unit's codes are a fresh tensor per
+// gather, which the FP8 weights go on referencing after the unit's release.
 #pragma once
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <unordered_map>
 #include <vector>
@@ -33,7 +41,8 @@ class ShardedWeights {
  public:
   // `shard`: this rank's shard_numel elements of the flat weight buffer (parameter dtype), which
   // the optimizer writes after each step; `group`: the ranks the buffer is sharded over.
-  ShardedWeights(torch::Tensor shard, std::shared_ptr<Communicator> group, bool prefetch);
+  // `byte_numel`: the leading elements of the flat buffer that may be published as bytes.
+  ShardedWeights(torch::Tensor shard, std::shared_ptr<Communicator> group, bool prefetch, int64_t byte_numel = 0);
   ShardedWeights(const ShardedWeights&) = delete;
   ShardedWeights& operator=(const ShardedWeights&) = delete;
 
@@ -47,6 +56,11 @@ class ShardedWeights {
   // Releases them, and arms their gather for the backward pass on `outputs` (those requiring grad).
   void release_for(const torch::nn::Module& module, const std::vector<torch::Tensor>& outputs);
   void gather_all();
+  // From now on the byte-published weights are gathered as codes: `codes` is this rank's shard of
+  // them (uint8, the same elements as shard()), `decode(codes, offset, numel)` takes the codes of
+  // the whole weights in the flat-buffer range [offset, offset + numel).
+  using Decode = std::function<void(const torch::Tensor& codes, int64_t offset, int64_t numel)>;
+  void publish_bytes(torch::Tensor codes, Decode decode);
   // Every unit released (the shard changed, or a step's backward is over).
   void release_all();
 
@@ -61,10 +75,14 @@ class ShardedWeights {
  private:
   struct Piece {
     int64_t offset, numel, at;  // flat-buffer range and its place in the unit's buffer
+    int64_t code_at = -1;       // a byte-published piece: its place in the unit's codes
   };
   struct Unit {
-    std::vector<Piece> pieces;  // merged, in offset order
+    std::vector<Piece> pieces;  // merged (not across the byte boundary), in offset order
     torch::Tensor buffer;       // flat; the parameters are views of it
+    int64_t code_numel = 0;     // elements of its byte-published pieces
+    torch::Tensor codes;        // uint8, while gathered as bytes
+    bool decoded = true;        // the gathered codes written into the weights
     int64_t bytes = 0;
     int params = 0, pending = 0;  // parameters, and those still waiting for their gradient
     bool resident = false;
@@ -74,12 +92,17 @@ class ShardedWeights {
   std::vector<size_t> units_of(const torch::nn::Module& module) const;
   void start(size_t unit);  // allocates and issues the all-gather
   void gather(size_t unit, int direction);  // waits; then prefetches unit + direction
+  void finish(size_t unit);                 // waits for its all-gathers and decodes its codes
+  void issue(Unit& u, const Piece& piece, torch::Tensor whole, const torch::Tensor& shard);
   void release(size_t unit);
   void grad_arrived(size_t unit);
 
   torch::Tensor shard_;
   std::shared_ptr<Communicator> group_;
   bool prefetch_;
+  int64_t byte_numel_;
+  torch::Tensor codes_;  // publish_bytes()
+  Decode decode_;
   std::vector<Unit> units_;
   std::unordered_map<const void*, size_t> unit_of_;  // parameter (TensorImpl) -> unit
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keeps the hooked nodes alive

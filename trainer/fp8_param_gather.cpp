@@ -44,8 +44,7 @@ torch::Tensor decode_fp8_codes(const torch::Tensor& codes, const torch::Tensor& 
   return (codes.view(fp8_dtype(format)).to(torch::kFloat32) * scale_inv).to(dtype);
 }
 
-Fp8ParamGather::Fp8ParamGather(std::shared_ptr<fp8::Fp8Engine> engine, const ParallelState& parallel)
-    : engine_(std::move(engine)), parallel_(parallel) {}
+Fp8ParamGather::Fp8ParamGather(std::shared_ptr<fp8::Fp8Engine> engine) : engine_(std::move(engine)) {}
 
 std::vector<torch::Tensor> Fp8ParamGather::params() const {
   std::vector<torch::Tensor> out;
@@ -53,43 +52,62 @@ std::vector<torch::Tensor> Fp8ParamGather::params() const {
   return out;
 }
 
-BytePublish Fp8ParamGather::publish(const MixedPrecisionOptimizer& optimizer) {
-  // The FP8 linears' weights are dense parameters: the dense domain holds them.
-  const auto base = optimizer.domains().front()->model_params();
+BytePublish Fp8ParamGather::publish(const OptimizerDomain& domain) {
+  const auto base = domain.model_params();
   const auto* begin = static_cast<const char*>(base.data_ptr());
-  entries_.clear();
+  const auto* end = begin + base.numel() * base.element_size();
+  auto d = std::make_unique<DomainWeights>();
+  d->group = domain.groups().dp;
+  d->name = domain.groups().name;
+  BytePublish b;
   for (const auto& site : engine_->sites()) {
     const auto& p = site->parameter;
-    const int64_t offset = (static_cast<const char*>(p.data_ptr()) - begin) / int64_t(base.element_size());
-    FP8TRON_CHECK(offset >= 0 && offset + p.numel() <= base.numel(), site->name + ": weight outside the flat buffer");
-    entries_.push_back({site, offset, p.numel(), torch::ones({1}, p.options().dtype(torch::kFloat32))});
+    const auto* at = static_cast<const char*>(p.data_ptr());
+    if (at < begin || at >= end) continue;  // another domain's weight
+    const int64_t offset = (at - begin) / int64_t(base.element_size());
+    FP8TRON_CHECK(offset + p.numel() <= base.numel(), site->name + ": weight outside the flat buffer");
+    d->entries.push_back({site, offset, p.numel(), torch::ones({1}, p.options().dtype(torch::kFloat32))});
+    b.params.push_back(p);
   }
-  std::sort(entries_.begin(), entries_.end(), [](const Entry& a, const Entry& b) { return a.offset < b.offset; });
-  BytePublish b;
-  b.params = params();
-  b.encode = [this](const torch::Tensor& main, torch::Tensor& codes, int64_t offset) { encode(main, codes, offset); };
-  b.decode = [this](const torch::Tensor& codes, int64_t offset, int64_t numel) { decode(codes, offset, numel); };
+  FP8TRON_CHECK(!d->entries.empty(), "no FP8 weights in the " + domain.groups().name + " domain");
+  std::sort(d->entries.begin(), d->entries.end(), [](const Entry& x, const Entry& y) { return x.offset < y.offset; });
+  DomainWeights* weights = d.get();
+  domains_.push_back(std::move(d));
+  b.encode = [this, weights](const torch::Tensor& main, torch::Tensor& codes, int64_t offset) {
+    encode(*weights, main, codes, offset);
+  };
+  b.decode = [this, weights](const torch::Tensor& codes, int64_t offset, int64_t numel) {
+    decode(*weights, codes, offset, numel);
+  };
   return b;
 }
 
-// This rank's elements [offset, offset + main.numel()) of the weights, to codes: the amaxes of every
-// weight's part here, one MAX all-reduce over the data-parallel group, the scales, the casts.
-void Fp8ParamGather::encode(const torch::Tensor& main, torch::Tensor& codes, int64_t offset) {
+std::string Fp8ParamGather::describe() const {
+  std::string out;
+  for (const auto& d : domains_)
+    out += (out.empty() ? "" : ", ") + std::to_string(d->entries.size()) + " in the " + d->name + " domain";
+  return out;
+}
+
+// This rank's elements [offset, offset + main.numel()) of the domain's weights, to codes: the amaxes
+// of every weight's part here, one MAX all-reduce over the domain's data-parallel group, the scales,
+// the casts.
+void Fp8ParamGather::encode(DomainWeights& d, const torch::Tensor& main, torch::Tensor& codes, int64_t offset) {
   torch::NoGradGuard no_grad;
   fp8::Fp8Engine& e = *engine_;
   const int64_t end = offset + main.numel();
   std::vector<torch::Tensor> parts, amaxes;
-  for (const Entry& en : entries_) {
+  for (const Entry& en : d.entries) {
     const int64_t lo = std::max(en.offset, offset), hi = std::min(en.offset + en.numel, end);
     parts.push_back(hi > lo ? main.narrow(0, lo - offset, hi - lo) : main.narrow(0, 0, 0));
     amaxes.push_back(amax_of(parts.back()));
   }
   auto amax = torch::cat(amaxes);
-  if (parallel_.sizes.dp > 1) parallel_.dp->all_reduce(amax, ReduceOp::Max);
+  if (d.group->size() > 1) d.group->all_reduce(amax, ReduceOp::Max);
   const fp8::Format format = fp8::tensor_format(e.recipe(), fp8::TensorRole::kWeight);
   const bool delayed = fp8::recipe_kind(e.recipe()) == fp8::RecipeKind::kDelayed;
-  for (size_t i = 0; i < entries_.size(); ++i) {
-    Entry& en = entries_[i];
+  for (size_t i = 0; i < d.entries.size(); ++i) {
+    Entry& en = d.entries[i];
     torch::Tensor scale;
     if (delayed) {
       // The weight's current scale; its amax joins this step's history row as quantizing it would.
@@ -110,11 +128,11 @@ void Fp8ParamGather::encode(const torch::Tensor& main, torch::Tensor& codes, int
 
 // A gathered range: its weights' codes become their sites' weights for this step, and the model
 // parameters take their values.
-void Fp8ParamGather::decode(const torch::Tensor& codes, int64_t offset, int64_t numel) {
+void Fp8ParamGather::decode(DomainWeights& d, const torch::Tensor& codes, int64_t offset, int64_t numel) {
   torch::NoGradGuard no_grad;
   fp8::Fp8Engine& e = *engine_;
   const fp8::Format format = fp8::tensor_format(e.recipe(), fp8::TensorRole::kWeight);
-  for (const Entry& en : entries_) {
+  for (const Entry& en : d.entries) {
     if (en.offset < offset || en.offset + en.numel > offset + numel) continue;
     fp8::Fp8Site& site = *en.site;
     site.codes = codes.narrow(0, en.offset - offset, en.numel);

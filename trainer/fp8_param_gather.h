@@ -15,34 +15,42 @@
 #include <torch/torch.h>
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "fp8/fp8_linear.h"
-#include "parallel/parallel_state.h"
 #include "optim/mixed_precision_optimizer.h"
 
 namespace fp8tron {
 
 class Fp8ParamGather {
  public:
-  Fp8ParamGather(std::shared_ptr<fp8::Fp8Engine> engine, const ParallelState& parallel);
+  Fp8ParamGather(std::shared_ptr<fp8::Fp8Engine> engine);
   // The weights published as bytes (the FP8 sites' parameters), for the optimizer's constructor.
   std::vector<torch::Tensor> params() const;
-  // The encode/decode functions over `optimizer`'s flat buffer (call after it is built).
-  BytePublish publish(const MixedPrecisionOptimizer& optimizer);
+  // The encode/decode functions over one optimizer domain's flat buffer (call after the optimizer
+  // is built): the dense weights' amaxes reduce over the data-parallel group, the experts' over the
+  // expert data-parallel group (the ranks holding shards of the same experts).
+  BytePublish publish(const OptimizerDomain& domain);
+  // "N FP8 weights in the dense domain, M in the expert domain" (this rank's), for the log.
+  std::string describe() const;
 
  private:
-  void encode(const torch::Tensor& main, torch::Tensor& codes, int64_t offset);
-  void decode(const torch::Tensor& codes, int64_t offset, int64_t numel);
-
   struct Entry {
     std::shared_ptr<fp8::Fp8Site> site;
-    int64_t offset = 0, numel = 0;  // in the optimizer's flat buffer
+    int64_t offset = 0, numel = 0;  // in the domain's flat buffer
     torch::Tensor scale_inv;        // [1] fp32: of the codes last encoded
   };
+  struct DomainWeights {
+    std::vector<Entry> entries;  // in buffer order
+    std::shared_ptr<Communicator> group;
+    std::string name;  // the domain's
+  };
+  void encode(DomainWeights& d, const torch::Tensor& main, torch::Tensor& codes, int64_t offset);
+  void decode(DomainWeights& d, const torch::Tensor& codes, int64_t offset, int64_t numel);
+
   std::shared_ptr<fp8::Fp8Engine> engine_;
-  const ParallelState& parallel_;
-  std::vector<Entry> entries_;  // in buffer order
+  std::vector<std::unique_ptr<DomainWeights>> domains_;
 };
 
 // The FP8 codes of x * scale, saturated to the format's range and rounded to nearest even

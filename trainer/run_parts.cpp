@@ -241,7 +241,7 @@ void build_optimizer(RunParts& r, std::vector<NamedParam> params, bool first_wri
   const auto& d = c.distributed;
   std::vector<torch::Tensor> byte_params;
   if (r.fp8 && c.precision.fp8.param_gather && r.fp8->num_sites() > 0) {
-    r.fp8_param_gather = std::make_unique<Fp8ParamGather>(r.fp8, r.data_parallel);
+    r.fp8_param_gather = std::make_unique<Fp8ParamGather>(r.fp8);
     byte_params = r.fp8_param_gather->params();
   }
   // --num-distributed-optimizer-instances: the optimizer's copies (collective: every rank builds the groups).
@@ -250,7 +250,11 @@ void build_optimizer(RunParts& r, std::vector<NamedParam> params, bool first_wri
   r.optimizer = std::make_unique<MixedPrecisionOptimizer>(params, c.optimizer, c.precision, r.data_parallel,
                                                           d.distributed_optimizer, c.model.moe.enabled(), byte_params,
                                                           instances);
-  if (r.fp8_param_gather) r.optimizer->enable_byte_publish(r.fp8_param_gather->publish(*r.optimizer));
+  if (r.fp8_param_gather)
+    r.optimizer->enable_byte_publish(
+        [gather = r.fp8_param_gather.get()](const OptimizerDomain& domain) { return gather->publish(domain); });
+  if (r.fp8_param_gather)
+    log::info(" > --fp8-param-gather: FP8 weights gathered as codes: " + r.fp8_param_gather->describe());
   const ModelConfig& m = c.model;
   r.optimizer->count_zeros(c.logging.log_num_zeros_in_grad);
   if (d.all_reduce_sharded_grads()) r.optimizer->all_reduce_sharded_grads();

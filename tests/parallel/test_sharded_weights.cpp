@@ -94,5 +94,47 @@ TEST(ShardedWeights, WeightsAreFreedBetweenUses) {
   EXPECT_EQ(weights.resident_bytes(), 0);
 }
 
+// --fp8-param-gather: once the optimizer publishes codes, the leading (byte-published) weights are
+// gathered as their codes and decoded, the rest as values; before that, everything as values.
+struct TwoWeights : torch::nn::Module {
+  torch::Tensor a = register_parameter("a", torch::zeros({2, 3}));
+  torch::Tensor b = register_parameter("b", torch::zeros({4}));
+  torch::Tensor bias = register_parameter("bias", torch::zeros({3}));
+};
+
+TEST(ShardedWeights, ByteWeightsAreGatheredAsCodesAndDecoded) {
+  torch::NoGradGuard no_grad;
+  TwoWeights module;
+  const std::vector<BufferParam> params = {{module.a, 0, 6, 0}, {module.b, 6, 4, 1}, {module.bias, 10, 3, 2}};
+  const auto shard = torch::arange(13, torch::kFloat32);
+  ShardedWeights weights(shard, make_self_communicator("sharded-weights-bytes-test", 0), /*prefetch=*/false,
+                         /*byte_numel=*/10);
+  weights.add_unit(params);
+  weights.gather_for(module);  // before publish_bytes: values
+  EXPECT_TRUE(torch::equal(module.a.reshape({-1}), shard.narrow(0, 0, 6)));
+  weights.release_all();
+
+  const auto codes = torch::arange(100, 113, torch::kInt32).to(torch::kUInt8);
+  std::vector<std::tuple<std::vector<uint8_t>, int64_t, int64_t>> decoded;
+  weights.publish_bytes(codes, [&](const torch::Tensor& c, int64_t offset, int64_t numel) {
+    decoded.emplace_back(std::vector<uint8_t>(c.data_ptr<uint8_t>(), c.data_ptr<uint8_t>() + c.numel()), offset, numel);
+    module.a.reshape({-1}).copy_(c.narrow(0, 0, 6).to(torch::kFloat32) * 2);
+    module.b.copy_(c.narrow(0, 6, 4).to(torch::kFloat32) * 2);
+  });
+  weights.gather_for(module);
+  ASSERT_EQ(decoded.size(), 1u);
+  const std::vector<uint8_t> expected_codes = {100, 101, 102, 103, 104, 105, 106, 107, 108, 109};
+  EXPECT_EQ(std::get<0>(decoded[0]), expected_codes);
+  EXPECT_EQ(std::get<1>(decoded[0]), 0);
+  EXPECT_EQ(std::get<2>(decoded[0]), 10);
+  EXPECT_TRUE(torch::equal(module.b, torch::tensor({212.f, 214.f, 216.f, 218.f})));
+  EXPECT_TRUE(torch::equal(module.bias, shard.narrow(0, 10, 3)));  // not byte-published: values
+  weights.gather_for(module);  // already gathered: not decoded again
+  EXPECT_EQ(decoded.size(), 1u);
+  weights.release_all();
+  weights.gather_all();  // gathered again: decoded again
+  EXPECT_EQ(decoded.size(), 2u);
+}
+
 }  // namespace
 }  // namespace fp8tron

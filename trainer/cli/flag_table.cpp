@@ -203,7 +203,7 @@ const std::vector<FlagSpec>& flag_table() {
       {"first-last-layers-bf16", K::Bool, "", S::Yes, "", "", "Keep the first and last transformer layers' linears in bf16."},
       {"num-layers-at-start-in-bf16", K::Int, "1", S::Yes, "", "", "Layers at the start kept in bf16 (with --first-last-layers-bf16)."},
       {"num-layers-at-end-in-bf16", K::Int, "1", S::Yes, "", "", "Layers at the end kept in bf16 (with --first-last-layers-bf16)."},
-      {"fp8-param-gather", K::Bool, "", S::Yes, "", "", "Keep the FP8 linears' weights in FP8: the distributed optimizer casts its fp32 shards to FP8 and all-gathers FP8 (delayed and tensorwise recipes; needs --use-distributed-optimizer)."},
+      {"fp8-param-gather", K::Bool, "", S::Yes, "", "", "Keep the FP8 linears' weights in FP8: the distributed optimizer (dense and expert weights) casts its fp32 shards to FP8 and all-gathers FP8, also per layer under Megatron-FSDP (delayed and tensorwise recipes; needs --use-distributed-optimizer or --use-megatron-fsdp)."},
 
       // ---- tensor-parallel communication overlap (docs/overlap.md) --------------------------------------
       {"tp-comm-overlap-disable-qkv", K::Bool, "", S::Yes, "", "", "fp8tron extension named after Megatron's tp_comm_overlap_disable_qkv config field (no flag in Megatron): with --tp-comm-overlap, no all-gather/reduce-scatter overlap in qkv's forward and dgrad (bulk overlaps stay)."},

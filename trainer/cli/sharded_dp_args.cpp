@@ -55,8 +55,6 @@ std::string sharded_params_problem(const Config& c) {
   if (c.model.recompute.full())
     return me + " with --recompute-granularity full is not supported yet: use selective recomputation or optim_grads";
   if (c.model.mtp.num_layers > 0) return me + " with --mtp-num-layers is not supported yet: use optim_grads";
-  if (c.precision.fp8.param_gather)
-    return me + " with --fp8-param-gather is not supported yet: drop --fp8-param-gather or use optim_grads";
   if (c.training.cuda_graph.full_iteration)
     return me + " with --cuda-graph-impl full_iteration is not supported yet: use optim_grads";
   if (c.training.weight_hash_interval)

@@ -698,9 +698,6 @@ const std::vector<Rule>& rules() {
          if (!c.distributed.distributed_optimizer)
            return "--fp8-param-gather only supported with distributed optimizer, torch fsdp2, megatron fsdp, or inference "
                   "mode (Megatron): add --use-distributed-optimizer";
-         if (c.model.moe.enabled())
-           return "--fp8-param-gather with --num-experts is not supported yet: fp8tron gathers FP8 weights in the dense "
-                  "parameters' distributed optimizer only, not in the experts' (drop --fp8-param-gather)";
          const auto kind = fp8::recipe_kind(*fp8.recipe);
          if (kind == fp8::RecipeKind::kBlockwise || kind == fp8::RecipeKind::kMxfp8)
            return std::string("--fp8-param-gather with --fp8-recipe ") + fp8::recipe_kind_name(kind) +
