@@ -445,6 +445,7 @@ torch::Tensor GptModelImpl::mtp_loss(const torch::Tensor& hidden, const torch::T
     mask = roll(mask);
     params_ready(*mtp_layers_[k]);
     h = mtp_layers_[k]->forward(embed(ids, positions), h, attention_mask);
+    params_used(*mtp_layers_[k], {h});
     const auto ce = token_losses(output_logits(h), lab);
     const auto m = mask.t();
     const auto sum = (ce * m).sum(), n = micro_batch_count(m.sum());
@@ -509,13 +510,18 @@ ResidualStream GptModelImpl::run_layers(const torch::Tensor& h, const torch::Ten
       }
       continue;
     }
-    for (int64_t i = unit.begin; i < unit.end; ++i) params_ready(*layers_[size_t(i)]);
     // Called again in backward: captures by value (the model outlives its graphs). The unit keeps
-    // its input only, so its input and output are whole tensors.
+    // its input only, so its input and output are whole tensors. Each layer's weights are made
+    // ready and released around it in both runs (sharded weights: gathered for the forward,
+    // again for the recomputation, and again for the backward the recomputation's outputs arm).
     const auto out = recompute(
         [this, unit, attention_mask](const std::vector<torch::Tensor>& in) {
           ResidualStream x{in[0], {}};
-          for (int64_t i = unit.begin; i < unit.end; ++i) x = layers_[size_t(i)]->forward_stream(x, attention_mask);
+          for (int64_t i = unit.begin; i < unit.end; ++i) {
+            params_ready(*layers_[size_t(i)]);
+            x = layers_[size_t(i)]->forward_stream(x, attention_mask);
+            params_used(*layers_[size_t(i)], {x.residual, x.branch, x.branch_bias});
+          }
           return x.sum(main_grads_);
         },
         {stream.sum(main_grads_)}, options);

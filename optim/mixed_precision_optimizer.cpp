@@ -115,6 +115,9 @@ void MixedPrecisionOptimizer::release_params(const torch::nn::Module& module, co
 void MixedPrecisionOptimizer::gather_all_params() {
   for (auto& d : domains_) d->gather_all_params();
 }
+void MixedPrecisionOptimizer::release_all_params() {
+  for (auto& d : domains_) d->release_all_params();
+}
 void MixedPrecisionOptimizer::all_reduce_sharded_grads() {
   for (auto& d : domains_) d->all_reduce_sharded_grads();
 }

@@ -93,10 +93,12 @@ class MixedPrecisionOptimizer {
   // its weights sharded, gathered around their use. `units`: the model's parameters by the module
   // that uses them, in forward order. The forward pass calls wait_for_params(module) before a
   // module runs and release_params(module, its outputs) after; readers of the whole model call
-  // gather_all_params() first.
+  // gather_all_params() first and release_all_params() when done (a pipeline's next forward may
+  // run one model chunk long before the others, which would otherwise stay gathered).
   void shard_model_params(const std::vector<std::vector<torch::Tensor>>& units, bool prefetch);
   void release_params(const torch::nn::Module& module, const std::vector<torch::Tensor>& outputs);
   void gather_all_params();
+  void release_all_params();
   bool params_sharded() const;
   ShardedWeightBytes sharded_weight_bytes() const;
   // Megatron-FSDP's optim strategy (OptimizerDomain::all_reduce_sharded_grads). Before enable_grad_overlap.

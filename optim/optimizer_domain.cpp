@@ -291,6 +291,10 @@ void OptimizerDomain::gather_all_params() {
   if (sharded_) sharded_->gather_all();
 }
 
+void OptimizerDomain::release_all_params() {
+  if (sharded_) sharded_->release_all();
+}
+
 void OptimizerDomain::all_reduce_sharded_grads() {
   FP8TRON_CHECK(!buckets_, "all_reduce_sharded_grads comes before enable_grad_overlap");
   if (distributed_ && groups_.instances->size() > 1)

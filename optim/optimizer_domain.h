@@ -123,6 +123,8 @@ class OptimizerDomain {
   void release_params(const torch::nn::Module& module, const std::vector<torch::Tensor>& outputs);
   // Gathers every sharded weight (for readers of the whole model); unsharded: finish_param_gather().
   void gather_all_params();
+  // After such a reader: every sharded weight released again (no-op unsharded).
+  void release_all_params();
   // Megatron-FSDP's optim strategy: the distributed optimizer's state sharding with the gradients
   // all-reduced over the data-parallel group (every rank holds them all), not reduce-scattered.
   // Call before enable_grad_overlap.

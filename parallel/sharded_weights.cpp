@@ -46,6 +46,7 @@ void ShardedWeights::add_unit(const std::vector<BufferParam>& params) {
   std::vector<BufferParam> sorted = params;
   std::sort(sorted.begin(), sorted.end(), [](const BufferParam& a, const BufferParam& b) { return a.offset < b.offset; });
   Unit u;
+  u.chunk = sorted.front().chunk;
   int64_t numel = 0;
   for (const auto& p : sorted) {
     const bool bytes = p.offset < byte_numel_;
@@ -150,7 +151,7 @@ void ShardedWeights::gather(size_t index, int direction) {
   // embedding, gathered again for the output layer, must not pull in the position embedding);
   // backward, one whose backward is still due.
   const int64_t next = int64_t(index) + direction;
-  if (!prefetch_ || next < 0 || next >= int64_t(units_.size())) return;
+  if (!prefetch_ || next < 0 || next >= int64_t(units_.size()) || units_[size_t(next)].chunk != units_[index].chunk) return;
   if (units_[size_t(next)].awaiting_backward == (direction < 0)) start(size_t(next));
 }
 
@@ -184,7 +185,14 @@ void ShardedWeights::release_for(const torch::nn::Module& module, const std::vec
     if (!out.defined() || !out.requires_grad()) continue;
     // The first gradient reaching the module's outputs: its backward pass is about to start.
     out.register_hook([this, units](const torch::Tensor&) {
-      for (size_t unit : units) units_[unit].awaiting_backward = false;
+      // With a pipeline several micro-batches' forwards run before their backwards: a unit whose
+      // gradients have all arrived (released by the previous backward) is armed again, so each
+      // backward releases it once its gradients are in. (A unit armed already, by its forward or
+      // by another of its parts' outputs in this backward, keeps counting.)
+      for (size_t unit : units) {
+        units_[unit].awaiting_backward = false;
+        if (units_[unit].pending <= 0) units_[unit].pending = units_[unit].params;
+      }
       for (auto it = units.rbegin(); it != units.rend(); ++it) gather(*it, -1);
     });
   }

@@ -14,7 +14,8 @@
 //    for the backward pass,
 //  - released again once every one of its parameters has received its gradient.
 // With prefetching (--overlap-param-gather) gathering unit i also issues, without waiting, the
-// all-gather of the unit the pass needs next (i + 1 forward, i - 1 backward).
+// all-gather of the unit the pass needs next (i + 1 forward, i - 1 backward) within the same model
+// chunk: an interleaved pipeline runs another chunk next only after other work, often much later.
 // A released weight has no data at all: reading it is a bug that faults on the null address.
 //
 // Weights published as bytes (--fp8-param-gather: the flat buffer's first `byte_numel` elements,
@@ -85,6 +86,7 @@ class ShardedWeights {
     bool decoded = true;        // the gathered codes written into the weights
     int64_t bytes = 0;
     int params = 0, pending = 0;  // parameters, and those still waiting for their gradient
+    int chunk = 0;                // the model chunk (virtual pipeline stage) it belongs to
     bool resident = false;
     bool awaiting_backward = false;  // released after a forward pass whose backward has not reached it
     std::vector<std::unique_ptr<CommWork>> works;  // an all-gather in flight

@@ -65,6 +65,7 @@ std::map<std::string, torch::Tensor> global_weights(RunParts& parts, std::vector
       sample->push_back(flat.sum().item<double>());
     }
   }
+  parts.optimizer->release_all_params();
   return out;
 }
 

@@ -614,11 +614,12 @@ TEST(Config, MegatronFsdpStrategies) {
   EXPECT_TRUE(d.shard_params() && d.distributed_optimizer);
 
   EXPECT_USER_ERROR(build(tiny_args({"--data-parallel-sharding-strategy", "optim"}), 2), "need --use-megatron-fsdp");
-  EXPECT_USER_ERROR(fsdp({"--pipeline-model-parallel-size", "2"}, 4),
-                    "optim_grads_params with --pipeline-model-parallel-size > 1 is not supported yet");
-  EXPECT_USER_ERROR(fsdp({"--context-parallel-size", "2"}, 4), "optim_grads_params with --context-parallel-size > 1");
-  EXPECT_USER_ERROR(fsdp({"--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"}),
-                    "optim_grads_params with --recompute-granularity full");
+  // ZeRO-3 composes with pipelines, context parallelism and full recomputation.
+  EXPECT_TRUE(fsdp({"--pipeline-model-parallel-size", "2"}, 4).shard_params());
+  EXPECT_TRUE(fsdp({"--context-parallel-size", "2"}, 4).shard_params());
+  EXPECT_TRUE(
+      fsdp({"--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"})
+          .shard_params());
   EXPECT_USER_ERROR(fsdp({"--check-weight-hash-across-dp-replicas-interval", "2"}),
                     "--check-weight-hash-across-dp-replicas-interval is not supported with optim_grads_params");
   EXPECT_USER_ERROR(fsdp({"--megatron-fsdp-main-params-dtype", "bf16"}), "--megatron-fsdp-main-params-dtype bf16 is not supported yet");

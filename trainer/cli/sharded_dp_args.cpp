@@ -50,11 +50,6 @@ std::string torch_fsdp2_problem(const Config& c, const FlagValues& f) {
 // compose with yet.
 std::string sharded_params_problem(const Config& c) {
   const std::string me = "--data-parallel-sharding-strategy optim_grads_params";
-  if (c.parallel.pp > 1) return me + " with --pipeline-model-parallel-size > 1 is not supported yet: use optim_grads";
-  if (c.parallel.cp > 1) return me + " with --context-parallel-size > 1 is not supported yet: use optim_grads";
-  if (c.model.recompute.full())
-    return me + " with --recompute-granularity full is not supported yet: use selective recomputation or optim_grads";
-  if (c.model.mtp.num_layers > 0) return me + " with --mtp-num-layers is not supported yet: use optim_grads";
   if (c.training.cuda_graph.full_iteration)
     return me + " with --cuda-graph-impl full_iteration is not supported yet: use optim_grads";
   if (c.training.weight_hash_interval)
