@@ -10,8 +10,18 @@ must match transformers' logits of the original model; then fp8tron trains from 
   mixtral       MixtralForCausalLM (router, 4 experts of which 2 per token, GQA)
   qwen2_moe     Qwen2MoeForCausalLM (q/k/v biases, shared expert with its gate, softmax before top-k,
                 a dense layer among MoE ones)
+  deepseek_v3   DeepseekV3ForCausalLM: multi-latent attention with a query bottleneck, YaRN, a dense
+                layer then MoE layers (sigmoid router, expert bias, group-limited routing, scaling
+                factor, two shared experts)
+  deepseek_v3_no_q_lora  the same without q_lora_rank, rope_interleave false (rotary rows
+                permuted on import), one expert per token, no groups
   refusals      unsupported config fields are refused with one line naming the field, and no
                 checkpoint is left behind
+  export_<kind> fp8tron trains a tiny model for 3 iterations, fp8tron-export writes it and
+                transformers' logits of the export equal fp8tron's: qwen2, mixtral, qwen2_moe,
+                deepseek_v3 (MoE with groups, expert bias, scaling, shared experts),
+                deepseek_v3_plain (no q_lora_rank, top-1, no groups)
+  export_refusals  MoE models no Hugging Face class computes are refused naming the flag
 
 usage: hf_import_test.py CASE BUILD_DIR
 fp8tron's logits come from `fp8tron-import --reference-tokens`, which reads the written checkpoint
@@ -36,6 +46,9 @@ except ImportError as e:
     sys.exit(77)
 
 TOLERANCE = 1e-4
+# Models added with the MoE export and the DeepSeek-V3 import are held to fp32 rounding.
+TIGHT = 1e-6
+TIGHT_CASES = ("qwen2", "mixtral", "qwen2_moe", "deepseek_v3", "deepseek_v3_no_q_lora")
 failures = []
 
 
@@ -59,6 +72,10 @@ def perturb(model):
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.05 * torch.randn(p.shape, generator=g))
+        # DeepSeek-V3's expert bias is a buffer: large enough to change which experts are chosen.
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.add_(0.2 * torch.randn(b.shape, generator=g))
 
 
 def make_model(case, directory):
@@ -98,7 +115,23 @@ def make_model(case, directory):
                                              mlp_only_layers=[1], bos_token_id=0, eos_token_id=0)
         model = transformers.Qwen2MoeForCausalLM(config)
         shard = None
-    else:  # llama_scaled
+    elif case.startswith("deepseek_v3"):
+        plain = case == "deepseek_v3_no_q_lora"
+        yarn = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 4096,
+                "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1}
+        config = transformers.DeepseekV3Config(
+            hidden_size=64, intermediate_size=96, moe_intermediate_size=16, num_hidden_layers=2 if plain else 3,
+            num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4 if plain else 8,
+            num_experts_per_tok=1 if plain else 4, n_group=1 if plain else 4, topk_group=1 if plain else 2,
+            norm_topk_prob=not plain, routed_scaling_factor=1.0 if plain else 2.5, n_shared_experts=1 if plain else 2,
+            first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=None if plain else 24, qk_rope_head_dim=8,
+            qk_nope_head_dim=8, v_head_dim=12, vocab_size=100, rms_norm_eps=1e-6,
+            max_position_embeddings=128 if plain else 16384, rope_interleave=not plain,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0} if plain else yarn,
+            tie_word_embeddings=plain, bos_token_id=0, eos_token_id=0)
+        model = transformers.DeepseekV3ForCausalLM(config)
+        shard = None
+    elif case == "llama_scaled":
         config = transformers.LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                                           num_attention_heads=4, num_key_value_heads=4, vocab_size=100,
                                           max_position_embeddings=16384, tie_word_embeddings=True,
@@ -109,6 +142,8 @@ def make_model(case, directory):
                                           bos_token_id=0, eos_token_id=0)
         model = transformers.LlamaForCausalLM(config)
         shard = None
+    else:
+        raise SystemExit(f"unknown case {case}")
     perturb(model)
     model.eval()
     if shard:
@@ -122,17 +157,23 @@ def losses(output):
     return [float(x) for x in re.findall(r"lm loss: ([0-9.eE+-]+)", output)]
 
 
-def compare(case, model, reference_file, tool):
+def compare(case, model, reference_file, tool, tolerance=None):
+    tolerance = tolerance or (TIGHT if case in TIGHT_CASES else TOLERANCE)
     reference = load_file(reference_file)
     with torch.no_grad():
         expected = model(reference["input_ids"]).logits.float()
     got = reference["logits"]
     relative = ((got - expected).norm() / expected.norm()).item()
     same_argmax = (got.argmax(-1) == expected.argmax(-1)).float().mean().item()
-    check(got.shape == expected.shape and relative <= TOLERANCE,
-          f"{case}: fp8tron's logits ({tool} --reference-tokens) from the imported checkpoint vs transformers': "
-          f"relative difference {relative:.2e} (tolerance {TOLERANCE:.0e}), same argmax at "
+    check(got.shape == expected.shape and relative <= tolerance and same_argmax == 1.0,
+          f"{case}: fp8tron's logits ({tool} --reference-tokens) vs transformers': "
+          f"relative difference {relative:.2e} (tolerance {tolerance:.0e}), same argmax at "
           f"{100 * same_argmax:.0f}% of positions")
+
+
+def load_model(directory):
+    return transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32,
+                                                             attn_implementation="eager").eval()
 
 
 def import_and_compare(case, build):
@@ -157,12 +198,17 @@ def import_and_compare(case, build):
                  "--rotary-interleaved", "--norm-epsilon", "1e-5"])
             compare("llama --rotary-interleaved", model, os.path.join(interleaved, "fp8tron_reference.safetensors"),
                     "fp8tron-import")
-        if case not in ("qwen2", "mixtral", "qwen2_moe"):  # fp8tron-export writes no Qwen2 or MoE classes yet
-            run([f"{build}/fp8tron-export", "--load", ckpt, "--output", exported, "--reference-tokens", str(tokens)])
-            compare(case, model, os.path.join(exported, "fp8tron_reference.safetensors"), "fp8tron-export")
-            # Import then export gives back the same tensors (the exporter is the import's inverse).
-            back = load_file(os.path.join(exported, "model.safetensors"))
-            original = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight" or "lm_head.weight" in back}
+        run([f"{build}/fp8tron-export", "--load", ckpt, "--output", exported, "--reference-tokens", str(tokens)])
+        compare(case, model, os.path.join(exported, "fp8tron_reference.safetensors"), "fp8tron-export")
+        config = json.load(open(os.path.join(exported, "config.json")))
+        check(config["architectures"] == model.config.architectures,
+              f"{case}: exported as {config['architectures']}, imported from {model.config.architectures}")
+        # Import then export gives back the same tensors (the exporter is the import's inverse; the
+        # MoE experts are written per expert and fused by transformers as it loads them). Without
+        # rope_interleave the rotary rows come back permuted, as rope_interleave true computes alike.
+        if case != "deepseek_v3_no_q_lora":
+            back = load_model(exported).state_dict()
+            original = model.state_dict()
             worst = max((back[k] - v).abs().max().item() for k, v in original.items() if k in back)
             check(set(back) == set(original) and worst == 0,
                   f"{case}: export of the imported checkpoint gives back the original tensors (max difference {worst:g})")

@@ -22,6 +22,7 @@
 #include "checkpoint/safetensors.h"
 #include "checkpoint/saved_tensors.h"
 #include "checkpoint/sharded_io.h"
+#include "models/attention/rotary.h"
 #include "models/gpt_model.h"
 #include "trainer/cli/config_builder.h"
 #include "trainer/cli/flags.h"
@@ -319,6 +320,145 @@ ModelFlags qwen2_moe_flags(const HfConfig& c) {
   return f;
 }
 
+// Multi-latent attention's rotary settings: plain RoPE, or YaRN as Megatron's MLA takes it
+// (--rotary-scaling-factor, --mscale, --mscale-all-dim; the original context 4096 and betas 32 / 1
+// fixed). transformers infers the cos/sin factor from mscale only when mscale_all_dim is set too.
+void mla_rope_flags(const HfConfig& c, ModelFlags& f) {
+  json scaling = c.has("rope_parameters") ? c.at("rope_parameters") : c.has("rope_scaling") ? c.at("rope_scaling") : json();
+  const std::string field = c.has("rope_parameters") ? "rope_parameters" : "rope_scaling";
+  double theta = c.number_or("rope_theta", 10000.0);
+  if (scaling.is_object() && scaling.contains("rope_theta")) theta = scaling["rope_theta"].get<double>();
+  if (theta != std::floor(theta) || theta < 1 || theta > 1e15)
+    c.refuse("rope_theta", number_text(theta) + " (fp8tron's --rotary-base is a whole number)");
+  f.add("--rotary-base", int64_t(theta));
+  const std::string type =
+      scaling.is_object() ? scaling.value("rope_type", scaling.value("type", std::string("default"))) : "default";
+  if (type == "default") {
+    f.add("--rope-type", "rope");
+    return;
+  }
+  if (type != "yarn") c.refuse(field + ".rope_type", "'" + type + "' (multi-latent attention takes default or yarn)");
+  auto number = [&](const char* key, double fallback) {
+    return scaling.contains(key) && !scaling[key].is_null() ? scaling[key].get<double>() : fallback;
+  };
+  auto expect = [&](const char* key, double fallback, double value) {
+    if (number(key, fallback) != value)
+      c.refuse(field + "." + key, strprintf("fp8tron's multi-latent attention YaRN has %s %g", key, value));
+  };
+  expect("original_max_position_embeddings", 4096, 4096);
+  expect("beta_fast", 32, 32);
+  expect("beta_slow", 1, 1);
+  if (scaling.contains("truncate") && scaling["truncate"] == false)
+    c.refuse(field + ".truncate", "false (fp8tron's multi-latent attention YaRN rounds the correction range)");
+  const double factor = number("factor", double(c.integer("max_position_embeddings")) / 4096.0);
+  const double mscale = number("mscale", 0), all_dim = number("mscale_all_dim", 0);
+  // transformers' cos/sin factor, and the mscale pair that gives it in Megatron's formula.
+  RotarySpec spec;
+  spec.scaling = RotaryScaling::Yarn;
+  spec.yarn.scaling_factor = factor;
+  spec.yarn.mscale = mscale != 0 && all_dim != 0 ? mscale : 1.0;
+  spec.yarn.mscale_all_dim = mscale != 0 ? all_dim : 0.0;
+  const double theirs = number("attention_factor", mscale != 0 && all_dim != 0
+                                                       ? yarn_mscale(factor, mscale) / yarn_mscale(factor, all_dim)
+                                                       : yarn_mscale(factor, 1.0));
+  if (std::abs(theirs - rotary_concentration(spec)) > 1e-12 * std::abs(theirs))
+    c.refuse(field + ".mscale_all_dim",
+             strprintf("gives a cos/sin factor %g that Megatron's --mscale / --mscale-all-dim cannot", theirs));
+  // The softmax scale takes mscale_all_dim whenever it is set (yarn_apply_mscale): it must reach fp8tron.
+  if (spec.yarn.mscale_all_dim != all_dim)
+    c.refuse(field + ".mscale", "missing while mscale_all_dim is set (transformers then scales cos/sin and the softmax "
+                                "in a way Megatron's MLA does not)");
+  f.add("--rope-type", "yarn");
+  f.add_number("--rotary-scaling-factor", factor);
+  f.add_number("--mscale", spec.yarn.mscale);
+  f.add_number("--mscale-all-dim", spec.yarn.mscale_all_dim);
+}
+
+// DeepSeek-V3's mixture of experts (DeepseekV3MoE): first_k_dense_replace dense layers, then MoE
+// layers whose sigmoid router selects on score + e_score_correction_bias (Megatron's expert
+// bias) within the topk_group best of n_group groups, a group scored by its top-2 (fp8tron's
+// --moe-router-topk / --moe-router-group-topk, so that ratio must be 2), weighs by the unbiased
+// scores renormalised over k (norm_topk_prob) times routed_scaling_factor; n_shared_experts
+// ungated shared experts. Training follows Megatron's DeepSeek-V3 recipe (seq_aux_loss 1e-4,
+// fp32 router, bias update rate 1e-3).
+void deepseek_moe_flags(const HfConfig& c, ModelFlags& f) {
+  const int64_t layers = c.integer("num_hidden_layers"), experts = c.integer_or("n_routed_experts", 0);
+  const int64_t dense = std::min(c.integer_or("first_k_dense_replace", 0), layers);
+  if (experts <= 0 || dense == layers) return;  // a dense model
+  const int64_t topk = c.integer("num_experts_per_tok"), moe_ffn = c.integer("moe_intermediate_size");
+  f.add("--num-experts", experts);
+  f.add("--moe-router-topk", topk);
+  f.add("--moe-ffn-hidden-size", moe_ffn);
+  if (dense > 0) f.add("--moe-layer-freq", strprintf("([0]*%lld+[1]*%lld)", (long long)dense, (long long)(layers - dense)));
+  const int64_t shared = c.integer_or("n_shared_experts", 0);
+  if (shared <= 0) c.refuse("n_shared_experts", "DeepseekV3MoE without shared experts has no fp8tron equivalent here");
+  f.add("--moe-shared-expert-intermediate-size", shared * moe_ffn);
+  f.add("--moe-router-score-function", "sigmoid");
+  f.add("--moe-router-enable-expert-bias");
+  const int64_t groups = c.integer_or("n_group", 1), group_topk = c.integer_or("topk_group", 1);
+  if (groups < 1 || experts % groups != 0) c.refuse("n_group", "must divide n_routed_experts");
+  if (experts / groups < 2) c.refuse("n_group", "transformers scores each group by its top 2 experts: groups need 2 or more");
+  if (group_topk < groups) {  // else every group is kept: plain top-k
+    if (group_topk < 1 || topk / group_topk != 2)
+      c.refuse("topk_group", strprintf("%lld with num_experts_per_tok %lld: transformers scores a group by the sum of "
+                                       "its top 2, fp8tron by its top (num_experts_per_tok / topk_group), so that ratio must be 2",
+                                       (long long)group_topk, (long long)topk));
+    f.add("--moe-router-num-groups", groups);
+    f.add("--moe-router-group-topk", group_topk);
+  }
+  // fp8tron's sigmoid router renormalises over k > 1 (Megatron's), never over one.
+  if (c.flag_or("norm_topk_prob", true) != (topk > 1))
+    c.refuse("norm_topk_prob", strprintf("%s with num_experts_per_tok %lld (fp8tron's sigmoid router renormalises "
+                                         "exactly when more than one expert is chosen)",
+                                         topk > 1 ? "false" : "true", (long long)topk));
+  const double scale = c.number_or("routed_scaling_factor", 1.0);
+  if (scale != 1.0) f.add_number("--moe-router-topk-scaling-factor", scale);
+  f.add("--moe-router-load-balancing-type", "seq_aux_loss");
+  f.add_number("--moe-aux-loss-coeff", 1e-4);
+  f.add("--moe-router-dtype", "fp32");
+}
+
+// DeepSeek-V3: multi-latent attention (a query bottleneck unless q_lora_rank is null, the q and
+// kv latent norms as --qk-layernorm), RMSNorm, SwiGLU, dense then MoE layers.
+ModelFlags deepseek_v3_flags(const HfConfig& c) {
+  require_architecture(c, "DeepseekV3ForCausalLM");
+  if (c.string_or("hidden_act", "silu") != "silu")
+    c.refuse("hidden_act", "'" + c.string_or("hidden_act", "") + "' (fp8tron's SwiGLU gates with silu)");
+  if (c.flag_or("attention_bias", false)) c.refuse("attention_bias", "true (fp8tron's multi-latent attention has no biases)");
+  ModelFlags f;
+  f.format = "deepseek_v3";
+  f.add("--num-layers", c.integer("num_hidden_layers"));
+  f.add("--hidden-size", c.integer("hidden_size"));
+  f.add("--ffn-hidden-size", c.integer("intermediate_size"));
+  f.add("--num-attention-heads", c.integer("num_attention_heads"));
+  f.add("--max-position-embeddings", c.integer("max_position_embeddings"));
+  f.add("--position-embedding-type", "rope");
+  f.add("--multi-latent-attention");
+  if (c.has("q_lora_rank")) f.add("--q-lora-rank", c.integer("q_lora_rank"));
+  f.add("--kv-lora-rank", c.integer("kv_lora_rank"));
+  f.add("--qk-head-dim", c.integer("qk_nope_head_dim"));
+  f.add("--qk-pos-emb-head-dim", c.integer("qk_rope_head_dim"));
+  f.add("--v-head-dim", c.integer("v_head_dim"));
+  f.add("--qk-layernorm");
+  mla_rope_flags(c, f);
+  const double eps = c.number_or("rms_norm_eps", 1e-6);
+  f.add("--normalization", "RMSNorm");
+  f.add_number("--norm-epsilon", eps);
+  // transformers builds the latent norms with eps 1e-6 whatever rms_norm_eps says; fp8tron's take --norm-epsilon.
+  if (std::abs(eps - 1e-6) > 1e-9)
+    f.notes.push_back(strprintf("rms_norm_eps is %g but transformers' q_a_layernorm and kv_a_layernorm use 1e-6; "
+                                "fp8tron's take --norm-epsilon, so the logits differ slightly", eps));
+  f.add("--swiglu");
+  f.add("--disable-bias-linear");
+  if (!c.flag_or("tie_word_embeddings", false)) f.add("--untie-embeddings-and-output-weights");
+  f.add_number("--attention-dropout", c.number_or("attention_dropout", 0.0));
+  f.add_number("--hidden-dropout", 0.0);
+  f.add_number("--init-method-std", c.number_or("initializer_range", 0.02));
+  f.add("--vocab-size", c.integer("vocab_size"));
+  deepseek_moe_flags(c, f);
+  return f;
+}
+
 ModelFlags model_flags(const std::string& hf_dir) {
   const std::string path = hf_dir + "/config.json";
   const HfConfig c(read_json(path), path);
@@ -329,7 +469,8 @@ ModelFlags model_flags(const std::string& hf_dir) {
   if (type == "mixtral") return mixtral_flags(c);
   if (type == "qwen2") return qwen2_flags(c);
   if (type == "qwen2_moe") return qwen2_moe_flags(c);
-  c.refuse("model_type", "'" + type + "' (supported: gpt2, llama, qwen2, mixtral, qwen2_moe)");
+  if (type == "deepseek_v3") return deepseek_v3_flags(c);
+  c.refuse("model_type", "'" + type + "' (supported: gpt2, llama, qwen2, mixtral, qwen2_moe, deepseek_v3)");
 }
 
 // The Hugging Face tensors by name, from model.safetensors or the shards its index lists.
@@ -470,6 +611,56 @@ class Mapper {
     return std::move(out_);
   }
 
+  // DeepSeek-V3: multi-latent attention (the inverse of the exporter's mapping), dense layers as
+  // Llama's MLP, MoE layers with the router's e_score_correction_bias as Megatron's expert bias and
+  // the ungated shared experts. With rope_interleave (the default) transformers de-interleaves the
+  // rotary channels as Megatron's MLA does; without it, it rotates them as stored (rotate-half), so
+  // the rotary rows are permuted to channel pairs here.
+  std::map<std::string, torch::Tensor> deepseek_v3(bool rope_interleave) {
+    const MlaConfig& a = m_.mla;
+    const int64_t dn = a.qk_head_dim, dr = a.qk_pos_emb_head_dim, heads = m_.num_attention_heads;
+    // Rows [heads, dn + dr, in] (query) or [kv_lora_rank + dr, in] (compressed kv): the rotary rows in Megatron's order.
+    auto query_rows = [&](torch::Tensor w) {
+      if (rope_interleave) return w;
+      auto per_head = w.view({heads, dn + dr, w.size(1)});
+      auto rope = hf::interleave_heads(per_head.narrow(1, dn, dr).reshape({heads * dr, w.size(1)}), dr);
+      return torch::cat({per_head.narrow(1, 0, dn), rope.view({heads, dr, w.size(1)})}, 1).reshape(w.sizes());
+    };
+    auto kv_rows = [&](torch::Tensor w) {
+      if (rope_interleave) return w;
+      return torch::cat({w.narrow(0, 0, a.kv_lora_rank), hf::interleave_heads(w.narrow(0, a.kv_lora_rank, dr), dr)});
+    };
+    put("embedding.word_embeddings.weight", hf_.take("model.embed_tokens.weight"));
+    for (int64_t i = 0; i < m_.num_layers; ++i) {
+      const std::string p = "decoder.layers." + std::to_string(i) + ".", h = "model.layers." + std::to_string(i) + ".";
+      const std::string att = p + "self_attention.", x = h + "self_attn.";
+      norm(p + "input_layernorm.weight", h + "input_layernorm.weight");
+      if (a.q_lora_rank) {
+        put(att + "linear_q_down_proj.weight", hf_.take(x + "q_a_proj.weight"));
+        norm(att + "linear_q_up_proj.layer_norm_weight", x + "q_a_layernorm.weight");
+        put(att + "linear_q_up_proj.weight", query_rows(hf_.take(x + "q_b_proj.weight")));
+      } else {
+        put(att + "linear_q_proj.weight", query_rows(hf_.take(x + "q_proj.weight")));
+      }
+      put(att + "linear_kv_down_proj.weight", kv_rows(hf_.take(x + "kv_a_proj_with_mqa.weight")));
+      norm(att + "linear_kv_up_proj.layer_norm_weight", x + "kv_a_layernorm.weight");
+      put(att + "linear_kv_up_proj.weight", hf_.take(x + "kv_b_proj.weight"));
+      put(att + "linear_proj.weight", hf_.take(x + "o_proj.weight"));
+      if (m_.moe.is_moe_layer(i)) {
+        norm(p + "pre_mlp_layernorm.weight", h + "post_attention_layernorm.weight");
+        put(p + "mlp.router.expert_bias", hf_.take(h + "mlp.gate.e_score_correction_bias"));
+        experts(p + "mlp.", h);
+        continue;
+      }
+      norm(p + "mlp.linear_fc1.layer_norm_weight", h + "post_attention_layernorm.weight");
+      put(p + "mlp.linear_fc1.weight", torch::cat({hf_.take(h + "mlp.gate_proj.weight"), hf_.take(h + "mlp.up_proj.weight")}));
+      put(p + "mlp.linear_fc2.weight", hf_.take(h + "mlp.down_proj.weight"));
+    }
+    norm("decoder.final_layernorm.weight", "model.norm.weight");
+    output_layer();
+    return std::move(out_);
+  }
+
   // The router and experts: Mixtral's block_sparse_moe.{gate, experts.E.w1 (gate), w3 (up), w2
   // (down)} as save_pretrained writes them, Qwen2-MoE's mlp.{gate, experts.E.{gate,up,down}_proj},
   // or transformers 5's fused mlp.experts.gate_up_proj [E, 2 * ffn, hidden] (gate rows first) and
@@ -501,7 +692,8 @@ class Mapper {
       }
     }
     if (m_.moe.shared_expert_size > 0) {
-      const std::string x = moe + "shared_expert.";
+      // Qwen2-MoE's shared_expert (gated), DeepSeek-V3's shared_experts.
+      const std::string x = moe + (hf_.has(moe + "shared_experts.gate_proj.weight") ? "shared_experts." : "shared_expert.");
       put(p + "shared_experts.linear_fc1.weight",
           torch::cat({hf_.take(x + "gate_proj.weight"), hf_.take(x + "up_proj.weight")}));
       put(p + "shared_experts.linear_fc2.weight", hf_.take(x + "down_proj.weight"));
@@ -595,12 +787,32 @@ void write_reference_logits(const ck::CheckpointLocation& location, const ModelC
     reader.read(name, entry.dtype, entry.shape, ck::whole(entry.shape), host.data_ptr());
     item.value().copy_(host.to(torch::kFloat32));
   }
+  for (auto& item : net->named_buffers()) {  // the routers' expert bias
+    if (!reader.has_tensor(item.key())) continue;
+    const ck::TensorEntry& entry = reader.metadata().tensors.at(item.key());
+    auto host = torch::empty(entry.shape, torch::TensorOptions().dtype(torch_of(entry.dtype)));
+    reader.read(item.key(), entry.dtype, entry.shape, ck::whole(entry.shape), host.data_ptr());
+    item.value().copy_(host.to(torch::kFloat32));
+  }
   auto generator = at::make_generator<at::CPUGeneratorImpl>(1234);
   auto ids = torch::randint(0, c.vocab_size, {1, tokens}, generator, torch::kInt64);
   auto logits = net->forward(ids).narrow(-1, 0, c.vocab_size).to(torch::kFloat32).contiguous();
   std::vector<ck::TensorToWrite> out = {{"input_ids", ck::DType::I64, ids.sizes().vec(), ids.data_ptr(), {}},
                                         {"logits", ck::DType::F32, logits.sizes().vec(), logits.data_ptr(), {}}};
   ck::write_safetensors(path, out, {{"format", "pt"}});
+}
+
+// Whether `name` is model.layers.N.* with N >= `layers` (past the decoder).
+bool beyond_decoder(const std::string& name, int64_t layers) {
+  const std::string prefix = "model.layers.";
+  if (!name.starts_with(prefix)) return false;
+  size_t used = 0;
+  try {
+    const int64_t n = std::stoll(name.substr(prefix.size()), &used);
+    return n >= layers && name[prefix.size() + used] == '.';
+  } catch (const std::exception&) {
+    return false;
+  }
 }
 
 // Flags parsed as the trainer parses them (argv[0] first).
@@ -676,11 +888,23 @@ ImportResult import_hugging_face(const ImportOptions& o) {
   GptModel net(m);
   HfTensors hf(o.hf_dir);
   Mapper mapper(hf, m);
-  std::map<std::string, torch::Tensor> tensors = model.format == "gpt2" ? mapper.gpt2() : mapper.llama_family();
+  const json hf_config = read_json(o.hf_dir + "/config.json");
+  std::map<std::string, torch::Tensor> tensors =
+      model.format == "gpt2"          ? mapper.gpt2()
+      : model.format == "deepseek_v3" ? mapper.deepseek_v3(hf_config.value("rope_interleave", true))
+                                      : mapper.llama_family();
+  int64_t mtp_tensors = 0;
   for (const auto& name : hf.untaken()) {
     // Buffers some writers store (GPT-2's causal mask, rotary frequencies) are recomputed by fp8tron.
     if (name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias") || name.ends_with("rotary_emb.inv_freq"))
       continue;
+    // DeepSeek-V3's checkpoints hold their multi-token-prediction layers after the decoder's
+    // (model.layers.<num_hidden_layers>...); transformers does not run them either.
+    if (model.format == "deepseek_v3" && beyond_decoder(name, m.num_layers)) {
+      if (++mtp_tensors == 1) model.notes.push_back("the multi-token-prediction layers (model.layers." +
+                                                   std::to_string(m.num_layers) + " on) are not imported");
+      continue;
+    }
     throw UserError("model.safetensors holds " + name + ", which this fp8tron model has no place for (a flag that "
                     "drops it, or a " + model.format + " variant fp8tron does not build)");
   }
@@ -705,8 +929,16 @@ ImportResult import_hugging_face(const ImportOptions& o) {
     if (dtype != ck::DType::F32) stored.emplace_back(kMainParamPrefix + name, t.contiguous());
     tensors.erase(it);
   }
-  for (const auto& item : net->named_buffers())  // e.g. MoE routers' expert bias: its initial value
-    stored.emplace_back(item.key(), item.value().to(torch::kFloat32).contiguous());
+  for (const auto& item : net->named_buffers()) {
+    // MoE routers' expert bias: DeepSeek-V3's e_score_correction_bias, else its initial value.
+    auto it = tensors.find(item.key());
+    torch::Tensor t = it == tensors.end() ? item.value() : it->second;
+    if (t.sizes() != item.value().sizes())
+      throw UserError("shape mismatch for " + item.key() + ": " + ck::shape_string(t.sizes().vec()) + " from Hugging Face, " +
+                      ck::shape_string(item.value().sizes().vec()) + " in fp8tron's model");
+    stored.emplace_back(item.key(), t.to(torch::kFloat32).contiguous());
+    if (it != tensors.end()) tensors.erase(it);
+  }
   if (!tensors.empty())
     throw UserError("fp8tron's model has no parameter " + tensors.begin()->first + " (the flags drop what config.json has)");
 
