@@ -253,11 +253,89 @@ def refusals(build):
         refused(lambda c: None, "--hidden-size", flags=("--hidden-size", "128"))
 
 
+LLAMA_FLAGS = ["--swiglu", "--normalization", "RMSNorm", "--position-embedding-type", "rope", "--disable-bias-linear",
+               "--group-query-attention", "--num-query-groups", "2", "--untie-embeddings-and-output-weights"]
+MLA_FLAGS = ["--multi-latent-attention", "--kv-lora-rank", "16", "--qk-head-dim", "8", "--qk-pos-emb-head-dim", "8",
+             "--v-head-dim", "8", "--qk-layernorm", "--position-embedding-type", "rope", "--normalization", "RMSNorm",
+             "--swiglu", "--disable-bias-linear", "--untie-embeddings-and-output-weights", "--norm-epsilon", "1e-6"]
+EXPORTS = {
+    "qwen2": (["--add-qkv-bias"], "Qwen2ForCausalLM"),
+    "mixtral": (["--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "16"], "MixtralForCausalLM"),
+    "qwen2_moe": (["--add-qkv-bias", "--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "16",
+                   "--moe-shared-expert-intermediate-size", "24", "--moe-shared-expert-gate", "--moe-router-pre-softmax",
+                   "--moe-layer-freq", "([1]*1+[0]*1+[1]*1)"], "Qwen2MoeForCausalLM"),
+    "deepseek_v3": (MLA_FLAGS + ["--q-lora-rank", "24", "--num-experts", "8", "--moe-router-topk", "4",
+                                 "--moe-ffn-hidden-size", "16", "--moe-shared-expert-intermediate-size", "32",
+                                 "--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias",
+                                 "--moe-router-bias-update-rate", "0.05", "--moe-router-num-groups", "4",
+                                 "--moe-router-group-topk", "2", "--moe-router-topk-scaling-factor", "2.5",
+                                 "--moe-layer-freq", "([0]*1+[1]*2)"], "DeepseekV3ForCausalLM"),
+    "deepseek_v3_plain": (MLA_FLAGS + ["--num-experts", "4", "--moe-router-topk", "1", "--moe-ffn-hidden-size", "16",
+                                       "--moe-shared-expert-intermediate-size", "16", "--moe-router-score-function",
+                                       "sigmoid"], "DeepseekV3ForCausalLM"),
+}
+
+
+def train_tiny(build, ckpt, flags):
+    # Large steps so that norms and routers move well away from their initial values.
+    run([f"{build}/fp8tron", "--num-layers", "3", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length",
+         "16", "--micro-batch-size", "2", "--global-batch-size", "2", "--lr", "2e-2", "--train-iters", "3",
+         "--vocab-size", "64", "--mock-data", "--device", "cpu", "--eval-iters", "0", "--hidden-dropout", "0",
+         "--attention-dropout", "0", "--seed", "5", "--save", ckpt, *flags])
+
+
+def export_trained(kind, build):
+    flags, architecture = EXPORTS[kind]
+    if not kind.startswith("deepseek_v3"):
+        flags = LLAMA_FLAGS + flags
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt, exported = os.path.join(tmp, "ckpt"), os.path.join(tmp, "hf")
+        train_tiny(build, ckpt, flags)
+        print(run([f"{build}/fp8tron-export", "--load", ckpt, "--output", exported, "--reference-tokens", "16"]).stdout.strip())
+        model = load_model(exported)
+        check(type(model).__name__ == architecture, f"export_{kind}: transformers loads a {type(model).__name__}")
+        if kind == "deepseek_v3":
+            bias = torch.stack([model.model.layers[i].mlp.gate.e_score_correction_bias for i in (1, 2)])
+            check(bias.abs().max().item() > 0, f"export_{kind}: the trained expert bias is exported ({bias.tolist()})")
+        compare(f"export_{kind}", model, os.path.join(exported, "fp8tron_reference.safetensors"), "fp8tron-export", TIGHT)
+
+
+def export_refusals(build):
+    with tempfile.TemporaryDirectory() as tmp:
+        def refused(flags, what):
+            ckpt, out = os.path.join(tmp, "ckpt"), os.path.join(tmp, "hf")
+            subprocess.run(["rm", "-rf", ckpt, out], check=True)
+            train_tiny(build, ckpt, flags)
+            p = run([f"{build}/fp8tron-export", "--load", ckpt, "--output", out], expect_ok=False)
+            lines = p.stdout.strip().splitlines()
+            check(p.returncode == 1 and len(lines) == 1 and what in lines[0] and
+                  not os.path.exists(os.path.join(out, "model.safetensors")),
+                  f"export refused naming {what}: {lines}")
+
+        moe = LLAMA_FLAGS + ["--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "16"]
+        refused(moe + ["--moe-expert-capacity-factor", "1.0"], "--moe-expert-capacity-factor")
+        refused(moe + ["--moe-router-pre-softmax"], "--moe-router-pre-softmax")
+        refused(moe + ["--moe-router-score-function", "sigmoid"], "--moe-router-score-function sigmoid")
+        refused(moe + ["--moe-input-jitter-eps", "0.01"], "--moe-input-jitter-eps")
+        refused(moe + ["--moe-layer-freq", "([0]*1+[1]*2)"], "--moe-layer-freq")
+        refused(moe + ["--moe-shared-expert-intermediate-size", "16"], "--moe-shared-expert-gate")
+        dsv3 = MLA_FLAGS + ["--num-experts", "8", "--moe-ffn-hidden-size", "16", "--moe-shared-expert-intermediate-size",
+                            "16", "--moe-router-score-function", "sigmoid"]
+        refused(dsv3 + ["--moe-router-topk", "2", "--moe-router-num-groups", "4", "--moe-router-group-topk", "2"],
+                "top-2")
+        refused(dsv3[:-1] + ["softmax", "--moe-router-topk", "2"], "sigmoid")
+        refused(dsv3 + ["--moe-router-topk", "2", "--moe-layer-freq", "([1]*1+[0]*1+[1]*1)"], "dense layers come first")
+
+
 def main():
     case, build = sys.argv[1], sys.argv[2]
     print(f"transformers {transformers.__version__}, torch {torch.__version__}")
     if case == "refusals":
         refusals(build)
+    elif case == "export_refusals":
+        export_refusals(build)
+    elif case.startswith("export_"):
+        export_trained(case[len("export_"):], build)
     else:
         import_and_compare(case, build)
     if failures:
