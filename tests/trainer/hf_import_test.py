@@ -15,6 +15,8 @@ must match transformers' logits of the original model; then fp8tron trains from 
                 factor, two shared experts)
   deepseek_v3_no_q_lora  the same without q_lora_rank, rope_interleave false (rotary rows
                 permuted on import), one expert per token, no groups
+  deepseek_v3_dense  dense layers only, YaRN with mscale_all_dim but no mscale (transformers'
+                inferred cos/sin factor)
   refusals      unsupported config fields are refused with one line naming the field, and no
                 checkpoint is left behind
   export_<kind> fp8tron trains a tiny model for 3 iterations, fp8tron-export writes it and
@@ -48,7 +50,7 @@ except ImportError as e:
 TOLERANCE = 1e-4
 # Models added with the MoE export and the DeepSeek-V3 import are held to fp32 rounding.
 TIGHT = 1e-6
-TIGHT_CASES = ("qwen2", "mixtral", "qwen2_moe", "deepseek_v3", "deepseek_v3_no_q_lora")
+TIGHT_CASES = ("qwen2", "mixtral", "qwen2_moe", "deepseek_v3", "deepseek_v3_no_q_lora", "deepseek_v3_dense")
 failures = []
 
 
@@ -129,6 +131,11 @@ def make_model(case, directory):
             max_position_embeddings=128 if plain else 16384, rope_interleave=not plain,
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0} if plain else yarn,
             tie_word_embeddings=plain, bos_token_id=0, eos_token_id=0)
+        if case == "deepseek_v3_dense":
+            config.first_k_dense_replace = config.num_hidden_layers
+            config.rope_parameters = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0,
+                                      "original_max_position_embeddings": 4096, "mscale_all_dim": 0.8}
+            config.max_position_embeddings = 8192
         model = transformers.DeepseekV3ForCausalLM(config)
         shard = None
     elif case == "llama_scaled":
@@ -227,22 +234,24 @@ def import_and_compare(case, build):
 
 def refusals(build):
     with tempfile.TemporaryDirectory() as tmp:
-        base = os.path.join(tmp, "hf")
-        make_model("llama", base)
-        config = json.load(open(os.path.join(base, "config.json")))
-
-        def refused(change, field, flags=()):
+        def refused_from(base, change, field, flags=()):
+            config = json.load(open(os.path.join(base, "config.json")))
             d = os.path.join(tmp, "variant")
             subprocess.run(["rm", "-rf", d, os.path.join(tmp, "ckpt")], check=True)
             subprocess.run(["cp", "-r", base, d], check=True)
-            c = json.loads(json.dumps(config))
-            change(c)
-            json.dump(c, open(os.path.join(d, "config.json"), "w"))
+            change(config)
+            json.dump(config, open(os.path.join(d, "config.json"), "w"))
             p = run([f"{build}/fp8tron-import", "--hf", d, "--save", os.path.join(tmp, "ckpt"), *flags], expect_ok=False)
             lines = p.stdout.strip().splitlines()
             check(p.returncode == 1 and len(lines) == 1 and field in lines[0] and
                   not os.path.exists(os.path.join(tmp, "ckpt", "iter_0000000")),
                   f"refused naming {field}: {lines}")
+
+        base = os.path.join(tmp, "hf")
+        make_model("llama", base)
+
+        def refused(change, field, flags=()):
+            refused_from(base, change, field, flags)
 
         refused(lambda c: c.update(model_type="bert"), "model_type")
         refused(lambda c: c["rope_parameters"].update(rope_type="yarn", factor=4.0), "rope_type")
@@ -251,6 +260,16 @@ def refusals(build):
         refused(lambda c: c.update(quantization_config={"quant_method": "fp8"}), "quantization_config")
         refused(lambda c: c.update(sliding_window=16), "sliding_window")
         refused(lambda c: None, "--hidden-size", flags=("--hidden-size", "128"))
+
+        # DeepSeek-V3 routing and rotary settings fp8tron's model would compute differently.
+        deepseek = os.path.join(tmp, "deepseek")
+        make_model("deepseek_v3", deepseek)
+        refused_from(deepseek, lambda c: c.update(topk_group=1), "topk_group")  # top-4 of 1 group: group score top-4
+        refused_from(deepseek, lambda c: c.update(norm_topk_prob=False), "norm_topk_prob")
+        refused_from(deepseek, lambda c: c.update(n_shared_experts=0), "n_shared_experts")
+        refused_from(deepseek, lambda c: c["rope_parameters"].update(original_max_position_embeddings=2048),
+                     "original_max_position_embeddings")
+        refused_from(deepseek, lambda c: c["rope_parameters"].update(truncate=False), "rope_parameters.truncate")
 
 
 LLAMA_FLAGS = ["--swiglu", "--normalization", "RMSNorm", "--position-embedding-type", "rope", "--disable-bias-linear",

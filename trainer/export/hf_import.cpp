@@ -322,7 +322,7 @@ ModelFlags qwen2_moe_flags(const HfConfig& c) {
 
 // Multi-latent attention's rotary settings: plain RoPE, or YaRN as Megatron's MLA takes it
 // (--rotary-scaling-factor, --mscale, --mscale-all-dim; the original context 4096 and betas 32 / 1
-// fixed). transformers infers the cos/sin factor from mscale only when mscale_all_dim is set too.
+// fixed).
 void mla_rope_flags(const HfConfig& c, ModelFlags& f) {
   json scaling = c.has("rope_parameters") ? c.at("rope_parameters") : c.has("rope_scaling") ? c.at("rope_scaling") : json();
   const std::string field = c.has("rope_parameters") ? "rope_parameters" : "rope_scaling";
@@ -352,22 +352,24 @@ void mla_rope_flags(const HfConfig& c, ModelFlags& f) {
     c.refuse(field + ".truncate", "false (fp8tron's multi-latent attention YaRN rounds the correction range)");
   const double factor = number("factor", double(c.integer("max_position_embeddings")) / 4096.0);
   const double mscale = number("mscale", 0), all_dim = number("mscale_all_dim", 0);
-  // transformers' cos/sin factor, and the mscale pair that gives it in Megatron's formula.
-  RotarySpec spec;
-  spec.scaling = RotaryScaling::Yarn;
-  spec.yarn.scaling_factor = factor;
-  spec.yarn.mscale = mscale != 0 && all_dim != 0 ? mscale : 1.0;
-  spec.yarn.mscale_all_dim = mscale != 0 ? all_dim : 0.0;
+  // transformers' cos/sin factor (given, or inferred from mscale only when mscale_all_dim is set
+  // too); its softmax scale takes mscale_all_dim, as Megatron's --mscale-all-dim. Megatron's factor
+  // is yarn_mscale(factor, --mscale) / yarn_mscale(factor, --mscale-all-dim): solve for --mscale.
   const double theirs = number("attention_factor", mscale != 0 && all_dim != 0
                                                        ? yarn_mscale(factor, mscale) / yarn_mscale(factor, all_dim)
                                                        : yarn_mscale(factor, 1.0));
-  if (std::abs(theirs - rotary_concentration(spec)) > 1e-12 * std::abs(theirs))
-    c.refuse(field + ".mscale_all_dim",
-             strprintf("gives a cos/sin factor %g that Megatron's --mscale / --mscale-all-dim cannot", theirs));
-  // The softmax scale takes mscale_all_dim whenever it is set (yarn_apply_mscale): it must reach fp8tron.
-  if (spec.yarn.mscale_all_dim != all_dim)
-    c.refuse(field + ".mscale", "missing while mscale_all_dim is set (transformers then scales cos/sin and the softmax "
-                                "in a way Megatron's MLA does not)");
+  RotarySpec spec;
+  spec.scaling = RotaryScaling::Yarn;
+  spec.yarn.scaling_factor = factor;
+  spec.yarn.mscale_all_dim = all_dim;
+  spec.yarn.mscale = factor > 1 ? (theirs * yarn_mscale(factor, all_dim) - 1.0) / (0.1 * std::log(factor)) : 1.0;
+  // A readable --mscale where 12 digits give the same factor (1 rather than 0.9999999999999999).
+  RotarySpec rounded = spec;
+  rounded.yarn.mscale = std::stod(strprintf("%.12g", spec.yarn.mscale));
+  if (std::abs(theirs - rotary_concentration(rounded)) <= 1e-15 * std::abs(theirs)) spec = rounded;
+  if (std::abs(theirs - rotary_concentration(spec)) > 1e-9 * std::abs(theirs))
+    c.refuse(field + ".attention_factor",
+             strprintf("%g with factor %g: Megatron's YaRN has no cos/sin factor there", theirs, factor));
   f.add("--rope-type", "yarn");
   f.add_number("--rotary-scaling-factor", factor);
   f.add_number("--mscale", spec.yarn.mscale);
