@@ -17,8 +17,8 @@ must match transformers' logits of the original model; then fp8tron trains from 
                 permuted on import), one expert per token, no groups
   deepseek_v3_dense  dense layers only, YaRN with mscale_all_dim but no mscale (transformers'
                 inferred cos/sin factor)
-  refusals      unsupported config fields are refused with one line naming the field, and no
-                checkpoint is left behind
+  refusals      unsupported config fields (Llama's, and DeepSeek-V3's routing and YaRN settings) are
+                refused with one line naming the field, and no checkpoint is left behind
   export_<kind> fp8tron trains a tiny model for 3 iterations, fp8tron-export writes it and
                 transformers' logits of the export equal fp8tron's: qwen2, mixtral, qwen2_moe,
                 deepseek_v3 (MoE with groups, expert bias, scaling, shared experts),
