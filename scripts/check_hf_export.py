@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Checks a directory written by `fp8tron-export --reference-tokens N` with Hugging Face
-transformers: GPT2LMHeadModel / LlamaForCausalLM / DeepseekV3ForCausalLM load it and give fp8tron's logits.
+transformers: the class config.json names (GPT-2, Llama, Qwen2, Mixtral, Qwen2-MoE,
+DeepSeek-V3) loads it and gives fp8tron's logits.
 
     build/fp8tron-export --load CKPT --output HF_DIR --reference-tokens 64
     python3 scripts/check_hf_export.py HF_DIR [--tolerance 1e-4]

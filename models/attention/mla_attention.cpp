@@ -87,7 +87,12 @@ MlaSelfAttentionImpl::MlaSelfAttentionImpl(const ModelConfig& m, const std::stri
     linear_q_up_proj = register_module("linear_q_up_proj",
                                        up_projection(m, *a.q_lora_rank, n * q_head, prefix + ".linear_q_up_proj", f));
   } else {
-    linear_q_proj = register_module("linear_q_proj", up_projection(m, H, n * q_head, prefix + ".linear_q_proj", f));
+    // Megatron's linear_q_proj is a plain column-parallel linear: the layer's input norm precedes
+    // it, and --qk-layernorm normalises the latents only.
+    linear_q_proj = register_module(
+        "linear_q_proj",
+        std::make_shared<TEColumnParallelLinearImpl>(
+            LinearOptions{H, n * q_head, /*bias=*/false, hidden_init_std(m), 1, prefix + ".linear_q_proj"}, f));
   }
   linear_kv_down_proj = register_module(
       "linear_kv_down_proj", TEDuplicatedLinear(LinearOptions{H, a.kv_lora_rank + a.qk_pos_emb_head_dim, false,

@@ -240,9 +240,10 @@ void check_export(const std::vector<std::string>& model, const std::string& form
   Config plain = c;
   plain.model.mtp.num_layers = 0;  // the MTP heads are not exported and do not change the logits
   const auto ours = fp8tron_logits(plain, ckpt.path(), ids);
-  const auto theirs = format == "gpt2"    ? hf_gpt2_logits(w, config, ids)
-                      : format == "llama" ? hf_llama_logits(w, config, ids)
-                                          : hf_deepseek_v3_logits(w, config, ids);
+  // Qwen2ForCausalLM computes as Llama with biases on q, k and v.
+  const auto theirs = format == "gpt2"                          ? hf_gpt2_logits(w, config, ids)
+                      : format == "llama" || format == "qwen2" ? hf_llama_logits(w, config, ids)
+                                                                : hf_deepseek_v3_logits(w, config, ids);
   ASSERT_EQ(ours.sizes(), theirs.sizes());
   EXPECT_LT(relative(theirs, ours), dtype == "bf16" ? 2e-2 : 1e-5);
 }
@@ -259,10 +260,11 @@ TEST(HfExport, LlamaStyleGivesTheSameLogits) {
                "llama");
 }
 
+// Biases on q, k and v only go out as Qwen2ForCausalLM.
 TEST(HfExport, LlamaStyleFromBf16WithQkvBiasAndTiedEmbeddings) {
   check_export({"--bf16", "--swiglu", "--normalization", "RMSNorm", "--position-embedding-type", "rope",
                 "--disable-bias-linear", "--add-qkv-bias", "--group-query-attention", "--num-query-groups", "2"},
-               "llama", "fp32");
+               "qwen2", "fp32");
   check_export({"--bf16", "--swiglu", "--normalization", "RMSNorm", "--position-embedding-type", "rope"}, "llama", "bf16");
 }
 
@@ -345,6 +347,24 @@ TEST(HfExport, ModelsHuggingFaceCannotExpressAreClearErrors) {
   train(export_config({"--group-query-attention", "--num-query-groups", "2", "--save", ckpt2.path()}));
   EXPECT_USER_ERROR(export_hugging_face(ExportOptions{ckpt2.path(), {}, out.path()}), "grouped-query attention");
   EXPECT_USER_ERROR(export_hugging_face(ExportOptions{out.path() + "/nothing", {}, out.path()}), "nothing");
+  // A MoE model goes out as Mixtral, Qwen2-MoE or DeepSeek-V3 only; --format names the class.
+  TempDir moe, moe_out;
+  train(export_config({"--swiglu", "--normalization", "RMSNorm", "--position-embedding-type", "rope", "--disable-bias-linear",
+                       "--num-experts", "4", "--moe-ffn-hidden-size", "16", "--save", moe.path()}));
+  EXPECT_USER_ERROR(export_hugging_face(ExportOptions{moe.path(), {}, moe_out.path(), "llama"}), "mixtral-style");
+  EXPECT_EQ(export_hugging_face(ExportOptions{moe.path(), {}, moe_out.path()}).format, "mixtral");
+}
+
+// A Qwen2-style model may still be written as LlamaForCausalLM (zero o_proj biases), as before.
+TEST(HfExport, QwenStyleAsLlamaOnRequest) {
+  TempDir ckpt, out;
+  train(export_config({"--swiglu", "--normalization", "RMSNorm", "--position-embedding-type", "rope",
+                       "--disable-bias-linear", "--add-qkv-bias", "--save", ckpt.path()}));
+  EXPECT_EQ(export_hugging_face(ExportOptions{ckpt.path(), {}, out.path(), "llama"}).format, "llama");
+  const auto config = read_json(out / "config.json");
+  EXPECT_EQ(config["architectures"][0], "LlamaForCausalLM");
+  Weights w = read_safetensors(out / "model.safetensors");
+  EXPECT_TRUE(torch::equal(w.at("model.layers.0.self_attn.o_proj.bias"), torch::zeros({32})));
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // fp8tron-export: an fp8tron checkpoint to a Hugging Face model directory (see hf_export.h).
-//   fp8tron-export --load CKPT_DIR --output HF_DIR [--ckpt-step N] [--format auto|gpt2|llama|deepseek_v3]
+//   fp8tron-export --load CKPT_DIR --output HF_DIR [--ckpt-step N]
+//                  [--format auto|gpt2|llama|qwen2|mixtral|qwen2_moe|deepseek_v3]
 //                  [--dtype auto|fp32|bf16|fp16]
 #include <cstdint>
 #include <cstdio>
@@ -11,10 +12,13 @@
 
 namespace {
 constexpr const char* kUsage =
-    "usage: fp8tron-export --load CKPT_DIR --output HF_DIR [--ckpt-step N] [--format auto|gpt2|llama|deepseek_v3]\n"
+    "usage: fp8tron-export --load CKPT_DIR --output HF_DIR [--ckpt-step N]\n"
+    "                      [--format auto|gpt2|llama|qwen2|mixtral|qwen2_moe|deepseek_v3]\n"
     "                      [--dtype auto|fp32|bf16|fp16] [--reference-tokens N]\n"
     "Writes model.safetensors and config.json for transformers' GPT2LMHeadModel (learned positions,\n"
-    "LayerNorm, GeLU) or LlamaForCausalLM (RoPE, RMSNorm, SwiGLU, GQA). --dtype auto keeps the\n"
+    "LayerNorm, GeLU), LlamaForCausalLM (RoPE, RMSNorm, SwiGLU, GQA), Qwen2ForCausalLM (q/k/v\n"
+    "biases), MixtralForCausalLM, Qwen2MoeForCausalLM or DeepseekV3ForCausalLM (multi-latent\n"
+    "attention, dense and MoE layers), as the model's flags say. --dtype auto keeps the\n"
     "training's parameter dtype; fp32 takes the fp32 main weights when the checkpoint has them.\n"
     "--reference-tokens N also writes fp8tron's logits for N random tokens (fp8tron_reference.safetensors)\n"
     "for scripts/check_hf_export.py.\n";

@@ -26,311 +26,15 @@
 #include "trainer/cli/config_builder.h"
 #include "trainer/cli/flags.h"
 #include "trainer/export/hf_layout.h"
+#include "trainer/export/hf_model_flags.h"
 
 namespace fp8tron {
 namespace {
 namespace ck = checkpoint;
 using nlohmann::json;
-
-json read_json(const std::string& path) {
-  if (!std::filesystem::exists(path)) throw UserError(path + " does not exist");
-  try {
-    return json::parse(ck::read_file(path));
-  } catch (const json::exception& e) {
-    throw UserError(path + ": not valid JSON (" + e.what() + ")");
-  }
-}
-
-// config.json, with errors that name the field.
-class HfConfig {
- public:
-  HfConfig(json j, std::string path) : j_(std::move(j)), path_(std::move(path)) {}
-
-  bool has(const std::string& key) const { return j_.contains(key) && !j_[key].is_null(); }
-  const json& at(const std::string& key) const {
-    if (!has(key)) throw UserError(path_ + ": '" + key + "' is missing");
-    return j_[key];
-  }
-  int64_t integer(const std::string& key) const {
-    const json& v = at(key);
-    if (!v.is_number_integer()) throw UserError(path_ + ": '" + key + "' is not an integer");
-    return v.get<int64_t>();
-  }
-  int64_t integer_or(const std::string& key, int64_t fallback) const { return has(key) ? integer(key) : fallback; }
-  double number_or(const std::string& key, double fallback) const {
-    if (!has(key)) return fallback;
-    if (!j_[key].is_number()) throw UserError(path_ + ": '" + key + "' is not a number");
-    return j_[key].get<double>();
-  }
-  bool flag_or(const std::string& key, bool fallback) const {
-    if (!has(key)) return fallback;
-    if (!j_[key].is_boolean()) throw UserError(path_ + ": '" + key + "' is not true or false");
-    return j_[key].get<bool>();
-  }
-  std::string string_or(const std::string& key, const std::string& fallback) const {
-    if (!has(key)) return fallback;
-    if (!j_[key].is_string()) throw UserError(path_ + ": '" + key + "' is not a string");
-    return j_[key].get<std::string>();
-  }
-  [[noreturn]] void refuse(const std::string& field, const std::string& why) const {
-    throw UserError(path_ + ": unsupported " + field + ": " + why);
-  }
-  const json& raw() const { return j_; }
-  const std::string& path() const { return path_; }
-
- private:
-  json j_;
-  std::string path_;
-};
-
-// The shortest text that reads back the same value, for readable flags (1e-05, 0.02).
-std::string number_text(double v) {
-  for (int digits = 1; digits < 17; ++digits) {
-    std::string t = strprintf("%.*g", digits, v);
-    if (std::stod(t) == v) return t;
-  }
-  return strprintf("%.17g", v);
-}
-
-// The model's flags, the format and notes, from config.json.
-struct ModelFlags {
-  std::string format;
-  std::vector<std::string> flags;
-  std::vector<std::string> notes;
-  void add(const std::string& flag) { flags.push_back(flag); }
-  void add(const std::string& flag, const std::string& value) {
-    flags.push_back(flag);
-    flags.push_back(value);
-  }
-  void add(const std::string& flag, int64_t value) { add(flag, std::to_string(value)); }
-  void add_number(const std::string& flag, double value) { add(flag, number_text(value)); }
-};
-
-void require_architecture(const HfConfig& c, const std::string& expected) {
-  if (!c.has("architectures")) return;
-  const json& a = c.at("architectures");
-  if (!a.is_array() || a.size() != 1 || !a[0].is_string() || a[0].get<std::string>() != expected)
-    c.refuse("architectures", a.dump() + " (this model_type imports from " + expected + " only)");
-}
-
-void refuse_common(const HfConfig& c) {
-  if (c.has("quantization_config")) c.refuse("quantization_config", "quantized weights cannot be imported");
-}
-
-ModelFlags gpt2_flags(const HfConfig& c) {
-  require_architecture(c, "GPT2LMHeadModel");
-  const std::string act = c.string_or("activation_function", "gelu_new");
-  ModelFlags f;
-  f.format = "gpt2";
-  const int64_t hidden = c.integer("n_embd");
-  f.add("--num-layers", c.integer("n_layer"));
-  f.add("--hidden-size", hidden);
-  f.add("--ffn-hidden-size", c.integer_or("n_inner", 4 * hidden));
-  f.add("--num-attention-heads", c.integer("n_head"));
-  f.add("--max-position-embeddings", c.integer("n_positions"));
-  f.add("--position-embedding-type", "learned_absolute");
-  f.add_number("--norm-epsilon", c.number_or("layer_norm_epsilon", 1e-5));
-  // fp8tron's GeLU is the tanh approximation (gelu_new); the exact erf GeLU would differ.
-  if (act == "relu2") f.add("--squared-relu");
-  else if (act != "gelu_new" && act != "gelu_pytorch_tanh" && act != "gelu_fast")
-    c.refuse("activation_function", "'" + act + "' (fp8tron has the tanh GeLU: gelu_new, gelu_pytorch_tanh; and relu2)");
-  if (c.flag_or("scale_attn_by_inverse_layer_idx", false))
-    c.refuse("scale_attn_by_inverse_layer_idx", "true (fp8tron scales every layer's scores by 1/sqrt(head dim))");
-  if (!c.flag_or("scale_attn_weights", true))
-    c.refuse("scale_attn_weights", "false (fp8tron scales the scores by 1/sqrt(head dim))");
-  if (c.flag_or("add_cross_attention", false)) c.refuse("add_cross_attention", "true (decoder-only models only)");
-  if (!c.flag_or("tie_word_embeddings", true)) f.add("--untie-embeddings-and-output-weights");
-  const double resid = c.number_or("resid_pdrop", 0.1), embd = c.number_or("embd_pdrop", 0.1);
-  f.add_number("--hidden-dropout", resid);
-  f.add_number("--attention-dropout", c.number_or("attn_pdrop", 0.1));
-  if (embd != resid)
-    f.notes.push_back(strprintf("embd_pdrop %g differs from resid_pdrop %g: fp8tron's embedding dropout is "
-                                "--hidden-dropout (%g)", embd, resid, resid));
-  f.add_number("--init-method-std", c.number_or("initializer_range", 0.02));
-  f.add("--vocab-size", c.integer("vocab_size"));
-  return f;
-}
-
-// rope_theta and rope_scaling, from transformers 5's rope_parameters or 4's separate fields.
-void rope_flags(const HfConfig& c, ModelFlags& f) {
-  json scaling = nullptr;
-  double theta = 10000.0;
-  std::string field = "rope_scaling";
-  if (c.has("rope_parameters")) {
-    field = "rope_parameters";
-    scaling = c.at("rope_parameters");
-    if (!scaling.is_object()) c.refuse(field, "not an object (per-layer-type rope parameters are not supported)");
-    if (scaling.contains("rope_theta")) theta = scaling["rope_theta"].get<double>();
-  } else {
-    theta = c.number_or("rope_theta", 10000.0);
-    if (c.has("rope_scaling")) scaling = c.at("rope_scaling");
-  }
-  // Megatron's --rotary-base is an integer.
-  if (theta != std::floor(theta) || theta < 1 || theta > 1e15)
-    c.refuse(field == "rope_scaling" ? "rope_theta" : field + ".rope_theta",
-             number_text(theta) + " (fp8tron's --rotary-base is a whole number)");
-  f.add("--rotary-base", int64_t(theta));
-  if (c.number_or("partial_rotary_factor", 1.0) != 1.0)
-    c.refuse("partial_rotary_factor", "the Llama classes rotate every dimension here");
-  if (scaling.is_null()) return;
-  const std::string type = scaling.value("rope_type", scaling.value("type", std::string("default")));
-  if (type == "default") return;
-  if (type != "llama3") c.refuse(field + ".rope_type", "'" + type + "' (supported: default, llama3)");
-  // fp8tron's Llama 3.1 scaling has Meta's fixed low/high frequency factors and original context.
-  auto expect = [&](const std::string& key, double value) {
-    if (!scaling.contains(key) || scaling[key].get<double>() != value)
-      c.refuse(field + "." + key, strprintf("fp8tron's llama3 scaling has %s %g", key.c_str(), value));
-  };
-  expect("low_freq_factor", 1.0);
-  expect("high_freq_factor", 4.0);
-  expect("original_max_position_embeddings", 8192);
-  f.add("--use-rope-scaling");
-  f.add_number("--rope-scaling-factor", scaling.value("factor", 8.0));
-}
-
-// The Llama family's shared part: attention (GQA, RoPE), RMSNorm, SwiGLU, head, dropouts. Qwen2's
-// biases are on q, k and v only (qkv_bias), and its sliding window is off unless use_sliding_window.
-void llama_family_flags(const HfConfig& c, ModelFlags& f, bool qwen = false) {
-  const int64_t hidden = c.integer("hidden_size"), heads = c.integer("num_attention_heads");
-  const int64_t groups = c.integer_or("num_key_value_heads", heads);
-  const int64_t head_dim = c.integer_or("head_dim", hidden / heads);
-  if (c.string_or("hidden_act", "silu") != "silu")
-    c.refuse("hidden_act", "'" + c.string_or("hidden_act", "") + "' (fp8tron's SwiGLU gates with silu)");
-  if (qwen) {
-    if (c.flag_or("use_sliding_window", false)) c.refuse("use_sliding_window", "fp8tron's attention is full causal attention");
-  } else if (c.has("sliding_window")) {
-    c.refuse("sliding_window", "fp8tron's attention is full causal attention");
-  }
-  f.add("--num-layers", c.integer("num_hidden_layers"));
-  f.add("--hidden-size", hidden);
-  f.add("--ffn-hidden-size", c.integer("intermediate_size"));
-  f.add("--num-attention-heads", heads);
-  if (groups != heads) {
-    if (groups <= 0 || heads % groups != 0)
-      c.refuse("num_key_value_heads", strprintf("%lld does not divide num_attention_heads", (long long)groups));
-    f.add("--group-query-attention");
-    f.add("--num-query-groups", groups);
-  }
-  if (head_dim * heads != hidden) f.add("--kv-channels", head_dim);
-  f.add("--max-position-embeddings", c.integer("max_position_embeddings"));
-  f.add("--position-embedding-type", "rope");
-  rope_flags(c, f);
-  f.add("--normalization", "RMSNorm");
-  f.add_number("--norm-epsilon", c.number_or("rms_norm_eps", 1e-6));
-  f.add("--swiglu");
-  if (qwen) {
-    if (c.flag_or("qkv_bias", true)) f.add("--add-qkv-bias");
-    f.add("--disable-bias-linear");
-  }
-  // Megatron's biases come together (--disable-bias-linear drops all).
-  const bool attention_bias = c.flag_or("attention_bias", false), mlp_bias = c.flag_or("mlp_bias", false);
-  if (attention_bias != mlp_bias)
-    c.refuse(attention_bias ? "attention_bias" : "mlp_bias",
-             "true while the other is false (fp8tron's linear biases are on all layers or none)");
-  if (!attention_bias && !qwen) f.add("--disable-bias-linear");
-  if (!c.flag_or("tie_word_embeddings", false)) f.add("--untie-embeddings-and-output-weights");
-  f.add_number("--attention-dropout", c.number_or("attention_dropout", 0.0));
-  f.add_number("--hidden-dropout", 0.0);  // no dropout outside attention
-  f.add_number("--init-method-std", c.number_or("initializer_range", 0.02));
-  f.add("--vocab-size", c.integer("vocab_size"));
-}
-
-ModelFlags llama_flags(const HfConfig& c) {
-  require_architecture(c, "LlamaForCausalLM");
-  ModelFlags f;
-  f.format = "llama";
-  llama_family_flags(c, f);
-  return f;
-}
-
-// Mixtral: every layer's MLP is a dropless mixture of experts whose router takes the softmax of
-// its top-k logits (softmax over all, top k, renormalised: the same weights), Megatron's default
-// order (no --moe-router-pre-softmax).
-ModelFlags mixtral_flags(const HfConfig& c) {
-  require_architecture(c, "MixtralForCausalLM");
-  if (c.number_or("router_jitter_noise", 0.0) != 0.0)
-    c.refuse("router_jitter_noise", "non-zero (fp8tron's router has no multiplicative jitter)");
-  ModelFlags f;
-  f.format = "mixtral";
-  llama_family_flags(c, f);
-  f.add("--num-experts", c.integer("num_local_experts"));
-  f.add("--moe-router-topk", c.integer_or("num_experts_per_tok", 2));
-  f.add("--moe-ffn-hidden-size", c.integer("intermediate_size"));
-  f.add("--moe-router-load-balancing-type", "aux_loss");
-  f.add_number("--moe-aux-loss-coeff", c.number_or("router_aux_loss_coef", 0.001));
-  return f;
-}
-
-// Qwen's per-layer attention kinds: only full attention has an fp8tron equivalent.
-void refuse_windowed_layers(const HfConfig& c) {
-  if (!c.has("layer_types")) return;
-  for (const auto& t : c.at("layer_types"))
-    if (t != "full_attention") c.refuse("layer_types", t.dump() + " (fp8tron's attention is full causal attention)");
-}
-
-// Qwen2: Llama with biases on q, k and v only.
-ModelFlags qwen2_flags(const HfConfig& c) {
-  require_architecture(c, "Qwen2ForCausalLM");
-  refuse_windowed_layers(c);
-  ModelFlags f;
-  f.format = "qwen2";
-  llama_family_flags(c, f, /*qwen=*/true);
-  return f;
-}
-
-// Qwen2-MoE: q/k/v biases, MoE layers where (i + 1) % decoder_sparse_step == 0 and i is not in
-// mlp_only_layers (the others dense, of intermediate_size), each with a shared expert behind a
-// sigmoid gate. Without norm_topk_prob its router keeps the softmax over all experts of the
-// chosen k (Megatron's --moe-router-pre-softmax); with it, they are renormalised (the default).
-ModelFlags qwen2_moe_flags(const HfConfig& c) {
-  require_architecture(c, "Qwen2MoeForCausalLM");
-  refuse_windowed_layers(c);
-  ModelFlags f;
-  f.format = "qwen2_moe";
-  llama_family_flags(c, f, /*qwen=*/true);
-  const int64_t layers = c.integer("num_hidden_layers"), step = c.integer_or("decoder_sparse_step", 1);
-  if (step < 1) c.refuse("decoder_sparse_step", "below 1");
-  std::set<int64_t> dense;
-  if (c.has("mlp_only_layers"))
-    for (const auto& i : c.at("mlp_only_layers")) dense.insert(i.get<int64_t>());
-  // Megatron's list expression in runs, "([1]*2+[0]*1+...)": a bare "[1,0,1]" would be split by
-  // the command-line parser as a list value.
-  std::string pattern;
-  bool all_moe = true;
-  for (int64_t i = 0; i < layers;) {
-    const auto moe = [&](int64_t j) { return !dense.count(j) && (j + 1) % step == 0; };
-    int64_t run = 1;
-    while (i + run < layers && moe(i + run) == moe(i)) ++run;
-    all_moe = all_moe && moe(i);
-    pattern += strprintf("%s[%d]*%lld", i ? "+" : "", moe(i) ? 1 : 0, (long long)run);
-    i += run;
-  }
-  f.add("--num-experts", c.integer("num_experts"));
-  f.add("--moe-router-topk", c.integer_or("num_experts_per_tok", 4));
-  f.add("--moe-ffn-hidden-size", c.integer("moe_intermediate_size"));
-  if (!all_moe) f.add("--moe-layer-freq", "(" + pattern + ")");
-  const int64_t shared = c.integer("shared_expert_intermediate_size");
-  if (shared <= 0) c.refuse("shared_expert_intermediate_size", "Qwen2-MoE's shared expert needs a size");
-  f.add("--moe-shared-expert-intermediate-size", shared);
-  f.add("--moe-shared-expert-gate");
-  if (!c.flag_or("norm_topk_prob", false)) f.add("--moe-router-pre-softmax");
-  f.add("--moe-router-load-balancing-type", "aux_loss");
-  f.add_number("--moe-aux-loss-coeff", c.number_or("router_aux_loss_coef", 0.001));
-  return f;
-}
-
-ModelFlags model_flags(const std::string& hf_dir) {
-  const std::string path = hf_dir + "/config.json";
-  const HfConfig c(read_json(path), path);
-  refuse_common(c);
-  const std::string type = c.string_or("model_type", "");
-  if (type == "gpt2") return gpt2_flags(c);
-  if (type == "llama") return llama_flags(c);
-  if (type == "mixtral") return mixtral_flags(c);
-  if (type == "qwen2") return qwen2_flags(c);
-  if (type == "qwen2_moe") return qwen2_moe_flags(c);
-  c.refuse("model_type", "'" + type + "' (supported: gpt2, llama, qwen2, mixtral, qwen2_moe)");
-}
+using hf::ModelFlags;
+using hf::model_flags;
+using hf::read_json;
 
 // The Hugging Face tensors by name, from model.safetensors or the shards its index lists.
 class HfTensors {
@@ -470,6 +174,56 @@ class Mapper {
     return std::move(out_);
   }
 
+  // DeepSeek-V3: multi-latent attention (the inverse of the exporter's mapping), dense layers as
+  // Llama's MLP, MoE layers with the router's e_score_correction_bias as Megatron's expert bias and
+  // the ungated shared experts. With rope_interleave (the default) transformers de-interleaves the
+  // rotary channels as Megatron's MLA does; without it, it rotates them as stored (rotate-half), so
+  // the rotary rows are permuted to channel pairs here.
+  std::map<std::string, torch::Tensor> deepseek_v3(bool rope_interleave) {
+    const MlaConfig& a = m_.mla;
+    const int64_t dn = a.qk_head_dim, dr = a.qk_pos_emb_head_dim, heads = m_.num_attention_heads;
+    // Rows [heads, dn + dr, in] (query) or [kv_lora_rank + dr, in] (compressed kv): the rotary rows in Megatron's order.
+    auto query_rows = [&](torch::Tensor w) {
+      if (rope_interleave) return w;
+      auto per_head = w.view({heads, dn + dr, w.size(1)});
+      auto rope = hf::interleave_heads(per_head.narrow(1, dn, dr).reshape({heads * dr, w.size(1)}), dr);
+      return torch::cat({per_head.narrow(1, 0, dn), rope.view({heads, dr, w.size(1)})}, 1).reshape(w.sizes());
+    };
+    auto kv_rows = [&](torch::Tensor w) {
+      if (rope_interleave) return w;
+      return torch::cat({w.narrow(0, 0, a.kv_lora_rank), hf::interleave_heads(w.narrow(0, a.kv_lora_rank, dr), dr)});
+    };
+    put("embedding.word_embeddings.weight", hf_.take("model.embed_tokens.weight"));
+    for (int64_t i = 0; i < m_.num_layers; ++i) {
+      const std::string p = "decoder.layers." + std::to_string(i) + ".", h = "model.layers." + std::to_string(i) + ".";
+      const std::string att = p + "self_attention.", x = h + "self_attn.";
+      norm(p + "input_layernorm.weight", h + "input_layernorm.weight");
+      if (a.q_lora_rank) {
+        put(att + "linear_q_down_proj.weight", hf_.take(x + "q_a_proj.weight"));
+        norm(att + "linear_q_up_proj.layer_norm_weight", x + "q_a_layernorm.weight");
+        put(att + "linear_q_up_proj.weight", query_rows(hf_.take(x + "q_b_proj.weight")));
+      } else {
+        put(att + "linear_q_proj.weight", query_rows(hf_.take(x + "q_proj.weight")));
+      }
+      put(att + "linear_kv_down_proj.weight", kv_rows(hf_.take(x + "kv_a_proj_with_mqa.weight")));
+      norm(att + "linear_kv_up_proj.layer_norm_weight", x + "kv_a_layernorm.weight");
+      put(att + "linear_kv_up_proj.weight", hf_.take(x + "kv_b_proj.weight"));
+      put(att + "linear_proj.weight", hf_.take(x + "o_proj.weight"));
+      if (m_.moe.is_moe_layer(i)) {
+        norm(p + "pre_mlp_layernorm.weight", h + "post_attention_layernorm.weight");
+        put(p + "mlp.router.expert_bias", hf_.take(h + "mlp.gate.e_score_correction_bias"));
+        experts(p + "mlp.", h);
+        continue;
+      }
+      norm(p + "mlp.linear_fc1.layer_norm_weight", h + "post_attention_layernorm.weight");
+      put(p + "mlp.linear_fc1.weight", torch::cat({hf_.take(h + "mlp.gate_proj.weight"), hf_.take(h + "mlp.up_proj.weight")}));
+      put(p + "mlp.linear_fc2.weight", hf_.take(h + "mlp.down_proj.weight"));
+    }
+    norm("decoder.final_layernorm.weight", "model.norm.weight");
+    output_layer();
+    return std::move(out_);
+  }
+
   // The router and experts: Mixtral's block_sparse_moe.{gate, experts.E.w1 (gate), w3 (up), w2
   // (down)} as save_pretrained writes them, Qwen2-MoE's mlp.{gate, experts.E.{gate,up,down}_proj},
   // or transformers 5's fused mlp.experts.gate_up_proj [E, 2 * ffn, hidden] (gate rows first) and
@@ -501,7 +255,8 @@ class Mapper {
       }
     }
     if (m_.moe.shared_expert_size > 0) {
-      const std::string x = moe + "shared_expert.";
+      // Qwen2-MoE's shared_expert (gated), DeepSeek-V3's shared_experts.
+      const std::string x = moe + (hf_.has(moe + "shared_experts.gate_proj.weight") ? "shared_experts." : "shared_expert.");
       put(p + "shared_experts.linear_fc1.weight",
           torch::cat({hf_.take(x + "gate_proj.weight"), hf_.take(x + "up_proj.weight")}));
       put(p + "shared_experts.linear_fc2.weight", hf_.take(x + "down_proj.weight"));
@@ -595,12 +350,32 @@ void write_reference_logits(const ck::CheckpointLocation& location, const ModelC
     reader.read(name, entry.dtype, entry.shape, ck::whole(entry.shape), host.data_ptr());
     item.value().copy_(host.to(torch::kFloat32));
   }
+  for (auto& item : net->named_buffers()) {  // the routers' expert bias
+    if (!reader.has_tensor(item.key())) continue;
+    const ck::TensorEntry& entry = reader.metadata().tensors.at(item.key());
+    auto host = torch::empty(entry.shape, torch::TensorOptions().dtype(torch_of(entry.dtype)));
+    reader.read(item.key(), entry.dtype, entry.shape, ck::whole(entry.shape), host.data_ptr());
+    item.value().copy_(host.to(torch::kFloat32));
+  }
   auto generator = at::make_generator<at::CPUGeneratorImpl>(1234);
   auto ids = torch::randint(0, c.vocab_size, {1, tokens}, generator, torch::kInt64);
   auto logits = net->forward(ids).narrow(-1, 0, c.vocab_size).to(torch::kFloat32).contiguous();
   std::vector<ck::TensorToWrite> out = {{"input_ids", ck::DType::I64, ids.sizes().vec(), ids.data_ptr(), {}},
                                         {"logits", ck::DType::F32, logits.sizes().vec(), logits.data_ptr(), {}}};
   ck::write_safetensors(path, out, {{"format", "pt"}});
+}
+
+// Whether `name` is model.layers.N.* with N >= `layers` (past the decoder).
+bool beyond_decoder(const std::string& name, int64_t layers) {
+  const std::string prefix = "model.layers.";
+  if (!name.starts_with(prefix)) return false;
+  size_t used = 0;
+  try {
+    const int64_t n = std::stoll(name.substr(prefix.size()), &used);
+    return n >= layers && name[prefix.size() + used] == '.';
+  } catch (const std::exception&) {
+    return false;
+  }
 }
 
 // Flags parsed as the trainer parses them (argv[0] first).
@@ -676,11 +451,23 @@ ImportResult import_hugging_face(const ImportOptions& o) {
   GptModel net(m);
   HfTensors hf(o.hf_dir);
   Mapper mapper(hf, m);
-  std::map<std::string, torch::Tensor> tensors = model.format == "gpt2" ? mapper.gpt2() : mapper.llama_family();
+  const json hf_config = read_json(o.hf_dir + "/config.json");
+  std::map<std::string, torch::Tensor> tensors =
+      model.format == "gpt2"          ? mapper.gpt2()
+      : model.format == "deepseek_v3" ? mapper.deepseek_v3(hf_config.value("rope_interleave", true))
+                                      : mapper.llama_family();
+  int64_t mtp_tensors = 0;
   for (const auto& name : hf.untaken()) {
     // Buffers some writers store (GPT-2's causal mask, rotary frequencies) are recomputed by fp8tron.
     if (name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias") || name.ends_with("rotary_emb.inv_freq"))
       continue;
+    // DeepSeek-V3's checkpoints hold their multi-token-prediction layers after the decoder's
+    // (model.layers.<num_hidden_layers>...); transformers does not run them either.
+    if (model.format == "deepseek_v3" && beyond_decoder(name, m.num_layers)) {
+      if (++mtp_tensors == 1) model.notes.push_back("the multi-token-prediction layers (model.layers." +
+                                                   std::to_string(m.num_layers) + " on) are not imported");
+      continue;
+    }
     throw UserError("model.safetensors holds " + name + ", which this fp8tron model has no place for (a flag that "
                     "drops it, or a " + model.format + " variant fp8tron does not build)");
   }
@@ -705,8 +492,16 @@ ImportResult import_hugging_face(const ImportOptions& o) {
     if (dtype != ck::DType::F32) stored.emplace_back(kMainParamPrefix + name, t.contiguous());
     tensors.erase(it);
   }
-  for (const auto& item : net->named_buffers())  // e.g. MoE routers' expert bias: its initial value
-    stored.emplace_back(item.key(), item.value().to(torch::kFloat32).contiguous());
+  for (const auto& item : net->named_buffers()) {
+    // MoE routers' expert bias: DeepSeek-V3's e_score_correction_bias, else its initial value.
+    auto it = tensors.find(item.key());
+    torch::Tensor t = it == tensors.end() ? item.value() : it->second;
+    if (t.sizes() != item.value().sizes())
+      throw UserError("shape mismatch for " + item.key() + ": " + ck::shape_string(t.sizes().vec()) + " from Hugging Face, " +
+                      ck::shape_string(item.value().sizes().vec()) + " in fp8tron's model");
+    stored.emplace_back(item.key(), t.to(torch::kFloat32).contiguous());
+    if (it != tensors.end()) tensors.erase(it);
+  }
   if (!tensors.empty())
     throw UserError("fp8tron's model has no parameter " + tensors.begin()->first + " (the flags drop what config.json has)");
 

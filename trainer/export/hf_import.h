@@ -14,6 +14,10 @@
 //   qwen2_moe  Qwen2MoeForCausalLM: q/k/v biases, dense and MoE layers (mlp_only_layers,
 //          decoder_sparse_step), the shared expert and its sigmoid gate, the router's softmax
 //          before top-k unless norm_topk_prob
+//   deepseek_v3  DeepseekV3ForCausalLM: multi-latent attention (with or without q_lora_rank;
+//          rotary rows permuted when rope_interleave is false), default or YaRN rope, dense
+//          first layers, MoE layers with the sigmoid router, e_score_correction_bias as the
+//          expert bias, group-limited routing, routed_scaling_factor and shared experts
 // config.json becomes fp8tron flags (the same ones the trainer needs to build the model); the
 // caller's extra flags (e.g. --bf16, --make-vocab-size-divisible-by) are added, and a flag that
 // contradicts config.json is refused. Anything the model cannot express (an activation,
@@ -38,7 +42,7 @@ struct ImportOptions {
 };
 
 struct ImportResult {
-  std::string format;               // gpt2 | llama | qwen2 | mixtral | qwen2_moe
+  std::string format;               // gpt2 | llama | qwen2 | mixtral | qwen2_moe | deepseek_v3
   std::vector<std::string> flags;   // the model's fp8tron flags, from config.json
   std::vector<std::string> notes;   // what differs slightly from Hugging Face's class (one line each)
   int64_t tensors = 0;
