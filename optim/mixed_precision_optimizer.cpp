@@ -106,8 +106,8 @@ void MixedPrecisionOptimizer::wait_for_params(const torch::nn::Module& module) {
 void MixedPrecisionOptimizer::finish_param_gather() {
   for (auto& d : domains_) d->finish_param_gather();
 }
-void MixedPrecisionOptimizer::shard_model_params(const std::vector<std::vector<torch::Tensor>>& units, bool prefetch) {
-  for (auto& d : domains_) d->shard_model_params(units, prefetch);
+void MixedPrecisionOptimizer::shard_model_params(const std::vector<std::vector<torch::Tensor>>& units, GatherPolicy policy) {
+  for (auto& d : domains_) d->shard_model_params(units, policy);
 }
 void MixedPrecisionOptimizer::release_params(const torch::nn::Module& module, const std::vector<torch::Tensor>& outputs) {
   for (auto& d : domains_) d->release_params(module, outputs);

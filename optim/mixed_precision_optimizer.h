@@ -95,7 +95,7 @@ class MixedPrecisionOptimizer {
   // module runs and release_params(module, its outputs) after; readers of the whole model call
   // gather_all_params() first and release_all_params() when done (a pipeline's next forward may
   // run one model chunk long before the others, which would otherwise stay gathered).
-  void shard_model_params(const std::vector<std::vector<torch::Tensor>>& units, bool prefetch);
+  void shard_model_params(const std::vector<std::vector<torch::Tensor>>& units, GatherPolicy policy);
   void release_params(const torch::nn::Module& module, const std::vector<torch::Tensor>& outputs);
   void gather_all_params();
   void release_all_params();

@@ -256,7 +256,7 @@ void OptimizerDomain::finish_param_gather() {
   if (param_gather_) param_gather_->finish();
 }
 
-void OptimizerDomain::shard_model_params(const std::vector<std::vector<torch::Tensor>>& units, bool prefetch) {
+void OptimizerDomain::shard_model_params(const std::vector<std::vector<torch::Tensor>>& units, GatherPolicy policy) {
   torch::NoGradGuard no_grad;
   if (!distributed_) return;  // one rank per optimizer instance holds every weight anyway
   FP8TRON_CHECK(!sharded_ && !param_gather_, "shard_model_params comes once, before enable_param_gather_overlap");
@@ -270,7 +270,7 @@ void OptimizerDomain::shard_model_params(const std::vector<std::vector<torch::Te
     codes_ = torch::zeros({shard_numel_}, codes_.options());
     codes_base_ = shard_begin_;
   }
-  sharded_ = std::make_unique<ShardedWeights>(model_params_, groups_.shard, prefetch, codes_.defined() ? byte_numel_ : 0);
+  sharded_ = std::make_unique<ShardedWeights>(model_params_, groups_.shard, policy, codes_.defined() ? byte_numel_ : 0);
   size_t placed = 0;
   for (const auto& unit : units) {
     std::vector<BufferParam> params;

@@ -115,9 +115,10 @@ class OptimizerDomain {
   // Megatron-FSDP's optim_grads_params (ZeRO-3, parallel/sharded_weights.h): with the distributed
   // optimizer over more than one rank, the model weights are kept as this rank's shard only and
   // gathered unit by unit around their use. `units`: the model's parameters grouped by the module
-  // that uses them, in forward order (another domain's are skipped). `prefetch`: each gather also
-  // issues the next unit's (--overlap-param-gather). Call once, after enable_byte_publish if any.
-  void shard_model_params(const std::vector<std::vector<torch::Tensor>>& units, bool prefetch);
+  // that uses them, in forward order (another domain's are skipped). `policy`: prefetching
+  // (--overlap-param-gather) and keeping units from forward to backward
+  // (--torch-fsdp2-no-reshard-after-forward). Call once, after enable_byte_publish if any.
+  void shard_model_params(const std::vector<std::vector<torch::Tensor>>& units, GatherPolicy policy);
   const ShardedWeights* sharded_weights() const { return sharded_.get(); }
   // After `module`'s forward pass (its outputs): releases its sharded weights (no-op unsharded).
   void release_params(const torch::nn::Module& module, const std::vector<torch::Tensor>& outputs);

@@ -26,9 +26,9 @@ void free_storage(torch::Tensor& buffer) {
 
 }  // namespace
 
-ShardedWeights::ShardedWeights(torch::Tensor shard, std::shared_ptr<Communicator> group, bool prefetch,
+ShardedWeights::ShardedWeights(torch::Tensor shard, std::shared_ptr<Communicator> group, GatherPolicy policy,
                                int64_t byte_numel)
-    : shard_(std::move(shard)), group_(std::move(group)), prefetch_(prefetch), byte_numel_(byte_numel) {
+    : shard_(std::move(shard)), group_(std::move(group)), policy_(policy), byte_numel_(byte_numel) {
   FP8TRON_CHECK(shard_.dim() == 1 && shard_.is_contiguous(), "the weight shard must be flat");
 }
 
@@ -151,7 +151,7 @@ void ShardedWeights::gather(size_t index, int direction) {
   // embedding, gathered again for the output layer, must not pull in the position embedding);
   // backward, one whose backward is still due.
   const int64_t next = int64_t(index) + direction;
-  if (!prefetch_ || next < 0 || next >= int64_t(units_.size()) || units_[size_t(next)].chunk != units_[index].chunk) return;
+  if (!policy_.prefetch || next < 0 || next >= int64_t(units_.size()) || units_[size_t(next)].chunk != units_[index].chunk) return;
   if (units_[size_t(next)].awaiting_backward == (direction < 0)) start(size_t(next));
 }
 
@@ -177,7 +177,7 @@ void ShardedWeights::release_for(const torch::nn::Module& module, const std::vec
   bool backward = false;
   for (const auto& out : outputs) backward = backward || (out.defined() && out.requires_grad());
   for (size_t unit : units) {
-    release(unit);
+    if (!(backward && policy_.keep_after_forward)) release(unit);
     units_[unit].pending = units_[unit].params;  // the coming backward pass releases it again
     units_[unit].awaiting_backward = backward;
   }

@@ -38,12 +38,21 @@
 
 namespace fp8tron {
 
+// When units are gathered and released beyond the minimum (gathered just before use, released
+// right after it).
+struct GatherPolicy {
+  bool prefetch = false;  // --overlap-param-gather: gathering a unit issues the next one's gather
+  // --torch-fsdp2-no-reshard-after-forward: a unit whose forward pass will have a backward pass stays
+  // gathered until that backward pass has its gradients (no second gather).
+  bool keep_after_forward = false;
+};
+
 class ShardedWeights {
  public:
   // `shard`: this rank's shard_numel elements of the flat weight buffer (parameter dtype), which
   // the optimizer writes after each step; `group`: the ranks the buffer is sharded over.
   // `byte_numel`: the leading elements of the flat buffer that may be published as bytes.
-  ShardedWeights(torch::Tensor shard, std::shared_ptr<Communicator> group, bool prefetch, int64_t byte_numel = 0);
+  ShardedWeights(torch::Tensor shard, std::shared_ptr<Communicator> group, GatherPolicy policy, int64_t byte_numel = 0);
   ShardedWeights(const ShardedWeights&) = delete;
   ShardedWeights& operator=(const ShardedWeights&) = delete;
 
@@ -101,7 +110,7 @@ class ShardedWeights {
 
   torch::Tensor shard_;
   std::shared_ptr<Communicator> group_;
-  bool prefetch_;
+  GatherPolicy policy_;
   int64_t byte_numel_;
   torch::Tensor codes_;  // publish_bytes()
   Decode decode_;

@@ -226,7 +226,8 @@ void shard_weights(RunParts& r) {
       if (added) units.emplace_back();
       units[it->second].push_back(item.value());
     }
-  r.optimizer->shard_model_params(units, r.config.distributed.overlap_param_gather);
+  const auto& d = r.config.distributed;
+  r.optimizer->shard_model_params(units, GatherPolicy{d.overlap_param_gather, d.keep_params_after_forward});
   MixedPrecisionOptimizer* optimizer = r.optimizer.get();
   for (auto& chunk : r.chunks) {
     chunk->set_params_ready_hook([optimizer](const torch::nn::Module& part) { optimizer->wait_for_params(part); });

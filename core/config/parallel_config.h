@@ -134,6 +134,9 @@ struct DistributedConfig {
   bool all_reduce_sharded_grads() const { return dp_sharding == DataParallelSharding::Optim; }
   // OptimGradsParams (ZeRO-3): each rank keeps only its shard of the weights between uses.
   bool shard_params() const { return dp_sharding == DataParallelSharding::OptimGradsParams; }
+  // --torch-fsdp2-no-reshard-after-forward: a unit stays gathered from its forward pass to its
+  // backward pass (FSDP2's reshard_after_forward=False).
+  bool keep_params_after_forward = false;
   int64_t bucket_numel = 40000000;  // --ddp-bucket-size (Megatron: max(40M, 1M x dp) elements)
   int timeout_minutes = 10;      // --distributed-timeout-minutes: a collective that long ends the job
   int hang_report_seconds = 90;  // --hang-report-seconds: a collective that long is reported (parallel/hang_report.h)

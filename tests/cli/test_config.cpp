@@ -614,6 +614,11 @@ TEST(Config, MegatronFsdpStrategies) {
   EXPECT_TRUE(d.shard_params() && d.distributed_optimizer);
 
   EXPECT_USER_ERROR(build(tiny_args({"--data-parallel-sharding-strategy", "optim"}), 2), "need --use-megatron-fsdp");
+  EXPECT_USER_ERROR(fsdp({"--torch-fsdp2-no-reshard-after-forward"}), "--torch-fsdp2-no-reshard-after-forward needs --use-torch-fsdp2");
+  EXPECT_TRUE(build(tiny_args({"--use-torch-fsdp2", "--untie-embeddings-and-output-weights", "--no-gradient-accumulation-fusion",
+                               "--torch-fsdp2-no-reshard-after-forward"}),
+                    2)
+                  .distributed.keep_params_after_forward);
   // ZeRO-3 composes with pipelines, context parallelism and full recomputation.
   EXPECT_TRUE(fsdp({"--pipeline-model-parallel-size", "2"}, 4).shard_params());
   EXPECT_TRUE(fsdp({"--context-parallel-size", "2"}, 4).shard_params());

@@ -98,7 +98,8 @@ std::vector<std::string> without_layout_flags(const std::vector<std::string>& ar
       "--overlap-p2p-communication", "--no-overlap-p2p-communication", "--overlap-p2p-communication-warmup-flush",
       "--fp8-param-gather", "--distribute-saved-activations", "--defer-embedding-wgrad-compute",
       "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute", "--moe-dispatch-fp8",
-      "--overlap-param-gather-with-optimizer-step", "--use-megatron-fsdp", "--use-torch-fsdp2"};
+      "--overlap-param-gather-with-optimizer-step", "--use-megatron-fsdp", "--use-torch-fsdp2",
+      "--torch-fsdp2-no-reshard-after-forward"};
   // The routing map's padding for FP8 needs the alltoall dispatcher: the reference keeps it then.
   const bool router_padding = std::count(args.begin(), args.end(), "--moe-router-padding-for-fp8") +
                                   std::count(args.begin(), args.end(), "--moe-router-padding-for-quantization") >

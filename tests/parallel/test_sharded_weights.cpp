@@ -26,36 +26,55 @@ std::string unit_key(const std::string& name) {
 
 bool holds_memory(const torch::Tensor& p) { return p.storage().nbytes() > 0; }
 
-TEST(ShardedWeights, WeightsAreFreedBetweenUses) {
-  const ModelConfig config =
-      build(tiny_args({"--num-layers", "6", "--attention-dropout", "0", "--hidden-dropout", "0"})).model;
-  GptModel reference(config), model(config);
-  torch::manual_seed(5);
-  const auto tokens = torch::randint(config.vocab_size, {2, 16}, torch::kLong);
-  const auto labels = torch::randint(config.vocab_size, {2, 16}, torch::kLong);
-  const auto mask = torch::ones({2, 16});
-  auto expected = reference->loss(tokens, labels, mask);
-  expected.backward();
-
-  // The flat buffer in model order; one rank's shard is all of it.
-  std::vector<BufferParam> params;
-  std::map<std::string, std::vector<BufferParam>> by_unit;
-  std::vector<std::string> order;
-  int64_t offset = 0;
-  for (const auto& item : model->named_parameters()) {
-    const BufferParam p{item.value(), offset, item.value().numel(), int64_t(params.size())};
-    params.push_back(p);
-    const std::string key = unit_key(item.key());
-    if (!by_unit.count(key)) order.push_back(key);
-    by_unit[key].push_back(p);
-    offset += p.numel;
+// A GPT model whose weights are sharded-weight units (one rank: its shard is all of the flat
+// buffer, in model order), and the same model with resident weights as the reference.
+struct ShardedGpt {
+  explicit ShardedGpt(GatherPolicy policy)
+      : config(build(tiny_args({"--num-layers", "6", "--attention-dropout", "0", "--hidden-dropout", "0"})).model),
+        reference(config),
+        model(config) {
+    torch::manual_seed(5);
+    tokens = torch::randint(config.vocab_size, {2, 16}, torch::kLong);
+    labels = torch::randint(config.vocab_size, {2, 16}, torch::kLong);
+    std::map<std::string, std::vector<BufferParam>> by_unit;
+    std::vector<std::string> order;
+    int64_t offset = 0;
+    for (const auto& item : model->named_parameters()) {
+      const BufferParam p{item.value(), offset, item.value().numel(), int64_t(params.size())};
+      params.push_back(p);
+      const std::string key = unit_key(item.key());
+      if (!by_unit.count(key)) order.push_back(key);
+      by_unit[key].push_back(p);
+      offset += p.numel;
+    }
+    auto shard = torch::empty({offset});
+    for (const auto& p : params) shard.narrow(0, p.offset, p.numel).copy_(p.tensor.detach().reshape({-1}));
+    weights = std::make_unique<ShardedWeights>(shard, make_self_communicator("sharded-weights-test", 0), policy);
+    for (const auto& key : order) weights->add_unit(by_unit[key]);
+    num_units = order.size();
+    numel = offset;
   }
-  auto shard = torch::empty({offset});
-  for (const auto& p : params) shard.narrow(0, p.offset, p.numel).copy_(p.tensor.detach().reshape({-1}));
-  ShardedWeights weights(shard, make_self_communicator("sharded-weights-test", 0), /*prefetch=*/true);
-  for (const auto& key : order) weights.add_unit(by_unit[key]);
-  EXPECT_EQ(weights.num_units(), order.size());
-  EXPECT_EQ(weights.total_bytes(), offset * 4);
+  torch::Tensor loss(GptModel& m) { return m->loss(tokens, labels, torch::ones({2, 16})); }
+
+  ModelConfig config;
+  GptModel reference, model;
+  torch::Tensor tokens, labels;
+  std::vector<BufferParam> params;
+  std::unique_ptr<ShardedWeights> weights;
+  size_t num_units = 0;
+  int64_t numel = 0;
+};
+
+TEST(ShardedWeights, WeightsAreFreedBetweenUses) {
+  ShardedGpt gpt(GatherPolicy{/*prefetch=*/true});
+  auto& model = gpt.model;
+  auto& reference = gpt.reference;
+  auto& weights = *gpt.weights;
+  const auto& params = gpt.params;
+  auto expected = gpt.loss(reference);
+  expected.backward();
+  EXPECT_EQ(weights.num_units(), gpt.num_units);
+  EXPECT_EQ(weights.total_bytes(), gpt.numel * 4);
 
   // Between uses no weight holds memory.
   EXPECT_EQ(weights.resident_bytes(), 0);
@@ -70,7 +89,7 @@ TEST(ShardedWeights, WeightsAreFreedBetweenUses) {
   model->set_params_used_hook([&](const torch::nn::Module& part, const std::vector<torch::Tensor>& outputs) {
     weights.release_for(part, outputs);
   });
-  auto loss = model->loss(tokens, labels, mask);
+  auto loss = gpt.loss(model);
   // After the forward pass every unit is released again (the last prefetch included).
   EXPECT_EQ(weights.resident_bytes(), 0);
   loss.backward();
@@ -94,6 +113,29 @@ TEST(ShardedWeights, WeightsAreFreedBetweenUses) {
   EXPECT_EQ(weights.resident_bytes(), 0);
 }
 
+// --torch-fsdp2-no-reshard-after-forward: each unit stays gathered from its forward pass until its
+// backward pass has its gradients (no gather in the backward pass), and computes the same.
+TEST(ShardedWeights, KeptFromForwardToBackward) {
+  ShardedGpt gpt(GatherPolicy{/*prefetch=*/false, /*keep_after_forward=*/true});
+  auto& weights = *gpt.weights;
+  auto expected = gpt.loss(gpt.reference);
+  expected.backward();
+  gpt.model->set_params_ready_hook([&](const torch::nn::Module& part) { weights.gather_for(part); });
+  gpt.model->set_params_used_hook([&](const torch::nn::Module& part, const std::vector<torch::Tensor>& outputs) {
+    weights.release_for(part, outputs);
+  });
+  auto loss = gpt.loss(gpt.model);
+  EXPECT_EQ(weights.resident_bytes(), weights.total_bytes()) << "every unit kept for the backward pass";
+  const int64_t peak = weights.peak_resident_bytes();
+  loss.backward();
+  EXPECT_EQ(weights.peak_resident_bytes(), peak) << "nothing gathered again in the backward pass";
+  EXPECT_EQ(weights.resident_bytes(), 0) << "each unit released once its gradients arrived";
+  EXPECT_TRUE(torch::equal(loss, expected));
+  const auto expected_params = gpt.reference->named_parameters();
+  for (const auto& item : gpt.model->named_parameters())
+    EXPECT_TRUE(torch::equal(item.value().grad(), expected_params[item.key()].grad())) << item.key();
+}
+
 // --fp8-param-gather: once the optimizer publishes codes, the leading (byte-published) weights are
 // gathered as their codes and decoded, the rest as values; before that, everything as values.
 struct TwoWeights : torch::nn::Module {
@@ -107,7 +149,7 @@ TEST(ShardedWeights, ByteWeightsAreGatheredAsCodesAndDecoded) {
   TwoWeights module;
   const std::vector<BufferParam> params = {{module.a, 0, 6, 0}, {module.b, 6, 4, 1}, {module.bias, 10, 3, 2}};
   const auto shard = torch::arange(13, torch::kFloat32);
-  ShardedWeights weights(shard, make_self_communicator("sharded-weights-bytes-test", 0), /*prefetch=*/false,
+  ShardedWeights weights(shard, make_self_communicator("sharded-weights-bytes-test", 0), GatherPolicy{},
                          /*byte_numel=*/10);
   weights.add_unit(params);
   weights.gather_for(module);  // before publish_bytes: values

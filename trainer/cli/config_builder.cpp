@@ -678,6 +678,7 @@ DistributedConfig build_distributed(const FlagValues& f, const ParallelSizes& p)
   // (Megatron turns --use-distributed-optimizer on itself).
   d.dp_sharding = build_data_parallel_sharding(f);
   if (d.dp_sharding != DataParallelSharding::None) d.distributed_optimizer = d.dp_sharding != DataParallelSharding::NoShard;
+  d.keep_params_after_forward = f.get_bool("torch-fsdp2-no-reshard-after-forward");
   d.optimizer_instances = int(f.get_int("num-distributed-optimizer-instances"));
   if (d.optimizer_instances < 1) throw UserError("--num-distributed-optimizer-instances must be at least 1");
   d.overlap_grad_reduce = f.get_bool("overlap-grad-reduce");

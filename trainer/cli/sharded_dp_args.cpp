@@ -86,6 +86,8 @@ std::string sharded_data_parallel_problem(const Config& c, const FlagValues& f) 
   const bool fsdp_flags = f.given("data-parallel-sharding-strategy") || f.given("megatron-fsdp-main-params-dtype") ||
                           f.given("megatron-fsdp-main-grads-dtype") || f.given("megatron-fsdp-grad-comm-dtype") ||
                           f.given("outer-dp-sharding-strategy");
+  if (f.get_bool("torch-fsdp2-no-reshard-after-forward") && !f.get_bool("use-torch-fsdp2"))
+    return "--torch-fsdp2-no-reshard-after-forward needs --use-torch-fsdp2";
   if (s == S::None)
     return fsdp_flags ? "--data-parallel-sharding-strategy and the --megatron-fsdp-* / --outer-dp-sharding-strategy flags need "
                         "--use-megatron-fsdp"
