@@ -53,9 +53,9 @@ mg::PyRef args_namespace(const TrainingState& s) {
            {"consumed_valid_samples", s.consumed_valid_samples},
            {"skipped_train_samples", s.skipped_train_samples ? *s.skipped_train_samples : 0}})
     set(attrs, key, mg::py_int(value));
-  // --no-position-embedding is Megatron's store_false of add_position_embedding.
-  if (s.megatron && s.megatron->arguments.contains("no_position_embedding"))
-    set(attrs, "add_position_embedding", mg::py_bool(!s.megatron->arguments["no_position_embedding"].get<bool>()));
+  // Megatron's store_false of --no-position-embedding (which fp8tron refuses): always true, also
+  // with rotary positions, and compared on resume.
+  set(attrs, "add_position_embedding", mg::py_bool(true));
   set(attrs, "params_dtype", mg::py_global("torch", "float32"));
   set(attrs, "ckpt_format", mg::py_str("torch_dist"));
   set(attrs, "use_dist_ckpt", mg::py_bool(true));

@@ -1,6 +1,8 @@
 #include "checkpoint/save_torch_dist.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <fstream>
 #include <set>
 
@@ -142,6 +144,11 @@ void commit(const TrainingState& s, const ck::SaveTarget& target, const std::vec
   options.expected_files.push_back(".metadata");
   options.expected_files.push_back("metadata.json");
   options.expected_file_count = int64_t(options.expected_files.size());
+  options.hook = [](ck::CommitStep step) {
+    std::string name = std::string("commit:") + ck::commit_step_name(step);
+    std::replace(name.begin(), name.end(), ' ', '-');
+    ck::fault_point(name);
+  };
   ck::commit_save(target, options);
 }
 

@@ -830,6 +830,17 @@ const std::vector<Rule>& rules() {
                   "bf16/fp32 weights and its distributed optimizer gathers them whole (drop --fp8-param-gather)";
          return "";
        }},
+      {"checkpoint conversion",
+       [](const Config& c, const FlagValues& f) -> std::string {
+         const CheckpointConfig& k = c.checkpoint;
+         if (k.convert_format.empty()) return f.given("ckpt-convert-save") ? "--ckpt-convert-save needs --ckpt-convert-format" : "";
+         if (k.convert_format != "torch_dist")
+           return "--ckpt-convert-format " + k.convert_format + ": fp8tron converts into Megatron's torch_dist format "
+                  "only; pass --ckpt-convert-format torch_dist";
+         if (!f.given("ckpt-convert-save")) return "--ckpt-convert-format needs --ckpt-convert-save (the directory to write)";
+         if (k.load.empty()) return "--ckpt-convert-format needs --load (the checkpoint to convert)";
+         return "";
+       }},
       {"saving Megatron's torch_dist format",
        [](const Config& c, const FlagValues&) -> std::string {
          // What fp8tron writes in Megatron's names today (checkpoint/save_torch_dist.h); the rest
