@@ -38,9 +38,12 @@ class Writer {
       out_ += 'J';  // BININT
       le(uint64_t(uint32_t(int32_t(v))), 4);
     } else {
-      out_ += '\x8a';  // LONG1: 8 bytes of two's complement always suffice
-      le(8, 1);
-      le(uint64_t(v), 8);
+      // LONG1: the fewest bytes of little-endian two's complement that hold v, as CPython writes.
+      int n = 1;
+      while (n < 8 && (v < -(int64_t(1) << (8 * n - 1)) || v >= (int64_t(1) << (8 * n - 1)))) ++n;
+      out_ += '\x8a';
+      le(uint64_t(n), 1);
+      le(uint64_t(v), n);
     }
   }
 
