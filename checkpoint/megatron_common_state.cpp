@@ -3,6 +3,7 @@
 #include "checkpoint/megatron/torch_save_writer.h"
 #include "checkpoint/scheduler_state.h"
 #include "core/error.h"
+#include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
 #include "optim/mixed_precision_optimizer.h"
 
@@ -56,7 +57,10 @@ mg::PyRef args_namespace(const TrainingState& s) {
   // Megatron's store_false of --no-position-embedding (which fp8tron refuses): always true, also
   // with rotary positions, and compared on resume.
   set(attrs, "add_position_embedding", mg::py_bool(true));
-  set(attrs, "params_dtype", mg::py_global("torch", "float32"));
+  const ParamDtype dtype = c.precision.params_dtype;
+  set(attrs, "params_dtype", mg::py_global("torch", dtype == ParamDtype::Bf16   ? "bfloat16"
+                                                    : dtype == ParamDtype::Fp16 ? "float16"
+                                                                                : "float32"));
   set(attrs, "ckpt_format", mg::py_str("torch_dist"));
   set(attrs, "use_dist_ckpt", mg::py_bool(true));
   // fp8tron's random streams are not Python's, NumPy's and torch's: none is stored, and Megatron
@@ -96,6 +100,15 @@ mg::PyRef scheduler(const TrainingState& s) {
                       {"wd_incr_style", mg::py_str(v.wd_incr_style)}, {"wd_incr_steps", mg::py_int(v.wd_incr_steps)}});
 }
 
+// Megatron's grad scaler state: DynamicGradScaler's scale (a 1-element fp32 tensor) and trackers,
+// or ConstantGradScaler's empty dict (--loss-scale).
+mg::PyRef grad_scaler(const TrainingState& s, mg::TorchSaveWriter& w) {
+  if (!s.config.precision.dynamic_loss_scale()) return mg::py_dict({});
+  return mg::py_dict({{"scale", w.tensor(torch::tensor({float(s.scaler.scale())}))},
+                      {"growth_tracker", mg::py_int(s.scaler.growth_tracker())},
+                      {"hysteresis_tracker", mg::py_int(s.scaler.hysteresis_tracker())}});
+}
+
 }  // namespace
 
 std::string megatron_common_state_bytes(const TrainingState& s, int64_t iteration) {
@@ -104,8 +117,16 @@ std::string megatron_common_state_bytes(const TrainingState& s, int64_t iteratio
       {"args", args_namespace(s)}, {"checkpoint_version", mg::py_float(3.0)}, {"iteration", mg::py_int(iteration)}};
   if (s.config.checkpoint.save_optim) {
     const mg::PyRef step = w.tensor(torch::tensor(float(s.optimizer.step_count())).reshape({}));
-    common.emplace_back("optimizer", mg::py_dict({{"state", mg::py_dict({{"common_step", step}})},
-                                                  {"param_groups", param_groups(s)}}));
+    mg::PyRef optimizer = mg::py_dict({{"state", mg::py_dict({{"common_step", step}})}, {"param_groups", param_groups(s)}});
+    if (s.config.precision.params_dtype != ParamDtype::Fp32) {
+      // Megatron's mixed-precision optimizer nests the torch.optim state; its fp32 main weights
+      // are sharded tensors (optimizer.state.fp32_param.*), the fp16 loss scaler sits beside.
+      std::vector<std::pair<std::string, mg::PyRef>> mixed = {{"optimizer", optimizer}};
+      if (s.config.precision.params_dtype == ParamDtype::Fp16)
+        mixed.emplace_back("grad_scaler", grad_scaler(s, w));
+      optimizer = mg::py_dict(std::move(mixed));
+    }
+    common.emplace_back("optimizer", optimizer);
     common.emplace_back("opt_param_scheduler", scheduler(s));
   }
   const double flops = s.megatron ? s.megatron->flops_per_sample * double(s.consumed_train_samples) : 0.0;

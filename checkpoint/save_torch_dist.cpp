@@ -63,8 +63,11 @@ std::vector<mg::DcpChunkToWrite> rank_chunks(const TrainingState& s) {
     if (o.groups().dp->rank() != 0 || s.parallel.cp_rank != 0) continue;
     const int tp = o.groups().tp->size(), tp_rank = o.groups().tp->rank();
     std::vector<std::pair<std::string, torch::Tensor>> buffers = {{"", o.model_params()}};
-    if (s.config.checkpoint.save_optim)
+    if (s.config.checkpoint.save_optim) {
+      // bf16/fp16 weights: Megatron's mixed-precision optimizer stores the fp32 main weights too.
+      if (o.model_params().scalar_type() != torch::kFloat32) buffers.emplace_back(kMainParamPrefix, o.main_params());
       for (const auto& state : optimizer_states(o, s.config.optimizer)) buffers.push_back(state);
+    }
     for (const Slot& slot : o.param_slots()) {
       if (slot.info.shared_embedding_copy) continue;              // the embedding's, stored by the first stage
       if (slot.info.partition_dim < 0 && tp_rank != 0) continue;  // replicated over TP: rank 0 stores it

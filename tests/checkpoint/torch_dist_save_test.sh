@@ -3,8 +3,8 @@
 # --ckpt-convert-format torch_dist): on the CPU in fp32, with the model of the Megatron fixture
 # (tests/fixtures/megatron_checkpoints/gpt_torch_dist):
 #   - a run that saves at iteration 10 and one resumed from that checkpoint print exactly the losses
-#     of an uninterrupted run (and of a resume from fp8tron's own format), in one process and, with
-#     MPIRUN, in a TP2/PP2 layout;
+#     of an uninterrupted run (and of a resume from fp8tron's own format), in one process (fp32,
+#     bf16, fp16) and, with MPIRUN, in a TP2/PP2 layout;
 #   - PyTorch's own reader (torch_dist_check.py) finds the fixture's names, global shapes and dtypes,
 #     every tensor equal to fp8tron's own checkpoint of the same state, and a common state that
 #     loads with weights_only=True holding what Megatron reads;
@@ -88,6 +88,15 @@ check "single: Megatron's names and shapes" metadata "$WORK/single-td/iter_00000
 check "single: tensors equal fp8tron's own checkpoint" tensors "$WORK/single-td/iter_0000010" "$WORK/single-native/iter_0000010"
 check "single: common state as Megatron reads it" common "$WORK/single-td/iter_0000010" "$FIXTURE/ckpt/iter_0000010"
 convert_test single 1
+# bf16 and fp16: the fp32 main weights (optimizer.state.fp32_param.*) and fp16's loss scaler too.
+# (fp16 from a loss scale of 128: Megatron's 2^32 overflows this model's fp16 gradients for longer
+# than the run.)
+for precision in bf16 fp16; do
+  extra=(); [ $precision = fp16 ] && extra=(--initial-loss-scale 128)
+  resume_test "$precision" 1 --$precision "${extra[@]}"
+  check "$precision: tensors equal fp8tron's own checkpoint" tensors "$WORK/$precision-td/iter_0000010" \
+    "$WORK/$precision-native/iter_0000010"
+done
 if [ -n "$MPIRUN" ]; then
   resume_test tp2pp2 4 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2
   check "tp2pp2: Megatron's names and shapes" metadata "$WORK/tp2pp2-td/iter_0000010" "$FIXTURE/ckpt/iter_0000010"
@@ -114,7 +123,8 @@ expect_error() {  # expect_error <text> <what> <flags...>
   if [ $rc != 1 ] || ! grep -qF -- "$want" <<<"$out"; then echo "FAIL: $what -> rc $rc, output lacks: $want"; echo "$out" | tail -3; fail=1
   else echo "ok: $what"; fi
 }
-expect_error "--bf16 with --save and --ckpt-format torch_dist is not supported yet" "bf16 refused" --bf16 --save "$WORK/x"
+expect_error "--fp8-format with --save and --ckpt-format torch_dist is not supported yet" "FP8 refused" \
+  --transformer-impl transformer_engine --fp8-format hybrid --bf16 --save "$WORK/x"
 expect_error "--use-distributed-optimizer with --save and --ckpt-format torch_dist" "distributed optimizer refused" \
   --use-distributed-optimizer --save "$WORK/x"
 expect_error "--ckpt-convert-format torch: fp8tron converts into Megatron's torch_dist format only" "convert to torch refused" \

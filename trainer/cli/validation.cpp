@@ -847,10 +847,7 @@ const std::vector<Rule>& rules() {
          // would need Megatron's other optimizer and model layouts.
          if (!c.checkpoint.save_torch_dist) return "";
          const std::string with = " with --save and --ckpt-format torch_dist is not supported yet (fp8tron writes "
-                                  "Megatron's torch_dist for fp32 GPT models with Adam); ";
-         if (c.precision.params_dtype != ParamDtype::Fp32)
-           return std::string(c.precision.params_dtype == ParamDtype::Bf16 ? "--bf16" : "--fp16") + with +
-                  "drop --ckpt-format to save in fp8tron's format";
+                                  "Megatron's torch_dist for GPT models with Adam, without FP8); ";
          if (c.precision.fp8.enabled()) return "--fp8-format" + with + "drop --ckpt-format to save in fp8tron's format";
          if (c.optimizer.optimizer != "adam")
            return "--optimizer " + c.optimizer.optimizer + with + "drop --ckpt-format to save in fp8tron's format";
