@@ -47,6 +47,7 @@ mg::PyRef args_namespace(const TrainingState& s) {
   for (const auto& [key, value] : std::initializer_list<std::pair<const char*, int64_t>>{
            {"num_layers", m.num_layers}, {"hidden_size", m.hidden_size}, {"ffn_hidden_size", m.ffn_hidden_size},
            {"num_attention_heads", m.num_attention_heads}, {"kv_channels", m.kv_channels},
+           {"num_query_groups", m.num_query_groups},
            {"padded_vocab_size", m.padded_vocab_size}, {"max_position_embeddings", m.max_position_embeddings},
            {"tensor_model_parallel_size", c.parallel.tp}, {"pipeline_model_parallel_size", c.parallel.pp},
            {"context_parallel_size", c.parallel.cp}, {"world_size", c.parallel.world_size},
@@ -57,6 +58,11 @@ mg::PyRef args_namespace(const TrainingState& s) {
   // Megatron's store_false of --no-position-embedding (which fp8tron refuses): always true, also
   // with rotary positions, and compared on resume.
   set(attrs, "add_position_embedding", mg::py_bool(true));
+  // Megatron's argument names of the model switches whose flags say the opposite.
+  set(attrs, "add_bias_linear", mg::py_bool(m.add_bias_linear));
+  set(attrs, "add_qkv_bias", mg::py_bool(m.add_qkv_bias));
+  set(attrs, "group_query_attention", mg::py_bool(m.num_query_groups != m.num_attention_heads));
+  set(attrs, "untie_embeddings_and_output_weights", mg::py_bool(m.untie_embeddings_and_output_weights));
   const ParamDtype dtype = c.precision.params_dtype;
   set(attrs, "params_dtype", mg::py_global("torch", dtype == ParamDtype::Bf16   ? "bfloat16"
                                                     : dtype == ParamDtype::Fp16 ? "float16"

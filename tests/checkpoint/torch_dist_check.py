@@ -175,7 +175,8 @@ def check_common(ckpt, fixture):
     fa = vars(f["args"])
     for key in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "kv_channels",
                 "max_position_embeddings", "padded_vocab_size", "consumed_train_samples", "consumed_valid_samples",
-                "seq_length", "add_position_embedding", "untie_embeddings_and_output_weights", "normalization"):
+                "seq_length", "add_position_embedding", "untie_embeddings_and_output_weights", "normalization",
+                "num_query_groups", "add_bias_linear", "add_qkv_bias", "group_query_attention"):
         if args.get(key) != fa.get(key):
             problems.append(f"common state: args.{key} {args.get(key)!r} written, {fa.get(key)!r} in the fixture")
 
