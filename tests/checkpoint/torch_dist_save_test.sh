@@ -10,6 +10,8 @@
 #     loads with weights_only=True holding what Megatron reads;
 #   - the fixture converted (loaded and saved again at iteration 10) holds tensors equal to the
 #     fixture's and its common state's values, in one process and, with MPIRUN, in TP2/PP2 and DP2;
+#   - with MPIRUN, a Llama-like model over TP2 x PP2 x 2 virtual stages resumes exactly and writes
+#     the tensors one process writes for the same state;
 #   - a save killed before its commit leaves no checkpoint; unsupported combinations are refused.
 # Usage: torch_dist_save_test.sh FP8TRON SOURCE_DIR PYTHON [MPIRUN]
 set -u
@@ -104,6 +106,18 @@ if [ -n "$MPIRUN" ]; then
   ls "$WORK/tp2pp2-td/iter_0000010"/__{0,1,2,3}_0.distcp > /dev/null || { echo "FAIL: tp2pp2: a rank file is missing"; fail=1; }
   convert_test tp2pp2 4 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2
   convert_test dp2 2
+  # A Llama-like model (SwiGLU, GQA, RMSNorm, RoPE, untied output) over TP2 x PP2 with two virtual
+  # stages: its checkpoint equals the same state written by one process (converted), and a resume
+  # prints the uninterrupted losses.
+  LLAMA=("${FLAGS[@]}" --num-layers 4 --swiglu --normalization RMSNorm --group-query-attention --num-query-groups 2
+         --position-embedding-type rope --untie-embeddings-and-output-weights)
+  LAYOUT=(--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1)
+  if run llama-full 4 "${LLAMA[@]}" "${LAYOUT[@]}" && run llama-save 4 "${LLAMA[@]}" "${LAYOUT[@]}" --exit-interval 10 --save "$WORK/llama" &&
+     run llama-resume 4 "${LLAMA[@]}" "${LAYOUT[@]}" --load "$WORK/llama" &&
+     run llama-convert 1 "${LLAMA[@]}" --load "$WORK/llama" --ckpt-convert-format torch_dist --ckpt-convert-save "$WORK/llama-one"; then
+    same_losses "llama tp2pp2vpp2: resumed from torch_dist = uninterrupted" "$WORK/llama-resume.log" "$WORK/llama-full.log"
+    check "llama tp2pp2vpp2: tensors equal one process's" tensors "$WORK/llama/iter_0000010" "$WORK/llama-one/torch_dist/iter_0000010"
+  fi
 fi
 
 # A save killed before its commit leaves no checkpoint and no tracker.
