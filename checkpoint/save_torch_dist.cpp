@@ -163,6 +163,10 @@ void save_torch_dist_checkpoint(const TrainingState& s, int64_t iteration) {
   const std::string& save = s.config.checkpoint.save;
   log::print(strprintf("saving checkpoint at iteration %7lld to %s in torch_dist format", (long long)iteration,
                        save.c_str()));
+  if (s.rerun && s.rerun->to_save)
+    log::warning("the rerun engine's record of the faulty iteration is not stored in a torch_dist checkpoint "
+                 "(Megatron's format has no place for fp8tron's); a run resumed from it does not re-run that "
+                 "iteration: save in fp8tron's format (no --ckpt-format) to keep it");
   s.optimizer.finish_param_gather();
   const ck::SaveTarget target{save, iteration, false, agree_on_token(p, s.device)};
   std::string error, entries;

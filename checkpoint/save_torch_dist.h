@@ -11,10 +11,12 @@
 // dimension of --num-layers ("decoder.layers.self_attention.linear_qkv.weight" [L, 3h, h]), each
 // rank writing its layers' tensor-parallel boxes once (data-parallel rank 0; a weight replicated
 // over tensor-parallel ranks by tensor-parallel rank 0), Adam's moments as
-// optimizer.state.exp_avg(_sq).<name>. Objects: the common state (megatron_common_state.h) and a
+// optimizer.state.exp_avg(_sq).<name>, and with bf16/fp16 weights the fp32 main weights as
+// optimizer.state.fp32_param.<name>. Objects: the common state (megatron_common_state.h) and a
 // None _extra_state per linear layer (and per core attention with Transformer Engine), as Megatron's
 // modules store without FP8. Not written: the RNG states (the args say no_save_rng) and the rerun
-// state machine's (Megatron then starts both afresh).
+// state machine's (Megatron then starts both afresh), nor fp8tron's rerun record of a faulty
+// iteration (a warning says so).
 //
 // The files go into iter_NNNNNNN.tmp.<token>/ and the directory is committed (renamed, tracker
 // updated) only when every rank wrote its file (checkpoint_dir.h): a failed save leaves nothing.
