@@ -11,6 +11,7 @@
 #include "core/log.h"
 #include "core/text.h"
 #include "fp8/fp8_linear.h"
+#include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
 
 namespace fp8tron {
@@ -96,7 +97,10 @@ void copy_parameters(const mg::MegatronCheckpoint& c, const TrainingState& s, bo
         buffer.narrow(0, lo - shard_begin, hi - lo)
             .copy_(local_range(c.tensors.at(name), slot, tp_rank, tp_size, lo - slot.offset, hi - slot.offset));
       };
-      copy(o.main_params(), checkpoint_name(slot));
+      // The fp32 main weights of a bf16/fp16 checkpoint, as Megatron restores them with the
+      // optimizer; otherwise (and without the optimizer) the weights themselves.
+      const std::string main = std::string(kMainParamPrefix) + checkpoint_name(slot);
+      copy(o.main_params(), load_optim && c.tensors.count(main) ? main : checkpoint_name(slot));
       if (!load_optim) continue;
       for (const auto& [prefix, buffer] : states) copy(buffer, prefix + checkpoint_name(slot));
     }
@@ -147,6 +151,8 @@ int64_t load_megatron_checkpoint(const TrainingState& s, const ck::CheckpointLoc
   if (load_optim) {
     s.schedule.set_config(schedule);
     if (c.scheduler) s.schedule.set_num_steps(c.scheduler->num_steps);
+    if (c.loss_scaler && s.config.precision.dynamic_loss_scale())
+      s.scaler.restore(c.loss_scaler->scale, c.loss_scaler->growth_tracker, int(c.loss_scaler->hysteresis_tracker));
   }
   if (!restart) {
     s.consumed_train_samples = c.consumed_train_samples;

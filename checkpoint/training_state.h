@@ -40,6 +40,8 @@
 #include <cstdint>
 #include <optional>
 
+#include <nlohmann/json.hpp>
+
 #include "core/config/config.h"
 #include "parallel/parallel_state.h"
 #include "rerun/rerun_record.h"
@@ -60,6 +62,13 @@ struct RerunCheckpointIo {
   bool loaded_same_layout = false;            // ... saved in this run's parallel layout
 };
 
+// What a save in Megatron's torch_dist format records besides the training state; the trainer
+// knows it (only trainer/ knows flags).
+struct MegatronSaveInfo {
+  nlohmann::json arguments;      // the run's arguments under Megatron's names, typed (vars(args))
+  double flops_per_sample = 0;   // training FLOPs of one sample (num_floating_point_operations_so_far)
+};
+
 // The trainer's state that a checkpoint saves and restores.
 struct TrainingState {
   const Config& config;
@@ -76,6 +85,7 @@ struct TrainingState {
   std::vector<std::pair<std::string, torch::Tensor>> buffers;
   int64_t* skipped_train_samples = nullptr;  // --iterations-to-skip's count (null: not tracked)
   RerunCheckpointIo* rerun = nullptr;
+  const MegatronSaveInfo* megatron = nullptr;  // set when saves are in Megatron's torch_dist format
 };
 
 }  // namespace fp8tron

@@ -3,13 +3,22 @@
 #include "checkpoint/checkpoint_dir.h"
 #include "checkpoint/load.h"
 #include "checkpoint/save.h"
+#include "checkpoint/save_torch_dist.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/text.h"
+#include "trainer/cli/arguments_json.h"
+#include "trainer/cli/model_math.h"
 
 namespace fp8tron {
 
-RunCheckpoints::RunCheckpoints(RunParts& parts, RunProgress& progress) : parts_(parts), progress_(progress) {}
+RunCheckpoints::RunCheckpoints(RunParts& parts, RunProgress& progress) : parts_(parts), progress_(progress) {
+  if (parts_.config.checkpoint.save_torch_dist) {
+    megatron_.arguments = arguments_json(parts_.config);
+    const ModelConfig& m = parts_.config.model;
+    megatron_.flops_per_sample = training_flops_per_token(m) * double(m.seq_length);
+  }
+}
 
 TrainingState RunCheckpoints::state() {
   TrainingState s{parts_.config,  parts_.data_parallel, parts_.device, *parts_.optimizer, progress_.schedule,
@@ -18,6 +27,7 @@ TrainingState RunCheckpoints::state() {
     for (const auto& item : chunk->named_buffers()) s.buffers.emplace_back(item.key(), item.value());
   s.skipped_train_samples = &progress_.skipped_train_samples;
   s.rerun = &rerun_io_;
+  if (parts_.config.checkpoint.save_torch_dist) s.megatron = &megatron_;
   return s;
 }
 
@@ -40,7 +50,9 @@ int64_t RunCheckpoints::load() {
 }
 
 void RunCheckpoints::save(int64_t iteration, bool non_persistent) {
-  if (parts_.config.checkpoint.async_save) {
+  if (parts_.config.checkpoint.save_torch_dist) {
+    save_torch_dist_checkpoint(state(), iteration);
+  } else if (parts_.config.checkpoint.async_save) {
     if (!async_saver_) async_saver_ = std::make_unique<AsyncCheckpointSaver>();
     async_saver_->save(state(), iteration, non_persistent);
   } else {

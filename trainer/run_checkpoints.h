@@ -38,6 +38,7 @@ class RunCheckpoints {
 
  private:
   RunParts& parts_;
+  MegatronSaveInfo megatron_;  // what torch_dist saves record of the run (--ckpt-format torch_dist)
   RunProgress& progress_;
   RerunCheckpointIo rerun_io_;                         // the re-run record into and out of checkpoints
   std::unique_ptr<AsyncCheckpointSaver> async_saver_;  // --async-save

@@ -136,6 +136,13 @@ TrainResult run_training(const Config& c, const TrainOptions& options) {
 
   const int64_t first_iteration = checkpoints.load();
   TrainResult result;
+  if (!c.checkpoint.convert_format.empty()) {
+    // Megatron's --ckpt-convert-format: the loaded checkpoint saved again in the other format, no training.
+    result.iterations = first_iteration - 1;
+    checkpoints.save(result.iterations);
+    log::print(" > converted checkpoint: " + c.checkpoint.load + " -> " + c.checkpoint.save);
+    return result;
+  }
   if (options.collect_initial_weights) result.initial_weights = global_weights(parts);
   std::optional<ExitSignalHandler> exit_signal;
   if (c.checkpoint.exit_signal_handler) exit_signal.emplace(c.checkpoint.exit_signal);

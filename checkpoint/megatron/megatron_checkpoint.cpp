@@ -15,6 +15,7 @@ namespace {
 
 constexpr const char* kExpAvg = "optimizer.state.exp_avg.";
 constexpr const char* kExpAvgSq = "optimizer.state.exp_avg_sq.";
+constexpr const char* kFp32Param = "optimizer.state.fp32_param.";
 constexpr const char* kLayers = "decoder.layers.";
 
 bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
@@ -176,11 +177,23 @@ MegatronCheckpoint read_dist(const std::string& dir) {
   PyRef root = common->root();
   if (root && root->kind == PyValue::Kind::List && root->items.size() == 1) root = root->items[0];
   read_common(root, common->source(), out);
-  const PyRef step = attribute(attribute(attribute(root, "optimizer"), "state"), "common_step");
+  // Megatron's fp32 optimizer stores {state, param_groups}; its mixed-precision one nests that
+  // under "optimizer", beside the fp16 loss scaler's "grad_scaler".
+  PyRef optimizer = attribute(root, "optimizer");
+  if (attribute(optimizer, "optimizer")) {
+    const PyRef scaler = attribute(optimizer, "grad_scaler");
+    int64_t growth = 0, hysteresis = 0;
+    if (attribute(scaler, "scale") && as_int(attribute(scaler, "growth_tracker"), growth) &&
+        as_int(attribute(scaler, "hysteresis_tracker"), hysteresis))
+      out.loss_scaler = LossScalerValues{common->tensor(attribute(scaler, "scale"), "grad_scaler scale").item<double>(),
+                                         growth, hysteresis};
+    optimizer = attribute(optimizer, "optimizer");
+  }
+  const PyRef step = attribute(attribute(optimizer, "state"), "common_step");
   if (step) out.step = common->tensor(step, "optimizer step").item<double>();
   for (const auto& [name, entry] : dcp.tensors()) {
     std::string prefix, param = name;
-    for (const char* p : {kExpAvg, kExpAvgSq})
+    for (const char* p : {kExpAvg, kExpAvgSq, kFp32Param})
       if (starts_with(name, p)) prefix = p, param = name.substr(std::strlen(p));
     if (!prefix.empty() || !starts_with(name, "optimizer.")) {
       const torch::Tensor t = dcp.tensor(name);

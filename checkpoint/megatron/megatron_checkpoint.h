@@ -41,13 +41,21 @@ struct SchedulerValues {
   std::string lr_decay_style, wd_incr_style;
 };
 
+// Megatron's DynamicGradScaler state (fp16 runs).
+struct LossScalerValues {
+  double scale = 1;
+  int64_t growth_tracker = 0, hysteresis_tracker = 0;
+};
+
 struct MegatronCheckpoint {
   std::string format, path;  // path: the file or directory read, for messages
   int64_t iteration = 0;
   int64_t consumed_train_samples = 0, consumed_valid_samples = 0;
   // Global tensors by fp8tron's checkpoint names: <param>, optimizer.state.exp_avg.<param>,
-  // optimizer.state.exp_avg_sq.<param> (the latter only when the checkpoint holds optimizer state).
+  // optimizer.state.exp_avg_sq.<param> (the latter only when the checkpoint holds optimizer state),
+  // and optimizer.state.fp32_param.<param> (the fp32 main weights of a bf16/fp16 torch_dist one).
   std::map<std::string, torch::Tensor> tensors;
+  std::optional<LossScalerValues> loss_scaler;
   std::optional<double> step;  // Adam's step count
   std::optional<SchedulerValues> scheduler;
   // The saved run's arguments that fp8tron compares with its own (num_layers, hidden_size, ...).

@@ -275,6 +275,7 @@ class Parser {
       case 'R': case 0x81: {  // REDUCE, NEWOBJ: callable(*args)
         PyRef args = pop(), callable = pop();
         stack_.push_back(call(callable, args));
+        stack_.back()->new_object = op == 0x81;
         return;
       }
       case 0x92: {  // NEWOBJ_EX: the keyword arguments are dropped (never used by the classes read)

@@ -42,6 +42,7 @@ struct PyValue {
   // Dict, in insertion order; Call: what SETITEM(S) added (an OrderedDict's entries).
   std::vector<std::pair<PyRef, PyRef>> entries;
   PyRef callable, args;  // Call
+  bool new_object = false;  // Call: made by NEWOBJ (cls.__new__(cls, *args)), not by calling it
   PyRef state;           // Call: BUILD's argument (null when never built); PersistentId: the id
 };
 

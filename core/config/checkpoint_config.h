@@ -24,6 +24,13 @@ struct CheckpointConfig {
   // accepts (checkpoint/megatron/megatron_checkpoint.h); fp8tron's own format always loads.
   std::string ckpt_format = "torch_dist";
   bool auto_detect_ckpt_format = false;
+  // --save with an explicit --ckpt-format torch_dist: checkpoints are written in Megatron's
+  // torch_dist format (checkpoint/save_torch_dist.h), which Megatron-LM resumes; otherwise in
+  // fp8tron's own format.
+  bool save_torch_dist = false;
+  // --ckpt-convert-format / --ckpt-convert-save: load, save at the loaded iteration into
+  // <ckpt-convert-save>/<format> (`save` is that directory) and exit without training.
+  std::string convert_format;
   // Only the checkpoints of iterations that are multiples of this (and the latest) are kept.
   std::optional<int64_t> save_retain_interval;
   // Non-persistent checkpoints (Megatron's "global" type): every non_persistent_save_interval

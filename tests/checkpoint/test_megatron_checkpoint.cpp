@@ -9,8 +9,12 @@
 #include <fstream>
 #include <functional>
 
+#include "checkpoint/megatron/dcp_checkpoint.h"
+#include "checkpoint/megatron/dcp_writer.h"
 #include "checkpoint/megatron/megatron_checkpoint.h"
 #include "checkpoint/megatron/pickle.h"
+#include "checkpoint/megatron/pickle_writer.h"
+#include "checkpoint/megatron/torch_save_writer.h"
 #include "core/error.h"
 #include "tests/checkpoint/error_text.h"
 
@@ -65,6 +69,74 @@ TEST(Pickle, TruncatedInputIsOneLineNamingTheSource) {
   const std::string msg = error_of([] { parse_pickle(std::string_view("\200\002]q\000(K\001", 8), "some.pt"); });
   EXPECT_NE(msg.find("some.pt"), std::string::npos) << msg;
   EXPECT_NE(msg.find("truncated"), std::string::npos) << msg;
+}
+
+TEST(PickleWriter, WritesWhatTheReaderAndCPythonRead) {
+  // CPython: pickle.dumps(300, protocol=2) and pickle.dumps(-2**40, protocol=2).
+  EXPECT_EQ(write_pickle(py_int(300)), std::string("\200\002M,\001.", 6));
+  EXPECT_EQ(write_pickle(py_int(-(int64_t(1) << 40))), std::string("\200\002\212\006\000\000\000\000\000\377.", 11));
+  EXPECT_EQ(write_pickle(py_int(int64_t(1) << 40)), std::string("\200\002\212\006\000\000\000\000\000\001.", 11));
+  const PyRef ns = py_object(py_global("argparse", "Namespace"),
+                             py_dict({{"lr", py_float(0.5)}, {"sizes", py_int_tuple({2, 3, 4, 5})},
+                                      {"name", py_str("gpt")}, {"flags", py_list({py_bool(true), py_none()})},
+                                      {"big", py_int(int64_t(1) << 40)}, {"neg", py_int(-70000)}}));
+  const PyRef back = parse_pickle(write_pickle(ns), "written");
+  EXPECT_TRUE(is_call_of(back, "argparse", "Namespace"));
+  EXPECT_TRUE(back->new_object);
+  double d = 0;
+  int64_t i = 0;
+  std::vector<int64_t> sizes;
+  std::string name;
+  EXPECT_TRUE(as_double(attribute(back, "lr"), d) && d == 0.5);
+  EXPECT_TRUE(as_int_list(attribute(back, "sizes"), sizes) && sizes == std::vector<int64_t>({2, 3, 4, 5}));
+  EXPECT_TRUE(as_string(attribute(back, "name"), name) && name == "gpt");
+  EXPECT_EQ(describe(attribute(back, "flags")), "[True, None]");
+  EXPECT_TRUE(as_int(attribute(back, "big"), i) && i == (int64_t(1) << 40));
+  EXPECT_TRUE(as_int(attribute(back, "neg"), i) && i == -70000);
+}
+
+TEST(PickleWriter, TorchSaveArchiveReadsBack) {
+  const torch::Tensor t = torch::arange(24, torch::kFloat32).reshape({2, 3, 4}).transpose(1, 2);
+  TorchArchive archive(torch_save_tensor(t), "chunk");
+  EXPECT_TRUE(torch::equal(archive.tensor(archive.root(), "chunk"), t));
+  TorchSaveWriter w;
+  const PyRef step = w.tensor(torch::tensor(7.0f).reshape({}));
+  TorchArchive common(w.bytes(py_list({py_dict({{"common_step", step}})})), "common");
+  const torch::Tensor back = common.tensor(attribute(common.root()->items.at(0), "common_step"), "step");
+  EXPECT_EQ(back.dim(), 0);
+  EXPECT_EQ(back.item<float>(), 7.0f);
+}
+
+TEST(DcpWriter, ChunksOfTwoRanksReadBackAsOneTensor) {
+  Scratch dir(kDist);  // any directory to write into
+  Scratch::run("rm -rf '" + dir.path + "' && mkdir '" + dir.path + "'");
+  const torch::Tensor global = torch::randn({2, 6, 4});
+  std::vector<std::string> entries;
+  for (int rank = 0; rank < 2; ++rank) {
+    std::vector<DcpChunkToWrite> chunks;
+    for (int64_t layer = 0; layer < 2; ++layer)
+      chunks.push_back({"decoder.layers.w", {2, 6, 4}, {layer, 3 * rank, 0}, global[layer].narrow(0, 3 * rank, 3).unsqueeze(0)});
+    std::vector<DcpObjectToWrite> objects;
+    if (rank == 0) objects.push_back({"common_state/shard_0_1", TorchSaveWriter().bytes(py_list({py_int(10)}))});
+    entries.push_back(write_dcp_file(dir.path, rank, objects, chunks));
+  }
+  write_dcp_metadata(dir.path, entries, dir.path);
+  const DcpCheckpoint dcp(dir.path);
+  ASSERT_EQ(dcp.tensors().size(), 1u);
+  EXPECT_EQ(dcp.tensors().at("decoder.layers.w").chunks.size(), 4u);
+  EXPECT_TRUE(torch::equal(dcp.tensor("decoder.layers.w"), global));
+  int64_t value = 0;
+  EXPECT_TRUE(as_int(dcp.object("common_state")->root()->items.at(0), value) && value == 10);
+
+  // Chunks that leave part of the tensor uncovered are refused before .metadata is written.
+  entries.pop_back();
+  std::string msg;
+  try {
+    write_dcp_metadata(dir.path, entries, dir.path);
+  } catch (const std::exception& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("cover 24 of its 48 elements"), std::string::npos) << msg;
 }
 
 TEST(MegatronCheckpoint, DetectsTheFormats) {

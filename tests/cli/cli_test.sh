@@ -83,7 +83,7 @@ expect 0 "successfully loaded checkpoint from $CKPT [ t 1/1, p 1/1 ] at iteratio
 expect 1 "total number of iterations is" -- "${TINY[@]}" --train-iters 6 --load "$CKPT"
 expect 0 "fp8tron 0.1.0 (commit " -- --version
 expect 1 "hidden_size is 32 in the checkpoint but 64 here (--hidden-size)" -- "${TINY[@]}" --load "$CKPT" --hidden-size 64
-expect 0 "fp8tron writes its own checkpoint format" -- "${TINY[@]}" --ckpt-format torch_dist --save "$CKPT/format"
+expect 0 "fp8tron writes its own checkpoint format" -- "${TINY[@]}" --ckpt-format torch --save "$CKPT/format"
 # fp8tron-export (built next to fp8tron): the checkpoint as a Hugging Face directory.
 EXPORT="$(dirname "$BIN")/fp8tron-export"
 if out=$("$EXPORT" --load "$CKPT" --output "$CKPT/hf" 2>&1) && grep -qF "as a gpt2 model to $CKPT/hf" <<<"$out" &&

@@ -364,16 +364,27 @@ TEST(Config, CheckpointFlags) {
   EXPECT_EQ(c.checkpoint.ckpt_step, 100);
   EXPECT_EQ(build(tiny_args()).checkpoint.exit_signal, SIGTERM);
   // Megatron's formats choose which of its checkpoints --load reads; saves are in fp8tron's own
-  // format, which a notice says when --save is given.
+  // format unless --ckpt-format torch_dist is given explicitly with --save (Megatron's format);
+  // for the other values a notice says so.
   const Config torch_format = build(tiny_args({"--ckpt-format", "torch"}));
   EXPECT_EQ(torch_format.checkpoint.ckpt_format, "torch");
   EXPECT_TRUE(torch_format.hint_warnings.empty());
   EXPECT_EQ(build(tiny_args()).checkpoint.ckpt_format, "torch_dist");
   EXPECT_FALSE(build(tiny_args()).checkpoint.auto_detect_ckpt_format);
   EXPECT_TRUE(build(tiny_args({"--auto-detect-ckpt-format"})).checkpoint.auto_detect_ckpt_format);
-  auto notices = build(tiny_args({"--ckpt-format", "torch_dist", "--save", "/tmp/fp8tron-unused"})).hint_warnings;
+  auto notices = build(tiny_args({"--ckpt-format", "torch", "--save", "/tmp/fp8tron-unused"})).hint_warnings;
   ASSERT_EQ(notices.size(), 1u);
   EXPECT_NE(notices[0].find("fp8tron writes its own checkpoint format"), std::string::npos);
+  const Config torch_dist = build(tiny_args({"--ckpt-format", "torch_dist", "--save", "/tmp/fp8tron-unused"}));
+  EXPECT_TRUE(torch_dist.checkpoint.save_torch_dist);
+  EXPECT_TRUE(torch_dist.hint_warnings.empty());
+  EXPECT_FALSE(build(tiny_args({"--save", "/tmp/fp8tron-unused"})).checkpoint.save_torch_dist);
+  const Config convert = build(tiny_args({"--load", "/tmp/fp8tron-in", "--ckpt-convert-format", "torch_dist",
+                                          "--ckpt-convert-save", "/tmp/fp8tron-out"}));
+  EXPECT_EQ(convert.checkpoint.save, "/tmp/fp8tron-out/torch_dist");
+  EXPECT_TRUE(convert.checkpoint.save_torch_dist);
+  EXPECT_USER_ERROR(build(tiny_args({"--ckpt-convert-format", "torch_dist", "--ckpt-convert-save", "/tmp/x"})),
+                    "--ckpt-convert-format needs --load");
   EXPECT_USER_ERROR(build(tiny_args({"--ckpt-format", "zarr2"})), "--ckpt-format");
   EXPECT_USER_ERROR(build(tiny_args({"--save-interval", "0"})), "--save-interval must be positive");
   EXPECT_USER_ERROR(build(tiny_args({"--exit-signal", "SIGKILL"})), "cannot be caught");

@@ -787,11 +787,18 @@ CheckpointConfig build_checkpoint(const FlagValues& f, std::vector<std::string>&
   k.exit_signal = signal_number(k.exit_signal_name);
   k.ckpt_format = f.get_string("ckpt-format");
   k.auto_detect_ckpt_format = f.get_bool("auto-detect-ckpt-format");
-  if (f.given("ckpt-format") && !f.get_string("save").empty())
+  k.save_torch_dist = f.given("ckpt-format") && k.ckpt_format == "torch_dist" && !f.get_string("save").empty();
+  k.convert_format = f.get_string("ckpt-convert-format");
+  if (!k.convert_format.empty() && !f.get_string("ckpt-convert-save").empty()) {
+    // As Megatron: args.save = os.path.join(args.ckpt_convert_save, args.ckpt_convert_format).
+    k.save = f.get_string("ckpt-convert-save") + "/" + k.convert_format;
+    k.save_torch_dist = k.convert_format == "torch_dist";
+  }
+  if (f.given("ckpt-format") && !f.get_string("save").empty() && !k.save_torch_dist)
     notices.push_back("--ckpt-format " + k.ckpt_format +
                       ": fp8tron writes its own checkpoint format (per-rank safetensors shards + one JSON metadata "
-                      "file in Megatron's iter_NNNNNNN layout), whatever the value; --load also reads Megatron's "
-                      "torch_dist and torch checkpoints");
+                      "file in Megatron's iter_NNNNNNN layout) for this value; only torch_dist is written in "
+                      "Megatron's format; --load also reads Megatron's torch_dist and torch checkpoints");
   return k;
 }
 

@@ -827,6 +827,42 @@ const std::vector<Rule>& rules() {
                   "bf16/fp32 weights and its distributed optimizer gathers them whole (drop --fp8-param-gather)";
          return "";
        }},
+      {"checkpoint conversion",
+       [](const Config& c, const FlagValues& f) -> std::string {
+         const CheckpointConfig& k = c.checkpoint;
+         if (k.convert_format.empty()) return f.given("ckpt-convert-save") ? "--ckpt-convert-save needs --ckpt-convert-format" : "";
+         if (k.convert_format != "torch_dist")
+           return "--ckpt-convert-format " + k.convert_format + ": fp8tron converts into Megatron's torch_dist format "
+                  "only; pass --ckpt-convert-format torch_dist";
+         if (!f.given("ckpt-convert-save")) return "--ckpt-convert-format needs --ckpt-convert-save (the directory to write)";
+         if (k.load.empty()) return "--ckpt-convert-format needs --load (the checkpoint to convert)";
+         return "";
+       }},
+      {"saving Megatron's torch_dist format",
+       [](const Config& c, const FlagValues&) -> std::string {
+         // What fp8tron writes in Megatron's names today (checkpoint/save_torch_dist.h); the rest
+         // would need Megatron's other optimizer and model layouts.
+         if (!c.checkpoint.save_torch_dist) return "";
+         const std::string with = " with --save and --ckpt-format torch_dist is not supported yet (fp8tron writes "
+                                  "Megatron's torch_dist for GPT models with Adam, without FP8); ";
+         if (c.precision.fp8.enabled()) return "--fp8-format" + with + "drop --ckpt-format to save in fp8tron's format";
+         if (c.optimizer.optimizer != "adam")
+           return "--optimizer " + c.optimizer.optimizer + with + "drop --ckpt-format to save in fp8tron's format";
+         if (c.distributed.distributed_optimizer || c.distributed.dp_sharding != DataParallelSharding::None)
+           return "--use-distributed-optimizer" + with + "drop --ckpt-format to save in fp8tron's format";
+         if (c.model.moe.enabled()) return "--num-experts" + with + "drop --ckpt-format to save in fp8tron's format";
+         if (c.model.mtp.num_layers > 0) return "--mtp-num-layers" + with + "drop --ckpt-format to save in fp8tron's format";
+         if (c.model.mla.enabled)
+           return "--multi-latent-attention" + with + "drop --ckpt-format to save in fp8tron's format";
+         if (c.checkpoint.async_save) return "--async-save" + with + "drop one of them";
+         if (c.checkpoint.non_persistent_save_interval)
+           return "--non-persistent-save-interval" + with + "drop one of them";
+         if (c.checkpoint.save_retain_interval) return "--save-retain-interval" + with + "drop one of them";
+         if (c.optimizer.decoupled_lr || c.optimizer.mup_width_mult)
+           return std::string(c.optimizer.decoupled_lr ? "--decoupled-lr" : "--use-mup") + with +
+                  "drop --ckpt-format to save in fp8tron's format";
+         return "";
+       }},
   };
   return table;
 }

@@ -1,0 +1,19 @@
+// The "common state" of a checkpoint in Megatron's torch_dist format: what Megatron-LM's
+// generate_state_dict puts beside the sharded tensors and stores as one ShardedObject
+// ("common_state/shard_0_1", torch.save bytes of a one-item list), and reads first on load:
+// checkpoint_version 3.0, iteration, args (an argparse.Namespace of the run's arguments, with the
+// consumed samples, world and data-parallel sizes and no_save_rng), optimizer (its param_groups
+// and Adam's common_step; the moments are sharded tensors), opt_param_scheduler,
+// num_floating_point_operations_so_far and content_metadata.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "checkpoint/training_state.h"
+
+namespace fp8tron {
+
+// Rank 0: the torch.save bytes of the common state at `iteration`.
+std::string megatron_common_state_bytes(const TrainingState& s, int64_t iteration);
+
+}  // namespace fp8tron

@@ -1,0 +1,196 @@
+#include "checkpoint/save_torch_dist.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <set>
+
+#include "checkpoint/checkpoint_dir.h"
+#include "checkpoint/fault_points.h"
+#include "checkpoint/megatron/dcp_writer.h"
+#include "checkpoint/megatron/torch_save_writer.h"
+#include "checkpoint/megatron_common_state.h"
+#include "checkpoint/rank_agreement.h"
+#include "checkpoint/saved_tensors.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/text.h"
+
+namespace fp8tron {
+namespace ck = checkpoint;
+namespace mg = checkpoint::megatron;
+namespace {
+
+constexpr const char* kLayers = "decoder.layers.";
+
+// The decoder layer a parameter belongs to ("decoder.layers.3.mlp..." -> 3, "mlp..."), or -1.
+int64_t layer_of(const std::string& name, std::string* rest) {
+  if (name.rfind(kLayers, 0) != 0) return -1;
+  const size_t dot = name.find('.', std::strlen(kLayers));
+  FP8TRON_CHECK(dot != std::string::npos, "a decoder-layer parameter name without a field: " + name);
+  *rest = name.substr(dot + 1);
+  return std::stoll(name.substr(std::strlen(kLayers), dot - std::strlen(kLayers)));
+}
+
+// One box of a parameter (or of an optimizer state laid out like it) as a DCP chunk under
+// Megatron's name: decoder-layer tensors stacked along a first dimension of num_layers.
+mg::DcpChunkToWrite chunk_of(const std::string& prefix, const std::string& name, const std::vector<int64_t>& global,
+                             const Piece& piece, const torch::Tensor& flat, int64_t num_layers) {
+  mg::DcpChunkToWrite c;
+  std::vector<int64_t> shape = piece.box.shape;
+  std::string rest;
+  const int64_t layer = layer_of(name, &rest);
+  c.fqn = prefix + (layer < 0 ? name : kLayers + rest);
+  c.global_shape = global;
+  c.offsets = piece.box.offset;
+  if (layer >= 0) {
+    c.global_shape.insert(c.global_shape.begin(), num_layers);
+    c.offsets.insert(c.offsets.begin(), layer);
+    shape.insert(shape.begin(), 1);
+  }
+  c.data = flat.narrow(0, piece.begin, piece.numel).view(shape);
+  return c;
+}
+
+// This rank's chunks: its tensor-parallel boxes of the weights and Adam's moments, written by
+// the first data-parallel rank (each replica once).
+std::vector<mg::DcpChunkToWrite> rank_chunks(const TrainingState& s) {
+  std::vector<mg::DcpChunkToWrite> out;
+  const int64_t num_layers = s.config.model.num_layers;
+  for (const auto& domain : s.optimizer.domains()) {
+    const OptimizerDomain& o = *domain;
+    if (o.groups().dp->rank() != 0 || s.parallel.cp_rank != 0) continue;
+    const int tp = o.groups().tp->size(), tp_rank = o.groups().tp->rank();
+    std::vector<std::pair<std::string, torch::Tensor>> buffers = {{"", o.model_params()}};
+    if (s.config.checkpoint.save_optim) {
+      // bf16/fp16 weights: Megatron's mixed-precision optimizer stores the fp32 main weights too.
+      if (o.model_params().scalar_type() != torch::kFloat32) buffers.emplace_back(kMainParamPrefix, o.main_params());
+      for (const auto& state : optimizer_states(o, s.config.optimizer)) buffers.push_back(state);
+    }
+    for (const Slot& slot : o.param_slots()) {
+      if (slot.info.shared_embedding_copy) continue;              // the embedding's, stored by the first stage
+      if (slot.info.partition_dim < 0 && tp_rank != 0) continue;  // replicated over TP: rank 0 stores it
+      for (const auto& [prefix, buffer] : buffers) {
+        const torch::Tensor flat = buffer.detach().narrow(0, slot.offset - o.shard_begin(), slot.numel).to(torch::kCPU);
+        for (const Piece& piece : param_pieces(slot, tp_rank, tp))
+          out.push_back(chunk_of(prefix, checkpoint_name(slot), slot.info.global_shape, piece, flat, num_layers));
+      }
+    }
+  }
+  return out;
+}
+
+// The modules of a decoder layer whose _extra_state Megatron stores: its linear layers, and with
+// Transformer Engine (Megatron's default --transformer-impl) the core attention.
+std::vector<std::string> extra_state_modules(const TrainingState& s) {
+  std::vector<std::string> out = {"self_attention.linear_proj", "self_attention.linear_qkv", "mlp.linear_fc1",
+                                  "mlp.linear_fc2"};
+  std::string impl = "transformer_engine";
+  for (const auto& [flag, value] : s.config.resolved_flags)
+    if (flag == "transformer-impl") impl = value;
+  if (impl != "local") out.insert(out.begin(), "self_attention.core_attention");
+  return out;
+}
+
+// The objects this rank writes: the _extra_state of its stage's layers (None without FP8) by the
+// first tensor- and data-parallel rank, and on rank 0 the common state.
+std::vector<mg::DcpObjectToWrite> rank_objects(const TrainingState& s, int64_t iteration) {
+  std::vector<mg::DcpObjectToWrite> out;
+  const ParallelState& p = s.parallel;
+  if (p.world_rank == 0) out.push_back({"common_state/shard_0_1", megatron_common_state_bytes(s, iteration)});
+  if (p.tp_rank != 0 || p.dp_rank != 0 || p.cp_rank != 0) return out;
+  std::set<int64_t> layers;
+  for (const auto& domain : s.optimizer.domains())
+    for (const Slot& slot : domain->param_slots()) {
+      std::string rest;
+      const int64_t layer = layer_of(slot.name, &rest);
+      if (layer >= 0) layers.insert(layer);
+    }
+  mg::TorchSaveWriter none_writer;
+  const std::string none = none_writer.bytes(mg::py_list({mg::py_none()}));
+  const int64_t num_layers = s.config.model.num_layers;
+  for (const std::string& module : extra_state_modules(s))
+    for (int64_t layer : layers)
+      out.push_back({strprintf("%s%s._extra_state/shard_%lld_%lld", kLayers, module.c_str(), (long long)layer,
+                               (long long)num_layers),
+                     none});
+  return out;
+}
+
+// Every rank learns whether any rank failed; all throw, and the temporary directory goes.
+void fail_together(const TrainingState& s, const ck::SaveTarget& target, const std::string& error) {
+  if (!any_rank(s.parallel, s.device, !error.empty())) return;
+  if (s.parallel.world_rank == 0) ck::abort_save(target);
+  throw UserError(!error.empty() ? error
+                                 : strprintf("saving the checkpoint of iteration %lld to %s failed on another rank "
+                                             "(its error is in its log)",
+                                             (long long)target.iteration, target.save_dir.c_str()));
+}
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::trunc);
+  out << text;
+  out.flush();
+  if (!out) throw UserError(path + ": writing failed; is the disk full?");
+}
+
+// Rank 0: the metadata files, then the commit.
+void commit(const TrainingState& s, const ck::SaveTarget& target, const std::vector<std::string>& entries) {
+  const std::string dir = ck::temp_dir_path(target);
+  mg::write_dcp_metadata(dir, entries, ck::final_dir_path(target));
+  write_text(dir + "/metadata.json", "{\"sharded_backend\": \"torch_dist\", \"sharded_backend_version\": 1}");
+  ck::fault_point("save:metadata-written");
+  ck::CommitOptions options;
+  for (int r = 0; r < s.parallel.sizes.world_size; ++r)
+    options.expected_files.push_back("__" + std::to_string(r) + "_0.distcp");
+  options.expected_files.push_back(".metadata");
+  options.expected_files.push_back("metadata.json");
+  options.expected_file_count = int64_t(options.expected_files.size());
+  options.hook = [](ck::CommitStep step) {
+    std::string name = std::string("commit:") + ck::commit_step_name(step);
+    std::replace(name.begin(), name.end(), ' ', '-');
+    ck::fault_point(name);
+  };
+  ck::commit_save(target, options);
+}
+
+}  // namespace
+
+void save_torch_dist_checkpoint(const TrainingState& s, int64_t iteration) {
+  const auto start = std::chrono::steady_clock::now();
+  const ParallelState& p = s.parallel;
+  const std::string& save = s.config.checkpoint.save;
+  log::print(strprintf("saving checkpoint at iteration %7lld to %s in torch_dist format", (long long)iteration,
+                       save.c_str()));
+  if (s.rerun && s.rerun->to_save)
+    log::warning("the rerun engine's record of the faulty iteration is not stored in a torch_dist checkpoint "
+                 "(Megatron's format has no place for fp8tron's); a run resumed from it does not re-run that "
+                 "iteration: save in fp8tron's format (no --ckpt-format) to keep it");
+  s.optimizer.finish_param_gather();
+  const ck::SaveTarget target{save, iteration, false, agree_on_token(p, s.device)};
+  std::string error, entries;
+  try {
+    ck::begin_save(target);
+    entries = mg::write_dcp_file(ck::temp_dir_path(target), p.world_rank, rank_objects(s, iteration), rank_chunks(s));
+    ck::fault_point("save:shard-written");
+  } catch (const UserError& e) {
+    error = e.what();
+  }
+  fail_together(s, target, error);
+  const std::vector<std::string> all = all_gather_strings(p, s.device, entries);
+  if (p.world_rank == 0) {
+    try {
+      commit(s, target, all);
+    } catch (const UserError& e) {
+      error = e.what();
+    }
+  }
+  fail_together(s, target, error);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  log::print(strprintf("  successfully saved checkpoint from iteration %7lld to %s [ t %d/%d, p %d/%d ]",
+                       (long long)iteration, save.c_str(), p.tp_rank + 1, p.sizes.tp, p.pp_rank + 1, p.sizes.pp));
+  log::info(strprintf("  checkpoint save took %.2f s", seconds));
+}
+
+}  // namespace fp8tron

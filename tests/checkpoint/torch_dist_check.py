@@ -1,0 +1,195 @@
+"""Reads a checkpoint fp8tron wrote in Megatron's torch_dist format with PyTorch's own
+distributed-checkpoint reader, as Megatron-LM loads one, and checks it against a reference.
+
+  torch_dist_check.py metadata CKPT FIXTURE   names, global shapes and dtypes equal FIXTURE's
+  torch_dist_check.py tensors CKPT REF        every tensor equals REF's: a torch_dist directory,
+                                              or fp8tron's own checkpoint of one rank
+  torch_dist_check.py common CKPT [FIXTURE]   the common state loads with weights_only=True (as
+                                              Megatron loads it) and holds what Megatron reads;
+                                              with FIXTURE, the same values as FIXTURE's
+
+CKPT, FIXTURE, REF: iter_NNNNNNN directories. Exits 1 with one line per difference.
+"""
+import argparse
+import io
+import json
+import os
+import pickle
+import re
+import sys
+import types
+import warnings
+
+import torch
+import torch.distributed.checkpoint as dcp
+
+warnings.filterwarnings("ignore")
+# What fp8tron does not write (its RNG streams are not Python's; Megatron restarts both).
+NOT_WRITTEN = ("rng_state/", "rerun_state_machine_state/")
+problems = []
+
+
+def metadata(d):
+    return dcp.FileSystemReader(d).read_metadata()
+
+
+def entries(d):
+    out = {}
+    for name, m in metadata(d).state_dict_metadata.items():
+        out[name] = (tuple(m.size), m.properties.dtype) if hasattr(m, "size") else "object"
+    return out
+
+
+def load_all(d, only_tensors=False):
+    """Every tensor and object of a torch_dist checkpoint, read by dcp.load without a process group."""
+    state = {}
+    for name, m in metadata(d).state_dict_metadata.items():
+        if hasattr(m, "size"):
+            state[name] = torch.empty(m.size, dtype=m.properties.dtype)
+        elif not only_tensors:
+            state[name] = io.BytesIO()
+    dcp.load(state, storage_reader=dcp.FileSystemReader(d), no_dist=True)
+    return state
+
+
+def check_metadata(ckpt, fixture):
+    mine, theirs = entries(ckpt), entries(fixture)
+    for name in sorted(set(theirs) - set(mine)):
+        if not name.startswith(NOT_WRITTEN):
+            problems.append(f"{name}: in the fixture, not written")
+    for name in sorted(set(mine) - set(theirs)):
+        problems.append(f"{name}: written, not in the fixture")
+    for name in sorted(set(mine) & set(theirs)):
+        if mine[name] != theirs[name]:
+            problems.append(f"{name}: {mine[name]} written, {theirs[name]} in the fixture")
+    with open(os.path.join(ckpt, "metadata.json")) as f:
+        if json.load(f) != {"sharded_backend": "torch_dist", "sharded_backend_version": 1}:
+            problems.append("metadata.json is not Megatron's torch_dist one")
+    tracker = os.path.join(os.path.dirname(ckpt.rstrip("/")), "latest_checkpointed_iteration.txt")
+    if open(tracker).read().strip() != str(int(os.path.basename(ckpt.rstrip("/"))[5:])):
+        problems.append(f"{tracker} does not name {ckpt}")
+
+
+def native_tensors(d):
+    """fp8tron's own checkpoint of one rank, under Megatron's names (decoder layers stacked)."""
+    from safetensors.torch import load_file
+    files = [f for f in os.listdir(d) if f.endswith(".safetensors")]
+    if files != ["rank_00000.safetensors"]:
+        sys.exit(f"{d}: a checkpoint of one rank is needed, it holds {files}")
+    flat = load_file(os.path.join(d, files[0]))
+    stacked = {}
+    for name, t in flat.items():
+        m = re.match(r"(.*decoder\.layers\.)(\d+)\.(.*)", name)
+        if m:
+            stacked.setdefault(m.group(1) + m.group(3), {})[int(m.group(2))] = t
+        elif not name.endswith("._extra_state") and name != "optimizer.state.step":
+            stacked[name] = t
+    return {k: (torch.stack([v[i] for i in sorted(v)]) if isinstance(v, dict) else v) for k, v in stacked.items()}
+
+
+def check_tensors(ckpt, ref):
+    mine = load_all(ckpt, only_tensors=True)
+    theirs = native_tensors(ref) if not os.path.exists(os.path.join(ref, ".metadata")) else load_all(ref, True)
+    for name in sorted(set(theirs) - set(mine)):
+        problems.append(f"{name}: in {ref}, not written")
+    for name in sorted(set(mine) & set(theirs)):
+        if mine[name].shape != theirs[name].shape or not torch.equal(mine[name], theirs[name]):
+            diff = (mine[name].float() - theirs[name].float()).abs().max().item() if mine[name].shape == theirs[name].shape else "shape"
+            problems.append(f"{name}: differs from {ref} (max |difference| {diff})")
+    print(f"{len(set(mine) & set(theirs))} tensors compared")
+
+
+class _Stub:
+    """A Megatron class (an enum of the fixture's args) where Megatron is not installed."""
+
+    def __init__(self, *args):
+        self.args = args
+
+    def __setstate__(self, state):
+        self.state = state
+
+
+class _StubUnpickler(pickle.Unpickler):
+    def find_class(self, module, name):
+        if module.startswith("megatron."):
+            return type(name, (_Stub,), {})
+        return super().find_class(module, name)
+
+
+_stub_pickle = types.SimpleNamespace(Unpickler=_StubUnpickler, load=pickle.load, __name__="stub_pickle")
+
+
+def common_state(d, fixture=False):
+    # Megatron loads it with weights_only=True after allow-listing its classes (safe_globals.py);
+    # the fixture's, which names Megatron's own enums, is read with those stubbed.
+    torch.serialization.add_safe_globals([argparse.Namespace])
+    m = metadata(d)
+    (info,) = [v for k, v in m.storage_data.items() if k.fqn == "common_state/shard_0_1"]
+    with open(os.path.join(d, info.relative_path), "rb") as f:
+        f.seek(info.offset)
+        raw = f.read(info.length)
+    if fixture:
+        loaded = torch.load(io.BytesIO(raw), weights_only=False, pickle_module=_stub_pickle)
+    else:
+        loaded = torch.load(io.BytesIO(raw), weights_only=True)
+    return loaded[0]
+
+
+def check_common(ckpt, fixture):
+    c = common_state(ckpt)
+    for key in ("args", "checkpoint_version", "iteration", "optimizer", "opt_param_scheduler",
+                "num_floating_point_operations_so_far", "content_metadata"):
+        if key not in c:
+            problems.append(f"common state: no {key}")
+    args = vars(c["args"])
+    for key in ("num_layers", "hidden_size", "num_attention_heads", "max_position_embeddings", "padded_vocab_size",
+                "tensor_model_parallel_size", "pipeline_model_parallel_size", "world_size", "data_parallel_size",
+                "consumed_train_samples", "consumed_valid_samples"):
+        if not isinstance(args.get(key), int):
+            problems.append(f"common state: args.{key} is {args.get(key)!r}, not an int")
+    if args.get("no_save_rng") is not True:
+        problems.append("common state: args.no_save_rng is not True (no RNG state is written)")
+    if c.get("checkpoint_version") != 3.0:
+        problems.append(f"common state: checkpoint_version {c.get('checkpoint_version')}")
+    step = c["optimizer"]["state"]["common_step"]
+    if not isinstance(step, torch.Tensor) or step.dim() != 0:
+        problems.append(f"common state: optimizer.state.common_step is {step!r}, not a scalar tensor")
+    if fixture is None:
+        return
+    f = common_state(fixture, fixture=True)
+    for key in ("checkpoint_version", "iteration", "opt_param_scheduler", "content_metadata"):
+        if c[key] != f[key]:
+            problems.append(f"common state: {key} {c[key]!r} written, {f[key]!r} in the fixture")
+    if not torch.equal(step, f["optimizer"]["state"]["common_step"]):
+        problems.append(f"common state: common_step {step} written, {f['optimizer']['state']['common_step']} in the fixture")
+    mine, theirs = c["optimizer"]["param_groups"], f["optimizer"]["param_groups"]
+    if len(mine) != len(theirs):
+        problems.append(f"common state: {len(mine)} param_groups written, {len(theirs)} in the fixture")
+    for i, (a, b) in enumerate(zip(mine, theirs)):
+        if set(a) != set(b):
+            problems.append(f"common state: param_groups[{i}] keys {sorted(a)} written, {sorted(b)} in the fixture")
+        for k in set(a) & set(b):
+            same = abs(a[k] - b[k]) <= 1e-12 * abs(b[k]) if isinstance(b[k], float) else a[k] == b[k]
+            if not same:
+                problems.append(f"common state: param_groups[{i}].{k} {a[k]!r} written, {b[k]!r} in the fixture")
+    fa = vars(f["args"])
+    for key in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "kv_channels",
+                "max_position_embeddings", "padded_vocab_size", "consumed_train_samples", "consumed_valid_samples",
+                "seq_length", "add_position_embedding", "untie_embeddings_and_output_weights", "normalization",
+                "num_query_groups", "add_bias_linear", "add_qkv_bias", "group_query_attention"):
+        if args.get(key) != fa.get(key):
+            problems.append(f"common state: args.{key} {args.get(key)!r} written, {fa.get(key)!r} in the fixture")
+
+
+def main():
+    what, ckpt = sys.argv[1], sys.argv[2]
+    other = sys.argv[3] if len(sys.argv) > 3 else None
+    {"metadata": check_metadata, "tensors": check_tensors, "common": check_common}[what](ckpt, other)
+    for p in problems:
+        print(p)
+    print(f"{what}: {'FAIL' if problems else 'ok'}")
+    sys.exit(1 if problems else 0)
+
+
+if __name__ == "__main__":
+    main()

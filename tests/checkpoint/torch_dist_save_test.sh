@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# Saving in Megatron's torch_dist format (--save with --ckpt-format torch_dist, and
+# --ckpt-convert-format torch_dist): on the CPU in fp32, with the model of the Megatron fixture
+# (tests/fixtures/megatron_checkpoints/gpt_torch_dist):
+#   - a run that saves at iteration 10 and one resumed from that checkpoint print exactly the losses
+#     of an uninterrupted run (and of a resume from fp8tron's own format), in one process (fp32,
+#     bf16, fp16) and, with MPIRUN, in a TP2/PP2 layout;
+#   - PyTorch's own reader (torch_dist_check.py) finds the fixture's names, global shapes and dtypes,
+#     every tensor equal to fp8tron's own checkpoint of the same state, and a common state that
+#     loads with weights_only=True holding what Megatron reads;
+#   - the fixture converted (loaded and saved again at iteration 10) holds tensors equal to the
+#     fixture's and its common state's values, in one process and, with MPIRUN, in TP2/PP2 and DP2;
+#   - with MPIRUN, a Llama-like model over TP2 x PP2 x 2 virtual stages resumes exactly and writes
+#     the tensors one process writes for the same state;
+#   - a save killed before its commit leaves no checkpoint; unsupported combinations are refused.
+# Usage: torch_dist_save_test.sh FP8TRON SOURCE_DIR PYTHON [MPIRUN]
+set -u
+BIN=$1
+SRC=$2
+PY=$3
+MPIRUN=${4:-}
+CHECK=$SRC/tests/checkpoint/torch_dist_check.py
+FIXTURE=$SRC/tests/fixtures/megatron_checkpoints/gpt_torch_dist
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+export OMP_NUM_THREADS=1
+fail=0
+read -ra MODEL < "$FIXTURE/args.txt"  # includes --ckpt-format torch_dist
+FLAGS=(--micro-batch-size 2 --global-batch-size 8 --train-iters 14 --lr 1e-3 --min-lr 1e-4
+       --lr-decay-style cosine --lr-warmup-iters 2 --mock-data --tokenizer-type NullTokenizer
+       --vocab-size 1024 --log-interval 1 --eval-iters 0 --eval-interval 1000 --seed 1234
+       --hidden-dropout 0 --attention-dropout 0 --transformer-impl local --no-persist-layer-norm
+       --no-gradient-accumulation-fusion --save-interval 10 --weight-decay 0.1 --clip-grad 1.0
+       --device cpu "${MODEL[@]}")
+NATIVE=()
+for f in "${FLAGS[@]}"; do [ "$f" = --ckpt-format ] || [ "$f" = torch_dist ] || NATIVE+=("$f"); done
+
+losses() { sed -nE 's/.*iteration +([0-9]+)\/ +[0-9]+ .*lm loss: ([0-9.E+-]+).*/\1 \2/p' "$1" | awk '$1 > 10'; }
+
+# run <name> <np> <flags...>: one process (np 1) or mpirun -np N.
+run() {
+  local name=$1 np=$2; shift 2
+  local launch=()
+  [ "$np" -gt 1 ] && launch=($MPIRUN --allow-run-as-root --oversubscribe --bind-to none -np "$np" -x OMP_NUM_THREADS=1)
+  "${launch[@]}" "$BIN" "$@" > "$WORK/$name.log" 2>&1
+  local rc=$?
+  if [ $rc != 0 ]; then echo "FAIL: $name (rc $rc)"; tail -15 "$WORK/$name.log"; fail=1; return 1; fi
+}
+
+same_losses() {  # same_losses <what> <log> <reference log>: iterations 11-14 printed identically
+  if [ "$(losses "$2" | wc -l)" != 4 ] || ! diff <(losses "$2") <(losses "$3") > /dev/null; then
+    echo "FAIL: $1: losses differ"; diff <(losses "$2") <(losses "$3"); fail=1
+  else
+    echo "ok: $1"
+  fi
+}
+
+check() {  # check <what> <torch_dist_check.py arguments...>
+  local what=$1; shift
+  if ! "$PY" "$CHECK" "$@" > "$WORK/check.log" 2>&1; then echo "FAIL: $what"; tail -20 "$WORK/check.log"; fail=1
+  else echo "ok: $what"; fi
+}
+
+# resume_test <tag> <np> [layout flags...]
+resume_test() {
+  local tag=$1 np=$2; shift 2
+  run "$tag-full" "$np" "${FLAGS[@]}" "$@" || return
+  run "$tag-save" "$np" "${FLAGS[@]}" "$@" --exit-interval 10 --save "$WORK/$tag-td" || return
+  run "$tag-resume" "$np" "${FLAGS[@]}" "$@" --load "$WORK/$tag-td" || return
+  grep -q "successfully loaded Megatron's torch_dist" "$WORK/$tag-resume.log" || { echo "FAIL: $tag: not loaded as torch_dist"; fail=1; }
+  same_losses "$tag: resumed from torch_dist = uninterrupted" "$WORK/$tag-resume.log" "$WORK/$tag-full.log"
+  run "$tag-nsave" "$np" "${NATIVE[@]}" "$@" --exit-interval 10 --save "$WORK/$tag-native" || return
+  run "$tag-nresume" "$np" "${NATIVE[@]}" "$@" --load "$WORK/$tag-native" || return
+  same_losses "$tag: resumed from torch_dist = resumed from fp8tron's format" "$WORK/$tag-resume.log" "$WORK/$tag-nresume.log"
+}
+
+# convert_test <tag> <np> [layout flags...]: the fixture loaded and saved again at iteration 10.
+convert_test() {
+  local tag=$1 np=$2; shift 2
+  run "$tag-convert" "$np" "${FLAGS[@]}" "$@" --load "$FIXTURE/ckpt" --ckpt-convert-format torch_dist \
+      --ckpt-convert-save "$WORK/$tag-conv" || return
+  local out=$WORK/$tag-conv/torch_dist/iter_0000010
+  check "$tag: converted fixture: Megatron's names and shapes" metadata "$out" "$FIXTURE/ckpt/iter_0000010"
+  check "$tag: converted fixture: tensors equal the fixture's" tensors "$out" "$FIXTURE/ckpt/iter_0000010"
+  check "$tag: converted fixture: common state as the fixture's" common "$out" "$FIXTURE/ckpt/iter_0000010"
+}
+
+resume_test single 1
+check "single: Megatron's names and shapes" metadata "$WORK/single-td/iter_0000010" "$FIXTURE/ckpt/iter_0000010"
+check "single: tensors equal fp8tron's own checkpoint" tensors "$WORK/single-td/iter_0000010" "$WORK/single-native/iter_0000010"
+check "single: common state as Megatron reads it" common "$WORK/single-td/iter_0000010" "$FIXTURE/ckpt/iter_0000010"
+convert_test single 1
+# bf16 and fp16: the fp32 main weights (optimizer.state.fp32_param.*) and fp16's loss scaler too.
+# (fp16 from a loss scale of 128: Megatron's 2^32 overflows this model's fp16 gradients for longer
+# than the run.)
+for precision in bf16 fp16; do
+  extra=(); [ $precision = fp16 ] && extra=(--initial-loss-scale 128)
+  resume_test "$precision" 1 --$precision "${extra[@]}"
+  check "$precision: tensors equal fp8tron's own checkpoint" tensors "$WORK/$precision-td/iter_0000010" \
+    "$WORK/$precision-native/iter_0000010"
+done
+if [ -n "$MPIRUN" ]; then
+  resume_test tp2pp2 4 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2
+  check "tp2pp2: Megatron's names and shapes" metadata "$WORK/tp2pp2-td/iter_0000010" "$FIXTURE/ckpt/iter_0000010"
+  check "tp2pp2: common state" common "$WORK/tp2pp2-td/iter_0000010"
+  ls "$WORK/tp2pp2-td/iter_0000010"/__{0,1,2,3}_0.distcp > /dev/null || { echo "FAIL: tp2pp2: a rank file is missing"; fail=1; }
+  convert_test tp2pp2 4 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2
+  convert_test dp2 2
+  # A Llama-like model (SwiGLU, GQA, RMSNorm, RoPE, untied output) over TP2 x PP2 with two virtual
+  # stages: its checkpoint equals the same state written by one process (converted), and a resume
+  # prints the uninterrupted losses.
+  LLAMA=("${FLAGS[@]}" --num-layers 4 --swiglu --normalization RMSNorm --group-query-attention --num-query-groups 2
+         --position-embedding-type rope --untie-embeddings-and-output-weights)
+  LAYOUT=(--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1)
+  if run llama-full 4 "${LLAMA[@]}" "${LAYOUT[@]}" && run llama-save 4 "${LLAMA[@]}" "${LAYOUT[@]}" --exit-interval 10 --save "$WORK/llama" &&
+     run llama-resume 4 "${LLAMA[@]}" "${LAYOUT[@]}" --load "$WORK/llama" &&
+     run llama-convert 1 "${LLAMA[@]}" --load "$WORK/llama" --ckpt-convert-format torch_dist --ckpt-convert-save "$WORK/llama-one"; then
+    same_losses "llama tp2pp2vpp2: resumed from torch_dist = uninterrupted" "$WORK/llama-resume.log" "$WORK/llama-full.log"
+    check "llama tp2pp2vpp2: tensors equal one process's" tensors "$WORK/llama/iter_0000010" "$WORK/llama-one/torch_dist/iter_0000010"
+  fi
+fi
+
+# A save killed before its commit leaves no checkpoint and no tracker.
+( "$BIN" "${FLAGS[@]}" --exit-interval 10 --save "$WORK/killed" --fp8tron-test-kill-at save:metadata-written \
+  > "$WORK/killed.log" 2>&1 ) 2> /dev/null
+rc=$?
+if [ $rc != 137 ] || [ -e "$WORK/killed/iter_0000010" ] || [ -e "$WORK/killed/latest_checkpointed_iteration.txt" ]; then
+  echo "FAIL: a torch_dist save killed before its commit (rc $rc) left a checkpoint"; ls -la "$WORK/killed"; fail=1
+else
+  echo "ok: a killed save leaves no checkpoint"
+fi
+
+expect_error() {  # expect_error <text> <what> <flags...>
+  local want=$1 what=$2; shift 2
+  local out rc
+  out=$("$BIN" "${FLAGS[@]}" "$@" 2>&1); rc=$?
+  if [ $rc != 1 ] || ! grep -qF -- "$want" <<<"$out"; then echo "FAIL: $what -> rc $rc, output lacks: $want"; echo "$out" | tail -3; fail=1
+  else echo "ok: $what"; fi
+}
+expect_error "--fp8-format with --save and --ckpt-format torch_dist is not supported yet" "FP8 refused" \
+  --transformer-impl transformer_engine --fp8-format hybrid --bf16 --save "$WORK/x"
+expect_error "--use-distributed-optimizer with --save and --ckpt-format torch_dist" "distributed optimizer refused" \
+  --use-distributed-optimizer --save "$WORK/x"
+expect_error "--ckpt-convert-format torch: fp8tron converts into Megatron's torch_dist format only" "convert to torch refused" \
+  --load "$FIXTURE/ckpt" --ckpt-convert-format torch --ckpt-convert-save "$WORK/x"
+# Without --ckpt-format, fp8tron's own format, as before.
+run native-default 1 "${NATIVE[@]}" --train-iters 3 --save "$WORK/default" && \
+  { [ -e "$WORK/default/iter_0000003/fp8tron_checkpoint.json" ] && echo "ok: fp8tron's format by default" || { echo "FAIL: default format"; fail=1; }; }
+exit $fail
