@@ -5,6 +5,8 @@
 // device copy, and the combinations Megatron refuses are refused by name.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "models/gpt_model.h"
 #include "models/recompute/activation_offload.h"
 #include "tests/test_helpers.h"
@@ -68,7 +70,12 @@ void expect_same_training(const std::vector<std::string>& model, const std::vect
   for (const auto& layout : layouts) {
     const TrainResult plain = train_with(with(model, layout));
     const auto all = with(with(model, layout), offload(with(kAttention, {"expert_fc1", "moe_act"})));
-    expect_identical(plain, train_with(all), describe(all));
+    const TrainResult offloaded = train_with(all);
+    expect_identical(plain, offloaded, describe(all));
+    EXPECT_TRUE(plain.activation_offload_bytes.empty());
+    // It did offload; layers recomputed whole keep nothing but their input (nothing to offload).
+    const bool full = std::find(layout.begin(), layout.end(), "full") != layout.end();
+    EXPECT_EQ(offloaded.activation_offload_bytes.empty(), full) << describe(all);
   }
 }
 
