@@ -35,6 +35,7 @@ struct OffloadGroup {
   std::vector<OffloadedStorage> storages;
   std::weak_ptr<OffloadGroup> earlier;  // the group before it in the same forward pass
   State state = State::kOnDevice;
+  bool hooked = false;  // a reload waits on the gradient node of the module's output (else never offloaded)
   std::optional<CopyStreams> streams;   // CUDA only
   at::cuda::CUDAEvent offloaded, reloaded;
   // The offloader's storages held by live groups: this group's leave it when it is back on the
@@ -171,14 +172,15 @@ std::shared_ptr<OffloadGroup> ActivationOffloader::begin(const std::string& modu
 
 void ActivationOffloader::after(const std::shared_ptr<OffloadGroup>& group, const torch::Tensor& module_output) {
   if (!group) return;
-  FP8TRON_CHECK(module_output.grad_fn() != nullptr, "activation offloading: the module's output has no gradient node");
+  if (!module_output.grad_fn()) return;  // no gradient reaches the module: nothing would reload it
+  group->hooked = true;
   // A tensor pre-hook runs before the node's other pre-hooks (an output-discarding recomputation's
   // replay may read the offloaded tensors).
   module_output.grad_fn()->add_tensor_pre_hook(std::make_unique<ReloadBeforeBackward>(group));
 }
 
 void ActivationOffloader::offload(const std::shared_ptr<OffloadGroup>& group) {
-  if (!group || group->state != OffloadGroup::State::kOnDevice) return;
+  if (!group || !group->hooked || group->state != OffloadGroup::State::kOnDevice) return;
   OffloadGroup& g = *group;
   if (!g.streams) {
     for (auto& s : g.storages) s.host = bytes_of(s).clone();

@@ -53,7 +53,8 @@ class ActivationOffloader {
                                       const std::vector<torch::Tensor>& keep = {});
   // Reload before `module_output`'s gradient node runs (and any node before it in backward).
   void after(const std::shared_ptr<OffloadGroup>& group, const torch::Tensor& module_output);
-  // Copies the group's storages to host memory and releases their device memory.
+  // Copies the group's storages to host memory and releases their device memory (only after
+  // after() attached the reload: a group nothing would bring back stays on the device).
   void offload(const std::shared_ptr<OffloadGroup>& group);
   // offload() once the caller's last forward consumer has run (offload_deferred()).
   void defer(const std::shared_ptr<OffloadGroup>& group);
