@@ -14,7 +14,7 @@ struct OffloadModules {
   bool core_attn = false;   // core attention (queries, keys, values)
   bool attn_proj = false;   // the attention's output projection (core attention's output)
   bool mlp_norm = false;    // the MLP's (or MoE layer's) input norm (its input: h = x + attention)
-  bool expert_fc1 = false;  // the MoE experts' fc1 (the dispatched tokens, FP8 codes included)
+  bool expert_fc1 = false;  // the MoE experts' fc1 (the dispatched tokens bf16 experts keep)
   bool moe_act = false;     // the MoE experts' activation (fc1's output)
 };
 

@@ -47,9 +47,12 @@ torch::Tensor GroupedMlpImpl::activation(const torch::Tensor& h) const {
 
 torch::Tensor GroupedMlpImpl::forward(const torch::Tensor& x, const std::vector<int64_t>& counts,
                                       const torch::Tensor& packed_x) {
-  // --offload-modules expert_fc1: fc1's input rows (with --moe-dispatch-fp8 their FP8 codes and
-  // scales too); moe_act: fc1's output, offloaded once fc2 (which may fuse the activation) ran.
-  auto h = offloaded_call(offload_fc1_, "expert_fc1", {x, packed_x}, [&] { return linear_fc1(x, counts, packed_x); });
+  // --offload-modules expert_fc1: fc1's input rows, which bf16 experts keep for their weight
+  // gradient (FP8 experts keep a transposed FP8 copy made inside their node instead, and nothing of
+  // x or of --moe-dispatch-fp8's packed rows: nothing to offload); moe_act: fc1's output, offloaded
+  // once fc2 (which may fuse the activation) ran.
+  auto* fc1_offload = linear_fc1->fp8_sites.empty() ? offload_fc1_ : nullptr;
+  auto h = offloaded_call(fc1_offload, "expert_fc1", {x}, [&] { return linear_fc1(x, counts, packed_x); });
   return offloaded_call(offload_act_, "moe_act", {h}, [&] { return activation_and_fc2(h, counts); });
 }
 
