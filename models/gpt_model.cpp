@@ -82,6 +82,8 @@ SelfAttentionImpl::SelfAttentionImpl(const ModelConfig& m, const std::string& pr
   const torch::Tensor positions = cp.enabled() ? cp_positions(m.seq_length, cp.size(), cp.rank()) : torch::Tensor();
   rope_ = RotaryEmbedding(attention_rotary(m), positions);
   core_attention_ = CoreAttention(m, per_layer_index(prefix), cp);
+  if (m.offload.on(&OffloadModules::core_attn)) offload_core_ = f.offloader().get();
+  if (m.offload.on(&OffloadModules::attn_proj)) offload_proj_ = f.offloader().get();
 }
 
 torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& attention_mask) {
@@ -119,9 +121,19 @@ DeferredBiasOutput SelfAttentionImpl::attend(const torch::Tensor& qkv, const tor
     q = q.reshape({s, b, local_heads_, d});
   }
   const double p = is_training() ? m.attention_dropout : 0.0;
-  auto out = core_attention_.forward(q, k, v, attention_mask, p, is_training());
+  // --offload-modules core_attn: q, k and v wait on the host (the output gate, which may share
+  // their memory, is read after the attention).
+  auto out = offloaded_call(
+      offload_core_, "core_attn", {q, k, v}, [&] { return core_attention_.forward(q, k, v, attention_mask, p, is_training()); },
+      {gated ? parts[3] : torch::Tensor()});
   if (gated) out = apply_output_gate(out, parts[3]);
-  return linear_proj->forward_deferring_bias(out, defer_bias);
+  if (!offload_proj_) return linear_proj->forward_deferring_bias(out, defer_bias);
+  // --offload-modules attn_proj: the projection's input (core attention's output).
+  const auto group = offload_proj_->begin("attn_proj", {out});
+  auto y = linear_proj->forward_deferring_bias(out, defer_bias);
+  offload_proj_->after(group, y.out);
+  offload_proj_->offload(group);
+  return y;
 }
 
 // ---- MLP -------------------------------------------------------------------------------------------
@@ -199,6 +211,16 @@ TransformerLayerImpl::TransformerLayerImpl(const ModelConfig& m, const std::stri
       main_grads_(f.main_grads()),
       recompute_mlp_(m.recompute.selective(&RecomputeModules::mlp)),
       recompute_layernorm_(m.recompute.selective(&RecomputeModules::layernorm)) {
+  if (m.offload.enabled) {
+    offloader_ = f.offloader().get();
+    // The layer's input sum is what the input norm keeps; fused with linear_qkv (no MLA) it is
+    // also all the QKV projection keeps of its input (the normed input is formed again in backward).
+    const OffloadConfig& o = m.offload;
+    if (o.modules.attn_norm) offload_attn_input_ = "attn_norm";
+    else if (o.modules.qkv_linear && !m.mla.enabled) offload_attn_input_ = "qkv_linear";
+    if (o.modules.qkv_linear && m.mla.enabled) offload_qkv_input_ = "qkv_linear";
+    if (o.modules.mlp_norm) offload_mlp_input_ = "mlp_norm";
+  }
   if (m.mla.enabled) {
     // MLA's input norm is a module of its own (its down projections are not norm-fused linears);
     // under SP it runs on sequence shards (partial gradients).
@@ -236,8 +258,14 @@ ResidualOutput TransformerLayerImpl::normed(TELayerNorm& norm, const ResidualStr
 
 ResidualOutput TransformerLayerImpl::attention(const ResidualStream& in, const torch::Tensor& attention_mask,
                                                bool defer_bias) {
-  if (mla_attention)
-    return normed(input_layernorm, in, [&](const torch::Tensor& y) { return mla_attention->forward(y, attention_mask); });
+  if (mla_attention) {
+    // --offload-modules qkv_linear: the down projections' input (the normed x), unless
+    // --recompute-modules layernorm discards it (nothing then stays to offload).
+    auto* offloader = offload_qkv_input_.empty() || recompute_layernorm_ ? nullptr : offloader_;
+    return normed(input_layernorm, in, [&](const torch::Tensor& y) {
+      return offloaded_call(offloader, offload_qkv_input_, {y}, [&] { return mla_attention->forward(y, attention_mask); });
+    });
+  }
   return self_attention->forward_residual(in, attention_mask, defer_bias);
 }
 
@@ -260,7 +288,20 @@ ResidualStream TransformerLayerImpl::forward_stream(const ResidualStream& in, co
   // added in the next norm's kernel (ResidualStream::branch_bias); with one, before it.
   const bool defer_bias = !(hidden_dropout_ > 0 && is_training());
   const auto a = attention(in, attention_mask, defer_bias);            // a.sum: the layer's input x
+  std::shared_ptr<OffloadGroup> x_group, h_group;
+  if (offloader_) {
+    offloader_->offload_deferred();  // the earlier layer's h: its last add has run in this layer's input norm
+    // x and h are read once more by the next add (fused into the next norm): offloaded after it.
+    if (!offload_attn_input_.empty()) x_group = offloader_->begin(offload_attn_input_, {a.sum});
+    offloader_->after(x_group, a.out);
+  }
   const auto m = mlp_or_moe(continue_stream(a), defer_bias);           // m.sum: h = x + attention
+  if (offloader_) {
+    offloader_->offload(x_group);
+    if (!offload_mlp_input_.empty()) h_group = offloader_->begin(offload_mlp_input_, {m.sum});
+    offloader_->after(h_group, m.out);
+    offloader_->defer(h_group);
+  }
   return continue_stream(m);
 }
 
@@ -275,7 +316,11 @@ GptModelImpl::GptModelImpl(const ModelConfig& m, const TensorParallelContext& tp
                            std::shared_ptr<fp8::Fp8Engine> fp8, std::shared_ptr<MoeContext> moe, ContextParallelContext cp,
                            MainGradsPtr main_grads)
     : config_(m), tp_(tp), cp_(std::move(cp)), stage_(stage), moe_(std::move(moe)), main_grads_(std::move(main_grads)) {
-  const ModuleFactory f(m.seed, tp, std::move(fp8), cp_, main_grads_);
+  ModuleFactory f(m.seed, tp, std::move(fp8), cp_, main_grads_);
+  if (m.offload.enabled) {
+    offloader_ = std::make_shared<ActivationOffloader>(m.offload.min_tensor_size);
+    f.set_offloader(offloader_);
+  }
   if (m.moe.enabled() && !moe_) {
     FP8TRON_CHECK(tp.size == 1, "a tensor-parallel MoE model needs its MoE context (the expert-parallel groups)");
     moe_ = std::make_shared<MoeContext>(m.moe, moe_metric_layers(m), ExpertParallelGroups::single_process());
@@ -472,6 +517,7 @@ std::vector<torch::Tensor> GptModelImpl::take_mtp_losses(int64_t* micro_batches)
 torch::Tensor GptModelImpl::forward_stage(const torch::Tensor& input, const torch::Tensor& labels, const torch::Tensor& loss_mask,
                                           const torch::Tensor& position_ids, const torch::Tensor& segment_ids,
                                           const torch::Tensor& tokens) {
+  if (offloader_) offloader_->begin_forward();
   auto h = stage_.has_embedding ? embed(input, position_ids) : input;
   torch::Tensor attention_mask;
   if (segment_ids.defined()) {
@@ -482,6 +528,7 @@ torch::Tensor GptModelImpl::forward_stage(const torch::Tensor& input, const torc
   }
   const ResidualStream out = run_layers(h, attention_mask);
   h = final_norm_here_ ? final_norm(out) : out.sum(main_grads_);
+  if (offloader_) offloader_->offload_deferred();  // the last layer's h: read by the sum above
   if (!stage_.has_head) return h;
   auto per_token = token_losses(output_logits(h), labels);  // [s, b]
   auto mask = loss_mask.t().to(torch::kFloat32);
@@ -492,8 +539,10 @@ torch::Tensor GptModelImpl::forward_stage(const torch::Tensor& input, const torc
   // tokens. The context-parallel ranks' losses then add up to the micro-batch's (their gradients
   // are summed with the data-parallel reduction, over data x context parallel).
   if (!per_token_loss_) loss = loss / micro_batch_count(mask.sum()).clamp_min(1.0);
-  if (!mtp_layers_.empty() && is_training())
+  if (!mtp_layers_.empty() && is_training()) {
     loss = loss + mtp_loss(h, stage_.has_embedding ? input : tokens, labels, loss_mask, position_ids, attention_mask);
+    if (offloader_) offloader_->offload_deferred();  // the MTP layers' h
+  }
   return loss;
 }
 

@@ -17,6 +17,7 @@
 #include "models/attention/rotary.h"
 #include "models/linear/modules.h"
 #include "models/moe/moe_layer.h"
+#include "models/recompute/activation_offload.h"
 #include "core/config/model_config.h"
 
 namespace fp8tron {
@@ -43,6 +44,9 @@ class SelfAttentionImpl : public torch::nn::Module {
   int64_t local_heads_, local_groups_;
   RotaryEmbedding rope_;
   CoreAttention core_attention_;
+  // --offload-modules core_attn / attn_proj (models/recompute/activation_offload.h); null: kept.
+  ActivationOffloader* offload_core_ = nullptr;
+  ActivationOffloader* offload_proj_ = nullptr;
 };
 TORCH_MODULE(SelfAttention);
 
@@ -120,6 +124,12 @@ class TransformerLayerImpl : public torch::nn::Module {
   MainGradsPtr main_grads_;
   bool recompute_mlp_ = false;        // --recompute-modules mlp
   bool recompute_layernorm_ = false;  // --recompute-modules layernorm
+  // --offload-modules (models/recompute/activation_offload.h): the model's offloader, and the
+  // module name each offloaded residual sum is counted under ("": kept on the device).
+  ActivationOffloader* offloader_ = nullptr;
+  std::string offload_attn_input_;  // attn_norm or qkv_linear: the layer's input sum x
+  std::string offload_qkv_input_;   // qkv_linear where the QKV input is a tensor of its own (MLA)
+  std::string offload_mlp_input_;   // mlp_norm: h = x + attention
 };
 TORCH_MODULE(TransformerLayer);
 
@@ -173,6 +183,8 @@ class GptModelImpl : public torch::nn::Module {
   const StageSpec& stage() const { return stage_; }
   const std::shared_ptr<MoeContext>& moe_context() const { return moe_; }
   const MainGradsPtr& main_grads() const { return main_grads_; }
+  // --fine-grained-activation-offloading: the chunk's offloader (its byte counters); null when off.
+  const std::shared_ptr<ActivationOffloader>& offloader() const { return offloader_; }
   std::map<std::string, ParamInfo> param_infos() const { return collect_param_infos(*this); }
   // The tied word embedding (first stage) or its last-stage copy; undefined if untied.
   torch::Tensor shared_embedding_weight() const;
@@ -223,6 +235,7 @@ class GptModelImpl : public torch::nn::Module {
   StageSpec stage_;
   std::shared_ptr<MoeContext> moe_;
   MainGradsPtr main_grads_;
+  std::shared_ptr<ActivationOffloader> offloader_;
   ParamsReadyHook params_ready_;
   ParamsUsedHook params_used_;
   std::shared_ptr<torch::nn::Module> embedding_;

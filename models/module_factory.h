@@ -16,6 +16,7 @@ namespace fp8tron {
 namespace fp8 {
 class Fp8Engine;
 }
+class ActivationOffloader;
 
 class ModuleFactory : public ParamFactory {
  public:
@@ -28,11 +29,15 @@ class ModuleFactory : public ParamFactory {
   const ContextParallelContext& cp() const { return cp_; }
   // Gradient-accumulation fusion and the wgrad GEMMs' first writes of this model.
   const MainGradsPtr& main_grads() const { return main_grads_; }
+  // Where the modules hand the activations --offload-modules names (null: none offloaded).
+  const std::shared_ptr<ActivationOffloader>& offloader() const { return offloader_; }
+  void set_offloader(std::shared_ptr<ActivationOffloader> offloader) { offloader_ = std::move(offloader); }
 
  private:
   std::shared_ptr<fp8::Fp8Engine> fp8_;
   ContextParallelContext cp_;
   MainGradsPtr main_grads_;
+  std::shared_ptr<ActivationOffloader> offloader_;
 };
 
 }  // namespace fp8tron

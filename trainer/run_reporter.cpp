@@ -256,9 +256,13 @@ void RunReporter::write_timers(int64_t iteration, int64_t iterations_in_interval
   if (parts_.config.logging.log_timers_to_tensorboard)
     for (const auto& [name, ms] : timing.max_ms) writers_.add(name + "-time", ms, iteration);
   // The MoE dispatch all-to-all's bytes per iteration (with EP > 1 and the alltoall dispatcher):
-  // what --moe-dispatch-fp8 halves. Every rank takes part (a collective), at timing level 1 or more.
-  if (!parts_.moe || !timers_.enabled(1)) return;
-  const Timers::Report bytes = timers_.report_counts({"moe-dispatch-all-to-all"}, double(iterations_in_interval),
+  // what --moe-dispatch-fp8 halves; the bytes fine-grained activation offloading copied to host
+  // memory. Every rank takes part (a collective), at timing level 1 or more.
+  std::vector<std::string> counters;
+  if (parts_.moe) counters.push_back("moe-dispatch-all-to-all");
+  if (parts_.config.model.offload.enabled) counters.push_back("activation-offload");
+  if (counters.empty() || !timers_.enabled(1)) return;
+  const Timers::Report bytes = timers_.report_counts(counters, double(iterations_in_interval),
                                                      parts_.config.logging.timing_log_option, gather, p.sizes.world_size);
   if (!bytes.text.empty()) log::print(bytes.text);
   if (parts_.config.logging.log_timers_to_tensorboard)

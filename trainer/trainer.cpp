@@ -214,6 +214,9 @@ TrainResult run_training(const Config& c, const TrainOptions& options) {
   result.consumed_samples = progress.consumed_train_samples;
   if (parts.step_graph) result.cuda_graph_replays = parts.step_graph->replayed();
   result.main_grad_first_writes = parts.main_grads->granted();
+  for (auto& chunk : parts.chunks)
+    if (chunk->offloader())
+      for (const auto& [module, bytes] : chunk->offloader()->bytes_by_module()) result.activation_offload_bytes[module] += bytes;
   result.param_gathers_during_step = parts.optimizer->param_gathers_during_step();
   const ShardedWeightBytes sharded = parts.optimizer->sharded_weight_bytes();
   result.sharded_weights_peak_bytes = sharded.peak;

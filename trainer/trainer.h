@@ -43,6 +43,8 @@ struct TrainResult {
   int64_t consumed_samples = 0;
   int64_t cuda_graph_replays = 0;  // --cuda-graph-impl full_iteration: the steps that replayed the graph
   uint64_t main_grad_first_writes = 0;  // the wgrad GEMMs' first writes of main gradients
+  // --fine-grained-activation-offloading: the bytes this rank copied to host memory, per module.
+  std::map<std::string, int64_t> activation_offload_bytes;
   // --overlap-param-gather-with-optimizer-step: parameter all-gather buckets this rank issued while
   // its optimizer step still had parameters to update, over the run.
   int64_t param_gathers_during_step = 0;

@@ -163,6 +163,13 @@ TrainingStep::Pass TrainingStep::forward_backward(int64_t iteration) {
   // The bytes the alltoall dispatcher's forward all-to-alls sent to other ranks (FP8 codes and
   // scales with --moe-dispatch-fp8), measured at the exchange.
   if (parts_.moe) timers_.add_count("moe-dispatch-all-to-all", 1, double(parts_.moe->take_dispatch_bytes()));
+  // The bytes --fine-grained-activation-offloading copied to host memory in this step's forward passes.
+  if (parts_.config.model.offload.enabled) {
+    int64_t offloaded = 0;
+    for (auto& chunk : parts_.chunks)
+      if (chunk->offloader()) offloaded += chunk->offloader()->take_offloaded_bytes();
+    timers_.add_count("activation-offload", 1, double(offloaded));
+  }
 
   timers_.start("optimizer", 1);
   parts_.main_grads->zero_unwritten();  // before the reductions read them

@@ -5,6 +5,7 @@
 #include "core/config/model_variants.h"
 #include "core/config/moe_config.h"
 #include "core/config/mup_config.h"
+#include "core/config/offload_config.h"
 #include "core/config/precision_config.h"
 #include "core/config/recompute_config.h"
 
@@ -46,6 +47,7 @@ struct ModelConfig {
   ParamDtype params_dtype = ParamDtype::Fp32;
   uint64_t seed = 1234;  // initialisation seed
   RecomputeConfig recompute;  // --recompute-*
+  OffloadConfig offload;      // --fine-grained-activation-offloading, --offload-modules
   bool squared_relu = false;  // --squared-relu: relu(x)^2 instead of GeLU
   bool bias_gelu_fusion = true;  // off with --no-bias-gelu-fusion: bf16 GeLU (and fc1's bias) outside the GEMMs
   RotaryConfig rotary;        // rotary-embedding variants

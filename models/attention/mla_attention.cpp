@@ -7,6 +7,7 @@
 #include "models/attention/context_parallel_attention.h"
 #include "models/init_methods.h"
 #include "models/linear/wgrad_deferral.h"
+#include "models/recompute/activation_offload.h"
 #include "models/recompute/output_discarding_recompute.h"
 #include "models/recompute/recompute.h"
 #include "parallel/tensor_parallel.h"
@@ -76,7 +77,9 @@ MlaSelfAttentionImpl::MlaSelfAttentionImpl(const ModelConfig& m, const std::stri
       rope_(mla_rotary(m), f.cp().enabled() ? cp_positions(m.seq_length, f.cp().size(), f.cp().rank()) : torch::Tensor()),
       softmax_scale_(mla_softmax_scale(m)),
       recompute_up_proj_(m.recompute.selective(&RecomputeModules::mla_up_proj)),
-      recompute_core_(m.recompute.selective(&RecomputeModules::core_attn)) {
+      recompute_core_(m.recompute.selective(&RecomputeModules::core_attn)),
+      offload_core_(m.offload.on(&OffloadModules::core_attn) ? f.offloader().get() : nullptr),
+      offload_proj_(m.offload.on(&OffloadModules::attn_proj) ? f.offloader().get() : nullptr) {
   const MlaConfig& a = m.mla;
   const int64_t n = m.num_attention_heads, H = m.hidden_size;
   const int64_t q_head = a.qk_head_dim + a.qk_pos_emb_head_dim;
@@ -151,11 +154,14 @@ torch::Tensor MlaSelfAttentionImpl::attention_kernel(const torch::Tensor& query,
 }
 
 torch::Tensor MlaSelfAttentionImpl::attend(const std::vector<torch::Tensor>& qkv, const torch::Tensor& attention_mask) {
-  if (!recompute_core_ || !is_training()) return core_attention(qkv[0], qkv[1], qkv[2], attention_mask);
-  // Only q, k and v are kept. Called again in backward: captures `this` and the mask.
-  return recompute(
-      [this, attention_mask](const std::vector<torch::Tensor>& in) { return core_attention(in[0], in[1], in[2], attention_mask); },
-      qkv);
+  // --offload-modules core_attn: q, k and v (all a recomputed core attention keeps) wait on the host.
+  return offloaded_call(offload_core_, "core_attn", qkv, [&] {
+    if (!recompute_core_ || !is_training()) return core_attention(qkv[0], qkv[1], qkv[2], attention_mask);
+    // Only q, k and v are kept. Called again in backward: captures `this` and the mask.
+    return recompute([this, attention_mask](
+                         const std::vector<torch::Tensor>& in) { return core_attention(in[0], in[1], in[2], attention_mask); },
+                     qkv);
+  });
 }
 
 torch::Tensor MlaSelfAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& attention_mask) {
@@ -166,7 +172,8 @@ torch::Tensor MlaSelfAttentionImpl::forward(const torch::Tensor& x, const torch:
   auto c_kv = c.narrow(-1, 0, a.kv_lora_rank), k_pe = c.narrow(-1, a.kv_lora_rank, a.qk_pos_emb_head_dim);
   if (tp_.size > 1) k_pe = tp_.sequence_parallel ? gather_from_sp(k_pe, *tp_.comm) : copy_to_tp(k_pe, *tp_.comm);
   if (!recompute_up_proj_ || !is_training()) {
-    return linear_proj(attend(up_project({q_in, c_kv, k_pe}), attention_mask));
+    const auto out = attend(up_project({q_in, c_kv, k_pe}), attention_mask);
+    return offloaded_call(offload_proj_, "attn_proj", {out}, [&] { return linear_proj(out); });
   }
   // --recompute-modules mla_up_proj: q, k and v are dropped once attention has run and projected
   // again in backward. Called again in backward: captures `this` (the model outlives its graphs).
@@ -174,7 +181,7 @@ torch::Tensor MlaSelfAttentionImpl::forward(const torch::Tensor& x, const torch:
   const auto qkv = checkpoint.run([this](const std::vector<torch::Tensor>& in) { return up_project(in); }, {q_in, c_kv, k_pe});
   auto out = attend(qkv, attention_mask);
   checkpoint.discard(out);
-  return linear_proj(out);
+  return offloaded_call(offload_proj_, "attn_proj", {out}, [&] { return linear_proj(out); });
 }
 
 }  // namespace fp8tron

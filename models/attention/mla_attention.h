@@ -30,6 +30,7 @@
 #include "parallel/context_parallel.h"
 
 namespace fp8tron {
+class ActivationOffloader;
 
 // A linear layer whose weight every tensor-parallel rank holds whole (TE's parallel_mode
 // "duplicated"): y = x W^T on this rank's input (a sequence shard under SP).
@@ -86,6 +87,9 @@ class MlaSelfAttentionImpl : public torch::nn::Module {
   double softmax_scale_;
   bool recompute_up_proj_;  // --recompute-modules mla_up_proj (models/recompute/output_discarding_recompute.h)
   bool recompute_core_;     // --recompute-modules core_attn (models/recompute/recompute.h)
+  // --offload-modules core_attn / attn_proj (models/recompute/activation_offload.h); null: kept.
+  ActivationOffloader* offload_core_ = nullptr;
+  ActivationOffloader* offload_proj_ = nullptr;
 };
 TORCH_MODULE(MlaSelfAttention);
 

@@ -4,13 +4,17 @@
 
 #include "models/init_methods.h"
 #include "models/mlp/fused_swiglu.h"
+#include "models/recompute/activation_offload.h"
 #include "models/recompute/output_discarding_recompute.h"
 
 namespace fp8tron {
 
 GroupedMlpImpl::GroupedMlpImpl(const ModelConfig& m, const std::string& prefix, int64_t num_local_experts,
                                int64_t expert_offset, const ModuleFactory& f, bool use_fp8)
-    : swiglu_(m.swiglu), recompute_activation_(m.recompute.selective(&RecomputeModules::moe_act)) {
+    : swiglu_(m.swiglu),
+      recompute_activation_(m.recompute.selective(&RecomputeModules::moe_act)),
+      offload_fc1_(m.offload.on(&OffloadModules::expert_fc1) ? f.offloader().get() : nullptr),
+      offload_act_(m.offload.on(&OffloadModules::moe_act) ? f.offloader().get() : nullptr) {
   const int64_t ffn = m.moe.ffn_hidden_size;
   GroupedLinearOptions fc1;
   fc1.in_features = m.hidden_size;
@@ -43,7 +47,16 @@ torch::Tensor GroupedMlpImpl::activation(const torch::Tensor& h) const {
 
 torch::Tensor GroupedMlpImpl::forward(const torch::Tensor& x, const std::vector<int64_t>& counts,
                                       const torch::Tensor& packed_x) {
-  auto h = linear_fc1(x, counts, packed_x);
+  // --offload-modules expert_fc1: fc1's input rows, which bf16 experts keep for their weight
+  // gradient (FP8 experts keep a transposed FP8 copy made inside their node instead, and nothing of
+  // x or of --moe-dispatch-fp8's packed rows: nothing to offload); moe_act: fc1's output, offloaded
+  // once fc2 (which may fuse the activation) ran.
+  auto* fc1_offload = linear_fc1->fp8_sites.empty() ? offload_fc1_ : nullptr;
+  auto h = offloaded_call(fc1_offload, "expert_fc1", {x}, [&] { return linear_fc1(x, counts, packed_x); });
+  return offloaded_call(offload_act_, "moe_act", {h}, [&] { return activation_and_fc2(h, counts); });
+}
+
+torch::Tensor GroupedMlpImpl::activation_and_fc2(const torch::Tensor& h, const std::vector<int64_t>& counts) {
   // FP8 experts with delayed scaling: the SwiGLU runs inside fc2's input cast and its output is
   // never stored (moe_act recomputation, which would discard it, is refused with delayed scaling).
   if (swiglu_ && linear_fc2->fuses_swiglu()) return linear_fc2->forward_swiglu(h, counts);

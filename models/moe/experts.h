@@ -23,6 +23,7 @@
 #include "models/module_factory.h"
 
 namespace fp8tron {
+class ActivationOffloader;
 
 class GroupedMlpImpl : public torch::nn::Module {
  public:
@@ -41,8 +42,12 @@ class GroupedMlpImpl : public torch::nn::Module {
 
  private:
   torch::Tensor activation(const torch::Tensor& h) const;
+  torch::Tensor activation_and_fc2(const torch::Tensor& h, const std::vector<int64_t>& counts);
   bool swiglu_;
   bool recompute_activation_;
+  // --offload-modules expert_fc1 / moe_act (models/recompute/activation_offload.h); null: kept.
+  ActivationOffloader* offload_fc1_ = nullptr;
+  ActivationOffloader* offload_act_ = nullptr;
 };
 TORCH_MODULE(GroupedMlp);
 

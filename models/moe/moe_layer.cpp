@@ -33,7 +33,8 @@ MoeLayerImpl::MoeLayerImpl(const ModelConfig& m, const std::string& prefix, int6
   const int64_t local = m.moe.num_experts / ep;
   router = register_module("router", TopKRouter(m, prefix + ".router", layer, dense, context_));
   // The model's main gradients: --delay-wgrad-compute's queue holds the experts' gradients too.
-  const ModuleFactory expert_factory(m.seed, expert_tensor_parallel(*context_), dense.fp8(), {}, dense.main_grads());
+  ModuleFactory expert_factory(m.seed, expert_tensor_parallel(*context_), dense.fp8(), {}, dense.main_grads());
+  expert_factory.set_offloader(dense.offloader());
   const bool fp8_experts = m.moe.expert_gemm_fp8;  // --no-use-gmm-fp8: bf16 expert GEMMs in an FP8 run
   experts = register_module("experts", GroupedMlp(m, prefix + ".experts", local, int64_t(g.ep_rank) * local, expert_factory,
                                                   fp8_experts));

@@ -8,6 +8,7 @@
 # (later values win): a few iterations, a checkpoint, and a resume from it, as Megatron's
 # ckpt-resume test runs them. The second's --overlap-moe-expert-parallel-comm runs the combined
 # 1F1B schedule inside the interleaved pipeline its layout makes.
+# A fine-grained activation offloading configuration trains shrunk to iteration 2 in its layout.
 # The fill-in-the-middle configuration (--fim-data, 8 data-parallel ranks, the distributed
 # optimizer, bf16, GPT-2's tokenizer whose vocabulary lacks the FIM tokens, so they are
 # "<|endoftext|>" as in Megatron) trains shrunk the same way, and a run stopped at iteration 2 and
@@ -85,6 +86,14 @@ for name in gpt3_mcore_te_tp2_pp2_ep4_etp1_mtp_resume_torch_dist_fp8 gpt3_mcore_
   check "$WORK/$name.resume.log" $rc "successfully loaded checkpoint from $WORK/save" "iteration        4/       4 |" \
     "mtp_1 loss:"
 done
+# Fine-grained activation offloading (every module of its --offload-modules, together
+# with the configuration's selective recomputation and pipeline layout): shrunk to iteration 2, every
+# tensor offloaded (--min-offloaded-tensor-size 0; CPU-sized tensors are below the default), the
+# offloaded bytes in the timer report.
+off=gpt3_moe_mcore_te_tp2_pp2_ep4_etp1_no_mtp_no_a2a_ovlp_fine_grained_offloading
+rm -rf "$WORK/save" "$WORK/load"
+run $off "$WORK/offload.log" --exit-interval 2 --min-offloaded-tensor-size 0 --timing-log-level 1; rc=$?
+check "$WORK/offload.log" $rc "iteration        2/       4 |" "activation-offload"
 # Fill-in-the-middle: uninterrupted to iteration 4, then stopped at 2 and resumed.
 fim=gpt3_mcore_te_tp1_pp1_dist_optimizer_fim_dataset
 losses() { grep -o 'iteration *[34]/.*lm loss: [0-9.E+-]*' "$1" | sed 's/.*\(iteration *[0-9]*\).*lm loss: \(.*\)/\1 \2/'; }

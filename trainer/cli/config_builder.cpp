@@ -23,6 +23,7 @@
 #include "trainer/cli/rerun_args.h"
 #include "trainer/cli/cuda_graph_args.h"
 #include "trainer/cli/determinism_env.h"
+#include "trainer/cli/offload_args.h"
 #include "trainer/cli/recompute_args.h"
 #include "trainer/cli/tp_overlap_args.h"
 
@@ -852,6 +853,7 @@ Config build_config(const FlagValues& flags, const LaunchEnv& launch, bool gpu_a
   c.data = data;
   c.model = build_model(flags, tp, data.tokenizer_vocab_size);
   c.model.recompute = build_recompute_config(flags, c.hint_warnings);
+  c.model.offload = build_offload_config(flags, c.hint_warnings);
   c.context_parallel = build_context_parallel_config(flags);
   if (c.model.rotary.llama3_scaling && c.model.rotary.llama3_factor != 8.0)
     c.notices.push_back(strprintf("--rope-scaling-factor %g: fp8tron scales by it; Megatron's pretrain_gpt.py ignores the "

@@ -16,6 +16,7 @@
 #include "trainer/cli/sharded_dp_args.h"
 #include "trainer/cli/determinism_env.h"
 #include "trainer/cli/cuda_graph_args.h"
+#include "trainer/cli/offload_args.h"
 #include "trainer/cli/recompute_args.h"
 
 namespace fp8tron {
@@ -511,6 +512,7 @@ const std::vector<Rule>& rules() {
          return "";
        }},
       {"activation recomputation", recompute_problem},
+      {"fine-grained activation offloading", offload_problem},
       {"CUDA graphs", cuda_graph_problem},
       {"context parallelism", context_parallel_problem},
       {"sharded data parallelism", sharded_data_parallel_problem},
