@@ -25,6 +25,7 @@
 #include "trainer/cli/determinism_env.h"
 #include "trainer/cli/offload_args.h"
 #include "trainer/cli/recompute_args.h"
+#include "trainer/cli/torch_dist_save_args.h"
 #include "trainer/cli/tp_overlap_args.h"
 
 namespace fp8tron {
@@ -923,6 +924,7 @@ Config build_config(const FlagValues& flags, const LaunchEnv& launch, bool gpu_a
   c.model.moe.expert_gemm_fp8 = c.precision.fp8.grouped_gemm_fp8;
   c.distributed.tp_overlap = build_tp_overlap(flags, tp, c.precision.fp8.enabled(), c.hint_warnings);
 
+  settle_torch_dist_save(c);
   c.resolved_flags = resolved_flags(flags);
   validate_config(c, flags);
   c.model.mtp.chunk_without_decoder_layers = mtp_chunk_without_decoder_layers(c);

@@ -18,6 +18,7 @@
 #include "trainer/cli/cuda_graph_args.h"
 #include "trainer/cli/offload_args.h"
 #include "trainer/cli/recompute_args.h"
+#include "trainer/cli/torch_dist_save_args.h"
 
 namespace fp8tron {
 namespace {
@@ -843,27 +844,14 @@ const std::vector<Rule>& rules() {
       {"saving Megatron's torch_dist format",
        [](const Config& c, const FlagValues&) -> std::string {
          // What fp8tron writes in Megatron's names today (checkpoint/save_torch_dist.h); the rest
-         // would need Megatron's other optimizer and model layouts.
+         // would need Megatron's other optimizer and model layouts. (A plain --save falls back to
+         // fp8tron's format: settle_torch_dist_save; a conversion is refused.)
          if (!c.checkpoint.save_torch_dist) return "";
-         const std::string with = " with --save and --ckpt-format torch_dist is not supported yet (fp8tron writes "
-                                  "Megatron's torch_dist for GPT models with Adam, without FP8); ";
-         if (c.precision.fp8.enabled()) return "--fp8-format" + with + "drop --ckpt-format to save in fp8tron's format";
-         if (c.optimizer.optimizer != "adam")
-           return "--optimizer " + c.optimizer.optimizer + with + "drop --ckpt-format to save in fp8tron's format";
-         if (c.distributed.distributed_optimizer || c.distributed.dp_sharding != DataParallelSharding::None)
-           return "--use-distributed-optimizer" + with + "drop --ckpt-format to save in fp8tron's format";
-         if (c.model.moe.enabled()) return "--num-experts" + with + "drop --ckpt-format to save in fp8tron's format";
-         if (c.model.mtp.num_layers > 0) return "--mtp-num-layers" + with + "drop --ckpt-format to save in fp8tron's format";
-         if (c.model.mla.enabled)
-           return "--multi-latent-attention" + with + "drop --ckpt-format to save in fp8tron's format";
-         if (c.checkpoint.async_save) return "--async-save" + with + "drop one of them";
-         if (c.checkpoint.non_persistent_save_interval)
-           return "--non-persistent-save-interval" + with + "drop one of them";
-         if (c.checkpoint.save_retain_interval) return "--save-retain-interval" + with + "drop one of them";
-         if (c.optimizer.decoupled_lr || c.optimizer.mup_width_mult)
-           return std::string(c.optimizer.decoupled_lr ? "--decoupled-lr" : "--use-mup") + with +
-                  "drop --ckpt-format to save in fp8tron's format";
-         return "";
+         const std::string flag = torch_dist_unwritable_flag(c);
+         if (flag.empty()) return "";
+         return flag + " with --ckpt-convert-format torch_dist is not supported yet (fp8tron writes Megatron's "
+                       "torch_dist for GPT models with Adam, without FP8, the distributed optimizer, experts, MTP "
+                       "or MLA)";
        }},
   };
   return table;

@@ -1,0 +1,31 @@
+#include "trainer/cli/torch_dist_save_args.h"
+
+namespace fp8tron {
+
+std::string torch_dist_unwritable_flag(const Config& c) {
+  if (c.precision.fp8.enabled()) return "--fp8-format";
+  if (c.optimizer.optimizer != "adam") return "--optimizer " + c.optimizer.optimizer;
+  if (c.distributed.distributed_optimizer || c.distributed.dp_sharding != DataParallelSharding::None)
+    return "--use-distributed-optimizer";
+  if (c.model.moe.enabled()) return "--num-experts";
+  if (c.model.mtp.num_layers > 0) return "--mtp-num-layers";
+  if (c.model.mla.enabled) return "--multi-latent-attention";
+  if (c.checkpoint.async_save) return "--async-save";
+  if (c.checkpoint.non_persistent_save_interval) return "--non-persistent-save-interval";
+  if (c.checkpoint.save_retain_interval) return "--save-retain-interval";
+  if (c.optimizer.decoupled_lr) return "--decoupled-lr";
+  if (c.optimizer.mup_width_mult) return "--use-mup";
+  return "";
+}
+
+void settle_torch_dist_save(Config& c) {
+  if (!c.checkpoint.save_torch_dist || !c.checkpoint.convert_format.empty()) return;
+  const std::string flag = torch_dist_unwritable_flag(c);
+  if (flag.empty()) return;
+  c.checkpoint.save_torch_dist = false;
+  c.hint_warnings.push_back("--ckpt-format torch_dist: fp8tron does not write Megatron's torch_dist format with " + flag +
+                            " yet, so it saves its own format (which --load resumes in any layout, and "
+                            "--ckpt-convert-format torch_dist converts where it can)");
+}
+
+}  // namespace fp8tron
