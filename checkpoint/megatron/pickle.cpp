@@ -8,22 +8,22 @@
 #include "core/text.h"
 
 namespace fp8tron::checkpoint::megatron {
-namespace {
-
-PyRef make(PyValue::Kind kind) {
+PyRef make_value(PyValue::Kind kind) {
   auto v = std::make_shared<PyValue>();
   v->kind = kind;
   return v;
 }
 
-PyRef make_int(int64_t i) {
-  auto v = make(PyValue::Kind::Int);
+PyRef py_int(int64_t i) {
+  auto v = make_value(PyValue::Kind::Int);
   v->integer = i;
   return v;
 }
 
+namespace {
+
 PyRef make_text(PyValue::Kind kind, std::string s) {
-  auto v = make(kind);
+  auto v = make_value(kind);
   v->text = std::move(s);
   return v;
 }
@@ -34,7 +34,7 @@ PyRef make_long(std::string_view bytes) {
   uint64_t u = 0;
   for (size_t i = 0; i < bytes.size(); ++i) u |= uint64_t(uint8_t(bytes[i])) << (8 * i);
   if (!bytes.empty() && bytes.size() < 8 && (uint8_t(bytes.back()) & 0x80)) u |= ~uint64_t(0) << (8 * bytes.size());
-  return make_int(int64_t(u));
+  return py_int(int64_t(u));
 }
 
 class Parser {
@@ -108,7 +108,7 @@ class Parser {
     return out;
   }
   PyRef tuple(std::vector<PyRef> items) {
-    auto t = make(PyValue::Kind::Tuple);
+    auto t = make_value(PyValue::Kind::Tuple);
     t->items = std::move(items);
     return t;
   }
@@ -118,7 +118,7 @@ class Parser {
     return g;
   }
   PyRef call(PyRef callable, PyRef args) {
-    auto c = make(PyValue::Kind::Call);
+    auto c = make_value(PyValue::Kind::Call);
     c->callable = std::move(callable);
     c->args = std::move(args);
     return c;
@@ -149,9 +149,9 @@ class Parser {
       case '0': pop(); return;
       case '1': pop_mark(); return;
       case '2': stack_.push_back(top()); return;
-      case 'N': stack_.push_back(make(K::None)); return;
+      case 'N': stack_.push_back(make_value(K::None)); return;
       case 0x88: case 0x89: {
-        auto b = make(K::Bool);
+        auto b = make_value(K::Bool);
         b->boolean = op == 0x88;
         stack_.push_back(b);
         return;
@@ -159,23 +159,23 @@ class Parser {
       case 'I': {
         const std::string text = line();
         if (text == "00" || text == "01") {
-          auto b = make(K::Bool);
+          auto b = make_value(K::Bool);
           b->boolean = text == "01";
           stack_.push_back(b);
           return;
         }
         at_ -= text.size() + 1;
-        stack_.push_back(make_int(line_int()));
+        stack_.push_back(py_int(line_int()));
         return;
       }
-      case 'L': stack_.push_back(make_int(line_int())); return;
-      case 'J': stack_.push_back(make_int(int32_t(uint32_t(unsigned_le(4))))); return;
-      case 'K': stack_.push_back(make_int(int64_t(unsigned_le(1)))); return;
-      case 'M': stack_.push_back(make_int(int64_t(unsigned_le(2)))); return;
+      case 'L': stack_.push_back(py_int(line_int())); return;
+      case 'J': stack_.push_back(py_int(int32_t(uint32_t(unsigned_le(4))))); return;
+      case 'K': stack_.push_back(py_int(int64_t(unsigned_le(1)))); return;
+      case 'M': stack_.push_back(py_int(int64_t(unsigned_le(2)))); return;
       case 0x8a: stack_.push_back(make_long(take(unsigned_le(1)))); return;
       case 0x8b: stack_.push_back(make_long(take(unsigned_le(4)))); return;
       case 'F': {
-        auto f = make(K::Float);
+        auto f = make_value(K::Float);
         f->real = std::strtod(line().c_str(), nullptr);
         stack_.push_back(f);
         return;
@@ -184,7 +184,7 @@ class Parser {
         std::string_view b = take(8);
         uint64_t u = 0;
         for (int i = 0; i < 8; ++i) u = (u << 8) | uint8_t(b[size_t(i)]);  // big-endian
-        auto f = make(K::Float);
+        auto f = make_value(K::Float);
         std::memcpy(&f->real, &u, 8);
         stack_.push_back(f);
         return;
@@ -204,9 +204,9 @@ class Parser {
       case 'B': stack_.push_back(make_text(K::Bytes, std::string(take(unsigned_le(4))))); return;
       case 'C': stack_.push_back(make_text(K::Bytes, std::string(take(unsigned_le(1))))); return;
       case 0x8e: case 0x96: stack_.push_back(make_text(K::Bytes, std::string(take(unsigned_le(8))))); return;
-      case ']': stack_.push_back(make(K::List)); return;
+      case ']': stack_.push_back(make_value(K::List)); return;
       case 'l': {
-        auto l = make(K::List);
+        auto l = make_value(K::List);
         l->items = pop_mark();
         stack_.push_back(l);
         return;
@@ -231,9 +231,9 @@ class Parser {
         stack_.push_back(tuple(std::move(items)));
         return;
       }
-      case '}': stack_.push_back(make(K::Dict)); return;
+      case '}': stack_.push_back(make_value(K::Dict)); return;
       case 'd': {
-        auto d = make(K::Dict);
+        auto d = make_value(K::Dict);
         set_items(d, pop_mark());
         stack_.push_back(d);
         return;
@@ -248,7 +248,7 @@ class Parser {
         set_items(top(), std::move(kv));
         return;
       }
-      case 0x8f: stack_.push_back(make(K::Set)); return;
+      case 0x8f: stack_.push_back(make_value(K::Set)); return;
       case 0x90: {
         auto values = pop_mark();
         if (top()->kind != K::Set) fail("ADDITEMS to a non-set");
@@ -256,7 +256,7 @@ class Parser {
         return;
       }
       case 0x91: {
-        auto s = make(K::Set);
+        auto s = make_value(K::Set);
         s->items = pop_mark();
         stack_.push_back(s);
         return;
@@ -316,13 +316,13 @@ class Parser {
       case 'h': stack_.push_back(memo_get(int64_t(unsigned_le(1)))); return;
       case 'j': stack_.push_back(memo_get(int64_t(unsigned_le(4)))); return;
       case 'P': {
-        auto p = make(K::PersistentId);
+        auto p = make_value(K::PersistentId);
         p->state = make_text(K::Str, line());
         stack_.push_back(p);
         return;
       }
       case 'Q': {
-        auto p = make(K::PersistentId);
+        auto p = make_value(K::PersistentId);
         p->state = pop();
         stack_.push_back(p);
         return;

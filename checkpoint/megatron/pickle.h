@@ -46,6 +46,11 @@ struct PyValue {
   PyRef state;           // Call: BUILD's argument (null when never built); PersistentId: the id
 };
 
+// A fresh value of `kind` (its other fields empty), and an Int: the reader and the writer
+// (pickle_writer.h) build their trees from these.
+PyRef make_value(PyValue::Kind kind);
+PyRef py_int(int64_t i);
+
 // Parses one pickle. `source` (a file name, or "file, entry") starts every error message: a
 // UserError naming the byte offset and what is wrong, for truncated or malformed input and for
 // opcodes outside protocols 2-5 (out-of-band buffers, extension registry codes).

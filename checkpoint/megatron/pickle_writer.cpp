@@ -7,12 +7,6 @@
 namespace fp8tron::checkpoint::megatron {
 namespace {
 
-PyRef make(PyValue::Kind kind) {
-  auto v = std::make_shared<PyValue>();
-  v->kind = kind;
-  return v;
-}
-
 class Writer {
  public:
   std::string run(const PyRef& root) {
@@ -149,40 +143,34 @@ class Writer {
 
 }  // namespace
 
-PyRef py_none() { return make(PyValue::Kind::None); }
+PyRef py_none() { return make_value(PyValue::Kind::None); }
 
 PyRef py_bool(bool b) {
-  auto v = make(PyValue::Kind::Bool);
+  auto v = make_value(PyValue::Kind::Bool);
   v->boolean = b;
   return v;
 }
 
-PyRef py_int(int64_t i) {
-  auto v = make(PyValue::Kind::Int);
-  v->integer = i;
-  return v;
-}
-
 PyRef py_float(double d) {
-  auto v = make(PyValue::Kind::Float);
+  auto v = make_value(PyValue::Kind::Float);
   v->real = d;
   return v;
 }
 
 PyRef py_str(std::string s) {
-  auto v = make(PyValue::Kind::Str);
+  auto v = make_value(PyValue::Kind::Str);
   v->text = std::move(s);
   return v;
 }
 
 PyRef py_list(std::vector<PyRef> items) {
-  auto v = make(PyValue::Kind::List);
+  auto v = make_value(PyValue::Kind::List);
   v->items = std::move(items);
   return v;
 }
 
 PyRef py_tuple(std::vector<PyRef> items) {
-  auto v = make(PyValue::Kind::Tuple);
+  auto v = make_value(PyValue::Kind::Tuple);
   v->items = std::move(items);
   return v;
 }
@@ -194,27 +182,27 @@ PyRef py_int_tuple(const std::vector<int64_t>& values) {
 }
 
 PyRef py_dict(std::vector<std::pair<std::string, PyRef>> entries) {
-  auto v = make(PyValue::Kind::Dict);
+  auto v = make_value(PyValue::Kind::Dict);
   for (auto& [k, value] : entries) v->entries.emplace_back(py_str(k), std::move(value));
   return v;
 }
 
 PyRef py_global(std::string module, std::string name) {
-  auto v = make(PyValue::Kind::Global);
+  auto v = make_value(PyValue::Kind::Global);
   v->text = std::move(module);
   v->name = std::move(name);
   return v;
 }
 
 PyRef py_call(PyRef callable, std::vector<PyRef> args) {
-  auto v = make(PyValue::Kind::Call);
+  auto v = make_value(PyValue::Kind::Call);
   v->callable = std::move(callable);
   v->args = py_tuple(std::move(args));
   return v;
 }
 
 PyRef py_object(PyRef cls, PyRef state) {
-  auto v = make(PyValue::Kind::Call);
+  auto v = make_value(PyValue::Kind::Call);
   v->callable = std::move(cls);
   v->args = py_tuple({});
   v->new_object = true;
@@ -223,7 +211,7 @@ PyRef py_object(PyRef cls, PyRef state) {
 }
 
 PyRef py_persistent(PyRef id) {
-  auto v = make(PyValue::Kind::PersistentId);
+  auto v = make_value(PyValue::Kind::PersistentId);
   v->state = std::move(id);
   return v;
 }

@@ -17,7 +17,7 @@ namespace fp8tron::checkpoint::megatron {
 
 PyRef py_none();
 PyRef py_bool(bool b);
-PyRef py_int(int64_t i);
+// (py_int: pickle.h.)
 PyRef py_float(double d);
 PyRef py_str(std::string s);
 PyRef py_list(std::vector<PyRef> items);
