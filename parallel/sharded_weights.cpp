@@ -172,12 +172,20 @@ void ShardedWeights::gather_for(const torch::nn::Module& module) {
 }
 
 void ShardedWeights::release_for(const torch::nn::Module& module, const std::vector<torch::Tensor>& outputs) {
+  release_deferred();  // the module that read them has run its forward pass
   const std::vector<size_t> units = units_of(module);
   if (units.empty()) return;
   bool backward = false;
   for (const auto& out : outputs) backward = backward || (out.defined() && out.requires_grad());
+  const std::vector<size_t> read_next = units_among(outputs);
   for (size_t unit : units) {
-    if (!(backward && policy_.keep_after_forward)) release(unit);
+    if (backward && policy_.keep_after_forward) {
+      // kept until its backward pass has its gradients
+    } else if (std::find(read_next.begin(), read_next.end(), unit) != read_next.end()) {
+      deferred_.push_back(unit);
+    } else {
+      release(unit);
+    }
     units_[unit].pending = units_[unit].params;  // the coming backward pass releases it again
     units_[unit].awaiting_backward = backward;
   }
@@ -198,6 +206,21 @@ void ShardedWeights::release_for(const torch::nn::Module& module, const std::vec
   }
 }
 
+std::vector<size_t> ShardedWeights::units_among(const std::vector<torch::Tensor>& tensors) const {
+  std::vector<size_t> out;
+  for (const auto& t : tensors) {
+    if (!t.defined()) continue;
+    auto it = unit_of_.find(t.unsafeGetTensorImpl());
+    if (it != unit_of_.end()) out.push_back(it->second);
+  }
+  return out;
+}
+
+void ShardedWeights::release_deferred() {
+  for (size_t unit : deferred_) release(unit);
+  deferred_.clear();
+}
+
 void ShardedWeights::grad_arrived(size_t index) {
   Unit& u = units_[index];
   if (u.pending <= 0) return;  // not armed by a forward pass (or already released)
@@ -212,6 +235,7 @@ void ShardedWeights::gather_all() {
 }
 
 void ShardedWeights::release_all() {
+  deferred_.clear();
   for (size_t i = 0; i < units_.size(); ++i) {
     release(i);
     units_[i].pending = 0;

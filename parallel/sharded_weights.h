@@ -11,7 +11,9 @@
 //    uses it runs forward (gather_for, the model's params-ready hook),
 //  - released right after that module's forward pass (release_for, the params-used hook), which
 //    also hooks the module's outputs so that the first gradient reaching them gathers the unit again
-//    for the backward pass,
+//    for the backward pass; a unit one of whose parameters is itself among the outputs (an output
+//    projection's bias left to the next layer's norm kernel, ResidualStream::branch_bias) is
+//    released after the next module's forward pass instead, as that module reads it,
 //  - released again once every one of its parameters has received its gradient.
 // With prefetching (--overlap-param-gather) gathering unit i also issues, without waiting, the
 // all-gather of the unit the pass needs next (i + 1 forward, i - 1 backward) within the same model
@@ -64,6 +66,7 @@ class ShardedWeights {
   // Gathers the units holding any of `module`'s parameters (other buffers' are skipped).
   void gather_for(const torch::nn::Module& module);
   // Releases them, and arms their gather for the backward pass on `outputs` (those requiring grad).
+  // A unit with a parameter among `outputs` stays gathered until the next release_for call.
   void release_for(const torch::nn::Module& module, const std::vector<torch::Tensor>& outputs);
   void gather_all();
   // From now on the byte-published weights are gathered as codes: `codes` is this rank's shard of
@@ -106,6 +109,8 @@ class ShardedWeights {
   void finish(size_t unit);                 // waits for its all-gathers and decodes its codes
   void issue(Unit& u, const Piece& piece, torch::Tensor whole, const torch::Tensor& shard);
   void release(size_t unit);
+  std::vector<size_t> units_among(const std::vector<torch::Tensor>& tensors) const;  // parameters' units
+  void release_deferred();
   void grad_arrived(size_t unit);
 
   torch::Tensor shard_;
@@ -115,6 +120,7 @@ class ShardedWeights {
   torch::Tensor codes_;  // publish_bytes()
   Decode decode_;
   std::vector<Unit> units_;
+  std::vector<size_t> deferred_;  // released at the next release_for call
   std::unordered_map<const void*, size_t> unit_of_;  // parameter (TensorImpl) -> unit
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keeps the hooked nodes alive
   int64_t resident_bytes_ = 0, peak_resident_bytes_ = 0, total_bytes_ = 0;

@@ -178,5 +178,41 @@ TEST(ShardedWeights, ByteWeightsAreGatheredAsCodesAndDecoded) {
   EXPECT_EQ(decoded.size(), 2u);
 }
 
+// An output projection's bias left to the next layer's norm kernel (ResidualStream::branch_bias, a
+// GPU path) comes out of its layer as the parameter itself: that layer's unit stays gathered until
+// the next module's forward pass has read it, then is released.
+TEST(ShardedWeights, UnitWhoseParameterIsAnOutputIsReleasedAfterTheNextModule) {
+  torch::NoGradGuard no_grad;
+  TwoWeights first, second;
+  const std::vector<BufferParam> first_params = {{first.a, 0, 6, 0}, {first.b, 6, 4, 1}, {first.bias, 10, 3, 2}};
+  const std::vector<BufferParam> second_params = {{second.a, 13, 6, 3}, {second.b, 19, 4, 4}, {second.bias, 23, 3, 5}};
+  const auto shard = torch::arange(26, torch::kFloat32);
+  ShardedWeights weights(shard, make_self_communicator("sharded-weights-deferred-test", 0), GatherPolicy{});
+  weights.add_unit(first_params);
+  weights.add_unit(second_params);
+
+  weights.gather_for(first);
+  weights.release_for(first, {first.a.sum(), first.bias});
+  EXPECT_TRUE(weights.resident(0)) << "the bias is read by the next module";
+  weights.gather_for(second);
+  EXPECT_TRUE(torch::equal(first.bias, shard.narrow(0, 10, 3)));
+  weights.release_for(second, {second.a.sum()});
+  EXPECT_FALSE(weights.resident(0));
+  EXPECT_FALSE(weights.resident(1));
+  EXPECT_EQ(weights.resident_bytes(), 0);
+
+  weights.gather_for(first);
+  weights.release_for(first, {first.a.sum()});  // no parameter among the outputs: released at once
+  EXPECT_FALSE(weights.resident(0));
+  weights.gather_for(second);
+  weights.release_for(second, {second.bias});
+  weights.release_all();  // a step's end drops what waits for a next module
+  EXPECT_EQ(weights.resident_bytes(), 0);
+  weights.gather_for(second);
+  weights.gather_for(first);
+  weights.release_for(first, {first.a.sum()});
+  EXPECT_TRUE(weights.resident(1)) << "no release left over from before release_all";
+}
+
 }  // namespace
 }  // namespace fp8tron
