@@ -98,8 +98,11 @@ OptimizerDomain::OptimizerDomain(const std::vector<NamedParam>& params, const Op
   const bool pipeline_copies = groups_.embedding && groups_.embedding->size() > 1;
   const auto fp32 = torch::TensorOptions().device(device).dtype(torch::kFloat32);
   const auto param_dtype = to_torch(precision.params_dtype);
-  auto all_main = torch::zeros({padded_numel_}, fp32);
-  model_params_ = separate_main_weights_ ? torch::zeros({padded_numel_}, fp32.dtype(param_dtype)) : all_main;
+  // The fp32 main weights: this rank's shard only with the distributed optimizer (a whole fp32
+  // copy of the model beside the other buffers would set the run's peak memory at start-up);
+  // without separate main weights the model's own fp32 buffer is the main copy.
+  main_params_ = torch::zeros({shard_numel_}, fp32);
+  model_params_ = separate_main_weights_ ? torch::zeros({padded_numel_}, fp32.dtype(param_dtype)) : main_params_;
   main_grads_ = torch::zeros({padded_numel_}, fp32.dtype(precision.grads_in_fp32 ? torch::kFloat32 : param_dtype));
   for (size_t i : by_offset) {
     const NamedParam* p = ordered[i];
@@ -123,8 +126,10 @@ OptimizerDomain::OptimizerDomain(const std::vector<NamedParam>& params, const Op
     // The tied embedding's two copies (first and last stage) sum their gradients.
     if ((p->info.tied_embedding || p->info.shared_embedding_copy) && pipeline_copies) add_range(embedding_ranges_);
     torch::Tensor t = p->tensor;
-    all_main.narrow(0, offset, n).copy_(t.detach().reshape({-1}));  // fp32 values as initialised
-    if (separate_main_weights_) model_params_.narrow(0, offset, n).copy_(all_main.narrow(0, offset, n));
+    const auto values = t.detach().reshape({-1});  // as initialised
+    const int64_t lo = std::max(offset, shard_begin_), hi = std::min(offset + n, shard_begin_ + shard_numel_);
+    if (hi > lo) main_params_.narrow(0, lo - shard_begin_, hi - lo).copy_(values.narrow(0, lo - offset, hi - lo));
+    if (separate_main_weights_) model_params_.narrow(0, offset, n).copy_(values);
     t.set_data(model_params_.narrow(0, offset, n).view(t.sizes()));
     // Gradients accumulate in place into the flat buffer. AccumulateGrad adds each new
     // (parameter-dtype) gradient into an existing .grad with `+=`, so an fp32 buffer under a
@@ -133,7 +138,6 @@ OptimizerDomain::OptimizerDomain(const std::vector<NamedParam>& params, const Op
     buffer_order_.push_back({t, offset, n, model_order(p), p->chunk});
     slots_.push_back(ParamSlot{p->name, offset, n, t.sizes().vec(), p->info, is_muon});
   }
-  main_params_ = distributed_ ? all_main.narrow(0, shard_begin_, shard_numel_).clone() : all_main;
   if (distributed_ || main_grads_.scalar_type() != torch::kFloat32) grad_shard_ = torch::zeros({shard_numel_}, fp32);
   // Adam's first moment, SGD's and Muon's momentum; the precision-aware optimizer (Adam only) may
   // store Adam's moments in bf16.

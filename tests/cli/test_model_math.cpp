@@ -109,6 +109,10 @@ TEST(ModelMath, ShardedWeightsMemory) {
   EXPECT_LT(sharded.weights + sharded.gathered_weights, plain.weights);
   EXPECT_DOUBLE_EQ(prefetched.gathered_weights, 2 * sharded.gathered_weights);
   EXPECT_DOUBLE_EQ(sharded.total() - sharded.weights - sharded.gathered_weights, plain.total() - plain.weights);
+  // The optimizer steps on an fp32 copy of its shard's reduced gradients.
+  EXPECT_DOUBLE_EQ(plain.grad_shard, plain.main_weights);
+  const MemoryEstimate one_rank = estimate_memory(build(base));
+  EXPECT_EQ(one_rank.grad_shard, 0.0);
 }
 
 TEST(ModelMath, PrecisionAwareOptimizerStateDtypes) {

@@ -91,6 +91,8 @@ std::string format_plan(const Config& c) {
        << "\n";
   os << "  fp32 main weights  " << human_bytes(mem.main_weights) << "\n";
   os << "  gradients          " << human_bytes(mem.grads) << "\n";
+  if (mem.grad_shard > 0)
+    os << "  fp32 grad shard    " << human_bytes(mem.grad_shard) << " (the reduced gradients the optimizer steps on)\n";
   os << "  optimizer states   " << human_bytes(mem.optimizer_states) << "\n";
   os << "  activations        " << human_bytes(mem.activations_fused) << " with fused attention ("
      << human_bytes(mem.activations_paper) << " by the paper's formula, attention scores stored)\n";

@@ -35,11 +35,14 @@ struct MemoryEstimate {
   double weights = 0, main_weights = 0, grads = 0, optimizer_states = 0;
   // optim_grads_params: `weights` is this rank's shard; the units gathered at once come on top.
   double gathered_weights = 0;
+  // The fp32 gradients of the optimizer's shard, reduced out of the gradient buffer (the
+  // distributed optimizer, or gradients accumulated in 16 bits).
+  double grad_shard = 0;
   double activations_paper = 0;  // Korthikanti et al. with the stored attention scores (5as/h term)
   double activations_fused = 0;  // the same with fused attention (no stored s x s scores)
   double logits = 0;             // output-layer logits and the fp32 copy for the loss
   double total() const {
-    return weights + gathered_weights + main_weights + grads + optimizer_states + activations_fused + logits;
+    return weights + gathered_weights + main_weights + grads + grad_shard + optimizer_states + activations_fused + logits;
   }
 };
 // Per GPU of the most loaded (first) pipeline stage.
