@@ -138,7 +138,11 @@ OptimizerDomain::OptimizerDomain(const std::vector<NamedParam>& params, const Op
     buffer_order_.push_back({t, offset, n, model_order(p), p->chunk});
     slots_.push_back(ParamSlot{p->name, offset, n, t.sizes().vec(), p->info, is_muon});
   }
-  if (distributed_ || main_grads_.scalar_type() != torch::kFloat32) grad_shard_ = torch::zeros({shard_numel_}, fp32);
+  // The reduced fp32 gradients the optimizer steps on: with the distributed optimizer and fp32
+  // gradients this rank's own range of the buffer, which the reduce-scatter writes in place (as
+  // Megatron's), else a copy in fp32 (gradients accumulated in 16 bits).
+  if (distributed_ && main_grads_.scalar_type() == torch::kFloat32) grad_shard_ = main_grads_.narrow(0, shard_begin_, shard_numel_);
+  else if (distributed_ || main_grads_.scalar_type() != torch::kFloat32) grad_shard_ = torch::zeros({shard_numel_}, fp32);
   // Adam's first moment, SGD's and Muon's momentum; the precision-aware optimizer (Adam only) may
   // store Adam's moments in bf16.
   const PrecisionAwareOptimizer& pa = config_.precision_aware;
@@ -376,7 +380,7 @@ void OptimizerDomain::finalize_grads() {
     sum_tensor_parallel_partials(/*own_shard_only=*/false);
     sum_embedding_copies();
     if (!buckets_ && dp_size() > 1) groups_.dp->all_reduce(main_grads_);
-    grad_shard_.copy_(main_grads_.narrow(0, shard_begin_, shard_numel_));
+    take_own_grad_shard();
     return;
   }
   if (buckets_) {
@@ -386,7 +390,7 @@ void OptimizerDomain::finalize_grads() {
     if (distributed_) {
       buckets_->finish([this] { sum_embedding_copies(); });
       sum_tensor_parallel_partials(/*own_shard_only=*/true);
-      grad_shard_.copy_(main_grads_.narrow(0, shard_begin_, shard_numel_));
+      take_own_grad_shard();
     } else {
       buckets_->finish();
       sum_tensor_parallel_partials(/*own_shard_only=*/false);
@@ -411,6 +415,11 @@ void OptimizerDomain::finalize_grads() {
   } else {
     groups_.dp->all_reduce(main_grads_);
   }
+}
+
+void OptimizerDomain::take_own_grad_shard() {
+  const auto own = main_grads_.narrow(0, shard_begin_, shard_numel_);
+  if (grad_shard_.data_ptr() != own.data_ptr()) grad_shard_.copy_(own);
 }
 
 void OptimizerDomain::all_reduce_model_groups(torch::Tensor& value) {

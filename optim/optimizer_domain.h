@@ -232,6 +232,7 @@ class OptimizerDomain {
   void all_reduce_model_groups(torch::Tensor& value);
   void sum_tensor_parallel_partials(bool own_shard_only);
   void sum_embedding_copies();
+  void take_own_grad_shard();  // grad_shard_ from the reduced buffer (a no-op when it is a view of it)
   void encode_own_shard();
   void gather_and_decode();
   int dp_size() const { return groups_.dp->size(); }
@@ -258,7 +259,7 @@ class OptimizerDomain {
   int64_t model_base_ = 0;      // the flat-buffer index of model_params_'s element 0
   torch::Tensor main_params_;   // fp32: the whole buffer, or this rank's shard
   torch::Tensor main_grads_;    // flat (padded), fp32 or parameter dtype
-  torch::Tensor grad_shard_;    // distributed optimizer: this rank's reduced gradients (fp32)
+  torch::Tensor grad_shard_;    // distributed optimizer: this rank's reduced gradients (fp32; a view of an fp32 buffer)
   torch::Tensor exp_avg_, exp_avg_sq_;
   // --fp8-param-gather: [0, byte_numel_) of the buffer is published as bytes through `codes_`.
   int64_t byte_numel_ = 0;

@@ -168,7 +168,8 @@ MemoryEstimate estimate_memory(const Config& c) {
   }
   e.main_weights = separate_main ? optimizer_params * 4 : 0;
   e.grads = params * (c.precision.grads_in_fp32 ? 4 : 2);
-  if (dense_shards > 1.0 || expert_shards > 1.0 || !c.precision.grads_in_fp32) e.grad_shard = optimizer_params * 4;
+  // 16-bit gradients are reduced into an fp32 copy of the optimizer's shard (fp32 ones in place).
+  if (!c.precision.grads_in_fp32) e.grad_shard = optimizer_params * 4;
   // Adam's two moments (4 bytes each, 2 in bf16 with the precision-aware optimizer); SGD's momentum.
   const PrecisionAwareOptimizer& pa = c.optimizer.precision_aware;
   auto state_bytes = [&](StateDtype d) { return pa.enabled && d == StateDtype::Bf16 ? 2.0 : 4.0; };

@@ -35,8 +35,7 @@ struct MemoryEstimate {
   double weights = 0, main_weights = 0, grads = 0, optimizer_states = 0;
   // optim_grads_params: `weights` is this rank's shard; the units gathered at once come on top.
   double gathered_weights = 0;
-  // The fp32 gradients of the optimizer's shard, reduced out of the gradient buffer (the
-  // distributed optimizer, or gradients accumulated in 16 bits).
+  // 16-bit gradients: the fp32 copy of the optimizer's shard of them that it steps on.
   double grad_shard = 0;
   double activations_paper = 0;  // Korthikanti et al. with the stored attention scores (5as/h term)
   double activations_fused = 0;  // the same with fused attention (no stored s x s scores)
