@@ -270,6 +270,11 @@ void OptimizerDomain::shard_model_params(const std::vector<std::vector<torch::Te
   FP8TRON_CHECK(!sharded_ && !param_gather_, "shard_model_params comes once, before enable_param_gather_overlap");
   std::unordered_map<const void*, const BufferParam*> mine;
   for (const auto& p : buffer_order_) mine[p.tensor.unsafeGetTensorImpl()] = &p;
+  // The optimizer states still hold zeros (no step or checkpoint load comes before this): they are
+  // built again once the whole weight buffer is gone, so that the two never coexist.
+  const auto exp_avg_options = exp_avg_.options();
+  const auto exp_avg_sq_options = exp_avg_sq_.defined() ? std::optional(exp_avg_sq_.options()) : std::nullopt;
+  exp_avg_ = exp_avg_sq_ = torch::Tensor();
   // This rank's shard of the weights; the whole buffer goes once the parameters are units' views.
   model_params_ = model_params_.narrow(0, shard_begin_, shard_numel_).clone();
   model_base_ = shard_begin_;
@@ -288,6 +293,8 @@ void OptimizerDomain::shard_model_params(const std::vector<std::vector<torch::Te
     sharded_->add_unit(params);
   }
   FP8TRON_CHECK(placed == buffer_order_.size(), "every parameter of a sharded domain must belong to exactly one unit");
+  exp_avg_ = torch::zeros({shard_numel_}, exp_avg_options);
+  if (exp_avg_sq_options) exp_avg_sq_ = torch::zeros({shard_numel_}, *exp_avg_sq_options);
 }
 
 void OptimizerDomain::release_params(const torch::nn::Module& module, const std::vector<torch::Tensor>& outputs) {

@@ -4,7 +4,7 @@
 # against --dry-run's estimate of the same run. Every rank is its own process and reports its own
 # caching-allocator peak ("max allocated" after the second iteration); with fewer GPUs than ranks
 # the ranks share the GPUs (tests/parallel/nccl_launch.sh), which changes no rank's own memory.
-# Prints one markdown table: the largest of the ranks' peaks, and the estimate.
+# Prints one markdown table: the largest of the ranks' peaks, and the estimate's expected peak.
 # Usage: scripts/bench_sharded_memory.sh [data-parallel sizes, default "2 4"] [-- extra flags]
 # (BENCH_OUT: where the logs go; SHARDED_STRATEGIES: the runs, default
 # "distopt no_shard optim optim_grads optim_grads_params")
@@ -32,10 +32,10 @@ strategy_flags() {
 estimate() {
   local ranks=$1; shift
   WORLD_SIZE=$ranks ./build/fp8tron "${SHAPE[@]}" --global-batch-size "$ranks" "$@" --dry-run 2>&1 |
-    awk '/^  total /{v=$2; u=$3} END{if (u=="MiB") v/=1024; if (v!="") printf "%.2f", v}'
+    awk '/^  expected peak /{v=$3; u=$4} END{if (u=="MiB") v/=1024; if (v!="") printf "%.2f", v}'
 }
 
-echo "| data-parallel | run | max allocated, largest rank (GiB) | --dry-run estimate (GiB) |"
+echo "| data-parallel | run | max allocated, largest rank (GiB) | --dry-run expected peak (GiB) |"
 echo "|---|---|---|---|"
 for ranks in "${sizes[@]}"; do
   for s in ${SHARDED_STRATEGIES:-distopt no_shard optim optim_grads optim_grads_params}; do

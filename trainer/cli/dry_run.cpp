@@ -98,6 +98,9 @@ std::string format_plan(const Config& c) {
      << human_bytes(mem.activations_paper) << " by the paper's formula, attention scores stored)\n";
   os << "  logits + loss      " << human_bytes(mem.logits) << "\n";
   os << "  total              " << human_bytes(mem.total()) << "\n";
+  os << "  start-up           " << human_bytes(mem.startup)
+     << " (the weights as drawn in fp32 beside the weight, main-weight and gradient buffers)\n";
+  os << "  expected peak      " << human_bytes(mem.peak()) << "\n";
   if (c.distributed.tp_overlap.enabled()) os << c.distributed.tp_overlap.describe() << "\n";
   if (!c.not_supported_yet.empty()) {
     os << "not supported yet (training refuses to start with these; the figures above ignore them):\n";
