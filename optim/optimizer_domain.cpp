@@ -103,7 +103,6 @@ OptimizerDomain::OptimizerDomain(const std::vector<NamedParam>& params, const Op
   // without separate main weights the model's own fp32 buffer is the main copy.
   main_params_ = torch::zeros({shard_numel_}, fp32);
   model_params_ = separate_main_weights_ ? torch::zeros({padded_numel_}, fp32.dtype(param_dtype)) : main_params_;
-  main_grads_ = torch::zeros({padded_numel_}, fp32.dtype(precision.grads_in_fp32 ? torch::kFloat32 : param_dtype));
   for (size_t i : by_offset) {
     const NamedParam* p = ordered[i];
     const int64_t offset = layout.offsets[i], n = p->tensor.numel();
@@ -131,13 +130,15 @@ OptimizerDomain::OptimizerDomain(const std::vector<NamedParam>& params, const Op
     if (hi > lo) main_params_.narrow(0, lo - shard_begin_, hi - lo).copy_(values.narrow(0, lo - offset, hi - lo));
     if (separate_main_weights_) model_params_.narrow(0, offset, n).copy_(values);
     t.set_data(model_params_.narrow(0, offset, n).view(t.sizes()));
-    // Gradients accumulate in place into the flat buffer. AccumulateGrad adds each new
-    // (parameter-dtype) gradient into an existing .grad with `+=`, so an fp32 buffer under a
-    // bf16 parameter accumulates micro-batches in fp32, as Megatron's main_grad does.
-    t.mutable_grad() = main_grads_.narrow(0, offset, n).view(t.sizes());
     buffer_order_.push_back({t, offset, n, model_order(p), p->chunk});
     slots_.push_back(ParamSlot{p->name, offset, n, t.sizes().vec(), p->info, is_muon});
   }
+  // Gradients accumulate in place into the flat buffer. AccumulateGrad adds each new
+  // (parameter-dtype) gradient into an existing .grad with `+=`, so an fp32 buffer under a bf16
+  // parameter accumulates micro-batches in fp32, as Megatron's main_grad does. (Allocated once the
+  // weights as initialised are gone: the whole fp32 model beside it set the start-up peak.)
+  main_grads_ = torch::zeros({padded_numel_}, fp32.dtype(precision.grads_in_fp32 ? torch::kFloat32 : param_dtype));
+  for (auto& p : buffer_order_) p.tensor.mutable_grad() = main_grads_.narrow(0, p.offset, p.numel).view(p.tensor.sizes());
   // The reduced fp32 gradients the optimizer steps on: with the distributed optimizer and fp32
   // gradients this rank's own range of the buffer, which the reduce-scatter writes in place (as
   // Megatron's), else a copy in fp32 (gradients accumulated in 16 bits).

@@ -99,7 +99,7 @@ std::string format_plan(const Config& c) {
   os << "  logits + loss      " << human_bytes(mem.logits) << "\n";
   os << "  total              " << human_bytes(mem.total()) << "\n";
   os << "  start-up           " << human_bytes(mem.startup)
-     << " (the weights as drawn in fp32 beside the weight, main-weight and gradient buffers)\n";
+     << " (the weights as drawn in fp32 beside the weight and main-weight buffers)\n";
   os << "  expected peak      " << human_bytes(mem.peak()) << "\n";
   if (c.distributed.tp_overlap.enabled()) os << c.distributed.tp_overlap.describe() << "\n";
   if (!c.not_supported_yet.empty()) {

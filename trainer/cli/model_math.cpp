@@ -170,8 +170,8 @@ MemoryEstimate estimate_memory(const Config& c) {
   e.grads = params * (c.precision.grads_in_fp32 ? 4 : 2);
   // Weights are drawn in fp32 and moved to the device before the optimizer casts them into its
   // buffers: the whole fp32 model then sits beside the weight buffer (whole even where ZeRO-3
-  // shards it afterwards), the main weights and the gradients.
-  e.startup = params * 4 + params * (low_precision ? 2 : 4) + e.main_weights + e.grads;
+  // shards it afterwards) and the main weights; the gradient buffer and the states come after.
+  e.startup = params * 4 + params * (low_precision ? 2 : 4) + e.main_weights;
   // 16-bit gradients are reduced into an fp32 copy of the optimizer's shard (fp32 ones in place).
   if (!c.precision.grads_in_fp32) e.grad_shard = optimizer_params * 4;
   // Adam's two moments (4 bytes each, 2 in bf16 with the precision-aware optimizer); SGD's momentum.

@@ -41,8 +41,8 @@ struct MemoryEstimate {
   double activations_paper = 0;  // Korthikanti et al. with the stored attention scores (5as/h term)
   double activations_fused = 0;  // the same with fused attention (no stored s x s scores)
   double logits = 0;             // output-layer logits and the fp32 copy for the loss
-  // Before the first step: the weights as initialised (fp32) beside the model's weight buffer, the
-  // fp32 main weights and the gradient buffer, which are built from them.
+  // Before the first step: the weights as initialised (fp32) beside the model's weight buffer and
+  // the fp32 main weights, which are built from them.
   double startup = 0;
   double total() const {
     return weights + gathered_weights + main_weights + grads + grad_shard + optimizer_states + activations_fused + logits;
