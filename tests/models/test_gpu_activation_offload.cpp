@@ -5,8 +5,7 @@
 // values, so the runs must be bitwise the runs without offloading.
 #include <gtest/gtest.h>
 
-#include "tests/test_helpers.h"
-#include "trainer/trainer.h"
+#include "tests/models/small_gpu_run.h"
 
 namespace fp8tron {
 namespace {
@@ -14,18 +13,6 @@ using namespace fp8tron::testing;
 
 #define REQUIRE_GPU() \
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device"
-
-TrainResult train_gpu(const std::vector<std::string>& extra) {
-  auto a = tiny_args({"--num-layers", "4", "--hidden-size", "128", "--num-attention-heads", "4", "--seq-length", "128",
-                      "--micro-batch-size", "4", "--global-batch-size", "8", "--vocab-size", "512", "--train-iters", "5",
-                      "--attention-dropout", "0.1", "--hidden-dropout", "0.1", "--log-interval", "1000", "--eval-iters",
-                      "0", "--device", "cuda", "--bf16", "--deterministic-mode"});
-  a.insert(a.end(), extra.begin(), extra.end());
-  TrainOptions o;
-  o.collect_final_weights = true;
-  LaunchEnv env;
-  return train(build_config(parse(a), env, /*gpu_available=*/true), o);
-}
 
 TEST(ActivationOffloadGpu, DenseMoeAndMlaTrainBitwiseAsWithoutOffloading) {
   REQUIRE_GPU();
@@ -44,8 +31,8 @@ TEST(ActivationOffloadGpu, DenseMoeAndMlaTrainBitwiseAsWithoutOffloading) {
   for (const auto& model : {std::vector<std::string>{}, moe, with(moe, mla), with(moe, tensorwise), with(moe, recompute)}) {
     std::string what;
     for (const auto& a : model) what += a + " ";
-    const TrainResult plain = train_gpu(model);
-    const TrainResult r = train_gpu(with(model, offload));
+    const TrainResult plain = train_small_gpu_run(model);
+    const TrainResult r = train_small_gpu_run(with(model, offload));
     EXPECT_FALSE(r.activation_offload_bytes.empty()) << what;
     ASSERT_EQ(r.losses.size(), plain.losses.size()) << what;
     for (size_t i = 0; i < r.losses.size(); ++i) EXPECT_EQ(r.losses[i], plain.losses[i]) << what << " iteration " << i + 1;

@@ -10,8 +10,7 @@
 #include <cstdio>
 
 #include "models/attention/attention_block.h"
-#include "tests/test_helpers.h"
-#include "trainer/trainer.h"
+#include "tests/models/small_gpu_run.h"
 
 namespace fp8tron {
 namespace {
@@ -20,29 +19,13 @@ using namespace fp8tron::testing;
 #define REQUIRE_GPU() \
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device"
 
-std::vector<std::string> gpu_args(const std::vector<std::string>& extra) {
-  auto a = tiny_args({"--num-layers", "4", "--hidden-size", "128", "--num-attention-heads", "4", "--seq-length", "128",
-                      "--micro-batch-size", "4", "--global-batch-size", "8", "--vocab-size", "512", "--train-iters", "5",
-                      "--attention-dropout", "0.1", "--hidden-dropout", "0.1", "--log-interval", "1000", "--eval-iters",
-                      "0", "--device", "cuda", "--bf16", "--deterministic-mode"});
-  a.insert(a.end(), extra.begin(), extra.end());
-  return a;
-}
-
-TrainResult train_gpu(const std::vector<std::string>& extra) {
-  TrainOptions o;
-  o.collect_final_weights = true;
-  LaunchEnv env;
-  return train(build_config(parse(gpu_args(extra)), env, /*gpu_available=*/true), o);
-}
-
 // Deterministic kernels, dropout on (the fused attention kernels' Philox state and the hidden
 // dropout's generator must replay): every recompute layout gives bitwise the run without it, in
 // bf16 and with FP8 delayed scaling (the replay must not record amaxes).
 TEST(RecomputeGpu, EveryGranularityTrainsBitwiseAsWithoutRecomputation) {
   REQUIRE_GPU();
   for (const std::vector<std::string>& precision : {std::vector<std::string>{}, std::vector<std::string>{"--fp8-format", "hybrid"}}) {
-    const TrainResult plain = train_gpu(precision);
+    const TrainResult plain = train_small_gpu_run(precision);
     for (std::vector<std::string> layout :
          {std::vector<std::string>{"--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"},
           std::vector<std::string>{"--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", "2"},
@@ -50,7 +33,7 @@ TEST(RecomputeGpu, EveryGranularityTrainsBitwiseAsWithoutRecomputation) {
       std::string what = precision.empty() ? "bf16 " : "fp8 ";
       for (const auto& a : layout) what += a + " ";
       layout.insert(layout.end(), precision.begin(), precision.end());
-      const TrainResult r = train_gpu(layout);
+      const TrainResult r = train_small_gpu_run(layout);
       ASSERT_EQ(r.losses.size(), plain.losses.size()) << what;
       for (size_t i = 0; i < r.losses.size(); ++i) EXPECT_EQ(r.losses[i], plain.losses[i]) << what << " iteration " << i + 1;
       for (const auto& [name, w] : plain.final_weights)
@@ -91,8 +74,8 @@ TEST(RecomputeGpu, MixtureOfExpertsAndMlaTrainBitwiseAsWithoutRecomputation) {
   for (const Case& c : cases) {
     std::string what;
     for (const auto& a : with(c.model, c.layout)) what += a + " ";
-    const TrainResult plain = train_gpu(c.model);
-    const TrainResult r = train_gpu(with(c.model, c.layout));
+    const TrainResult plain = train_small_gpu_run(c.model);
+    const TrainResult r = train_small_gpu_run(with(c.model, c.layout));
     ASSERT_EQ(r.losses.size(), plain.losses.size()) << what;
     for (size_t i = 0; i < r.losses.size(); ++i) EXPECT_EQ(r.losses[i], plain.losses[i]) << what << " iteration " << i + 1;
     for (const auto& [name, w] : plain.final_weights)
@@ -118,7 +101,7 @@ TEST(RecomputeGpu, FullRecomputationLowersPeakMemory) {
     torch::cuda::synchronize();
     c10::cuda::CUDACachingAllocator::emptyCache();
     c10::cuda::CUDACachingAllocator::resetPeakStats(0);
-    train_gpu(a);
+    train_small_gpu_run(a);
     const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(0);
     return double(stats.allocated_bytes[0].peak) / double(1 << 20);
   };
