@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <set>
 
 #include "checkpoint/megatron/dcp_checkpoint.h"
@@ -32,6 +33,11 @@ std::string fp8tron_name(std::string name) {
       {".pre_mlp_layernorm.bias", ".mlp.linear_fc1.layer_norm_bias"}};
   for (const auto& [from, to] : kRenames)
     if (ends_with(name, from)) return name.substr(0, name.size() - std::strlen(from)) + to;
+  // Sequential experts of a torch checkpoint: ...mlp.experts.local_experts.<e>.linear_fc1.weight
+  // -> ...mlp.experts.linear_fc1.weight<e> (fp8tron's and Transformer Engine's grouped names).
+  static const std::regex kLocalExpert(R"((.*\.mlp\.experts\.)local_experts\.(\d+)\.(linear_fc[12]\.weight)$)");
+  std::smatch m;
+  if (std::regex_match(name, m, kLocalExpert)) return m[1].str() + m[3].str() + m[2].str();
   return name;
 }
 
@@ -49,7 +55,7 @@ void read_common(const PyRef& root, const std::string& where, MegatronCheckpoint
   as_int(attribute(args, "consumed_train_samples"), out.consumed_train_samples);
   as_int(attribute(args, "consumed_valid_samples"), out.consumed_valid_samples);
   for (const char* key : {"num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "padded_vocab_size",
-                          "max_position_embeddings", "seq_length"}) {
+                          "max_position_embeddings", "seq_length", "num_experts"}) {
     int64_t v = 0;
     if (as_int(attribute(args, key), v)) out.model_args[key] = v;
   }
@@ -162,10 +168,43 @@ MegatronCheckpoint read_legacy(const std::string& dir) {
 
 // ---- torch_dist ------------------------------------------------------------------------------
 
-// A stacked decoder-layer tensor [num_layers, ...] as one tensor per layer.
+// A stacked decoder-layer tensor [num_layers, ...] as one tensor per layer. The experts of an
+// MoE layer (Megatron's sequential and grouped experts, stored alike as
+// mlp.experts.experts.linear_fc<k>.weight [num_layers, num_experts, ...]) become one tensor per
+// global expert, mlp.experts.linear_fc<k>.weight<e>.
 void unstack(const std::string& prefix, const std::string& rest, const torch::Tensor& t, MegatronCheckpoint& out) {
-  for (int64_t i = 0; i < t.size(0); ++i)
-    out.tensors[prefix + kLayers + std::to_string(i) + "." + rest] = t[i].clone();
+  static const std::string kStackedExperts = "mlp.experts.experts.";
+  const bool experts = starts_with(rest, kStackedExperts);
+  for (int64_t i = 0; i < t.size(0); ++i) {
+    const std::string layer = prefix + kLayers + std::to_string(i) + ".";
+    if (!experts) {
+      out.tensors[layer + rest] = t[i].clone();
+      continue;
+    }
+    const std::string name = layer + "mlp.experts." + rest.substr(kStackedExperts.size());
+    for (int64_t e = 0; e < t.size(1); ++e) out.tensors[name + std::to_string(e)] = t[i][e].clone();
+  }
+}
+
+// One optimizer's common state: Megatron's fp32 optimizer stores {state, param_groups}; its
+// mixed-precision one nests that under "optimizer", beside the fp16 loss scaler's "grad_scaler".
+void read_optimizer_common(PyRef optimizer, const TorchArchive& common, MegatronCheckpoint& out) {
+  if (attribute(optimizer, "optimizer")) {
+    const PyRef scaler = attribute(optimizer, "grad_scaler");
+    int64_t growth = 0, hysteresis = 0;
+    if (attribute(scaler, "scale") && as_int(attribute(scaler, "growth_tracker"), growth) &&
+        as_int(attribute(scaler, "hysteresis_tracker"), hysteresis))
+      out.loss_scaler = LossScalerValues{common.tensor(attribute(scaler, "scale"), "grad_scaler scale").item<double>(),
+                                         growth, hysteresis};
+    optimizer = attribute(optimizer, "optimizer");
+  }
+  const PyRef step = attribute(attribute(optimizer, "state"), "common_step");
+  if (!step) return;
+  const double value = common.tensor(step, "optimizer step").item<double>();
+  if (out.step && *out.step != value)
+    throw UserError(common.source() + ": the chained optimizers stepped " + std::to_string(int64_t(*out.step)) + " and " +
+                    std::to_string(int64_t(value)) + " times");
+  out.step = value;
 }
 
 MegatronCheckpoint read_dist(const std::string& dir) {
@@ -177,20 +216,15 @@ MegatronCheckpoint read_dist(const std::string& dir) {
   PyRef root = common->root();
   if (root && root->kind == PyValue::Kind::List && root->items.size() == 1) root = root->items[0];
   read_common(root, common->source(), out);
-  // Megatron's fp32 optimizer stores {state, param_groups}; its mixed-precision one nests that
-  // under "optimizer", beside the fp16 loss scaler's "grad_scaler".
-  PyRef optimizer = attribute(root, "optimizer");
-  if (attribute(optimizer, "optimizer")) {
-    const PyRef scaler = attribute(optimizer, "grad_scaler");
-    int64_t growth = 0, hysteresis = 0;
-    if (attribute(scaler, "scale") && as_int(attribute(scaler, "growth_tracker"), growth) &&
-        as_int(attribute(scaler, "hysteresis_tracker"), hysteresis))
-      out.loss_scaler = LossScalerValues{common->tensor(attribute(scaler, "scale"), "grad_scaler scale").item<double>(),
-                                         growth, hysteresis};
-    optimizer = attribute(optimizer, "optimizer");
+  // A ChainedOptimizer (expert parallelism: the dense and the expert parameters' optimizers)
+  // stores {0: <one optimizer's state>, 1: ...}; they step together.
+  const PyRef optimizer = attribute(root, "optimizer");
+  if (optimizer && optimizer->kind == PyValue::Kind::Dict && !optimizer->entries.empty() &&
+      optimizer->entries.front().first->kind == PyValue::Kind::Int) {
+    for (const auto& [index, state] : optimizer->entries) read_optimizer_common(state, *common, out);
+  } else {
+    read_optimizer_common(optimizer, *common, out);
   }
-  const PyRef step = attribute(attribute(optimizer, "state"), "common_step");
-  if (step) out.step = common->tensor(step, "optimizer step").item<double>();
   for (const auto& [name, entry] : dcp.tensors()) {
     std::string prefix, param = name;
     for (const char* p : {kExpAvg, kExpAvgSq, kFp32Param})

@@ -10,10 +10,15 @@
 //               state dict, torch.optim's state dict (moments by parameter index), the scheduler,
 //               the iteration and the pickled argparse namespace
 // Megatron's local layer names (input_layernorm, pre_mlp_layernorm) become the fused names that
-// fp8tron's parameters have (linear_qkv.layer_norm_*, linear_fc1.layer_norm_*).
+// fp8tron's parameters have (linear_qkv.layer_norm_*, linear_fc1.layer_norm_*); the experts of an
+// MoE layer (mlp.experts.experts.linear_fc<k>.weight stacked over layers and experts in
+// torch_dist, mlp.experts.local_experts.<e>.linear_fc<k>.weight in torch) become fp8tron's
+// mlp.experts.linear_fc<k>.weight<e>, e the global expert index. A torch_dist checkpoint of
+// several ranks (tensor-, pipeline- or expert-parallel) is one set of global tensors whatever
+// layout wrote it.
 //
-// Not read: several tensor- or pipeline-parallel ranks' files, the distributed optimizer's
-// flat buffers, MoE and MLA weights, the RNG states (a resumed run's dropout streams restart).
+// Not read: legacy torch checkpoints of several model-parallel ranks, the distributed optimizer's
+// flat buffers, MLA weights, the RNG states (a resumed run's dropout streams restart).
 #pragma once
 #include <torch/torch.h>
 

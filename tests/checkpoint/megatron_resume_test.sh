@@ -3,7 +3,7 @@
 # with the flags Megatron ran with, loads iteration 10 and trains to 14 on the CPU in fp32; the lm
 # loss of iterations 11-14 must equal the one Megatron printed within 1e-4 relative. Damaged or
 # mismatched checkpoints fail with one line naming the file and what differs. With MPIRUN, the
-# same in other parallel layouts (tensor and pipeline parallel, the distributed optimizer).
+# same in other parallel layouts (tensor, pipeline and expert parallel, the distributed optimizer).
 # Usage: megatron_resume_test.sh FP8TRON SOURCE_DIR [MPIRUN]
 set -u
 BIN=$1
@@ -52,6 +52,7 @@ resume() {
 }
 resume gpt_torch_dist
 resume gpt_torch_legacy
+resume moe_ep2_torch_dist  # saved by two expert-parallel ranks, one file each
 # The weights alone give iteration 11's loss (the optimizer only acts after it).
 read -ra MODEL < "$FIXTURES/gpt_torch_legacy/args.txt"
 "$BIN" "${FLAGS[@]}" "${MODEL[@]}" --no-load-optim --load "$FIXTURES/gpt_torch_legacy/ckpt" > "$WORK/weights.log" 2>&1
@@ -64,6 +65,7 @@ if [ -n "$MPIRUN" ]; then
   resume gpt_torch_dist --tensor-model-parallel-size 2
   resume gpt_torch_legacy --pipeline-model-parallel-size 2
   resume gpt_torch_dist --use-distributed-optimizer
+  resume moe_ep2_torch_dist --expert-model-parallel-size 2
 fi
 
 expect_error() {  # expect_error <text> <what> -- args...: exit status 1, one error line with <text>
@@ -89,4 +91,10 @@ expect_error "__0_0.distcp: truncated" "a truncated .distcp file" -- "${DIST[@]}
 cp -r "$FIXTURES/gpt_torch_legacy/ckpt" "$WORK/missing" && chmod -R u+w "$WORK/missing"
 rm "$WORK/missing/iter_0000010/mp_rank_00/model_optim_rng.pt"
 expect_error "model_optim_rng.pt" "a missing model_optim_rng.pt" -- "${LEGACY[@]}" --load "$WORK/missing"
+read -ra MOE < "$FIXTURES/moe_ep2_torch_dist/args.txt"
+expect_error "--num-experts 4 there, 0 here" "an MoE checkpoint into a dense model" -- \
+  "${DIST[@]}" --load "$FIXTURES/moe_ep2_torch_dist/ckpt"
+cp -r "$FIXTURES/moe_ep2_torch_dist/ckpt" "$WORK/lost_shard" && chmod -R u+w "$WORK/lost_shard"
+rm "$WORK/lost_shard/iter_0000010/__1_0.distcp"
+expect_error "__1_0.distcp" "a missing .distcp file of another rank" -- "${MOE[@]}" --load "$WORK/lost_shard"
 exit $fail

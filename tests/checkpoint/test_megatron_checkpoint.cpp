@@ -187,6 +187,30 @@ TEST(MegatronCheckpoint, DistributedEqualsLegacy) {
   }
 }
 
+TEST(MegatronCheckpoint, ExpertParallelMoeHoldsEveryExpertAndOneStep) {
+  // Written by two expert-parallel ranks: each expert's weights lie in one rank's file, and the
+  // optimizer state is a chained optimizer's (dense and expert Adam, one step count each).
+  const MegatronCheckpoint c = read_checkpoint(kFixtures + "/moe_ep2_torch_dist/ckpt/iter_0000010", "torch_dist");
+  ASSERT_TRUE(c.step);
+  EXPECT_EQ(*c.step, 10);
+  EXPECT_EQ(c.model_args.at("num_experts"), 4);
+  for (int layer = 0; layer < 2; ++layer)
+    for (int e = 0; e < 4; ++e) {
+      const std::string fc1 = "decoder.layers." + std::to_string(layer) + ".mlp.experts.linear_fc1.weight" + std::to_string(e);
+      ASSERT_TRUE(c.tensors.count(fc1)) << fc1;
+      EXPECT_EQ(c.tensors.at(fc1).sizes(), (std::vector<int64_t>{256, 64}));
+      EXPECT_TRUE(c.tensors.count("optimizer.state.exp_avg_sq." + fc1)) << fc1;
+    }
+  // Values PyTorch's torch.distributed.checkpoint reads from the stacked tensors.
+  EXPECT_FLOAT_EQ(c.tensors.at("decoder.layers.1.mlp.experts.linear_fc1.weight3")[200][5].item<float>(),
+                  0.005540667567402124f);
+  EXPECT_FLOAT_EQ(c.tensors.at("optimizer.state.exp_avg.decoder.layers.0.mlp.experts.linear_fc2.weight2")[10][100]
+                      .item<float>(),
+                  1.7187353478220757e-06f);
+  EXPECT_FLOAT_EQ(c.tensors.at("decoder.layers.1.mlp.router.weight")[3][7].item<float>(), -0.012620589695870876f);
+  EXPECT_FALSE(c.tensors.count("decoder.layers.0.mlp.experts.experts.linear_fc1.weight"));
+}
+
 TEST(MegatronCheckpoint, TruncatedDistcpNamesTheFile) {
   Scratch s(kDist);
   ASSERT_EQ(::truncate((s.path + "/__0_0.distcp").c_str(), 1000000), 0);
