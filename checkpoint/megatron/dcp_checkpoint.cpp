@@ -138,4 +138,10 @@ std::unique_ptr<TorchArchive> DcpCheckpoint::object(const std::string& prefix) c
   throw UserError(dir_ + "/.metadata: names no " + prefix + " object; is this a Megatron torch_dist checkpoint?");
 }
 
+std::vector<std::string> DcpCheckpoint::object_names() const {
+  std::vector<std::string> names;
+  for (const auto& [name, s] : objects_) names.push_back(name);
+  return names;
+}
+
 }  // namespace fp8tron::checkpoint::megatron

@@ -41,6 +41,10 @@ class DcpCheckpoint {
   // The object stored under the first byte entry whose name starts with `prefix`
   // (Megatron's "common_state/shard_0_1"); UserError when there is none.
   std::unique_ptr<TorchArchive> object(const std::string& prefix) const;
+  // The names of the stored objects, e.g. "common_state/shard_0_1".
+  std::vector<std::string> object_names() const;
+  // dir/.metadata, for messages.
+  std::string source() const { return dir_ + "/.metadata"; }
 
  private:
   std::string read_range(const DcpStorage& s, const std::string& what) const;

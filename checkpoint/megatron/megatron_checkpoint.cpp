@@ -6,6 +6,7 @@
 #include <set>
 
 #include "checkpoint/megatron/dcp_checkpoint.h"
+#include "checkpoint/megatron/distributed_optimizer_buffers.h"
 #include "checkpoint/megatron/torch_archive.h"
 #include "core/error.h"
 #include "core/text.h"
@@ -226,6 +227,7 @@ MegatronCheckpoint read_dist(const std::string& dir) {
     read_optimizer_common(optimizer, *common, out);
   }
   for (const auto& [name, entry] : dcp.tensors()) {
+    if (is_distributed_optimizer_entry(name)) continue;  // read below, once the weights are
     std::string prefix, param = name;
     for (const char* p : {kExpAvg, kExpAvgSq, kFp32Param})
       if (starts_with(name, p)) prefix = p, param = name.substr(std::strlen(p));
@@ -235,9 +237,9 @@ MegatronCheckpoint read_dist(const std::string& dir) {
       else out.tensors[prefix + fp8tron_name(param)] = t;
       continue;
     }
-    throw UserError(dir + "/.metadata: optimizer tensor " + name +
-                    " is not Adam's moments (a distributed optimizer's flat buffers?); pass --no-load-optim");
+    throw UserError(dir + "/.metadata: optimizer tensor " + name + " is not Adam's moments; pass --no-load-optim");
   }
+  read_distributed_optimizer_buffers(dcp, out);
   return out;
 }
 

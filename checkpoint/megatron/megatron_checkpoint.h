@@ -17,8 +17,12 @@
 // several ranks (tensor-, pipeline- or expert-parallel) is one set of global tensors whatever
 // layout wrote it.
 //
+// The distributed optimizer's flat buffers (dp_reshardable) are read by
+// distributed_optimizer_buffers.h.
+//
 // Not read: legacy torch checkpoints of several model-parallel ranks, the distributed optimizer's
-// flat buffers, MLA weights, the RNG states (a resumed run's dropout streams restart).
+// buffers saved by several tensor- or pipeline-parallel ranks, MLA weights, the RNG states (a
+// resumed run's dropout streams restart).
 #pragma once
 #include <torch/torch.h>
 

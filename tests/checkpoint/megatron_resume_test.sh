@@ -53,6 +53,9 @@ resume() {
 resume gpt_torch_dist
 resume gpt_torch_legacy
 resume moe_ep2_torch_dist  # saved by two expert-parallel ranks, one file each
+resume gpt_tp2pp2_torch_dist  # saved by four ranks, 2-way tensor x 2-way pipeline parallel
+resume llama_tp2_torch_dist
+resume gpt_dp2_distopt_torch_dist  # the distributed optimizer's flat buffers
 # The weights alone give iteration 11's loss (the optimizer only acts after it).
 read -ra MODEL < "$FIXTURES/gpt_torch_legacy/args.txt"
 "$BIN" "${FLAGS[@]}" "${MODEL[@]}" --no-load-optim --load "$FIXTURES/gpt_torch_legacy/ckpt" > "$WORK/weights.log" 2>&1
@@ -66,6 +69,9 @@ if [ -n "$MPIRUN" ]; then
   resume gpt_torch_legacy --pipeline-model-parallel-size 2
   resume gpt_torch_dist --use-distributed-optimizer
   resume moe_ep2_torch_dist --expert-model-parallel-size 2
+  resume gpt_tp2pp2_torch_dist --pipeline-model-parallel-size 2
+  resume llama_tp2_torch_dist --tensor-model-parallel-size 2
+  resume gpt_dp2_distopt_torch_dist --use-distributed-optimizer
 fi
 
 expect_error() {  # expect_error <text> <what> -- args...: exit status 1, one error line with <text>

@@ -1,0 +1,28 @@
+// The optimizer state of Megatron's distributed optimizer in a torch_dist checkpoint, in its
+// default layout (`distrib_optim_sharding_type: dp_reshardable`): one flat fp32 buffer per
+// gradient-buffer bucket for each of `param` (the fp32 main weights), `exp_avg` and `exp_avg_sq`,
+//   optimizer.distributed.dp_group_idx_<g>.gbuf_idx_<b>.dtype_(<param>, <grad>).bucket_idx_<k>.<key>
+// with the parameters laid out as Megatron's gradient buffer orders them (reverse module order,
+// starts padded), and Adam's step in the `optimizer.distributed.dp_group_idx_<g>.optimizer`
+// object's parameter groups.
+//
+// The layout is not stored, and Megatron's module order differs from fp8tron's, so each
+// parameter is found by its value: the checkpoint also holds every weight by name, and the
+// segment of `param` that equals it (rounded to the weight's dtype in bf16/fp16 runs) is where
+// its moments lie. Weights equal to one another (untrained norms in bf16) are told apart by
+// Megatron's order: later layers first, the MLP before the attention.
+#pragma once
+#include "checkpoint/megatron/dcp_checkpoint.h"
+#include "checkpoint/megatron/megatron_checkpoint.h"
+
+namespace fp8tron::checkpoint::megatron {
+
+// Whether `name` is one of the distributed optimizer's flat tensors or objects.
+bool is_distributed_optimizer_entry(const std::string& name);
+
+// Adds optimizer.state.exp_avg(_sq).<param> (and optimizer.state.fp32_param.<param> when the
+// weights are not fp32) for every weight already in out.tensors, and Adam's step. UserError when
+// a weight cannot be found in the buffers, or the buffers are not this layout.
+void read_distributed_optimizer_buffers(const DcpCheckpoint& dcp, MegatronCheckpoint& out);
+
+}  // namespace fp8tron::checkpoint::megatron
