@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Megatron-LM resumes fp8tron's torch_dist checkpoints: fp8tron trains the small GPT of
+# tests/fixtures/megatron_checkpoints for 10 iterations and saves with --ckpt-format torch_dist;
+# Megatron-LM's own pretrain_gpt.py loads that checkpoint and trains iterations 11-14; its lm loss
+# must be fp8tron's uninterrupted run's (1e-4 relative in fp32, 1e-4 in bf16). Cases: fp32 and bf16
+# in one process; saved by TP2 x PP2 and resumed by Megatron at TP2; saved by one process and
+# resumed by Megatron at TP2 x PP2; LLaMA-style (RMSNorm, SwiGLU, RoPE, GQA, untied).
+#
+# Megatron logs the first iteration of a job without resetting its loss accumulators, so the
+# second line it prints after a resume (iteration 12) is the mean of iterations 11 and 12; that
+# line is compared with the mean of fp8tron's two.
+#
+# Needs a GPU (Megatron-LM does) and a Megatron-LM checkout whose Python imports (torch; no
+# Transformer Engine needed: --transformer-impl local). Ranks share the GPUs when there are fewer
+# GPUs than ranks (each is given its own NCCL host identity).
+# Usage: scripts/megatron_resume_check.sh MEGATRON_LM_DIR   (BENCH_OUT: where the logs go)
+set -uo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+source .setup/env.sh
+MLM=$(cd "${1:?usage: $0 MEGATRON_LM_DIR}" && pwd)
+[ -f "$MLM/pretrain_gpt.py" ] || { echo "$MLM has no pretrain_gpt.py: pass a Megatron-LM checkout" >&2; exit 2; }
+OUT=$(mkdir -p "${BENCH_OUT:-bench-logs}/megatron-resume" && cd "${BENCH_OUT:-bench-logs}/megatron-resume" && pwd)
+rm -rf "$OUT"/ckpt-*
+export NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-lo} GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-lo} NCCL_NVLS_ENABLE=0
+export CUDA_DEVICE_MAX_CONNECTIONS=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+read -ra MODEL < tests/fixtures/megatron_checkpoints/gpt_torch_dist/args.txt  # includes --ckpt-format torch_dist
+COMMON=(--micro-batch-size 2 --global-batch-size 8 --train-iters 14 --lr 1e-3 --min-lr 1e-4
+        --lr-decay-style cosine --lr-warmup-iters 2 --mock-data --tokenizer-type NullTokenizer
+        --vocab-size 1024 --log-interval 1 --eval-iters 0 --eval-interval 1000 --seed 1234
+        --hidden-dropout 0 --attention-dropout 0 --transformer-impl local --no-persist-layer-norm
+        --no-gradient-accumulation-fusion --save-interval 10 --weight-decay 0.1 --clip-grad 1.0 "${MODEL[@]}")
+LLAMA=(--normalization RMSNorm --swiglu --position-embedding-type rope --no-rope-fusion --group-query-attention
+       --num-query-groups 2 --untie-embeddings-and-output-weights --disable-bias-linear)
+fail=0
+port=29400
+
+losses() { sed -nE 's/.*iteration +([0-9]+)\/ +[0-9]+ .*lm loss: ([0-9.E+-]+).*/\1 \2/p' "$1"; }
+
+fp8tron() {  # fp8tron <log> <ranks> <flags...>
+  local log=$1 ranks=$2; shift 2
+  if [ "$ranks" = 1 ]; then ./build/fp8tron "$@" > "$log" 2>&1
+  else ./tests/parallel/nccl_launch.sh mpirun "$ranks" ./build/fp8tron "$@" > "$log" 2>&1; fi
+}
+
+megatron() {  # megatron <log> <ranks> <flags...>: pretrain_gpt.py, every rank on cuda:0 when sharing
+  local log=$1 ranks=$2; shift 2
+  port=$((port + 1))
+  (cd "$MLM" && torchrun --nproc-per-node "$ranks" --master-port "$port" --no-python bash -c \
+     'if [ "$WORLD_SIZE" -gt "$(nvidia-smi -L | grep -c ^GPU)" ]; then export NCCL_HOSTID=host$RANK LOCAL_RANK=0; fi
+      exec python3 pretrain_gpt.py "$@"' _ "$@" --no-masked-softmax-fusion) > "$log" 2>&1
+}
+
+# compare <name> <fp8tron log> <Megatron log> <tolerance>
+compare() {
+  awk -v name="$1" -v tol="$4" '
+    FNR == NR { mine[$1] = $2; next }
+    $1 > 10 { theirs[$1] = $2 }
+    END {
+      bad = 0
+      for (i = 11; i <= 14; i++) {
+        if (!(i in theirs) || !(i in mine)) { print "FAIL: " name ": no lm loss for iteration " i; bad = 1; continue }
+        want = (i == 12) ? (mine[11] + mine[12]) / 2 : mine[i]
+        rel = (theirs[i] - want) / want; if (rel < 0) rel = -rel
+        line = line sprintf(" %d: %.6e/%.6e", i, theirs[i], want)
+        if (rel > tol) bad = 1
+      }
+      print (bad ? "FAIL: " : "ok: ") name " (iteration: Megatron/fp8tron)" line
+      exit bad
+    }' <(losses "$2") <(losses "$3") || fail=1
+}
+
+# check <name> <fp8tron ranks> <Megatron ranks> <tolerance> <fp8tron layout> -- <Megatron layout> -- <model flags>
+check() {
+  local name=$1 franks=$2 mranks=$3 tol=$4; shift 4
+  local flayout=() mlayout=() extra=()
+  while [ "$1" != -- ]; do flayout+=("$1"); shift; done; shift
+  while [ "$1" != -- ]; do mlayout+=("$1"); shift; done; shift
+  extra=("$@")
+  fp8tron "$OUT/$name-fp8tron.log" "$franks" "${COMMON[@]}" "${extra[@]}" "${flayout[@]}"
+  fp8tron "$OUT/$name-save.log" "$franks" "${COMMON[@]}" "${extra[@]}" "${flayout[@]}" --exit-interval 10 --save "$OUT/ckpt-$name" ||
+    { echo "FAIL: $name: fp8tron's save failed ($OUT/$name-save.log)"; fail=1; return; }
+  megatron "$OUT/$name-megatron.log" "$mranks" "${COMMON[@]}" "${extra[@]}" "${mlayout[@]}" --load "$OUT/ckpt-$name" ||
+    { echo "FAIL: $name: Megatron-LM failed ($OUT/$name-megatron.log)"; fail=1; return; }
+  compare "$name" "$OUT/$name-fp8tron.log" "$OUT/$name-megatron.log" "$tol"
+}
+
+TP2PP2=(--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2)
+check fp32 1 1 1e-4 -- -- --
+check bf16 1 1 1e-4 -- -- --bf16
+check saved-tp2pp2-resumed-tp2 4 2 1e-4 "${TP2PP2[@]}" -- --tensor-model-parallel-size 2 -- --
+check saved-1-resumed-tp2pp2 1 4 1e-4 -- "${TP2PP2[@]}" -- --
+check llama 1 1 1e-4 -- -- "${LLAMA[@]}"
+exit $fail
