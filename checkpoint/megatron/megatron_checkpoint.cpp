@@ -7,6 +7,7 @@
 
 #include "checkpoint/megatron/dcp_checkpoint.h"
 #include "checkpoint/megatron/distributed_optimizer_buffers.h"
+#include "checkpoint/megatron/legacy_model_parallel.h"
 #include "checkpoint/megatron/torch_archive.h"
 #include "core/error.h"
 #include "core/text.h"
@@ -60,6 +61,9 @@ void read_common(const PyRef& root, const std::string& where, MegatronCheckpoint
     int64_t v = 0;
     if (as_int(attribute(args, key), v)) out.model_args[key] = v;
   }
+  const PyRef swiglu = attribute(args, "swiglu"), untie = attribute(args, "untie_embeddings_and_output_weights");
+  out.gated_linear_unit = swiglu && swiglu->kind == PyValue::Kind::Bool && swiglu->boolean;
+  out.tied_embeddings = !(untie && untie->kind == PyValue::Kind::Bool && untie->boolean);
   const PyRef sched = attribute(root, "opt_param_scheduler");
   if (is_none(sched)) return;
   SchedulerValues s;
@@ -77,17 +81,6 @@ void read_common(const PyRef& root, const std::string& where, MegatronCheckpoint
 }
 
 // ---- torch (legacy) --------------------------------------------------------------------------
-
-std::string legacy_file(const std::string& dir) {
-  std::vector<std::string> ranks;
-  for (const auto& e : fs::directory_iterator(dir))
-    if (starts_with(e.path().filename().string(), "mp_rank_")) ranks.push_back(e.path().filename().string());
-  if (ranks.size() != 1 || ranks[0] != "mp_rank_00")
-    throw UserError("checkpoint " + dir + " holds " + std::to_string(ranks.size()) +
-                    " model-parallel rank directories; fp8tron reads Megatron torch checkpoints of one rank "
-                    "(mp_rank_00) only: save them with --tensor-model-parallel-size 1 --pipeline-model-parallel-size 1");
-  return dir + "/mp_rank_00/model_optim_rng.pt";
-}
 
 // Megatron's default parameter groups: weight decay for all but biases and 1-D weights.
 bool decayed(const std::string& name, const torch::Tensor& t) { return !ends_with(name, ".bias") && t.dim() > 1; }
@@ -139,10 +132,11 @@ void read_legacy_optimizer(const TorchArchive& a, const PyRef& optimizer,
   }
 }
 
-MegatronCheckpoint read_legacy(const std::string& dir) {
+// One rank's model_optim_rng.pt, with its stage's local layer numbers.
+MegatronCheckpoint read_legacy_file(const std::string& path) {
   MegatronCheckpoint out;
   out.format = "torch";
-  out.path = legacy_file(dir);
+  out.path = path;
   TorchArchive a(out.path);
   read_common(a.root(), out.path, out);
   const PyRef model = attribute(a.root(), "model");
@@ -164,6 +158,20 @@ MegatronCheckpoint read_legacy(const std::string& dir) {
   std::vector<std::pair<std::string, torch::Tensor>> renamed;
   for (const auto& [name, t] : params) renamed.emplace_back(fp8tron_name(name), t);
   read_legacy_optimizer(a, optimizer, renamed, out);
+  return out;
+}
+
+MegatronCheckpoint read_legacy(const std::string& dir) {
+  const std::vector<LegacyRankFile> files = legacy_rank_files(dir);
+  if (files.size() == 1) return read_legacy_file(files[0].path);
+  std::vector<std::vector<MegatronCheckpoint>> parts;
+  for (const LegacyRankFile& f : files) {
+    if (size_t(f.pp_rank) == parts.size()) parts.emplace_back();
+    parts.back().push_back(read_legacy_file(f.path));
+  }
+  const MegatronCheckpoint& first = parts.front().front();
+  MegatronCheckpoint out = merge_legacy_ranks(std::move(parts), first.gated_linear_unit, first.tied_embeddings);
+  out.path = dir;
   return out;
 }
 

@@ -20,7 +20,10 @@
 // The distributed optimizer's flat buffers (dp_reshardable) are read by
 // distributed_optimizer_buffers.h.
 //
-// Not read: legacy torch checkpoints of several model-parallel ranks, the distributed optimizer's
+// Legacy torch checkpoints of several tensor- and pipeline-parallel ranks are put together by
+// legacy_model_parallel.h.
+//
+// Not read: legacy torch checkpoints of expert-parallel ranks, the distributed optimizer's
 // buffers saved by several tensor- or pipeline-parallel ranks, MLA weights, the RNG states (a
 // resumed run's dropout streams restart).
 #pragma once
@@ -69,6 +72,8 @@ struct MegatronCheckpoint {
   std::optional<SchedulerValues> scheduler;
   // The saved run's arguments that fp8tron compares with its own (num_layers, hidden_size, ...).
   std::map<std::string, int64_t> model_args;
+  // How its tensors are split over tensor-parallel ranks (legacy checkpoints of several ranks).
+  bool gated_linear_unit = false, tied_embeddings = true;
 };
 
 // Reads the whole checkpoint in `dir` (an iter_NNNNNNN directory) in `format` ("torch_dist" or

@@ -54,6 +54,7 @@ resume gpt_torch_dist
 resume gpt_torch_legacy
 resume moe_ep2_torch_dist  # saved by two expert-parallel ranks, one file each
 resume gpt_tp2pp2_torch_dist  # saved by four ranks, 2-way tensor x 2-way pipeline parallel
+resume gpt_tp2pp2_torch_legacy  # the same run in Megatron's legacy format: four rank files
 resume llama_tp2_torch_dist
 resume gpt_dp2_distopt_torch_dist  # the distributed optimizer's flat buffers
 # The weights alone give iteration 11's loss (the optimizer only acts after it).
@@ -70,6 +71,7 @@ if [ -n "$MPIRUN" ]; then
   resume gpt_torch_dist --use-distributed-optimizer
   resume moe_ep2_torch_dist --expert-model-parallel-size 2
   resume gpt_tp2pp2_torch_dist --pipeline-model-parallel-size 2
+  resume gpt_tp2pp2_torch_legacy --tensor-model-parallel-size 2
   resume llama_tp2_torch_dist --tensor-model-parallel-size 2
   resume gpt_dp2_distopt_torch_dist --use-distributed-optimizer
 fi
@@ -97,6 +99,10 @@ expect_error "__0_0.distcp: truncated" "a truncated .distcp file" -- "${DIST[@]}
 cp -r "$FIXTURES/gpt_torch_legacy/ckpt" "$WORK/missing" && chmod -R u+w "$WORK/missing"
 rm "$WORK/missing/iter_0000010/mp_rank_00/model_optim_rng.pt"
 expect_error "model_optim_rng.pt" "a missing model_optim_rng.pt" -- "${LEGACY[@]}" --load "$WORK/missing"
+cp -r "$FIXTURES/gpt_tp2pp2_torch_legacy/ckpt" "$WORK/lost_rank" && chmod -R u+w "$WORK/lost_rank"
+rm -r "$WORK/lost_rank/iter_0000010/mp_rank_01_001"
+expect_error "lacks the directory of tensor-parallel rank 1, pipeline stage 1 (mp_rank_01_001)" \
+  "a missing rank directory of a legacy checkpoint" -- "${LEGACY[@]}" --load "$WORK/lost_rank"
 read -ra MOE < "$FIXTURES/moe_ep2_torch_dist/args.txt"
 expect_error "--num-experts 4 there, 0 here" "an MoE checkpoint into a dense model" -- \
   "${DIST[@]}" --load "$FIXTURES/moe_ep2_torch_dist/ckpt"

@@ -11,6 +11,7 @@
 
 #include "checkpoint/megatron/dcp_checkpoint.h"
 #include "checkpoint/megatron/dcp_writer.h"
+#include "checkpoint/megatron/legacy_model_parallel.h"
 #include "checkpoint/megatron/megatron_checkpoint.h"
 #include "checkpoint/megatron/pickle.h"
 #include "checkpoint/megatron/pickle_writer.h"
@@ -228,6 +229,53 @@ TEST(MegatronCheckpoint, DistributedOptimizerBuffersHoldTheMomentsOfTheSameRun) 
     const double scale = t.abs().max().item<double>();
     EXPECT_LE((f - t).abs().max().item<double>(), 1e-3 * scale + 1e-12) << name;
   }
+}
+
+TEST(MegatronCheckpoint, LegacyRanksPutTogetherEqualTheDistributedCheckpointOfTheSameRun) {
+  // Megatron saved the same TP2 x PP2 run in both formats (the same losses): the four legacy rank
+  // files, put together, hold the global tensors the torch_dist checkpoint holds.
+  const MegatronCheckpoint legacy =
+      read_checkpoint(kFixtures + "/gpt_tp2pp2_torch_legacy/ckpt/iter_0000010", "torch");
+  const MegatronCheckpoint dist = read_checkpoint(kFixtures + "/gpt_tp2pp2_torch_dist/ckpt/iter_0000010", "torch_dist");
+  ASSERT_TRUE(legacy.step);
+  EXPECT_EQ(*legacy.step, 10);
+  EXPECT_EQ(legacy.iteration, 10);
+  EXPECT_FALSE(legacy.tensors.count("output_layer.weight"));  // the last stage's copy of the embeddings
+  ASSERT_EQ(legacy.tensors.size(), dist.tensors.size());
+  for (const auto& [name, t] : dist.tensors) {
+    ASSERT_TRUE(legacy.tensors.count(name)) << name;
+    EXPECT_TRUE(torch::equal(legacy.tensors.at(name), t)) << name;
+  }
+}
+
+TEST(MegatronCheckpoint, LegacyRanksJoinGatedColumnsRowsAndStages) {
+  // Two stages of one layer each, two tensor-parallel ranks: a SwiGLU fc1 is [gate; up] on each
+  // rank, so the global one is both ranks' gates, then both ranks' ups.
+  auto part = [](float base, bool last_stage) {
+    MegatronCheckpoint c;
+    c.iteration = 5;
+    c.path = "rank";
+    c.tensors["decoder.layers.0.mlp.linear_fc1.weight"] = torch::tensor({base, base + 1}).view({2, 1});
+    c.tensors["optimizer.state.exp_avg.decoder.layers.0.mlp.linear_fc2.weight"] = torch::tensor({{base}});
+    c.tensors["decoder.layers.0.mlp.linear_fc1.layer_norm_weight"] = torch::tensor({7.f});
+    if (last_stage) c.tensors["output_layer.weight"] = torch::tensor({{base}});
+    return c;
+  };
+  std::vector<std::vector<MegatronCheckpoint>> parts = {{part(0, false), part(10, false)},
+                                                        {part(20, true), part(30, true)}};
+  const MegatronCheckpoint out = merge_legacy_ranks(parts, /*gated_linear_unit=*/true, /*tied_embeddings=*/true);
+  EXPECT_TRUE(torch::equal(out.tensors.at("decoder.layers.0.mlp.linear_fc1.weight").view({-1}),
+                           torch::tensor({0.f, 10.f, 1.f, 11.f})));
+  EXPECT_TRUE(torch::equal(out.tensors.at("decoder.layers.1.mlp.linear_fc1.weight").view({-1}),
+                           torch::tensor({20.f, 30.f, 21.f, 31.f})));
+  EXPECT_TRUE(torch::equal(out.tensors.at("optimizer.state.exp_avg.decoder.layers.1.mlp.linear_fc2.weight"),
+                           torch::tensor({{20.f, 30.f}})));
+  EXPECT_TRUE(torch::equal(out.tensors.at("decoder.layers.1.mlp.linear_fc1.layer_norm_weight"), torch::tensor({7.f})));
+  EXPECT_FALSE(out.tensors.count("output_layer.weight"));
+  const MegatronCheckpoint untied = merge_legacy_ranks(parts, false, /*tied_embeddings=*/false);
+  EXPECT_TRUE(torch::equal(untied.tensors.at("output_layer.weight"), torch::tensor({{20.f}, {30.f}})));
+  EXPECT_TRUE(torch::equal(untied.tensors.at("decoder.layers.0.mlp.linear_fc1.weight").view({-1}),
+                           torch::tensor({0.f, 1.f, 10.f, 11.f})));
 }
 
 TEST(MegatronCheckpoint, TruncatedDistcpNamesTheFile) {
