@@ -50,8 +50,27 @@ resume() {
     echo "ok: $name resumes with Megatron's losses"
   fi
 }
+# resume_with_checkpoint_args <fixture> [flags...]: no model flags; --use-checkpoint-args takes them
+# from the arguments Megatron stored (the flags it does not take, such as the aux-loss coefficient,
+# are passed as Megatron's users pass them).
+resume_with_checkpoint_args() {
+  local dir=$1; shift
+  local log=$WORK/$dir-checkpoint-args.log format=torch_dist rc
+  [[ $dir == *legacy ]] && format=torch
+  "$BIN" "${FLAGS[@]}" --ckpt-format $format "$@" --use-checkpoint-args --load "$FIXTURES/$dir/ckpt" > "$log" 2>&1
+  rc=$?
+  if [ $rc != 0 ] || ! grep -q "Setting num_layers to 2 from checkpoint" "$log" || ! compare "$log" "$FIXTURES/$dir/losses.txt"; then
+    echo "FAIL: $dir --use-checkpoint-args (rc $rc)"; tail -20 "$log"; fail=1
+  else
+    echo "ok: $dir resumes with the model flags Megatron stored (--use-checkpoint-args)"
+  fi
+}
+
 resume gpt_torch_dist
 resume gpt_torch_legacy
+resume_with_checkpoint_args llama_tp2_torch_dist
+resume_with_checkpoint_args gpt_tp2pp2_torch_legacy
+resume_with_checkpoint_args moe_ep2_torch_dist --moe-aux-loss-coeff 0.01 --moe-token-dispatcher-type alltoall
 resume moe_ep2_torch_dist  # saved by two expert-parallel ranks, one file each
 resume gpt_tp2pp2_torch_dist  # saved by four ranks, 2-way tensor x 2-way pipeline parallel
 resume gpt_tp2pp2_torch_legacy  # the same run in Megatron's legacy format: four rank files

@@ -1,12 +1,15 @@
 #include "trainer/cli/checkpoint_args.h"
 
 #include <iterator>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "core/error.h"
 #include "core/log.h"
 #include "core/text.h"
 #include "checkpoint/checkpoint_dir.h"
+#include "checkpoint/megatron/saved_arguments.h"
 #include "checkpoint/metadata.h"
 
 namespace fp8tron {
@@ -16,9 +19,9 @@ namespace {
 // Megatron's _set_arg('padded_vocab_size'): the model keeps the checkpoint's padded vocabulary
 // unless --padded-vocab-size is given, or this run's tensor-parallel size cannot split it (then
 // this run pads its own and the load trims or pads the rows past the vocabulary).
-void carry_padded_vocab(FlagValues& flags, const checkpoint::CheckpointMetadata& metadata) {
-  auto it = metadata.args.find("model.padded_vocab_size");
-  if (flags.given("padded-vocab-size") || it == metadata.args.end()) return;
+void carry_padded_vocab(FlagValues& flags, const std::map<std::string, std::string>& args) {
+  auto it = args.find("model.padded_vocab_size");
+  if (flags.given("padded-vocab-size") || it == args.end()) return;
   int64_t padded = 0;
   try {
     padded = std::stoll(it->second);
@@ -38,6 +41,30 @@ void carry_padded_vocab(FlagValues& flags, const checkpoint::CheckpointMetadata&
   flags.set("padded-vocab-size", {it->second});
 }
 
+// The arguments of a checkpoint Megatron-LM wrote, under fp8tron's metadata keys: flag names
+// ("num-layers"), --disable-bias-linear from Megatron's inverted add_bias_linear, and
+// model.padded_vocab_size.
+std::map<std::string, std::string> megatron_flag_values(const std::map<std::string, std::string>& saved) {
+  std::map<std::string, std::string> out;
+  for (const auto& [name, value] : saved) {
+    std::string flag = name;
+    for (char& c : flag) c = c == '_' ? '-' : c;
+    out[flag] = value;
+  }
+  auto bias = saved.find("add_bias_linear");
+  if (bias != saved.end() && (bias->second == "true" || bias->second == "false"))
+    out["disable-bias-linear"] = bias->second == "true" ? "false" : "true";
+  auto padded = saved.find("padded_vocab_size");
+  if (padded != saved.end()) out["model.padded_vocab_size"] = padded->second;
+  return out;
+}
+
+// The saved arguments of the checkpoint in `dir`: fp8tron's metadata, or Megatron's namespace.
+std::map<std::string, std::string> saved_flag_values(const std::string& dir) {
+  if (auto megatron = checkpoint::megatron::saved_arguments(dir)) return megatron_flag_values(*megatron);
+  return checkpoint::read_metadata(dir).args;
+}
+
 }  // namespace
 
 void apply_checkpoint_args(FlagValues& flags) {
@@ -50,7 +77,7 @@ void apply_checkpoint_args(FlagValues& flags) {
                     checkpoint::kTrackerFileName + " is missing)");
   const checkpoint::CheckpointLocation location =
       step ? checkpoint::locate_checkpoint(load, *step) : checkpoint::locate_latest_checkpoint(load);
-  const checkpoint::CheckpointMetadata metadata = checkpoint::read_metadata(location.path);
+  const std::map<std::string, std::string> saved = saved_flag_values(location.path);
   // What Megatron forces from the checkpoint (those fp8tron has).
   static const char* const kModelFlags[] = {
       "num-layers", "hidden-size", "ffn-hidden-size", "seq-length", "num-attention-heads", "group-query-attention",
@@ -72,8 +99,8 @@ void apply_checkpoint_args(FlagValues& flags) {
       !flags.get_bool("disable-use-tokenizer-model-from-checkpoint-args"))
     names.push_back("tokenizer-model");
   for (const char* name : names) {
-    auto it = metadata.args.find(name);
-    if (it == metadata.args.end()) continue;
+    auto it = saved.find(name);
+    if (it == saved.end()) continue;
     const FlagSpec* spec = find_flag(name);
     FP8TRON_CHECK(spec != nullptr, std::string("not a flag: ") + name);
     const std::string& value = it->second;
@@ -93,7 +120,7 @@ void apply_checkpoint_args(FlagValues& flags) {
     log::print("Setting " + key + " to " + value + " from checkpoint");
     flags.set(name, values);
   }
-  carry_padded_vocab(flags, metadata);
+  carry_padded_vocab(flags, saved);
 }
 
 }  // namespace fp8tron

@@ -7,7 +7,8 @@
 namespace fp8tron {
 
 // When --use-checkpoint-args is set: reads the metadata of the checkpoint --load names (the
-// tracker's, or --ckpt-step) and sets the model flags from its arguments, and the tokenizer model
+// tracker's, or --ckpt-step; fp8tron's own, or the argparse namespace a Megatron-LM torch_dist or
+// torch checkpoint stores) and sets the model flags from its arguments, and the tokenizer model
 // unless --no-use-tokenizer-model-from-checkpoint-args, logging each change as Megatron does
 // ("Setting num_layers to 24 from checkpoint"). UserError without --load or when there is no
 // checkpoint to read.
