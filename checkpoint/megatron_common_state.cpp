@@ -76,14 +76,19 @@ mg::PyRef args_namespace(const TrainingState& s) {
   return mg::py_object(mg::py_global("argparse", "Namespace"), mg::py_dict(std::move(attrs)));
 }
 
-// Megatron's default parameter groups (optimizer/__init__.py _get_param_groups): the weights with
-// weight decay first, then the biases and 1-D weights (wd_mult 0); torch.optim.AdamW's fields.
-mg::PyRef param_groups(const TrainingState& s) {
+// Megatron's default parameter groups (optimizer/__init__.py _get_param_groups) of the dense or
+// the expert parameters: the weights with weight decay first, then the biases and 1-D weights
+// (wd_mult 0), each only when it has parameters; torch.optim.AdamW's fields.
+mg::PyRef param_groups(const TrainingState& s, bool experts) {
   const OptimizerConfig& o = s.config.optimizer;
+  bool with_decay = !experts, without_decay = !experts;
+  if (experts)  // the routed experts' weights, and their biases unless --disable-bias-linear
+    with_decay = true, without_decay = s.config.model.add_bias_linear;
   std::vector<mg::PyRef> groups;
   for (const double wd_mult : {1.0, 0.0}) {
+    if (!(wd_mult != 0 ? with_decay : without_decay)) continue;
     groups.push_back(mg::py_dict({
-        {"is_expert_parallel", mg::py_bool(false)}, {"default_config", mg::py_bool(true)},
+        {"is_expert_parallel", mg::py_bool(experts)}, {"default_config", mg::py_bool(true)},
         {"wd_mult", mg::py_float(wd_mult)}, {"lr_mult", mg::py_float(1.0)}, {"is_decoupled_lr", mg::py_bool(false)},
         {"max_lr", mg::py_float(s.schedule.config().max_lr)}, {"min_lr", mg::py_float(s.schedule.config().min_lr)},
         {"lr", mg::py_float(s.schedule.lr())},
@@ -115,6 +120,19 @@ mg::PyRef grad_scaler(const TrainingState& s, mg::TorchSaveWriter& w) {
                       {"hysteresis_tracker", mg::py_int(s.scaler.hysteresis_tracker())}});
 }
 
+// One optimizer's common state: Adam's step and the parameter groups; Megatron's mixed-precision
+// optimizer nests the torch.optim state, its fp32 main weights being sharded tensors
+// (optimizer.state.fp32_param.*), with the fp16 loss scaler beside.
+mg::PyRef optimizer_common_state(const TrainingState& s, mg::TorchSaveWriter& w, bool experts) {
+  const mg::PyRef step = w.tensor(torch::tensor(float(s.optimizer.step_count())).reshape({}));
+  mg::PyRef optimizer =
+      mg::py_dict({{"state", mg::py_dict({{"common_step", step}})}, {"param_groups", param_groups(s, experts)}});
+  if (s.config.precision.params_dtype == ParamDtype::Fp32) return optimizer;
+  std::vector<std::pair<std::string, mg::PyRef>> mixed = {{"optimizer", optimizer}};
+  if (s.config.precision.params_dtype == ParamDtype::Fp16) mixed.emplace_back("grad_scaler", grad_scaler(s, w));
+  return mg::py_dict(std::move(mixed));
+}
+
 }  // namespace
 
 std::string megatron_common_state_bytes(const TrainingState& s, int64_t iteration) {
@@ -122,15 +140,12 @@ std::string megatron_common_state_bytes(const TrainingState& s, int64_t iteratio
   std::vector<std::pair<std::string, mg::PyRef>> common = {
       {"args", args_namespace(s)}, {"checkpoint_version", mg::py_float(3.0)}, {"iteration", mg::py_int(iteration)}};
   if (s.config.checkpoint.save_optim) {
-    const mg::PyRef step = w.tensor(torch::tensor(float(s.optimizer.step_count())).reshape({}));
-    mg::PyRef optimizer = mg::py_dict({{"state", mg::py_dict({{"common_step", step}})}, {"param_groups", param_groups(s)}});
-    if (s.config.precision.params_dtype != ParamDtype::Fp32) {
-      // Megatron's mixed-precision optimizer nests the torch.optim state; its fp32 main weights
-      // are sharded tensors (optimizer.state.fp32_param.*), the fp16 loss scaler sits beside.
-      std::vector<std::pair<std::string, mg::PyRef>> mixed = {{"optimizer", optimizer}};
-      if (s.config.precision.params_dtype == ParamDtype::Fp16)
-        mixed.emplace_back("grad_scaler", grad_scaler(s, w));
-      optimizer = mg::py_dict(std::move(mixed));
+    mg::PyRef optimizer = optimizer_common_state(s, w, false);
+    if (s.config.model.moe.enabled()) {
+      // Megatron's ChainedOptimizer of the dense and the expert parameters' optimizers: {0: , 1: }.
+      optimizer = mg::make_value(mg::PyValue::Kind::Dict);
+      optimizer->entries.emplace_back(mg::py_int(0), optimizer_common_state(s, w, false));
+      optimizer->entries.emplace_back(mg::py_int(1), optimizer_common_state(s, w, true));
     }
     common.emplace_back("optimizer", optimizer);
     common.emplace_back("opt_param_scheduler", scheduler(s));

@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <regex>
 #include <set>
 
 #include "checkpoint/checkpoint_dir.h"
@@ -23,6 +25,32 @@ namespace mg = checkpoint::megatron;
 namespace {
 
 constexpr const char* kLayers = "decoder.layers.";
+constexpr const char* kStackedExperts = "mlp.experts.experts.";
+
+// --transformer-impl as resolved (Megatron's default: transformer_engine).
+bool local_layers(const TrainingState& s) {
+  for (const auto& [flag, value] : s.config.resolved_flags)
+    if (flag == "transformer-impl") return value == "local";
+  return false;
+}
+
+// A decoder layer's field under Megatron's name in that layer (the layer index dropped): a routed
+// expert's weight mlp.experts.linear_fc<k>.weight<e> is Megatron's sequential experts'
+// mlp.experts.experts.linear_fc<k>.weight at expert e (*expert = e, else -1); with local layers the
+// pre-MLP norm of an MoE layer is saved under the fused name of the dense layers, as Megatron's
+// local layer spec maps it.
+std::string megatron_layer_field(const std::string& rest, bool local, int64_t* expert) {
+  static const std::regex kExpert(R"(^mlp\.experts\.(linear_fc[12]\.(?:weight|bias))(\d+)$)");
+  static const std::regex kPreMlpNorm(R"(^pre_mlp_layernorm\.(weight|bias)$)");
+  std::smatch m;
+  *expert = -1;
+  if (std::regex_match(rest, m, kExpert)) {
+    *expert = std::stoll(m[2].str());
+    return kStackedExperts + m[1].str();
+  }
+  if (local && std::regex_match(rest, m, kPreMlpNorm)) return "mlp.linear_fc1.layer_norm_" + m[1].str();
+  return rest;
+}
 
 // The decoder layer a parameter belongs to ("decoder.layers.3.mlp..." -> 3, "mlp..."), or -1.
 int64_t layer_of(const std::string& name, std::string* rest) {
@@ -33,19 +61,32 @@ int64_t layer_of(const std::string& name, std::string* rest) {
   return std::stoll(name.substr(std::strlen(kLayers), dot - std::strlen(kLayers)));
 }
 
+// The model's sizes a chunk's Megatron name and global shape depend on.
+struct StackedSizes {
+  int64_t num_layers = 0, num_experts = 0;
+  bool local = false;
+};
+
 // One box of a parameter (or of an optimizer state laid out like it) as a DCP chunk under
-// Megatron's name: decoder-layer tensors stacked along a first dimension of num_layers.
+// Megatron's name: decoder-layer tensors stacked along a first dimension of num_layers, routed
+// experts' along a second of num_experts.
 mg::DcpChunkToWrite chunk_of(const std::string& prefix, const std::string& name, const std::vector<int64_t>& global,
-                             const Piece& piece, const torch::Tensor& flat, int64_t num_layers) {
+                             const Piece& piece, const torch::Tensor& flat, const StackedSizes& sizes) {
   mg::DcpChunkToWrite c;
   std::vector<int64_t> shape = piece.box.shape;
   std::string rest;
   const int64_t layer = layer_of(name, &rest);
-  c.fqn = prefix + (layer < 0 ? name : kLayers + rest);
+  int64_t expert = -1;
+  c.fqn = prefix + (layer < 0 ? name : kLayers + megatron_layer_field(rest, sizes.local, &expert));
   c.global_shape = global;
   c.offsets = piece.box.offset;
+  if (expert >= 0) {
+    c.global_shape.insert(c.global_shape.begin(), sizes.num_experts);
+    c.offsets.insert(c.offsets.begin(), expert);
+    shape.insert(shape.begin(), 1);
+  }
   if (layer >= 0) {
-    c.global_shape.insert(c.global_shape.begin(), num_layers);
+    c.global_shape.insert(c.global_shape.begin(), sizes.num_layers);
     c.offsets.insert(c.offsets.begin(), layer);
     shape.insert(shape.begin(), 1);
   }
@@ -57,7 +98,7 @@ mg::DcpChunkToWrite chunk_of(const std::string& prefix, const std::string& name,
 // the first data-parallel rank (each replica once).
 std::vector<mg::DcpChunkToWrite> rank_chunks(const TrainingState& s) {
   std::vector<mg::DcpChunkToWrite> out;
-  const int64_t num_layers = s.config.model.num_layers;
+  const StackedSizes sizes{s.config.model.num_layers, s.config.model.moe.num_experts, local_layers(s)};
   for (const auto& domain : s.optimizer.domains()) {
     const OptimizerDomain& o = *domain;
     if (o.groups().dp->rank() != 0 || s.parallel.cp_rank != 0) continue;
@@ -74,47 +115,74 @@ std::vector<mg::DcpChunkToWrite> rank_chunks(const TrainingState& s) {
       for (const auto& [prefix, buffer] : buffers) {
         const torch::Tensor flat = buffer.detach().narrow(0, slot.offset - o.shard_begin(), slot.numel).to(torch::kCPU);
         for (const Piece& piece : param_pieces(slot, tp_rank, tp))
-          out.push_back(chunk_of(prefix, checkpoint_name(slot), slot.info.global_shape, piece, flat, num_layers));
+          out.push_back(chunk_of(prefix, checkpoint_name(slot), slot.info.global_shape, piece, flat, sizes));
       }
     }
   }
   return out;
 }
 
-// The modules of a decoder layer whose _extra_state Megatron stores: its linear layers, and with
-// Transformer Engine (Megatron's default --transformer-impl) the core attention.
-std::vector<std::string> extra_state_modules(const TrainingState& s) {
-  std::vector<std::string> out = {"self_attention.linear_proj", "self_attention.linear_qkv", "mlp.linear_fc1",
-                                  "mlp.linear_fc2"};
-  std::string impl = "transformer_engine";
-  for (const auto& [flag, value] : s.config.resolved_flags)
-    if (flag == "transformer-impl") impl = value;
-  if (impl != "local") out.insert(out.begin(), "self_attention.core_attention");
+// The modules of a decoder layer whose _extra_state Megatron stores: its attention's linear
+// layers, and with Transformer Engine (Megatron's default --transformer-impl) its core attention;
+// a dense MLP's linear layers, or an MoE layer's shared expert's (its routed experts' are per
+// expert, below).
+std::vector<std::string> extra_state_modules(bool local, bool moe_layer, bool shared_expert) {
+  std::vector<std::string> out = {"self_attention.linear_proj", "self_attention.linear_qkv"};
+  if (!local) out.insert(out.begin(), "self_attention.core_attention");
+  if (!moe_layer) out.insert(out.end(), {"mlp.linear_fc1", "mlp.linear_fc2"});
+  if (shared_expert) out.insert(out.end(), {"mlp.shared_experts.linear_fc1", "mlp.shared_experts.linear_fc2"});
   return out;
 }
 
-// The objects this rank writes: the _extra_state of its stage's layers (None without FP8) by the
-// first tensor- and data-parallel rank, and on rank 0 the common state.
-std::vector<mg::DcpObjectToWrite> rank_objects(const TrainingState& s, int64_t iteration) {
-  std::vector<mg::DcpObjectToWrite> out;
-  const ParallelState& p = s.parallel;
-  if (p.world_rank == 0) out.push_back({"common_state/shard_0_1", megatron_common_state_bytes(s, iteration)});
-  if (p.tp_rank != 0 || p.dp_rank != 0 || p.cp_rank != 0) return out;
-  std::set<int64_t> layers;
+// What a stage's decoder layers hold: MoE or not, a shared expert, the routed experts on this rank.
+struct LayerContents {
+  bool moe = false, shared_expert = false;
+  std::set<int64_t> experts;
+};
+
+std::map<int64_t, LayerContents> stage_layers(const TrainingState& s) {
+  std::map<int64_t, LayerContents> out;
   for (const auto& domain : s.optimizer.domains())
     for (const Slot& slot : domain->param_slots()) {
       std::string rest;
       const int64_t layer = layer_of(slot.name, &rest);
-      if (layer >= 0) layers.insert(layer);
+      if (layer < 0) continue;
+      LayerContents& c = out[layer];
+      int64_t expert = -1;
+      megatron_layer_field(rest, false, &expert);
+      if (expert >= 0) c.experts.insert(expert);
+      if (rest.rfind("mlp.router.", 0) == 0) c.moe = true;
+      if (rest.rfind("mlp.shared_experts.", 0) == 0) c.shared_expert = true;
     }
+  return out;
+}
+
+// The objects this rank writes: the _extra_state of its stage's layers (None without FP8) by the
+// first tensor- and data-parallel rank, those of its routed experts by their first expert
+// tensor- and data-parallel rank, and on rank 0 the common state.
+std::vector<mg::DcpObjectToWrite> rank_objects(const TrainingState& s, int64_t iteration) {
+  std::vector<mg::DcpObjectToWrite> out;
+  const ParallelState& p = s.parallel;
+  if (p.world_rank == 0) out.push_back({"common_state/shard_0_1", megatron_common_state_bytes(s, iteration)});
   mg::TorchSaveWriter none_writer;
   const std::string none = none_writer.bytes(mg::py_list({mg::py_none()}));
-  const int64_t num_layers = s.config.model.num_layers;
-  for (const std::string& module : extra_state_modules(s))
-    for (int64_t layer : layers)
-      out.push_back({strprintf("%s%s._extra_state/shard_%lld_%lld", kLayers, module.c_str(), (long long)layer,
-                               (long long)num_layers),
-                     none});
+  const int64_t num_layers = s.config.model.num_layers, num_experts = s.config.model.moe.num_experts;
+  const bool local = local_layers(s);
+  const bool layer_writer = p.tp_rank == 0 && p.dp_rank == 0 && p.cp_rank == 0;
+  const bool expert_writer = p.expert_tp_rank == 0 && p.expert_dp_rank == 0;
+  for (const auto& [layer, contents] : stage_layers(s)) {
+    if (layer_writer)
+      for (const std::string& module : extra_state_modules(local, contents.moe, contents.shared_expert))
+        out.push_back({strprintf("%s%s._extra_state/shard_%lld_%lld", kLayers, module.c_str(), (long long)layer,
+                                 (long long)num_layers),
+                       none});
+    if (!expert_writer) continue;
+    for (int64_t expert : contents.experts)
+      for (const char* linear : {"linear_fc1", "linear_fc2"})
+        out.push_back({strprintf("%s%s%s._extra_state/shard_%lld.%lld_%lld.%lld", kLayers, kStackedExperts, linear,
+                                 (long long)layer, (long long)expert, (long long)num_layers, (long long)num_experts),
+                       none});
+  }
   return out;
 }
 
@@ -176,6 +244,9 @@ void save_torch_dist_checkpoint(const TrainingState& s, int64_t iteration) {
     ck::fault_point("save:shard-written");
   } catch (const UserError& e) {
     error = e.what();
+  } catch (const std::exception& e) {  // an internal error too: every rank must learn of it, or the others wait
+    const std::string what = e.what();
+    error = "saving in torch_dist format failed (an internal error, please report it): " + what.substr(0, what.find('\n'));
   }
   fail_together(s, target, error);
   const std::vector<std::string> all = all_gather_strings(p, s.device, entries);

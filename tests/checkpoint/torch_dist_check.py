@@ -135,6 +135,13 @@ def common_state(d, fixture=False):
     return loaded[0]
 
 
+def optimizers(o):
+    """Each optimizer's torch.optim state dict: the one, or a ChainedOptimizer's {0: ..., 1: ...}
+    (dense, then expert parameters); a mixed-precision optimizer nests it under "optimizer"."""
+    subs = [o[k] for k in sorted(o)] if o and all(isinstance(k, int) for k in o) else [o]
+    return [sub if "state" in sub else sub["optimizer"] for sub in subs]
+
+
 def check_common(ckpt, fixture):
     c = common_state(ckpt)
     for key in ("args", "checkpoint_version", "iteration", "optimizer", "opt_param_scheduler",
@@ -151,32 +158,38 @@ def check_common(ckpt, fixture):
         problems.append("common state: args.no_save_rng is not True (no RNG state is written)")
     if c.get("checkpoint_version") != 3.0:
         problems.append(f"common state: checkpoint_version {c.get('checkpoint_version')}")
-    step = c["optimizer"]["state"]["common_step"]
-    if not isinstance(step, torch.Tensor) or step.dim() != 0:
-        problems.append(f"common state: optimizer.state.common_step is {step!r}, not a scalar tensor")
+    for o in optimizers(c["optimizer"]):
+        step = o["state"]["common_step"]
+        if not isinstance(step, torch.Tensor) or step.dim() != 0:
+            problems.append(f"common state: optimizer.state.common_step is {step!r}, not a scalar tensor")
     if fixture is None:
         return
     f = common_state(fixture, fixture=True)
     for key in ("checkpoint_version", "iteration", "opt_param_scheduler", "content_metadata"):
         if c[key] != f[key]:
             problems.append(f"common state: {key} {c[key]!r} written, {f[key]!r} in the fixture")
-    if not torch.equal(step, f["optimizer"]["state"]["common_step"]):
-        problems.append(f"common state: common_step {step} written, {f['optimizer']['state']['common_step']} in the fixture")
-    mine, theirs = c["optimizer"]["param_groups"], f["optimizer"]["param_groups"]
-    if len(mine) != len(theirs):
-        problems.append(f"common state: {len(mine)} param_groups written, {len(theirs)} in the fixture")
-    for i, (a, b) in enumerate(zip(mine, theirs)):
-        if set(a) != set(b):
-            problems.append(f"common state: param_groups[{i}] keys {sorted(a)} written, {sorted(b)} in the fixture")
-        for k in set(a) & set(b):
-            same = abs(a[k] - b[k]) <= 1e-12 * abs(b[k]) if isinstance(b[k], float) else a[k] == b[k]
-            if not same:
-                problems.append(f"common state: param_groups[{i}].{k} {a[k]!r} written, {b[k]!r} in the fixture")
+    written, fixed = optimizers(c["optimizer"]), optimizers(f["optimizer"])
+    if len(written) != len(fixed):
+        problems.append(f"common state: {len(written)} optimizers written, {len(fixed)} in the fixture")
+    for n, (o, fo) in enumerate(zip(written, fixed)):
+        step = o["state"]["common_step"]
+        if not torch.equal(step, fo["state"]["common_step"]):
+            problems.append(f"common state: optimizer {n}: common_step {step} written, {fo['state']['common_step']} in the fixture")
+        mine, theirs = o["param_groups"], fo["param_groups"]
+        if len(mine) != len(theirs):
+            problems.append(f"common state: optimizer {n}: {len(mine)} param_groups written, {len(theirs)} in the fixture")
+        for i, (a, b) in enumerate(zip(mine, theirs)):
+            if set(a) != set(b):
+                problems.append(f"common state: optimizer {n}: param_groups[{i}] keys {sorted(a)} written, {sorted(b)} in the fixture")
+            for k in set(a) & set(b):
+                same = abs(a[k] - b[k]) <= 1e-12 * abs(b[k]) if isinstance(b[k], float) else a[k] == b[k]
+                if not same:
+                    problems.append(f"common state: optimizer {n}: param_groups[{i}].{k} {a[k]!r} written, {b[k]!r} in the fixture")
     fa = vars(f["args"])
     for key in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "kv_channels",
                 "max_position_embeddings", "padded_vocab_size", "consumed_train_samples", "consumed_valid_samples",
                 "seq_length", "add_position_embedding", "untie_embeddings_and_output_weights", "normalization",
-                "num_query_groups", "add_bias_linear", "add_qkv_bias", "group_query_attention"):
+                "num_query_groups", "add_bias_linear", "add_qkv_bias", "group_query_attention", "num_experts"):
         if args.get(key) != fa.get(key):
             problems.append(f"common state: args.{key} {args.get(key)!r} written, {fa.get(key)!r} in the fixture")
 

@@ -10,6 +10,9 @@
 #     loads with weights_only=True holding what Megatron reads;
 #   - the fixture converted (loaded and saved again at iteration 10) holds tensors equal to the
 #     fixture's and its common state's values, in one process and, with MPIRUN, in TP2/PP2 and DP2;
+#   - an MoE model (local layers) converted from Megatron's EP2 fixture holds its names, shapes,
+#     objects, tensors and chained optimizer state, in one process and over EP2, and an EP2 run
+#     resumes exactly from its own torch_dist save;
 #   - with MPIRUN, a Llama-like model over TP2 x PP2 x 2 virtual stages resumes exactly and writes
 #     the tensors one process writes for the same state;
 #   - a save killed before its commit leaves no checkpoint; what cannot be written in torch_dist
@@ -121,6 +124,30 @@ if [ -n "$MPIRUN" ]; then
   fi
 fi
 
+# MoE with local layers: Megatron's fixture written by two expert-parallel ranks, converted, holds
+# the fixture's names, shapes, objects, tensors and chained optimizer state; with MPIRUN the same
+# from EP2, and a run saved over EP2 resumes exactly.
+MOE_FIXTURE=$SRC/tests/fixtures/megatron_checkpoints/moe_ep2_torch_dist
+MOE=(--num-experts 4 --moe-router-topk 2 --moe-token-dispatcher-type alltoall --moe-aux-loss-coeff 0.01 --swiglu
+     --disable-bias-linear)
+moe_convert_test() {  # moe_convert_test <tag> <np> [layout flags...]
+  local tag=$1 np=$2; shift 2
+  run "$tag-convert" "$np" "${FLAGS[@]}" "${MOE[@]}" "$@" --load "$MOE_FIXTURE/ckpt" --ckpt-convert-format torch_dist \
+      --ckpt-convert-save "$WORK/$tag-conv" || return
+  local out=$WORK/$tag-conv/torch_dist/iter_0000010 ref=$MOE_FIXTURE/ckpt/iter_0000010
+  check "$tag: converted MoE fixture: Megatron's names, shapes and objects" metadata "$out" "$ref"
+  check "$tag: converted MoE fixture: tensors equal the fixture's" tensors "$out" "$ref"
+  check "$tag: converted MoE fixture: chained optimizer state as the fixture's" common "$out" "$ref"
+}
+moe_convert_test moe 1
+if [ -n "$MPIRUN" ]; then
+  moe_convert_test moe-ep2 2 --expert-model-parallel-size 2
+  resume_test moe-ep2 2 "${MOE[@]}" --expert-model-parallel-size 2
+  check "moe-ep2: Megatron's names and shapes" metadata "$WORK/moe-ep2-td/iter_0000010" "$MOE_FIXTURE/ckpt/iter_0000010"
+  # MoE layers with a shared expert.
+  resume_test moe-shared 2 "${MOE[@]}" --moe-shared-expert-intermediate-size 64 --expert-model-parallel-size 2
+fi
+
 # A save killed before its commit leaves no checkpoint and no tracker.
 ( "$BIN" "${FLAGS[@]}" --exit-interval 10 --save "$WORK/killed" --fp8tron-test-kill-at save:metadata-written \
   > "$WORK/killed.log" 2>&1 ) 2> /dev/null
@@ -149,6 +176,9 @@ expect_fallback() {  # expect_fallback <flag named> <flags...>
 }
 expect_fallback "--fp8-format" --transformer-impl transformer_engine --fp8-format hybrid --bf16 --save "$WORK/x"
 expect_fallback "--use-distributed-optimizer" --use-distributed-optimizer --save "$WORK/x"
+expect_fallback "--num-experts with --transformer-impl transformer_engine" "${MOE[@]}" --transformer-impl transformer_engine \
+  --save "$WORK/x"
+expect_fallback "--moe-layer-freq (dense and MoE layers mixed)" "${MOE[@]}" --moe-layer-freq "([0]+[1])" --save "$WORK/x"
 expect_error "--use-distributed-optimizer with --ckpt-convert-format torch_dist is not supported yet" \
   "conversion with the distributed optimizer refused" \
   --use-distributed-optimizer --load "$FIXTURE/ckpt" --ckpt-convert-format torch_dist --ckpt-convert-save "$WORK/x"
