@@ -46,5 +46,7 @@ for ranks in "${sizes[@]}"; do
     peak=$(grep "(after 2 iterations) memory" "$log" | sed 's/.*max allocated: \([0-9.]*\).*/\1/' |
            sort -g | tail -1 | awk '{if ($1 != "") printf "%.2f", $1 / 1024}')
     echo "| $ranks | $s | ${peak:-failed (see $log)} | $(estimate "$ranks" "${flags[@]}") |"
+    # A failed run: its first error lines, the rank that failed first among them.
+    [ -n "$peak" ] || grep -m3 -E "fp8tron: (error|internal error)|out of GPU memory|Killed|signal" "$log" >&2
   done
 done

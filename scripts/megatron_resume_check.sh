@@ -4,7 +4,8 @@
 # Megatron-LM's own pretrain_gpt.py loads that checkpoint and trains iterations 11-14; its lm loss
 # must be fp8tron's uninterrupted run's (1e-4 relative in fp32, 1e-4 in bf16). Cases: fp32 and bf16
 # in one process; saved by TP2 x PP2 and resumed by Megatron at TP2; saved by one process and
-# resumed by Megatron at TP2 x PP2; LLaMA-style (RMSNorm, SwiGLU, RoPE, GQA, untied).
+# resumed by Megatron at TP2 x PP2; LLaMA-style (RMSNorm, SwiGLU, RoPE, GQA, untied); MoE (4 experts,
+# top-2, alltoall, local layers) saved and resumed over two expert-parallel ranks.
 #
 # Megatron logs the first iteration of a job without resetting its loss accumulators, so the
 # second line it prints after a resume (iteration 12) is the mean of iterations 11 and 12; that
@@ -80,6 +81,8 @@ check() {
   fp8tron "$OUT/$name-fp8tron.log" "$franks" "${COMMON[@]}" "${extra[@]}" "${flayout[@]}"
   fp8tron "$OUT/$name-save.log" "$franks" "${COMMON[@]}" "${extra[@]}" "${flayout[@]}" --exit-interval 10 --save "$OUT/ckpt-$name" ||
     { echo "FAIL: $name: fp8tron's save failed ($OUT/$name-save.log)"; fail=1; return; }
+  [ -f "$OUT/ckpt-$name/iter_0000010/.metadata" ] ||
+    { echo "FAIL: $name: fp8tron did not write torch_dist (its notice is in $OUT/$name-save.log)"; fail=1; return; }
   megatron "$OUT/$name-megatron.log" "$mranks" "${COMMON[@]}" "${extra[@]}" "${mlayout[@]}" --load "$OUT/ckpt-$name" ||
     { echo "FAIL: $name: Megatron-LM failed ($OUT/$name-megatron.log)"; fail=1; return; }
   compare "$name" "$OUT/$name-fp8tron.log" "$OUT/$name-megatron.log" "$tol"
@@ -91,4 +94,7 @@ check bf16 1 1 1e-4 -- -- --bf16
 check saved-tp2pp2-resumed-tp2 4 2 1e-4 "${TP2PP2[@]}" -- --tensor-model-parallel-size 2 -- --
 check saved-1-resumed-tp2pp2 1 4 1e-4 -- "${TP2PP2[@]}" -- --
 check llama 1 1 1e-4 -- -- "${LLAMA[@]}"
+MOE=(--num-experts 4 --moe-router-topk 2 --moe-token-dispatcher-type alltoall --moe-aux-loss-coeff 0.01 --swiglu
+     --disable-bias-linear)
+check moe-ep2 2 2 1e-4 --expert-model-parallel-size 2 -- --expert-model-parallel-size 2 -- "${MOE[@]}"
 exit $fail
