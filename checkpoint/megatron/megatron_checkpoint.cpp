@@ -35,9 +35,10 @@ std::string fp8tron_name(std::string name) {
       {".pre_mlp_layernorm.bias", ".mlp.linear_fc1.layer_norm_bias"}};
   for (const auto& [from, to] : kRenames)
     if (ends_with(name, from)) return name.substr(0, name.size() - std::strlen(from)) + to;
-  // Sequential experts of a torch checkpoint: ...mlp.experts.local_experts.<e>.linear_fc1.weight
+  // Sequential experts of a torch checkpoint: ...mlp.experts.local_experts.<e>.linear_fc1.weight (or
+  // .bias)
   // -> ...mlp.experts.linear_fc1.weight<e> (fp8tron's and Transformer Engine's grouped names).
-  static const std::regex kLocalExpert(R"((.*\.mlp\.experts\.)local_experts\.(\d+)\.(linear_fc[12]\.weight)$)");
+  static const std::regex kLocalExpert(R"((.*\.mlp\.experts\.)local_experts\.(\d+)\.(linear_fc[12]\.(?:weight|bias))$)");
   std::smatch m;
   if (std::regex_match(name, m, kLocalExpert)) return m[1].str() + m[3].str() + m[2].str();
   return name;
