@@ -44,30 +44,6 @@ void check_model_args(const mg::MegatronCheckpoint& c, const ModelConfig& m) {
                     "; run with the flags it was saved with");
 }
 
-// Megatron stores the norm before an MLP as mlp.linear_fc1.layer_norm_* (the fused name of its
-// dense layers) in MoE layers too, where fp8tron's parameter (as Transformer Engine's) is
-// pre_mlp_layernorm.*: the checkpoint's tensors take the names this model's parameters have.
-void adopt_moe_norm_names(mg::MegatronCheckpoint& c, const TrainingState& s) {
-  static const std::pair<std::string, std::string> kAliases[] = {
-      {".pre_mlp_layernorm.weight", ".mlp.linear_fc1.layer_norm_weight"},
-      {".pre_mlp_layernorm.bias", ".mlp.linear_fc1.layer_norm_bias"}};
-  for (const auto& domain : s.optimizer.domains())
-    for (const Slot& slot : domain->param_slots()) {
-      const std::string name = checkpoint_name(slot);
-      for (const auto& [mine, theirs] : kAliases) {
-        if (name.size() < mine.size() || name.compare(name.size() - mine.size(), mine.size(), mine) != 0) continue;
-        const std::string alias = name.substr(0, name.size() - mine.size()) + theirs;
-        for (const std::string prefix : {std::string(), std::string("optimizer.state.exp_avg."),
-                                         std::string("optimizer.state.exp_avg_sq."), std::string(kMainParamPrefix)}) {
-          auto it = c.tensors.find(prefix + alias);
-          if (it == c.tensors.end() || c.tensors.count(prefix + name)) continue;
-          c.tensors[prefix + name] = it->second;
-          c.tensors.erase(it);
-        }
-      }
-    }
-}
-
 // Every tensor this rank needs, present with its parameter's global shape, before anything is
 // written; and nothing in the checkpoint that the model lacks.
 void check_tensors(const mg::MegatronCheckpoint& c, const TrainingState& s, bool load_optim) {
@@ -163,9 +139,8 @@ int64_t load_megatron_checkpoint(const TrainingState& s, const ck::CheckpointLoc
     throw UserError("checkpoint " + location.path + " is Megatron's; fp8tron reads its Adam state only, this run uses "
                     "--optimizer " + s.config.optimizer.optimizer + ": pass --no-load-optim or --finetune");
   log::info(" > reading Megatron's " + format + " checkpoint " + location.path);
-  mg::MegatronCheckpoint c = mg::read_checkpoint(location.path, format);
+  const mg::MegatronCheckpoint c = mg::read_checkpoint(location.path, format);
   check_model_args(c, s.config.model);
-  adopt_moe_norm_names(c, s);
   const bool restart = k.finetune || location.release;
   const bool load_optim = k.load_optim && !restart;
   if (load_optim && !c.step)

@@ -27,13 +27,6 @@ namespace {
 constexpr const char* kLayers = "decoder.layers.";
 constexpr const char* kStackedExperts = "mlp.experts.experts.";
 
-// --transformer-impl as resolved (Megatron's default: transformer_engine).
-bool local_layers(const TrainingState& s) {
-  for (const auto& [flag, value] : s.config.resolved_flags)
-    if (flag == "transformer-impl") return value == "local";
-  return false;
-}
-
 // A decoder layer's field under Megatron's name in that layer (the layer index dropped): a routed
 // expert's weight mlp.experts.linear_fc<k>.weight<e> is Megatron's sequential experts'
 // mlp.experts.experts.linear_fc<k>.weight at expert e (*expert = e, else -1); with local layers the
@@ -98,7 +91,8 @@ mg::DcpChunkToWrite chunk_of(const std::string& prefix, const std::string& name,
 // the first data-parallel rank (each replica once).
 std::vector<mg::DcpChunkToWrite> rank_chunks(const TrainingState& s) {
   std::vector<mg::DcpChunkToWrite> out;
-  const StackedSizes sizes{s.config.model.num_layers, s.config.model.moe.num_experts, local_layers(s)};
+  const ModelConfig& m = s.config.model;
+  const StackedSizes sizes{m.num_layers, m.moe.num_experts, !m.transformer_engine_modules};
   for (const auto& domain : s.optimizer.domains()) {
     const OptimizerDomain& o = *domain;
     if (o.groups().dp->rank() != 0 || s.parallel.cp_rank != 0) continue;
@@ -167,7 +161,7 @@ std::vector<mg::DcpObjectToWrite> rank_objects(const TrainingState& s, int64_t i
   mg::TorchSaveWriter none_writer;
   const std::string none = none_writer.bytes(mg::py_list({mg::py_none()}));
   const int64_t num_layers = s.config.model.num_layers, num_experts = s.config.model.moe.num_experts;
-  const bool local = local_layers(s);
+  const bool local = !s.config.model.transformer_engine_modules;
   const bool layer_writer = p.tp_rank == 0 && p.dp_rank == 0 && p.cp_rank == 0;
   const bool expert_writer = p.expert_tp_rank == 0 && p.expert_dp_rank == 0;
   for (const auto& [layer, contents] : stage_layers(s)) {

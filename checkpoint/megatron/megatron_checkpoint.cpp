@@ -252,6 +252,24 @@ MegatronCheckpoint read_dist(const std::string& dir) {
   return out;
 }
 
+// The norm before an MoE layer's MLP has the fused name of a dense layer's (mlp.linear_fc1.
+// layer_norm_*: so Megatron's local layers save it, and the renaming above gives legacy names the
+// same), but fp8tron's MoE layers (as Transformer Engine's) call it pre_mlp_layernorm.*: in a
+// layer with a router it takes that name, its optimizer states too.
+void name_moe_pre_mlp_norms(MegatronCheckpoint& out) {
+  static const std::regex kFusedNorm(R"(^(.*)(decoder\.layers\.\d+\.)mlp\.linear_fc1\.layer_norm_(weight|bias)$)");
+  std::vector<std::pair<std::string, std::string>> renames;
+  for (const auto& [name, tensor] : out.tensors) {
+    std::smatch m;
+    if (!std::regex_match(name, m, kFusedNorm) || !out.tensors.count(m[2].str() + "mlp.router.weight")) continue;
+    renames.emplace_back(name, m[1].str() + m[2].str() + "pre_mlp_layernorm." + m[3].str());
+  }
+  for (const auto& [from, to] : renames) {
+    out.tensors[to] = out.tensors.at(from);
+    out.tensors.erase(from);
+  }
+}
+
 }  // namespace
 
 std::string detect_format(const std::string& dir) {
@@ -282,9 +300,10 @@ std::string format_refusal(const std::string& format, const std::string& ckpt_fo
 }
 
 MegatronCheckpoint read_checkpoint(const std::string& dir, const std::string& format) {
-  if (format == "torch") return read_legacy(dir);
-  FP8TRON_CHECK(format == "torch_dist", "reading a Megatron checkpoint in format " + format);
-  return read_dist(dir);
+  FP8TRON_CHECK(format == "torch" || format == "torch_dist", "reading a Megatron checkpoint in format " + format);
+  MegatronCheckpoint out = format == "torch" ? read_legacy(dir) : read_dist(dir);
+  name_moe_pre_mlp_norms(out);
+  return out;
 }
 
 }  // namespace fp8tron::checkpoint::megatron

@@ -10,7 +10,8 @@
 //               state dict, torch.optim's state dict (moments by parameter index), the scheduler,
 //               the iteration and the pickled argparse namespace
 // Megatron's local layer names (input_layernorm, pre_mlp_layernorm) become the fused names that
-// fp8tron's parameters have (linear_qkv.layer_norm_*, linear_fc1.layer_norm_*); the experts of an
+// fp8tron's parameters have (linear_qkv.layer_norm_*, linear_fc1.layer_norm_*; in an MoE layer,
+// one with a router, the norm before the MLP is pre_mlp_layernorm.*); the experts of an
 // MoE layer (mlp.experts.experts.linear_fc<k>.weight stacked over layers and experts in
 // torch_dist, mlp.experts.local_experts.<e>.linear_fc<k>.weight in torch) become fp8tron's
 // mlp.experts.linear_fc<k>.weight<e>, e the global expert index. A torch_dist checkpoint of

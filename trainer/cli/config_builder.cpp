@@ -924,8 +924,8 @@ Config build_config(const FlagValues& flags, const LaunchEnv& launch, bool gpu_a
   c.model.moe.expert_gemm_fp8 = c.precision.fp8.grouped_gemm_fp8;
   c.distributed.tp_overlap = build_tp_overlap(flags, tp, c.precision.fp8.enabled(), c.hint_warnings);
 
+  settle_torch_dist_save(c);
   c.resolved_flags = resolved_flags(flags);
-  settle_torch_dist_save(c);  // reads --transformer-impl from the resolved flags
   validate_config(c, flags);
   c.model.mtp.chunk_without_decoder_layers = mtp_chunk_without_decoder_layers(c);
   for (auto& warning : inert_flag_warnings(c, flags)) c.hint_warnings.push_back(std::move(warning));

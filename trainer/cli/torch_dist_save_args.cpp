@@ -3,15 +3,6 @@
 #include <algorithm>
 
 namespace fp8tron {
-namespace {
-
-bool local_layers(const Config& c) {
-  for (const auto& [flag, value] : c.resolved_flags)
-    if (flag == "transformer-impl") return value == "local";
-  return false;
-}
-
-}  // namespace
 
 std::string torch_dist_unwritable_flag(const Config& c) {
   if (c.precision.fp8.enabled()) return "--fp8-format";
@@ -20,7 +11,8 @@ std::string torch_dist_unwritable_flag(const Config& c) {
     return "--use-distributed-optimizer";
   // MoE: Megatron's local layers' names were checked against a checkpoint Megatron wrote;
   // Transformer Engine's grouped experts store their _extra_state otherwise.
-  if (c.model.moe.enabled() && !local_layers(c)) return "--num-experts with --transformer-impl transformer_engine";
+  if (c.model.moe.enabled() && c.model.transformer_engine_modules)
+    return "--num-experts with --transformer-impl transformer_engine";
   if (c.model.moe.enabled() && c.model.moe.enable_expert_bias) return "--moe-router-enable-expert-bias";
   // Dense and MoE layers mixed: the dense layers' MLP tensors, stacked over all layers, would
   // cover only some of them; how Megatron stores that is not yet checked.
