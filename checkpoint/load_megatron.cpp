@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <set>
 
+#include "checkpoint/megatron/damage.h"
+#include "checkpoint/megatron/dcp_checkpoint.h"
 #include "checkpoint/megatron/megatron_checkpoint.h"
 #include "checkpoint/rank_agreement.h"
 #include "checkpoint/saved_tensors.h"
@@ -59,8 +61,8 @@ void check_tensors(const mg::MegatronCheckpoint& c, const TrainingState& s, bool
         if (it == c.tensors.end())
           throw UserError("checkpoint " + c.path + " lacks " + prefix + name +
                           (prefix.empty() ? "; was it saved for another model?" : "; pass --no-load-optim"));
-        if (it->second.sizes().vec() != slot.info.global_shape)
-          throw UserError("checkpoint " + c.path + ": " + prefix + name + " is " + shape_text(it->second.sizes().vec()) +
+        if (it->second.shape() != slot.info.global_shape)
+          throw UserError("checkpoint " + c.path + ": " + prefix + name + " is " + shape_text(it->second.shape()) +
                           " there, " + shape_text(slot.info.global_shape) + " in this model; run with the model "
                           "flags it was saved with");
       }
@@ -75,20 +77,28 @@ void check_tensors(const mg::MegatronCheckpoint& c, const TrainingState& s, bool
                       "it was saved with");
 }
 
-// The local elements [begin, end) of `slot` on this rank, taken from the global tensor.
-torch::Tensor local_range(const torch::Tensor& global, const Slot& slot, int tp_rank, int tp_size, int64_t begin,
+// The local elements [begin, end) of `slot` on this rank, read from the checkpoint's tensor.
+torch::Tensor local_range(const mg::StoredTensor& stored, const Slot& slot, int tp_rank, int tp_size, int64_t begin,
                           int64_t end) {
   std::vector<torch::Tensor> parts;
-  for (const Piece& piece : param_pieces(slot, tp_rank, tp_size)) {
-    torch::Tensor box = global;
-    for (size_t d = 0; d < piece.box.shape.size(); ++d) box = box.narrow(int64_t(d), piece.box.offset[d], piece.box.shape[d]);
-    parts.push_back(box.contiguous().view({-1}));
-  }
+  for (const Piece& piece : param_pieces(slot, tp_rank, tp_size))
+    parts.push_back(stored.read(piece.box.offset, piece.box.shape).contiguous().view({-1}));
   return torch::cat(parts).narrow(0, begin, end - begin);
 }
 
-void copy_parameters(const mg::MegatronCheckpoint& c, const TrainingState& s, bool load_optim) {
-  torch::NoGradGuard no_grad;
+// One range of a parameter's buffer (the main weights or a moment) and the checkpoint's tensor it
+// comes from.
+struct RangeRead {
+  const mg::StoredTensor* stored;
+  const Slot* slot;
+  int tp_rank, tp_size;
+  int64_t begin, end;      // in the parameter
+  torch::Tensor destination;
+  torch::Tensor values;    // read, not yet written
+};
+
+std::vector<RangeRead> plan_reads(const mg::MegatronCheckpoint& c, const TrainingState& s, bool load_optim) {
+  std::vector<RangeRead> reads;
   for (const auto& domain : s.optimizer.domains()) {
     const OptimizerDomain& o = *domain;
     const auto states = optimizer_states(o, s.config.optimizer);
@@ -97,18 +107,50 @@ void copy_parameters(const mg::MegatronCheckpoint& c, const TrainingState& s, bo
     for (const Slot& slot : o.param_slots()) {
       const int64_t lo = std::max(slot.offset, shard_begin), hi = std::min(slot.offset + slot.numel, shard_end);
       if (lo >= hi) continue;
-      auto copy = [&](const torch::Tensor& buffer, const std::string& name) {
-        buffer.narrow(0, lo - shard_begin, hi - lo)
-            .copy_(local_range(c.tensors.at(name), slot, tp_rank, tp_size, lo - slot.offset, hi - slot.offset));
+      auto read = [&](const torch::Tensor& buffer, const std::string& name) {
+        reads.push_back(RangeRead{&c.tensors.at(name), &slot, tp_rank, tp_size, lo - slot.offset, hi - slot.offset,
+                                  buffer.narrow(0, lo - shard_begin, hi - lo), {}});
       };
       // The fp32 main weights of a bf16/fp16 checkpoint, as Megatron restores them with the
       // optimizer; otherwise (and without the optimizer) the weights themselves.
       const std::string main = std::string(kMainParamPrefix) + checkpoint_name(slot);
-      copy(o.main_params(), load_optim && c.tensors.count(main) ? main : checkpoint_name(slot));
+      read(o.main_params(), load_optim && c.tensors.count(main) ? main : checkpoint_name(slot));
       if (!load_optim) continue;
-      for (const auto& [prefix, buffer] : states) copy(buffer, prefix + checkpoint_name(slot));
+      for (const auto& [prefix, buffer] : states) read(buffer, prefix + checkpoint_name(slot));
     }
   }
+  // Stored tensor by stored tensor: each chunk of a tensor stacked over layers is read once.
+  std::stable_sort(reads.begin(), reads.end(),
+                   [](const RangeRead& a, const RangeRead& b) { return a.stored->source() < b.stored->source(); });
+  return reads;
+}
+
+// Every rank reads the ranges it holds, and only those; nothing is written until every rank has
+// read all of its ranges, so a damaged file leaves every rank's model as it was.
+void copy_parameters(const mg::MegatronCheckpoint& c, const TrainingState& s, bool load_optim) {
+  torch::NoGradGuard no_grad;
+  std::vector<RangeRead> reads = plan_reads(c, s, load_optim);
+  std::string error;
+  bool damaged = false;
+  try {
+    for (RangeRead& r : reads) r.values = local_range(*r.stored, *r.slot, r.tp_rank, r.tp_size, r.begin, r.end);
+  } catch (const ck::DamagedCheckpoint& e) {
+    error = e.what(), damaged = true;
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  if (c.dcp) {
+    c.dcp->forget_chunks();
+    log::info(strprintf(" > read %.2f MB of the checkpoint's %.2f MB of tensors on this rank", c.dcp->bytes_read() / 1e6,
+                        c.dcp->tensor_bytes() / 1e6));
+  }
+  if (any_rank(s.parallel, s.device, !error.empty())) {
+    if (damaged) throw ck::DamagedCheckpoint(error);
+    throw UserError(!error.empty() ? error
+                                   : "checkpoint " + c.path + " could not be read on another rank (its log says why); "
+                                     "nothing was loaded");
+  }
+  for (RangeRead& r : reads) r.destination.copy_(r.values);
   if (load_optim) s.optimizer.set_step_count(*c.step);
   s.optimizer.publish_model_params();
 }

@@ -1,5 +1,6 @@
 #include "checkpoint/megatron/dcp_checkpoint.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -36,6 +37,25 @@ std::string storage_key(const std::string& fqn, const std::vector<int64_t>& offs
   std::string key = fqn + "@";
   for (int64_t o : offsets) key += std::to_string(o) + ",";
   return key;
+}
+
+// The chunks lie inside the tensor and hold as many elements as it: with region()'s count of what
+// each box covers, a gap or an overlap is found when a box touching it is read.
+void check_tiling(const DcpTensor& t, const std::string& where) {
+  int64_t numel = 1, held = 0;
+  for (int64_t d : t.shape) numel *= d;
+  for (const DcpChunk& c : t.chunks) {
+    int64_t n = 1;
+    for (size_t d = 0; d < t.shape.size(); ++d) {
+      if (c.offsets[d] < 0 || c.sizes[d] < 0 || c.offsets[d] + c.sizes[d] > t.shape[d])
+        throw DamagedCheckpoint(where + " has a chunk outside the tensor");
+      n *= c.sizes[d];
+    }
+    held += n;
+  }
+  if (held != numel)
+    throw DamagedCheckpoint(strprintf("%s: its chunks hold %lld elements, the tensor %lld", where.c_str(),
+                                      (long long)held, (long long)numel));
 }
 
 }  // namespace
@@ -88,11 +108,13 @@ DcpCheckpoint::DcpCheckpoint(const std::string& dir) : dir_(dir) {
       chunk.storage = it->second;
       t.chunks.push_back(std::move(chunk));
     }
+    check_tiling(t, path + ": tensor " + fqn);
     tensors_[fqn] = std::move(t);
   }
+  check_files();
 }
 
-std::string DcpCheckpoint::read_range(const DcpStorage& s, const std::string& what) const {
+void DcpCheckpoint::check_present(const DcpStorage& s, const std::string& what) const {
   const std::string path = dir_ + "/" + s.file;
   std::error_code ec;
   const auto size = std::filesystem::file_size(path, ec);
@@ -101,6 +123,25 @@ std::string DcpCheckpoint::read_range(const DcpStorage& s, const std::string& wh
     throw DamagedCheckpoint(strprintf("%s: truncated: %s lies at bytes [%lld, %lld) but the file has %llu bytes; copy the "
                               "checkpoint again", path.c_str(), what.c_str(), (long long)s.offset,
                               (long long)(s.offset + s.length), (unsigned long long)size));
+}
+
+void DcpCheckpoint::check_files() const {
+  // The last entry of each file: a missing or truncated file is named before any rank reads.
+  std::map<std::string, std::pair<DcpStorage, std::string>> last;
+  auto note = [&](const DcpStorage& s, const std::string& what) {
+    auto it = last.find(s.file);
+    if (it == last.end() || it->second.first.offset + it->second.first.length < s.offset + s.length)
+      last[s.file] = {s, what};
+  };
+  for (const auto& [name, t] : tensors_)
+    for (const DcpChunk& c : t.chunks) note(c.storage, "a chunk of " + name);
+  for (const auto& [name, s] : objects_) note(s, name);
+  for (const auto& [file, entry] : last) check_present(entry.first, entry.second);
+}
+
+std::string DcpCheckpoint::read_range(const DcpStorage& s, const std::string& what) const {
+  check_present(s, what);
+  const std::string path = dir_ + "/" + s.file;
   std::ifstream in(path, std::ios::binary);
   std::string out(size_t(s.length), '\0');
   in.seekg(s.offset);
@@ -109,26 +150,78 @@ std::string DcpCheckpoint::read_range(const DcpStorage& s, const std::string& wh
   return out;
 }
 
-torch::Tensor DcpCheckpoint::tensor(const std::string& name) const {
+torch::Tensor DcpCheckpoint::read_chunk(const std::string& name, const DcpChunk& c) const {
+  const std::string what = "a chunk of " + name;
+  TorchArchive archive(read_range(c.storage, what), dir_ + "/" + c.storage.file + ", " + what);
+  torch::Tensor part = archive.tensor(archive.root(), what);
+  if (part.sizes().vec() != c.sizes || part.scalar_type() != tensors_.at(name).dtype)
+    throw DamagedCheckpoint(dir_ + "/" + c.storage.file + ": " + what + " does not have the shape and dtype .metadata gives");
+  bytes_read_ += c.storage.length;
+  return part;
+}
+
+torch::Tensor DcpCheckpoint::box(const std::string& name, const std::vector<int64_t>& offsets,
+                                 const std::vector<int64_t>& sizes, bool keep_chunks) const {
   auto it = tensors_.find(name);
   FP8TRON_CHECK(it != tensors_.end(), "reading tensor " + name + " absent from a distributed checkpoint");
   const DcpTensor& t = it->second;
-  auto out = torch::empty(t.shape, torch::TensorOptions().dtype(t.dtype));
+  FP8TRON_CHECK(offsets.size() == t.shape.size() && sizes.size() == t.shape.size(), "a box of another rank");
+  if (keep_chunks && kept_tensor_ != name) {
+    forget_chunks();
+    kept_tensor_ = name;
+  }
+  auto out = torch::empty(sizes, torch::TensorOptions().dtype(t.dtype));
   int64_t covered = 0;
-  for (const DcpChunk& c : t.chunks) {
-    const std::string what = "a chunk of " + name;
-    TorchArchive archive(read_range(c.storage, what), dir_ + "/" + c.storage.file + ", " + what);
-    const torch::Tensor part = archive.tensor(archive.root(), what);
-    if (part.sizes().vec() != c.sizes || part.scalar_type() != t.dtype)
-      throw DamagedCheckpoint(dir_ + "/" + c.storage.file + ": " + what + " does not have the shape and dtype .metadata gives");
-    torch::Tensor box = out;
-    for (size_t d = 0; d < c.sizes.size(); ++d) box = box.narrow(int64_t(d), c.offsets[d], c.sizes[d]);
-    box.copy_(part);
-    covered += part.numel();
+  for (size_t i = 0; i < t.chunks.size(); ++i) {
+    const DcpChunk& c = t.chunks[i];
+    std::vector<int64_t> lo(sizes.size()), hi(sizes.size());
+    bool overlaps = true;
+    for (size_t d = 0; d < sizes.size(); ++d) {
+      lo[d] = std::max(offsets[d], c.offsets[d]);
+      hi[d] = std::min(offsets[d] + sizes[d], c.offsets[d] + c.sizes[d]);
+      overlaps = overlaps && lo[d] < hi[d];
+    }
+    if (!overlaps) continue;
+    torch::Tensor part;
+    if (!keep_chunks) part = read_chunk(name, c);
+    else if (auto kept = kept_chunks_.find(i); kept != kept_chunks_.end()) part = kept->second;
+    else part = kept_chunks_[i] = read_chunk(name, c);
+    torch::Tensor from = part, to = out;
+    int64_t n = 1;
+    for (size_t d = 0; d < sizes.size(); ++d) {
+      from = from.narrow(int64_t(d), lo[d] - c.offsets[d], hi[d] - lo[d]);
+      to = to.narrow(int64_t(d), lo[d] - offsets[d], hi[d] - lo[d]);
+      n *= hi[d] - lo[d];
+    }
+    to.copy_(from);
+    covered += n;
   }
   if (covered != out.numel())
     throw DamagedCheckpoint(dir_ + "/.metadata: the chunks of " + name + " do not cover the tensor once");
   return out;
+}
+
+torch::Tensor DcpCheckpoint::tensor(const std::string& name) const {
+  auto it = tensors_.find(name);
+  FP8TRON_CHECK(it != tensors_.end(), "reading tensor " + name + " absent from a distributed checkpoint");
+  return box(name, std::vector<int64_t>(it->second.shape.size(), 0), it->second.shape, false);
+}
+
+torch::Tensor DcpCheckpoint::region(const std::string& name, const std::vector<int64_t>& offsets,
+                                    const std::vector<int64_t>& sizes) const {
+  return box(name, offsets, sizes, true);
+}
+
+void DcpCheckpoint::forget_chunks() const {
+  kept_tensor_.clear();
+  kept_chunks_.clear();
+}
+
+int64_t DcpCheckpoint::tensor_bytes() const {
+  int64_t total = 0;
+  for (const auto& [name, t] : tensors_)
+    for (const DcpChunk& c : t.chunks) total += c.storage.length;
+  return total;
 }
 
 std::unique_ptr<TorchArchive> DcpCheckpoint::object(const std::string& prefix) const {

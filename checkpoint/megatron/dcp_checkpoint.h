@@ -32,12 +32,23 @@ struct DcpTensor {
 
 class DcpCheckpoint {
  public:
-  // Reads dir/.metadata; UserError naming it when it is missing, unreadable or inconsistent.
+  // Reads dir/.metadata; UserError naming it when it is missing, unreadable or inconsistent, or
+  // naming a .distcp file that is missing or shorter than .metadata says.
   explicit DcpCheckpoint(const std::string& dir);
 
   const std::map<std::string, DcpTensor>& tensors() const { return tensors_; }
   // The global tensor `name`, assembled from its chunks (every element covered once).
   torch::Tensor tensor(const std::string& name) const;
+  // The box [offsets, offsets + sizes) of tensor `name`, from the chunks it overlaps. The chunks
+  // read stay in memory until a box of another tensor is asked for, so boxes asked for tensor by
+  // tensor read each chunk once.
+  torch::Tensor region(const std::string& name, const std::vector<int64_t>& offsets,
+                       const std::vector<int64_t>& sizes) const;
+  // Drops the chunks kept by region().
+  void forget_chunks() const;
+  // Bytes of tensor chunks read from the .distcp files so far, and all of them.
+  int64_t bytes_read() const { return bytes_read_; }
+  int64_t tensor_bytes() const;
   // The object stored under the first byte entry whose name starts with `prefix`
   // (Megatron's "common_state/shard_0_1"); UserError when there is none.
   std::unique_ptr<TorchArchive> object(const std::string& prefix) const;
@@ -47,11 +58,20 @@ class DcpCheckpoint {
   std::string source() const { return dir_ + "/.metadata"; }
 
  private:
+  void check_present(const DcpStorage& s, const std::string& what) const;
+  void check_files() const;
   std::string read_range(const DcpStorage& s, const std::string& what) const;
+  torch::Tensor read_chunk(const std::string& name, const DcpChunk& c) const;
+  torch::Tensor box(const std::string& name, const std::vector<int64_t>& offsets, const std::vector<int64_t>& sizes,
+                    bool keep_chunks) const;
 
   std::string dir_;
   std::map<std::string, DcpTensor> tensors_;
   std::map<std::string, DcpStorage> objects_;
+  // region()'s chunks of one tensor, by their index in its chunk list.
+  mutable std::string kept_tensor_;
+  mutable std::map<size_t, torch::Tensor> kept_chunks_;
+  mutable int64_t bytes_read_ = 0;
 };
 
 }  // namespace fp8tron::checkpoint::megatron

@@ -131,9 +131,14 @@ bool is_distributed_optimizer_entry(const std::string& name) { return name.rfind
 void read_distributed_optimizer_buffers(const DcpCheckpoint& dcp, MegatronCheckpoint& out) {
   const std::map<std::string, Bucket> buckets = read_buckets(dcp);
   if (buckets.empty()) return;
-  std::map<std::string, torch::Tensor> weights;
+  // Read stored tensor by stored tensor, so that each chunk of a stacked one is read once.
+  std::vector<std::pair<std::string, std::string>> order;  // (source, name)
   for (const auto& [name, t] : out.tensors)
-    if (name.rfind("optimizer.", 0) != 0) weights[name] = t;
+    if (name.rfind("optimizer.", 0) != 0) order.emplace_back(t.source(), name);
+  std::sort(order.begin(), order.end());
+  std::map<std::string, torch::Tensor> weights;
+  for (const auto& [source, name] : order) weights[name] = out.tensors.at(name).read();
+  dcp.forget_chunks();
   const std::map<std::string, Place> places = locate(buckets, weights, dcp.source());
   for (const auto& [name, place] : places) {
     const torch::Tensor& w = weights.at(name);

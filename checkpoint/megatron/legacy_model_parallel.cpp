@@ -117,7 +117,7 @@ MegatronCheckpoint merge_legacy_ranks(std::vector<std::vector<MegatronCheckpoint
         if (r.iteration != out.iteration)
           throw UserError(r.path + " was saved at iteration " + std::to_string(r.iteration) + ", " +
                           out.path + " at " + std::to_string(out.iteration));
-        pieces.push_back(it->second);
+        pieces.push_back(it->second.read());
       }
       int64_t local = -1;
       const std::string global = shift_layer(name, offset, local);

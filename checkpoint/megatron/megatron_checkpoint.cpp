@@ -5,6 +5,7 @@
 #include <regex>
 #include <set>
 
+#include "checkpoint/megatron/damage.h"
 #include "checkpoint/megatron/dcp_checkpoint.h"
 #include "checkpoint/megatron/distributed_optimizer_buffers.h"
 #include "checkpoint/megatron/legacy_model_parallel.h"
@@ -119,10 +120,10 @@ void read_legacy_optimizer(const TorchArchive& a, const PyRef& optimizer,
     if (!as_int(index_value, index) || !by_index.count(index))
       throw UserError(where + ": optimizer state for unknown parameter " + describe(index_value));
     const std::string& name = by_index[index];
-    const torch::Tensor& param = out.tensors.at(name);
+    const std::vector<int64_t>& shape = out.tensors.at(name).shape();
     for (const auto& [key, prefix] : {std::pair{"exp_avg", kExpAvg}, std::pair{"exp_avg_sq", kExpAvgSq}}) {
       torch::Tensor t = a.tensor(attribute(entry, key), std::string(key) + " of " + name);
-      if (t.sizes() != param.sizes())
+      if (t.sizes().vec() != shape)
         throw UserError(where + ": " + key + " of " + name + " has another shape than the parameter");
       out.tensors[prefix + name] = t;
     }
@@ -182,17 +183,22 @@ MegatronCheckpoint read_legacy(const std::string& dir) {
 // MoE layer (Megatron's sequential and grouped experts, stored alike as
 // mlp.experts.experts.linear_fc<k>.weight [num_layers, num_experts, ...]) become one tensor per
 // global expert, mlp.experts.linear_fc<k>.weight<e>.
-void unstack(const std::string& prefix, const std::string& rest, const torch::Tensor& t, MegatronCheckpoint& out) {
+void unstack(const std::shared_ptr<const DcpCheckpoint>& dcp, const std::string& stored, const std::string& prefix,
+             const std::string& rest, MegatronCheckpoint& out) {
   static const std::string kStackedExperts = "mlp.experts.experts.";
   const bool experts = starts_with(rest, kStackedExperts);
-  for (int64_t i = 0; i < t.size(0); ++i) {
+  const std::vector<int64_t>& shape = dcp->tensors().at(stored).shape;
+  if (shape.size() < (experts ? 2u : 1u))
+    throw DamagedCheckpoint(dcp->source() + ": " + stored + " is not stacked over the layers" +
+                            (experts ? " and experts" : ""));
+  for (int64_t i = 0; i < shape[0]; ++i) {
     const std::string layer = prefix + kLayers + std::to_string(i) + ".";
     if (!experts) {
-      out.tensors[layer + rest] = t[i].clone();
+      out.tensors[layer + rest] = StoredTensor(dcp, stored, {i});
       continue;
     }
     const std::string name = layer + "mlp.experts." + rest.substr(kStackedExperts.size());
-    for (int64_t e = 0; e < t.size(1); ++e) out.tensors[name + std::to_string(e)] = t[i][e].clone();
+    for (int64_t e = 0; e < shape[1]; ++e) out.tensors[name + std::to_string(e)] = StoredTensor(dcp, stored, {i, e});
   }
 }
 
@@ -221,7 +227,9 @@ MegatronCheckpoint read_dist(const std::string& dir) {
   MegatronCheckpoint out;
   out.format = "torch_dist";
   out.path = dir;
-  DcpCheckpoint dcp(dir);
+  const auto stored = std::make_shared<const DcpCheckpoint>(dir);
+  const DcpCheckpoint& dcp = *stored;
+  out.dcp = stored;
   auto common = dcp.object("common_state");
   PyRef root = common->root();
   if (root && root->kind == PyValue::Kind::List && root->items.size() == 1) root = root->items[0];
@@ -241,9 +249,8 @@ MegatronCheckpoint read_dist(const std::string& dir) {
     for (const char* p : {kExpAvg, kExpAvgSq, kFp32Param})
       if (starts_with(name, p)) prefix = p, param = name.substr(std::strlen(p));
     if (!prefix.empty() || !starts_with(name, "optimizer.")) {
-      const torch::Tensor t = dcp.tensor(name);
-      if (starts_with(param, kLayers)) unstack(prefix, fp8tron_name(param.substr(std::strlen(kLayers))), t, out);
-      else out.tensors[prefix + fp8tron_name(param)] = t;
+      if (starts_with(param, kLayers)) unstack(stored, name, prefix, fp8tron_name(param.substr(std::strlen(kLayers))), out);
+      else out.tensors[prefix + fp8tron_name(param)] = StoredTensor(stored, name, {});
       continue;
     }
     throw UserError(dir + "/.metadata: optimizer tensor " + name + " is not Adam's moments; pass --no-load-optim");

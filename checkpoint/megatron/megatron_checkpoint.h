@@ -16,7 +16,7 @@
 // torch_dist, mlp.experts.local_experts.<e>.linear_fc<k>.weight in torch) become fp8tron's
 // mlp.experts.linear_fc<k>.weight<e>, e the global expert index. A torch_dist checkpoint of
 // several ranks (tensor-, pipeline- or expert-parallel) is one set of global tensors whatever
-// layout wrote it.
+// layout wrote it; its tensors are read when a rank asks for the boxes it holds (stored_tensor.h).
 //
 // The distributed optimizer's flat buffers (dp_reshardable) are read by
 // distributed_optimizer_buffers.h.
@@ -31,10 +31,12 @@
 #include <torch/torch.h>
 
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "checkpoint/megatron/stored_tensor.h"
 
 namespace fp8tron::checkpoint::megatron {
 
@@ -67,7 +69,7 @@ struct MegatronCheckpoint {
   // Global tensors by fp8tron's checkpoint names: <param>, optimizer.state.exp_avg.<param>,
   // optimizer.state.exp_avg_sq.<param> (the latter only when the checkpoint holds optimizer state),
   // and optimizer.state.fp32_param.<param> (the fp32 main weights of a bf16/fp16 torch_dist one).
-  std::map<std::string, torch::Tensor> tensors;
+  std::map<std::string, StoredTensor> tensors;
   std::optional<LossScalerValues> loss_scaler;
   std::optional<double> step;  // Adam's step count
   std::optional<SchedulerValues> scheduler;
@@ -75,10 +77,14 @@ struct MegatronCheckpoint {
   std::map<std::string, int64_t> model_args;
   // How its tensors are split over tensor-parallel ranks (legacy checkpoints of several ranks).
   bool gated_linear_unit = false, tied_embeddings = true;
+  // A torch_dist checkpoint's files, where its tensors are read from (null for a legacy one).
+  std::shared_ptr<const DcpCheckpoint> dcp;
 };
 
-// Reads the whole checkpoint in `dir` (an iter_NNNNNNN directory) in `format` ("torch_dist" or
-// "torch") into memory. Every problem is a UserError naming the file and what is wrong.
+// Reads the checkpoint in `dir` (an iter_NNNNNNN directory) in `format` ("torch_dist" or "torch"):
+// a legacy one into memory; of a torch_dist one its metadata, common state and (when the
+// distributed optimizer's flat buffers hold the moments) its weights and moments, the rest being
+// read when asked. Every problem is a UserError naming the file and what is wrong.
 MegatronCheckpoint read_checkpoint(const std::string& dir, const std::string& format);
 
 }  // namespace fp8tron::checkpoint::megatron

@@ -73,6 +73,14 @@ resume_with_checkpoint_args gpt_tp2pp2_torch_legacy
 resume_with_checkpoint_args moe_ep2_torch_dist --moe-aux-loss-coeff 0.01 --moe-token-dispatcher-type alltoall
 resume moe_ep2_torch_dist  # saved by two expert-parallel ranks, one file each
 resume gpt_tp2pp2_torch_dist  # saved by four ranks, 2-way tensor x 2-way pipeline parallel
+# "<MB read> <MB of tensors in the checkpoint>" of a load's log (its first rank's line).
+read_share() { sed -nE "s/.* > read ([0-9.]+) MB of the checkpoint's ([0-9.]+) MB.*/\1 \2/p" "$1" | head -1; }
+share=$(read_share "$WORK/gpt_tp2pp2_torch_dist.log")
+if [ -z "$share" ] || [ "${share% *}" != "${share#* }" ]; then
+  echo "FAIL: one process should read every chunk once: '$share'"; fail=1
+else
+  echo "ok: one process reads every chunk once ($share MB)"
+fi
 resume gpt_tp2pp2_torch_legacy  # the same run in Megatron's legacy format: four rank files
 resume llama_tp2_torch_dist
 resume gpt_dp2_distopt_torch_dist  # the distributed optimizer's flat buffers
@@ -90,6 +98,26 @@ if [ -n "$MPIRUN" ]; then
   resume gpt_torch_dist --use-distributed-optimizer
   resume moe_ep2_torch_dist --expert-model-parallel-size 2
   resume gpt_tp2pp2_torch_dist --pipeline-model-parallel-size 2
+  # The first stage reads its layer, the embeddings and their moments: not the second's layer.
+  share=$(read_share "$WORK/gpt_tp2pp2_torch_dist.log")
+  if [ -z "$share" ] || ! awk -v r="${share% *}" -v t="${share#* }" 'BEGIN { exit !(r < 0.75 * t) }'; then
+    echo "FAIL: the first of two pipeline stages should read part of the checkpoint: '$share'"; fail=1
+  else
+    echo "ok: the first of two pipeline stages reads part of the checkpoint ($share MB)"
+  fi
+  # A damaged chunk that only the second stage reads (bytes 37406... of __2_0.distcp: its chunk of
+  # the stacked QKV weight): both ranks stop, nothing loaded.
+  cp -r "$FIXTURES/gpt_tp2pp2_torch_dist/ckpt" "$WORK/damaged_chunk" && chmod -R u+w "$WORK/damaged_chunk"
+  printf 'garbage!' | dd of="$WORK/damaged_chunk/iter_0000010/__2_0.distcp" bs=1 seek=37406 conv=notrunc status=none
+  read -ra TP2PP2 < "$FIXTURES/gpt_tp2pp2_torch_dist/args.txt"
+  out=$($MPIRUN --allow-run-as-root --oversubscribe --bind-to none -np 2 -x OMP_NUM_THREADS=1 "$BIN" "${FLAGS[@]}" \
+        "${TP2PP2[@]}" --pipeline-model-parallel-size 2 --load "$WORK/damaged_chunk" 2>&1); rc=$?
+  if [ $rc = 0 ] || ! grep -q "__2_0.distcp, a chunk of decoder.layers.self_attention.linear_qkv.weight" <<<"$out" ||
+     ! grep -q "could not be read on another rank" <<<"$out" || grep -q "successfully loaded" <<<"$out"; then
+    echo "FAIL: a damaged chunk read by one rank -> rc $rc"; echo "$out" | tail -8; fail=1
+  else
+    echo "ok: a damaged chunk read by one rank stops every rank before anything is loaded"
+  fi
   resume gpt_tp2pp2_torch_legacy --tensor-model-parallel-size 2
   resume llama_tp2_torch_dist --tensor-model-parallel-size 2
   resume gpt_dp2_distopt_torch_dist --use-distributed-optimizer

@@ -129,6 +129,15 @@ TEST(DcpWriter, ChunksOfTwoRanksReadBackAsOneTensor) {
   int64_t value = 0;
   EXPECT_TRUE(as_int(dcp.object("common_state")->root()->items.at(0), value) && value == 10);
 
+  // A box reads the chunks it overlaps, each once while boxes of the same tensor are asked for.
+  const int64_t all = dcp.tensor_bytes(), before = dcp.bytes_read();
+  EXPECT_TRUE(torch::equal(dcp.region("decoder.layers.w", {1, 1, 1}, {1, 2, 2}), global.narrow(0, 1, 1).narrow(1, 1, 2).narrow(2, 1, 2)));
+  EXPECT_EQ(dcp.bytes_read() - before, all / 4);  // one of four equal chunks
+  EXPECT_TRUE(torch::equal(dcp.region("decoder.layers.w", {1, 0, 0}, {1, 3, 4}), global.narrow(0, 1, 1).narrow(1, 0, 3)));
+  EXPECT_EQ(dcp.bytes_read() - before, all / 4);
+  EXPECT_TRUE(torch::equal(dcp.region("decoder.layers.w", {1, 2, 0}, {1, 2, 4}), global.narrow(0, 1, 1).narrow(1, 2, 2)));
+  EXPECT_EQ(dcp.bytes_read() - before, all / 2);  // the box spans two ranks' chunks
+
   // Chunks that leave part of the tensor uncovered are refused before .metadata is written.
   entries.pop_back();
   std::string msg;
@@ -163,11 +172,11 @@ TEST(MegatronCheckpoint, LegacyHoldsWeightsMomentsAndCounters) {
   EXPECT_EQ(c.model_args.at("hidden_size"), 64);
   EXPECT_EQ(c.tensors.size(), 3u * 28u);  // 28 parameters, their two moments
   // Values Python's torch.load reads from the same file.
-  EXPECT_FLOAT_EQ(c.tensors.at("decoder.final_layernorm.weight")[0].item<float>(), 0.9986070990562439f);
-  EXPECT_FLOAT_EQ(c.tensors.at("decoder.layers.1.mlp.linear_fc1.weight")[5][7].item<float>(), -0.005036144983023405f);
-  EXPECT_FLOAT_EQ(c.tensors.at("optimizer.state.exp_avg.embedding.word_embeddings.weight")[3][4].item<float>(),
+  EXPECT_FLOAT_EQ(c.tensors.at("decoder.final_layernorm.weight").read()[0].item<float>(), 0.9986070990562439f);
+  EXPECT_FLOAT_EQ(c.tensors.at("decoder.layers.1.mlp.linear_fc1.weight").read()[5][7].item<float>(), -0.005036144983023405f);
+  EXPECT_FLOAT_EQ(c.tensors.at("optimizer.state.exp_avg.embedding.word_embeddings.weight").read()[3][4].item<float>(),
                   -0.00016141110972967f);
-  EXPECT_FLOAT_EQ(c.tensors.at("optimizer.state.exp_avg_sq.decoder.final_layernorm.bias")[1].item<float>(),
+  EXPECT_FLOAT_EQ(c.tensors.at("optimizer.state.exp_avg_sq.decoder.final_layernorm.bias").read()[1].item<float>(),
                   8.55655102327546e-09f);
   EXPECT_TRUE(c.tensors.count("decoder.layers.0.self_attention.linear_qkv.layer_norm_weight"));
   EXPECT_TRUE(c.tensors.count("decoder.layers.0.mlp.linear_fc1.layer_norm_bias"));
@@ -184,8 +193,23 @@ TEST(MegatronCheckpoint, DistributedEqualsLegacy) {
   ASSERT_EQ(dist.tensors.size(), legacy.tensors.size());
   for (const auto& [name, t] : legacy.tensors) {
     ASSERT_TRUE(dist.tensors.count(name)) << name;
-    EXPECT_TRUE(torch::equal(dist.tensors.at(name), t)) << name;
+    EXPECT_TRUE(torch::equal(dist.tensors.at(name).read(), t.read())) << name;
   }
+}
+
+TEST(MegatronCheckpoint, DistributedTensorsAreReadWhenAskedForAndOnlyThere) {
+  // Written by TP2 x PP2: a layer of stage 0 lies in stage 0's files; reading its tensor-parallel
+  // half reads that rank's chunk and nothing else.
+  const MegatronCheckpoint c = read_checkpoint(kFixtures + "/gpt_tp2pp2_torch_dist/ckpt/iter_0000010", "torch_dist");
+  ASSERT_TRUE(c.dcp);
+  EXPECT_EQ(c.dcp->bytes_read(), 0);
+  const StoredTensor& fc1 = c.tensors.at("decoder.layers.0.mlp.linear_fc1.weight");
+  ASSERT_EQ(fc1.shape(), (std::vector<int64_t>{256, 64}));
+  const torch::Tensor half = fc1.read({0, 0}, {128, 64});
+  EXPECT_TRUE(torch::equal(half, fc1.read().narrow(0, 0, 128)));
+  const int64_t stacked = c.dcp->tensors().at("decoder.layers.mlp.linear_fc1.weight").chunks.front().storage.length;
+  EXPECT_LE(c.dcp->bytes_read(), 2 * stacked);
+  EXPECT_LT(c.dcp->bytes_read(), c.dcp->tensor_bytes() / 10);
 }
 
 TEST(MegatronCheckpoint, ExpertParallelMoeHoldsEveryExpertAndOneStep) {
@@ -199,16 +223,16 @@ TEST(MegatronCheckpoint, ExpertParallelMoeHoldsEveryExpertAndOneStep) {
     for (int e = 0; e < 4; ++e) {
       const std::string fc1 = "decoder.layers." + std::to_string(layer) + ".mlp.experts.linear_fc1.weight" + std::to_string(e);
       ASSERT_TRUE(c.tensors.count(fc1)) << fc1;
-      EXPECT_EQ(c.tensors.at(fc1).sizes(), (std::vector<int64_t>{256, 64}));
+      EXPECT_EQ(c.tensors.at(fc1).shape(), (std::vector<int64_t>{256, 64}));
       EXPECT_TRUE(c.tensors.count("optimizer.state.exp_avg_sq." + fc1)) << fc1;
     }
   // Values PyTorch's torch.distributed.checkpoint reads from the stacked tensors.
-  EXPECT_FLOAT_EQ(c.tensors.at("decoder.layers.1.mlp.experts.linear_fc1.weight3")[200][5].item<float>(),
+  EXPECT_FLOAT_EQ(c.tensors.at("decoder.layers.1.mlp.experts.linear_fc1.weight3").read()[200][5].item<float>(),
                   0.005540667567402124f);
-  EXPECT_FLOAT_EQ(c.tensors.at("optimizer.state.exp_avg.decoder.layers.0.mlp.experts.linear_fc2.weight2")[10][100]
+  EXPECT_FLOAT_EQ(c.tensors.at("optimizer.state.exp_avg.decoder.layers.0.mlp.experts.linear_fc2.weight2").read()[10][100]
                       .item<float>(),
                   1.7187353478220757e-06f);
-  EXPECT_FLOAT_EQ(c.tensors.at("decoder.layers.1.mlp.router.weight")[3][7].item<float>(), -0.012620589695870876f);
+  EXPECT_FLOAT_EQ(c.tensors.at("decoder.layers.1.mlp.router.weight").read()[3][7].item<float>(), -0.012620589695870876f);
   EXPECT_FALSE(c.tensors.count("decoder.layers.0.mlp.experts.experts.linear_fc1.weight"));
 }
 
@@ -225,9 +249,9 @@ TEST(MegatronCheckpoint, DistributedOptimizerBuffersHoldTheMomentsOfTheSameRun) 
   ASSERT_EQ(flat.tensors.size(), plain.tensors.size());
   for (const auto& [name, t] : plain.tensors) {
     ASSERT_TRUE(flat.tensors.count(name)) << name;
-    const torch::Tensor& f = flat.tensors.at(name);
-    const double scale = t.abs().max().item<double>();
-    EXPECT_LE((f - t).abs().max().item<double>(), 1e-3 * scale + 1e-12) << name;
+    const torch::Tensor f = flat.tensors.at(name).read(), p = t.read();
+    const double scale = p.abs().max().item<double>();
+    EXPECT_LE((f - p).abs().max().item<double>(), 1e-3 * scale + 1e-12) << name;
   }
 }
 
@@ -244,7 +268,7 @@ TEST(MegatronCheckpoint, LegacyRanksPutTogetherEqualTheDistributedCheckpointOfTh
   ASSERT_EQ(legacy.tensors.size(), dist.tensors.size());
   for (const auto& [name, t] : dist.tensors) {
     ASSERT_TRUE(legacy.tensors.count(name)) << name;
-    EXPECT_TRUE(torch::equal(legacy.tensors.at(name), t)) << name;
+    EXPECT_TRUE(torch::equal(legacy.tensors.at(name).read(), t.read())) << name;
   }
 }
 
@@ -264,17 +288,17 @@ TEST(MegatronCheckpoint, LegacyRanksJoinGatedColumnsRowsAndStages) {
   std::vector<std::vector<MegatronCheckpoint>> parts = {{part(0, false), part(10, false)},
                                                         {part(20, true), part(30, true)}};
   const MegatronCheckpoint out = merge_legacy_ranks(parts, /*gated_linear_unit=*/true, /*tied_embeddings=*/true);
-  EXPECT_TRUE(torch::equal(out.tensors.at("decoder.layers.0.mlp.linear_fc1.weight").view({-1}),
+  EXPECT_TRUE(torch::equal(out.tensors.at("decoder.layers.0.mlp.linear_fc1.weight").read().view({-1}),
                            torch::tensor({0.f, 10.f, 1.f, 11.f})));
-  EXPECT_TRUE(torch::equal(out.tensors.at("decoder.layers.1.mlp.linear_fc1.weight").view({-1}),
+  EXPECT_TRUE(torch::equal(out.tensors.at("decoder.layers.1.mlp.linear_fc1.weight").read().view({-1}),
                            torch::tensor({20.f, 30.f, 21.f, 31.f})));
-  EXPECT_TRUE(torch::equal(out.tensors.at("optimizer.state.exp_avg.decoder.layers.1.mlp.linear_fc2.weight"),
+  EXPECT_TRUE(torch::equal(out.tensors.at("optimizer.state.exp_avg.decoder.layers.1.mlp.linear_fc2.weight").read(),
                            torch::tensor({{20.f, 30.f}})));
-  EXPECT_TRUE(torch::equal(out.tensors.at("decoder.layers.1.mlp.linear_fc1.layer_norm_weight"), torch::tensor({7.f})));
+  EXPECT_TRUE(torch::equal(out.tensors.at("decoder.layers.1.mlp.linear_fc1.layer_norm_weight").read(), torch::tensor({7.f})));
   EXPECT_FALSE(out.tensors.count("output_layer.weight"));
   const MegatronCheckpoint untied = merge_legacy_ranks(parts, false, /*tied_embeddings=*/false);
-  EXPECT_TRUE(torch::equal(untied.tensors.at("output_layer.weight"), torch::tensor({{20.f}, {30.f}})));
-  EXPECT_TRUE(torch::equal(untied.tensors.at("decoder.layers.0.mlp.linear_fc1.weight").view({-1}),
+  EXPECT_TRUE(torch::equal(untied.tensors.at("output_layer.weight").read(), torch::tensor({{20.f}, {30.f}})));
+  EXPECT_TRUE(torch::equal(untied.tensors.at("decoder.layers.0.mlp.linear_fc1.weight").read().view({-1}),
                            torch::tensor({0.f, 1.f, 10.f, 11.f})));
 }
 
