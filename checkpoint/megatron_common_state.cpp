@@ -1,5 +1,7 @@
 #include "checkpoint/megatron_common_state.h"
 
+#include <optional>
+
 #include "checkpoint/megatron/torch_save_writer.h"
 #include "checkpoint/scheduler_state.h"
 #include "core/error.h"
@@ -73,13 +75,16 @@ mg::PyRef args_namespace(const TrainingState& s) {
   // skips restoring them when the saving run says it did not save them.
   set(attrs, "no_save_rng", mg::py_bool(true));
   set(attrs, "no_save_optim", c.checkpoint.save_optim ? mg::py_none() : mg::py_bool(true));
+  set(attrs, "use_distributed_optimizer", mg::py_bool(c.distributed.distributed_optimizer));
+  // The layout the optimizer state is written in (content_metadata below).
+  if (c.distributed.distributed_optimizer) set(attrs, "dist_ckpt_optim_fully_reshardable", mg::py_bool(true));
   return mg::py_object(mg::py_global("argparse", "Namespace"), mg::py_dict(std::move(attrs)));
 }
 
 // Megatron's default parameter groups (optimizer/__init__.py _get_param_groups) of the dense or
 // the expert parameters: the weights with weight decay first, then the biases and 1-D weights
 // (wd_mult 0), each only when it has parameters; torch.optim.AdamW's fields.
-mg::PyRef param_groups(const TrainingState& s, bool experts) {
+mg::PyRef param_groups(const TrainingState& s, bool experts, std::optional<double> step = std::nullopt) {
   const OptimizerConfig& o = s.config.optimizer;
   bool with_decay = !experts, without_decay = !experts;
   if (experts)  // the routed experts' weights, and their biases unless --disable-bias-linear
@@ -97,6 +102,7 @@ mg::PyRef param_groups(const TrainingState& s, bool experts) {
         {"amsgrad", mg::py_bool(false)}, {"maximize", mg::py_bool(false)}, {"foreach", mg::py_none()},
         {"capturable", mg::py_bool(false)}, {"differentiable", mg::py_bool(false)}, {"fused", mg::py_none()},
         {"decoupled_weight_decay", mg::py_bool(true)}}));
+    if (step) groups.back()->entries.emplace_back(mg::py_str("step"), mg::py_float(*step));
   }
   return mg::py_list(std::move(groups));
 }
@@ -120,10 +126,23 @@ mg::PyRef grad_scaler(const TrainingState& s, mg::TorchSaveWriter& w) {
                       {"hysteresis_tracker", mg::py_int(s.scaler.hysteresis_tracker())}});
 }
 
+// Megatron's distributed optimizer's common state in its `fully_reshardable` layout: the
+// parameter groups, each with Adam's step (torch.optim's AdamW keeps no common step), the fp16
+// loss scaler, and the layout's name; its per-parameter state is in the sharded tensors
+// optimizer.state.{param,exp_avg,exp_avg_sq}.*.
+mg::PyRef distributed_optimizer_common_state(const TrainingState& s, mg::TorchSaveWriter& w, bool experts) {
+  std::vector<std::pair<std::string, mg::PyRef>> state = {
+      {"optimizer", mg::py_dict({{"param_groups", param_groups(s, experts, double(s.optimizer.step_count()))}})}};
+  if (s.config.precision.params_dtype == ParamDtype::Fp16) state.emplace_back("grad_scaler", grad_scaler(s, w));
+  state.emplace_back("param_state_sharding_type", mg::py_str("fully_reshardable"));
+  return mg::py_dict(std::move(state));
+}
+
 // One optimizer's common state: Adam's step and the parameter groups; Megatron's mixed-precision
 // optimizer nests the torch.optim state, its fp32 main weights being sharded tensors
 // (optimizer.state.fp32_param.*), with the fp16 loss scaler beside.
 mg::PyRef optimizer_common_state(const TrainingState& s, mg::TorchSaveWriter& w, bool experts) {
+  if (s.config.distributed.distributed_optimizer) return distributed_optimizer_common_state(s, w, experts);
   const mg::PyRef step = w.tensor(torch::tensor(float(s.optimizer.step_count())).reshape({}));
   mg::PyRef optimizer =
       mg::py_dict({{"state", mg::py_dict({{"common_step", step}})}, {"param_groups", param_groups(s, experts)}});
@@ -152,8 +171,16 @@ std::string megatron_common_state_bytes(const TrainingState& s, int64_t iteratio
   }
   const double flops = s.megatron ? s.megatron->flops_per_sample * double(s.consumed_train_samples) : 0.0;
   common.emplace_back("num_floating_point_operations_so_far", mg::py_float(flops));
-  common.emplace_back("content_metadata", mg::py_dict({{"singleton_local_shards", mg::py_bool(false)},
-                                                       {"chained_optim_avoid_prefix", mg::py_bool(true)}}));
+  // Megatron's _build_sharded_state_dict_metadata: how the optimizer state is laid out, which
+  // Megatron's loader follows whatever its own flags say.
+  std::vector<std::pair<std::string, mg::PyRef>> content;
+  if (s.config.distributed.distributed_optimizer) {
+    content.emplace_back("distrib_optim_sharding_type", mg::py_str("fully_reshardable"));
+    content.emplace_back("distrib_optim_fully_reshardable_mem_efficient", mg::py_bool(false));
+  }
+  content.emplace_back("singleton_local_shards", mg::py_bool(false));
+  content.emplace_back("chained_optim_avoid_prefix", mg::py_bool(true));
+  common.emplace_back("content_metadata", mg::py_dict(std::move(content)));
   // Megatron stores each ShardedObject's data in a list of the replicas it saved: one here.
   return w.bytes(mg::py_list({mg::py_dict(std::move(common))}));
 }

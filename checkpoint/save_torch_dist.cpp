@@ -62,17 +62,17 @@ struct StackedSizes {
 
 // One box of a parameter (or of an optimizer state laid out like it) as a DCP chunk under
 // Megatron's name: decoder-layer tensors stacked along a first dimension of num_layers, routed
-// experts' along a second of num_experts.
+// experts' along a second of num_experts. `data`: the box's elements, row-major.
 mg::DcpChunkToWrite chunk_of(const std::string& prefix, const std::string& name, const std::vector<int64_t>& global,
-                             const Piece& piece, const torch::Tensor& flat, const StackedSizes& sizes) {
+                             const ck::Box& box, const torch::Tensor& data, const StackedSizes& sizes) {
   mg::DcpChunkToWrite c;
-  std::vector<int64_t> shape = piece.box.shape;
+  std::vector<int64_t> shape = box.shape;
   std::string rest;
   const int64_t layer = layer_of(name, &rest);
   int64_t expert = -1;
   c.fqn = prefix + (layer < 0 ? name : kLayers + megatron_layer_field(rest, sizes.local, &expert));
   c.global_shape = global;
-  c.offsets = piece.box.offset;
+  c.offsets = box.offset;
   if (expert >= 0) {
     c.global_shape.insert(c.global_shape.begin(), sizes.num_experts);
     c.offsets.insert(c.offsets.begin(), expert);
@@ -83,33 +83,61 @@ mg::DcpChunkToWrite chunk_of(const std::string& prefix, const std::string& name,
     c.offsets.insert(c.offsets.begin(), layer);
     shape.insert(shape.begin(), 1);
   }
-  c.data = flat.narrow(0, piece.begin, piece.numel).view(shape);
+  c.data = data.view(shape);
   return c;
 }
 
-// This rank's chunks: its tensor-parallel boxes of the weights and Adam's moments, written by
-// the first data-parallel rank (each replica once).
+// The chunks of the slot's elements [begin, end) (its local, row-major numbering), `flat` holding
+// them: a piece's part as the boxes it covers (a distributed-optimizer shard may start and end
+// inside a row).
+void add_range_chunks(const std::string& prefix, const Slot& slot, int tp_rank, int tp, int64_t begin, int64_t end,
+                      const torch::Tensor& flat, const StackedSizes& sizes, std::vector<mg::DcpChunkToWrite>& out) {
+  for (const Piece& piece : param_pieces(slot, tp_rank, tp)) {
+    const int64_t lo = std::max(begin, piece.begin), hi = std::min(end, piece.begin + piece.numel);
+    if (lo >= hi) continue;
+    int64_t at = lo - begin;
+    for (const ck::Box& box : ck::flat_range_to_boxes(piece.box, lo - piece.begin, hi - piece.begin)) {
+      const int64_t n = ck::box_volume(box);
+      out.push_back(chunk_of(prefix, checkpoint_name(slot), slot.info.global_shape, box, flat.narrow(0, at, n), sizes));
+      at += n;
+    }
+  }
+}
+
+// This rank's chunks: its tensor-parallel boxes of the weights, written by the first
+// data-parallel rank (each replica once), and of the optimizer state: Adam's moments (and the fp32
+// main weights of bf16/fp16 runs), laid out like the weights. With the distributed optimizer every
+// rank of the first optimizer instance writes its shard of them, and the main weights are stored
+// in every precision, as Megatron's `fully_reshardable` layout has them.
 std::vector<mg::DcpChunkToWrite> rank_chunks(const TrainingState& s) {
   std::vector<mg::DcpChunkToWrite> out;
   const ModelConfig& m = s.config.model;
   const StackedSizes sizes{m.num_layers, m.moe.num_experts, !m.transformer_engine_modules};
   for (const auto& domain : s.optimizer.domains()) {
     const OptimizerDomain& o = *domain;
-    if (o.groups().dp->rank() != 0 || s.parallel.cp_rank != 0) continue;
+    const bool weights_writer = o.groups().dp->rank() == 0 && s.parallel.cp_rank == 0;
+    const bool states_writer = s.config.checkpoint.save_optim &&
+                               (o.distributed() ? !o.groups().instances || o.groups().instances->rank() == 0 : weights_writer);
     const int tp = o.groups().tp->size(), tp_rank = o.groups().tp->rank();
-    std::vector<std::pair<std::string, torch::Tensor>> buffers = {{"", o.model_params()}};
-    if (s.config.checkpoint.save_optim) {
-      // bf16/fp16 weights: Megatron's mixed-precision optimizer stores the fp32 main weights too.
-      if (o.model_params().scalar_type() != torch::kFloat32) buffers.emplace_back(kMainParamPrefix, o.main_params());
-      for (const auto& state : optimizer_states(o, s.config.optimizer)) buffers.push_back(state);
+    std::vector<std::pair<std::string, torch::Tensor>> states;  // laid out from shard_begin()
+    if (states_writer) {
+      if (o.distributed()) states.emplace_back(kDistributedMainParamPrefix, o.main_params());
+      else if (o.model_params().scalar_type() != torch::kFloat32) states.emplace_back(kMainParamPrefix, o.main_params());
+      for (const auto& state : optimizer_states(o, s.config.optimizer)) states.push_back(state);
     }
+    const int64_t shard_begin = o.shard_begin(), shard_end = o.shard_begin() + o.shard_numel();
     for (const Slot& slot : o.param_slots()) {
       if (slot.info.shared_embedding_copy) continue;              // the embedding's, stored by the first stage
       if (slot.info.partition_dim < 0 && tp_rank != 0) continue;  // replicated over TP: rank 0 stores it
-      for (const auto& [prefix, buffer] : buffers) {
-        const torch::Tensor flat = buffer.detach().narrow(0, slot.offset - o.shard_begin(), slot.numel).to(torch::kCPU);
-        for (const Piece& piece : param_pieces(slot, tp_rank, tp))
-          out.push_back(chunk_of(prefix, checkpoint_name(slot), slot.info.global_shape, piece, flat, sizes));
+      if (weights_writer) {
+        const torch::Tensor flat = o.model_params().detach().narrow(0, slot.offset, slot.numel).to(torch::kCPU);
+        add_range_chunks("", slot, tp_rank, tp, 0, slot.numel, flat, sizes, out);
+      }
+      const int64_t lo = std::max(slot.offset, shard_begin), hi = std::min(slot.offset + slot.numel, shard_end);
+      if (lo >= hi) continue;
+      for (const auto& [prefix, buffer] : states) {
+        const torch::Tensor flat = buffer.detach().narrow(0, lo - shard_begin, hi - lo).to(torch::kCPU);
+        add_range_chunks(prefix, slot, tp_rank, tp, lo - slot.offset, hi - slot.offset, flat, sizes, out);
       }
     }
   }

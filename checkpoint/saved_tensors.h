@@ -17,6 +17,8 @@ namespace fp8tron {
 using Slot = OptimizerDomain::ParamSlot;
 
 constexpr const char* kMainParamPrefix = "optimizer.state.fp32_param.";
+// The fp32 main weights as Megatron's distributed optimizer stores them (`fully_reshardable`).
+constexpr const char* kDistributedMainParamPrefix = "optimizer.state.param.";
 constexpr const char* kStepName = "optimizer.state.step";
 constexpr const char* kEmbeddingName = "embedding.word_embeddings.weight";
 constexpr const char* kFp8StateSuffix = "._extra_state";

@@ -20,6 +20,8 @@ namespace {
 constexpr const char* kExpAvg = "optimizer.state.exp_avg.";
 constexpr const char* kExpAvgSq = "optimizer.state.exp_avg_sq.";
 constexpr const char* kFp32Param = "optimizer.state.fp32_param.";
+// The distributed optimizer's fp32 main weights in its fully_reshardable layout.
+constexpr const char* kDistributedParam = "optimizer.state.param.";
 constexpr const char* kLayers = "decoder.layers.";
 
 bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
@@ -202,9 +204,32 @@ void unstack(const std::shared_ptr<const DcpCheckpoint>& dcp, const std::string&
   }
 }
 
+// Adam's step as the parameter groups of Megatron's distributed optimizer hold it (each group's
+// "step", all alike), if they do.
+void read_group_steps(const PyRef& optimizer, const std::string& where, MegatronCheckpoint& out) {
+  const PyRef groups = attribute(optimizer, "param_groups");
+  if (!groups || groups->kind != PyValue::Kind::List) return;
+  for (const PyRef& g : groups->items) {
+    double step = 0;
+    if (!as_double(attribute(g, "step"), step)) continue;
+    if (out.step && *out.step != step)
+      throw UserError(where + ": parameter groups stepped " + std::to_string(int64_t(*out.step)) + " and " +
+                      std::to_string(int64_t(step)) + " times");
+    out.step = step;
+  }
+}
+
 // One optimizer's common state: Megatron's fp32 optimizer stores {state, param_groups}; its
-// mixed-precision one nests that under "optimizer", beside the fp16 loss scaler's "grad_scaler".
+// mixed-precision one nests that under "optimizer", beside the fp16 loss scaler's "grad_scaler";
+// its distributed optimizer stores the layout of its per-parameter state
+// (param_state_sharding_type) beside, and Adam's step in the parameter groups.
 void read_optimizer_common(PyRef optimizer, const TorchArchive& common, MegatronCheckpoint& out) {
+  std::string layout;
+  if (as_string(attribute(optimizer, "param_state_sharding_type"), layout) && layout != "dp_reshardable" &&
+      layout != "fully_reshardable")
+    throw UserError(common.source() + ": the distributed optimizer's state is in Megatron's " + layout +
+                    " layout, which fp8tron does not read (it reads dp_reshardable and fully_reshardable); pass "
+                    "--no-load-optim to load the weights");
   if (attribute(optimizer, "optimizer")) {
     const PyRef scaler = attribute(optimizer, "grad_scaler");
     int64_t growth = 0, hysteresis = 0;
@@ -215,7 +240,7 @@ void read_optimizer_common(PyRef optimizer, const TorchArchive& common, Megatron
     optimizer = attribute(optimizer, "optimizer");
   }
   const PyRef step = attribute(attribute(optimizer, "state"), "common_step");
-  if (!step) return;
+  if (!step) return read_group_steps(optimizer, common.source(), out);
   const double value = common.tensor(step, "optimizer step").item<double>();
   if (out.step && *out.step != value)
     throw UserError(common.source() + ": the chained optimizers stepped " + std::to_string(int64_t(*out.step)) + " and " +
@@ -246,8 +271,8 @@ MegatronCheckpoint read_dist(const std::string& dir) {
   for (const auto& [name, entry] : dcp.tensors()) {
     if (is_distributed_optimizer_entry(name)) continue;  // read below, once the weights are
     std::string prefix, param = name;
-    for (const char* p : {kExpAvg, kExpAvgSq, kFp32Param})
-      if (starts_with(name, p)) prefix = p, param = name.substr(std::strlen(p));
+    for (const char* p : {kExpAvg, kExpAvgSq, kFp32Param, kDistributedParam})
+      if (starts_with(name, p)) prefix = p == kDistributedParam ? kFp32Param : p, param = name.substr(std::strlen(p));
     if (!prefix.empty() || !starts_with(name, "optimizer.")) {
       if (starts_with(param, kLayers)) unstack(stored, name, prefix, fp8tron_name(param.substr(std::strlen(kLayers))), out);
       else out.tensors[prefix + fp8tron_name(param)] = StoredTensor(stored, name, {});

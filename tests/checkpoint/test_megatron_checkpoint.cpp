@@ -302,6 +302,41 @@ TEST(MegatronCheckpoint, LegacyRanksJoinGatedColumnsRowsAndStages) {
                            torch::tensor({0.f, 1.f, 10.f, 11.f})));
 }
 
+// A torch_dist checkpoint of one weight `w` whose optimizer state is the distributed optimizer's
+// in `layout`, Adam's step 3 in its parameter groups.
+void write_distributed_optimizer_checkpoint(const std::string& dir, const std::string& layout) {
+  Scratch::run("rm -rf '" + dir + "' && mkdir -p '" + dir + "'");
+  const PyRef args = py_object(py_global("argparse", "Namespace"), py_dict({{"num_layers", py_int(1)}}));
+  const PyRef optimizer = py_dict({{"optimizer", py_dict({{"param_groups", py_list({py_dict({{"step", py_float(3)}}),
+                                                                                    py_dict({{"step", py_float(3)}})})}})},
+                                   {"param_state_sharding_type", py_str(layout)}});
+  const PyRef common = py_dict({{"args", args}, {"iteration", py_int(3)}, {"optimizer", optimizer},
+                                {"opt_param_scheduler", py_none()}});
+  const torch::Tensor w = torch::arange(6, torch::kFloat32).view({2, 3});
+  std::vector<DcpChunkToWrite> chunks = {{"w", {2, 3}, {0, 0}, w}, {"optimizer.state.param.w", {2, 3}, {0, 0}, w},
+                                         {"optimizer.state.exp_avg.w", {2, 3}, {0, 0}, w * 2},
+                                         {"optimizer.state.exp_avg_sq.w", {2, 3}, {0, 0}, w * 3}};
+  const std::string entries = write_dcp_file(
+      dir, 0, {{"common_state/shard_0_1", TorchSaveWriter().bytes(py_list({common}))}}, chunks);
+  write_dcp_metadata(dir, {entries}, dir);
+  std::ofstream(dir + "/metadata.json") << R"({"sharded_backend": "torch_dist", "sharded_backend_version": 1})";
+}
+
+TEST(MegatronCheckpoint, DistributedOptimizerInItsFullyReshardableLayoutAndOthersRefused) {
+  Scratch dir(kDist);  // any directory to write into
+  write_distributed_optimizer_checkpoint(dir.path, "fully_reshardable");
+  const MegatronCheckpoint c = read_checkpoint(dir.path, "torch_dist");
+  ASSERT_TRUE(c.step);
+  EXPECT_EQ(*c.step, 3);
+  EXPECT_TRUE(torch::equal(c.tensors.at("optimizer.state.fp32_param.w").read(), c.tensors.at("w").read()));
+  EXPECT_TRUE(torch::equal(c.tensors.at("optimizer.state.exp_avg_sq.w").read(), c.tensors.at("w").read() * 3));
+  write_distributed_optimizer_checkpoint(dir.path, "fully_sharded_model_space");
+  const std::string msg = error_of([&] { read_checkpoint(dir.path, "torch_dist"); });
+  EXPECT_NE(msg.find("in Megatron's fully_sharded_model_space layout, which fp8tron does not read"), std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("--no-load-optim"), std::string::npos) << msg;
+}
+
 TEST(MegatronCheckpoint, TruncatedDistcpNamesTheFile) {
   Scratch s(kDist);
   ASSERT_EQ(::truncate((s.path + "/__0_0.distcp").c_str(), 1000000), 0);

@@ -7,6 +7,13 @@ distributed-checkpoint reader, as Megatron-LM loads one, and checks it against a
   torch_dist_check.py common CKPT [FIXTURE]   the common state loads with weights_only=True (as
                                               Megatron loads it) and holds what Megatron reads;
                                               with FIXTURE, the same values as FIXTURE's
+  torch_dist_check.py distopt CKPT [REF]      the distributed optimizer's fully_reshardable layout:
+                                              each weight's fp32 main copy (optimizer.state.param.*,
+                                              equal to the weight, or rounding to it) and moments,
+                                              the layout named in the common state, Adam's step in
+                                              the parameter groups; with REF (a torch_dist
+                                              checkpoint of the same state without the distributed
+                                              optimizer) every tensor they share equal
 
 CKPT, FIXTURE, REF: iter_NNNNNNN directories. Exits 1 with one line per difference.
 """
@@ -135,11 +142,26 @@ def common_state(d, fixture=False):
     return loaded[0]
 
 
+def chained(o):
+    """The optimizers of a ChainedOptimizer's {0: ..., 1: ...} (dense, then expert parameters), or the one."""
+    return [o[k] for k in sorted(o)] if o and all(isinstance(k, int) for k in o) else [o]
+
+
 def optimizers(o):
-    """Each optimizer's torch.optim state dict: the one, or a ChainedOptimizer's {0: ..., 1: ...}
-    (dense, then expert parameters); a mixed-precision optimizer nests it under "optimizer"."""
-    subs = [o[k] for k in sorted(o)] if o and all(isinstance(k, int) for k in o) else [o]
-    return [sub if "state" in sub else sub["optimizer"] for sub in subs]
+    """Each optimizer's torch.optim state dict; a mixed-precision or distributed optimizer nests it
+    under "optimizer"."""
+    return [sub if "state" in sub else sub["optimizer"] for sub in chained(o)]
+
+
+def steps(o):
+    """Adam's step of each optimizer: the common step, or (distributed optimizer) its parameter groups'."""
+    out = []
+    for sub in optimizers(o):
+        if "state" in sub:
+            out.append(sub["state"]["common_step"])
+        else:
+            out.append({g.get("step") for g in sub["param_groups"]})
+    return out
 
 
 def check_common(ckpt, fixture):
@@ -158,9 +180,11 @@ def check_common(ckpt, fixture):
         problems.append("common state: args.no_save_rng is not True (no RNG state is written)")
     if c.get("checkpoint_version") != 3.0:
         problems.append(f"common state: checkpoint_version {c.get('checkpoint_version')}")
-    for o in optimizers(c["optimizer"]):
-        step = o["state"]["common_step"]
-        if not isinstance(step, torch.Tensor) or step.dim() != 0:
+    for step in steps(c["optimizer"]):
+        if isinstance(step, set):
+            if len(step) != 1 or not isinstance(next(iter(step)), float):
+                problems.append(f"common state: the parameter groups' steps are {step!r}, not one float")
+        elif not isinstance(step, torch.Tensor) or step.dim() != 0:
             problems.append(f"common state: optimizer.state.common_step is {step!r}, not a scalar tensor")
     if fixture is None:
         return
@@ -194,10 +218,42 @@ def check_common(ckpt, fixture):
             problems.append(f"common state: args.{key} {args.get(key)!r} written, {fa.get(key)!r} in the fixture")
 
 
+def check_distopt(ckpt, ref):
+    tensors = load_all(ckpt, only_tensors=True)
+    weights = {n: t for n, t in tensors.items() if not n.startswith("optimizer.")}
+    for name, w in weights.items():
+        for key in ("param", "exp_avg", "exp_avg_sq"):
+            state = tensors.get(f"optimizer.state.{key}.{name}")
+            if state is None or state.shape != w.shape or state.dtype != torch.float32:
+                problems.append(f"optimizer.state.{key}.{name}: missing, or not fp32 of the weight's shape")
+        main = tensors.get(f"optimizer.state.param.{name}")
+        if main is not None and main.shape == w.shape and not torch.equal(main.to(w.dtype), w):
+            problems.append(f"optimizer.state.param.{name}: does not round to the weight")
+    extra = [n for n in tensors if n.startswith("optimizer.") and n.split(".", 3)[-1] not in weights]
+    problems.extend(f"{n}: a state of no weight" for n in extra)
+    c = common_state(ckpt)
+    if c["content_metadata"].get("distrib_optim_sharding_type") != "fully_reshardable":
+        problems.append(f"common state: content_metadata {c['content_metadata']!r} names no fully_reshardable layout")
+    for sub in chained(c["optimizer"]):
+        if sub.get("param_state_sharding_type") != "fully_reshardable" or "state" in sub.get("optimizer", {}):
+            problems.append(f"common state: optimizer {sorted(sub)} is not the distributed optimizer's")
+    if not vars(c["args"]).get("use_distributed_optimizer"):
+        problems.append("common state: args.use_distributed_optimizer is not True")
+    if ref:
+        theirs = load_all(ref, only_tensors=True)
+        shared = sorted(set(tensors) & set(theirs))
+        for name in shared:
+            if not torch.equal(tensors[name], theirs[name]):
+                problems.append(f"{name}: differs from {ref}")
+        print(f"{len(shared)} tensors compared with {ref}")
+    print(f"{len(weights)} weights with their optimizer state")
+
+
 def main():
     what, ckpt = sys.argv[1], sys.argv[2]
     other = sys.argv[3] if len(sys.argv) > 3 else None
-    {"metadata": check_metadata, "tensors": check_tensors, "common": check_common}[what](ckpt, other)
+    {"metadata": check_metadata, "tensors": check_tensors, "common": check_common, "distopt": check_distopt}[what](
+        ckpt, other)
     for p in problems:
         print(p)
     print(f"{what}: {'FAIL' if problems else 'ok'}")

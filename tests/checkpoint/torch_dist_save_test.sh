@@ -15,6 +15,8 @@
 #     resumes exactly from its own torch_dist save;
 #   - with MPIRUN, a Llama-like model over TP2 x PP2 x 2 virtual stages resumes exactly and writes
 #     the tensors one process writes for the same state;
+#   - with MPIRUN, the distributed optimizer (DP2, bf16, TP2 x DP2) written in Megatron's
+#     fully_reshardable layout resumes exactly, also in one process without it;
 #   - a save killed before its commit leaves no checkpoint; what cannot be written in torch_dist
 #     yet saves fp8tron's format with a notice, or is refused in a conversion.
 # Usage: torch_dist_save_test.sh FP8TRON SOURCE_DIR PYTHON [MPIRUN]
@@ -110,6 +112,23 @@ if [ -n "$MPIRUN" ]; then
   ls "$WORK/tp2pp2-td/iter_0000010"/__{0,1,2,3}_0.distcp > /dev/null || { echo "FAIL: tp2pp2: a rank file is missing"; fail=1; }
   convert_test tp2pp2 4 --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2
   convert_test dp2 2
+  # The distributed optimizer, written in Megatron's fully_reshardable layout (each weight's fp32
+  # main copy and moments, laid out like the weight; shards that start inside a row become several
+  # chunks): DP2 and TP2 x DP2 runs resume exactly, also without the distributed optimizer in one
+  # process, and the fixture converted over DP2 holds the fixture's tensors.
+  resume_test distopt 2 --use-distributed-optimizer
+  check "distopt: the distributed optimizer's layout" distopt "$WORK/distopt-td/iter_0000010"
+  run distopt-into-one 1 "${FLAGS[@]}" --load "$WORK/distopt-td" &&
+    same_losses "distopt: resumed in one process = resumed over DP2" "$WORK/distopt-into-one.log" "$WORK/distopt-resume.log"
+  resume_test distopt-bf16 2 --use-distributed-optimizer --bf16
+  check "distopt-bf16: the distributed optimizer's layout" distopt "$WORK/distopt-bf16-td/iter_0000010"
+  resume_test distopt-tp2 4 --use-distributed-optimizer --tensor-model-parallel-size 2
+  check "distopt-tp2: the distributed optimizer's layout" distopt "$WORK/distopt-tp2-td/iter_0000010"
+  if run distopt-convert 2 "${FLAGS[@]}" --use-distributed-optimizer --load "$FIXTURE/ckpt" \
+       --ckpt-convert-format torch_dist --ckpt-convert-save "$WORK/distopt-conv"; then
+    check "distopt: converted fixture: the fixture's tensors, each weight's main copy" distopt \
+      "$WORK/distopt-conv/torch_dist/iter_0000010" "$FIXTURE/ckpt/iter_0000010"
+  fi
   # A Llama-like model (SwiGLU, GQA, RMSNorm, RoPE, untied output) over TP2 x PP2 with two virtual
   # stages: its checkpoint equals the same state written by one process (converted), and a resume
   # prints the uninterrupted losses.
@@ -175,13 +194,13 @@ expect_fallback() {  # expect_fallback <flag named> <flags...>
   else echo "ok: $want"; fi
 }
 expect_fallback "--fp8-format" --transformer-impl transformer_engine --fp8-format hybrid --bf16 --save "$WORK/x"
-expect_fallback "--use-distributed-optimizer" --use-distributed-optimizer --save "$WORK/x"
+expect_fallback "--use-megatron-fsdp / --use-torch-fsdp2" --use-megatron-fsdp --save "$WORK/x"
 expect_fallback "--num-experts with --transformer-impl transformer_engine" "${MOE[@]}" --transformer-impl transformer_engine \
   --save "$WORK/x"
 expect_fallback "--moe-layer-freq (dense and MoE layers mixed)" "${MOE[@]}" --moe-layer-freq "([0]+[1])" --save "$WORK/x"
-expect_error "--use-distributed-optimizer with --ckpt-convert-format torch_dist is not supported yet" \
-  "conversion with the distributed optimizer refused" \
-  --use-distributed-optimizer --load "$FIXTURE/ckpt" --ckpt-convert-format torch_dist --ckpt-convert-save "$WORK/x"
+expect_error "--use-megatron-fsdp / --use-torch-fsdp2 with --ckpt-convert-format torch_dist is not supported yet" \
+  "conversion with Megatron-FSDP refused" \
+  --use-megatron-fsdp --load "$FIXTURE/ckpt" --ckpt-convert-format torch_dist --ckpt-convert-save "$WORK/x"
 expect_error "--ckpt-convert-format torch: fp8tron converts into Megatron's torch_dist format only" "convert to torch refused" \
   --load "$FIXTURE/ckpt" --ckpt-convert-format torch --ckpt-convert-save "$WORK/x"
 # Without --ckpt-format, fp8tron's own format, as before.

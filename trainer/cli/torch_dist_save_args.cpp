@@ -7,8 +7,9 @@ namespace fp8tron {
 std::string torch_dist_unwritable_flag(const Config& c) {
   if (c.precision.fp8.enabled()) return "--fp8-format";
   if (c.optimizer.optimizer != "adam") return "--optimizer " + c.optimizer.optimizer;
-  if (c.distributed.distributed_optimizer || c.distributed.dp_sharding != DataParallelSharding::None)
-    return "--use-distributed-optimizer";
+  // The distributed optimizer is written in Megatron's fully_reshardable layout; Megatron-FSDP's
+  // checkpoints are its fsdp_dtensor format.
+  if (c.distributed.dp_sharding != DataParallelSharding::None) return "--use-megatron-fsdp / --use-torch-fsdp2";
   // MoE: Megatron's local layers' names were checked against a checkpoint Megatron wrote;
   // Transformer Engine's grouped experts store their _extra_state otherwise.
   if (c.model.moe.enabled() && c.model.transformer_engine_modules)

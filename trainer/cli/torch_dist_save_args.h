@@ -1,6 +1,6 @@
 // Which runs fp8tron can save in Megatron's torch_dist format (checkpoint/save_torch_dist.h): GPT
-// models with Adam, without FP8, the distributed optimizer, experts, MTP or MLA, synchronous
-// persistent saves. Torch-free.
+// models with Adam (the distributed optimizer too), without FP8, Megatron-FSDP, MTP or MLA, MoE
+// with local layers only, synchronous persistent saves. Torch-free.
 #pragma once
 #include <string>
 

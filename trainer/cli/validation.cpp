@@ -850,8 +850,8 @@ const std::vector<Rule>& rules() {
          const std::string flag = torch_dist_unwritable_flag(c);
          if (flag.empty()) return "";
          return flag + " with --ckpt-convert-format torch_dist is not supported yet (fp8tron writes Megatron's "
-                       "torch_dist for GPT models with Adam, without FP8, the distributed optimizer, experts, MTP "
-                       "or MLA)";
+                       "torch_dist for GPT and MoE models with local layers and Adam, without FP8, Megatron-FSDP, "
+                       "MTP or MLA)";
        }},
   };
   return table;
