@@ -67,6 +67,17 @@ void check_tensors(const mg::MegatronCheckpoint& c, const TrainingState& s, bool
                           "flags it was saved with");
       }
     }
+  // Persistent model buffers (the MoE routers' expert_bias), which Megatron stores as weights.
+  for (const auto& [name, buffer] : s.buffers) {
+    wanted.insert(name);
+    auto it = c.tensors.find(name);
+    if (it == c.tensors.end())
+      throw UserError("checkpoint " + c.path + " lacks " + name + "; was it saved with the same MoE router flags "
+                      "(--moe-router-enable-expert-bias)?");
+    if (it->second.shape() != buffer.sizes().vec())
+      throw UserError("checkpoint " + c.path + ": " + name + " is " + shape_text(it->second.shape()) + " there, " +
+                      shape_text(buffer.sizes().vec()) + " in this model; run with the model flags it was saved with");
+  }
   // Another pipeline stage's layers and another expert-parallel rank's experts are not this
   // rank's to load (the number of experts is compared with the saved run's).
   const bool other_experts = s.parallel.sizes.ep > 1;
@@ -130,10 +141,12 @@ std::vector<RangeRead> plan_reads(const mg::MegatronCheckpoint& c, const Trainin
 void copy_parameters(const mg::MegatronCheckpoint& c, const TrainingState& s, bool load_optim) {
   torch::NoGradGuard no_grad;
   std::vector<RangeRead> reads = plan_reads(c, s, load_optim);
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> buffers;  // (buffer, values read)
   std::string error;
   bool damaged = false;
   try {
     for (RangeRead& r : reads) r.values = local_range(*r.stored, *r.slot, r.tp_rank, r.tp_size, r.begin, r.end);
+    for (const auto& [name, buffer] : s.buffers) buffers.emplace_back(buffer, c.tensors.at(name).read());
   } catch (const ck::DamagedCheckpoint& e) {
     error = e.what(), damaged = true;
   } catch (const std::exception& e) {
@@ -151,6 +164,7 @@ void copy_parameters(const mg::MegatronCheckpoint& c, const TrainingState& s, bo
                                      "nothing was loaded");
   }
   for (RangeRead& r : reads) r.destination.copy_(r.values);
+  for (auto& [buffer, values] : buffers) buffer.copy_(values);
   if (load_optim) s.optimizer.set_step_count(*c.step);
   s.optimizer.publish_model_params();
 }

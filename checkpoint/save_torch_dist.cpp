@@ -54,15 +54,38 @@ int64_t layer_of(const std::string& name, std::string* rest) {
   return std::stoll(name.substr(std::strlen(kLayers), dot - std::strlen(kLayers)));
 }
 
-// The model's sizes a chunk's Megatron name and global shape depend on.
+// The model's sizes a chunk's Megatron name and global shape depend on. `numbered_layers`: each
+// decoder layer's tensors and objects under the layer's own number instead of stacked.
 struct StackedSizes {
   int64_t num_layers = 0, num_experts = 0;
-  bool local = false;
+  bool local = false, numbered_layers = false;
 };
 
+// Megatron stacks the decoder layers' tensors only when its layers are alike: with
+// --moe-layer-freq a list (even one of MoE layers only) or an integer above 1, it stores every
+// layer under its own number (TransformerBlock.sharded_state_dict's non-homogeneous layers).
+bool numbered_layers(const Config& c) {
+  for (const auto& [flag, text] : c.resolved_flags) {
+    if (flag != "moe-layer-freq") continue;
+    if (text.find('[') != std::string::npos) return true;
+    try {
+      return std::stoll(text) > 1;
+    } catch (const std::exception&) {
+      return false;
+    }
+  }
+  return false;
+}
+
+StackedSizes stacked_sizes(const Config& c) {
+  return StackedSizes{c.model.num_layers, c.model.moe.num_experts, !c.model.transformer_engine_modules,
+                      numbered_layers(c)};
+}
+
 // One box of a parameter (or of an optimizer state laid out like it) as a DCP chunk under
-// Megatron's name: decoder-layer tensors stacked along a first dimension of num_layers, routed
-// experts' along a second of num_experts. `data`: the box's elements, row-major.
+// Megatron's name: decoder-layer tensors stacked along a first dimension of num_layers (or under
+// their layer's number), routed experts' along a next one of num_experts. `data`: the box's
+// elements, row-major.
 mg::DcpChunkToWrite chunk_of(const std::string& prefix, const std::string& name, const std::vector<int64_t>& global,
                              const ck::Box& box, const torch::Tensor& data, const StackedSizes& sizes) {
   mg::DcpChunkToWrite c;
@@ -70,7 +93,8 @@ mg::DcpChunkToWrite chunk_of(const std::string& prefix, const std::string& name,
   std::string rest;
   const int64_t layer = layer_of(name, &rest);
   int64_t expert = -1;
-  c.fqn = prefix + (layer < 0 ? name : kLayers + megatron_layer_field(rest, sizes.local, &expert));
+  const std::string layer_prefix = sizes.numbered_layers ? kLayers + std::to_string(layer) + "." : kLayers;
+  c.fqn = prefix + (layer < 0 ? name : layer_prefix + megatron_layer_field(rest, sizes.local, &expert));
   c.global_shape = global;
   c.offsets = box.offset;
   if (expert >= 0) {
@@ -78,7 +102,7 @@ mg::DcpChunkToWrite chunk_of(const std::string& prefix, const std::string& name,
     c.offsets.insert(c.offsets.begin(), expert);
     shape.insert(shape.begin(), 1);
   }
-  if (layer >= 0) {
+  if (layer >= 0 && !sizes.numbered_layers) {
     c.global_shape.insert(c.global_shape.begin(), sizes.num_layers);
     c.offsets.insert(c.offsets.begin(), layer);
     shape.insert(shape.begin(), 1);
@@ -112,7 +136,7 @@ void add_range_chunks(const std::string& prefix, const Slot& slot, int tp_rank, 
 std::vector<mg::DcpChunkToWrite> rank_chunks(const TrainingState& s) {
   std::vector<mg::DcpChunkToWrite> out;
   const ModelConfig& m = s.config.model;
-  const StackedSizes sizes{m.num_layers, m.moe.num_experts, !m.transformer_engine_modules};
+  const StackedSizes sizes = stacked_sizes(s.config);
   for (const auto& domain : s.optimizer.domains()) {
     const OptimizerDomain& o = *domain;
     const bool weights_writer = o.groups().dp->rank() == 0 && s.parallel.cp_rank == 0;
@@ -141,6 +165,14 @@ std::vector<mg::DcpChunkToWrite> rank_chunks(const TrainingState& s) {
       }
     }
   }
+  // Persistent model buffers (the MoE routers' fp32 expert_bias): Megatron's modules store them
+  // as they store weights, stacked over the layers. The same on every rank of a stage.
+  const ParallelState& p = s.parallel;
+  if (p.tp_rank == 0 && p.dp_rank == 0 && p.cp_rank == 0)
+    for (const auto& [name, buffer] : s.buffers) {
+      const torch::Tensor t = buffer.detach().to(torch::kCPU, torch::kFloat32).contiguous();
+      out.push_back(chunk_of("", name, t.sizes().vec(), ck::whole(t.sizes().vec()), t.view({-1}), sizes));
+    }
   return out;
 }
 
@@ -188,21 +220,25 @@ std::vector<mg::DcpObjectToWrite> rank_objects(const TrainingState& s, int64_t i
   if (p.world_rank == 0) out.push_back({"common_state/shard_0_1", megatron_common_state_bytes(s, iteration)});
   mg::TorchSaveWriter none_writer;
   const std::string none = none_writer.bytes(mg::py_list({mg::py_none()}));
-  const int64_t num_layers = s.config.model.num_layers, num_experts = s.config.model.moe.num_experts;
-  const bool local = !s.config.model.transformer_engine_modules;
+  const StackedSizes sizes = stacked_sizes(s.config);
   const bool layer_writer = p.tp_rank == 0 && p.dp_rank == 0 && p.cp_rank == 0;
   const bool expert_writer = p.expert_tp_rank == 0 && p.expert_dp_rank == 0;
+  // Megatron's ShardedObject names: key/shard_<offsets>_<shape>, over the stacked dimensions (the
+  // layers, then the experts); an object of no stacked dimension is shard_0_1.
   for (const auto& [layer, contents] : stage_layers(s)) {
+    const std::string prefix = sizes.numbered_layers ? kLayers + std::to_string(layer) + "." : kLayers;
+    const std::string at = sizes.numbered_layers ? "" : std::to_string(layer);
+    const std::string of = sizes.numbered_layers ? "" : std::to_string(sizes.num_layers);
     if (layer_writer)
-      for (const std::string& module : extra_state_modules(local, contents.moe, contents.shared_expert))
-        out.push_back({strprintf("%s%s._extra_state/shard_%lld_%lld", kLayers, module.c_str(), (long long)layer,
-                                 (long long)num_layers),
+      for (const std::string& module : extra_state_modules(sizes.local, contents.moe, contents.shared_expert))
+        out.push_back({prefix + module + "._extra_state/shard_" + (at.empty() ? "0" : at) + "_" + (of.empty() ? "1" : of),
                        none});
     if (!expert_writer) continue;
     for (int64_t expert : contents.experts)
       for (const char* linear : {"linear_fc1", "linear_fc2"})
-        out.push_back({strprintf("%s%s%s._extra_state/shard_%lld.%lld_%lld.%lld", kLayers, kStackedExperts, linear,
-                                 (long long)layer, (long long)expert, (long long)num_layers, (long long)num_experts),
+        out.push_back({prefix + kStackedExperts + linear + "._extra_state/shard_" + (at.empty() ? "" : at + ".") +
+                           std::to_string(expert) + "_" + (of.empty() ? "" : of + ".") +
+                           std::to_string(sizes.num_experts),
                        none});
   }
   return out;

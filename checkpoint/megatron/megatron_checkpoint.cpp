@@ -181,26 +181,44 @@ MegatronCheckpoint read_legacy(const std::string& dir) {
 
 // ---- torch_dist ------------------------------------------------------------------------------
 
-// A stacked decoder-layer tensor [num_layers, ...] as one tensor per layer. The experts of an
-// MoE layer (Megatron's sequential and grouped experts, stored alike as
-// mlp.experts.experts.linear_fc<k>.weight [num_layers, num_experts, ...]) become one tensor per
-// global expert, mlp.experts.linear_fc<k>.weight<e>.
-void unstack(const std::shared_ptr<const DcpCheckpoint>& dcp, const std::string& stored, const std::string& prefix,
-             const std::string& rest, MegatronCheckpoint& out) {
+// A decoder-layer tensor `stored` ("decoder.layers." + `after_layers`) as one tensor per layer.
+// Megatron stacks the layers' tensors along a first dimension of num_layers when its layers are
+// alike (decoder.layers.<field>), and stores each under its own number when they are not
+// (decoder.layers.<n>.<field>: --moe-layer-freq a list or above 1). The routed experts of an MoE
+// layer (Megatron's sequential and grouped experts, stored alike as
+// mlp.experts.experts.linear_fc<k>.weight) are stacked over the experts too and become one tensor
+// per global expert, mlp.experts.linear_fc<k>.weight<e>.
+void add_layer_tensors(const std::shared_ptr<const DcpCheckpoint>& dcp, const std::string& stored,
+                       const std::string& prefix, const std::string& after_layers, MegatronCheckpoint& out) {
   static const std::string kStackedExperts = "mlp.experts.experts.";
-  const bool experts = starts_with(rest, kStackedExperts);
+  static const std::regex kNumbered(R"(^(\d+)\.(.+)$)");
   const std::vector<int64_t>& shape = dcp->tensors().at(stored).shape;
-  if (shape.size() < (experts ? 2u : 1u))
-    throw DamagedCheckpoint(dcp->source() + ": " + stored + " is not stacked over the layers" +
-                            (experts ? " and experts" : ""));
-  for (int64_t i = 0; i < shape[0]; ++i) {
-    const std::string layer = prefix + kLayers + std::to_string(i) + ".";
+  std::vector<std::pair<int64_t, std::vector<int64_t>>> layers;  // (layer, index of its tensor)
+  std::string field = after_layers;
+  std::smatch m;
+  if (std::regex_match(after_layers, m, kNumbered)) {
+    layers.push_back({std::stoll(m[1].str()), {}});
+    field = m[2].str();
+  } else {
+    if (shape.empty()) throw DamagedCheckpoint(dcp->source() + ": " + stored + " is not stacked over the layers");
+    for (int64_t i = 0; i < shape[0]; ++i) layers.push_back({i, {i}});
+  }
+  field = fp8tron_name(field);
+  const bool experts = starts_with(field, kStackedExperts);
+  for (const auto& [layer, index] : layers) {
+    const std::string name = prefix + kLayers + std::to_string(layer) + ".";
     if (!experts) {
-      out.tensors[layer + rest] = StoredTensor(dcp, stored, {i});
+      out.tensors[name + field] = StoredTensor(dcp, stored, index);
       continue;
     }
-    const std::string name = layer + "mlp.experts." + rest.substr(kStackedExperts.size());
-    for (int64_t e = 0; e < shape[1]; ++e) out.tensors[name + std::to_string(e)] = StoredTensor(dcp, stored, {i, e});
+    if (shape.size() <= index.size())
+      throw DamagedCheckpoint(dcp->source() + ": " + stored + " is not stacked over the experts");
+    const std::string expert = name + "mlp.experts." + field.substr(kStackedExperts.size());
+    for (int64_t e = 0; e < shape[index.size()]; ++e) {
+      std::vector<int64_t> at = index;
+      at.push_back(e);
+      out.tensors[expert + std::to_string(e)] = StoredTensor(dcp, stored, at);
+    }
   }
 }
 
@@ -274,7 +292,7 @@ MegatronCheckpoint read_dist(const std::string& dir) {
     for (const char* p : {kExpAvg, kExpAvgSq, kFp32Param, kDistributedParam})
       if (starts_with(name, p)) prefix = p == kDistributedParam ? kFp32Param : p, param = name.substr(std::strlen(p));
     if (!prefix.empty() || !starts_with(name, "optimizer.")) {
-      if (starts_with(param, kLayers)) unstack(stored, name, prefix, fp8tron_name(param.substr(std::strlen(kLayers))), out);
+      if (starts_with(param, kLayers)) add_layer_tensors(stored, name, prefix, param.substr(std::strlen(kLayers)), out);
       else out.tensors[prefix + fp8tron_name(param)] = StoredTensor(stored, name, {});
       continue;
     }

@@ -13,6 +13,8 @@
 #   - an MoE model (local layers) converted from Megatron's EP2 fixture holds its names, shapes,
 #     objects, tensors and chained optimizer state, in one process and over EP2, and an EP2 run
 #     resumes exactly from its own torch_dist save;
+#   - with MPIRUN, MoE with the routers' expert bias, and with a dense and an MoE layer (Megatron then
+#     numbers its layers instead of stacking them), resumes exactly, over EP2 and in one process;
 #   - with MPIRUN, a Llama-like model over TP2 x PP2 x 2 virtual stages resumes exactly and writes
 #     the tensors one process writes for the same state;
 #   - with MPIRUN, the distributed optimizer (DP2, bf16, TP2 x DP2) written in Megatron's
@@ -165,6 +167,39 @@ if [ -n "$MPIRUN" ]; then
   check "moe-ep2: Megatron's names and shapes" metadata "$WORK/moe-ep2-td/iter_0000010" "$MOE_FIXTURE/ckpt/iter_0000010"
   # MoE layers with a shared expert.
   resume_test moe-shared 2 "${MOE[@]}" --moe-shared-expert-intermediate-size 64 --expert-model-parallel-size 2
+  # The routers' expert bias (a buffer, stored as Megatron's modules store it: stacked over layers).
+  resume_test moe-bias 2 "${MOE[@]}" --moe-router-enable-expert-bias --moe-router-score-function sigmoid \
+    --expert-model-parallel-size 2
+  if "$PY" - "$WORK/moe-bias-td/iter_0000010" <<'PY'
+import sys, torch.distributed.checkpoint as dcp
+m = dcp.FileSystemReader(sys.argv[1]).read_metadata().state_dict_metadata["decoder.layers.mlp.router.expert_bias"]
+sys.exit(0 if list(m.size) == [2, 4] and str(m.properties.dtype) == "torch.float32" else 1)
+PY
+  then echo "ok: moe-bias: decoder.layers.mlp.router.expert_bias [2, 4] fp32"
+  else echo "FAIL: moe-bias: no decoder.layers.mlp.router.expert_bias [2, 4] fp32"; fail=1; fi
+  # A dense layer, then an MoE layer (--moe-layer-freq a list): Megatron stores each layer under its
+  # own number, the experts stacked within it, and names the objects accordingly.
+  resume_test moe-mixed 2 "${MOE[@]}" --moe-layer-freq "([0]+[1])" --expert-model-parallel-size 2
+  run moe-mixed-into-one 1 "${FLAGS[@]}" "${MOE[@]}" --moe-layer-freq "([0]+[1])" --load "$WORK/moe-mixed-td" &&
+    same_losses "moe-mixed: resumed in one process = resumed over EP2" "$WORK/moe-mixed-into-one.log" \
+      "$WORK/moe-mixed-resume.log"
+  if "$PY" - "$WORK/moe-mixed-td/iter_0000010" <<'PY'
+import sys, torch.distributed.checkpoint as dcp
+m = dcp.FileSystemReader(sys.argv[1]).read_metadata().state_dict_metadata
+want = {"decoder.layers.0.mlp.linear_fc1.weight": [256, 64], "decoder.layers.1.mlp.router.weight": [4, 64],
+        "decoder.layers.1.mlp.experts.experts.linear_fc1.weight": [4, 256, 64],
+        "optimizer.state.exp_avg.decoder.layers.1.mlp.experts.experts.linear_fc2.weight": [4, 64, 128],
+        "decoder.layers.0.self_attention.linear_qkv.weight": [192, 64]}
+objects = ["decoder.layers.0.mlp.linear_fc1._extra_state/shard_0_1",
+           "decoder.layers.1.self_attention.linear_proj._extra_state/shard_0_1",
+           "decoder.layers.1.mlp.experts.experts.linear_fc2._extra_state/shard_3_4"]
+bad = [f"{k}: {list(m[k].size) if k in m else 'missing'}" for k, shape in want.items() if k not in m or list(m[k].size) != shape]
+bad += [k for k in objects if k not in m] + [k for k in m if k.startswith("decoder.layers.mlp")]
+print("\n".join(bad))
+sys.exit(1 if bad else 0)
+PY
+  then echo "ok: moe-mixed: each layer under its own number"
+  else echo "FAIL: moe-mixed: the names of Megatron's non-homogeneous layers"; fail=1; fi
 fi
 
 # A save killed before its commit leaves no checkpoint and no tracker.
@@ -197,7 +232,6 @@ expect_fallback "--fp8-format" --transformer-impl transformer_engine --fp8-forma
 expect_fallback "--use-megatron-fsdp / --use-torch-fsdp2" --use-megatron-fsdp --save "$WORK/x"
 expect_fallback "--num-experts with --transformer-impl transformer_engine" "${MOE[@]}" --transformer-impl transformer_engine \
   --save "$WORK/x"
-expect_fallback "--moe-layer-freq (dense and MoE layers mixed)" "${MOE[@]}" --moe-layer-freq "([0]+[1])" --save "$WORK/x"
 expect_error "--use-megatron-fsdp / --use-torch-fsdp2 with --ckpt-convert-format torch_dist is not supported yet" \
   "conversion with Megatron-FSDP refused" \
   --use-megatron-fsdp --load "$FIXTURE/ckpt" --ckpt-convert-format torch_dist --ckpt-convert-save "$WORK/x"

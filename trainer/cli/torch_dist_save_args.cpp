@@ -1,7 +1,5 @@
 #include "trainer/cli/torch_dist_save_args.h"
 
-#include <algorithm>
-
 namespace fp8tron {
 
 std::string torch_dist_unwritable_flag(const Config& c) {
@@ -14,12 +12,6 @@ std::string torch_dist_unwritable_flag(const Config& c) {
   // Transformer Engine's grouped experts store their _extra_state otherwise.
   if (c.model.moe.enabled() && c.model.transformer_engine_modules)
     return "--num-experts with --transformer-impl transformer_engine";
-  if (c.model.moe.enabled() && c.model.moe.enable_expert_bias) return "--moe-router-enable-expert-bias";
-  // Dense and MoE layers mixed: the dense layers' MLP tensors, stacked over all layers, would
-  // cover only some of them; how Megatron stores that is not yet checked.
-  const auto& pattern = c.model.moe.layer_pattern;
-  if (c.model.moe.enabled() && std::find(pattern.begin(), pattern.end(), false) != pattern.end())
-    return "--moe-layer-freq (dense and MoE layers mixed)";
   if (c.model.mtp.num_layers > 0) return "--mtp-num-layers";
   if (c.model.mla.enabled) return "--multi-latent-attention";
   if (c.checkpoint.async_save) return "--async-save";
