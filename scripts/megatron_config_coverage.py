@@ -8,7 +8,12 @@ size Megatron's CI runs them at) and prints one line per configuration, the refu
 flag they name, and the share accepted. Configurations of other entry points than pretrain_gpt.py
 (text generation, RL, distillation) are not counted.
 
-usage: scripts/megatron_config_coverage.py MEGATRON_DIR [--build build] [--list]
+With --megatron-check, each refused configuration also goes through Megatron-LM's own argument
+checks (scripts/megatron_validate_args.py, on the CPU; MEGATRON_DIR must then be a checkout whose
+Python imports): those Megatron refuses too are told apart, and the share is also given of the
+configurations Megatron accepts.
+
+usage: scripts/megatron_config_coverage.py MEGATRON_DIR [--build build] [--list] [--megatron-check]
 """
 import argparse
 import collections
@@ -89,13 +94,15 @@ def main() -> int:
     p.add_argument("megatron", type=pathlib.Path)
     p.add_argument("--build", type=pathlib.Path, default=ROOT / "build")
     p.add_argument("--list", action="store_true", help="print every configuration's outcome")
+    p.add_argument("--megatron-check", action="store_true",
+                   help="run each refused configuration through Megatron-LM's own argument checks")
     a = p.parse_args()
     cases = sorted(a.megatron.glob("tests/functional_tests/test_cases/gpt/*/model_config.yaml")) + \
         sorted(a.megatron.glob("tests/functional_tests/test_cases/moe/*/model_config.yaml"))
     if not cases:
         sys.exit(f"error: no tests/functional_tests/test_cases/{{gpt,moe}}/*/model_config.yaml under {a.megatron}")
     binary = a.build.resolve() / "fp8tron"
-    accepted, refused, skipped = [], collections.Counter(), []
+    accepted, refused, skipped, megatron_refuses = [], collections.Counter(), [], []
     with tempfile.TemporaryDirectory() as tmp:
         values = make_test_data(a.build.resolve(), pathlib.Path(tmp))
         for case in cases:
@@ -117,6 +124,14 @@ def main() -> int:
                 why = refusal_of(out)
                 refused[why] += 1
                 outcome = f"refused: {why}"
+                if a.megatron_check:
+                    # With the configuration's ENV_VARS, as Megatron's launcher exports them.
+                    config_env = {k: str(v).lower() if isinstance(v, bool) else str(v)
+                                  for k, v in (config.get("ENV_VARS") or {}).items()}
+                    verdict = megatron_verdict(a.megatron, flags_of(model_args, values), {**env, **config_env})
+                    outcome += f" (Megatron {verdict})"
+                    if verdict.startswith("refuses"):
+                        megatron_refuses.append(name)
             if a.list:
                 print(f"{name}: {outcome}")
     total = len(accepted) + sum(refused.values())
@@ -124,7 +139,21 @@ def main() -> int:
           f"{len(skipped)} not counted (inference, RL, distillation: not pretrain_gpt.py)")
     for why, n in refused.most_common():
         print(f"{n:4d}  {why}")
+    if a.megatron_check:
+        valid = total - len(megatron_refuses)
+        print(f"{len(megatron_refuses)} of the refused are refused by Megatron-LM's own argument checks too; "
+              f"{len(accepted)} of the {valid} configurations Megatron accepts are accepted "
+              f"({100.0 * len(accepted) / max(valid, 1):.1f}%)")
     return 0
+
+
+def megatron_verdict(megatron: pathlib.Path, words: list, env: dict) -> str:
+    """Megatron-LM's own argument checks on these flags: "accepts" or "refuses: <why>"."""
+    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "megatron_validate_args.py"), str(megatron), *words],
+                         env=env, cwd=megatron, capture_output=True, text=True, timeout=600)
+    if run.returncode != 0:
+        sys.exit(f"error: Megatron's argument checks did not run: {run.stderr.strip().splitlines()[-1:]}")
+    return run.stdout.strip().splitlines()[-1][:160]
 
 
 if __name__ == "__main__":
