@@ -2,17 +2,15 @@
 
 namespace fp8tron {
 namespace {
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 // MuP's width scaling is on (Megatron returns no overrides at m = 1).
 bool mup_scales(const OptimizerConfig& c) { return c.mup_width_mult && *c.mup_width_mult != 1.0; }
+
 }  // namespace
 
 bool applies_weight_decay(const std::string& name, int64_t dim, const OptimizerConfig& config) {
   // Megatron matches "*.bias"; fp8tron's TE names also have layer_norm_bias (1-D anyway).
-  const bool exempt = dim == 1 || ends_with(name, "bias");
+  const bool exempt = dim == 1 || name.ends_with("bias");
   if (!exempt) return true;
   return config.apply_wd_to_qk_layernorm &&
          (name.find("q_layernorm.") != std::string::npos || name.find("k_layernorm.") != std::string::npos);
@@ -27,7 +25,7 @@ bool uses_muon(const std::string& name, int64_t dim, const OptimizerConfig& conf
   return config.optimizer == "muon" && dim == 2 && !is_embedding_or_output(name);
 }
 
-bool is_fused_qkv(const std::string& name) { return ends_with(name, "self_attention.linear_qkv.weight"); }
+bool is_fused_qkv(const std::string& name) { return name.ends_with("self_attention.linear_qkv.weight"); }
 
 bool is_mup_vector_like(const std::string& name, int64_t dim) {
   // Megatron's is_embedding_parameter: every parameter of the embedding module (word and

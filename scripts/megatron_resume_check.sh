@@ -5,9 +5,9 @@
 # must be fp8tron's uninterrupted run's (1e-4 relative in fp32, 1e-4 in bf16). Cases: fp32 and bf16
 # in one process; saved by TP2 x PP2 and resumed by Megatron at TP2; saved by one process and
 # resumed by Megatron at TP2 x PP2; LLaMA-style (RMSNorm, SwiGLU, RoPE, GQA, untied); MoE (4 experts,
-# top-2, alltoall, local layers) saved and resumed over two expert-parallel ranks; the distributed
-# optimizer (its fully_reshardable layout) saved over DP2 and resumed by Megatron over DP2, in bf16
-# too, and over TP2.
+# top-2, alltoall, local layers) saved and resumed over two expert-parallel ranks, also with a dense
+# layer first and with the routers' expert bias; the distributed optimizer (its fully_reshardable
+# layout) saved over DP2 and resumed by Megatron over DP2, in bf16 too, and over TP2.
 #
 # Megatron logs the first iteration of a job without resetting its loss accumulators, so the
 # second line it prints after a resume (iteration 12) is the mean of iterations 11 and 12; that
@@ -99,6 +99,12 @@ check llama 1 1 1e-4 -- -- "${LLAMA[@]}"
 MOE=(--num-experts 4 --moe-router-topk 2 --moe-token-dispatcher-type alltoall --moe-aux-loss-coeff 0.01 --swiglu
      --disable-bias-linear)
 check moe-ep2 2 2 1e-4 --expert-model-parallel-size 2 -- --expert-model-parallel-size 2 -- "${MOE[@]}"
+# A dense layer then an MoE layer (Megatron numbers such layers instead of stacking them), and the
+# routers' expert bias (aux-loss-free balancing: sigmoid scores).
+check moe-mixed-ep2 2 2 1e-4 --expert-model-parallel-size 2 -- --expert-model-parallel-size 2 -- "${MOE[@]}" \
+  --moe-layer-freq "([0]+[1])"
+check moe-bias-ep2 2 2 1e-4 --expert-model-parallel-size 2 -- --expert-model-parallel-size 2 -- "${MOE[@]}" \
+  --moe-router-enable-expert-bias --moe-router-score-function sigmoid
 DISTOPT=(--use-distributed-optimizer)
 check distopt-dp2 2 2 1e-4 "${DISTOPT[@]}" -- "${DISTOPT[@]}" -- --
 check distopt-dp2-bf16 2 2 1e-4 "${DISTOPT[@]}" -- "${DISTOPT[@]}" -- --bf16

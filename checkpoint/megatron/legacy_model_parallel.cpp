@@ -13,21 +13,17 @@ namespace fp8tron::checkpoint::megatron {
 namespace fs = std::filesystem;
 namespace {
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 enum class Split { kReplicated, kColumns, kGatedColumns, kRows };
 
 Split split_of(std::string name, bool gated_linear_unit) {
   static const std::regex kExpert(R"((\.linear_fc[12]\.weight)\d+$)");  // an expert's: split as the dense MLP's
   name = std::regex_replace(name, kExpert, "$1");
   for (const char* s : {".linear_fc1.weight", ".linear_fc1.bias"})
-    if (ends_with(name, s)) return gated_linear_unit ? Split::kGatedColumns : Split::kColumns;
+    if (name.ends_with(s)) return gated_linear_unit ? Split::kGatedColumns : Split::kColumns;
   for (const char* s : {".linear_qkv.weight", ".linear_qkv.bias", "word_embeddings.weight", "output_layer.weight"})
-    if (ends_with(name, s)) return Split::kColumns;
+    if (name.ends_with(s)) return Split::kColumns;
   for (const char* s : {".linear_proj.weight", ".linear_fc2.weight"})
-    if (ends_with(name, s)) return Split::kRows;
+    if (name.ends_with(s)) return Split::kRows;
   return Split::kReplicated;
 }
 
@@ -107,7 +103,7 @@ MegatronCheckpoint merge_legacy_ranks(std::vector<std::vector<MegatronCheckpoint
     const std::vector<MegatronCheckpoint>& ranks = parts[stage];
     std::set<int64_t> layers;
     for (const auto& [name, t0] : ranks.front().tensors) {
-      if (tied_embeddings && parts.size() > 1 && stage + 1 == parts.size() && ends_with(name, "output_layer.weight"))
+      if (tied_embeddings && parts.size() > 1 && stage + 1 == parts.size() && name.ends_with("output_layer.weight"))
         continue;  // the last stage's copy of the word embeddings
       std::vector<torch::Tensor> pieces;
       for (const MegatronCheckpoint& r : ranks) {

@@ -24,11 +24,6 @@ constexpr const char* kFp32Param = "optimizer.state.fp32_param.";
 constexpr const char* kDistributedParam = "optimizer.state.param.";
 constexpr const char* kLayers = "decoder.layers.";
 
-bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 // Megatron's local-layer names -> the fused names of fp8tron's (and Transformer Engine's) layers.
 std::string fp8tron_name(std::string name) {
   static const std::pair<const char*, const char*> kRenames[] = {
@@ -37,7 +32,7 @@ std::string fp8tron_name(std::string name) {
       {".pre_mlp_layernorm.weight", ".mlp.linear_fc1.layer_norm_weight"},
       {".pre_mlp_layernorm.bias", ".mlp.linear_fc1.layer_norm_bias"}};
   for (const auto& [from, to] : kRenames)
-    if (ends_with(name, from)) return name.substr(0, name.size() - std::strlen(from)) + to;
+    if (name.ends_with(from)) return name.substr(0, name.size() - std::strlen(from)) + to;
   // Sequential experts of a torch checkpoint: ...mlp.experts.local_experts.<e>.linear_fc1.weight (or
   // .bias)
   // -> ...mlp.experts.linear_fc1.weight<e> (fp8tron's and Transformer Engine's grouped names).
@@ -87,7 +82,7 @@ void read_common(const PyRef& root, const std::string& where, MegatronCheckpoint
 // ---- torch (legacy) --------------------------------------------------------------------------
 
 // Megatron's default parameter groups: weight decay for all but biases and 1-D weights.
-bool decayed(const std::string& name, const torch::Tensor& t) { return !ends_with(name, ".bias") && t.dim() > 1; }
+bool decayed(const std::string& name, const torch::Tensor& t) { return !name.ends_with(".bias") && t.dim() > 1; }
 
 // torch.optim's state dict numbers the parameters group by group; each of Megatron's groups takes
 // the model's parameters of its weight-decay kind in model order.
@@ -152,7 +147,7 @@ MegatronCheckpoint read_legacy_file(const std::string& path) {
   for (const auto& [key, value] : model->entries) {
     std::string name;
     if (!as_string(key, name)) throw UserError(out.path + ": a model state key is not a string");
-    if (ends_with(name, "._extra_state")) continue;
+    if (name.ends_with("._extra_state")) continue;
     params.emplace_back(name, a.tensor(value, name));
     out.tensors[fp8tron_name(name)] = params.back().second;
   }
@@ -204,7 +199,7 @@ void add_layer_tensors(const std::shared_ptr<const DcpCheckpoint>& dcp, const st
     for (int64_t i = 0; i < shape[0]; ++i) layers.push_back({i, {i}});
   }
   field = fp8tron_name(field);
-  const bool experts = starts_with(field, kStackedExperts);
+  const bool experts = field.starts_with(kStackedExperts);
   for (const auto& [layer, index] : layers) {
     const std::string name = prefix + kLayers + std::to_string(layer) + ".";
     if (!experts) {
@@ -290,9 +285,9 @@ MegatronCheckpoint read_dist(const std::string& dir) {
     if (is_distributed_optimizer_entry(name)) continue;  // read below, once the weights are
     std::string prefix, param = name;
     for (const char* p : {kExpAvg, kExpAvgSq, kFp32Param, kDistributedParam})
-      if (starts_with(name, p)) prefix = p == kDistributedParam ? kFp32Param : p, param = name.substr(std::strlen(p));
-    if (!prefix.empty() || !starts_with(name, "optimizer.")) {
-      if (starts_with(param, kLayers)) add_layer_tensors(stored, name, prefix, param.substr(std::strlen(kLayers)), out);
+      if (name.starts_with(p)) prefix = p == kDistributedParam ? kFp32Param : p, param = name.substr(std::strlen(p));
+    if (!prefix.empty() || !name.starts_with("optimizer.")) {
+      if (param.starts_with(kLayers)) add_layer_tensors(stored, name, prefix, param.substr(std::strlen(kLayers)), out);
       else out.tensors[prefix + fp8tron_name(param)] = StoredTensor(stored, name, {});
       continue;
     }
@@ -331,7 +326,7 @@ std::string detect_format(const std::string& dir) {
       if (text.find(std::string("\"") + backend + "\"") != std::string::npos) return backend;
   }
   for (const auto& e : fs::directory_iterator(dir, ec))
-    if (starts_with(e.path().filename().string(), "mp_rank_0")) return "torch";
+    if (e.path().filename().string().starts_with("mp_rank_0")) return "torch";
   if (fs::exists(dir + "/.metadata", ec)) return "torch_dcp";
   return "";
 }
