@@ -13,6 +13,8 @@
 # optimizer, bf16, GPT-2's tokenizer whose vocabulary lacks the FIM tokens, so they are
 # "<|endoftext|>" as in Megatron) trains shrunk the same way, and a run stopped at iteration 2 and
 # resumed gives the uninterrupted run's losses: each sample's rewrite depends on its index only.
+# A configuration for each of the other features added for Megatron's configurations trains shrunk
+# to iteration 2 (below).
 #
 # usage: megatron_configs_train.sh FP8TRON FP8TRON_PREPROCESS MAKE_TEST_DATA SOURCE_DIR MPIRUN [--nccl LAUNCH]
 # --nccl: the same runs over NCCL on this machine's GPUs (LAUNCH is tests/parallel/nccl_launch.sh; with fewer
@@ -41,6 +43,11 @@ DENSE_SHRINK=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-leng
               --save-interval 2 --eval-interval 2 --eval-iters 1 --log-interval 1 --device cpu
               --distributed-timeout-minutes 5 --split 90,8,2)
 
+# The other dense configurations: their own number of layers (pipeline layouts divide it).
+LAYERED_SHRINK=("${DENSE_SHRINK[@]:2}")
+# A configuration whose shape the above do not fit sets its own (OWN_SHRINK) for one run.
+OWN_SHRINK=()
+
 fail=0
 run() {  # run <name> <log> <extra flags...>: the configuration under mpirun with its world size
   local name=$1 log=$2; shift 2
@@ -48,6 +55,8 @@ run() {  # run <name> <log> <extra flags...>: the configuration under mpirun wit
   local ws; ws=$(sed -n 's/^# world-size: \([0-9]*\).*/\1/p' "$f")
   local shrink=("${SHRINK[@]}")
   grep -qx -- '--fim-data' "$f" && shrink=("${DENSE_SHRINK[@]}")
+  grep -q -- '^--num-experts' "$f" || grep -qx -- '--fim-data' "$f" || shrink=("${LAYERED_SHRINK[@]}")
+  [ ${#OWN_SHRINK[@]} -gt 0 ] && shrink=("${OWN_SHRINK[@]}")
   eval "args=($(grep -v '^#' "$f" | tr '\n' ' '))"
   if [ -n "$NCCL_LAUNCH" ]; then
     "$NCCL_LAUNCH" mpirun "$ws" "$BIN" "${args[@]}" "${shrink[@]}" --device cuda "$@" >"$log" 2>&1
@@ -112,5 +121,40 @@ if check "$WORK/fim.straight.log" $rc "iteration        4/       4 |" "validatio
       echo "ok: $fim resumed with the uninterrupted run's losses"
     fi
 fi
+# A configuration for each feature fp8tron added for Megatron's test configurations, shrunk, trains
+# to iteration 2 in its own layout (and saves there, those with --save): W&B logging (offline; the 15B release
+# configuration, TP 8 with sequence parallelism, its sample-based batch schedule shrunk, its
+# SentencePiece tokenizer on the corpus tokenized with it), MuP, two distributed-optimizer
+# instances, Megatron-FSDP ZeRO-3 and FSDP2, DeepSeek's proxy (Megatron-FSDP with EP 2, the
+# all-to-all overlap and --delay-wgrad-compute, MLA, a dense then an MoE layer), the parameter
+# gather overlapped with the optimizer step (PP 4, virtual stages), the deferred embedding wgrad.
+export WANDB_MODE=offline WANDB_SILENT=true
+if [ -f "$TOKENIZER_MODEL" ] && "$PRE" --input "$WORK/corpus.jsonl" --output-prefix "$WORK/corpus_sp" \
+     --tokenizer-type GPTSentencePieceTokenizer --tokenizer-model "$TOKENIZER_MODEL" --append-eod --workers 2 \
+     >"$WORK/pre_sp.log" 2>&1; then
+  rm -rf "$WORK/save" "$WORK/load" "$WANDB_SAVE_PATH"
+  OWN_SHRINK=(--num-layers 2 --hidden-size 64 --ffn-hidden-size 128 --num-attention-heads 8 --num-query-groups 8
+              --seq-length 64 --max-position-embeddings 64 --micro-batch-size 1 --step-batch-size-schedule 0:8
+              --make-vocab-size-divisible-by 64 --save-interval 2 --eval-interval 2 --eval-iters 1 --log-interval 1
+              --device cpu --distributed-timeout-minutes 5 --split 90,8,2)
+  DATA_PATH="$WORK/corpus_sp_text_document" run gpt3_15b_8t_release "$WORK/wandb.log" --exit-interval 2; rc=$?
+  OWN_SHRINK=()
+  check "$WORK/wandb.log" $rc "iteration        2/" "successfully saved checkpoint from iteration       2" &&
+    { ls -d "$WANDB_SAVE_PATH"/wandb/offline-run-* >/dev/null 2>&1 ||
+      { echo "FAIL: gpt3_15b_8t_release: no offline W&B run in $WANDB_SAVE_PATH"; fail=1; }; }
+else
+  echo "FAIL: the corpus could not be tokenized with the SentencePiece model ($TOKENIZER_MODEL)"; fail=1
+fi
+for name in gpt3_mcore_te_tp1_pp1_mup gpt3_mcore_te_tp2_pp1_multi_dist_optimizer_instances \
+    gpt3_mcore_te_tp2_zp_z3_resume_fsdp_dtensor gpt3_mcore_te_tp2_pp1_fsdp2_resume_torch_dist \
+    deepseek_proxy_fsdp_ep2_fsdp2_ep_overlap \
+    gpt3_mcore_te_tp1_pp4_vp1_dist_optimizer_overlap_grad_reduce_param_gather_overlap_optimizer \
+    gpt3_mcore_te_tp2_pp2_defer_embedding_wgrad_compute; do
+  rm -rf "$WORK/save" "$WORK/load"
+  saved=()  # the configurations that save (--save), saved at iteration 2
+  grep -q -- '^--save ' "$DIR/$name.args" && saved=("successfully saved checkpoint from iteration       2")
+  run "$name" "$WORK/$name.log" --global-batch-size 8 --exit-interval 2; rc=$?
+  check "$WORK/$name.log" $rc "iteration        2/       4 |" "${saved[@]}"
+done
 [ $fail = 0 ] && echo "megatron configs train: all passed"
 exit $fail
