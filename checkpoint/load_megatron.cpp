@@ -1,6 +1,8 @@
 #include "checkpoint/load_megatron.h"
 
 #include <algorithm>
+#include <functional>
+#include <optional>
 #include <set>
 
 #include "checkpoint/megatron/damage.h"
@@ -186,24 +188,50 @@ LrScheduleConfig resolved_schedule(const mg::MegatronCheckpoint& c, const Traini
   return resolve_schedule(s.schedule.config(), saved, source, c.path);
 }
 
+// Runs `checks` on every rank, then agrees: a refusal found on one rank only (another pipeline
+// stage's tensors) stops every rank, each with one line, before anything is written.
+void agree_before_loading(const TrainingState& s, const std::string& path, const std::function<void()>& checks) {
+  std::string error;
+  bool damaged = false;
+  try {
+    checks();
+  } catch (const ck::DamagedCheckpoint& e) {
+    error = e.what(), damaged = true;
+  } catch (const UserError& e) {
+    error = e.what();
+  }
+  if (!any_rank(s.parallel, s.device, !error.empty())) return;
+  if (damaged) throw ck::DamagedCheckpoint(error);
+  throw UserError(!error.empty() ? error
+                                 : "checkpoint " + path + " does not fit this run on another rank (its log says why); "
+                                   "nothing was loaded");
+}
+
 }  // namespace
 
 int64_t load_megatron_checkpoint(const TrainingState& s, const ck::CheckpointLocation& location,
                                  const std::string& format) {
   const CheckpointConfig& k = s.config.checkpoint;
-  if (s.config.optimizer.optimizer != "adam")
-    throw UserError("checkpoint " + location.path + " is Megatron's; fp8tron reads its Adam state only, this run uses "
-                    "--optimizer " + s.config.optimizer.optimizer + ": pass --no-load-optim or --finetune");
-  log::info(" > reading Megatron's " + format + " checkpoint " + location.path);
-  const mg::MegatronCheckpoint c = mg::read_checkpoint(location.path, format);
-  check_model_args(c, s.config.model);
   const bool restart = k.finetune || location.release;
   const bool load_optim = k.load_optim && !restart;
-  if (load_optim && !c.step)
-    throw UserError("checkpoint " + c.path + " holds no optimizer state (saved with --no-save-optim); pass "
-                    "--no-load-optim or --finetune to load only the weights");
-  check_tensors(c, s, load_optim);
-  const LrScheduleConfig schedule = load_optim ? resolved_schedule(c, s) : s.schedule.config();
+  log::info(" > reading Megatron's " + format + " checkpoint " + location.path);
+  std::optional<mg::MegatronCheckpoint> read;
+  LrScheduleConfig schedule = s.schedule.config();
+  agree_before_loading(s, location.path, [&] {
+    if (load_optim && s.config.optimizer.optimizer != "adam")
+      throw UserError("checkpoint " + location.path + " is Megatron's; fp8tron reads its Adam state only, this run "
+                      "uses --optimizer " + s.config.optimizer.optimizer + ": pass --no-load-optim or --finetune");
+    read = mg::read_checkpoint(location.path, format);
+    const mg::MegatronCheckpoint& c = *read;
+    check_model_args(c, s.config.model);
+    if (load_optim && !c.optimizer_refusal.empty()) throw UserError(c.optimizer_refusal);
+    if (load_optim && !c.step)
+      throw UserError("checkpoint " + c.path + " holds no optimizer state (saved with --no-save-optim); pass "
+                      "--no-load-optim or --finetune to load only the weights");
+    check_tensors(c, s, load_optim);
+    if (load_optim) schedule = resolved_schedule(c, s);
+  });
+  const mg::MegatronCheckpoint& c = *read;
 
   // Nothing above wrote to the model, the optimizer or the schedule.
   copy_parameters(c, s, load_optim);

@@ -84,7 +84,7 @@ mg::PyRef args_namespace(const TrainingState& s) {
 // Megatron's default parameter groups (optimizer/__init__.py _get_param_groups) of the dense or
 // the expert parameters: the weights with weight decay first, then the biases and 1-D weights
 // (wd_mult 0), each only when it has parameters; torch.optim.AdamW's fields.
-mg::PyRef param_groups(const TrainingState& s, bool experts, std::optional<double> step = std::nullopt) {
+mg::PyRef param_groups(const TrainingState& s, bool experts, std::optional<int64_t> step = std::nullopt) {
   const OptimizerConfig& o = s.config.optimizer;
   bool with_decay = !experts, without_decay = !experts;
   if (experts)  // the routed experts' weights, and their biases unless --disable-bias-linear
@@ -102,7 +102,7 @@ mg::PyRef param_groups(const TrainingState& s, bool experts, std::optional<doubl
         {"amsgrad", mg::py_bool(false)}, {"maximize", mg::py_bool(false)}, {"foreach", mg::py_none()},
         {"capturable", mg::py_bool(false)}, {"differentiable", mg::py_bool(false)}, {"fused", mg::py_none()},
         {"decoupled_weight_decay", mg::py_bool(true)}}));
-    if (step) groups.back()->entries.emplace_back(mg::py_str("step"), mg::py_float(*step));
+    if (step) groups.back()->entries.emplace_back(mg::py_str("step"), mg::py_int(*step));
   }
   return mg::py_list(std::move(groups));
 }
@@ -127,12 +127,14 @@ mg::PyRef grad_scaler(const TrainingState& s, mg::TorchSaveWriter& w) {
 }
 
 // Megatron's distributed optimizer's common state in its `fully_reshardable` layout: the
-// parameter groups, each with Adam's step (torch.optim's AdamW keeps no common step), the fp16
+// parameter groups, each with Adam's step (an integer, as Megatron writes it for Transformer
+// Engine's and Apex's fused Adam, whose kernels take an int; torch.optim's path reads it as a
+// number either way), the fp16
 // loss scaler, and the layout's name; its per-parameter state is in the sharded tensors
 // optimizer.state.{param,exp_avg,exp_avg_sq}.*.
 mg::PyRef distributed_optimizer_common_state(const TrainingState& s, mg::TorchSaveWriter& w, bool experts) {
   std::vector<std::pair<std::string, mg::PyRef>> state = {
-      {"optimizer", mg::py_dict({{"param_groups", param_groups(s, experts, double(s.optimizer.step_count()))}})}};
+      {"optimizer", mg::py_dict({{"param_groups", param_groups(s, experts, int64_t(s.optimizer.step_count()))}})}};
   if (s.config.precision.params_dtype == ParamDtype::Fp16) state.emplace_back("grad_scaler", grad_scaler(s, w));
   state.emplace_back("param_state_sharding_type", mg::py_str("fully_reshardable"));
   return mg::py_dict(std::move(state));

@@ -39,8 +39,9 @@ std::string storage_key(const std::string& fqn, const std::vector<int64_t>& offs
   return key;
 }
 
-// The chunks lie inside the tensor and hold as many elements as it: with region()'s count of what
-// each box covers, a gap or an overlap is found when a box touching it is read.
+// The chunks lie inside the tensor and hold as many elements as it: with box()'s checks (the
+// chunks a box touches do not overlap and cover it), a gap or an overlap is found when a box
+// touching it is read.
 void check_tiling(const DcpTensor& t, const std::string& where) {
   int64_t numel = 1, held = 0;
   for (int64_t d : t.shape) numel *= d;
@@ -172,6 +173,7 @@ torch::Tensor DcpCheckpoint::box(const std::string& name, const std::vector<int6
   }
   auto out = torch::empty(sizes, torch::TensorOptions().dtype(t.dtype));
   int64_t covered = 0;
+  std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> pieces;  // [lo, hi) of each chunk in the box
   for (size_t i = 0; i < t.chunks.size(); ++i) {
     const DcpChunk& c = t.chunks[i];
     std::vector<int64_t> lo(sizes.size()), hi(sizes.size());
@@ -182,6 +184,13 @@ torch::Tensor DcpCheckpoint::box(const std::string& name, const std::vector<int6
       overlaps = overlaps && lo[d] < hi[d];
     }
     if (!overlaps) continue;
+    // With the count below, chunks that do not overlap one another cover the box exactly.
+    for (const auto& [other_lo, other_hi] : pieces) {
+      bool shared = true;
+      for (size_t d = 0; d < sizes.size(); ++d) shared = shared && std::max(lo[d], other_lo[d]) < std::min(hi[d], other_hi[d]);
+      if (shared) throw DamagedCheckpoint(dir_ + "/.metadata: chunks of " + name + " overlap");
+    }
+    pieces.emplace_back(lo, hi);
     torch::Tensor part;
     if (!keep_chunks) part = read_chunk(name, c);
     else if (auto kept = kept_chunks_.find(i); kept != kept_chunks_.end()) part = kept->second;

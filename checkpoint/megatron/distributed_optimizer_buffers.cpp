@@ -134,7 +134,7 @@ void read_distributed_optimizer_buffers(const DcpCheckpoint& dcp, MegatronCheckp
   // Read stored tensor by stored tensor, so that each chunk of a stacked one is read once.
   std::vector<std::pair<std::string, std::string>> order;  // (source, name)
   for (const auto& [name, t] : out.tensors)
-    if (name.rfind("optimizer.", 0) != 0) order.emplace_back(t.source(), name);
+    if (!name.starts_with("optimizer.") && !is_model_buffer(name)) order.emplace_back(t.source(), name);
   std::sort(order.begin(), order.end());
   std::map<std::string, torch::Tensor> weights;
   for (const auto& [source, name] : order) weights[name] = out.tensors.at(name).read();

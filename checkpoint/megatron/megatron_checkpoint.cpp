@@ -79,6 +79,15 @@ void read_common(const PyRef& root, const std::string& where, MegatronCheckpoint
   out.scheduler = s;
 }
 
+// The optimizer state cannot be loaded, for `why`: none of it is kept, so that the weights load
+// alone (--no-load-optim); a load of the optimizer state is refused with `why`.
+void refuse_optimizer(const std::string& why, MegatronCheckpoint& out) {
+  if (out.optimizer_refusal.empty()) out.optimizer_refusal = why;
+  std::erase_if(out.tensors, [](const auto& entry) { return entry.first.starts_with("optimizer."); });
+  out.step.reset();
+  out.loss_scaler.reset();
+}
+
 // ---- torch (legacy) --------------------------------------------------------------------------
 
 // Megatron's default parameter groups: weight decay for all but biases and 1-D weights.
@@ -153,10 +162,18 @@ MegatronCheckpoint read_legacy_file(const std::string& path) {
   }
   const PyRef optimizer = attribute(a.root(), "optimizer");
   if (is_none(optimizer)) return out;
-  // read_legacy_optimizer needs the fp8tron names as keys of out.tensors.
+  // read_legacy_optimizer needs the fp8tron names as keys of out.tensors; the optimizer has no
+  // state for the model's buffers.
   std::vector<std::pair<std::string, torch::Tensor>> renamed;
-  for (const auto& [name, t] : params) renamed.emplace_back(fp8tron_name(name), t);
-  read_legacy_optimizer(a, optimizer, renamed, out);
+  for (const auto& [name, t] : params)
+    if (!is_model_buffer(name)) renamed.emplace_back(fp8tron_name(name), t);
+  try {
+    read_legacy_optimizer(a, optimizer, renamed, out);
+  } catch (const DamagedCheckpoint&) {
+    throw;
+  } catch (const UserError& e) {
+    refuse_optimizer(e.what(), out);
+  }
   return out;
 }
 
@@ -168,9 +185,14 @@ MegatronCheckpoint read_legacy(const std::string& dir) {
     if (size_t(f.pp_rank) == parts.size()) parts.emplace_back();
     parts.back().push_back(read_legacy_file(f.path));
   }
+  std::string refusal;
+  for (const auto& stage : parts)
+    for (const MegatronCheckpoint& part : stage)
+      if (refusal.empty()) refusal = part.optimizer_refusal;
   const MegatronCheckpoint& first = parts.front().front();
   MegatronCheckpoint out = merge_legacy_ranks(std::move(parts), first.gated_linear_unit, first.tied_embeddings);
   out.path = dir;
+  if (!refusal.empty()) refuse_optimizer(refusal, out);
   return out;
 }
 
@@ -275,11 +297,18 @@ MegatronCheckpoint read_dist(const std::string& dir) {
   // A ChainedOptimizer (expert parallelism: the dense and the expert parameters' optimizers)
   // stores {0: <one optimizer's state>, 1: ...}; they step together.
   const PyRef optimizer = attribute(root, "optimizer");
-  if (optimizer && optimizer->kind == PyValue::Kind::Dict && !optimizer->entries.empty() &&
-      optimizer->entries.front().first->kind == PyValue::Kind::Int) {
-    for (const auto& [index, state] : optimizer->entries) read_optimizer_common(state, *common, out);
-  } else {
-    read_optimizer_common(optimizer, *common, out);
+  std::string refusal;  // why the optimizer state cannot be loaded
+  try {
+    if (optimizer && optimizer->kind == PyValue::Kind::Dict && !optimizer->entries.empty() &&
+        optimizer->entries.front().first->kind == PyValue::Kind::Int) {
+      for (const auto& [index, state] : optimizer->entries) read_optimizer_common(state, *common, out);
+    } else {
+      read_optimizer_common(optimizer, *common, out);
+    }
+  } catch (const DamagedCheckpoint&) {
+    throw;
+  } catch (const UserError& e) {
+    refusal = e.what();
   }
   for (const auto& [name, entry] : dcp.tensors()) {
     if (is_distributed_optimizer_entry(name)) continue;  // read below, once the weights are
@@ -291,9 +320,18 @@ MegatronCheckpoint read_dist(const std::string& dir) {
       else out.tensors[prefix + fp8tron_name(param)] = StoredTensor(stored, name, {});
       continue;
     }
-    throw UserError(dir + "/.metadata: optimizer tensor " + name + " is not Adam's moments; pass --no-load-optim");
+    if (refusal.empty()) refusal = dir + "/.metadata: optimizer tensor " + name + " is not Adam's moments; pass --no-load-optim";
   }
-  read_distributed_optimizer_buffers(dcp, out);
+  if (refusal.empty()) {
+    try {
+      read_distributed_optimizer_buffers(dcp, out);
+    } catch (const DamagedCheckpoint&) {
+      throw;
+    } catch (const UserError& e) {
+      refusal = e.what();
+    }
+  }
+  if (!refusal.empty()) refuse_optimizer(refusal, out);
   return out;
 }
 
@@ -316,6 +354,8 @@ void name_moe_pre_mlp_norms(MegatronCheckpoint& out) {
 }
 
 }  // namespace
+
+bool is_model_buffer(const std::string& name) { return name.ends_with(".router.expert_bias"); }
 
 std::string detect_format(const std::string& dir) {
   std::error_code ec;

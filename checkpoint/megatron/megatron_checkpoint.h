@@ -79,7 +79,15 @@ struct MegatronCheckpoint {
   bool gated_linear_unit = false, tied_embeddings = true;
   // A torch_dist checkpoint's files, where its tensors are read from (null for a legacy one).
   std::shared_ptr<const DcpCheckpoint> dcp;
+  // Why its optimizer state cannot be loaded (an optimizer or a layout fp8tron does not read),
+  // or "": the weights still load with --no-load-optim or --finetune (the tables above then hold
+  // no optimizer state).
+  std::string optimizer_refusal;
 };
+
+// Whether `name` is a persistent model buffer (the MoE routers' expert_bias), which Megatron stores
+// beside the weights but which is no parameter: it has no gradient and no optimizer state.
+bool is_model_buffer(const std::string& name);
 
 // Reads the checkpoint in `dir` (an iter_NNNNNNN directory) in `format` ("torch_dist" or "torch"):
 // a legacy one into memory; of a torch_dist one its metadata, common state and (when the

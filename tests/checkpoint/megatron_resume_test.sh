@@ -138,6 +138,14 @@ read -ra DIST < "$FIXTURES/gpt_torch_dist/args.txt"
 read -ra LEGACY < "$FIXTURES/gpt_torch_legacy/args.txt"
 expect_error "--hidden-size 64 there, 128 here" "another model's shape" -- \
   "${DIST[@]}" --hidden-size 128 --load "$FIXTURES/gpt_torch_dist/ckpt"
+expect_error "fp8tron reads its Adam state only, this run uses --optimizer sgd" "Adam's state into SGD" -- \
+  "${DIST[@]}" --optimizer sgd --load "$FIXTURES/gpt_torch_dist/ckpt"
+out=$("$BIN" "${FLAGS[@]}" "${DIST[@]}" --optimizer sgd --no-load-optim --load "$FIXTURES/gpt_torch_dist/ckpt" 2>&1)
+if [ $? != 0 ] || ! grep -q "successfully loaded Megatron's" <<<"$out"; then
+  echo "FAIL: --no-load-optim should load the weights into another optimizer's run"; tail -3 <<<"$out"; fail=1
+else
+  echo "ok: --no-load-optim loads the weights into another optimizer's run"
+fi
 expect_error "pass --auto-detect-ckpt-format" "torch_dist under --ckpt-format torch" -- \
   "${LEGACY[@]}" --load "$FIXTURES/gpt_torch_dist/ckpt"
 cp -r "$FIXTURES/gpt_torch_dist/ckpt" "$WORK/truncated" && chmod -R u+w "$WORK/truncated"

@@ -182,8 +182,10 @@ def check_common(ckpt, fixture):
         problems.append(f"common state: checkpoint_version {c.get('checkpoint_version')}")
     for step in steps(c["optimizer"]):
         if isinstance(step, set):
-            if len(step) != 1 or not isinstance(next(iter(step)), float):
-                problems.append(f"common state: the parameter groups' steps are {step!r}, not one float")
+            # An int, as Megatron writes it for Transformer Engine's and Apex's fused Adam (their
+            # kernels take an int; torch.optim's path reads any number).
+            if len(step) != 1 or type(next(iter(step))) is not int:
+                problems.append(f"common state: the parameter groups' steps are {step!r}, not one int")
         elif not isinstance(step, torch.Tensor) or step.dim() != 0:
             problems.append(f"common state: optimizer.state.common_step is {step!r}, not a scalar tensor")
     if fixture is None:
@@ -237,6 +239,9 @@ def check_distopt(ckpt, ref):
     for sub in chained(c["optimizer"]):
         if sub.get("param_state_sharding_type") != "fully_reshardable" or "state" in sub.get("optimizer", {}):
             problems.append(f"common state: optimizer {sorted(sub)} is not the distributed optimizer's")
+    for step in steps(c["optimizer"]):
+        if not isinstance(step, set) or len(step) != 1 or type(next(iter(step))) is not int:
+            problems.append(f"common state: the parameter groups' steps are {step!r}, not one int")
     if not vars(c["args"]).get("use_distributed_optimizer"):
         problems.append("common state: args.use_distributed_optimizer is not True")
     if ref:
