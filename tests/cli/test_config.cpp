@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdlib>
 #include <map>
@@ -108,6 +109,23 @@ TEST(Config, Bf16ForcesFp32Gradients) {
   EXPECT_TRUE(build(tiny_args({"--fp16", "--accumulate-allreduce-grads-in-fp32"})).precision.grads_in_fp32);
   EXPECT_TRUE(build(tiny_args({"--fp16"})).precision.dynamic_loss_scale());
   EXPECT_FALSE(build(tiny_args({"--fp16", "--loss-scale", "128"})).precision.dynamic_loss_scale());
+}
+
+TEST(Config, GradReduceInBf16KeepsBf16Gradients) {
+  // Megatron: with --bf16, --grad-reduce-in-bf16 turns --accumulate-allreduce-grads-in-fp32 off,
+  // even when given; other dtypes do not read it.
+  EXPECT_FALSE(build(tiny_args({"--bf16", "--grad-reduce-in-bf16"})).precision.grads_in_fp32);
+  const Config both = build(tiny_args({"--bf16", "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32"}));
+  EXPECT_FALSE(both.precision.grads_in_fp32);
+  ASSERT_EQ(both.hint_warnings.size(), 1u);
+  EXPECT_NE(both.hint_warnings[0].find("--accumulate-allreduce-grads-in-fp32 has no effect with --grad-reduce-in-bf16"),
+            std::string::npos);
+  const Config fp16 = build(tiny_args({"--fp16", "--grad-reduce-in-bf16", "--accumulate-allreduce-grads-in-fp32"}));
+  EXPECT_TRUE(fp16.precision.grads_in_fp32);
+  EXPECT_NE(std::find(fp16.hint_warnings.begin(), fp16.hint_warnings.end(),
+                      "--grad-reduce-in-bf16 has no effect without --bf16 (Megatron reads it only for bf16 runs)"),
+            fp16.hint_warnings.end());
+  EXPECT_TRUE(build(tiny_args({"--grad-reduce-in-bf16"})).precision.grads_in_fp32);
 }
 
 TEST(Config, InvalidCombinationsNameTheFlags) {

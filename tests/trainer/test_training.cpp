@@ -71,6 +71,20 @@ TEST(Training, Bf16LossFalls) {
   EXPECT_LT(mean(r.losses, 50, 60), mean(r.losses, 0, 5) - 1.0);
 }
 
+TEST(Training, GradReduceInBf16IsTheBf16GradientBuffer) {
+  // --grad-reduce-in-bf16 keeps the gradients in bf16: bitwise the precision-aware optimizer's
+  // --main-grads-dtype bf16 (with fp32 moments, the default Adam), and not the fp32 accumulation.
+  const std::vector<std::string> bf16 = {"--train-iters", "6", "--bf16", "--global-batch-size", "32"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), bf16.begin(), bf16.end());
+    return train(build(training_args(extra))).losses;
+  };
+  const auto reduce_in_bf16 = with({"--grad-reduce-in-bf16"});
+  EXPECT_EQ(reduce_in_bf16, with({"--use-distributed-optimizer", "--use-precision-aware-optimizer", "--main-grads-dtype",
+                                  "bf16"}));
+  EXPECT_NE(reduce_in_bf16, with({}));
+}
+
 TEST(Training, Fp16DynamicLossScaleSkipsOverflowsAndRecovers) {
   // 2^32 overflows fp16 at first: the scaler backs off, skipped steps leave weights alone.
   TrainResult r = train(training_config({"--train-iters", "60", "--fp16", "--lr", "3e-3"}));

@@ -128,9 +128,12 @@ PrecisionConfig build_precision(const FlagValues& f) {
   // --main-grads-dtype bf16 (precision-aware optimizer) keeps bf16's gradient buffer in bf16, as
   // Megatron does by not switching on --accumulate-allreduce-grads-in-fp32 (validation.cpp refuses
   // the combinations where it would do nothing).
+  // --grad-reduce-in-bf16 does the same for any bf16 run: Megatron then turns
+  // --accumulate-allreduce-grads-in-fp32 off, even when given (it reads the flag only with --bf16).
   const bool bf16_main_grads = f.get_string("main-grads-dtype") == "bf16";
-  p.grads_in_fp32 = p.params_dtype == ParamDtype::Fp32 || (bf16 && !bf16_main_grads) ||
-                    f.get_bool("accumulate-allreduce-grads-in-fp32");
+  const bool bf16_reduction = bf16 && f.get_bool("grad-reduce-in-bf16");
+  p.grads_in_fp32 = p.params_dtype == ParamDtype::Fp32 ||
+                    (!bf16_reduction && ((bf16 && !bf16_main_grads) || f.get_bool("accumulate-allreduce-grads-in-fp32")));
   p.static_loss_scale = f.opt_float("loss-scale");
   p.initial_loss_scale = f.get_float("initial-loss-scale");
   p.min_loss_scale = f.get_float("min-loss-scale");

@@ -50,6 +50,15 @@ const std::vector<Rule>& rules() {
                                     " no effect without --first-last-layers-bf16";
       },
       [](const Config& c, const FlagValues& f) -> std::string {
+        if (!f.get_bool("grad-reduce-in-bf16")) return "";
+        if (c.precision.params_dtype != ParamDtype::Bf16)
+          return "--grad-reduce-in-bf16 has no effect without --bf16 (Megatron reads it only for bf16 runs)";
+        if (f.get_bool("accumulate-allreduce-grads-in-fp32"))
+          return "--accumulate-allreduce-grads-in-fp32 has no effect with --grad-reduce-in-bf16: gradients are "
+                 "accumulated and reduced in bf16 (Megatron's rule)";
+        return "";
+      },
+      [](const Config& c, const FlagValues& f) -> std::string {
         if (c.logging.wandb.enabled()) return "";
         const std::string g = given_among(f, {"wandb-exp-name", "wandb-entity", "wandb-save-dir"});
         return g.empty() ? "" : g + " ha" + (g.find(',') == std::string::npos ? "s" : "ve") +
