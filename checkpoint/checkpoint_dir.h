@@ -53,6 +53,7 @@ struct CheckpointLocation {
   std::string path;
   int64_t iteration = 0;
   bool release = false;
+  bool finetune = false;  // loaded as --finetune loads (a --pretrained-checkpoint)
 };
 
 // The checkpoint the tracker names. UserErrors: no tracker (listing complete checkpoints found,

@@ -316,6 +316,31 @@ std::optional<ToLoad> checkpoint_to_load(const CheckpointConfig& k) {
 }
 
 
+// --pretrained-checkpoint, --load holding none: its latest checkpoint (or --ckpt-step's), to be
+// loaded as --finetune loads.
+std::optional<ToLoad> pretrained_to_load(const CheckpointConfig& k) {
+  log::print("Checkpoint file not found in load directory " + (k.load.empty() ? std::string("(none)") : k.load) +
+             " attempting to finetune with checkpoint in " + k.pretrained);
+  if (!k.ckpt_step && !ck::read_tracker(k.pretrained))
+    throw UserError("--pretrained-checkpoint " + k.pretrained + " holds no checkpoint (" + k.pretrained + "/" +
+                    ck::kTrackerFileName + " is missing), and --load " + (k.load.empty() ? "is not given" : "holds none") +
+                    ": no checkpoint found in the load directory or the pretrained directory");
+  ToLoad t{k.pretrained, k.ckpt_step ? ck::locate_checkpoint(k.pretrained, *k.ckpt_step)
+                                     : ck::locate_latest_checkpoint(k.pretrained)};
+  t.location.finetune = true;
+  return t;
+}
+
+// --override-ckpt-iteration: the loaded run continues from `iteration`, the data loader replaying
+// the samples from there (Megatron's consumed samples: iteration x global batch size).
+int64_t override_iteration(const TrainingState& s, int64_t iteration) {
+  s.consumed_train_samples = iteration * s.config.training.global_batch_size;
+  if (s.skipped_train_samples) *s.skipped_train_samples = 0;
+  log::print(strprintf("--override-ckpt-iteration: start at iteration %lld (consumed_train_samples %lld)",
+                       (long long)iteration, (long long)s.consumed_train_samples));
+  return iteration;
+}
+
 bool same_directory(const std::string& a, const std::string& b) {
   std::error_code ea, eb;
   const auto ca = std::filesystem::weakly_canonical(a, ea), cb = std::filesystem::weakly_canonical(b, eb);
@@ -363,7 +388,7 @@ int64_t load_found(const TrainingState& s, const ToLoad& found) {
     log::info(" > resharding: the checkpoint was saved with " + layout_string(m.parallel) + ", this run uses " +
               layout_string(here));
 
-  const bool restart = k.finetune || location.release;  // weights only, counters from zero
+  const bool restart = k.finetune || location.release || location.finetune;  // weights only, counters from zero
   const bool load_optim = k.load_optim && !restart;
   if (load_optim) {
     if (!reader.has_tensor(kStepName))
@@ -420,19 +445,26 @@ int64_t load_found(const TrainingState& s, const ToLoad& found) {
 int64_t load_checkpoint(const TrainingState& s) {
   const CheckpointConfig& k = s.config.checkpoint;
   std::optional<ToLoad> found;
+  // Megatron's rule: --pretrained-checkpoint is the start of a fine-tuning run whose --load holds
+  // no checkpoint yet; once --load holds one, the run resumes from it.
+  const bool from_pretrained = !k.pretrained.empty() && (k.load.empty() || !ck::read_tracker(k.load));
+  const std::string& dir = from_pretrained ? k.pretrained : k.load;
   try {
-    if (!k.load.empty()) found = checkpoint_to_load(k);
+    if (from_pretrained) found = pretrained_to_load(k);
+    else if (!k.load.empty()) found = checkpoint_to_load(k);
   } catch (const ck::DamagedCheckpoint& e) {
-    throw UserError(ck::with_other_iterations(e.what(), k.load, -1));
+    throw UserError(ck::with_other_iterations(e.what(), dir, -1));
   }
   refuse_overwriting_another_run(k, found);
   if (!found) return 0;
   // Whatever part of the checkpoint is damaged or unreadable, the refusal says what else to load.
+  int64_t iteration = 0;
   try {
-    return load_found(s, *found);
+    iteration = load_found(s, *found);
   } catch (const ck::DamagedCheckpoint& e) {
     throw UserError(ck::with_other_iterations(e.what(), found->dir, found->location.iteration));
   }
+  return k.override_iteration ? override_iteration(s, *k.override_iteration) : iteration;
 }
 
 }  // namespace fp8tron

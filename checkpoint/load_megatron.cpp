@@ -212,7 +212,7 @@ void agree_before_loading(const TrainingState& s, const std::string& path, const
 int64_t load_megatron_checkpoint(const TrainingState& s, const ck::CheckpointLocation& location,
                                  const std::string& format) {
   const CheckpointConfig& k = s.config.checkpoint;
-  const bool restart = k.finetune || location.release;
+  const bool restart = k.finetune || location.release || location.finetune;
   const bool load_optim = k.load_optim && !restart;
   log::info(" > reading Megatron's " + format + " checkpoint " + location.path);
   std::optional<mg::MegatronCheckpoint> read;

@@ -14,6 +14,12 @@ struct CheckpointConfig {
   bool finetune = false;              // weights only, iteration and counters from 0
   bool load_main_params_from_ckpt = false;   // weights-only loads take the fp32 main weights
   std::optional<int64_t> ckpt_step;   // load this iteration instead of the tracker's
+  // --pretrained-checkpoint: the checkpoint a fine-tuning run starts from when --load holds none,
+  // loaded as --finetune loads (weights only, counters from zero); "" = none.
+  std::string pretrained;
+  // --override-ckpt-iteration: after a load, continue from this iteration, the consumed samples
+  // recomputed as iteration x global batch size (the data loader replays from there).
+  std::optional<int64_t> override_iteration;
   bool exit_on_missing_checkpoint = false;
   bool async_save = false;            // write in the background (AsyncCheckpointSaver)
   // Megatron's default: the data-parallel replicas of a tensor are written in equal parts by the

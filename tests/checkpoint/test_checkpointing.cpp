@@ -348,6 +348,47 @@ TEST(Checkpointing, FinetuneLoadsWeightsOnlyAndStartsAtIterationZero) {
   EXPECT_EQ(no_optim.consumed_samples, 48);
 }
 
+TEST(Checkpointing, PretrainedCheckpointStartsAFinetuneUntilLoadHoldsOne) {
+  // Megatron's rule: with --load empty, the run fine-tunes from --pretrained-checkpoint (as
+  // --finetune loads it); once --load holds a checkpoint, that one is resumed.
+  TempDir pretrained, tuning;
+  run({"--train-iters", "10", "--save", pretrained.path()});
+  const TrainResult by_flag = run({"--train-iters", "3", "--load", pretrained.path(), "--finetune"});
+  const TrainResult first = run({"--train-iters", "3", "--load", tuning.path(), "--save", tuning.path(),
+                                 "--pretrained-checkpoint", pretrained.path()});
+  EXPECT_EQ(first.losses, by_flag.losses);
+  EXPECT_EQ(first.iterations, 3);
+  EXPECT_EQ(first.consumed_samples, 12);
+  // The next job resumes its own checkpoint, not the pretrained one (as without the flag).
+  const TrainResult own = run({"--train-iters", "5", "--load", tuning.path(), "--use-checkpoint-opt_param-scheduler"});
+  const TrainResult second = run({"--train-iters", "5", "--load", tuning.path(), "--save", tuning.path(),
+                                  "--pretrained-checkpoint", pretrained.path(), "--use-checkpoint-opt_param-scheduler"});
+  EXPECT_EQ(second.iterations, 5);
+  ASSERT_EQ(second.losses.size(), 2u);
+  EXPECT_EQ(second.losses, own.losses);
+  // Neither holds a checkpoint: one line naming both.
+  TempDir empty;
+  EXPECT_USER_ERROR(run({"--train-iters", "3", "--pretrained-checkpoint", empty.path()}),
+                    "no checkpoint found in the load directory or the pretrained directory");
+}
+
+TEST(Checkpointing, OverrideCkptIterationReplaysFromThatIteration) {
+  // The checkpoint of iteration 10 continues as iteration 4: the data loader replays the samples of
+  // iterations 5.. (consumed = 4 x global batch), the weights and optimizer are the checkpoint's.
+  TempDir dir;
+  run({"--train-iters", "10", "--save", dir.path()});
+  const TrainResult replay = run({"--train-iters", "6", "--load", dir.path(), "--override-ckpt-iteration", "4",
+                                  "--use-checkpoint-opt_param-scheduler"});
+  EXPECT_EQ(replay.iterations, 6);
+  ASSERT_EQ(replay.losses.size(), 2u);
+  EXPECT_EQ(replay.consumed_samples, 6 * 4);
+  // The same samples as the first run's iterations 5 and 6, on the trained weights: lower losses.
+  const TrainResult original = run({"--train-iters", "6"});
+  EXPECT_LT(replay.losses[0], original.losses[4] - 0.05);
+  EXPECT_USER_ERROR(run({"--train-iters", "6", "--load", dir.path(), "--override-ckpt-iteration", "4", "--finetune"}),
+                    "--override-ckpt-iteration cannot be used with --finetune");
+}
+
 TEST(Checkpointing, SaveRetainIntervalKeepsMultiplesAndTheLatest) {
   for (const char* mode : {"--save-interval", "--persistent-save-interval"}) {  // Megatron's two names
     TempDir dir, async_dir;

@@ -29,7 +29,7 @@ out=$("$BIN" "${TINY[@]}" 2>&1); rc=$?
 check "one rank, bf16" "$out" $rc "+model plan, pipeline rank 0 of 1:" "+  layers 0-3:" \
   "+    self_attention.linear_qkv: bf16/fp32 GEMMs | one tensor-parallel rank: no communication | norm: in one op with the GEMM" \
   "+    mlp.linear_fc2: bf16/fp32 GEMMs" "+weight gradient: into its fp32 main gradient" \
-  "+    mlp: activation: " "+  output_layer: bf16/fp32 GEMMs" "-iteration " "-training ..."
+  "+    mlp: activation: " "+  output_layer: bf16/fp32 GEMMs" "-iteration        1/" "-training ..."
 
 # FP8 with the first and last layers in bf16: three ranges; the FP8 layers name their FP8 GEMMs.
 out=$("$BIN" "${TINY[@]}" --fp8-format hybrid --first-last-layers-bf16 2>&1); rc=$?

@@ -257,9 +257,9 @@ TEST(Config, TrainSamplesConvertsToIterations) {
 
 TEST(Config, SupportLevels) {
   // Planned features are recorded (training refuses them); their defaults are harmless.
-  Config c = build(tiny_args({"--tensor-model-parallel-size", "1", "--override-ckpt-iteration", "5"}));
+  Config c = build(tiny_args({"--tensor-model-parallel-size", "1", "--optimizer-cpu-offload"}));
   ASSERT_EQ(c.not_supported_yet.size(), 1u);
-  EXPECT_NE(c.not_supported_yet[0].find("--override-ckpt-iteration"), std::string::npos);
+  EXPECT_NE(c.not_supported_yet[0].find("--optimizer-cpu-offload"), std::string::npos);
   // Data parallelism is there.
   EXPECT_TRUE(build(tiny_args({"--global-batch-size", "4"}), 2).not_supported_yet.empty());
   // Overlapped data-parallel communication, with Megatron's rules for the parameter all-gather.

@@ -111,8 +111,8 @@ TEST(Training, ExitIntervalStopsEarly) {
 }
 
 TEST(Training, RefusesFeaturesThatHaveNotLanded) {
-  EXPECT_USER_ERROR(train(training_config({"--train-iters", "2", "--override-ckpt-iteration", "5"})),
-                    "not supported yet: --override-ckpt-iteration");
+  EXPECT_USER_ERROR(train(training_config({"--train-iters", "2", "--optimizer-cpu-offload"})),
+                    "not supported yet: --optimizer-cpu-offload");
 }
 
 TEST(BuiltinData, DeterministicPerIndexAndSplit) {

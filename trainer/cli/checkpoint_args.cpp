@@ -69,8 +69,12 @@ std::map<std::string, std::string> saved_flag_values(const std::string& dir) {
 
 void apply_checkpoint_args(FlagValues& flags) {
   if (!flags.get_bool("use-checkpoint-args")) return;
-  const std::string load = flags.get_string("load");
-  if (load.empty()) throw UserError("--use-checkpoint-args needs --load");
+  // From --load's checkpoint, or (a fine-tuning run's start) from --pretrained-checkpoint's while
+  // --load holds none: Megatron takes the pretrained checkpoint's, then --load's over them.
+  std::string load = flags.get_string("load");
+  const std::string pretrained = flags.get_string("pretrained-checkpoint");
+  if (!pretrained.empty() && (load.empty() || !checkpoint::read_tracker(load))) load = pretrained;
+  if (load.empty()) throw UserError("--use-checkpoint-args needs --load or --pretrained-checkpoint");
   const auto step = flags.opt_int("ckpt-step");
   if (!step && !checkpoint::read_tracker(load))
     throw UserError("--use-checkpoint-args: no checkpoint in " + load + " to take the arguments from (" + load + "/" +

@@ -767,6 +767,12 @@ CheckpointConfig build_checkpoint(const FlagValues& f, std::vector<std::string>&
   k.load_main_params_from_ckpt = f.get_bool("load-main-params-from-ckpt");
   k.ckpt_step = f.opt_int("ckpt-step");
   if (k.ckpt_step && *k.ckpt_step < 0) throw UserError("--ckpt-step must not be negative");
+  k.pretrained = f.get_string("pretrained-checkpoint");
+  k.override_iteration = f.opt_int("override-ckpt-iteration");
+  if (k.override_iteration && *k.override_iteration < 0) throw UserError("--override-ckpt-iteration must not be negative");
+  if (k.override_iteration && k.finetune)
+    throw UserError("--override-ckpt-iteration cannot be used with --finetune (Megatron's rule): --finetune starts "
+                    "from iteration 0");
   k.exit_on_missing_checkpoint = f.get_bool("exit-on-missing-checkpoint");
   k.async_save = f.get_bool("async-save");
   k.fully_parallel_save = !f.get_bool("no-ckpt-fully-parallel-save");
