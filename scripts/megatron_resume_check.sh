@@ -16,7 +16,8 @@
 # Needs a GPU (Megatron-LM does) and a Megatron-LM checkout whose Python imports (torch; no
 # Transformer Engine needed: --transformer-impl local). Ranks share the GPUs when there are fewer
 # GPUs than ranks (each is given its own NCCL host identity).
-# Usage: scripts/megatron_resume_check.sh MEGATRON_LM_DIR   (BENCH_OUT: where the logs go)
+# Usage: scripts/megatron_resume_check.sh MEGATRON_LM_DIR   (BENCH_OUT: where the logs go; ONLY: the
+# names of the cases to run, space-separated, e.g. ONLY="moe-ep2 distopt-dp2")
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -76,6 +77,7 @@ compare() {
 # check <name> <fp8tron ranks> <Megatron ranks> <tolerance> <fp8tron layout> -- <Megatron layout> -- <model flags>
 check() {
   local name=$1 franks=$2 mranks=$3 tol=$4; shift 4
+  if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then return; fi
   local flayout=() mlayout=() extra=()
   while [ "$1" != -- ]; do flayout+=("$1"); shift; done; shift
   while [ "$1" != -- ]; do mlayout+=("$1"); shift; done; shift
