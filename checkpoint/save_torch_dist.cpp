@@ -188,6 +188,17 @@ std::vector<std::string> extra_state_modules(bool local, bool moe_layer, bool sh
   return out;
 }
 
+// Megatron's ShardedObject name: key/shard_<offsets>_<shape> over the stacked dimensions, joined
+// by "."; an object of none is shard_0_1.
+std::string object_key(const std::string& key, const std::vector<int64_t>& offsets, const std::vector<int64_t>& shape) {
+  auto dotted = [](const std::vector<int64_t>& v, const char* none) {
+    std::vector<std::string> parts;
+    for (int64_t x : v) parts.push_back(std::to_string(x));
+    return parts.empty() ? std::string(none) : join(parts, ".");
+  };
+  return key + "/shard_" + dotted(offsets, "0") + "_" + dotted(shape, "1");
+}
+
 // What a stage's decoder layers hold: MoE or not, a shared expert, the routed experts on this rank.
 struct LayerContents {
   bool moe = false, shared_expert = false;
@@ -223,23 +234,20 @@ std::vector<mg::DcpObjectToWrite> rank_objects(const TrainingState& s, int64_t i
   const StackedSizes sizes = stacked_sizes(s.config);
   const bool layer_writer = p.tp_rank == 0 && p.dp_rank == 0 && p.cp_rank == 0;
   const bool expert_writer = p.expert_tp_rank == 0 && p.expert_dp_rank == 0;
-  // Megatron's ShardedObject names: key/shard_<offsets>_<shape>, over the stacked dimensions (the
-  // layers, then the experts); an object of no stacked dimension is shard_0_1.
   for (const auto& [layer, contents] : stage_layers(s)) {
     const std::string prefix = sizes.numbered_layers ? kLayers + std::to_string(layer) + "." : kLayers;
-    const std::string at = sizes.numbered_layers ? "" : std::to_string(layer);
-    const std::string of = sizes.numbered_layers ? "" : std::to_string(sizes.num_layers);
+    std::vector<int64_t> at, of;  // the stacked dimensions: the layers (unless numbered), then the experts
+    if (!sizes.numbered_layers) at = {layer}, of = {sizes.num_layers};
     if (layer_writer)
       for (const std::string& module : extra_state_modules(sizes.local, contents.moe, contents.shared_expert))
-        out.push_back({prefix + module + "._extra_state/shard_" + (at.empty() ? "0" : at) + "_" + (of.empty() ? "1" : of),
-                       none});
+        out.push_back({object_key(prefix + module + "._extra_state", at, of), none});
     if (!expert_writer) continue;
     for (int64_t expert : contents.experts)
-      for (const char* linear : {"linear_fc1", "linear_fc2"})
-        out.push_back({prefix + kStackedExperts + linear + "._extra_state/shard_" + (at.empty() ? "" : at + ".") +
-                           std::to_string(expert) + "_" + (of.empty() ? "" : of + ".") +
-                           std::to_string(sizes.num_experts),
-                       none});
+      for (const char* linear : {"linear_fc1", "linear_fc2"}) {
+        std::vector<int64_t> expert_at = at, expert_of = of;
+        expert_at.push_back(expert), expert_of.push_back(sizes.num_experts);
+        out.push_back({object_key(prefix + kStackedExperts + linear + "._extra_state", expert_at, expert_of), none});
+      }
   }
   return out;
 }
