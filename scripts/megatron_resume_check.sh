@@ -79,8 +79,8 @@ check() {
   local name=$1 franks=$2 mranks=$3 tol=$4; shift 4
   if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then return; fi
   local flayout=() mlayout=() extra=()
-  while [ "$1" != -- ]; do flayout+=("$1"); shift; done; shift
-  while [ "$1" != -- ]; do mlayout+=("$1"); shift; done; shift
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do flayout+=("$1"); shift; done; shift
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do mlayout+=("$1"); shift; done; shift
   extra=("$@")
   fp8tron "$OUT/$name-fp8tron.log" "$franks" "${COMMON[@]}" "${extra[@]}" "${flayout[@]}"
   fp8tron "$OUT/$name-save.log" "$franks" "${COMMON[@]}" "${extra[@]}" "${flayout[@]}" --exit-interval 10 --save "$OUT/ckpt-$name" ||
@@ -93,10 +93,10 @@ check() {
 }
 
 TP2PP2=(--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2)
-check fp32 1 1 1e-4 -- -- --
+check fp32 1 1 1e-4 -- --
 check bf16 1 1 1e-4 -- -- --bf16
-check saved-tp2pp2-resumed-tp2 4 2 1e-4 "${TP2PP2[@]}" -- --tensor-model-parallel-size 2 -- --
-check saved-1-resumed-tp2pp2 1 4 1e-4 -- "${TP2PP2[@]}" -- --
+check saved-tp2pp2-resumed-tp2 4 2 1e-4 "${TP2PP2[@]}" -- --tensor-model-parallel-size 2 --
+check saved-1-resumed-tp2pp2 1 4 1e-4 -- "${TP2PP2[@]}" --
 check llama 1 1 1e-4 -- -- "${LLAMA[@]}"
 MOE=(--num-experts 4 --moe-router-topk 2 --moe-token-dispatcher-type alltoall --moe-aux-loss-coeff 0.01 --swiglu
      --disable-bias-linear)
@@ -108,7 +108,7 @@ check moe-mixed-ep2 2 2 1e-4 --expert-model-parallel-size 2 -- --expert-model-pa
 check moe-bias-ep2 2 2 1e-4 --expert-model-parallel-size 2 -- --expert-model-parallel-size 2 -- "${MOE[@]}" \
   --moe-router-enable-expert-bias --moe-router-score-function sigmoid
 DISTOPT=(--use-distributed-optimizer)
-check distopt-dp2 2 2 1e-4 "${DISTOPT[@]}" -- "${DISTOPT[@]}" -- --
+check distopt-dp2 2 2 1e-4 "${DISTOPT[@]}" -- "${DISTOPT[@]}" --
 check distopt-dp2-bf16 2 2 1e-4 "${DISTOPT[@]}" -- "${DISTOPT[@]}" -- --bf16
-check distopt-dp2-resumed-tp2 2 2 1e-4 "${DISTOPT[@]}" -- "${DISTOPT[@]}" --tensor-model-parallel-size 2 -- --
+check distopt-dp2-resumed-tp2 2 2 1e-4 "${DISTOPT[@]}" -- "${DISTOPT[@]}" --tensor-model-parallel-size 2 --
 exit $fail
