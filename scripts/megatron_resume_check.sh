@@ -14,7 +14,8 @@
 # line is compared with the mean of fp8tron's two.
 #
 # Needs a GPU (Megatron-LM does) and a Megatron-LM checkout whose Python imports (torch; no
-# Transformer Engine needed: --transformer-impl local). Ranks share the GPUs when there are fewer
+# Transformer Engine needed: --transformer-impl local; where neither Apex nor TE is installed,
+# scripts/megatron_without_apex_or_te.py lets Megatron load a distributed optimizer's checkpoint). Ranks share the GPUs when there are fewer
 # GPUs than ranks (each is given its own NCCL host identity).
 # Usage: scripts/megatron_resume_check.sh MEGATRON_LM_DIR   (BENCH_OUT: where the logs go; ONLY: the
 # names of the cases to run, space-separated, e.g. ONLY="moe-ep2 distopt-dp2")
@@ -52,7 +53,8 @@ megatron() {  # megatron <log> <ranks> <flags...>: pretrain_gpt.py, every rank o
   port=$((port + 1))
   (cd "$MLM" && torchrun --nproc-per-node "$ranks" --master-port "$port" --no-python bash -c \
      'if [ "$WORLD_SIZE" -gt "$(nvidia-smi -L | grep -c ^GPU)" ]; then export NCCL_HOSTID=host$RANK LOCAL_RANK=0; fi
-      exec python3 pretrain_gpt.py "$@"' _ "$@" --no-masked-softmax-fusion) > "$log" 2>&1
+      exec python3 "$0" pretrain_gpt.py "$@"' "$ROOT/scripts/megatron_without_apex_or_te.py" "$@" \
+     --no-masked-softmax-fusion) > "$log" 2>&1
 }
 
 # compare <name> <fp8tron log> <Megatron log> <tolerance>
