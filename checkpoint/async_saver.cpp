@@ -7,6 +7,7 @@
 #include "checkpoint/host_buffer.h"
 #include "checkpoint/rank_agreement.h"
 #include "checkpoint/save.h"
+#include "checkpoint/save_torch_dist.h"
 
 namespace fp8tron {
 
@@ -64,21 +65,35 @@ void AsyncCheckpointSaver::save(const TrainingState& s, int64_t iteration, bool 
   const auto start = Clock::now();
   finalize(s, true);  // one save in flight: its host buffers are this one's
   const double waited_previous = std::chrono::duration<double>(Clock::now() - start).count();
-  const double waited_reserve = snapshot_->take_reserved();
+  const bool torch_dist = s.config.checkpoint.save_torch_dist;
+  const double waited_reserve = torch_dist ? -1 : snapshot_->take_reserved();
   const int64_t allocated_before = stats_.buffers_allocated_by_saves;
-  pending_ = prepare_save(s, iteration, non_persistent, snapshot_.get());
+  int64_t copied = 0;
+  double copy_seconds = 0;
   done_ = false;
-  writer_ = std::thread([this] {
-    write_shards(*pending_);
-    done_ = true;
-  });
+  if (torch_dist) {
+    pending_torch_dist_ = prepare_torch_dist_save(s, iteration, non_persistent, /*own_copies=*/true);
+    copied = pending_torch_dist_->bytes_copied, copy_seconds = pending_torch_dist_->copy_seconds;
+    writer_ = std::thread([this, rank = s.parallel.world_rank] {
+      write_torch_dist_file(*pending_torch_dist_, rank);
+      done_ = true;
+    });
+  } else {
+    pending_ = prepare_save(s, iteration, non_persistent, snapshot_.get());
+    copied = pending_->bytes_copied, copy_seconds = pending_->copy_seconds;
+    writer_ = std::thread([this] {
+      write_shards(*pending_);
+      done_ = true;
+    });
+  }
   stats_.saves += 1;
   stats_.last_blocked_seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  stats_.last_copy_seconds = pending_->copy_seconds;
-  stats_.last_copied_bytes = pending_->bytes_copied;
+  stats_.last_copy_seconds = copy_seconds;
+  stats_.last_copied_bytes = copied;
   const int64_t allocated = stats_.buffers_allocated_by_saves - allocated_before;
-  std::string detail = strprintf("copying %.2f GB to %s: %.2f s", double(pending_->bytes_copied) / 1e9,
-                                 s.device.is_cuda() ? "pinned host memory" : "host memory", pending_->copy_seconds);
+  std::string detail = strprintf("copying %.2f GB to %s: %.2f s", double(copied) / 1e9,
+                                 s.device.is_cuda() ? (torch_dist ? "host memory" : "pinned host memory") : "host memory",
+                                 copy_seconds);
   if (allocated > 0) detail += strprintf(", %lld buffers allocated by this save", (long long)allocated);
   if (waited_reserve >= 0)  // the first save after reserve()
     detail += strprintf("; host memory reserved in the background at start-up: %.2f GB in %.2f s, waited %.2f s for it",
@@ -89,7 +104,7 @@ void AsyncCheckpointSaver::save(const TrainingState& s, int64_t iteration, bool 
 }
 
 void AsyncCheckpointSaver::finalize(const TrainingState& s, bool blocking) {
-  if (!pending_) return;  // saves happen at the same iterations on every rank: all agree
+  if (!pending()) return;  // saves happen at the same iterations on every rank: all agree
   if (!blocking) {
     // Commit only once every rank's writer is done; until then training goes on.
     bool all_done = done_;
@@ -97,6 +112,11 @@ void AsyncCheckpointSaver::finalize(const TrainingState& s, bool blocking) {
     if (!all_done) return;
   }
   writer_.join();
+  if (pending_torch_dist_) {
+    std::unique_ptr<PendingTorchDistSave> save = std::move(pending_torch_dist_);
+    finalize_torch_dist_save(s, *save);
+    return;
+  }
   std::unique_ptr<PendingSave> save = std::move(pending_);
   finalize_save(s, *save);
 }

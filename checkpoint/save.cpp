@@ -245,18 +245,6 @@ ck::CheckpointMetadata build_metadata(const TrainingState& s, int64_t iteration,
   return m;
 }
 
-// Every rank learns whether any rank failed; all throw (the failing ones with their message) and
-// the temporary directory is removed, so the previous checkpoint stays the latest.
-void fail_together(const ParallelState& p, const torch::Device& device, const ck::SaveTarget& target,
-                   const std::string& error) {
-  if (!any_rank(p, device, !error.empty())) return;
-  if (p.world_rank == 0) ck::abort_save(target);
-  throw UserError(!error.empty() ? error
-                                 : strprintf("saving the checkpoint of iteration %lld to %s failed on another rank "
-                                             "(its error is in its log)",
-                                             (long long)target.iteration, target.save_dir.c_str()));
-}
-
 // Removes the committed checkpoint of `iteration` in `dir` (renamed aside first, so a kill cannot
 // leave half of it under its name; a failure is logged; a symbolic link is left alone, as
 // Megatron does).
@@ -277,21 +265,28 @@ void delete_checkpoint(const std::string& dir, int64_t iteration, const std::str
   }
 }
 
-// Rank 0, once a save is committed: only then is anything deleted, and only checkpoints older
-// than the one just committed (a run resumed from an older one keeps the newer ones).
-// --save-retain-interval (Megatron's rule): the previous latest checkpoint goes unless its
-// iteration is a multiple of the interval. Non-persistent checkpoints: every older one in their
-// directory goes.
-void clean_up_after_commit(const CheckpointConfig& k, const PendingSave& save, std::optional<ck::Tracker> previous) {
-  const ck::SaveTarget& t = save.target;
-  if (save.non_persistent) {
+}  // namespace
+
+void fail_save_together(const ParallelState& p, const torch::Device& device, const ck::SaveTarget& target,
+                        const std::string& error) {
+  if (!any_rank(p, device, !error.empty())) return;
+  if (p.world_rank == 0) ck::abort_save(target);
+  throw UserError(!error.empty() ? error
+                                 : strprintf("saving the checkpoint of iteration %lld to %s failed on another rank "
+                                             "(its error is in its log)",
+                                             (long long)target.iteration, target.save_dir.c_str()));
+}
+
+void retire_after_commit(const CheckpointConfig& k, const ck::SaveTarget& t, bool non_persistent, bool for_rerun,
+                         std::optional<ck::Tracker> previous) {
+  if (non_persistent) {
     for (int64_t it : ck::list_checkpoint_iterations(t.save_dir))
       if (it < t.iteration) delete_checkpoint(t.save_dir, it, t.token);
     return;
   }
   // A fault's checkpoint never retires the checkpoint saved before the fault: if the re-run is
   // not possible, that one is the way back.
-  if (save.for_rerun) {
+  if (for_rerun) {
     if (previous && !previous->release && previous->iteration < t.iteration)
       log::print(strprintf("  kept the checkpoint of iteration %lld at %s: the last one saved before the fault",
                            (long long)previous->iteration, t.save_dir.c_str()));
@@ -301,8 +296,6 @@ void clean_up_after_commit(const CheckpointConfig& k, const PendingSave& save, s
       previous->iteration < t.iteration && previous->iteration % *k.save_retain_interval != 0)
     delete_checkpoint(t.save_dir, previous->iteration, t.token);
 }
-
-}  // namespace
 
 // Distributed-optimizer shards are written by the ranks holding them (one per optimizer instance),
 // replicas over data-parallel ranks once (replica_part).
@@ -385,7 +378,7 @@ void write_shards(PendingSave& save) noexcept {
 void finalize_save(const TrainingState& s, PendingSave& save) {
   const ParallelState& p = s.parallel;
   save.shards.reset();
-  fail_together(p, s.device, save.target, save.error);
+  fail_save_together(p, s.device, save.target, save.error);
   // The metadata goes in last: it carries every rank's checksums, known once all files are written.
   const std::vector<std::string> checksums = all_gather_strings(p, s.device, save.checksums);
   std::optional<ck::Tracker> previous;
@@ -413,14 +406,14 @@ void finalize_save(const TrainingState& s, PendingSave& save) {
       save.error = e.what();
     }
   }
-  fail_together(p, s.device, save.target, save.error);
+  fail_save_together(p, s.device, save.target, save.error);
   const double seconds = std::chrono::duration<double>(Clock::now() - save.start).count();
   log::print(strprintf("  successfully saved checkpoint from iteration %7lld to %s [ t %d/%d, p %d/%d ]",
                       (long long)save.target.iteration, save.target.save_dir.c_str(), p.tp_rank + 1, p.sizes.tp,
                       p.pp_rank + 1, p.sizes.pp));
   log::info(strprintf("  checkpoint save took %.2f s (rank 0 wrote %.1f MB, %.2f GB/s)", seconds, double(save.bytes) / 1e6,
                       double(save.bytes) / 1e9 / std::max(seconds, 1e-9)));
-  if (p.world_rank == 0) clean_up_after_commit(s.config.checkpoint, save, previous);
+  if (p.world_rank == 0) retire_after_commit(s.config.checkpoint, save.target, save.non_persistent, save.for_rerun, previous);
 }
 
 void save_checkpoint(const TrainingState& s, int64_t iteration, bool non_persistent) {

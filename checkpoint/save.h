@@ -32,6 +32,21 @@ namespace fp8tron {
 
 void save_checkpoint(const TrainingState& state, int64_t iteration, bool non_persistent = false);
 
+// Both formats' saves end alike:
+//  - fail_save_together: every rank learns whether any rank failed; all throw (the failing ones
+//    with their message) and the temporary directory is removed, so the previous checkpoint stays
+//    the latest;
+//  - retire_after_commit (rank 0, once a save is committed): only then is anything deleted, and
+//    only checkpoints older than the one just committed (a run resumed from an older one keeps the
+//    newer ones). --save-retain-interval (Megatron's rule): the previous latest checkpoint goes
+//    unless its iteration is a multiple of the interval. Non-persistent checkpoints: every older
+//    one in their directory goes. A checkpoint saved for a faulty iteration's re-run (`for_rerun`)
+//    retires nothing: the one saved before the fault is the way back.
+void fail_save_together(const ParallelState& p, const torch::Device& device, const checkpoint::SaveTarget& target,
+                        const std::string& error);
+void retire_after_commit(const CheckpointConfig& k, const checkpoint::SaveTarget& target, bool non_persistent,
+                         bool for_rerun, std::optional<checkpoint::Tracker> previous);
+
 // A flat buffer a save reads and the elements [begin, end) of it this rank writes: the model
 // weights (one buffer, replicated over data-parallel ranks), and with the optimizer state the
 // fp32 main weights (bf16/fp16 runs) and the optimizer's states, laid out from shard_begin().

@@ -14,6 +14,7 @@
 #include "checkpoint/megatron/torch_save_writer.h"
 #include "checkpoint/megatron_common_state.h"
 #include "checkpoint/rank_agreement.h"
+#include "checkpoint/save.h"
 #include "checkpoint/saved_tensors.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -128,12 +129,19 @@ void add_range_chunks(const std::string& prefix, const Slot& slot, int tp_rank, 
   }
 }
 
+// `t` on the host: a copy of a device tensor; a CPU tensor itself, or with `own` (an asynchronous
+// save, written while training changes the buffers) a copy of it.
+torch::Tensor host(const torch::Tensor& t, bool own) {
+  if (!t.is_cpu()) return t.to(torch::kCPU);
+  return own ? t.clone() : t;
+}
+
 // This rank's chunks: its tensor-parallel boxes of the weights, written by the first
 // data-parallel rank (each replica once), and of the optimizer state: Adam's moments (and the fp32
 // main weights of bf16/fp16 runs), laid out like the weights. With the distributed optimizer every
 // rank of the first optimizer instance writes its shard of them, and the main weights are stored
 // in every precision, as Megatron's `fully_reshardable` layout has them.
-std::vector<mg::DcpChunkToWrite> rank_chunks(const TrainingState& s) {
+std::vector<mg::DcpChunkToWrite> rank_chunks(const TrainingState& s, bool own) {
   std::vector<mg::DcpChunkToWrite> out;
   const ModelConfig& m = s.config.model;
   const StackedSizes sizes = stacked_sizes(s.config);
@@ -154,13 +162,13 @@ std::vector<mg::DcpChunkToWrite> rank_chunks(const TrainingState& s) {
       if (slot.info.shared_embedding_copy) continue;              // the embedding's, stored by the first stage
       if (slot.info.partition_dim < 0 && tp_rank != 0) continue;  // replicated over TP: rank 0 stores it
       if (weights_writer) {
-        const torch::Tensor flat = o.model_params().detach().narrow(0, slot.offset, slot.numel).to(torch::kCPU);
+        const torch::Tensor flat = host(o.model_params().detach().narrow(0, slot.offset, slot.numel), own);
         add_range_chunks("", slot, tp_rank, tp, 0, slot.numel, flat, sizes, out);
       }
       const int64_t lo = std::max(slot.offset, shard_begin), hi = std::min(slot.offset + slot.numel, shard_end);
       if (lo >= hi) continue;
       for (const auto& [prefix, buffer] : states) {
-        const torch::Tensor flat = buffer.detach().narrow(0, lo - shard_begin, hi - lo).to(torch::kCPU);
+        const torch::Tensor flat = host(buffer.detach().narrow(0, lo - shard_begin, hi - lo), own);
         add_range_chunks(prefix, slot, tp_rank, tp, lo - slot.offset, hi - slot.offset, flat, sizes, out);
       }
     }
@@ -170,7 +178,7 @@ std::vector<mg::DcpChunkToWrite> rank_chunks(const TrainingState& s) {
   const ParallelState& p = s.parallel;
   if (p.tp_rank == 0 && p.dp_rank == 0 && p.cp_rank == 0)
     for (const auto& [name, buffer] : s.buffers) {
-      const torch::Tensor t = buffer.detach().to(torch::kCPU, torch::kFloat32).contiguous();
+      const torch::Tensor t = host(buffer.detach().to(torch::kFloat32).contiguous(), own);
       out.push_back(chunk_of("", name, t.sizes().vec(), ck::whole(t.sizes().vec()), t.view({-1}), sizes));
     }
   return out;
@@ -252,16 +260,6 @@ std::vector<mg::DcpObjectToWrite> rank_objects(const TrainingState& s, int64_t i
   return out;
 }
 
-// Every rank learns whether any rank failed; all throw, and the temporary directory goes.
-void fail_together(const TrainingState& s, const ck::SaveTarget& target, const std::string& error) {
-  if (!any_rank(s.parallel, s.device, !error.empty())) return;
-  if (s.parallel.world_rank == 0) ck::abort_save(target);
-  throw UserError(!error.empty() ? error
-                                 : strprintf("saving the checkpoint of iteration %lld to %s failed on another rank "
-                                             "(its error is in its log)",
-                                             (long long)target.iteration, target.save_dir.c_str()));
-}
-
 void write_text(const std::string& path, const std::string& text) {
   std::ofstream out(path, std::ios::trunc);
   out << text;
@@ -291,43 +289,87 @@ void commit(const TrainingState& s, const ck::SaveTarget& target, const std::vec
 
 }  // namespace
 
-void save_torch_dist_checkpoint(const TrainingState& s, int64_t iteration) {
-  const auto start = std::chrono::steady_clock::now();
+std::unique_ptr<PendingTorchDistSave> prepare_torch_dist_save(const TrainingState& s, int64_t iteration,
+                                                              bool non_persistent, bool own_copies) {
   const ParallelState& p = s.parallel;
-  const std::string& save = s.config.checkpoint.save;
-  log::print(strprintf("saving checkpoint at iteration %7lld to %s in torch_dist format", (long long)iteration,
-                       save.c_str()));
-  if (s.rerun && s.rerun->to_save)
+  const CheckpointConfig& k = s.config.checkpoint;
+  auto save = std::make_unique<PendingTorchDistSave>();
+  save->start = std::chrono::steady_clock::now();
+  save->non_persistent = non_persistent;
+  save->for_rerun = s.rerun && s.rerun->to_save;
+  const std::string dir = non_persistent ? ck::non_persistent_dir(k.non_persistent_dir, k.save) : k.save;
+  log::print(strprintf("saving %scheckpoint at iteration %7lld to %s in torch_dist format", non_persistent ? "non-persistent " : "",
+                       (long long)iteration, dir.c_str()));
+  if (save->for_rerun)
     log::warning("the rerun engine's record of the faulty iteration is not stored in a torch_dist checkpoint "
                  "(Megatron's format has no place for fp8tron's); a run resumed from it does not re-run that "
                  "iteration: save in fp8tron's format (no --ckpt-format) to keep it");
   s.optimizer.finish_param_gather();
-  const ck::SaveTarget target{save, iteration, false, agree_on_token(p, s.device)};
-  std::string error, entries;
+  save->target = ck::SaveTarget{dir, iteration, false, agree_on_token(p, s.device)};
   try {
-    ck::begin_save(target);
-    entries = mg::write_dcp_file(ck::temp_dir_path(target), p.world_rank, rank_objects(s, iteration), rank_chunks(s));
-    ck::fault_point("save:shard-written");
+    ck::begin_save(save->target);
+    const auto copy_start = std::chrono::steady_clock::now();
+    save->objects = rank_objects(s, iteration);
+    save->chunks = rank_chunks(s, own_copies);
+    save->copy_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - copy_start).count();
+    for (const auto& c : save->chunks) save->bytes_copied += c.data.numel() * int64_t(c.data.element_size());
   } catch (const UserError& e) {
-    error = e.what();
+    save->error = e.what();
   } catch (const std::exception& e) {  // an internal error too: every rank must learn of it, or the others wait
     const std::string what = e.what();
-    error = "saving in torch_dist format failed (an internal error, please report it): " + what.substr(0, what.find('\n'));
+    save->error = "saving in torch_dist format failed (an internal error, please report it): " + what.substr(0, what.find('\n'));
   }
-  fail_together(s, target, error);
-  const std::vector<std::string> all = all_gather_strings(p, s.device, entries);
+  return save;
+}
+
+void write_torch_dist_file(PendingTorchDistSave& save, int rank) noexcept {
+  if (!save.error.empty()) return;
+  try {
+    save.entries = mg::write_dcp_file(ck::temp_dir_path(save.target), rank, save.objects, save.chunks);
+    ck::fault_point("save:shard-written");
+  } catch (const UserError& e) {
+    save.error = e.what();
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    save.error = "saving in torch_dist format failed (an internal error, please report it): " + what.substr(0, what.find('\n'));
+  }
+  save.objects.clear();
+  save.chunks.clear();  // the host copies go as soon as they are written
+}
+
+void finalize_torch_dist_save(const TrainingState& s, PendingTorchDistSave& save) {
+  const ParallelState& p = s.parallel;
+  save.objects.clear();
+  save.chunks.clear();
+  fail_save_together(p, s.device, save.target, save.error);
+  const std::vector<std::string> all = all_gather_strings(p, s.device, save.entries);
+  std::optional<ck::Tracker> previous;
   if (p.world_rank == 0) {
     try {
-      commit(s, target, all);
+      previous = ck::read_tracker(save.target.save_dir);
+    } catch (const UserError&) {
+      // a garbage tracker is replaced by the commit; nothing to retain or delete
+    }
+    try {
+      commit(s, save.target, all);
     } catch (const UserError& e) {
-      error = e.what();
+      save.error = e.what();
     }
   }
-  fail_together(s, target, error);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  fail_save_together(p, s.device, save.target, save.error);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - save.start).count();
   log::print(strprintf("  successfully saved checkpoint from iteration %7lld to %s [ t %d/%d, p %d/%d ]",
-                       (long long)iteration, save.c_str(), p.tp_rank + 1, p.sizes.tp, p.pp_rank + 1, p.sizes.pp));
+                       (long long)save.target.iteration, save.target.save_dir.c_str(), p.tp_rank + 1, p.sizes.tp,
+                       p.pp_rank + 1, p.sizes.pp));
   log::info(strprintf("  checkpoint save took %.2f s", seconds));
+  if (p.world_rank == 0)
+    retire_after_commit(s.config.checkpoint, save.target, save.non_persistent, save.for_rerun, previous);
+}
+
+void save_torch_dist_checkpoint(const TrainingState& s, int64_t iteration, bool non_persistent) {
+  std::unique_ptr<PendingTorchDistSave> save = prepare_torch_dist_save(s, iteration, non_persistent, false);
+  write_torch_dist_file(*save, s.parallel.world_rank);
+  finalize_torch_dist_save(s, *save);
 }
 
 }  // namespace fp8tron

@@ -20,14 +20,46 @@
 //
 // The files go into iter_NNNNNNN.tmp.<token>/ and the directory is committed (renamed, tracker
 // updated) only when every rank wrote its file (checkpoint_dir.h): a failed save leaves nothing.
+// As fp8tron's own saves (save.h), `non_persistent` saves go into the non-persistent directory,
+// where only the newest is kept, --save-retain-interval applies after a commit, and a save runs
+// in three phases which --async-save (async_saver.h) runs apart: prepare (the host copies and the
+// objects; every rank together), write (each rank its .distcp file; no collectives, safe on
+// another thread), finalize (every rank agrees, rank 0 writes .metadata and commits).
 #pragma once
+#include <chrono>
 #include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
 
+#include "checkpoint/checkpoint_dir.h"
+#include "checkpoint/megatron/dcp_writer.h"
 #include "checkpoint/training_state.h"
 
 namespace fp8tron {
 
 // Every rank, at the same iteration. UserError on every rank when any rank fails.
-void save_torch_dist_checkpoint(const TrainingState& s, int64_t iteration);
+void save_torch_dist_checkpoint(const TrainingState& s, int64_t iteration, bool non_persistent = false);
+
+// A torch_dist save between its phases.
+struct PendingTorchDistSave {
+  checkpoint::SaveTarget target;
+  std::vector<checkpoint::megatron::DcpObjectToWrite> objects;  // until written
+  std::vector<checkpoint::megatron::DcpChunkToWrite> chunks;    // host tensors, until written
+  std::string entries;  // this rank's metadata entries, once written
+  std::string error;
+  bool non_persistent = false;
+  bool for_rerun = false;  // the state before a faulty iteration, saved for its re-run
+  std::chrono::steady_clock::time_point start;
+  int64_t bytes_copied = 0;  // the chunks' host copies
+  double copy_seconds = 0;
+};
+
+// `own_copies`: the chunks never alias a training buffer (CPU buffers are copied too), as an
+// asynchronous save needs.
+std::unique_ptr<PendingTorchDistSave> prepare_torch_dist_save(const TrainingState& s, int64_t iteration,
+                                                              bool non_persistent, bool own_copies);
+void write_torch_dist_file(PendingTorchDistSave& save, int rank) noexcept;
+void finalize_torch_dist_save(const TrainingState& s, PendingTorchDistSave& save);
 
 }  // namespace fp8tron

@@ -33,7 +33,7 @@ TrainingState RunCheckpoints::state() {
 
 int64_t RunCheckpoints::load() {
   const auto& k = parts_.config.checkpoint;
-  if (k.async_save && !k.save.empty()) {
+  if (k.async_save && !k.save.empty() && !k.save_torch_dist) {
     // The host memory of the snapshots is allocated in the background from now on.
     async_saver_ = std::make_unique<AsyncCheckpointSaver>();
     async_saver_->reserve(state());
@@ -50,11 +50,11 @@ int64_t RunCheckpoints::load() {
 }
 
 void RunCheckpoints::save(int64_t iteration, bool non_persistent) {
-  if (parts_.config.checkpoint.save_torch_dist) {
-    save_torch_dist_checkpoint(state(), iteration);
-  } else if (parts_.config.checkpoint.async_save) {
+  if (parts_.config.checkpoint.async_save) {
     if (!async_saver_) async_saver_ = std::make_unique<AsyncCheckpointSaver>();
     async_saver_->save(state(), iteration, non_persistent);
+  } else if (parts_.config.checkpoint.save_torch_dist) {
+    save_torch_dist_checkpoint(state(), iteration, non_persistent);
   } else {
     save_checkpoint(state(), iteration, non_persistent);
   }

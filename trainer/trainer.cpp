@@ -140,6 +140,7 @@ TrainResult run_training(const Config& c, const TrainOptions& options) {
     // Megatron's --ckpt-convert-format: the loaded checkpoint saved again in the other format, no training.
     result.iterations = first_iteration - 1;
     checkpoints.save(result.iterations);
+    checkpoints.finish();  // an --async-save one committed before the run ends
     log::print(" > converted checkpoint: " + c.checkpoint.load + " -> " + c.checkpoint.save);
     return result;
   }

@@ -426,6 +426,55 @@ TEST(Checkpointing, NonPersistentCheckpointsKeepOnlyTheNewestAndLoadWhenNewer) {
   EXPECT_EQ(checkpoint::list_checkpoint_iterations(elsewhere.path()), (std::vector<int64_t>{4}));
 }
 
+// Megatron's torch_dist format written as fp8tron's own: in the background (--async-save, which
+// Megatron allows with torch_dist only), pruned by --save-retain-interval, and as non-persistent
+// checkpoints. No dropout: torch_dist holds no RNG state (its args say no_save_rng).
+const std::vector<std::string> kTorchDist = {"--ckpt-format", "torch_dist", "--hidden-dropout", "0",
+                                             "--attention-dropout", "0"};
+
+bool holds_torch_dist(const std::filesystem::path& dir, int64_t iteration) {
+  const auto at = dir / checkpoint::checkpoint_dir_name(iteration);
+  return std::filesystem::exists(at / ".metadata") && std::filesystem::exists(at / "__0_0.distcp") &&
+         !std::filesystem::exists(at / "fp8tron_checkpoint.json");
+}
+
+TEST(Checkpointing, TorchDistAsynchronousSavesResumeExactly) {
+  check_exact_resume(with({"--bf16"}, kTorchDist), {"--async-save", "--save-interval", "3"});
+  TempDir dir;
+  TrainResult r = run(with({"--train-iters", "10", "--save", dir.path(), "--save-interval", "2", "--async-save"}, kTorchDist));
+  EXPECT_EQ(checkpoint::list_checkpoint_iterations(dir.path()), (std::vector<int64_t>{2, 4, 6, 8, 10}));
+  for (int64_t it : {2, 6, 10}) EXPECT_TRUE(holds_torch_dist(dir.path(), it)) << it;
+  // Each is what training had at that iteration, though training went on while it was written.
+  TrainResult resumed = run(with({"--train-iters", "10", "--load", dir.path(), "--ckpt-step", "6"}, kTorchDist));
+  EXPECT_EQ(std::vector<double>(r.losses.begin() + 6, r.losses.end()), resumed.losses);
+}
+
+TEST(Checkpointing, TorchDistSaveRetainInterval) {
+  for (bool async : {false, true}) {
+    TempDir dir;
+    auto args = with({"--train-iters", "10", "--save", dir.path(), "--save-interval", "2", "--save-retain-interval", "4"},
+                     kTorchDist);
+    if (async) args.push_back("--async-save");
+    run(args);
+    EXPECT_EQ(checkpoint::list_checkpoint_iterations(dir.path()), (std::vector<int64_t>{4, 8, 10})) << async;
+    EXPECT_TRUE(holds_torch_dist(dir.path(), 8)) << async;
+  }
+}
+
+TEST(Checkpointing, TorchDistNonPersistentCheckpoints) {
+  TempDir dir;
+  const auto np = with({"--non-persistent-ckpt-type", "global"}, kTorchDist);
+  TrainResult straight =
+      run(with({"--train-iters", "10", "--save", dir.path(), "--save-interval", "4", "--non-persistent-save-interval", "3"},
+               np));
+  EXPECT_EQ(checkpoint::list_checkpoint_iterations(dir.path()), (std::vector<int64_t>{4, 8, 10}));
+  EXPECT_EQ(checkpoint::list_checkpoint_iterations(dir / "non_persistent"), (std::vector<int64_t>{9}));
+  EXPECT_TRUE(holds_torch_dist(dir / "non_persistent", 9));
+  TrainResult from_np = run(with({"--train-iters", "10", "--load", dir.path(), "--ckpt-step", "8"}, np));
+  ASSERT_EQ(from_np.losses.size(), 1u);
+  EXPECT_EQ(from_np.losses[0], straight.losses[9]);
+}
+
 // Megatron's own checkpoints load (tests/checkpoint/megatron_resume_test.sh); incomplete ones,
 // and formats fp8tron does not read, fail naming the file or the format.
 TEST(Checkpointing, MegatronCheckpointProblemsAreNamed) {

@@ -18,7 +18,8 @@
 #   - with MPIRUN, a Llama-like model over TP2 x PP2 x 2 virtual stages resumes exactly and writes
 #     the tensors one process writes for the same state;
 #   - with MPIRUN, the distributed optimizer (DP2, bf16, TP2 x DP2) written in Megatron's
-#     fully_reshardable layout resumes exactly, also in one process without it;
+#     fully_reshardable layout resumes exactly, also in one process without it, and also when
+#     written in the background (--async-save);
 #   - a save killed before its commit leaves no checkpoint; what cannot be written in torch_dist
 #     yet saves fp8tron's format with a notice, or is refused in a conversion.
 # Usage: torch_dist_save_test.sh FP8TRON SOURCE_DIR PYTHON [MPIRUN]
@@ -125,6 +126,12 @@ if [ -n "$MPIRUN" ]; then
   resume_test distopt-bf16 2 --use-distributed-optimizer --bf16
   check "distopt-bf16: the distributed optimizer's layout" distopt "$WORK/distopt-bf16-td/iter_0000010"
   resume_test distopt-tp2 4 --use-distributed-optimizer --tensor-model-parallel-size 2
+  # Written in the background (--async-save): each rank's file by its writer thread, committed
+  # once every rank's is done.
+  resume_test async-distopt 2 --use-distributed-optimizer --async-save
+  grep -q "the checkpoint is written in the background" "$WORK/async-distopt-save.log" &&
+    [ -e "$WORK/async-distopt-td/iter_0000010/.metadata" ] && echo "ok: async-distopt: saved in the background as torch_dist" ||
+    { echo "FAIL: async-distopt: not saved in the background as torch_dist"; fail=1; }
   check "distopt-tp2: the distributed optimizer's layout" distopt "$WORK/distopt-tp2-td/iter_0000010"
   if run distopt-convert 2 "${FLAGS[@]}" --use-distributed-optimizer --load "$FIXTURE/ckpt" \
        --ckpt-convert-format torch_dist --ckpt-convert-save "$WORK/distopt-conv"; then

@@ -14,9 +14,6 @@ std::string torch_dist_unwritable_flag(const Config& c) {
     return "--num-experts with --transformer-impl transformer_engine";
   if (c.model.mtp.num_layers > 0) return "--mtp-num-layers";
   if (c.model.mla.enabled) return "--multi-latent-attention";
-  if (c.checkpoint.async_save) return "--async-save";
-  if (c.checkpoint.non_persistent_save_interval) return "--non-persistent-save-interval";
-  if (c.checkpoint.save_retain_interval) return "--save-retain-interval";
   if (c.optimizer.decoupled_lr) return "--decoupled-lr";
   if (c.optimizer.mup_width_mult) return "--use-mup";
   return "";
