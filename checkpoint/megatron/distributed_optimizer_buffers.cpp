@@ -5,6 +5,7 @@
 #include <map>
 #include <set>
 
+#include "checkpoint/megatron/tensor_parallel_split.h"
 #include "core/error.h"
 #include "core/text.h"
 
@@ -18,28 +19,30 @@ struct Bucket {
   torch::Tensor param, exp_avg, exp_avg_sq;
 };
 
-// The flat buffers by bucket (the name up to its last '.').
-std::map<std::string, Bucket> read_buckets(const DcpCheckpoint& dcp) {
-  std::map<std::string, Bucket> buckets;
+// The flat buffers by model-parallel rank (the name up to ".gbuf_idx_"), then by bucket (the name
+// up to its last '.').
+std::map<std::string, std::map<std::string, Bucket>> read_buckets(const DcpCheckpoint& dcp) {
+  std::map<std::string, std::map<std::string, Bucket>> groups;
   for (const auto& [name, entry] : dcp.tensors()) {
     if (name.rfind(kPrefix, 0) != 0) continue;
     const size_t dot = name.rfind('.');
     const std::string bucket = name.substr(0, dot), key = name.substr(dot + 1);
     if (entry.shape.size() != 1)
-      throw UserError(dcp.source() + ": the distributed optimizer's " + name + " is not one flat buffer (saved by several "
-                      "tensor- or pipeline-parallel ranks?); fp8tron reads that layout from data-parallel ranks only: "
-                      "pass --no-load-optim to load the weights");
-    Bucket& b = buckets[bucket];
+      throw UserError(dcp.source() + ": the distributed optimizer's " + name + " is not one flat buffer; fp8tron does "
+                      "not know this layout: pass --no-load-optim to load the weights");
+    const size_t gbuf = bucket.find(".gbuf_idx_");
+    Bucket& b = groups[bucket.substr(0, gbuf)][bucket];
     if (key == "param") b.param = dcp.tensor(name);
     else if (key == "exp_avg") b.exp_avg = dcp.tensor(name);
     else if (key == "exp_avg_sq") b.exp_avg_sq = dcp.tensor(name);
     else throw UserError(dcp.source() + ": the distributed optimizer's " + name + " is not Adam's; pass --no-load-optim");
   }
-  for (const auto& [name, b] : buckets)
-    if (!b.param.defined() || !b.exp_avg.defined() || !b.exp_avg_sq.defined())
-      throw UserError(dcp.source() + ": the distributed optimizer's bucket " + name + " lacks param, exp_avg or "
-                      "exp_avg_sq; pass --no-load-optim");
-  return buckets;
+  for (const auto& [group, buckets] : groups)
+    for (const auto& [name, b] : buckets)
+      if (!b.param.defined() || !b.exp_avg.defined() || !b.exp_avg_sq.defined())
+        throw UserError(dcp.source() + ": the distributed optimizer's bucket " + name + " lacks param, exp_avg or "
+                        "exp_avg_sq; pass --no-load-optim");
+  return groups;
 }
 
 int64_t layer_of(const std::string& name) {
@@ -57,49 +60,91 @@ bool placed_before(const std::string& a, const std::string& b) {
   return a > b;
 }
 
-// Where each weight lies in the buckets' main weights, found by value.
+// A weight, or one tensor-parallel rank's part of it, as the buffers hold it: its values in fp32
+// after rounding to the weight's dtype (bf16/fp16 runs keep fp32 main weights that round to it).
+struct Candidate {
+  std::string name;
+  int64_t part = -1;  // the tensor-parallel rank whose part it is; -1: the whole weight (the same on every rank)
+  torch::Tensor values;  // flat fp32
+  std::vector<int64_t> shape;
+};
+using PartKey = std::pair<std::string, int64_t>;  // (weight, part)
+
+// Where a candidate lies in a bucket's buffers.
 struct Place {
   const Bucket* bucket;
   int64_t offset;
 };
 
-std::map<std::string, Place> locate(const std::map<std::string, Bucket>& buckets,
-                                    const std::map<std::string, torch::Tensor>& weights, const std::string& where) {
-  // The weights by their first value, as the buffer's fp32 values read in the weights' dtype.
-  std::map<float, std::vector<std::string>> by_first;
-  torch::ScalarType dtype = torch::kFloat32;
+std::vector<Candidate> candidates(const std::map<std::string, torch::Tensor>& weights, int64_t tp, bool gated) {
+  std::vector<Candidate> out;
   for (const auto& [name, w] : weights) {
-    dtype = w.scalar_type();
-    by_first[w.flatten()[0].item<float>()].push_back(name);
+    const TpSplit split = tp_split_of(name, gated);
+    if (tp == 1 || split == TpSplit::kReplicated) {
+      out.push_back({name, -1, w.flatten().to(torch::kFloat32).contiguous(), w.sizes().vec()});
+      continue;
+    }
+    for (int64_t r = 0; r < tp; ++r) {
+      const torch::Tensor part = tp_part(w, split, r, tp, name);
+      out.push_back({name, r, part.flatten().to(torch::kFloat32).contiguous(), part.sizes().vec()});
+    }
   }
-  std::map<std::string, Place> places;
-  for (const auto& [bucket_name, bucket] : buckets) {
-    const torch::Tensor values = bucket.param.to(dtype).to(torch::kFloat32).contiguous();
+  return out;
+}
+
+// The candidates found in one model-parallel rank's buckets (one dp_group_idx: a tensor- and
+// pipeline-parallel rank's parameters), each at most once.
+void locate_in_group(const std::vector<const Bucket*>& buckets, const std::vector<Candidate>& all,
+                     torch::ScalarType dtype, std::map<PartKey, Place>& places) {
+  std::map<float, std::vector<size_t>> by_first;
+  for (size_t i = 0; i < all.size(); ++i)
+    if (all[i].values.numel() > 0) by_first[all[i].values.data_ptr<float>()[0]].push_back(i);
+  std::set<size_t> placed;
+  for (const Bucket* bucket : buckets) {
+    const torch::Tensor values = bucket->param.to(dtype).to(torch::kFloat32).contiguous();
     const float* v = values.data_ptr<float>();
     const int64_t size = values.numel();
     int64_t pos = 0;
     while (pos < size) {
-      std::vector<std::string> matches;
+      std::vector<size_t> matches;
       auto it = by_first.find(v[pos]);
       if (it != by_first.end())
-        for (const std::string& name : it->second) {
-          const torch::Tensor w = weights.at(name).flatten().to(torch::kFloat32);
-          if (places.count(name) || pos + w.numel() > size) continue;
-          if (std::memcmp(w.data_ptr<float>(), v + pos, sizeof(float) * size_t(w.numel())) == 0) matches.push_back(name);
+        for (size_t i : it->second) {
+          const torch::Tensor& c = all[i].values;
+          if (placed.count(i) || pos + c.numel() > size) continue;
+          if (std::memcmp(c.data_ptr<float>(), v + pos, sizeof(float) * size_t(c.numel())) == 0) matches.push_back(i);
         }
       if (matches.empty()) {  // padding: the next parameter starts on the next aligned element
         pos = (pos / kParamAlignment + 1) * kParamAlignment;
         continue;
       }
-      const std::string name = *std::min_element(matches.begin(), matches.end(), placed_before);
-      places[name] = Place{&bucket, pos};
-      pos += weights.at(name).numel();
+      const size_t i = *std::min_element(matches.begin(), matches.end(), [&](size_t a, size_t b) {
+        if (all[a].name != all[b].name) return placed_before(all[a].name, all[b].name);
+        return all[a].part < all[b].part;
+      });
+      placed.insert(i);
+      places.emplace(PartKey{all[i].name, all[i].part}, Place{bucket, pos});  // a replica's first place
+      pos += all[i].values.numel();
     }
   }
-  for (const auto& [name, w] : weights)
-    if (!places.count(name))
-      throw UserError(where + ": " + name + " is not in the distributed optimizer's buffers (another model's "
-                      "optimizer state?); pass --no-load-optim to load the weights");
+}
+
+// Where each weight (each tensor-parallel part of it) lies in the buckets' main weights, found by
+// value, group by group.
+std::map<PartKey, Place> locate(const std::map<std::string, std::map<std::string, Bucket>>& groups,
+                                const std::vector<Candidate>& all, torch::ScalarType dtype, const std::string& where) {
+  std::map<PartKey, Place> places;
+  for (const auto& [group, buckets] : groups) {
+    std::vector<const Bucket*> in_group;
+    for (const auto& [name, b] : buckets) in_group.push_back(&b);
+    locate_in_group(in_group, all, dtype, places);
+  }
+  for (const Candidate& c : all)
+    if (!places.count({c.name, c.part}))
+      throw UserError(where + ": " + c.name +
+                      (c.part >= 0 ? " (its part on tensor-parallel rank " + std::to_string(c.part) + ")" : std::string()) +
+                      " is not in the distributed optimizer's buffers (another model's optimizer state?); pass "
+                      "--no-load-optim to load the weights");
   return places;
 }
 
@@ -129,8 +174,8 @@ void read_step(const DcpCheckpoint& dcp, MegatronCheckpoint& out) {
 bool is_distributed_optimizer_entry(const std::string& name) { return name.rfind(kPrefix, 0) == 0; }
 
 void read_distributed_optimizer_buffers(const DcpCheckpoint& dcp, MegatronCheckpoint& out) {
-  const std::map<std::string, Bucket> buckets = read_buckets(dcp);
-  if (buckets.empty()) return;
+  const auto groups = read_buckets(dcp);
+  if (groups.empty()) return;
   // Read stored tensor by stored tensor, so that each chunk of a stacked one is read once.
   std::vector<std::pair<std::string, std::string>> order;  // (source, name)
   for (const auto& [name, t] : out.tensors)
@@ -139,13 +184,26 @@ void read_distributed_optimizer_buffers(const DcpCheckpoint& dcp, MegatronCheckp
   std::map<std::string, torch::Tensor> weights;
   for (const auto& [source, name] : order) weights[name] = out.tensors.at(name).read();
   dcp.forget_chunks();
-  const std::map<std::string, Place> places = locate(buckets, weights, dcp.source());
-  for (const auto& [name, place] : places) {
-    const torch::Tensor& w = weights.at(name);
-    auto segment = [&](const torch::Tensor& flat) { return flat.narrow(0, place.offset, w.numel()).view(w.sizes()).clone(); };
-    out.tensors["optimizer.state.exp_avg." + name] = segment(place.bucket->exp_avg);
-    out.tensors["optimizer.state.exp_avg_sq." + name] = segment(place.bucket->exp_avg_sq);
-    if (w.scalar_type() != torch::kFloat32) out.tensors["optimizer.state.fp32_param." + name] = segment(place.bucket->param);
+  if (weights.empty()) return;
+  const torch::ScalarType dtype = weights.begin()->second.scalar_type();
+  const std::vector<Candidate> all = candidates(weights, out.tensor_parallel, out.gated_linear_unit);
+  const std::map<PartKey, Place> places = locate(groups, all, dtype, dcp.source());
+  // Each weight's state: its parts' segments, joined as Megatron split the weight.
+  std::map<std::string, std::vector<const Candidate*>> parts;
+  for (const Candidate& c : all) parts[c.name].push_back(&c);
+  for (const auto& [name, pieces] : parts) {
+    auto state = [&, &pieces = pieces](torch::Tensor Bucket::*buffer) {
+      std::vector<torch::Tensor> segments;
+      for (const Candidate* c : pieces) {
+        const Place& at = places.at({c->name, c->part});
+        segments.push_back((at.bucket->*buffer).narrow(0, at.offset, c->values.numel()).view(c->shape));
+      }
+      const TpSplit split = pieces.front()->part < 0 ? TpSplit::kReplicated : tp_split_of(name, out.gated_linear_unit);
+      return join_tp_parts(segments, split, name).clone();
+    };
+    out.tensors["optimizer.state.exp_avg." + name] = state(&Bucket::exp_avg);
+    out.tensors["optimizer.state.exp_avg_sq." + name] = state(&Bucket::exp_avg_sq);
+    if (dtype != torch::kFloat32) out.tensors["optimizer.state.fp32_param." + name] = state(&Bucket::param);
   }
   read_step(dcp, out);
 }

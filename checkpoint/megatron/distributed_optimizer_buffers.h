@@ -4,13 +4,17 @@
 //   optimizer.distributed.dp_group_idx_<g>.gbuf_idx_<b>.dtype_(<param>, <grad>).bucket_idx_<k>.<key>
 // with the parameters laid out as Megatron's gradient buffer orders them (reverse module order,
 // starts padded), and Adam's step in the `optimizer.distributed.dp_group_idx_<g>.optimizer`
-// object's parameter groups.
+// object's parameter groups. Each model-parallel rank (a tensor- and pipeline-parallel rank,
+// `<g>`) has buffers of its own, holding its stage's parameters as its tensor-parallel rank holds
+// them.
 //
 // The layout is not stored, and Megatron's module order differs from fp8tron's, so each
 // parameter is found by its value: the checkpoint also holds every weight by name, and the
-// segment of `param` that equals it (rounded to the weight's dtype in bf16/fp16 runs) is where
-// its moments lie. Weights equal to one another (untrained norms in bf16) are told apart by
-// Megatron's order: later layers first, the MLP before the attention.
+// segment of `param` that equals the weight, or a tensor-parallel rank's part of it (split as
+// Megatron splits it, tensor_parallel_split.h, over the saved run's ranks), rounded to the
+// weight's dtype in bf16/fp16 runs, is where its moments lie; the parts' moments are joined as the
+// weight is. Weights equal to one another (untrained norms in bf16) are told apart by Megatron's
+// order: later layers first, the MLP before the attention.
 #pragma once
 #include "checkpoint/megatron/dcp_checkpoint.h"
 #include "checkpoint/megatron/megatron_checkpoint.h"

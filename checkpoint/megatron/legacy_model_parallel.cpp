@@ -6,49 +6,13 @@
 #include <regex>
 #include <set>
 
+#include "checkpoint/megatron/tensor_parallel_split.h"
 #include "core/error.h"
 #include "core/text.h"
 
 namespace fp8tron::checkpoint::megatron {
 namespace fs = std::filesystem;
 namespace {
-
-enum class Split { kReplicated, kColumns, kGatedColumns, kRows };
-
-Split split_of(std::string name, bool gated_linear_unit) {
-  static const std::regex kExpert(R"((\.linear_fc[12]\.weight)\d+$)");  // an expert's: split as the dense MLP's
-  name = std::regex_replace(name, kExpert, "$1");
-  for (const char* s : {".linear_fc1.weight", ".linear_fc1.bias"})
-    if (name.ends_with(s)) return gated_linear_unit ? Split::kGatedColumns : Split::kColumns;
-  for (const char* s : {".linear_qkv.weight", ".linear_qkv.bias", "word_embeddings.weight", "output_layer.weight"})
-    if (name.ends_with(s)) return Split::kColumns;
-  for (const char* s : {".linear_proj.weight", ".linear_fc2.weight"})
-    if (name.ends_with(s)) return Split::kRows;
-  return Split::kReplicated;
-}
-
-torch::Tensor join(const std::vector<torch::Tensor>& parts, Split split, const std::string& name) {
-  switch (split) {
-    case Split::kColumns: return torch::cat(parts, 0);
-    case Split::kRows: return torch::cat(parts, 1);
-    case Split::kGatedColumns: {
-      std::vector<torch::Tensor> gates, ups;
-      for (const torch::Tensor& p : parts) {
-        auto halves = p.chunk(2, 0);
-        gates.push_back(halves[0]), ups.push_back(halves[1]);
-      }
-      gates.insert(gates.end(), ups.begin(), ups.end());
-      return torch::cat(gates, 0);
-    }
-    case Split::kReplicated:
-      for (const torch::Tensor& p : parts)
-        if (p.sizes() != parts[0].sizes())
-          throw UserError("the tensor-parallel ranks hold " + name + " in different shapes; fp8tron does not know how "
-                          "Megatron split it");
-      return parts[0];
-  }
-  return parts[0];
-}
 
 // "decoder.layers.<i>.rest" (optionally behind an optimizer prefix) with i moved by `offset`.
 std::string shift_layer(const std::string& name, int64_t offset, int64_t& local_layer) {
@@ -118,7 +82,7 @@ MegatronCheckpoint merge_legacy_ranks(std::vector<std::vector<MegatronCheckpoint
       int64_t local = -1;
       const std::string global = shift_layer(name, offset, local);
       if (local >= 0) layers.insert(local);
-      out.tensors[global] = join(pieces, split_of(name, gated_linear_unit), ranks.front().path + ": " + name);
+      out.tensors[global] = join_tp_parts(pieces, tp_split_of(name, gated_linear_unit), ranks.front().path + ": " + name);
     }
     offset += int64_t(layers.size());
   }

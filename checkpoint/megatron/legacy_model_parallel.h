@@ -4,10 +4,8 @@
 // put together into global tensors:
 //   - a pipeline stage's layers are numbered after the layers of the stages before it (stages may
 //     hold different numbers of layers);
-//   - column-parallel weights (linear_qkv, linear_fc1, the word embeddings and output layer) are
-//     concatenated along their first dimension, a gated linear unit's fc1 as its gate halves then
-//     its up halves; row-parallel weights (linear_proj, linear_fc2) along their second; the rest
-//     is the same on every tensor-parallel rank and taken from the first;
+//   - tensor-parallel parts are joined as Megatron split them (tensor_parallel_split.h); a tensor
+//     the same on every rank is taken from the first;
 //   - the last stage's copy of tied word embeddings (output_layer.weight) is dropped.
 #pragma once
 #include <string>

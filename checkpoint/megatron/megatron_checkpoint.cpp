@@ -63,6 +63,7 @@ void read_common(const PyRef& root, const std::string& where, MegatronCheckpoint
   const PyRef swiglu = attribute(args, "swiglu"), untie = attribute(args, "untie_embeddings_and_output_weights");
   out.gated_linear_unit = swiglu && swiglu->kind == PyValue::Kind::Bool && swiglu->boolean;
   out.tied_embeddings = !(untie && untie->kind == PyValue::Kind::Bool && untie->boolean);
+  as_int(attribute(args, "tensor_model_parallel_size"), out.tensor_parallel);
   const PyRef sched = attribute(root, "opt_param_scheduler");
   if (is_none(sched)) return;
   SchedulerValues s;

@@ -75,8 +75,10 @@ struct MegatronCheckpoint {
   std::optional<SchedulerValues> scheduler;
   // The saved run's arguments that fp8tron compares with its own (num_layers, hidden_size, ...).
   std::map<std::string, int64_t> model_args;
-  // How its tensors are split over tensor-parallel ranks (legacy checkpoints of several ranks).
+  // How its tensors are split over tensor-parallel ranks (legacy checkpoints of several ranks, the
+  // distributed optimizer's buffers of each rank), and over how many ranks they were saved.
   bool gated_linear_unit = false, tied_embeddings = true;
+  int64_t tensor_parallel = 1;
   // A torch_dist checkpoint's files, where its tensors are read from (null for a legacy one).
   std::shared_ptr<const DcpCheckpoint> dcp;
   // Why its optimizer state cannot be loaded (an optimizer or a layout fp8tron does not read),

@@ -1,0 +1,28 @@
+// How Megatron splits a global tensor over tensor-parallel ranks, by the tensor's name:
+//   - column-parallel weights (linear_qkv, linear_fc1, the word embeddings and output layer) by
+//     their first dimension, a gated linear unit's fc1 as its gate half and its up half each split
+//     (rank r holds [gate part r; up part r]);
+//   - row-parallel weights (linear_proj, linear_fc2) by their second dimension;
+//   - everything else is the same on every rank (norms, row-parallel biases, routers).
+// Routed experts' weights (mlp.experts.linear_fc<k>.weight<e>) split as the dense MLP's.
+#pragma once
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+namespace fp8tron::checkpoint::megatron {
+
+enum class TpSplit { kReplicated, kColumns, kGatedColumns, kRows };
+
+TpSplit tp_split_of(const std::string& name, bool gated_linear_unit);
+
+// The global tensor from every rank's part (in rank order). UserError when replicated parts differ
+// in shape (`what` names the tensor).
+torch::Tensor join_tp_parts(const std::vector<torch::Tensor>& parts, TpSplit split, const std::string& what);
+
+// Rank `rank`'s part of `global` over `tp` ranks (a view where it can be). UserError when the split
+// dimension does not divide.
+torch::Tensor tp_part(const torch::Tensor& global, TpSplit split, int64_t rank, int64_t tp, const std::string& what);
+
+}  // namespace fp8tron::checkpoint::megatron
