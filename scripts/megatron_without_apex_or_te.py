@@ -2,12 +2,18 @@
 installed, filling one gap of that setup so that Megatron can load a distributed optimizer's
 torch_dist checkpoint.
 
-Without Apex or TE, Megatron's DistributedOptimizer.state_dict() reads Adam's step from the torch
-optimizer's per-parameter state and asserts there is exactly one value. Loading builds that state
-dict before any step has run, when the state is still empty, so the assertion fails for every
-such checkpoint, Megatron's own included. Before that call this gives each parameter the state
-Adam creates on its first step (zero moments, step 0); the checkpoint then replaces all of it,
-step included (Megatron takes the step from the saved param groups).
+Without Apex or TE, torch's Adam keeps its step as a tensor in each parameter's state, and two
+places of Megatron's DistributedOptimizer (commit d98e8a6) fail on it, for every such checkpoint,
+Megatron's own included:
+  - state_dict() reads the step from that state and asserts there is exactly one value; loading
+    builds that state dict before any step has run, when the state is still empty. Before that
+    call this gives each parameter the state Adam creates on its first step (zero moments, step
+    0); the checkpoint then replaces all of it, step included (Megatron takes the step from the
+    saved param groups).
+  - loading the fully_reshardable layout copies every tensor of a parameter's state from the
+    checkpoint's per-parameter tensors, which have no step (the step is restored from the param
+    groups just before): the lookup raises KeyError('step'). This makes a key the checkpoint does
+    not hold read as "nothing to copy", which the method already does for non-tensors.
 
 Usage (in a Megatron-LM checkout): python3 megatron_without_apex_or_te.py pretrain_gpt.py ARGS...
 """
@@ -18,7 +24,7 @@ import sys
 import torch
 
 
-def give_fresh_optimizer_a_step():
+def let_torch_adam_load():
     from megatron.core.optimizer import distrib_optimizer
 
     if distrib_optimizer.HAVE_APEX_OR_TE:
@@ -36,12 +42,23 @@ def give_fresh_optimizer_a_step():
 
     distrib_optimizer.DistributedOptimizer.state_dict = state_dict
 
+    original_set_states = distrib_optimizer.DistributedOptimizer._set_main_param_and_optimizer_states
+
+    class NothingForMissingKeys(dict):
+        def __missing__(self, key):
+            return None
+
+    def set_states(self, model_param, tensors):
+        return original_set_states(self, model_param, NothingForMissingKeys(tensors))
+
+    distrib_optimizer.DistributedOptimizer._set_main_param_and_optimizer_states = set_states
+
 
 def main():
     script = os.path.abspath(sys.argv[1])
     sys.path.insert(0, os.path.dirname(script))
     sys.argv = [script] + sys.argv[2:]
-    give_fresh_optimizer_a_step()
+    let_torch_adam_load()
     runpy.run_path(script, run_name="__main__")
 
 

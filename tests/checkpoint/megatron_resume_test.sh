@@ -84,6 +84,9 @@ fi
 resume gpt_tp2pp2_torch_legacy  # the same run in Megatron's legacy format: four rank files
 resume llama_tp2_torch_dist
 resume gpt_dp2_distopt_torch_dist  # the distributed optimizer's flat buffers
+# ... saved by eight ranks (TP2 x PP2 x DP2): each tensor- and pipeline-parallel rank's buffers
+# hold its parts of the weights (a SwiGLU fc1's gate and up halves split apart).
+resume llama_tp2pp2_distopt_torch_dist
 # The weights alone give iteration 11's loss (the optimizer only acts after it).
 read -ra MODEL < "$FIXTURES/gpt_torch_legacy/args.txt"
 "$BIN" "${FLAGS[@]}" "${MODEL[@]}" --no-load-optim --load "$FIXTURES/gpt_torch_legacy/ckpt" > "$WORK/weights.log" 2>&1
@@ -121,6 +124,8 @@ if [ -n "$MPIRUN" ]; then
   resume gpt_tp2pp2_torch_legacy --tensor-model-parallel-size 2
   resume llama_tp2_torch_dist --tensor-model-parallel-size 2
   resume gpt_dp2_distopt_torch_dist --use-distributed-optimizer
+  resume llama_tp2pp2_distopt_torch_dist --tensor-model-parallel-size 2 --use-distributed-optimizer
+  resume llama_tp2pp2_distopt_torch_dist --pipeline-model-parallel-size 2
 fi
 
 expect_error() {  # expect_error <text> <what> -- args...: exit status 1, one error line with <text>
