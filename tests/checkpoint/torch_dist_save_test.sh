@@ -14,7 +14,8 @@
 #     objects, tensors and chained optimizer state, in one process and over EP2, and an EP2 run
 #     resumes exactly from its own torch_dist save;
 #   - with MPIRUN, MoE with the routers' expert bias, and with a dense and an MoE layer (Megatron then
-#     numbers its layers instead of stacking them), resumes exactly, over EP2 and in one process;
+#     numbers its layers instead of stacking them), resumes exactly, over EP2 and in one process,
+#     and MoE with Transformer Engine's layers (grouped experts) under TE's names over EP2;
 #   - with MPIRUN, a Llama-like model over TP2 x PP2 x 2 virtual stages resumes exactly and writes
 #     the tensors one process writes for the same state;
 #   - with MPIRUN, the distributed optimizer (DP2, bf16, TP2 x DP2) written in Megatron's
@@ -190,6 +191,23 @@ PY
   run moe-mixed-into-one 1 "${FLAGS[@]}" "${MOE[@]}" --moe-layer-freq "([0]+[1])" --load "$WORK/moe-mixed-td" &&
     same_losses "moe-mixed: resumed in one process = resumed over EP2" "$WORK/moe-mixed-into-one.log" \
       "$WORK/moe-mixed-resume.log"
+  # Transformer Engine's layers (grouped experts): the norms under TE's names, the core attention's
+  # _extra_state, each expert's _extra_state as the sequential experts'.
+  resume_test moe-te 2 "${MOE[@]}" --transformer-impl transformer_engine --moe-grouped-gemm --expert-model-parallel-size 2
+  if "$PY" - "$WORK/moe-te-td/iter_0000010" <<'PY'
+import sys, torch.distributed.checkpoint as dcp
+m = dcp.FileSystemReader(sys.argv[1]).read_metadata().state_dict_metadata
+want = {"decoder.layers.pre_mlp_layernorm.weight": [2, 64], "decoder.layers.self_attention.linear_qkv.layer_norm_weight": [2, 64],
+        "decoder.layers.mlp.experts.experts.linear_fc1.weight": [2, 4, 256, 64]}
+objects = ["decoder.layers.self_attention.core_attention._extra_state/shard_1_2",
+           "decoder.layers.mlp.experts.experts.linear_fc2._extra_state/shard_1.3_2.4"]
+bad = [f"{k}: {list(m[k].size) if k in m else 'missing'}" for k, shape in want.items() if k not in m or list(m[k].size) != shape]
+bad += [k for k in objects if k not in m] + [k for k in m if "mlp.linear_fc1.layer_norm" in k or "input_layernorm" in k]
+print("\n".join(bad))
+sys.exit(1 if bad else 0)
+PY
+  then echo "ok: moe-te: Transformer Engine's names"
+  else echo "FAIL: moe-te: Transformer Engine's names"; fail=1; fi
   if "$PY" - "$WORK/moe-mixed-td/iter_0000010" <<'PY'
 import sys, torch.distributed.checkpoint as dcp
 m = dcp.FileSystemReader(sys.argv[1]).read_metadata().state_dict_metadata
@@ -237,8 +255,6 @@ expect_fallback() {  # expect_fallback <flag named> <flags...>
 }
 expect_fallback "--fp8-format" --transformer-impl transformer_engine --fp8-format hybrid --bf16 --save "$WORK/x"
 expect_fallback "--use-megatron-fsdp / --use-torch-fsdp2" --use-megatron-fsdp --save "$WORK/x"
-expect_fallback "--num-experts with --transformer-impl transformer_engine" "${MOE[@]}" --transformer-impl transformer_engine \
-  --save "$WORK/x"
 expect_error "--use-megatron-fsdp / --use-torch-fsdp2 with --ckpt-convert-format torch_dist is not supported yet" \
   "conversion with Megatron-FSDP refused" \
   --use-megatron-fsdp --load "$FIXTURE/ckpt" --ckpt-convert-format torch_dist --ckpt-convert-save "$WORK/x"

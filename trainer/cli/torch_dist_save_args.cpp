@@ -8,10 +8,6 @@ std::string torch_dist_unwritable_flag(const Config& c) {
   // The distributed optimizer is written in Megatron's fully_reshardable layout; Megatron-FSDP's
   // checkpoints are its fsdp_dtensor format.
   if (c.distributed.dp_sharding != DataParallelSharding::None) return "--use-megatron-fsdp / --use-torch-fsdp2";
-  // MoE: Megatron's local layers' names were checked against a checkpoint Megatron wrote;
-  // Transformer Engine's grouped experts store their _extra_state otherwise.
-  if (c.model.moe.enabled() && c.model.transformer_engine_modules)
-    return "--num-experts with --transformer-impl transformer_engine";
   if (c.model.mtp.num_layers > 0) return "--mtp-num-layers";
   if (c.model.mla.enabled) return "--multi-latent-attention";
   if (c.optimizer.decoupled_lr) return "--decoupled-lr";
