@@ -126,6 +126,17 @@ if [ -n "$MPIRUN" ]; then
   resume gpt_dp2_distopt_torch_dist --use-distributed-optimizer
   resume llama_tp2pp2_distopt_torch_dist --tensor-model-parallel-size 2 --use-distributed-optimizer
   resume llama_tp2pp2_distopt_torch_dist --pipeline-model-parallel-size 2
+  # The model and the parallel layout from the arguments Megatron stored (four ranks: TP2 x PP2).
+  log=$WORK/mp-args.log
+  $MPIRUN --allow-run-as-root --oversubscribe --bind-to none -np 4 -x OMP_NUM_THREADS=1 "$BIN" "${FLAGS[@]}" \
+    --ckpt-format torch_dist --use-checkpoint-args --use-mp-args-from-checkpoint-args \
+    --load "$FIXTURES/gpt_tp2pp2_torch_dist/ckpt" > "$log" 2>&1
+  if [ $? != 0 ] || ! grep -q "Setting pipeline_model_parallel_size to 2 from checkpoint" "$log" ||
+     ! compare "$log" "$FIXTURES/gpt_tp2pp2_torch_dist/losses.txt"; then
+    echo "FAIL: --use-mp-args-from-checkpoint-args"; tail -20 "$log"; fail=1
+  else
+    echo "ok: --use-mp-args-from-checkpoint-args takes Megatron's TP2 x PP2 layout"
+  fi
 fi
 
 expect_error() {  # expect_error <text> <what> -- args...: exit status 1, one error line with <text>

@@ -580,6 +580,25 @@ TEST(Checkpointing, UseCheckpointArgsTakesTheModelFromTheCheckpoint) {
   EXPECT_USER_ERROR(apply_checkpoint_args(no_load), "--use-checkpoint-args needs --load");
 }
 
+// --use-mp-args-from-checkpoint-args: the saved run's parallel layout too (Megatron's fixture
+// saved by TP2 x PP2), forced over this run's, a virtual pipeline only when the run asks for none;
+// without --use-checkpoint-args it does nothing.
+TEST(Checkpointing, UseMpArgsFromCheckpointArgsTakesTheParallelLayout) {
+  const std::string fixture = std::string(FP8TRON_SOURCE_DIR) + "/tests/fixtures/megatron_checkpoints/gpt_tp2pp2_torch_dist/ckpt";
+  FlagValues flags = parse(tiny_args({"--load", fixture, "--use-checkpoint-args", "--use-mp-args-from-checkpoint-args",
+                                      "--tensor-model-parallel-size", "4", "--num-layers-per-virtual-pipeline-stage", "1"}));
+  apply_checkpoint_args(flags);
+  EXPECT_EQ(flags.get_int("tensor-model-parallel-size"), 2);
+  EXPECT_EQ(flags.get_int("pipeline-model-parallel-size"), 2);
+  EXPECT_EQ(flags.get_int("expert-model-parallel-size"), 1);
+  EXPECT_EQ(flags.get_int("num-layers-per-virtual-pipeline-stage"), 1) << "this run's virtual pipeline stays";
+  EXPECT_EQ(flags.get_int("num-layers"), 2);
+  FlagValues layout_only = parse(tiny_args({"--load", fixture, "--use-mp-args-from-checkpoint-args",
+                                            "--tensor-model-parallel-size", "4"}));
+  apply_checkpoint_args(layout_only);
+  EXPECT_EQ(layout_only.get_int("tensor-model-parallel-size"), 4);
+}
+
 TEST(Checkpointing, ExitSignalSavesAndExitsCleanly) {
   TempDir dir;
   std::atomic<bool> done{false};

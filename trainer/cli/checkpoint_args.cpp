@@ -41,6 +41,36 @@ void carry_padded_vocab(FlagValues& flags, const std::map<std::string, std::stri
   flags.set("padded-vocab-size", {it->second});
 }
 
+// Megatron's --use-mp-args-from-checkpoint-args: the saved run's tensor-, pipeline- and
+// expert-parallel sizes replace this run's; its virtual pipeline is taken only when this run asks
+// for none (Megatron forces the saved virtual size, but its argument checks then derive it again
+// from this run's --num-layers-per-virtual-pipeline-stage).
+void take_parallel_layout(FlagValues& flags, const std::map<std::string, std::string>& saved) {
+  auto take = [&](const std::string& name, const std::string& value) {
+    if (value == "None") return;
+    if (flags.given(name) ? flags.get_list(name) == std::vector<std::string>{value}
+                          : find_flag(name)->default_value == value)
+      return;
+    std::string key = name;
+    for (char& c : key) c = c == '-' ? '_' : c;
+    log::print("Setting " + key + " to " + value + " from checkpoint");
+    flags.set(name, {value});
+  };
+  for (const char* name : {"tensor-model-parallel-size", "pipeline-model-parallel-size", "expert-model-parallel-size"}) {
+    auto it = saved.find(name);
+    if (it != saved.end()) take(name, it->second);
+  }
+  if (flags.given("num-layers-per-virtual-pipeline-stage") || flags.given("num-virtual-stages-per-pipeline-rank")) return;
+  auto layers_per_stage = saved.find("num-layers-per-virtual-pipeline-stage");
+  // Megatron's virtual_pipeline_model_parallel_size is fp8tron's --num-virtual-stages-per-pipeline-rank.
+  auto virtual_stages = saved.find("virtual-pipeline-model-parallel-size");
+  if (virtual_stages == saved.end()) virtual_stages = saved.find("num-virtual-stages-per-pipeline-rank");
+  if (layers_per_stage != saved.end() && layers_per_stage->second != "None")
+    take("num-layers-per-virtual-pipeline-stage", layers_per_stage->second);
+  else if (virtual_stages != saved.end())
+    take("num-virtual-stages-per-pipeline-rank", virtual_stages->second);
+}
+
 // The arguments of a checkpoint Megatron-LM wrote, under fp8tron's metadata keys: flag names
 // ("num-layers"), --disable-bias-linear from Megatron's inverted add_bias_linear, and
 // model.padded_vocab_size.
@@ -68,7 +98,12 @@ std::map<std::string, std::string> saved_flag_values(const std::string& dir) {
 }  // namespace
 
 void apply_checkpoint_args(FlagValues& flags) {
-  if (!flags.get_bool("use-checkpoint-args")) return;
+  if (!flags.get_bool("use-checkpoint-args")) {
+    if (flags.get_bool("use-mp-args-from-checkpoint-args"))
+      log::warning("--use-mp-args-from-checkpoint-args does nothing without --use-checkpoint-args (as in Megatron): "
+                   "the parallel layout stays this run's");
+    return;
+  }
   // From --load's checkpoint, or (a fine-tuning run's start) from --pretrained-checkpoint's while
   // --load holds none: Megatron takes the pretrained checkpoint's, then --load's over them.
   std::string load = flags.get_string("load");
@@ -124,6 +159,7 @@ void apply_checkpoint_args(FlagValues& flags) {
     log::print("Setting " + key + " to " + value + " from checkpoint");
     flags.set(name, values);
   }
+  if (flags.get_bool("use-mp-args-from-checkpoint-args")) take_parallel_layout(flags, saved);
   carry_padded_vocab(flags, saved);
 }
 

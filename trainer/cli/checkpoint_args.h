@@ -1,6 +1,7 @@
 // Megatron's --use-checkpoint-args: the model's arguments are taken from the checkpoint being
 // loaded, overriding the command line (Megatron's load_args_from_checkpoint with force=True).
-// The parallel layout stays this run's: checkpoints reshard on load. Torch-free.
+// The parallel layout stays this run's (checkpoints reshard on load), unless
+// --use-mp-args-from-checkpoint-args takes the saved run's as well. Torch-free.
 #pragma once
 #include "trainer/cli/flags.h"
 

@@ -244,6 +244,7 @@ const std::vector<FlagSpec>& flag_table() {
       {"exit-signal-handler", K::Bool, "", S::Yes, "", "", "Save and exit cleanly on SIGTERM (--exit-signal)."},
       {"async-save", K::Bool, "", S::Yes, "", "", "Save checkpoints asynchronously: training waits only for the copy to host memory."},
       {"use-checkpoint-args", K::Bool, "", S::Yes, "", "", "Take the model arguments from the checkpoint --load names (the parallel layout stays this run's)."},
+      {"use-mp-args-from-checkpoint-args", K::Bool, "", S::Yes, "", "", "With --use-checkpoint-args, take the tensor-, pipeline- (and virtual) and expert-parallel sizes from the checkpoint too."},
       {"no-verify-integrity", K::Bool, "", S::Yes, "", "", "fp8tron: do not verify checkpoint tensors against their checksums on load."},
       {"ckpt-format", K::String, "torch_dist", S::Yes, "", "torch|torch_dist|zarr|fsdp_dtensor", "The format of Megatron checkpoints --load reads (torch_dist or torch, as Megatron: a torch_dist checkpoint with --ckpt-format torch needs --auto-detect-ckpt-format). Given explicitly as torch_dist with --save: checkpoints are written in Megatron's torch_dist format, which Megatron-LM resumes (GPT models with Adam, the distributed optimizer's state in Megatron's fully_reshardable layout, and MoE with --transformer-impl local, without FP8 or Megatron-FSDP; docs/checkpoints.md). Otherwise fp8tron saves its own format (safetensors shards + JSON metadata)."},
 

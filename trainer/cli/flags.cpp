@@ -136,6 +136,7 @@ std::vector<std::string> protect_bracketed_values(int argc, const char* const* a
 
 // ------------------------------------------------------------------------------------------------
 void FlagValues::set(const std::string& name, std::vector<std::string> values) { given_[name] = std::move(values); }
+void FlagValues::unset(const std::string& name) { given_.erase(name); }
 bool FlagValues::given(const std::string& name) const { return given_.count(name) != 0; }
 
 std::optional<std::string> FlagValues::scalar(const std::string& name) const {

@@ -16,6 +16,7 @@ class FlagValues {
  public:
   // Explicitly given values (command line, then --config for the names not on the command line).
   void set(const std::string& name, std::vector<std::string> values);
+  void unset(const std::string& name);  // back to the table's default
   bool given(const std::string& name) const;
   const std::map<std::string, std::vector<std::string>>& all_given() const { return given_; }
 
