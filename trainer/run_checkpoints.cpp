@@ -91,6 +91,11 @@ bool RunCheckpoints::save_and_decide_exit(int64_t iteration, Clock::time_point s
     auto got = torch::full({1}, signal->received() ? 1.0f : 0.0f, torch::TensorOptions().device(parts_.device));
     if (p.sizes.world_size > 1) p.world->all_reduce(got, ReduceOp::Max);
     if (got.item<float>() > 0) {
+      if (!signal->saves()) {
+        log::print("\nTermination requested. Performing orderly shutdown.");
+        shutting_down_ = true;
+        return true;
+      }
       if (saving) save(iteration);
       log::print("exiting program after receiving " + k.exit_signal_name + ".");
       return true;

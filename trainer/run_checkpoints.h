@@ -33,6 +33,9 @@ class RunCheckpoints {
   std::optional<int64_t> save_for_rerun(int64_t iteration, const rerun::RerunRecord& record);
   // Megatron's checkpoint_and_decide_exit: whether the loop ends after `iteration`.
   bool save_and_decide_exit(int64_t iteration, Clock::time_point start, const ExitSignalHandler* signal);
+  // Whether the loop ended on an orderly shutdown (--exit-signal-handler-for-training): nothing
+  // more is saved or evaluated.
+  bool shutting_down() const { return shutting_down_; }
   // Commits an asynchronous save in flight, waiting for its writer.
   void finish();
 
@@ -42,6 +45,7 @@ class RunCheckpoints {
   RunProgress& progress_;
   RerunCheckpointIo rerun_io_;                         // the re-run record into and out of checkpoints
   std::unique_ptr<AsyncCheckpointSaver> async_saver_;  // --async-save
+  bool shutting_down_ = false;
 };
 
 }  // namespace fp8tron

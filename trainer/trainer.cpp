@@ -146,7 +146,9 @@ TrainResult run_training(const Config& c, const TrainOptions& options) {
   }
   if (options.collect_initial_weights) result.initial_weights = global_weights(parts);
   std::optional<ExitSignalHandler> exit_signal;
-  if (c.checkpoint.exit_signal_handler) exit_signal.emplace(c.checkpoint.exit_signal);
+  // Megatron installs --exit-signal-handler-for-training's handler last: it wins for SIGTERM.
+  if (c.checkpoint.exit_signal_handler_for_training) exit_signal.emplace(std::vector<int>{SIGINT, SIGTERM}, false);
+  else if (c.checkpoint.exit_signal_handler) exit_signal.emplace(std::vector<int>{c.checkpoint.exit_signal}, true);
   StepProfiler profiler(c.profiling, parts.parallel.world_rank, c.logging.tensorboard_dir, parts.device.is_cuda());
   const auto& t = c.training;
   result.iterations = first_iteration - 1;
@@ -199,10 +201,12 @@ TrainResult run_training(const Config& c, const TrainOptions& options) {
   }
   profiler.finish();  // a window that reaches past the last iteration ends here
   // As Megatron: a checkpoint at the end of training unless the last iteration was just saved.
-  if (!c.checkpoint.save.empty() && result.iterations >= first_iteration && progress.last_saved_iteration != result.iterations)
+  const bool shutdown = checkpoints.shutting_down();  // --exit-signal-handler-for-training: no save, no evaluation
+  if (!shutdown && !c.checkpoint.save.empty() && result.iterations >= first_iteration &&
+      progress.last_saved_iteration != result.iterations)
     checkpoints.save(result.iterations);
   checkpoints.finish();
-  if (t.eval_iters > 0 && parts.valid_loader->has_data() && result.iterations % t.eval_interval != 0) {
+  if (!shutdown && t.eval_iters > 0 && parts.valid_loader->has_data() && result.iterations % t.eval_interval != 0) {
     result.last_validation_loss = step.evaluate();
     reporter.log_validation(result.iterations, result.last_validation_loss, /*at_end=*/true);
   }

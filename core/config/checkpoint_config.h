@@ -55,6 +55,7 @@ struct CheckpointConfig {
   bool lock_save_dir = true;
   std::string test_kill_at;           // hidden test flag --fp8tron-test-kill-at (checkpoint/fault_points.h)
   bool exit_signal_handler = false;   // save and exit at the next iteration on exit_signal
+  bool exit_signal_handler_for_training = false;  // SIGINT/SIGTERM: leave at the next iteration, no save
   int exit_signal = 15;               // SIGTERM
   std::string exit_signal_name = "SIGTERM";
 };

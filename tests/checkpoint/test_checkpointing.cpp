@@ -626,5 +626,35 @@ TEST(Checkpointing, ExitSignalSavesAndExitsCleanly) {
   EXPECT_EQ(after.sa_handler, SIG_DFL) << "the previous handler is restored";
 }
 
+// --exit-signal-handler-for-training: SIGINT (or SIGTERM) ends training in order at the next
+// iteration, saving nothing.
+TEST(Checkpointing, ExitSignalHandlerForTrainingStopsWithoutSaving) {
+  TempDir dir;
+  std::atomic<bool> done{false};
+  std::thread sender([&] {
+    while (!done) {
+      struct sigaction current {};
+      sigaction(SIGINT, nullptr, &current);
+      if (current.sa_handler != SIG_DFL && current.sa_handler != SIG_IGN) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        kill(getpid(), SIGINT);
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  });
+  TrainResult r = run({"--train-iters", "100000", "--save", dir.path(), "--save-interval", "100000",
+                       "--exit-signal-handler-for-training"});
+  done = true;
+  sender.join();
+  EXPECT_LT(r.iterations, 100000);
+  EXPECT_FALSE(checkpoint::read_tracker(dir.path())) << "nothing saved";
+  for (int signal : {SIGINT, SIGTERM}) {
+    struct sigaction after {};
+    sigaction(signal, nullptr, &after);
+    EXPECT_EQ(after.sa_handler, SIG_DFL) << signal;
+  }
+}
+
 }  // namespace
 }  // namespace fp8tron

@@ -794,6 +794,7 @@ CheckpointConfig build_checkpoint(const FlagValues& f, std::vector<std::string>&
       throw UserError("--fp8tron-test-kill-at " + k.test_kill_at + ": unknown point; known points: " + join(names, ", "));
   }
   k.exit_signal_handler = f.get_bool("exit-signal-handler");
+  k.exit_signal_handler_for_training = f.get_bool("exit-signal-handler-for-training");
   k.exit_signal_name = f.get_string("exit-signal");
   k.exit_signal = signal_number(k.exit_signal_name);
   k.ckpt_format = f.get_string("ckpt-format");

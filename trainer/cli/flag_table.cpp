@@ -242,6 +242,7 @@ const std::vector<FlagSpec>& flag_table() {
       {"no-load-rng", K::Bool, "", S::Yes, "", "", "Do not load the RNG state."},
       {"finetune", K::Bool, "", S::Yes, "", "", "Load weights only and reset the iteration count."},
       {"exit-signal-handler", K::Bool, "", S::Yes, "", "", "Save and exit cleanly on SIGTERM (--exit-signal)."},
+      {"exit-signal-handler-for-training", K::Bool, "", S::Yes, "", "", "On SIGINT or SIGTERM, shut training down in order at the next iteration, without saving."},
       {"async-save", K::Bool, "", S::Yes, "", "", "Save checkpoints asynchronously: training waits only for the copy to host memory."},
       {"use-checkpoint-args", K::Bool, "", S::Yes, "", "", "Take the model arguments from the checkpoint --load names (the parallel layout stays this run's)."},
       {"use-mp-args-from-checkpoint-args", K::Bool, "", S::Yes, "", "", "With --use-checkpoint-args, take the tensor-, pipeline- (and virtual) and expert-parallel sizes from the checkpoint too."},
