@@ -9,6 +9,7 @@
 #include "checkpoint/megatron/dcp_checkpoint.h"
 #include "checkpoint/megatron/megatron_checkpoint.h"
 #include "checkpoint/rank_agreement.h"
+#include "checkpoint/rng_state.h"
 #include "checkpoint/saved_tensors.h"
 #include "checkpoint/scheduler_state.h"
 #include "core/error.h"
@@ -207,6 +208,23 @@ void agree_before_loading(const TrainingState& s, const std::string& path, const
                                    "nothing was loaded");
 }
 
+// fp8tron's own RNG states in a torch_dist checkpoint it wrote (mg::kFp8tronRngStateKey).
+std::vector<ck::RngState> rng_states(const mg::MegatronCheckpoint& c) {
+  std::vector<ck::RngState> out;
+  for (const auto& r : c.fp8tron_rng) out.push_back(ck::RngState{r.rank, r.generator, r.state});
+  return out;
+}
+
+ck::ParallelLayout rng_layout(const mg::MegatronCheckpoint& c) {
+  const std::vector<int64_t>& v = c.fp8tron_rng_layout;
+  if (v.size() != 8)
+    throw UserError(c.path + ": the layout of fp8tron's RNG states has " + std::to_string(v.size()) + " entries, not 8");
+  ck::ParallelLayout l;
+  l.tp = int(v[0]), l.pp = int(v[1]), l.dp = int(v[2]), l.cp = int(v[3]), l.ep = int(v[4]), l.vpp = int(v[5]);
+  l.world_size = int(v[6]), l.etp = int(v[7]);
+  return l;
+}
+
 }  // namespace
 
 int64_t load_megatron_checkpoint(const TrainingState& s, const ck::CheckpointLocation& location,
@@ -245,7 +263,8 @@ int64_t load_megatron_checkpoint(const TrainingState& s, const ck::CheckpointLoc
   if (!restart) {
     s.consumed_train_samples = c.consumed_train_samples;
     s.consumed_valid_samples = c.consumed_valid_samples;
-    log::info(" > Megatron's RNG states are not restored: random streams continue from --seed");
+    if (!c.fp8tron_rng.empty() && k.load_rng) restore_rng_states(rng_states(c), rng_layout(c), s, c.path);
+    else log::info(" > Megatron's RNG states are not restored: random streams continue from --seed");
   }
   barrier(s.parallel);
   const int64_t iteration = restart ? 0 : c.iteration;

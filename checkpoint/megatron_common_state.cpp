@@ -1,8 +1,11 @@
 #include "checkpoint/megatron_common_state.h"
 
+#include <cstring>
 #include <optional>
 
+#include "checkpoint/megatron/megatron_checkpoint.h"
 #include "checkpoint/megatron/torch_save_writer.h"
+#include "checkpoint/model_identity.h"
 #include "checkpoint/scheduler_state.h"
 #include "core/error.h"
 #include "optim/loss_scaler.h"
@@ -154,9 +157,28 @@ mg::PyRef optimizer_common_state(const TrainingState& s, mg::TorchSaveWriter& w,
   return mg::py_dict(std::move(mixed));
 }
 
+// fp8tron's RNG states of every rank and the layout they belong to (mg::kFp8tronRngStateKey).
+mg::PyRef rng_states(const TrainingState& s, const std::vector<std::vector<checkpoint::RngState>>& rng,
+                     mg::TorchSaveWriter& w) {
+  const checkpoint::ParallelLayout l = layout_of(s);
+  std::vector<mg::PyRef> ranks;
+  for (const auto& states : rng) {
+    std::vector<std::pair<std::string, mg::PyRef>> generators;
+    for (const checkpoint::RngState& r : states) {
+      torch::Tensor bytes = torch::empty({int64_t(r.state.size())}, torch::kUInt8);
+      if (!r.state.empty()) std::memcpy(bytes.data_ptr(), r.state.data(), r.state.size());
+      generators.emplace_back(r.name, w.tensor(bytes));
+    }
+    ranks.push_back(mg::py_dict(std::move(generators)));
+  }
+  return mg::py_dict({{"layout", mg::py_int_tuple({l.tp, l.pp, l.dp, l.cp, l.ep, l.vpp, l.world_size, l.etp})},
+                      {"ranks", mg::py_list(std::move(ranks))}});
+}
+
 }  // namespace
 
-std::string megatron_common_state_bytes(const TrainingState& s, int64_t iteration) {
+std::string megatron_common_state_bytes(const TrainingState& s, int64_t iteration,
+                                        const std::vector<std::vector<checkpoint::RngState>>& rng) {
   mg::TorchSaveWriter w;
   std::vector<std::pair<std::string, mg::PyRef>> common = {
       {"args", args_namespace(s)}, {"checkpoint_version", mg::py_float(3.0)}, {"iteration", mg::py_int(iteration)}};
@@ -183,6 +205,7 @@ std::string megatron_common_state_bytes(const TrainingState& s, int64_t iteratio
   content.emplace_back("singleton_local_shards", mg::py_bool(false));
   content.emplace_back("chained_optim_avoid_prefix", mg::py_bool(true));
   common.emplace_back("content_metadata", mg::py_dict(std::move(content)));
+  if (!rng.empty()) common.emplace_back(mg::kFp8tronRngStateKey, rng_states(s, rng, w));
   // Megatron stores each ShardedObject's data in a list of the replicas it saved: one here.
   return w.bytes(mg::py_list({mg::py_dict(std::move(common))}));
 }

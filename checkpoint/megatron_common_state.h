@@ -8,12 +8,16 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
+#include "checkpoint/metadata.h"
 #include "checkpoint/training_state.h"
 
 namespace fp8tron {
 
-// Rank 0: the torch.save bytes of the common state at `iteration`.
-std::string megatron_common_state_bytes(const TrainingState& s, int64_t iteration);
+// Rank 0: the torch.save bytes of the common state at `iteration`. `rng`: every rank's RNG states
+// (empty: none saved), stored under megatron::kFp8tronRngStateKey.
+std::string megatron_common_state_bytes(const TrainingState& s, int64_t iteration,
+                                        const std::vector<std::vector<checkpoint::RngState>>& rng = {});
 
 }  // namespace fp8tron

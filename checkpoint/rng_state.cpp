@@ -37,14 +37,19 @@ void restore_rng(const ck::CheckpointMetadata& m, const TrainingState& s, const 
   if (m.rng.empty())
     throw UserError("checkpoint " + path + " holds no RNG state (saved with --no-save-rng); pass --no-load-rng to "
                     "continue with the RNG seeded from --seed");
+  restore_rng_states(m.rng, m.parallel, s, path);
+}
+
+void restore_rng_states(const std::vector<ck::RngState>& states, const ck::ParallelLayout& saved, const TrainingState& s,
+                        const std::string& path) {
   const ck::ParallelLayout here = layout_of(s);
-  if (!(m.parallel == here)) {
-    log::info(" > RNG states not restored: the checkpoint's layout " + layout_string(m.parallel) + " differs from " +
+  if (!(saved == here)) {
+    log::info(" > RNG states not restored: the checkpoint's layout " + layout_string(saved) + " differs from " +
               layout_string(here) + "; random streams (dropout) continue from --seed");
     return;
   }
   bool cuda_restored = false;
-  for (const auto& r : m.rng) {
+  for (const auto& r : states) {
     if (r.rank != s.parallel.world_rank) continue;
     if (r.name == "cpu") set_generator_state(torch::Device(torch::kCPU), r.state, path);
     if (r.name == "cuda" && s.device.is_cuda()) {

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <string>
+#include <vector>
 
 #include "checkpoint/metadata.h"
 #include "checkpoint/training_state.h"
@@ -16,5 +17,8 @@ void set_generator_state(const torch::Device& device, const std::string& bytes, 
 // This rank's states from the checkpoint at `path`, when it was saved in the same layout (else
 // the random streams continue from --seed, said once in the log).
 void restore_rng(const checkpoint::CheckpointMetadata& m, const TrainingState& s, const std::string& path);
+// The same from every rank's `states` saved in layout `saved` (a torch_dist checkpoint's).
+void restore_rng_states(const std::vector<checkpoint::RngState>& states, const checkpoint::ParallelLayout& saved,
+                        const TrainingState& s, const std::string& path);
 
 }  // namespace fp8tron

@@ -14,6 +14,7 @@
 #include "checkpoint/megatron/torch_save_writer.h"
 #include "checkpoint/megatron_common_state.h"
 #include "checkpoint/rank_agreement.h"
+#include "checkpoint/rng_state.h"
 #include "checkpoint/save.h"
 #include "checkpoint/saved_tensors.h"
 #include "core/error.h"
@@ -233,10 +234,11 @@ std::map<int64_t, LayerContents> stage_layers(const TrainingState& s) {
 // The objects this rank writes: the _extra_state of its stage's layers (None without FP8) by the
 // first tensor- and data-parallel rank, those of its routed experts by their first expert
 // tensor- and data-parallel rank, and on rank 0 the common state.
-std::vector<mg::DcpObjectToWrite> rank_objects(const TrainingState& s, int64_t iteration) {
+std::vector<mg::DcpObjectToWrite> rank_objects(const TrainingState& s, int64_t iteration,
+                                               const std::vector<std::vector<ck::RngState>>& rng) {
   std::vector<mg::DcpObjectToWrite> out;
   const ParallelState& p = s.parallel;
-  if (p.world_rank == 0) out.push_back({"common_state/shard_0_1", megatron_common_state_bytes(s, iteration)});
+  if (p.world_rank == 0) out.push_back({"common_state/shard_0_1", megatron_common_state_bytes(s, iteration, rng)});
   mg::TorchSaveWriter none_writer;
   const std::string none = none_writer.bytes(mg::py_list({mg::py_none()}));
   const StackedSizes sizes = stacked_sizes(s.config);
@@ -265,6 +267,21 @@ void write_text(const std::string& path, const std::string& text) {
   out << text;
   out.flush();
   if (!out) throw UserError(path + ": writing failed; is the disk full?");
+}
+
+// Every rank's generator states, on every rank (a collective): fp8tron's own RNG states, which
+// the common state carries for fp8tron's resumes (megatron_common_state.h).
+std::vector<std::vector<ck::RngState>> gather_rng_states(const TrainingState& s) {
+  std::vector<std::string> fields = {"cpu", generator_state(torch::Device(torch::kCPU))};
+  if (s.device.is_cuda()) fields.insert(fields.end(), {"cuda", generator_state(s.device)});
+  std::vector<std::vector<ck::RngState>> out;
+  const std::vector<std::string> packed = all_gather_strings(s.parallel, s.device, pack(fields));
+  for (size_t rank = 0; rank < packed.size(); ++rank) {
+    const std::vector<std::string> f = unpack(packed[rank]);
+    out.emplace_back();
+    for (size_t i = 0; i + 1 < f.size(); i += 2) out.back().push_back(ck::RngState{int(rank), f[i], f[i + 1]});
+  }
+  return out;
 }
 
 // Rank 0: the metadata files, then the commit.
@@ -306,10 +323,11 @@ std::unique_ptr<PendingTorchDistSave> prepare_torch_dist_save(const TrainingStat
                  "iteration: save in fp8tron's format (no --ckpt-format) to keep it");
   s.optimizer.finish_param_gather();
   save->target = ck::SaveTarget{dir, iteration, false, agree_on_token(p, s.device)};
+  const auto rng = k.save_rng ? gather_rng_states(s) : std::vector<std::vector<ck::RngState>>{};
   try {
     ck::begin_save(save->target);
     const auto copy_start = std::chrono::steady_clock::now();
-    save->objects = rank_objects(s, iteration);
+    save->objects = rank_objects(s, iteration, rng);
     save->chunks = rank_chunks(s, own_copies);
     save->copy_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - copy_start).count();
     for (const auto& c : save->chunks) save->bytes_copied += c.data.numel() * int64_t(c.data.element_size());

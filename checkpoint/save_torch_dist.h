@@ -14,9 +14,11 @@
 // optimizer.state.exp_avg(_sq).<name>, and with bf16/fp16 weights the fp32 main weights as
 // optimizer.state.fp32_param.<name>. Objects: the common state (megatron_common_state.h) and a
 // None _extra_state per linear layer (and per core attention with Transformer Engine), as Megatron's
-// modules store without FP8. Not written: the RNG states (the args say no_save_rng) and the rerun
-// state machine's (Megatron then starts both afresh), nor fp8tron's rerun record of a faulty
-// iteration (a warning says so).
+// modules store without FP8. Not written: Megatron's RNG states (the args say no_save_rng) and its
+// rerun state machine's (Megatron then starts both afresh), nor fp8tron's rerun record of a faulty
+// iteration (a warning says so). fp8tron's own RNG states go into the common state under a key
+// Megatron does not read (megatron/megatron_checkpoint.h), so fp8tron resumes them exactly in
+// the same layout (unless --no-save-rng).
 //
 // The files go into iter_NNNNNNN.tmp.<token>/ and the directory is committed (renamed, tracker
 // updated) only when every rank wrote its file (checkpoint_dir.h): a failed save leaves nothing.

@@ -284,6 +284,32 @@ void read_optimizer_common(PyRef optimizer, const TorchArchive& common, Megatron
   out.step = value;
 }
 
+// fp8tron's own RNG states, when fp8tron wrote the checkpoint (kFp8tronRngStateKey).
+void read_fp8tron_rng(const PyRef& root, const TorchArchive& common, MegatronCheckpoint& out) {
+  const PyRef rng = attribute(root, kFp8tronRngStateKey);
+  if (!rng || is_none(rng)) return;
+  const PyRef layout = attribute(rng, "layout"), ranks = attribute(rng, "ranks");
+  if (!layout || layout->kind != PyValue::Kind::Tuple || !ranks || ranks->kind != PyValue::Kind::List)
+    throw UserError(common.source() + ": a malformed " + std::string(kFp8tronRngStateKey));
+  for (const PyRef& v : layout->items) {
+    int64_t x = 0;
+    if (!as_int(v, x)) throw UserError(common.source() + ": a malformed " + std::string(kFp8tronRngStateKey) + " layout");
+    out.fp8tron_rng_layout.push_back(x);
+  }
+  for (size_t rank = 0; rank < ranks->items.size(); ++rank) {
+    const PyRef& generators = ranks->items[rank];
+    if (!generators || generators->kind != PyValue::Kind::Dict)
+      throw UserError(common.source() + ": a malformed " + std::string(kFp8tronRngStateKey) + " entry");
+    for (const auto& [name, value] : generators->entries) {
+      if (!name || name->kind != PyValue::Kind::Str)
+        throw UserError(common.source() + ": a malformed " + std::string(kFp8tronRngStateKey) + " entry");
+      const torch::Tensor bytes = common.tensor(value, "the RNG state " + name->text).contiguous();
+      out.fp8tron_rng.push_back({int(rank), name->text,
+                                 std::string(static_cast<const char*>(bytes.data_ptr()), size_t(bytes.numel()))});
+    }
+  }
+}
+
 MegatronCheckpoint read_dist(const std::string& dir) {
   MegatronCheckpoint out;
   out.format = "torch_dist";
@@ -295,6 +321,7 @@ MegatronCheckpoint read_dist(const std::string& dir) {
   PyRef root = common->root();
   if (root && root->kind == PyValue::Kind::List && root->items.size() == 1) root = root->items[0];
   read_common(root, common->source(), out);
+  read_fp8tron_rng(root, *common, out);
   // A ChainedOptimizer (expert parallelism: the dense and the expert parameters' optimizers)
   // stores {0: <one optimizer's state>, 1: ...}; they step together.
   const PyRef optimizer = attribute(root, "optimizer");

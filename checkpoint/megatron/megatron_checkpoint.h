@@ -62,6 +62,13 @@ struct LossScalerValues {
   int64_t growth_tracker = 0, hysteresis_tracker = 0;
 };
 
+// fp8tron's own RNG states in a torch_dist checkpoint it wrote: Megatron's RNG states are other
+// streams (the args say no_save_rng), so fp8tron stores every rank's generator states under a key
+// of its own in the common state, which Megatron does not read, and restores them when the layout
+// is the same: "fp8tron_rng_state": {"layout": (tp, pp, dp, cp, ep, vpp, world_size, etp),
+// "ranks": [{"cpu": uint8 tensor, "cuda": uint8 tensor}, ...]}.
+inline constexpr const char* kFp8tronRngStateKey = "fp8tron_rng_state";
+
 struct MegatronCheckpoint {
   std::string format, path;  // path: the file or directory read, for messages
   int64_t iteration = 0;
@@ -79,6 +86,14 @@ struct MegatronCheckpoint {
   // distributed optimizer's buffers of each rank), and over how many ranks they were saved.
   bool gated_linear_unit = false, tied_embeddings = true;
   int64_t tensor_parallel = 1;
+  // fp8tron's RNG states (kFp8tronRngStateKey) and the layout they were saved in; empty in a
+  // checkpoint Megatron wrote.
+  struct RngBytes {
+    int rank = 0;
+    std::string generator, state;  // "cpu" or "cuda", and its state's bytes
+  };
+  std::vector<RngBytes> fp8tron_rng;
+  std::vector<int64_t> fp8tron_rng_layout;  // tp, pp, dp, cp, ep, vpp, world_size, etp
   // A torch_dist checkpoint's files, where its tensors are read from (null for a legacy one).
   std::shared_ptr<const DcpCheckpoint> dcp;
   // Why its optimizer state cannot be loaded (an optimizer or a layout fp8tron does not read),

@@ -428,7 +428,7 @@ TEST(Checkpointing, NonPersistentCheckpointsKeepOnlyTheNewestAndLoadWhenNewer) {
 
 // Megatron's torch_dist format written as fp8tron's own: in the background (--async-save, which
 // Megatron allows with torch_dist only), pruned by --save-retain-interval, and as non-persistent
-// checkpoints. No dropout: torch_dist holds no RNG state (its args say no_save_rng).
+// checkpoints.
 const std::vector<std::string> kTorchDist = {"--ckpt-format", "torch_dist", "--hidden-dropout", "0",
                                              "--attention-dropout", "0"};
 
@@ -447,6 +447,22 @@ TEST(Checkpointing, TorchDistAsynchronousSavesResumeExactly) {
   // Each is what training had at that iteration, though training went on while it was written.
   TrainResult resumed = run(with({"--train-iters", "10", "--load", dir.path(), "--ckpt-step", "6"}, kTorchDist));
   EXPECT_EQ(std::vector<double>(r.losses.begin() + 6, r.losses.end()), resumed.losses);
+}
+
+// fp8tron's own RNG states ride in the common state under a key Megatron does not read: a run with
+// dropout resumes bitwise from its torch_dist checkpoint in the same layout; without them
+// (--no-save-rng) the random streams restart from --seed and the losses differ.
+TEST(Checkpointing, TorchDistKeepsFp8tronsRngStates) {
+  const std::vector<std::string> dropout = {"--bf16", "--ckpt-format", "torch_dist", "--hidden-dropout", "0.1",
+                                            "--attention-dropout", "0.1"};
+  check_exact_resume(dropout);
+  TempDir dir;
+  const auto base = with(dropout, {"--train-iters", "20"});
+  TrainResult straight = run(base);
+  run(with(base, {"--exit-interval", "10", "--save", dir.path(), "--no-save-rng"}));
+  TrainResult resumed = run(with(base, {"--load", dir.path()}));
+  ASSERT_EQ(resumed.losses.size(), 10u);
+  EXPECT_NE(std::vector<double>(straight.losses.begin() + 10, straight.losses.end()), resumed.losses);
 }
 
 TEST(Checkpointing, TorchDistSaveRetainInterval) {
