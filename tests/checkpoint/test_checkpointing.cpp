@@ -615,61 +615,66 @@ TEST(Checkpointing, UseMpArgsFromCheckpointArgsTakesTheParallelLayout) {
   EXPECT_EQ(layout_only.get_int("tensor-model-parallel-size"), 4);
 }
 
+// Sends `signal` to this process once a handler for it is installed (the trainer's), unless the
+// run ends first; joined by its destructor.
+class SignalWhenHandled {
+ public:
+  explicit SignalWhenHandled(int signal)
+      : sender_([this, signal] {
+          while (!done_) {
+            struct sigaction current {};
+            sigaction(signal, nullptr, &current);
+            if (current.sa_handler != SIG_DFL && current.sa_handler != SIG_IGN) {
+              std::this_thread::sleep_for(std::chrono::milliseconds(200));
+              kill(getpid(), signal);
+              return;
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          }
+        }) {}
+  ~SignalWhenHandled() {
+    done_ = true;
+    sender_.join();
+  }
+
+ private:
+  std::atomic<bool> done_{false};
+  std::thread sender_;
+};
+
+bool default_handler(int signal) {
+  struct sigaction after {};
+  sigaction(signal, nullptr, &after);
+  return after.sa_handler == SIG_DFL;
+}
+
 TEST(Checkpointing, ExitSignalSavesAndExitsCleanly) {
   TempDir dir;
-  std::atomic<bool> done{false};
-  // Send SIGTERM once the trainer has installed its handler.
-  std::thread sender([&] {
-    while (!done) {
-      struct sigaction current {};
-      sigaction(SIGTERM, nullptr, &current);
-      if (current.sa_handler != SIG_DFL && current.sa_handler != SIG_IGN) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(200));
-        kill(getpid(), SIGTERM);
-        return;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-  });
-  TrainResult r = run({"--train-iters", "100000", "--save", dir.path(), "--exit-signal-handler"});
-  done = true;
-  sender.join();
+  TrainResult r;
+  {
+    SignalWhenHandled sigterm(SIGTERM);
+    r = run({"--train-iters", "100000", "--save", dir.path(), "--exit-signal-handler"});
+  }
   EXPECT_LT(r.iterations, 100000);
   ASSERT_TRUE(checkpoint::read_tracker(dir.path()));
   EXPECT_EQ(checkpoint::read_tracker(dir.path())->iteration, r.iterations);
-  struct sigaction after {};
-  sigaction(SIGTERM, nullptr, &after);
-  EXPECT_EQ(after.sa_handler, SIG_DFL) << "the previous handler is restored";
+  EXPECT_TRUE(default_handler(SIGTERM)) << "the previous handler is restored";
 }
 
 // --exit-signal-handler-for-training: SIGINT (or SIGTERM) ends training in order at the next
 // iteration, saving nothing.
 TEST(Checkpointing, ExitSignalHandlerForTrainingStopsWithoutSaving) {
   TempDir dir;
-  std::atomic<bool> done{false};
-  std::thread sender([&] {
-    while (!done) {
-      struct sigaction current {};
-      sigaction(SIGINT, nullptr, &current);
-      if (current.sa_handler != SIG_DFL && current.sa_handler != SIG_IGN) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(200));
-        kill(getpid(), SIGINT);
-        return;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-  });
-  TrainResult r = run({"--train-iters", "100000", "--save", dir.path(), "--save-interval", "100000",
-                       "--exit-signal-handler-for-training"});
-  done = true;
-  sender.join();
+  TrainResult r;
+  {
+    SignalWhenHandled sigint(SIGINT);
+    r = run({"--train-iters", "100000", "--save", dir.path(), "--save-interval", "100000",
+             "--exit-signal-handler-for-training"});
+  }
   EXPECT_LT(r.iterations, 100000);
   EXPECT_FALSE(checkpoint::read_tracker(dir.path())) << "nothing saved";
-  for (int signal : {SIGINT, SIGTERM}) {
-    struct sigaction after {};
-    sigaction(signal, nullptr, &after);
-    EXPECT_EQ(after.sa_handler, SIG_DFL) << signal;
-  }
+  EXPECT_TRUE(default_handler(SIGINT));
+  EXPECT_TRUE(default_handler(SIGTERM));
 }
 
 }  // namespace

@@ -103,7 +103,8 @@ off=gpt3_moe_mcore_te_tp2_pp2_ep4_etp1_no_mtp_no_a2a_ovlp_fine_grained_offloadin
 rm -rf "$WORK/save" "$WORK/load"
 run $off "$WORK/offload.log" --exit-interval 2 --min-offloaded-tensor-size 0 --timing-log-level 1; rc=$?
 check "$WORK/offload.log" $rc "iteration        2/       4 |" "activation-offload"
-# Fill-in-the-middle: uninterrupted to iteration 4, then stopped at 2 and resumed.
+# Fill-in-the-middle: uninterrupted to iteration 4, then stopped at 2 and resumed (its
+# --ckpt-format torch_dist with --async-save: Megatron's format, written in the background).
 fim=gpt3_mcore_te_tp1_pp1_dist_optimizer_fim_dataset
 losses() { grep -o 'iteration *[34]/.*lm loss: [0-9.E+-]*' "$1" | sed 's/.*\(iteration *[0-9]*\).*lm loss: \(.*\)/\1 \2/'; }
 rm -rf "$WORK/save" "$WORK/load"
@@ -113,7 +114,8 @@ if check "$WORK/fim.straight.log" $rc "iteration        4/       4 |" "validatio
   run $fim "$WORK/fim.first.log" --exit-interval 2; rc=$?
   check "$WORK/fim.first.log" $rc "successfully saved checkpoint from iteration       2" &&
     { CHECKPOINT_LOAD_PATH="$WORK/save" run $fim "$WORK/fim.resume.log"; rc=$?
-      check "$WORK/fim.resume.log" $rc "successfully loaded checkpoint from $WORK/save" "iteration        4/       4 |"; } &&
+      check "$WORK/fim.resume.log" $rc "successfully loaded Megatron's torch_dist checkpoint from $WORK/save" \
+        "iteration        4/       4 |"; } &&
     if [ "$(losses "$WORK/fim.straight.log")" != "$(losses "$WORK/fim.resume.log")" ] || [ -z "$(losses "$WORK/fim.resume.log")" ]; then
       echo "FAIL: $fim: the resumed losses differ from the uninterrupted run's:"
       paste <(losses "$WORK/fim.straight.log") <(losses "$WORK/fim.resume.log"); fail=1

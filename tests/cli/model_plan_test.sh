@@ -10,13 +10,15 @@ TINY=(--num-layers 4 --hidden-size 32 --num-attention-heads 4 --seq-length 16 --
       --train-iters 4 --vocab-size 64 --builtin-data --log-interval 2 --eval-iters 0 --device cpu --print-model-plan)
 MPI=("$MPIRUN" --allow-run-as-root --oversubscribe --bind-to none -x OMP_NUM_THREADS=1)
 
-check() {  # check <description> <output> <exit code> then patterns: +text must appear, -text must not, =N:text N times
+check() {  # check <description> <output> <exit code> then patterns: +text must appear, -text must not, !line must not
+          # be a whole line, =N:text N times
   local what=$1 out=$2 rc=$3 ok=1; shift 3
   [ "$rc" = 0 ] || { echo "FAIL ($what): exit status $rc"; ok=0; }
   for p in "$@"; do
     case $p in
       +*) grep -qF -- "${p:1}" <<<"$out" || { echo "FAIL ($what): lacks '${p:1}'"; ok=0; } ;;
       -*) ! grep -qF -- "${p:1}" <<<"$out" || { echo "FAIL ($what): has '${p:1}'"; ok=0; } ;;
+      !*) ! grep -qxF -- "${p:1}" <<<"$out" || { echo "FAIL ($what): has the line '${p:1}'"; ok=0; } ;;
       =*) local n=${p:1}; n=${n%%:*}; local text=${p#=*:}
           [ "$(grep -cF -- "$text" <<<"$out")" = "$n" ] || { echo "FAIL ($what): '$text' not $n times"; ok=0; } ;;
     esac
@@ -29,7 +31,7 @@ out=$("$BIN" "${TINY[@]}" 2>&1); rc=$?
 check "one rank, bf16" "$out" $rc "+model plan, pipeline rank 0 of 1:" "+  layers 0-3:" \
   "+    self_attention.linear_qkv: bf16/fp32 GEMMs | one tensor-parallel rank: no communication | norm: in one op with the GEMM" \
   "+    mlp.linear_fc2: bf16/fp32 GEMMs" "+weight gradient: into its fp32 main gradient" \
-  "+    mlp: activation: " "+  output_layer: bf16/fp32 GEMMs" "-iteration        1/" "-training ..."
+  "+    mlp: activation: " "+  output_layer: bf16/fp32 GEMMs" "-iteration        1/" "!training ..."
 
 # FP8 with the first and last layers in bf16: three ranges; the FP8 layers name their FP8 GEMMs.
 out=$("$BIN" "${TINY[@]}" --fp8-format hybrid --first-last-layers-bf16 2>&1); rc=$?
