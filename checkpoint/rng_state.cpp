@@ -20,6 +20,12 @@ std::string generator_state(const torch::Device& device) {
   return std::string(static_cast<const char*>(state.data_ptr()), size_t(state.numel() * state.element_size()));
 }
 
+std::vector<std::string> generator_fields(const torch::Device& device) {
+  std::vector<std::string> fields = {"cpu", generator_state(torch::Device(torch::kCPU))};
+  if (device.is_cuda()) fields.insert(fields.end(), {"cuda", generator_state(device)});
+  return fields;
+}
+
 void set_generator_state(const torch::Device& device, const std::string& bytes, const std::string& source) {
   at::Generator g = at::globalContext().defaultGenerator(device);
   auto state = torch::empty({int64_t(bytes.size())}, torch::kUInt8);

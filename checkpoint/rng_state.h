@@ -11,6 +11,9 @@
 namespace fp8tron {
 
 std::string generator_state(const torch::Device& device);
+// This process's generator states as (name, state) pairs in a row: "cpu", and "cuda" when
+// `device` is a GPU (both formats' saves gather them from every rank).
+std::vector<std::string> generator_fields(const torch::Device& device);
 // Throws UserError naming `source` when the bytes are not a state of that generator.
 void set_generator_state(const torch::Device& device, const std::string& bytes, const std::string& source);
 

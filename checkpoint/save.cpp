@@ -346,8 +346,8 @@ std::unique_ptr<PendingSave> prepare_save(const TrainingState& s, int64_t iterat
   // Rank 0 gathers every rank's tensor table and RNG states for the metadata.
   std::vector<std::string> fields = {ck::serialize_tensor_table(save->shards->writer.table())};
   if (k.save_rng) {
-    fields.insert(fields.end(), {"cpu", generator_state(torch::Device(torch::kCPU))});
-    if (s.device.is_cuda()) fields.insert(fields.end(), {"cuda", generator_state(s.device)});
+    const std::vector<std::string> rng = generator_fields(s.device);
+    fields.insert(fields.end(), rng.begin(), rng.end());
   }
   const std::vector<std::string> packed = all_gather_strings(p, s.device, pack(fields));
   try {

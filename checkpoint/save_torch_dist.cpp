@@ -272,10 +272,8 @@ void write_text(const std::string& path, const std::string& text) {
 // Every rank's generator states, on every rank (a collective): fp8tron's own RNG states, which
 // the common state carries for fp8tron's resumes (megatron_common_state.h).
 std::vector<std::vector<ck::RngState>> gather_rng_states(const TrainingState& s) {
-  std::vector<std::string> fields = {"cpu", generator_state(torch::Device(torch::kCPU))};
-  if (s.device.is_cuda()) fields.insert(fields.end(), {"cuda", generator_state(s.device)});
   std::vector<std::vector<ck::RngState>> out;
-  const std::vector<std::string> packed = all_gather_strings(s.parallel, s.device, pack(fields));
+  const std::vector<std::string> packed = all_gather_strings(s.parallel, s.device, pack(generator_fields(s.device)));
   for (size_t rank = 0; rank < packed.size(); ++rank) {
     const std::vector<std::string> f = unpack(packed[rank]);
     out.emplace_back();

@@ -41,24 +41,34 @@ void carry_padded_vocab(FlagValues& flags, const std::map<std::string, std::stri
   flags.set("padded-vocab-size", {it->second});
 }
 
+// Megatron's _set_arg(name, force=True): `name` takes the checkpoint's `value`, logged as Megatron
+// logs it, unless this run has that value already. A value saved unset ("None") leaves this run's.
+void set_from_checkpoint(FlagValues& flags, const std::string& name, const std::string& value) {
+  const FlagSpec* spec = find_flag(name);
+  FP8TRON_CHECK(spec != nullptr, "not a flag: " + name);
+  if (spec->kind == FlagKind::Bool) {
+    if (value != "true" && value != "false") return;
+    if (flags.get_bool(name) == (value == "true")) return;
+  } else {
+    if (value == "None") return;
+    if (flags.given(name) ? flags.get_list(name) == std::vector<std::string>{value}
+                          : *spec->default_value && value == spec->default_value)
+      return;
+  }
+  std::string key = name;
+  for (char& c : key) c = c == '-' ? '_' : c;
+  log::print("Setting " + key + " to " + value + " from checkpoint");
+  flags.set(name, {value});
+}
+
 // Megatron's --use-mp-args-from-checkpoint-args: the saved run's tensor-, pipeline- and
 // expert-parallel sizes replace this run's; its virtual pipeline is taken only when this run asks
 // for none (Megatron forces the saved virtual size, but its argument checks then derive it again
 // from this run's --num-layers-per-virtual-pipeline-stage).
 void take_parallel_layout(FlagValues& flags, const std::map<std::string, std::string>& saved) {
-  auto take = [&](const std::string& name, const std::string& value) {
-    if (value == "None") return;
-    if (flags.given(name) ? flags.get_list(name) == std::vector<std::string>{value}
-                          : find_flag(name)->default_value == value)
-      return;
-    std::string key = name;
-    for (char& c : key) c = c == '-' ? '_' : c;
-    log::print("Setting " + key + " to " + value + " from checkpoint");
-    flags.set(name, {value});
-  };
   for (const char* name : {"tensor-model-parallel-size", "pipeline-model-parallel-size", "expert-model-parallel-size"}) {
     auto it = saved.find(name);
-    if (it != saved.end()) take(name, it->second);
+    if (it != saved.end()) set_from_checkpoint(flags, name, it->second);
   }
   if (flags.given("num-layers-per-virtual-pipeline-stage") || flags.given("num-virtual-stages-per-pipeline-rank")) return;
   auto layers_per_stage = saved.find("num-layers-per-virtual-pipeline-stage");
@@ -66,9 +76,9 @@ void take_parallel_layout(FlagValues& flags, const std::map<std::string, std::st
   auto virtual_stages = saved.find("virtual-pipeline-model-parallel-size");
   if (virtual_stages == saved.end()) virtual_stages = saved.find("num-virtual-stages-per-pipeline-rank");
   if (layers_per_stage != saved.end() && layers_per_stage->second != "None")
-    take("num-layers-per-virtual-pipeline-stage", layers_per_stage->second);
+    set_from_checkpoint(flags, "num-layers-per-virtual-pipeline-stage", layers_per_stage->second);
   else if (virtual_stages != saved.end())
-    take("num-virtual-stages-per-pipeline-rank", virtual_stages->second);
+    set_from_checkpoint(flags, "num-virtual-stages-per-pipeline-rank", virtual_stages->second);
 }
 
 // The arguments of a checkpoint Megatron-LM wrote, under fp8tron's metadata keys: flag names
@@ -139,25 +149,7 @@ void apply_checkpoint_args(FlagValues& flags) {
     names.push_back("tokenizer-model");
   for (const char* name : names) {
     auto it = saved.find(name);
-    if (it == saved.end()) continue;
-    const FlagSpec* spec = find_flag(name);
-    FP8TRON_CHECK(spec != nullptr, std::string("not a flag: ") + name);
-    const std::string& value = it->second;
-    std::vector<std::string> values;
-    if (spec->kind == FlagKind::Bool) {
-      if (value != "true" && value != "false") continue;
-      values = {value};
-      if (flags.get_bool(name) == (value == "true")) continue;
-    } else {
-      if (value == "None") continue;  // unset when saved: this run's value (or default) stands
-      values = {value};
-      if (flags.given(name) && flags.get_list(name) == values) continue;
-      if (!flags.given(name) && *spec->default_value && value == spec->default_value) continue;
-    }
-    std::string key = name;
-    for (char& c : key) c = c == '-' ? '_' : c;
-    log::print("Setting " + key + " to " + value + " from checkpoint");
-    flags.set(name, values);
+    if (it != saved.end()) set_from_checkpoint(flags, name, it->second);
   }
   if (flags.get_bool("use-mp-args-from-checkpoint-args")) take_parallel_layout(flags, saved);
   carry_padded_vocab(flags, saved);
