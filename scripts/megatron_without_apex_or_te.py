@@ -1,9 +1,9 @@
 """Runs a Megatron-LM entry script (pretrain_gpt.py) where neither Apex nor Transformer Engine is
-installed, filling one gap of that setup so that Megatron can load a distributed optimizer's
+installed, filling the gaps of that setup so that Megatron can resume a distributed optimizer's
 torch_dist checkpoint.
 
-Without Apex or TE, torch's Adam keeps its step as a tensor in each parameter's state, and two
-places of Megatron's DistributedOptimizer (commit d98e8a6) fail on it, for every such checkpoint,
+Without Apex or TE, torch's Adam keeps its step as a tensor in each parameter's state, and three
+places of Megatron's DistributedOptimizer (commit d98e8a6) mishandle it, for every such checkpoint,
 Megatron's own included:
   - state_dict() reads the step from that state and asserts there is exactly one value; loading
     builds that state dict before any step has run, when the state is still empty. Before that
@@ -14,6 +14,11 @@ Megatron's own included:
     checkpoint's per-parameter tensors, which have no step (the step is restored from the param
     groups just before): the lookup raises KeyError('step'). This makes a key the checkpoint does
     not hold read as "nothing to copy", which the method already does for non-tensors.
+  - load_state_dict() restores that step as ONE tensor shared by every parameter's state, and
+    torch's Adam increments each parameter's step in place: after the first step the shared
+    counter has advanced once per parameter, so the bias corrections of every later step are
+    wrong (the loss of the first iteration after a resume is right, the next ones drift). This
+    gives each parameter its own copy of the restored step.
 
 Usage (in a Megatron-LM checkout): python3 megatron_without_apex_or_te.py pretrain_gpt.py ARGS...
 """
@@ -52,6 +57,16 @@ def let_torch_adam_load():
         return original_set_states(self, model_param, NothingForMissingKeys(tensors))
 
     distrib_optimizer.DistributedOptimizer._set_main_param_and_optimizer_states = set_states
+
+    original_load_state_dict = distrib_optimizer.DistributedOptimizer.load_state_dict
+
+    def load_state_dict(self, state_dict):
+        original_load_state_dict(self, state_dict)
+        for state in self.optimizer.state.values():
+            if torch.is_tensor(state.get("step")):
+                state["step"] = state["step"].clone()
+
+    distrib_optimizer.DistributedOptimizer.load_state_dict = load_state_dict
 
 
 def main():
