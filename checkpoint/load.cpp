@@ -11,6 +11,7 @@
 #include "core/text.h"
 #include "fp8/fp8_linear.h"
 #include "checkpoint/checkpoint_dir.h"
+#include "checkpoint/fp8_recipe_state.h"
 #include "checkpoint/load_megatron.h"
 #include "checkpoint/megatron/damage.h"
 #include "checkpoint/megatron/megatron_checkpoint.h"
@@ -253,26 +254,14 @@ void load_parameters(ck::CheckpointReader& reader, const TrainingState& s, bool 
 // The FP8 scales and amax histories, so a resumed run quantizes with the scales it would have
 // used. A checkpoint without them (bf16 run, or another recipe) starts the recipe afresh.
 void load_fp8_state(ck::CheckpointReader& reader, const TrainingState& s) {
-  if (!s.fp8) return;
-  int64_t restored = 0, missing = 0;
-  for (const auto& site : s.fp8->sites()) {
-    const std::string name = site->name + kFp8StateSuffix;
-    if (!reader.has_tensor(name)) {
-      ++missing;
-      continue;
-    }
+  restore_fp8_recipe_state(s, [&](const fp8::Fp8Site& site) {
+    const std::string name = site.name + kFp8StateSuffix;
+    if (!reader.has_tensor(name)) return torch::Tensor();
     const auto& shape = reader.metadata().tensors.at(name).shape;
     auto state = torch::empty(shape, torch::kFloat32);
     reader.read(name, ck::DType::F32, shape, ck::whole(shape), state.data_ptr());
-    s.fp8->load_site_state(*site, state);
-    ++restored;
-  }
-  if (restored > 0 && missing > 0)
-    throw UserError(strprintf("checkpoint holds the FP8 recipe state of %lld linear layers but not of %lld others; "
-                              "was it saved with another --first-last-layers-bf16 / --fp8-min-features?",
-                              (long long)restored, (long long)missing));
-  if (restored == 0 && recipe_kind(s.fp8->recipe()) == fp8::RecipeKind::kDelayed)
-    log::info(" > the checkpoint holds no FP8 delayed-scaling state: scales start from 1, as in a new run");
+    return state;
+  });
 }
 
 

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <functional>
+#include <map>
 #include <optional>
 #include <set>
 
+#include "checkpoint/fp8_recipe_state.h"
 #include "checkpoint/megatron/damage.h"
 #include "checkpoint/megatron/dcp_checkpoint.h"
 #include "checkpoint/megatron/megatron_checkpoint.h"
@@ -85,7 +87,8 @@ void check_tensors(const mg::MegatronCheckpoint& c, const TrainingState& s, bool
   // rank's to load (the number of experts is compared with the saved run's).
   const bool other_experts = s.parallel.sizes.ep > 1;
   for (const auto& [name, tensor] : c.tensors)
-    if (!wanted.count(name) && name.rfind("optimizer.", 0) != 0 && s.parallel.sizes.pp == 1 &&
+    if (!wanted.count(name) && name.rfind("optimizer.", 0) != 0 && name.rfind(kTorchDistFp8StatePrefix, 0) != 0 &&
+        s.parallel.sizes.pp == 1 &&
         !(other_experts && name.find(".mlp.experts.") != std::string::npos))
       throw UserError("checkpoint " + c.path + " holds " + name + ", which this model lacks; run with the model flags "
                       "it was saved with");
@@ -145,11 +148,17 @@ void copy_parameters(const mg::MegatronCheckpoint& c, const TrainingState& s, bo
   torch::NoGradGuard no_grad;
   std::vector<RangeRead> reads = plan_reads(c, s, load_optim);
   std::vector<std::pair<torch::Tensor, torch::Tensor>> buffers;  // (buffer, values read)
+  std::map<std::string, torch::Tensor> fp8_states;                  // by FP8 site
   std::string error;
   bool damaged = false;
   try {
     for (RangeRead& r : reads) r.values = local_range(*r.stored, *r.slot, r.tp_rank, r.tp_size, r.begin, r.end);
     for (const auto& [name, buffer] : s.buffers) buffers.emplace_back(buffer, c.tensors.at(name).read());
+    if (s.fp8)
+      for (const auto& site : s.fp8->sites()) {
+        auto it = c.tensors.find(kTorchDistFp8StatePrefix + site->name);
+        if (it != c.tensors.end()) fp8_states[site->name] = it->second.read();
+      }
   } catch (const ck::DamagedCheckpoint& e) {
     error = e.what(), damaged = true;
   } catch (const std::exception& e) {
@@ -170,6 +179,12 @@ void copy_parameters(const mg::MegatronCheckpoint& c, const TrainingState& s, bo
   for (auto& [buffer, values] : buffers) buffer.copy_(values);
   if (load_optim) s.optimizer.set_step_count(*c.step);
   s.optimizer.publish_model_params();
+  // fp8tron's FP8 recipe state, where fp8tron wrote the checkpoint (Megatron's Transformer Engine
+  // state in _extra_state is not read: TE's scaling is not fp8tron's).
+  restore_fp8_recipe_state(s, [&](const fp8::Fp8Site& site) {
+    auto it = fp8_states.find(site.name);
+    return it == fp8_states.end() ? torch::Tensor() : it->second;
+  });
 }
 
 // The schedule to continue with: the checkpoint's against this run's, by Megatron's rules (a

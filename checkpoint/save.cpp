@@ -147,9 +147,8 @@ std::unique_ptr<RankShards> collect_shards(const TrainingState& s, SnapshotBuffe
   const OptimizerDomain* experts = o.domains().size() > 1 ? o.domains()[1].get() : nullptr;
   if (s.fp8) {
     for (const auto& site : s.fp8->sites()) {
+      if (!stores_fp8_state(s, *site, false)) continue;
       const bool expert = experts && experts->holds(site->parameter);
-      const bool first = expert ? p.expert_tp_rank == 0 && p.expert_dp_rank == 0 : p.tp_rank == 0 && p.dp_rank == 0;
-      if (!first) continue;
       const torch::Tensor state = s.fp8->site_state(*site);
       if (!state.defined()) continue;
       add_replicated(*out, site->name + kFp8StateSuffix, state,

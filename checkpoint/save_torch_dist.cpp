@@ -20,6 +20,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/text.h"
+#include "fp8/fp8_engine.h"
 
 namespace fp8tron {
 namespace ck = checkpoint;
@@ -137,6 +138,22 @@ torch::Tensor host(const torch::Tensor& t, bool own) {
   return own ? t.clone() : t;
 }
 
+// The FP8 recipe state (delayed scaling: scales and amax histories) of the linear layers whose
+// amax group this rank leads, so fp8tron resumes its FP8 run exactly: each a tensor under a name
+// of fp8tron's own, which Megatron, reading only the names its model asks for, passes over. Its
+// Transformer Engine layers find None in their _extra_state and start their scaling afresh, as
+// when Megatron loads a bf16 checkpoint into an FP8 run.
+void add_fp8_state_chunks(const TrainingState& s, std::vector<mg::DcpChunkToWrite>& out) {
+  if (!s.fp8) return;
+  for (const auto& site : s.fp8->sites()) {
+    if (!stores_fp8_state(s, *site, true)) continue;
+    const torch::Tensor state = s.fp8->site_state(*site);
+    if (!state.defined()) continue;
+    out.push_back({kTorchDistFp8StatePrefix + site->name, state.sizes().vec(), std::vector<int64_t>(state.dim(), 0),
+                   state.contiguous()});
+  }
+}
+
 // This rank's chunks: its tensor-parallel boxes of the weights, written by the first
 // data-parallel rank (each replica once), and of the optimizer state: Adam's moments (and the fp32
 // main weights of bf16/fp16 runs), laid out like the weights. With the distributed optimizer every
@@ -182,6 +199,7 @@ std::vector<mg::DcpChunkToWrite> rank_chunks(const TrainingState& s, bool own) {
       const torch::Tensor t = host(buffer.detach().to(torch::kFloat32).contiguous(), own);
       out.push_back(chunk_of("", name, t.sizes().vec(), ck::whole(t.sizes().vec()), t.view({-1}), sizes));
     }
+  add_fp8_state_chunks(s, out);
   return out;
 }
 

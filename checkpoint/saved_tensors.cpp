@@ -1,7 +1,9 @@
 #include "checkpoint/saved_tensors.h"
 
+#include "checkpoint/training_state.h"
 #include "core/error.h"
 #include "core/text.h"
+#include "fp8/fp8_engine.h"
 
 namespace fp8tron {
 namespace ck = checkpoint;
@@ -47,6 +49,13 @@ std::string state_name(const std::string& prefix, const Slot& slot, const Optimi
     if (prefix == kExpAvgSq) return "";
   }
   return prefix + checkpoint_name(slot);
+}
+
+bool stores_fp8_state(const TrainingState& s, const fp8::Fp8Site& site, bool first_cp) {
+  const ParallelState& p = s.parallel;
+  const auto& domains = s.optimizer.domains();
+  if (domains.size() > 1 && domains[1]->holds(site.parameter)) return p.expert_tp_rank == 0 && p.expert_dp_rank == 0;
+  return p.tp_rank == 0 && p.dp_rank == 0 && (!first_cp || p.cp_rank == 0);
 }
 
 std::string checkpoint_name(const Slot& slot) { return slot.info.shared_embedding_copy ? kEmbeddingName : slot.name; }

@@ -14,6 +14,11 @@
 
 namespace fp8tron {
 
+struct TrainingState;
+namespace fp8 {
+struct Fp8Site;
+}
+
 using Slot = OptimizerDomain::ParamSlot;
 
 constexpr const char* kMainParamPrefix = "optimizer.state.fp32_param.";
@@ -22,6 +27,9 @@ constexpr const char* kDistributedMainParamPrefix = "optimizer.state.param.";
 constexpr const char* kStepName = "optimizer.state.step";
 constexpr const char* kEmbeddingName = "embedding.word_embeddings.weight";
 constexpr const char* kFp8StateSuffix = "._extra_state";
+// A linear layer's FP8 recipe state in a torch_dist checkpoint: a tensor of fp8tron's own, this
+// prefix before the module's name (Transformer Engine's _extra_state objects hold None there).
+constexpr const char* kTorchDistFp8StatePrefix = "fp8tron_fp8_state.";
 
 checkpoint::DType checkpoint_dtype(torch::ScalarType t);
 // Throws UserError naming `tensor` when the dtype cannot hold weights or optimizer states.
@@ -48,6 +56,11 @@ struct Piece {
   int64_t begin = 0, numel = 0;
 };
 std::vector<Piece> param_pieces(const Slot& slot, int tp_rank, int tp_size);
+
+// Whether this rank stores `site`'s FP8 recipe state: the first rank of the site's amax group
+// (tensor x data parallel, context parallel too with `first_cp`; an expert's expert tensor x
+// expert data parallel), on every rank of which the state is the same.
+bool stores_fp8_state(const TrainingState& s, const fp8::Fp8Site& site, bool first_cp);
 
 // The address of element `element` of a contiguous tensor.
 const char* bytes_at(const torch::Tensor& t, int64_t element);

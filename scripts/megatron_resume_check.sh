@@ -7,7 +7,8 @@
 # resumed by Megatron at TP2 x PP2; LLaMA-style (RMSNorm, SwiGLU, RoPE, GQA, untied); MoE (4 experts,
 # top-2, alltoall, local layers) saved and resumed over two expert-parallel ranks, also with a dense
 # layer first and with the routers' expert bias; the distributed optimizer (its fully_reshardable
-# layout) saved over DP2 and resumed by Megatron over DP2, in bf16 too, and over TP2.
+# layout) saved over DP2 and resumed by Megatron over DP2, in bf16 too, and over TP2; an FP8 run
+# resumed by Megatron in bf16.
 #
 # Megatron logs the first iteration of a job without resetting its loss accumulators, so the
 # second line it prints after a resume (iteration 12) is the mean of iterations 11 and 12; that
@@ -109,6 +110,32 @@ check moe-mixed-ep2 2 2 1e-4 --expert-model-parallel-size 2 -- --expert-model-pa
   --moe-layer-freq "([0]+[1])"
 check moe-bias-ep2 2 2 1e-4 --expert-model-parallel-size 2 -- --expert-model-parallel-size 2 -- "${MOE[@]}" \
   --moe-router-enable-expert-bias --moe-router-score-function sigmoid
+# FP8 (delayed scaling, hybrid, bf16, Transformer Engine's layer names): fp8tron saves an FP8 run,
+# with its FP8 recipe state under names of its own; Megatron-LM (here without Transformer Engine,
+# so local layers, which take TE's fused norm names, and no FP8) resumes it in bf16, as fp8tron
+# does with the FP8 flags dropped. fp8tron's own FP8 resume of that checkpoint
+# prints its uninterrupted FP8 run's losses.
+FP8=(--transformer-impl transformer_engine --bf16 --fp8-format hybrid --fp8-recipe delayed --fp8-amax-history-len 16
+     --fp8-amax-compute-algo max)
+fp8_check() {
+  local name=fp8-resumed-bf16
+  if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then return; fi
+  fp8tron "$OUT/$name-full.log" 1 "${COMMON[@]}" "${FP8[@]}" &&
+    fp8tron "$OUT/$name-save.log" 1 "${COMMON[@]}" "${FP8[@]}" --exit-interval 10 --save "$OUT/ckpt-$name" &&
+    fp8tron "$OUT/$name-fp8.log" 1 "${COMMON[@]}" "${FP8[@]}" --load "$OUT/ckpt-$name" &&
+    fp8tron "$OUT/$name-fp8tron.log" 1 "${COMMON[@]}" --bf16 --load "$OUT/ckpt-$name" ||
+    { echo "FAIL: $name: an fp8tron run failed ($OUT/$name-*.log)"; fail=1; return; }
+  if [ "$(losses "$OUT/$name-fp8.log" | awk '$1 > 10' | wc -l)" = 4 ] &&
+     diff <(losses "$OUT/$name-fp8.log" | awk '$1 > 10') <(losses "$OUT/$name-full.log" | awk '$1 > 10') > /dev/null; then
+    echo "ok: $name: fp8tron's FP8 resume from torch_dist = its uninterrupted FP8 run"
+  else
+    echo "FAIL: $name: fp8tron's FP8 resume from torch_dist differs from its uninterrupted FP8 run"; fail=1
+  fi
+  megatron "$OUT/$name-megatron.log" 1 "${COMMON[@]}" --bf16 --load "$OUT/ckpt-$name" ||
+    { echo "FAIL: $name: Megatron-LM failed ($OUT/$name-megatron.log)"; fail=1; return; }
+  compare "$name" "$OUT/$name-fp8tron.log" "$OUT/$name-megatron.log" 1e-4
+}
+fp8_check
 DISTOPT=(--use-distributed-optimizer)
 check distopt-dp2 2 2 1e-4 "${DISTOPT[@]}" -- "${DISTOPT[@]}" --
 check distopt-dp2-bf16 2 2 1e-4 "${DISTOPT[@]}" -- "${DISTOPT[@]}" -- --bf16

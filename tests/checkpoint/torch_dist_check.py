@@ -87,9 +87,11 @@ def native_tensors(d):
     stacked = {}
     for name, t in flat.items():
         m = re.match(r"(.*decoder\.layers\.)(\d+)\.(.*)", name)
-        if m:
+        if name.endswith("._extra_state"):  # FP8 recipe state: per module, under fp8tron's own name
+            stacked["fp8tron_fp8_state." + name[: -len("._extra_state")]] = t
+        elif m:
             stacked.setdefault(m.group(1) + m.group(3), {})[int(m.group(2))] = t
-        elif not name.endswith("._extra_state") and name != "optimizer.state.step":
+        elif name != "optimizer.state.step":
             stacked[name] = t
     return {k: (torch.stack([v[i] for i in sorted(v)]) if isinstance(v, dict) else v) for k, v in stacked.items()}
 

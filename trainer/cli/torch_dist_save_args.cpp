@@ -3,7 +3,6 @@
 namespace fp8tron {
 
 std::string torch_dist_unwritable_flag(const Config& c) {
-  if (c.precision.fp8.enabled()) return "--fp8-format";
   if (c.optimizer.optimizer != "adam") return "--optimizer " + c.optimizer.optimizer;
   // The distributed optimizer is written in Megatron's fully_reshardable layout; Megatron-FSDP's
   // checkpoints are its fsdp_dtensor format.
