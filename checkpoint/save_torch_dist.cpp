@@ -249,8 +249,19 @@ std::map<int64_t, LayerContents> stage_layers(const TrainingState& s) {
   return out;
 }
 
-// The objects this rank writes: the _extra_state of its stage's layers (None without FP8) by the
-// first tensor- and data-parallel rank, those of its routed experts by their first expert
+// The multi-token-prediction depths whose layers this rank holds (Megatron's mtp.layers.<d>.*).
+std::set<int64_t> mtp_depths(const TrainingState& s) {
+  static const std::regex kMtp(R"(^mtp\.layers\.(\d+)\.)");
+  std::set<int64_t> out;
+  std::smatch m;
+  for (const auto& domain : s.optimizer.domains())
+    for (const Slot& slot : domain->param_slots())
+      if (std::regex_search(slot.name, m, kMtp)) out.insert(std::stoll(m[1].str()));
+  return out;
+}
+
+// The objects this rank writes: the _extra_state of its stage's layers and multi-token-prediction
+// layers (None, as without FP8) by the first tensor- and data-parallel rank, those of its routed experts by their first expert
 // tensor- and data-parallel rank, and on rank 0 the common state.
 std::vector<mg::DcpObjectToWrite> rank_objects(const TrainingState& s, int64_t iteration,
                                                const std::vector<std::vector<ck::RngState>>& rng) {
@@ -262,6 +273,13 @@ std::vector<mg::DcpObjectToWrite> rank_objects(const TrainingState& s, int64_t i
   const StackedSizes sizes = stacked_sizes(s.config);
   const bool layer_writer = p.tp_rank == 0 && p.dp_rank == 0 && p.cp_rank == 0;
   const bool expert_writer = p.expert_tp_rank == 0 && p.expert_dp_rank == 0;
+  if (layer_writer)
+    for (int64_t depth : mtp_depths(s)) {
+      const std::string prefix = "mtp.layers." + std::to_string(depth) + ".";
+      out.push_back({object_key(prefix + "eh_proj._extra_state", {}, {}), none});
+      for (const std::string& module : extra_state_modules(sizes.local, false, false))
+        out.push_back({object_key(prefix + "transformer_layer." + module + "._extra_state", {}, {}), none});
+    }
   for (const auto& [layer, contents] : stage_layers(s)) {
     const std::string prefix = sizes.numbered_layers ? kLayers + std::to_string(layer) + "." : kLayers;
     std::vector<int64_t> at, of;  // the stacked dimensions: the layers (unless numbered), then the experts

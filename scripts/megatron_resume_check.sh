@@ -4,7 +4,8 @@
 # Megatron-LM's own pretrain_gpt.py loads that checkpoint and trains iterations 11-14; its lm loss
 # must be fp8tron's uninterrupted run's (1e-4 relative in fp32, 1e-4 in bf16). Cases: fp32 and bf16
 # in one process; saved by TP2 x PP2 and resumed by Megatron at TP2; saved by one process and
-# resumed by Megatron at TP2 x PP2; LLaMA-style (RMSNorm, SwiGLU, RoPE, GQA, untied); MoE (4 experts,
+# resumed by Megatron at TP2 x PP2; LLaMA-style (RMSNorm, SwiGLU, RoPE, GQA, untied); a
+# multi-token-prediction layer (--mtp-num-layers 1); MoE (4 experts,
 # top-2, alltoall, local layers) saved and resumed over two expert-parallel ranks, also with a dense
 # layer first and with the routers' expert bias; the distributed optimizer (its fully_reshardable
 # layout) saved over DP2 and resumed by Megatron over DP2, in bf16 too, and over TP2; an FP8 run
@@ -101,6 +102,7 @@ check bf16 1 1 1e-4 -- -- --bf16
 check saved-tp2pp2-resumed-tp2 4 2 1e-4 "${TP2PP2[@]}" -- --tensor-model-parallel-size 2 --
 check saved-1-resumed-tp2pp2 1 4 1e-4 -- "${TP2PP2[@]}" --
 check llama 1 1 1e-4 -- -- "${LLAMA[@]}"
+check mtp 1 1 1e-4 -- -- --mtp-num-layers 1
 MOE=(--num-experts 4 --moe-router-topk 2 --moe-token-dispatcher-type alltoall --moe-aux-loss-coeff 0.01 --swiglu
      --disable-bias-linear)
 check moe-ep2 2 2 1e-4 --expert-model-parallel-size 2 -- --expert-model-parallel-size 2 -- "${MOE[@]}"

@@ -21,6 +21,7 @@
 #   - with MPIRUN, the distributed optimizer (DP2, bf16, TP2 x DP2) written in Megatron's
 #     fully_reshardable layout resumes exactly, also in one process without it, and also when
 #     written in the background (--async-save);
+#   - a multi-token-prediction layer resumes exactly, under Megatron's names;
 #   - FP8 (delayed scaling) resumes exactly, its recipe state under fp8tron's own names, in one
 #     process and, with MPIRUN, over TP2 and EP2, and resumes in bf16 with the FP8 flags dropped;
 #   - a save killed before its commit leaves no checkpoint; what cannot be written in torch_dist
@@ -133,6 +134,24 @@ check "fp8: tensors equal fp8tron's own checkpoint, FP8 recipe state included" t
   "$WORK/fp8-native/iter_0000010"
 run fp8-into-bf16 1 "${FLAGS[@]}" --bf16 --load "$WORK/fp8-td" && [ "$(losses "$WORK/fp8-into-bf16.log" | wc -l)" = 4 ] &&
   echo "ok: fp8: resumed in bf16" || { echo "FAIL: fp8: not resumed in bf16"; fail=1; }
+# A multi-token-prediction layer: its tensors and objects under Megatron's mtp.layers.0.* names.
+resume_test mtp 1 --mtp-num-layers 1
+if "$PY" - "$WORK/mtp-td/iter_0000010" <<'PY'
+import sys, torch.distributed.checkpoint as dcp
+m = dcp.FileSystemReader(sys.argv[1]).read_metadata().state_dict_metadata
+want = {"mtp.layers.0.eh_proj.weight": [64, 128], "mtp.layers.0.enorm.weight": [64], "mtp.layers.0.hnorm.weight": [64],
+        "mtp.layers.0.final_layernorm.weight": [64], "mtp.layers.0.transformer_layer.mlp.linear_fc1.weight": [256, 64],
+        "mtp.layers.0.transformer_layer.self_attention.linear_qkv.layer_norm_weight": [64],
+        "optimizer.state.exp_avg.mtp.layers.0.eh_proj.weight": [64, 128]}
+objects = ["mtp.layers.0.eh_proj._extra_state/shard_0_1",
+           "mtp.layers.0.transformer_layer.self_attention.linear_qkv._extra_state/shard_0_1"]
+bad = [f"{k}: {list(m[k].size) if k in m else 'missing'}" for k, shape in want.items() if k not in m or list(m[k].size) != shape]
+bad += [k for k in objects if k not in m]
+print("\n".join(bad))
+sys.exit(1 if bad else 0)
+PY
+then echo "ok: mtp: Megatron's names"
+else echo "FAIL: mtp: Megatron's names"; fail=1; fi
 if [ -n "$MPIRUN" ]; then
   # The FP8 state written by the first rank of each amax group: tensor-parallel rank 0, and each
   # expert's expert-parallel owner.
