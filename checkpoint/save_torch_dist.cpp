@@ -261,8 +261,8 @@ std::set<int64_t> mtp_depths(const TrainingState& s) {
 }
 
 // The objects this rank writes: the _extra_state of its stage's layers and multi-token-prediction
-// layers (None, as without FP8) by the first tensor- and data-parallel rank, those of its routed experts by their first expert
-// tensor- and data-parallel rank, and on rank 0 the common state.
+// layers (None, as without FP8) by the first tensor- and data-parallel rank, those of its routed
+// experts by their first expert tensor- and data-parallel rank, and on rank 0 the common state.
 std::vector<mg::DcpObjectToWrite> rank_objects(const TrainingState& s, int64_t iteration,
                                                const std::vector<std::vector<ck::RngState>>& rng) {
   std::vector<mg::DcpObjectToWrite> out;
