@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <functional>
+#include <vector>
 
 #include "checkpoint/training_state.h"
 
@@ -13,10 +14,14 @@ namespace fp8 {
 struct Fp8Site;
 }
 
-// Gives every FP8 site of `s` the state `saved` returns for it (an undefined tensor: none saved).
-// A checkpoint holding the state of some sites but not of others is refused (saved with other
-// --first-last-layers-bf16 / --fp8-min-features); one holding none starts the recipe afresh, and
-// says so for delayed scaling, whose scales then start from 1.
-void restore_fp8_recipe_state(const TrainingState& s, const std::function<torch::Tensor(const fp8::Fp8Site&)>& saved);
+// The saved state of every FP8 site of `s`, in sites() order: what `saved` returns for it (an
+// undefined tensor where none is saved). UserError when some sites have one and others not (saved
+// with another --first-last-layers-bf16 / --fp8-min-features); read before anything is loaded.
+std::vector<torch::Tensor> read_fp8_recipe_state(const TrainingState& s,
+                                                 const std::function<torch::Tensor(const fp8::Fp8Site&)>& saved);
+
+// Gives every FP8 site its state from read_fp8_recipe_state(); with none saved the recipe starts
+// afresh, which is said for delayed scaling (its scales then start from 1).
+void restore_fp8_recipe_state(const TrainingState& s, const std::vector<torch::Tensor>& states);
 
 }  // namespace fp8tron

@@ -254,14 +254,14 @@ void load_parameters(ck::CheckpointReader& reader, const TrainingState& s, bool 
 // The FP8 scales and amax histories, so a resumed run quantizes with the scales it would have
 // used. A checkpoint without them (bf16 run, or another recipe) starts the recipe afresh.
 void load_fp8_state(ck::CheckpointReader& reader, const TrainingState& s) {
-  restore_fp8_recipe_state(s, [&](const fp8::Fp8Site& site) {
+  restore_fp8_recipe_state(s, read_fp8_recipe_state(s, [&](const fp8::Fp8Site& site) {
     const std::string name = site.name + kFp8StateSuffix;
     if (!reader.has_tensor(name)) return torch::Tensor();
     const auto& shape = reader.metadata().tensors.at(name).shape;
     auto state = torch::empty(shape, torch::kFloat32);
     reader.read(name, ck::DType::F32, shape, ck::whole(shape), state.data_ptr());
     return state;
-  });
+  }));
 }
 
 

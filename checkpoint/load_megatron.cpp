@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <functional>
-#include <map>
 #include <optional>
 #include <set>
 
@@ -148,17 +147,18 @@ void copy_parameters(const mg::MegatronCheckpoint& c, const TrainingState& s, bo
   torch::NoGradGuard no_grad;
   std::vector<RangeRead> reads = plan_reads(c, s, load_optim);
   std::vector<std::pair<torch::Tensor, torch::Tensor>> buffers;  // (buffer, values read)
-  std::map<std::string, torch::Tensor> fp8_states;                  // by FP8 site
+  std::vector<torch::Tensor> fp8_states;                            // by FP8 site
   std::string error;
   bool damaged = false;
   try {
     for (RangeRead& r : reads) r.values = local_range(*r.stored, *r.slot, r.tp_rank, r.tp_size, r.begin, r.end);
     for (const auto& [name, buffer] : s.buffers) buffers.emplace_back(buffer, c.tensors.at(name).read());
-    if (s.fp8)
-      for (const auto& site : s.fp8->sites()) {
-        auto it = c.tensors.find(kTorchDistFp8StatePrefix + site->name);
-        if (it != c.tensors.end()) fp8_states[site->name] = it->second.read();
-      }
+    // fp8tron's FP8 recipe state, where fp8tron wrote the checkpoint (Megatron's Transformer
+    // Engine state in _extra_state is not read: TE's scaling is not fp8tron's).
+    fp8_states = read_fp8_recipe_state(s, [&](const fp8::Fp8Site& site) {
+      auto it = c.tensors.find(kTorchDistFp8StatePrefix + site.name);
+      return it == c.tensors.end() ? torch::Tensor() : it->second.read();
+    });
   } catch (const ck::DamagedCheckpoint& e) {
     error = e.what(), damaged = true;
   } catch (const std::exception& e) {
@@ -179,12 +179,7 @@ void copy_parameters(const mg::MegatronCheckpoint& c, const TrainingState& s, bo
   for (auto& [buffer, values] : buffers) buffer.copy_(values);
   if (load_optim) s.optimizer.set_step_count(*c.step);
   s.optimizer.publish_model_params();
-  // fp8tron's FP8 recipe state, where fp8tron wrote the checkpoint (Megatron's Transformer Engine
-  // state in _extra_state is not read: TE's scaling is not fp8tron's).
-  restore_fp8_recipe_state(s, [&](const fp8::Fp8Site& site) {
-    auto it = fp8_states.find(site.name);
-    return it == fp8_states.end() ? torch::Tensor() : it->second;
-  });
+  restore_fp8_recipe_state(s, fp8_states);
 }
 
 // The schedule to continue with: the checkpoint's against this run's, by Megatron's rules (a

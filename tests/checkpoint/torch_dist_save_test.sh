@@ -292,6 +292,12 @@ expect_error() {  # expect_error <text> <what> <flags...>
   if [ $rc != 1 ] || ! grep -qF -- "$want" <<<"$out"; then echo "FAIL: $what -> rc $rc, output lacks: $want"; echo "$out" | tail -3; fail=1
   else echo "ok: $what"; fi
 }
+# FP8 recipe state for some linear layers and not others (saved with --first-last-layers-bf16,
+# loaded without): refused by name before anything is loaded.
+run fp8-partial-save 1 "${FLAGS[@]}" "${FP8[@]}" --num-layers 4 --first-last-layers-bf16 --exit-interval 10 \
+    --save "$WORK/fp8-partial" &&
+  expect_error "holds the FP8 recipe state of 8 linear layers but not of 8 others" "partial FP8 state refused" \
+    "${FP8[@]}" --num-layers 4 --load "$WORK/fp8-partial"
 # What fp8tron cannot write in torch_dist yet: a plain save falls back to fp8tron's format, saying
 # so (Megatron's own configurations pass --ckpt-format torch_dist); a conversion is refused.
 expect_fallback() {  # expect_fallback <flag named> <flags...>
