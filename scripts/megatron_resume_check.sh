@@ -5,9 +5,9 @@
 # must be fp8tron's uninterrupted run's (1e-4 relative in fp32, 1e-4 in bf16). Cases: fp32 and bf16
 # in one process; saved by TP2 x PP2 and resumed by Megatron at TP2; saved by one process and
 # resumed by Megatron at TP2 x PP2; LLaMA-style (RMSNorm, SwiGLU, RoPE, GQA, untied); a
-# multi-token-prediction layer (--mtp-num-layers 1); MoE (4 experts,
-# top-2, alltoall, local layers) saved and resumed over two expert-parallel ranks, also with a dense
-# layer first and with the routers' expert bias; the distributed optimizer (its fully_reshardable
+# multi-token-prediction layer (--mtp-num-layers 1); MoE (4 experts, top-2, alltoall, local layers)
+# saved and resumed over two expert-parallel ranks, also with a dense layer first and with the
+# routers' expert bias; the distributed optimizer (its fully_reshardable
 # layout) saved over DP2 and resumed by Megatron over DP2, in bf16 too, and over TP2; an FP8 run
 # resumed by Megatron in bf16.
 #
@@ -115,8 +115,8 @@ check moe-bias-ep2 2 2 1e-4 --expert-model-parallel-size 2 -- --expert-model-par
 # FP8 (delayed scaling, hybrid, bf16, Transformer Engine's layer names): fp8tron saves an FP8 run,
 # with its FP8 recipe state under names of its own; Megatron-LM (here without Transformer Engine,
 # so local layers, which take TE's fused norm names, and no FP8) resumes it in bf16, as fp8tron
-# does with the FP8 flags dropped. fp8tron's own FP8 resume of that checkpoint
-# prints its uninterrupted FP8 run's losses.
+# does with the FP8 flags dropped. fp8tron's own FP8 resume of that checkpoint prints its
+# uninterrupted FP8 run's losses.
 FP8=(--transformer-impl transformer_engine --bf16 --fp8-format hybrid --fp8-recipe delayed --fp8-amax-history-len 16
      --fp8-amax-compute-algo max)
 fp8_check() {
