@@ -84,30 +84,35 @@ mg::PyRef args_namespace(const TrainingState& s) {
   return mg::py_object(mg::py_global("argparse", "Namespace"), mg::py_dict(std::move(attrs)));
 }
 
-// Megatron's default parameter groups (optimizer/__init__.py _get_param_groups) of the dense or
-// the expert parameters: the weights with weight decay first, then the biases and 1-D weights
-// (wd_mult 0), each only when it has parameters; torch.optim.AdamW's fields.
-mg::PyRef param_groups(const TrainingState& s, bool experts, std::optional<int64_t> step = std::nullopt) {
+// The parameter groups of the dense or the expert parameters' optimizer (megatron_param_groups.h),
+// with torch.optim.AdamW's fields: each group's defaults, then its overrides, its learning rate at
+// this step and its weight decay.
+mg::PyRef param_groups(const TrainingState& s, const std::vector<MegatronParamGroup>& groups, bool experts,
+                       std::optional<int64_t> step = std::nullopt) {
   const OptimizerConfig& o = s.config.optimizer;
-  bool with_decay = !experts, without_decay = !experts;
-  if (experts)  // the routed experts' weights, and their biases unless --disable-bias-linear
-    with_decay = true, without_decay = s.config.model.add_bias_linear;
-  std::vector<mg::PyRef> groups;
-  for (const double wd_mult : {1.0, 0.0}) {
-    if (!(wd_mult != 0 ? with_decay : without_decay)) continue;
-    groups.push_back(mg::py_dict({
-        {"is_expert_parallel", mg::py_bool(experts)}, {"default_config", mg::py_bool(true)},
+  std::vector<mg::PyRef> out;
+  for (const MegatronParamGroup& g : groups) {
+    if (g.expert != experts) continue;
+    double wd_mult = 1.0, max_lr = s.schedule.config().max_lr, min_lr = s.schedule.config().min_lr, eps = o.adam_eps;
+    bool lr_overridden = false;
+    for (const auto& [key, value] : megatron_group_overrides(g, o)) {
+      if (key == "wd_mult") wd_mult = value;
+      if (key == "eps") eps = value;
+      if (key == "max_lr") max_lr = value, lr_overridden = true;
+      if (key == "min_lr") min_lr = value, lr_overridden = true;
+    }
+    out.push_back(mg::py_dict({
+        {"is_expert_parallel", mg::py_bool(experts)}, {"default_config", mg::py_bool(!lr_overridden)},
         {"wd_mult", mg::py_float(wd_mult)}, {"lr_mult", mg::py_float(1.0)}, {"is_decoupled_lr", mg::py_bool(false)},
-        {"max_lr", mg::py_float(s.schedule.config().max_lr)}, {"min_lr", mg::py_float(s.schedule.config().min_lr)},
-        {"lr", mg::py_float(s.schedule.lr())},
+        {"max_lr", mg::py_float(max_lr)}, {"min_lr", mg::py_float(min_lr)}, {"lr", mg::py_float(s.schedule.lr(max_lr, min_lr))},
         {"betas", mg::py_tuple({mg::py_float(o.adam_beta1), mg::py_float(o.adam_beta2)})},
-        {"eps", mg::py_float(o.adam_eps)}, {"weight_decay", mg::py_float(s.schedule.weight_decay() * wd_mult)},
+        {"eps", mg::py_float(eps)}, {"weight_decay", mg::py_float(s.schedule.weight_decay() * wd_mult)},
         {"amsgrad", mg::py_bool(false)}, {"maximize", mg::py_bool(false)}, {"foreach", mg::py_none()},
         {"capturable", mg::py_bool(false)}, {"differentiable", mg::py_bool(false)}, {"fused", mg::py_none()},
         {"decoupled_weight_decay", mg::py_bool(true)}}));
-    if (step) groups.back()->entries.emplace_back(mg::py_str("step"), mg::py_int(*step));
+    if (step) out.back()->entries.emplace_back(mg::py_str("step"), mg::py_int(*step));
   }
-  return mg::py_list(std::move(groups));
+  return mg::py_list(std::move(out));
 }
 
 // OptimizerParamScheduler.state_dict(): every step count in samples.
@@ -135,9 +140,10 @@ mg::PyRef grad_scaler(const TrainingState& s, mg::TorchSaveWriter& w) {
 // number either way), the fp16
 // loss scaler, and the layout's name; its per-parameter state is in the sharded tensors
 // optimizer.state.{param,exp_avg,exp_avg_sq}.*.
-mg::PyRef distributed_optimizer_common_state(const TrainingState& s, mg::TorchSaveWriter& w, bool experts) {
+mg::PyRef distributed_optimizer_common_state(const TrainingState& s, const std::vector<MegatronParamGroup>& groups,
+                                             mg::TorchSaveWriter& w, bool experts) {
   std::vector<std::pair<std::string, mg::PyRef>> state = {
-      {"optimizer", mg::py_dict({{"param_groups", param_groups(s, experts, int64_t(s.optimizer.step_count()))}})}};
+      {"optimizer", mg::py_dict({{"param_groups", param_groups(s, groups, experts, int64_t(s.optimizer.step_count()))}})}};
   if (s.config.precision.params_dtype == ParamDtype::Fp16) state.emplace_back("grad_scaler", grad_scaler(s, w));
   state.emplace_back("param_state_sharding_type", mg::py_str("fully_reshardable"));
   return mg::py_dict(std::move(state));
@@ -146,11 +152,12 @@ mg::PyRef distributed_optimizer_common_state(const TrainingState& s, mg::TorchSa
 // One optimizer's common state: Adam's step and the parameter groups; Megatron's mixed-precision
 // optimizer nests the torch.optim state, its fp32 main weights being sharded tensors
 // (optimizer.state.fp32_param.*), with the fp16 loss scaler beside.
-mg::PyRef optimizer_common_state(const TrainingState& s, mg::TorchSaveWriter& w, bool experts) {
-  if (s.config.distributed.distributed_optimizer) return distributed_optimizer_common_state(s, w, experts);
+mg::PyRef optimizer_common_state(const TrainingState& s, const std::vector<MegatronParamGroup>& groups,
+                                 mg::TorchSaveWriter& w, bool experts) {
+  if (s.config.distributed.distributed_optimizer) return distributed_optimizer_common_state(s, groups, w, experts);
   const mg::PyRef step = w.tensor(torch::tensor(float(s.optimizer.step_count())).reshape({}));
   mg::PyRef optimizer =
-      mg::py_dict({{"state", mg::py_dict({{"common_step", step}})}, {"param_groups", param_groups(s, experts)}});
+      mg::py_dict({{"state", mg::py_dict({{"common_step", step}})}, {"param_groups", param_groups(s, groups, experts)}});
   if (s.config.precision.params_dtype == ParamDtype::Fp32) return optimizer;
   std::vector<std::pair<std::string, mg::PyRef>> mixed = {{"optimizer", optimizer}};
   if (s.config.precision.params_dtype == ParamDtype::Fp16) mixed.emplace_back("grad_scaler", grad_scaler(s, w));
@@ -178,17 +185,18 @@ mg::PyRef rng_states(const TrainingState& s, const std::vector<std::vector<check
 }  // namespace
 
 std::string megatron_common_state_bytes(const TrainingState& s, int64_t iteration,
+                                        const std::vector<MegatronParamGroup>& groups,
                                         const std::vector<std::vector<checkpoint::RngState>>& rng) {
   mg::TorchSaveWriter w;
   std::vector<std::pair<std::string, mg::PyRef>> common = {
       {"args", args_namespace(s)}, {"checkpoint_version", mg::py_float(3.0)}, {"iteration", mg::py_int(iteration)}};
   if (s.config.checkpoint.save_optim) {
-    mg::PyRef optimizer = optimizer_common_state(s, w, false);
+    mg::PyRef optimizer = optimizer_common_state(s, groups, w, false);
     if (s.config.model.moe.enabled()) {
       // Megatron's ChainedOptimizer of the dense and the expert parameters' optimizers: {0: , 1: }.
       optimizer = mg::make_value(mg::PyValue::Kind::Dict);
-      optimizer->entries.emplace_back(mg::py_int(0), optimizer_common_state(s, w, false));
-      optimizer->entries.emplace_back(mg::py_int(1), optimizer_common_state(s, w, true));
+      optimizer->entries.emplace_back(mg::py_int(0), optimizer_common_state(s, groups, w, false));
+      optimizer->entries.emplace_back(mg::py_int(1), optimizer_common_state(s, groups, w, true));
     }
     common.emplace_back("optimizer", optimizer);
     common.emplace_back("opt_param_scheduler", scheduler(s));

@@ -10,14 +10,17 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/megatron_param_groups.h"
 #include "checkpoint/metadata.h"
 #include "checkpoint/training_state.h"
 
 namespace fp8tron {
 
-// Rank 0: the torch.save bytes of the common state at `iteration`. `rng`: every rank's RNG states
-// (empty: none saved), stored under megatron::kFp8tronRngStateKey.
+// Rank 0: the torch.save bytes of the common state at `iteration`. `groups`: the optimizer's
+// parameter groups (gather_megatron_param_groups); `rng`: every rank's RNG states (empty: none
+// saved), stored under megatron::kFp8tronRngStateKey.
 std::string megatron_common_state_bytes(const TrainingState& s, int64_t iteration,
+                                        const std::vector<MegatronParamGroup>& groups,
                                         const std::vector<std::vector<checkpoint::RngState>>& rng = {});
 
 }  // namespace fp8tron

@@ -57,6 +57,18 @@ int64_t layer_of(const std::string& name, std::string* rest) {
   return std::stoll(name.substr(std::strlen(kLayers), dot - std::strlen(kLayers)));
 }
 
+// A multi-token-prediction layer's transformer-layer parameter ("mtp.layers.0.transformer_layer.mlp..."
+// -> "mtp.layers.0.transformer_layer.", "mlp..."): Megatron names its fields as a decoder layer's,
+// but never stacks it with other layers (its routed experts are stacked over the experts only).
+bool mtp_transformer_layer_of(const std::string& name, std::string* head, std::string* rest) {
+  static const std::regex kMtpLayer(R"(^(mtp\.layers\.\d+\.transformer_layer\.)(.+)$)");
+  std::smatch m;
+  if (!std::regex_match(name, m, kMtpLayer)) return false;
+  *head = m[1].str();
+  *rest = m[2].str();
+  return true;
+}
+
 // The model's sizes a chunk's Megatron name and global shape depend on. `numbered_layers`: each
 // decoder layer's tensors and objects under the layer's own number instead of stacked.
 struct StackedSizes {
@@ -93,11 +105,14 @@ mg::DcpChunkToWrite chunk_of(const std::string& prefix, const std::string& name,
                              const ck::Box& box, const torch::Tensor& data, const StackedSizes& sizes) {
   mg::DcpChunkToWrite c;
   std::vector<int64_t> shape = box.shape;
-  std::string rest;
+  std::string rest, mtp_head;
   const int64_t layer = layer_of(name, &rest);
   int64_t expert = -1;
   const std::string layer_prefix = sizes.numbered_layers ? kLayers + std::to_string(layer) + "." : kLayers;
-  c.fqn = prefix + (layer < 0 ? name : layer_prefix + megatron_layer_field(rest, sizes.local, &expert));
+  if (layer >= 0) c.fqn = prefix + layer_prefix + megatron_layer_field(rest, sizes.local, &expert);
+  else if (mtp_transformer_layer_of(name, &mtp_head, &rest))
+    c.fqn = prefix + mtp_head + megatron_layer_field(rest, sizes.local, &expert);
+  else c.fqn = prefix + name;
   c.global_shape = global;
   c.offsets = box.offset;
   if (expert >= 0) {
@@ -232,68 +247,84 @@ struct LayerContents {
   std::set<int64_t> experts;
 };
 
+void add_layer_field(const std::string& rest, LayerContents& c) {
+  int64_t expert = -1;
+  megatron_layer_field(rest, false, &expert);
+  if (expert >= 0) c.experts.insert(expert);
+  if (rest.rfind("mlp.router.", 0) == 0) c.moe = true;
+  if (rest.rfind("mlp.shared_experts.", 0) == 0) c.shared_expert = true;
+}
+
+// The stage's decoder layers, by number.
 std::map<int64_t, LayerContents> stage_layers(const TrainingState& s) {
   std::map<int64_t, LayerContents> out;
   for (const auto& domain : s.optimizer.domains())
     for (const Slot& slot : domain->param_slots()) {
       std::string rest;
       const int64_t layer = layer_of(slot.name, &rest);
-      if (layer < 0) continue;
-      LayerContents& c = out[layer];
-      int64_t expert = -1;
-      megatron_layer_field(rest, false, &expert);
-      if (expert >= 0) c.experts.insert(expert);
-      if (rest.rfind("mlp.router.", 0) == 0) c.moe = true;
-      if (rest.rfind("mlp.shared_experts.", 0) == 0) c.shared_expert = true;
+      if (layer >= 0) add_layer_field(rest, out[layer]);
     }
   return out;
 }
 
-// The multi-token-prediction depths whose layers this rank holds (Megatron's mtp.layers.<d>.*).
-std::set<int64_t> mtp_depths(const TrainingState& s) {
-  static const std::regex kMtp(R"(^mtp\.layers\.(\d+)\.)");
-  std::set<int64_t> out;
+// The multi-token-prediction layers this rank holds (Megatron's mtp.layers.<d>.*), by their
+// "mtp.layers.<d>." prefix: what their transformer layer holds.
+std::map<std::string, LayerContents> mtp_layers(const TrainingState& s) {
+  static const std::regex kMtp(R"(^mtp\.layers\.\d+\.)");
+  std::map<std::string, LayerContents> out;
   std::smatch m;
   for (const auto& domain : s.optimizer.domains())
-    for (const Slot& slot : domain->param_slots())
-      if (std::regex_search(slot.name, m, kMtp)) out.insert(std::stoll(m[1].str()));
+    for (const Slot& slot : domain->param_slots()) {
+      if (!std::regex_search(slot.name, m, kMtp)) continue;
+      LayerContents& c = out[m[0].str()];
+      std::string head, rest;
+      if (mtp_transformer_layer_of(slot.name, &head, &rest)) add_layer_field(rest, c);
+    }
   return out;
+}
+
+// The _extra_state objects of one transformer layer whose stacked dimensions (the layers, unless
+// numbered; none for a multi-token-prediction layer) are `at` of `of`: the first tensor- and
+// data-parallel rank writes its modules', the first expert tensor- and data-parallel rank its
+// routed experts'.
+void add_layer_objects(const std::string& prefix, const LayerContents& contents, const std::vector<int64_t>& at,
+                       const std::vector<int64_t>& of, const StackedSizes& sizes, bool layer_writer, bool expert_writer,
+                       const std::string& none, std::vector<mg::DcpObjectToWrite>& out) {
+  if (layer_writer)
+    for (const std::string& module : extra_state_modules(sizes.local, contents.moe, contents.shared_expert))
+      out.push_back({object_key(prefix + module + "._extra_state", at, of), none});
+  if (!expert_writer) return;
+  for (int64_t expert : contents.experts)
+    for (const char* linear : {"linear_fc1", "linear_fc2"}) {
+      std::vector<int64_t> expert_at = at, expert_of = of;
+      expert_at.push_back(expert), expert_of.push_back(sizes.num_experts);
+      out.push_back({object_key(prefix + kStackedExperts + linear + "._extra_state", expert_at, expert_of), none});
+    }
 }
 
 // The objects this rank writes: the _extra_state of its stage's layers and multi-token-prediction
 // layers (None, as without FP8) by the first tensor- and data-parallel rank, those of its routed
 // experts by their first expert tensor- and data-parallel rank, and on rank 0 the common state.
 std::vector<mg::DcpObjectToWrite> rank_objects(const TrainingState& s, int64_t iteration,
+                                               const std::vector<MegatronParamGroup>& groups,
                                                const std::vector<std::vector<ck::RngState>>& rng) {
   std::vector<mg::DcpObjectToWrite> out;
   const ParallelState& p = s.parallel;
-  if (p.world_rank == 0) out.push_back({"common_state/shard_0_1", megatron_common_state_bytes(s, iteration, rng)});
+  if (p.world_rank == 0) out.push_back({"common_state/shard_0_1", megatron_common_state_bytes(s, iteration, groups, rng)});
   mg::TorchSaveWriter none_writer;
   const std::string none = none_writer.bytes(mg::py_list({mg::py_none()}));
   const StackedSizes sizes = stacked_sizes(s.config);
   const bool layer_writer = p.tp_rank == 0 && p.dp_rank == 0 && p.cp_rank == 0;
   const bool expert_writer = p.expert_tp_rank == 0 && p.expert_dp_rank == 0;
-  if (layer_writer)
-    for (int64_t depth : mtp_depths(s)) {
-      const std::string prefix = "mtp.layers." + std::to_string(depth) + ".";
-      out.push_back({object_key(prefix + "eh_proj._extra_state", {}, {}), none});
-      for (const std::string& module : extra_state_modules(sizes.local, false, false))
-        out.push_back({object_key(prefix + "transformer_layer." + module + "._extra_state", {}, {}), none});
-    }
+  for (const auto& [prefix, contents] : mtp_layers(s)) {
+    if (layer_writer) out.push_back({object_key(prefix + "eh_proj._extra_state", {}, {}), none});
+    add_layer_objects(prefix + "transformer_layer.", contents, {}, {}, sizes, layer_writer, expert_writer, none, out);
+  }
   for (const auto& [layer, contents] : stage_layers(s)) {
     const std::string prefix = sizes.numbered_layers ? kLayers + std::to_string(layer) + "." : kLayers;
-    std::vector<int64_t> at, of;  // the stacked dimensions: the layers (unless numbered), then the experts
+    std::vector<int64_t> at, of;  // the stacked dimensions: the layers, unless numbered
     if (!sizes.numbered_layers) at = {layer}, of = {sizes.num_layers};
-    if (layer_writer)
-      for (const std::string& module : extra_state_modules(sizes.local, contents.moe, contents.shared_expert))
-        out.push_back({object_key(prefix + module + "._extra_state", at, of), none});
-    if (!expert_writer) continue;
-    for (int64_t expert : contents.experts)
-      for (const char* linear : {"linear_fc1", "linear_fc2"}) {
-        std::vector<int64_t> expert_at = at, expert_of = of;
-        expert_at.push_back(expert), expert_of.push_back(sizes.num_experts);
-        out.push_back({object_key(prefix + kStackedExperts + linear + "._extra_state", expert_at, expert_of), none});
-      }
+    add_layer_objects(prefix, contents, at, of, sizes, layer_writer, expert_writer, none, out);
   }
   return out;
 }
@@ -358,10 +389,11 @@ std::unique_ptr<PendingTorchDistSave> prepare_torch_dist_save(const TrainingStat
   s.optimizer.finish_param_gather();
   save->target = ck::SaveTarget{dir, iteration, false, agree_on_token(p, s.device)};
   const auto rng = k.save_rng ? gather_rng_states(s) : std::vector<std::vector<ck::RngState>>{};
+  const std::vector<MegatronParamGroup> groups = gather_megatron_param_groups(s);
   try {
     ck::begin_save(save->target);
     const auto copy_start = std::chrono::steady_clock::now();
-    save->objects = rank_objects(s, iteration, rng);
+    save->objects = rank_objects(s, iteration, groups, rng);
     save->chunks = rank_chunks(s, own_copies);
     save->copy_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - copy_start).count();
     for (const auto& c : save->chunks) save->bytes_copied += c.data.numel() * int64_t(c.data.element_size());

@@ -23,6 +23,8 @@ constexpr const char* kFp32Param = "optimizer.state.fp32_param.";
 // The distributed optimizer's fp32 main weights in its fully_reshardable layout.
 constexpr const char* kDistributedParam = "optimizer.state.param.";
 constexpr const char* kLayers = "decoder.layers.";
+// A multi-token-prediction layer's transformer layer: its prefix, then the field.
+const std::regex kMtpTransformerLayer(R"(^(mtp\.layers\.\d+\.transformer_layer\.)(.+)$)");
 
 // Megatron's local-layer names -> the fused names of fp8tron's (and Transformer Engine's) layers.
 std::string fp8tron_name(std::string name) {
@@ -199,6 +201,29 @@ MegatronCheckpoint read_legacy(const std::string& dir) {
 
 // ---- torch_dist ------------------------------------------------------------------------------
 
+// One transformer layer's field (fp8tron's name, `head` the layer's prefix) of the stored tensor,
+// at `index` in its stacked dimensions: the routed experts of an MoE layer (Megatron's sequential
+// and grouped experts, stored alike as mlp.experts.experts.linear_fc<k>.weight) stacked over the
+// experts next, become one tensor per global expert, mlp.experts.linear_fc<k>.weight<e>.
+void add_layer_field(const std::shared_ptr<const DcpCheckpoint>& dcp, const std::string& stored,
+                     const std::vector<int64_t>& index, const std::string& head, const std::string& field,
+                     MegatronCheckpoint& out) {
+  static const std::string kStackedExperts = "mlp.experts.experts.";
+  if (!field.starts_with(kStackedExperts)) {
+    out.tensors[head + field] = StoredTensor(dcp, stored, index);
+    return;
+  }
+  const std::vector<int64_t>& shape = dcp->tensors().at(stored).shape;
+  if (shape.size() <= index.size())
+    throw DamagedCheckpoint(dcp->source() + ": " + stored + " is not stacked over the experts");
+  const std::string expert = head + "mlp.experts." + field.substr(kStackedExperts.size());
+  for (int64_t e = 0; e < shape[index.size()]; ++e) {
+    std::vector<int64_t> at = index;
+    at.push_back(e);
+    out.tensors[expert + std::to_string(e)] = StoredTensor(dcp, stored, at);
+  }
+}
+
 // A decoder-layer tensor `stored` ("decoder.layers." + `after_layers`) as one tensor per layer.
 // Megatron stacks the layers' tensors along a first dimension of num_layers when its layers are
 // alike (decoder.layers.<field>), and stores each under its own number when they are not
@@ -208,7 +233,6 @@ MegatronCheckpoint read_legacy(const std::string& dir) {
 // per global expert, mlp.experts.linear_fc<k>.weight<e>.
 void add_layer_tensors(const std::shared_ptr<const DcpCheckpoint>& dcp, const std::string& stored,
                        const std::string& prefix, const std::string& after_layers, MegatronCheckpoint& out) {
-  static const std::string kStackedExperts = "mlp.experts.experts.";
   static const std::regex kNumbered(R"(^(\d+)\.(.+)$)");
   const std::vector<int64_t>& shape = dcp->tensors().at(stored).shape;
   std::vector<std::pair<int64_t, std::vector<int64_t>>> layers;  // (layer, index of its tensor)
@@ -222,22 +246,8 @@ void add_layer_tensors(const std::shared_ptr<const DcpCheckpoint>& dcp, const st
     for (int64_t i = 0; i < shape[0]; ++i) layers.push_back({i, {i}});
   }
   field = fp8tron_name(field);
-  const bool experts = field.starts_with(kStackedExperts);
-  for (const auto& [layer, index] : layers) {
-    const std::string name = prefix + kLayers + std::to_string(layer) + ".";
-    if (!experts) {
-      out.tensors[name + field] = StoredTensor(dcp, stored, index);
-      continue;
-    }
-    if (shape.size() <= index.size())
-      throw DamagedCheckpoint(dcp->source() + ": " + stored + " is not stacked over the experts");
-    const std::string expert = name + "mlp.experts." + field.substr(kStackedExperts.size());
-    for (int64_t e = 0; e < shape[index.size()]; ++e) {
-      std::vector<int64_t> at = index;
-      at.push_back(e);
-      out.tensors[expert + std::to_string(e)] = StoredTensor(dcp, stored, at);
-    }
-  }
+  for (const auto& [layer, index] : layers)
+    add_layer_field(dcp, stored, index, prefix + kLayers + std::to_string(layer) + ".", field, out);
 }
 
 // Adam's step as the parameter groups of Megatron's distributed optimizer hold it (each group's
@@ -344,7 +354,10 @@ MegatronCheckpoint read_dist(const std::string& dir) {
     for (const char* p : {kExpAvg, kExpAvgSq, kFp32Param, kDistributedParam})
       if (name.starts_with(p)) prefix = p == kDistributedParam ? kFp32Param : p, param = name.substr(std::strlen(p));
     if (!prefix.empty() || !name.starts_with("optimizer.")) {
+      std::smatch mtp;
       if (param.starts_with(kLayers)) add_layer_tensors(stored, name, prefix, param.substr(std::strlen(kLayers)), out);
+      else if (std::regex_match(param, mtp, kMtpTransformerLayer))  // never stacked over the layers
+        add_layer_field(stored, name, {}, prefix + mtp[1].str(), fp8tron_name(mtp[2].str()), out);
       else out.tensors[prefix + fp8tron_name(param)] = StoredTensor(stored, name, {});
       continue;
     }
@@ -366,9 +379,11 @@ MegatronCheckpoint read_dist(const std::string& dir) {
 // The norm before an MoE layer's MLP has the fused name of a dense layer's (mlp.linear_fc1.
 // layer_norm_*: so Megatron's local layers save it, and the renaming above gives legacy names the
 // same), but fp8tron's MoE layers (as Transformer Engine's) call it pre_mlp_layernorm.*: in a
-// layer with a router it takes that name, its optimizer states too.
+// layer with a router (a decoder layer or a multi-token-prediction layer's) it takes that name,
+// its optimizer states too.
 void name_moe_pre_mlp_norms(MegatronCheckpoint& out) {
-  static const std::regex kFusedNorm(R"(^(.*)(decoder\.layers\.\d+\.)mlp\.linear_fc1\.layer_norm_(weight|bias)$)");
+  static const std::regex kFusedNorm(
+      R"(^(.*)((?:decoder\.layers\.\d+|mtp\.layers\.\d+\.transformer_layer)\.)mlp\.linear_fc1\.layer_norm_(weight|bias)$)");
   std::vector<std::pair<std::string, std::string>> renames;
   for (const auto& [name, tensor] : out.tensors) {
     std::smatch m;

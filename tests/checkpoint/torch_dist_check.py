@@ -14,6 +14,9 @@ distributed-checkpoint reader, as Megatron-LM loads one, and checks it against a
                                               the parameter groups; with REF (a torch_dist
                                               checkpoint of the same state without the distributed
                                               optimizer) every tensor they share equal
+  torch_dist_check.py groups CKPT JSON       each optimizer's parameter groups (a chained
+                                              optimizer's dense one first) hold JSON's fields, in
+                                              its order: a list of lists of {field: value}
 
 CKPT, FIXTURE, REF: iter_NNNNNNN directories. Exits 1 with one line per difference.
 """
@@ -256,10 +259,27 @@ def check_distopt(ckpt, ref):
     print(f"{len(weights)} weights with their optimizer state")
 
 
+def check_groups(ckpt, expected):
+    want = json.loads(expected)
+    have = [sub["param_groups"] for sub in optimizers(common_state(ckpt)["optimizer"])]
+    if len(have) != len(want):
+        problems.append(f"{len(have)} optimizers written, {len(want)} expected")
+    for n, (groups, wanted) in enumerate(zip(have, want)):
+        if len(groups) != len(wanted):
+            problems.append(f"optimizer {n}: {len(groups)} param_groups written, {len(wanted)} expected: {groups}")
+            continue
+        for i, (g, w) in enumerate(zip(groups, wanted)):
+            for k, v in w.items():
+                same = g.get(k) == v if isinstance(v, bool) else k in g and abs(g[k] - v) <= 1e-12 * abs(v)
+                if not same:
+                    problems.append(f"optimizer {n}: param_groups[{i}].{k} is {g.get(k)!r}, {v!r} expected")
+
+
 def main():
     what, ckpt = sys.argv[1], sys.argv[2]
     other = sys.argv[3] if len(sys.argv) > 3 else None
-    {"metadata": check_metadata, "tensors": check_tensors, "common": check_common, "distopt": check_distopt}[what](
+    {"metadata": check_metadata, "tensors": check_tensors, "common": check_common, "distopt": check_distopt,
+     "groups": check_groups}[what](
         ckpt, other)
     for p in problems:
         print(p)

@@ -21,9 +21,12 @@
 #   - with MPIRUN, the distributed optimizer (DP2, bf16, TP2 x DP2) written in Megatron's
 #     fully_reshardable layout resumes exactly, also in one process without it, and also when
 #     written in the background (--async-save);
-#   - a multi-token-prediction layer resumes exactly, under Megatron's names;
+#   - a multi-token-prediction layer resumes exactly, under Megatron's names, and with MPIRUN one
+#     that is an MoE layer, its experts stacked over the experts, over EP2 and in one process;
 #   - FP8 (delayed scaling) resumes exactly, its recipe state under fp8tron's own names, in one
 #     process and, with MPIRUN, over TP2 and EP2, and resumes in bf16 with the FP8 flags dropped;
+#   - --decoupled-lr and MuP (with MoE) resume exactly and write Megatron's parameter groups in
+#     its order;
 #   - a save killed before its commit leaves no checkpoint; what cannot be written in torch_dist
 #     yet saves fp8tron's format with a notice, or is refused in a conversion.
 # Usage: torch_dist_save_test.sh FP8TRON SOURCE_DIR PYTHON [MPIRUN]
@@ -152,6 +155,22 @@ sys.exit(1 if bad else 0)
 PY
 then echo "ok: mtp: Megatron's names"
 else echo "FAIL: mtp: Megatron's names"; fail=1; fi
+# More parameter groups, in Megatron's order (none overridden first, then by the sorted overrides),
+# which Megatron matches to its own by position: --decoupled-lr (the embedding and output layer's
+# max_lr and min_lr), and MuP at width multiplier 2 (the hidden matrices' max_lr, min_lr and
+# Adam epsilon halved), with MoE (the experts' optimizer has their group only).
+group() {  # group <wd_mult> <max_lr> <min_lr> <eps> <default_config>
+  printf '{"wd_mult": %s, "max_lr": %s, "min_lr": %s, "eps": %s, "default_config": %s}' "$@"
+}
+resume_test decoupled 1 --decoupled-lr 5e-3 --decoupled-min-lr 1e-5 --untie-embeddings-and-output-weights
+check "decoupled: Megatron's parameter groups" groups "$WORK/decoupled-td/iter_0000010" \
+  "[[$(group 1 1e-3 1e-4 1e-8 true), $(group 1 5e-3 1e-5 1e-8 false), $(group 0 1e-3 1e-4 1e-8 true)]]"
+MUP=(--use-mup --mup-base-hidden-size 32 --num-experts 4 --moe-router-topk 2 --moe-token-dispatcher-type alltoall
+     --moe-aux-loss-coeff 0.01 --swiglu --disable-bias-linear)
+resume_test mup 1 "${MUP[@]}"
+check "mup: Megatron's parameter groups" groups "$WORK/mup-td/iter_0000010" \
+  "[[$(group 1 1e-3 1e-4 1e-8 true), $(group 1 5e-4 5e-5 5e-9 false), $(group 0 1e-3 1e-4 1e-8 true)],
+    [$(group 1 5e-4 5e-5 5e-9 false)]]"
 if [ -n "$MPIRUN" ]; then
   # The FP8 state written by the first rank of each amax group: tensor-parallel rank 0, and each
   # expert's expert-parallel owner.
@@ -239,6 +258,28 @@ PY
   run moe-mixed-into-one 1 "${FLAGS[@]}" "${MOE[@]}" --moe-layer-freq "([0]+[1])" --load "$WORK/moe-mixed-td" &&
     same_losses "moe-mixed: resumed in one process = resumed over EP2" "$WORK/moe-mixed-into-one.log" \
       "$WORK/moe-mixed-resume.log"
+  # A multi-token-prediction layer that is an MoE layer: its routed experts stacked over the
+  # experts only (Megatron never stacks an MTP layer with others); resumed over EP2 and in one process.
+  resume_test mtp-moe 2 "${MOE[@]}" --mtp-num-layers 1 --expert-model-parallel-size 2
+  run mtp-moe-into-one 1 "${FLAGS[@]}" "${MOE[@]}" --mtp-num-layers 1 --load "$WORK/mtp-moe-td" &&
+    same_losses "mtp-moe: resumed in one process = resumed over EP2" "$WORK/mtp-moe-into-one.log" "$WORK/mtp-moe-resume.log"
+  if "$PY" - "$WORK/mtp-moe-td/iter_0000010" <<'PY'
+import sys, torch.distributed.checkpoint as dcp
+m = dcp.FileSystemReader(sys.argv[1]).read_metadata().state_dict_metadata
+p = "mtp.layers.0.transformer_layer."
+want = {p + "mlp.router.weight": [4, 64], p + "mlp.experts.experts.linear_fc1.weight": [4, 256, 64],
+        "optimizer.state.exp_avg." + p + "mlp.experts.experts.linear_fc2.weight": [4, 64, 128],
+        p + "mlp.linear_fc1.layer_norm_weight": [64], "decoder.layers.mlp.experts.experts.linear_fc1.weight": [2, 4, 256, 64]}
+objects = [p + "mlp.experts.experts.linear_fc2._extra_state/shard_3_4", p + "self_attention.linear_proj._extra_state/shard_0_1",
+           "mtp.layers.0.eh_proj._extra_state/shard_0_1"]
+bad = [f"{k}: {list(m[k].size) if k in m else 'missing'}" for k, shape in want.items() if k not in m or list(m[k].size) != shape]
+bad += [k for k in objects if k not in m] + [k for k in m if k.startswith(p + "mlp.experts.linear_fc") or k.startswith(p + "pre_mlp")]
+bad += [k for k in m if k.startswith(p + "mlp.linear_fc1._extra_state")]
+print("\n".join(bad))
+sys.exit(1 if bad else 0)
+PY
+  then echo "ok: mtp-moe: Megatron's names"
+  else echo "FAIL: mtp-moe: Megatron's names"; fail=1; fi
   # Transformer Engine's layers (grouped experts): the norms under TE's names, the core attention's
   # _extra_state, each expert's _extra_state as the sequential experts'.
   resume_test moe-te 2 "${MOE[@]}" --transformer-impl transformer_engine --moe-grouped-gemm --expert-model-parallel-size 2

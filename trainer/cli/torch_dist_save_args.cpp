@@ -7,11 +7,7 @@ std::string torch_dist_unwritable_flag(const Config& c) {
   // The distributed optimizer is written in Megatron's fully_reshardable layout; Megatron-FSDP's
   // checkpoints are its fsdp_dtensor format.
   if (c.distributed.dp_sharding != DataParallelSharding::None) return "--use-megatron-fsdp / --use-torch-fsdp2";
-  // Multi-token prediction with dense layers is written; an MoE one's experts are not stacked yet.
-  if (c.model.mtp.num_layers > 0 && c.model.moe.num_experts > 0) return "--mtp-num-layers with --num-experts";
   if (c.model.mla.enabled) return "--multi-latent-attention";
-  if (c.optimizer.decoupled_lr) return "--decoupled-lr";
-  if (c.optimizer.mup_width_mult) return "--use-mup";
   return "";
 }
 
