@@ -25,9 +25,11 @@ ln -s "$SRC/scripts" scripts
 mkdir -p .setup && ln -s "$SRC/.setup/env.sh" .setup/env.sh
 source "$SRC/.setup/env.sh"
 export OMP_NUM_THREADS=1 OMPI_MCA_rmaps_base_oversubscribe=1 BENCH_OUT="$WORK/bench" BENCH_ITERS=2 BENCH_REFERENCE_ITERS=1 BENCH_REFERENCE_WARMUP=1
+# (A global batch of 8: one micro-batch per data-parallel rank at the commands' largest DP, 4; the
+# configs' bf16 with GPT-2's vocabulary is slow on CPUs, about a second per micro-batch.)
 SMALL=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --num-query-groups 4 --ffn-hidden-size 128
-       --seq-length 64 --max-position-embeddings 64 --micro-batch-size 2 --train-iters 2 --lr-warmup-iters 1 --eval-iters 1
-       --eval-interval 2 --log-interval 1 --device cpu)
+       --seq-length 64 --max-position-embeddings 64 --micro-batch-size 2 --global-batch-size 8 --train-iters 2
+       --lr-warmup-iters 1 --eval-iters 1 --eval-interval 2 --log-interval 1 --device cpu)
 
 # The inputs: a few documents and a byte-level GPT-2 vocabulary (every byte a token, no merges).
 printf '{"text": "hello world"}\n{"text": "fp8tron trains GPT models"}\n' > docs.jsonl
