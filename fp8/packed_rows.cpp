@@ -11,7 +11,7 @@
 namespace fp8tron::fp8 {
 namespace {
 
-void* ptr(const torch::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
+void* data_or_null(const torch::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
 
 // A copy of t with row-major strides and offset 0 (contiguous() keeps the stride of a dimension of
 // size 1, which a view as another element size refuses).
@@ -90,8 +90,8 @@ std::shared_ptr<QuantizedSegments> rowwise_from_packed(const Recipe& recipe, con
   SegmentedFp8View& v = q->view;
   v.format = p.format;
   v.scaling_mode = p.mode;
-  v.data = ptr(q->data);
-  v.scale_inv = ptr(q->scale_inv);
+  v.data = data_or_null(q->data);
+  v.scale_inv = data_or_null(q->scale_inv);
   return q;
 }
 
@@ -182,8 +182,8 @@ std::shared_ptr<QuantizedSegments> quantize_grouped_from_packed(Fp8Engine& e, co
     q->data_t = t->data_t;
     q->scale_inv_t = t->scale_inv_t;
     q->dequantized_t = t->dequantized_t;
-    q->view.data_t = ptr(q->data_t);
-    q->view.scale_inv_t = ptr(q->scale_inv_t);
+    q->view.data_t = data_or_null(q->data_t);
+    q->view.scale_inv_t = data_or_null(q->scale_inv_t);
   }
   return q;
 }

@@ -7,15 +7,15 @@
 
 #include "core/error.h"
 #include "core/text.h"
-#include "models/mlp/gelu_kernels.h"
+#include "models/kernel_stream_of.h"
 #include "models/linear/linear_grads.h"
+#include "models/mlp/gelu_kernels.h"
 
 namespace fp8tron {
 namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-cudaStream_t stream_of(const torch::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
 
 // Inputs: fc1's input (or, with has_norm, the residual its norm reads, and the stream's pending
 // branch), the norm's gamma and beta, w1, b1, w2, b2, and the pending branch's bias; the optional
@@ -42,7 +42,7 @@ struct FusedGeluMlp : torch::autograd::Function<FusedGeluMlp> {
     // fc1 with its bias in the GEMM's epilogue, then GeLU: g lives only until fc2 has run.
     const auto pre = at::linear(x.reshape({-1, in}), w1, fc1_bias);
     auto g = torch::empty_like(pre);
-    kernels::gelu_tanh_forward(pre.data_ptr(), g.data_ptr(), g.numel(), stream_of(x));
+    kernels::gelu_tanh_forward(pre.data_ptr(), g.data_ptr(), g.numel(), kernel_stream_of(x));
     ctx->save_for_backward({has_norm ? torch::Tensor() : x, normed.saved.sum, normed.saved.mean, normed.saved.rstd,
                             norm.weight, norm.bias, w1, fc1_bias, w2, fc2_bias, pre, pending_bias});
     ctx->saved_data["has_branch"] = branch.has_value();
@@ -96,7 +96,7 @@ struct FusedGeluMlp : torch::autograd::Function<FusedGeluMlp> {
                        : torch::Tensor();
     kernels::gelu_tanh_backward(grad.data_ptr(), pre.data_ptr(), g.data_ptr(), tokens, ffn,
                                 scratch.defined() ? scratch.data_ptr<float>() : nullptr,
-                                bias.grad.defined() ? bias.grad.data_ptr<float>() : nullptr, bias.accumulate, stream_of(pre));
+                                bias.grad.defined() ? bias.grad.data_ptr<float>() : nullptr, bias.accumulate, kernel_stream_of(pre));
     const auto& dpre = grad;
     // Gradients in the order of forward's arguments; the parameters' go into their main
     // gradients where they have them (undefined here), the rest to autograd.

@@ -7,8 +7,9 @@
 
 #include "core/error.h"
 #include "fp8/swiglu_backward.h"
-#include "models/linear/fused_linear.h"
 #include "models/kernel_float_of.h"
+#include "models/kernel_stream_of.h"
+#include "models/linear/fused_linear.h"
 #include "models/linear/linear_grads.h"
 #include "models/mlp/swiglu_kernels.h"
 
@@ -17,7 +18,6 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-cudaStream_t stream_of(const torch::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
 
 // The kernels take contiguous [rows, 2f] / [rows, f] buffers; rows are all leading dimensions.
 
@@ -29,7 +29,7 @@ torch::Tensor swiglu_backward_kernel(const torch::Tensor& grad, const torch::Ten
   auto dy = grad.to(x.scalar_type()).contiguous();
   const int64_t f = x.size(-1) / 2, rows = f == 0 ? 0 : x.numel() / (2 * f);
   auto dx = torch::empty_like(x);
-  kernels::swiglu_backward(dy.data_ptr(), x.data_ptr(), dx.data_ptr(), *kernel_float_of(x), rows, f, stream_of(x));
+  kernels::swiglu_backward(dy.data_ptr(), x.data_ptr(), dx.data_ptr(), *kernel_float_of(x), rows, f, kernel_stream_of(x));
   return dx;
 }
 
@@ -41,7 +41,7 @@ struct FusedSwiglu : torch::autograd::Function<FusedSwiglu> {
     auto out_shape = x.sizes().vec();
     out_shape.back() = f;
     auto y = torch::empty(out_shape, x.options());
-    kernels::swiglu_forward(x.data_ptr(), y.data_ptr(), *kernel_float_of(x), rows, f, stream_of(x));
+    kernels::swiglu_forward(x.data_ptr(), y.data_ptr(), *kernel_float_of(x), rows, f, kernel_stream_of(x));
     ctx->save_for_backward({x});  // x alone: backward recomputes silu(gate)
     return y;
   }
@@ -62,7 +62,7 @@ struct SwigluLinear : torch::autograd::Function<SwigluLinear<kBias>> {
     const auto x = x_in.contiguous();
     const int64_t f = weight.size(1), rows = x.numel() / (2 * f);
     auto y = torch::empty({rows, f}, x.options());
-    kernels::swiglu_forward(x.data_ptr(), y.data_ptr(), *kernel_float_of(x), rows, f, stream_of(x));
+    kernels::swiglu_forward(x.data_ptr(), y.data_ptr(), *kernel_float_of(x), rows, f, kernel_stream_of(x));
     if (kBias) ctx->save_for_backward({x, weight, bias});
     else ctx->save_for_backward({x, weight});
     auto sizes = x.sizes().vec();
@@ -88,7 +88,7 @@ struct SwigluLinear : torch::autograd::Function<SwigluLinear<kBias>> {
     const auto dy = at::mm(dz, weight);  // [rows, f]
     auto dx = torch::empty_like(x);
     auto y = torch::empty({rows, f}, x.options());
-    kernels::swiglu_backward(dy.data_ptr(), x.data_ptr(), dx.data_ptr(), *kernel_float_of(x), rows, f, stream_of(x),
+    kernels::swiglu_backward(dy.data_ptr(), x.data_ptr(), dx.data_ptr(), *kernel_float_of(x), rows, f, kernel_stream_of(x),
                              y.data_ptr());
     const auto left = linear_param_grads(dz, y, weight, bias, ctx->needs_input_grad(1), kBias && ctx->needs_input_grad(2),
                                          main_grads_of(ctx->saved_data["main_grads"]));

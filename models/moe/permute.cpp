@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "models/kernel_stream_of.h"
 #include "models/moe/permute_kernels.h"
 #include "models/moe/routing.h"
 
@@ -21,7 +22,6 @@ bool kernel_dtype(torch::ScalarType t, kernels::DType* out) {
     default: return false;
   }
 }
-cudaStream_t stream_of(const torch::Tensor& t) { return at::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
 
 // A small host table copied to `device` without draining the stream. CUDA performs a stream
 // synchronisation before a copy from pageable host memory, so a plain non_blocking copy stalls the
@@ -51,7 +51,7 @@ torch::Tensor gather(const torch::Tensor& x_in, const torch::Tensor& flat_of_row
     auto out = torch::empty({rows, hidden}, x.options());
     auto p = probs.defined() ? probs.to(torch::kFloat32).contiguous() : torch::Tensor();
     kernels::gather_rows(x.data_ptr(), out.data_ptr(), d, flat_of_row.data_ptr<int64_t>(), experts,
-                         p.defined() ? p.data_ptr<float>() : nullptr, rows, hidden, stream_of(x));
+                         p.defined() ? p.data_ptr<float>() : nullptr, rows, hidden, kernel_stream_of(x));
     return out;
   }
   auto out = x.index_select(0, flat_of_row.div(experts, "floor"));
@@ -73,7 +73,7 @@ torch::Tensor combine(const torch::Tensor& y_in, const torch::Tensor& row_of, co
     auto p = probs.defined() ? probs.to(torch::kFloat32).contiguous() : torch::Tensor();
     auto map = row_of.contiguous();
     kernels::combine_rows(y.data_ptr(), in, map.data_ptr<int32_t>(), p.defined() ? p.data_ptr<float>() : nullptr,
-                          out.data_ptr(), out_d, tokens, experts, hidden, stream_of(y));
+                          out.data_ptr(), out_d, tokens, experts, hidden, kernel_stream_of(y));
     return out;
   }
   // index_add_ walks the rows in order: a token's experts in ascending order, as the kernel.
@@ -97,7 +97,7 @@ torch::Tensor prob_grads(const torch::Tensor& y_in, const torch::Tensor& dout_in
     auto out = torch::empty({tokens, experts}, y.options().dtype(torch::kFloat32));
     auto map = row_of.contiguous();
     kernels::prob_grads(y.data_ptr(), dout.data_ptr(), d, map.data_ptr<int32_t>(), out.data_ptr<float>(), tokens, experts,
-                        y.size(1), stream_of(y));
+                        y.size(1), kernel_stream_of(y));
     return out;
   }
   // The output gradient in y's dtype, as the kernel reads it.
@@ -188,7 +188,7 @@ torch::Tensor reorder_chunks(const torch::Tensor& x_in, const std::vector<int64_
     auto out = torch::empty_like(x);
     kernels::sort_chunks(x.data_ptr(), out.data_ptr(), d, device_tables.data_ptr<int64_t>(),
                          device_tables.data_ptr<int64_t>() + order.size(), int64_t(order.size()), x.size(0), x.size(1),
-                         stream_of(x));
+                         kernel_stream_of(x));
     return out;
   }
   std::vector<torch::Tensor> pieces;
@@ -243,7 +243,7 @@ PermuteIndex make_permute_index(const torch::Tensor& map_in, const std::vector<i
     index.row_of = torch::empty({tokens, experts}, map.options().dtype(torch::kInt32));
     index.flat_of_row = torch::empty({index.rows}, map.options().dtype(torch::kInt64));
     kernels::permute_index(map.data_ptr<bool>(), map.stride(0), tokens, experts, begin.data(), missing.data(),
-                           index.row_of.data_ptr<int32_t>(), index.flat_of_row.data_ptr<int64_t>(), stream_of(map));
+                           index.row_of.data_ptr<int32_t>(), index.flat_of_row.data_ptr<int64_t>(), kernel_stream_of(map));
     return index;
   }
   // The same index from torch operations (the CPU path, which the GPU tests hold the kernel to).

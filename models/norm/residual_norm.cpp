@@ -4,6 +4,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include "models/kernel_float_of.h"
+#include "models/kernel_stream_of.h"
 #include "models/norm/residual_norm_kernels.h"
 
 namespace fp8tron {
@@ -11,7 +12,6 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-cudaStream_t stream_of(const torch::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
 
 const void* data_or_null(const torch::Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
 
@@ -189,7 +189,7 @@ NormPrologueForward norm_prologue_forward(const torch::Tensor& residual, const t
   io.normed = f.normed.data_ptr();
   io.mean = mean.defined() ? mean.data_ptr<float>() : nullptr;
   io.rstd = rstd.data_ptr<float>();
-  kernels::residual_norm_forward(s, io, stream_of(x));
+  kernels::residual_norm_forward(s, io, kernel_stream_of(x));
   f.saved = {f.sum, mean, rstd};
   return f;
 }
@@ -246,7 +246,7 @@ NormPrologueBackward norm_prologue_backward(const NormPrologue& norm, const Norm
     out.normed = torch::empty_like(sum);
     io.normed = out.normed.data_ptr();
   }
-  kernels::residual_norm_backward(s, io, stream_of(sum));
+  kernels::residual_norm_backward(s, io, kernel_stream_of(sum));
   return out;
 }
 

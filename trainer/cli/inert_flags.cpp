@@ -19,10 +19,10 @@ std::string given_among(const FlagValues& f, const std::vector<std::string>& nam
   return join(given, ", ");
 }
 
-using Rule = std::function<std::string(const Config&, const FlagValues&)>;
+using InertRule = std::function<std::string(const Config&, const FlagValues&)>;
 
-const std::vector<Rule>& rules() {
-  static const std::vector<Rule> table = {
+const std::vector<InertRule>& inert_rules() {
+  static const std::vector<InertRule> table = {
       [](const Config& c, const FlagValues& f) -> std::string {
         if (c.parallel.tp == 1 && f.get_bool("sequence-parallel"))
           return "Disabling sequence parallelism because tensor model parallelism is disabled";
@@ -151,7 +151,7 @@ const std::vector<Rule>& rules() {
 
 std::vector<std::string> inert_flag_warnings(const Config& config, const FlagValues& flags) {
   std::vector<std::string> out;
-  for (const auto& rule : rules()) {
+  for (const auto& rule : inert_rules()) {
     std::string warning = rule(config, flags);
     if (!warning.empty()) out.push_back(std::move(warning));
   }

@@ -10,7 +10,7 @@ namespace {
 // Megatron's --offload-modules choices; fp8tron has no module for the last two.
 const char* const kChoices = "attn_norm, qkv_linear, core_attn, attn_proj, mlp_norm, expert_fc1, moe_act";
 
-OffloadModules parse_modules(const std::vector<std::string>& names) {
+OffloadModules parse_offload_modules(const std::vector<std::string>& names) {
   OffloadModules m;
   for (const auto& n : names) {
     if (n == "attn_norm") m.attn_norm = true;
@@ -36,7 +36,7 @@ OffloadModules parse_modules(const std::vector<std::string>& names) {
 OffloadConfig build_offload_config(const FlagValues& f, std::vector<std::string>& notices) {
   OffloadConfig o;
   o.enabled = f.get_bool("fine-grained-activation-offloading");
-  o.modules = parse_modules(f.get_list("offload-modules"));
+  o.modules = parse_offload_modules(f.get_list("offload-modules"));
   o.min_tensor_size = f.get_int("min-offloaded-tensor-size");
   if (!o.enabled && (f.given("offload-modules") || f.given("min-offloaded-tensor-size")))
     notices.push_back("--offload-modules and --min-offloaded-tensor-size have no effect without "
