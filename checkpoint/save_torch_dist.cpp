@@ -11,6 +11,7 @@
 #include "checkpoint/checkpoint_dir.h"
 #include "checkpoint/fault_points.h"
 #include "checkpoint/megatron/dcp_writer.h"
+#include "checkpoint/megatron/megatron_checkpoint.h"
 #include "checkpoint/megatron/torch_save_writer.h"
 #include "checkpoint/megatron_common_state.h"
 #include "checkpoint/rank_agreement.h"
@@ -57,18 +58,6 @@ int64_t layer_of(const std::string& name, std::string* rest) {
   return std::stoll(name.substr(std::strlen(kLayers), dot - std::strlen(kLayers)));
 }
 
-// A multi-token-prediction layer's transformer-layer parameter ("mtp.layers.0.transformer_layer.mlp..."
-// -> "mtp.layers.0.transformer_layer.", "mlp..."): Megatron names its fields as a decoder layer's,
-// but never stacks it with other layers (its routed experts are stacked over the experts only).
-bool mtp_transformer_layer_of(const std::string& name, std::string* head, std::string* rest) {
-  static const std::regex kMtpLayer(R"(^(mtp\.layers\.\d+\.transformer_layer\.)(.+)$)");
-  std::smatch m;
-  if (!std::regex_match(name, m, kMtpLayer)) return false;
-  *head = m[1].str();
-  *rest = m[2].str();
-  return true;
-}
-
 // The model's sizes a chunk's Megatron name and global shape depend on. `numbered_layers`: each
 // decoder layer's tensors and objects under the layer's own number instead of stacked.
 struct StackedSizes {
@@ -110,7 +99,7 @@ mg::DcpChunkToWrite chunk_of(const std::string& prefix, const std::string& name,
   int64_t expert = -1;
   const std::string layer_prefix = sizes.numbered_layers ? kLayers + std::to_string(layer) + "." : kLayers;
   if (layer >= 0) c.fqn = prefix + layer_prefix + megatron_layer_field(rest, sizes.local, &expert);
-  else if (mtp_transformer_layer_of(name, &mtp_head, &rest))
+  else if (mg::split_mtp_transformer_layer(name, &mtp_head, &rest))
     c.fqn = prefix + mtp_head + megatron_layer_field(rest, sizes.local, &expert);
   else c.fqn = prefix + name;
   c.global_shape = global;
@@ -278,7 +267,7 @@ std::map<std::string, LayerContents> mtp_layers(const TrainingState& s) {
       if (!std::regex_search(slot.name, m, kMtp)) continue;
       LayerContents& c = out[m[0].str()];
       std::string head, rest;
-      if (mtp_transformer_layer_of(slot.name, &head, &rest)) add_layer_field(rest, c);
+      if (mg::split_mtp_transformer_layer(slot.name, &head, &rest)) add_layer_field(rest, c);
     }
   return out;
 }

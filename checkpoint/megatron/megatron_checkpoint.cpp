@@ -23,8 +23,6 @@ constexpr const char* kFp32Param = "optimizer.state.fp32_param.";
 // The distributed optimizer's fp32 main weights in its fully_reshardable layout.
 constexpr const char* kDistributedParam = "optimizer.state.param.";
 constexpr const char* kLayers = "decoder.layers.";
-// A multi-token-prediction layer's transformer layer: its prefix, then the field.
-const std::regex kMtpTransformerLayer(R"(^(mtp\.layers\.\d+\.transformer_layer\.)(.+)$)");
 
 // Megatron's local-layer names -> the fused names of fp8tron's (and Transformer Engine's) layers.
 std::string fp8tron_name(std::string name) {
@@ -354,10 +352,10 @@ MegatronCheckpoint read_dist(const std::string& dir) {
     for (const char* p : {kExpAvg, kExpAvgSq, kFp32Param, kDistributedParam})
       if (name.starts_with(p)) prefix = p == kDistributedParam ? kFp32Param : p, param = name.substr(std::strlen(p));
     if (!prefix.empty() || !name.starts_with("optimizer.")) {
-      std::smatch mtp;
+      std::string head, rest;
       if (param.starts_with(kLayers)) add_layer_tensors(stored, name, prefix, param.substr(std::strlen(kLayers)), out);
-      else if (std::regex_match(param, mtp, kMtpTransformerLayer))  // never stacked over the layers
-        add_layer_field(stored, name, {}, prefix + mtp[1].str(), fp8tron_name(mtp[2].str()), out);
+      else if (split_mtp_transformer_layer(param, &head, &rest))  // never stacked over the layers
+        add_layer_field(stored, name, {}, prefix + head, fp8tron_name(rest), out);
       else out.tensors[prefix + fp8tron_name(param)] = StoredTensor(stored, name, {});
       continue;
     }
@@ -399,6 +397,15 @@ void name_moe_pre_mlp_norms(MegatronCheckpoint& out) {
 }  // namespace
 
 bool is_model_buffer(const std::string& name) { return name.ends_with(".router.expert_bias"); }
+
+bool split_mtp_transformer_layer(const std::string& name, std::string* head, std::string* rest) {
+  static const std::regex kMtpLayer(R"(^(mtp\.layers\.\d+\.transformer_layer\.)(.+)$)");
+  std::smatch m;
+  if (!std::regex_match(name, m, kMtpLayer)) return false;
+  *head = m[1].str();
+  *rest = m[2].str();
+  return true;
+}
 
 std::string detect_format(const std::string& dir) {
   std::error_code ec;

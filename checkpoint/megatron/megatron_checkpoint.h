@@ -106,6 +106,11 @@ struct MegatronCheckpoint {
 // beside the weights but which is no parameter: it has no gradient and no optimizer state.
 bool is_model_buffer(const std::string& name);
 
+// A multi-token-prediction layer's transformer-layer name ("mtp.layers.0.transformer_layer.mlp..."
+// -> head "mtp.layers.0.transformer_layer.", rest "mlp..."): Megatron names its fields as a decoder
+// layer's but never stacks it with other layers.
+bool split_mtp_transformer_layer(const std::string& name, std::string* head, std::string* rest);
+
 // Reads the checkpoint in `dir` (an iter_NNNNNNN directory) in `format` ("torch_dist" or "torch"):
 // a legacy one into memory; of a torch_dist one its metadata, common state and (when the
 // distributed optimizer's flat buffers hold the moments) its weights and moments, the rest being
