@@ -34,6 +34,13 @@ endfunction()
 function(fp8tron_add_layer target)
   cmake_parse_arguments(L "TORCH" "" "FOLDERS;SOURCES;PUBLIC;PRIVATE" ${ARGN})
   add_library(${target} STATIC ${L_SOURCES})
+  # CUDA sources compile one by one: CMake >= 3.31 would batch them too, and the kernels' private
+  # helpers (block sizes, vector widths) share names across files.
+  set(cuda_sources ${L_SOURCES})
+  list(FILTER cuda_sources INCLUDE REGEX "\\.cu$")
+  if(cuda_sources)
+    set_source_files_properties(${cuda_sources} PROPERTIES SKIP_UNITY_BUILD_INCLUSION ON)
+  endif()
   fp8tron_publish_headers(${target} ${L_FOLDERS})
   target_link_libraries(${target} PUBLIC ${L_PUBLIC} PRIVATE ${L_PRIVATE})
   if(L_TORCH)
