@@ -1,6 +1,6 @@
 """Runs a Megatron-LM entry script (pretrain_gpt.py) where neither Apex nor Transformer Engine is
 installed, filling the gaps of that setup so that Megatron can resume a distributed optimizer's
-torch_dist checkpoint.
+torch_dist checkpoint, and build its multi-token-prediction layers.
 
 Without Apex or TE, torch's Adam keeps its step as a tensor in each parameter's state, and three
 places of Megatron's DistributedOptimizer (commit d98e8a6) mishandle it, for every such checkpoint,
@@ -19,6 +19,11 @@ Megatron's own included:
     counter has advanced once per parameter, so the bias corrections of every later step are
     wrong (the loss of the first iteration after a resume is right, the next ones drift). This
     gives each parameter its own copy of the restored step.
+
+Without TE, Megatron cannot build a model with --mtp-num-layers either: the MTP layer asks whether
+its projection is one of the inference-optimized linears, whose classes derive from TE's and are not
+types when TE is absent, and isinstance() raises TypeError. No module can be one of them then, so the
+answer is False.
 
 Usage (in a Megatron-LM checkout): python3 megatron_without_apex_or_te.py pretrain_gpt.py ARGS...
 """
@@ -69,11 +74,19 @@ def let_torch_adam_load():
     distrib_optimizer.DistributedOptimizer.load_state_dict = load_state_dict
 
 
+def let_mtp_build_without_te():
+    from megatron.core.transformer import multi_token_prediction
+
+    if not multi_token_prediction.HAVE_TE:
+        multi_token_prediction.is_inference_column_parallel_linear = lambda module: False
+
+
 def main():
     script = os.path.abspath(sys.argv[1])
     sys.path.insert(0, os.path.dirname(script))
     sys.argv = [script] + sys.argv[2:]
     let_torch_adam_load()
+    let_mtp_build_without_te()
     runpy.run_path(script, run_name="__main__")
 
 

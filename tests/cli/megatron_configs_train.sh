@@ -141,9 +141,17 @@ if [ -f "$TOKENIZER_MODEL" ] && "$PRE" --input "$WORK/corpus.jsonl" --output-pre
               --device cpu --distributed-timeout-minutes 5 --split 90,8,2)
   DATA_PATH="$WORK/corpus_sp_text_document" run gpt3_15b_8t_release "$WORK/wandb.log" --exit-interval 2; rc=$?
   OWN_SHRINK=()
-  check "$WORK/wandb.log" $rc "iteration        2/" "successfully saved checkpoint from iteration       2" &&
-    { ls -d "$WANDB_SAVE_PATH"/wandb/offline-run-* >/dev/null 2>&1 ||
-      { echo "FAIL: gpt3_15b_8t_release: no offline W&B run in $WANDB_SAVE_PATH"; fail=1; }; }
+  no_client="the wandb package is not installed"
+  if [ "${FP8TRON_TEST_WANDB_OPTIONAL:-0}" = 1 ] && [ $rc != 0 ] && grep -qF "$no_client" "$WORK/wandb.log"; then
+    # A machine that cannot install packages (scripts/gpu_check.sh's GPU machines are offline):
+    # the run must stop at start-up with the one line naming the fix, and the rest still runs.
+    check "$WORK/wandb.log" 0 "fp8tron: error: --wandb-project: $no_client" "run scripts/setup.sh" &&
+      echo "note: gpt3_15b_8t_release: no wandb client here; checked its start-up error instead"
+  else
+    check "$WORK/wandb.log" $rc "iteration        2/" "successfully saved checkpoint from iteration       2" &&
+      { ls -d "$WANDB_SAVE_PATH"/wandb/offline-run-* >/dev/null 2>&1 ||
+        { echo "FAIL: gpt3_15b_8t_release: no offline W&B run in $WANDB_SAVE_PATH"; fail=1; }; }
+  fi
 else
   echo "FAIL: the corpus could not be tokenized with the SentencePiece model ($TOKENIZER_MODEL)"; fail=1
 fi
