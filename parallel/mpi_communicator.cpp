@@ -188,19 +188,38 @@ class MpiCommunicator : public Communicator {
     return work;
   }
 
+  // Likewise uneven: every rank's copy of piece r goes to rank r (an all-to-all), which sums them
+  // in rank order. So a buffer's reduction gives the same bits whether it runs as one
+  // reduce-scatter or piece by piece (gradient buckets, sharded gradients' units).
   std::unique_ptr<CommWork> reduce_scatter_v_async(torch::Tensor& out, const torch::Tensor& in,
                                                    const std::vector<int64_t>& counts) override {
     piece_offsets("reduce_scatter_v", in, out, counts);
     auto work = make_work("reduce_scatter_v");
     auto src = reduction_buffer(in);
+    const int64_t mine = counts[size_t(rank_)];
     // A buffer of its own: MPI forbids the result to alias the input (`out` is often a piece of it).
-    auto dst = torch::empty({counts[size_t(rank_)]}, src.options());
-    const std::vector<int> recvcounts = to_int(counts, 1, "reduce_scatter_v");
-    check_mpi(MPI_Ireduce_scatter(src.data_ptr(), dst.data_ptr(), recvcounts.data(), mpi_type(src.scalar_type()), MPI_SUM,
-                                  comm_, &add(*work)),
-              "MPI_Ireduce_scatter");
-    work->finish = [out, dst]() mutable { out.copy_(dst.view(out.sizes())); };
-    work->keep_alive = {out, src, dst};
+    auto pieces = torch::empty({int64_t(size_), mine}, src.options());
+    const std::vector<int> send_counts = to_int(counts, 1, "reduce_scatter_v");
+    std::vector<int> send_displs(size_t(size_), 0), recv_counts(size_t(size_), 0), recv_displs(size_t(size_), 0);
+    int64_t at = 0;
+    for (int r = 0; r < size_; ++r) {
+      FP8TRON_CHECK(at <= INT32_MAX && int64_t(r) * mine <= INT32_MAX, "reduce_scatter_v: too large for one MPI call");
+      send_displs[size_t(r)] = int(at);
+      at += counts[size_t(r)];
+      recv_counts[size_t(r)] = int(mine);
+      recv_displs[size_t(r)] = int(int64_t(r) * mine);
+    }
+    const MPI_Datatype type = mpi_type(src.scalar_type());
+    check_mpi(MPI_Ialltoallv(src.data_ptr(), send_counts.data(), send_displs.data(), type, pieces.data_ptr(),
+                             recv_counts.data(), recv_displs.data(), type, comm_, &add(*work)),
+              "MPI_Ialltoallv");
+    work->finish = [out, pieces]() mutable {
+      if (pieces.size(1) == 0) return;
+      auto sum = pieces[0].clone();
+      for (int64_t s = 1; s < pieces.size(0); ++s) sum.add_(pieces[s]);
+      out.copy_(sum.view(out.sizes()));
+    };
+    work->keep_alive = {out, src, pieces};
     return work;
   }
 
