@@ -32,7 +32,7 @@ MixedPrecisionOptimizer::MixedPrecisionOptimizer(const std::vector<NamedParam>& 
                                                  const PrecisionConfig& precision, const ParallelState& parallel,
                                                  bool distributed, bool expert_domain,
                                                  const std::vector<torch::Tensor>& byte_params,
-                                                 const DataParallelInstances& instances)
+                                                 const DataParallelInstances& instances, bool shard_grads)
     : clip_grad_(optimizer.clip_grad) {
   FP8TRON_CHECK(!params.empty(), "no parameters");
   std::vector<NamedParam> dense, experts;
@@ -48,11 +48,12 @@ MixedPrecisionOptimizer::MixedPrecisionOptimizer(const std::vector<NamedParam>& 
     (expert ? expert_bytes : dense_bytes).push_back(b);
   }
   domains_.push_back(std::make_unique<OptimizerDomain>(
-      dense, optimizer, precision, dense_domain_groups(parallel, instances.dense), distributed, device, dense_bytes));
+      dense, optimizer, precision, dense_domain_groups(parallel, instances.dense), distributed, device, dense_bytes,
+      shard_grads));
   if (expert_domain)
     domains_.push_back(std::make_unique<OptimizerDomain>(experts, optimizer, precision,
                                                          expert_domain_groups(parallel, instances.expert), distributed,
-                                                         device, expert_bytes));
+                                                         device, expert_bytes, shard_grads));
 }
 
 void MixedPrecisionOptimizer::enable_byte_publish(const std::function<BytePublish(const OptimizerDomain&)>& publish) {
@@ -135,6 +136,12 @@ ShardedWeightBytes MixedPrecisionOptimizer::sharded_weight_bytes() const {
     bytes.peak += w->peak_resident_bytes();
     bytes.total += w->total_bytes();
     bytes.shard += d->model_params().numel() * int64_t(d->model_params().element_size());
+    if (const ShardedGrads* g = d->sharded_grads()) {
+      bytes.grad_resident += g->resident_bytes();
+      bytes.grad_peak += g->peak_resident_bytes();
+      bytes.grad_total += g->total_bytes();
+      bytes.grad_shard += d->shard_numel() * int64_t(sizeof(float));
+    }
   }
   return bytes;
 }

@@ -32,8 +32,10 @@ struct PreparedStep {
 
 // Weight bytes of sharded domains (summed over them) on this rank: gathered now, gathered at most
 // so far, all gathered at once (what an unsharded rank holds), and the shard kept between uses.
+// With sharded gradients the same for the units' gradient buffers (grad_shard: the fp32 shard).
 struct ShardedWeightBytes {
   int64_t resident = 0, peak = 0, total = 0, shard = 0;
+  int64_t grad_resident = 0, grad_peak = 0, grad_total = 0, grad_shard = 0;
 };
 
 struct StepResult {
@@ -53,7 +55,7 @@ class MixedPrecisionOptimizer {
   MixedPrecisionOptimizer(const std::vector<NamedParam>& params, const OptimizerConfig& optimizer,
                           const PrecisionConfig& precision, const ParallelState& parallel, bool distributed,
                           bool expert_domain = false, const std::vector<torch::Tensor>& byte_params = {},
-                          const DataParallelInstances& instances = {});
+                          const DataParallelInstances& instances = {}, bool shard_grads = false);
   // Call before enable_param_gather_overlap: `publish(domain)` gives the functions of each domain
   // holding some of the constructor's byte_params (its `params` are those of the domain).
   void enable_byte_publish(const std::function<BytePublish(const OptimizerDomain&)>& publish);

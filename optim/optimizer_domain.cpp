@@ -45,10 +45,11 @@ DomainGroups with_instances(DomainGroups g) {
 
 OptimizerDomain::OptimizerDomain(const std::vector<NamedParam>& params, const OptimizerConfig& optimizer,
                                  const PrecisionConfig& precision, DomainGroups groups, bool distributed, torch::Device device,
-                                 const std::vector<torch::Tensor>& byte_params)
+                                 const std::vector<torch::Tensor>& byte_params, bool shard_grads)
     : config_(optimizer),
       groups_(with_instances(std::move(groups))),
       distributed_(distributed && shard_ranks() > 1),
+      shard_grads_(shard_grads && distributed_),
       separate_main_weights_(precision.params_dtype != ParamDtype::Fp32 || distributed_) {
   torch::NoGradGuard no_grad;
   // Order: Adam/SGD before Muon parameters, decay first; within it the byte-published ones, then
@@ -131,19 +132,25 @@ OptimizerDomain::OptimizerDomain(const std::vector<NamedParam>& params, const Op
     if (separate_main_weights_) model_params_.narrow(0, offset, n).copy_(values);
     t.set_data(model_params_.narrow(0, offset, n).view(t.sizes()));
     buffer_order_.push_back({t, offset, n, model_order(p), p->chunk});
+    own_params_.insert(t.unsafeGetTensorImpl());
     slots_.push_back(ParamSlot{p->name, offset, n, t.sizes().vec(), p->info, is_muon});
   }
   // Gradients accumulate in place into the flat buffer. AccumulateGrad adds each new
   // (parameter-dtype) gradient into an existing .grad with `+=`, so an fp32 buffer under a bf16
   // parameter accumulates micro-batches in fp32, as Megatron's main_grad does. (Allocated once the
   // weights as initialised are gone: the whole fp32 model beside it set the start-up peak.)
-  main_grads_ = torch::zeros({padded_numel_}, fp32.dtype(precision.grads_in_fp32 ? torch::kFloat32 : param_dtype));
-  for (auto& p : buffer_order_) p.tensor.mutable_grad() = main_grads_.narrow(0, p.offset, p.numel).view(p.tensor.sizes());
+  grads_dtype_ = precision.grads_in_fp32 ? torch::kFloat32 : param_dtype;
+  if (!shard_grads_) {
+    main_grads_ = torch::zeros({padded_numel_}, fp32.dtype(grads_dtype_));
+    for (auto& p : buffer_order_) p.tensor.mutable_grad() = main_grads_.narrow(0, p.offset, p.numel).view(p.tensor.sizes());
+  }
   // The reduced fp32 gradients the optimizer steps on: with the distributed optimizer and fp32
   // gradients this rank's own range of the buffer, which the reduce-scatter writes in place (as
-  // Megatron's), else a copy in fp32 (gradients accumulated in 16 bits).
-  if (distributed_ && main_grads_.scalar_type() == torch::kFloat32) grad_shard_ = main_grads_.narrow(0, shard_begin_, shard_numel_);
-  else if (distributed_ || main_grads_.scalar_type() != torch::kFloat32) grad_shard_ = torch::zeros({shard_numel_}, fp32);
+  // Megatron's), else (gradients accumulated in 16 bits, or sharded per unit) a buffer of its own.
+  if (distributed_ && !shard_grads_ && grads_dtype_ == torch::kFloat32)
+    grad_shard_ = main_grads_.narrow(0, shard_begin_, shard_numel_);
+  else if (distributed_ || grads_dtype_ != torch::kFloat32)
+    grad_shard_ = torch::zeros({shard_numel_}, fp32);
   // Adam's first moment, SGD's and Muon's momentum; the precision-aware optimizer (Adam only) may
   // store Adam's moments in bf16.
   const PrecisionAwareOptimizer& pa = config_.precision_aware;
@@ -155,6 +162,9 @@ OptimizerDomain::OptimizerDomain(const std::vector<NamedParam>& params, const Op
 
 void OptimizerDomain::enable_grad_overlap(int64_t bucket_numel) {
   if (dp_size() == 1) return;  // nothing to reduce
+  // Sharded gradients are reduced unit by unit as they complete, overlapped with the rest of the
+  // backward pass, with or without the flag (as Megatron-FSDP's).
+  if (shard_grads_) return;
   if (main_grads_.scalar_type() != torch::kFloat32 && !main_grads_.is_cuda())
     throw UserError("--overlap-grad-reduce on CPU needs fp32 gradients (--bf16 without --main-grads-dtype bf16, or "
                     "--accumulate-allreduce-grads-in-fp32)");
@@ -171,6 +181,7 @@ void OptimizerDomain::enable_grad_overlap(int64_t bucket_numel) {
   }
   auto group = scatter ? groups_.shard : groups_.dp;  // the instance's ranks own the shards
   buckets_ = std::make_unique<GradBuckets>(main_grads_, buffer_order_, options, group);
+  buckets_->complete_later(completed_later_);
 }
 
 void OptimizerDomain::arm_grad_overlap() {
@@ -178,7 +189,9 @@ void OptimizerDomain::arm_grad_overlap() {
 }
 
 void OptimizerDomain::complete_grads_later(const std::vector<torch::Tensor>& params) {
-  if (buckets_) buckets_->complete_later(params);
+  for (const auto& p : params)
+    if (holds(p)) completed_later_.push_back(p);
+  if (buckets_) buckets_->complete_later(completed_later_);
 }
 
 void OptimizerDomain::grad_done(const void* param) {
@@ -286,16 +299,39 @@ void OptimizerDomain::shard_model_params(const std::vector<std::vector<torch::Te
   }
   sharded_ = std::make_unique<ShardedWeights>(model_params_, groups_.shard, policy, codes_.defined() ? byte_numel_ : 0);
   size_t placed = 0;
+  std::vector<std::vector<BufferParam>> unit_params;
   for (const auto& unit : units) {
     std::vector<BufferParam> params;
     for (const auto& t : unit)
       if (auto it = mine.find(t.unsafeGetTensorImpl()); it != mine.end()) params.push_back(*it->second);
     placed += params.size();
     sharded_->add_unit(params);
+    if (!params.empty()) unit_params.push_back(std::move(params));
   }
   FP8TRON_CHECK(placed == buffer_order_.size(), "every parameter of a sharded domain must belong to exactly one unit");
+  if (shard_grads_) {
+    // The gradients live in the same units, reduced onto their owners as each unit's backward
+    // pass completes (the weights' units are numbered alike: empty units add none).
+    FP8TRON_CHECK(sharded_->num_units() == unit_params.size(), "sharded weights and gradients must have the same units");
+    sharded_grads_ = std::make_unique<ShardedGrads>(grad_shard_, grads_dtype_, groups_.shard, groups_.instances);
+    for (const auto& params : unit_params) sharded_grads_->add_unit(params, grads_kept_whole(params));
+    ShardedGrads* grads = sharded_grads_.get();
+    sharded_->follow_backward([grads](size_t unit) { grads->prepare(unit); }, [grads](size_t unit) { grads->reduce(unit); });
+  }
   exp_avg_ = torch::zeros({shard_numel_}, exp_avg_options);
   if (exp_avg_sq_options) exp_avg_sq_ = torch::zeros({shard_numel_}, *exp_avg_sq_options);
+}
+
+bool OptimizerDomain::grads_kept_whole(const std::vector<BufferParam>& unit) const {
+  const bool pipeline_copies = groups_.embedding && groups_.embedding->size() > 1;
+  for (const auto& p : unit) {
+    for (const auto& later : completed_later_)
+      if (later.is_same(p.tensor)) return true;
+    if (!pipeline_copies) continue;
+    for (auto [offset, n] : embedding_ranges_)
+      if (p.offset < offset + n && offset < p.offset + p.numel) return true;
+  }
+  return false;
 }
 
 void OptimizerDomain::release_params(const torch::nn::Module& module, const std::vector<torch::Tensor>& outputs) {
@@ -320,6 +356,11 @@ void OptimizerDomain::all_reduce_sharded_grads() {
 }
 
 void OptimizerDomain::zero_grad() {
+  if (shard_grads_) {
+    FP8TRON_CHECK(sharded_grads_ != nullptr, "sharded gradients need shard_model_params()");
+    sharded_grads_->zero();
+    return;
+  }
   if (zero_all_) {
     main_grads_.zero_();
     return;
@@ -328,16 +369,11 @@ void OptimizerDomain::zero_grad() {
 }
 
 bool OptimizerDomain::holds(const torch::Tensor& param) const {
-  const torch::Tensor g = param.grad();
-  if (!g.defined() || main_grads_.numel() == 0 || g.scalar_type() != main_grads_.scalar_type() ||
-      g.device() != main_grads_.device())
-    return false;
-  const auto* base = static_cast<const char*>(main_grads_.data_ptr());
-  const int64_t offset = (static_cast<const char*>(g.data_ptr()) - base) / int64_t(main_grads_.element_size());
-  return offset >= 0 && offset + g.numel() <= main_grads_.numel();
+  return param.defined() && own_params_.count(param.unsafeGetTensorImpl()) > 0;
 }
 
 void OptimizerDomain::skip_zeroing(const std::vector<torch::Tensor>& params) {
+  if (shard_grads_) return;  // each unit's buffer is zeroed as its backward pass starts
   std::vector<std::pair<int64_t, int64_t>> skipped;
   const auto* base = static_cast<const char*>(main_grads_.data_ptr());
   for (const auto& p : params) {
@@ -382,6 +418,10 @@ void OptimizerDomain::sum_embedding_copies() {
 void OptimizerDomain::finalize_grads() {
   torch::NoGradGuard no_grad;
   if (sharded_) sharded_->release_all();  // weights whose gradients came outside autograd's accumulation
+  if (shard_grads_) {
+    finalize_sharded_grads();
+    return;
+  }
   if (distributed_ && all_reduce_grads_) {
     // Megatron-FSDP's optim strategy: every rank sums every gradient, then updates its shard.
     if (buckets_) buckets_->finish();
@@ -422,6 +462,30 @@ void OptimizerDomain::finalize_grads() {
     if (!shard.is_same(grad_shard_)) grad_shard_.copy_(shard);
   } else {
     groups_.dp->all_reduce(main_grads_);
+  }
+}
+
+// Sharded gradients: the units still holding gradients reduced, the tied embedding's pipeline
+// copies summed first (their units keep their gradients whole), then the tensor-parallel partial
+// sums over this rank's shard, as the overlapped distributed optimizer does them.
+void OptimizerDomain::finalize_sharded_grads() {
+  FP8TRON_CHECK(sharded_grads_ != nullptr, "sharded gradients need shard_model_params()");
+  sharded_grads_->finish([this] {
+    if (!groups_.embedding || groups_.embedding->size() == 1) return;
+    for (const auto& p : buffer_order_) {
+      bool copy = false;
+      for (auto [offset, n] : embedding_ranges_) copy = copy || (p.offset < offset + n && offset < p.offset + p.numel);
+      if (!copy) continue;
+      torch::Tensor g = p.tensor.mutable_grad();
+      groups_.embedding->all_reduce(g);
+    }
+  });
+  const int64_t end = shard_begin_ + shard_numel_;
+  for (auto [off, n] : tp_partial_ranges_) {
+    const int64_t lo = std::max(off, shard_begin_), hi = std::min(off + n, end);
+    if (hi <= lo) continue;
+    auto view = grad_shard_.narrow(0, lo - shard_begin_, hi - lo);
+    groups_.tp->all_reduce(view);
   }
 }
 
@@ -470,9 +534,9 @@ torch::Tensor OptimizerDomain::global_norm_squared(const torch::Tensor& buffer, 
 torch::Tensor OptimizerDomain::unscaled_grads(const torch::Tensor& divisor) {
   torch::NoGradGuard no_grad;
   // The gradients this rank updates with, in fp32, laid out from shard_begin_.
-  torch::Tensor grads = main_grads_.narrow(0, 0, numel_);
-  if (distributed_) grads = grad_shard_;
-  else if (grad_shard_.defined()) grads = grad_shard_.copy_(main_grads_);
+  torch::Tensor grads = distributed_            ? grad_shard_
+                        : grad_shard_.defined() ? grad_shard_.copy_(main_grads_)
+                                                : main_grads_.narrow(0, 0, numel_);
   if (divisor.defined()) grads.div_(divisor);
   return grads;
 }

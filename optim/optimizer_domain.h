@@ -23,6 +23,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -30,6 +31,7 @@
 #include "core/config/training_config.h"
 #include "parallel/grad_buckets.h"
 #include "parallel/param_gather.h"
+#include "parallel/sharded_grads.h"
 #include "parallel/sharded_weights.h"
 #include "parallel/sharding.h"
 #include "optim/muon.h"
@@ -83,9 +85,12 @@ class OptimizerDomain {
   // `params` may be empty (an expert domain on a pipeline stage without MoE layers still joins
   // the norm's collectives); `device` is where its buffers live. `byte_params`: parameters to be
   // published as bytes later (enable_byte_publish); they are laid out first in the flat buffer.
+  // `shard_grads` (Megatron-FSDP's optim_grads_params, with the distributed optimizer over more
+  // than one rank): no whole gradient buffer is allocated; shard_model_params() gives each unit
+  // its own (parallel/sharded_grads.h) and must follow.
   OptimizerDomain(const std::vector<NamedParam>& params, const OptimizerConfig& optimizer, const PrecisionConfig& precision,
                   DomainGroups groups, bool distributed, torch::Device device,
-                  const std::vector<torch::Tensor>& byte_params = {});
+                  const std::vector<torch::Tensor>& byte_params = {}, bool shard_grads = false);
   // Call before enable_param_gather_overlap; `publish.params` must be the constructor's byte_params.
   void enable_byte_publish(BytePublish publish);
   // Whether some model parameters hold other values than their fp32 main weights (published as bytes).
@@ -117,9 +122,12 @@ class OptimizerDomain {
   // gathered unit by unit around their use. `units`: the model's parameters grouped by the module
   // that uses them, in forward order (another domain's are skipped). `policy`: prefetching
   // (--overlap-param-gather) and keeping units from forward to backward
-  // (--torch-fsdp2-no-reshard-after-forward). Call once, after enable_byte_publish if any.
+  // (--torch-fsdp2-no-reshard-after-forward). Call once, after enable_byte_publish and
+  // complete_grads_later if any, before enable_grad_overlap. With `shard_grads` the gradients
+  // follow the same units: reduce-scattered unit by unit in every backward pass.
   void shard_model_params(const std::vector<std::vector<torch::Tensor>>& units, GatherPolicy policy);
   const ShardedWeights* sharded_weights() const { return sharded_.get(); }
+  const ShardedGrads* sharded_grads() const { return sharded_grads_.get(); }
   // After `module`'s forward pass (its outputs): releases its sharded weights (no-op unsharded).
   void release_params(const torch::nn::Module& module, const std::vector<torch::Tensor>& outputs);
   // Gathers every sharded weight (for readers of the whole model); unsharded: finish_param_gather().
@@ -156,6 +164,7 @@ class OptimizerDomain {
   std::optional<std::string> first_nonfinite_grad() const;
 
   int64_t num_parameters() const { return numel_; }
+  // The whole gradient buffer (undefined with sharded gradients).
   const torch::Tensor& main_grads() const { return main_grads_; }
 
   // ---- for checkpoints: where each parameter and its optimizer state live ----
@@ -233,6 +242,10 @@ class OptimizerDomain {
   void sum_tensor_parallel_partials(bool own_shard_only);
   void sum_embedding_copies();
   void take_own_grad_shard();  // grad_shard_ from the reduced buffer (a no-op when it is a view of it)
+  void finalize_sharded_grads();
+  // Whether a unit's gradients must stay whole until the step's end (sharded gradients): summed
+  // over the pipeline's embedding group first, or completed by held work after autograd.
+  bool grads_kept_whole(const std::vector<BufferParam>& unit) const;
   void encode_own_shard();
   void gather_and_decode();
   int dp_size() const { return groups_.dp->size(); }
@@ -248,6 +261,10 @@ class OptimizerDomain {
   Ranges first_chunk_ranges_, other_chunk_ranges_;
   int64_t gathers_during_step_ = 0;
   std::unique_ptr<ShardedWeights> sharded_;  // shard_model_params()
+  bool shard_grads_ = false;                  // the constructor's, where the domain is distributed
+  std::unique_ptr<ShardedGrads> sharded_grads_;
+  std::vector<torch::Tensor> completed_later_;  // complete_grads_later()
+  std::unordered_set<const void*> own_params_;  // TensorImpls of this domain's parameters
   bool all_reduce_grads_ = false;            // all_reduce_sharded_grads()
   std::vector<BufferParam> buffer_order_;  // parameters in flat-buffer order
   bool separate_main_weights_;
@@ -258,7 +275,8 @@ class OptimizerDomain {
   torch::Tensor model_params_;  // flat, parameter dtype (padded); with sharded weights this rank's shard
   int64_t model_base_ = 0;      // the flat-buffer index of model_params_'s element 0
   torch::Tensor main_params_;   // fp32: the whole buffer, or this rank's shard
-  torch::Tensor main_grads_;    // flat (padded), fp32 or parameter dtype
+  torch::Tensor main_grads_;    // flat (padded), fp32 or parameter dtype; undefined with sharded gradients
+  torch::Dtype grads_dtype_ = torch::kFloat32;
   torch::Tensor grad_shard_;    // distributed optimizer: this rank's reduced gradients (fp32; a view of an fp32 buffer)
   torch::Tensor exp_avg_, exp_avg_sq_;
   // --fp8-param-gather: [0, byte_numel_) of the buffer is published as bytes through `codes_`.

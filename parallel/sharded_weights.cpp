@@ -5,26 +5,9 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "parallel/unit_storage.h"
 
 namespace fp8tron {
-namespace {
-
-// The storage behind `buffer` (and behind every view of it) holds `nbytes` fresh bytes, or none.
-// Emptying the StorageImpl in place, rather than dropping the tensor, keeps the parameters' views
-// and autograd's saved references to them pointing at it.
-void allocate_storage(torch::Tensor& buffer, int64_t nbytes) {
-  c10::StorageImpl* storage = buffer.storage().unsafeGetStorageImpl();
-  storage->set_data_ptr_noswap(storage->allocator()->allocate(size_t(nbytes)));
-  storage->set_nbytes(size_t(nbytes));
-}
-
-void free_storage(torch::Tensor& buffer) {
-  c10::StorageImpl* storage = buffer.storage().unsafeGetStorageImpl();
-  storage->set_data_ptr_noswap(c10::DataPtr(nullptr, buffer.device()));
-  storage->set_nbytes(0);
-}
-
-}  // namespace
 
 ShardedWeights::ShardedWeights(torch::Tensor shard, std::shared_ptr<Communicator> group, GatherPolicy policy,
                                int64_t byte_numel)
@@ -105,7 +88,7 @@ void ShardedWeights::start(size_t index) {
   Unit& u = units_[index];
   if (u.resident) return;
   torch::NoGradGuard no_grad;
-  allocate_storage(u.buffer, u.bytes);
+  refill_storage(u.buffer, u.bytes);
   u.resident = true;
   resident_bytes_ += u.bytes;
   peak_resident_bytes_ = std::max(peak_resident_bytes_, resident_bytes_);
@@ -160,7 +143,7 @@ void ShardedWeights::release(size_t index) {
   if (!u.resident) return;
   for (auto& work : u.works) group_->wait(*work);  // a prefetch still writing into the buffer
   u.works.clear();
-  free_storage(u.buffer);
+  empty_storage(u.buffer);
   u.codes = torch::Tensor();  // the FP8 weights decoded from them keep them while in use
   u.decoded = true;
   u.resident = false;
@@ -200,6 +183,7 @@ void ShardedWeights::release_for(const torch::nn::Module& module, const std::vec
       for (size_t unit : units) {
         units_[unit].awaiting_backward = false;
         if (units_[unit].pending <= 0) units_[unit].pending = units_[unit].params;
+        if (backward_starts_) backward_starts_(unit);
       }
       for (auto it = units.rbegin(); it != units.rend(); ++it) gather(*it, -1);
     });
@@ -224,7 +208,14 @@ void ShardedWeights::release_deferred() {
 void ShardedWeights::grad_arrived(size_t index) {
   Unit& u = units_[index];
   if (u.pending <= 0) return;  // not armed by a forward pass (or already released)
-  if (--u.pending == 0) release(index);
+  if (--u.pending > 0) return;
+  release(index);
+  if (grads_done_) grads_done_(index);
+}
+
+void ShardedWeights::follow_backward(std::function<void(size_t)> starts, std::function<void(size_t)> done) {
+  backward_starts_ = std::move(starts);
+  grads_done_ = std::move(done);
 }
 
 void ShardedWeights::gather_all() {

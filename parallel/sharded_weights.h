@@ -76,6 +76,10 @@ class ShardedWeights {
   void publish_bytes(torch::Tensor codes, Decode decode);
   // Every unit released (the shard changed, or a step's backward is over).
   void release_all();
+  // Sharded gradients (parallel/sharded_grads.h) follow the units through each backward pass:
+  // `starts(unit)` as the unit's backward pass starts (before its weights are gathered for it),
+  // `done(unit)` once every one of its parameters has received its gradient (as it is released).
+  void follow_backward(std::function<void(size_t)> starts, std::function<void(size_t)> done);
 
   torch::Tensor& shard() { return shard_; }
   bool resident(size_t unit) const { return units_[unit].resident; }
@@ -123,6 +127,7 @@ class ShardedWeights {
   std::vector<size_t> deferred_;  // released at the next release_for call
   std::unordered_map<const void*, size_t> unit_of_;  // parameter (TensorImpl) -> unit
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keeps the hooked nodes alive
+  std::function<void(size_t)> backward_starts_, grads_done_;  // follow_backward()
   int64_t resident_bytes_ = 0, peak_resident_bytes_ = 0, total_bytes_ = 0;
 };
 

@@ -193,7 +193,8 @@ void skip_zeroing_gemm_written_grads(RunParts& r, bool first_writes) {
     for (const auto& site : r.fp8->sites()) skipped.push_back(site->parameter);
     r.fp8->set_overwrite_main_grads(true);
   }
-  if (r.device.is_cuda() && param_dtype(r.config) == torch::kBFloat16 && first_writes) {
+  // Not with sharded gradients: each unit's buffer is zeroed afresh as its backward pass starts.
+  if (r.device.is_cuda() && param_dtype(r.config) == torch::kBFloat16 && first_writes && !r.config.distributed.shard_params()) {
     // So do the bf16 linears' (models/linear/main_grads.h).
     std::vector<torch::Tensor> bf16;
     for (const auto& chunk : r.chunks)
@@ -250,7 +251,7 @@ void build_optimizer(RunParts& r, std::vector<NamedParam> params, bool first_wri
       build_data_parallel_instances(r.parallel, r.data_parallel.dp, d.optimizer_instances, c.model.moe.enabled());
   r.optimizer = std::make_unique<MixedPrecisionOptimizer>(params, c.optimizer, c.precision, r.data_parallel,
                                                           d.distributed_optimizer, c.model.moe.enabled(), byte_params,
-                                                          instances);
+                                                          instances, d.shard_params());
   if (r.fp8_param_gather)
     r.optimizer->enable_byte_publish(
         [gather = r.fp8_param_gather.get()](const OptimizerDomain& domain) { return gather->publish(domain); });
@@ -260,17 +261,17 @@ void build_optimizer(RunParts& r, std::vector<NamedParam> params, bool first_wri
   r.optimizer->count_zeros(c.logging.log_num_zeros_in_grad);
   if (d.all_reduce_sharded_grads()) r.optimizer->all_reduce_sharded_grads();
   r.optimizer->set_qkv_rows({m.num_attention_heads / m.num_query_groups * m.kv_channels, m.kv_channels, m.kv_channels});
-  if (d.overlap_grad_reduce) r.optimizer->enable_grad_overlap(d.bucket_numel);
-  if (const auto& queue = r.main_grads->wgrad_queue(); queue && d.overlap_grad_reduce) {
+  if (const auto& queue = r.main_grads->wgrad_queue()) {
     // The held weight gradients complete their buckets when they have run, not when autograd
-    // passes the weights.
+    // passes the weights (and, sharded, keep their units' gradients whole until the step's end).
     r.optimizer->complete_grads_later(r.main_grads->delayed_params());
     MixedPrecisionOptimizer* optimizer = r.optimizer.get();
     queue->set_on_done([optimizer](DeferredWork::Key param) { optimizer->grad_done(param); });
   }
-  skip_zeroing_gemm_written_grads(r, first_writes);
   if (d.shard_params()) shard_weights(r);  // (--overlap-param-gather: the units prefetch)
-  else if (d.overlap_param_gather)
+  if (d.overlap_grad_reduce) r.optimizer->enable_grad_overlap(d.bucket_numel);
+  skip_zeroing_gemm_written_grads(r, first_writes);
+  if (!d.shard_params() && d.overlap_param_gather)
     r.optimizer->enable_param_gather_overlap(d.bucket_numel, d.overlap_param_gather_with_optimizer_step);
   if (r.optimizer->param_gather_overlapped()) {
     MixedPrecisionOptimizer* optimizer = r.optimizer.get();

@@ -99,13 +99,18 @@ void print_model_plan(const std::string& text, const ParallelState& p) {
   std::fflush(stdout);
 }
 
-// Sharded weights (optim_grads_params): what this rank holds between uses and at most, once.
+// Sharded weights and gradients (optim_grads_params): what this rank holds between uses and at most, once.
 void log_sharded_weight_memory(const RunParts& parts) {
   const ShardedWeightBytes b = parts.optimizer->sharded_weight_bytes();
   constexpr double kMiB = 1024.0 * 1024.0;
   log::print(strprintf("sharded weights (rank %d): %.2f MiB kept between uses, at most %.2f MiB gathered at once, "
                        "%.2f MiB unsharded",
                        parts.parallel.world_rank, double(b.shard) / kMiB, double(b.peak) / kMiB, double(b.total) / kMiB));
+  if (b.grad_total > 0)
+    log::print(strprintf("sharded gradients (rank %d): %.2f MiB fp32 shard, at most %.2f MiB of unit gradients at once, "
+                         "%.2f MiB unsharded",
+                         parts.parallel.world_rank, double(b.grad_shard) / kMiB, double(b.grad_peak) / kMiB,
+                         double(b.grad_total) / kMiB));
 }
 
 // Megatron's rule: every --eval-interval iterations, from --start-eval-at-iter on.
@@ -226,6 +231,8 @@ TrainResult run_training(const Config& c, const TrainOptions& options) {
   const ShardedWeightBytes sharded = parts.optimizer->sharded_weight_bytes();
   result.sharded_weights_peak_bytes = sharded.peak;
   result.sharded_weights_total_bytes = sharded.total;
+  result.sharded_grads_peak_bytes = sharded.grad_peak;
+  result.sharded_grads_total_bytes = sharded.grad_total;
   // Gathering every global weight to the host is for tests; a real run skips it.
   if (options.collect_final_weights) result.final_weights = global_weights(parts, &result.final_weights_sample);
   reporter.finish();

@@ -51,6 +51,8 @@ struct TrainResult {
   // --data-parallel-sharding-strategy optim_grads_params: this rank's weight bytes gathered at most at
   // once, and all of them (what an unsharded rank holds); 0 without sharded weights.
   int64_t sharded_weights_peak_bytes = 0, sharded_weights_total_bytes = 0;
+  // The same for the units' gradient buffers (sharded gradients); 0 without them.
+  int64_t sharded_grads_peak_bytes = 0, sharded_grads_total_bytes = 0;
   std::string model_plan;  // --print-model-plan: this rank's plan (training then does not start)
   std::vector<double> final_weights_sample;          // a few values, for determinism tests
   std::map<std::string, torch::Tensor> final_weights;    // with collect_final_weights

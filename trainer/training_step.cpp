@@ -436,8 +436,13 @@ void TrainingStep::inject_nan_gradient() {
   torch::NoGradGuard no_grad;
   for (auto& chunk : parts_.chunks)
     for (const auto& item : chunk->named_parameters())
-      if (item.key() == c_.training.numerics.test_nan_param && item.value().grad().defined() && item.value().numel() > 0)
+      if (item.key() == c_.training.numerics.test_nan_param && item.value().grad().defined() && item.value().numel() > 0) {
+        if (item.value().grad().storage().data() == nullptr)
+          throw UserError("--fp8tron-test-inject-nan: " + item.key() + "'s gradient is already reduced onto its owner "
+                          "(gradients sharded per layer under --data-parallel-sharding-strategy optim_grads_params); "
+                          "inject under another strategy");
         item.value().grad().view({-1})[0].fill_(std::nan(""));
+      }
 }
 
 std::string TrainingStep::first_nonfinite_grad_everywhere() {

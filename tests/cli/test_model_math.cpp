@@ -108,7 +108,14 @@ TEST(ModelMath, ShardedWeightsMemory) {
   EXPECT_GT(sharded.gathered_weights, 0.0);
   EXPECT_LT(sharded.weights + sharded.gathered_weights, plain.weights);
   EXPECT_DOUBLE_EQ(prefetched.gathered_weights, 2 * sharded.gathered_weights);
-  EXPECT_DOUBLE_EQ(sharded.total() - sharded.weights - sharded.gathered_weights, plain.total() - plain.weights);
+  // The gradients follow the units: about three units' worth (fp32 like the weights here) and the
+  // fp32 shard the micro-batches' reductions are summed into.
+  EXPECT_DOUBLE_EQ(sharded.grads, 3 * sharded.gathered_weights);
+  EXPECT_LT(sharded.grads, plain.grads);
+  EXPECT_EQ(plain.grad_shard, 0.0);
+  EXPECT_DOUBLE_EQ(sharded.grad_shard, plain.main_weights);  // this rank's shard, in fp32
+  EXPECT_DOUBLE_EQ(sharded.total() - sharded.weights - sharded.gathered_weights - sharded.grads - sharded.grad_shard,
+                   plain.total() - plain.weights - plain.grads);
   // Before the first step the whole model exists twice: as drawn (fp32) and in the weight buffer.
   EXPECT_DOUBLE_EQ(sharded.startup, plain.startup);
   EXPECT_DOUBLE_EQ(plain.startup, plain.weights * 2 + plain.main_weights);  // fp32 weights

@@ -1,8 +1,10 @@
-// Megatron-FSDP's optim_grads_params weights (parallel/sharded_weights.h) in one process: a GPT
-// model's weights held as units hold no memory between uses, are gathered for each part's forward
-// and backward pass and released after each, and the model computes exactly what it computes with
-// resident weights. (One rank: a gather is a copy from the shard; the all-gathers across ranks are
-// covered by the parallel.*fsdp* layouts.)
+// Megatron-FSDP's optim_grads_params weights (parallel/sharded_weights.h) and gradients
+// (parallel/sharded_grads.h) in one process: a GPT model's weights held as units hold no memory
+// between uses, are gathered for each part's forward and backward pass and released after each, and
+// the model computes exactly what it computes with resident weights; its gradients exist only
+// around each unit's backward pass and sum into the shard. (One rank: a gather is a copy from the
+// shard, a reduction a copy into it; the collectives across ranks are covered by the
+// parallel.*fsdp* layouts.)
 #include <gtest/gtest.h>
 
 #include <map>
@@ -10,6 +12,7 @@
 
 #include "models/gpt_model.h"
 #include "parallel/parallel_state.h"
+#include "parallel/sharded_grads.h"
 #include "parallel/sharded_weights.h"
 #include "tests/test_helpers.h"
 
@@ -51,6 +54,8 @@ struct ShardedGpt {
     for (const auto& p : params) shard.narrow(0, p.offset, p.numel).copy_(p.tensor.detach().reshape({-1}));
     weights = std::make_unique<ShardedWeights>(shard, make_self_communicator("sharded-weights-test", 0), policy);
     for (const auto& key : order) weights->add_unit(by_unit[key]);
+    unit_params.reserve(order.size());
+    for (const auto& key : order) unit_params.push_back(by_unit[key]);
     num_units = order.size();
     numel = offset;
   }
@@ -61,6 +66,7 @@ struct ShardedGpt {
   torch::Tensor tokens, labels;
   std::vector<BufferParam> params;
   std::unique_ptr<ShardedWeights> weights;
+  std::vector<std::vector<BufferParam>> unit_params;  // in forward order, as the units
   size_t num_units = 0;
   int64_t numel = 0;
 };
@@ -212,6 +218,83 @@ TEST(ShardedWeights, UnitWhoseParameterIsAnOutputIsReleasedAfterTheNextModule) {
   weights.gather_for(first);
   weights.release_for(first, {first.a.sum()});
   EXPECT_TRUE(weights.resident(1)) << "no release left over from before release_all";
+}
+
+}  // namespace
+}  // namespace fp8tron
+
+namespace fp8tron {
+namespace {
+
+// The gradients of `gpt`'s units sharded too (one rank: its shard is the whole flat buffer).
+// `kept`: the units whose gradients stay whole for the step.
+std::unique_ptr<ShardedGrads> shard_grads(ShardedGpt& gpt, const std::vector<bool>& kept = {}) {
+  auto grads = std::make_unique<ShardedGrads>(torch::zeros({gpt.numel}), torch::kFloat32,
+                                              make_self_communicator("sharded-grads-test", 0), nullptr);
+  for (size_t u = 0; u < gpt.unit_params.size(); ++u) grads->add_unit(gpt.unit_params[u], u < kept.size() && kept[u]);
+  ShardedGrads* g = grads.get();
+  gpt.weights->follow_backward([g](size_t unit) { g->prepare(unit); }, [g](size_t unit) { g->reduce(unit); });
+  gpt.model->set_params_ready_hook([&gpt](const torch::nn::Module& part) { gpt.weights->gather_for(part); });
+  gpt.model->set_params_used_hook([&gpt](const torch::nn::Module& part, const std::vector<torch::Tensor>& outputs) {
+    gpt.weights->release_for(part, outputs);
+  });
+  return grads;
+}
+
+// Two micro-batches: each unit's gradient buffer exists from its backward pass until its reduction
+// has landed in the shard, which then holds the two micro-batches' sum (bit for bit what autograd
+// accumulates in resident gradients: 0 + g1, then + g2).
+TEST(ShardedGrads, GradientsExistOnlyAroundEachUnitsBackwardAndSumIntoTheShard) {
+  ShardedGpt gpt(GatherPolicy{});
+  auto grads = shard_grads(gpt);
+  EXPECT_EQ(grads->total_bytes(), gpt.numel * 4);
+  EXPECT_EQ(grads->resident_bytes(), 0);
+  for (const auto& p : gpt.params) EXPECT_FALSE(holds_memory(p.tensor.grad()));
+  for (int micro = 0; micro < 2; ++micro) {
+    gpt.loss(gpt.reference).backward();
+    gpt.loss(gpt.model).backward();
+    // At most the unit whose reduction is still in flight holds memory between backward passes.
+    EXPECT_LE(grads->resident_bytes(), grads->total_bytes() / 2);
+  }
+  grads->finish();
+  EXPECT_EQ(grads->resident_bytes(), 0);
+  for (const auto& p : gpt.params) EXPECT_FALSE(holds_memory(p.tensor.grad()));
+  EXPECT_LT(grads->peak_resident_bytes(), grads->total_bytes() / 2) << "a few units at a time";
+  const auto expected = gpt.reference->named_parameters();
+  size_t i = 0;
+  for (const auto& item : gpt.model->named_parameters()) {
+    const BufferParam& p = gpt.params[i++];
+    const auto reduced = grads->shard().narrow(0, p.offset, p.numel).view(item.value().sizes());
+    EXPECT_TRUE(torch::equal(reduced, expected[item.key()].grad())) << item.key();
+  }
+  // A new step starts from zero.
+  grads->zero();
+  EXPECT_EQ(grads->shard().abs().sum().item<float>(), 0.0f);
+}
+
+// A kept unit (the tied embedding on a pipeline's first stage) keeps its gradients for the whole
+// step, for another group to sum before finish() reduces it.
+TEST(ShardedGrads, KeptUnitHoldsItsGradientsUntilTheStepEnds) {
+  ShardedGpt gpt(GatherPolicy{});
+  auto grads = shard_grads(gpt, {true});  // the first unit: the word embedding
+  const torch::Tensor embedding = gpt.unit_params.front().front().tensor;
+  gpt.loss(gpt.reference).backward();
+  gpt.loss(gpt.model).backward();
+  ASSERT_TRUE(holds_memory(embedding.grad()));
+  const auto before = embedding.grad().clone();
+  bool summed_before_kept = false;
+  grads->finish([&] {
+    summed_before_kept = holds_memory(embedding.grad());
+    embedding.grad().mul_(2);  // another group's sum
+  });
+  EXPECT_TRUE(summed_before_kept);
+  const BufferParam& p = gpt.unit_params.front().front();
+  EXPECT_TRUE(torch::equal(grads->shard().narrow(0, p.offset, p.numel).view(before.sizes()), before * 2));
+  EXPECT_TRUE(torch::equal(before, gpt.reference->named_parameters()[
+      std::string(gpt.model->named_parameters().begin()->key())].grad()));
+  grads->zero();
+  EXPECT_TRUE(holds_memory(embedding.grad()));
+  EXPECT_EQ(embedding.grad().abs().sum().item<float>(), 0.0f);
 }
 
 }  // namespace

@@ -90,7 +90,8 @@ std::string format_plan(const Config& c) {
        << " (optim_grads_params: the largest unit gathered around its use" << (c.distributed.overlap_param_gather ? ", and the next one prefetched)" : ")")
        << "\n";
   os << "  fp32 main weights  " << human_bytes(mem.main_weights) << "\n";
-  os << "  gradients          " << human_bytes(mem.grads) << "\n";
+  os << "  gradients          " << human_bytes(mem.grads)
+     << (sharded ? " (optim_grads_params: the units accumulating or being reduced, about three at once)" : "") << "\n";
   if (mem.grad_shard > 0)
     os << "  fp32 grad shard    " << human_bytes(mem.grad_shard) << " (the reduced gradients the optimizer steps on)\n";
   os << "  optimizer states   " << human_bytes(mem.optimizer_states) << "\n";

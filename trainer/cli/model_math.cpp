@@ -167,13 +167,30 @@ MemoryEstimate estimate_memory(const Config& c) {
     e.gathered_weights = unit * (d.overlap_param_gather ? 2 : 1) * (low_precision ? 2 : 4);
   }
   e.main_weights = separate_main ? optimizer_params * 4 : 0;
-  e.grads = params * (c.precision.grads_in_fp32 ? 4 : 2);
+  const double grad_bytes = c.precision.grads_in_fp32 ? 4 : 2;
+  e.grads = params * grad_bytes;
+  // optim_grads_params shards the gradients too (parallel/sharded_grads.h): a unit's gradients
+  // exist from its backward pass until their reduction lands, with at most one reduction in flight
+  // while the next unit accumulates and the one after starts, so about three units at once. Kept
+  // whole for the step: the tied embedding's on a pipeline's first stage, and with
+  // --delay-wgrad-compute the layers' (their held gradients come after autograd has passed them).
+  const bool sharded_grads = d.shard_params() && dense_shards > 1.0;
+  if (sharded_grads) {
+    const double layer = std::max(dense_layer_params / par.tp,
+                                  m.moe.enabled() ? double(p.per_moe_layer - p.experts_per_moe_layer) / par.tp +
+                                                        double(p.experts_per_moe_layer) / double(par.ep * par.etp)
+                                                  : 0.0);
+    const double unit = std::max({layer, double(p.embedding) / par.tp, double(p.output_layer) / par.tp});
+    const double kept_embedding = par.pp > 1 && !m.untie_embeddings_and_output_weights ? double(p.embedding) / par.tp : 0.0;
+    e.grads = m.moe.delay_wgrad_compute ? params * grad_bytes : (3 * unit + kept_embedding) * grad_bytes;
+  }
   // Weights are drawn in fp32 and moved to the device before the optimizer casts them into its
   // buffers: the whole fp32 model then sits beside the weight buffer (whole even where ZeRO-3
   // shards it afterwards) and the main weights; the gradient buffer and the states come after.
   e.startup = params * 4 + params * (low_precision ? 2 : 4) + e.main_weights;
-  // 16-bit gradients are reduced into an fp32 copy of the optimizer's shard (fp32 ones in place).
-  if (!c.precision.grads_in_fp32) e.grad_shard = optimizer_params * 4;
+  // 16-bit gradients are reduced into an fp32 copy of the optimizer's shard (fp32 ones in place);
+  // sharded gradients are summed into one.
+  if (!c.precision.grads_in_fp32 || sharded_grads) e.grad_shard = optimizer_params * 4;
   // Adam's two moments (4 bytes each, 2 in bf16 with the precision-aware optimizer); SGD's momentum.
   const PrecisionAwareOptimizer& pa = c.optimizer.precision_aware;
   auto state_bytes = [&](StateDtype d) { return pa.enabled && d == StateDtype::Bf16 ? 2.0 : 4.0; };
