@@ -322,14 +322,18 @@ void OptimizerDomain::shard_model_params(const std::vector<std::vector<torch::Te
   if (exp_avg_sq_options) exp_avg_sq_ = torch::zeros({shard_numel_}, *exp_avg_sq_options);
 }
 
+bool OptimizerDomain::summed_over_stages(const BufferParam& p) const {
+  if (!groups_.embedding || groups_.embedding->size() == 1) return false;
+  for (auto [offset, n] : embedding_ranges_)
+    if (p.offset < offset + n && offset < p.offset + p.numel) return true;
+  return false;
+}
+
 bool OptimizerDomain::grads_kept_whole(const std::vector<BufferParam>& unit) const {
-  const bool pipeline_copies = groups_.embedding && groups_.embedding->size() > 1;
   for (const auto& p : unit) {
+    if (summed_over_stages(p)) return true;
     for (const auto& later : completed_later_)
       if (later.is_same(p.tensor)) return true;
-    if (!pipeline_copies) continue;
-    for (auto [offset, n] : embedding_ranges_)
-      if (p.offset < offset + n && offset < p.offset + p.numel) return true;
   }
   return false;
 }
@@ -395,14 +399,15 @@ void OptimizerDomain::skip_zeroing(const std::vector<torch::Tensor>& params) {
   if (at < main_grads_.numel()) zeroed_ranges_.emplace_back(at, main_grads_.numel() - at);
 }
 
-void OptimizerDomain::sum_tensor_parallel_partials(bool own_shard_only) {
-  // Tensor-parallel ranks lay the buffer out identically, so with the distributed optimizer they
-  // own the same elements: summing only those is enough after an overlapped reduce-scatter.
-  const int64_t lo_bound = own_shard_only ? shard_begin_ : 0, hi_bound = own_shard_only ? shard_begin_ + shard_numel_ : numel_;
+void OptimizerDomain::sum_tensor_parallel_partials(torch::Tensor grads, int64_t base) {
+  // `grads` holds the flat-buffer elements [base, base + grads.numel()). Tensor-parallel ranks lay
+  // the buffer out identically, so with the distributed optimizer they own the same elements:
+  // summing only those is enough once they are reduced onto their owners.
+  const int64_t end = base + grads.numel();
   for (auto [off, n] : tp_partial_ranges_) {
-    const int64_t lo = std::max(off, lo_bound), hi = std::min(off + n, hi_bound);
+    const int64_t lo = std::max(off, base), hi = std::min(off + n, end);
     if (hi <= lo) continue;
-    auto view = main_grads_.narrow(0, lo, hi - lo);
+    auto view = grads.narrow(0, lo - base, hi - lo);
     groups_.tp->all_reduce(view);
   }
 }
@@ -425,7 +430,7 @@ void OptimizerDomain::finalize_grads() {
   if (distributed_ && all_reduce_grads_) {
     // Megatron-FSDP's optim strategy: every rank sums every gradient, then updates its shard.
     if (buckets_) buckets_->finish();
-    sum_tensor_parallel_partials(/*own_shard_only=*/false);
+    sum_tensor_parallel_partials(main_grads_.narrow(0, 0, numel_), 0);
     sum_embedding_copies();
     if (!buckets_ && dp_size() > 1) groups_.dp->all_reduce(main_grads_);
     take_own_grad_shard();
@@ -437,16 +442,16 @@ void OptimizerDomain::finalize_grads() {
     // the embedding copies are summed first (their buckets wait for it, see enable_grad_overlap).
     if (distributed_) {
       buckets_->finish([this] { sum_embedding_copies(); });
-      sum_tensor_parallel_partials(/*own_shard_only=*/true);
+      sum_tensor_parallel_partials(main_grads_.narrow(0, shard_begin_, shard_numel_), shard_begin_);
       take_own_grad_shard();
     } else {
       buckets_->finish();
-      sum_tensor_parallel_partials(/*own_shard_only=*/false);
+      sum_tensor_parallel_partials(main_grads_.narrow(0, 0, numel_), 0);
       sum_embedding_copies();
     }
     return;
   }
-  sum_tensor_parallel_partials(/*own_shard_only=*/false);
+  sum_tensor_parallel_partials(main_grads_.narrow(0, 0, numel_), 0);
   sum_embedding_copies();
   // The data-parallel mean is a sum here: backward already scaled each micro-batch's loss by
   // 1 / (micro-batches x data-parallel ranks) (trainer.cpp, train_step). For experts the sum over
@@ -471,22 +476,13 @@ void OptimizerDomain::finalize_grads() {
 void OptimizerDomain::finalize_sharded_grads() {
   FP8TRON_CHECK(sharded_grads_ != nullptr, "sharded gradients need shard_model_params()");
   sharded_grads_->finish([this] {
-    if (!groups_.embedding || groups_.embedding->size() == 1) return;
     for (const auto& p : buffer_order_) {
-      bool copy = false;
-      for (auto [offset, n] : embedding_ranges_) copy = copy || (p.offset < offset + n && offset < p.offset + p.numel);
-      if (!copy) continue;
+      if (!summed_over_stages(p)) continue;
       torch::Tensor g = p.tensor.mutable_grad();
       groups_.embedding->all_reduce(g);
     }
   });
-  const int64_t end = shard_begin_ + shard_numel_;
-  for (auto [off, n] : tp_partial_ranges_) {
-    const int64_t lo = std::max(off, shard_begin_), hi = std::min(off + n, end);
-    if (hi <= lo) continue;
-    auto view = grad_shard_.narrow(0, lo - shard_begin_, hi - lo);
-    groups_.tp->all_reduce(view);
-  }
+  sum_tensor_parallel_partials(grad_shard_, shard_begin_);
 }
 
 void OptimizerDomain::take_own_grad_shard() {

@@ -239,13 +239,16 @@ class OptimizerDomain {
   void publish_model_params(const Ranges& published);
   torch::Tensor global_norm_squared(const torch::Tensor& buffer, int64_t base);
   void all_reduce_model_groups(torch::Tensor& value);
-  void sum_tensor_parallel_partials(bool own_shard_only);
+  // Sums the partial (reduce_grad_over_tp) gradients in `grads`, the flat-buffer elements from `base`.
+  void sum_tensor_parallel_partials(torch::Tensor grads, int64_t base);
   void sum_embedding_copies();
   void take_own_grad_shard();  // grad_shard_ from the reduced buffer (a no-op when it is a view of it)
   void finalize_sharded_grads();
   // Whether a unit's gradients must stay whole until the step's end (sharded gradients): summed
   // over the pipeline's embedding group first, or completed by held work after autograd.
   bool grads_kept_whole(const std::vector<BufferParam>& unit) const;
+  // Whether `p` is a tied embedding's copy that the pipeline's first and last stage sum.
+  bool summed_over_stages(const BufferParam& p) const;
   void encode_own_shard();
   void gather_and_decode();
   int dp_size() const { return groups_.dp->size(); }
