@@ -93,6 +93,9 @@ void MixedPrecisionOptimizer::complete_grads_later(const std::vector<torch::Tens
 void MixedPrecisionOptimizer::grad_done(const void* param) {
   for (auto& d : domains_) d->grad_done(param);
 }
+void MixedPrecisionOptimizer::allocate_grad_of(const torch::Tensor& param) {
+  for (auto& d : domains_) d->allocate_grad_of(param);
+}
 void MixedPrecisionOptimizer::enable_param_gather_overlap(int64_t bucket_numel, bool with_optimizer_step) {
   for (auto& d : domains_) d->enable_param_gather_overlap(bucket_numel, with_optimizer_step);
 }

@@ -79,6 +79,9 @@ class MixedPrecisionOptimizer {
   // TensorImpl) instead of its accumulator's hook. Call after enable_grad_overlap.
   void complete_grads_later(const std::vector<torch::Tensor>& params);
   void grad_done(const void* param);
+  // With sharded gradients: `param`'s gradient buffer allocated now, ahead of a write from outside
+  // its unit's backward pass (parallel/sharded_grads.h); otherwise a no-op.
+  void allocate_grad_of(const torch::Tensor& param);
   // --overlap-param-gather (distributed optimizer): the step publishes the new weights by issuing
   // the all-gathers bucket by bucket without waiting; the forward pass calls
   // wait_for_params(module) before a module uses its weights, and whatever else reads the model

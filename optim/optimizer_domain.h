@@ -108,6 +108,9 @@ class OptimizerDomain {
   void arm_grad_overlap();
   void complete_grads_later(const std::vector<torch::Tensor>& params);
   void grad_done(const void* param);
+  void allocate_grad_of(const torch::Tensor& param) {  // sharded gradients' (MixedPrecisionOptimizer)
+    if (sharded_grads_) sharded_grads_->prepare_for(param);
+  }
   // `with_optimizer_step` (--overlap-param-gather-with-optimizer-step): update() steps the first
   // model chunk's parameters first and issues their all-gather before it steps the others'.
   void enable_param_gather_overlap(int64_t bucket_numel, bool with_optimizer_step = false);

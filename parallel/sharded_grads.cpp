@@ -31,10 +31,15 @@ void ShardedGrads::add_unit(const std::vector<BufferParam>& params, bool kept) {
   u.buffer = torch::zeros({numel}, shard_.options().dtype(dtype_));
   u.bytes = numel * int64_t(u.buffer.element_size());
   int64_t at = 0;
+  const size_t index = units_.size();
   for (const auto& p : sorted) {
     torch::Tensor t = p.tensor;
     t.mutable_grad() = u.buffer.narrow(0, at, p.numel).view(t.sizes());
     at += p.numel;
+    unit_of_[t.unsafeGetTensorImpl()] = index;
+    // Before autograd adds a gradient into the buffer (the unit's own pass has prepared it already,
+    // unless the gradient comes from a later part: a deferred bias).
+    if (t.requires_grad()) t.register_hook([this, index](const torch::Tensor&) { prepare(index); });
   }
   total_bytes_ += u.bytes;
   if (kept) {
@@ -72,6 +77,11 @@ void ShardedGrads::prepare(size_t index) {
     complete(u);
   }
   allocate(u);
+}
+
+void ShardedGrads::prepare_for(const torch::Tensor& param) {
+  const auto it = unit_of_.find(param.unsafeGetTensorImpl());
+  if (it != unit_of_.end()) prepare(it->second);
 }
 
 void ShardedGrads::reduce(size_t index) {

@@ -12,6 +12,12 @@
 // sums the step's micro-batches (one micro-batch per step: the distributed optimizer's values bit for
 // bit; several: the same sum in another order). At most kInFlight units wait for their reductions.
 //
+// A gradient can also arrive before its unit's backward pass starts: a layer's output bias left to
+// the next layer's norm kernel (Megatron's bias-dropout-add fusion) gets its gradient in that next
+// layer's backward pass, or at a pipeline stage's last add. Each parameter's gradient accumulator
+// therefore prepares its unit first, and kernels that write a main gradient themselves call
+// prepare_for (models/linear/main_grads.h's allocate-on-write).
+//
 // A unit marked `kept` keeps its buffer for the whole step and is reduced in finish(): gradients
 // another group sums first (the tied embedding's copies on the first and last pipeline stages) or
 // that held work completes after autograd has passed the weights (--delay-wgrad-compute).
@@ -22,6 +28,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <unordered_map>
 #include <vector>
 
 #include "parallel/communicator.h"
@@ -46,6 +53,8 @@ class ShardedGrads {
   size_t num_units() const { return units_.size(); }
 
   void prepare(size_t unit);  // its backward pass starts: a zeroed buffer to accumulate into
+  // prepare() for the unit holding `param`'s gradient, if any holds it.
+  void prepare_for(const torch::Tensor& param);
   void reduce(size_t unit);   // its gradients of this backward pass are in
   // The step's backward passes are over: the units still holding gradients are reduced in unit
   // order (the same on every rank), `before_kept` runs, then the kept units are reduced; the shard
@@ -85,6 +94,7 @@ class ShardedGrads {
   torch::Dtype dtype_;
   std::shared_ptr<Communicator> group_, replicas_;
   std::vector<Unit> units_;
+  std::unordered_map<const void*, size_t> unit_of_;  // parameter TensorImpl -> unit
   std::deque<size_t> reducing_;  // units whose reductions are in flight, oldest first
   int64_t resident_bytes_ = 0, peak_resident_bytes_ = 0, total_bytes_ = 0;
 };

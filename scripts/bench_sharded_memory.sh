@@ -47,6 +47,6 @@ for ranks in "${sizes[@]}"; do
            sort -g | tail -1 | awk '{if ($1 != "") printf "%.2f", $1 / 1024}')
     echo "| $ranks | $s | ${peak:-failed (see $log)} | $(estimate "$ranks" "${flags[@]}") |"
     # A failed run: its first error lines, the rank that failed first among them.
-    [ -n "$peak" ] || grep -m3 -E "fp8tron: (error|internal error)|out of GPU memory|Killed|signal" "$log" >&2
+    [ -n "$peak" ] || grep -m3 -E "fp8tron: (error|internal error)|out of GPU memory|Killed|Signal:|signal [0-9]" "$log" >&2
   done
 done

@@ -230,6 +230,8 @@ void shard_weights(RunParts& r) {
   const auto& d = r.config.distributed;
   r.optimizer->shard_model_params(units, GatherPolicy{d.overlap_param_gather, d.keep_params_after_forward});
   MixedPrecisionOptimizer* optimizer = r.optimizer.get();
+  // A deferred bias's gradient, written by the next part's kernels before its own unit's pass.
+  r.main_grads->set_allocate_on_write([optimizer](const torch::Tensor& param) { optimizer->allocate_grad_of(param); });
   for (auto& chunk : r.chunks) {
     chunk->set_params_ready_hook([optimizer](const torch::nn::Module& part) { optimizer->wait_for_params(part); });
     chunk->set_params_used_hook([optimizer](const torch::nn::Module& part, const std::vector<torch::Tensor>& outputs) {

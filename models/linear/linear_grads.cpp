@@ -70,6 +70,7 @@ LinearParamGrads linear_param_grads(const torch::Tensor& dy, const torch::Tensor
 
 BiasGradTarget bias_grad_target(const torch::Tensor& bias, bool wanted, const MainGradsPtr& main_grads) {
   if (!bias.defined() || !wanted) return {};
+  if (main_grads) main_grads->allocate_before_write(bias);  // a deferred bias's, from a later part's pass
   if (!is_main_grad(bias)) return {torch::empty(bias.sizes(), bias.options().dtype(torch::kFloat32)), false, false};
   return {bias.grad(), !(main_grads && main_grads->take(bias)), true};
 }

@@ -19,6 +19,11 @@
 // zeroes any registered gradient the step did not write (zero_unwritten), so a weight that got no
 // gradient still reads 0. The FP8 linears do the same through their engine (fp8/fp8_linear.h).
 //
+// Allocate-on-write (sharded gradients, parallel/sharded_grads.h): a main gradient may hold memory
+// only while its unit's backward pass runs. A kernel that writes a gradient from outside that pass
+// (a layer's output bias left to the next layer's norm, or to a pipeline stage's last add) calls
+// allocate_before_write first; whoever shards the gradients sets what it does.
+//
 // Held weight gradients (--delay-wgrad-compute, Megatron's delay_wgrad_compute): with a queue set,
 // the linears of the transformer layers register their weights (hold_wgrad_of) and their backward
 // passes hand the weight-gradient GEMMs to the queue (fp8/held_wgrad.h) instead of running them;
@@ -30,6 +35,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <unordered_map>
 #include <memory>
@@ -63,6 +69,11 @@ class MainGrads : public torch::CustomClassHolder {
   // How many first writes take() has granted (tests check the path runs).
   uint64_t granted() const;
 
+  void set_allocate_on_write(std::function<void(const torch::Tensor& param)> allocate) { allocate_ = std::move(allocate); }
+  void allocate_before_write(const torch::Tensor& param) const {
+    if (allocate_) allocate_(param);
+  }
+
   // --delay-wgrad-compute: the queue (set before the model is built; null: gradients at once).
   void set_wgrad_queue(std::shared_ptr<DeferredWork> queue) { wgrad_queue_ = std::move(queue); }
   const std::shared_ptr<DeferredWork>& wgrad_queue() const { return wgrad_queue_; }
@@ -88,6 +99,7 @@ class MainGrads : public torch::CustomClassHolder {
   uint64_t step_ = 1;
   uint64_t granted_ = 0;
   std::shared_ptr<DeferredWork> wgrad_queue_;
+  std::function<void(const torch::Tensor&)> allocate_;  // set_allocate_on_write
   std::vector<torch::Tensor> delayed_;
   std::unordered_set<const c10::TensorImpl*> delayed_keys_;
 };

@@ -297,5 +297,42 @@ TEST(ShardedGrads, KeptUnitHoldsItsGradientsUntilTheStepEnds) {
   EXPECT_EQ(embedding.grad().abs().sum().item<float>(), 0.0f);
 }
 
+
+// A bias a part leaves to the next part's kernel (the GPU's fused residual-add + norm) gets its
+// gradient in that next part's backward pass, before its own unit's pass prepares the buffer: a
+// kernel writing it asks for the buffer first (MainGrads' allocate-on-write calls prepare_for), and
+// a gradient autograd delivers prepares its unit through the accumulator's hook.
+TEST(ShardedGrads, GradientFromALaterPartFindsItsBuffer) {
+  TwoWeights first, second;
+  const std::vector<BufferParam> first_params = {{first.a, 0, 6, 0}, {first.b, 6, 4, 1}, {first.bias, 10, 3, 2}};
+  const std::vector<BufferParam> second_params = {{second.a, 13, 6, 3}, {second.b, 19, 4, 4}, {second.bias, 23, 3, 5}};
+  const auto comm = make_self_communicator("sharded-grads-later-part-test", 0);
+  {
+    torch::NoGradGuard no_grad;
+    for (auto* m : {&first, &second})
+      for (auto& p : m->parameters()) p.copy_(torch::arange(p.numel(), torch::kFloat32).view(p.sizes()));
+  }
+  ShardedGrads grads(torch::zeros({26}), torch::kFloat32, comm, nullptr);
+  grads.add_unit(first_params, false);
+  grads.add_unit(second_params, false);
+  grads.prepare(1);  // the second part's backward pass (ShardedWeights' hook, not used here)
+  const auto y = (first.bias * 2).sum() * (second.a.sum() + second.b.sum() + second.bias.sum());
+  bool written = false;
+  y.register_hook([&](const torch::Tensor&) {  // the second part's kernel writing first.b's gradient
+    grads.prepare_for(first.b);
+    written = holds_memory(first.b.grad());
+    if (written) first.b.grad().add_(1);
+  });
+  y.backward();  // first.bias's gradient through autograd, first.a's none
+  grads.finish();
+  EXPECT_TRUE(written);
+  // d y / d first.bias = 2 * (second's sum: 15 + 6 + 3).
+  EXPECT_TRUE(torch::equal(grads.shard().narrow(0, 10, 3), torch::full({3}, 48.0f)));
+  EXPECT_TRUE(torch::equal(grads.shard().narrow(0, 6, 4), torch::ones({4})));
+  EXPECT_TRUE(torch::equal(grads.shard().narrow(0, 0, 6), torch::zeros({6})));
+  EXPECT_TRUE(torch::equal(grads.shard().narrow(0, 13, 6), torch::full({6}, 6.0f)));  // 2 * (0 + 1 + 2)
+  EXPECT_EQ(grads.resident_bytes(), 0);
+}
+
 }  // namespace
 }  // namespace fp8tron
