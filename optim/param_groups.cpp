@@ -16,24 +16,11 @@ bool applies_weight_decay(const std::string& name, int64_t dim, const OptimizerC
          (name.find("q_layernorm.") != std::string::npos || name.find("k_layernorm.") != std::string::npos);
 }
 
-bool is_embedding_or_output(const std::string& name) {
-  return name == "embedding.word_embeddings.weight" || name == "output_layer.weight" ||
-         name == "output_layer_shared.weight";
-}
-
 bool uses_muon(const std::string& name, int64_t dim, const OptimizerConfig& config) {
   return config.optimizer == "muon" && dim == 2 && !is_embedding_or_output(name);
 }
 
 bool is_fused_qkv(const std::string& name) { return name.ends_with("self_attention.linear_qkv.weight"); }
-
-bool is_mup_vector_like(const std::string& name, int64_t dim) {
-  // Megatron's is_embedding_parameter: every parameter of the embedding module (word and
-  // position tables, on the first stage or a later stage's copy), the output layer, and by name
-  // anything else called an embedding.
-  const bool embedding_class = name.find("embedding") != std::string::npos || is_embedding_or_output(name);
-  return embedding_class || dim <= 1;
-}
 
 std::optional<double> mup_lr_mult(const OptimizerConfig& config) {
   if (!mup_scales(config)) return std::nullopt;

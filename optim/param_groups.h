@@ -19,11 +19,11 @@
 #include <string>
 
 #include "core/config/training_config.h"
+#include "core/param_roles.h"  // is_embedding_or_output, is_mup_vector_like
 
 namespace fp8tron {
 
 bool applies_weight_decay(const std::string& name, int64_t dim, const OptimizerConfig& config);
-bool is_embedding_or_output(const std::string& name);
 bool uses_muon(const std::string& name, int64_t dim, const OptimizerConfig& config);
 // The fused QKV weight of standard attention (split into Q, K and V for Muon).
 bool is_fused_qkv(const std::string& name);
@@ -33,8 +33,6 @@ bool is_fused_qkv(const std::string& name);
 enum class LrGroup { Base = 0, Decoupled = 1, Mup = 2 };
 LrGroup lr_group(const std::string& name, int64_t dim, const OptimizerConfig& config);
 
-// MuP: whether a parameter is vector-like (embedding class or at most 1-D).
-bool is_mup_vector_like(const std::string& name, int64_t dim);
 // MuP: the factor on the Mup group's peak and minimum learning rate (1 / m, or m for SGD); none
 // without --use-mup or at m = 1 (Megatron then adds no override).
 std::optional<double> mup_lr_mult(const OptimizerConfig& config);

@@ -1,7 +1,9 @@
 #include "checkpoint/megatron/megatron_checkpoint.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <regex>
 #include <set>
 
@@ -12,6 +14,7 @@
 #include "checkpoint/megatron/torch_archive.h"
 #include "core/error.h"
 #include "core/text.h"
+#include "core/param_roles.h"
 
 namespace fp8tron::checkpoint::megatron {
 namespace fs = std::filesystem;
@@ -94,8 +97,64 @@ void refuse_optimizer(const std::string& why, MegatronCheckpoint& out) {
 // Megatron's default parameter groups: weight decay for all but biases and 1-D weights.
 bool decayed(const std::string& name, const torch::Tensor& t) { return !name.ends_with(".bias") && t.dim() > 1; }
 
+// A Python bool (or int) under `v`.
+bool as_flag(const PyRef& v, bool& out) {
+  int64_t i = 0;
+  if (!as_int(v, i)) return false;
+  out = i != 0;
+  return true;
+}
+
+// What sets a parameter group apart, by Megatron's rules (as optim/param_groups.h applies them): no
+// weight decay, and the learning rate of --decoupled-lr (the embedding and output layer) or of MuP
+// (the hidden matrices, whose Adam epsilon MuP scales too).
+enum class LegacyLr { kBase, kDecoupled, kMup };
+struct LegacyGroupKind {
+  bool no_decay = false;
+  LegacyLr lr = LegacyLr::kBase;
+  bool operator<(const LegacyGroupKind& o) const { return std::pair{no_decay, int(lr)} < std::pair{o.no_decay, int(o.lr)}; }
+  bool operator==(const LegacyGroupKind&) const = default;
+};
+
+// Each saved group's kind, from its own values: wd_mult 0 (or weight_decay 0) is no decay; a group
+// Megatron marks as not on the default configuration takes its learning rate from --decoupled-lr,
+// or from MuP when its epsilon differs from a default group's.
+std::vector<LegacyGroupKind> legacy_group_kinds(const PyRef& groups) {
+  std::optional<double> default_eps;
+  for (const PyRef& g : groups->items) {
+    bool is_default = false;
+    double eps = 0;
+    if (as_flag(attribute(g, "default_config"), is_default) && is_default && as_double(attribute(g, "eps"), eps))
+      default_eps = eps;
+  }
+  std::vector<LegacyGroupKind> kinds;
+  for (const PyRef& g : groups->items) {
+    LegacyGroupKind k;
+    double wd = 0;
+    if (!as_double(attribute(g, "wd_mult"), wd)) as_double(attribute(g, "weight_decay"), wd);
+    k.no_decay = wd == 0;
+    bool is_default = true, decoupled = false;
+    as_flag(attribute(g, "default_config"), is_default);
+    double eps = 0;
+    if (as_flag(attribute(g, "is_decoupled_lr"), decoupled) && decoupled) k.lr = LegacyLr::kDecoupled;
+    else if (!is_default)
+      k.lr = default_eps && as_double(attribute(g, "eps"), eps) && eps != *default_eps ? LegacyLr::kMup : LegacyLr::kDecoupled;
+    kinds.push_back(k);
+  }
+  return kinds;
+}
+
+// The kind of group Megatron puts a parameter in, given which overrides the saved groups use.
+LegacyGroupKind legacy_param_kind(const std::string& name, const torch::Tensor& t, bool decoupled, bool mup) {
+  LegacyGroupKind k;
+  k.no_decay = !decayed(name, t);
+  if (decoupled && is_embedding_or_output(name)) k.lr = LegacyLr::kDecoupled;
+  else if (mup && !is_mup_vector_like(name, t.dim())) k.lr = LegacyLr::kMup;
+  return k;
+}
+
 // torch.optim's state dict numbers the parameters group by group; each of Megatron's groups takes
-// the model's parameters of its weight-decay kind in model order.
+// the model's parameters of its kind in model order.
 void read_legacy_optimizer(const TorchArchive& a, const PyRef& optimizer,
                            const std::vector<std::pair<std::string, torch::Tensor>>& params, MegatronCheckpoint& out) {
   const std::string& where = a.source();
@@ -103,24 +162,28 @@ void read_legacy_optimizer(const TorchArchive& a, const PyRef& optimizer,
   if (!state || !groups || groups->kind != PyValue::Kind::List)
     throw UserError(where + ": the optimizer state is not torch.optim's (a mixed-precision or distributed "
                             "optimizer's); pass --no-load-optim to load the weights only");
+  const std::vector<LegacyGroupKind> kinds = legacy_group_kinds(groups);
+  const auto uses = [&](LegacyLr lr) { return std::any_of(kinds.begin(), kinds.end(), [lr](auto& k) { return k.lr == lr; }); };
+  const bool decoupled = uses(LegacyLr::kDecoupled), mup = uses(LegacyLr::kMup);
+  if (std::set<LegacyGroupKind>(kinds.begin(), kinds.end()).size() != kinds.size())
+    throw UserError(where + ": two optimizer parameter groups of the same kind (learning-rate multipliers or "
+                            "overrides fp8tron does not map); pass --no-load-optim");
   std::map<int64_t, std::string> by_index;
-  std::set<bool> kinds_seen;
-  for (const PyRef& g : groups->items) {
-    double wd = 0;
-    if (!as_double(attribute(g, "wd_mult"), wd)) as_double(attribute(g, "weight_decay"), wd);
-    const bool decay = wd != 0;
-    if (!kinds_seen.insert(decay).second)
-      throw UserError(where + ": two optimizer parameter groups with the same weight decay (--decoupled-lr, --use-mup or "
-                              "learning-rate multipliers); fp8tron does not map them: pass --no-load-optim");
+  for (size_t g = 0; g < kinds.size(); ++g) {
     std::vector<int64_t> indices;
-    if (!as_int_list(attribute(g, "params"), indices)) throw UserError(where + ": a parameter group lists no params");
+    if (!as_int_list(attribute(groups->items[g], "params"), indices))
+      throw UserError(where + ": a parameter group lists no params");
     size_t next = 0;
     for (const auto& [name, tensor] : params) {
-      if (decayed(name, tensor) != decay) continue;
-      if (next == indices.size()) throw UserError(where + ": the optimizer has fewer parameters than the model");
+      if (!(legacy_param_kind(name, tensor, decoupled, mup) == kinds[g])) continue;
+      if (next == indices.size())
+        throw UserError(where + ": optimizer parameter group " + std::to_string(g) + " has fewer parameters than the "
+                                "model has of its kind");
       by_index[indices[next++]] = name;
     }
-    if (next != indices.size()) throw UserError(where + ": the optimizer has more parameters than the model");
+    if (next != indices.size())
+      throw UserError(where + ": optimizer parameter group " + std::to_string(g) + " has more parameters than the "
+                              "model has of its kind");
   }
   for (const auto& [index_value, entry] : state->entries) {
     int64_t index = 0;

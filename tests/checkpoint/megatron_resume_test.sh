@@ -68,6 +68,10 @@ resume_with_checkpoint_args() {
 
 resume gpt_torch_dist
 resume gpt_torch_legacy
+# More optimizer parameter groups than weight decay's two: --decoupled-lr (the embedding and
+# output layer's) and MuP (the hidden matrices'), each group's Adam state found by its kind.
+resume gpt_decoupled_lr_torch_legacy
+resume gpt_mup_torch_legacy
 resume_with_checkpoint_args llama_tp2_torch_dist
 resume_with_checkpoint_args gpt_tp2pp2_torch_legacy
 resume_with_checkpoint_args moe_ep2_torch_dist --moe-aux-loss-coeff 0.01 --moe-token-dispatcher-type alltoall
