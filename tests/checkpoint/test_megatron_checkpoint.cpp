@@ -182,6 +182,30 @@ TEST(MegatronCheckpoint, LegacyHoldsWeightsMomentsAndCounters) {
   EXPECT_TRUE(c.tensors.count("decoder.layers.0.mlp.linear_fc1.layer_norm_bias"));
 }
 
+// Three optimizer parameter groups (--decoupled-lr's, MuP's): each group's first state entry
+// (Megatron's own numbering, as Python's torch.load reads it) belongs to the first model parameter
+// of the group's kind.
+TEST(MegatronCheckpoint, LegacyGroupsOfDecoupledLrAndMupFindTheirParameters) {
+  const auto moment = [](const MegatronCheckpoint& c, const std::string& which, const std::string& name, int64_t i) {
+    return c.tensors.at("optimizer.state." + which + "." + name).read().flatten()[i].item<double>();
+  };
+  const std::string norm = "decoder.layers.0.self_attention.linear_qkv.layer_norm_weight";
+  const MegatronCheckpoint decoupled =
+      read_checkpoint(kFixtures + "/gpt_decoupled_lr_torch_legacy/ckpt/iter_0000010", "torch");
+  EXPECT_EQ(decoupled.tensors.size(), 3u * 29u);  // untied: the output layer too
+  EXPECT_FLOAT_EQ(moment(decoupled, "exp_avg", "embedding.position_embeddings.weight", 5), -0.0004334464902058244);
+  EXPECT_FLOAT_EQ(moment(decoupled, "exp_avg", "embedding.word_embeddings.weight", 5), -4.2031027987832204e-05);
+  EXPECT_FLOAT_EQ(moment(decoupled, "exp_avg_sq", "embedding.word_embeddings.weight", 3), 5.243964984469329e-12);
+  EXPECT_FLOAT_EQ(moment(decoupled, "exp_avg", norm, 5), 2.9442249797284603e-05);
+  const MegatronCheckpoint mup = read_checkpoint(kFixtures + "/gpt_mup_torch_legacy/ckpt/iter_0000010", "torch");
+  EXPECT_EQ(mup.tensors.size(), 3u * 28u);
+  EXPECT_FLOAT_EQ(moment(mup, "exp_avg", "embedding.word_embeddings.weight", 5), 1.719141801004298e-05);
+  EXPECT_FLOAT_EQ(moment(mup, "exp_avg", "decoder.layers.0.self_attention.linear_proj.weight", 5), 0.0003031012020073831);
+  EXPECT_FLOAT_EQ(moment(mup, "exp_avg_sq", "decoder.layers.0.self_attention.linear_proj.weight", 3),
+                  2.5741488940411728e-09);
+  EXPECT_FLOAT_EQ(moment(mup, "exp_avg", norm, 5), 2.1228277091722703e-06);
+}
+
 TEST(MegatronCheckpoint, DistributedEqualsLegacy) {
   // Both fixtures come from identical runs: the same tensors under the same names.
   const MegatronCheckpoint dist = read_checkpoint(kDist, "torch_dist");
