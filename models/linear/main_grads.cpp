@@ -36,9 +36,7 @@ void MainGrads::zero_unwritten() {
   std::lock_guard<std::mutex> lock(mutex_);
   for (auto& [impl, e] : entries_)
     if (e.written != step_ || e.zeroed == step_) {
-      torch::Tensor g = e.param.grad();
-      if (g.storage().data() == nullptr) continue;  // a released unit's (parallel/sharded_grads.h): reduced already
-      g.zero_();
+      e.param.grad().zero_();
       e.written = e.zeroed = step_;
     }
 }
