@@ -4,7 +4,8 @@ from packages only -- nothing is downloaded at run time:
 
   text       the Linux kernel's documentation (Debian linux-doc-6.1: Documentation/**/*.gz, reST and
              plain text), Python's (python3.11-doc: the reST sources of its HTML) and Perl's
-             (perl-doc: *.pod); one document per file, in sorted path order
+             (perl-doc: *.pod); one document per file, in a fixed shuffled order (seed 1234) so that
+             a split's held-out tail mixes all three sources
   tokenizer  GPT-2's byte-level BPE, from the openai-whisper source distribution on PyPI
              (whisper/assets/gpt2.tiktoken: the 50,256 GPT-2 merge ranks), converted here to the
              vocab.json + merges.txt pair Megatron's GPT2BPETokenizer reads (<|endoftext|> = 50256)
@@ -24,6 +25,7 @@ import glob
 import gzip
 import json
 import os
+import random
 import subprocess
 import sys
 import tarfile
@@ -97,12 +99,15 @@ def unpack(deb, into):
 
 
 def documents(root):
-    """(path, text) of every document, sorted by path."""
+    """(path, text) of every document, shuffled with a fixed seed: Megatron's --split takes
+    contiguous document ranges, and sorted paths would leave the validation split all Python."""
     files = []
     files += glob.glob(os.path.join(root, "linux", "usr/share/doc/linux-doc-*/Documentation/**/*.gz"), recursive=True)
     files += glob.glob(os.path.join(root, "python", "usr/share/doc/python3*/html/_sources/**/*.txt"), recursive=True)
     files += glob.glob(os.path.join(root, "perl", "usr/share/perl/**/*.pod"), recursive=True)
-    for path in sorted(files):
+    files.sort()
+    random.Random(1234).shuffle(files)
+    for path in files:
         raw = gzip.open(path).read() if path.endswith(".gz") else open(path, "rb").read()
         text = raw.decode("utf-8", errors="replace").strip()
         if len(text) >= 200:
