@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Real-text FP8 convergence: GPT-2 124M on the packaged documentation corpus
-# (scripts/text_corpus/prepare_corpus.py: Linux, Python and Perl documentation, GPT-2 BPE), bf16
-# and each FP8 recipe from the same seed and data, 5000 steps of GLOBAL_BATCH (default 8) x 1024
-# tokens, validation loss every 250 steps on a held-out 2% split. TensorBoard event files (loss,
+# Real-text FP8 convergence: GPT-2 124M (MODEL=gpt2, 5000 steps) or the Mixtral-style MoE model
+# shrunk to 8 layers of hidden size 768 with 8 experts of 2048, top-2 (MODEL=moe, 2000 steps) on
+# the packaged documentation corpus (scripts/text_corpus/prepare_corpus.py: Linux, Python and Perl
+# documentation, GPT-2 BPE), bf16 and each FP8 recipe from the same seed and data, ITERS steps of
+# GLOBAL_BATCH (default 8) x 1024 tokens, validation loss every 250 steps on a held-out 2% split. TensorBoard event files (loss,
 # validation loss, and with --log-fp8-stats-to-tensorboard each FP8 linear's per-tensor amax,
 # underflow and overflow counts every 100 steps) go to $OUT/tb/<recipe>. Prints the final
 # validation loss of each recipe and its difference from bf16 (bar: within 0.25%, DeepSeek-V3's);
@@ -15,19 +16,34 @@
 #   them at a time on the GPU (the runs do not depend on each other; their tokens/s then are not a
 #   speed figure). A run whose log already ends with its final validation loss is not repeated, so
 #   the runs can be split over several invocations and the last one prints the whole table.
+#   EXTRA_FLAGS are added to every run (e.g. --dry-run to check the flags without training).
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT"
 source .setup/env.sh
 CORPUS=$(cd "$1" && pwd)
 shift
-OUT=${OUT:-convergence-text}
+MODEL=${MODEL:-gpt2}
+case $MODEL in
+  gpt2)
+    MODEL_FLAGS=(--num-layers 12 --hidden-size 768 --num-attention-heads 12 --position-embedding-type learned_absolute)
+    DEFAULT_ITERS=5000 ;;
+  moe)
+    MODEL_FLAGS=(--num-layers 8 --hidden-size 768 --num-attention-heads 12 --group-query-attention --num-query-groups 4
+                 --ffn-hidden-size 2048 --num-experts 8 --moe-router-topk 2 --moe-router-load-balancing-type aux_loss
+                 --moe-aux-loss-coeff 0.01 --moe-router-dtype fp32 --moe-token-dispatcher-type alltoall --moe-grouped-gemm
+                 --moe-permute-fusion --position-embedding-type rope --normalization RMSNorm --swiglu
+                 --disable-bias-linear --untie-embeddings-and-output-weights)
+    DEFAULT_ITERS=2000 ;;
+  *) echo "MODEL must be gpt2 or moe, not '$MODEL'" >&2; exit 2 ;;
+esac
+OUT=${OUT:-convergence-text-$MODEL}
 mkdir -p "$OUT"
 ALL=(bf16 delayed tensorwise blockwise mxfp8 hif8)
 RECIPES=("$@")
 [ ${#RECIPES[@]} -eq 0 ] && RECIPES=("${ALL[@]}")
 TABLE=("${ALL[@]}" delayed-e4m3 tensorwise-e4m3)
-ITERS=${ITERS:-5000}
+ITERS=${ITERS:-$DEFAULT_ITERS}
 GLOBAL_BATCH=${GLOBAL_BATCH:-8}
 CONCURRENT=${CONCURRENT:-1}
 final_line="validation loss at iteration $ITERS "
@@ -46,15 +62,14 @@ recipe_flags() {
 train() {
   local recipe=$1 log="$OUT/$1.log"
   # shellcheck disable=SC2046
-  ./build/fp8tron --num-layers 12 --hidden-size 768 --num-attention-heads 12 --seq-length 1024 \
-    --max-position-embeddings 1024 --micro-batch-size "$GLOBAL_BATCH" --global-batch-size "$GLOBAL_BATCH" --bf16 \
+  ./build/fp8tron "${MODEL_FLAGS[@]}" --seq-length 1024 --max-position-embeddings 1024 --micro-batch-size "$GLOBAL_BATCH" --global-batch-size "$GLOBAL_BATCH" --bf16 \
     --data-path "$CORPUS/docs_text_document" --split 98,2,0 --data-cache-path "$OUT/cache/$recipe" \
     --tokenizer-type GPT2BPETokenizer --vocab-file "$CORPUS/gpt2-vocab.json" --merge-file "$CORPUS/gpt2-merges.txt" \
     --train-iters "$ITERS" --lr 6e-4 --min-lr 6e-5 --lr-decay-style cosine --lr-warmup-iters "${WARMUP:-200}" \
     --weight-decay 0.1 --adam-beta2 0.95 --clip-grad 1.0 --attention-dropout 0 --hidden-dropout 0 --seed 1234 \
     --log-interval 50 --log-throughput --eval-interval 250 --eval-iters 40 \
     --tensorboard-dir "$OUT/tb/$recipe" --tensorboard-log-interval 100 --log-validation-ppl-to-tensorboard \
-    --log-fp8-stats-to-tensorboard $(recipe_flags "$recipe") >"$log" 2>&1 ||
+    --log-fp8-stats-to-tensorboard $(recipe_flags "$recipe") ${EXTRA_FLAGS:-} >"$log" 2>&1 ||
     echo "!! $recipe failed: $(tail -1 "$log")"
 }
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Draws the real-text FP8 convergence runs of scripts/text_corpus/fp8_convergence.sh.
 
-  plot_convergence.py RUN_DIR OUT_PREFIX
+  plot_convergence.py RUN_DIR OUT_PREFIX [TITLE]
 
 RUN_DIR holds <recipe>.log (and tb/<recipe>/ when the TensorBoard package is installed). Writes
 OUT_PREFIX_loss.png (validation loss of every recipe; each FP8 recipe's training loss relative to
@@ -43,7 +43,7 @@ def moving_mean(values, window):
             for i in range(len(values))]
 
 
-def plot_losses(runs, out):
+def plot_losses(runs, out, title):
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 8), sharex=True)
     base_train = runs["bf16"][0]
     for name, (train, valid) in runs.items():
@@ -64,7 +64,7 @@ def plot_losses(runs, out):
     bottom.set_ylabel("training loss vs bf16, % (mean of 500 its)")
     bottom.set_xlabel("iteration")
     bottom.grid(alpha=0.3)
-    fig.suptitle("GPT-2 124M, real text (packaged documentation), 8 x 1024 tokens per step")
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(out, dpi=90)
 
@@ -109,15 +109,16 @@ def plot_casts(run_dir, names, out):
 
 
 def main():
-    if len(sys.argv) != 3:
+    if len(sys.argv) not in (3, 4):
         raise SystemExit(__doc__)
     run_dir, prefix = sys.argv[1], sys.argv[2]
+    title = sys.argv[3] if len(sys.argv) == 4 else "GPT-2 124M, real text (packaged documentation), 8 x 1024 tokens per step"
     found = {os.path.basename(p)[:-4] for p in glob.glob(os.path.join(run_dir, "*.log"))}
     if "bf16" not in found:
         raise SystemExit(f"{run_dir}: no bf16.log, the baseline every recipe is compared with")
     names = [n for n in ORDER if n in found] + sorted(found - set(ORDER))
     runs = {n: read_log(os.path.join(run_dir, n + ".log")) for n in names}
-    plot_losses(runs, prefix + "_loss.png")
+    plot_losses(runs, prefix + "_loss.png", title)
     plot_casts(run_dir, names, prefix + "_casts.png")
     base_valid = runs["bf16"][1]
     last = max(base_valid)
