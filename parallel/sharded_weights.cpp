@@ -90,6 +90,7 @@ void ShardedWeights::start(size_t index) {
   torch::NoGradGuard no_grad;
   refill_storage(u.buffer, u.bytes);
   u.resident = true;
+  ++gathers_;
   resident_bytes_ += u.bytes;
   peak_resident_bytes_ = std::max(peak_resident_bytes_, resident_bytes_);
   const bool bytes = codes_.defined() && u.code_numel > 0;
@@ -134,7 +135,7 @@ void ShardedWeights::gather(size_t index, int direction) {
   // embedding, gathered again for the output layer, must not pull in the position embedding);
   // backward, one whose backward is still due.
   const int64_t next = int64_t(index) + direction;
-  if (!policy_.prefetch || next < 0 || next >= int64_t(units_.size()) || units_[size_t(next)].chunk != units_[index].chunk) return;
+  if (!policy_.prefetch || direction == 0 || next < 0 || next >= int64_t(units_.size()) || units_[size_t(next)].chunk != units_[index].chunk) return;
   if (units_[size_t(next)].awaiting_backward == (direction < 0)) start(size_t(next));
 }
 
@@ -150,8 +151,11 @@ void ShardedWeights::release(size_t index) {
   resident_bytes_ -= u.bytes;
 }
 
+bool ShardedWeights::replaying() const { return policy_.replaying && policy_.replaying(); }
+
 void ShardedWeights::gather_for(const torch::nn::Module& module) {
-  for (size_t unit : units_of(module)) gather(unit, +1);
+  const int direction = replaying() ? 0 : +1;
+  for (size_t unit : units_of(module)) gather(unit, direction);
 }
 
 void ShardedWeights::release_for(const torch::nn::Module& module, const std::vector<torch::Tensor>& outputs) {
@@ -161,8 +165,9 @@ void ShardedWeights::release_for(const torch::nn::Module& module, const std::vec
   bool backward = false;
   for (const auto& out : outputs) backward = backward || (out.defined() && out.requires_grad());
   const std::vector<size_t> read_next = units_among(outputs);
+  const bool keep = backward && (policy_.keep_after_forward || replaying());
   for (size_t unit : units) {
-    if (backward && policy_.keep_after_forward) {
+    if (keep) {
       // kept until its backward pass has its gradients
     } else if (std::find(read_next.begin(), read_next.end(), unit) != read_next.end()) {
       deferred_.push_back(unit);

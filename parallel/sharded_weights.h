@@ -13,7 +13,9 @@
 //    also hooks the module's outputs so that the first gradient reaching them gathers the unit again
 //    for the backward pass; a unit one of whose parameters is itself among the outputs (an output
 //    projection's bias left to the next layer's norm kernel, ResidualStream::branch_bias) is
-//    released after the next module's forward pass instead, as that module reads it,
+//    released after the next module's forward pass instead, as that module reads it; a module
+//    replayed by activation recomputation inside the backward pass keeps its units for the
+//    backward pass that follows (GatherPolicy::replaying),
 //  - released again once every one of its parameters has received its gradient.
 // With prefetching (--overlap-param-gather) gathering unit i also issues, without waiting, the
 // all-gather of the unit the pass needs next (i + 1 forward, i - 1 backward) within the same model
@@ -47,6 +49,11 @@ struct GatherPolicy {
   // --torch-fsdp2-no-reshard-after-forward: a unit whose forward pass will have a backward pass stays
   // gathered until that backward pass has its gradients (no second gather).
   bool keep_after_forward = false;
+  // Whether the forward pass running now replays a recomputed part inside the backward pass
+  // (activation recomputation; null: never). Its units stay gathered for the backward pass that
+  // follows at once, as Megatron-FSDP keeps them (two gathers per step, not three), and it
+  // prefetches nothing: the unit after it in forward order has had its backward pass already.
+  std::function<bool()> replaying;
 };
 
 class ShardedWeights {
@@ -88,6 +95,8 @@ class ShardedWeights {
   int64_t resident_bytes() const { return resident_bytes_; }
   int64_t peak_resident_bytes() const { return peak_resident_bytes_; }
   int64_t total_bytes() const { return total_bytes_; }
+  // Units gathered so far (each all-gather of a unit counted once; gather_all not counted).
+  int64_t gathers() const { return gathers_; }
 
  private:
   struct Piece {
@@ -109,13 +118,14 @@ class ShardedWeights {
   };
   std::vector<size_t> units_of(const torch::nn::Module& module) const;
   void start(size_t unit);  // allocates and issues the all-gather
-  void gather(size_t unit, int direction);  // waits; then prefetches unit + direction
+  void gather(size_t unit, int direction);  // waits; then prefetches unit + direction (0: none)
   void finish(size_t unit);                 // waits for its all-gathers and decodes its codes
   void issue(Unit& u, const Piece& piece, torch::Tensor whole, const torch::Tensor& shard);
   void release(size_t unit);
   std::vector<size_t> units_among(const std::vector<torch::Tensor>& tensors) const;  // parameters' units
   void release_deferred();
   void grad_arrived(size_t unit);
+  bool replaying() const;
 
   torch::Tensor shard_;
   std::shared_ptr<Communicator> group_;
@@ -128,7 +138,7 @@ class ShardedWeights {
   std::unordered_map<const void*, size_t> unit_of_;  // parameter (TensorImpl) -> unit
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keeps the hooked nodes alive
   std::function<void(size_t)> backward_starts_, grads_done_;  // follow_backward()
-  int64_t resident_bytes_ = 0, peak_resident_bytes_ = 0, total_bytes_ = 0;
+  int64_t resident_bytes_ = 0, peak_resident_bytes_ = 0, total_bytes_ = 0, gathers_ = 0;
 };
 
 }  // namespace fp8tron

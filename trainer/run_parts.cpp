@@ -16,6 +16,7 @@
 #include "data/loader/builtin_datasets.h"
 #include "data/loader/cyclic_source.h"
 #include "data/loader/file_source.h"
+#include "fp8/forward_replay.h"
 #include "models/linear/modules.h"
 #include "parallel/layer_split.h"
 #include "parallel/optimizer_instances.h"
@@ -228,7 +229,9 @@ void shard_weights(RunParts& r) {
       units[it->second].push_back(item.value());
     }
   const auto& d = r.config.distributed;
-  r.optimizer->shard_model_params(units, GatherPolicy{d.overlap_param_gather, d.keep_params_after_forward});
+  GatherPolicy policy{d.overlap_param_gather, d.keep_params_after_forward};
+  policy.replaying = fp8::forward_replay_active;  // set by every recomputation's replay, FP8 or not
+  r.optimizer->shard_model_params(units, std::move(policy));
   MixedPrecisionOptimizer* optimizer = r.optimizer.get();
   // A deferred bias's gradient, written by the next part's kernels before its own unit's pass.
   r.main_grads->set_allocate_on_write([optimizer](const torch::Tensor& param) { optimizer->allocate_grad_of(param); });

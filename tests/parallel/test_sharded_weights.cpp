@@ -10,6 +10,7 @@
 #include <map>
 #include <regex>
 
+#include "fp8/forward_replay.h"
 #include "models/gpt_model.h"
 #include "parallel/parallel_state.h"
 #include "parallel/sharded_grads.h"
@@ -32,8 +33,9 @@ bool holds_memory(const torch::Tensor& p) { return p.storage().nbytes() > 0; }
 // A GPT model whose weights are sharded-weight units (one rank: its shard is all of the flat
 // buffer, in model order), and the same model with resident weights as the reference.
 struct ShardedGpt {
-  explicit ShardedGpt(GatherPolicy policy)
-      : config(build(tiny_args({"--num-layers", "6", "--attention-dropout", "0", "--hidden-dropout", "0"})).model),
+  explicit ShardedGpt(GatherPolicy policy, std::vector<std::string> flags = {})
+      : config(build(with(tiny_args({"--num-layers", "6", "--attention-dropout", "0", "--hidden-dropout", "0"}), flags))
+                   .model),
         reference(config),
         model(config) {
     torch::manual_seed(5);
@@ -140,6 +142,43 @@ TEST(ShardedWeights, KeptFromForwardToBackward) {
   const auto expected_params = gpt.reference->named_parameters();
   for (const auto& item : gpt.model->named_parameters())
     EXPECT_TRUE(torch::equal(item.value().grad(), expected_params[item.key()].grad())) << item.key();
+}
+
+// Full recomputation: a layer's replay in the backward pass gathers its unit, which then stays
+// gathered for that layer's backward pass, as Megatron-FSDP keeps it: the step gathers each unit
+// twice, as without recomputation (three times for a recomputed layer if the replay released it),
+// the replay prefetches nothing (the next layer in forward order is done), and the model computes
+// exactly what it computes with resident weights.
+TEST(ShardedWeights, RecomputedLayerKeepsItsWeightsForItsBackward) {
+  const std::vector<std::string> recompute = {"--recompute-granularity", "full", "--recompute-method", "uniform",
+                                              "--recompute-num-layers", "1"};
+  auto run = [](ShardedGpt& gpt) {
+    auto& weights = *gpt.weights;
+    gpt.model->set_params_ready_hook([&](const torch::nn::Module& part) { weights.gather_for(part); });
+    gpt.model->set_params_used_hook([&](const torch::nn::Module& part, const std::vector<torch::Tensor>& outputs) {
+      weights.release_for(part, outputs);
+    });
+    auto expected = gpt.loss(gpt.reference);
+    expected.backward();
+    auto loss = gpt.loss(gpt.model);
+    loss.backward();
+    EXPECT_TRUE(torch::equal(loss, expected));
+    const auto expected_params = gpt.reference->named_parameters();
+    for (const auto& item : gpt.model->named_parameters())
+      EXPECT_TRUE(torch::equal(item.value().grad(), expected_params[item.key()].grad())) << item.key();
+    EXPECT_EQ(weights.resident_bytes(), 0) << "every unit released after the backward pass";
+    EXPECT_LT(weights.peak_resident_bytes(), weights.total_bytes() / 2) << "at most a few units at a time";
+    return weights.gathers();
+  };
+  for (bool prefetch : {false, true}) {
+    SCOPED_TRACE(prefetch ? "with prefetching" : "without prefetching");
+    ShardedGpt plain(GatherPolicy{prefetch});
+    const int64_t without_recompute = run(plain);
+    GatherPolicy policy{prefetch};
+    policy.replaying = fp8::forward_replay_active;
+    ShardedGpt recomputed(policy, recompute);
+    EXPECT_EQ(run(recomputed), without_recompute) << "recomputation gathers no unit a third time";
+  }
 }
 
 // --fp8-param-gather: once the optimizer publishes codes, the leading (byte-published) weights are
