@@ -39,8 +39,8 @@ def read_log(path):
 
 
 def moving_mean(values, window):
-    return [sum(values[max(0, i - window + 1):i + 1]) / len(values[max(0, i - window + 1):i + 1])
-            for i in range(len(values))]
+    windows = (values[max(0, i - window + 1):i + 1] for i in range(len(values)))
+    return [sum(w) / len(w) for w in windows]
 
 
 def plot_losses(runs, out, title):
