@@ -29,6 +29,8 @@
 #     its order;
 #   - a save killed before its commit leaves no checkpoint; what cannot be written in torch_dist
 #     yet saves fp8tron's format with a notice, or is refused in a conversion.
+# Without MPIRUN the one-process cases run, with it only the multi-process ones (two tests, so the
+# one-process part shares the machine with other tests).
 # Usage: torch_dist_save_test.sh FP8TRON SOURCE_DIR PYTHON [MPIRUN]
 set -u
 BIN=$1
@@ -115,6 +117,9 @@ convert_test() {
   check "$tag: converted fixture: common state as the fixture's" common "$out" "$FIXTURE/ckpt/iter_0000010"
 }
 
+# FP8 with delayed scaling (both parts).
+FP8=(--transformer-impl transformer_engine --bf16 --fp8-format hybrid --fp8-amax-history-len 16 --fp8-amax-compute-algo max)
+if [ -z "$MPIRUN" ]; then  # the one-process part
 WITH_NATIVE=1 resume_test single 1
 check "single: Megatron's names and shapes" metadata "$WORK/single-td/iter_0000010" "$FIXTURE/ckpt/iter_0000010"
 check "single: tensors equal fp8tron's own checkpoint" tensors "$WORK/single-td/iter_0000010" "$WORK/single-native/iter_0000010"
@@ -133,7 +138,6 @@ done
 # (fp8tron_fp8_state.<module>), so the resume is exact; the tensors, that state included, equal
 # fp8tron's own checkpoint's; resumed with the FP8 flags dropped, as Megatron without Transformer
 # Engine would, the run goes on in bf16.
-FP8=(--transformer-impl transformer_engine --bf16 --fp8-format hybrid --fp8-amax-history-len 16 --fp8-amax-compute-algo max)
 WITH_NATIVE=1 resume_test fp8 1 "${FP8[@]}"
 check "fp8: tensors equal fp8tron's own checkpoint, FP8 recipe state included" tensors "$WORK/fp8-td/iter_0000010" \
   "$WORK/fp8-native/iter_0000010"
@@ -173,6 +177,7 @@ resume_test mup 1 "${MUP[@]}"
 check "mup: Megatron's parameter groups" groups "$WORK/mup-td/iter_0000010" \
   "[[$(group 1 1e-3 1e-4 1e-8 true), $(group 1 5e-4 5e-5 5e-9 false), $(group 0 1e-3 1e-4 1e-8 true)],
     [$(group 1 5e-4 5e-5 5e-9 false)]]"
+fi
 if [ -n "$MPIRUN" ]; then
   # The FP8 state written by the first rank of each amax group: tensor-parallel rank 0, and each
   # expert's expert-parallel owner.
@@ -237,7 +242,7 @@ moe_convert_test() {  # moe_convert_test <tag> <np> [layout flags...]
   check "$tag: converted MoE fixture: tensors equal the fixture's" tensors "$out" "$ref"
   check "$tag: converted MoE fixture: chained optimizer state as the fixture's" common "$out" "$ref"
 }
-moe_convert_test moe 1
+if [ -z "$MPIRUN" ]; then moe_convert_test moe 1; fi
 if [ -n "$MPIRUN" ]; then
   moe_convert_test moe-ep2 2 --expert-model-parallel-size 2
   resume_test moe-ep2 2 "${MOE[@]}" --expert-model-parallel-size 2
@@ -318,6 +323,7 @@ PY
   else echo "FAIL: moe-mixed: the names of Megatron's non-homogeneous layers"; fail=1; fi
 fi
 
+if [ -z "$MPIRUN" ]; then  # the one-process part
 # A save killed before its commit leaves no checkpoint and no tracker.
 ( "$BIN" "${FLAGS[@]}" --exit-interval 10 --save "$WORK/killed" --fp8tron-test-kill-at save:metadata-written \
   > "$WORK/killed.log" 2>&1 ) 2> /dev/null
@@ -359,4 +365,5 @@ expect_error "--ckpt-convert-format torch: fp8tron converts into Megatron's torc
 # Without --ckpt-format, fp8tron's own format, as before.
 run native-default 1 "${NATIVE[@]}" --train-iters 3 --save "$WORK/default" && \
   { [ -e "$WORK/default/iter_0000003/fp8tron_checkpoint.json" ] && echo "ok: fp8tron's format by default" || { echo "FAIL: default format"; fail=1; }; }
+fi
 exit $fail

@@ -73,8 +73,9 @@ for cmd in "${COMMANDS[@]}"; do
     done
     run=${run//$GRAPH/}
   fi
+  start=$SECONDS
   if out=$(eval "$run" 2>&1); then
-    echo "ok: $cmd"
+    echo "ok ($((SECONDS - start)) s): $cmd"
   else
     echo "FAIL: $cmd"; echo "  ran: $run"; echo "$out" | tail -5 | sed 's/^/  /'; fail=1
   fi
