@@ -42,6 +42,11 @@ struct Fp8EngineOptions {
   // Whether the GEMMs' algorithms are timed on first use (fp8/gemm.h's AlgoSelection::kAutotune)
   // or taken from cuBLASLt's heuristic (the same kernels in every run: --deterministic-mode).
   bool autotune_gemms = true;
+  // --fp8-transposes: keep (the transposed FP8 copies the backward GEMMs read are cast in the
+  // forward pass and kept until backward, the weight's for the whole step: Transformer Engine's
+  // way, the fewest casts) or recast (false: cast again in backward from what a bf16 run keeps
+  // anyway, so FP8 holds nothing a bf16 run does not; fp8_linear.h says which copies).
+  bool keep_transposes = true;
 };
 
 // Replaces row 0 of the amax history (a [num_slots] fp32 tensor) by its maximum over the ranks

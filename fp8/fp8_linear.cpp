@@ -85,6 +85,13 @@ struct Fp8LinearBackward : public torch::autograd::Node {
   Fp8Site* site = nullptr;
   std::shared_ptr<Quantized> input;   // transposed copy only (wgrad)
   std::shared_ptr<Quantized> weight;  // both copies (dgrad uses the transposed one)
+  // --fp8-transposes recast: where `weight` and `input` are null, their transposed copies are cast
+  // in backward from these, with the forward's scales (the step's delayed scales, or the same
+  // values' amax), so the GEMMs read the codes a kept copy would hold.
+  torch::Tensor weight_source;  // the weight
+  torch::Tensor input_source;   // the input of the fused activation (an MLP's fc1 output)
+  Prologue input_prologue = Prologue::kNone;
+  bool ran = false;
   torch::Tensor activation_input;     // Prologue::kGeluTanh: the GeLU's input (its backward reads it)
   torch::Tensor weight_param;         // the parameter: its fp32 main gradient takes the wgrad directly
   // This node's output is the input of a GeLU fused into the next FP8 linear, which hands back the
@@ -119,6 +126,8 @@ struct Fp8LinearBackward : public torch::autograd::Node {
   void release_state() {
     input.reset();
     weight.reset();
+    weight_source = torch::Tensor();
+    input_source = torch::Tensor();
     activation_input = torch::Tensor();
     weight_param = torch::Tensor();
     deferred_gelu_input = torch::Tensor();
@@ -127,7 +136,8 @@ struct Fp8LinearBackward : public torch::autograd::Node {
   }
 
   variable_list apply(variable_list&& grads) override {
-    FP8TRON_CHECK(input || weight, "Fp8LinearBackward ran twice (retain_graph is not supported for FP8 linears)");
+    FP8TRON_CHECK(!ran, "Fp8LinearBackward ran twice (retain_graph is not supported for FP8 linears)");
+    ran = true;
     Fp8Engine& e = *site->engine;
     const bool need_dgamma = norm && task_should_compute_output(3), need_dbeta = norm && task_should_compute_output(4);
     const bool need_dx = task_should_compute_output(0) || need_dgamma || need_dbeta, need_dw = task_should_compute_output(1);
@@ -183,14 +193,14 @@ struct Fp8LinearBackward : public torch::autograd::Node {
         // gradient shaped as x, [..., 2f]; the rest is never read.
         auto packed = torch::empty(input_shape, dy.options().dtype(input_dtype));
         const int64_t rows = dy.size(0), f = site->in_features;
-        gemm(e, *dyq, false, *weight, true, {}, GemmKind::kDgrad, input_dtype,
+        gemm(e, *dyq, false, weight_t(), true, {}, GemmKind::kDgrad, input_dtype,
              packed.view(-1).narrow(0, 0, rows * f).view({rows, f}), /*overwrite=*/true);
         out[0] = packed;
       } else if (swiglu) {
-        out[0] = gemm(e, *dyq, false, *weight, true, {}, GemmKind::kDgrad, input_dtype);
+        out[0] = gemm(e, *dyq, false, weight_t(), true, {}, GemmKind::kDgrad, input_dtype);
         out[0] = e.swiglu_backward(out[0], activation_input.reshape({-1, 2 * site->in_features})).view(input_shape);
       } else {
-        out[0] = gemm(e, *dyq, false, *weight, true, {}, GemmKind::kDgrad, input_dtype).view(input_shape);
+        out[0] = gemm(e, *dyq, false, weight_t(), true, {}, GemmKind::kDgrad, input_dtype).view(input_shape);
         // GeLU's derivative, unless the producing FP8 linear applies it (activation_input unset).
         if (activation_input.defined()) out[0] = at::gelu_backward(out[0], activation_input, "tanh");
       }
@@ -204,6 +214,7 @@ struct Fp8LinearBackward : public torch::autograd::Node {
         out[4] = g.dbeta;
         out[0] = dx.defined() ? dx.view(input_shape) : torch::Tensor();
       }
+      if (weight_source.defined()) weight.reset();  // a recast copy lives for its GEMM only
     }
     // --delay-wgrad-compute (fp8/held_wgrad.h): the wgrad GEMM later, from the same codes.
     const bool hold = need_dw && site->wgrad_queue && weight_param.defined();
@@ -233,6 +244,20 @@ struct Fp8LinearBackward : public torch::autograd::Node {
     return out;
   }
 
+  // The transposed copies the GEMMs read: kept from the forward pass, or cast now.
+  const Quantized& weight_t() {
+    if (!weight)
+      weight = quantize(*site->engine, *site, TensorRole::kWeight, weight_source.detach(), /*rowwise=*/false,
+                        /*transposed=*/true, /*record_amax=*/false, {}, nullptr, /*count_stats=*/false);
+    return *weight;
+  }
+  const Quantized& input_t() {
+    if (!input)
+      input = quantize(*site->engine, *site, TensorRole::kInput, input_source, /*rowwise=*/false, /*transposed=*/true,
+                       /*record_amax=*/false, TensorCastFusion{input_prologue, nullptr}, nullptr, /*count_stats=*/false);
+    return *input;
+  }
+
   // dW [N, K] = dY^T [N, M] * (X^T [K, M])^T: what autograd is to add (undefined where the GEMM
   // added it to the main gradient).
   torch::Tensor weight_grad(const Quantized& dyq) {
@@ -248,12 +273,12 @@ struct Fp8LinearBackward : public torch::autograd::Node {
       // With the optimizer not zeroing these gradients, the step's first backward overwrites.
       const bool overwrite = e.overwrite_main_grads() && site->main_grad_generation != e.weight_generation();
       site->main_grad_generation = e.weight_generation();
-      gemm(e, dyq, true, *input, true, {}, GemmKind::kWgrad, torch::kFloat32, main_grad, overwrite);
+      gemm(e, dyq, true, input_t(), true, {}, GemmKind::kWgrad, torch::kFloat32, main_grad, overwrite);
       return {};
     }
     FP8TRON_CHECK(!e.overwrite_main_grads(), site->name + ": the optimizer leaves this weight's gradient to the "
                                              "wgrad GEMM, but it is not an fp32 main gradient");
-    return gemm(e, dyq, true, *input, true, {}, GemmKind::kWgrad, weight_dtype);
+    return gemm(e, dyq, true, input_t(), true, {}, GemmKind::kWgrad, weight_dtype);
   }
 };
 
@@ -301,6 +326,12 @@ torch::Tensor linear_impl(const torch::Tensor& x, const torch::Tensor& weight, c
                                    (norm && (wants_grad(norm->gamma_param) || wants_grad(norm->beta_param))));
   const auto x2d = x.reshape({-1, x_width});
   check_rows(site, x2d.size(0));
+  // --fp8-transposes recast: the weight's transposed copy is cast in backward (the parameter's
+  // values; gathered FP8 codes are kept as they come), and so is the input's where the node holds
+  // its source anyway (the activation's input); a plain input's source would be held in bf16.
+  const bool recast = !e.options().keep_transposes;
+  const bool recast_weight = recast && weight.is_leaf() && !weight_from_gathered_codes(site);
+  const bool recast_input = recast && need_dw && x.is_contiguous() && (prologue == Prologue::kGeluTanh || prologue == Prologue::kSwiglu);
 
   std::shared_ptr<Quantized> xq, wq;
   torch::Tensor y;
@@ -316,7 +347,8 @@ torch::Tensor linear_impl(const torch::Tensor& x, const torch::Tensor& weight, c
     // A recomputed forward pass (activation recomputation) records nothing: the original pass did.
     const bool record = track && !forward_replay_active();
     xq = quantize(e, site, TensorRole::kInput, x2d.detach(), true, need_dw, /*record_amax=*/record, fusion);
-    wq = quantized_weight(site, weight, /*record_amax=*/record);
+    wq = recast_weight ? quantize(e, site, TensorRole::kWeight, weight.detach(), true, false, record)
+                       : quantized_weight(site, weight, /*record_amax=*/record);
     y = gemm(e, *xq, false, *wq, false, bias.defined() ? bias.detach() : bias, GemmKind::kFprop, x.scalar_type());
     std::vector<int64_t> shape = x.sizes().vec();
     shape.back() = site.out_features;
@@ -331,8 +363,14 @@ torch::Tensor linear_impl(const torch::Tensor& x, const torch::Tensor& weight, c
   xq->dequantized = torch::Tensor();
   auto node = std::shared_ptr<Fp8LinearBackward>(new Fp8LinearBackward(), torch::autograd::deleteNode);
   node->site = &site;
-  node->input = need_dw ? xq : nullptr;
-  node->weight = wq;
+  node->input = need_dw && !recast_input ? xq : nullptr;
+  node->weight = recast_weight ? nullptr : wq;
+  if (recast_weight) node->weight_source = weight.detach();
+  if (recast_input) {
+    // (Forward still casts both copies, with the fused kernel: the codes the recast reproduces.)
+    node->input_source = x2d.detach();
+    node->input_prologue = prologue;
+  }
   node->input_shape = x.sizes().vec();
   node->input_dtype = x.scalar_type();
   node->weight_dtype = weight.scalar_type();

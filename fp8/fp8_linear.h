@@ -8,6 +8,12 @@
 //   backward  dX = dY W          dY quantized (row-wise for dgrad, transposed copy for wgrad)
 //             dW = dY^T X        from the saved transposed copies; db = sum of dY
 //
+// With the engine's keep_transposes off (--fp8-transposes recast) the transposed copies that a
+// bf16 run has no counterpart of are not kept: the weight is quantized row-wise in each forward
+// pass and its transposed copy in backward, and with a GeLU or SwiGLU prologue (the node holds its
+// input anyway) so is x's. Both come out as the kept copies would (the step's delayed scales; the
+// same values' amax for current scaling; block scales of the same blocks).
+//
 // Three execution paths share the quantizers' semantics (fp8/quantize.h; the CPU ones are the
 // bit-identical references of quantize_reference.h):
 //   native     GPU, per-tensor and blockwise recipes with E4M3/E5M2: FP8 GEMMs through cuBLASLt

@@ -257,7 +257,7 @@ void record_cast_stats(Fp8Engine& e, const Fp8Site& site, TensorRole role, Forma
 
 std::shared_ptr<Quantized> quantize(Fp8Engine& e, const Fp8Site& site, TensorRole role, torch::Tensor x2d,
                                     bool rowwise, bool transposed, bool record_amax, TensorCastFusion fusion,
-                                    const AmaxReducer* reduce_current) {
+                                    const AmaxReducer* reduce_current, bool count_stats) {
   const Recipe& recipe = e.recipe();
   const Path path = path_of(e);
   // The fused kernels serve per-tensor scaling on the GPU; elsewhere the prologue runs first.
@@ -352,7 +352,7 @@ std::shared_ptr<Quantized> quantize(Fp8Engine& e, const Fp8Site& site, TensorRol
       break;
     }
   }
-  if (e.collecting_stats()) record_cast_stats(e, site, role, v.format, xb, fusion, q->data.defined() ? q->data : q->data_t,
+  if (count_stats && e.collecting_stats()) record_cast_stats(e, site, role, v.format, xb, fusion, q->data.defined() ? q->data : q->data_t,
                                               !q->data.defined());
   if (path == Path::kNative) return q;
   // Emulation: the GEMMs run in high precision on the dequantized values (bf16 on the GPU as the
@@ -373,9 +373,13 @@ std::shared_ptr<Quantized> quantize(Fp8Engine& e, const Fp8Site& site, TensorRol
   return q;
 }
 
+bool weight_from_gathered_codes(const Fp8Site& site) {
+  return site.codes.defined() && site.codes_generation == site.engine->weight_generation();
+}
+
 std::shared_ptr<Quantized> quantized_weight(Fp8Site& site, const torch::Tensor& weight, bool record_amax) {
   Fp8Engine& e = *site.engine;
-  if (site.codes.defined() && site.codes_generation == e.weight_generation()) {
+  if (weight_from_gathered_codes(site)) {
     // --fp8-param-gather: the gathered codes are this step's weight (its amax was recorded when
     // the optimizer cast it).
     if (!(site.weight && site.weight_generation == e.weight_generation() && site.weight_data == site.codes.data_ptr())) {

@@ -36,14 +36,18 @@ torch::Tensor scale_storage(const ScaleLayout& layout, const torch::Device& devi
 // Quantizes x2d [rows, cols] for `role` of `site`: the row-wise copy and/or the transposed copy.
 // `record_amax`: delayed scaling max-accumulates the amax into the site's history slot.
 // `reduce_current` (tensorwise scaling of a part of a larger tensor, linear_ops.h): the amax of x2d
-// is replaced by the whole's before the scale is taken.
+// is replaced by the whole's before the scale is taken. `count_stats`: false for a cast made again
+// from the values of one already counted (--log-fp8-stats-to-tensorboard counts each value once).
 std::shared_ptr<Quantized> quantize(Fp8Engine& e, const Fp8Site& site, TensorRole role, torch::Tensor x2d,
                                     bool rowwise, bool transposed, bool record_amax, TensorCastFusion fusion = {},
-                                    const AmaxReducer* reduce_current = nullptr);
+                                    const AmaxReducer* reduce_current = nullptr, bool count_stats = true);
 
 // The weight of the current optimizer step, quantized once (both copies) and shared by every
 // micro-batch; re-quantized when the optimizer (or a checkpoint load) changed it.
 std::shared_ptr<Quantized> quantized_weight(Fp8Site& site, const torch::Tensor& weight, bool record_amax);
+// Whether the site's weight comes from codes gathered this step (--fp8-param-gather) rather than
+// from casting its parameter.
+bool weight_from_gathered_codes(const Fp8Site& site);
 
 // A quantized grouped tensor (segments.h): segment e belongs to sites[e], whose scaling state it
 // uses (its own delayed-scaling slots, current or block scales).

@@ -181,6 +181,7 @@ Fp8Config build_fp8(const FlagValues& f, const ModelConfig& m, const PrecisionCo
                                 (long long)c.bf16_first_layers, (long long)c.bf16_last_layers, (long long)m.num_layers));
   }
   c.min_features = f.get_int("fp8-min-features");
+  c.keep_transposes = f.get_string("fp8-transposes") == "keep";
   c.grouped_gemm_fp8 = !f.get_bool("no-use-gmm-fp8");
   c.param_gather = f.get_bool("fp8-param-gather");
   if (c.min_features < 0) throw UserError("--fp8-min-features must be >= 0");

@@ -14,7 +14,7 @@ namespace {
 // fp8tron's own flags (not Megatron's): listed in a section of their own.
 bool own_flag(const std::string& name) {
   static const std::set<std::string> own = {"config", "dry-run", "device", "builtin-data", "log-all-ranks", "fp8-min-features",
-                                            "moe-dispatch-fp8"};
+                                            "moe-dispatch-fp8", "fp8-transposes"};
   return own.count(name) != 0;
 }
 

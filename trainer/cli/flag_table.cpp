@@ -193,6 +193,7 @@ const std::vector<FlagSpec>& flag_table() {
       // ---- FP8 -------------------------------------------------------------------------------
       {"fp8-format", K::String, "", S::Yes, "", "e4m3|hybrid|hif8", "FP8 format (turns FP8 on): e4m3, hybrid (E4M3 forward, E5M2 gradients) or hif8 (emulated)."},
       {"fp8-recipe", K::String, "delayed", S::Yes, "", "delayed|tensorwise|blockwise|mxfp8", "FP8 scaling recipe (mxfp8 is emulated on Hopper)."},
+      {"fp8-transposes", K::String, "keep", S::Yes, "", "keep|recast", "fp8tron's own (not a Megatron flag): where the backward GEMMs' transposed FP8 copies come from. keep: cast in the forward pass and kept until backward, the weights' for the whole step (Transformer Engine's way, the fewest casts). recast: cast again in backward from what a bf16 run keeps anyway (each weight, and an MLP's fc2 input from fc1's output), the same codes, so FP8 holds less memory for a few more casts (docs/fp8.md, Memory)."},
       {"fp8-margin", K::Int, "0", S::Yes, "", "", "Delayed scaling: scale margin (powers of two)."},
       {"fp8-interval", K::Int, "1", S::Yes, "", "", "Delayed scaling: steps between scale updates."},
       {"fp8-amax-history-len", K::Int, "1", S::Yes, "", "", "Delayed scaling: length of the amax history."},
