@@ -331,7 +331,8 @@ torch::Tensor linear_impl(const torch::Tensor& x, const torch::Tensor& weight, c
   // its source anyway (the activation's input); a plain input's source would be held in bf16.
   const bool recast = !e.options().keep_transposes;
   const bool recast_weight = recast && weight.is_leaf() && !weight_from_gathered_codes(site);
-  const bool recast_input = recast && need_dw && x.is_contiguous() && (prologue == Prologue::kGeluTanh || prologue == Prologue::kSwiglu);
+  const bool recast_input =
+      recast && need_dw && x.is_contiguous() && (prologue == Prologue::kGeluTanh || prologue == Prologue::kSwiglu);
 
   std::shared_ptr<Quantized> xq, wq;
   torch::Tensor y;
