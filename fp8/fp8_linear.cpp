@@ -91,6 +91,7 @@ struct Fp8LinearBackward : public torch::autograd::Node {
   torch::Tensor weight_source;  // the weight
   torch::Tensor input_source;   // the input of the fused activation (an MLP's fc1 output)
   Prologue input_prologue = Prologue::kNone;
+  InputRebuild input_rebuild;   // or the input again (a norm's output, from the norm's input)
   bool ran = false;
   torch::Tensor activation_input;     // Prologue::kGeluTanh: the GeLU's input (its backward reads it)
   torch::Tensor weight_param;         // the parameter: its fp32 main gradient takes the wgrad directly
@@ -128,6 +129,7 @@ struct Fp8LinearBackward : public torch::autograd::Node {
     weight.reset();
     weight_source = torch::Tensor();
     input_source = torch::Tensor();
+    input_rebuild = nullptr;
     activation_input = torch::Tensor();
     weight_param = torch::Tensor();
     deferred_gelu_input = torch::Tensor();
@@ -252,9 +254,15 @@ struct Fp8LinearBackward : public torch::autograd::Node {
     return *weight;
   }
   const Quantized& input_t() {
-    if (!input)
-      input = quantize(*site->engine, *site, TensorRole::kInput, input_source, /*rowwise=*/false, /*transposed=*/true,
+    if (!input) {
+      torch::Tensor x = input_source;
+      if (!x.defined()) {
+        torch::NoGradGuard no_grad;
+        x = input_rebuild().reshape({-1, site->in_features});
+      }
+      input = quantize(*site->engine, *site, TensorRole::kInput, x, /*rowwise=*/false, /*transposed=*/true,
                        /*record_amax=*/false, TensorCastFusion{input_prologue, nullptr}, nullptr, /*count_stats=*/false);
+    }
     return *input;
   }
 
@@ -314,7 +322,7 @@ bool swiglu_hand_over_applies(const Fp8LinearBackward& producer, const torch::Te
 }
 
 torch::Tensor linear_impl(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias, Fp8Site& site,
-                          Prologue prologue, const NormInputs* norm) {
+                          Prologue prologue, const NormInputs* norm, const InputRebuild& rebuild_x = {}) {
   Fp8Engine& e = *site.engine;
   const int64_t x_width = prologue == Prologue::kSwiglu ? 2 * site.in_features : site.in_features;
   FP8TRON_CHECK(x.size(-1) == x_width && weight.size(0) == site.out_features && weight.size(1) == site.in_features,
@@ -328,11 +336,13 @@ torch::Tensor linear_impl(const torch::Tensor& x, const torch::Tensor& weight, c
   check_rows(site, x2d.size(0));
   // --fp8-transposes recast: the weight's transposed copy is cast in backward (the parameter's
   // values; gathered FP8 codes are kept as they come), and so is the input's where the node holds
-  // its source anyway (the activation's input); a plain input's source would be held in bf16.
+  // its source anyway (the activation's input) or the caller can rebuild it; any other input's
+  // source would be held in bf16.
   const bool recast = !e.options().keep_transposes;
   const bool recast_weight = recast && weight.is_leaf() && !weight_from_gathered_codes(site);
-  const bool recast_input =
-      recast && need_dw && x.is_contiguous() && (prologue == Prologue::kGeluTanh || prologue == Prologue::kSwiglu);
+  const bool activation = prologue == Prologue::kGeluTanh || prologue == Prologue::kSwiglu;
+  const bool recast_input = recast && need_dw && !norm &&
+                            ((activation && x.is_contiguous()) || (prologue == Prologue::kNone && rebuild_x));
 
   std::shared_ptr<Quantized> xq, wq;
   torch::Tensor y;
@@ -367,10 +377,12 @@ torch::Tensor linear_impl(const torch::Tensor& x, const torch::Tensor& weight, c
   node->input = need_dw && !recast_input ? xq : nullptr;
   node->weight = recast_weight ? nullptr : wq;
   if (recast_weight) node->weight_source = weight.detach();
-  if (recast_input) {
+  if (recast_input && activation) {
     // (Forward still casts both copies, with the fused kernel: the codes the recast reproduces.)
     node->input_source = x2d.detach();
     node->input_prologue = prologue;
+  } else if (recast_input) {
+    node->input_rebuild = rebuild_x;
   }
   node->input_shape = x.sizes().vec();
   node->input_dtype = x.scalar_type();
@@ -414,8 +426,8 @@ torch::Tensor linear_impl(const torch::Tensor& x, const torch::Tensor& weight, c
 }  // namespace
 
 torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias, Fp8Site& site,
-                         Prologue prologue) {
-  return linear_impl(x, weight, bias, site, prologue, nullptr);
+                         Prologue prologue, const InputRebuild& rebuild_x) {
+  return linear_impl(x, weight, bias, site, prologue, nullptr, rebuild_x);
 }
 
 bool hands_over_swiglu_backward(const torch::Tensor& h) {

@@ -10,8 +10,8 @@
 //
 // With the engine's keep_transposes off (--fp8-transposes recast) the transposed copies that a
 // bf16 run has no counterpart of are not kept: the weight is quantized row-wise in each forward
-// pass and its transposed copy in backward, and with a GeLU or SwiGLU prologue (the node holds its
-// input anyway) so is x's. Both come out as the kept copies would (the step's delayed scales; the
+// pass and its transposed copy in backward, and so is x's with a GeLU or SwiGLU prologue (the node
+// holds its input anyway) or where the caller can rebuild x (`rebuild_x`: a norm's output). Both come out as the kept copies would (the step's delayed scales; the
 // same values' amax for current scaling; block scales of the same blocks).
 //
 // Three execution paths share the quantizers' semantics (fp8/quantize.h; the CPU ones are the
@@ -22,6 +22,8 @@
 // fp8/'s kernels stay torch-free; this file and fp8_engine.h are the LibTorch bridge.
 #pragma once
 #include <torch/torch.h>
+
+#include <functional>
 
 #include "fp8/fp8_engine.h"
 #include "fp8/quantize.h"
@@ -39,8 +41,13 @@ namespace fp8tron::fp8 {
 // fp8_linear (fc1), that node applies SwiGLU's derivative inside its gradient cast
 // (Prologue::kSwigluBackward, native delayed scaling), x again with no other consumer; otherwise
 // this node applies it to its dgrad output.
+// `rebuild_x` (may be empty): returns x again, bit for bit, from what its producer keeps for its own
+// backward anyway (a norm's input: models/linear/layer_norm_column_parallel_linear.cpp). With
+// --fp8-transposes recast the node then holds it instead of x's transposed copy and casts that
+// copy in backward from its result.
+using InputRebuild = std::function<torch::Tensor()>;
 torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias, Fp8Site& site,
-                         Prologue prologue = Prologue::kNone);
+                         Prologue prologue = Prologue::kNone, const InputRebuild& rebuild_x = {});
 
 // Whether the FP8 linear that produced h (fc1) applies the SwiGLU backward of the FP8 linear that
 // consumed it (fc2, Prologue::kSwiglu) in its own gradient cast: the hand-over above. For tests and

@@ -12,8 +12,10 @@ torch::Tensor enter_tensor_parallel(const torch::Tensor& x, const TensorParallel
 }
 
 torch::Tensor rank_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
-                          const std::shared_ptr<fp8::Fp8Site>& site, const MainGradsPtr& main_grads) {
-  return site ? fp8::fp8_linear(x, w, b, *site) : linear_with_grad_accumulation_fusion(x, w, b, main_grads);
+                          const std::shared_ptr<fp8::Fp8Site>& site, const MainGradsPtr& main_grads,
+                          const fp8::InputRebuild& rebuild_x) {
+  return site ? fp8::fp8_linear(x, w, b, *site, fp8::Prologue::kNone, rebuild_x)
+              : linear_with_grad_accumulation_fusion(x, w, b, main_grads);
 }
 
 TEColumnParallelLinearImpl::TEColumnParallelLinearImpl(const LinearOptions& o, const ModuleFactory& f)

@@ -6,6 +6,7 @@
 
 #include <memory>
 
+#include "fp8/fp8_linear.h"
 #include "models/linear/linear_options.h"
 #include "models/linear/linear_plan.h"
 #include "models/linear/wgrad_deferral.h"
@@ -37,9 +38,10 @@ TORCH_MODULE(TEColumnParallelLinear);
 // Enters the tensor-parallel region: all-gather of sequence shards (SP) or identity with an
 // all-reduce in backward.
 torch::Tensor enter_tensor_parallel(const torch::Tensor& x, const TensorParallelContext& tp);
-// y = x W^T + b on this rank's GEMMs: FP8 through the site, else the plain linear with
-// gradient-accumulation fusion (models/linear/fused_linear.h).
+// y = x W^T + b on this rank's GEMMs: FP8 through the site (`rebuild_x`: fp8_linear's), else the
+// plain linear with gradient-accumulation fusion (models/linear/fused_linear.h).
 torch::Tensor rank_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
-                          const std::shared_ptr<fp8::Fp8Site>& site, const MainGradsPtr& main_grads);
+                          const std::shared_ptr<fp8::Fp8Site>& site, const MainGradsPtr& main_grads,
+                          const fp8::InputRebuild& rebuild_x = {});
 
 }  // namespace fp8tron

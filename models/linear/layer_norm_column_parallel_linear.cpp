@@ -66,7 +66,7 @@ torch::Tensor TELayerNormColumnParallelLinearImpl::forward(const torch::Tensor& 
     case NormPlacement::kNone: FP8TRON_CHECK(false, "a norm-fused linear without a norm");
   }
   // forward() must give forward_residual's bits: recomputed units call it.
-  return rank_linear(gemm_input(x), weight, bias, fp8_site, main_grads);
+  return rank_linear(gemm_input(x), weight, bias, fp8_site, main_grads, norm_rebuild(x));
 }
 
 torch::Tensor TELayerNormColumnParallelLinearImpl::gemm_input(const torch::Tensor& x) {
@@ -82,7 +82,18 @@ ResidualOutput TELayerNormColumnParallelLinearImpl::forward_residual(const Resid
   // forward()'s last two steps with the add fused into the norm. Under sequence parallelism the
   // norm runs on this rank's sequence shard before the all-gather, as forward()'s does.
   const auto g = gemm_input_residual(in);
-  return {g.sum, rank_linear(g.out, weight, bias, fp8_site, main_grads)};
+  return {g.sum, rank_linear(g.out, weight, bias, fp8_site, main_grads, norm_rebuild(g.sum))};
+}
+
+// --fp8-transposes recast: the FP8 linear casts its input's transposed copy in backward from the
+// norm of `sum`, which the norm's backward keeps anyway (apply_norm gives the fused add + norm's
+// bits); where the input is the norm's output as is (no sequence-parallel all-gather).
+fp8::InputRebuild TELayerNormColumnParallelLinearImpl::norm_rebuild(const torch::Tensor& sum) const {
+  if (!fp8_site || fp8_site->engine->options().keep_transposes || (tp.sequence_parallel && tp.size > 1)) return {};
+  return [sum = sum.detach(), options = norm_options, gamma = layer_norm_weight.detach(),
+          beta = layer_norm_bias.defined() ? layer_norm_bias.detach() : torch::Tensor(), grads = main_grads] {
+    return apply_norm(sum, options, gamma, beta, grads);
+  };
 }
 
 ResidualOutput TELayerNormColumnParallelLinearImpl::gemm_input_residual(const ResidualStream& in) {

@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 
+#include "fp8/fp8_linear.h"
 #include "models/linear/linear_options.h"
 #include "models/linear/linear_plan.h"
 #include "models/norm/norm.h"
@@ -44,6 +45,7 @@ class TELayerNormColumnParallelLinearImpl : public ShardedModule {
   // Whether the norm + linear op runs on `in` (the norm fusable, gradient-accumulation fusion
   // applies to the weight).
   std::optional<NormPrologue> norm_linear_fits(const ResidualStream& in) const;
+  fp8::InputRebuild norm_rebuild(const torch::Tensor& sum) const;
   LinearPlan plan_;
 };
 TORCH_MODULE(TELayerNormColumnParallelLinear);

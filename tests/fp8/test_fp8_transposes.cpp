@@ -1,5 +1,6 @@
 // --fp8-transposes recast against keep: casting the transposed FP8 copies again in backward (the
-// weights', and fc2's input from fc1's output) gives the codes the kept copies hold, so a run
+// weights'; fc2's input from fc1's output; QKV's and fc1's from the norm run again on the residual
+// stream) gives the codes the kept copies hold, so a run
 // trains bitwise as the run that keeps them, for every recipe, GPT (GeLU) and LLaMA-style
 // (SwiGLU) MLPs, over two micro-batches (the weight cast again in each), and with recomputation.
 #include <gtest/gtest.h>
