@@ -5,6 +5,7 @@
 // (SwiGLU) MLPs, over two micro-batches (the weight cast again in each), and with recomputation.
 #include <gtest/gtest.h>
 
+#include "tests/identical_runs.h"
 #include "tests/test_helpers.h"
 #include "trainer/trainer.h"
 
@@ -12,6 +13,7 @@ namespace fp8tron {
 namespace {
 
 using testing::build;
+using testing::expect_identical;
 using testing::tiny_args;
 using testing::with;
 
@@ -22,13 +24,6 @@ TrainResult train_with(const std::vector<std::string>& extra) {
   const auto base = tiny_args({"--num-layers", "2", "--train-iters", "4", "--global-batch-size", "4", "--device", "cpu",
                                "--eval-interval", "1000", "--log-interval", "1000", "--fp8-amax-history-len", "4"});
   return train(build(with(base, extra)), o);
-}
-
-void expect_identical(const TrainResult& a, const TrainResult& b, const std::string& what) {
-  ASSERT_EQ(a.losses.size(), b.losses.size()) << what;
-  for (size_t i = 0; i < a.losses.size(); ++i) EXPECT_EQ(a.losses[i], b.losses[i]) << what << " iteration " << i + 1;
-  ASSERT_EQ(a.final_weights.size(), b.final_weights.size()) << what;
-  for (const auto& [name, w] : a.final_weights) EXPECT_TRUE(torch::equal(w, b.final_weights.at(name))) << what << ": " << name;
 }
 
 TEST(Fp8Transposes, RecastTrainsExactlyAsKept) {

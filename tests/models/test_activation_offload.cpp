@@ -9,6 +9,7 @@
 
 #include "models/gpt_model.h"
 #include "models/recompute/activation_offload.h"
+#include "tests/identical_runs.h"
 #include "tests/test_helpers.h"
 #include "trainer/trainer.h"
 
@@ -16,6 +17,7 @@ namespace fp8tron {
 namespace {
 
 using testing::build;
+using testing::expect_identical;
 using testing::tiny_args;
 using testing::with;
 
@@ -50,14 +52,6 @@ TrainResult train_with(const std::vector<std::string>& extra) {
   o.force_single_process = true;
   o.collect_final_weights = true;
   return train(build(with(base_args(), extra)), o);
-}
-
-// Bitwise: offloading copies bytes out and back; no value may change.
-void expect_identical(const TrainResult& a, const TrainResult& b, const std::string& what) {
-  ASSERT_EQ(a.losses.size(), b.losses.size()) << what;
-  for (size_t i = 0; i < a.losses.size(); ++i) EXPECT_EQ(a.losses[i], b.losses[i]) << what << " iteration " << i + 1;
-  ASSERT_EQ(a.final_weights.size(), b.final_weights.size()) << what;
-  for (const auto& [name, w] : a.final_weights) EXPECT_TRUE(torch::equal(w, b.final_weights.at(name))) << what << ": " << name;
 }
 
 std::string describe(const std::vector<std::string>& args) {

@@ -14,6 +14,7 @@
 #include "models/recompute/output_discarding_recompute.h"
 #include "models/recompute/recompute.h"
 #include "parallel/parallel_state.h"
+#include "tests/identical_runs.h"
 #include "tests/test_helpers.h"
 #include "trainer/cli/model_math.h"
 #include "trainer/trainer.h"
@@ -22,6 +23,7 @@ namespace fp8tron {
 namespace {
 
 using testing::build;
+using testing::expect_identical;
 using testing::tiny_args;
 using testing::with;
 
@@ -39,15 +41,9 @@ TrainResult train_with(const std::vector<std::string>& extra) {
   return train(build(with(dropout_args(), extra)), o);
 }
 
-// Bitwise: the replay is the same computation in the same order (each parameter's gradient comes
-// from one recompute unit's backward), so not even the rounding may differ.
-void expect_identical(const TrainResult& a, const TrainResult& b, const std::string& what) {
-  ASSERT_EQ(a.losses.size(), b.losses.size()) << what;
-  for (size_t i = 0; i < a.losses.size(); ++i) EXPECT_EQ(a.losses[i], b.losses[i]) << what << " iteration " << i + 1;
-  ASSERT_EQ(a.final_weights.size(), b.final_weights.size()) << what;
-  for (const auto& [name, w] : a.final_weights) EXPECT_TRUE(torch::equal(w, b.final_weights.at(name))) << what << ": " << name;
-}
-
+// The runs compare bitwise (expect_identical): the replay is the same computation in the same
+// order (each parameter's gradient comes from one recompute unit's backward), so not even the
+// rounding may differ.
 TEST(Recompute, EveryGranularityTrainsExactlyAsWithoutRecomputation) {
   const TrainResult plain = train_with({});
   const std::vector<std::vector<std::string>> layouts = {

@@ -1,0 +1,20 @@
+// Two training runs that must agree bit for bit: every loss and every final weight (collect them
+// with TrainOptions::collect_final_weights).
+#pragma once
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <string>
+
+#include "trainer/trainer.h"
+
+namespace fp8tron::testing {
+
+inline void expect_identical(const TrainResult& a, const TrainResult& b, const std::string& what) {
+  ASSERT_EQ(a.losses.size(), b.losses.size()) << what;
+  for (size_t i = 0; i < a.losses.size(); ++i) EXPECT_EQ(a.losses[i], b.losses[i]) << what << " iteration " << i + 1;
+  ASSERT_EQ(a.final_weights.size(), b.final_weights.size()) << what;
+  for (const auto& [name, w] : a.final_weights) EXPECT_TRUE(torch::equal(w, b.final_weights.at(name))) << what << ": " << name;
+}
+
+}  // namespace fp8tron::testing
