@@ -352,8 +352,8 @@ std::shared_ptr<Quantized> quantize(Fp8Engine& e, const Fp8Site& site, TensorRol
       break;
     }
   }
-  if (count_stats && e.collecting_stats()) record_cast_stats(e, site, role, v.format, xb, fusion, q->data.defined() ? q->data : q->data_t,
-                                              !q->data.defined());
+  if (count_stats && e.collecting_stats())
+    record_cast_stats(e, site, role, v.format, xb, fusion, q->data.defined() ? q->data : q->data_t, !q->data.defined());
   if (path == Path::kNative) return q;
   // Emulation: the GEMMs run in high precision on the dequantized values (bf16 on the GPU as the
   // tensor cores would see them after the scale; fp32 on the CPU).
