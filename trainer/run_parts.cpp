@@ -424,7 +424,9 @@ std::unique_ptr<RunParts> build_run_parts(const Config& c, const TrainOptions& o
   build_pipeline(*r, timers);
   build_loaders(*r);
   if (c.training.cuda_graph.full_iteration)
-    r->step_graph = std::make_unique<StepGraph>(c.training.cuda_graph.warmup_steps, r->device);
+    r->step_graph = std::make_unique<StepGraph>(
+        c.training.cuda_graph.warmup_steps, r->device,
+        r->fp8 ? std::vector<fp8::GemmHandle*>{&r->fp8->gemm_handle()} : std::vector<fp8::GemmHandle*>{});
   build_rerun_engine(*r);
   return r;
 }

@@ -28,8 +28,8 @@ void copy_into(torch::Tensor& to, const torch::Tensor& from, const char* what) {
 
 }  // namespace
 
-StepGraph::StepGraph(int64_t warmup_steps, torch::Device device)
-    : warmup_steps_(warmup_steps), warmup_left_(warmup_steps), device_(device) {
+StepGraph::StepGraph(int64_t warmup_steps, torch::Device device, std::vector<fp8::GemmHandle*> gemm_handles)
+    : warmup_steps_(warmup_steps), warmup_left_(warmup_steps), device_(device), gemm_handles_(std::move(gemm_handles)) {
   if (!device.is_cuda()) throw UserError("--cuda-graph-impl full_iteration needs a GPU (CUDA graphs); drop the flag on CPU");
 }
 
@@ -90,10 +90,11 @@ void StepGraph::capture(int64_t micro_batches, const Pass& pass) {
   // has queued (the staged batches, the zeroed gradients), and the replay runs on the main stream.
   if (!capture_stream_) capture_stream_ = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, index);
   const c10::cuda::CUDAStream side = *capture_stream_;
-  // Nor can it allocate with cudaMalloc: the cuBLASLt handle a bf16 step uses (the bf16 linears'
-  // wgrad and the fused GeLU MLP's GEMMs) reserves its workspace for that stream first. FP8 steps,
-  // whose engine has a handle of its own, are not captured (trainer/cli/cuda_graph_args.cpp).
+  // Nor can it allocate with cudaMalloc: the cuBLASLt handles reserve their workspaces for that
+  // stream first: the one a bf16 step uses (the bf16 linears' wgrad and the fused GeLU MLP's
+  // GEMMs) and the FP8 engine's.
   fp8::grouped_gemm_resources().handle.reserve_workspace(side.stream());
+  for (fp8::GemmHandle* handle : gemm_handles_) handle->reserve_workspace(side.stream());
   at::cuda::CUDAEvent queued;
   queued.record(main);
   queued.block(side);

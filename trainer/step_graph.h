@@ -11,6 +11,9 @@
 //   only runs where those are the same every step (the refusals are in trainer/cli/cuda_graph_args.cpp).
 // The optimizer step, the gradient norm and the numerics checks stay outside the graph and run
 // eagerly after each replay, as in Megatron, where the graph wraps forward_backward_func only.
+// FP8 steps replay too: the delayed-scaling scales and amax histories live on the device at fixed
+// addresses and end_step() updates them in place after the replay; the weights' FP8 casts, cached
+// for the step, are the capture's buffers, written again by each replay's first micro-batch.
 #pragma once
 #include <torch/torch.h>
 
@@ -26,12 +29,17 @@
 namespace at::cuda {
 struct CUDAGraph;
 }
+namespace fp8tron::fp8 {
+class GemmHandle;
+}
 
 namespace fp8tron {
 
 class StepGraph {
  public:
-  StepGraph(int64_t warmup_steps, torch::Device device);
+  // `gemm_handles`: the cuBLASLt handles the step uses besides the grouped GEMMs' (an FP8
+  // engine's), whose workspaces are reserved for the capture stream before each capture.
+  StepGraph(int64_t warmup_steps, torch::Device device, std::vector<fp8::GemmHandle*> gemm_handles = {});
   ~StepGraph();
   StepGraph(const StepGraph&) = delete;
   StepGraph& operator=(const StepGraph&) = delete;
@@ -61,6 +69,7 @@ class StepGraph {
   int64_t warmup_steps_, warmup_left_;
   int64_t warming_for_ = -1;  // the micro-batch count the warm-up steps ran for
   torch::Device device_;
+  std::vector<fp8::GemmHandle*> gemm_handles_;
   std::unique_ptr<at::cuda::CUDAGraph> graph_;
   std::optional<c10::cuda::CUDAStream> capture_stream_;  // the same for every capture
   int64_t captured_micro_batches_ = 0;

@@ -112,8 +112,9 @@ TrainingStep::Pass TrainingStep::forward_backward(int64_t iteration) {
   const int64_t micro = progress_.micro_batches;
   // --cuda-graph-impl full_iteration: after its warm-up steps the passes run as one CUDA graph
   // (trainer/step_graph.h). A replay repeats the first writes of the capture, whose record the
-  // registry keeps.
-  const bool graphed = parts_.step_graph && parts_.step_graph->take_step(micro);
+  // registry keeps. A step that logs the FP8 casts' statistics runs eagerly: the host reads them.
+  const bool logs_fp8_stats = parts_.fp8 && parts_.fp8->collecting_stats();
+  const bool graphed = parts_.step_graph && !logs_fp8_stats && parts_.step_graph->take_step(micro);
   parts_.optimizer->zero_grad();
   if (!(graphed && parts_.step_graph->replays(micro))) parts_.main_grads->new_step();
   // Each micro-batch's loss is scaled by 1 / (micro-batches x data-parallel ranks) in backward, and

@@ -505,7 +505,9 @@ TEST(MegatronRules, FullIterationCudaGraph) {
   EXPECT_USER_ERROR(build(graph({})), "--cuda-graph-impl full_iteration needs a GPU");
   EXPECT_USER_ERROR(on_gpu(graph({"--global-batch-size", "4"}), 2), "captures one GPU's step so far");
   EXPECT_USER_ERROR(on_gpu(graph({"--num-experts", "4"})), "mixture-of-experts");
-  EXPECT_USER_ERROR(on_gpu(graph({"--fp8-format", "hybrid"})), "does not capture FP8 steps yet");
+  EXPECT_TRUE(on_gpu(graph({"--fp8-format", "hybrid"})).training.cuda_graph.full_iteration);
+  EXPECT_USER_ERROR(on_gpu(graph({"--fp8-format", "hybrid", "--use-distributed-optimizer", "--fp8-param-gather"})),
+                    "does not capture --fp8-param-gather");
   EXPECT_USER_ERROR(on_gpu(without(graph({"--fp16"}), "--bf16")), "needs a fixed loss scale");
   EXPECT_NO_THROW(on_gpu(without(graph({"--fp16", "--loss-scale", "1024"}), "--bf16")));
   EXPECT_USER_ERROR(on_gpu(graph({"--recompute-granularity", "full", "--recompute-method", "uniform",

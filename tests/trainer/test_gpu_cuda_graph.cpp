@@ -10,11 +10,13 @@
 #include <cmath>
 #include <cstdio>
 
+#include "tests/checkpoint/temp_dir.h"
 #include "tests/test_helpers.h"
 #include "trainer/trainer.h"
 
 namespace fp8tron {
 using namespace fp8tron::testing;
+using checkpoint::testing::TempDir;
 
 namespace {
 
@@ -130,6 +132,49 @@ TEST(GpuCudaGraph, ARampupWarmsUpEachMicroBatchCountBeforeItsCapture) {
   EXPECT_EQ(r.graphed.losses, r.eager.losses);
   for (const auto& [name, w] : r.eager.final_weights)
     EXPECT_TRUE(torch::equal(w, r.graphed.final_weights.at(name))) << name;
+}
+
+// FP8 steps replay bitwise under every recipe: the delayed scales and amax histories are updated
+// in place after each replay (the next replay casts with the new scales), current scaling's amaxes
+// and scales stay on the device, and the weights' casts, cached for the step, are redone by each
+// replay's first micro-batch from the weights the optimizer just changed. MXFP8 runs emulated on
+// Hopper (torch's GEMMs inside the graph).
+TEST(GpuCudaGraph, Fp8StepsReplayBitwiseUnderEveryRecipe) {
+  REQUIRE_GPU();
+  for (const char* recipe : {"delayed", "tensorwise", "blockwise", "mxfp8"}) {
+    SCOPED_TRACE(recipe);
+    expect_bitwise(run_both({"--deterministic-mode", "--fp8-format", "hybrid", "--fp8-recipe", recipe}));
+  }
+}
+
+// LLaMA-style with the transposed copies cast again in backward (--fp8-transposes recast): the
+// norm's rebuild of QKV's and fc1's inputs and the SwiGLU prologue run inside the graph.
+TEST(GpuCudaGraph, Fp8RecastLlamaStyleReplaysBitwise) {
+  REQUIRE_GPU();
+  expect_bitwise(run_both({"--deterministic-mode", "--fp8-format", "hybrid", "--fp8-transposes", "recast",
+                           "--position-embedding-type", "rope", "--normalization", "RMSNorm", "--swiglu",
+                           "--num-query-groups", "2", "--disable-bias-linear", "--untie-embeddings-and-output-weights",
+                           "--fp8-amax-history-len", "4", "--fp8-amax-compute-algo", "max"}));
+}
+
+// The steps that log the FP8 casts' statistics run eagerly (the host reads them): with statistics
+// every 3rd step, steps 3 and 6 are eager, 1 and 2 warm up, and 4, 5, 7, 8 replay; all equal the
+// eager run's.
+TEST(GpuCudaGraph, Fp8StatisticsStepsRunEagerlyBetweenReplays) {
+  REQUIRE_GPU();
+  TempDir dir;
+  auto config = [&](bool graphed) {
+    const std::vector<std::string> model = {"--deterministic-mode", "--fp8-format", "hybrid",
+                                            "--log-fp8-stats-to-tensorboard", "--tensorboard-dir",
+                                            dir.path() + (graphed ? "/graphed" : "/eager"),
+                                            "--tensorboard-log-interval", "3"};
+    const auto args = graph_test_args(model, graphed);
+    return build_config(parse(args), LaunchEnv{}, /*gpu_available=*/true);
+  };
+  const TrainOptions weights{.collect_final_weights = true};
+  const Runs r{train(config(false), weights), train(config(true), weights)};
+  EXPECT_EQ(r.graphed.cuda_graph_replays, 4) << "steps 3 and 6 log statistics and run eagerly";
+  expect_bitwise(r);
 }
 
 }  // namespace fp8tron

@@ -59,9 +59,8 @@ std::string cuda_graph_problem(const Config& c, const FlagValues&) {
            run_without;
   if (c.model.mtp.num_layers > 0)
     return std::string(kFlag) + " does not capture multi-token prediction (--mtp-num-layers) yet" + run_without;
-  if (c.precision.fp8.enabled())
-    return std::string(kFlag) + " does not capture FP8 steps yet" +
-           run_without;
+  if (c.precision.fp8.param_gather)
+    return std::string(kFlag) + " does not capture --fp8-param-gather's FP8 weights yet" + run_without;
   if (c.precision.dynamic_loss_scale())
     return std::string(kFlag) + " needs a fixed loss scale: --fp16's dynamic scale changes between steps (use --bf16, "
            "or --loss-scale)" + run_without;
