@@ -1,5 +1,5 @@
-// Megatron-FSDP's optim_grads_params (ZeRO-3), the gradients' side: no rank holds the gradient of
-// the whole model. Each unit of parallel/sharded_weights.h (a transformer layer, an embedding, the
+// Megatron-FSDP's optim_grads and optim_grads_params (ZeRO-2 and ZeRO-3), the gradients' side: no
+// rank holds the gradient of the whole model. Each unit of parallel/sharded_weights.h (a transformer layer, an embedding, the
 // final norm, the output layer) accumulates its parameters' gradients in a flat buffer of its own,
 // which holds memory only while its backward pass runs:
 //  - the buffer is allocated and zeroed when the unit's backward pass starts (prepare: the same

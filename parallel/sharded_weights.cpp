@@ -165,10 +165,10 @@ void ShardedWeights::release_for(const torch::nn::Module& module, const std::vec
   bool backward = false;
   for (const auto& out : outputs) backward = backward || (out.defined() && out.requires_grad());
   const std::vector<size_t> read_next = units_among(outputs);
-  const bool keep = backward && (policy_.keep_after_forward || replaying());
+  const bool keep = policy_.keep_gathered || (backward && (policy_.keep_after_forward || replaying()));
   for (size_t unit : units) {
     if (keep) {
-      // kept until its backward pass has its gradients
+      // kept until its backward pass has its gradients (keep_gathered: until the shard changes)
     } else if (std::find(read_next.begin(), read_next.end(), unit) != read_next.end()) {
       deferred_.push_back(unit);
     } else {
@@ -214,7 +214,7 @@ void ShardedWeights::grad_arrived(size_t index) {
   Unit& u = units_[index];
   if (u.pending <= 0) return;  // not armed by a forward pass (or already released)
   if (--u.pending > 0) return;
-  release(index);
+  if (!policy_.keep_gathered) release(index);
   if (grads_done_) grads_done_(index);
 }
 

@@ -21,6 +21,9 @@
 // all-gather of the unit the pass needs next (i + 1 forward, i - 1 backward) within the same model
 // chunk: an interleaved pipeline runs another chunk next only after other work, often much later.
 // A released weight has no data at all: reading it is a bug that faults on the null address.
+// Under optim_grads (GatherPolicy::keep_gathered) the same units are gathered once per step and
+// never released in the passes: they follow the backward passes only so that the gradients are
+// sharded (parallel/sharded_grads.h).
 //
 // Weights published as bytes (--fp8-param-gather: the flat buffer's first `byte_numel` elements,
 // whole FP8 weights) are gathered as their one-byte codes, from the optimizer's codes shard, once
@@ -49,6 +52,11 @@ struct GatherPolicy {
   // --torch-fsdp2-no-reshard-after-forward: a unit whose forward pass will have a backward pass stays
   // gathered until that backward pass has its gradients (no second gather).
   bool keep_after_forward = false;
+  // Megatron-FSDP's optim_grads: the weights are not sharded between uses. A unit gathered at its
+  // first use after the shard changed (the step's new weights: the distributed optimizer's
+  // all-gather, unit by unit) stays gathered until the shard changes again (release_all); the
+  // units still follow each backward pass, so their gradients are sharded as under ZeRO-3.
+  bool keep_gathered = false;
   // Whether the forward pass running now replays a recomputed part inside the backward pass
   // (activation recomputation; null: never). Its units stay gathered for the backward pass that
   // follows at once, as Megatron-FSDP keeps them (two gathers per step, not three), and it

@@ -196,7 +196,7 @@ void skip_zeroing_gemm_written_grads(RunParts& r, bool first_writes) {
     r.fp8->set_overwrite_main_grads(true);
   }
   // Not with sharded gradients: each unit's buffer is zeroed afresh as its backward pass starts.
-  if (r.device.is_cuda() && param_dtype(r.config) == torch::kBFloat16 && first_writes && !r.config.distributed.shard_params()) {
+  if (r.device.is_cuda() && param_dtype(r.config) == torch::kBFloat16 && first_writes && !r.config.distributed.shard_grads()) {
     // So do the bf16 linears' (models/linear/main_grads.h).
     std::vector<torch::Tensor> bf16;
     for (const auto& chunk : r.chunks)
@@ -219,7 +219,9 @@ std::string sharded_weight_unit(const std::string& name) {
 
 // Megatron-FSDP's optim_grads_params: each rank keeps only its shard of the weights; the model's
 // hooks gather a unit's weights before a part runs forward and release them after (and again
-// around its backward pass, see parallel/sharded_weights.h).
+// around its backward pass, see parallel/sharded_weights.h). optim_grads: the same units, gathered
+// at their first use after each step and kept, so that each unit's gradients are reduce-scattered
+// after its backward pass (parallel/sharded_grads.h).
 void shard_weights(RunParts& r) {
   std::vector<std::vector<torch::Tensor>> units;
   std::map<std::string, size_t> unit_of;
@@ -231,6 +233,7 @@ void shard_weights(RunParts& r) {
     }
   const auto& d = r.config.distributed;
   GatherPolicy policy{d.overlap_param_gather, d.keep_params_after_forward};
+  policy.keep_gathered = !d.shard_params();
   policy.replaying = fp8::forward_replay_active;  // set by every recomputation's replay, FP8 or not
   r.optimizer->shard_model_params(units, std::move(policy));
   MixedPrecisionOptimizer* optimizer = r.optimizer.get();
@@ -257,7 +260,7 @@ void build_optimizer(RunParts& r, std::vector<NamedParam> params, bool first_wri
       build_data_parallel_instances(r.parallel, r.data_parallel.dp, d.optimizer_instances, c.model.moe.enabled());
   r.optimizer = std::make_unique<MixedPrecisionOptimizer>(params, c.optimizer, c.precision, r.data_parallel,
                                                           d.distributed_optimizer, c.model.moe.enabled(), byte_params,
-                                                          instances, d.shard_params());
+                                                          instances, d.shard_grads());
   if (r.fp8_param_gather)
     r.optimizer->enable_byte_publish(
         [gather = r.fp8_param_gather.get()](const OptimizerDomain& domain) { return gather->publish(domain); });
@@ -274,10 +277,10 @@ void build_optimizer(RunParts& r, std::vector<NamedParam> params, bool first_wri
     MixedPrecisionOptimizer* optimizer = r.optimizer.get();
     queue->set_on_done([optimizer](DeferredWork::Key param) { optimizer->grad_done(param); });
   }
-  if (d.shard_params()) shard_weights(r);  // (--overlap-param-gather: the units prefetch)
+  if (d.shard_grads()) shard_weights(r);  // (--overlap-param-gather: the units prefetch)
   if (d.overlap_grad_reduce) r.optimizer->enable_grad_overlap(d.bucket_numel);
   skip_zeroing_gemm_written_grads(r, first_writes);
-  if (!d.shard_params() && d.overlap_param_gather)
+  if (!d.shard_grads() && d.overlap_param_gather)
     r.optimizer->enable_param_gather_overlap(d.bucket_numel, d.overlap_param_gather_with_optimizer_step);
   if (r.optimizer->param_gather_overlapped()) {
     MixedPrecisionOptimizer* optimizer = r.optimizer.get();

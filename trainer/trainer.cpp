@@ -71,7 +71,7 @@ std::map<std::string, torch::Tensor> global_weights(RunParts& parts, std::vector
 
 // --check-weight-hash-across-dp-replicas-interval: every replica's weights hash alike.
 void check_weight_hashes_across_replicas(RunParts& parts, int64_t iteration) {
-  parts.optimizer->finish_param_gather();
+  parts.optimizer->gather_all_params();  // optim_grads' units hold the weights from their first use on
   std::vector<std::pair<std::string, torch::Tensor>> params, experts;
   for (auto& chunk : parts.chunks) {
     const auto infos = chunk->param_infos();
@@ -79,6 +79,7 @@ void check_weight_hashes_across_replicas(RunParts& parts, int64_t iteration) {
       (infos.at(item.key()).expert ? experts : params).emplace_back(item.key(), item.value());
   }
   log::print(check_weight_hashes(params, experts, parts.parallel, iteration));
+  parts.optimizer->release_all_params();
 }
 
 // --print-model-plan: how this pipeline rank's chunks run, module by module. The first rank of each

@@ -134,6 +134,11 @@ struct DistributedConfig {
   bool all_reduce_sharded_grads() const { return dp_sharding == DataParallelSharding::Optim; }
   // OptimGradsParams (ZeRO-3): each rank keeps only its shard of the weights between uses.
   bool shard_params() const { return dp_sharding == DataParallelSharding::OptimGradsParams; }
+  // OptimGrads and OptimGradsParams: each unit's gradients are reduce-scattered onto their owners
+  // after each backward pass and freed (parallel/sharded_grads.h); no rank holds them all.
+  bool shard_grads() const {
+    return dp_sharding == DataParallelSharding::OptimGrads || dp_sharding == DataParallelSharding::OptimGradsParams;
+  }
   // --torch-fsdp2-no-reshard-after-forward: a unit stays gathered from its forward pass to its
   // backward pass (FSDP2's reshard_after_forward=False).
   bool keep_params_after_forward = false;

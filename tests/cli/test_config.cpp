@@ -624,13 +624,13 @@ TEST(Config, MegatronFsdpStrategies) {
   };
   DistributedConfig d = fsdp({});
   EXPECT_EQ(d.dp_sharding, DataParallelSharding::OptimGradsParams);
-  EXPECT_TRUE(d.distributed_optimizer && d.shard_params() && !d.all_reduce_sharded_grads());
+  EXPECT_TRUE(d.distributed_optimizer && d.shard_params() && d.shard_grads() && !d.all_reduce_sharded_grads());
   d = fsdp({"--data-parallel-sharding-strategy", "no_shard", "--use-distributed-optimizer"});
-  EXPECT_FALSE(d.distributed_optimizer || d.shard_params());
+  EXPECT_FALSE(d.distributed_optimizer || d.shard_params() || d.shard_grads());
   d = fsdp({"--data-parallel-sharding-strategy", "optim"});
-  EXPECT_TRUE(d.distributed_optimizer && d.all_reduce_sharded_grads() && !d.shard_params());
+  EXPECT_TRUE(d.distributed_optimizer && d.all_reduce_sharded_grads() && !d.shard_params() && !d.shard_grads());
   d = fsdp({"--data-parallel-sharding-strategy", "optim_grads"});
-  EXPECT_TRUE(d.distributed_optimizer && !d.all_reduce_sharded_grads() && !d.shard_params());
+  EXPECT_TRUE(d.distributed_optimizer && !d.all_reduce_sharded_grads() && !d.shard_params() && d.shard_grads());
   // The flags of Megatron's own FSDP test configurations.
   d = fsdp({"--data-parallel-sharding-strategy", "optim_grads_params", "--use-distributed-optimizer", "--bf16",
             "--no-gradient-accumulation-fusion", "--megatron-fsdp-main-params-dtype", "fp32",
@@ -656,6 +656,15 @@ TEST(Config, MegatronFsdpStrategies) {
           .shard_params());
   EXPECT_USER_ERROR(fsdp({"--check-weight-hash-across-dp-replicas-interval", "2"}),
                     "--check-weight-hash-across-dp-replicas-interval is not supported with optim_grads_params");
+  // optim_grads composes with the weight-hash check (its weights are whole between uses).
+  EXPECT_NO_THROW(fsdp({"--data-parallel-sharding-strategy", "optim_grads", "--check-weight-hash-across-dp-replicas-interval", "2"}));
+  for (const char* strategy : {"optim_grads", "optim_grads_params"})
+    EXPECT_USER_ERROR(fsdp({"--data-parallel-sharding-strategy", strategy, "--overlap-grad-reduce", "--overlap-param-gather",
+                            "--overlap-param-gather-with-optimizer-step", "--num-layers", "4", "--pipeline-model-parallel-size",
+                            "2", "--num-layers-per-virtual-pipeline-stage", "1", "--ckpt-format", "torch", "--global-batch-size", "8"},
+                           4),
+                      "--overlap-param-gather-with-optimizer-step with --data-parallel-sharding-strategy " +
+                          std::string(strategy) + " is not supported");
   EXPECT_USER_ERROR(fsdp({"--megatron-fsdp-main-params-dtype", "bf16"}), "--megatron-fsdp-main-params-dtype bf16 is not supported yet");
   EXPECT_USER_ERROR(fsdp({"--bf16", "--megatron-fsdp-main-params-dtype", "auto"}),
                     "--megatron-fsdp-main-params-dtype auto is not supported yet");

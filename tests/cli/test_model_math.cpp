@@ -120,6 +120,14 @@ TEST(ModelMath, ShardedWeightsMemory) {
   EXPECT_DOUBLE_EQ(sharded.startup, plain.startup);
   EXPECT_DOUBLE_EQ(plain.startup, plain.weights * 2 + plain.main_weights);  // fp32 weights
   EXPECT_DOUBLE_EQ(plain.peak(), std::max(plain.total(), plain.startup));
+  // optim_grads: the gradients as under optim_grads_params; the weights whole, and the optimizer's
+  // shard of them that the units are gathered from.
+  const MemoryEstimate grads_only =
+      estimate_memory(build(with(base, {"--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads"}), 4));
+  EXPECT_DOUBLE_EQ(grads_only.grads, sharded.grads);
+  EXPECT_DOUBLE_EQ(grads_only.grad_shard, sharded.grad_shard);
+  EXPECT_EQ(grads_only.gathered_weights, 0.0);
+  EXPECT_DOUBLE_EQ(grads_only.weights, plain.weights + sharded.weights);
 }
 
 TEST(ModelMath, PrecisionAwareOptimizerStateDtypes) {

@@ -228,8 +228,9 @@ int main(int argc, char** argv) {
     std::optional<std::pair<std::string, std::string>> swapped;
     double without_tolerance = 0;  // 0: the --identical-* comparisons are bitwise
     bool identical_first_loss = false;
-    // optim_grads_params: this rank must have held at most half of its weights at once.
-    bool expect_sharded_weights = false;
+    // optim_grads_params: this rank must have held at most half of its weights at once, and of its
+    // gradients; optim_grads (--expect-sharded-grads): at most half of its gradients.
+    bool expect_sharded_weights = false, expect_sharded_grads = false;
     double tolerance = 1e-5;
     std::optional<double> weights_tolerance, tensor_tolerance, without_weights, without_tensor, grad_norm_tolerance,
         aux_loss_tolerance;
@@ -246,7 +247,8 @@ int main(int argc, char** argv) {
       else if (a == "--identical-first-loss") identical_first_loss = true;
       else if (a == "--without-weights-tolerance" && i + 1 < argc) without_weights = std::stod(argv[++i]);
       else if (a == "--without-tensor-tolerance" && i + 1 < argc) without_tensor = std::stod(argv[++i]);
-      else if (a == "--expect-sharded-weights") expect_sharded_weights = true;
+      else if (a == "--expect-sharded-weights") expect_sharded_weights = expect_sharded_grads = true;
+      else if (a == "--expect-sharded-grads") expect_sharded_grads = true;
       else layout.push_back(a);
     }
     const LaunchEnv env = read_launch_env();
@@ -365,7 +367,7 @@ int main(int argc, char** argv) {
       failures += compare_runs(parallel, alt, without, reference.initial_weights,
                                "with " + swapped->second + " instead of " + swapped->first, env.rank);
     }
-    if (expect_sharded_weights) {
+    if (expect_sharded_grads) {
       // At most half of the weights (gathered) and of the gradients (held) at once. The gradients
       // follow the same units (parallel/sharded_grads.h); a unit kept whole for the step
       // (pipeline embedding copies, held weight gradients) counts from the start.
@@ -379,7 +381,8 @@ int main(int argc, char** argv) {
                      what, (long long)peak, (long long)all, held);
         ++failures;
       };
-      at_most_half("weights", "gathered", parallel.sharded_weights_peak_bytes, parallel.sharded_weights_total_bytes);
+      if (expect_sharded_weights)
+        at_most_half("weights", "gathered", parallel.sharded_weights_peak_bytes, parallel.sharded_weights_total_bytes);
       at_most_half("gradients", "held", parallel.sharded_grads_peak_bytes, parallel.sharded_grads_total_bytes);
     }
     const int total = failures;

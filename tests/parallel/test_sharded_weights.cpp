@@ -311,6 +311,36 @@ TEST(ShardedGrads, GradientsExistOnlyAroundEachUnitsBackwardAndSumIntoTheShard) 
   EXPECT_EQ(grads->shard().abs().sum().item<float>(), 0.0f);
 }
 
+// optim_grads (GatherPolicy::keep_gathered): each unit is gathered at its first use and stays
+// gathered through both micro-batches' passes (one gather per unit and step), while its gradients
+// still exist only around its backward passes and sum into the shard as under ZeRO-3.
+TEST(ShardedGrads, KeptGatheredWeightsStillShardTheGradients) {
+  GatherPolicy policy;
+  policy.keep_gathered = true;
+  ShardedGpt gpt(policy);
+  auto grads = shard_grads(gpt);
+  for (int micro = 0; micro < 2; ++micro) {
+    gpt.loss(gpt.reference).backward();
+    gpt.loss(gpt.model).backward();
+    EXPECT_EQ(gpt.weights->resident_bytes(), gpt.weights->total_bytes()) << "the weights stay whole";
+    EXPECT_LE(grads->resident_bytes(), grads->total_bytes() / 2);
+  }
+  EXPECT_EQ(gpt.weights->gathers(), int64_t(gpt.num_units)) << "each unit gathered once";
+  grads->finish();
+  EXPECT_LT(grads->peak_resident_bytes(), grads->total_bytes() / 2) << "a few units' gradients at a time";
+  const auto expected = gpt.reference->named_parameters();
+  size_t i = 0;
+  for (const auto& item : gpt.model->named_parameters()) {
+    const BufferParam& p = gpt.params[i++];
+    EXPECT_TRUE(torch::equal(grads->shard().narrow(0, p.offset, p.numel).view(item.value().sizes()),
+                             expected[item.key()].grad()))
+        << item.key();
+  }
+  // The step's new weights: every unit released, gathered again at its next use.
+  gpt.weights->release_all();
+  EXPECT_EQ(gpt.weights->resident_bytes(), 0);
+}
+
 // A kept unit (the tied embedding on a pipeline's first stage) keeps its gradients for the whole
 // step, for another group to sum before finish() reduces it.
 TEST(ShardedGrads, KeptUnitHoldsItsGradientsUntilTheStepEnds) {

@@ -166,15 +166,18 @@ MemoryEstimate estimate_memory(const Config& c) {
     e.weights = optimizer_params * (low_precision ? 2 : 4);
     e.gathered_weights = unit * (d.overlap_param_gather ? 2 : 1) * (low_precision ? 2 : 4);
   }
+  if (d.dp_sharding == DataParallelSharding::OptimGrads && dense_shards > 1.0)
+    // optim_grads: the whole weights, gathered unit by unit from the optimizer's shard of them.
+    e.weights = (params + optimizer_params) * (low_precision ? 2 : 4);
   e.main_weights = separate_main ? optimizer_params * 4 : 0;
   const double grad_bytes = c.precision.grads_in_fp32 ? 4 : 2;
   e.grads = params * grad_bytes;
-  // optim_grads_params shards the gradients too (parallel/sharded_grads.h): a unit's gradients
+  // optim_grads and optim_grads_params shard the gradients (parallel/sharded_grads.h): a unit's gradients
   // exist from its backward pass until their reduction lands, with at most one reduction in flight
   // while the next unit accumulates and the one after starts, so about three units at once. Kept
   // whole for the step: the tied embedding's on a pipeline's first stage, and with
   // --delay-wgrad-compute the layers' (their held gradients come after autograd has passed them).
-  const bool sharded_grads = d.shard_params() && dense_shards > 1.0;
+  const bool sharded_grads = d.shard_grads() && dense_shards > 1.0;
   if (sharded_grads) {
     const double layer = std::max(dense_layer_params / par.tp,
                                   m.moe.enabled() ? double(p.per_moe_layer - p.experts_per_moe_layer) / par.tp +

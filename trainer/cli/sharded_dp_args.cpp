@@ -107,6 +107,10 @@ std::string sharded_data_parallel_problem(const Config& c, const FlagValues& f) 
            data_parallel_sharding_name(s) + " is not supported: use optim_grads or optim_grads_params";
   if (s == S::NoShard && c.distributed.overlap_param_gather)
     return "--overlap-param-gather with --data-parallel-sharding-strategy no_shard has nothing to gather: drop it";
+  if ((s == S::OptimGrads || s == S::OptimGradsParams) && c.distributed.overlap_param_gather_with_optimizer_step)
+    return std::string("--overlap-param-gather-with-optimizer-step with --data-parallel-sharding-strategy ") +
+           data_parallel_sharding_name(s) + " is not supported: each unit's weights are gathered at their first use "
+           "(drop the flag, or use optim)";
   if (s == S::OptimGradsParams) return sharded_params_problem(c);
   return "";
 }
