@@ -47,6 +47,10 @@ struct Fp8EngineOptions {
   // way, the fewest casts) or recast (false: cast again in backward from what a bf16 run keeps
   // anyway, so FP8 holds nothing a bf16 run does not; fp8_linear.h says which copies).
   bool keep_transposes = true;
+  // Megatron's --no-fp8-wgrad (false; Transformer Engine's override_linear_precision.wgrad): the
+  // weight-gradient GEMMs run in bf16 from the unquantized input and output gradient (fp8_linear.h);
+  // the forward and dgrad GEMMs stay FP8.
+  bool fp8_wgrad = true;
 };
 
 // Replaces row 0 of the amax history (a [num_slots] fp32 tensor) by its maximum over the ranks

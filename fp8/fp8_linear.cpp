@@ -92,6 +92,11 @@ struct Fp8LinearBackward : public torch::autograd::Node {
   torch::Tensor input_source;   // the input of the fused activation (an MLP's fc1 output)
   Prologue input_prologue = Prologue::kNone;
   InputRebuild input_rebuild;   // or the input again (a norm's output, from the norm's input)
+  // --no-fp8-wgrad (the engine's fp8_wgrad off): the wgrad GEMM runs in bf16 from the unquantized
+  // input: held here, or made again from input_source (its prologue applied), input_rebuild or
+  // the norm's saved input.
+  bool fp8_wgrad = true;
+  torch::Tensor input_hp;
   bool ran = false;
   torch::Tensor activation_input;     // Prologue::kGeluTanh: the GeLU's input (its backward reads it)
   torch::Tensor weight_param;         // the parameter: its fp32 main gradient takes the wgrad directly
@@ -130,6 +135,7 @@ struct Fp8LinearBackward : public torch::autograd::Node {
     weight_source = torch::Tensor();
     input_source = torch::Tensor();
     input_rebuild = nullptr;
+    input_hp = torch::Tensor();
     activation_input = torch::Tensor();
     weight_param = torch::Tensor();
     deferred_gelu_input = torch::Tensor();
@@ -152,7 +158,7 @@ struct Fp8LinearBackward : public torch::autograd::Node {
     if (deferred_gelu_input.defined()) {
       // The incoming gradient is the GeLU output's: dY = dGeLU * gelu'(this node's output).
       gelu_input = deferred_gelu_input.reshape({-1, site->out_features}).contiguous();
-      const bool fusable = path_of(e) != Path::kCpu && need_dw &&
+      const bool fusable = path_of(e) != Path::kCpu && need_dw && fp8_wgrad &&
                            scaling_mode(e.recipe(), TensorRole::kGradOutput) == ScalingMode::kTensor;
       if (fusable) {
         dy = dy.contiguous();
@@ -171,8 +177,8 @@ struct Fp8LinearBackward : public torch::autograd::Node {
       const int64_t rows = swiglu_input.size(0);
       const auto dswiglu = grads[0].contiguous().view(-1).narrow(0, 0, rows * f).view({rows, f});
       // The fused cast serves the native delayed-scaling path (fc2 defers only there, or on the
-      // CPU), and needs the transposed copy that the wgrad reads.
-      if (path_of(e) == Path::kNative && need_dw) {
+      // CPU), and needs the transposed copy that the wgrad reads (a bf16 wgrad reads dY itself).
+      if (path_of(e) == Path::kNative && need_dw && fp8_wgrad) {
         dy = dswiglu;
         fusion.prologue = Prologue::kSwigluBackward;
         fusion.aux = static_cast<const uint16_t*>(swiglu_input.data_ptr());
@@ -182,13 +188,16 @@ struct Fp8LinearBackward : public torch::autograd::Node {
     }
     // The bias gradient comes out of the cast kernel when it can (one read of dY fewer).
     torch::Tensor db;
-    const bool fused_db = need_db && need_dw && path_of(e) == Path::kNative && !e.options().deterministic &&
+    const bool fused_db = need_db && need_dw && fp8_wgrad && path_of(e) == Path::kNative && !e.options().deterministic &&
                           scaling_mode(e.recipe(), TensorRole::kGradOutput) == ScalingMode::kTensor;
     if (fused_db) {
       db = torch::zeros({site->out_features}, dy.options().dtype(torch::kFloat32));
       fusion.column_sums = db.data_ptr<float>();
     }
-    auto dyq = quantize(e, *site, TensorRole::kGradOutput, dy, need_dx, need_dw, /*record_amax=*/true, fusion);
+    // The transposed copy only for an FP8 wgrad; none at all when neither GEMM reads FP8 codes.
+    const bool dy_t = need_dw && fp8_wgrad;
+    std::shared_ptr<Quantized> dyq;
+    if (need_dx || dy_t) dyq = quantize(e, *site, TensorRole::kGradOutput, dy, need_dx, dy_t, /*record_amax=*/true, fusion);
     if (need_dx) {  // dX [M, K] = dY [M, N] * (W^T [K, N])^T
       if (swiglu_deferred) {
         // For the producer (deferred_swiglu_input): dX [M, f] in the first M * f elements of a
@@ -224,14 +233,14 @@ struct Fp8LinearBackward : public torch::autograd::Node {
       auto self = std::static_pointer_cast<Fp8LinearBackward>(shared_from_this());
       run_or_hold_wgrad(
           site->wgrad_queue,
-          [self, dyq] {
-            accumulate_param_grad(self->weight_param, self->weight_grad(*dyq));
+          [self, dyq, dy] {
+            accumulate_param_grad(self->weight_param, self->weight_grad(dyq.get(), dy));
             self->holding = false;
             self->release_state();
           },
           {weight_param});
     } else if (need_dw) {
-      out[1] = weight_grad(*dyq);
+      out[1] = weight_grad(dyq.get(), dy);
     }
     if (need_db) {
       // Unfused with a fused GeLU- or SwiGLU-backward cast: the bias gradient is that of the cast's
@@ -266,9 +275,49 @@ struct Fp8LinearBackward : public torch::autograd::Node {
     return *input;
   }
 
+  // The unquantized input the bf16 wgrad reads (--no-fp8-wgrad), [M, K].
+  torch::Tensor input_bf16() {
+    torch::NoGradGuard no_grad;
+    const int64_t k = site->in_features;
+    if (input_hp.defined()) return input_hp.reshape({-1, k});
+    if (input_source.defined()) {
+      if (input_prologue == Prologue::kGeluTanh) return at::gelu(input_source, "tanh").reshape({-1, k});
+      const auto h = input_source.reshape({-1, 2 * k});  // SwiGLU: [gate | up]
+      return at::silu(h.narrow(1, 0, k)) * h.narrow(1, k, k);
+    }
+    if (input_rebuild) return input_rebuild().reshape({-1, k});
+    FP8TRON_CHECK(norm.has_value(), site->name + ": no input kept for the bf16 wgrad");
+    auto y = norm->input.to(torch::kFloat32);
+    if (norm->mean.defined()) y = y - norm->mean.unsqueeze(1);
+    y = y * norm->rstd.unsqueeze(1) * norm->gamma.to(torch::kFloat32);
+    if (norm->beta.defined()) y = y + norm->beta.to(torch::kFloat32);
+    return y.to(norm->input.scalar_type());
+  }
+
+  // dW [N, K] = dY^T [N, M] * X [M, K] in bf16 (fp32 accumulation) from the unquantized tensors.
+  torch::Tensor weight_grad_bf16(const torch::Tensor& dy) {
+    Fp8Engine& e = *site->engine;
+    const auto x = input_bf16();
+    const auto g = dy.reshape({-1, site->out_features});
+    torch::Tensor main_grad = weight_param.defined() ? weight_param.grad() : torch::Tensor();
+    if (path_of(e) == Path::kNative && e.options().gradient_accumulation_fusion && main_grad.defined() &&
+        main_grad.scalar_type() == torch::kFloat32 && main_grad.is_contiguous() &&
+        main_grad.sizes() == weight_param.sizes()) {
+      const bool overwrite = e.overwrite_main_grads() && site->main_grad_generation != e.weight_generation();
+      site->main_grad_generation = e.weight_generation();
+      at::addmm_out(main_grad, main_grad, g.t(), x, torch::kFloat32, overwrite ? 0.0 : 1.0);
+      return {};
+    }
+    FP8TRON_CHECK(!e.overwrite_main_grads(), site->name + ": the optimizer leaves this weight's gradient to the "
+                                             "wgrad GEMM, but it is not an fp32 main gradient");
+    return torch::mm(g.t(), x).to(weight_dtype);
+  }
+
   // dW [N, K] = dY^T [N, M] * (X^T [K, M])^T: what autograd is to add (undefined where the GEMM
-  // added it to the main gradient).
-  torch::Tensor weight_grad(const Quantized& dyq) {
+  // added it to the main gradient). `dy`: the bf16 output gradient, for --no-fp8-wgrad.
+  torch::Tensor weight_grad(const Quantized* dyq_ptr, const torch::Tensor& dy) {
+    if (!fp8_wgrad) return weight_grad_bf16(dy);
+    const Quantized& dyq = *dyq_ptr;
     Fp8Engine& e = *site->engine;
     // Gradient-accumulation fusion (Megatron's, with TE): when the parameter's gradient is an
     // fp32 main-gradient buffer, the GEMM adds into it and autograd gets no weight gradient
@@ -339,9 +388,10 @@ torch::Tensor linear_impl(const torch::Tensor& x, const torch::Tensor& weight, c
   // its source anyway (the activation's input) or the caller can rebuild it; any other input's
   // source would be held in bf16.
   const bool recast = !e.options().keep_transposes;
+  const bool fp8_wgrad = e.options().fp8_wgrad;
   const bool recast_weight = recast && weight.is_leaf() && !weight_from_gathered_codes(site);
   const bool activation = prologue == Prologue::kGeluTanh || prologue == Prologue::kSwiglu;
-  const bool recast_input = recast && need_dw && !norm &&
+  const bool recast_input = recast && fp8_wgrad && need_dw && !norm &&
                             ((activation && x.is_contiguous()) || (prologue == Prologue::kNone && rebuild_x));
 
   std::shared_ptr<Quantized> xq, wq;
@@ -357,7 +407,7 @@ torch::Tensor linear_impl(const torch::Tensor& x, const torch::Tensor& weight, c
     }
     // A recomputed forward pass (activation recomputation) records nothing: the original pass did.
     const bool record = track && !forward_replay_active();
-    xq = quantize(e, site, TensorRole::kInput, x2d.detach(), true, need_dw, /*record_amax=*/record, fusion);
+    xq = quantize(e, site, TensorRole::kInput, x2d.detach(), true, need_dw && fp8_wgrad, /*record_amax=*/record, fusion);
     wq = recast_weight ? quantize(e, site, TensorRole::kWeight, weight.detach(), true, false, record)
                        : quantized_weight(site, weight, /*record_amax=*/record);
     y = gemm(e, *xq, false, *wq, false, bias.defined() ? bias.detach() : bias, GemmKind::kFprop, x.scalar_type());
@@ -374,7 +424,7 @@ torch::Tensor linear_impl(const torch::Tensor& x, const torch::Tensor& weight, c
   xq->dequantized = torch::Tensor();
   auto node = std::shared_ptr<Fp8LinearBackward>(new Fp8LinearBackward(), torch::autograd::deleteNode);
   node->site = &site;
-  node->input = need_dw && !recast_input ? xq : nullptr;
+  node->input = need_dw && fp8_wgrad && !recast_input ? xq : nullptr;
   node->weight = recast_weight ? nullptr : wq;
   if (recast_weight) node->weight_source = weight.detach();
   if (recast_input && activation) {
@@ -383,6 +433,19 @@ torch::Tensor linear_impl(const torch::Tensor& x, const torch::Tensor& weight, c
     node->input_prologue = prologue;
   } else if (recast_input) {
     node->input_rebuild = rebuild_x;
+  }
+  if (need_dw && !fp8_wgrad) {
+    // The bf16 wgrad's input: from what is held anyway where it can be (the activation's input,
+    // the caller's rebuild, the norm's input), else the input itself, as Transformer Engine keeps it.
+    node->fp8_wgrad = false;
+    if (activation) {
+      node->input_source = x2d.detach();
+      node->input_prologue = prologue;
+    } else if (rebuild_x) {
+      node->input_rebuild = rebuild_x;
+    } else if (!norm) {
+      node->input_hp = x2d.detach();
+    }
   }
   node->input_shape = x.sizes().vec();
   node->input_dtype = x.scalar_type();

@@ -14,6 +14,11 @@
 // holds its input anyway) or where the caller can rebuild x (`rebuild_x`: a norm's output). Both come out as the kept copies would (the step's delayed scales; the
 // same values' amax for current scaling; block scales of the same blocks).
 //
+// With the engine's fp8_wgrad off (--no-fp8-wgrad) the wgrad GEMM runs in bf16, dW = dY^T f(x),
+// from the unquantized output gradient and input (neither transposed copy is cast): the node holds
+// x, or makes f(x) again from what it holds anyway (the activation's input; `rebuild_x`). The GeLU
+// and SwiGLU backward then run unfused, as the wgrad reads their bf16 output.
+//
 // Three execution paths share the quantizers' semantics (fp8/quantize.h; the CPU ones are the
 // bit-identical references of quantize_reference.h):
 //   native     GPU, per-tensor and blockwise recipes with E4M3/E5M2: FP8 GEMMs through cuBLASLt

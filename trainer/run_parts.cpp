@@ -148,6 +148,7 @@ void build_fp8_and_moe(RunParts& r, Timers& timers) {
     o.gradient_accumulation_fusion = c.precision.gradient_accumulation_fusion;
     o.autotune_gemms = f.gemm_autotune;
     o.keep_transposes = f.keep_transposes;
+    o.fp8_wgrad = f.wgrad;
     r.fp8 = std::make_shared<fp8::Fp8Engine>(o, r.device);
   }
   if (c.model.moe.enabled()) {

@@ -87,9 +87,12 @@ ResidualOutput TELayerNormColumnParallelLinearImpl::forward_residual(const Resid
 
 // --fp8-transposes recast: the FP8 linear casts its input's transposed copy in backward from the
 // norm of `sum`, which the norm's backward keeps anyway (apply_norm gives the fused add + norm's
-// bits); where the input is the norm's output as is (no sequence-parallel all-gather).
+// bits); where the input is the norm's output as is (no sequence-parallel all-gather). With
+// --no-fp8-wgrad its bf16 wgrad reads that norm output instead of a kept bf16 copy.
 fp8::InputRebuild TELayerNormColumnParallelLinearImpl::norm_rebuild(const torch::Tensor& sum) const {
-  if (!fp8_site || fp8_site->engine->options().keep_transposes || (tp.sequence_parallel && tp.size > 1)) return {};
+  if (!fp8_site || (tp.sequence_parallel && tp.size > 1)) return {};
+  const fp8::Fp8EngineOptions& o = fp8_site->engine->options();
+  if (o.keep_transposes && o.fp8_wgrad) return {};
   return [sum = sum.detach(), options = norm_options, gamma = layer_norm_weight.detach(),
           beta = layer_norm_bias.defined() ? layer_norm_bias.detach() : torch::Tensor(), grads = main_grads] {
     return apply_norm(sum, options, gamma, beta, grads);

@@ -349,6 +349,61 @@ TEST(GpuFp8, WgradAccumulatesIntoTheMainGradient) {
   EXPECT_LT(relative_error(main_grad, reference), 5e-3);
 }
 
+// --no-fp8-wgrad on the native path: the wgrad is the bf16 product of the unquantized dY and f(x)
+// with fp32 accumulation, into the fp32 main gradient (written by a step's first backward, added by
+// the next) or returned to autograd; the output and dX stay those of the FP8-wgrad linear. For the
+// prologues the backward fuses with FP8 wgrads (GeLU, SwiGLU), here unfused.
+TEST(GpuFp8, NoFp8WgradIsTheBf16ProductOnTheNativePath) {
+  REQUIRE_GPU();
+  auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
+  for (auto prologue : {fp8::Prologue::kNone, fp8::Prologue::kGeluTanh, fp8::Prologue::kSwiglu}) {
+    SCOPED_TRACE(int(prologue));
+    auto make = [](bool fp8_wgrad) {
+      fp8::Fp8EngineOptions o;
+      o.recipe = fp8::make_recipe(fp8::RecipeKind::kDelayed, fp8::Fp8Format::kHybrid);
+      o.num_layers = 1;
+      o.fp8_wgrad = fp8_wgrad;
+      return std::make_shared<fp8::Fp8Engine>(o, torch::Device(torch::kCUDA, 0));
+    };
+    auto fp8_engine = make(true), bf16_engine = make(false);
+    const int64_t in = 512, out = 1024, rows = 2048, width = prologue == fp8::Prologue::kSwiglu ? 2 * in : in;
+    auto fp8_site = fp8_engine->add_site("decoder.layers.0.mlp.linear_fc2", 0, out, in);
+    auto bf16_site = bf16_engine->add_site("decoder.layers.0.mlp.linear_fc2", 0, out, in);
+    torch::manual_seed(7);
+    auto w = (torch::randn({out, in}, opts) * 0.02).requires_grad_(true);
+    auto b = (torch::randn({out}, opts) * 0.1).requires_grad_(true);
+    auto x = torch::randn({rows, width}, opts).requires_grad_(true);
+    auto dy = torch::randn({rows, out}, opts) * 1e-2;
+    auto y_fp8 = fp8::fp8_linear(x, w, b, *fp8_site, prologue);
+    y_fp8.backward(dy);
+    const auto dx_fp8 = x.grad().clone(), db_fp8 = b.grad().clone();
+    x.mutable_grad() = torch::Tensor();
+    b.mutable_grad() = torch::Tensor();
+    w.mutable_grad() = torch::Tensor();
+    auto y = fp8::fp8_linear(x, w, b, *bf16_site, prologue);
+    y.backward(dy);
+    EXPECT_TRUE(torch::equal(y, y_fp8));
+    EXPECT_TRUE(torch::equal(x.grad(), dx_fp8));
+    EXPECT_LT(relative_error(b.grad(), db_fp8), 1e-2);
+    torch::Tensor f = x.detach();
+    if (prologue == fp8::Prologue::kGeluTanh) f = at::gelu(f, "tanh");
+    if (prologue == fp8::Prologue::kSwiglu) f = at::silu(f.narrow(1, 0, in)) * f.narrow(1, in, in);
+    const auto exact = torch::mm(dy.t().to(torch::kFloat32), f.to(torch::kFloat32));
+    const double err = relative_error(w.grad(), exact);
+    std::printf("[fp8-module] --no-fp8-wgrad (prologue %d): bf16 wgrad %.2e from the fp32 product\n", int(prologue), err);
+    EXPECT_LT(err, 5e-3);  // dW rounded to bf16 for autograd
+    // Into the fp32 main gradient: overwritten by the step's first backward, then accumulated.
+    auto main_grad = torch::full({out, in}, 1e6, opts.dtype(torch::kFloat32));
+    bf16_engine->set_overwrite_main_grads(true);
+    bf16_engine->end_step(nullptr);
+    w.mutable_grad() = main_grad;
+    for (int micro = 0; micro < 2; ++micro) fp8::fp8_linear(x, w, b, *bf16_site, prologue).backward(dy);
+    EXPECT_EQ(w.grad().data_ptr(), main_grad.data_ptr());
+    const double err2 = relative_error(main_grad, 2 * exact);
+    EXPECT_LT(err2, 1e-4) << "fp32 accumulation of the bf16 products";
+  }
+}
+
 // TEGroupedLinear on the GPU: FP8 experts against per-expert fp8_linear, one expert idle; with the
 // optimizer leaving the main gradients to the GEMMs, the idle expert's stale gradient is cleared.
 TEST(GpuFp8, GroupedLinearExpertsMatchPerExpertLinearsAndClearIdleGradients) {

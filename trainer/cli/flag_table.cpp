@@ -194,6 +194,8 @@ const std::vector<FlagSpec>& flag_table() {
       {"fp8-format", K::String, "", S::Yes, "", "e4m3|hybrid|hif8", "FP8 format (turns FP8 on): e4m3, hybrid (E4M3 forward, E5M2 gradients) or hif8 (emulated)."},
       {"fp8-recipe", K::String, "delayed", S::Yes, "", "delayed|tensorwise|blockwise|mxfp8", "FP8 scaling recipe (mxfp8 is emulated on Hopper)."},
       {"fp8-transposes", K::String, "keep", S::Yes, "", "keep|recast", "fp8tron's own (not a Megatron flag): where the backward GEMMs' transposed FP8 copies come from. keep: cast in the forward pass and kept until backward, the weights' for the whole step (Transformer Engine's way, the fewest casts). recast: cast again in backward from what a bf16 run keeps anyway (each weight; fc2's input from fc1's output; QKV's and fc1's from the norm's input), the same codes, so FP8 holds less memory for a few more casts (docs/fp8.md, Memory)."},
+      {"no-fp8-wgrad", K::Bool, "", S::Yes, "", "", "Compute weight gradients in higher precision instead of FP8 (Transformer Engine's override_linear_precision.wgrad): the wgrad GEMMs run in bf16 from the unquantized input and output gradient, which the linear keeps (or rebuilds) instead of their transposed FP8 copies; forward and dgrad stay FP8 (not yet for the MoE experts' FP8 grouped GEMMs or the tensor-parallel overlap)."},
+      {"disable-fp8-wgrad", K::Bool, "", S::Yes, "", "", "Same as --no-fp8-wgrad."},
       {"fp8-margin", K::Int, "0", S::Yes, "", "", "Delayed scaling: scale margin (powers of two)."},
       {"fp8-interval", K::Int, "1", S::Yes, "", "", "Delayed scaling: steps between scale updates."},
       {"fp8-amax-history-len", K::Int, "1", S::Yes, "", "", "Delayed scaling: length of the amax history."},

@@ -694,6 +694,17 @@ const std::vector<Rule>& rules() {
          if (problem.empty()) return "";
          return problem + " (in evaluation, with --eval-micro-batch-size " + ll(c.training.eval_micro_batch_size) + ")";
        }},
+      {"FP8 weight gradients",
+       [](const Config& c, const FlagValues&) -> std::string {
+         if (!c.precision.fp8.enabled() || c.precision.fp8.wgrad) return "";
+         if (c.model.moe.enabled() && c.model.moe.expert_gemm_fp8)
+           return "--no-fp8-wgrad is not supported yet for the MoE experts' FP8 grouped GEMMs: add --no-use-gmm-fp8 "
+                  "(experts in bf16) or drop --no-fp8-wgrad";
+         if (c.distributed.tp_overlap.enabled())
+           return "--no-fp8-wgrad is not supported yet with the tensor-parallel overlap (--tp-comm-overlap, "
+                  "--use-ascend-mc2/coc): drop one of them";
+         return "";
+       }},
       {"FP8 parameters",
        [](const Config& c, const FlagValues&) -> std::string {
          const auto& fp8 = c.precision.fp8;
