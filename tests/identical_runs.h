@@ -5,10 +5,23 @@
 #include <torch/torch.h>
 
 #include <string>
+#include <vector>
 
+#include "tests/test_helpers.h"
 #include "trainer/trainer.h"
 
 namespace fp8tron::testing {
+
+// Four steps of a two-layer tiny model in one CPU process with `flags` added, its final weights
+// collected: the runs the FP8 options are compared with.
+inline TrainResult train_tiny_on_cpu(const std::vector<std::string>& flags) {
+  TrainOptions o;
+  o.force_single_process = true;
+  o.collect_final_weights = true;
+  const auto base = tiny_args({"--num-layers", "2", "--train-iters", "4", "--global-batch-size", "4", "--device", "cpu",
+                               "--eval-interval", "1000", "--log-interval", "1000"});
+  return train(build(with(base, flags)), o);
+}
 
 inline void expect_identical(const TrainResult& a, const TrainResult& b, const std::string& what) {
   ASSERT_EQ(a.losses.size(), b.losses.size()) << what;

@@ -18,12 +18,7 @@ using testing::tiny_args;
 using testing::with;
 
 TrainResult train_with(const std::vector<std::string>& extra) {
-  TrainOptions o;
-  o.force_single_process = true;
-  o.collect_final_weights = true;
-  const auto base = tiny_args({"--num-layers", "2", "--train-iters", "4", "--global-batch-size", "4", "--device", "cpu",
-                               "--eval-interval", "1000", "--log-interval", "1000", "--fp8-amax-history-len", "4"});
-  return train(build(with(base, extra)), o);
+  return testing::train_tiny_on_cpu(with({"--fp8-amax-history-len", "4"}, extra));
 }
 
 TEST(Fp8Transposes, RecastTrainsExactlyAsKept) {

@@ -6,8 +6,8 @@
 #include <torch/torch.h>
 
 #include "fp8/fp8_linear.h"
+#include "tests/identical_runs.h"
 #include "tests/test_helpers.h"
-#include "trainer/trainer.h"
 
 namespace fp8tron {
 namespace {
@@ -87,12 +87,7 @@ TEST(Fp8Wgrad, RebuiltInputIsWhatTheWgradReads) {
 }
 
 TrainResult train_with(const std::vector<std::string>& extra) {
-  TrainOptions o;
-  o.force_single_process = true;
-  o.collect_final_weights = true;
-  const auto base = tiny_args({"--num-layers", "2", "--train-iters", "4", "--global-batch-size", "4", "--device", "cpu",
-                               "--eval-interval", "1000", "--log-interval", "1000", "--fp8-format", "hybrid"});
-  return train(build(with(base, extra)), o);
+  return testing::train_tiny_on_cpu(with({"--fp8-format", "hybrid"}, extra));
 }
 
 // A run trains with bf16 weight gradients: the first step's forward is the FP8 run's, the
