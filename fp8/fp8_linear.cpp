@@ -294,48 +294,44 @@ struct Fp8LinearBackward : public torch::autograd::Node {
     return y.to(norm->input.scalar_type());
   }
 
-  // dW [N, K] = dY^T [N, M] * X [M, K] in bf16 (fp32 accumulation) from the unquantized tensors.
-  torch::Tensor weight_grad_bf16(const torch::Tensor& dy) {
+  // Gradient-accumulation fusion (Megatron's, with TE): when the parameter's gradient is an fp32
+  // main-gradient buffer, the wgrad GEMM adds into it and autograd gets no weight gradient
+  // (AccumulateGrad then has nothing to add, and its hooks still run). Saves writing dW in bf16 and
+  // the separate read-add-write of the fp32 buffer. Returns that buffer (undefined: no fusion) and
+  // in `overwrite` whether this GEMM writes it instead: with the optimizer not zeroing these
+  // gradients, the step's first backward overwrites.
+  torch::Tensor fused_main_grad(bool& overwrite) {
     Fp8Engine& e = *site->engine;
-    const auto x = input_bf16();
-    const auto g = dy.reshape({-1, site->out_features});
     torch::Tensor main_grad = weight_param.defined() ? weight_param.grad() : torch::Tensor();
     if (path_of(e) == Path::kNative && e.options().gradient_accumulation_fusion && main_grad.defined() &&
         main_grad.scalar_type() == torch::kFloat32 && main_grad.is_contiguous() &&
         main_grad.sizes() == weight_param.sizes()) {
-      const bool overwrite = e.overwrite_main_grads() && site->main_grad_generation != e.weight_generation();
+      overwrite = e.overwrite_main_grads() && site->main_grad_generation != e.weight_generation();
       site->main_grad_generation = e.weight_generation();
-      at::addmm_out(main_grad, main_grad, g.t(), x, torch::kFloat32, overwrite ? 0.0 : 1.0);
-      return {};
+      return main_grad;
     }
     FP8TRON_CHECK(!e.overwrite_main_grads(), site->name + ": the optimizer leaves this weight's gradient to the "
                                              "wgrad GEMM, but it is not an fp32 main gradient");
-    return torch::mm(g.t(), x).to(weight_dtype);
+    return {};
   }
 
   // dW [N, K] = dY^T [N, M] * (X^T [K, M])^T: what autograd is to add (undefined where the GEMM
-  // added it to the main gradient). `dy`: the bf16 output gradient, for --no-fp8-wgrad.
-  torch::Tensor weight_grad(const Quantized* dyq_ptr, const torch::Tensor& dy) {
-    if (!fp8_wgrad) return weight_grad_bf16(dy);
-    const Quantized& dyq = *dyq_ptr;
+  // added it to the main gradient). --no-fp8-wgrad: dY^T [N, M] * X [M, K] in bf16 (fp32
+  // accumulation) from the unquantized `dy` and input.
+  torch::Tensor weight_grad(const Quantized* dyq, const torch::Tensor& dy) {
     Fp8Engine& e = *site->engine;
-    // Gradient-accumulation fusion (Megatron's, with TE): when the parameter's gradient is an
-    // fp32 main-gradient buffer, the GEMM adds into it and autograd gets no weight gradient
-    // (AccumulateGrad then has nothing to add, and its hooks still run). Saves writing dW in
-    // bf16 and the separate read-add-write of the fp32 buffer.
-    const torch::Tensor main_grad = weight_param.defined() ? weight_param.grad() : torch::Tensor();
-    if (path_of(e) == Path::kNative && e.options().gradient_accumulation_fusion && main_grad.defined() &&
-        main_grad.scalar_type() == torch::kFloat32 && main_grad.is_contiguous() &&
-        main_grad.sizes() == weight_param.sizes()) {
-      // With the optimizer not zeroing these gradients, the step's first backward overwrites.
-      const bool overwrite = e.overwrite_main_grads() && site->main_grad_generation != e.weight_generation();
-      site->main_grad_generation = e.weight_generation();
-      gemm(e, dyq, true, input_t(), true, {}, GemmKind::kWgrad, torch::kFloat32, main_grad, overwrite);
+    bool overwrite = false;
+    torch::Tensor main_grad = fused_main_grad(overwrite);
+    if (!fp8_wgrad) {
+      const auto x = input_bf16();
+      const auto g = dy.reshape({-1, site->out_features});
+      if (!main_grad.defined()) return torch::mm(g.t(), x).to(weight_dtype);
+      at::addmm_out(main_grad, main_grad, g.t(), x, torch::kFloat32, overwrite ? 0.0 : 1.0);
       return {};
     }
-    FP8TRON_CHECK(!e.overwrite_main_grads(), site->name + ": the optimizer leaves this weight's gradient to the "
-                                             "wgrad GEMM, but it is not an fp32 main gradient");
-    return gemm(e, dyq, true, input_t(), true, {}, GemmKind::kWgrad, weight_dtype);
+    if (!main_grad.defined()) return gemm(e, *dyq, true, input_t(), true, {}, GemmKind::kWgrad, weight_dtype);
+    gemm(e, *dyq, true, input_t(), true, {}, GemmKind::kWgrad, torch::kFloat32, main_grad, overwrite);
+    return {};
   }
 };
 
