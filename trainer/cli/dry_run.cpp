@@ -84,11 +84,8 @@ std::string format_plan(const Config& c) {
                   (long long)c.training.train_iters);
   os << "memory estimate per GPU (first pipeline stage):\n";
   const bool sharded = mem.gathered_weights > 0;  // optim_grads_params over more than one rank
-  // optim_grads over more than one rank: the gradients are sharded, the weights whole.
-  const bool sharded_grads =
-      sharded || (c.distributed.shard_grads() && c.parallel.dp * c.parallel.cp > c.distributed.optimizer_instances);
   os << "  weights            " << human_bytes(mem.weights)
-     << (sharded ? " (this rank's shard)" : sharded_grads ? " (whole, and this rank's shard they are gathered from)" : "")
+     << (sharded ? " (this rank's shard)" : mem.sharded_grads ? " (whole, and this rank's shard they are gathered from)" : "")
      << "\n";
   if (sharded)
     os << "  gathered weights   " << human_bytes(mem.gathered_weights)
@@ -96,7 +93,7 @@ std::string format_plan(const Config& c) {
        << "\n";
   os << "  fp32 main weights  " << human_bytes(mem.main_weights) << "\n";
   os << "  gradients          " << human_bytes(mem.grads)
-     << (sharded_grads ? " (the units accumulating or being reduced, about three at once)" : "") << "\n";
+     << (mem.sharded_grads ? " (the units accumulating or being reduced, about three at once)" : "") << "\n";
   if (mem.grad_shard > 0)
     os << "  fp32 grad shard    " << human_bytes(mem.grad_shard) << " (the reduced gradients the optimizer steps on)\n";
   os << "  optimizer states   " << human_bytes(mem.optimizer_states) << "\n";

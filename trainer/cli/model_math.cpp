@@ -178,6 +178,7 @@ MemoryEstimate estimate_memory(const Config& c) {
   // whole for the step: the tied embedding's on a pipeline's first stage, and with
   // --delay-wgrad-compute the layers' (their held gradients come after autograd has passed them).
   const bool sharded_grads = d.shard_grads() && dense_shards > 1.0;
+  e.sharded_grads = sharded_grads;
   if (sharded_grads) {
     const double layer = std::max(dense_layer_params / par.tp,
                                   m.moe.enabled() ? double(p.per_moe_layer - p.experts_per_moe_layer) / par.tp +

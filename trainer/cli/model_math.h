@@ -38,6 +38,8 @@ struct MemoryEstimate {
   double gathered_weights = 0;
   // 16-bit gradients: the fp32 copy of the optimizer's shard of them that it steps on.
   double grad_shard = 0;
+  // optim_grads and optim_grads_params over more than one rank: `grads` are the units held at once.
+  bool sharded_grads = false;
   double activations_paper = 0;  // Korthikanti et al. with the stored attention scores (5as/h term)
   double activations_fused = 0;  // the same with fused attention (no stored s x s scores)
   double logits = 0;             // output-layer logits and the fp32 copy for the loss
