@@ -262,6 +262,23 @@ void load_fp8_state(ck::CheckpointReader& reader, const TrainingState& s) {
     reader.read(name, ck::DType::F32, shape, ck::whole(shape), state.data_ptr());
     return state;
   }));
+  if (!s.fp8) return;
+  auto& attention = s.fp8->attention();
+  int64_t missing = 0;
+  for (const auto& site : attention.sites()) {
+    const std::string name = site->name + kFp8StateSuffix;
+    if (!reader.has_tensor(name)) {
+      ++missing;
+      continue;
+    }
+    const auto& shape = reader.metadata().tensors.at(name).shape;
+    auto state = torch::empty(shape, torch::kFloat32);
+    reader.read(name, ck::DType::F32, shape, ck::whole(shape), state.data_ptr());
+    attention.load_site_state(*site, state);
+  }
+  if (missing > 0)
+    log::info(strprintf(" > the checkpoint holds no FP8 attention scales for %lld layers: their gradient scales start "
+                        "from 1, as in a new run", (long long)missing));
 }
 
 

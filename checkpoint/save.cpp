@@ -154,6 +154,10 @@ std::unique_ptr<RankShards> collect_shards(const TrainingState& s, SnapshotBuffe
       add_replicated(*out, site->name + kFp8StateSuffix, state,
                      expert ? p.sizes.etp * p.sizes.edp : tp * dp);
     }
+    // FP8 attention's amaxes (fp8/attention_scaling.h), as the core attention's extra state.
+    if (p.tp_rank == 0 && p.dp_rank == 0)
+      for (const auto& site : s.fp8->attention().sites())
+        add_replicated(*out, site->name + kFp8StateSuffix, s.fp8->attention().site_state(*site), tp * dp);
   }
   // Persistent model buffers (the routers' expert biases): the same on every rank of a stage.
   if (p.tp_rank == 0 && p.dp_rank == 0)

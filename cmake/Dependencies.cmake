@@ -38,4 +38,13 @@ find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2 HINTS ${NCCL_ROOT}/lib REQUIRE
 add_library(fp8tron_nccl INTERFACE)
 target_include_directories(fp8tron_nccl INTERFACE ${NCCL_INCLUDE_DIR})
 target_link_libraries(fp8tron_nccl INTERFACE ${NCCL_LIBRARY})
+# cuDNN's FP8 attention (fp8/cudnn_sdpa.cpp): the header-only cuDNN frontend, fetched by
+# scripts/setup.sh into .setup/cudnn_frontend, and libcudnn from the torch wheel (libcudnn.so.9,
+# no dev symlink). Optional: without them --fp8-dot-product-attention fails naming setup.sh.
+if(NOT CUDNN_FRONTEND_INCLUDE_DIR AND DEFINED ENV{FP8TRON_CUDNN_FRONTEND_INCLUDE})
+  set(CUDNN_FRONTEND_INCLUDE_DIR $ENV{FP8TRON_CUDNN_FRONTEND_INCLUDE})
+endif()
+find_path(CUDNN_FRONTEND_INCLUDE_DIR cudnn_frontend.h HINTS ${PROJECT_SOURCE_DIR}/.setup/cudnn_frontend/include)
+find_library(CUDNN_LIBRARY NAMES cudnn libcudnn.so.9 HINTS ${CUDNN_INCLUDE_PATH}/../lib)
+message(STATUS "fp8tron: cuDNN frontend ${CUDNN_FRONTEND_INCLUDE_DIR}, cuDNN ${CUDNN_LIBRARY}")
 message(STATUS "fp8tron: NCCL ${NCCL_LIBRARY}, cuDNN headers ${CUDNN_INCLUDE_PATH}, torch ${Torch_DIR}")

@@ -22,7 +22,8 @@ constexpr float kStepSplit = 1048576.0f;  // steps are stored as two floats (exa
 
 }  // namespace
 
-Fp8Engine::Fp8Engine(const Fp8EngineOptions& options, torch::Device device) : options_(options), device_(device) {
+Fp8Engine::Fp8Engine(const Fp8EngineOptions& options, torch::Device device)
+    : options_(options), device_(device), attention_(device) {
   validate(options_.recipe);
   if (device_.is_cuda()) {
     const auto* props = at::cuda::getDeviceProperties(device_.index());
@@ -55,6 +56,13 @@ std::shared_ptr<Fp8Site> Fp8Engine::add_site(const std::string& name, int64_t la
   return site;
 }
 
+std::shared_ptr<Fp8AttentionSite> Fp8Engine::add_attention_site(const std::string& name, int64_t layer) {
+  const auto& o = options_;
+  const bool edge_layer = layer >= 0 && (layer < o.bf16_first_layers || layer >= o.num_layers - o.bf16_last_layers);
+  if (!o.dot_product_attention || edge_layer) return nullptr;
+  return attention_.add_site(name);
+}
+
 void Fp8Engine::ensure_state() {
   if (history_.defined() || recipe_kind(options_.recipe) != RecipeKind::kDelayed) return;
   const auto& d = std::get<DelayedScaling>(options_.recipe);
@@ -72,6 +80,7 @@ size_t Fp8Engine::slot(const Fp8Site& site, TensorRole role) const {
 Fp8Engine::StepState Fp8Engine::capture_step_state() {
   StepState s;
   s.steps = steps_;
+  s.attention = attention_.capture();
   if (recipe_kind(options_.recipe) == RecipeKind::kDelayed && !sites_.empty()) {
     ensure_state();
     s.history = history_.clone();
@@ -83,6 +92,7 @@ Fp8Engine::StepState Fp8Engine::capture_step_state() {
 
 void Fp8Engine::restore_step_state(const StepState& s) {
   steps_ = s.steps;
+  attention_.restore(s.attention);
   if (s.history.defined()) {
     history_.copy_(s.history);
     scale_.copy_(s.scale);
@@ -92,9 +102,10 @@ void Fp8Engine::restore_step_state(const StepState& s) {
   ++weight_generation_;
 }
 
-void Fp8Engine::end_step(const AmaxReducer& reduce) {
+void Fp8Engine::end_step(const AmaxReducer& reduce, const AmaxReducer& reduce_attention) {
   ++weight_generation_;
   ++steps_;
+  attention_.end_step(reduce_attention);
   if (recipe_kind(options_.recipe) != RecipeKind::kDelayed || sites_.empty()) return;
   ensure_state();
   const auto& d = std::get<DelayedScaling>(options_.recipe);

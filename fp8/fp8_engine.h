@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/deferred_work.h"
+#include "fp8/attention_scaling.h"
 #include "fp8/norm_backward.h"
 #include "fp8/quantize.h"
 #include "fp8/recipe.h"
@@ -51,6 +52,9 @@ struct Fp8EngineOptions {
   // weight-gradient GEMMs run in bf16 from the unquantized input and output gradient (fp8_linear.h);
   // the forward and dgrad GEMMs stay FP8.
   bool fp8_wgrad = true;
+  // --fp8-dot-product-attention: the core attention runs through FP8 kernels too
+  // (models/attention/fp8_attention.h), its scales kept by attention() (fp8/attention_scaling.h).
+  bool dot_product_attention = false;
 };
 
 // Replaces row 0 of the amax history (a [num_slots] fp32 tensor) by its maximum over the ranks
@@ -104,7 +108,12 @@ class Fp8Engine {
 
   // After each optimizer step: the weights changed (cached FP8 weights are stale); with delayed
   // scaling, on every --fp8-interval-th step the amaxes are reduced and the scales updated.
-  void end_step(const AmaxReducer& reduce);
+  // The FP8 attention's amaxes are reduced by `reduce_attention` (dense layers' group), every step.
+  void end_step(const AmaxReducer& reduce, const AmaxReducer& reduce_attention = nullptr);
+  // --fp8-dot-product-attention: registers the core attention of global layer `layer`; null when
+  // FP8 attention is off or the layer stays bf16 (--first-last-layers-bf16).
+  std::shared_ptr<Fp8AttentionSite> add_attention_site(const std::string& name, int64_t layer);
+  AttentionScaling& attention() { return attention_; }
   // Whether the wgrad GEMMs write the fp32 main gradients themselves, overwriting them in the first
   // backward of each step (the native path): the optimizer need not zero those gradients. Call
   // before the first step; requires every site's weight gradient in every step (a GPT's linears).
@@ -122,6 +131,7 @@ class Fp8Engine {
   // overwrites the main gradients as in a fresh step.
   struct StepState {
     torch::Tensor history, scale, scale_inv;  // undefined for recipes without state
+    torch::Tensor attention;                  // AttentionScaling::capture(); undefined without FP8 attention
     uint64_t steps = 0;
   };
   StepState capture_step_state();
@@ -184,6 +194,7 @@ class Fp8Engine {
   uint64_t steps_ = 0;
   bool overwrite_main_grads_ = false;
   torch::Tensor history_, scale_, scale_inv_;
+  AttentionScaling attention_;
   std::unique_ptr<GemmHandle> gemm_;
   NormBackwardFn norm_backward_ = nullptr;
   SwigluBackwardFn swiglu_backward_ = nullptr;

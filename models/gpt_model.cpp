@@ -81,7 +81,7 @@ SelfAttentionImpl::SelfAttentionImpl(const ModelConfig& m, const std::string& pr
   const auto& cp = f.cp();
   const torch::Tensor positions = cp.enabled() ? cp_positions(m.seq_length, cp.size(), cp.rank()) : torch::Tensor();
   rope_ = RotaryEmbedding(attention_rotary(m), positions);
-  core_attention_ = CoreAttention(m, per_layer_index(prefix), cp);
+  core_attention_ = CoreAttention(m, per_layer_index(prefix), cp, f.fp8(), prefix + ".core_attention");
   if (m.offload.on(&OffloadModules::core_attn)) offload_core_ = f.offloader().get();
   if (m.offload.on(&OffloadModules::attn_proj)) offload_proj_ = f.offloader().get();
 }

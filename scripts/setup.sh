@@ -75,6 +75,33 @@ if ! "$WANDB_PY" -c "import transformers" >/dev/null 2>&1; then
     log "warning: could not install transformers for $WANDB_PY; the hf tests will be skipped (everything else works)"
 fi
 
+# --- 3b. the cuDNN frontend headers (--fp8-dot-product-attention) ---------------------------------
+# Header-only; taken from the nvidia-cudnn-frontend wheel into .setup/cudnn_frontend (a machine
+# without PyPI can point FP8TRON_WHEEL_DIR at a directory holding that wheel). Without them the
+# build works and the flag fails naming this script.
+CUDNN_FRONTEND_VERSION=1.32.0
+CFE="$ROOT/.setup/cudnn_frontend"
+if [ ! -f "$CFE/include/cudnn_frontend.h" ]; then
+  log "fetching the cuDNN frontend $CUDNN_FRONTEND_VERSION headers (FP8 attention)"
+  tmp=$(mktemp -d)
+  if ls "${FP8TRON_WHEEL_DIR:-/nonexistent}"/nvidia_cudnn_frontend-*.whl >/dev/null 2>&1; then
+    cp "$FP8TRON_WHEEL_DIR"/nvidia_cudnn_frontend-*.whl "$tmp"/
+  else
+    "$PY" -m pip download -q --no-deps "nvidia-cudnn-frontend==$CUDNN_FRONTEND_VERSION" -d "$tmp" >/dev/null 2>&1 || true
+  fi
+  if ls "$tmp"/nvidia_cudnn_frontend-*.whl >/dev/null 2>&1; then
+    "$PY" - "$tmp" "$CFE" <<'PYEOF'
+import glob, sys, zipfile
+wheel = sorted(glob.glob(sys.argv[1] + "/nvidia_cudnn_frontend-*.whl"))[-1]
+with zipfile.ZipFile(wheel) as z:
+    z.extractall(sys.argv[2], [n for n in z.namelist() if n.startswith("include/")])
+PYEOF
+  else
+    log "warning: could not fetch nvidia-cudnn-frontend; --fp8-dot-product-attention will be unavailable"
+  fi
+  rm -rf "$tmp"
+fi
+
 # --- 4. paths for CMake and the run-time loader ------------------------------------------------------
 eval "$("$PY" - <<'PYEOF'
 import os, torch

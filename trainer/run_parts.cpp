@@ -149,6 +149,7 @@ void build_fp8_and_moe(RunParts& r, Timers& timers) {
     o.autotune_gemms = f.gemm_autotune;
     o.keep_transposes = f.keep_transposes;
     o.fp8_wgrad = f.wgrad;
+    o.dot_product_attention = f.dot_product_attention;
     r.fp8 = std::make_shared<fp8::Fp8Engine>(o, r.device);
   }
   if (c.model.moe.enabled()) {

@@ -428,6 +428,9 @@ void TrainingStep::end_fp8_step() {
     if (parts_.parallel.sizes.etp > 1) parts_.parallel.expert_tp->all_reduce(experts, ReduceOp::Max);
     if (over_edp) parts_.parallel.expert_dp->all_reduce(experts, ReduceOp::Max);
     amaxes.index_copy_(0, parts_.expert_amax_slots, experts);
+  }, [&](torch::Tensor& attention_amaxes) {  // FP8 attention: dense layers only
+    if (parts_.parallel.sizes.tp > 1) parts_.parallel.tp->all_reduce(attention_amaxes, ReduceOp::Max);
+    if (over_dp) parts_.data_parallel.dp->all_reduce(attention_amaxes, ReduceOp::Max);
   });
 }
 

@@ -58,6 +58,7 @@ struct Fp8Config {
   bool param_gather = false;            // --fp8-param-gather: the optimizer publishes FP8 weights
   bool keep_transposes = true;          // --fp8-transposes keep (or recast: fp8/fp8_engine.h)
   bool wgrad = true;                    // !--no-fp8-wgrad: the weight-gradient GEMMs in FP8 too
+  bool dot_product_attention = false;   // --fp8-dot-product-attention: the core attention in FP8
   // Whether the FP8 GEMMs time their cuBLASLt candidates on first use (fp8/gemm.h): on unless
   // FP8TRON_GEMM_AUTOTUNE=0 or --deterministic-mode (the heuristic's first choice, the same
   // kernels in every run).

@@ -2,17 +2,22 @@
 
 #include <cmath>
 
+#include "core/error.h"
 #include "models/attention/context_parallel_attention.h"
 #include "models/recompute/recompute.h"
 
 namespace fp8tron {
 
-CoreAttention::CoreAttention(const ModelConfig& m, int64_t layer, ContextParallelContext cp)
+CoreAttention::CoreAttention(const ModelConfig& m, int64_t layer, ContextParallelContext cp,
+                             const std::shared_ptr<fp8::Fp8Engine>& fp8, const std::string& name)
     : recompute_(m.recompute.selective(&RecomputeModules::core_attn)),
       cp_(std::move(cp)),
       comm_type_(cp_.config.comm_type(layer)),
       scale_(m.mup.softmax_scale.value_or(1.0 / std::sqrt(double(m.kv_channels)))),
-      sdpa_scale_(m.mup.softmax_scale) {}
+      sdpa_scale_(m.mup.softmax_scale) {
+  if (!fp8) return;
+  if (auto site = fp8->add_attention_site(name, layer)) fp8_ = std::make_shared<Fp8Attention>(fp8, std::move(site), scale_);
+}
 
 torch::Tensor CoreAttention::forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                      const torch::Tensor& attention_mask, double dropout, bool training) const {
@@ -27,6 +32,12 @@ torch::Tensor CoreAttention::forward(const torch::Tensor& q, const torch::Tensor
 torch::Tensor CoreAttention::attend(const torch::Tensor& q_in, const torch::Tensor& k_in, const torch::Tensor& v_in,
                                     const torch::Tensor& attention_mask, double dropout) const {
   const int64_t s = q_in.size(0), b = q_in.size(1), heads = q_in.size(2), d = q_in.size(3);
+  if (fp8_) {
+    // The flag's rules (trainer/cli/validation.cpp) leave only plain causal attention here.
+    FP8TRON_CHECK(!attention_mask.defined() && dropout == 0 && !cp_.enabled(),
+                  "FP8 attention takes causal attention without a mask, dropout or context parallelism");
+    return fp8_->forward(q_in, k_in, v_in);
+  }
   if (cp_.enabled())
     return context_parallel_attention(q_in, k_in, v_in, cp_, comm_type_, dropout, scale_).reshape({s, b, heads * d});
   // SDPA takes [b, heads, s, d]. Grouped keys/values: plain causal attention on the GPU hands the

@@ -3,11 +3,15 @@
 // a document mask), with dropout on the probabilities, grouped keys and values, and context
 // parallelism (models/attention/context_parallel_attention.h, by the layer's --cp-comm-type). With
 // --recompute-granularity selective and core_attn in --recompute-modules it is recomputed in
-// backward (models/recompute/recompute.h): only q, k and v are kept.
+// backward (models/recompute/recompute.h): only q, k and v are kept. With
+// --fp8-dot-product-attention it runs in FP8 (models/attention/fp8_attention.h).
 #pragma once
 #include <torch/torch.h>
 
+#include <memory>
+
 #include "core/config/model_config.h"
+#include "models/attention/fp8_attention.h"
 #include "parallel/context_parallel.h"
 
 namespace fp8tron {
@@ -15,8 +19,10 @@ namespace fp8tron {
 class CoreAttention {
  public:
   CoreAttention() = default;
-  // `layer`: the global layer number (its --cp-comm-type).
-  CoreAttention(const ModelConfig& m, int64_t layer, ContextParallelContext cp);
+  // `layer`: the global layer number (its --cp-comm-type); `fp8`: the model's FP8 engine (null:
+  // bf16), where the attention registers as `name` when FP8 attention is on.
+  CoreAttention(const ModelConfig& m, int64_t layer, ContextParallelContext cp,
+                const std::shared_ptr<fp8::Fp8Engine>& fp8 = nullptr, const std::string& name = "");
 
   // q [s, b, heads, d], k and v [s, b, groups, d] (this rank's heads; under context parallelism
   // its sequence shard). attention_mask: [b, 1, s, s] bool (true = may attend) or undefined for
@@ -34,6 +40,7 @@ class CoreAttention {
   double scale_ = 1;
   // The scale handed to SDPA: none for its own 1 / sqrt(d) (the same value), MuP's otherwise.
   std::optional<double> sdpa_scale_;
+  std::shared_ptr<Fp8Attention> fp8_;  // --fp8-dot-product-attention
 };
 
 }  // namespace fp8tron

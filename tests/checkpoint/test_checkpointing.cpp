@@ -93,6 +93,13 @@ TEST(Checkpointing, ExactResumeFp8DelayedScaling) {
 const std::vector<std::string> kBf16OptimizerStates = {"--bf16", "--use-distributed-optimizer",
                                                        "--use-precision-aware-optimizer", "--exp-avg-dtype", "bf16",
                                                        "--exp-avg-sq-dtype", "bf16"};
+// FP8 attention's delayed gradient scales come from the previous step's amaxes: the checkpoint
+// carries them (the core attention's _extra_state), or the resumed step would cast with scale 1.
+TEST(Checkpointing, ExactResumeFp8Attention) {
+  check_exact_resume({"--hidden-size", "64", "--attention-dropout", "0", "--fp8-format", "hybrid",
+                      "--fp8-dot-product-attention"});
+}
+
 TEST(Checkpointing, ExactResumePrecisionAwareBf16States) {
   check_exact_resume(with(kBf16OptimizerStates, {"--main-grads-dtype", "bf16"}));
 }

@@ -35,7 +35,7 @@ const std::vector<InertRule>& inert_rules() {
                                               "first-last-layers-bf16", "num-layers-at-start-in-bf16",
                                               "num-layers-at-end-in-bf16", "no-use-gmm-fp8",
                                               "log-fp8-stats-to-tensorboard", "fp8-transposes", "no-fp8-wgrad",
-                                              "disable-fp8-wgrad"});
+                                              "disable-fp8-wgrad", "fp8-dot-product-attention"});
         return g.empty() ? "" : g + " ha" + (g.find(',') == std::string::npos ? "s" : "ve") +
                                     " no effect without --fp8-format (FP8 is off; --fp8-format e4m3 or hybrid turns it on)";
       },

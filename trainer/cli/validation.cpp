@@ -705,6 +705,27 @@ const std::vector<Rule>& rules() {
                   "--use-ascend-mc2/coc): drop one of them";
          return "";
        }},
+      {"FP8 attention",
+       [](const Config& c, const FlagValues&) -> std::string {
+         const auto& fp8 = c.precision.fp8;
+         if (!fp8.enabled() || !fp8.dot_product_attention) return "";
+         const auto& m = c.model;
+         if (fp8::recipe_format(*fp8.recipe) == fp8::Fp8Format::kHiF8)
+           return "--fp8-dot-product-attention needs --fp8-format e4m3 or hybrid (cuDNN's FP8 attention has no HiF8)";
+         if (m.attention_dropout > 0)
+           return "--fp8-dot-product-attention runs attention without dropout: add --attention-dropout 0";
+         if (c.parallel.cp > 1)
+           return "--fp8-dot-product-attention is not supported yet with context parallelism (--context-parallel-size " +
+                  ll(c.parallel.cp) + ")";
+         if (c.data.reset_attention_mask)
+           return "--fp8-dot-product-attention takes plain causal attention: drop --reset-attention-mask";
+         if (m.mla.enabled)
+           return "--fp8-dot-product-attention is not supported yet with --multi-latent-attention";
+         if (m.kv_channels % 16 != 0 || m.kv_channels > 256)
+           return "--fp8-dot-product-attention needs a head dimension (--kv-channels, " + ll(m.kv_channels) +
+                  ") that is a multiple of 16 and at most 256 (cuDNN's FP8 attention on Hopper)";
+         return "";
+       }},
       {"FP8 parameters",
        [](const Config& c, const FlagValues&) -> std::string {
          const auto& fp8 = c.precision.fp8;
