@@ -55,6 +55,7 @@ struct Fp8EngineOptions {
   // --fp8-dot-product-attention: the core attention runs through FP8 kernels too
   // (models/attention/fp8_attention.h), its scales kept by attention() (fp8/attention_scaling.h).
   bool dot_product_attention = false;
+  bool attention_emulated = false;  // tests: the emulated FP8 attention on the GPU too
 };
 
 // Replaces row 0 of the amax history (a [num_slots] fp32 tensor) by its maximum over the ranks

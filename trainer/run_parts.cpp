@@ -150,6 +150,7 @@ void build_fp8_and_moe(RunParts& r, Timers& timers) {
     o.keep_transposes = f.keep_transposes;
     o.fp8_wgrad = f.wgrad;
     o.dot_product_attention = f.dot_product_attention;
+    o.attention_emulated = f.attention_emulated;
     r.fp8 = std::make_shared<fp8::Fp8Engine>(o, r.device);
   }
   if (c.model.moe.enabled()) {

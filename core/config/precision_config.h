@@ -59,6 +59,7 @@ struct Fp8Config {
   bool keep_transposes = true;          // --fp8-transposes keep (or recast: fp8/fp8_engine.h)
   bool wgrad = true;                    // !--no-fp8-wgrad: the weight-gradient GEMMs in FP8 too
   bool dot_product_attention = false;   // --fp8-dot-product-attention: the core attention in FP8
+  bool attention_emulated = false;      // --fp8tron-test-fp8-attention-emulated (tests: the GPU reference)
   // Whether the FP8 GEMMs time their cuBLASLt candidates on first use (fp8/gemm.h): on unless
   // FP8TRON_GEMM_AUTOTUNE=0 or --deterministic-mode (the heuristic's first choice, the same
   // kernels in every run).

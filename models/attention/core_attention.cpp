@@ -16,7 +16,7 @@ CoreAttention::CoreAttention(const ModelConfig& m, int64_t layer, ContextParalle
       scale_(m.mup.softmax_scale.value_or(1.0 / std::sqrt(double(m.kv_channels)))),
       sdpa_scale_(m.mup.softmax_scale) {
   if (!fp8) return;
-  if (auto site = fp8->add_attention_site(name, layer)) fp8_ = std::make_shared<Fp8Attention>(fp8, std::move(site), scale_);
+  if (auto site = fp8->add_attention_site(name, layer)) fp8_ = std::make_shared<Fp8Attention>(fp8, std::move(site), scale_, m.kv_channels);
 }
 
 torch::Tensor CoreAttention::forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,

@@ -3,7 +3,10 @@
 #include <cmath>
 #include <limits>
 
+#include <ATen/cuda/CUDAContext.h>
+
 #include "core/error.h"
+#include "core/text.h"
 #include "fp8/cudnn_sdpa.h"
 #include "fp8/quantize.h"
 #include "fp8/quantized_tensor.h"
@@ -121,13 +124,18 @@ struct Fp8AttentionFunction : torch::autograd::Function<Fp8AttentionFunction> {
 }  // namespace
 
 Fp8Attention::Fp8Attention(std::shared_ptr<fp8::Fp8Engine> engine, std::shared_ptr<fp8::Fp8AttentionSite> site,
-                           double scale, bool emulate)
+                           double scale, int64_t head_dim, bool emulate)
     : engine_(std::move(engine)), site_(std::move(site)), scale_(scale) {
   FP8TRON_CHECK(engine_ && site_, "FP8 attention needs its engine and site");
-  emulate_ = emulate || !engine_->device().is_cuda();
+  emulate_ = emulate || engine_->options().attention_emulated || !engine_->device().is_cuda();
   if (!emulate_ && !fp8::cudnn_sdpa_built())
     throw UserError("--fp8-dot-product-attention: this build has no cuDNN frontend (its headers come from "
                     "scripts/setup.sh); run ./scripts/setup.sh and rebuild, or drop the flag");
+  if (!emulate_ && at::cuda::getDeviceProperties(engine_->device().index())->major == 9 && head_dim != 128)
+    throw UserError(strprintf("--fp8-dot-product-attention: on Hopper cuDNN's FP8 attention backward takes a head "
+                              "dimension of 128 only, and this model's is %lld (--kv-channels, or --hidden-size / "
+                              "--num-attention-heads); drop the flag",
+                              (long long)head_dim));
   const auto& recipe = engine_->recipe();
   grad_format_ = fp8::tensor_format(recipe, fp8::TensorRole::kGradOutput);
   if (grad_format_ != Format::kE4M3 && grad_format_ != Format::kE5M2)

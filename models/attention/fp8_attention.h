@@ -23,9 +23,11 @@ namespace fp8tron {
 
 class Fp8Attention {
  public:
-  // `site`: the layer's slots of engine->attention(); `scale`: the softmax scale.
+  // `site`: the layer's slots of engine->attention(); `scale`: the softmax scale. On Hopper,
+  // cuDNN's FP8 attention backward takes head dimension 128 only: another one is a UserError here,
+  // when the model is built.
   Fp8Attention(std::shared_ptr<fp8::Fp8Engine> engine, std::shared_ptr<fp8::Fp8AttentionSite> site, double scale,
-               bool emulate = false);
+               int64_t head_dim, bool emulate = false);
 
   // q [s, b, heads, d], k and v [s, b, groups, d]; returns [s, b, heads * d] in q's dtype.
   torch::Tensor forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) const;

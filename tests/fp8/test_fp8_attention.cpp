@@ -70,7 +70,7 @@ TEST(Fp8Attention, EmulatedPassesStayWithinFp8ErrorOfExactAttention) {
     auto engine = cpu_engine();
     auto site = engine->add_attention_site("decoder.layers.0.self_attention.core_attention", 0);
     ASSERT_TRUE(site);
-    const Fp8Attention attention(engine, site, scale);
+    const Fp8Attention attention(engine, site, scale, kDim);
     const Inputs in = inputs(groups);
     // Two steps: the first backward runs with gradient scales of 1, the second with the scales
     // of the first one's amaxes (E5M2 keeps small gradients either way at these sizes).
@@ -90,7 +90,7 @@ TEST(Fp8Attention, EmulatedPassesStayWithinFp8ErrorOfExactAttention) {
 TEST(Fp8Attention, GradientScalesComeFromThePreviousStepsAmaxes) {
   auto engine = cpu_engine();
   auto site = engine->add_attention_site("decoder.layers.1.self_attention.core_attention", 1);
-  const Fp8Attention attention(engine, site, 0.25);
+  const Fp8Attention attention(engine, site, 0.25, kDim);
   const Inputs in = inputs(kHeads);
   const Result first = run_fp8(attention, in);
   auto& scaling = engine->attention();

@@ -184,6 +184,7 @@ Fp8Config build_fp8(const FlagValues& f, const ModelConfig& m, const PrecisionCo
   c.keep_transposes = f.get_string("fp8-transposes") == "keep";
   c.wgrad = !f.get_bool("no-fp8-wgrad") && !f.get_bool("disable-fp8-wgrad");
   c.dot_product_attention = f.get_bool("fp8-dot-product-attention");
+  c.attention_emulated = f.get_bool("fp8tron-test-fp8-attention-emulated");
   c.grouped_gemm_fp8 = !f.get_bool("no-use-gmm-fp8");
   c.param_gather = f.get_bool("fp8-param-gather");
   if (c.min_features < 0) throw UserError("--fp8-min-features must be >= 0");

@@ -259,6 +259,7 @@ const std::vector<FlagSpec>& flag_table() {
       // ---- for fp8tron's own tests only (hidden from --help and the argument list) -----------------
       {"fp8tron-test-kill-at", K::String, "", S::Yes, "", "", "TESTS ONLY: SIGKILL this process at the named checkpoint step, NAME[@HIT] (checkpoint/fault_points.h)."},
       {"fp8tron-test-inject-nan", K::String, "", S::Yes, "", "", "TESTS ONLY: ITER[:PARAM]: at iteration ITER make the loss (or PARAM's gradient) NaN."},
+      {"fp8tron-test-fp8-attention-emulated", K::Bool, "", S::Yes, "", "", "TESTS ONLY: --fp8-dot-product-attention through the emulated path (fake quantization around fp32 products) on the GPU too, as the reference its cuDNN kernels are compared with."},
       {"fp8tron-test-node-name", K::String, "", S::Yes, "", "", "TESTS ONLY: the node name the rerun engine records and compares instead of the host name."},
   };
   return table;
