@@ -11,6 +11,8 @@ std::shared_ptr<Fp8AttentionSite> AttentionScaling::add_site(const std::string& 
   site->name = name;
   site->index = int64_t(sites_.size());
   sites_.push_back(site);
+  calibrated_.push_back(0);
+  seen_.push_back(0);
   return site;
 }
 
@@ -35,6 +37,10 @@ void AttentionScaling::end_step(const std::function<void(torch::Tensor&)>& reduc
   // A NaN amax (a NaN gradient) keeps the previous scale, as the linears' delayed scaling does.
   b.amax.copy_(torch::where(b.amax_now > 0, b.amax_now, b.amax));
   b.amax_now.zero_();
+  for (size_t i = 0; i < sites_.size(); ++i) {
+    calibrated_[i] |= seen_[i];
+    seen_[i] = 0;
+  }
 }
 
 torch::Tensor AttentionScaling::site_state(const Fp8AttentionSite& site) { return amax(site).to(torch::kCPU).clone(); }
@@ -47,15 +53,23 @@ void AttentionScaling::load_site_state(const Fp8AttentionSite& site, const torch
   torch::NoGradGuard no_grad;
   amax(site).copy_(state.to(torch::kFloat32));
   amax_now(site).zero_();
+  calibrated_[size_t(site.index)] = (state.to(torch::kFloat32) > 0).any().item<bool>();
 }
 
-void AttentionScaling::restore(const torch::Tensor& saved) {
-  if (!saved.defined()) return;
+AttentionScaling::Saved AttentionScaling::capture() {
+  if (sites_.empty()) return {};
+  return {torch::cat({buffers().amax, buffers().amax_now}), calibrated_, seen_};
+}
+
+void AttentionScaling::restore(const Saved& saved) {
+  if (!saved.buffers.defined()) return;
   torch::NoGradGuard no_grad;
   auto& b = buffers();
   const int64_t n = int64_t(sites_.size());
-  b.amax.copy_(saved.narrow(0, 0, n));
-  b.amax_now.copy_(saved.narrow(0, n, n));
+  b.amax.copy_(saved.buffers.narrow(0, 0, n));
+  b.amax_now.copy_(saved.buffers.narrow(0, n, n));
+  calibrated_ = saved.calibrated;
+  seen_ = saved.seen;
 }
 
 }  // namespace fp8tron::fp8

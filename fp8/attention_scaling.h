@@ -10,7 +10,11 @@
 //   dP, dQ, dK, dV   written by the fused backward kernel, so their amax is only known afterwards:
 //                 delayed scaling, scale = fp8_max / amax / 2^margin from the largest amax of the
 //                 previous step (Megatron's default: history length 1, most recent), reduced over
-//                 the amax group like the linears' amaxes; 1 until a step has seen them.
+//                 the amax group like the linears' amaxes. Until a step (or a checkpoint) has
+//                 given them, a backward pass calibrates: its scales come from its own amaxes
+//                 (the cuDNN path runs the kernel twice), so the first step casts as well as the
+//                 next ones instead of with scale 1, which leaves E5M2's small gradients one or
+//                 two bits.
 // Buffers [sites][4] on the model's device: `amax` (what the scales come from; saved in
 // checkpoints as the core attention's _extra_state) and `amax_now` (max-accumulated by every
 // backward pass of the step, folded into `amax` by end_step()).
@@ -40,6 +44,10 @@ class AttentionScaling {
   // The site's row [4] of each buffer (views: the backward pass reads and max-accumulates them).
   torch::Tensor amax(const Fp8AttentionSite& site);
   torch::Tensor amax_now(const Fp8AttentionSite& site);
+  // Whether `amax` holds a step's (or a checkpoint's) amaxes; host-side, so no device sync.
+  bool calibrated(const Fp8AttentionSite& site) const { return calibrated_[size_t(site.index)] != 0; }
+  // A backward pass of the site ran this step (its amaxes are in amax_now).
+  void note_backward(const Fp8AttentionSite& site) { seen_[size_t(site.index)] = 1; }
 
   // After the optimizer step: reduce `amax_now` over the amax group (null: one process), take it
   // where a value was seen, and start the next step's accumulation.
@@ -50,8 +58,12 @@ class AttentionScaling {
   void load_site_state(const Fp8AttentionSite& site, const torch::Tensor& state);
 
   // The rerun engine's copy of what a step changes.
-  torch::Tensor capture() { return sites_.empty() ? torch::Tensor() : torch::cat({buffers().amax, buffers().amax_now}); }
-  void restore(const torch::Tensor& saved);
+  struct Saved {
+    torch::Tensor buffers;  // amax and amax_now, stacked
+    std::vector<char> calibrated, seen;
+  };
+  Saved capture();
+  void restore(const Saved& saved);
 
  private:
   struct Buffers {
@@ -61,6 +73,7 @@ class AttentionScaling {
 
   torch::Device device_;
   std::vector<std::shared_ptr<Fp8AttentionSite>> sites_;
+  std::vector<char> calibrated_, seen_;
   Buffers buffers_;
 };
 

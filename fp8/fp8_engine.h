@@ -132,7 +132,7 @@ class Fp8Engine {
   // overwrites the main gradients as in a fresh step.
   struct StepState {
     torch::Tensor history, scale, scale_inv;  // undefined for recipes without state
-    torch::Tensor attention;                  // AttentionScaling::capture(); undefined without FP8 attention
+    AttentionScaling::Saved attention;        // empty without FP8 attention
     uint64_t steps = 0;
   };
   StepState capture_step_state();

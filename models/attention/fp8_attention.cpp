@@ -162,14 +162,18 @@ std::vector<torch::Tensor> Fp8Attention::backward_pass(const torch::Tensor& grad
   return emulate_ ? backward_emulated(grad, saved) : backward_native(grad, saved);
 }
 
-torch::Tensor Fp8Attention::gradient_scales() const {
-  const auto amax = engine_->attention().amax(*site_);
+torch::Tensor Fp8Attention::scales_from(const torch::Tensor& amax) const {
   return torch::where((amax > 0) & torch::isfinite(amax), grad_scaled_max_ / amax, torch::ones_like(amax));
 }
+
+torch::Tensor Fp8Attention::gradient_scales() const { return scales_from(engine_->attention().amax(*site_)); }
+
+bool Fp8Attention::calibrating() const { return !engine_->attention().calibrated(*site_); }
 
 void Fp8Attention::record_gradient_amaxes(const torch::Tensor& amaxes) const {
   auto now = engine_->attention().amax_now(*site_);
   now.copy_(torch::fmax(now, amaxes));  // fmax: a NaN amax is no amax (scale_math.h's rule)
+  engine_->attention().note_backward(*site_);
 }
 
 // ---- native: cuDNN's fused FP8 attention ---------------------------------------------------------
@@ -210,16 +214,14 @@ std::vector<torch::Tensor> Fp8Attention::backward_native(const torch::Tensor& gr
   const Fp8Cast dc = cast_current_scaled(grad.to(torch::kBFloat16).contiguous(), d, grad_format_, stream);
   const auto floats = grad.options().dtype(torch::kFloat32);
   const auto scale_s = torch::full({1}, kE4M3Max, floats), descale_s = torch::full({1}, 1.0f / kE4M3Max, floats);
-  const auto scales = gradient_scales().contiguous();  // dQ, dK, dV, dP
-  const auto inv = scales.reciprocal();
+  auto scales = gradient_scales().contiguous();  // dQ, dK, dV, dP
+  auto inv = scales.reciprocal();
   const auto codes = grad.options().dtype(torch::kUInt8);
   auto dq = torch::empty({s, b, h, d}, codes), dk = torch::empty({s, b, g, d}, codes), dv = torch::empty({s, b, g, d}, codes);
   auto amaxes = torch::empty({fp8::kAttentionAmaxes}, floats);
   const fp8::SdpaShape shape{b, h, g, s, d, float(scale_)};
   const int device = grad.device().index();
   auto ws = cudnn_workspace(fp8::sdpa_fp8_backward_workspace(shape, grad_format_, device), grad.device());
-  float* sc = scales.data_ptr<float>();
-  float* iv = inv.data_ptr<float>();
   float* am = amaxes.data_ptr<float>();
   fp8::SdpaFp8BackwardArgs a;
   a.q = saved.q.data_ptr(), a.k = saved.k.data_ptr(), a.v = saved.v.data_ptr(), a.o = saved.o.data_ptr();
@@ -227,14 +229,28 @@ std::vector<torch::Tensor> Fp8Attention::backward_native(const torch::Tensor& gr
   a.descale_q = saved.q_inv.data_ptr<float>(), a.descale_k = saved.k_inv.data_ptr<float>();
   a.descale_v = saved.v_inv.data_ptr<float>(), a.descale_o = saved.o_inv.data_ptr<float>();
   a.descale_do = dc.scale_inv.data_ptr<float>(), a.descale_s = descale_s.data_ptr<float>();
-  a.descale_dp = iv + fp8::kAmaxDP, a.scale_s = scale_s.data_ptr<float>();
-  a.scale_dq = sc + fp8::kAmaxDQ, a.scale_dk = sc + fp8::kAmaxDK, a.scale_dv = sc + fp8::kAmaxDV;
-  a.scale_dp = sc + fp8::kAmaxDP;
+  a.scale_s = scale_s.data_ptr<float>();
   a.dq = dq.data_ptr(), a.dk = dk.data_ptr(), a.dv = dv.data_ptr();
   a.amax_dq = am + fp8::kAmaxDQ, a.amax_dk = am + fp8::kAmaxDK, a.amax_dv = am + fp8::kAmaxDV;
   a.amax_dp = am + fp8::kAmaxDP;
-  fp8::sdpa_fp8_backward(shape, grad_format_, a, ws.data_ptr(), device, stream);
+  const auto launch = [&] {
+    float* sc = scales.data_ptr<float>();
+    a.descale_dp = inv.data_ptr<float>() + fp8::kAmaxDP;
+    a.scale_dq = sc + fp8::kAmaxDQ, a.scale_dk = sc + fp8::kAmaxDK, a.scale_dv = sc + fp8::kAmaxDV;
+    a.scale_dp = sc + fp8::kAmaxDP;
+    fp8::sdpa_fp8_backward(shape, grad_format_, a, ws.data_ptr(), device, stream);
+  };
+  if (calibrating()) {
+    // No step has given amaxes yet: learn them from this pass, then run it again with their scales
+    // (fp8/attention_scaling.h). dQ's and dK's amaxes depend on dP's codes: one more round would
+    // refine them by the rounding of one E5M2 step at most.
+    launch();
+    scales = scales_from(amaxes).contiguous();
+    inv = scales.reciprocal();
+  }
+  launch();
   record_gradient_amaxes(amaxes);
+  float* iv = inv.data_ptr<float>();
   const auto out = [&](const torch::Tensor& c, int64_t slot) {
     return dequantize_fp8_codes(c, iv + slot, grad_format_, d, stream).to(saved.dtype);
   };
@@ -267,17 +283,22 @@ std::vector<torch::Tensor> Fp8Attention::backward_emulated(const torch::Tensor& 
   const auto scores = fp8_causal_scores(saved.q, k, scale_);
   const auto probs = (scores - saved.stats).exp();
   const auto probs_fp8 = fp8_fake_quantize(probs, torch::full({}, kE4M3Max, probs.options()), Format::kE4M3);
-  const auto scales = gradient_scales().to(torch::kFloat32);
-  // Flash attention's backward: dV = P^T dO, dS = P * (dO V^T - rowsum(dO * O)), dQ = scale dS K,
-  // dK = scale dS^T Q; dS is the "dP" that is quantized.
+  const auto delayed = gradient_scales().to(torch::kFloat32);
+  const bool calibrate = calibrating();
+  // The scale of a tensor: the delayed one, or while calibrating the one of its own amax.
+  const auto scale_of = [&](const torch::Tensor& x, int64_t slot) {
+    return calibrate ? scales_from(x.abs().amax()) : delayed[slot];
+  };
+  // Flash attention's backward: dV = P^T dO, dP = scale P * (dO V^T - rowsum(dO * O)) (the gradient
+  // of the scores Q K^T, which cuDNN quantizes as "dP"), dQ = dP K, dK = dP^T Q.
   const auto dv = sum_head_groups(torch::matmul(probs_fp8.transpose(-2, -1), d_o), saved.groups);
-  const auto ds = probs * (torch::matmul(d_o, v.transpose(-2, -1)) - (d_o * saved.o).sum(-1, true));
-  const auto ds_fp8 = fp8_fake_quantize(ds, scales[fp8::kAmaxDP], grad_format_);
-  const auto dq = torch::matmul(ds_fp8, k) * scale_;
-  const auto dk = sum_head_groups(torch::matmul(ds_fp8.transpose(-2, -1), saved.q) * scale_, saved.groups);
-  record_gradient_amaxes(torch::stack({dq.abs().amax(), dk.abs().amax(), dv.abs().amax(), ds.abs().amax()}));
+  const auto dp = probs * (torch::matmul(d_o, v.transpose(-2, -1)) - (d_o * saved.o).sum(-1, true)) * scale_;
+  const auto dp_fp8 = fp8_fake_quantize(dp, scale_of(dp, fp8::kAmaxDP), grad_format_);
+  const auto dq = torch::matmul(dp_fp8, k);
+  const auto dk = sum_head_groups(torch::matmul(dp_fp8.transpose(-2, -1), saved.q), saved.groups);
+  record_gradient_amaxes(torch::stack({dq.abs().amax(), dk.abs().amax(), dv.abs().amax(), dp.abs().amax()}));
   const auto out = [&](const torch::Tensor& x, int64_t slot) {
-    return from_bhsd(fp8_fake_quantize(x, scales[slot], grad_format_), saved.dtype);
+    return from_bhsd(fp8_fake_quantize(x, scale_of(x, slot), grad_format_), saved.dtype);
   };
   return {out(dq, fp8::kAmaxDQ), out(dk, fp8::kAmaxDK), out(dv, fp8::kAmaxDV)};
 }

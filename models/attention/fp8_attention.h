@@ -45,8 +45,11 @@ class Fp8Attention {
                                  Saved& saved) const;
   std::vector<torch::Tensor> backward_native(const torch::Tensor& grad, const Saved& saved) const;
   std::vector<torch::Tensor> backward_emulated(const torch::Tensor& grad, const Saved& saved) const;
-  // Delayed scales of dQ, dK, dV, dP [4] from the site's amaxes (fp8/attention_scaling.h).
+  // Delayed scales of dQ, dK, dV, dP [4] from the site's amaxes (fp8/attention_scaling.h), and
+  // whether this backward pass calibrates them instead.
+  torch::Tensor scales_from(const torch::Tensor& amax) const;
   torch::Tensor gradient_scales() const;
+  bool calibrating() const;
   void record_gradient_amaxes(const torch::Tensor& amaxes) const;
 
   std::shared_ptr<fp8::Fp8Engine> engine_;

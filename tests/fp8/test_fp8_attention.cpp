@@ -72,8 +72,7 @@ TEST(Fp8Attention, EmulatedPassesStayWithinFp8ErrorOfExactAttention) {
     ASSERT_TRUE(site);
     const Fp8Attention attention(engine, site, scale, kDim);
     const Inputs in = inputs(groups);
-    // Two steps: the first backward runs with gradient scales of 1, the second with the scales
-    // of the first one's amaxes (E5M2 keeps small gradients either way at these sizes).
+    // Two steps: the first calibrates the gradient scales, the second takes them delayed.
     run_fp8(attention, in);
     engine->end_step(nullptr, nullptr);
     const Result fp8 = run_fp8(attention, in), exact = run_exact(in, scale);
@@ -92,9 +91,11 @@ TEST(Fp8Attention, GradientScalesComeFromThePreviousStepsAmaxes) {
   auto site = engine->add_attention_site("decoder.layers.1.self_attention.core_attention", 1);
   const Fp8Attention attention(engine, site, 0.25, kDim);
   const Inputs in = inputs(kHeads);
+  // The first step calibrates: each backward pass takes the scales of its own amaxes.
   const Result first = run_fp8(attention, in);
   auto& scaling = engine->attention();
-  EXPECT_TRUE(torch::equal(scaling.amax(*site), torch::zeros({fp8::kAttentionAmaxes}))) << "scales of 1 until a step ends";
+  EXPECT_FALSE(scaling.calibrated(*site));
+  EXPECT_TRUE(torch::equal(scaling.amax(*site), torch::zeros({fp8::kAttentionAmaxes})));
   const auto seen = scaling.amax_now(*site).clone();
   // The amaxes recorded are those of the unquantized dQ, dK, dV and dP.
   const Result exact = run_exact(in, 0.25);
@@ -104,18 +105,29 @@ TEST(Fp8Attention, GradientScalesComeFromThePreviousStepsAmaxes) {
               0.15 * exact.dv.abs().max().item<double>());
   EXPECT_GT(seen[fp8::kAmaxDP].item<double>(), 0);
   engine->end_step(nullptr, nullptr);
+  EXPECT_TRUE(scaling.calibrated(*site));
   EXPECT_TRUE(torch::equal(scaling.amax(*site), seen));
   EXPECT_TRUE(torch::equal(scaling.amax_now(*site), torch::zeros({fp8::kAttentionAmaxes})));
-  // The same inputs with the new scales: the forward pass is unchanged (current scaling), the
-  // gradients are cast on another grid.
+  // The same inputs again: the delayed scales are those the calibration took.
   const Result second = run_fp8(attention, in);
   EXPECT_TRUE(torch::equal(first.out, second.out));
-  EXPECT_FALSE(torch::equal(first.dq, second.dq));
+  EXPECT_TRUE(torch::equal(first.dq, second.dq));
+  EXPECT_TRUE(torch::equal(first.dv, second.dv));
+  // Gradients eight times larger: cast with the previous step's scales, not their own.
+  Inputs larger = in;
+  larger.grad = in.grad * 8;
+  const Result delayed = run_fp8(attention, larger);
+  auto fresh = cpu_engine();
+  const Fp8Attention calibrating(fresh, fresh->add_attention_site(site->name, 1), 0.25, kDim);
+  const Result own = run_fp8(calibrating, larger);
+  EXPECT_FALSE(torch::equal(delayed.dq, own.dq));
   // A checkpoint's state is the amax row; loading it gives the same scales.
   auto other = cpu_engine();
   auto other_site = other->add_attention_site(site->name, 1);
+  EXPECT_FALSE(other->attention().calibrated(*other_site));
   other->attention().load_site_state(*other_site, scaling.site_state(*site));
   EXPECT_TRUE(torch::equal(other->attention().amax(*other_site), seen));
+  EXPECT_TRUE(other->attention().calibrated(*other_site));
   EXPECT_USER_ERROR(other->attention().load_site_state(*other_site, torch::zeros({5})), "not 4");
 }
 

@@ -1,8 +1,12 @@
 // FP8 attention on the GPU (ctest label `gpu`): cuDNN's fused FP8 kernels against the emulated
 // path (the same casts around fp32 products, on the same device) and against exact attention,
 // forward and backward, multi-head and grouped, head dim 128 (the only one Hopper's FP8 backward
-// takes), over two steps (gradient scales of 1, then the delayed scales of the first step's
-// amaxes). Prints each error for the record.
+// takes), over two steps (gradient scales calibrated from the pass's own amaxes, then the delayed
+// scales of the first step's). Prints each error for the record.
+// Tolerances: E4M3 rounds to within 6.25% (RMS 3.6% relative), E5M2 to within 12.5%; the output is
+// one E4M3 cast of products of casts (measured 5.4% from exact, 4.6% between the paths, which round
+// the same fp32 values computed in different orders), the gradients three E5M2 casts deep (dO, dP,
+// then dQ/dK/dV: measured 9-11%).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -84,21 +88,22 @@ TEST(GpuFp8Attention, CudnnMatchesTheEmulationAndExactAttention) {
                     "dv %.4f (%.4f); emulated vs exact out %.4f dq %.4f\n",
                     (long long)d, (long long)groups, step, out_e, out_x, dq_e, dq_x, dk_e, dk_x, dv_e, dv_x,
                     relative_error(e.out, x.out), relative_error(e.dq, x.dq));
-        EXPECT_LT(out_e, 0.04);
-        EXPECT_LT(out_x, 0.06);
+        EXPECT_LT(out_e, 0.06);
+        EXPECT_LT(out_x, 0.07);
         EXPECT_LT(dq_x, 0.15);
         EXPECT_LT(dk_x, 0.15);
         EXPECT_LT(dv_x, 0.15);
         EXPECT_LT(dq_e, 0.15);
         EXPECT_LT(dk_e, 0.15);
         EXPECT_LT(dv_e, 0.15);
-        // Both paths saw nearly the same gradient amaxes (dQ, dK, dV, dP).
+        // Both paths saw nearly the same gradient amaxes (dQ, dK, dV and dP, the gradient of the
+        // scaled scores).
         const auto an = native_engine->attention().amax_now(*native_engine->attention().sites()[0]).cpu();
         const auto ae = emulated_engine->attention().amax_now(*emulated_engine->attention().sites()[0]).cpu();
         std::printf("[fp8 attention] amaxes dq dk dv dp: native %g %g %g %g, emulated %g %g %g %g\n", an[0].item<double>(),
                     an[1].item<double>(), an[2].item<double>(), an[3].item<double>(), ae[0].item<double>(),
                     ae[1].item<double>(), ae[2].item<double>(), ae[3].item<double>());
-        EXPECT_TRUE(torch::allclose(an.narrow(0, 0, 3), ae.narrow(0, 0, 3), 0.2, 0));
+        EXPECT_TRUE(torch::allclose(an, ae, 0.2, 0));
         native_engine->end_step(nullptr, nullptr);
         emulated_engine->end_step(nullptr, nullptr);
       }
