@@ -251,34 +251,33 @@ void load_parameters(ck::CheckpointReader& reader, const TrainingState& s, bool 
   if (s.fp8) s.fp8->invalidate_weights();
 }
 
+// The FP8 state saved as `module`'s extra state (fp32, the shape it was saved with); undefined
+// when the checkpoint has none.
+torch::Tensor read_extra_state(ck::CheckpointReader& reader, const std::string& module) {
+  const std::string name = module + kFp8StateSuffix;
+  if (!reader.has_tensor(name)) return {};
+  const auto& shape = reader.metadata().tensors.at(name).shape;
+  auto state = torch::empty(shape, torch::kFloat32);
+  reader.read(name, ck::DType::F32, shape, ck::whole(shape), state.data_ptr());
+  return state;
+}
+
 // The FP8 scales and amax histories, so a resumed run quantizes with the scales it would have
 // used. A checkpoint without them (bf16 run, or another recipe) starts the recipe afresh.
 void load_fp8_state(ck::CheckpointReader& reader, const TrainingState& s) {
-  restore_fp8_recipe_state(s, read_fp8_recipe_state(s, [&](const fp8::Fp8Site& site) {
-    const std::string name = site.name + kFp8StateSuffix;
-    if (!reader.has_tensor(name)) return torch::Tensor();
-    const auto& shape = reader.metadata().tensors.at(name).shape;
-    auto state = torch::empty(shape, torch::kFloat32);
-    reader.read(name, ck::DType::F32, shape, ck::whole(shape), state.data_ptr());
-    return state;
-  }));
+  restore_fp8_recipe_state(
+      s, read_fp8_recipe_state(s, [&](const fp8::Fp8Site& site) { return read_extra_state(reader, site.name); }));
   if (!s.fp8) return;
   auto& attention = s.fp8->attention();
   int64_t missing = 0;
   for (const auto& site : attention.sites()) {
-    const std::string name = site->name + kFp8StateSuffix;
-    if (!reader.has_tensor(name)) {
-      ++missing;
-      continue;
-    }
-    const auto& shape = reader.metadata().tensors.at(name).shape;
-    auto state = torch::empty(shape, torch::kFloat32);
-    reader.read(name, ck::DType::F32, shape, ck::whole(shape), state.data_ptr());
-    attention.load_site_state(*site, state);
+    const torch::Tensor state = read_extra_state(reader, site->name);
+    if (state.defined()) attention.load_site_state(*site, state);
+    missing += !state.defined();
   }
   if (missing > 0)
-    log::info(strprintf(" > the checkpoint holds no FP8 attention scales for %lld layers: their gradient scales start "
-                        "from 1, as in a new run", (long long)missing));
+    log::info(strprintf(" > the checkpoint holds no FP8 attention scales for %lld layers: their first step calibrates "
+                        "them, as in a new run", (long long)missing));
 }
 
 

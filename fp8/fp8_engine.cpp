@@ -37,7 +37,7 @@ std::shared_ptr<Fp8Site> Fp8Engine::add_site(const std::string& name, int64_t la
                                              int64_t in_features) {
   FP8TRON_CHECK(!history_.defined(), "FP8 sites must all be registered before the first forward pass");
   const auto& o = options_;
-  const bool edge_layer = layer >= 0 && (layer < o.bf16_first_layers || layer >= o.num_layers - o.bf16_last_layers);
+  const bool edge_layer = bf16_layer(layer);
   const bool small = std::min(out_features, in_features) < o.min_features;
   // FP8 GEMMs need leading dimensions that are multiples of 16 (block scaling: of 128 is not
   // needed, partial blocks are handled).
@@ -57,10 +57,13 @@ std::shared_ptr<Fp8Site> Fp8Engine::add_site(const std::string& name, int64_t la
 }
 
 std::shared_ptr<Fp8AttentionSite> Fp8Engine::add_attention_site(const std::string& name, int64_t layer) {
-  const auto& o = options_;
-  const bool edge_layer = layer >= 0 && (layer < o.bf16_first_layers || layer >= o.num_layers - o.bf16_last_layers);
-  if (!o.dot_product_attention || edge_layer) return nullptr;
+  if (!options_.dot_product_attention || bf16_layer(layer)) return nullptr;
   return attention_.add_site(name);
+}
+
+bool Fp8Engine::bf16_layer(int64_t layer) const {
+  const auto& o = options_;
+  return layer >= 0 && (layer < o.bf16_first_layers || layer >= o.num_layers - o.bf16_last_layers);
 }
 
 void Fp8Engine::ensure_state() {

@@ -115,6 +115,8 @@ class Fp8Engine {
   // FP8 attention is off or the layer stays bf16 (--first-last-layers-bf16).
   std::shared_ptr<Fp8AttentionSite> add_attention_site(const std::string& name, int64_t layer);
   AttentionScaling& attention() { return attention_; }
+  // Whether global layer `layer` stays bf16 (--first-last-layers-bf16); -1: no layer (always FP8).
+  bool bf16_layer(int64_t layer) const;
   // Whether the wgrad GEMMs write the fp32 main gradients themselves, overwriting them in the first
   // backward of each step (the native path): the optimizer need not zero those gradients. Call
   // before the first step; requires every site's weight gradient in every step (a GPT's linears).
