@@ -127,7 +127,13 @@ DeferredBiasOutput SelfAttentionImpl::attend(const torch::Tensor& qkv, const tor
       offload_core_, "core_attn", {q, k, v}, [&] { return core_attention_.forward(q, k, v, attention_mask, p, is_training()); },
       {gated ? parts[3] : torch::Tensor()});
   if (gated) out = apply_output_gate(out, parts[3]);
-  if (!offload_proj_) return linear_proj->forward_deferring_bias(out, defer_bias);
+  if (!offload_proj_) {
+    // The projection's FP8 input is cast again from the attention's output where the attention
+    // keeps it for its own backward (offloaded, it waits on the host; gated, it is a new tensor).
+    const bool held = !gated && !offload_core_ && core_attention_.keeps_output();
+    return linear_proj->forward_deferring_bias(out, defer_bias, held ? fp8::InputRebuild([out = out.detach()] { return out; })
+                                                                     : fp8::InputRebuild());
+  }
   // --offload-modules attn_proj: the projection's input (core attention's output).
   const auto group = offload_proj_->begin("attn_proj", {out});
   auto y = linear_proj->forward_deferring_bias(out, defer_bias);

@@ -30,6 +30,13 @@ class CoreAttention {
   torch::Tensor forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                         const torch::Tensor& attention_mask, double dropout, bool training) const;
 
+  // Whether backward holds forward()'s output anyway: the fused kernels (cuDNN, flash) keep their
+  // output and lay it out as q is, so [s, b, heads * d] is a view of it. The output projection
+  // then casts its FP8 input again from it in backward instead of keeping a copy
+  // (--fp8-transposes recast). Not when recomputed, in FP8 (it keeps FP8 codes) or under context
+  // parallelism (its output is assembled from the chunks').
+  bool keeps_output() const { return !recompute_ && !fp8_ && !cp_.enabled(); }
+
  private:
   torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                        const torch::Tensor& attention_mask, double dropout) const;

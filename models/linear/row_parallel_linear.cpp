@@ -31,20 +31,21 @@ TERowParallelLinearImpl::TERowParallelLinearImpl(const LinearOptions& o, const M
                               main_grads->fusion());
 }
 
-torch::Tensor TERowParallelLinearImpl::forward(const torch::Tensor& x) {
+torch::Tensor TERowParallelLinearImpl::forward(const torch::Tensor& x, const fp8::InputRebuild& rebuild_x) {
   switch (plan_.path) {
     case LinearPath::kOverlapped:
     case LinearPath::kOverlappedFp8:
       return overlapped_row_linear(x, weight, bias, fp8_site, tp, plan_.overlap, fp8::Prologue::kNone);
     case LinearPath::kPlain:
-    case LinearPath::kFp8: return reduce_and_add_bias(rank_linear(x, weight, own_bias(), fp8_site, main_grads));
+    case LinearPath::kFp8: return reduce_and_add_bias(rank_linear(x, weight, own_bias(), fp8_site, main_grads, rebuild_x));
   }
   FP8TRON_CHECK(false, "unknown linear path");
 }
 
-DeferredBiasOutput TERowParallelLinearImpl::forward_deferring_bias(const torch::Tensor& x, bool defer_bias) {
-  if (!defers_bias(x, defer_bias)) return {forward(x), {}};
-  return output(rank_linear(x, weight, {}, fp8_site, main_grads), true);
+DeferredBiasOutput TERowParallelLinearImpl::forward_deferring_bias(const torch::Tensor& x, bool defer_bias,
+                                                                  const fp8::InputRebuild& rebuild_x) {
+  if (!defers_bias(x, defer_bias)) return {forward(x, rebuild_x), {}};
+  return output(rank_linear(x, weight, {}, fp8_site, main_grads, rebuild_x), true);
 }
 
 torch::Tensor TERowParallelLinearImpl::fp8_forward(const torch::Tensor& x, fp8::Prologue prologue) {

@@ -11,6 +11,7 @@
 
 #include <memory>
 
+#include "fp8/fp8_linear.h"
 #include "fp8/quantize.h"
 #include "models/linear/linear_options.h"
 #include "models/linear/linear_plan.h"
@@ -28,8 +29,11 @@ struct DeferredBiasOutput {
 class TERowParallelLinearImpl : public ShardedModule {
  public:
   TERowParallelLinearImpl(const LinearOptions& options, const ModuleFactory& factory);
-  torch::Tensor forward(const torch::Tensor& x);
-  DeferredBiasOutput forward_deferring_bias(const torch::Tensor& x, bool defer_bias);
+  // `rebuild_x` (may be empty): returns x from what its producer keeps for backward anyway
+  // (fp8_linear's; the attention's output), on the paths without tensor-parallel overlap.
+  torch::Tensor forward(const torch::Tensor& x, const fp8::InputRebuild& rebuild_x = {});
+  DeferredBiasOutput forward_deferring_bias(const torch::Tensor& x, bool defer_bias,
+                                            const fp8::InputRebuild& rebuild_x = {});
   // forward(gelu_tanh(x)); with FP8 the GeLU is fused into the cast of the GEMM input.
   DeferredBiasOutput forward_gelu(const torch::Tensor& x, bool defer_bias = false);
   // forward(silu(gate) * up) of x = [gate | up]; with FP8 fused into the cast of the GEMM input,
