@@ -9,7 +9,9 @@
 # reference; BENCH_REFERENCE_ITERS (default 20) timed and BENCH_REFERENCE_WARMUP (default 10)
 # untimed reference iterations. BENCH_FP8TRON_FLAGS: flags for fp8tron alone (e.g. "--cuda-graph-impl
 # full_iteration" raced against the reference in its default compile mode). Flags that only
-# fp8tron understands (--fp8-format, ...) are ignored by the reference, which stays bf16.
+# fp8tron understands (--fp8-format, ...) are ignored by the reference, which stays bf16 unless
+# BENCH_REFERENCE_FLAGS gives it flags of its own: "--torchao-fp8 tensorwise" races torchao's FP8
+# (the torchao package must be installed).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -44,7 +46,7 @@ for m in "${models[@]}"; do
   if [ "$REFERENCE" = 1 ]; then
     ref_log="$OUT/$m${BENCH_TAG:+-$BENCH_TAG}-reference.log"
     if "$FP8TRON_PYTHON" scripts/reference_gpt.py --config "configs/$m.json" "${extra[@]}" \
-         --iters "${BENCH_REFERENCE_ITERS:-20}" --warmup "${BENCH_REFERENCE_WARMUP:-10}" >"$ref_log" 2>&1; then
+         --iters "${BENCH_REFERENCE_ITERS:-20}" --warmup "${BENCH_REFERENCE_WARMUP:-10}" ${BENCH_REFERENCE_FLAGS:-} >"$ref_log" 2>&1; then
       line=$(grep "^reference |" "$ref_log" | tail -1)
       ref_tps=$(field "tokens/s" "$line")
       ref_mem=$(field "max allocated MB" "$line")
@@ -53,6 +55,6 @@ for m in "${models[@]}"; do
       ref_tps="failed: $(tail -1 "$ref_log")"; failed=1
     fi
   fi
-  echo "| $m | ${extra[*]}${BENCH_FP8TRON_FLAGS:+ (fp8tron: $BENCH_FP8TRON_FLAGS)} | $tps | $ref_tps | $ratio | $tfl | $ms | $mem / $ref_mem |"
+  echo "| $m | ${extra[*]}${BENCH_FP8TRON_FLAGS:+ (fp8tron: $BENCH_FP8TRON_FLAGS)}${BENCH_REFERENCE_FLAGS:+ (reference: $BENCH_REFERENCE_FLAGS)} | $tps | $ref_tps | $ratio | $tfl | $ms | $mem / $ref_mem |"
 done
 exit $failed

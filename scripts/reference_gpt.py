@@ -13,7 +13,9 @@ prints one line of figures:
 
 Flags it does not need (data, logging, schedules, ...) are ignored; the model and batch flags are
 the ones fp8tron uses. Extra options of its own: --iters N (timed iterations, default 20),
---warmup N (default 10), --no-compile. With fp8tron's --cuda-graph-impl full_iteration it compiles
+--warmup N (default 10), --no-compile, --torchao-fp8 RECIPE (tensorwise, rowwise or
+rowwise_with_gw_hp: torchao's FP8 training, convert_to_float8_training, on every linear of the
+layers; the output layer stays bf16, as in fp8tron; needs the torchao package). With fp8tron's --cuda-graph-impl full_iteration it compiles
 with mode="reduce-overhead" (CUDA graphs), so both sides replay graphs.
 """
 import argparse
@@ -162,6 +164,17 @@ class Gpt(nn.Module):
         return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1))
 
 
+def convert_to_torchao_fp8(model, recipe):
+    """torchao's FP8 training on the layers' linears (the untied output layer stays bf16; the tied
+    one is F.linear and stays bf16 anyway)."""
+    try:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    except ImportError as e:
+        raise SystemExit(f"--torchao-fp8 needs the torchao package ({e}): pip install torchao") from e
+    convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(recipe),
+                               module_filter_fn=lambda module, fqn: fqn != "head")
+
+
 def main():
     own = argparse.ArgumentParser(add_help=False)
     own.add_argument("--iters", type=int, default=20)
@@ -171,11 +184,14 @@ def main():
     own.add_argument("--profile-trace", metavar="PATH",
                      help="after the timed iterations, profile 2 more with torch.profiler and write their "
                           "Chrome trace to PATH (read it with scripts/profile_summary.py PATH --steps 2)")
+    own.add_argument("--torchao-fp8", choices=["tensorwise", "rowwise", "rowwise_with_gw_hp"])
     opts, rest = own.parse_known_args()
     c = Config(megatron_flags(rest))
     device = torch.device(opts.device)
     torch.manual_seed(1234)
     model = Gpt(c).to(device)
+    if opts.torchao_fp8:
+        convert_to_torchao_fp8(model, opts.torchao_fp8)
     compiled = not opts.no_compile and device.type == "cuda"
     # fp8tron's --cuda-graph-impl full_iteration replays each step's forward and backward as a CUDA
     # graph; the reference then does the same through torch.compile's CUDA-graph mode.
@@ -211,8 +227,9 @@ def main():
     seconds = (time.perf_counter() - start) / opts.iters
     tokens = c.micro_batch * c.seq
     mem = torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else 0.0
+    fp8 = f", torchao FP8 {opts.torchao_fp8}" if opts.torchao_fp8 else ""
     print(f"reference | tokens/s {tokens / seconds:.0f} | ms/iter {1000 * seconds:.1f} | max allocated MB {mem:.0f} | "
-          f"{'compiled' if compiled else 'eager'}{', CUDA graphs' if graphed else ''} | loss {loss.item():.3f}")
+          f"{'compiled' if compiled else 'eager'}{', CUDA graphs' if graphed else ''}{fp8} | loss {loss.item():.3f}")
     if opts.profile_trace:
         activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
         with torch.profiler.profile(activities=activities) as prof:
