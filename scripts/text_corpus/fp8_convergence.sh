@@ -12,7 +12,9 @@
 # usage: scripts/text_corpus/fp8_convergence.sh CORPUS_DIR [recipe ...]
 #   recipes: bf16 delayed tensorwise blockwise mxfp8 hif8 (default: all; the FP8 ones in their
 #   usual format: hybrid, blockwise e4m3, HiF8 tensorwise), and delayed-e4m3 tensorwise-e4m3
-#   (gradients in E4M3 too). CONCURRENT=N runs N of
+#   (gradients in E4M3 too); or NAME=FLAGS, a run of its own with those flags after the common ones
+#   (e.g. 'bf16-seed2=--seed 4321' for how far two bf16 runs end apart, or 'delayed-bf16-wgrad=
+#   --fp8-format hybrid --fp8-recipe delayed --no-fp8-wgrad'). CONCURRENT=N runs N of
 #   them at a time on the GPU (the runs do not depend on each other; their tokens/s then are not a
 #   speed figure). A run whose log already ends with its final validation loss is not repeated, so
 #   the runs can be split over several invocations and the last one prints the whole table.
@@ -48,7 +50,9 @@ GLOBAL_BATCH=${GLOBAL_BATCH:-8}
 CONCURRENT=${CONCURRENT:-1}
 final_line="validation loss at iteration $ITERS "
 
+declare -A CUSTOM_FLAGS=()
 recipe_flags() {
+  if [ -n "${CUSTOM_FLAGS[$1]+set}" ]; then echo "${CUSTOM_FLAGS[$1]}"; return; fi
   case $1 in
     bf16) ;;
     blockwise) echo --fp8-format e4m3 --fp8-recipe blockwise ;;
@@ -73,6 +77,16 @@ train() {
     echo "!! $recipe failed: $(tail -1 "$log")"
 }
 
+for i in "${!RECIPES[@]}"; do
+  spec=${RECIPES[$i]}
+  if [[ $spec == *=* ]]; then
+    name=${spec%%=*}
+    [[ $name =~ ^[A-Za-z0-9_.-]+$ ]] || { echo "a run's name is letters, digits and ._- only, not '$name'" >&2; exit 2; }
+    CUSTOM_FLAGS[$name]=${spec#*=}
+    RECIPES[$i]=$name
+    TABLE+=("$name")
+  fi
+done
 for recipe in "${RECIPES[@]}"; do recipe_flags "$recipe" >/dev/null || exit 2; done
 running=0
 for recipe in "${RECIPES[@]}"; do
