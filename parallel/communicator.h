@@ -26,9 +26,10 @@ class CommWork {
   virtual void wait() = 0;
 };
 
-// Stands between a caller and the operations it waits for, to time the stall: the tensor-parallel
-// group's observer measures the exposed communication that --timing-log-level reports
-// (parallel/overlap/comm_timer.h). Set per group; groups without one wait directly.
+// Stands between a caller and the operations it waits for, to time the stall: the tensor-,
+// pipeline-, expert- and data-parallel groups' observers measure the exposed communication that
+// --timing-log-level reports (parallel/overlap/comm_timer.h). Set per group; groups without one
+// wait directly.
 class WaitObserver {
  public:
   virtual ~WaitObserver() = default;
@@ -101,6 +102,9 @@ class Communicator {
     else work.wait();
   }
   void set_wait_observer(std::shared_ptr<WaitObserver> observer) { wait_observer_ = std::move(observer); }
+  // Whether some feature observes this group's waits: a communicator shared by several groups
+  // (parallel_state.h) keeps the observer set first.
+  bool has_wait_observer() const { return wait_observer_ != nullptr; }
   // Operations issued on this group from now on start only after `work` (an operation of this
   // group) has completed, without making the caller's compute wait: a ring that forwards the chunk
   // it just received. NCCL: nothing to do, one stream runs the group's operations in issue order.

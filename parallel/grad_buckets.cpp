@@ -104,6 +104,7 @@ void GradBuckets::param_ready(size_t bucket) {
 void GradBuckets::launch(Bucket& b) {
   torch::NoGradGuard no_grad;
   auto slice = grads_.narrow(0, b.offset, b.numel);
+  b.group = dp_.get();
   if (shard_numel_ == 0) {
     b.work = dp_->all_reduce_async(slice, ReduceOp::Sum);
     return;
@@ -114,7 +115,10 @@ void GradBuckets::launch(Bucket& b) {
   b.work = dp_->reduce_scatter_v_async(own, slice, counts);
   // Megatron's partial distributed optimizer: the instance's sum of this rank's piece, summed
   // again over the instances (whose members own the same piece, so all skip an empty one).
-  if (replicas_ && own.numel() > 0) b.work = all_reduce_after(std::move(b.work), *replicas_, own);
+  if (replicas_ && own.numel() > 0) {
+    b.work = all_reduce_after(std::move(b.work), *dp_, *replicas_, own);
+    b.group = replicas_.get();
+  }
 }
 
 void GradBuckets::finish(const std::function<void()>& before_deferred) {
@@ -124,7 +128,7 @@ void GradBuckets::finish(const std::function<void()>& before_deferred) {
   if (before_deferred) before_deferred();
   for (auto& b : buckets_)
     if (!b.work) launch(b);
-  for (auto& b : buckets_) b.work->wait();
+  for (auto& b : buckets_) b.group->wait(*b.work);  // through the group's observer (exposed time)
   armed_ = false;
 }
 

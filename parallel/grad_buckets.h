@@ -91,6 +91,7 @@ class GradBuckets {
     int pending = 0;
     bool deferred = false;
     std::unique_ptr<CommWork> work;
+    Communicator* group = nullptr;  // the group whose operation `work` is
   };
   void param_ready(size_t bucket);
   void launch(Bucket& b);

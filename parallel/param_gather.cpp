@@ -62,7 +62,7 @@ void ParamGather::issue(Bucket& b) {
 
 void ParamGather::wait(Bucket& b) {
   if (!b.work) return;
-  b.work->wait();
+  dp_->wait(*b.work);  // through the group's observer (exposed time)
   b.work.reset();
   --in_flight_;
   if (b.bytes) bytes_.decode(bytes_.codes.narrow(0, b.offset, b.numel), b.offset, b.numel);

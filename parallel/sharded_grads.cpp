@@ -112,7 +112,7 @@ void ShardedGrads::launch(Unit& u) {
     at += hi - lo;
     const auto in = u.buffer.narrow(0, piece.at, piece.numel);
     auto work = group_->reduce_scatter_v_async(out, in, shard_counts(piece.offset, piece.numel, shard_.numel(), group_->size()));
-    if (replicas_ && out.numel() > 0) work = all_reduce_after(std::move(work), *replicas_, out);
+    if (replicas_ && out.numel() > 0) work = all_reduce_after(std::move(work), *group_, *replicas_, out);
     u.works.push_back(std::move(work));
   }
   u.state = State::kReducing;

@@ -3,7 +3,7 @@
 # label gpu), multi-GPU equivalence under mpirun and torchrun, and the benchmarks. Results go to
 # $OUT (or gpu-check/). Usage: scripts/gpu_check.sh [nccl] [sanitize] [equivalence] [bench] [fp8-bench]
 # [fp8-convergence] [grouped] [parallel-bench] [data] [checkpoint] [moe] [moe-equivalence]
-# [moe-parallel-bench] [moe-overlap] [moe-convergence] [overlap] [overlap-bench] [recompute-cp-bench] [max-fit]
+# [moe-parallel-bench] [moe-overlap] [sharded-overlap] [moe-convergence] [overlap] [overlap-bench] [recompute-cp-bench] [max-fit]
 #
 # nccl: every multi-process test of the suite over NCCL (ctest label nccl: the layout equivalences,
 #   resume and reshard, communicators, Megatron's 8-rank configs, the multi-rank faults) on the GPUs
@@ -12,6 +12,9 @@
 # sanitize: compute-sanitizer's racecheck and synccheck over a tensor-parallel overlap step (2 ranks).
 # moe-overlap: the exposed expert-parallel all-to-all time without and with
 #   --overlap-moe-expert-parallel-comm at EP2 (scripts/bench_moe_overlap.sh; ranks share the GPU).
+# sharded-overlap: the exposed data-parallel communication time (dp-comm-exposed) without and with
+#   --overlap-grad-reduce --overlap-param-gather at DP2, for the distributed optimizer and
+#   Megatron-FSDP's optim_grads_params (scripts/bench_sharded_overlap.sh; ranks share the GPU).
 # (max-fit: the largest micro-batch and sequence of the 1.3B model that fit on one GPU with and
 # without recomputation, scripts/bench_max_fit.sh)
 # (grouped: the MoE expert GEMMs against torch's grouped GEMMs, scripts/bench_grouped_gemm.sh;
@@ -41,7 +44,7 @@ export FP8TRON_TEST_WANDB_OPTIONAL=1
 NCCL_TARGETS=(fp8tron fp8tron-preprocess fp8tron_parallel_equivalence fp8tron_checkpoint_resume fp8tron_parallel_comm_test
               fp8tron_make_megatron_test_data)
 ONLY_NCCL=$(($# > 0))
-for step in "$@"; do case $step in nccl | sanitize | moe-overlap) ;; *) ONLY_NCCL=0 ;; esac; done
+for step in "$@"; do case $step in nccl | sanitize | moe-overlap | sharded-overlap) ;; *) ONLY_NCCL=0 ;; esac; done
 TARGETS=()
 [ $ONLY_NCCL = 1 ] && TARGETS=("${NCCL_TARGETS[@]}")
 ( time ./scripts/build.sh "${TARGETS[@]}" ) >"$OUT/build.log" 2>&1 || { grep -m3 -A8 error "$OUT/build.log"; exit 1; }
@@ -129,6 +132,9 @@ for step in "$@"; do
     moe-overlap)
       echo "== the expert-parallel all-to-all overlap (EP2, ranks sharing the GPUs when fewer)"
       check moe-overlap "^\\|" ./scripts/bench_moe_overlap.sh 2 ;;
+    sharded-overlap)
+      echo "== the data-parallel communication overlap (DP2, ranks sharing the GPUs when fewer)"
+      check sharded-overlap "^\\|" ./scripts/bench_sharded_overlap.sh 2 ;;
     equivalence)
       echo "== NCCL equivalence (bf16, tolerance 2e-2; fp32 1e-4)"
       check eq-tp2-fp32 "$EQUIV_LINES" "${MPI[@]}" -np 2 $EQ --device cuda --tensor-model-parallel-size 2 --tolerance 1e-4

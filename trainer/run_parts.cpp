@@ -352,6 +352,23 @@ void build_expert_comm_overlap(RunParts& r, Timers& timers) {
   }
 }
 
+// The data-parallel groups' wait observer: every data-parallel-type group of more than one rank
+// (data x context parallel, expert data parallel, the distributed optimizer's instances) whose
+// communicator no other feature observes. After the other groups' observers: a shared
+// communicator keeps theirs (the expert-parallel turns are what the all-to-all overlap runs on).
+void build_data_parallel_comm_timer(RunParts& r, Timers& timers) {
+  if (!timers.enabled(1)) return;
+  std::vector<std::shared_ptr<Communicator>> groups = {r.data_parallel.dp, r.parallel.expert_dp};
+  for (const auto& domain : r.optimizer->domains())
+    for (const auto& g : {domain->groups().dp, domain->groups().shard, domain->groups().instances}) groups.push_back(g);
+  std::set<Communicator*> seen;
+  for (const auto& g : groups) {
+    if (!g || g->size() <= 1 || !seen.insert(g.get()).second || g->has_wait_observer()) continue;
+    if (!r.dp_comm_timer) r.dp_comm_timer = std::make_shared<overlap::CommTimer>(r.device.is_cuda());
+    g->set_wait_observer(r.dp_comm_timer);
+  }
+}
+
 void build_loaders(RunParts& r) {
   const Config& c = r.config;
   const auto& t = c.training;
@@ -428,6 +445,7 @@ std::unique_ptr<RunParts> build_run_parts(const Config& c, const TrainOptions& o
   find_expert_amax_slots(*r);
   build_expert_comm_overlap(*r, timers);
   build_pipeline(*r, timers);
+  build_data_parallel_comm_timer(*r, timers);
   build_loaders(*r);
   if (c.training.cuda_graph.full_iteration)
     r->step_graph = std::make_unique<StepGraph>(

@@ -67,6 +67,12 @@ struct RunParts {
   // --timing-log-level >= 1 with expert parallelism: the exposed waits of the expert-parallel
   // all-to-alls (what --overlap-moe-expert-parallel-comm hides).
   std::shared_ptr<overlap::CommTimer> ep_comm_timer;
+  // --timing-log-level >= 1 with data parallelism: the exposed waits of the data-parallel groups'
+  // operations (gradient reductions, the distributed optimizer's and Megatron-FSDP's parameter
+  // all-gathers: what --overlap-grad-reduce and --overlap-param-gather hide). A data-parallel
+  // group that shares its communicator with a group observed already (the expert-parallel one,
+  // where it spans the data-parallel ranks) is timed by that group's timer instead.
+  std::shared_ptr<overlap::CommTimer> dp_comm_timer;
   // --overlap-moe-expert-parallel-comm: the two micro-batches of the combined 1F1B schedule take
   // turns at the expert-parallel all-to-alls (parallel/combined_schedule.h).
   std::shared_ptr<AllToAllTurns> a2a_turns;

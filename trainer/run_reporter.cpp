@@ -235,12 +235,13 @@ std::string RunReporter::iteration_line(int64_t iteration, double seconds, int64
 
 // The timers' report, in Megatron's log order, with every rank's times gathered over the world.
 void RunReporter::write_timers(int64_t iteration, int64_t iterations_in_interval) {
-  // tp-comm-exposed / pp-comm-exposed / ep-comm-exposed: the waits for tensor-parallel
-  // collectives, pipeline receives and expert-parallel all-to-alls that no computation hid
-  // (parallel/overlap/comm_timer.h).
+  // tp-comm-exposed / pp-comm-exposed / ep-comm-exposed / dp-comm-exposed: the waits for
+  // tensor-parallel collectives, pipeline receives, expert-parallel all-to-alls and data-parallel
+  // gradient reductions and parameter gathers that no computation hid (parallel/overlap/comm_timer.h).
   static const std::vector<std::string> kLogOrder = {"forward-backward", "batch-generator", "moe-token-dispatch",
                                                      "moe-token-combine", "optimizer", "tp-comm-exposed",
-                                                     "pp-comm-exposed", "ep-comm-exposed", "delayed-wgrad-compute"};
+                                                     "pp-comm-exposed", "ep-comm-exposed", "dp-comm-exposed",
+                                                     "delayed-wgrad-compute"};
   const ParallelState& p = parts_.parallel;
   auto gather = [&](const std::vector<double>& mine) {
     const int n = p.sizes.world_size;

@@ -100,6 +100,9 @@ torch::Tensor TrainingStep::run(int64_t iteration) {
     parts_.numerics->start_read(values);
     stepped = false;
   }
+  // The data-parallel waits fall in the optimizer phases too (the gradient reductions, the step's
+  // parameter all-gather), which the "optimizer" timer synchronized after: their events are complete.
+  if (parts_.dp_comm_timer) timers_.add("dp-comm-exposed", 1, parts_.dp_comm_timer->take_ms());
   account(pass);
   if (parts_.fp8) parts_.fp8->collect_stats(false);  // evaluation's casts are not the step's
   return pass.loss;
@@ -255,7 +258,8 @@ double TrainingStep::evaluate() {
                          ? average_loss(total, 0, global_token_count(tokens)).item<double>()
                          : average_loss(total, t.eval_micro_batches, tokens).item<double>() /
                                double(std::max<int64_t>(1, t.eval_iters));
-  for (auto* timer : {parts_.tp_comm_timer.get(), parts_.pp_comm_timer.get(), parts_.ep_comm_timer.get()})
+  for (auto* timer : {parts_.tp_comm_timer.get(), parts_.pp_comm_timer.get(), parts_.ep_comm_timer.get(),
+                      parts_.dp_comm_timer.get()})
     if (timer) timer->take_ms();  // evaluation's waits are not a training step's
   return loss;
 }
