@@ -26,8 +26,7 @@ ITERS=${BENCH_ITERS:-12}
 MBS=2
 GBS=$((MBS * N * ${BENCH_MICRO_BATCHES:-4}))  # every rank is a data-parallel rank of the dense part
 
-# last_max <log> <timer>: the timer's max over ranks (ms per iteration) in the last report.
-last_max() { grep -E "^ *$2 " "$1" | tail -1 | sed -n 's/.*, \([0-9.]*\))$/\1/p'; }
+source scripts/exposed_comm.sh
 
 declare -A MS EXPOSED
 run() {  # run <name> <flags...>
@@ -38,16 +37,14 @@ run() {  # run <name> <flags...>
     --expert-model-parallel-size "$N" --train-iters "$ITERS" --log-interval $((ITERS / 3)) --timing-log-level 1 \
     --distributed-timeout-minutes 5 "$@" "${extra[@]}" >"$log" 2>&1 || {
     echo "| $name | $* | failed: $(grep -m1 -i error "$log" | cut -c1-120) | | | |"; return; }
-  local ms
-  ms=$(grep "] iteration " "$log" | tail -1 | sed -n 's/.*elapsed time per iteration (ms): \([0-9.]*\).*/\1/p')
-  local fb
+  local ms fb
+  ms=$(iteration_ms "$log")
   fb=$(last_max "$log" forward-backward)
   MS[$name]=$ms
   EXPOSED[$name]=$(last_max "$log" ep-comm-exposed)
   local hidden=""
   if [ "$name" != plain ] && [ -n "${EXPOSED[plain]:-}" ]; then
-    hidden=$(awk -v e0="${EXPOSED[plain]}" -v t0="${MS[plain]}" -v e1="${EXPOSED[$name]}" \
-      'BEGIN { c = t0 - e0; m = (e0 < c ? e0 : c); if (m > 0) printf "%.0f%% (%.1f of %.1f ms)", 100 * (e0 - e1) / m, e0 - e1, m }')
+    hidden=$(hidden_share "${EXPOSED[plain]}" "${MS[plain]}" "${EXPOSED[$name]}")
   fi
   echo "| $name | $* | $ms | $fb | ${EXPOSED[$name]} | $hidden |"
 }

@@ -31,8 +31,7 @@ GBS=$((MBS * N * ${BENCH_MICRO_BATCHES:-2}))
 OVERLAP=(--overlap-grad-reduce --overlap-param-gather)
 FSDP=(--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params)
 
-# last_max <log> <timer>: the timer's max over ranks (ms per iteration) in the last report.
-last_max() { grep -E "^ *$2 " "$1" | tail -1 | sed -n 's/.*, \([0-9.]*\))$/\1/p'; }
+source scripts/exposed_comm.sh
 
 declare -A MS EXPOSED
 run() {  # run <name> <baseline or -> <flags...>
@@ -44,15 +43,14 @@ run() {  # run <name> <baseline or -> <flags...>
     >"$log" 2>&1 || {
     echo "| $name | $* | failed: $(grep -m1 -i error "$log" | cut -c1-120) | | | | |"; return; }
   local ms fb opt
-  ms=$(grep "] iteration " "$log" | tail -1 | sed -n 's/.*elapsed time per iteration (ms): \([0-9.]*\).*/\1/p')
+  ms=$(iteration_ms "$log")
   fb=$(last_max "$log" forward-backward)
   opt=$(last_max "$log" optimizer)
   MS[$name]=$ms
   EXPOSED[$name]=$(last_max "$log" dp-comm-exposed)
   local hidden=""
   if [ "$base" != - ] && [ -n "${EXPOSED[$base]:-}" ] && [ -n "${EXPOSED[$name]}" ]; then
-    hidden=$(awk -v e0="${EXPOSED[$base]}" -v t0="${MS[$base]}" -v e1="${EXPOSED[$name]}" \
-      'BEGIN { c = t0 - e0; m = (e0 < c ? e0 : c); if (m > 0) printf "%.0f%% (%.1f of %.1f ms)", 100 * (e0 - e1) / m, e0 - e1, m }')
+    hidden=$(hidden_share "${EXPOSED[$base]}" "${MS[$base]}" "${EXPOSED[$name]}")
   fi
   echo "| $name | $* | $ms | $fb | $opt | ${EXPOSED[$name]} | $hidden |"
 }
