@@ -8,7 +8,8 @@
 # Prints one markdown table. Usage: scripts/bench_max_fit.sh
 # (BENCH_OUT: where the logs go; FIT_SETTINGS: the settings to search, default none,
 # selective_core_attn_mlp and full_uniform1 — the others are selective_core_attn and full_block12;
-# FIT_MBS_STEP / FIT_SEQ_STEP: the bisection's grid, default 2 and 4096)
+# FIT_MBS_STEP / FIT_SEQ_STEP: the bisection's grid, default 2 and 4096; FIT_FLAGS: flags added to
+# every run, e.g. "--fp8-format hybrid --fp8-transposes recast" for FP8 at bf16's memory)
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -28,7 +29,8 @@ ORDER=(${FIT_SETTINGS:-none selective_core_attn_mlp full_uniform1})
 # fits <log> <flags...>: 0 fits, 1 out of memory, 2 failed for another reason (the log says why).
 fits() {
   local log=$1; shift
-  timeout 180 ./build/fp8tron --config configs/gpt-1.3b.json --train-iters 2 --log-interval 1 "$@" >"$log" 2>&1
+  # shellcheck disable=SC2086
+  timeout 180 ./build/fp8tron --config configs/gpt-1.3b.json --train-iters 2 --log-interval 1 ${FIT_FLAGS:-} "$@" >"$log" 2>&1
   grep -q " iteration  *2/" "$log" && return 0
   grep -q "out of GPU memory" "$log" && return 1
   return 2
@@ -63,7 +65,7 @@ largest() {
   if [ "$good" -eq 0 ]; then echo "none (the smallest tried, $bad, does not fit)"; else echo "$good (not $bad)"; fi
 }
 
-echo "| recomputation (1 GPU, 1.3B bf16) | flags | largest micro-batch at seq 2048 | largest sequence at micro-batch 1 |"
+echo "| recomputation (1 GPU, 1.3B ${FIT_FLAGS:-bf16}) | flags | largest micro-batch at seq 2048 | largest sequence at micro-batch 1 |"
 echo "| --- | --- | --- | --- |"
 for name in "${ORDER[@]}"; do
   read -r -a flags <<<"${SETTING[$name]}"
