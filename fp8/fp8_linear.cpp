@@ -494,6 +494,12 @@ bool hands_over_swiglu_backward(const torch::Tensor& h) {
   return producer && producer->deferred_swiglu_input.defined();
 }
 
+bool keeps_input_copy(const torch::Tensor& y) {
+  const auto producer = std::dynamic_pointer_cast<Fp8LinearBackward>(y.grad_fn());
+  FP8TRON_CHECK(producer != nullptr, "keeps_input_copy: the tensor is not an FP8 linear's output");
+  return producer->input != nullptr;
+}
+
 torch::Tensor fp8_norm_linear(const torch::Tensor& x, bool rms, const torch::Tensor& gamma, const torch::Tensor& beta,
                               double eps, bool zero_centered_gamma, const torch::Tensor& weight, const torch::Tensor& bias,
                               Fp8Site& site) {

@@ -59,6 +59,11 @@ torch::Tensor fp8_linear(const torch::Tensor& x, const torch::Tensor& weight, co
 // diagnostics; false once the backward has run.
 bool hands_over_swiglu_backward(const torch::Tensor& h);
 
+// Whether the FP8 linear that produced y keeps an FP8 copy of its input for its wgrad (false where
+// it casts that copy again in backward from what another node keeps: --fp8-transposes recast); y
+// must be an FP8 linear's output. For tests and diagnostics; false once backward ran.
+bool keeps_input_copy(const torch::Tensor& y);
+
 // norm(x) W^T + b (TE's LayerNormLinear), norm = LayerNorm, or RMSNorm when `rms` (beta unused).
 // With delayed scaling on FP8 tensor cores, in training, the norm is fused into the cast of the
 // GEMM input: row statistics, then one pass that normalizes, quantizes (both copies) and records

@@ -5,6 +5,8 @@
 // (SwiGLU) MLPs, over two micro-batches (the weight cast again in each), and with recomputation.
 #include <gtest/gtest.h>
 
+#include "fp8/fp8_linear.h"
+#include "models/gpt_model.h"
 #include "tests/identical_runs.h"
 #include "tests/test_helpers.h"
 #include "trainer/trainer.h"
@@ -45,6 +47,32 @@ TEST(Fp8Transposes, RecastTrainsExactlyAsKept) {
                                               "--recompute-num-layers", "1"};
   expect_identical(train_with(with(delayed, recompute)),
                    train_with(with(with(delayed, recompute), {"--fp8-transposes", "recast"})), "delayed recomputed");
+}
+
+// The attention's output projection keeps no FP8 copy of its input under recast where the
+// attention keeps that input (its own output) for its backward pass, so FP8 holds nothing there
+// that bf16 does not; where the attention does not keep it (recomputed, or scaled by the output
+// gate first), the projection keeps its copy.
+TEST(Fp8Transposes, OutputProjectionRecastsFromTheAttentionOutput) {
+  auto projection_keeps_copy = [](const std::vector<std::string>& extra, bool recast) {
+    const Config c = build(with(tiny_args({"--attention-dropout", "0", "--hidden-dropout", "0"}), extra));
+    fp8::Fp8EngineOptions o;
+    o.recipe = fp8::make_recipe(fp8::RecipeKind::kDelayed, fp8::Fp8Format::kHybrid);
+    o.num_layers = c.model.num_layers;
+    o.keep_transposes = !recast;
+    const auto engine = std::make_shared<fp8::Fp8Engine>(o, torch::Device(torch::kCPU));
+    GptModel model(c.model, TensorParallelContext{make_self_communicator("tp", 0), 0, 1, false}, StageSpec::whole(c.model),
+                   engine);
+    auto* attention = dynamic_cast<SelfAttentionImpl*>(model->named_modules()["decoder.layers.0.self_attention"].get());
+    EXPECT_NE(attention, nullptr);
+    model->train();
+    const auto x = torch::randn({8, 2, c.model.hidden_size}, torch::requires_grad());
+    return fp8::keeps_input_copy(attention->forward(x, {}));
+  };
+  EXPECT_TRUE(projection_keeps_copy({}, /*recast=*/false));
+  EXPECT_FALSE(projection_keeps_copy({}, /*recast=*/true));
+  EXPECT_TRUE(projection_keeps_copy({"--recompute-activations"}, /*recast=*/true));
+  EXPECT_TRUE(projection_keeps_copy({"--attention-output-gate"}, /*recast=*/true));
 }
 
 TEST(Fp8Transposes, FlagIsCheckedAndNeedsFp8) {
