@@ -105,7 +105,7 @@ status=0
 for recipe in "${TABLE[@]}"; do
   [ -f "$OUT/$recipe.log" ] || continue
   v=$(final_loss "$recipe")
-  tps=$(grep " iteration " "$OUT/$recipe.log" | tail -1 | sed -n 's/.*tokens per second: \([0-9.]*\).*/\1/p')
+  tps=$(grep "\] iteration " "$OUT/$recipe.log" | tail -1 | sed -n 's/.*tokens per second: \([0-9.]*\).*/\1/p')
   if [ -z "$v" ]; then echo "| $recipe | not finished | | $tps |"; status=1; continue; fi
   diff=""
   if [ -n "$base" ]; then
