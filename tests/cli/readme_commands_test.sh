@@ -33,17 +33,7 @@ SMALL=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --num-query-group
 
 # The inputs: a few documents and a byte-level GPT-2 vocabulary (every byte a token, no merges).
 printf '{"text": "hello world"}\n{"text": "fp8tron trains GPT models"}\n' > docs.jsonl
-"$FP8TRON_PYTHON" - <<'PY'
-import json
-bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-cs, n = bs[:], 0
-for b in range(256):
-    if b not in bs: bs.append(b); cs.append(256 + n); n += 1
-vocab = {chr(c): i for i, c in enumerate(cs)}
-vocab["<|endoftext|>"] = len(vocab)
-json.dump(vocab, open("vocab.json", "w"))
-open("merges.txt", "w").write("#version: 0.2\n")
-PY
+"$FP8TRON_PYTHON" "$SRC/tests/cli/make_byte_vocab.py" vocab.json merges.txt
 
 # The commands, one per line (continuation lines joined, trailing comments and comment lines dropped).
 mapfile -t COMMANDS < <(awk '/^```/ { fence++; next }
