@@ -90,9 +90,14 @@ void BatchLoader::run() {
     }
     lock.lock();
     if (generation != generation_) continue;  // the trainer moved elsewhere meanwhile
-    if (!ok) { next_start_ = -1; continue; }
-    ready_.push_back({start, std::move(batch)});
-    next_start_ = start + options_.stride;
+    if (ok) {
+      ready_.push_back({start, std::move(batch)});
+      next_start_ = start + options_.stride;
+    } else {
+      next_start_ = -1;
+    }
+    // Also on failure: load() may be waiting for exactly this batch, and then prepares it itself
+    // to report the error.
     changed_.notify_all();
   }
 }

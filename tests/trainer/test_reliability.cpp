@@ -1,7 +1,8 @@
 // Reliability through the trainer (one process, CPU): a NaN stops the run and keeps the last good
 // checkpoint (--rerun-mode disabled; the rerun engine: test_rerun.cpp), no checkpoint holds
 // non-finite state, the LR schedule check on resume, vocabulary padding across layouts, token ids
-// outside the vocabulary, one job per save directory, the hang report's side channel, and the one
+// outside the vocabulary (also when the data loader's thread meets them first), one job per save
+// directory, the hang report's side channel, and the one
 // line a run that ends on an exception prints.
 #include <gtest/gtest.h>
 
@@ -9,11 +10,14 @@
 
 #include <cmath>
 #include <condition_variable>
+#include <chrono>
 #include <filesystem>
+#include <future>
 #include <mutex>
 
 #include "tests/checkpoint/temp_dir.h"
 #include "data/indexed_dataset.h"
+#include "data/loader/batch_loader.h"
 #include "fp8/fp8_linear.h"
 #include "models/gpt_model.h"
 #include "parallel/progress_board.h"
@@ -284,6 +288,49 @@ TEST(TokenIds, AnIdOutsideTheVocabularyNamesTheDatasetDocumentAndId) {
   EXPECT_USER_ERROR(train(build(args)), "token id 700 in train sample ");
   EXPECT_USER_ERROR(train(build(args)),
                     "dataset " + prefix + ", document 13, token 20 of it) is outside the vocabulary of 64 tokens");
+}
+
+// Samples from `bad` on fail slowly, so that the trainer is already waiting for the batch the
+// loader's thread is preparing when the thread fails.
+class SlowlyFailingSource : public SampleSource {
+ public:
+  SlowlyFailingSource(int64_t seq_length, int64_t bad) : seq_length_(seq_length), bad_(bad) {}
+  void sample(Split, int64_t index, int64_t* out) const override {
+    if (index >= bad_) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      throw UserError("sample " + std::to_string(index) + " is unreadable");
+    }
+    for (int64_t i = 0; i <= seq_length_; ++i) out[i] = (index + i) % 10;
+  }
+
+ private:
+  int64_t seq_length_, bad_;
+};
+
+TEST(TokenIds, ABatchTheLoadersThreadFailsOnIsReportedNotWaitedForForever) {
+  BatchOptions o;
+  o.seq_length = 8;
+  o.micro_batch_size = 2;
+  o.stride = 2;
+  o.prefetch = 2;
+  auto loader = std::make_shared<BatchLoader>(std::make_shared<SlowlyFailingSource>(8, 4), Split::Train, o,
+                                              torch::kCPU);
+  loader->load(0);
+  loader->load(2);
+  // The thread is now preparing the batch at 4 and fails on it 300 ms later, while load(4) waits.
+  auto failed = std::async(std::launch::async, [loader] {
+    try {
+      loader->load(4);
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  });
+  if (failed.wait_for(std::chrono::seconds(30)) != std::future_status::ready) {
+    ADD_FAILURE() << "load(4) still waits 30 s after the loader's thread failed on that batch";
+    std::_Exit(1);  // the waiting thread cannot be joined
+  }
+  EXPECT_EQ(failed.get(), "sample 4 is unreadable");
 }
 
 TEST(SaveDirLock, ASecondJobOnTheSameSaveIsRefusedWithOneLine) {

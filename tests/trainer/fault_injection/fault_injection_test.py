@@ -558,7 +558,7 @@ def bad_token_ids():
     open(broken, "w").write(open(corpus).read() + "{not json\n")
     p = subprocess.run([PREPROCESS, "--input", broken, "--output-prefix", os.path.join(d, "broken"),
                         "--tokenizer-type", "NullTokenizer", "--vocab-size", "128", "--append-eod"],
-                       capture_output=True, text=True)
+                       capture_output=True, text=True, timeout=240)
     counts["faults injected"] += 1
     left = [n for n in os.listdir(d) if n.startswith("broken_")]
     if p.returncode == 0 or left:
@@ -568,14 +568,14 @@ def bad_token_ids():
         log("ok   a failing fp8tron-preprocess leaves no output: " + p.stderr.strip().splitlines()[-1][:160])
     p = subprocess.run([PREPROCESS, "--input", corpus, "--output-prefix", os.path.join(d, "corpus"),
                         "--tokenizer-type", "NullTokenizer", "--vocab-size", "128", "--append-eod"],
-                       capture_output=True, text=True)
+                       capture_output=True, text=True, timeout=240)
     if p.returncode != 0:
         return fail("bad token ids", "preprocess failed: " + p.stderr[-500:])
     prefix = os.path.join(d, "corpus_text_document")
     args = [a for a in MODEL if a != "--builtin-data"]
     out = subprocess.run([FP8TRON] + args + ["--data-path", prefix, "--tokenizer-type", "NullTokenizer",
                                              "--split", "100,0,0", "--data-cache-path", os.path.join(d, "cache")],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=240)
     counts["faults injected"] += 1
     pattern = r"token id 700 in train sample \d+ \(position \d+; dataset .*corpus_text_document, document 17, token 9 of it\) is outside the vocabulary of 128 tokens"
     if out.returncode == 0 or not re.search(pattern, out.stdout) or "Traceback" in out.stdout or "internal error" in out.stdout:
