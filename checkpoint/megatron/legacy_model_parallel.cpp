@@ -5,6 +5,7 @@
 #include <map>
 #include <regex>
 #include <set>
+#include <tuple>
 
 #include "checkpoint/megatron/tensor_parallel_split.h"
 #include "core/error.h"
@@ -26,36 +27,83 @@ std::string shift_layer(const std::string& name, int64_t offset, int64_t& local_
 
 }  // namespace
 
-std::vector<LegacyRankFile> legacy_rank_files(const std::string& dir) {
-  static const std::regex kRank(R"(^mp_rank_(\d\d)(?:_(\d\d\d))?(_\d\d\d)?$)");
+std::vector<LegacyRankFile> legacy_rank_files(const std::string& dir, const LegacyLayout& saved) {
+  static const std::regex kRank(R"(^mp_rank_(\d\d)(?:_(\d\d\d))?(?:_(\d\d\d))?$)");
   std::vector<LegacyRankFile> files;
-  std::set<std::pair<int, int>> seen;
-  int tp = 0, pp = 0;
+  std::set<std::tuple<int, int, int>> seen;
+  const bool expert_names = saved.expert_parallel > 1;
+  int tp = int(saved.tensor_parallel), pp = int(saved.pipeline_parallel), ep = int(saved.expert_parallel);
   for (const auto& e : fs::directory_iterator(dir)) {
     const std::string base = e.path().filename().string();
     std::smatch m;
     if (!std::regex_match(base, m, kRank)) continue;
-    if (m[3].matched)
-      throw UserError("checkpoint " + dir + " holds " + base + ", an expert-parallel rank's file; fp8tron reads "
-                      "Megatron torch checkpoints of tensor- and pipeline-parallel ranks: save with "
-                      "--ckpt-format torch_dist (or --expert-model-parallel-size 1)");
-    LegacyRankFile f{e.path().string() + "/model_optim_rng.pt", std::stoi(m[1].str()),
-                     m[2].matched ? std::stoi(m[2].str()) : 0};
-    tp = std::max(tp, f.tp_rank + 1), pp = std::max(pp, f.pp_rank + 1);
-    seen.insert({f.tp_rank, f.pp_rank});
+    LegacyRankFile f{e.path().string() + "/model_optim_rng.pt", std::stoi(m[1].str())};
+    if (m[3].matched) f.pp_rank = std::stoi(m[2].str()), f.ep_rank = std::stoi(m[3].str());
+    else if (m[2].matched) (expert_names ? f.ep_rank : f.pp_rank) = std::stoi(m[2].str());
+    tp = std::max(tp, f.tp_rank + 1), pp = std::max(pp, f.pp_rank + 1), ep = std::max(ep, f.ep_rank + 1);
+    seen.insert({f.tp_rank, f.pp_rank, f.ep_rank});
     files.push_back(f);
   }
   if (files.empty()) throw UserError("checkpoint " + dir + " holds no mp_rank_* directory");
+  if (tp > 1 && ep > 1)
+    throw UserError("checkpoint " + dir + " was saved by tensor- and expert-parallel ranks together; fp8tron reads "
+                    "Megatron torch checkpoints of one or the other: save with --ckpt-format torch_dist");
   for (int p = 0; p < pp; ++p)
     for (int t = 0; t < tp; ++t)
-      if (!seen.count({t, p}))
-        throw UserError(strprintf("checkpoint %s lacks the directory of tensor-parallel rank %d, pipeline stage %d "
-                                  "(mp_rank_%02d%s): copy the whole checkpoint",
-                                  dir.c_str(), t, p, t, pp > 1 ? strprintf("_%03d", p).c_str() : ""));
+      for (int x = 0; x < ep; ++x)
+        if (!seen.count({t, p, x}))
+          throw UserError(strprintf("checkpoint %s lacks the directory of tensor-parallel rank %d, pipeline stage %d%s "
+                                    "(mp_rank_%02d%s%s): copy the whole checkpoint",
+                                    dir.c_str(), t, p, ep > 1 ? strprintf(", expert-parallel rank %d", x).c_str() : "",
+                                    t, pp > 1 ? strprintf("_%03d", p).c_str() : "",
+                                    ep > 1 ? strprintf("_%03d", x).c_str() : ""));
   std::sort(files.begin(), files.end(), [](const LegacyRankFile& a, const LegacyRankFile& b) {
-    return std::tie(a.pp_rank, a.tp_rank) < std::tie(b.pp_rank, b.tp_rank);
+    return std::tie(a.pp_rank, a.tp_rank, a.ep_rank) < std::tie(b.pp_rank, b.tp_rank, b.ep_rank);
   });
   return files;
+}
+
+std::string first_legacy_rank_file(const std::string& dir) {
+  std::string first;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string base = e.path().filename().string();
+    if (base.starts_with("mp_rank_") && (first.empty() || base < first)) first = base;
+  }
+  if (first.empty()) throw UserError("checkpoint " + dir + " holds no mp_rank_* directory");
+  return dir + "/" + first + "/model_optim_rng.pt";
+}
+
+MegatronCheckpoint merge_expert_ranks(std::vector<MegatronCheckpoint> parts, int64_t num_experts) {
+  // ...mlp.experts.linear_fc<k>.weight<e> (fp8tron's name of a local expert), behind any prefix.
+  static const std::regex kExpert(R"(^(.*\.mlp\.experts\.linear_fc[12]\.(?:weight|bias))(\d+)$)");
+  const int64_t ranks = int64_t(parts.size());
+  if (num_experts <= 0 || num_experts % ranks != 0)
+    throw UserError(strprintf("%s: %lld experts cannot be split over the checkpoint's %lld expert-parallel ranks",
+                              parts.front().path.c_str(), (long long)num_experts, (long long)ranks));
+  const int64_t local = num_experts / ranks;
+  MegatronCheckpoint out = parts.front();
+  out.tensors.clear();
+  for (int64_t rank = 0; rank < ranks; ++rank) {
+    const MegatronCheckpoint& part = parts[size_t(rank)];
+    if (part.iteration != out.iteration)
+      throw UserError(part.path + " was saved at iteration " + std::to_string(part.iteration) + ", " +
+                      parts.front().path + " at " + std::to_string(out.iteration));
+    if (out.optimizer_refusal.empty()) out.optimizer_refusal = part.optimizer_refusal;
+    for (const auto& [name, t] : part.tensors) {
+      std::smatch m;
+      if (!std::regex_match(name, m, kExpert)) {
+        if (rank == 0) out.tensors.emplace(name, t);  // dense: the same on every expert-parallel rank
+        continue;
+      }
+      const int64_t e = std::stoll(m[2].str());
+      if (e >= local)
+        throw UserError(strprintf("%s holds local expert %lld, but %lld experts over %lld ranks give each %lld",
+                                  part.path.c_str(), (long long)e, (long long)num_experts, (long long)ranks,
+                                  (long long)local));
+      out.tensors.emplace(m[1].str() + std::to_string(rank * local + e), t);
+    }
+  }
+  return out;
 }
 
 MegatronCheckpoint merge_legacy_ranks(std::vector<std::vector<MegatronCheckpoint>> parts, bool gated_linear_unit,

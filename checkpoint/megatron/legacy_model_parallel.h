@@ -7,6 +7,9 @@
 //   - tensor-parallel parts are joined as Megatron split them (tensor_parallel_split.h); a tensor
 //     the same on every rank is taken from the first;
 //   - the last stage's copy of tied word embeddings (output_layer.weight) is dropped.
+// With expert parallelism every expert-parallel rank of a stage has a file of its own,
+// mp_rank_<tp>[_<pp>]_<ep>, holding the dense weights (the same on every one) and its local
+// experts, numbered from 0: they become the global experts ep x (experts per rank) + local.
 #pragma once
 #include <string>
 #include <vector>
@@ -16,13 +19,30 @@
 namespace fp8tron::checkpoint::megatron {
 
 struct LegacyRankFile {
-  std::string path;  // .../mp_rank_TT[_PPP]/model_optim_rng.pt
-  int tp_rank = 0, pp_rank = 0;
+  std::string path;  // .../mp_rank_TT[_PPP][_EEE]/model_optim_rng.pt
+  int tp_rank = 0, pp_rank = 0, ep_rank = 0;
 };
 
-// The rank files of legacy checkpoint directory `dir` (an iter_NNNNNNN), every (tp, pp) pair
-// present; UserError naming what is missing or what fp8tron does not read (expert-parallel files).
-std::vector<LegacyRankFile> legacy_rank_files(const std::string& dir);
+// The saving run's layout, from the arguments in its rank files (1 where they do not say).
+struct LegacyLayout {
+  int64_t tensor_parallel = 1, pipeline_parallel = 1, expert_parallel = 1;
+};
+
+// The rank files of legacy checkpoint directory `dir` (an iter_NNNNNNN) that `saved` wrote, every
+// (tp, pp, ep) triple present, ordered by pipeline stage, then tensor-parallel rank, then
+// expert-parallel rank. The layout tells Megatron's mp_rank_TT_EEE (expert parallelism without a
+// pipeline) from mp_rank_TT_PPP, and which files are missing. UserError naming what is missing, or
+// expert-parallel ranks together with tensor-parallel ones (not read).
+std::vector<LegacyRankFile> legacy_rank_files(const std::string& dir, const LegacyLayout& saved);
+
+// The first rank file of `dir` (mp_rank_00, or mp_rank_00_000...), whose arguments tell the
+// saving run's layout; UserError when there is none.
+std::string first_legacy_rank_file(const std::string& dir);
+
+// One checkpoint of the expert-parallel ranks' parts of one stage (`parts` ordered by expert rank,
+// each read on its own): the dense tensors of the first, the local experts of each renumbered
+// globally, their optimizer state alike. `num_experts`: the model's routed experts.
+MegatronCheckpoint merge_expert_ranks(std::vector<MegatronCheckpoint> parts, int64_t num_experts);
 
 // One checkpoint of global tensors from the ranks' (parts[pp][tp], each read on its own with its
 // stage's local layer numbers); the counters and arguments are the first part's.

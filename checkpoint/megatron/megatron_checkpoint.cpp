@@ -45,6 +45,10 @@ std::string fp8tron_name(std::string name) {
   return name;
 }
 
+// Whether fp8tron's parameter `name` is a routed expert's (mlp.experts.linear_fc<k>.weight<e>):
+// Megatron gives those an optimizer of their own. Shared experts (mlp.shared_experts.) are dense.
+bool is_routed_expert_weight(const std::string& name) { return name.find(".mlp.experts.") != std::string::npos; }
+
 int64_t int_attribute(const PyRef& v, const char* key, const std::string& where) {
   int64_t out = 0;
   if (!as_int(attribute(v, key), out)) throw UserError(where + ": holds no integer " + key);
@@ -90,6 +94,16 @@ void refuse_optimizer(const std::string& why, MegatronCheckpoint& out) {
   std::erase_if(out.tensors, [](const auto& entry) { return entry.first.starts_with("optimizer."); });
   out.step.reset();
   out.loss_scaler.reset();
+}
+
+// The fp16 loss scaler of Megatron's mixed-precision optimizers ({"scale": tensor,
+// "growth_tracker": int, "hysteresis_tracker": int}); nothing when absent (bf16 runs keep none).
+void read_grad_scaler(const PyRef& scaler, const TorchArchive& archive, MegatronCheckpoint& out) {
+  int64_t growth = 0, hysteresis = 0;
+  if (attribute(scaler, "scale") && as_int(attribute(scaler, "growth_tracker"), growth) &&
+      as_int(attribute(scaler, "hysteresis_tracker"), hysteresis))
+    out.loss_scaler = LossScalerValues{archive.tensor(attribute(scaler, "scale"), "grad_scaler scale").item<double>(),
+                                       growth, hysteresis};
 }
 
 // ---- torch (legacy) --------------------------------------------------------------------------
@@ -153,15 +167,32 @@ LegacyGroupKind legacy_param_kind(const std::string& name, const torch::Tensor& 
   return k;
 }
 
+using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
+
 // torch.optim's state dict numbers the parameters group by group; each of Megatron's groups takes
-// the model's parameters of its kind in model order.
-void read_legacy_optimizer(const TorchArchive& a, const PyRef& optimizer,
-                           const std::vector<std::pair<std::string, torch::Tensor>>& params, MegatronCheckpoint& out) {
+// the model's parameters of its kind in model order. Megatron's mixed-precision optimizer (bf16 and
+// fp16 runs) wraps that state dict: {"optimizer": it, "grad_scaler": the fp16 loss scaler,
+// "fp32_from_fp16_params": the fp32 main weights, a list per group in the group's order}.
+void read_legacy_optimizer(const TorchArchive& a, PyRef optimizer, const NamedTensors& params, MegatronCheckpoint& out) {
   const std::string& where = a.source();
+  PyRef main_weights;
+  if (attribute(optimizer, "optimizer")) {
+    read_grad_scaler(attribute(optimizer, "grad_scaler"), a, out);
+    main_weights = attribute(optimizer, "fp32_from_fp16_params");
+    if (!main_weights) main_weights = attribute(optimizer, "fp32_from_fp16");  // older Megatron
+    optimizer = attribute(optimizer, "optimizer");
+    if (!main_weights && !attribute(optimizer, "state"))
+      throw UserError(where + ": the optimizer state is the distributed optimizer's, whose moments Megatron's torch "
+                              "format keeps in distrib_optim.pt files that fp8tron does not read; pass --no-load-optim "
+                              "to load the weights only, or save with --ckpt-format torch_dist");
+  }
   const PyRef state = attribute(optimizer, "state"), groups = attribute(optimizer, "param_groups");
   if (!state || !groups || groups->kind != PyValue::Kind::List)
-    throw UserError(where + ": the optimizer state is not torch.optim's (a mixed-precision or distributed "
-                            "optimizer's); pass --no-load-optim to load the weights only");
+    throw UserError(where + ": the optimizer state is not torch.optim's nor Megatron's mixed-precision wrapping of "
+                            "it; pass --no-load-optim to load the weights only");
+  if (main_weights && (main_weights->kind != PyValue::Kind::List || main_weights->items.size() != groups->items.size()))
+    throw UserError(where + ": fp32_from_fp16_params does not hold one list of main weights per parameter group; "
+                            "pass --no-load-optim");
   const std::vector<LegacyGroupKind> kinds = legacy_group_kinds(groups);
   const auto uses = [&](LegacyLr lr) { return std::any_of(kinds.begin(), kinds.end(), [lr](auto& k) { return k.lr == lr; }); };
   const bool decoupled = uses(LegacyLr::kDecoupled), mup = uses(LegacyLr::kMup);
@@ -173,12 +204,23 @@ void read_legacy_optimizer(const TorchArchive& a, const PyRef& optimizer,
     std::vector<int64_t> indices;
     if (!as_int_list(attribute(groups->items[g], "params"), indices))
       throw UserError(where + ": a parameter group lists no params");
+    const PyRef mains = main_weights ? main_weights->items[g] : PyRef();
+    if (mains && (mains->kind != PyValue::Kind::List || mains->items.size() != indices.size()))
+      throw UserError(where + ": fp32_from_fp16_params of parameter group " + std::to_string(g) +
+                      " does not hold one main weight per parameter of the group; pass --no-load-optim");
     size_t next = 0;
     for (const auto& [name, tensor] : params) {
       if (!(legacy_param_kind(name, tensor, decoupled, mup) == kinds[g])) continue;
       if (next == indices.size())
         throw UserError(where + ": optimizer parameter group " + std::to_string(g) + " has fewer parameters than the "
                                 "model has of its kind");
+      if (mains) {
+        torch::Tensor main = a.tensor(mains->items[next], "the fp32 main weight of " + name);
+        if (main.sizes() != tensor.sizes() || main.scalar_type() != torch::kFloat32)
+          throw UserError(where + ": the fp32 main weight of " + name + " is not an fp32 tensor of the parameter's "
+                                  "shape; pass --no-load-optim");
+        out.tensors[kFp32Param + name] = main;
+      }
       by_index[indices[next++]] = name;
     }
     if (next != indices.size())
@@ -199,9 +241,29 @@ void read_legacy_optimizer(const TorchArchive& a, const PyRef& optimizer,
     }
     const PyRef step = attribute(entry, "step");
     double value = 0;
-    if (as_double(step, value)) out.step = value;
-    else if (step) out.step = a.tensor(step, "step of " + name).item<double>();
+    if (!as_double(step, value) && step) value = a.tensor(step, "step of " + name).item<double>();
+    if (!step) continue;
+    if (out.step && *out.step != value)
+      throw UserError(where + ": the optimizer stepped " + std::to_string(int64_t(*out.step)) + " times for one "
+                              "parameter and " + std::to_string(int64_t(value)) + " for " + name);
+    out.step = value;
   }
+}
+
+// Megatron's optimizer of a model with mixture-of-experts layers is a chain of two, one for the
+// dense parameters and one for the routed experts' (ChainedOptimizer); the torch format stores
+// the list of their state dicts, each numbering its own parameters in model order.
+void read_legacy_optimizers(const TorchArchive& a, const PyRef& optimizer, const NamedTensors& params,
+                            MegatronCheckpoint& out) {
+  if (optimizer->kind != PyValue::Kind::List) return read_legacy_optimizer(a, optimizer, params, out);
+  if (optimizer->items.size() != 2)
+    throw UserError(a.source() + ": a chain of " + std::to_string(optimizer->items.size()) + " optimizers; fp8tron "
+                                 "reads Megatron's pair of the dense and the expert parameters' optimizers; pass "
+                                 "--no-load-optim to load the weights only");
+  NamedTensors dense, experts;
+  for (const auto& p : params) (is_routed_expert_weight(p.first) ? experts : dense).push_back(p);
+  read_legacy_optimizer(a, optimizer->items[0], dense, out);
+  read_legacy_optimizer(a, optimizer->items[1], experts, out);
 }
 
 // One rank's model_optim_rng.pt, with its stage's local layer numbers.
@@ -215,7 +277,7 @@ MegatronCheckpoint read_legacy_file(const std::string& path) {
   if (!model)
     throw UserError(out.path + ": holds no 'model' (a virtual-pipeline checkpoint has model0, model1, ...; "
                                "fp8tron reads one model chunk)");
-  std::vector<std::pair<std::string, torch::Tensor>> params;  // Megatron's names, model order
+  NamedTensors params;  // Megatron's names, model order
   // The state dict's items; its attributes (_metadata) are not tensors.
   for (const auto& [key, value] : model->entries) {
     std::string name;
@@ -228,11 +290,11 @@ MegatronCheckpoint read_legacy_file(const std::string& path) {
   if (is_none(optimizer)) return out;
   // read_legacy_optimizer needs the fp8tron names as keys of out.tensors; the optimizer has no
   // state for the model's buffers.
-  std::vector<std::pair<std::string, torch::Tensor>> renamed;
+  NamedTensors renamed;
   for (const auto& [name, t] : params)
     if (!is_model_buffer(name)) renamed.emplace_back(fp8tron_name(name), t);
   try {
-    read_legacy_optimizer(a, optimizer, renamed, out);
+    read_legacy_optimizers(a, optimizer, renamed, out);
   } catch (const DamagedCheckpoint&) {
     throw;
   } catch (const UserError& e) {
@@ -241,13 +303,35 @@ MegatronCheckpoint read_legacy_file(const std::string& path) {
   return out;
 }
 
+// The saving run's layout, from the arguments in one of its rank files.
+LegacyLayout saved_legacy_layout(const std::string& path) {
+  TorchArchive a(path);
+  const PyRef args = attribute(a.root(), "args");
+  LegacyLayout layout;
+  as_int(attribute(args, "tensor_model_parallel_size"), layout.tensor_parallel);
+  as_int(attribute(args, "pipeline_model_parallel_size"), layout.pipeline_parallel);
+  as_int(attribute(args, "expert_model_parallel_size"), layout.expert_parallel);
+  return layout;
+}
+
 MegatronCheckpoint read_legacy(const std::string& dir) {
-  const std::vector<LegacyRankFile> files = legacy_rank_files(dir);
+  const std::vector<LegacyRankFile> files = legacy_rank_files(dir, saved_legacy_layout(first_legacy_rank_file(dir)));
   if (files.size() == 1) return read_legacy_file(files[0].path);
+  // parts[stage][tensor rank], the expert-parallel ranks' files of each put together first.
   std::vector<std::vector<MegatronCheckpoint>> parts;
-  for (const LegacyRankFile& f : files) {
+  for (size_t i = 0; i < files.size();) {
+    const LegacyRankFile& f = files[i];
+    std::vector<MegatronCheckpoint> experts;
+    for (; i < files.size() && files[i].pp_rank == f.pp_rank && files[i].tp_rank == f.tp_rank; ++i)
+      experts.push_back(read_legacy_file(files[i].path));
     if (size_t(f.pp_rank) == parts.size()) parts.emplace_back();
-    parts.back().push_back(read_legacy_file(f.path));
+    if (experts.size() == 1) {
+      parts.back().push_back(std::move(experts.front()));
+    } else {
+      const auto& args = experts.front().model_args;
+      const int64_t num_experts = args.count("num_experts") ? args.at("num_experts") : 0;
+      parts.back().push_back(merge_expert_ranks(std::move(experts), num_experts));
+    }
   }
   std::string refusal;
   for (const auto& stage : parts)
@@ -338,12 +422,7 @@ void read_optimizer_common(PyRef optimizer, const TorchArchive& common, Megatron
                     " layout, which fp8tron does not read (it reads dp_reshardable and fully_reshardable); pass "
                     "--no-load-optim to load the weights");
   if (attribute(optimizer, "optimizer")) {
-    const PyRef scaler = attribute(optimizer, "grad_scaler");
-    int64_t growth = 0, hysteresis = 0;
-    if (attribute(scaler, "scale") && as_int(attribute(scaler, "growth_tracker"), growth) &&
-        as_int(attribute(scaler, "hysteresis_tracker"), hysteresis))
-      out.loss_scaler = LossScalerValues{common.tensor(attribute(scaler, "scale"), "grad_scaler scale").item<double>(),
-                                         growth, hysteresis};
+    read_grad_scaler(attribute(optimizer, "grad_scaler"), common, out);
     optimizer = attribute(optimizer, "optimizer");
   }
   const PyRef step = attribute(attribute(optimizer, "state"), "common_step");

@@ -7,8 +7,10 @@
 //               optimizer.state.exp_avg(_sq).<weight>, the rest (iteration, args, scheduler, Adam's
 //               step) in the pickled "common_state" object
 //   torch       mp_rank_00/model_optim_rng.pt, one torch.save file (torch_archive.h): the model's
-//               state dict, torch.optim's state dict (moments by parameter index), the scheduler,
-//               the iteration and the pickled argparse namespace
+//               state dict, torch.optim's state dict (moments by parameter index; in bf16/fp16
+//               runs wrapped by Megatron's mixed-precision optimizer beside the fp32 main weights;
+//               with MoE layers a list of two, the dense and the expert parameters' optimizers),
+//               the scheduler, the iteration and the pickled argparse namespace
 // Megatron's local layer names (input_layernorm, pre_mlp_layernorm) become the fused names that
 // fp8tron's parameters have (linear_qkv.layer_norm_*, linear_fc1.layer_norm_*; in an MoE layer,
 // one with a router, the norm before the MLP is pre_mlp_layernorm.*); the experts of an
@@ -21,12 +23,11 @@
 // The distributed optimizer's flat buffers (dp_reshardable) are read by
 // distributed_optimizer_buffers.h.
 //
-// Legacy torch checkpoints of several tensor- and pipeline-parallel ranks are put together by
-// legacy_model_parallel.h.
+// Legacy torch checkpoints of several tensor-, pipeline- or expert-parallel ranks are put together
+// by legacy_model_parallel.h.
 //
-// Not read: legacy torch checkpoints of expert-parallel ranks, the distributed optimizer's
-// buffers saved by several tensor- or pipeline-parallel ranks, MLA weights, the RNG states (a
-// resumed run's dropout streams restart).
+// Not read: the legacy distributed optimizer's distrib_optim.pt files, MLA weights, the RNG
+// states (a resumed run's dropout streams restart).
 #pragma once
 #include <torch/torch.h>
 
@@ -75,7 +76,7 @@ struct MegatronCheckpoint {
   int64_t consumed_train_samples = 0, consumed_valid_samples = 0;
   // Global tensors by fp8tron's checkpoint names: <param>, optimizer.state.exp_avg.<param>,
   // optimizer.state.exp_avg_sq.<param> (the latter only when the checkpoint holds optimizer state),
-  // and optimizer.state.fp32_param.<param> (the fp32 main weights of a bf16/fp16 torch_dist one).
+  // and optimizer.state.fp32_param.<param> (the fp32 main weights of a bf16/fp16 run).
   std::map<std::string, StoredTensor> tensors;
   std::optional<LossScalerValues> loss_scaler;
   std::optional<double> step;  // Adam's step count

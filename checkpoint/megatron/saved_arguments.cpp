@@ -52,7 +52,7 @@ std::optional<std::map<std::string, std::string>> saved_arguments(const std::str
     return namespace_text(attribute(root, "args"), common->source());
   }
   if (format == "torch") {
-    const std::string path = legacy_rank_files(dir).front().path;
+    const std::string path = first_legacy_rank_file(dir);
     const TorchArchive archive(path);
     return namespace_text(attribute(archive.root(), "args"), path);
   }

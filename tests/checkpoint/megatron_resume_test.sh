@@ -4,11 +4,14 @@
 # loss of iterations 11-14 must equal the one Megatron printed within 1e-4 relative. Damaged or
 # mismatched checkpoints fail with one line naming the file and what differs. With MPIRUN, the
 # same in other parallel layouts (tensor, pipeline and expert parallel, the distributed optimizer).
-# Usage: megatron_resume_test.sh FP8TRON SOURCE_DIR [MPIRUN]
+# Usage: megatron_resume_test.sh FP8TRON SOURCE_DIR [MPIRUN [PYTHON]]
+# (PYTHON, one with torch, makes the legacy checkpoints no fixture holds; MPIRUN may be "".)
 set -u
 BIN=$1
+SOURCE=$2
 FIXTURES=$2/tests/fixtures/megatron_checkpoints
 MPIRUN=${3:-}
+PYTHON=${4:-}
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 fail=0
@@ -35,16 +38,35 @@ compare() {
     END { exit bad }' <(losses "$1") <(losses "$2")
 }
 
+expect_error() {  # expect_error <text> <what> -- args...: exit status 1, one error line with <text>
+  local want=$1 what=$2; shift 3
+  local out rc
+  out=$("$BIN" "${FLAGS[@]}" "$@" 2>&1); rc=$?
+  if [ $rc != 1 ] || ! grep -qF -- "$want" <<<"$out" || grep -q "successfully loaded" <<<"$out"; then
+    echo "FAIL: $what -> rc $rc, output lacks: $want"; echo "$out" | tail -5; fail=1
+  else
+    echo "ok: $what"
+  fi
+}
+
 # resume <fixture> [launcher and layout flags...]: Megatron's losses after the load.
 resume() {
   local dir=$1; shift
+  resume_from "$dir" "$FIXTURES/$dir/ckpt" "$FIXTURES/$dir" "$@"
+}
+# resume_from <name> <checkpoint> <fixture> [layout flags...]: <checkpoint> resumed with the model
+# flags of <fixture> (its args.txt, --ckpt-format as the checkpoint's) prints <fixture>'s losses.
+resume_from() {
+  local name=$1 ckpt=$2 fixture=$3; shift 3
   local launch=() layout=()
   if [ $# -gt 0 ]; then launch=($MPIRUN --allow-run-as-root --oversubscribe --bind-to none -np 2 -x OMP_NUM_THREADS=1); layout=("$@"); fi
-  read -ra MODEL < "$FIXTURES/$dir/args.txt"
-  local log=$WORK/$dir.log rc name="$dir${layout[*]:+ ${layout[*]}}"
-  "${launch[@]}" "$BIN" "${FLAGS[@]}" "${MODEL[@]}" "${layout[@]}" --load "$FIXTURES/$dir/ckpt" > "$log" 2>&1
+  read -ra MODEL < "$fixture/args.txt"
+  [ -f "$ckpt/iter_0000010/.metadata" ] || MODEL=("${MODEL[@]/torch_dist/torch}")
+  local log=$WORK/$name.log rc
+  name="$name${layout[*]:+ ${layout[*]}}"
+  "${launch[@]}" "$BIN" "${FLAGS[@]}" "${MODEL[@]}" "${layout[@]}" --load "$ckpt" > "$log" 2>&1
   rc=$?
-  if [ $rc != 0 ] || ! grep -q "successfully loaded Megatron's" "$log" || ! compare "$log" "$FIXTURES/$dir/losses.txt"; then
+  if [ $rc != 0 ] || ! grep -q "successfully loaded Megatron's" "$log" || ! compare "$log" "$fixture/losses.txt"; then
     echo "FAIL: $name (rc $rc)"; tail -20 "$log"; fail=1
   else
     echo "ok: $name resumes with Megatron's losses"
@@ -99,6 +121,38 @@ if [ $? != 0 ] || ! compare "$WORK/weights.log" "$FIXTURES/gpt_torch_legacy/loss
 else
   echo "ok: --no-load-optim loads the weights"
 fi
+# Legacy checkpoints that no fixture holds, made from the fixtures as Megatron's code lays them
+# out (megatron_legacy_variants.py, needs PYTHON with torch): a bf16 run's, whose mixed-precision
+# optimizer keeps the fp32 main weights beside the bf16 ones, and MoE ones, whose optimizer is a
+# chain of the dense and the expert parameters' (saved by one rank, and by two expert-parallel
+# ranks, mp_rank_00_000 and mp_rank_00_001).
+read -ra LEGACY < "$FIXTURES/gpt_torch_legacy/args.txt"
+if [ -n "$PYTHON" ]; then
+  VARIANTS=$SOURCE/tests/checkpoint/megatron_legacy_variants.py
+  "$PYTHON" "$VARIANTS" bf16 "$WORK/bf16_legacy" && "$PYTHON" "$VARIANTS" moe "$WORK/moe_legacy" 1 &&
+    "$PYTHON" "$VARIANTS" moe "$WORK/moe_ep2_legacy" 2 && "$PYTHON" "$VARIANTS" distopt "$WORK/distopt_legacy" ||
+    { echo "FAIL: megatron_legacy_variants.py"; fail=1; }
+  # Resumed in fp32, the bf16 checkpoint's fp32 main weights give the very losses of the fp32 run
+  # it was made from (its bf16 weights would not: 6.733323 instead of 6.733141 at iteration 11).
+  resume_from bf16_legacy "$WORK/bf16_legacy" "$FIXTURES/gpt_torch_legacy"
+  if [ "$(losses "$WORK/bf16_legacy.log")" != "$(losses "$WORK/gpt_torch_legacy.log")" ]; then
+    echo "FAIL: the bf16 checkpoint's main weights should resume exactly as the fp32 fixture"; fail=1
+  else
+    echo "ok: the bf16 checkpoint's fp32 main weights resume exactly as the fp32 fixture"
+  fi
+  resume_from moe_legacy "$WORK/moe_legacy" "$FIXTURES/moe_ep2_torch_dist"
+  resume_from moe_ep2_legacy "$WORK/moe_ep2_legacy" "$FIXTURES/moe_ep2_torch_dist"
+  [ -n "$MPIRUN" ] && resume_from moe_ep2_legacy "$WORK/moe_ep2_legacy" "$FIXTURES/moe_ep2_torch_dist" \
+    --expert-model-parallel-size 2
+  expect_error "keeps in distrib_optim.pt files that fp8tron does not read; pass --no-load-optim" \
+    "the legacy distributed optimizer's state" -- "${LEGACY[@]}" --load "$WORK/distopt_legacy"
+  cp -r "$WORK/moe_ep2_legacy" "$WORK/lost_expert_rank" && rm -r "$WORK/lost_expert_rank/iter_0000010/mp_rank_00_001"
+  read -ra MOE_LEGACY < "$FIXTURES/moe_ep2_torch_dist/args.txt"
+  expect_error "lacks the directory of tensor-parallel rank 0, pipeline stage 0, expert-parallel rank 1 (mp_rank_00_001)" \
+    "a missing expert-parallel rank directory of a legacy checkpoint" -- "${MOE_LEGACY[@]/torch_dist/torch}" \
+    --load "$WORK/lost_expert_rank"
+fi
+
 if [ -n "$MPIRUN" ]; then
   resume gpt_torch_dist --tensor-model-parallel-size 2
   resume gpt_torch_legacy --pipeline-model-parallel-size 2
@@ -143,16 +197,6 @@ if [ -n "$MPIRUN" ]; then
   fi
 fi
 
-expect_error() {  # expect_error <text> <what> -- args...: exit status 1, one error line with <text>
-  local want=$1 what=$2; shift 3
-  local out rc
-  out=$("$BIN" "${FLAGS[@]}" "$@" 2>&1); rc=$?
-  if [ $rc != 1 ] || ! grep -qF -- "$want" <<<"$out" || grep -q "successfully loaded" <<<"$out"; then
-    echo "FAIL: $what -> rc $rc, output lacks: $want"; echo "$out" | tail -5; fail=1
-  else
-    echo "ok: $what"
-  fi
-}
 
 read -ra DIST < "$FIXTURES/gpt_torch_dist/args.txt"
 read -ra LEGACY < "$FIXTURES/gpt_torch_legacy/args.txt"

@@ -120,11 +120,26 @@ class _Stub:
     def __setstate__(self, state):
         self.state = state
 
+    def __reduce__(self):  # pickled again as Megatron pickled it: the class called on its arguments
+        return (type(self), self.args) + ((self.state,) if hasattr(self, "state") else ())
+
+
+def stub_class(module, name):
+    """The stand-in for Megatron's class `module.name`, registered under that module so that what
+    was read with it can be pickled again under Megatron's names."""
+    parts = module.split(".")
+    for i in range(1, len(parts) + 1):  # importing a module imports its packages
+        sys.modules.setdefault(".".join(parts[:i]), types.ModuleType(".".join(parts[:i])))
+    stubs = sys.modules[module]
+    if not hasattr(stubs, name):
+        setattr(stubs, name, type(name, (_Stub,), {"__module__": module, "__qualname__": name}))
+    return getattr(stubs, name)
+
 
 class _StubUnpickler(pickle.Unpickler):
     def find_class(self, module, name):
         if module.startswith("megatron."):
-            return type(name, (_Stub,), {})
+            return stub_class(module, name)
         return super().find_class(module, name)
 
 

@@ -1,0 +1,160 @@
+"""Megatron-LM legacy torch checkpoints of precisions and layouts that no fixture holds, made from
+fixtures that Megatron-LM wrote and laid out as Megatron-LM's code writes them (its
+checkpointing.py, optimizer.py and the modules' state dicts, at the fixtures' commit):
+
+  megatron_legacy_variants.py bf16 OUT
+      gpt_torch_legacy as a bf16 run saves it: the weights in bf16, and the state dict of Megatron's
+      mixed-precision optimizer (Float16OptimizerWithFloat16Params): {"optimizer": torch.optim's,
+      "fp32_from_fp16_params": each parameter group's fp32 main weights in the group's order}
+  megatron_legacy_variants.py distopt OUT
+      gpt_torch_legacy as a run with --use-distributed-optimizer saves it: model_optim_rng.pt holds
+      only the optimizer's parameter groups (DistributedOptimizer.state_dict), its moments lie in
+      distrib_optim.pt (here empty: fp8tron does not read it and must say so)
+  megatron_legacy_variants.py moe OUT EP
+      moe_ep2_torch_dist in the torch format, saved by EP expert-parallel ranks (mp_rank_00, or
+      mp_rank_00_<ep> each): the model's state dict under its modules' names (the sequential
+      experts as local_experts.<i>, numbered from 0 on each rank) and the state dict of a
+      ChainedOptimizer, the list of the dense and the expert parameters' torch.optim state dicts,
+      each numbering its own parameters in module order, group by group
+
+OUT is written as a checkpoint directory (latest_checkpointed_iteration.txt, iter_0000010/). The
+fp32 values are the fixture's, so a resume of the bf16 one's main weights, or of the MoE one,
+prints the fixture's losses.
+"""
+import copy
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_dist_check as dist  # noqa: E402  (its readers of Megatron's pickles and DCP files)
+
+FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "megatron_checkpoints")
+ITERATION = 10
+
+
+def load_legacy(path):
+    return torch.load(path, map_location="cpu", weights_only=False, pickle_module=dist._stub_pickle)
+
+
+def save(out, state, rank_dir="mp_rank_00"):
+    d = os.path.join(out, f"iter_{ITERATION:07d}", rank_dir)
+    os.makedirs(d, exist_ok=True)
+    torch.save(state, os.path.join(d, "model_optim_rng.pt"))
+    with open(os.path.join(out, "latest_checkpointed_iteration.txt"), "w") as f:
+        f.write(str(ITERATION))
+
+
+def decayed(name, t):
+    """Megatron's default parameter groups: weight decay for all but biases and 1-D weights."""
+    return not name.endswith(".bias") and t.dim() > 1
+
+
+def grouped(params):
+    """torch.optim numbers parameters group by group; Megatron's groups: decayed (its default
+    configuration, sorted first), then no weight decay. Returns each group's names."""
+    return [[n for n, t in params if decayed(n, t)], [n for n, t in params if not decayed(n, t)]]
+
+
+def bf16(out):
+    state = load_legacy(os.path.join(FIXTURES, "gpt_torch_legacy", "ckpt", "iter_0000010", "mp_rank_00",
+                                     "model_optim_rng.pt"))
+    model = state["model"]
+    params = [(n, t) for n, t in model.items() if not n.endswith("._extra_state")]
+    groups = grouped(params)
+    optimizer = state["optimizer"]
+    index = 0
+    for g, names in enumerate(groups):  # the fixture's groups are these, numbered in this order
+        assert optimizer["param_groups"][g]["params"] == list(range(index, index + len(names))), g
+        index += len(names)
+    main = [[model[n].clone() for n in names] for names in groups]
+    state["optimizer"] = {"optimizer": optimizer, "fp32_from_fp16_params": main}
+    state["model"] = {n: (t.to(torch.bfloat16) if torch.is_tensor(t) else t) for n, t in model.items()}
+    state["args"].bf16 = True
+    state["args"].params_dtype = torch.bfloat16
+    save(out, state)
+
+
+def distopt(out):
+    state = load_legacy(os.path.join(FIXTURES, "gpt_torch_legacy", "ckpt", "iter_0000010", "mp_rank_00",
+                                     "model_optim_rng.pt"))
+    groups = [{k: v for k, v in g.items() if k != "params"} for g in state["optimizer"]["param_groups"]]
+    state["optimizer"] = {"optimizer": {"param_groups": [dict(g, step=ITERATION) for g in groups]}}
+    state["args"].use_distributed_optimizer = True
+    save(out, state)
+    open(os.path.join(out, f"iter_{ITERATION:07d}", "mp_rank_00", "distrib_optim.pt"), "wb").close()
+
+
+def moe_layer_names(layer, local_experts):
+    """(legacy name, torch_dist name, index into its stacked dimensions after the layer's) of one
+    MoE layer's tensors in module order: the norms, attention (its projection registered first),
+    the router, then the sequential experts."""
+    head, stacked = f"decoder.layers.{layer}.", "decoder.layers."
+    out = [("input_layernorm.weight", "self_attention.linear_qkv.layer_norm_weight", ()),
+           ("input_layernorm.bias", "self_attention.linear_qkv.layer_norm_bias", ()),
+           ("self_attention.linear_proj.weight", "self_attention.linear_proj.weight", ()),
+           ("self_attention.linear_proj._extra_state", None, ()),
+           ("self_attention.linear_qkv.weight", "self_attention.linear_qkv.weight", ()),
+           ("self_attention.linear_qkv._extra_state", None, ()),
+           ("pre_mlp_layernorm.weight", "mlp.linear_fc1.layer_norm_weight", ()),
+           ("pre_mlp_layernorm.bias", "mlp.linear_fc1.layer_norm_bias", ()),
+           ("mlp.router.weight", "mlp.router.weight", ())]
+    for local, expert in local_experts:
+        for fc in ("linear_fc1", "linear_fc2"):
+            out.append((f"mlp.experts.local_experts.{local}.{fc}.weight", f"mlp.experts.experts.{fc}.weight", (expert,)))
+            out.append((f"mlp.experts.local_experts.{local}.{fc}._extra_state", None, ()))
+    return [(head + legacy, stacked + stored if stored else None, (layer,) + at) for legacy, stored, at in out]
+
+
+def moe(out, ranks):
+    src = os.path.join(FIXTURES, "moe_ep2_torch_dist", "ckpt", "iter_0000010")
+    tensors = dist.load_all(src, only_tensors=True)
+    common = dist.common_state(src, fixture=True)
+    args = common["args"]
+    layers, experts = args.num_layers, args.num_experts
+    local = experts // ranks
+    step = common["optimizer"][0]["state"]["common_step"]
+    for rank in range(ranks):
+        names = [("embedding.word_embeddings.weight", "embedding.word_embeddings.weight", ()),
+                 ("embedding.position_embeddings.weight", "embedding.position_embeddings.weight", ())]
+        for layer in range(layers):
+            names += moe_layer_names(layer, [(i, rank * local + i) for i in range(local)])
+        names += [("decoder.final_layernorm.weight", "decoder.final_layernorm.weight", ()),
+                  ("decoder.final_layernorm.bias", "decoder.final_layernorm.bias", ()),
+                  ("output_layer._extra_state", None, ())]
+        model = {legacy: (tensors[stored][at].clone() if stored else None) for legacy, stored, at in names}
+        source = {legacy: (stored, at) for legacy, stored, at in names if stored}
+        params = [(n, t) for n, t in model.items() if t is not None]
+        chain = []
+        for k, is_expert in enumerate((False, True)):
+            mine = [(n, t) for n, t in params if (".mlp.experts." in n) == is_expert]
+            groups = [g for g in grouped(mine) if g]
+            saved = common["optimizer"][k]["param_groups"]
+            assert len(saved) == len(groups), (k, len(saved), len(groups))
+            param_groups, states, index = [], {}, 0
+            for saved_group, group in zip(saved, groups):
+                param_groups.append(dict(copy.deepcopy(saved_group), params=list(range(index, index + len(group)))))
+                for n in group:
+                    stored, at = source[n]
+                    states[index] = {"step": step.clone(),
+                                     "exp_avg": tensors["optimizer.state.exp_avg." + stored][at].clone(),
+                                     "exp_avg_sq": tensors["optimizer.state.exp_avg_sq." + stored][at].clone()}
+                    index += 1
+            chain.append({"state": states, "param_groups": param_groups})
+        saved_args = copy.copy(args)
+        saved_args.ckpt_format = "torch"
+        saved_args.expert_model_parallel_size = ranks
+        state = {"args": saved_args, "checkpoint_version": 3.0, "iteration": ITERATION, "model": model,
+                 "optimizer": chain, "opt_param_scheduler": common["opt_param_scheduler"],
+                 "num_floating_point_operations_so_far": common["num_floating_point_operations_so_far"]}
+        save(out, state, "mp_rank_00" + (f"_{rank:03d}" if ranks > 1 else ""))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] in ("bf16", "distopt"):
+        globals()[sys.argv[1]](sys.argv[2])
+    elif len(sys.argv) == 4 and sys.argv[1] == "moe":
+        moe(sys.argv[2], int(sys.argv[3]))
+    else:
+        sys.exit(__doc__)
