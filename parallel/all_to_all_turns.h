@@ -24,31 +24,42 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 
 #include "parallel/communicator.h"
 
 namespace fp8tron {
 
+// Thrown in one side of a pair at its hand-over when the other side ended on an exception.
+class PartnerFailed : public std::runtime_error {
+ public:
+  PartnerFailed() : std::runtime_error("the other micro-batch of the combined 1F1B pair failed") {}
+};
+
 class AllToAllTurns {
  public:
   // Runs `first` (holding the turn at the start) on this thread and `second` on another, one at a
   // time, until both have ended; the second thread runs with this thread's autograd and
-  // dispatcher state and, on `device` when it is a GPU, its current stream. Rethrows the first
-  // side's exception, else the second's.
+  // dispatcher state and, on `device` when it is a GPU, its current stream. When a side throws,
+  // the other stops at its next hand-over (PartnerFailed), since going on alone it would issue
+  // its all-to-alls out of the order the other ranks issue theirs; the side's own exception is
+  // rethrown.
   void run_pair(const std::function<void()>& first, const std::function<void()>& second, torch::Device device);
   // Inside run_pair: the running side hands the turn to the other one (unless that one has ended)
-  // and waits for it to come back. Outside run_pair: returns at once.
+  // and waits for it to come back; PartnerFailed when the other side has ended on an exception.
+  // Outside run_pair: returns at once.
   void pass_turn();
   // Turns handed over since construction (a schedule test counts them).
   int64_t passes() const;
 
  private:
-  void end_side(int side);
+  void end_side(int side, bool failed);
 
   mutable std::mutex mutex_;
   std::condition_variable changed_;
   int holder_ = -1;  // the side running (0: first, 1: second); -1: no pair running
   bool ended_[2] = {false, false};
+  bool failed_[2] = {false, false};  // ended on an exception
   int64_t passes_ = 0;
 };
 

@@ -59,17 +59,48 @@ TEST(CombinedSchedule, SidesAlternateAtEachAllToAll) {
   EXPECT_EQ(turns.passes(), 4);
 }
 
+// A side that throws ends the pair; the other side stops at its next hand-over instead of going
+// on alone (it would issue its all-to-alls out of the order the other ranks issue theirs), and the
+// first error is what the pair rethrows.
 TEST(CombinedSchedule, ASideThatThrowsEndsThePairAndRethrows) {
   AllToAllTurns turns;
-  bool other_finished = false;
-  EXPECT_THROW(turns.run_pair([&] { throw std::runtime_error("backward failed"); },
-                              [&] {
-                                turns.pass_turn();  // the first side has ended: no wait
-                                other_finished = true;
-                              },
-                              torch::Device(torch::kCPU)),
-               std::runtime_error);
-  EXPECT_TRUE(other_finished);
+  bool other_started = false;
+  try {
+    turns.run_pair([&] { throw std::runtime_error("backward failed"); }, [&] { other_started = true; },
+                   torch::Device(torch::kCPU));
+    ADD_FAILURE() << "run_pair did not rethrow";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "backward failed");
+  }
+  EXPECT_FALSE(other_started);
+}
+
+TEST(CombinedSchedule, TheOtherSideStopsAtItsNextHandOverWhenOneFails) {
+  AllToAllTurns turns;
+  std::vector<std::string> log;
+  try {
+    turns.run_pair(
+        [&] {
+          log.push_back("b:combine");
+          turns.pass_turn();  // the forward side fails meanwhile: PartnerFailed here
+          log.push_back("b:experts");
+        },
+        [&] {
+          log.push_back("f:attention");
+          throw std::runtime_error("token id 700 is outside the vocabulary");
+        },
+        torch::Device(torch::kCPU));
+    ADD_FAILURE() << "run_pair did not rethrow";
+  } catch (const PartnerFailed&) {
+    ADD_FAILURE() << "the partner's stop was rethrown instead of the error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "token id 700 is outside the vocabulary");
+  }
+  EXPECT_EQ(log, (std::vector<std::string>{"b:combine", "f:attention"}));
+  // The pair is over: the next one runs normally.
+  int ran = 0;
+  turns.run_pair([&] { ++ran; }, [&] { ++ran; }, torch::Device(torch::kCPU));
+  EXPECT_EQ(ran, 2);
 }
 
 // The losses are summed in micro-batch order and every micro-batch's backward runs once.
