@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <set>
 
 #include "checkpoint/megatron/tensor_parallel_split.h"
+#include "checkpoint/megatron/torch_archive.h"
 #include "core/error.h"
 #include "core/text.h"
 
@@ -17,6 +19,7 @@ constexpr int64_t kParamAlignment = 64;  // Megatron pads each parameter's start
 
 struct Bucket {
   torch::Tensor param, exp_avg, exp_avg_sq;
+  bool concatenated = false;  // a legacy buffer: several buckets, each without its end padding
 };
 
 // The flat buffers by model-parallel rank (the name up to ".gbuf_idx_"), then by bucket (the name
@@ -104,7 +107,10 @@ void locate_in_group(const std::vector<const Bucket*>& buckets, const std::vecto
     const torch::Tensor values = bucket->param.to(dtype).to(torch::kFloat32).contiguous();
     const float* v = values.data_ptr<float>();
     const int64_t size = values.numel();
-    int64_t pos = 0;
+    // Parameters start at multiples of kParamAlignment from their bucket's start; a legacy buffer
+    // concatenates its buckets without their end padding, so there a parameter found right after
+    // the last one, off that grid, starts the next bucket.
+    int64_t pos = 0, bucket_start = 0;
     while (pos < size) {
       std::vector<size_t> matches;
       auto it = by_first.find(v[pos]);
@@ -115,9 +121,10 @@ void locate_in_group(const std::vector<const Bucket*>& buckets, const std::vecto
           if (std::memcmp(c.data_ptr<float>(), v + pos, sizeof(float) * size_t(c.numel())) == 0) matches.push_back(i);
         }
       if (matches.empty()) {  // padding: the next parameter starts on the next aligned element
-        pos = (pos / kParamAlignment + 1) * kParamAlignment;
+        pos = bucket_start + ((pos - bucket_start) / kParamAlignment + 1) * kParamAlignment;
         continue;
       }
+      if (bucket->concatenated && (pos - bucket_start) % kParamAlignment != 0) bucket_start = pos;
       const size_t i = *std::min_element(matches.begin(), matches.end(), [&](size_t a, size_t b) {
         if (all[a].name != all[b].name) return placed_before(all[a].name, all[b].name);
         return all[a].part < all[b].part;
@@ -169,26 +176,26 @@ void read_step(const DcpCheckpoint& dcp, MegatronCheckpoint& out) {
   }
 }
 
-}  // namespace
-
-bool is_distributed_optimizer_entry(const std::string& name) { return name.rfind(kPrefix, 0) == 0; }
-
-void read_distributed_optimizer_buffers(const DcpCheckpoint& dcp, MegatronCheckpoint& out) {
-  const auto groups = read_buckets(dcp);
-  if (groups.empty()) return;
-  // Read stored tensor by stored tensor, so that each chunk of a stacked one is read once.
+// The weights already in out.tensors (not the optimizer's), read stored tensor by stored tensor so
+// that each chunk of a stacked one is read once.
+std::map<std::string, torch::Tensor> weights_of(const MegatronCheckpoint& out) {
   std::vector<std::pair<std::string, std::string>> order;  // (source, name)
   for (const auto& [name, t] : out.tensors)
     if (!name.starts_with("optimizer.") && !is_model_buffer(name)) order.emplace_back(t.source(), name);
   std::sort(order.begin(), order.end());
   std::map<std::string, torch::Tensor> weights;
   for (const auto& [source, name] : order) weights[name] = out.tensors.at(name).read();
-  dcp.forget_chunks();
-  if (weights.empty()) return;
+  return weights;
+}
+
+// Each weight's state from the buffers of `groups`: its parts' segments, joined as Megatron split
+// the weight.
+void place_state(const std::map<std::string, std::map<std::string, Bucket>>& groups,
+                 const std::map<std::string, torch::Tensor>& weights, const std::string& where,
+                 MegatronCheckpoint& out) {
   const torch::ScalarType dtype = weights.begin()->second.scalar_type();
   const std::vector<Candidate> all = candidates(weights, out.tensor_parallel, out.gated_linear_unit);
-  const std::map<PartKey, Place> places = locate(groups, all, dtype, dcp.source());
-  // Each weight's state: its parts' segments, joined as Megatron split the weight.
+  const std::map<PartKey, Place> places = locate(groups, all, dtype, where);
   std::map<std::string, std::vector<const Candidate*>> parts;
   for (const Candidate& c : all) parts[c.name].push_back(&c);
   for (const auto& [name, pieces] : parts) {
@@ -205,7 +212,70 @@ void read_distributed_optimizer_buffers(const DcpCheckpoint& dcp, MegatronCheckp
     out.tensors["optimizer.state.exp_avg_sq." + name] = state(&Bucket::exp_avg_sq);
     if (dtype != torch::kFloat32) out.tensors["optimizer.state.fp32_param." + name] = state(&Bucket::param);
   }
+}
+
+// The buffers of one legacy distrib_optim.pt into `groups`, one group per optimizer and gradient
+// buffer (and dtype) of the file.
+void add_legacy_buffers(const std::string& path, std::map<std::string, std::map<std::string, Bucket>>& groups) {
+  if (!std::filesystem::exists(path))
+    throw UserError(path + " is missing: the distributed optimizer's state of its rank lies there; copy the whole "
+                    "checkpoint, or pass --no-load-optim to load the weights only");
+  const TorchArchive archive(path);
+  const PyRef root = archive.root();
+  std::vector<PyRef> optimizers;  // a chained optimizer's list (None where a rank saved nothing)
+  if (root && root->kind == PyValue::Kind::List) optimizers = root->items;
+  else optimizers.push_back(root);
+  for (size_t k = 0; k < optimizers.size(); ++k) {
+    const PyRef& state = optimizers[k];
+    if (is_none(state)) continue;
+    if (!state || state->kind != PyValue::Kind::Dict)
+      throw UserError(path + ": not the distributed optimizer's parameter state (" + describe(state) + ")");
+    const PyRef coalesced = attribute(state, "buckets_coalesced");
+    if (!coalesced || coalesced->kind != PyValue::Kind::Bool || !coalesced->boolean)
+      throw UserError(path + ": the distributed optimizer's state in Megatron's older per-bucket layout, which fp8tron "
+                      "does not read; pass --no-load-optim to load the weights only");
+    for (const auto& [gbuf, by_dtype] : state->entries) {
+      if (gbuf->kind != PyValue::Kind::Int) continue;  // "buckets_coalesced"
+      if (!by_dtype || by_dtype->kind != PyValue::Kind::Dict)
+        throw UserError(path + ": gradient buffer " + describe(gbuf) + " holds no buffers by dtype");
+      for (size_t d = 0; d < by_dtype->entries.size(); ++d) {
+        const PyRef& buffers = by_dtype->entries[d].second;
+        const std::string where = strprintf("%s, optimizer %zu, gradient buffer %lld", path.c_str(), k,
+                                            (long long)gbuf->integer);
+        Bucket b;
+        b.concatenated = true;
+        for (auto [key, field] : {std::pair{"param", &Bucket::param}, std::pair{"exp_avg", &Bucket::exp_avg},
+                                  std::pair{"exp_avg_sq", &Bucket::exp_avg_sq}}) {
+          const PyRef t = attribute(buffers, key);
+          if (!t) throw UserError(where + " lacks " + key + " (not Adam's state?); pass --no-load-optim");
+          b.*field = archive.tensor(t, where + " " + key).flatten().to(torch::kFloat32);
+        }
+        groups[where][std::to_string(d)] = std::move(b);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+bool is_distributed_optimizer_entry(const std::string& name) { return name.rfind(kPrefix, 0) == 0; }
+
+void read_distributed_optimizer_buffers(const DcpCheckpoint& dcp, MegatronCheckpoint& out) {
+  const auto groups = read_buckets(dcp);
+  if (groups.empty()) return;
+  const std::map<std::string, torch::Tensor> weights = weights_of(out);
+  dcp.forget_chunks();
+  if (weights.empty()) return;
+  place_state(groups, weights, dcp.source(), out);
   read_step(dcp, out);
+}
+
+void read_legacy_distributed_optimizer(const std::vector<std::string>& files, MegatronCheckpoint& out) {
+  std::map<std::string, std::map<std::string, Bucket>> groups;
+  for (const std::string& f : files) add_legacy_buffers(f, groups);
+  const std::map<std::string, torch::Tensor> weights = weights_of(out);
+  if (groups.empty() || weights.empty()) return;
+  place_state(groups, weights, files.front(), out);
 }
 
 }  // namespace fp8tron::checkpoint::megatron

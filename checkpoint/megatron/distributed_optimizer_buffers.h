@@ -15,7 +15,17 @@
 // weight's dtype in bf16/fp16 runs, is where its moments lie; the parts' moments are joined as the
 // weight is. Weights equal to one another (untrained norms in bf16) are told apart by Megatron's
 // order: later layers first, the MLP before the attention.
+//
+// Megatron's legacy torch format keeps the same buffers in distrib_optim.pt beside each
+// model-parallel rank's model_optim_rng.pt (DistributedOptimizer.save_parameter_state: per
+// gradient buffer and dtype {"param", "exp_avg", "exp_avg_sq", "numel_unpadded"}, the buckets
+// concatenated without the padding at their ends; a list of those for a chained optimizer), and
+// Adam's step in model_optim_rng.pt's parameter groups. They are searched alike.
 #pragma once
+#include <map>
+#include <string>
+#include <vector>
+
 #include "checkpoint/megatron/dcp_checkpoint.h"
 #include "checkpoint/megatron/megatron_checkpoint.h"
 
@@ -28,5 +38,9 @@ bool is_distributed_optimizer_entry(const std::string& name);
 // weights are not fp32) for every weight already in out.tensors, and Adam's step. UserError when
 // a weight cannot be found in the buffers, or the buffers are not this layout.
 void read_distributed_optimizer_buffers(const DcpCheckpoint& dcp, MegatronCheckpoint& out);
+
+// The same from the distrib_optim.pt files of a legacy checkpoint's model-parallel ranks (the
+// step is read from their model_optim_rng.pt files beforehand).
+void read_legacy_distributed_optimizer(const std::vector<std::string>& files, MegatronCheckpoint& out);
 
 }  // namespace fp8tron::checkpoint::megatron

@@ -181,10 +181,6 @@ void read_legacy_optimizer(const TorchArchive& a, PyRef optimizer, const NamedTe
     main_weights = attribute(optimizer, "fp32_from_fp16_params");
     if (!main_weights) main_weights = attribute(optimizer, "fp32_from_fp16");  // older Megatron
     optimizer = attribute(optimizer, "optimizer");
-    if (!main_weights && !attribute(optimizer, "state"))
-      throw UserError(where + ": the optimizer state is the distributed optimizer's, whose moments Megatron's torch "
-                              "format keeps in distrib_optim.pt files that fp8tron does not read; pass --no-load-optim "
-                              "to load the weights only, or save with --ckpt-format torch_dist");
   }
   const PyRef state = attribute(optimizer, "state"), groups = attribute(optimizer, "param_groups");
   if (!state || !groups || groups->kind != PyValue::Kind::List)
@@ -266,6 +262,28 @@ void read_legacy_optimizers(const TorchArchive& a, const PyRef& optimizer, const
   read_legacy_optimizer(a, optimizer->items[1], experts, out);
 }
 
+void read_group_steps(const PyRef& optimizer, const std::string& where, MegatronCheckpoint& out);
+
+// Megatron's distributed optimizer in the torch format: model_optim_rng.pt keeps only its
+// parameter groups ({"optimizer": {"param_groups": [...]}, "grad_scaler": ...}, Adam's step in each
+// group), its state lies in distrib_optim.pt beside it. A chained optimizer's is a list of those.
+bool read_legacy_distributed_optimizer_groups(const TorchArchive& a, const PyRef& optimizer, MegatronCheckpoint& out) {
+  std::vector<PyRef> chain;
+  if (optimizer->kind == PyValue::Kind::List) chain = optimizer->items;
+  else chain.push_back(optimizer);
+  for (const PyRef& o : chain) {
+    const PyRef inner = attribute(o, "optimizer");
+    if (!inner || !attribute(inner, "param_groups") || attribute(inner, "state") || attribute(o, "fp32_from_fp16_params"))
+      return false;
+  }
+  for (const PyRef& o : chain) {
+    read_grad_scaler(attribute(o, "grad_scaler"), a, out);
+    read_group_steps(attribute(o, "optimizer"), a.source(), out);
+  }
+  out.legacy_distributed_optimizer = true;
+  return true;
+}
+
 // One rank's model_optim_rng.pt, with its stage's local layer numbers.
 MegatronCheckpoint read_legacy_file(const std::string& path) {
   MegatronCheckpoint out;
@@ -294,6 +312,7 @@ MegatronCheckpoint read_legacy_file(const std::string& path) {
   for (const auto& [name, t] : params)
     if (!is_model_buffer(name)) renamed.emplace_back(fp8tron_name(name), t);
   try {
+    if (read_legacy_distributed_optimizer_groups(a, optimizer, out)) return out;
     read_legacy_optimizers(a, optimizer, renamed, out);
   } catch (const DamagedCheckpoint&) {
     throw;
@@ -314,9 +333,27 @@ LegacyLayout saved_legacy_layout(const std::string& path) {
   return layout;
 }
 
+// The state of a legacy checkpoint's distributed optimizer, from each rank file's distrib_optim.pt,
+// once the weights are put together; the optimizer is refused (the weights still load) when it
+// cannot be read.
+void read_legacy_optimizer_files(const std::vector<LegacyRankFile>& files, MegatronCheckpoint& out) {
+  if (!out.legacy_distributed_optimizer || !out.optimizer_refusal.empty()) return;
+  std::vector<std::string> paths;
+  for (const LegacyRankFile& f : files) paths.push_back(fs::path(f.path).replace_filename("distrib_optim.pt").string());
+  try {
+    read_legacy_distributed_optimizer(paths, out);
+  } catch (const UserError& e) {
+    refuse_optimizer(e.what(), out);
+  }
+}
+
 MegatronCheckpoint read_legacy(const std::string& dir) {
   const std::vector<LegacyRankFile> files = legacy_rank_files(dir, saved_legacy_layout(first_legacy_rank_file(dir)));
-  if (files.size() == 1) return read_legacy_file(files[0].path);
+  if (files.size() == 1) {
+    MegatronCheckpoint out = read_legacy_file(files[0].path);
+    read_legacy_optimizer_files(files, out);
+    return out;
+  }
   // parts[stage][tensor rank], the expert-parallel ranks' files of each put together first.
   std::vector<std::vector<MegatronCheckpoint>> parts;
   for (size_t i = 0; i < files.size();) {
@@ -341,6 +378,7 @@ MegatronCheckpoint read_legacy(const std::string& dir) {
   MegatronCheckpoint out = merge_legacy_ranks(std::move(parts), first.gated_linear_unit, first.tied_embeddings);
   out.path = dir;
   if (!refusal.empty()) refuse_optimizer(refusal, out);
+  read_legacy_optimizer_files(files, out);
   return out;
 }
 

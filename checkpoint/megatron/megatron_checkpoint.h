@@ -20,14 +20,13 @@
 // several ranks (tensor-, pipeline- or expert-parallel) is one set of global tensors whatever
 // layout wrote it; its tensors are read when a rank asks for the boxes it holds (stored_tensor.h).
 //
-// The distributed optimizer's flat buffers (dp_reshardable) are read by
-// distributed_optimizer_buffers.h.
+// The distributed optimizer's flat buffers (dp_reshardable, and the torch format's
+// distrib_optim.pt) are read by distributed_optimizer_buffers.h.
 //
 // Legacy torch checkpoints of several tensor-, pipeline- or expert-parallel ranks are put together
 // by legacy_model_parallel.h.
 //
-// Not read: the legacy distributed optimizer's distrib_optim.pt files, MLA weights, the RNG
-// states (a resumed run's dropout streams restart).
+// Not read: MLA weights, the RNG states (a resumed run's dropout streams restart).
 #pragma once
 #include <torch/torch.h>
 
@@ -97,6 +96,9 @@ struct MegatronCheckpoint {
   std::vector<int64_t> fp8tron_rng_layout;  // tp, pp, dp, cp, ep, vpp, world_size, etp
   // A torch_dist checkpoint's files, where its tensors are read from (null for a legacy one).
   std::shared_ptr<const DcpCheckpoint> dcp;
+  // A legacy checkpoint of Megatron's distributed optimizer: its state lies in the ranks'
+  // distrib_optim.pt files, read once the ranks' weights are put together.
+  bool legacy_distributed_optimizer = false;
   // Why its optimizer state cannot be loaded (an optimizer or a layout fp8tron does not read),
   // or "": the weights still load with --no-load-optim or --finetune (the tables above then hold
   // no optimizer state).

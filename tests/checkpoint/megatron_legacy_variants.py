@@ -7,9 +7,11 @@ checkpointing.py, optimizer.py and the modules' state dicts, at the fixtures' co
       mixed-precision optimizer (Float16OptimizerWithFloat16Params): {"optimizer": torch.optim's,
       "fp32_from_fp16_params": each parameter group's fp32 main weights in the group's order}
   megatron_legacy_variants.py distopt OUT
-      gpt_torch_legacy as a run with --use-distributed-optimizer saves it: model_optim_rng.pt holds
-      only the optimizer's parameter groups (DistributedOptimizer.state_dict), its moments lie in
-      distrib_optim.pt (here empty: fp8tron does not read it and must say so)
+      gpt_dp2_distopt_torch_dist (two data-parallel ranks, --use-distributed-optimizer) in the torch
+      format: model_optim_rng.pt holds the weights and only the optimizer's parameter groups, Adam's
+      step in each (DistributedOptimizer.state_dict), and distrib_optim.pt the flat buffers that
+      DistributedOptimizer.save_parameter_state gathers: {"buckets_coalesced": True, 0: {dtype:
+      {"param", "exp_avg", "exp_avg_sq", "numel_unpadded"}}}, the buckets concatenated
   megatron_legacy_variants.py moe OUT EP
       moe_ep2_torch_dist in the torch format, saved by EP expert-parallel ranks (mp_rank_00, or
       mp_rank_00_<ep> each): the model's state dict under its modules' names (the sequential
@@ -23,6 +25,7 @@ prints the fixture's losses.
 """
 import copy
 import os
+import re
 import sys
 
 import torch
@@ -76,14 +79,46 @@ def bf16(out):
     save(out, state)
 
 
+def legacy_gpt_model(tensors, template):
+    """The model state dict of the GPT fixtures' legacy files (`template`'s names and order) with
+    the values of a torch_dist checkpoint's `tensors` (layers stacked, the norms under the fused
+    names of Megatron's sharded state dict)."""
+    fused = {"input_layernorm": "self_attention.linear_qkv.layer_norm_", "pre_mlp_layernorm": "mlp.linear_fc1.layer_norm_"}
+    model = {}
+    for name in template:
+        m = re.match(r"decoder\.layers\.(\d+)\.(.*)", name)
+        if name.endswith("._extra_state"):
+            model[name] = None
+        elif m:
+            field = m.group(2)
+            norm, _, kind = field.partition(".")
+            stored = fused[norm] + kind if norm in fused else field
+            model[name] = tensors["decoder.layers." + stored][int(m.group(1))].clone()
+        else:
+            model[name] = tensors[name].clone()
+    return model
+
+
 def distopt(out):
+    src = os.path.join(FIXTURES, "gpt_dp2_distopt_torch_dist", "ckpt", "iter_0000010")
+    tensors = dist.load_all(src, only_tensors=True)
     state = load_legacy(os.path.join(FIXTURES, "gpt_torch_legacy", "ckpt", "iter_0000010", "mp_rank_00",
                                      "model_optim_rng.pt"))
+    state["model"] = legacy_gpt_model(tensors, state["model"])
     groups = [{k: v for k, v in g.items() if k != "params"} for g in state["optimizer"]["param_groups"]]
     state["optimizer"] = {"optimizer": {"param_groups": [dict(g, step=ITERATION) for g in groups]}}
     state["args"].use_distributed_optimizer = True
     save(out, state)
-    open(os.path.join(out, f"iter_{ITERATION:07d}", "mp_rank_00", "distrib_optim.pt"), "wb").close()
+    buffers = {}
+    prefix = "optimizer.distributed.dp_group_idx_0.gbuf_idx_0.dtype_(torch.float32, torch.float32).bucket_idx_"
+    for key in ("param", "exp_avg", "exp_avg_sq"):
+        buckets = sorted((n for n in tensors if n.startswith(prefix) and n.endswith("." + key)),
+                         key=lambda n: int(n[len(prefix):].split(".")[0]))
+        assert len(buckets) == 1, buckets  # one bucket: its end padding may stay
+        buffers[key] = torch.cat([tensors[n] for n in buckets])
+    buffers["numel_unpadded"] = buffers["param"].numel()
+    torch.save({"buckets_coalesced": True, 0: {torch.float32: buffers}},
+               os.path.join(out, f"iter_{ITERATION:07d}", "mp_rank_00", "distrib_optim.pt"))
 
 
 def moe_layer_names(layer, local_experts):

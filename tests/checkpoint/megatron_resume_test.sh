@@ -123,9 +123,9 @@ else
 fi
 # Legacy checkpoints that no fixture holds, made from the fixtures as Megatron's code lays them
 # out (megatron_legacy_variants.py, needs PYTHON with torch): a bf16 run's, whose mixed-precision
-# optimizer keeps the fp32 main weights beside the bf16 ones, and MoE ones, whose optimizer is a
-# chain of the dense and the expert parameters' (saved by one rank, and by two expert-parallel
-# ranks, mp_rank_00_000 and mp_rank_00_001).
+# optimizer keeps the fp32 main weights beside the bf16 ones; MoE ones, whose optimizer is a chain
+# of the dense and the expert parameters' (saved by one rank, and by two expert-parallel ranks,
+# mp_rank_00_000 and mp_rank_00_001); the distributed optimizer's, its state in distrib_optim.pt.
 read -ra LEGACY < "$FIXTURES/gpt_torch_legacy/args.txt"
 if [ -n "$PYTHON" ]; then
   VARIANTS=$SOURCE/tests/checkpoint/megatron_legacy_variants.py
@@ -144,8 +144,12 @@ if [ -n "$PYTHON" ]; then
   resume_from moe_ep2_legacy "$WORK/moe_ep2_legacy" "$FIXTURES/moe_ep2_torch_dist"
   [ -n "$MPIRUN" ] && resume_from moe_ep2_legacy "$WORK/moe_ep2_legacy" "$FIXTURES/moe_ep2_torch_dist" \
     --expert-model-parallel-size 2
-  expect_error "keeps in distrib_optim.pt files that fp8tron does not read; pass --no-load-optim" \
-    "the legacy distributed optimizer's state" -- "${LEGACY[@]}" --load "$WORK/distopt_legacy"
+  resume_from distopt_legacy "$WORK/distopt_legacy" "$FIXTURES/gpt_dp2_distopt_torch_dist"
+  [ -n "$MPIRUN" ] && resume_from distopt_legacy "$WORK/distopt_legacy" "$FIXTURES/gpt_dp2_distopt_torch_dist" \
+    --use-distributed-optimizer
+  rm "$WORK/distopt_legacy/iter_0000010/mp_rank_00/distrib_optim.pt"
+  expect_error "distrib_optim.pt is missing: the distributed optimizer's state of its rank lies there" \
+    "a legacy distributed optimizer's missing distrib_optim.pt" -- "${LEGACY[@]}" --load "$WORK/distopt_legacy"
   cp -r "$WORK/moe_ep2_legacy" "$WORK/lost_expert_rank" && rm -r "$WORK/lost_expert_rank/iter_0000010/mp_rank_00_001"
   read -ra MOE_LEGACY < "$FIXTURES/moe_ep2_torch_dist/args.txt"
   expect_error "lacks the directory of tensor-parallel rank 0, pipeline stage 0, expert-parallel rank 1 (mp_rank_00_001)" \
