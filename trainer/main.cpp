@@ -5,6 +5,8 @@
 #include <exception>
 #include <thread>
 
+#include <c10/util/Logging.h>
+
 #include "core/error.h"
 #include "core/log.h"
 #include "core/version.h"
@@ -21,6 +23,10 @@
 
 int main(int argc, char** argv) {
   using namespace fp8tron;
+  // LibTorch's own warnings (c10d's store client when a peer rank has ended, with a stack trace)
+  // are not fp8tron's lines: errors only, unless TORCH_CPP_LOG_LEVEL asks for more.
+  setenv("TORCH_CPP_LOG_LEVEL", "ERROR", /*overwrite=*/0);
+  c10::initLogging();
   int rank = -1;  // known once the launch environment is read: an error then names its rank
   bool configuring = true;  // until the configuration is built and checked
   try {
@@ -79,6 +85,14 @@ int main(int argc, char** argv) {
       std::this_thread::sleep_for(std::chrono::seconds(10));
     }
     std::fprintf(stderr, "%s\n", report.line.c_str());
+    if (rank >= 0 && !configuring) {
+      // One rank of a job failed while the others may wait in a collective for it. Ending without
+      // MPI_Finalize tells mpirun to end them now (it waits for a rank that finalized and then
+      // failed); torchrun and srun --kill-on-bad-exit end them on any failure. Otherwise they
+      // would hold their GPUs until --distributed-timeout-minutes.
+      std::fflush(nullptr);
+      std::_Exit(report.exit_code);
+    }
     return report.exit_code;
   }
 }
