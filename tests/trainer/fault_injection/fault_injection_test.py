@@ -598,8 +598,11 @@ def bad_token_ids():
 
 
 def second_job():
+    # Long enough that the first job is still running when it is stopped after its 2nd iteration
+    # (12 iterations can end within the 0.1 s wait_for polls, and then there is no lock to test).
+    longer = ["--train-iters", "200", "--save-interval", "50"]
     d = fresh("second_job")
-    p, out = start(["--save", d])
+    p, out = start(["--save", d] + longer)
     if not wait_for(out, r"iteration\s+2/", 60):
         kill_group(p)
         return fail("second job", "the first job did not start")
@@ -613,7 +616,9 @@ def second_job():
     counts["clear errors checked"] += 1
     log("ok   a second job on the same --save: " + re.search(r"fp8tron: error: .*", text).group(0)[:200])
     p.wait(timeout=240)
-    if p.returncode != 0 or final_state(d) != reference(1)[0]:
+    undisturbed = fresh("second_job_reference")
+    rc, _ = run(["--save", undisturbed] + longer)
+    if p.returncode != 0 or rc != 0 or final_state(d, 200) != final_state(undisturbed, 200):
         return fail("second job", "the first job was disturbed")
     counts["resumes checked"] += 1
     log("ok   the first job finished undisturbed, bitwise equal to the uninterrupted run")
