@@ -584,17 +584,23 @@ def bad_token_ids():
     log("ok   token id outside the vocabulary: " + re.search(r"fp8tron: error: .*", out.stdout).group(0)[:200])
     # Under mpirun only the rank that reads the sample fails: the job ends at once, not when the
     # other rank's collective times out.
-    started = time.time()
-    p = subprocess.run(MPIRUN + ["-np", "2", FP8TRON] + args +
-                       ["--data-path", prefix, "--tokenizer-type", "NullTokenizer", "--split", "100,0,0",
-                        "--data-cache-path", os.path.join(d, "cache"), "--distributed-timeout-minutes", "2"] + DP2,
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=240, start_new_session=True)
-    rc, text, took = p.returncode, p.stdout, time.time() - started
-    counts["faults injected"] += 1
-    if rc == 0 or not re.search(pattern, text) or took > 60:
-        return fail("bad token ids on one rank", f"exit {rc} after {took:.0f} s:\n{text[-1500:]}")
-    counts["clear errors checked"] += 1
-    log(f"ok   token id outside the vocabulary on one rank of two: the job ended after {took:.0f} s, exit {rc}")
+    # The same with the combined 1F1B schedule, where the sample is read in the forward pass that
+    # runs beside another micro-batch's backward (one micro-batch each: sample 50 is rank 0's second
+    # of iteration 7): that backward must stop too, not issue its all-to-alls alone.
+    data = ["--data-path", prefix, "--tokenizer-type", "NullTokenizer", "--split", "100,0,0",
+            "--data-cache-path", os.path.join(d, "cache"), "--distributed-timeout-minutes", "2"]
+    combined = ["--micro-batch-size", "1", "--bf16", "--overlap-moe-expert-parallel-comm"] + MOE_EP2
+    for scenario, extra in (("on one rank of two", DP2), ("inside a combined 1F1B pair (MoE, EP2)", combined)):
+        started = time.time()
+        p = subprocess.run(MPIRUN + ["-np", "2", FP8TRON] + args + data + extra, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, timeout=240, start_new_session=True)
+        rc, text, took = p.returncode, p.stdout, time.time() - started
+        counts["faults injected"] += 1
+        if rc != 1 or not re.search(pattern, text) or took > 60:
+            fail(f"bad token ids {scenario}", f"exit {rc} after {took:.0f} s:\n{text[-1500:]}")
+            continue
+        counts["clear errors checked"] += 1
+        log(f"ok   token id outside the vocabulary {scenario}: the job ended after {took:.0f} s, exit {rc}")
 
 
 def second_job():
