@@ -543,7 +543,14 @@ def corrupt_and_fall_back():
             log(f"ok   {scenario}: " + line.group(0)[:220])
 
 
-def bad_token_ids():
+BAD_TOKEN = (r"token id 700 in train sample \d+ \(position \d+; dataset .*corpus_text_document, document 17, "
+             r"token 9 of it\) is outside the vocabulary of 128 tokens")
+
+
+def bad_token_corpus(check_broken=False):
+    """A corpus whose document 17 holds token 700 (tokenized with another tokenizer), preprocessed;
+    returns the flags that train on it. With check_broken, first checks that a failing preprocess
+    (a malformed line) leaves nothing behind."""
     d = fresh("bad_tokens")
     corpus = os.path.join(d, "corpus.jsonl")
     rng = random.Random(5)
@@ -553,50 +560,57 @@ def bad_token_ids():
             if doc == 17:
                 ids[9] = 700  # tokenized with another tokenizer
             f.write(json.dumps({"text": " ".join(map(str, ids))}) + "\n")
-    # A failing preprocess (malformed line) leaves nothing behind.
-    broken = os.path.join(d, "broken.jsonl")
-    open(broken, "w").write(open(corpus).read() + "{not json\n")
-    p = subprocess.run([PREPROCESS, "--input", broken, "--output-prefix", os.path.join(d, "broken"),
-                        "--tokenizer-type", "NullTokenizer", "--vocab-size", "128", "--append-eod"],
-                       capture_output=True, text=True, timeout=240)
-    counts["faults injected"] += 1
-    left = [n for n in os.listdir(d) if n.startswith("broken_")]
-    if p.returncode == 0 or left:
-        fail("failing preprocess", f"exit {p.returncode}, left behind: {left}")
-    else:
-        counts["clear errors checked"] += 1
-        log("ok   a failing fp8tron-preprocess leaves no output: " + p.stderr.strip().splitlines()[-1][:160])
-    p = subprocess.run([PREPROCESS, "--input", corpus, "--output-prefix", os.path.join(d, "corpus"),
-                        "--tokenizer-type", "NullTokenizer", "--vocab-size", "128", "--append-eod"],
+    preprocess = [PREPROCESS, "--tokenizer-type", "NullTokenizer", "--vocab-size", "128", "--append-eod"]
+    if check_broken:
+        broken = os.path.join(d, "broken.jsonl")
+        open(broken, "w").write(open(corpus).read() + "{not json\n")
+        p = subprocess.run(preprocess + ["--input", broken, "--output-prefix", os.path.join(d, "broken")],
+                           capture_output=True, text=True, timeout=240)
+        counts["faults injected"] += 1
+        left = [n for n in os.listdir(d) if n.startswith("broken_")]
+        if p.returncode == 0 or left:
+            fail("failing preprocess", f"exit {p.returncode}, left behind: {left}")
+        else:
+            counts["clear errors checked"] += 1
+            log("ok   a failing fp8tron-preprocess leaves no output: " + p.stderr.strip().splitlines()[-1][:160])
+    p = subprocess.run(preprocess + ["--input", corpus, "--output-prefix", os.path.join(d, "corpus")],
                        capture_output=True, text=True, timeout=240)
     if p.returncode != 0:
-        return fail("bad token ids", "preprocess failed: " + p.stderr[-500:])
-    prefix = os.path.join(d, "corpus_text_document")
-    args = [a for a in MODEL if a != "--builtin-data"]
-    out = subprocess.run([FP8TRON] + args + ["--data-path", prefix, "--tokenizer-type", "NullTokenizer",
-                                             "--split", "100,0,0", "--data-cache-path", os.path.join(d, "cache")],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=240)
+        fail("bad token ids", "preprocess failed: " + p.stderr[-500:])
+        return None
+    return [a for a in MODEL if a != "--builtin-data"] + [
+        "--data-path", os.path.join(d, "corpus_text_document"), "--tokenizer-type", "NullTokenizer",
+        "--split", "100,0,0", "--data-cache-path", os.path.join(d, "cache")]
+
+
+def bad_token_ids():
+    args = bad_token_corpus(check_broken=True)
+    if args is None:
+        return
+    out = subprocess.run([FP8TRON] + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=240)
     counts["faults injected"] += 1
-    pattern = r"token id 700 in train sample \d+ \(position \d+; dataset .*corpus_text_document, document 17, token 9 of it\) is outside the vocabulary of 128 tokens"
-    if out.returncode == 0 or not re.search(pattern, out.stdout) or "Traceback" in out.stdout or "internal error" in out.stdout:
+    if out.returncode == 0 or not re.search(BAD_TOKEN, out.stdout) or "Traceback" in out.stdout or "internal error" in out.stdout:
         return fail("bad token ids", f"exit {out.returncode}:\n{out.stdout[-1500:]}")
     counts["clear errors checked"] += 1
     log("ok   token id outside the vocabulary: " + re.search(r"fp8tron: error: .*", out.stdout).group(0)[:200])
-    # Under mpirun only the rank that reads the sample fails: the job ends at once, not when the
-    # other rank's collective times out.
-    # The same with the combined 1F1B schedule, where the sample is read in the forward pass that
-    # runs beside another micro-batch's backward (one micro-batch each: sample 50 is rank 0's second
-    # of iteration 7): that backward must stop too, not issue its all-to-alls alone.
-    data = ["--data-path", prefix, "--tokenizer-type", "NullTokenizer", "--split", "100,0,0",
-            "--data-cache-path", os.path.join(d, "cache"), "--distributed-timeout-minutes", "2"]
+    bad_token_on_one_rank(args, MPIRUN + ["-np", "2"])
+
+
+def bad_token_on_one_rank(args, launcher):
+    """Only the rank that reads the sample fails: the job ends at once with its line, not when the
+    other rank's collective times out. The same with the combined 1F1B schedule, where the sample
+    is read in the forward pass that runs beside another micro-batch's backward (one micro-batch
+    each: sample 50 is rank 0's second of iteration 7): that backward must stop too, not issue its
+    all-to-alls alone."""
     combined = ["--micro-batch-size", "1", "--bf16", "--overlap-moe-expert-parallel-comm"] + MOE_EP2
     for scenario, extra in (("on one rank of two", DP2), ("inside a combined 1F1B pair (MoE, EP2)", combined)):
         started = time.time()
-        p = subprocess.run(MPIRUN + ["-np", "2", FP8TRON] + args + data + extra, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True, timeout=240, start_new_session=True)
+        p = subprocess.run(launcher + [FP8TRON] + args + ["--distributed-timeout-minutes", "2"] + extra,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=240,
+                           start_new_session=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
         rc, text, took = p.returncode, p.stdout, time.time() - started
         counts["faults injected"] += 1
-        if rc != 1 or not re.search(pattern, text) or took > 60:
+        if rc != 1 or not re.search(BAD_TOKEN, text) or took > 60:
             fail(f"bad token ids {scenario}", f"exit {rc} after {took:.0f} s:\n{text[-1500:]}")
             continue
         counts["clear errors checked"] += 1
@@ -809,6 +823,9 @@ def nccl_faults():
     kill_one_rank(NCCL_RANKS, victim=1)
     stopped_rank_is_reported(NCCL_RANKS, victim=1, report_after=20)
     stopped_host_rank_ends_the_job(NCCL_RANKS, report_after=20)
+    args = bad_token_corpus()
+    if args is not None:
+        bad_token_on_one_rank(args, [NCCL_LAUNCH, "mpirun", "2"])
 
 
 def report_and_exit(start_time):
