@@ -138,6 +138,9 @@ class Transport {
   // Where the job's ranks publish their progress for hang reports (progress_board.h); null for
   // one process, or when no side channel could be set up.
   virtual std::shared_ptr<ProgressBoard> progress_board() const { return nullptr; }
+  // Whether two host threads may call it in turn (the combined 1F1B schedule's two passes,
+  // all_to_all_turns.h): "" when they may, else why not.
+  virtual std::string two_threads_refusal() const { return ""; }
   // `groups` partitions the world; the caller's group is returned.
   virtual std::shared_ptr<Communicator> new_group(const std::string& name, const std::vector<std::vector<int>>& groups) = 0;
 };

@@ -338,6 +338,14 @@ class MpiCommunicator : public Communicator {
 
 class MpiTransport : public Transport {
  public:
+  std::string two_threads_refusal() const override {
+    int provided = MPI_THREAD_SINGLE;
+    MPI_Query_thread(&provided);
+    if (provided >= MPI_THREAD_SERIALIZED) return "";
+    return "this MPI library grants thread support level " + std::to_string(provided) +
+           ", below MPI_THREAD_SERIALIZED, which the combined 1F1B schedule's two passes need (they call MPI "
+           "from two threads in turn); use an MPI built with thread support";
+  }
   explicit MpiTransport(CommTimeouts timeouts) : timeouts_(timeouts) {
     ensure_mpi();
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);

@@ -335,6 +335,8 @@ void build_expert_comm_overlap(RunParts& r, Timers& timers) {
   if (r.parallel.sizes.ep <= 1) return;
   if (timers.enabled(1)) r.ep_comm_timer = std::make_shared<overlap::CommTimer>(r.device.is_cuda());
   if (r.config.model.moe.overlap_expert_parallel_comm) {
+    if (const std::string why = r.parallel.transport->two_threads_refusal(); !why.empty())
+      throw UserError("--overlap-moe-expert-parallel-comm: " + why);
     r.a2a_turns = std::make_shared<AllToAllTurns>();
     if (auto queue = r.main_grads->wgrad_queue()) {
       // Megatron's backward_dw: the GEMMs fill the time the backward pass's own all-to-all (the
