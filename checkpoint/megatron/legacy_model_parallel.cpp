@@ -45,9 +45,13 @@ std::vector<LegacyRankFile> legacy_rank_files(const std::string& dir, const Lega
     files.push_back(f);
   }
   if (files.empty()) throw UserError("checkpoint " + dir + " holds no mp_rank_* directory");
-  if (tp > 1 && ep > 1)
-    throw UserError("checkpoint " + dir + " was saved by tensor- and expert-parallel ranks together; fp8tron reads "
-                    "Megatron torch checkpoints of one or the other: save with --ckpt-format torch_dist");
+  const int64_t expert_tp = saved.expert_tensor_parallel > 0 ? saved.expert_tensor_parallel : tp;
+  if (tp > 1 && ep > 1 && expert_tp != tp)
+    throw UserError(strprintf("checkpoint %s was saved with --expert-tensor-parallel-size %lld and "
+                              "--tensor-model-parallel-size %d; fp8tron reads Megatron torch checkpoints of expert- and "
+                              "tensor-parallel ranks whose experts are split as the dense layers (the same sizes): "
+                              "save with --ckpt-format torch_dist",
+                              dir.c_str(), (long long)expert_tp, tp));
   for (int p = 0; p < pp; ++p)
     for (int t = 0; t < tp; ++t)
       for (int x = 0; x < ep; ++x)

@@ -9,7 +9,9 @@
 //   - the last stage's copy of tied word embeddings (output_layer.weight) is dropped.
 // With expert parallelism every expert-parallel rank of a stage has a file of its own,
 // mp_rank_<tp>[_<pp>]_<ep>, holding the dense weights (the same on every one) and its local
-// experts, numbered from 0: they become the global experts ep x (experts per rank) + local.
+// experts, numbered from 0: they become the global experts ep x (experts per rank) + local; with
+// tensor parallelism too, each tensor-parallel rank's experts are put together first, then split
+// parts joined as the dense MLP's.
 #pragma once
 #include <string>
 #include <vector>
@@ -26,6 +28,7 @@ struct LegacyRankFile {
 // The saving run's layout, from the arguments in its rank files (1 where they do not say).
 struct LegacyLayout {
   int64_t tensor_parallel = 1, pipeline_parallel = 1, expert_parallel = 1;
+  int64_t expert_tensor_parallel = 0;  // 0: as tensor_parallel (Megatron's default)
 };
 
 // The rank files of legacy checkpoint directory `dir` (an iter_NNNNNNN) that `saved` wrote, every

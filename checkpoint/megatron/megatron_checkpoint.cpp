@@ -330,6 +330,7 @@ LegacyLayout saved_legacy_layout(const std::string& path) {
   as_int(attribute(args, "tensor_model_parallel_size"), layout.tensor_parallel);
   as_int(attribute(args, "pipeline_model_parallel_size"), layout.pipeline_parallel);
   as_int(attribute(args, "expert_model_parallel_size"), layout.expert_parallel);
+  as_int(attribute(args, "expert_tensor_parallel_size"), layout.expert_tensor_parallel);
   return layout;
 }
 

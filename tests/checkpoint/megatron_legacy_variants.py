@@ -12,11 +12,12 @@ checkpointing.py, optimizer.py and the modules' state dicts, at the fixtures' co
       step in each (DistributedOptimizer.state_dict), and distrib_optim.pt the flat buffers that
       DistributedOptimizer.save_parameter_state gathers: {"buckets_coalesced": True, 0: {dtype:
       {"param", "exp_avg", "exp_avg_sq", "numel_unpadded"}}}, the buckets concatenated
-  megatron_legacy_variants.py moe OUT EP
+  megatron_legacy_variants.py moe OUT EP [TP]
       moe_ep2_torch_dist in the torch format, saved by EP expert-parallel ranks (mp_rank_00, or
-      mp_rank_00_<ep> each): the model's state dict under its modules' names (the sequential
-      experts as local_experts.<i>, numbered from 0 on each rank) and the state dict of a
-      ChainedOptimizer, the list of the dense and the expert parameters' torch.optim state dicts,
+      mp_rank_<tp>_<ep> each; with TP tensor-parallel ranks too, the experts split as the dense
+      MLP, --expert-tensor-parallel-size TP): the model's state dict under its modules' names (the
+      sequential experts as local_experts.<i>, numbered from 0 on each rank) and the state dict of
+      a ChainedOptimizer, the list of the dense and the expert parameters' torch.optim state dicts,
       each numbering its own parameters in module order, group by group
 
 OUT is written as a checkpoint directory (latest_checkpointed_iteration.txt, iter_0000010/). The
@@ -142,7 +143,24 @@ def moe_layer_names(layer, local_experts):
     return [(head + legacy, stacked + stored if stored else None, (layer,) + at) for legacy, stored, at in out]
 
 
-def moe(out, ranks):
+def tp_part(name, t, rank, tp, swiglu):
+    """Tensor-parallel rank `rank`'s part of `t` as Megatron splits it: column-parallel layers by
+    rows (a SwiGLU fc1 as its gate's part, then its up's), row-parallel ones by columns."""
+    if tp == 1 or t is None:
+        return t
+    if re.search(r"(word_embeddings|linear_qkv)\.weight$", name):
+        return t.chunk(tp, 0)[rank].clone()
+    if re.search(r"linear_fc1\.weight$", name):
+        if swiglu:
+            gate, up = t.chunk(2, 0)
+            return torch.cat([gate.chunk(tp, 0)[rank], up.chunk(tp, 0)[rank]]).clone()
+        return t.chunk(tp, 0)[rank].clone()
+    if re.search(r"(linear_proj|linear_fc2)\.weight$", name):
+        return t.chunk(tp, 1)[rank].clone()
+    return t
+
+
+def moe(out, ranks, tp=1):
     src = os.path.join(FIXTURES, "moe_ep2_torch_dist", "ckpt", "iter_0000010")
     tensors = dist.load_all(src, only_tensors=True)
     common = dist.common_state(src, fixture=True)
@@ -150,7 +168,7 @@ def moe(out, ranks):
     layers, experts = args.num_layers, args.num_experts
     local = experts // ranks
     step = common["optimizer"][0]["state"]["common_step"]
-    for rank in range(ranks):
+    for rank, t in ((r, t) for t in range(tp) for r in range(ranks)):
         names = [("embedding.word_embeddings.weight", "embedding.word_embeddings.weight", ()),
                  ("embedding.position_embeddings.weight", "embedding.position_embeddings.weight", ())]
         for layer in range(layers):
@@ -158,7 +176,8 @@ def moe(out, ranks):
         names += [("decoder.final_layernorm.weight", "decoder.final_layernorm.weight", ()),
                   ("decoder.final_layernorm.bias", "decoder.final_layernorm.bias", ()),
                   ("output_layer._extra_state", None, ())]
-        model = {legacy: (tensors[stored][at].clone() if stored else None) for legacy, stored, at in names}
+        model = {legacy: (tp_part(legacy, tensors[stored][at], t, tp, args.swiglu) if stored else None)
+                 for legacy, stored, at in names}
         source = {legacy: (stored, at) for legacy, stored, at in names if stored}
         params = [(n, t) for n, t in model.items() if t is not None]
         chain = []
@@ -172,24 +191,25 @@ def moe(out, ranks):
                 param_groups.append(dict(copy.deepcopy(saved_group), params=list(range(index, index + len(group)))))
                 for n in group:
                     stored, at = source[n]
-                    states[index] = {"step": step.clone(),
-                                     "exp_avg": tensors["optimizer.state.exp_avg." + stored][at].clone(),
-                                     "exp_avg_sq": tensors["optimizer.state.exp_avg_sq." + stored][at].clone()}
+                    moment = lambda key: tp_part(n, tensors[f"optimizer.state.{key}." + stored][at], t, tp, args.swiglu)
+                    states[index] = {"step": step.clone(), "exp_avg": moment("exp_avg").clone(),
+                                     "exp_avg_sq": moment("exp_avg_sq").clone()}
                     index += 1
             chain.append({"state": states, "param_groups": param_groups})
         saved_args = copy.copy(args)
         saved_args.ckpt_format = "torch"
         saved_args.expert_model_parallel_size = ranks
+        saved_args.tensor_model_parallel_size = saved_args.expert_tensor_parallel_size = tp
         state = {"args": saved_args, "checkpoint_version": 3.0, "iteration": ITERATION, "model": model,
                  "optimizer": chain, "opt_param_scheduler": common["opt_param_scheduler"],
                  "num_floating_point_operations_so_far": common["num_floating_point_operations_so_far"]}
-        save(out, state, "mp_rank_00" + (f"_{rank:03d}" if ranks > 1 else ""))
+        save(out, state, f"mp_rank_{t:02d}" + (f"_{rank:03d}" if ranks > 1 else ""))
 
 
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] in ("bf16", "distopt"):
         globals()[sys.argv[1]](sys.argv[2])
-    elif len(sys.argv) == 4 and sys.argv[1] == "moe":
-        moe(sys.argv[2], int(sys.argv[3]))
+    elif len(sys.argv) in (4, 5) and sys.argv[1] == "moe":
+        moe(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]) if len(sys.argv) == 5 else 1)
     else:
         sys.exit(__doc__)

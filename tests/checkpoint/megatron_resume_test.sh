@@ -124,13 +124,15 @@ fi
 # Legacy checkpoints that no fixture holds, made from the fixtures as Megatron's code lays them
 # out (megatron_legacy_variants.py, needs PYTHON with torch): a bf16 run's, whose mixed-precision
 # optimizer keeps the fp32 main weights beside the bf16 ones; MoE ones, whose optimizer is a chain
-# of the dense and the expert parameters' (saved by one rank, and by two expert-parallel ranks,
-# mp_rank_00_000 and mp_rank_00_001); the distributed optimizer's, its state in distrib_optim.pt.
+# of the dense and the expert parameters' (saved by one rank, by two expert-parallel ranks,
+# mp_rank_00_000 and mp_rank_00_001, and by TP2 x EP2); the distributed optimizer's, its state in
+# distrib_optim.pt.
 read -ra LEGACY < "$FIXTURES/gpt_torch_legacy/args.txt"
 if [ -n "$PYTHON" ]; then
   VARIANTS=$SOURCE/tests/checkpoint/megatron_legacy_variants.py
   "$PYTHON" "$VARIANTS" bf16 "$WORK/bf16_legacy" && "$PYTHON" "$VARIANTS" moe "$WORK/moe_legacy" 1 &&
-    "$PYTHON" "$VARIANTS" moe "$WORK/moe_ep2_legacy" 2 && "$PYTHON" "$VARIANTS" distopt "$WORK/distopt_legacy" ||
+    "$PYTHON" "$VARIANTS" moe "$WORK/moe_ep2_legacy" 2 && "$PYTHON" "$VARIANTS" moe "$WORK/moe_tp2_ep2_legacy" 2 2 &&
+    "$PYTHON" "$VARIANTS" distopt "$WORK/distopt_legacy" ||
     { echo "FAIL: megatron_legacy_variants.py"; fail=1; }
   # Resumed in fp32, the bf16 checkpoint's fp32 main weights give the very losses of the fp32 run
   # it was made from (its bf16 weights would not: 6.733323 instead of 6.733141 at iteration 11).
@@ -142,6 +144,7 @@ if [ -n "$PYTHON" ]; then
   fi
   resume_from moe_legacy "$WORK/moe_legacy" "$FIXTURES/moe_ep2_torch_dist"
   resume_from moe_ep2_legacy "$WORK/moe_ep2_legacy" "$FIXTURES/moe_ep2_torch_dist"
+  resume_from moe_tp2_ep2_legacy "$WORK/moe_tp2_ep2_legacy" "$FIXTURES/moe_ep2_torch_dist"  # four rank files
   [ -n "$MPIRUN" ] && resume_from moe_ep2_legacy "$WORK/moe_ep2_legacy" "$FIXTURES/moe_ep2_torch_dist" \
     --expert-model-parallel-size 2
   resume_from distopt_legacy "$WORK/distopt_legacy" "$FIXTURES/gpt_dp2_distopt_torch_dist"
