@@ -12,10 +12,11 @@ checkpointing.py, optimizer.py and the modules' state dicts, at the fixtures' co
       step in each (DistributedOptimizer.state_dict), and distrib_optim.pt the flat buffers that
       DistributedOptimizer.save_parameter_state gathers: {"buckets_coalesced": True, 0: {dtype:
       {"param", "exp_avg", "exp_avg_sq", "numel_unpadded"}}}, the buckets concatenated
-  megatron_legacy_variants.py moe OUT EP [TP]
+  megatron_legacy_variants.py moe OUT EP [TP [ETP]]
       moe_ep2_torch_dist in the torch format, saved by EP expert-parallel ranks (mp_rank_00, or
       mp_rank_<tp>_<ep> each; with TP tensor-parallel ranks too, the experts split as the dense
-      MLP, --expert-tensor-parallel-size TP): the model's state dict under its modules' names (the
+      MLP, --expert-tensor-parallel-size TP; ETP only changes what the saved arguments say, for a
+      checkpoint fp8tron must refuse): the model's state dict under its modules' names (the
       sequential experts as local_experts.<i>, numbered from 0 on each rank) and the state dict of
       a ChainedOptimizer, the list of the dense and the expert parameters' torch.optim state dicts,
       each numbering its own parameters in module order, group by group
@@ -160,7 +161,7 @@ def tp_part(name, t, rank, tp, swiglu):
     return t
 
 
-def moe(out, ranks, tp=1):
+def moe(out, ranks, tp=1, etp=None):
     src = os.path.join(FIXTURES, "moe_ep2_torch_dist", "ckpt", "iter_0000010")
     tensors = dist.load_all(src, only_tensors=True)
     common = dist.common_state(src, fixture=True)
@@ -200,6 +201,8 @@ def moe(out, ranks, tp=1):
         saved_args.ckpt_format = "torch"
         saved_args.expert_model_parallel_size = ranks
         saved_args.tensor_model_parallel_size = saved_args.expert_tensor_parallel_size = tp
+        if etp is not None:
+            saved_args.expert_tensor_parallel_size = etp
         state = {"args": saved_args, "checkpoint_version": 3.0, "iteration": ITERATION, "model": model,
                  "optimizer": chain, "opt_param_scheduler": common["opt_param_scheduler"],
                  "num_floating_point_operations_so_far": common["num_floating_point_operations_so_far"]}
@@ -209,7 +212,7 @@ def moe(out, ranks, tp=1):
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] in ("bf16", "distopt"):
         globals()[sys.argv[1]](sys.argv[2])
-    elif len(sys.argv) in (4, 5) and sys.argv[1] == "moe":
-        moe(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]) if len(sys.argv) == 5 else 1)
+    elif len(sys.argv) in (4, 5, 6) and sys.argv[1] == "moe":
+        moe(sys.argv[2], *map(int, sys.argv[3:]))
     else:
         sys.exit(__doc__)

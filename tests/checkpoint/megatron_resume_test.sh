@@ -128,6 +128,7 @@ fi
 # mp_rank_00_000 and mp_rank_00_001, and by TP2 x EP2); the distributed optimizer's, its state in
 # distrib_optim.pt.
 read -ra LEGACY < "$FIXTURES/gpt_torch_legacy/args.txt"
+read -ra MOE_LEGACY < "$FIXTURES/moe_ep2_torch_dist/args.txt"
 if [ -n "$PYTHON" ]; then
   VARIANTS=$SOURCE/tests/checkpoint/megatron_legacy_variants.py
   "$PYTHON" "$VARIANTS" bf16 "$WORK/bf16_legacy" && "$PYTHON" "$VARIANTS" moe "$WORK/moe_legacy" 1 &&
@@ -153,8 +154,11 @@ if [ -n "$PYTHON" ]; then
   rm "$WORK/distopt_legacy/iter_0000010/mp_rank_00/distrib_optim.pt"
   expect_error "distrib_optim.pt is missing: the distributed optimizer's state of its rank lies there" \
     "a legacy distributed optimizer's missing distrib_optim.pt" -- "${LEGACY[@]}" --load "$WORK/distopt_legacy"
+  "$PYTHON" "$VARIANTS" moe "$WORK/moe_etp1_legacy" 2 2 1 &&
+    expect_error "was saved with --expert-tensor-parallel-size 1 and --tensor-model-parallel-size 2" \
+      "legacy expert-parallel ranks whose experts are split otherwise than the dense layers" -- \
+      "${MOE_LEGACY[@]/torch_dist/torch}" --load "$WORK/moe_etp1_legacy"
   cp -r "$WORK/moe_ep2_legacy" "$WORK/lost_expert_rank" && rm -r "$WORK/lost_expert_rank/iter_0000010/mp_rank_00_001"
-  read -ra MOE_LEGACY < "$FIXTURES/moe_ep2_torch_dist/args.txt"
   expect_error "lacks the directory of tensor-parallel rank 0, pipeline stage 0, expert-parallel rank 1 (mp_rank_00_001)" \
     "a missing expert-parallel rank directory of a legacy checkpoint" -- "${MOE_LEGACY[@]/torch_dist/torch}" \
     --load "$WORK/lost_expert_rank"
