@@ -35,7 +35,8 @@ struct LegacyLayout {
 // (tp, pp, ep) triple present, ordered by pipeline stage, then tensor-parallel rank, then
 // expert-parallel rank. The layout tells Megatron's mp_rank_TT_EEE (expert parallelism without a
 // pipeline) from mp_rank_TT_PPP, and which files are missing. UserError naming what is missing, or
-// expert-parallel ranks together with tensor-parallel ones (not read).
+// expert- and tensor-parallel ranks whose experts are split otherwise than the dense layers
+// (--expert-tensor-parallel-size other than --tensor-model-parallel-size: not read).
 std::vector<LegacyRankFile> legacy_rank_files(const std::string& dir, const LegacyLayout& saved);
 
 // The first rank file of `dir` (mp_rank_00, or mp_rank_00_000...), whose arguments tell the

@@ -106,6 +106,21 @@ void read_grad_scaler(const PyRef& scaler, const TorchArchive& archive, Megatron
                                        growth, hysteresis};
 }
 
+// Adam's step as the parameter groups of Megatron's distributed optimizer hold it (each group's
+// "step", all alike), if they do.
+void read_group_steps(const PyRef& optimizer, const std::string& where, MegatronCheckpoint& out) {
+  const PyRef groups = attribute(optimizer, "param_groups");
+  if (!groups || groups->kind != PyValue::Kind::List) return;
+  for (const PyRef& g : groups->items) {
+    double step = 0;
+    if (!as_double(attribute(g, "step"), step)) continue;
+    if (out.step && *out.step != step)
+      throw UserError(where + ": parameter groups stepped " + std::to_string(int64_t(*out.step)) + " and " +
+                      std::to_string(int64_t(step)) + " times");
+    out.step = step;
+  }
+}
+
 // ---- torch (legacy) --------------------------------------------------------------------------
 
 // Megatron's default parameter groups: weight decay for all but biases and 1-D weights.
@@ -236,9 +251,9 @@ void read_legacy_optimizer(const TorchArchive& a, PyRef optimizer, const NamedTe
       out.tensors[prefix + name] = t;
     }
     const PyRef step = attribute(entry, "step");
-    double value = 0;
-    if (!as_double(step, value) && step) value = a.tensor(step, "step of " + name).item<double>();
     if (!step) continue;
+    double value = 0;
+    if (!as_double(step, value)) value = a.tensor(step, "step of " + name).item<double>();
     if (out.step && *out.step != value)
       throw UserError(where + ": the optimizer stepped " + std::to_string(int64_t(*out.step)) + " times for one "
                               "parameter and " + std::to_string(int64_t(value)) + " for " + name);
@@ -261,8 +276,6 @@ void read_legacy_optimizers(const TorchArchive& a, const PyRef& optimizer, const
   read_legacy_optimizer(a, optimizer->items[0], dense, out);
   read_legacy_optimizer(a, optimizer->items[1], experts, out);
 }
-
-void read_group_steps(const PyRef& optimizer, const std::string& where, MegatronCheckpoint& out);
 
 // Megatron's distributed optimizer in the torch format: model_optim_rng.pt keeps only its
 // parameter groups ({"optimizer": {"param_groups": [...]}, "grad_scaler": ...}, Adam's step in each
@@ -432,21 +445,6 @@ void add_layer_tensors(const std::shared_ptr<const DcpCheckpoint>& dcp, const st
   field = fp8tron_name(field);
   for (const auto& [layer, index] : layers)
     add_layer_field(dcp, stored, index, prefix + kLayers + std::to_string(layer) + ".", field, out);
-}
-
-// Adam's step as the parameter groups of Megatron's distributed optimizer hold it (each group's
-// "step", all alike), if they do.
-void read_group_steps(const PyRef& optimizer, const std::string& where, MegatronCheckpoint& out) {
-  const PyRef groups = attribute(optimizer, "param_groups");
-  if (!groups || groups->kind != PyValue::Kind::List) return;
-  for (const PyRef& g : groups->items) {
-    double step = 0;
-    if (!as_double(attribute(g, "step"), step)) continue;
-    if (out.step && *out.step != step)
-      throw UserError(where + ": parameter groups stepped " + std::to_string(int64_t(*out.step)) + " and " +
-                      std::to_string(int64_t(step)) + " times");
-    out.step = step;
-  }
 }
 
 // One optimizer's common state: Megatron's fp32 optimizer stores {state, param_groups}; its
