@@ -11,6 +11,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <system_error>
 #include <ostream>
 #include <thread>
 
@@ -276,9 +277,20 @@ PreprocessStats preprocess(const PreprocessOptions& o, std::ostream& log) {
   stats.tokens.assign(o.json_keys.size(), 0);
   const auto start = Clock::now();
   Pipeline pipeline(size_t(4 * o.workers + 4));
-  std::vector<std::thread> workers;
+  std::vector<std::thread> threads;
+  // A thread the system cannot start fails the pipeline, so the ones already running end and are
+  // joined before the error is reported (a joinable thread destroyed would abort the process).
+  auto start_thread = [&](auto body) {
+    try {
+      threads.emplace_back(body);
+    } catch (const std::system_error& e) {
+      pipeline.fail(std::make_exception_ptr(UserError(strprintf(
+          "could not start the %d tokenizer threads of --workers %d (%s): pass fewer --workers", o.workers + 1,
+          o.workers, e.what()))));
+    }
+  };
   for (int w = 0; w < o.workers; ++w) {
-    workers.emplace_back([&] {
+    start_thread([&] {
       try {
         while (auto item = pipeline.take()) {
           encode_batch(item->second, o, *tokenizer);
@@ -289,7 +301,7 @@ PreprocessStats preprocess(const PreprocessOptions& o, std::ostream& log) {
       }
     });
   }
-  std::thread reader([&] {
+  start_thread([&] {
     int64_t batches = 0;
     try {
       batches = read_input(in, pipeline);
@@ -304,8 +316,7 @@ PreprocessStats preprocess(const PreprocessOptions& o, std::ostream& log) {
   } catch (...) {
     pipeline.fail(std::current_exception());
   }
-  reader.join();
-  for (auto& t : workers) t.join();
+  for (auto& t : threads) t.join();
   if (auto error = pipeline.error()) std::rethrow_exception(error);
   // An empty dataset would only fail later, inside training, far from its cause.
   if (stats.documents == 0)

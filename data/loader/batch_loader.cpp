@@ -90,12 +90,12 @@ void BatchLoader::run() {
     }
     lock.lock();
     if (generation != generation_) continue;  // the trainer moved elsewhere meanwhile
-    if (ok) {
-      ready_.push_back({start, std::move(batch)});
-      next_start_ = start + options_.stride;
-    } else {
-      next_start_ = -1;
+    try {
+      if (ok) ready_.push_back({start, std::move(batch)});
+    } catch (...) {
+      ok = false;  // out of host memory: the trainer's direct load goes on without this batch
     }
+    next_start_ = ok ? start + options_.stride : -1;
     // Also on failure: load() may be waiting for exactly this batch, and then prepares it itself
     // to report the error.
     changed_.notify_all();

@@ -36,4 +36,13 @@ for input in "$dir" "$dir/empty.jsonl"; do
   grep -Eq "error: --input .* (is a directory|holds no documents)" "$dir/err"
   if ls "$dir"/e_* > /dev/null 2>&1; then echo "a refused input left files behind"; exit 1; fi
 done
+# More --workers than the system can start threads for (the address space capped so that their
+# stacks do not fit): one line, the threads already started joined, nothing written.
+status=0
+(ulimit -s 8192 && ulimit -v 6000000 && exec "$bin" --input "$dir/in.jsonl" --output-prefix "$dir/t" --tokenizer-type NullTokenizer \
+  --vocab-size 100 --workers 2000) > /dev/null 2> "$dir/err" || status=$?
+test "$status" -eq 1
+grep -q "error: could not start the 2001 tokenizer threads of --workers 2000 (.*): pass fewer --workers" "$dir/err"
+test "$(grep -c error "$dir/err")" -eq 1
+if ls "$dir"/t_* > /dev/null 2>&1; then echo "a refused run left files behind"; exit 1; fi
 echo "preprocess CLI: ok"
