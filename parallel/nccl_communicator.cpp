@@ -59,7 +59,10 @@ class Watchdog {
     stop_ = true;
     thread_.join();
   }
-  void set_board(std::shared_ptr<ProgressBoard> board) { board_ = std::move(board); }
+  void set_board(std::shared_ptr<ProgressBoard> board) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    board_ = std::move(board);
+  }
   struct Op {
     std::string op, group;
     std::vector<int> members;
@@ -70,6 +73,12 @@ class Watchdog {
     std::lock_guard<std::mutex> lock(mutex_);
     const auto now = std::chrono::steady_clock::now();
     pending_.push_back({std::move(done), now, now + timeouts_.timeout, std::move(op), comm, false});
+  }
+  // Drops the operations of a communicator about to be destroyed: the loop asks NCCL about an
+  // operation's communicator (under the lock), which must not happen once it is freed.
+  void forget(ncclComm_t comm) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::erase_if(pending_, [comm](const Entry& e) { return e.comm == comm; });
   }
 
  private:
@@ -163,18 +172,21 @@ class NcclWork : public CommWork {
 class NcclCommunicator : public Communicator {
  public:
   NcclCommunicator(std::string name, ncclComm_t comm, std::vector<int> global_ranks, int world_rank, int device,
-                   Watchdog& watchdog, std::shared_ptr<ProgressBoard> board)
+                   std::shared_ptr<Watchdog> watchdog, std::shared_ptr<ProgressBoard> board)
       : Communicator(std::move(name), 0, 1, std::move(global_ranks)),
         comm_(comm),
         world_rank_(world_rank),
         stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device)),
-        watchdog_(watchdog),
+        watchdog_(std::move(watchdog)),
         board_(std::move(board)),
         key_(ProgressBoard::group_key(name_, global_ranks_)) {
     check_nccl(ncclCommUserRank(comm_, &rank_), "ncclCommUserRank");
     check_nccl(ncclCommCount(comm_, &size_), "ncclCommCount");
   }
-  ~NcclCommunicator() override { ncclCommDestroy(comm_); }
+  ~NcclCommunicator() override {
+    watchdog_->forget(comm_);
+    ncclCommDestroy(comm_);
+  }
 
   std::unique_ptr<CommWork> all_reduce_async(torch::Tensor& t, ReduceOp op) override {
     FP8TRON_CHECK(t.is_contiguous(), "all_reduce needs a contiguous tensor");
@@ -300,7 +312,7 @@ class NcclCommunicator : public Communicator {
     auto done = std::make_shared<at::cuda::CUDAEvent>();
     done->record(stream_);
     const uint64_t seq = board_ && size_ > 1 ? board_->entered(key_) : 0;
-    watchdog_.watch(done, Watchdog::Op{op, name_, global_ranks_, seq, world_rank_}, comm_);
+    watchdog_->watch(done, Watchdog::Op{op, name_, global_ranks_, seq, world_rank_}, comm_);
     auto work = std::make_unique<NcclWork>(done);
     return work;
   }
@@ -308,7 +320,7 @@ class NcclCommunicator : public Communicator {
   ncclComm_t comm_;
   int world_rank_;
   c10::cuda::CUDAStream stream_;
-  Watchdog& watchdog_;
+  std::shared_ptr<Watchdog> watchdog_;  // shared: a group may outlive the transport that made it
   std::shared_ptr<ProgressBoard> board_;
   std::string key_;
 
@@ -363,10 +375,42 @@ ncclUniqueId exchange_unique_id(const LaunchEnv& env, c10d::Store* store) {
   return id;
 }
 
+// ncclCommInitRank waits for every rank of the world without a time limit: a rank that never
+// arrives (it failed before, or cannot reach the others) would hold the rest forever. The call
+// runs on a helper thread, and the rank gives up after --distributed-timeout-minutes with one line;
+// the helper, stuck in NCCL, ends with the process.
+ncclComm_t init_world(ncclUniqueId id, int size, int rank, int device, std::chrono::milliseconds timeout) {
+  struct Call {
+    std::mutex mutex;
+    std::condition_variable finished;
+    bool done = false;
+    ncclComm_t comm{};
+    ncclResult_t result = ncclSuccess;
+  };
+  auto call = std::make_shared<Call>();
+  std::thread([call, id, size, rank, device] {
+    c10::cuda::set_device(device);
+    ncclComm_t comm{};
+    const ncclResult_t result = ncclCommInitRank(&comm, size, id, rank);
+    std::lock_guard<std::mutex> lock(call->mutex);
+    call->comm = comm;
+    call->result = result;
+    call->done = true;
+    call->finished.notify_all();
+  }).detach();
+  std::unique_lock<std::mutex> lock(call->mutex);
+  if (!call->finished.wait_for(lock, timeout, [&] { return call->done; }))
+    throw UserError(strprintf("NCCL could not connect the %d ranks within %lld min (--distributed-timeout-minutes): a rank "
+                              "did not start or cannot reach the others; NCCL_DEBUG=INFO shows how far each got",
+                              size, static_cast<long long>(timeout.count() / 60000)));
+  check_nccl(call->result, "ncclCommInitRank");
+  return call->comm;
+}
+
 class NcclTransport : public Transport {
  public:
   NcclTransport(const LaunchEnv& env, int device, CommTimeouts timeouts)
-      : rank_(env.rank), size_(env.world_size), device_(device), watchdog_(timeouts) {
+      : rank_(env.rank), size_(env.world_size), device_(device), watchdog_(std::make_shared<Watchdog>(timeouts)) {
     c10::cuda::set_device(device);
     std::shared_ptr<c10d::Store> store;
     if (env.launcher == "mpirun") {
@@ -375,11 +419,11 @@ class NcclTransport : public Transport {
       store = make_launcher_store(env, timeouts.timeout);
     }
     ncclUniqueId id = exchange_unique_id(env, store.get());
-    check_nccl(ncclCommInitRank(&world_, size_, id, rank_), "ncclCommInitRank");
+    world_ = init_world(id, size_, rank_, device, timeouts.timeout);
     if (size_ > 1) {
       if (!store) store = make_mpi_side_channel(rank_, size_, timeouts.timeout);
       if (store) board_ = std::make_shared<ProgressBoard>(store, rank_, size_, ProgressBoard::Options{timeouts.report_after, timeouts.timeout});
-      watchdog_.set_board(board_);
+      watchdog_->set_board(board_);
     }
   }
   ~NcclTransport() override { ncclCommDestroy(world_); }
@@ -398,7 +442,7 @@ class NcclTransport : public Transport {
   int rank_, size_, device_;
   ncclComm_t world_{};
   std::shared_ptr<ProgressBoard> board_;
-  Watchdog watchdog_;
+  std::shared_ptr<Watchdog> watchdog_;
 };
 
 }  // namespace
