@@ -50,6 +50,18 @@ void check_model_args(const mg::MegatronCheckpoint& c, const ModelConfig& m) {
                     "; run with the flags it was saved with");
 }
 
+// The checkpoint's optimizer state is this run's optimizer's, whole.
+void check_optimizer_state(const mg::MegatronCheckpoint& c, const std::string& optimizer) {
+  if (!c.optimizer_refusal.empty()) throw UserError(c.optimizer_refusal);
+  if (c.optimizer.empty() || (c.optimizer == "adam" && !c.step))
+    throw UserError("checkpoint " + c.path + " holds no optimizer state (saved with --no-save-optim); pass "
+                    "--no-load-optim or --finetune to load only the weights");
+  if (c.optimizer != optimizer)
+    throw UserError("checkpoint " + c.path + " holds " + (c.optimizer == "sgd" ? "SGD's momentum" : "Adam's moments") +
+                    ", this run uses --optimizer " + optimizer + ": run with --optimizer " + c.optimizer +
+                    ", or pass --no-load-optim or --finetune to load only the weights");
+}
+
 // Every tensor this rank needs, present with its parameter's global shape, before anything is
 // written; and nothing in the checkpoint that the model lacks.
 void check_tensors(const mg::MegatronCheckpoint& c, const TrainingState& s, bool load_optim) {
@@ -57,9 +69,10 @@ void check_tensors(const mg::MegatronCheckpoint& c, const TrainingState& s, bool
   for (const auto& domain : s.optimizer.domains())
     for (const Slot& slot : domain->param_slots()) {
       const std::string name = checkpoint_name(slot);
-      for (const std::string prefix : {std::string(), std::string("optimizer.state.exp_avg."),
-                                       std::string("optimizer.state.exp_avg_sq.")}) {
-        if (!prefix.empty() && !load_optim) continue;
+      std::vector<std::string> prefixes = {""};
+      if (load_optim)
+        for (const auto& state : optimizer_states(*domain, s.config.optimizer)) prefixes.push_back(state.first);
+      for (const std::string& prefix : prefixes) {
         wanted.insert(prefix + name);
         auto it = c.tensors.find(prefix + name);
         if (it == c.tensors.end())
@@ -177,7 +190,7 @@ void copy_parameters(const mg::MegatronCheckpoint& c, const TrainingState& s, bo
   }
   for (RangeRead& r : reads) r.destination.copy_(r.values);
   for (auto& [buffer, values] : buffers) buffer.copy_(values);
-  if (load_optim) s.optimizer.set_step_count(*c.step);
+  if (load_optim && c.step) s.optimizer.set_step_count(*c.step);  // SGD counts no steps
   s.optimizer.publish_model_params();
   restore_fp8_recipe_state(s, fp8_states);
 }
@@ -246,16 +259,14 @@ int64_t load_megatron_checkpoint(const TrainingState& s, const ck::CheckpointLoc
   std::optional<mg::MegatronCheckpoint> read;
   LrScheduleConfig schedule = s.schedule.config();
   agree_before_loading(s, location.path, [&] {
-    if (load_optim && s.config.optimizer.optimizer != "adam")
-      throw UserError("checkpoint " + location.path + " is Megatron's; fp8tron reads its Adam state only, this run "
-                      "uses --optimizer " + s.config.optimizer.optimizer + ": pass --no-load-optim or --finetune");
+    const std::string& optimizer = s.config.optimizer.optimizer;
+    if (load_optim && optimizer != "adam" && optimizer != "sgd")
+      throw UserError("checkpoint " + location.path + " is Megatron's; fp8tron reads its Adam and SGD state only, this "
+                      "run uses --optimizer " + optimizer + ": pass --no-load-optim or --finetune");
     read = mg::read_checkpoint(location.path, format);
     const mg::MegatronCheckpoint& c = *read;
     check_model_args(c, s.config.model);
-    if (load_optim && !c.optimizer_refusal.empty()) throw UserError(c.optimizer_refusal);
-    if (load_optim && !c.step)
-      throw UserError("checkpoint " + c.path + " holds no optimizer state (saved with --no-save-optim); pass "
-                      "--no-load-optim or --finetune to load only the weights");
+    if (load_optim) check_optimizer_state(c, optimizer);
     check_tensors(c, s, load_optim);
     if (load_optim) schedule = resolved_schedule(c, s);
   });

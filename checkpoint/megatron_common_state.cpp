@@ -85,8 +85,8 @@ mg::PyRef args_namespace(const TrainingState& s) {
 }
 
 // The parameter groups of the dense or the expert parameters' optimizer (megatron_param_groups.h),
-// with torch.optim.AdamW's fields: each group's defaults, then its overrides, its learning rate at
-// this step and its weight decay.
+// with torch.optim.AdamW's fields (torch.optim.SGD's with --optimizer sgd): each group's defaults,
+// then its overrides, its learning rate at this step and its weight decay.
 mg::PyRef param_groups(const TrainingState& s, const std::vector<MegatronParamGroup>& groups, bool experts,
                        std::optional<int64_t> step = std::nullopt) {
   const OptimizerConfig& o = s.config.optimizer;
@@ -105,11 +105,19 @@ mg::PyRef param_groups(const TrainingState& s, const std::vector<MegatronParamGr
         {"is_expert_parallel", mg::py_bool(experts)}, {"default_config", mg::py_bool(!lr_overridden)},
         {"wd_mult", mg::py_float(wd_mult)}, {"lr_mult", mg::py_float(1.0)}, {"is_decoupled_lr", mg::py_bool(false)},
         {"max_lr", mg::py_float(max_lr)}, {"min_lr", mg::py_float(min_lr)}, {"lr", mg::py_float(s.schedule.lr(max_lr, min_lr))},
-        {"betas", mg::py_tuple({mg::py_float(o.adam_beta1), mg::py_float(o.adam_beta2)})},
-        {"eps", mg::py_float(eps)}, {"weight_decay", mg::py_float(s.schedule.weight_decay() * wd_mult)},
-        {"amsgrad", mg::py_bool(false)}, {"maximize", mg::py_bool(false)}, {"foreach", mg::py_none()},
-        {"capturable", mg::py_bool(false)}, {"differentiable", mg::py_bool(false)}, {"fused", mg::py_none()},
-        {"decoupled_weight_decay", mg::py_bool(true)}}));
+        {"weight_decay", mg::py_float(s.schedule.weight_decay() * wd_mult)}, {"maximize", mg::py_bool(false)},
+        {"foreach", mg::py_none()}, {"differentiable", mg::py_bool(false)}, {"fused", mg::py_none()}}));
+    auto& fields = out.back()->entries;
+    if (o.optimizer == "sgd") {  // torch.optim.SGD's own fields
+      for (auto& [key, value] : std::vector<std::pair<std::string, mg::PyRef>>{
+               {"momentum", mg::py_float(o.sgd_momentum)}, {"dampening", mg::py_float(0.0)}, {"nesterov", mg::py_bool(false)}})
+        fields.emplace_back(mg::py_str(key), value);
+      continue;
+    }
+    for (auto& [key, value] : std::vector<std::pair<std::string, mg::PyRef>>{
+             {"betas", mg::py_tuple({mg::py_float(o.adam_beta1), mg::py_float(o.adam_beta2)})}, {"eps", mg::py_float(eps)},
+             {"amsgrad", mg::py_bool(false)}, {"capturable", mg::py_bool(false)}, {"decoupled_weight_decay", mg::py_bool(true)}})
+      fields.emplace_back(mg::py_str(key), value);
     if (step) out.back()->entries.emplace_back(mg::py_str("step"), mg::py_int(*step));
   }
   return mg::py_list(std::move(out));
@@ -155,9 +163,11 @@ mg::PyRef distributed_optimizer_common_state(const TrainingState& s, const std::
 mg::PyRef optimizer_common_state(const TrainingState& s, const std::vector<MegatronParamGroup>& groups,
                                  mg::TorchSaveWriter& w, bool experts) {
   if (s.config.distributed.distributed_optimizer) return distributed_optimizer_common_state(s, groups, w, experts);
-  const mg::PyRef step = w.tensor(torch::tensor(float(s.optimizer.step_count())).reshape({}));
-  mg::PyRef optimizer =
-      mg::py_dict({{"state", mg::py_dict({{"common_step", step}})}, {"param_groups", param_groups(s, groups, experts)}});
+  // torch.optim.SGD counts no steps: Megatron then writes no common step.
+  mg::PyRef state = mg::py_dict({});
+  if (s.config.optimizer.optimizer != "sgd")
+    state = mg::py_dict({{"common_step", w.tensor(torch::tensor(float(s.optimizer.step_count())).reshape({}))}});
+  mg::PyRef optimizer = mg::py_dict({{"state", state}, {"param_groups", param_groups(s, groups, experts)}});
   if (s.config.precision.params_dtype == ParamDtype::Fp32) return optimizer;
   std::vector<std::pair<std::string, mg::PyRef>> mixed = {{"optimizer", optimizer}};
   if (s.config.precision.params_dtype == ParamDtype::Fp16) mixed.emplace_back("grad_scaler", grad_scaler(s, w));

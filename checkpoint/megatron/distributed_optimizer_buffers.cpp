@@ -267,6 +267,7 @@ void read_distributed_optimizer_buffers(const DcpCheckpoint& dcp, MegatronCheckp
   dcp.forget_chunks();
   if (weights.empty()) return;
   place_state(groups, weights, dcp.source(), out);
+  out.optimizer = "adam";
   read_step(dcp, out);
 }
 
@@ -276,6 +277,7 @@ void read_legacy_distributed_optimizer(const std::vector<std::string>& files, Me
   const std::map<std::string, torch::Tensor> weights = weights_of(out);
   if (groups.empty() || weights.empty()) return;
   place_state(groups, weights, files.front(), out);
+  out.optimizer = "adam";
 }
 
 }  // namespace fp8tron::checkpoint::megatron

@@ -22,6 +22,7 @@ namespace {
 
 constexpr const char* kExpAvg = "optimizer.state.exp_avg.";
 constexpr const char* kExpAvgSq = "optimizer.state.exp_avg_sq.";
+constexpr const char* kMomentum = "optimizer.state.momentum_buffer.";  // torch.optim.SGD's
 constexpr const char* kFp32Param = "optimizer.state.fp32_param.";
 // The distributed optimizer's fp32 main weights in its fully_reshardable layout.
 constexpr const char* kDistributedParam = "optimizer.state.param.";
@@ -94,6 +95,14 @@ void refuse_optimizer(const std::string& why, MegatronCheckpoint& out) {
   std::erase_if(out.tensors, [](const auto& entry) { return entry.first.starts_with("optimizer."); });
   out.step.reset();
   out.loss_scaler.reset();
+  out.optimizer.clear();
+}
+
+// Records whose state a checkpoint's optimizer tensors are; both optimizers in one is refused.
+void note_optimizer(const std::string& kind, const std::string& where, MegatronCheckpoint& out) {
+  if (!out.optimizer.empty() && out.optimizer != kind)
+    throw UserError(where + ": the optimizer state mixes Adam's moments and SGD's momentum; pass --no-load-optim");
+  out.optimizer = kind;
 }
 
 // The fp16 loss scaler of Megatron's mixed-precision optimizers ({"scale": tensor,
@@ -244,7 +253,12 @@ void read_legacy_optimizer(const TorchArchive& a, PyRef optimizer, const NamedTe
       throw UserError(where + ": optimizer state for unknown parameter " + describe(index_value));
     const std::string& name = by_index[index];
     const std::vector<int64_t>& shape = out.tensors.at(name).shape();
-    for (const auto& [key, prefix] : {std::pair{"exp_avg", kExpAvg}, std::pair{"exp_avg_sq", kExpAvgSq}}) {
+    // torch.optim.SGD keeps a momentum buffer per parameter (with a non-zero momentum), Adam both moments.
+    const bool sgd = attribute(entry, "momentum_buffer") && !attribute(entry, "exp_avg");
+    note_optimizer(sgd ? "sgd" : "adam", where, out);
+    using Keys = std::vector<std::pair<const char*, const char*>>;
+    for (const auto& [key, prefix] : sgd ? Keys{{"momentum_buffer", kMomentum}}
+                                         : Keys{{"exp_avg", kExpAvg}, {"exp_avg_sq", kExpAvgSq}}) {
       torch::Tensor t = a.tensor(attribute(entry, key), std::string(key) + " of " + name);
       if (t.sizes().vec() != shape)
         throw UserError(where + ": " + key + " of " + name + " has another shape than the parameter");
@@ -528,8 +542,15 @@ MegatronCheckpoint read_dist(const std::string& dir) {
   for (const auto& [name, entry] : dcp.tensors()) {
     if (is_distributed_optimizer_entry(name)) continue;  // read below, once the weights are
     std::string prefix, param = name;
-    for (const char* p : {kExpAvg, kExpAvgSq, kFp32Param, kDistributedParam})
+    for (const char* p : {kExpAvg, kExpAvgSq, kMomentum, kFp32Param, kDistributedParam})
       if (name.starts_with(p)) prefix = p == kDistributedParam ? kFp32Param : p, param = name.substr(std::strlen(p));
+    if ((prefix == kExpAvg || prefix == kMomentum) && refusal.empty()) {
+      try {
+        note_optimizer(prefix == kMomentum ? "sgd" : "adam", dir + "/.metadata", out);
+      } catch (const UserError& e) {
+        refusal = e.what();
+      }
+    }
     if (!prefix.empty() || !name.starts_with("optimizer.")) {
       std::string head, rest;
       if (param.starts_with(kLayers)) add_layer_tensors(stored, name, prefix, param.substr(std::strlen(kLayers)), out);
@@ -538,7 +559,9 @@ MegatronCheckpoint read_dist(const std::string& dir) {
       else out.tensors[prefix + fp8tron_name(param)] = StoredTensor(stored, name, {});
       continue;
     }
-    if (refusal.empty()) refusal = dir + "/.metadata: optimizer tensor " + name + " is not Adam's moments; pass --no-load-optim";
+    if (refusal.empty())
+      refusal = dir + "/.metadata: optimizer tensor " + name + " is neither Adam's moments nor SGD's momentum; pass "
+                "--no-load-optim";
   }
   if (refusal.empty()) {
     try {

@@ -73,12 +73,16 @@ struct MegatronCheckpoint {
   std::string format, path;  // path: the file or directory read, for messages
   int64_t iteration = 0;
   int64_t consumed_train_samples = 0, consumed_valid_samples = 0;
-  // Global tensors by fp8tron's checkpoint names: <param>, optimizer.state.exp_avg.<param>,
-  // optimizer.state.exp_avg_sq.<param> (the latter only when the checkpoint holds optimizer state),
+  // Global tensors by fp8tron's checkpoint names: <param>, optimizer.state.exp_avg.<param> and
+  // optimizer.state.exp_avg_sq.<param> (Adam's) or optimizer.state.momentum_buffer.<param> (SGD's)
+  // when the checkpoint holds optimizer state,
   // and optimizer.state.fp32_param.<param> (the fp32 main weights of a bf16/fp16 run).
   std::map<std::string, StoredTensor> tensors;
   std::optional<LossScalerValues> loss_scaler;
   std::optional<double> step;  // Adam's step count
+  // Whose state the optimizer.state.* tensors are: "adam" (exp_avg, exp_avg_sq), "sgd"
+  // (momentum_buffer: torch.optim.SGD's momentum), or "" when the checkpoint holds none.
+  std::string optimizer;
   std::optional<SchedulerValues> scheduler;
   // The saved run's arguments that fp8tron compares with its own (num_layers, hidden_size, ...).
   std::map<std::string, int64_t> model_args;

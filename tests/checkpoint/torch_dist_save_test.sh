@@ -26,7 +26,8 @@
 #   - FP8 (delayed scaling) resumes exactly, its recipe state under fp8tron's own names, in one
 #     process and, with MPIRUN, over TP2 and EP2, and resumes in bf16 with the FP8 flags dropped;
 #   - --decoupled-lr and MuP (with MoE) resume exactly and write Megatron's parameter groups in
-#     its order;
+#     its order; SGD with momentum resumes exactly from torch.optim.SGD's momentum buffers and
+#     parameter groups, and its checkpoint is refused by name in an Adam run;
 #   - a save killed before its commit leaves no checkpoint; what cannot be written in torch_dist
 #     yet saves fp8tron's format with a notice, or is refused in a conversion.
 # Without MPIRUN the one-process cases run, with it only the multi-process ones (two tests, so the
@@ -177,6 +178,24 @@ resume_test mup 1 "${MUP[@]}"
 check "mup: Megatron's parameter groups" groups "$WORK/mup-td/iter_0000010" \
   "[[$(group 1 1e-3 1e-4 1e-8 true), $(group 1 5e-4 5e-5 5e-9 false), $(group 0 1e-3 1e-4 1e-8 true)],
     [$(group 1 5e-4 5e-5 5e-9 false)]]"
+# SGD with momentum: torch.optim.SGD's momentum buffers (optimizer.state.momentum_buffer.*) and
+# parameter groups, no step; resumed with its momentum, the losses of the uninterrupted run.
+resume_test sgd 1 --optimizer sgd --sgd-momentum 0.9
+sgd_group='{"momentum": 0.9, "dampening": 0.0, "nesterov": false, "wd_mult": 1}'
+check "sgd: torch.optim.SGD's parameter groups" groups "$WORK/sgd-td/iter_0000010" \
+  "[[$sgd_group, ${sgd_group/\"wd_mult\": 1/\"wd_mult\": 0}]]"
+if "$PY" - "$WORK/sgd-td/iter_0000010" <<'PY'
+import sys
+import torch.distributed.checkpoint as dcp
+names = dcp.FileSystemReader(sys.argv[1]).read_metadata().state_dict_metadata
+weights = [n for n in names if not n.startswith("optimizer.") and n.endswith(("weight", "bias"))]
+missing = [w for w in weights if "optimizer.state.momentum_buffer." + w not in names]
+adam = [n for n in names if "exp_avg" in n]
+print("weights without momentum:", missing, "Adam's tensors:", adam[:3])
+sys.exit(1 if missing or adam or not weights else 0)
+PY
+then echo "ok: sgd: a momentum buffer per weight, no Adam state"
+else echo "FAIL: sgd: momentum buffers"; fail=1; fi
 fi
 if [ -n "$MPIRUN" ]; then
   # The FP8 state written by the first rank of each amax group: tensor-parallel rank 0, and each
@@ -347,6 +366,8 @@ run fp8-partial-save 1 "${FLAGS[@]}" "${FP8[@]}" --num-layers 4 --first-last-lay
     --save "$WORK/fp8-partial" &&
   expect_error "holds the FP8 recipe state of 8 linear layers but not of 8 others" "partial FP8 state refused" \
     "${FP8[@]}" --num-layers 4 --load "$WORK/fp8-partial"
+[ -d "$WORK/sgd-td" ] && expect_error "holds SGD's momentum, this run uses --optimizer adam: run with --optimizer sgd" \
+  "SGD's state into Adam refused" --load "$WORK/sgd-td"
 # What fp8tron cannot write in torch_dist yet: a plain save falls back to fp8tron's format, saying
 # so (Megatron's own configurations pass --ckpt-format torch_dist); a conversion is refused.
 expect_fallback() {  # expect_fallback <flag named> <flags...>
@@ -357,6 +378,8 @@ expect_fallback() {  # expect_fallback <flag named> <flags...>
   else echo "ok: $want"; fi
 }
 expect_fallback "--use-megatron-fsdp / --use-torch-fsdp2" --use-megatron-fsdp --save "$WORK/x"
+expect_fallback "--optimizer sgd with --use-distributed-optimizer" --optimizer sgd --use-distributed-optimizer --save "$WORK/x"
+expect_fallback "--optimizer muon" --optimizer muon --save "$WORK/x"
 expect_error "--use-megatron-fsdp / --use-torch-fsdp2 with --ckpt-convert-format torch_dist is not supported yet" \
   "conversion with Megatron-FSDP refused" \
   --use-megatron-fsdp --load "$FIXTURE/ckpt" --ckpt-convert-format torch_dist --ckpt-convert-save "$WORK/x"

@@ -3,7 +3,9 @@
 namespace fp8tron {
 
 std::string torch_dist_unwritable_flag(const Config& c) {
-  if (c.optimizer.optimizer != "adam") return "--optimizer " + c.optimizer.optimizer;
+  // fp8tron writes the distributed optimizer's layout with Adam's moments only.
+  if (c.optimizer.optimizer == "sgd" && c.distributed.distributed_optimizer) return "--optimizer sgd with --use-distributed-optimizer";
+  if (c.optimizer.optimizer != "adam" && c.optimizer.optimizer != "sgd") return "--optimizer " + c.optimizer.optimizer;
   // The distributed optimizer is written in Megatron's fully_reshardable layout; Megatron-FSDP's
   // checkpoints are its fsdp_dtensor format.
   if (c.distributed.dp_sharding != DataParallelSharding::None) return "--use-megatron-fsdp / --use-torch-fsdp2";
