@@ -5,7 +5,8 @@
 # mismatched checkpoints fail with one line naming the file and what differs. With MPIRUN, the
 # same in other parallel layouts (tensor, pipeline and expert parallel, the distributed optimizer).
 # Usage: megatron_resume_test.sh FP8TRON SOURCE_DIR [MPIRUN [PYTHON]]
-# (PYTHON, one with torch, makes the legacy checkpoints no fixture holds; MPIRUN may be "".)
+# (PYTHON, one with torch, makes the legacy checkpoints no fixture holds; MPIRUN may be "".
+# FP8TRON_TEST_DEVICE=cuda runs the one-process cases on a GPU.)
 set -u
 BIN=$1
 SOURCE=$2
@@ -20,7 +21,7 @@ FLAGS=(--micro-batch-size 2 --global-batch-size 8 --train-iters 14 --lr 1e-3 --m
        --vocab-size 1024 --log-interval 1 --eval-iters 0 --eval-interval 1000 --seed 1234
        --hidden-dropout 0 --attention-dropout 0 --transformer-impl local --no-persist-layer-norm
        --no-gradient-accumulation-fusion --save-interval 10 --weight-decay 0.1 --clip-grad 1.0
-       --device cpu)
+       --device "${FP8TRON_TEST_DEVICE:-cpu}")
 
 # "<iteration> <lm loss>" of every iteration line of a log (fp8tron's or Megatron's).
 losses() { sed -nE 's/.*iteration +([0-9]+)\/ +[0-9]+ .*lm loss: ([0-9.E+-]+).*/\1 \2/p' "$1"; }
@@ -213,7 +214,7 @@ read -ra DIST < "$FIXTURES/gpt_torch_dist/args.txt"
 read -ra LEGACY < "$FIXTURES/gpt_torch_legacy/args.txt"
 expect_error "--hidden-size 64 there, 128 here" "another model's shape" -- \
   "${DIST[@]}" --hidden-size 128 --load "$FIXTURES/gpt_torch_dist/ckpt"
-expect_error "fp8tron reads its Adam state only, this run uses --optimizer sgd" "Adam's state into SGD" -- \
+expect_error "holds Adam's moments, this run uses --optimizer sgd: run with --optimizer adam" "Adam's state into SGD" -- \
   "${DIST[@]}" --optimizer sgd --load "$FIXTURES/gpt_torch_dist/ckpt"
 out=$("$BIN" "${FLAGS[@]}" "${DIST[@]}" --optimizer sgd --no-load-optim --load "$FIXTURES/gpt_torch_dist/ckpt" 2>&1)
 if [ $? != 0 ] || ! grep -q "successfully loaded Megatron's" <<<"$out"; then
