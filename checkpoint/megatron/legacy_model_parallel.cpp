@@ -46,25 +46,50 @@ std::vector<LegacyRankFile> legacy_rank_files(const std::string& dir, const Lega
   }
   if (files.empty()) throw UserError("checkpoint " + dir + " holds no mp_rank_* directory");
   const int64_t expert_tp = saved.expert_tensor_parallel > 0 ? saved.expert_tensor_parallel : tp;
-  if (tp > 1 && ep > 1 && expert_tp != tp)
+  if (tp > 1 && ep > 1 && expert_tp != tp && expert_tp != 1)
     throw UserError(strprintf("checkpoint %s was saved with --expert-tensor-parallel-size %lld and "
                               "--tensor-model-parallel-size %d; fp8tron reads Megatron torch checkpoints of expert- and "
-                              "tensor-parallel ranks whose experts are split as the dense layers (the same sizes): "
-                              "save with --ckpt-format torch_dist",
+                              "tensor-parallel ranks whose experts are split as the dense layers (the same sizes) or "
+                              "whole (1): save with --ckpt-format torch_dist",
                               dir.c_str(), (long long)expert_tp, tp));
-  for (int p = 0; p < pp; ++p)
-    for (int t = 0; t < tp; ++t)
-      for (int x = 0; x < ep; ++x)
-        if (!seen.count({t, p, x}))
-          throw UserError(strprintf("checkpoint %s lacks the directory of tensor-parallel rank %d, pipeline stage %d%s "
-                                    "(mp_rank_%02d%s%s): copy the whole checkpoint",
-                                    dir.c_str(), t, p, ep > 1 ? strprintf(", expert-parallel rank %d", x).c_str() : "",
-                                    t, pp > 1 ? strprintf("_%03d", p).c_str() : "",
-                                    ep > 1 ? strprintf("_%03d", x).c_str() : ""));
+  const auto stage_name = [&](int p) { return pp > 1 ? strprintf("_%03d", p) : std::string(); };
+  if (tp > 1 && ep > 1 && expert_tp == 1) {
+    // Whole experts: each tensor-parallel rank's dense part and each expert-parallel rank's experts
+    // must be in some file of the stage (Megatron writes only some (tp, ep) pairs).
+    for (int p = 0; p < pp; ++p)
+      for (int rank = 0; rank < std::max(tp, ep); ++rank) {
+        bool dense = rank >= tp, experts = rank >= ep;
+        for (const auto& [ft, fp, fx] : seen) dense |= fp == p && ft == rank, experts |= fp == p && fx == rank;
+        if (!dense || !experts)
+          throw UserError(strprintf("checkpoint %s lacks a directory holding %s %d's part of pipeline stage %d "
+                                    "(mp_rank_%s): copy the whole checkpoint",
+                                    dir.c_str(), dense ? "expert-parallel rank" : "tensor-parallel rank", rank, p,
+                                    dense ? ("TT" + stage_name(p) + strprintf("_%03d", rank)).c_str()
+                                          : (strprintf("%02d", rank) + stage_name(p) + "_EEE").c_str()));
+      }
+  } else {
+    for (int p = 0; p < pp; ++p)
+      for (int t = 0; t < tp; ++t)
+        for (int x = 0; x < ep; ++x)
+          if (!seen.count({t, p, x}))
+            throw UserError(strprintf("checkpoint %s lacks the directory of tensor-parallel rank %d, pipeline stage %d%s "
+                                      "(mp_rank_%02d%s%s): copy the whole checkpoint",
+                                      dir.c_str(), t, p, ep > 1 ? strprintf(", expert-parallel rank %d", x).c_str() : "",
+                                      t, stage_name(p).c_str(), ep > 1 ? strprintf("_%03d", x).c_str() : ""));
+  }
   std::sort(files.begin(), files.end(), [](const LegacyRankFile& a, const LegacyRankFile& b) {
     return std::tie(a.pp_rank, a.tp_rank, a.ep_rank) < std::tie(b.pp_rank, b.tp_rank, b.ep_rank);
   });
   return files;
+}
+
+bool experts_whole_on_tensor_ranks(const LegacyLayout& saved) {
+  return saved.tensor_parallel > 1 && saved.expert_parallel > 1 && saved.expert_tensor_parallel == 1;
+}
+
+bool is_routed_expert_tensor(const std::string& name) {
+  static const std::regex kExpert(R"(^.*\.mlp\.experts\.linear_fc[12]\.(?:weight|bias)\d+$)");
+  return std::regex_match(name, kExpert);
 }
 
 std::string first_legacy_rank_file(const std::string& dir) {
@@ -111,7 +136,7 @@ MegatronCheckpoint merge_expert_ranks(std::vector<MegatronCheckpoint> parts, int
 }
 
 MegatronCheckpoint merge_legacy_ranks(std::vector<std::vector<MegatronCheckpoint>> parts, bool gated_linear_unit,
-                                      bool tied_embeddings) {
+                                      bool tied_embeddings, bool whole_experts) {
   MegatronCheckpoint out = parts.front().front();
   out.tensors.clear();
   int64_t offset = 0;
@@ -134,7 +159,9 @@ MegatronCheckpoint merge_legacy_ranks(std::vector<std::vector<MegatronCheckpoint
       int64_t local = -1;
       const std::string global = shift_layer(name, offset, local);
       if (local >= 0) layers.insert(local);
-      out.tensors[global] = join_tp_parts(pieces, tp_split_of(name, gated_linear_unit), ranks.front().path + ": " + name);
+      const TpSplit split =
+          whole_experts && is_routed_expert_tensor(name) ? TpSplit::kReplicated : tp_split_of(name, gated_linear_unit);
+      out.tensors[global] = join_tp_parts(pieces, split, ranks.front().path + ": " + name);
     }
     offset += int64_t(layers.size());
   }

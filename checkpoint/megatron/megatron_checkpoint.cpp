@@ -375,14 +375,13 @@ void read_legacy_optimizer_files(const std::vector<LegacyRankFile>& files, Megat
   }
 }
 
-MegatronCheckpoint read_legacy(const std::string& dir) {
-  const std::vector<LegacyRankFile> files = legacy_rank_files(dir, saved_legacy_layout(first_legacy_rank_file(dir)));
-  if (files.size() == 1) {
-    MegatronCheckpoint out = read_legacy_file(files[0].path);
-    read_legacy_optimizer_files(files, out);
-    return out;
-  }
-  // parts[stage][tensor rank], the expert-parallel ranks' files of each put together first.
+int64_t num_experts_of(const MegatronCheckpoint& c) {
+  return c.model_args.count("num_experts") ? c.model_args.at("num_experts") : 0;
+}
+
+// parts[stage][tensor rank] of legacy rank files (sorted by stage, tensor rank, expert rank), the
+// expert-parallel ranks' files of each put together first.
+std::vector<std::vector<MegatronCheckpoint>> legacy_parts(const std::vector<LegacyRankFile>& files) {
   std::vector<std::vector<MegatronCheckpoint>> parts;
   for (size_t i = 0; i < files.size();) {
     const LegacyRankFile& f = files[i];
@@ -393,17 +392,67 @@ MegatronCheckpoint read_legacy(const std::string& dir) {
     if (experts.size() == 1) {
       parts.back().push_back(std::move(experts.front()));
     } else {
-      const auto& args = experts.front().model_args;
-      const int64_t num_experts = args.count("num_experts") ? args.at("num_experts") : 0;
+      const int64_t num_experts = num_experts_of(experts.front());
       parts.back().push_back(merge_expert_ranks(std::move(experts), num_experts));
     }
   }
+  return parts;
+}
+
+// The same where each tensor-parallel rank holds whole experts (--expert-tensor-parallel-size 1):
+// a stage's files do not cover every (tensor rank, expert rank) pair, so each tensor rank's part is
+// the dense tensors of a file of that tensor rank with the experts of every expert rank, each from
+// a file of that expert rank.
+std::vector<std::vector<MegatronCheckpoint>> legacy_parts_with_whole_experts(const std::vector<LegacyRankFile>& files) {
+  std::map<std::string, MegatronCheckpoint> read;
+  const auto file = [&](const LegacyRankFile& f) -> const MegatronCheckpoint& {
+    auto it = read.find(f.path);
+    if (it == read.end()) it = read.emplace(f.path, read_legacy_file(f.path)).first;
+    return it->second;
+  };
+  int stages = 0, tensor_ranks = 0, expert_ranks = 0;
+  for (const LegacyRankFile& f : files)
+    stages = std::max(stages, f.pp_rank + 1), tensor_ranks = std::max(tensor_ranks, f.tp_rank + 1),
+    expert_ranks = std::max(expert_ranks, f.ep_rank + 1);
+  const auto first_of = [&](int stage, auto&& wanted) -> const LegacyRankFile& {
+    return *std::find_if(files.begin(), files.end(), [&](const LegacyRankFile& f) { return f.pp_rank == stage && wanted(f); });
+  };
+  std::vector<std::vector<MegatronCheckpoint>> parts(static_cast<size_t>(stages));
+  for (int p = 0; p < stages; ++p) {
+    std::vector<MegatronCheckpoint> by_expert_rank;
+    for (int x = 0; x < expert_ranks; ++x)
+      by_expert_rank.push_back(file(first_of(p, [x](const LegacyRankFile& f) { return f.ep_rank == x; })));
+    const int64_t num_experts = num_experts_of(by_expert_rank.front());
+    const MegatronCheckpoint experts = merge_expert_ranks(std::move(by_expert_rank), num_experts);
+    for (int t = 0; t < tensor_ranks; ++t) {
+      MegatronCheckpoint part = file(first_of(p, [t](const LegacyRankFile& f) { return f.tp_rank == t; }));
+      std::erase_if(part.tensors, [](const auto& e) { return is_routed_expert_tensor(e.first); });
+      for (const auto& [name, tensor] : experts.tensors)
+        if (is_routed_expert_tensor(name)) part.tensors.emplace(name, tensor);
+      parts[size_t(p)].push_back(std::move(part));
+    }
+  }
+  return parts;
+}
+
+MegatronCheckpoint read_legacy(const std::string& dir) {
+  const LegacyLayout saved = saved_legacy_layout(first_legacy_rank_file(dir));
+  const std::vector<LegacyRankFile> files = legacy_rank_files(dir, saved);
+  if (files.size() == 1) {
+    MegatronCheckpoint out = read_legacy_file(files[0].path);
+    read_legacy_optimizer_files(files, out);
+    return out;
+  }
+  const bool whole_experts = experts_whole_on_tensor_ranks(saved);
+  std::vector<std::vector<MegatronCheckpoint>> parts =
+      whole_experts ? legacy_parts_with_whole_experts(files) : legacy_parts(files);
   std::string refusal;
   for (const auto& stage : parts)
     for (const MegatronCheckpoint& part : stage)
       if (refusal.empty()) refusal = part.optimizer_refusal;
   const MegatronCheckpoint& first = parts.front().front();
-  MegatronCheckpoint out = merge_legacy_ranks(std::move(parts), first.gated_linear_unit, first.tied_embeddings);
+  MegatronCheckpoint out =
+      merge_legacy_ranks(std::move(parts), first.gated_linear_unit, first.tied_embeddings, whole_experts);
   out.path = dir;
   if (!refusal.empty()) refuse_optimizer(refusal, out);
   read_legacy_optimizer_files(files, out);

@@ -15,8 +15,11 @@ checkpointing.py, optimizer.py and the modules' state dicts, at the fixtures' co
   megatron_legacy_variants.py moe OUT EP [TP [ETP]]
       moe_ep2_torch_dist in the torch format, saved by EP expert-parallel ranks (mp_rank_00, or
       mp_rank_<tp>_<ep> each; with TP tensor-parallel ranks too, the experts split as the dense
-      MLP, --expert-tensor-parallel-size TP; ETP only changes what the saved arguments say, for a
-      checkpoint fp8tron must refuse): the model's state dict under its modules' names (the
+      MLP, --expert-tensor-parallel-size TP; with ETP 1 whole experts on every tensor-parallel
+      rank, over TP x EP ranks of which only those first in their data-parallel or
+      expert-data-parallel group write, as Megatron's save_checkpoint does (TP2 x EP2:
+      mp_rank_00_000 and mp_rank_01_001); another ETP only changes what the saved arguments say,
+      for a checkpoint fp8tron must refuse): the model's state dict under its modules' names (the
       sequential experts as local_experts.<i>, numbered from 0 on each rank) and the state dict of
       a ChainedOptimizer, the list of the dense and the expert parameters' torch.optim state dicts,
       each numbering its own parameters in module order, group by group
@@ -169,7 +172,13 @@ def moe(out, ranks, tp=1, etp=None):
     layers, experts = args.num_layers, args.num_experts
     local = experts // ranks
     step = common["optimizer"][0]["state"]["common_step"]
-    for rank, t in ((r, t) for t in range(tp) for r in range(ranks)):
+    whole = etp == 1 and tp > 1
+    writers = [(r, t) for t in range(tp) for r in range(ranks)]
+    if whole:
+        # Global rank g: dense tensor rank g % tp, data-parallel rank g // tp; expert rank g % ranks,
+        # expert-data-parallel rank g // ranks (Megatron's rank generators, order tp-cp-ep-dp-pp).
+        writers = [(g % ranks, g % tp) for g in range(tp * ranks) if g // tp == 0 or g // ranks == 0]
+    for rank, t in writers:
         names = [("embedding.word_embeddings.weight", "embedding.word_embeddings.weight", ()),
                  ("embedding.position_embeddings.weight", "embedding.position_embeddings.weight", ())]
         for layer in range(layers):
@@ -177,8 +186,9 @@ def moe(out, ranks, tp=1, etp=None):
         names += [("decoder.final_layernorm.weight", "decoder.final_layernorm.weight", ()),
                   ("decoder.final_layernorm.bias", "decoder.final_layernorm.bias", ()),
                   ("output_layer._extra_state", None, ())]
-        model = {legacy: (tp_part(legacy, tensors[stored][at], t, tp, args.swiglu) if stored else None)
-                 for legacy, stored, at in names}
+        def part(name, tensor):
+            return tensor.clone() if whole and ".mlp.experts." in name else tp_part(name, tensor, t, tp, args.swiglu)
+        model = {legacy: (part(legacy, tensors[stored][at]) if stored else None) for legacy, stored, at in names}
         source = {legacy: (stored, at) for legacy, stored, at in names if stored}
         params = [(n, t) for n, t in model.items() if t is not None]
         chain = []
@@ -192,7 +202,7 @@ def moe(out, ranks, tp=1, etp=None):
                 param_groups.append(dict(copy.deepcopy(saved_group), params=list(range(index, index + len(group)))))
                 for n in group:
                     stored, at = source[n]
-                    moment = lambda key: tp_part(n, tensors[f"optimizer.state.{key}." + stored][at], t, tp, args.swiglu)
+                    moment = lambda key: part(n, tensors[f"optimizer.state.{key}." + stored][at])
                     states[index] = {"step": step.clone(), "exp_avg": moment("exp_avg").clone(),
                                      "exp_avg_sq": moment("exp_avg_sq").clone()}
                     index += 1

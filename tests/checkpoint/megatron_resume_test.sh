@@ -126,8 +126,8 @@ fi
 # out (megatron_legacy_variants.py, needs PYTHON with torch): a bf16 run's, whose mixed-precision
 # optimizer keeps the fp32 main weights beside the bf16 ones; MoE ones, whose optimizer is a chain
 # of the dense and the expert parameters' (saved by one rank, by two expert-parallel ranks,
-# mp_rank_00_000 and mp_rank_00_001, and by TP2 x EP2); the distributed optimizer's, its state in
-# distrib_optim.pt.
+# mp_rank_00_000 and mp_rank_00_001, by TP2 x EP2, and by TP2 x EP2 with whole experts); the
+# distributed optimizer's, its state in distrib_optim.pt.
 read -ra LEGACY < "$FIXTURES/gpt_torch_legacy/args.txt"
 read -ra MOE_LEGACY < "$FIXTURES/moe_ep2_torch_dist/args.txt"
 if [ -n "$PYTHON" ]; then
@@ -155,10 +155,21 @@ if [ -n "$PYTHON" ]; then
   rm "$WORK/distopt_legacy/iter_0000010/mp_rank_00/distrib_optim.pt"
   expect_error "distrib_optim.pt is missing: the distributed optimizer's state of its rank lies there" \
     "a legacy distributed optimizer's missing distrib_optim.pt" -- "${LEGACY[@]}" --load "$WORK/distopt_legacy"
-  "$PYTHON" "$VARIANTS" moe "$WORK/moe_etp1_legacy" 2 2 1 &&
-    expect_error "was saved with --expert-tensor-parallel-size 1 and --tensor-model-parallel-size 2" \
+  # Whole experts on both tensor-parallel ranks (--expert-tensor-parallel-size 1): two of the four
+  # (tp, ep) directories, mp_rank_00_000 and mp_rank_01_001, as Megatron writes them.
+  "$PYTHON" "$VARIANTS" moe "$WORK/moe_tp2_etp1_ep2_legacy" 2 2 1 ||
+    { echo "FAIL: megatron_legacy_variants.py moe 2 2 1"; fail=1; }
+  resume_from moe_tp2_etp1_ep2_legacy "$WORK/moe_tp2_etp1_ep2_legacy" "$FIXTURES/moe_ep2_torch_dist"
+  [ -n "$MPIRUN" ] && resume_from moe_tp2_etp1_ep2_legacy "$WORK/moe_tp2_etp1_ep2_legacy" \
+    "$FIXTURES/moe_ep2_torch_dist" --expert-model-parallel-size 2
+  rm -r "$WORK/moe_tp2_etp1_ep2_legacy/iter_0000010/mp_rank_01_001"
+  expect_error "lacks a directory holding tensor-parallel rank 1's part of pipeline stage 0 (mp_rank_01_EEE)" \
+    "a missing directory of a legacy checkpoint with whole experts" -- "${MOE_LEGACY[@]/torch_dist/torch}" \
+    --load "$WORK/moe_tp2_etp1_ep2_legacy"
+  "$PYTHON" "$VARIANTS" moe "$WORK/moe_etp2_legacy" 2 4 2 &&
+    expect_error "was saved with --expert-tensor-parallel-size 2 and --tensor-model-parallel-size 4" \
       "legacy expert-parallel ranks whose experts are split otherwise than the dense layers" -- \
-      "${MOE_LEGACY[@]/torch_dist/torch}" --load "$WORK/moe_etp1_legacy"
+      "${MOE_LEGACY[@]/torch_dist/torch}" --load "$WORK/moe_etp2_legacy"
   cp -r "$WORK/moe_ep2_legacy" "$WORK/lost_expert_rank" && rm -r "$WORK/lost_expert_rank/iter_0000010/mp_rank_00_001"
   expect_error "lacks the directory of tensor-parallel rank 0, pipeline stage 0, expert-parallel rank 1 (mp_rank_00_001)" \
     "a missing expert-parallel rank directory of a legacy checkpoint" -- "${MOE_LEGACY[@]/torch_dist/torch}" \
