@@ -12,6 +12,11 @@ checkpointing.py, optimizer.py and the modules' state dicts, at the fixtures' co
       step in each (DistributedOptimizer.state_dict), and distrib_optim.pt the flat buffers that
       DistributedOptimizer.save_parameter_state gathers: {"buckets_coalesced": True, 0: {dtype:
       {"param", "exp_avg", "exp_avg_sq", "numel_unpadded"}}}, the buckets concatenated
+  megatron_legacy_variants.py sgd OUT TORCH_DIST_DIR
+      an SGD run of the GPT fixtures' model that fp8tron saved in torch_dist (TORCH_DIST_DIR, an
+      iter_NNNNNNN directory) in the torch format: torch.optim.SGD's state dict, a momentum_buffer
+      per parameter numbered group by group, its parameter groups as the torch_dist common state
+      holds them, no step
   megatron_legacy_variants.py moe OUT EP [TP [ETP]]
       moe_ep2_torch_dist in the torch format, saved by EP expert-parallel ranks (mp_rank_00, or
       mp_rank_<tp>_<ep> each; with TP tensor-parallel ranks too, the experts split as the dense
@@ -126,6 +131,28 @@ def distopt(out):
                os.path.join(out, f"iter_{ITERATION:07d}", "mp_rank_00", "distrib_optim.pt"))
 
 
+def sgd(out, src):
+    tensors = dist.load_all(src, only_tensors=True)
+    common = dist.common_state(src)
+    state = load_legacy(os.path.join(FIXTURES, "gpt_torch_legacy", "ckpt", "iter_0000010", "mp_rank_00",
+                                     "model_optim_rng.pt"))
+    state["model"] = legacy_gpt_model(tensors, state["model"])
+    momentum = legacy_gpt_model({n[len("optimizer.state.momentum_buffer."):]: t for n, t in tensors.items()
+                                 if n.startswith("optimizer.state.momentum_buffer.")}, state["model"])
+    params = [(n, t) for n, t in state["model"].items() if t is not None]
+    saved = common["optimizer"]["param_groups"]
+    groups, states, index = [], {}, 0
+    for saved_group, names in zip(saved, grouped(params)):
+        groups.append(dict(saved_group, params=list(range(index, index + len(names)))))
+        for n in names:
+            states[index] = {"momentum_buffer": momentum[n]}
+            index += 1
+    state["optimizer"] = {"state": states, "param_groups": groups}
+    state["opt_param_scheduler"] = common["opt_param_scheduler"]
+    state["args"].optimizer = "sgd"
+    save(out, state)
+
+
 def moe_layer_names(layer, local_experts):
     """(legacy name, torch_dist name, index into its stacked dimensions after the layer's) of one
     MoE layer's tensors in module order: the norms, attention (its projection registered first),
@@ -222,6 +249,8 @@ def moe(out, ranks, tp=1, etp=None):
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] in ("bf16", "distopt"):
         globals()[sys.argv[1]](sys.argv[2])
+    elif len(sys.argv) == 4 and sys.argv[1] == "sgd":
+        sgd(sys.argv[2], sys.argv[3])
     elif len(sys.argv) in (4, 5, 6) and sys.argv[1] == "moe":
         moe(sys.argv[2], *map(int, sys.argv[3:]))
     else:

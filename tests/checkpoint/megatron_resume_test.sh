@@ -166,6 +166,19 @@ if [ -n "$PYTHON" ]; then
   expect_error "lacks a directory holding tensor-parallel rank 1's part of pipeline stage 0 (mp_rank_01_EEE)" \
     "a missing directory of a legacy checkpoint with whole experts" -- "${MOE_LEGACY[@]/torch_dist/torch}" \
     --load "$WORK/moe_tp2_etp1_ep2_legacy"
+  # SGD: fp8tron's torch_dist save of an SGD run laid out as Megatron's torch format (torch.optim.SGD's
+  # momentum buffers) resumes with the losses of the uninterrupted run, which its momentum decides.
+  SGD=("${LEGACY[@]}" --optimizer sgd --sgd-momentum 0.9)
+  "$BIN" "${FLAGS[@]}" "${SGD[@]/torch/torch_dist}" > "$WORK/sgd-full.log" 2>&1 &&
+    "$BIN" "${FLAGS[@]}" "${SGD[@]/torch/torch_dist}" --exit-interval 10 --save "$WORK/sgd_dist" > "$WORK/sgd-save.log" 2>&1 &&
+    "$PYTHON" "$VARIANTS" sgd "$WORK/sgd_legacy" "$WORK/sgd_dist/iter_0000010" &&
+    "$BIN" "${FLAGS[@]}" "${SGD[@]}" --load "$WORK/sgd_legacy" > "$WORK/sgd-resume.log" 2>&1
+  if [ $? != 0 ] || ! grep -q "successfully loaded Megatron's torch checkpoint" "$WORK/sgd-resume.log" ||
+     [ "$(losses "$WORK/sgd-resume.log" | awk '$1 > 10')" != "$(losses "$WORK/sgd-full.log" | awk '$1 > 10')" ]; then
+    echo "FAIL: a legacy SGD checkpoint should resume as the uninterrupted run"; tail -5 "$WORK/sgd-resume.log"; fail=1
+  else
+    echo "ok: a legacy SGD checkpoint (momentum buffers) resumes as the uninterrupted run"
+  fi
   "$PYTHON" "$VARIANTS" moe "$WORK/moe_etp2_legacy" 2 4 2 &&
     expect_error "was saved with --expert-tensor-parallel-size 2 and --tensor-model-parallel-size 4" \
       "legacy expert-parallel ranks whose experts are split otherwise than the dense layers" -- \
