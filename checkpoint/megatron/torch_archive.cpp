@@ -2,9 +2,11 @@
 
 #include <caffe2/serialize/inline_container.h>
 
+#include <fstream>
 #include <sstream>
 
 #include "checkpoint/megatron/damage.h"
+#include "checkpoint/megatron/zip_crc.h"
 #include "core/error.h"
 #include "core/text.h"
 
@@ -41,20 +43,42 @@ auto guarded(const std::string& source, F&& f) {
 
 TorchArchive::TorchArchive(const std::string& path) : source_(path) {
   reader_ = guarded(source_, [&] { return std::make_unique<caffe2::serialize::PyTorchStreamReader>(path); });
+  std::ifstream file(path, std::ios::binary | std::ios::ate);
+  const uint64_t size = file ? uint64_t(file.tellg()) : 0;
+  crcs_ = zip_entry_crcs(size, [&](uint64_t offset, size_t n) {
+    std::string bytes(n, '\0');
+    file.clear();
+    file.seekg(std::streamoff(offset));
+    file.read(bytes.data(), std::streamsize(n));
+    bytes.resize(size_t(file.gcount()));
+    return bytes;
+  }, source_);
   open();
 }
 
 TorchArchive::TorchArchive(std::string bytes, std::string source) : source_(std::move(source)), bytes_(std::move(bytes)) {
   stream_ = std::make_unique<std::istringstream>(bytes_);
   reader_ = guarded(source_, [&] { return std::make_unique<caffe2::serialize::PyTorchStreamReader>(stream_.get()); });
+  crcs_ = zip_entry_crcs(bytes_.size(), [&](uint64_t offset, size_t n) {
+    return offset < bytes_.size() ? bytes_.substr(size_t(offset), n) : std::string();
+  }, source_);
   open();
+}
+
+std::pair<at::DataPtr, size_t> TorchArchive::record(const std::string& name, const std::string& what) const {
+  auto [data, size] = guarded(source_, [&] { return reader_->getRecord(name); });
+  auto crc = crcs_.find(name);
+  if (crc == crcs_.end() || crc32(data.get(), size) != crc->second)
+    throw DamagedCheckpoint(source_ + ": entry " + name + " (" + what + ") fails its CRC-32 check: the file is "
+                            "corrupted: copy it again from the run that saved it");
+  return {std::move(data), size};
 }
 
 TorchArchive::~TorchArchive() = default;
 
 void TorchArchive::open() {
   if (!reader_->hasRecord("data.pkl")) throw DamagedCheckpoint(source_ + ": a zip archive without data.pkl, not a torch.save file");
-  auto [data, size] = guarded(source_, [&] { return reader_->getRecord("data.pkl"); });
+  auto [data, size] = record("data.pkl", "the pickled state");
   root_ = parse_pickle(std::string_view(static_cast<const char*>(data.get()), size), source_ + ", data.pkl");
 }
 
@@ -72,7 +96,7 @@ torch::Tensor TorchArchive::storage(const PyRef& id, const std::string& what) co
   if (!reader_->hasRecord(record)) throw DamagedCheckpoint(source_ + ": entry " + record + " of " + what + " is missing");
   auto out = torch::empty({numel}, torch::TensorOptions().dtype(*dtype));
   const size_t bytes = size_t(numel) * out.element_size();
-  auto [data, size] = guarded(source_, [&] { return reader_->getRecord(record); });
+  auto [data, size] = this->record(record, what);
   if (size != bytes)
     throw DamagedCheckpoint(strprintf("%s: entry %s of %s holds %zu bytes, its %lld elements need %zu", source_.c_str(),
                               record.c_str(), what.c_str(), size, (long long)numel, bytes));

@@ -1,12 +1,15 @@
 // A torch.save file (PyTorch's zip archive: data.pkl, a protocol-2 pickle whose tensors are
 // persistent ids naming the entries data/<key>), read without Python: the pickle as a value tree
 // (pickle.h) and its tensors materialized on request. Megatron's legacy checkpoints
-// (model_optim_rng.pt) are such files, and so is every chunk of a `.distcp` file.
+// (model_optim_rng.pt) are such files, and so is every chunk of a `.distcp` file. Every entry read
+// is checked against the CRC-32 the archive stores for it (zip_crc.h).
 #pragma once
 #include <torch/torch.h>
 
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "checkpoint/megatron/pickle.h"
 
@@ -34,11 +37,14 @@ class TorchArchive {
  private:
   void open();
   torch::Tensor storage(const PyRef& persistent_id, const std::string& what) const;
+  // Entry `record`'s bytes, checked against its stored CRC-32; DamagedCheckpoint naming `what`.
+  std::pair<at::DataPtr, size_t> record(const std::string& record, const std::string& what) const;
 
   std::string source_;
   std::string bytes_;
   std::unique_ptr<std::istream> stream_;
   std::unique_ptr<caffe2::serialize::PyTorchStreamReader> reader_;
+  std::map<std::string, uint32_t> crcs_;  // by entry name ("data.pkl", "data/0")
   PyRef root_;
 };
 

@@ -254,6 +254,12 @@ expect_error "__0_0.distcp: truncated" "a truncated .distcp file" -- "${DIST[@]}
 cp -r "$FIXTURES/gpt_torch_legacy/ckpt" "$WORK/missing" && chmod -R u+w "$WORK/missing"
 rm "$WORK/missing/iter_0000010/mp_rank_00/model_optim_rng.pt"
 expect_error "model_optim_rng.pt" "a missing model_optim_rng.pt" -- "${LEGACY[@]}" --load "$WORK/missing"
+# A byte flipped inside a tensor of a legacy file (bytes 60000... of the embedding's entry): zip's
+# CRC-32 of the entry names it, where LibTorch's reader would load the wrong value.
+cp -r "$FIXTURES/gpt_torch_legacy/ckpt" "$WORK/flipped" && chmod -R u+w "$WORK/flipped"
+printf 'garbage!' | dd of="$WORK/flipped/iter_0000010/mp_rank_00/model_optim_rng.pt" bs=1 seek=60000 conv=notrunc status=none
+expect_error "model_optim_rng.pt: entry data/0 (embedding.word_embeddings.weight) fails its CRC-32 check" \
+  "a corrupted tensor in a legacy file" -- "${LEGACY[@]}" --load "$WORK/flipped"
 cp -r "$FIXTURES/gpt_tp2pp2_torch_legacy/ckpt" "$WORK/lost_rank" && chmod -R u+w "$WORK/lost_rank"
 rm -r "$WORK/lost_rank/iter_0000010/mp_rank_01_001"
 expect_error "lacks the directory of tensor-parallel rank 1, pipeline stage 1 (mp_rank_01_001)" \

@@ -16,6 +16,7 @@
 #include "checkpoint/megatron/pickle.h"
 #include "checkpoint/megatron/pickle_writer.h"
 #include "checkpoint/megatron/torch_save_writer.h"
+#include "checkpoint/megatron/zip_crc.h"
 #include "core/error.h"
 #include "tests/checkpoint/error_text.h"
 
@@ -384,6 +385,61 @@ TEST(MegatronCheckpoint, CorruptedLegacyFileNamesTheFile) {
   f.close();
   const std::string msg = error_of([&] { read_checkpoint(s.path, "torch"); });
   EXPECT_NE(msg.find("model_optim_rng.pt"), std::string::npos) << msg;
+}
+
+TEST(MegatronCheckpoint, AFlippedByteInATensorIsCaughtByItsEntrysCrc) {
+  Scratch s(kLegacy);
+  const std::string file = s.path + "/mp_rank_00/model_optim_rng.pt";
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(60000);  // inside data/0, the word embeddings
+  f.write("garbage!", 8);
+  f.close();
+  const std::string msg = error_of([&] { read_checkpoint(s.path, "torch"); });
+  EXPECT_NE(msg.find("model_optim_rng.pt: entry data/0 (embedding.word_embeddings.weight) fails its CRC-32 check"),
+            std::string::npos)
+      << msg;
+}
+
+TEST(ZipCrc, Crc32IsZipsAndContinues) {
+  const std::string check = "123456789";  // the CRC-32 check value of this string is 0xCBF43926
+  EXPECT_EQ(crc32(check.data(), check.size()), 0xCBF43926u);
+  EXPECT_EQ(crc32(check.data() + 4, 5, crc32(check.data(), 4)), 0xCBF43926u);
+  EXPECT_EQ(crc32(nullptr, 0), 0u);
+}
+
+// A zip whose end record defers to zip64's (as archives over 4 GiB or 65,535 entries have): one
+// central-directory entry, the zip64 end record, its locator, then the end record.
+std::string zip64_directory(uint32_t crc, const std::string& name) {
+  auto put = [](std::string& b, uint64_t v, int bytes) {
+    for (int i = 0; i < bytes; ++i) b.push_back(char((v >> (8 * i)) & 0xFF));
+  };
+  std::string b(100, 'x');  // where local headers and data would be
+  const uint64_t directory_at = b.size();
+  put(b, 0x02014b50, 4), put(b, 0, 12), put(b, crc, 4), put(b, 0, 8), put(b, name.size(), 2), put(b, 0, 16);
+  b += name;
+  const uint64_t directory_size = b.size() - directory_at, zip64_at = b.size();
+  put(b, 0x06064b50, 4), put(b, 44, 8), put(b, 0, 20), put(b, 1, 8), put(b, directory_size, 8), put(b, directory_at, 8);
+  put(b, 0x07064b50, 4), put(b, 0, 4), put(b, zip64_at, 8), put(b, 1, 4);
+  put(b, 0x06054b50, 4), put(b, 0, 4), put(b, 0xFFFF, 2), put(b, 0xFFFF, 2), put(b, 0xFFFFFFFF, 4), put(b, 0xFFFFFFFF, 4);
+  put(b, 0, 2);
+  return b;
+}
+
+TEST(ZipCrc, ReadsTheDirectoryOfAZip64ArchiveAndNamesADamagedOne) {
+  const std::string zip = zip64_directory(0xCBF43926u, "archive/data/7");
+  auto read = [&](const std::string& bytes) {
+    return [&bytes](uint64_t offset, size_t n) { return offset < bytes.size() ? bytes.substr(offset, n) : std::string(); };
+  };
+  const auto crcs = zip_entry_crcs(zip.size(), read(zip), "x.pt");
+  ASSERT_EQ(crcs.size(), 1u);
+  EXPECT_EQ(crcs.at("data/7"), 0xCBF43926u);
+  std::string damaged = zip;
+  damaged[100] = 'y';  // the directory entry's signature
+  EXPECT_NE(error_of([&] { zip_entry_crcs(damaged.size(), read(damaged), "x.pt"); }).find("x.pt: its zip directory has a "
+                                                                                          "damaged entry 0"),
+            std::string::npos);
+  const std::string cut = zip.substr(0, zip.size() - 5);
+  EXPECT_NE(error_of([&] { zip_entry_crcs(cut.size(), read(cut), "x.pt"); }).find("has no end record"), std::string::npos);
 }
 
 TEST(MegatronCheckpoint, MissingMetadataNamesTheFile) {
