@@ -5,7 +5,7 @@
 # must be fp8tron's uninterrupted run's (1e-4 relative in fp32, 1e-4 in bf16). Cases: fp32 and bf16
 # in one process; saved by TP2 x PP2 and resumed by Megatron at TP2; saved by one process and
 # resumed by Megatron at TP2 x PP2; LLaMA-style (RMSNorm, SwiGLU, RoPE, GQA, untied); a
-# multi-token-prediction layer (--mtp-num-layers 1, rotary positions); --decoupled-lr; MuP; MoE (4 experts, top-2, alltoall, local layers)
+# multi-token-prediction layer (--mtp-num-layers 1, rotary positions); --decoupled-lr; MuP; SGD; MoE (4 experts, top-2, alltoall, local layers)
 # saved and resumed over two expert-parallel ranks, also with a dense layer first and with the
 # routers' expert bias, and with an MoE multi-token-prediction layer; the distributed optimizer (its fully_reshardable
 # layout) saved over DP2 and resumed by Megatron over DP2, in bf16 too, and over TP2; an FP8 run
@@ -29,34 +29,17 @@ MLM=$(cd "${1:?usage: $0 MEGATRON_LM_DIR}" && pwd)
 [ -f "$MLM/pretrain_gpt.py" ] || { echo "$MLM has no pretrain_gpt.py: pass a Megatron-LM checkout" >&2; exit 2; }
 OUT=$(mkdir -p "${BENCH_OUT:-bench-logs}/megatron-resume" && cd "${BENCH_OUT:-bench-logs}/megatron-resume" && pwd)
 rm -rf "$OUT"/ckpt-*
-export NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-lo} GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-lo} NCCL_NVLS_ENABLE=0
-export CUDA_DEVICE_MAX_CONNECTIONS=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+source scripts/megatron_launch.sh
 read -ra MODEL < tests/fixtures/megatron_checkpoints/gpt_torch_dist/args.txt  # includes --ckpt-format torch_dist
-COMMON=(--micro-batch-size 2 --global-batch-size 8 --train-iters 14 --lr 1e-3 --min-lr 1e-4
-        --lr-decay-style cosine --lr-warmup-iters 2 --mock-data --tokenizer-type NullTokenizer
-        --vocab-size 1024 --log-interval 1 --eval-iters 0 --eval-interval 1000 --seed 1234
-        --hidden-dropout 0 --attention-dropout 0 --transformer-impl local --no-persist-layer-norm
-        --no-gradient-accumulation-fusion --save-interval 10 --weight-decay 0.1 --clip-grad 1.0 "${MODEL[@]}")
+COMMON=("${MEGATRON_COMMON[@]}" "${MODEL[@]}")
 LLAMA=(--normalization RMSNorm --swiglu --position-embedding-type rope --no-rope-fusion --group-query-attention
        --num-query-groups 2 --untie-embeddings-and-output-weights --disable-bias-linear)
 fail=0
-port=29400
-
-losses() { sed -nE 's/.*iteration +([0-9]+)\/ +[0-9]+ .*lm loss: ([0-9.E+-]+).*/\1 \2/p' "$1"; }
 
 fp8tron() {  # fp8tron <log> <ranks> <flags...>
   local log=$1 ranks=$2; shift 2
   if [ "$ranks" = 1 ]; then ./build/fp8tron "$@" > "$log" 2>&1
   else ./tests/parallel/nccl_launch.sh mpirun "$ranks" ./build/fp8tron "$@" > "$log" 2>&1; fi
-}
-
-megatron() {  # megatron <log> <ranks> <flags...>: pretrain_gpt.py, every rank on cuda:0 when sharing
-  local log=$1 ranks=$2; shift 2
-  port=$((port + 1))
-  (cd "$MLM" && torchrun --nproc-per-node "$ranks" --master-port "$port" --no-python bash -c \
-     'if [ "$WORLD_SIZE" -gt "$(nvidia-smi -L | grep -c ^GPU)" ]; then export NCCL_HOSTID=host$RANK LOCAL_RANK=0; fi
-      exec python3 "$0" pretrain_gpt.py "$@"' "$ROOT/scripts/megatron_without_apex_or_te.py" "$@" \
-     --no-masked-softmax-fusion) > "$log" 2>&1
 }
 
 # compare <name> <fp8tron log> <Megatron log> <tolerance>
@@ -110,6 +93,8 @@ check mtp 1 1 1e-4 -- -- "${MTP[@]}"
 # layer's decoupled learning rate, and MuP's scaled learning rate and epsilon of the hidden matrices.
 check decoupled-lr 1 1 1e-4 -- -- --decoupled-lr 5e-3 --decoupled-min-lr 1e-5 --untie-embeddings-and-output-weights
 check mup 1 1 1e-4 -- -- --use-mup --mup-base-hidden-size 32
+# torch.optim.SGD's momentum buffers and parameter groups (no step).
+check sgd 1 1 1e-4 -- -- --optimizer sgd --sgd-momentum 0.9
 MOE=(--num-experts 4 --moe-router-topk 2 --moe-token-dispatcher-type alltoall --moe-aux-loss-coeff 0.01 --swiglu
      --disable-bias-linear)
 check moe-ep2 2 2 1e-4 --expert-model-parallel-size 2 -- --expert-model-parallel-size 2 -- "${MOE[@]}"
