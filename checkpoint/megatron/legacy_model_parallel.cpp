@@ -15,6 +15,13 @@ namespace fp8tron::checkpoint::megatron {
 namespace fs = std::filesystem;
 namespace {
 
+// A routed expert's tensor in fp8tron's names, behind any prefix: ...mlp.experts.linear_fc<k>.weight<e>
+// (or .bias<e>); group 1 is the name up to the expert index, group 2 the index.
+const std::regex& routed_expert_name() {
+  static const std::regex kExpert(R"(^(.*\.mlp\.experts\.linear_fc[12]\.(?:weight|bias))(\d+)$)");
+  return kExpert;
+}
+
 // "decoder.layers.<i>.rest" (optionally behind an optimizer prefix) with i moved by `offset`.
 std::string shift_layer(const std::string& name, int64_t offset, int64_t& local_layer) {
   static const std::regex kLayer(R"(^(.*decoder\.layers\.)(\d+)(\..*)$)");
@@ -88,8 +95,7 @@ bool experts_whole_on_tensor_ranks(const LegacyLayout& saved) {
 }
 
 bool is_routed_expert_tensor(const std::string& name) {
-  static const std::regex kExpert(R"(^.*\.mlp\.experts\.linear_fc[12]\.(?:weight|bias)\d+$)");
-  return std::regex_match(name, kExpert);
+  return std::regex_match(name, routed_expert_name());
 }
 
 std::string first_legacy_rank_file(const std::string& dir) {
@@ -103,8 +109,6 @@ std::string first_legacy_rank_file(const std::string& dir) {
 }
 
 MegatronCheckpoint merge_expert_ranks(std::vector<MegatronCheckpoint> parts, int64_t num_experts) {
-  // ...mlp.experts.linear_fc<k>.weight<e> (fp8tron's name of a local expert), behind any prefix.
-  static const std::regex kExpert(R"(^(.*\.mlp\.experts\.linear_fc[12]\.(?:weight|bias))(\d+)$)");
   const int64_t ranks = int64_t(parts.size());
   if (num_experts <= 0 || num_experts % ranks != 0)
     throw UserError(strprintf("%s: %lld experts cannot be split over the checkpoint's %lld expert-parallel ranks",
@@ -120,7 +124,7 @@ MegatronCheckpoint merge_expert_ranks(std::vector<MegatronCheckpoint> parts, int
     if (out.optimizer_refusal.empty()) out.optimizer_refusal = part.optimizer_refusal;
     for (const auto& [name, t] : part.tensors) {
       std::smatch m;
-      if (!std::regex_match(name, m, kExpert)) {
+      if (!std::regex_match(name, m, routed_expert_name())) {  // fp8tron's name of a local expert
         if (rank == 0) out.tensors.emplace(name, t);  // dense: the same on every expert-parallel rank
         continue;
       }
