@@ -107,6 +107,15 @@ torch::Tensor TorchArchive::storage(const PyRef& id, const std::string& what) co
 torch::Tensor TorchArchive::tensor(const PyRef& v, const std::string& what) const {
   if (is_call_of(v, "torch._utils", "_rebuild_parameter") && v->args && !v->args->items.empty())
     return tensor(v->args->items[0], what);
+  // A tensor that carries Python attributes (Megatron's main weights keep `shared` and the like):
+  // _rebuild_from_type_v2(rebuild, type, rebuild's args, attributes). The tensor is rebuild(*args).
+  if (is_call_of(v, "torch._tensor", "_rebuild_from_type_v2") && v->args && v->args->items.size() >= 3 &&
+      v->args->items[2] && v->args->items[2]->kind == PyValue::Kind::Tuple) {
+    auto inner = make_value(PyValue::Kind::Call);
+    inner->callable = v->args->items[0];
+    inner->args = v->args->items[2];
+    return tensor(inner, what);
+  }
   if (!is_call_of(v, "torch._utils", "_rebuild_tensor_v2") || !v->args || v->args->items.size() < 4)
     throw UserError(source_ + ": " + what + " is not a tensor but " + describe(v));
   const auto& a = v->args->items;

@@ -30,8 +30,9 @@ class TorchArchive {
   const PyRef& root() const { return root_; }
   const std::string& source() const { return source_; }
 
-  // The tensor `v` rebuilds (torch._utils._rebuild_tensor_v2 or _rebuild_parameter over a
-  // storage), as a contiguous CPU tensor that owns its memory; UserError naming `what` otherwise.
+  // The tensor `v` rebuilds (torch._utils._rebuild_tensor_v2, _rebuild_parameter or
+  // torch._tensor._rebuild_from_type_v2 over a storage), as a contiguous CPU tensor that owns its
+  // memory; UserError naming `what` otherwise.
   torch::Tensor tensor(const PyRef& v, const std::string& what) const;
 
  private:

@@ -114,6 +114,15 @@ resume gpt_dp2_distopt_torch_dist  # the distributed optimizer's flat buffers
 # ... saved by eight ranks (TP2 x PP2 x DP2): each tensor- and pipeline-parallel rank's buffers
 # hold its parts of the weights (a SwiGLU fc1's gate and up halves split apart).
 resume llama_tp2pp2_distopt_torch_dist
+# bf16 runs: the mixed-precision optimizer's fp32 main weights beside the bf16 ones (in the legacy
+# file, tensors that carry Python attributes).
+resume gpt_bf16_torch_dist
+resume gpt_bf16_torch_legacy
+resume gpt_sgd_torch_dist  # torch.optim.SGD's momentum buffers, no step
+resume gpt_sgd_torch_legacy
+resume gpt_dp2_distopt_torch_legacy  # the distributed optimizer's distrib_optim.pt
+# TP2 x EP2 with whole experts: of the four ranks only mp_rank_00_000 and mp_rank_01_001 write.
+resume moe_tp2_etp1_ep2_torch_legacy
 # The weights alone give iteration 11's loss (the optimizer only acts after it).
 read -ra MODEL < "$FIXTURES/gpt_torch_legacy/args.txt"
 "$BIN" "${FLAGS[@]}" "${MODEL[@]}" --no-load-optim --load "$FIXTURES/gpt_torch_legacy/ckpt" > "$WORK/weights.log" 2>&1
@@ -220,6 +229,9 @@ if [ -n "$MPIRUN" ]; then
   resume gpt_dp2_distopt_torch_dist --use-distributed-optimizer
   resume llama_tp2pp2_distopt_torch_dist --tensor-model-parallel-size 2 --use-distributed-optimizer
   resume llama_tp2pp2_distopt_torch_dist --pipeline-model-parallel-size 2
+  resume gpt_dp2_distopt_torch_legacy --use-distributed-optimizer
+  resume gpt_sgd_torch_dist --tensor-model-parallel-size 2
+  resume moe_tp2_etp1_ep2_torch_legacy --expert-model-parallel-size 2
   # The model and the parallel layout from the arguments Megatron stored (four ranks: TP2 x PP2).
   log=$WORK/mp-args.log
   $MPIRUN --allow-run-as-root --oversubscribe --bind-to none -np 4 -x OMP_NUM_THREADS=1 "$BIN" "${FLAGS[@]}" \
