@@ -25,6 +25,17 @@ its projection is one of the inference-optimized linears, whose classes derive f
 types when TE is absent, and isinstance() raises TypeError. No module can be one of them then, so the
 answer is False.
 
+Without Apex or TE, Megatron's only norm is a plain torch norm that refuses sequence parallelism,
+which Megatron demands for tensor-parallel MoE layers. Under sequence parallelism a norm runs on its
+rank's slice of the sequence unchanged; what it needs is that its weights' gradients are summed over
+the tensor-parallel group, which Megatron does for every parameter marked `sequence_parallel`
+(Apex's norm marks its weights so). This builds the torch norm and marks its weights the same way.
+
+Megatron cannot load a torch_dist checkpoint of an SGD run either, its own included: loading asks
+the optimizer's init_state_fn for the state to fill, and SGD has none (None is called). This gives
+SGD the state it creates on its first step with momentum, a zero momentum buffer per parameter,
+which the checkpoint then replaces.
+
 Usage (in a Megatron-LM checkout): python3 megatron_without_apex_or_te.py pretrain_gpt.py ARGS...
 """
 import os
@@ -81,12 +92,55 @@ def let_mtp_build_without_te():
         multi_token_prediction.is_inference_column_parallel_linear = lambda module: False
 
 
+def let_torch_norm_run_sequence_parallel():
+    import copy
+
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    original_new = WrappedTorchNorm.__new__
+
+    def new(cls, config, *args, **kwargs):
+        if not config.sequence_parallel:
+            return original_new(cls, config, *args, **kwargs)
+        unsplit = copy.copy(config)
+        unsplit.sequence_parallel = False
+        norm = original_new(cls, unsplit, *args, **kwargs)
+        for param in norm.parameters():
+            param.sequence_parallel = True
+        return norm
+
+    WrappedTorchNorm.__new__ = staticmethod(new)
+
+
+def let_sgd_load_torch_dist():
+    from megatron.core.optimizer.optimizer import MegatronOptimizer
+
+    original_init = MegatronOptimizer.__init__
+
+    def init_sgd_state(opt, config=None):
+        for group in opt.param_groups:
+            if group.get("momentum", 0) == 0:
+                continue
+            for param in group["params"]:
+                if len(opt.state[param]) == 0:
+                    opt.state[param]["momentum_buffer"] = torch.zeros_like(param.data)
+
+    def init(self, optimizer, *args, **kwargs):
+        original_init(self, optimizer, *args, **kwargs)
+        if getattr(self, "init_state_fn", None) is None and isinstance(optimizer, torch.optim.SGD):
+            self.init_state_fn = init_sgd_state
+
+    MegatronOptimizer.__init__ = init
+
+
 def main():
     script = os.path.abspath(sys.argv[1])
     sys.path.insert(0, os.path.dirname(script))
     sys.argv = [script] + sys.argv[2:]
     let_torch_adam_load()
     let_mtp_build_without_te()
+    let_torch_norm_run_sequence_parallel()
+    let_sgd_load_torch_dist()
     runpy.run_path(script, run_name="__main__")
 
 
