@@ -93,6 +93,27 @@ def start(args, ranks=1):
     return p, out
 
 
+def where_ranks_wait(pids, skip):
+    """What each rank's threads are doing (for a report that did not come): their kernel wait
+    channels, and their stacks where gdb is installed."""
+    lines = []
+    for rank, pid in sorted(pids.items()):
+        if rank == skip:
+            continue
+        try:
+            tasks = sorted(os.listdir(f"/proc/{pid}/task"), key=int)
+            waits = [f"{open(f'/proc/{pid}/task/{t}/comm').read().strip()}:"
+                     f"{open(f'/proc/{pid}/task/{t}/wchan').read().strip() or '-'}" for t in tasks]
+        except OSError:
+            continue
+        lines.append(f"rank {rank} (pid {pid}) threads: " + " ".join(waits))
+        if shutil.which("gdb"):
+            bt = subprocess.run(["gdb", "-batch", "-p", str(pid), "-ex", "thread apply all bt 12"],
+                                capture_output=True, text=True, timeout=60).stdout
+            lines += [l for l in bt.splitlines() if l.startswith(("Thread ", "#"))]
+    return "\n".join(lines)
+
+
 def kill_group(p):
     try:
         os.killpg(p.pid, signal.SIGKILL)
@@ -360,11 +381,13 @@ def stopped_rank_is_reported(ranks=2, victim=1, report_after=5):
     stopped = time.time()
     text = wait_for(out, r"collective hang: .*", report_after + 25)
     took = time.time() - stopped
+    waits = "" if text else where_ranks_wait(pids, victim)
     kill_group(p)
     kill_ranks_and_wait(list(pids.values()))
     counts["faults injected"] += 1
     if not text:
-        return fail(scenario, f"no hang report within {report_after + 25} s")
+        return fail(scenario, f"no hang report within {report_after + 25} s; the job's output ends:\n"
+                              f"{text_of(out)[-3000:]}\n{waits}")
     line = re.search(r"collective hang: .*", text).group(0)
     for part in HANG_PARTS + (rf"not arrived: (rank \d+ \([^)]*\), )*rank {victim} \(last finished iteration \d+",
                               r"no heartbeat for \d+ s: stopped or dead"):
@@ -814,15 +837,23 @@ def rerun_engine():
         log(f"ok   report_stats: '{calls[-1]}': {summaries[-1]}; final state bitwise the uninterrupted run's")
 
 
-def nccl_faults():
+def nccl_faults(only=None):
     """The faults of a multi-rank job over NCCL (the rest of the suite is about files and flags,
-    the same on every device)."""
+    the same on every device); `only`: the names of a few of them."""
     if subprocess.run([NCCL_LAUNCH, "mpirun", "1", "true"], capture_output=True).returncode == 77:
         log("skipped: no GPU on this machine")
         sys.exit(77)
-    kill_one_rank(NCCL_RANKS, victim=1)
-    stopped_rank_is_reported(NCCL_RANKS, victim=1, report_after=20)
-    stopped_host_rank_ends_the_job(NCCL_RANKS, report_after=20)
+    scenarios = {
+        "kill_one_rank": lambda: kill_one_rank(NCCL_RANKS, victim=1),
+        "stopped_rank_is_reported": lambda: stopped_rank_is_reported(NCCL_RANKS, victim=1, report_after=20),
+        "stopped_host_rank_ends_the_job": lambda: stopped_host_rank_ends_the_job(NCCL_RANKS, report_after=20),
+        "bad_token_on_one_rank": nccl_bad_token_on_one_rank,
+    }
+    for name in only or scenarios:
+        scenarios[name]()
+
+
+def nccl_bad_token_on_one_rank():
     args = bad_token_corpus()
     if args is not None:
         bad_token_on_one_rank(args, [NCCL_LAUNCH, "mpirun", "2"])
@@ -837,11 +868,13 @@ def report_and_exit(start_time):
 def main():
     os.makedirs(WORK, exist_ok=True)
     start_time = time.time()
+    # e.g. --only corrupt_and_fall_back,second_job: a few scenarios while working on them
+    only = sys.argv[sys.argv.index("--only") + 1].split(",") if "--only" in sys.argv else None
     if NCCL_LAUNCH:
-        nccl_faults()
+        nccl_faults(only)
         report_and_exit(start_time)
-    if "--only" in sys.argv:  # e.g. --only corrupt_and_fall_back,second_job: a few scenarios while working on them
-        for name in sys.argv[sys.argv.index("--only") + 1].split(","):
+    if only:
+        for name in only:
             globals()[name]()
         report_and_exit(start_time)
     reference(1)
