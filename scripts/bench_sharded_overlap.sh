@@ -12,7 +12,10 @@
 #   groups' operations that no computation hid, from events) and, for a run with the overlap, the
 #   share of the exposed time it hid of what the computation could cover against the same engine
 #   without it: (exposed without - exposed with) / min(exposed without, compute), compute being the
-#   iteration's time minus the exposed time in the run without.
+#   iteration's time minus the exposed time in the run without; and its speed against that run
+#   (ms/iter without / with), the figure to read where ranks share a GPU: their contexts take
+#   turns on it, so communication the timer no longer sees as exposed can still hold the
+#   computation back (a hidden share above 100% says so).
 #   scripts/bench_sharded_overlap.sh [ranks] [-- extra flags]
 # BENCH_ITERS (default 12), BENCH_MICRO_BATCHES (per rank and step, default 2); logs in $BENCH_OUT.
 set -euo pipefail
@@ -41,22 +44,25 @@ run() {  # run <name> <baseline or -> <flags...>
     --num-layers "${BENCH_LAYERS:-4}" --micro-batch-size $MBS --global-batch-size $GBS --train-iters "$ITERS" \
     --log-interval $((ITERS / 3)) --timing-log-level 1 --distributed-timeout-minutes 5 "$@" "${extra[@]}" \
     >"$log" 2>&1 || {
-    echo "| $name | $* | failed: $(grep -m1 -i error "$log" | cut -c1-120) | | | | |"; return; }
+    echo "| $name | $* | failed: $(grep -m1 -i error "$log" | cut -c1-120) | | | | | |"; return; }
   local ms fb opt
   ms=$(iteration_ms "$log")
   fb=$(last_max "$log" forward-backward)
   opt=$(last_max "$log" optimizer)
   MS[$name]=$ms
   EXPOSED[$name]=$(last_max "$log" dp-comm-exposed)
-  local hidden=""
+  local hidden="" speed=""
   if [ "$base" != - ] && [ -n "${EXPOSED[$base]:-}" ] && [ -n "${EXPOSED[$name]}" ]; then
     hidden=$(hidden_share "${EXPOSED[$base]}" "${MS[$base]}" "${EXPOSED[$name]}")
   fi
-  echo "| $name | $* | $ms | $fb | $opt | ${EXPOSED[$name]} | $hidden |"
+  if [ "$base" != - ] && [ -n "${MS[$base]:-}" ] && [ -n "$ms" ]; then
+    speed=$(awk -v a="${MS[$base]}" -v b="$ms" 'BEGIN { if (b > 0) printf "%.2fx", a / b }')
+  fi
+  echo "| $name | $* | $ms | $fb | $opt | ${EXPOSED[$name]} | $hidden | $speed |"
 }
 
-echo "| run (DP$N, $N rank(s) on $(nvidia-smi -L | wc -l) GPU(s), ${BENCH_LAYERS:-4} layers, global batch $GBS x 2048) | flags | ms/iter | forward-backward ms | optimizer ms | dp-comm-exposed ms | exposed time hidden, of what compute covers |"
-echo "| --- | --- | --- | --- | --- | --- | --- |"
+echo "| run (DP$N, $N rank(s) on $(nvidia-smi -L | wc -l) GPU(s), ${BENCH_LAYERS:-4} layers, global batch $GBS x 2048) | flags | ms/iter | forward-backward ms | optimizer ms | dp-comm-exposed ms | exposed time hidden, of what compute covers | speed against the run without |"
+echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
 run distopt - --use-distributed-optimizer
 run distopt_overlap distopt --use-distributed-optimizer "${OVERLAP[@]}"
 run fsdp - "${FSDP[@]}"
