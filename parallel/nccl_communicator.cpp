@@ -50,7 +50,7 @@ ncclDataType_t nccl_type(torch::ScalarType t) {
 ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::Sum ? ncclSum : op == ReduceOp::Max ? ncclMax : ncclMin; }
 
 // Watches in-flight operations: one that has not completed after --hang-report-seconds is
-// reported (progress_board.h); on a timeout it reports and aborts the process (the other ranks'
+// reported (progress_board.h); on a timeout or an NCCL error it says so and ends the process (the other ranks'
 // watchdogs or the launcher end theirs), as a hung collective cannot be recovered.
 class Watchdog {
  public:
@@ -123,21 +123,18 @@ class Watchdog {
                                                        " min (--distributed-timeout-minutes)";
           std::fprintf(stderr, "fp8tron: error: %s in %s\n", why.c_str(), what(e.op).c_str());
           std::fflush(stderr);
-          abort_then_exit(e.comm);
+          exit_now();
         }
         break;  // operations on one stream finish in order enough for a coarse check
       }
     }
   }
-  // Aborting the communicator frees its peers' pending operations sooner, but ncclCommAbort can
-  // itself wait on a peer that is stopped (its proxy thread joins socket transfers): the process
-  // ends after a bounded grace period whether or not the abort returned.
-  [[noreturn]] static void abort_then_exit(ncclComm_t comm) {
-    std::thread([comm] { ncclCommAbort(comm); std::_Exit(1); }).detach();
-    std::this_thread::sleep_for(std::chrono::seconds(kAbortGraceSeconds));
-    std::_Exit(1);
-  }
-  static constexpr int kAbortGraceSeconds = 10;
+  // The process ends at once, without ncclCommAbort: an abort lets the operations it cancels
+  // complete, so the training thread can run on and call NCCL on the communicator being torn down
+  // (the likely cause of a segmentation fault seen at such a timeout), and the abort itself can
+  // wait on a stopped peer. Ending the process closes its connections, which fails the peers' pending
+  // operations as an abort would; the launcher ends the ranks still running.
+  [[noreturn]] static void exit_now() { std::_Exit(1); }
   // Whether the operation's event has fired. A failed kernel anywhere on the device (an illegal
   // address, say) surfaces here first, on this thread: it ends the process with one line instead
   // of an exception no one catches.
