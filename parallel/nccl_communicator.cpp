@@ -69,10 +69,19 @@ class Watchdog {
     uint64_t seq = 0;
     int world_rank = 0;
   };
-  void watch(std::shared_ptr<at::cuda::CUDAEvent> done, Op op, ncclComm_t comm) {
+  // One operation, watched from before its NCCL call: the call itself can block the CPU (NCCL
+  // connects peers at their first operation of a kind and waits there for them), and a rank held
+  // inside it must be reported like one whose kernel waits. `done` is recorded once the call has
+  // returned; until then the operation counts as pending.
+  struct Issue {
+    at::cuda::CUDAEvent done;
+    std::atomic<bool> recorded{false};
+    std::atomic<bool> abandoned{false};  // the call failed: its error is reported where it was made
+  };
+  void watch(std::shared_ptr<Issue> issue, Op op, ncclComm_t comm) {
     std::lock_guard<std::mutex> lock(mutex_);
     const auto now = std::chrono::steady_clock::now();
-    pending_.push_back({std::move(done), now, now + timeouts_.timeout, std::move(op), comm, false});
+    pending_.push_back({std::move(issue), now, now + timeouts_.timeout, std::move(op), comm, false});
   }
   // Drops the operations of a communicator about to be destroyed: the loop asks NCCL about an
   // operation's communicator (under the lock), which must not happen once it is freed.
@@ -83,7 +92,7 @@ class Watchdog {
 
  private:
   struct Entry {
-    std::shared_ptr<at::cuda::CUDAEvent> done;
+    std::shared_ptr<Issue> issue;
     std::chrono::steady_clock::time_point issued, deadline;
     Op op;
     ncclComm_t comm;
@@ -121,6 +130,8 @@ class Watchdog {
           std::string why = async != ncclSuccess ? std::string("NCCL error ") + ncclGetErrorString(async)
                                                  : "timed out after " + std::to_string(timeouts_.timeout.count() / 60000) +
                                                        " min (--distributed-timeout-minutes)";
+          if (!e.issue->recorded.load(std::memory_order_acquire))
+            why += " (held inside the NCCL call: NCCL waits there for peers it connects)";
           std::fprintf(stderr, "fp8tron: error: %s in %s\n", why.c_str(), what(e.op).c_str());
           std::fflush(stderr);
           exit_now();
@@ -139,8 +150,10 @@ class Watchdog {
   // address, say) surfaces here first, on this thread: it ends the process with one line instead
   // of an exception no one catches.
   bool completed(const Entry& e) const {
+    if (e.issue->abandoned.load(std::memory_order_acquire)) return true;
+    if (!e.issue->recorded.load(std::memory_order_acquire)) return false;
     try {
-      return e.done->query();
+      return e.issue->done.query();
     } catch (const std::exception& error) {
       const std::string text = error.what();
       std::fprintf(stderr, "fp8tron: error: CUDA error while %s was in flight: %s\n", what(e.op).c_str(),
@@ -159,11 +172,11 @@ class Watchdog {
 
 class NcclWork : public CommWork {
  public:
-  explicit NcclWork(std::shared_ptr<at::cuda::CUDAEvent> done) : done_(std::move(done)) {}
-  void wait() override { done_->block(at::cuda::getCurrentCUDAStream()); }
+  explicit NcclWork(std::shared_ptr<Watchdog::Issue> issue) : issue_(std::move(issue)) {}
+  void wait() override { issue_->done.block(at::cuda::getCurrentCUDAStream()); }
 
  private:
-  std::shared_ptr<at::cuda::CUDAEvent> done_;
+  std::shared_ptr<Watchdog::Issue> issue_;
 };
 
 class NcclCommunicator : public Communicator {
@@ -302,16 +315,25 @@ class NcclCommunicator : public Communicator {
     // The caching allocator must not hand these buffers out again before the stream is done.
     for (const auto& t : tensors)
       if (t.storage().data() != nullptr) c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), stream_);
-    {
-      c10::cuda::CUDAStreamGuard guard(stream_);
-      issue();
-    }
-    auto done = std::make_shared<at::cuda::CUDAEvent>();
-    done->record(stream_);
     const uint64_t seq = board_ && size_ > 1 ? board_->entered(key_) : 0;
-    watchdog_->watch(done, Watchdog::Op{op, name_, global_ranks_, seq, world_rank_}, comm_);
-    auto work = std::make_unique<NcclWork>(done);
-    return work;
+    auto watched = std::make_shared<Watchdog::Issue>();
+    watchdog_->watch(watched, Watchdog::Op{op, name_, global_ranks_, seq, world_rank_}, comm_);
+    try {
+      // While the call holds this thread, the others' reports say where it waits.
+      if (seq > 0) board_->waiting(key_, op, seq);
+      {
+        c10::cuda::CUDAStreamGuard guard(stream_);
+        issue();
+      }
+      watched->done.record(stream_);
+      watched->recorded.store(true, std::memory_order_release);
+    } catch (...) {
+      watched->abandoned.store(true, std::memory_order_release);
+      if (seq > 0) board_->done_waiting();
+      throw;
+    }
+    if (seq > 0) board_->done_waiting();
+    return std::make_unique<NcclWork>(std::move(watched));
   }
 
   ncclComm_t comm_;

@@ -52,7 +52,8 @@ class ProgressBoard {
 
   // Communicators. A group is named by its name and its members' global ranks ("dp[0,2]").
   static std::string group_key(const std::string& name, const std::vector<int>& members);
-  // A collective was issued on the group: returns its number there (1, 2, ...).
+  // A collective is entered on the group (counted before its call, which may block): returns its
+  // number there (1, 2, ...).
   uint64_t entered(const std::string& key);
   // This rank blocks on collective `seq` of the group (`op`) from now until done_waiting().
   void waiting(const std::string& key, const std::string& op, uint64_t seq);

@@ -66,5 +66,11 @@ fixture moe_tp2_ep2_torch_legacy 4 --tensor-model-parallel-size 2 --sequence-par
 fixture gpt_dp2_distopt_bf16_torch_legacy 2 --use-distributed-optimizer -- "${GPT[@]}" --ckpt-format torch --bf16
 fixture gpt_bf16_torch_dist 1 -- "${GPT[@]}" --ckpt-format torch_dist --bf16
 fixture gpt_sgd_torch_legacy 1 -- "${GPT[@]}" --ckpt-format torch --optimizer sgd --sgd-momentum 0.9
+# fp16: the main weights beside the fp16 ones, and the dynamic loss scaler's state.
+fixture gpt_fp16_torch_legacy 1 -- "${GPT[@]}" --ckpt-format torch --fp16
+# The distributed optimizer's state laid out per parameter (fp8tron writes this layout; it reads
+# Megatron's own only from this fixture).
+fixture gpt_dp2_distopt_fully_reshardable_torch_dist 2 --use-distributed-optimizer --dist-ckpt-optim-fully-reshardable -- \
+  "${GPT[@]}" --ckpt-format torch_dist
 for pid in "${pids[@]}"; do wait "$pid" || fail=1; done
 exit $fail
