@@ -73,15 +73,15 @@ class Watchdog {
   // connects peers at their first operation of a kind and waits there for them), and a rank held
   // inside it must be reported like one whose kernel waits. `done` is recorded once the call has
   // returned; until then the operation counts as pending.
-  struct Issue {
+  struct InFlight {
     at::cuda::CUDAEvent done;
     std::atomic<bool> recorded{false};
     std::atomic<bool> abandoned{false};  // the call failed: its error is reported where it was made
   };
-  void watch(std::shared_ptr<Issue> issue, Op op, ncclComm_t comm) {
+  void watch(std::shared_ptr<InFlight> in_flight, Op op, ncclComm_t comm) {
     std::lock_guard<std::mutex> lock(mutex_);
     const auto now = std::chrono::steady_clock::now();
-    pending_.push_back({std::move(issue), now, now + timeouts_.timeout, std::move(op), comm, false});
+    pending_.push_back({std::move(in_flight), now, now + timeouts_.timeout, std::move(op), comm, false});
   }
   // Drops the operations of a communicator about to be destroyed: the loop asks NCCL about an
   // operation's communicator (under the lock), which must not happen once it is freed.
@@ -92,7 +92,7 @@ class Watchdog {
 
  private:
   struct Entry {
-    std::shared_ptr<Issue> issue;
+    std::shared_ptr<InFlight> in_flight;
     std::chrono::steady_clock::time_point issued, deadline;
     Op op;
     ncclComm_t comm;
@@ -130,7 +130,7 @@ class Watchdog {
           std::string why = async != ncclSuccess ? std::string("NCCL error ") + ncclGetErrorString(async)
                                                  : "timed out after " + std::to_string(timeouts_.timeout.count() / 60000) +
                                                        " min (--distributed-timeout-minutes)";
-          if (!e.issue->recorded.load(std::memory_order_acquire))
+          if (!e.in_flight->recorded.load(std::memory_order_acquire))
             why += " (held inside the NCCL call: NCCL waits there for peers it connects)";
           std::fprintf(stderr, "fp8tron: error: %s in %s\n", why.c_str(), what(e.op).c_str());
           std::fflush(stderr);
@@ -150,10 +150,10 @@ class Watchdog {
   // address, say) surfaces here first, on this thread: it ends the process with one line instead
   // of an exception no one catches.
   bool completed(const Entry& e) const {
-    if (e.issue->abandoned.load(std::memory_order_acquire)) return true;
-    if (!e.issue->recorded.load(std::memory_order_acquire)) return false;
+    if (e.in_flight->abandoned.load(std::memory_order_acquire)) return true;
+    if (!e.in_flight->recorded.load(std::memory_order_acquire)) return false;
     try {
-      return e.issue->done.query();
+      return e.in_flight->done.query();
     } catch (const std::exception& error) {
       const std::string text = error.what();
       std::fprintf(stderr, "fp8tron: error: CUDA error while %s was in flight: %s\n", what(e.op).c_str(),
@@ -172,11 +172,11 @@ class Watchdog {
 
 class NcclWork : public CommWork {
  public:
-  explicit NcclWork(std::shared_ptr<Watchdog::Issue> issue) : issue_(std::move(issue)) {}
-  void wait() override { issue_->done.block(at::cuda::getCurrentCUDAStream()); }
+  explicit NcclWork(std::shared_ptr<Watchdog::InFlight> in_flight) : in_flight_(std::move(in_flight)) {}
+  void wait() override { in_flight_->done.block(at::cuda::getCurrentCUDAStream()); }
 
  private:
-  std::shared_ptr<Watchdog::Issue> issue_;
+  std::shared_ptr<Watchdog::InFlight> in_flight_;
 };
 
 class NcclCommunicator : public Communicator {
@@ -316,7 +316,7 @@ class NcclCommunicator : public Communicator {
     for (const auto& t : tensors)
       if (t.storage().data() != nullptr) c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), stream_);
     const uint64_t seq = board_ && size_ > 1 ? board_->entered(key_) : 0;
-    auto watched = std::make_shared<Watchdog::Issue>();
+    auto watched = std::make_shared<Watchdog::InFlight>();
     watchdog_->watch(watched, Watchdog::Op{op, name_, global_ranks_, seq, world_rank_}, comm_);
     try {
       // While the call holds this thread, the others' reports say where it waits.
