@@ -263,7 +263,13 @@ int64_t load_megatron_checkpoint(const TrainingState& s, const ck::CheckpointLoc
     if (load_optim && optimizer != "adam" && optimizer != "sgd")
       throw UserError("checkpoint " + location.path + " is Megatron's; fp8tron reads its Adam and SGD state only, this "
                       "run uses --optimizer " + optimizer + ": pass --no-load-optim or --finetune");
-    read = mg::read_checkpoint(location.path, format);
+    // The weights whose optimizer state this rank reads (none without the optimizer): of the
+    // distributed optimizer's buffers only their state is located.
+    std::set<std::string> weights_read;
+    if (load_optim)
+      for (const auto& domain : s.optimizer.domains())
+        for (const Slot& slot : domain->param_slots()) weights_read.insert(checkpoint_name(slot));
+    read = mg::read_checkpoint(location.path, format, &weights_read);
     const mg::MegatronCheckpoint& c = *read;
     check_model_args(c, s.config.model);
     if (load_optim) check_optimizer_state(c, optimizer);

@@ -61,7 +61,8 @@ void check_tiling(const DcpTensor& t, const std::string& where) {
 
 }  // namespace
 
-DcpCheckpoint::DcpCheckpoint(const std::string& dir) : dir_(dir) {
+DcpCheckpoint::DcpCheckpoint(const std::string& dir, int64_t kept_chunk_bytes)
+    : dir_(dir), kept_chunk_bytes_(kept_chunk_bytes) {
   const std::string path = dir + "/.metadata";
   const PyRef root = parse_pickle(read_whole(path), path);
   if (!is_call_of(root, "torch.distributed.checkpoint.metadata", "Metadata"))
@@ -167,10 +168,7 @@ torch::Tensor DcpCheckpoint::box(const std::string& name, const std::vector<int6
   FP8TRON_CHECK(it != tensors_.end(), "reading tensor " + name + " absent from a distributed checkpoint");
   const DcpTensor& t = it->second;
   FP8TRON_CHECK(offsets.size() == t.shape.size() && sizes.size() == t.shape.size(), "a box of another rank");
-  if (keep_chunks && kept_tensor_ != name) {
-    forget_chunks();
-    kept_tensor_ = name;
-  }
+  const int64_t use = ++uses_;
   auto out = torch::empty(sizes, torch::TensorOptions().dtype(t.dtype));
   int64_t covered = 0;
   std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> pieces;  // [lo, hi) of each chunk in the box
@@ -192,9 +190,17 @@ torch::Tensor DcpCheckpoint::box(const std::string& name, const std::vector<int6
     }
     pieces.emplace_back(lo, hi);
     torch::Tensor part;
-    if (!keep_chunks) part = read_chunk(name, c);
-    else if (auto kept = kept_chunks_.find(i); kept != kept_chunks_.end()) part = kept->second;
-    else part = kept_chunks_[i] = read_chunk(name, c);
+    if (!keep_chunks) {
+      part = read_chunk(name, c);
+    } else {
+      KeptChunk& kept = kept_chunks_[{name, i}];
+      if (!kept.values.defined()) {
+        kept.values = read_chunk(name, c);
+        kept_bytes_ += kept.values.nbytes();
+      }
+      kept.last_use = use;
+      part = kept.values;
+    }
     torch::Tensor from = part, to = out;
     int64_t n = 1;
     for (size_t d = 0; d < sizes.size(); ++d) {
@@ -207,7 +213,27 @@ torch::Tensor DcpCheckpoint::box(const std::string& name, const std::vector<int6
   }
   if (covered != out.numel())
     throw DamagedCheckpoint(dir_ + "/.metadata: the chunks of " + name + " do not cover the tensor once");
+  if (keep_chunks) drop_unused_chunks(use);
   return out;
+}
+
+void DcpCheckpoint::drop_unused_chunks(int64_t in_use) const {
+  while (kept_bytes_ > kept_chunk_bytes_) {
+    auto oldest = kept_chunks_.end();
+    for (auto it = kept_chunks_.begin(); it != kept_chunks_.end(); ++it)
+      if (it->second.last_use != in_use && (oldest == kept_chunks_.end() || it->second.last_use < oldest->second.last_use))
+        oldest = it;
+    if (oldest == kept_chunks_.end()) return;  // every kept chunk is the box's own
+    kept_bytes_ -= oldest->second.values.nbytes();
+    kept_chunks_.erase(oldest);
+  }
+}
+
+torch::Tensor DcpCheckpoint::chunk(const std::string& name, size_t index) const {
+  auto it = tensors_.find(name);
+  FP8TRON_CHECK(it != tensors_.end() && index < it->second.chunks.size(),
+                "reading a chunk of tensor " + name + " absent from a distributed checkpoint");
+  return read_chunk(name, it->second.chunks[index]);
 }
 
 torch::Tensor DcpCheckpoint::tensor(const std::string& name) const {
@@ -222,8 +248,8 @@ torch::Tensor DcpCheckpoint::region(const std::string& name, const std::vector<i
 }
 
 void DcpCheckpoint::forget_chunks() const {
-  kept_tensor_.clear();
   kept_chunks_.clear();
+  kept_bytes_ = 0;
 }
 
 int64_t DcpCheckpoint::tensor_bytes() const {

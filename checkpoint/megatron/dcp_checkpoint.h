@@ -34,18 +34,23 @@ class DcpCheckpoint {
  public:
   // Reads dir/.metadata; UserError naming it when it is missing, unreadable or inconsistent, or
   // naming a .distcp file that is missing or shorter than .metadata says.
-  explicit DcpCheckpoint(const std::string& dir);
+  explicit DcpCheckpoint(const std::string& dir, int64_t kept_chunk_bytes = kKeptChunkBytes);
 
   const std::map<std::string, DcpTensor>& tensors() const { return tensors_; }
   // The global tensor `name`, assembled from its chunks (every element covered once).
   torch::Tensor tensor(const std::string& name) const;
   // The box [offsets, offsets + sizes) of tensor `name`, from the chunks it overlaps. The chunks
-  // read stay in memory until a box of another tensor is asked for, so boxes asked for tensor by
-  // tensor read each chunk once.
+  // read stay in memory, the least recently used dropped once they pass kept_chunk_bytes (never
+  // those of the box being read), so boxes asked for tensor by tensor, or alternating between a
+  // few tensors (the tensor-parallel parts of a weight in several ranks' buffers), read each chunk
+  // once.
   torch::Tensor region(const std::string& name, const std::vector<int64_t>& offsets,
                        const std::vector<int64_t>& sizes) const;
+  // Chunk `index` of tensor `name` (in .metadata's order), read and not kept.
+  torch::Tensor chunk(const std::string& name, size_t index) const;
   // Drops the chunks kept by region().
   void forget_chunks() const;
+  static constexpr int64_t kKeptChunkBytes = int64_t(1) << 30;
   // Bytes of tensor chunks read from the .distcp files so far, and all of them.
   int64_t bytes_read() const { return bytes_read_; }
   int64_t tensor_bytes() const;
@@ -66,11 +71,17 @@ class DcpCheckpoint {
                     bool keep_chunks) const;
 
   std::string dir_;
+  int64_t kept_chunk_bytes_;
   std::map<std::string, DcpTensor> tensors_;
   std::map<std::string, DcpStorage> objects_;
-  // region()'s chunks of one tensor, by their index in its chunk list.
-  mutable std::string kept_tensor_;
-  mutable std::map<size_t, torch::Tensor> kept_chunks_;
+  // region()'s chunks by (tensor, index in its chunk list), and when each was last used.
+  struct KeptChunk {
+    torch::Tensor values;
+    int64_t last_use = 0;
+  };
+  void drop_unused_chunks(int64_t in_use) const;
+  mutable std::map<std::pair<std::string, size_t>, KeptChunk> kept_chunks_;
+  mutable int64_t kept_bytes_ = 0, uses_ = 0;
   mutable int64_t bytes_read_ = 0;
 };
 

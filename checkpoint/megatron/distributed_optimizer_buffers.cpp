@@ -5,7 +5,9 @@
 #include <filesystem>
 #include <map>
 #include <set>
+#include <unordered_map>
 
+#include "checkpoint/megatron/damage.h"
 #include "checkpoint/megatron/tensor_parallel_split.h"
 #include "checkpoint/megatron/torch_archive.h"
 #include "core/error.h"
@@ -16,35 +18,131 @@ namespace {
 
 constexpr const char* kPrefix = "optimizer.distributed.";
 constexpr int64_t kParamAlignment = 64;  // Megatron pads each parameter's start to 64 elements
+constexpr size_t kHeadValues = 16;       // values of a weight compared before its hash
 
-struct Bucket {
-  torch::Tensor param, exp_avg, exp_avg_sq;
-  bool concatenated = false;  // a legacy buffer: several buckets, each without its end padding
+// One flat buffer of a bucket (its main weights or a moment): a stored tensor of a torch_dist
+// checkpoint, read where asked, or a legacy file's tensor in memory.
+struct FlatBuffer {
+  std::shared_ptr<const DcpCheckpoint> dcp;
+  std::string name;      // the stored tensor (torch_dist)
+  torch::Tensor values;  // in memory (legacy)
+  int64_t size = 0;
+
+  torch::Tensor segment(int64_t offset, int64_t n) const {
+    return values.defined() ? values.narrow(0, offset, n) : dcp->region(name, {offset}, {n});
+  }
 };
 
-// The flat buffers by model-parallel rank (the name up to ".gbuf_idx_"), then by bucket (the name
-// up to its last '.').
-std::map<std::string, std::map<std::string, Bucket>> read_buckets(const DcpCheckpoint& dcp) {
-  std::map<std::string, std::map<std::string, Bucket>> groups;
-  for (const auto& [name, entry] : dcp.tensors()) {
+struct Bucket {
+  FlatBuffer param, exp_avg, exp_avg_sq;
+  bool concatenated = false;  // a legacy buffer: several buckets, each without its end padding
+};
+// The flat buffers by model-parallel rank (a torch_dist name up to ".gbuf_idx_"), then by bucket.
+using Groups = std::map<std::string, std::map<std::string, Bucket>>;
+
+// The values of a bucket's main weights as the weights hold them (rounded to the weights' dtype,
+// in fp32), read front to back one stored chunk at a time, so that no bucket is ever in memory
+// whole: the chunks before the position searched are let go.
+class RoundedValues {
+ public:
+  RoundedValues(const FlatBuffer& buffer, torch::ScalarType dtype) : buffer_(buffer), dtype_(dtype) {
+    if (buffer.values.defined()) {
+      pieces_.push_back({0, buffer.size, 0});
+      return;
+    }
+    const DcpTensor& t = buffer.dcp->tensors().at(buffer.name);
+    for (size_t i = 0; i < t.chunks.size(); ++i) pieces_.push_back({t.chunks[i].offsets[0], t.chunks[i].sizes[0], i});
+    std::sort(pieces_.begin(), pieces_.end(), [](const Piece& a, const Piece& b) { return a.begin < b.begin; });
+    int64_t end = 0;
+    for (const Piece& p : pieces_) {
+      if (p.begin != end) break;
+      end += p.size;
+    }
+    if (end != buffer.size)
+      throw DamagedCheckpoint(buffer.dcp->source() + ": the chunks of " + buffer.name + " do not cover the tensor once");
+  }
+
+  int64_t size() const { return buffer_.size; }
+  float at(int64_t i) { return values_of(piece_of(i))[i - pieces_[piece_of(i)].begin]; }
+  // Calls f(values, count) on the values [begin, end), piece by piece.
+  template <class F>
+  void visit(int64_t begin, int64_t end, F&& f) {
+    while (begin < end) {
+      const size_t k = piece_of(begin);
+      const int64_t stop = std::min(end, pieces_[k].begin + pieces_[k].size);
+      f(values_of(k) + (begin - pieces_[k].begin), stop - begin);
+      begin = stop;
+    }
+  }
+  // Lets go of the pieces wholly before `i`.
+  void release_before(int64_t i) {
+    std::erase_if(loaded_, [&](const auto& e) { return pieces_[e.first].begin + pieces_[e.first].size <= i; });
+  }
+
+ private:
+  struct Piece {
+    int64_t begin, size;
+    size_t chunk;  // its index in the stored tensor's chunk list
+  };
+  size_t piece_of(int64_t i) const {
+    auto it = std::upper_bound(pieces_.begin(), pieces_.end(), i, [](int64_t v, const Piece& p) { return v < p.begin; });
+    return size_t(it - pieces_.begin()) - 1;
+  }
+  const float* values_of(size_t k) {
+    torch::Tensor& v = loaded_[k];
+    if (!v.defined()) {
+      const torch::Tensor raw =
+          buffer_.values.defined() ? buffer_.values : buffer_.dcp->chunk(buffer_.name, pieces_[k].chunk).flatten();
+      v = raw.to(dtype_).to(torch::kFloat32).contiguous();
+    }
+    return v.data_ptr<float>();
+  }
+
+  const FlatBuffer& buffer_;
+  torch::ScalarType dtype_;
+  std::vector<Piece> pieces_;
+  std::map<size_t, torch::Tensor> loaded_;
+};
+
+uint32_t bits_of(float v) {
+  uint32_t b;
+  std::memcpy(&b, &v, sizeof b);
+  return b;
+}
+
+// FNV-1a over the values' bit patterns: equal values (to the bit, as the buffers were written
+// from the weights) give equal hashes whatever pieces they are read in.
+constexpr uint64_t kHashStart = 0xcbf29ce484222325ULL;
+uint64_t extend_hash(uint64_t h, const float* v, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) h = (h ^ bits_of(v[i])) * 0x100000001b3ULL;
+  return h;
+}
+
+Groups read_buckets(const std::shared_ptr<const DcpCheckpoint>& dcp) {
+  Groups groups;
+  for (const auto& [name, entry] : dcp->tensors()) {
     if (name.rfind(kPrefix, 0) != 0) continue;
     const size_t dot = name.rfind('.');
     const std::string bucket = name.substr(0, dot), key = name.substr(dot + 1);
     if (entry.shape.size() != 1)
-      throw UserError(dcp.source() + ": the distributed optimizer's " + name + " is not one flat buffer; fp8tron does "
+      throw UserError(dcp->source() + ": the distributed optimizer's " + name + " is not one flat buffer; fp8tron does "
                       "not know this layout: pass --no-load-optim to load the weights");
     const size_t gbuf = bucket.find(".gbuf_idx_");
     Bucket& b = groups[bucket.substr(0, gbuf)][bucket];
-    if (key == "param") b.param = dcp.tensor(name);
-    else if (key == "exp_avg") b.exp_avg = dcp.tensor(name);
-    else if (key == "exp_avg_sq") b.exp_avg_sq = dcp.tensor(name);
-    else throw UserError(dcp.source() + ": the distributed optimizer's " + name + " is not Adam's; pass --no-load-optim");
+    FlatBuffer* buffer = key == "param" ? &b.param : key == "exp_avg" ? &b.exp_avg : key == "exp_avg_sq" ? &b.exp_avg_sq : nullptr;
+    if (!buffer)
+      throw UserError(dcp->source() + ": the distributed optimizer's " + name + " is not Adam's; pass --no-load-optim");
+    *buffer = FlatBuffer{dcp, name, {}, entry.shape[0]};
   }
   for (const auto& [group, buckets] : groups)
-    for (const auto& [name, b] : buckets)
-      if (!b.param.defined() || !b.exp_avg.defined() || !b.exp_avg_sq.defined())
-        throw UserError(dcp.source() + ": the distributed optimizer's bucket " + name + " lacks param, exp_avg or "
+    for (const auto& [name, b] : buckets) {
+      if (b.param.name.empty() || b.exp_avg.name.empty() || b.exp_avg_sq.name.empty())
+        throw UserError(dcp->source() + ": the distributed optimizer's bucket " + name + " lacks param, exp_avg or "
                         "exp_avg_sq; pass --no-load-optim");
+      if (b.exp_avg.size != b.param.size || b.exp_avg_sq.size != b.param.size)
+        throw DamagedCheckpoint(dcp->source() + ": the distributed optimizer's bucket " + name +
+                                " holds param, exp_avg and exp_avg_sq of different sizes");
+    }
   return groups;
 }
 
@@ -54,24 +152,70 @@ int64_t layer_of(const std::string& name) {
   return std::stoll(name.substr(kLayers.size()));
 }
 
+bool in_mlp(const std::string& name) {
+  return name.find(".mlp.") != std::string::npos || name.find(".pre_mlp_layernorm.") != std::string::npos;
+}
+
 // Megatron's gradient buffer takes the parameters in reverse module order: among equal weights,
-// the one it would place first (a later layer; in a layer, the MLP before the attention).
+// the one it would place first (a later layer; in a layer, the MLP and its norm before the
+// attention).
 bool placed_before(const std::string& a, const std::string& b) {
   if (layer_of(a) != layer_of(b)) return layer_of(a) > layer_of(b);
-  const bool a_mlp = a.find(".mlp.") != std::string::npos, b_mlp = b.find(".mlp.") != std::string::npos;
-  if (a_mlp != b_mlp) return a_mlp;
+  if (in_mlp(a) != in_mlp(b)) return in_mlp(a);
   return a > b;
 }
 
-// A weight, or one tensor-parallel rank's part of it, as the buffers hold it: its values in fp32
-// after rounding to the weight's dtype (bf16/fp16 runs keep fp32 main weights that round to it).
+// A weight, or one tensor-parallel rank's part of it, as the buffers hold it (its values in fp32
+// after rounding to the weight's dtype: bf16/fp16 runs keep fp32 main weights that round to it),
+// known by its length, its first values and a hash of all of them: the weights need not stay in
+// memory while the buffers are searched.
 struct Candidate {
   std::string name;
   int64_t part = -1;  // the tensor-parallel rank whose part it is; -1: the whole weight (the same on every rank)
-  torch::Tensor values;  // flat fp32
   std::vector<int64_t> shape;
+  int64_t numel = 0;
+  std::vector<float> head;
+  uint64_t hash = kHashStart;
+  bool wanted = true;  // its state is read; otherwise it is searched for only to tell equal weights apart
 };
 using PartKey = std::pair<std::string, int64_t>;  // (weight, part)
+
+Candidate candidate(const std::string& name, int64_t part, const torch::Tensor& values, bool wanted) {
+  const torch::Tensor flat = values.flatten().to(torch::kFloat32).contiguous();
+  Candidate c{name, part, values.sizes().vec(), flat.numel(), {}, kHashStart, wanted};
+  const float* v = flat.data_ptr<float>();
+  c.head.assign(v, v + std::min<int64_t>(c.numel, kHeadValues));
+  c.hash = extend_hash(kHashStart, v, c.numel);
+  return c;
+}
+
+// The weights already in out.tensors (not the optimizer's) whose state this rank reads, and every
+// one-dimensional weight (norms and biases: untrained ones equal one another, and only the order
+// of all of them tells which is which), read stored tensor by stored tensor so that each chunk of a
+// stacked one is read once, one weight at a time.
+std::vector<Candidate> candidates(const MegatronCheckpoint& out, const std::set<std::string>* weights_read,
+                                  torch::ScalarType* dtype) {
+  std::vector<std::pair<std::string, std::string>> order;  // (source, name)
+  for (const auto& [name, t] : out.tensors)
+    if (!name.starts_with("optimizer.") && !is_model_buffer(name) &&
+        (!weights_read || weights_read->count(name) || t.shape().size() == 1))
+      order.emplace_back(t.source(), name);
+  std::sort(order.begin(), order.end());
+  std::vector<Candidate> all;
+  for (const auto& [source, name] : order) {
+    const torch::Tensor w = out.tensors.at(name).read();
+    *dtype = w.scalar_type();
+    const bool wanted = !weights_read || weights_read->count(name);
+    const TpSplit split = tp_split_of(name, out.gated_linear_unit);
+    if (out.tensor_parallel == 1 || split == TpSplit::kReplicated) {
+      all.push_back(candidate(name, -1, w, wanted));
+      continue;
+    }
+    for (int64_t r = 0; r < out.tensor_parallel; ++r)
+      all.push_back(candidate(name, r, tp_part(w, split, r, out.tensor_parallel, name), wanted));
+  }
+  return all;
+}
 
 // Where a candidate lies in a bucket's buffers.
 struct Place {
@@ -79,49 +223,55 @@ struct Place {
   int64_t offset;
 };
 
-std::vector<Candidate> candidates(const std::map<std::string, torch::Tensor>& weights, int64_t tp, bool gated) {
-  std::vector<Candidate> out;
-  for (const auto& [name, w] : weights) {
-    const TpSplit split = tp_split_of(name, gated);
-    if (tp == 1 || split == TpSplit::kReplicated) {
-      out.push_back({name, -1, w.flatten().to(torch::kFloat32).contiguous(), w.sizes().vec()});
-      continue;
-    }
-    for (int64_t r = 0; r < tp; ++r) {
-      const torch::Tensor part = tp_part(w, split, r, tp, name);
-      out.push_back({name, r, part.flatten().to(torch::kFloat32).contiguous(), part.sizes().vec()});
-    }
+// Of the candidates `heads` (whose first values are those at `pos`), those whose every value is
+// there: one pass over the longest of them, the hash compared at each one's length.
+std::vector<size_t> whole_matches(RoundedValues& v, int64_t pos, std::vector<size_t> heads,
+                                  const std::vector<Candidate>& all) {
+  std::sort(heads.begin(), heads.end(), [&](size_t a, size_t b) { return all[a].numel < all[b].numel; });
+  std::vector<size_t> matches;
+  uint64_t h = kHashStart;
+  int64_t hashed = pos;
+  for (size_t i : heads) {
+    v.visit(hashed, pos + all[i].numel, [&](const float* p, int64_t n) { h = extend_hash(h, p, n); });
+    hashed = pos + all[i].numel;
+    if (h == all[i].hash) matches.push_back(i);
   }
-  return out;
+  return matches;
 }
 
 // The candidates found in one model-parallel rank's buckets (one dp_group_idx: a tensor- and
-// pipeline-parallel rank's parameters), each at most once.
+// pipeline-parallel rank's parameters), each at most once. Parameters start at multiples of
+// kParamAlignment from their bucket's start: a position where no candidate starts is padding or a
+// weight this rank does not search for, and the search goes on at the next multiple.
+// The search ends once every wanted candidate has a place (`unplaced` counts those that have not).
 void locate_in_group(const std::vector<const Bucket*>& buckets, const std::vector<Candidate>& all,
-                     torch::ScalarType dtype, std::map<PartKey, Place>& places) {
-  std::map<float, std::vector<size_t>> by_first;
+                     torch::ScalarType dtype, std::map<PartKey, Place>& places, int64_t& unplaced) {
+  std::unordered_map<uint32_t, std::vector<size_t>> by_first;
   for (size_t i = 0; i < all.size(); ++i)
-    if (all[i].values.numel() > 0) by_first[all[i].values.data_ptr<float>()[0]].push_back(i);
+    if (all[i].numel > 0) by_first[bits_of(all[i].head[0])].push_back(i);
   std::set<size_t> placed;
   for (const Bucket* bucket : buckets) {
-    const torch::Tensor values = bucket->param.to(dtype).to(torch::kFloat32).contiguous();
-    const float* v = values.data_ptr<float>();
-    const int64_t size = values.numel();
-    // Parameters start at multiples of kParamAlignment from their bucket's start; a legacy buffer
-    // concatenates its buckets without their end padding, so there a parameter found right after
-    // the last one, off that grid, starts the next bucket.
+    if (unplaced == 0) return;
+    RoundedValues v(bucket->param, dtype);
+    const int64_t size = v.size();
+    // A legacy buffer concatenates its buckets without their end padding: a parameter found right
+    // after the last one, off that grid, starts the next bucket.
     int64_t pos = 0, bucket_start = 0;
     while (pos < size) {
-      std::vector<size_t> matches;
-      auto it = by_first.find(v[pos]);
+      std::vector<size_t> heads;
+      auto it = by_first.find(bits_of(v.at(pos)));
       if (it != by_first.end())
         for (size_t i : it->second) {
-          const torch::Tensor& c = all[i].values;
-          if (placed.count(i) || pos + c.numel() > size) continue;
-          if (std::memcmp(c.data_ptr<float>(), v + pos, sizeof(float) * size_t(c.numel())) == 0) matches.push_back(i);
+          const Candidate& c = all[i];
+          if (placed.count(i) || pos + c.numel > size) continue;
+          size_t k = 1;
+          while (k < c.head.size() && bits_of(v.at(pos + int64_t(k))) == bits_of(c.head[k])) ++k;
+          if (k == c.head.size()) heads.push_back(i);
         }
-      if (matches.empty()) {  // padding: the next parameter starts on the next aligned element
+      const std::vector<size_t> matches = heads.empty() ? heads : whole_matches(v, pos, heads, all);
+      if (matches.empty()) {
         pos = bucket_start + ((pos - bucket_start) / kParamAlignment + 1) * kParamAlignment;
+        v.release_before(pos);
         continue;
       }
       if (bucket->concatenated && (pos - bucket_start) % kParamAlignment != 0) bucket_start = pos;
@@ -130,24 +280,27 @@ void locate_in_group(const std::vector<const Bucket*>& buckets, const std::vecto
         return all[a].part < all[b].part;
       });
       placed.insert(i);
-      places.emplace(PartKey{all[i].name, all[i].part}, Place{bucket, pos});  // a replica's first place
-      pos += all[i].values.numel();
+      if (places.emplace(PartKey{all[i].name, all[i].part}, Place{bucket, pos}).second && all[i].wanted) --unplaced;
+      if (unplaced == 0) return;  // a replica keeps its first place
+      pos += all[i].numel;
+      v.release_before(pos);
     }
   }
 }
 
-// Where each weight (each tensor-parallel part of it) lies in the buckets' main weights, found by
-// value, group by group.
-std::map<PartKey, Place> locate(const std::map<std::string, std::map<std::string, Bucket>>& groups,
-                                const std::vector<Candidate>& all, torch::ScalarType dtype, const std::string& where) {
+// Where each wanted weight (each tensor-parallel part of it) lies in the buckets' main weights,
+// found by value, group by group.
+std::map<PartKey, Place> locate(const Groups& groups, const std::vector<Candidate>& all, torch::ScalarType dtype,
+                                const std::string& where) {
   std::map<PartKey, Place> places;
+  int64_t unplaced = std::count_if(all.begin(), all.end(), [](const Candidate& c) { return c.wanted; });
   for (const auto& [group, buckets] : groups) {
     std::vector<const Bucket*> in_group;
     for (const auto& [name, b] : buckets) in_group.push_back(&b);
-    locate_in_group(in_group, all, dtype, places);
+    locate_in_group(in_group, all, dtype, places, unplaced);
   }
   for (const Candidate& c : all)
-    if (!places.count({c.name, c.part}))
+    if (c.wanted && !places.count({c.name, c.part}))
       throw UserError(where + ": " + c.name +
                       (c.part >= 0 ? " (its part on tensor-parallel rank " + std::to_string(c.part) + ")" : std::string()) +
                       " is not in the distributed optimizer's buffers (another model's optimizer state?); pass "
@@ -176,37 +329,61 @@ void read_step(const DcpCheckpoint& dcp, MegatronCheckpoint& out) {
   }
 }
 
-// The weights already in out.tensors (not the optimizer's), read stored tensor by stored tensor so
-// that each chunk of a stacked one is read once.
-std::map<std::string, torch::Tensor> weights_of(const MegatronCheckpoint& out) {
-  std::vector<std::pair<std::string, std::string>> order;  // (source, name)
-  for (const auto& [name, t] : out.tensors)
-    if (!name.starts_with("optimizer.") && !is_model_buffer(name)) order.emplace_back(t.source(), name);
-  std::sort(order.begin(), order.end());
-  std::map<std::string, torch::Tensor> weights;
-  for (const auto& [source, name] : order) weights[name] = out.tensors.at(name).read();
-  return weights;
-}
+// Where a weight's state lies: its tensor-parallel parts' segments of the buffers (one, for a
+// weight the same on every rank), in rank order, and how Megatron split it.
+struct StateSegments {
+  struct Segment {
+    const Bucket* bucket;
+    int64_t offset, numel;
+    std::vector<int64_t> shape;
+  };
+  std::vector<Segment> parts;
+  TpSplit split = TpSplit::kReplicated;
+  std::string name;
 
-// Each weight's state from the buffers of `groups`: its parts' segments, joined as Megatron split
-// the weight.
-void place_state(const std::map<std::string, std::map<std::string, Bucket>>& groups,
-                 const std::map<std::string, torch::Tensor>& weights, const std::string& where,
-                 MegatronCheckpoint& out) {
-  const torch::ScalarType dtype = weights.begin()->second.scalar_type();
-  const std::vector<Candidate> all = candidates(weights, out.tensor_parallel, out.gated_linear_unit);
-  const std::map<PartKey, Place> places = locate(groups, all, dtype, where);
-  std::map<std::string, std::vector<const Candidate*>> parts;
-  for (const Candidate& c : all) parts[c.name].push_back(&c);
-  for (const auto& [name, pieces] : parts) {
-    auto state = [&, &pieces = pieces](torch::Tensor Bucket::*buffer) {
-      std::vector<torch::Tensor> segments;
-      for (const Candidate* c : pieces) {
-        const Place& at = places.at({c->name, c->part});
-        segments.push_back((at.bucket->*buffer).narrow(0, at.offset, c->values.numel()).view(c->shape));
-      }
-      const TpSplit split = pieces.front()->part < 0 ? TpSplit::kReplicated : tp_split_of(name, out.gated_linear_unit);
-      return join_tp_parts(segments, split, name).clone();
+  // The box [offsets, offsets + sizes) of the state in `buffer`, read from the parts it overlaps
+  // (a rank of the saved run's tensor-parallel size reads its own part only).
+  torch::Tensor box(FlatBuffer Bucket::*buffer, const std::vector<int64_t>& offsets,
+                    const std::vector<int64_t>& sizes) const {
+    const int64_t dim = split == TpSplit::kColumns ? 0 : split == TpSplit::kRows ? 1 : -1;
+    size_t first = 0, last = parts.size();
+    if (dim >= 0) {
+      const int64_t extent = parts.front().shape[size_t(dim)];
+      first = size_t(offsets[size_t(dim)] / extent);
+      last = size_t((offsets[size_t(dim)] + sizes[size_t(dim)] + extent - 1) / extent);
+    }
+    std::vector<torch::Tensor> read;
+    for (size_t p = first; p < last; ++p)
+      read.push_back((parts[p].bucket->*buffer).segment(parts[p].offset, parts[p].numel).view(parts[p].shape));
+    torch::Tensor t = dim >= 0 ? torch::cat(read, dim) : join_tp_parts(read, split, name);
+    for (size_t d = 0; d < sizes.size(); ++d) {
+      const int64_t start = offsets[d] - (int64_t(d) == dim ? int64_t(first) * parts.front().shape[d] : 0);
+      t = t.narrow(int64_t(d), start, sizes[d]);
+    }
+    return t;
+  }
+};
+
+// Each wanted weight's state as a stored tensor read when asked. Nothing of the state is read here.
+void place_state(std::shared_ptr<const Groups> groups, const std::vector<Candidate>& all, torch::ScalarType dtype,
+                 const std::string& where, MegatronCheckpoint& out) {
+  const std::map<PartKey, Place> places = locate(*groups, all, dtype, where);
+  std::map<std::string, StateSegments> states;
+  for (const Candidate& c : all) {
+    if (!c.wanted) continue;
+    const Place& at = places.at({c.name, c.part});
+    StateSegments& s = states[c.name];
+    s.name = c.name;
+    s.parts.push_back({at.bucket, at.offset, c.numel, c.shape});
+  }
+  for (auto& [name, segments] : states) {
+    if (segments.parts.size() > 1) segments.split = tp_split_of(name, out.gated_linear_unit);
+    auto shared = std::make_shared<const StateSegments>(std::move(segments));
+    auto state = [&](FlatBuffer Bucket::*buffer) {
+      return StoredTensor(out.tensors.at(name).shape(), torch::kFloat32, (shared->parts.front().bucket->*buffer).name,
+                          [groups, shared, buffer](const std::vector<int64_t>& offsets, const std::vector<int64_t>& sizes) {
+                            return shared->box(buffer, offsets, sizes);
+                          });
     };
     out.tensors["optimizer.state.exp_avg." + name] = state(&Bucket::exp_avg);
     out.tensors["optimizer.state.exp_avg_sq." + name] = state(&Bucket::exp_avg_sq);
@@ -216,7 +393,7 @@ void place_state(const std::map<std::string, std::map<std::string, Bucket>>& gro
 
 // The buffers of one legacy distrib_optim.pt into `groups`, one group per optimizer and gradient
 // buffer (and dtype) of the file.
-void add_legacy_buffers(const std::string& path, std::map<std::string, std::map<std::string, Bucket>>& groups) {
+void add_legacy_buffers(const std::string& path, Groups& groups) {
   if (!std::filesystem::exists(path))
     throw UserError(path + " is missing: the distributed optimizer's state of its rank lies there; copy the whole "
                     "checkpoint, or pass --no-load-optim to load the weights only");
@@ -248,8 +425,11 @@ void add_legacy_buffers(const std::string& path, std::map<std::string, std::map<
                                   std::pair{"exp_avg_sq", &Bucket::exp_avg_sq}}) {
           const PyRef t = attribute(buffers, key);
           if (!t) throw UserError(where + " lacks " + key + " (not Adam's state?); pass --no-load-optim");
-          b.*field = archive.tensor(t, where + " " + key).flatten().to(torch::kFloat32);
+          const torch::Tensor values = archive.tensor(t, where + " " + key).flatten().to(torch::kFloat32);
+          b.*field = FlatBuffer{nullptr, "", values, values.numel()};
         }
+        if (b.exp_avg.size != b.param.size || b.exp_avg_sq.size != b.param.size)
+          throw DamagedCheckpoint(where + ": param, exp_avg and exp_avg_sq of different sizes");
         groups[where][std::to_string(d)] = std::move(b);
       }
     }
@@ -260,23 +440,26 @@ void add_legacy_buffers(const std::string& path, std::map<std::string, std::map<
 
 bool is_distributed_optimizer_entry(const std::string& name) { return name.rfind(kPrefix, 0) == 0; }
 
-void read_distributed_optimizer_buffers(const DcpCheckpoint& dcp, MegatronCheckpoint& out) {
-  const auto groups = read_buckets(dcp);
-  if (groups.empty()) return;
-  const std::map<std::string, torch::Tensor> weights = weights_of(out);
-  dcp.forget_chunks();
-  if (weights.empty()) return;
-  place_state(groups, weights, dcp.source(), out);
+void read_distributed_optimizer_buffers(MegatronCheckpoint& out, const std::set<std::string>* weights_read) {
+  FP8TRON_CHECK(out.dcp, "reading the distributed optimizer's buffers of a checkpoint that is not torch_dist");
+  auto groups = std::make_shared<Groups>(read_buckets(out.dcp));
+  if (groups->empty()) return;
   out.optimizer = "adam";
-  read_step(dcp, out);
+  read_step(*out.dcp, out);
+  if (weights_read && weights_read->empty()) return;
+  torch::ScalarType dtype = torch::kFloat32;
+  const std::vector<Candidate> all = candidates(out, weights_read, &dtype);
+  if (std::none_of(all.begin(), all.end(), [](const Candidate& c) { return c.wanted; })) return;
+  place_state(std::move(groups), all, dtype, out.dcp->source(), out);
 }
 
 void read_legacy_distributed_optimizer(const std::vector<std::string>& files, MegatronCheckpoint& out) {
-  std::map<std::string, std::map<std::string, Bucket>> groups;
-  for (const std::string& f : files) add_legacy_buffers(f, groups);
-  const std::map<std::string, torch::Tensor> weights = weights_of(out);
-  if (groups.empty() || weights.empty()) return;
-  place_state(groups, weights, files.front(), out);
+  auto groups = std::make_shared<Groups>();
+  for (const std::string& f : files) add_legacy_buffers(f, *groups);
+  torch::ScalarType dtype = torch::kFloat32;
+  const std::vector<Candidate> all = candidates(out, nullptr, &dtype);
+  if (groups->empty() || all.empty()) return;
+  place_state(std::move(groups), all, dtype, files.front(), out);
   out.optimizer = "adam";
 }
 

@@ -16,6 +16,12 @@
 // weight is. Weights equal to one another (untrained norms in bf16) are told apart by Megatron's
 // order: later layers first, the MLP before the attention.
 //
+// The buffers hold the whole model's state (for a 70B model, 840 GB in fp32), so nothing is read
+// whole: the weights are searched for by a fingerprint (length, first values, a hash of all),
+// the `param` buffers streamed chunk by chunk, and a rank searches only for the weights whose
+// state it reads (with every one-dimensional weight, which untrained may equal another); each
+// weight's state is then a stored tensor that reads its own segments of the buffers when asked.
+//
 // Megatron's legacy torch format keeps the same buffers in distrib_optim.pt beside each
 // model-parallel rank's model_optim_rng.pt (DistributedOptimizer.save_parameter_state: per
 // gradient buffer and dtype {"param", "exp_avg", "exp_avg_sq", "numel_unpadded"}, the buckets
@@ -23,6 +29,7 @@
 // Adam's step in model_optim_rng.pt's parameter groups. They are searched alike.
 #pragma once
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -35,9 +42,10 @@ namespace fp8tron::checkpoint::megatron {
 bool is_distributed_optimizer_entry(const std::string& name);
 
 // Adds optimizer.state.exp_avg(_sq).<param> (and optimizer.state.fp32_param.<param> when the
-// weights are not fp32) for every weight already in out.tensors, and Adam's step. UserError when
-// a weight cannot be found in the buffers, or the buffers are not this layout.
-void read_distributed_optimizer_buffers(const DcpCheckpoint& dcp, MegatronCheckpoint& out);
+// weights are not fp32) of out.dcp's buffers, read when asked, for every weight in `weights_read`
+// (fp8tron's names; null: every weight already in out.tensors), and Adam's step. UserError when a
+// weight cannot be found in the buffers, or the buffers are not this layout.
+void read_distributed_optimizer_buffers(MegatronCheckpoint& out, const std::set<std::string>* weights_read);
 
 // The same from the distrib_optim.pt files of a legacy checkpoint's model-parallel ranks (the
 // step is read from their model_optim_rng.pt files beforehand).

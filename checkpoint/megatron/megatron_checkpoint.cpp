@@ -612,15 +612,6 @@ MegatronCheckpoint read_dist(const std::string& dir) {
       refusal = dir + "/.metadata: optimizer tensor " + name + " is neither Adam's moments nor SGD's momentum; pass "
                 "--no-load-optim";
   }
-  if (refusal.empty()) {
-    try {
-      read_distributed_optimizer_buffers(dcp, out);
-    } catch (const DamagedCheckpoint&) {
-      throw;
-    } catch (const UserError& e) {
-      refusal = e.what();
-    }
-  }
   if (!refusal.empty()) refuse_optimizer(refusal, out);
   return out;
 }
@@ -685,10 +676,21 @@ std::string format_refusal(const std::string& format, const std::string& ckpt_fo
   return "";
 }
 
-MegatronCheckpoint read_checkpoint(const std::string& dir, const std::string& format) {
+MegatronCheckpoint read_checkpoint(const std::string& dir, const std::string& format,
+                                   const std::set<std::string>* weights_read) {
   FP8TRON_CHECK(format == "torch" || format == "torch_dist", "reading a Megatron checkpoint in format " + format);
   MegatronCheckpoint out = format == "torch" ? read_legacy(dir) : read_dist(dir);
   name_moe_pre_mlp_norms(out);
+  // The distributed optimizer's buffers, once the weights have fp8tron's names.
+  if (format == "torch_dist" && out.optimizer_refusal.empty()) {
+    try {
+      read_distributed_optimizer_buffers(out, weights_read);
+    } catch (const DamagedCheckpoint&) {
+      throw;
+    } catch (const UserError& e) {
+      refuse_optimizer(e.what(), out);
+    }
+  }
   return out;
 }
 

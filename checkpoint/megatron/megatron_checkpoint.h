@@ -33,6 +33,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -119,9 +120,12 @@ bool is_model_buffer(const std::string& name);
 bool split_mtp_transformer_layer(const std::string& name, std::string* head, std::string* rest);
 
 // Reads the checkpoint in `dir` (an iter_NNNNNNN directory) in `format` ("torch_dist" or "torch"):
-// a legacy one into memory; of a torch_dist one its metadata, common state and (when the
-// distributed optimizer's flat buffers hold the moments) its weights and moments, the rest being
-// read when asked. Every problem is a UserError naming the file and what is wrong.
-MegatronCheckpoint read_checkpoint(const std::string& dir, const std::string& format);
+// a legacy one into memory; of a torch_dist one its metadata and common state, the tensors being
+// read when asked. `weights_read` (fp8tron's names; null: all) are the weights whose optimizer
+// state the caller reads: where the distributed optimizer's flat buffers hold it, only their
+// state is located (and an empty set locates none). Every problem is a UserError naming the file
+// and what is wrong.
+MegatronCheckpoint read_checkpoint(const std::string& dir, const std::string& format,
+                                   const std::set<std::string>* weights_read = nullptr);
 
 }  // namespace fp8tron::checkpoint::megatron

@@ -18,6 +18,9 @@ StoredTensor::StoredTensor(std::shared_ptr<const DcpCheckpoint> dcp, std::string
   dtype_ = stored.dtype;
 }
 
+StoredTensor::StoredTensor(std::vector<int64_t> shape, torch::ScalarType dtype, std::string source, BoxReader read_box)
+    : read_box_(std::move(read_box)), name_(std::move(source)), shape_(std::move(shape)), dtype_(dtype) {}
+
 int64_t StoredTensor::numel() const {
   int64_t n = 1;
   for (int64_t d : shape_) n *= d;
@@ -30,6 +33,11 @@ torch::Tensor StoredTensor::read(const std::vector<int64_t>& offsets, const std:
   FP8TRON_CHECK(offsets.size() == shape_.size() && sizes.size() == shape_.size(), "a box of another rank");
   for (size_t d = 0; d < shape_.size(); ++d)
     FP8TRON_CHECK(offsets[d] >= 0 && sizes[d] >= 0 && offsets[d] + sizes[d] <= shape_[d], "a box outside its tensor");
+  if (read_box_) {
+    torch::Tensor box = read_box_(offsets, sizes);
+    FP8TRON_CHECK(box.sizes().vec() == sizes, "a box of a stored tensor read in another shape");
+    return box;
+  }
   if (!dcp_) {
     torch::Tensor box = value_;
     for (size_t d = 0; d < sizes.size(); ++d) box = box.narrow(int64_t(d), offsets[d], sizes[d]);

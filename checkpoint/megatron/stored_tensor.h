@@ -2,10 +2,13 @@
 // start, its values read when asked. A torch_dist checkpoint's tensors stay on disk until a rank
 // reads the boxes it holds (a decoder layer of a stacked tensor, one expert of a stacked MoE
 // tensor, a tensor-parallel slice), so loading a large model needs no rank to hold all of it; a
-// legacy checkpoint's tensors are in memory already.
+// legacy checkpoint's tensors are in memory already. A tensor put together from pieces of other
+// stored tensors (a weight's optimizer state in the distributed optimizer's flat buffers) is read
+// when asked, box by box, by the function that knows where its pieces lie.
 #pragma once
 #include <torch/torch.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -21,6 +24,10 @@ class StoredTensor {
   StoredTensor(torch::Tensor value);  // NOLINT(google-explicit-constructor): tables of values read as such
   // Element `index` (of its leading dimensions) of the stored tensor `name` of `dcp`.
   StoredTensor(std::shared_ptr<const DcpCheckpoint> dcp, std::string name, std::vector<int64_t> index);
+  // A tensor of `shape` and `dtype` whose boxes `read_box` reads; `source` names the stored tensor
+  // most of it comes from.
+  using BoxReader = std::function<torch::Tensor(const std::vector<int64_t>& offsets, const std::vector<int64_t>& sizes)>;
+  StoredTensor(std::vector<int64_t> shape, torch::ScalarType dtype, std::string source, BoxReader read_box);
 
   const std::vector<int64_t>& shape() const { return shape_; }
   torch::ScalarType dtype() const { return dtype_; }
@@ -35,6 +42,7 @@ class StoredTensor {
 
  private:
   torch::Tensor value_;
+  BoxReader read_box_;
   std::shared_ptr<const DcpCheckpoint> dcp_;
   std::string name_;
   std::vector<int64_t> index_, shape_;

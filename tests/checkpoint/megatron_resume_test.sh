@@ -229,6 +229,14 @@ if [ -n "$MPIRUN" ]; then
   resume gpt_dp2_distopt_torch_dist --use-distributed-optimizer
   resume llama_tp2pp2_distopt_torch_dist --tensor-model-parallel-size 2 --use-distributed-optimizer
   resume llama_tp2pp2_distopt_torch_dist --pipeline-model-parallel-size 2
+  # Of the distributed optimizer's flat buffers (three quarters of the tensors) the first stage
+  # reads its own weights' state and the main weights it searches them in, not the whole buffers.
+  share=$(read_share "$WORK/llama_tp2pp2_distopt_torch_dist.log")
+  if [ -z "$share" ] || ! awk -v r="${share% *}" -v t="${share#* }" 'BEGIN { exit !(r < 0.6 * t) }'; then
+    echo "FAIL: the first of two pipeline stages should read its part of the optimizer's buffers: '$share'"; fail=1
+  else
+    echo "ok: the first of two pipeline stages reads its part of the optimizer's buffers ($share MB)"
+  fi
   resume gpt_dp2_distopt_torch_legacy --use-distributed-optimizer
   resume gpt_sgd_torch_dist --tensor-model-parallel-size 2
   resume moe_tp2_etp1_ep2_torch_legacy --expert-model-parallel-size 2

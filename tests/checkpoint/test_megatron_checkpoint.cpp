@@ -6,8 +6,11 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <functional>
+#include <map>
+#include <set>
 
 #include "checkpoint/megatron/dcp_checkpoint.h"
 #include "checkpoint/megatron/dcp_writer.h"
@@ -278,6 +281,78 @@ TEST(MegatronCheckpoint, DistributedOptimizerBuffersHoldTheMomentsOfTheSameRun) 
     const double scale = p.abs().max().item<double>();
     EXPECT_LE((f - p).abs().max().item<double>(), 1e-3 * scale + 1e-12) << name;
   }
+}
+
+TEST(DcpCheckpoint, KeptChunksStayWithinTheirBudget) {
+  // Four tensors of one 4 KiB chunk each, a budget of two chunks: boxes alternating between two
+  // tensors read each chunk once; a third tensor drops the least recently used one.
+  Scratch dir(kDist);
+  Scratch::run("rm -rf '" + dir.path + "' && mkdir '" + dir.path + "'");
+  std::vector<DcpChunkToWrite> chunks;
+  std::map<std::string, torch::Tensor> values;
+  for (const char* name : {"a", "b", "c", "d"}) {
+    values[name] = torch::randn({1024});
+    chunks.push_back({name, {1024}, {0}, values[name]});
+  }
+  write_dcp_metadata(dir.path, {write_dcp_file(dir.path, 0, {}, chunks)}, dir.path);
+  const DcpCheckpoint dcp(dir.path, 2 * 4096);
+  const int64_t chunk = dcp.tensors().at("a").chunks.front().storage.length;
+  auto read = [&](const char* name, int64_t at) {
+    EXPECT_TRUE(torch::equal(dcp.region(name, {at}, {8}), values[name].narrow(0, at, 8))) << name;
+  };
+  for (int64_t at = 0; at < 64; at += 8) read(at % 16 ? "a" : "b", at);
+  EXPECT_EQ(dcp.bytes_read(), 2 * chunk);  // a and b, each once
+  read("c", 0);                            // drops b, the least recently used
+  read("a", 0);
+  EXPECT_EQ(dcp.bytes_read(), 3 * chunk);
+  read("b", 0);
+  EXPECT_EQ(dcp.bytes_read(), 4 * chunk);
+  // A single chunk larger than the budget is still read once while its boxes are asked for.
+  const DcpCheckpoint small(dir.path, 16);
+  small.region("d", {0}, {8});
+  small.region("d", {8}, {8});
+  EXPECT_EQ(small.bytes_read(), chunk);
+}
+
+TEST(MegatronCheckpoint, DistributedOptimizerStateIsLocatedForTheWeightsARankReads) {
+  // Megatron's TP2 x PP2 distributed optimizer: a rank of the first of two pipeline stages reads
+  // the state of layer 0 and the embeddings only, the same values as a read of everything, and
+  // leaves the second stage's moments unread; a rank reading no state locates none.
+  const std::string dir = kFixtures + "/llama_tp2pp2_distopt_torch_dist/ckpt/iter_0000010";
+  const MegatronCheckpoint whole = read_checkpoint(dir, "torch_dist");
+  std::set<std::string> first_stage;
+  for (const auto& [name, t] : whole.tensors)
+    if (name.starts_with("decoder.layers.0.") || name.starts_with("embedding.")) first_stage.insert(name);
+  ASSERT_GT(first_stage.size(), 4u);
+  const MegatronCheckpoint part = read_checkpoint(dir, "torch_dist", &first_stage);
+  ASSERT_TRUE(part.step);
+  EXPECT_EQ(*part.step, 10);
+  for (const auto& [name, t] : part.tensors) {
+    if (!name.starts_with("optimizer.state.")) continue;
+    const std::string weight = name.substr(name.find('.', std::strlen("optimizer.state.")) + 1);
+    EXPECT_TRUE(first_stage.count(weight)) << name;
+    EXPECT_TRUE(torch::equal(t.read(), whole.tensors.at(name).read())) << name;
+  }
+  for (const std::string& w : first_stage) EXPECT_TRUE(part.tensors.count("optimizer.state.exp_avg_sq." + w)) << w;
+  EXPECT_LT(part.dcp->bytes_read(), part.dcp->tensor_bytes() * 6 / 10);
+  // One tensor-parallel rank's box of a column-parallel weight's moments: its own part only.
+  const std::string qkv = "optimizer.state.exp_avg.decoder.layers.0.self_attention.linear_qkv.weight";
+  const StoredTensor& moments = part.tensors.at(qkv);
+  const int64_t rows = moments.shape()[0] / 2, before = part.dcp->bytes_read();
+  part.dcp->forget_chunks();
+  EXPECT_TRUE(torch::equal(moments.read({rows, 0}, {rows, moments.shape()[1]}),
+                           whole.tensors.at(qkv).read().narrow(0, rows, rows)));
+  int64_t one_bucket = 0;  // the largest chunk of a flat buffer
+  for (const auto& [name, stored] : part.dcp->tensors())
+    if (name.starts_with("optimizer.distributed."))
+      for (const DcpChunk& c : stored.chunks) one_bucket = std::max(one_bucket, c.storage.length);
+  EXPECT_LE(part.dcp->bytes_read() - before, 2 * one_bucket);
+
+  const std::set<std::string> none;
+  const MegatronCheckpoint weights_only = read_checkpoint(dir, "torch_dist", &none);
+  EXPECT_EQ(weights_only.dcp->bytes_read(), 0);
+  EXPECT_EQ(weights_only.optimizer, "adam");
+  for (const auto& [name, t] : weights_only.tensors) EXPECT_FALSE(name.starts_with("optimizer.state.")) << name;
 }
 
 TEST(MegatronCheckpoint, LegacyRanksPutTogetherEqualTheDistributedCheckpointOfTheSameRun) {
