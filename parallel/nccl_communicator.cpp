@@ -17,6 +17,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <deque>
+#include <exception>
 #include <mutex>
 #include <thread>
 
@@ -30,6 +31,12 @@
 
 namespace fp8tron {
 namespace {
+
+// Whether a communicator is being destroyed by an exception on its way to main, which prints the
+// error and ends the process. Destroying it would close its connections first, and the peers,
+// seeing them close, would report a network error and end (their launcher then killing this
+// rank) before this rank's own line is printed: the process's end closes them instead.
+bool ending_on_an_error() { return std::uncaught_exceptions() > 0; }
 
 void check_nccl(ncclResult_t r, const char* what) {
   if (r != ncclSuccess) throw std::runtime_error(std::string("NCCL error in ") + what + ": " + ncclGetErrorString(r));
@@ -195,7 +202,7 @@ class NcclCommunicator : public Communicator {
   }
   ~NcclCommunicator() override {
     watchdog_->forget(comm_);
-    ncclCommDestroy(comm_);
+    if (!ending_on_an_error()) ncclCommDestroy(comm_);
   }
 
   std::unique_ptr<CommWork> all_reduce_async(torch::Tensor& t, ReduceOp op) override {
@@ -445,7 +452,9 @@ class NcclTransport : public Transport {
       watchdog_->set_board(board_);
     }
   }
-  ~NcclTransport() override { ncclCommDestroy(world_); }
+  ~NcclTransport() override {
+    if (!ending_on_an_error()) ncclCommDestroy(world_);
+  }
   int world_rank() const override { return rank_; }
   int world_size() const override { return size_; }
   std::shared_ptr<ProgressBoard> progress_board() const override { return board_; }

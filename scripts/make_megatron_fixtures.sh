@@ -67,7 +67,7 @@ fixture gpt_dp2_distopt_bf16_torch_legacy 2 --use-distributed-optimizer -- "${GP
 fixture gpt_bf16_torch_dist 1 -- "${GPT[@]}" --ckpt-format torch_dist --bf16
 fixture gpt_sgd_torch_legacy 1 -- "${GPT[@]}" --ckpt-format torch --optimizer sgd --sgd-momentum 0.9
 # fp16: the main weights beside the fp16 ones, and the dynamic loss scaler's state.
-fixture gpt_fp16_torch_legacy 1 -- "${GPT[@]}" --ckpt-format torch --fp16
+fixture gpt_fp16_torch_legacy 1 -- "${GPT[@]}" --ckpt-format torch --fp16 --initial-loss-scale 4096 --loss-scale-window 4
 # The distributed optimizer's state laid out per parameter (fp8tron writes this layout; it reads
 # Megatron's own only from this fixture).
 fixture gpt_dp2_distopt_fully_reshardable_torch_dist 2 --use-distributed-optimizer --dist-ckpt-optim-fully-reshardable -- \
