@@ -19,6 +19,7 @@
 #include <deque>
 #include <exception>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "core/error.h"
@@ -131,21 +132,28 @@ class Watchdog {
           lock.lock();
           continue;  // the front entry may have completed meanwhile
         }
+        if (now > e.deadline)
+          fail(e, "timed out after " + std::to_string(timeouts_.timeout.count() / 60000) +
+                      " min (--distributed-timeout-minutes)");
+        break;  // operations on one stream finish in order enough for a coarse check of the deadlines
+      }
+      // An NCCL error is asked of every communicator with operations in flight: the oldest
+      // operation may wait on a healthy one while another's peer is gone.
+      std::set<ncclComm_t> asked;
+      for (const Entry& e : pending_) {
+        if (!asked.insert(e.comm).second) continue;
         ncclResult_t async = ncclSuccess;
         ncclCommGetAsyncError(e.comm, &async);
-        if (async != ncclSuccess || now > e.deadline) {
-          std::string why = async != ncclSuccess ? std::string("NCCL error ") + ncclGetErrorString(async)
-                                                 : "timed out after " + std::to_string(timeouts_.timeout.count() / 60000) +
-                                                       " min (--distributed-timeout-minutes)";
-          if (!e.in_flight->recorded.load(std::memory_order_acquire))
-            why += " (held inside the NCCL call: NCCL waits there for peers it connects)";
-          std::fprintf(stderr, "fp8tron: error: %s in %s\n", why.c_str(), what(e.op).c_str());
-          std::fflush(stderr);
-          exit_now();
-        }
-        break;  // operations on one stream finish in order enough for a coarse check
+        if (async != ncclSuccess) fail(e, std::string("NCCL error ") + ncclGetErrorString(async));
       }
     }
+  }
+  [[noreturn]] void fail(const Entry& e, std::string why) const {
+    if (!e.in_flight->recorded.load(std::memory_order_acquire))
+      why += " (held inside the NCCL call: NCCL waits there for peers it connects)";
+    std::fprintf(stderr, "fp8tron: error: %s in %s\n", why.c_str(), what(e.op).c_str());
+    std::fflush(stderr);
+    exit_now();
   }
   // The process ends at once, without ncclCommAbort: an abort lets the operations it cancels
   // complete, so the training thread can run on and call NCCL on the communicator being torn down
