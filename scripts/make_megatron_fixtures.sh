@@ -66,6 +66,10 @@ fixture moe_tp2_ep2_torch_legacy 4 --tensor-model-parallel-size 2 --sequence-par
 fixture gpt_dp2_distopt_bf16_torch_legacy 2 --use-distributed-optimizer -- "${GPT[@]}" --ckpt-format torch --bf16
 fixture gpt_bf16_torch_dist 1 -- "${GPT[@]}" --ckpt-format torch_dist --bf16
 fixture gpt_sgd_torch_legacy 1 -- "${GPT[@]}" --ckpt-format torch --optimizer sgd --sgd-momentum 0.9
+# Multi-latent attention (DeepSeek-V3's), with its latents' norms: the local layers name them
+# q_layernorm and kv_layernorm and keep the input norm a module of its own.
+fixture mla_torch_dist 1 -- "${GPT[@]}" --multi-latent-attention --q-lora-rank 32 --kv-lora-rank 32 --qk-head-dim 16 \
+  --qk-pos-emb-head-dim 16 --v-head-dim 16 --qk-layernorm --position-embedding-type rope --rope-type rope --no-rope-fusion
 # fp16: the main weights beside the fp16 ones, and the dynamic loss scaler's state.
 fixture gpt_fp16_torch_legacy 1 -- "${GPT[@]}" --ckpt-format torch --fp16 --initial-loss-scale 4096 --loss-scale-window 4
 # The distributed optimizer's state laid out per parameter (fp8tron writes this layout; it reads

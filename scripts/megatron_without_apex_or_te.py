@@ -36,6 +36,13 @@ the optimizer's init_state_fn for the state to fill, and SGD has none (None is c
 SGD the state it creates on its first step with momentum, a zero momentum buffer per parameter,
 which the checkpoint then replaces.
 
+Without TE, Megatron cannot build multi-latent attention either: MLA builds its core attention with
+the key and value head sizes (k_channels, v_channels), which only TE's attention takes; Megatron's
+local DotProductAttention refuses them. Its arithmetic already takes the head sizes from the
+tensors it is given (the scores from the queries' and keys', the output from the values'); only
+the width of its output, which it derives from kv_channels, must be the value heads'. This takes
+both keywords and sets that width.
+
 Usage (in a Megatron-LM checkout): python3 megatron_without_apex_or_te.py pretrain_gpt.py ARGS...
 """
 import os
@@ -133,6 +140,19 @@ def let_sgd_load_torch_dist():
     MegatronOptimizer.__init__ = init
 
 
+def let_local_attention_run_mla():
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+    original_init = DotProductAttention.__init__
+
+    def init(self, config, *args, k_channels=None, v_channels=None, **kwargs):
+        original_init(self, config, *args, **kwargs)
+        if v_channels is not None:
+            self.hidden_size_per_partition = v_channels * self.num_attention_heads_per_partition
+
+    DotProductAttention.__init__ = init
+
+
 def main():
     script = os.path.abspath(sys.argv[1])
     sys.path.insert(0, os.path.dirname(script))
@@ -141,6 +161,7 @@ def main():
     let_mtp_build_without_te()
     let_torch_norm_run_sequence_parallel()
     let_sgd_load_torch_dist()
+    let_local_attention_run_mla()
     runpy.run_path(script, run_name="__main__")
 
 

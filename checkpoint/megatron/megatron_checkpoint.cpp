@@ -636,6 +636,33 @@ void name_moe_pre_mlp_norms(MegatronCheckpoint& out) {
   }
 }
 
+// Megatron's local multi-latent attention keeps the layer's input norm a module of its own (its
+// down projections are no norm-fused linears) and normalises the latents with modules named
+// q_layernorm and kv_layernorm; fp8tron's MLA layers (as Transformer Engine's) keep the input norm
+// as input_layernorm and fuse the latents' norms into the up projections. In a layer with
+// linear_kv_down_proj (a decoder layer or a multi-token-prediction layer's), the renaming of the
+// input norm to linear_qkv's is undone and the latents' norms take the up projections' names, their
+// optimizer states too.
+void name_mla_norms(MegatronCheckpoint& out) {
+  static const std::regex kMlaNorm(
+      R"(^(.*)((?:decoder\.layers\.\d+|mtp\.layers\.\d+\.transformer_layer)\.)self_attention\.(linear_qkv\.layer_norm|q_layernorm|kv_layernorm)[._](weight|bias)$)");
+  std::vector<std::pair<std::string, std::string>> renames;
+  for (const auto& [name, tensor] : out.tensors) {
+    std::smatch m;
+    if (!std::regex_match(name, m, kMlaNorm) || !out.tensors.count(m[2].str() + "self_attention.linear_kv_down_proj.weight"))
+      continue;
+    const std::string norm = m[3].str();
+    const std::string to = norm == "linear_qkv.layer_norm" ? "input_layernorm." + m[4].str()
+                           : norm == "q_layernorm"         ? "self_attention.linear_q_up_proj.layer_norm_" + m[4].str()
+                                                           : "self_attention.linear_kv_up_proj.layer_norm_" + m[4].str();
+    renames.emplace_back(name, m[1].str() + m[2].str() + to);
+  }
+  for (const auto& [from, to] : renames) {
+    out.tensors[to] = out.tensors.at(from);
+    out.tensors.erase(from);
+  }
+}
+
 }  // namespace
 
 bool is_model_buffer(const std::string& name) { return name.ends_with(".router.expert_bias"); }
@@ -681,6 +708,7 @@ MegatronCheckpoint read_checkpoint(const std::string& dir, const std::string& fo
   FP8TRON_CHECK(format == "torch" || format == "torch_dist", "reading a Megatron checkpoint in format " + format);
   MegatronCheckpoint out = format == "torch" ? read_legacy(dir) : read_dist(dir);
   name_moe_pre_mlp_norms(out);
+  name_mla_norms(out);
   // The distributed optimizer's buffers, once the weights have fp8tron's names.
   if (format == "torch_dist" && out.optimizer_refusal.empty()) {
     try {

@@ -26,7 +26,10 @@
 // Legacy torch checkpoints of several tensor-, pipeline- or expert-parallel ranks are put together
 // by legacy_model_parallel.h.
 //
-// Not read: MLA weights, the RNG states (a resumed run's dropout streams restart).
+// Megatron's local multi-latent attention names its latents' norms q_layernorm and kv_layernorm;
+// they become the up projections' fused norms (linear_q_up_proj.layer_norm_weight, ...).
+//
+// Not read: the RNG states (a resumed run's dropout streams restart).
 #pragma once
 #include <torch/torch.h>
 

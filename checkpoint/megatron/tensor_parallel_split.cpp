@@ -12,7 +12,10 @@ TpSplit tp_split_of(const std::string& full_name, bool gated_linear_unit) {
   const std::string name = std::regex_replace(full_name, kExpert, "$1");
   for (const char* s : {".linear_fc1.weight", ".linear_fc1.bias"})
     if (name.ends_with(s)) return gated_linear_unit ? TpSplit::kGatedColumns : TpSplit::kColumns;
-  for (const char* s : {".linear_qkv.weight", ".linear_qkv.bias", "word_embeddings.weight", "output_layer.weight"})
+  // MLA's up projections (and its query projection without a low rank) split their heads; its
+  // down projections are the same on every rank.
+  for (const char* s : {".linear_qkv.weight", ".linear_qkv.bias", "word_embeddings.weight", "output_layer.weight",
+                        ".linear_q_up_proj.weight", ".linear_kv_up_proj.weight", ".linear_q_proj.weight"})
     if (name.ends_with(s)) return TpSplit::kColumns;
   for (const char* s : {".linear_proj.weight", ".linear_fc2.weight"})
     if (name.ends_with(s)) return TpSplit::kRows;

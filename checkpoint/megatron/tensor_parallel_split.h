@@ -2,8 +2,10 @@
 //   - column-parallel weights (linear_qkv, linear_fc1, the word embeddings and output layer) by
 //     their first dimension, a gated linear unit's fc1 as its gate half and its up half each split
 //     (rank r holds [gate part r; up part r]);
+//     MLA's up projections (linear_q_up_proj, linear_kv_up_proj, linear_q_proj) by their first;
 //   - row-parallel weights (linear_proj, linear_fc2) by their second dimension;
-//   - everything else is the same on every rank (norms, row-parallel biases, routers).
+//   - everything else is the same on every rank (norms, row-parallel biases, routers, MLA's down
+//     projections).
 // Routed experts' weights (mlp.experts.linear_fc<k>.weight<e>) split as the dense MLP's.
 #pragma once
 #include <torch/torch.h>
