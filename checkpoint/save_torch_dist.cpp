@@ -35,15 +35,28 @@ constexpr const char* kStackedExperts = "mlp.experts.experts.";
 // expert's weight mlp.experts.linear_fc<k>.weight<e> is Megatron's sequential experts'
 // mlp.experts.experts.linear_fc<k>.weight at expert e (*expert = e, else -1); with local layers the
 // pre-MLP norm of an MoE layer is saved under the fused name of the dense layers, as Megatron's
-// local layer spec maps it.
-std::string megatron_layer_field(const std::string& rest, bool local, int64_t* expert) {
+// local layer spec maps it. Its local multi-latent attention layers map no names: their modules'
+// own (the latents' norms q_layernorm and kv_layernorm, the norm before a dense MLP
+// pre_mlp_layernorm), where fp8tron's (and Transformer Engine's) fuse those norms into the next
+// linear.
+std::string megatron_layer_field(const std::string& rest, bool local, bool mla, int64_t* expert) {
   static const std::regex kExpert(R"(^mlp\.experts\.(linear_fc[12]\.(?:weight|bias))(\d+)$)");
   static const std::regex kPreMlpNorm(R"(^pre_mlp_layernorm\.(weight|bias)$)");
+  static const std::regex kMlaFusedNorm(
+      R"(^(self_attention\.linear_q_up_proj|self_attention\.linear_kv_up_proj|mlp\.linear_fc1)\.layer_norm_(weight|bias)$)");
   std::smatch m;
   *expert = -1;
   if (std::regex_match(rest, m, kExpert)) {
     *expert = std::stoll(m[2].str());
     return kStackedExperts + m[1].str();
+  }
+  if (local && mla) {
+    if (!std::regex_match(rest, m, kMlaFusedNorm)) return rest;
+    const std::string linear = m[1].str();
+    const char* module = linear == "mlp.linear_fc1"                    ? "pre_mlp_layernorm."
+                         : linear == "self_attention.linear_q_up_proj" ? "self_attention.q_layernorm."
+                                                                        : "self_attention.kv_layernorm.";
+    return module + m[2].str();
   }
   if (local && std::regex_match(rest, m, kPreMlpNorm)) return "mlp.linear_fc1.layer_norm_" + m[1].str();
   return rest;
@@ -62,7 +75,7 @@ int64_t layer_of(const std::string& name, std::string* rest) {
 // decoder layer's tensors and objects under the layer's own number instead of stacked.
 struct StackedSizes {
   int64_t num_layers = 0, num_experts = 0;
-  bool local = false, numbered_layers = false;
+  bool local = false, numbered_layers = false, mla = false;
 };
 
 // Megatron stacks the decoder layers' tensors only when its layers are alike: with
@@ -83,7 +96,7 @@ bool numbered_layers(const Config& c) {
 
 StackedSizes stacked_sizes(const Config& c) {
   return StackedSizes{c.model.num_layers, c.model.moe.num_experts, !c.model.transformer_engine_modules,
-                      numbered_layers(c)};
+                      numbered_layers(c), c.model.mla.enabled};
 }
 
 // One box of a parameter (or of an optimizer state laid out like it) as a DCP chunk under
@@ -98,9 +111,9 @@ mg::DcpChunkToWrite chunk_of(const std::string& prefix, const std::string& name,
   const int64_t layer = layer_of(name, &rest);
   int64_t expert = -1;
   const std::string layer_prefix = sizes.numbered_layers ? kLayers + std::to_string(layer) + "." : kLayers;
-  if (layer >= 0) c.fqn = prefix + layer_prefix + megatron_layer_field(rest, sizes.local, &expert);
+  if (layer >= 0) c.fqn = prefix + layer_prefix + megatron_layer_field(rest, sizes.local, sizes.mla, &expert);
   else if (mg::split_mtp_transformer_layer(name, &mtp_head, &rest))
-    c.fqn = prefix + mtp_head + megatron_layer_field(rest, sizes.local, &expert);
+    c.fqn = prefix + mtp_head + megatron_layer_field(rest, sizes.local, sizes.mla, &expert);
   else c.fqn = prefix + name;
   c.global_shape = global;
   c.offsets = box.offset;
@@ -238,7 +251,7 @@ struct LayerContents {
 
 void add_layer_field(const std::string& rest, LayerContents& c) {
   int64_t expert = -1;
-  megatron_layer_field(rest, false, &expert);
+  megatron_layer_field(rest, false, false, &expert);
   if (expert >= 0) c.experts.insert(expert);
   if (rest.rfind("mlp.router.", 0) == 0) c.moe = true;
   if (rest.rfind("mlp.shared_experts.", 0) == 0) c.shared_expert = true;

@@ -93,6 +93,10 @@ check mtp 1 1 1e-4 -- -- "${MTP[@]}"
 # layer's decoupled learning rate, and MuP's scaled learning rate and epsilon of the hidden matrices.
 check decoupled-lr 1 1 1e-4 -- -- --decoupled-lr 5e-3 --decoupled-min-lr 1e-5 --untie-embeddings-and-output-weights
 check mup 1 1 1e-4 -- -- --use-mup --mup-base-hidden-size 32
+# Multi-latent attention with its latents' norms (Megatron's local MLA modules' names).
+MLA=(--multi-latent-attention --q-lora-rank 32 --kv-lora-rank 16 --qk-head-dim 16 --qk-pos-emb-head-dim 8 --v-head-dim 16
+     --qk-layernorm --position-embedding-type rope --rope-type rope --no-rope-fusion)
+check mla 1 1 1e-4 -- -- "${MLA[@]}"
 # torch.optim.SGD's momentum buffers and parameter groups (no step).
 check sgd 1 1 1e-4 -- -- --optimizer sgd --sgd-momentum 0.9
 MOE=(--num-experts 4 --moe-router-topk 2 --moe-token-dispatcher-type alltoall --moe-aux-loss-coeff 0.01 --swiglu

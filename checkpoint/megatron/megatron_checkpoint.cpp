@@ -636,25 +636,27 @@ void name_moe_pre_mlp_norms(MegatronCheckpoint& out) {
   }
 }
 
-// Megatron's local multi-latent attention keeps the layer's input norm a module of its own (its
-// down projections are no norm-fused linears) and normalises the latents with modules named
-// q_layernorm and kv_layernorm; fp8tron's MLA layers (as Transformer Engine's) keep the input norm
-// as input_layernorm and fuse the latents' norms into the up projections. In a layer with
-// linear_kv_down_proj (a decoder layer or a multi-token-prediction layer's), the renaming of the
-// input norm to linear_qkv's is undone and the latents' norms take the up projections' names, their
-// optimizer states too.
+// Megatron's local multi-latent attention layers map none of their modules' names: the layer's
+// input norm is input_layernorm (its down projections are no norm-fused linears), the latents'
+// norms q_layernorm and kv_layernorm, the norm before a dense MLP pre_mlp_layernorm. fp8tron's MLA
+// layers (as Transformer Engine's) keep input_layernorm and fuse the others into the next linear.
+// In a layer with linear_kv_down_proj (a decoder layer or a multi-token-prediction layer's), those
+// take fp8tron's names (a legacy file's input norm was renamed to linear_qkv's above: undone), their
+// optimizer states too; an MoE layer's pre_mlp_layernorm is already fp8tron's.
 void name_mla_norms(MegatronCheckpoint& out) {
   static const std::regex kMlaNorm(
-      R"(^(.*)((?:decoder\.layers\.\d+|mtp\.layers\.\d+\.transformer_layer)\.)self_attention\.(linear_qkv\.layer_norm|q_layernorm|kv_layernorm)[._](weight|bias)$)");
+      R"(^(.*)((?:decoder\.layers\.\d+|mtp\.layers\.\d+\.transformer_layer)\.)(self_attention\.linear_qkv\.layer_norm|self_attention\.q_layernorm|self_attention\.kv_layernorm|pre_mlp_layernorm)[._](weight|bias)$)");
   std::vector<std::pair<std::string, std::string>> renames;
   for (const auto& [name, tensor] : out.tensors) {
     std::smatch m;
     if (!std::regex_match(name, m, kMlaNorm) || !out.tensors.count(m[2].str() + "self_attention.linear_kv_down_proj.weight"))
       continue;
-    const std::string norm = m[3].str();
-    const std::string to = norm == "linear_qkv.layer_norm" ? "input_layernorm." + m[4].str()
-                           : norm == "q_layernorm"         ? "self_attention.linear_q_up_proj.layer_norm_" + m[4].str()
-                                                           : "self_attention.linear_kv_up_proj.layer_norm_" + m[4].str();
+    const std::string norm = m[3].str(), field = m[4].str();
+    if (norm == "pre_mlp_layernorm" && out.tensors.count(m[2].str() + "mlp.router.weight")) continue;
+    const std::string to = norm == "self_attention.linear_qkv.layer_norm" ? "input_layernorm." + field
+                           : norm == "self_attention.q_layernorm"       ? "self_attention.linear_q_up_proj.layer_norm_" + field
+                           : norm == "self_attention.kv_layernorm"      ? "self_attention.linear_kv_up_proj.layer_norm_" + field
+                                                                        : "mlp.linear_fc1.layer_norm_" + field;
     renames.emplace_back(name, m[1].str() + m[2].str() + to);
   }
   for (const auto& [from, to] : renames) {

@@ -162,6 +162,35 @@ sys.exit(1 if bad else 0)
 PY
 then echo "ok: mtp: Megatron's names"
 else echo "FAIL: mtp: Megatron's names"; fail=1; fi
+# Multi-latent attention: with local layers the latents' norms and the norm before the dense MLP
+# under the names of Megatron's local MLA modules (it maps no names for them), with Transformer
+# Engine's layers fused into the next linear, as fp8tron's.
+MLA=(--multi-latent-attention --q-lora-rank 32 --kv-lora-rank 16 --qk-head-dim 16 --qk-pos-emb-head-dim 8
+     --v-head-dim 16 --qk-layernorm --position-embedding-type rope --rope-type rope --no-rope-fusion)
+resume_test mla 1 "${MLA[@]}"
+resume_test mla-te 1 "${MLA[@]}" --transformer-impl transformer_engine
+mla_names() {  # mla_names <checkpoint> <name:size...>: each name there, stacked over the 2 layers
+  "$PY" - "$@" <<'PY'
+import sys, torch.distributed.checkpoint as dcp
+m = dcp.FileSystemReader(sys.argv[1]).read_metadata().state_dict_metadata
+bad = []
+for want in sys.argv[2:]:
+    name, size = want.split(":")
+    if name not in m or list(m[name].size) != [2, int(size)]:
+        bad.append(f"{name}: {list(m[name].size) if name in m else 'missing'}")
+print("\n".join(bad))
+sys.exit(1 if bad else 0)
+PY
+}
+L=decoder.layers.
+if mla_names "$WORK/mla-td/iter_0000010" "${L}input_layernorm.weight:64" "${L}self_attention.q_layernorm.weight:32" \
+     "${L}self_attention.kv_layernorm.weight:16" "${L}pre_mlp_layernorm.weight:64" \
+     "optimizer.state.exp_avg.${L}self_attention.kv_layernorm.weight:16" &&
+   mla_names "$WORK/mla-te-td/iter_0000010" "${L}input_layernorm.weight:64" \
+     "${L}self_attention.linear_q_up_proj.layer_norm_weight:32" "${L}self_attention.linear_kv_up_proj.layer_norm_weight:16" \
+     "${L}mlp.linear_fc1.layer_norm_weight:64"
+then echo "ok: mla: Megatron's names, local and Transformer Engine's"
+else echo "FAIL: mla: Megatron's names"; fail=1; fi
 # More parameter groups, in Megatron's order (none overridden first, then by the sorted overrides),
 # which Megatron matches to its own by position: --decoupled-lr (the embedding and output layer's
 # max_lr and min_lr), and MuP at width multiplier 2 (the hidden matrices' max_lr, min_lr and

@@ -9,7 +9,6 @@ std::string torch_dist_unwritable_flag(const Config& c) {
   // The distributed optimizer is written in Megatron's fully_reshardable layout; Megatron-FSDP's
   // checkpoints are its fsdp_dtensor format.
   if (c.distributed.dp_sharding != DataParallelSharding::None) return "--use-megatron-fsdp / --use-torch-fsdp2";
-  if (c.model.mla.enabled) return "--multi-latent-attention";
   return "";
 }
 
