@@ -616,6 +616,13 @@ MegatronCheckpoint read_dist(const std::string& dir) {
   return out;
 }
 
+void rename_tensors(const std::vector<std::pair<std::string, std::string>>& renames, MegatronCheckpoint& out) {
+  for (const auto& [from, to] : renames) {
+    out.tensors[to] = out.tensors.at(from);
+    out.tensors.erase(from);
+  }
+}
+
 // The norm before an MoE layer's MLP has the fused name of a dense layer's (mlp.linear_fc1.
 // layer_norm_*: so Megatron's local layers save it, and the renaming above gives legacy names the
 // same), but fp8tron's MoE layers (as Transformer Engine's) call it pre_mlp_layernorm.*: in a
@@ -630,10 +637,7 @@ void name_moe_pre_mlp_norms(MegatronCheckpoint& out) {
     if (!std::regex_match(name, m, kFusedNorm) || !out.tensors.count(m[2].str() + "mlp.router.weight")) continue;
     renames.emplace_back(name, m[1].str() + m[2].str() + "pre_mlp_layernorm." + m[3].str());
   }
-  for (const auto& [from, to] : renames) {
-    out.tensors[to] = out.tensors.at(from);
-    out.tensors.erase(from);
-  }
+  rename_tensors(renames, out);
 }
 
 // Megatron's local multi-latent attention layers map none of their modules' names: the layer's
@@ -659,10 +663,7 @@ void name_mla_norms(MegatronCheckpoint& out) {
                                                                         : "mlp.linear_fc1.layer_norm_" + field;
     renames.emplace_back(name, m[1].str() + m[2].str() + to);
   }
-  for (const auto& [from, to] : renames) {
-    out.tensors[to] = out.tensors.at(from);
-    out.tensors.erase(from);
-  }
+  rename_tensors(renames, out);
 }
 
 }  // namespace
