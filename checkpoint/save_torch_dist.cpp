@@ -220,15 +220,24 @@ std::vector<mg::DcpChunkToWrite> rank_chunks(const TrainingState& s, bool own) {
   return out;
 }
 
+// What a stage's decoder layers hold: MoE or not, a shared expert, the attention's linear layers
+// (linear_qkv and linear_proj; multi-latent attention's projections), the routed experts on this
+// rank.
+struct LayerContents {
+  bool moe = false, shared_expert = false;
+  std::set<std::string> attention_linears;  // "self_attention.linear_proj", ...
+  std::set<int64_t> experts;
+};
+
 // The modules of a decoder layer whose _extra_state Megatron stores: its attention's linear
 // layers, and with Transformer Engine (Megatron's default --transformer-impl) its core attention;
 // a dense MLP's linear layers, or an MoE layer's shared expert's (its routed experts' are per
 // expert, below).
-std::vector<std::string> extra_state_modules(bool local, bool moe_layer, bool shared_expert) {
-  std::vector<std::string> out = {"self_attention.linear_proj", "self_attention.linear_qkv"};
+std::vector<std::string> extra_state_modules(bool local, const LayerContents& c) {
+  std::vector<std::string> out(c.attention_linears.begin(), c.attention_linears.end());
   if (!local) out.insert(out.begin(), "self_attention.core_attention");
-  if (!moe_layer) out.insert(out.end(), {"mlp.linear_fc1", "mlp.linear_fc2"});
-  if (shared_expert) out.insert(out.end(), {"mlp.shared_experts.linear_fc1", "mlp.shared_experts.linear_fc2"});
+  if (!c.moe) out.insert(out.end(), {"mlp.linear_fc1", "mlp.linear_fc2"});
+  if (c.shared_expert) out.insert(out.end(), {"mlp.shared_experts.linear_fc1", "mlp.shared_experts.linear_fc2"});
   return out;
 }
 
@@ -243,16 +252,13 @@ std::string object_key(const std::string& key, const std::vector<int64_t>& offse
   return key + "/shard_" + dotted(offsets, "0") + "_" + dotted(shape, "1");
 }
 
-// What a stage's decoder layers hold: MoE or not, a shared expert, the routed experts on this rank.
-struct LayerContents {
-  bool moe = false, shared_expert = false;
-  std::set<int64_t> experts;
-};
-
 void add_layer_field(const std::string& rest, LayerContents& c) {
+  static const std::regex kAttentionLinear(R"(^(self_attention\.linear_[a-z_]+)\.(?:weight|bias)$)");
   int64_t expert = -1;
   megatron_layer_field(rest, false, false, &expert);
   if (expert >= 0) c.experts.insert(expert);
+  std::smatch m;
+  if (std::regex_match(rest, m, kAttentionLinear)) c.attention_linears.insert(m[1].str());
   if (rest.rfind("mlp.router.", 0) == 0) c.moe = true;
   if (rest.rfind("mlp.shared_experts.", 0) == 0) c.shared_expert = true;
 }
@@ -293,7 +299,7 @@ void add_layer_objects(const std::string& prefix, const LayerContents& contents,
                        const std::vector<int64_t>& of, const StackedSizes& sizes, bool layer_writer, bool expert_writer,
                        const std::string& none, std::vector<mg::DcpObjectToWrite>& out) {
   if (layer_writer)
-    for (const std::string& module : extra_state_modules(sizes.local, contents.moe, contents.shared_expert))
+    for (const std::string& module : extra_state_modules(sizes.local, contents))
       out.push_back({object_key(prefix + module + "._extra_state", at, of), none});
   if (!expert_writer) return;
   for (int64_t expert : contents.experts)
