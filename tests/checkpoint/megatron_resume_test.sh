@@ -108,6 +108,7 @@ if [ -z "$share" ] || [ "${share% *}" != "${share#* }" ]; then
 else
   echo "ok: one process reads every chunk once ($share MB)"
 fi
+resume mla_torch_dist  # multi-latent attention: the latents' norms under Megatron's local names
 resume gpt_tp2pp2_torch_legacy  # the same run in Megatron's legacy format: four rank files
 resume llama_tp2_torch_dist
 resume gpt_dp2_distopt_torch_dist  # the distributed optimizer's flat buffers
@@ -240,6 +241,7 @@ if [ -n "$MPIRUN" ]; then
   resume gpt_dp2_distopt_torch_legacy --use-distributed-optimizer
   resume gpt_sgd_torch_dist --tensor-model-parallel-size 2
   resume moe_tp2_etp1_ep2_torch_legacy --expert-model-parallel-size 2
+  resume mla_torch_dist --tensor-model-parallel-size 2
   # The model and the parallel layout from the arguments Megatron stored (four ranks: TP2 x PP2).
   log=$WORK/mp-args.log
   $MPIRUN --allow-run-as-root --oversubscribe --bind-to none -np 4 -x OMP_NUM_THREADS=1 "$BIN" "${FLAGS[@]}" \
