@@ -141,7 +141,8 @@ class Watchdog {
       // operation may wait on a healthy one while another's peer is gone.
       std::set<ncclComm_t> asked;
       for (const Entry& e : pending_) {
-        if (!asked.insert(e.comm).second) continue;
+        // An abandoned operation's error is on its way to main, which prints it.
+        if (e.in_flight->abandoned.load(std::memory_order_acquire) || !asked.insert(e.comm).second) continue;
         ncclResult_t async = ncclSuccess;
         ncclCommGetAsyncError(e.comm, &async);
         if (async != ncclSuccess) fail(e, std::string("NCCL error ") + ncclGetErrorString(async));

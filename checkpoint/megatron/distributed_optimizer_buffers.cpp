@@ -4,7 +4,9 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <regex>
 #include <set>
+#include <tuple>
 #include <unordered_map>
 
 #include "checkpoint/megatron/damage.h"
@@ -146,23 +148,42 @@ Groups read_buckets(const std::shared_ptr<const DcpCheckpoint>& dcp) {
   return groups;
 }
 
-int64_t layer_of(const std::string& name) {
-  static const std::string kLayers = "decoder.layers.";
-  if (name.rfind(kLayers, 0) != 0) return -1;
-  return std::stoll(name.substr(kLayers.size()));
-}
-
-bool in_mlp(const std::string& name) {
-  return name.find(".mlp.") != std::string::npos || name.find(".pre_mlp_layernorm.") != std::string::npos;
-}
-
-// Megatron's gradient buffer takes the parameters in reverse module order: among equal weights,
-// the one it would place first (a later layer; in a layer, the MLP and its norm before the
-// attention).
-bool placed_before(const std::string& a, const std::string& b) {
-  if (layer_of(a) != layer_of(b)) return layer_of(a) > layer_of(b);
-  if (in_mlp(a) != in_mlp(b)) return in_mlp(a);
-  return a > b;
+// Where Megatron registers a parameter (fp8tron's names, or a legacy file's before the MoE and MLA
+// norms are renamed): the model's parts in order (embedding, decoder layers, final norm,
+// multi-token-prediction layers, output layer), the layer's index, and the module's place in its
+// layer. Only the order of weights equal to one another matters (untrained norms in bf16), so the
+// modules are ranked as far as that needs: the input norm first, the attention's projections, its
+// query norm before its key (or key-value) norm, the norm before the MLP, the MLP's parts.
+std::tuple<int, int64_t, int, std::string> registration_key(const std::string& name) {
+  static const std::regex kLayer(R"(^(decoder|mtp)\.layers\.(\d+)\.(?:transformer_layer\.)?(.*)$)");
+  static const std::pair<const char*, int> kModules[] = {
+      {"input_layernorm.", 0},                              {"self_attention.linear_qkv.layer_norm_", 0},
+      {"self_attention.linear_proj.", 1},                   {"self_attention.linear_qkv.", 2},
+      {"self_attention.linear_q_proj.", 3},                 {"self_attention.linear_q_down_proj.", 3},
+      {"self_attention.linear_q_up_proj.layer_norm_", 7},  {"self_attention.linear_q_up_proj.", 4},
+      {"self_attention.linear_kv_down_proj.", 5},           {"self_attention.linear_kv_up_proj.layer_norm_", 8},
+      {"self_attention.linear_kv_up_proj.", 6},             {"self_attention.q_layernorm.", 7},
+      {"self_attention.k_layernorm.", 8},                   {"self_attention.kv_layernorm.", 8},
+      {"pre_mlp_layernorm.", 9},                            {"mlp.linear_fc1.layer_norm_", 9},
+      {"mlp.router.", 10},                                  {"mlp.experts.", 11},
+      {"mlp.shared_experts.", 12},                          {"mlp.linear_fc1.", 13},
+      {"mlp.linear_fc2.", 14},                              {"enorm.", -3},
+      {"hnorm.", -2},                                       {"eh_proj.", -1}};
+  std::smatch m;
+  if (std::regex_match(name, m, kLayer)) {
+    const std::string rest = m[3].str();
+    int module = 15;
+    for (const auto& [prefix, rank] : kModules)
+      if (rest.starts_with(prefix)) {
+        module = rank;
+        break;
+      }
+    return {m[1].str() == "decoder" ? 1 : 3, std::stoll(m[2].str()), module, rest};
+  }
+  if (name.starts_with("embedding.")) return {0, 0, 0, name};
+  if (name.starts_with("decoder.")) return {2, 0, 0, name};  // the final norm
+  if (name.starts_with("output_layer.")) return {4, 0, 0, name};
+  return {5, 0, 0, name};
 }
 
 // A weight, or one tensor-parallel rank's part of it, as the buffers hold it (its values in fp32
@@ -276,7 +297,7 @@ void locate_in_group(const std::vector<const Bucket*>& buckets, const std::vecto
       }
       if (bucket->concatenated && (pos - bucket_start) % kParamAlignment != 0) bucket_start = pos;
       const size_t i = *std::min_element(matches.begin(), matches.end(), [&](size_t a, size_t b) {
-        if (all[a].name != all[b].name) return placed_before(all[a].name, all[b].name);
+        if (all[a].name != all[b].name) return placed_before_in_megatron_buffer(all[a].name, all[b].name);
         return all[a].part < all[b].part;
       });
       placed.insert(i);
@@ -439,6 +460,10 @@ void add_legacy_buffers(const std::string& path, Groups& groups) {
 }  // namespace
 
 bool is_distributed_optimizer_entry(const std::string& name) { return name.rfind(kPrefix, 0) == 0; }
+
+bool placed_before_in_megatron_buffer(const std::string& a, const std::string& b) {
+  return registration_key(a) > registration_key(b);
+}
 
 void read_distributed_optimizer_buffers(MegatronCheckpoint& out, const std::set<std::string>* weights_read) {
   FP8TRON_CHECK(out.dcp, "reading the distributed optimizer's buffers of a checkpoint that is not torch_dist");

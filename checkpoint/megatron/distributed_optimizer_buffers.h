@@ -14,7 +14,7 @@
 // Megatron splits it, tensor_parallel_split.h, over the saved run's ranks), rounded to the
 // weight's dtype in bf16/fp16 runs, is where its moments lie; the parts' moments are joined as the
 // weight is. Weights equal to one another (untrained norms in bf16) are told apart by Megatron's
-// order: later layers first, the MLP before the attention.
+// order (placed_before_in_megatron_buffer).
 //
 // The buffers hold the whole model's state (for a 70B model, 840 GB in fp32), so nothing is read
 // whole: the weights are searched for by a fingerprint (length, first values, a hash of all),
@@ -37,6 +37,12 @@
 #include "checkpoint/megatron/megatron_checkpoint.h"
 
 namespace fp8tron::checkpoint::megatron {
+
+// Whether Megatron's gradient buffer places parameter `a` before `b`: it takes the parameters in
+// reverse order of registration (the output layer first, then the multi-token-prediction layers,
+// the final norm, the decoder layers from the last, the embedding). Tells weights equal to one
+// another apart.
+bool placed_before_in_megatron_buffer(const std::string& a, const std::string& b);
 
 // Whether `name` is one of the distributed optimizer's flat tensors or objects.
 bool is_distributed_optimizer_entry(const std::string& name);

@@ -14,6 +14,7 @@
 
 #include "checkpoint/megatron/dcp_checkpoint.h"
 #include "checkpoint/megatron/dcp_writer.h"
+#include "checkpoint/megatron/distributed_optimizer_buffers.h"
 #include "checkpoint/megatron/legacy_model_parallel.h"
 #include "checkpoint/megatron/megatron_checkpoint.h"
 #include "checkpoint/megatron/pickle.h"
@@ -353,6 +354,32 @@ TEST(MegatronCheckpoint, DistributedOptimizerStateIsLocatedForTheWeightsARankRea
   EXPECT_EQ(weights_only.dcp->bytes_read(), 0);
   EXPECT_EQ(weights_only.optimizer, "adam");
   for (const auto& [name, t] : weights_only.tensors) EXPECT_FALSE(name.starts_with("optimizer.state.")) << name;
+}
+
+TEST(MegatronCheckpoint, EqualWeightsAreOrderedAsMegatronsGradientBufferPlacesThem) {
+  // The reverse of Megatron's registration order: the output layer, the multi-token-prediction
+  // layers, the final norm, the decoder layers from the last, the embedding; in a layer the MLP
+  // before its norm, the key (key-value) norm before the query norm, the input norm last.
+  const std::vector<std::string> in_buffer_order = {
+      "output_layer.weight",
+      "mtp.layers.0.final_layernorm.weight",
+      "mtp.layers.0.transformer_layer.mlp.linear_fc1.layer_norm_weight",
+      "mtp.layers.0.enorm.weight",
+      "decoder.final_layernorm.weight",
+      "decoder.layers.1.mlp.linear_fc2.bias",
+      "decoder.layers.1.mlp.linear_fc1.bias",
+      "decoder.layers.1.pre_mlp_layernorm.weight",
+      "decoder.layers.1.self_attention.k_layernorm.weight",
+      "decoder.layers.1.self_attention.q_layernorm.weight",
+      "decoder.layers.1.self_attention.linear_qkv.layer_norm_weight",
+      "decoder.layers.0.self_attention.linear_kv_up_proj.layer_norm_weight",
+      "decoder.layers.0.self_attention.linear_q_up_proj.layer_norm_weight",
+      "decoder.layers.0.input_layernorm.weight",
+      "embedding.word_embeddings.weight"};
+  for (size_t i = 0; i + 1 < in_buffer_order.size(); ++i) {
+    EXPECT_TRUE(placed_before_in_megatron_buffer(in_buffer_order[i], in_buffer_order[i + 1])) << in_buffer_order[i];
+    EXPECT_FALSE(placed_before_in_megatron_buffer(in_buffer_order[i + 1], in_buffer_order[i])) << in_buffer_order[i];
+  }
 }
 
 TEST(MegatronCheckpoint, LegacyRanksPutTogetherEqualTheDistributedCheckpointOfTheSameRun) {
