@@ -134,12 +134,13 @@ struct Read {
 
 // The reads of one domain's parameters (and their optimizer state); `requested` also gets the
 // model weights superseded by their fp32 copies (they are part of the model's state).
-void plan_domain_reads(ck::CheckpointReader& reader, const TrainingState& s, const OptimizerDomain& o, bool load_optim,
+void plan_domain_reads(ck::CheckpointReader& reader, const TrainingState& s, OptimizerDomain& o, bool load_optim,
                        std::vector<Read>& reads, std::set<std::string>& requested) {
   // Main weights come from the fp32 copy when the optimizer state is loaded (exact resume) or
   // --load-main-params-from-ckpt asks; otherwise from the model weights, as Megatron does.
   const bool fp32_main = load_optim || s.config.checkpoint.load_main_params_from_ckpt;
-  const auto states = optimizer_states(o, s.config.optimizer);
+  const auto states = load_optim ? optimizer_states_to_load(o, s.config.optimizer)
+                                 : std::vector<std::pair<std::string, torch::Tensor>>{};
   const torch::Tensor main = o.main_params();
   const int64_t shard_begin = o.shard_begin(), shard_end = o.shard_begin() + o.shard_numel();
   const int tp_rank = o.groups().tp->rank(), tp_size = o.groups().tp->size();
@@ -245,6 +246,7 @@ void load_parameters(ck::CheckpointReader& reader, const TrainingState& s, bool 
     reader.read(kStepName, ck::DType::F32, {1}, ck::whole({1}), &step);
     o.set_step_count(step);
   }
+  o.adopt_loaded_moments();
   // Model weights = main weights in the parameter dtype (data-parallel all-gather with the
   // distributed optimizer), exactly what the step after the save published.
   o.publish_model_params();

@@ -71,7 +71,7 @@ void check_tensors(const mg::MegatronCheckpoint& c, const TrainingState& s, bool
       const std::string name = checkpoint_name(slot);
       std::vector<std::string> prefixes = {""};
       if (load_optim)
-        for (const auto& state : optimizer_states(*domain, s.config.optimizer)) prefixes.push_back(state.first);
+        for (const auto& prefix : optimizer_state_prefixes(s.config.optimizer)) prefixes.push_back(prefix);
       for (const std::string& prefix : prefixes) {
         wanted.insert(prefix + name);
         auto it = c.tensors.find(prefix + name);
@@ -129,8 +129,9 @@ struct RangeRead {
 std::vector<RangeRead> plan_reads(const mg::MegatronCheckpoint& c, const TrainingState& s, bool load_optim) {
   std::vector<RangeRead> reads;
   for (const auto& domain : s.optimizer.domains()) {
-    const OptimizerDomain& o = *domain;
-    const auto states = optimizer_states(o, s.config.optimizer);
+    OptimizerDomain& o = *domain;
+    const auto states = load_optim ? optimizer_states_to_load(o, s.config.optimizer)
+                                   : std::vector<std::pair<std::string, torch::Tensor>>{};
     const int64_t shard_begin = o.shard_begin(), shard_end = o.shard_begin() + o.shard_numel();
     const int tp_rank = o.groups().tp->rank(), tp_size = o.groups().tp->size();
     for (const Slot& slot : o.param_slots()) {
@@ -191,6 +192,7 @@ void copy_parameters(const mg::MegatronCheckpoint& c, const TrainingState& s, bo
   for (RangeRead& r : reads) r.destination.copy_(r.values);
   for (auto& [buffer, values] : buffers) buffer.copy_(values);
   if (load_optim && c.step) s.optimizer.set_step_count(*c.step);  // SGD counts no steps
+  s.optimizer.adopt_loaded_moments();
   s.optimizer.publish_model_params();
   restore_fp8_recipe_state(s, fp8_states);
 }

@@ -190,7 +190,7 @@ std::vector<mg::DcpChunkToWrite> rank_chunks(const TrainingState& s, bool own) {
     if (states_writer) {
       if (o.distributed()) states.emplace_back(kDistributedMainParamPrefix, o.main_params());
       else if (o.model_params().scalar_type() != torch::kFloat32) states.emplace_back(kMainParamPrefix, o.main_params());
-      for (const auto& state : optimizer_states(o, s.config.optimizer)) states.push_back(state);
+      for (const auto& state : optimizer_states_to_save(o, s.config.optimizer)) states.push_back(state);
     }
     const int64_t shard_begin = o.shard_begin(), shard_end = o.shard_begin() + o.shard_numel();
     for (const Slot& slot : o.param_slots()) {

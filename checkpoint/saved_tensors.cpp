@@ -37,10 +37,28 @@ constexpr const char* kExpAvgSq = "optimizer.state.exp_avg_sq.";
 constexpr const char* kMomentum = "optimizer.state.momentum_buffer.";
 }  // namespace
 
-std::vector<std::pair<std::string, torch::Tensor>> optimizer_states(const OptimizerDomain& o, const OptimizerConfig& c) {
+std::vector<std::string> optimizer_state_prefixes(const OptimizerConfig& c) {
   // Muon takes the 2-D hidden weights; the rest (embeddings, output layer, 1-D weights) is Adam's.
-  if (c.optimizer == "adam" || c.optimizer == "muon") return {{kExpAvg, o.exp_avg()}, {kExpAvgSq, o.exp_avg_sq()}};
-  return {{kMomentum, o.exp_avg()}};
+  if (c.optimizer == "adam" || c.optimizer == "muon") return {kExpAvg, kExpAvgSq};
+  return {kMomentum};
+}
+
+namespace {
+std::vector<std::pair<std::string, torch::Tensor>> named(const OptimizerConfig& c,
+                                                         const std::pair<torch::Tensor, torch::Tensor>& moments) {
+  const auto prefixes = optimizer_state_prefixes(c);
+  if (prefixes.size() == 1) return {{prefixes[0], moments.first}};
+  return {{prefixes[0], moments.first}, {prefixes[1], moments.second}};
+}
+}  // namespace
+
+std::vector<std::pair<std::string, torch::Tensor>> optimizer_states_to_save(const OptimizerDomain& o,
+                                                                           const OptimizerConfig& c) {
+  return named(c, o.moments_to_save());
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> optimizer_states_to_load(OptimizerDomain& o, const OptimizerConfig& c) {
+  return named(c, o.moments_to_load());
 }
 
 std::string state_name(const std::string& prefix, const Slot& slot, const OptimizerConfig& c) {

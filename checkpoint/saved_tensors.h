@@ -37,8 +37,14 @@ torch::ScalarType torch_dtype(checkpoint::DType d, const std::string& tensor);
 
 // The optimizer's per-parameter states besides the main weights: Adam's moments, SGD's
 // momentum, or with Muon both Adam moments' buffers (Muon's matrices keep their momentum in the
-// first), as (tensor-name prefix, flat buffer laid out from shard_begin()).
-std::vector<std::pair<std::string, torch::Tensor>> optimizer_states(const OptimizerDomain& o, const OptimizerConfig& c);
+// first), as (tensor-name prefix, flat buffer laid out from shard_begin()): to save (moments
+// scaled per parameter come as fp32 copies), or to load into (OptimizerDomain::moments_to_load:
+// MixedPrecisionOptimizer::adopt_loaded_moments() completes the load).
+std::vector<std::pair<std::string, torch::Tensor>> optimizer_states_to_save(const OptimizerDomain& o,
+                                                                           const OptimizerConfig& c);
+std::vector<std::pair<std::string, torch::Tensor>> optimizer_states_to_load(OptimizerDomain& o, const OptimizerConfig& c);
+// Their tensor-name prefixes alone.
+std::vector<std::string> optimizer_state_prefixes(const OptimizerConfig& c);
 
 // The checkpoint name of `slot`'s part of the buffer saved under `prefix` (the model weights: "";
 // kMainParamPrefix; an optimizer_states() prefix), or "" when the parameter has no such state:

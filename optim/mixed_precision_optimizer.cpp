@@ -225,6 +225,10 @@ void MixedPrecisionOptimizer::set_step_count(double steps) {
   for (auto& d : domains_) d->set_step_count(steps);
 }
 
+void MixedPrecisionOptimizer::adopt_loaded_moments() {
+  for (auto& d : domains_) d->adopt_loaded_moments();
+}
+
 void MixedPrecisionOptimizer::publish_model_params() {
   for (auto& d : domains_) d->publish_model_params();
 }

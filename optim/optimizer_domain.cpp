@@ -19,9 +19,9 @@ bool muon(const NamedParam& p, const OptimizerConfig& c) { return uses_muon(p.na
 torch::Dtype to_torch(ParamDtype d) {
   return d == ParamDtype::Bf16 ? torch::kBFloat16 : d == ParamDtype::Fp16 ? torch::kFloat16 : torch::kFloat32;
 }
-// The storage of a precision-aware optimizer state (trainer/cli/validation.cpp refuses fp16 and fp8).
+// The storage of an unscaled optimizer state (fp16 and fp8 ones are ScaledMoments).
 torch::Dtype state_dtype(StateDtype d) {
-  FP8TRON_CHECK(d == StateDtype::Fp32 || d == StateDtype::Bf16, "optimizer states are stored in fp32 or bf16");
+  FP8TRON_CHECK(d == StateDtype::Fp32 || d == StateDtype::Bf16, "unscaled optimizer states are fp32 or bf16");
   return d == StateDtype::Bf16 ? torch::kBFloat16 : torch::kFloat32;
 }
 // How a parameter counts in the global gradient norm: 0 normal, 1 duplicated over tensor-parallel
@@ -151,12 +151,7 @@ OptimizerDomain::OptimizerDomain(const std::vector<NamedParam>& params, const Op
     grad_shard_ = main_grads_.narrow(0, shard_begin_, shard_numel_);
   else if (distributed_ || grads_dtype_ != torch::kFloat32)
     grad_shard_ = torch::zeros({shard_numel_}, fp32);
-  // Adam's first moment, SGD's and Muon's momentum; the precision-aware optimizer (Adam only) may
-  // store Adam's moments in bf16.
-  const PrecisionAwareOptimizer& pa = config_.precision_aware;
-  exp_avg_ = torch::zeros({shard_numel_}, fp32.dtype(pa.enabled ? state_dtype(pa.exp_avg) : torch::kFloat32));
-  if (config_.optimizer == "adam" || config_.optimizer == "muon")
-    exp_avg_sq_ = torch::zeros({shard_numel_}, fp32.dtype(pa.enabled ? state_dtype(pa.exp_avg_sq) : torch::kFloat32));
+  make_moments(fp32);
   for (size_t i = 0; i < segments_.size(); ++i) step_counts_.push_back(torch::zeros({}, fp32));
 }
 
@@ -286,9 +281,10 @@ void OptimizerDomain::shard_model_params(const std::vector<std::vector<torch::Te
   for (const auto& p : buffer_order_) mine[p.tensor.unsafeGetTensorImpl()] = &p;
   // The optimizer states still hold zeros (no step or checkpoint load comes before this): they are
   // built again once the whole weight buffer is gone, so that the two never coexist.
-  const auto exp_avg_options = exp_avg_.options();
-  const auto exp_avg_sq_options = exp_avg_sq_.defined() ? std::optional(exp_avg_sq_.options()) : std::nullopt;
+  const auto device = main_params_.options();
   exp_avg_ = exp_avg_sq_ = torch::Tensor();
+  scaled_exp_avg_.reset();
+  scaled_exp_avg_sq_.reset();
   // This rank's shard of the weights; the whole buffer goes once the parameters are units' views.
   model_params_ = model_params_.narrow(0, shard_begin_, shard_numel_).clone();
   model_base_ = shard_begin_;
@@ -318,8 +314,49 @@ void OptimizerDomain::shard_model_params(const std::vector<std::vector<torch::Te
     ShardedGrads* grads = sharded_grads_.get();
     sharded_->follow_backward([grads](size_t unit) { grads->prepare(unit); }, [grads](size_t unit) { grads->reduce(unit); });
   }
-  exp_avg_ = torch::zeros({shard_numel_}, exp_avg_options);
-  if (exp_avg_sq_options) exp_avg_sq_ = torch::zeros({shard_numel_}, *exp_avg_sq_options);
+  make_moments(device);
+}
+
+void OptimizerDomain::make_moments(const torch::TensorOptions& device) {
+  // Adam's first moment, SGD's and Muon's momentum; the precision-aware optimizer (Adam only) may
+  // store Adam's moments in bf16, or in fp16/fp8 scaled per parameter (this rank's part of it).
+  const PrecisionAwareOptimizer& pa = config_.precision_aware;
+  const StateDtype m = pa.enabled ? pa.exp_avg : StateDtype::Fp32, v = pa.enabled ? pa.exp_avg_sq : StateDtype::Fp32;
+  std::vector<std::pair<int64_t, int64_t>> pieces;
+  for (const ParamSlot& slot : slots_) {
+    const int64_t lo = std::max(slot.offset, shard_begin_), hi = std::min(slot.offset + slot.numel, shard_begin_ + shard_numel_);
+    if (lo < hi) pieces.emplace_back(lo - shard_begin_, hi - lo);
+  }
+  auto make = [&](StateDtype d, std::unique_ptr<ScaledMoment>& scaled) {
+    if (!ScaledMoment::scaled(d)) return torch::zeros({shard_numel_}, device.dtype(state_dtype(d)));
+    scaled = std::make_unique<ScaledMoment>(d, shard_numel_, pieces, device);
+    return scaled->stored();
+  };
+  exp_avg_ = make(m, scaled_exp_avg_);
+  if (config_.optimizer == "adam" || config_.optimizer == "muon") exp_avg_sq_ = make(v, scaled_exp_avg_sq_);
+}
+
+std::pair<torch::Tensor, torch::Tensor> OptimizerDomain::moments_to_save() const {
+  auto of = [](const torch::Tensor& stored, const std::unique_ptr<ScaledMoment>& scaled) {
+    return scaled ? scaled->unscaled_copy(torch::kCPU) : stored;
+  };
+  return {of(exp_avg_, scaled_exp_avg_), of(exp_avg_sq_, scaled_exp_avg_sq_)};
+}
+
+std::pair<torch::Tensor, torch::Tensor> OptimizerDomain::moments_to_load() {
+  auto of = [](const torch::Tensor& stored, const std::unique_ptr<ScaledMoment>& scaled, torch::Tensor& loading) {
+    if (!scaled) return stored;
+    loading = scaled->unscaled_copy(torch::kCPU);
+    return loading;
+  };
+  return {of(exp_avg_, scaled_exp_avg_, loading_exp_avg_), of(exp_avg_sq_, scaled_exp_avg_sq_, loading_exp_avg_sq_)};
+}
+
+void OptimizerDomain::adopt_loaded_moments() {
+  torch::NoGradGuard no_grad;
+  if (loading_exp_avg_.defined()) scaled_exp_avg_->store_all(loading_exp_avg_);
+  if (loading_exp_avg_sq_.defined()) scaled_exp_avg_sq_->store_all(loading_exp_avg_sq_);
+  loading_exp_avg_ = loading_exp_avg_sq_ = torch::Tensor();
 }
 
 bool OptimizerDomain::summed_over_stages(const BufferParam& p) const {
@@ -696,6 +733,10 @@ bool OptimizerDomain::adam_step(size_t segment, int64_t lo, int64_t n, const tor
   // --fp8-param-gather encodes its range from the main weights after the step), in the same pass.
   if (separate_main_weights_ && !codes_.defined()) state.model_copy = model_params_.narrow(0, lo - model_base_, n);
   const torch::Tensor& step = step_counts_[segment];
+  if (scaled_exp_avg_ || scaled_exp_avg_sq_) {
+    scaled_adam_step(segment, lo, n, grads, lr, wd, eps, found_inf, grad_divisor);
+    return false;
+  }
   if (!torch_adam_kernel_ && fused_adamw_applies(state, step, found_inf, grad_divisor)) {
     fused_adamw(state, step, found_inf, grad_divisor, {lr, config_.adam_beta1, config_.adam_beta2, eps, wd});
     return state.model_copy.defined();
@@ -719,6 +760,56 @@ bool OptimizerDomain::adam_step(size_t segment, int64_t lo, int64_t n, const tor
     v.copy_(v32);
   }
   return false;
+}
+
+void OptimizerDomain::scaled_adam_step(size_t segment, int64_t lo, int64_t n, const torch::Tensor& grads, double lr,
+                                       double wd, double eps, const torch::Tensor& found_inf,
+                                       const std::optional<torch::Tensor>& grad_divisor) {
+  const ScaledMoment& any = scaled_exp_avg_ ? *scaled_exp_avg_ : *scaled_exp_avg_sq_;
+  const auto& pieces = any.pieces();
+  const int64_t off = lo - shard_begin_, end = off + n;
+  // The pieces overlapping [off, end), each of which must lie inside it.
+  size_t first = size_t(std::upper_bound(pieces.begin(), pieces.end(), off,
+                                         [](int64_t at, const std::pair<int64_t, int64_t>& p) { return at < p.first + p.second; }) -
+                        pieces.begin());
+  size_t last = first;
+  while (last < pieces.size() && pieces[last].first < end) {
+    FP8TRON_CHECK(pieces[last].first >= off && pieces[last].first + pieces[last].second <= end,
+                  "moments scaled per parameter are updated one whole parameter at a time");
+    ++last;
+  }
+  // Pieces [i, j) in one call over the elements they span: on GPUs one parameter at a time, so the
+  // fp32 copies stay one parameter's; on CPUs all at once, because ATen's CPU fused Adam rounds an
+  // element by where it lies in the call (SIMD body or scalar tail) and one call over the range
+  // rounds each element as the fp32 optimizer's call over the same range does. (On GPUs it is
+  // elementwise: the same bits either way.)
+  auto step = [&](size_t i, size_t j) {
+    const int64_t a = pieces[i].first, len = pieces[j - 1].first + pieces[j - 1].second - a;
+    auto widened = [&](const std::unique_ptr<ScaledMoment>& scaled, const torch::Tensor& stored) {
+      if (!scaled) return stored.narrow(0, a, len).to(torch::kFloat32);
+      if (j == i + 1) return scaled->unscaled(i);
+      auto values = torch::zeros({len}, stored.options().dtype(torch::kFloat32));  // zeros between pieces (padding)
+      for (size_t k = i; k < j; ++k) values.narrow(0, pieces[k].first - a, pieces[k].second).copy_(scaled->unscaled(k));
+      return values;
+    };
+    torch::Tensor m = widened(scaled_exp_avg_, exp_avg_), v = widened(scaled_exp_avg_sq_, exp_avg_sq_);
+    at::_fused_adamw_({main_params_.narrow(0, a, len)}, {grads.narrow(0, a, len)}, {m}, {v}, {}, {step_counts_[segment]},
+                      lr, config_.adam_beta1, config_.adam_beta2, wd, eps, false, false, grad_divisor, found_inf);
+    // A skipped step (found_inf) leaves the stored moments as they were, as Megatron skips the step.
+    auto store = [&](const std::unique_ptr<ScaledMoment>& scaled, const torch::Tensor& stored, const torch::Tensor& values) {
+      if (!scaled) {
+        torch::Tensor target = stored.narrow(0, a, len);
+        if (target.data_ptr() != values.data_ptr()) target.copy_(values);
+        return;
+      }
+      for (size_t k = i; k < j; ++k) scaled->store(k, values.narrow(0, pieces[k].first - a, pieces[k].second), found_inf);
+    };
+    store(scaled_exp_avg_, exp_avg_, m);
+    store(scaled_exp_avg_sq_, exp_avg_sq_, v);
+  };
+  if (first == last) return;
+  if (!main_params_.is_cuda()) return step(first, last);
+  for (size_t i = first; i < last; ++i) step(i, i + 1);
 }
 
 // Muon (Emerging-Optimizers' OrthogonalizedOptimizer.step with Megatron's TensorParallelMuon):

@@ -36,6 +36,7 @@
 #include "parallel/sharding.h"
 #include "optim/muon.h"
 #include "optim/param_groups.h"
+#include "optim/scaled_moment.h"
 
 namespace fp8tron {
 
@@ -190,8 +191,19 @@ class OptimizerDomain {
   torch::Tensor model_params() const { return sharded_ ? model_params_ : model_params_.narrow(0, 0, numel_); }
   bool params_sharded() const { return sharded_ != nullptr; }
   torch::Tensor main_params() const { return main_params_; }
+  // The stored moments (fp16 / float8_e4m3fn codes where they are scaled per parameter, see
+  // scaled_moment.h).
   torch::Tensor exp_avg() const { return exp_avg_; }
   torch::Tensor exp_avg_sq() const { return exp_avg_sq_; }  // undefined for SGD
+  // The moments as checkpoints hold them, as Transformer Engine's FusedAdam hands them to
+  // Megatron's checkpoints: fp32 copies on the host where they are scaled per parameter (fp16,
+  // fp8), otherwise the buffers themselves.
+  std::pair<torch::Tensor, torch::Tensor> moments_to_save() const;
+  // What a checkpoint load writes the moments into: the buffers themselves, or fp32 host copies of
+  // scaled moments (holding their current values) that adopt_loaded_moments() stores scaled once
+  // every read has succeeded; a failed load drops them and changes nothing.
+  std::pair<torch::Tensor, torch::Tensor> moments_to_load();
+  void adopt_loaded_moments();
   double step_count() const;  // 0 for an empty domain
   void set_step_count(double steps);
   // Model parameters := main weights (cast; all-gathered over the domain's data-parallel group
@@ -222,6 +234,12 @@ class OptimizerDomain {
   // that range were written too (the fused kernel's copy).
   bool adam_step(size_t segment, int64_t lo, int64_t n, const torch::Tensor& grads, double lr, double wd, double eps,
                  const torch::Tensor& found_inf, const std::optional<torch::Tensor>& grad_divisor);
+  // Adam over the whole parameters inside [lo, lo + n) with moments scaled per parameter: each
+  // parameter's moments read back to fp32, stepped, stored with new scales.
+  void scaled_adam_step(size_t segment, int64_t lo, int64_t n, const torch::Tensor& grads, double lr, double wd,
+                        double eps, const torch::Tensor& found_inf, const std::optional<torch::Tensor>& grad_divisor);
+  // (Re)creates the zeroed moments for this rank's shard.
+  void make_moments(const torch::TensorOptions& device);
   // Which parameters an update_ranges() call steps: all, or (--overlap-param-gather-with-optimizer-step)
   // the first model chunk's and then the others'.
   enum class UpdatePart { kAll, kFirstChunk, kOtherChunks };
@@ -285,6 +303,9 @@ class OptimizerDomain {
   torch::Dtype grads_dtype_ = torch::kFloat32;
   torch::Tensor grad_shard_;    // distributed optimizer: this rank's reduced gradients (fp32; a view of an fp32 buffer)
   torch::Tensor exp_avg_, exp_avg_sq_;
+  // The precision-aware optimizer's fp16/fp8 moments (exp_avg_/exp_avg_sq_ are their codes).
+  std::unique_ptr<ScaledMoment> scaled_exp_avg_, scaled_exp_avg_sq_;
+  torch::Tensor loading_exp_avg_, loading_exp_avg_sq_;  // moments_to_load()'s copies of scaled moments
   // --fp8-param-gather: [0, byte_numel_) of the buffer is published as bytes through `codes_`.
   int64_t byte_numel_ = 0;
   torch::Tensor codes_;  // uint8, like model_params_

@@ -89,8 +89,8 @@ struct MuonConfig {
 };
 
 // The storage dtype of an optimizer state (--exp-avg-dtype, --exp-avg-sq-dtype): the update math is
-// fp32 whatever it is. Fp16 and Fp8 name Transformer Engine's per-tensor-scaled states, which
-// fp8tron refuses (trainer/cli/validation.cpp); they exist so the refusal can name them.
+// fp32 whatever it is. Fp16 and Fp8 are Transformer Engine's states scaled per parameter
+// (optim/scaled_moment.h).
 enum class StateDtype { Fp32, Bf16, Fp16, Fp8 };
 
 // --use-precision-aware-optimizer (Transformer Engine's FusedAdam with master_weights and

@@ -104,6 +104,16 @@ TEST(Checkpointing, ExactResumePrecisionAwareBf16States) {
   check_exact_resume(with(kBf16OptimizerStates, {"--main-grads-dtype", "bf16"}));
 }
 
+// fp8 first and fp16 second moments, scaled per parameter: checkpoints hold fp32 copies (as
+// Megatron's hold Transformer Engine's unscaled states) that store back to the same bits and
+// scales, so the run resumes bitwise from fp8tron's format and from torch_dist.
+TEST(Checkpointing, ExactResumePrecisionAwareScaledStates) {
+  const std::vector<std::string> scaled = {"--bf16", "--use-distributed-optimizer", "--use-precision-aware-optimizer",
+                                           "--exp-avg-dtype", "fp8", "--exp-avg-sq-dtype", "fp16"};
+  check_exact_resume(scaled);
+  check_exact_resume(with(scaled, {"--ckpt-format", "torch_dist", "--hidden-dropout", "0", "--attention-dropout", "0"}));
+}
+
 TEST(Checkpointing, ExactResumeSgd) { check_exact_resume({"--optimizer", "sgd", "--lr", "0.1"}); }
 
 // Muon: its matrices' momentum, and Adam's two moments for the parameters it does not take

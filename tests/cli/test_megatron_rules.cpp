@@ -44,10 +44,13 @@ TEST(MegatronRules, PrecisionAwareOptimizer) {
                     "--use-precision-aware-optimizer needs --use-distributed-optimizer");
   EXPECT_USER_ERROR(build(args({"--use-precision-aware-optimizer", "--use-distributed-optimizer", "--optimizer", "sgd"})),
                     "supports --optimizer adam only");
-  EXPECT_USER_ERROR(build(args({"--use-precision-aware-optimizer", "--use-distributed-optimizer", "--exp-avg-sq-dtype", "fp8"})),
-                    "--exp-avg-sq-dtype fp8 is not supported by fp8tron");
-  EXPECT_USER_ERROR(build(args({"--use-precision-aware-optimizer", "--use-distributed-optimizer", "--exp-avg-dtype", "fp16"})),
-                    "--exp-avg-dtype fp16 is not supported by fp8tron");
+  const Config scaled = build(args({"--use-precision-aware-optimizer", "--use-distributed-optimizer", "--exp-avg-dtype",
+                                    "fp8", "--exp-avg-sq-dtype", "fp16"}));
+  EXPECT_EQ(scaled.optimizer.precision_aware.exp_avg, StateDtype::Fp8);
+  EXPECT_EQ(scaled.optimizer.precision_aware.exp_avg_sq, StateDtype::Fp16);
+  EXPECT_USER_ERROR(build(args({"--use-precision-aware-optimizer", "--use-distributed-optimizer", "--exp-avg-dtype", "fp8",
+                                "--overlap-param-gather-with-optimizer-step"})),
+                    "--exp-avg-dtype fp8 with --overlap-param-gather-with-optimizer-step is not supported");
   EXPECT_USER_ERROR(build(args({"--use-precision-aware-optimizer", "--use-distributed-optimizer", "--main-params-dtype", "fp16"})),
                     "--main-params-dtype fp16 is not supported by fp8tron");
   EXPECT_USER_ERROR(build(args({"--use-precision-aware-optimizer", "--use-distributed-optimizer", "--main-grads-dtype", "bf16",

@@ -17,6 +17,8 @@
 #include "parallel/parallel_state.h"
 #include "optim/fused_adamw.h"
 #include "optim/mixed_precision_optimizer.h"
+#include "tests/optim/lone_data_parallel_rank.h"
+#include "tests/optim/scaled_moment_reference.h"
 
 namespace fp8tron {
 namespace {
@@ -258,52 +260,11 @@ std::vector<NamedParam> make_params(torch::ScalarType dtype) {
   return params;
 }
 
-// Rank `rank` of a data-parallel group of two, in one process: the reduce-scatter hands this rank
-// its own chunk of the input, the all-reduce keeps the local value, and the all-gather writes this
-// rank's shard in place (the other rank's part of the buffer keeps whatever it holds). Both
-// optimizers under comparison see the same collectives, so their results must agree bitwise.
-class LoneDataParallelRank : public Communicator {
- public:
-  explicit LoneDataParallelRank(int rank) : Communicator("fake-dp", rank, 2, {0, 1}) {}
-  std::unique_ptr<CommWork> all_reduce_async(torch::Tensor&, ReduceOp) override { return done(); }
-  std::unique_ptr<CommWork> all_gather_async(torch::Tensor& out, const torch::Tensor& in) override {
-    out.narrow(0, in.size(0) * rank_, in.size(0)).copy_(in);
-    return done();
-  }
-  std::unique_ptr<CommWork> reduce_scatter_async(torch::Tensor& out, const torch::Tensor& in) override {
-    out.copy_(in.narrow(0, out.size(0) * rank_, out.size(0)));
-    return done();
-  }
-  std::unique_ptr<CommWork> reduce_scatter_v_async(torch::Tensor&, const torch::Tensor&, const std::vector<int64_t>&) override {
-    return unexpected();
-  }
-  std::unique_ptr<CommWork> all_gather_v_async(torch::Tensor&, const torch::Tensor&, const std::vector<int64_t>&) override {
-    return unexpected();
-  }
-  std::unique_ptr<CommWork> all_to_all_v_async(torch::Tensor&, const torch::Tensor&, const std::vector<int64_t>&,
-                                               const std::vector<int64_t>&) override {
-    return unexpected();
-  }
-  void broadcast(torch::Tensor&, int) override { unexpected(); }
-  std::unique_ptr<CommWork> batch_p2p_async(std::vector<P2POp>) override { return unexpected(); }
-  void barrier() override {}
-
- private:
-  struct Done : CommWork {
-    void wait() override {}
-  };
-  static std::unique_ptr<CommWork> done() { return std::make_unique<Done>(); }
-  static std::unique_ptr<CommWork> unexpected() {
-    ADD_FAILURE() << "unexpected collective";
-    return done();
-  }
-};
-
 struct Layout {
   ParamDtype dtype;
   int dp_rank;  // -1: one process, no distributed optimizer
   const char* why;
-  bool bf16_moments = false;  // the precision-aware optimizer's --exp-avg(-sq)-dtype bf16
+  StateDtype moments = StateDtype::Fp32;  // the precision-aware optimizer's --exp-avg(-sq)-dtype
 };
 
 torch::ScalarType torch_dtype(ParamDtype d) {
@@ -322,7 +283,7 @@ OptimizerRun make_run(const Layout& s, bool torch_kernel) {
   oc.clip_grad = 0.05;  // below the gradients' norm: the coefficient is folded into the kernel
   oc.adam_beta2 = 0.95;
   oc.decoupled_lr = 3e-3;
-  if (s.bf16_moments) oc.precision_aware = {true, StateDtype::Bf16, StateDtype::Bf16};
+  if (s.moments != StateDtype::Fp32) oc.precision_aware = {true, s.moments, s.moments};
   PrecisionConfig pc;
   pc.params_dtype = s.dtype;
   ParallelState state = single_process_state();
@@ -350,8 +311,8 @@ TEST(GpuAdamW, OptimizerStepsMatchTorchKernelAndCopy) {
       {ParamDtype::Bf16, 1, "bf16, distributed optimizer, rank 1 of 2 (shard starts at an odd element)"},
       {ParamDtype::Fp32, 1, "fp32, distributed optimizer, rank 1 of 2"},
       // The torch-kernel side runs bf16 moments through fp32 copies (the CPU path).
-      {ParamDtype::Bf16, 1, "bf16 moments, distributed optimizer, rank 1 of 2", true},
-      {ParamDtype::Bf16, -1, "bf16 moments, one process", true},
+      {ParamDtype::Bf16, 1, "bf16 moments, distributed optimizer, rank 1 of 2", StateDtype::Bf16},
+      {ParamDtype::Bf16, -1, "bf16 moments, one process", StateDtype::Bf16},
   };
   for (const auto& s : setups) {
     SCOPED_TRACE(s.why);
@@ -389,6 +350,55 @@ TEST(GpuAdamW, OptimizerStepsMatchTorchKernelAndCopy) {
     ours.optimizer->publish_model_params();
     EXPECT_TRUE(same_bits(a.model_params(), before));
   }
+}
+
+// fp16/fp8 moments scaled per parameter (optim/scaled_moment.h) take torch operations on the GPU
+// instead of the fused kernel: a first step gives the fp32 optimizer's main weights bit for bit
+// and stores its moments as Transformer Engine's formulas do on the device, one scale per
+// parameter (per rank's part of a parameter the shard boundary cuts); a skipped second step
+// changes nothing; the fp32 copies a checkpoint holds store back to the same bits.
+TEST(GpuAdamW, ScaledMomentsAsTransformerEngineOnTheDevice) {
+  REQUIRE_GPU();
+  for (int dp_rank : {-1, 1})
+    for (StateDtype dtype : {StateDtype::Fp16, StateDtype::Fp8}) {
+      SCOPED_TRACE(std::string(dtype == StateDtype::Fp16 ? "fp16" : "fp8") + ", rank " + std::to_string(dp_rank));
+      OptimizerRun low = make_run({ParamDtype::Bf16, dp_rank, "scaled", dtype}, false),
+                   ref = make_run({ParamDtype::Bf16, dp_rank, "fp32 moments"}, false);
+      OptimizerDomain& a = *low.optimizer->domains().front();
+      const OptimizerDomain& b = *ref.optimizer->domains().front();
+      ASSERT_TRUE(a.exp_avg().is_cuda());
+      for (int step = 1; step <= 2; ++step) {
+        const auto g = gradients(a.main_grads().numel(), 500 + step) * 10;
+        if (step == 2) g[a.shard_begin() + 5] = std::numeric_limits<float>::infinity();
+        for (OptimizerRun* r : {&low, &ref}) {
+          r->optimizer->zero_grad();
+          r->optimizer->domains().front()->main_grads().copy_(g);
+          r->optimizer->finalize_grads();
+        }
+        const auto m = a.exp_avg().clone(), v = a.exp_avg_sq().clone();
+        low.optimizer->step(1e-3, 0.1, 1.0);
+        ref.optimizer->step(1e-3, 0.1, 1.0);
+        EXPECT_TRUE(same_bits(a.main_params(), b.main_params())) << "main params, step " << step;
+        EXPECT_TRUE(same_bits(a.model_params(), b.model_params())) << "model params, step " << step;
+        if (step == 2) {
+          EXPECT_TRUE(same_bits(a.exp_avg(), m) && same_bits(a.exp_avg_sq(), v)) << "the skipped step";
+          continue;
+        }
+        for (const auto& [stored, fp32] : {std::pair{a.exp_avg(), b.exp_avg()}, std::pair{a.exp_avg_sq(), b.exp_avg_sq()}}) {
+          const auto mine = per_param(a, stored), theirs = per_param(b, fp32);
+          ASSERT_EQ(mine.size(), theirs.size());
+          for (size_t i = 0; i < mine.size(); ++i)
+            EXPECT_TRUE(same_bits(mine[i].second, te_stored(theirs[i].second, dtype))) << mine[i].first;
+        }
+      }
+      const auto m = a.exp_avg().clone(), v = a.exp_avg_sq().clone();
+      const auto [m32, v32] = a.moments_to_save();
+      auto [m_in, v_in] = a.moments_to_load();
+      m_in.copy_(m32);
+      v_in.copy_(v32);
+      low.optimizer->adopt_loaded_moments();
+      EXPECT_TRUE(same_bits(a.exp_avg(), m) && same_bits(a.exp_avg_sq(), v)) << "stored back from fp32 copies";
+    }
 }
 
 }  // namespace

@@ -195,9 +195,14 @@ MemoryEstimate estimate_memory(const Config& c) {
   // 16-bit gradients are reduced into an fp32 copy of the optimizer's shard (fp32 ones in place);
   // sharded gradients are summed into one.
   if (!c.precision.grads_in_fp32 || sharded_grads) e.grad_shard = optimizer_params * 4;
-  // Adam's two moments (4 bytes each, 2 in bf16 with the precision-aware optimizer); SGD's momentum.
+  // Adam's two moments (4 bytes each; with the precision-aware optimizer 2 in bf16 or fp16, 1 in
+  // fp8); SGD's momentum. (Scaled moments add a 4-byte scale per parameter, and the update's fp32
+  // copies of one parameter's moments at a time.)
   const PrecisionAwareOptimizer& pa = c.optimizer.precision_aware;
-  auto state_bytes = [&](StateDtype d) { return pa.enabled && d == StateDtype::Bf16 ? 2.0 : 4.0; };
+  auto state_bytes = [&](StateDtype d) {
+    if (!pa.enabled) return 4.0;
+    return d == StateDtype::Bf16 || d == StateDtype::Fp16 ? 2.0 : d == StateDtype::Fp8 ? 1.0 : 4.0;
+  };
   e.optimizer_states = c.optimizer.optimizer == "adam" ? optimizer_params * (state_bytes(pa.exp_avg) + state_bytes(pa.exp_avg_sq))
                                                        : optimizer_params * 4;
 

@@ -40,9 +40,10 @@ std::string check_precision_aware_optimizer(const Config& c, const FlagValues& f
     return "--use-precision-aware-optimizer needs --use-distributed-optimizer (Megatron's rule)";
   for (const char* flag : {"exp-avg-dtype", "exp-avg-sq-dtype"}) {
     const std::string v = f.get_string(flag);
-    if (v == "fp16" || v == "fp8")
-      return std::string("--") + flag + " " + v + " is not supported by fp8tron: Transformer Engine's per-tensor-scaled "
-             "fp16/fp8 Adam states are not implemented; use bf16 or fp32";
+    if ((v == "fp16" || v == "fp8") && c.distributed.overlap_param_gather_with_optimizer_step)
+      return std::string("--") + flag + " " + v + " with --overlap-param-gather-with-optimizer-step is not supported: "
+             "states scaled per parameter are updated one whole parameter at a time, that overlap cuts parameters "
+             "(use bf16 or fp32 states, or drop the overlap)";
   }
   if (f.get_string("main-params-dtype") != "fp32")
     return "--main-params-dtype " + f.get_string("main-params-dtype") + " is not supported by fp8tron: Transformer "

@@ -1,0 +1,63 @@
+// An Adam moment stored in fp16 or FP8 (E4M3) with one fp32 scale per parameter, as Transformer
+// Engine's FusedAdam keeps it for Megatron's --exp-avg-dtype / --exp-avg-sq-dtype fp16 and fp8
+// (--use-precision-aware-optimizer). The update reads a parameter's moment back to fp32, steps in
+// fp32 and stores it again with a scale chosen from the new values' absolute maximum, so each
+// parameter's largest value lands on the top of the storage type's range:
+//  - fp16: scale = amax / 32752 (half of fp16's largest finite value, TE's headroom); stored
+//    values are v / scale rounded to nearest-even, read back as stored x scale;
+//  - fp8: stored values are v x (1 / scale) with scale = amax / 448, rounded to nearest-even and
+//    saturated to +-448 (E4M3's finite range), read back as stored x (1 / (1 / scale)), the
+//    dequantization factor TE's Float8Tensor keeps.
+// A parameter whose values are all zero stores zeros and reads back zeros (TE's FP8 path would
+// multiply 0 by an infinite scale there).
+// "Parameter" means this rank's part of it: with the distributed optimizer the part inside the
+// rank's shard, as Megatron hands FusedAdam its shards.
+#pragma once
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "core/config/training_config.h"
+
+namespace fp8tron {
+
+class ScaledMoment {
+ public:
+  // Whether states of `dtype` are stored scaled per parameter (fp16, fp8).
+  static bool scaled(StateDtype dtype) { return dtype == StateDtype::Fp16 || dtype == StateDtype::Fp8; }
+
+  // `pieces`: each parameter's (offset, numel) in the moment's elements, ascending and disjoint;
+  // elements outside every piece (padding) stay zero. All values start at zero.
+  ScaledMoment(StateDtype dtype, int64_t numel, std::vector<std::pair<int64_t, int64_t>> pieces,
+               const torch::TensorOptions& device);
+
+  const torch::Tensor& stored() const { return stored_; }  // fp16 or float8_e4m3fn
+  const std::vector<std::pair<int64_t, int64_t>>& pieces() const { return pieces_; }
+  // Piece i's values in fp32 (a new tensor).
+  torch::Tensor unscaled(size_t i) const;
+  // Stores `values` (fp32, piece i's numel) with a new scale from their absolute maximum; where
+  // `skip` (a 0-dim device tensor, optional) is nonzero, keeps the stored values and scale instead
+  // (without waiting for the device).
+  void store(size_t i, const torch::Tensor& values, const torch::Tensor& skip = {});
+  // The whole moment in fp32 on `device` (zeros outside the pieces), one piece at a time on the
+  // moment's own device, for checkpoints; and the reverse, every piece rescaled. A piece's values
+  // read back as stored, except that those stored at its largest magnitude read back as the
+  // absolute maximum its scale came from: storing the copy again then chooses the same scales
+  // and the same stored values (an exact resume), where values read back as stored would move a
+  // scale by a rounding in one piece of ten for FP8.
+  torch::Tensor unscaled_copy(const torch::Device& device) const;
+  void store_all(const torch::Tensor& values);
+
+ private:
+  torch::Tensor checkpoint_values(size_t i) const;  // see unscaled_copy
+
+  StateDtype dtype_;
+  torch::Tensor stored_;
+  std::vector<std::pair<int64_t, int64_t>> pieces_;
+  torch::Tensor factors_;  // fp32 [pieces]: what a stored value is multiplied by when read
+  torch::Tensor amaxes_;   // fp32 [pieces]: the absolute maximum each piece's scale came from
+};
+
+}  // namespace fp8tron

@@ -1,0 +1,177 @@
+// The precision-aware optimizer's fp16 and fp8 Adam moments (optim/scaled_moment.h), on the CPU:
+// stored in 2 and 1 bytes, one scale per parameter chosen as Transformer Engine's FusedAdam
+// chooses it (the stored values compared bit for bit with TE's arithmetic written out below), a
+// skipped step leaves them alone, and the fp32 copies checkpoints hold store back to the same bits.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "optim/mixed_precision_optimizer.h"
+#include "parallel/parallel_state.h"
+#include "tests/optim/lone_data_parallel_rank.h"
+#include "tests/optim/scaled_moment_reference.h"
+
+namespace fp8tron {
+namespace {
+
+const std::vector<std::pair<std::string, std::vector<int64_t>>> kSpecs = {
+    {"embedding.word_embeddings.weight", {37, 16}},
+    {"decoder.layers.0.mlp.linear_fc1.weight", {33, 16}},
+    {"decoder.layers.0.mlp.linear_fc1.bias", {33}},
+    {"decoder.final_layernorm.weight", {16}},
+};
+
+struct AdamRun {
+  std::vector<NamedParam> params;
+  std::unique_ptr<MixedPrecisionOptimizer> optimizer;
+  OptimizerDomain& domain() const { return *optimizer->domains().front(); }
+};
+
+// `dp_rank` >= 0: that rank of a data-parallel group of two (its shard cuts parameters).
+AdamRun make_run(StateDtype exp_avg, StateDtype exp_avg_sq, int dp_rank = -1) {
+  AdamRun r;
+  torch::manual_seed(3);
+  for (const auto& [name, shape] : kSpecs)
+    r.params.push_back({name, (torch::randn(shape) * 0.05).to(torch::kBFloat16).requires_grad_(true), {}});
+  OptimizerConfig oc;
+  oc.adam_beta2 = 0.95;
+  oc.clip_grad = 0;
+  oc.precision_aware = {true, exp_avg, exp_avg_sq};
+  PrecisionConfig pc;
+  pc.params_dtype = ParamDtype::Bf16;
+  ParallelState state = single_process_state();
+  if (dp_rank >= 0) state.dp = std::make_shared<LoneDataParallelRank>(dp_rank);
+  r.optimizer = std::make_unique<MixedPrecisionOptimizer>(r.params, oc, pc, state, /*distributed=*/true);
+  return r;
+}
+
+// Step `step`'s gradients: parameters of different magnitudes (so each needs its own scale).
+void set_grads(AdamRun& r, int step) {
+  torch::manual_seed(100 + step);
+  auto g = torch::randn({r.domain().main_grads().numel()}) * 1e-3;
+  g = torch::where(torch::rand(g.sizes()) < 0.02, torch::zeros_like(g), g);
+  int k = 0;
+  for (const auto& slot : r.domain().param_slots()) g.narrow(0, slot.offset, slot.numel).mul_(std::pow(10.0, k++));
+  r.domain().main_grads().copy_(g);
+}
+
+void step(AdamRun& r, int i) {
+  set_grads(r, i);
+  r.optimizer->step(/*lr=*/1e-3, /*weight_decay=*/0.1, /*loss_scale=*/1.0);
+}
+
+::testing::AssertionResult same_bits(const torch::Tensor& a, const torch::Tensor& b) {
+  if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return ::testing::AssertionFailure() << "dtype or shape";
+  const auto bits = a.element_size() == 4 ? torch::kInt32 : a.element_size() == 2 ? torch::kInt16 : torch::kUInt8;
+  const int64_t differ = (a.contiguous().view(bits) != b.contiguous().view(bits)).sum().item<int64_t>();
+  if (differ == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << differ << " of " << a.numel() << " elements differ";
+}
+
+TEST(ScaledMoments, StoredInTwoAndOneBytes) {
+  AdamRun r = make_run(StateDtype::Fp8, StateDtype::Fp16);
+  EXPECT_EQ(r.domain().exp_avg().scalar_type(), torch::kFloat8_e4m3fn);
+  EXPECT_EQ(r.domain().exp_avg_sq().scalar_type(), torch::kFloat16);
+  EXPECT_EQ(r.domain().exp_avg().nbytes() * 4, r.domain().main_params().nbytes());
+  EXPECT_EQ(r.domain().exp_avg_sq().nbytes() * 2, r.domain().main_params().nbytes());
+}
+
+// From zero moments the first step's fp32 math is the fp32 optimizer's: the same main weights bit
+// for bit, and each parameter's moments stored as TE stores the fp32 ones, its largest value on
+// the top of the range (one scale per parameter: the gradients' magnitudes differ by 10x each).
+// With the distributed optimizer a parameter cut by the shard boundary has a scale per rank.
+TEST(ScaledMoments, FirstStepStoresTheFp32MomentsAsTransformerEngine) {
+  for (int dp_rank : {-1, 0, 1})
+  for (StateDtype dtype : {StateDtype::Fp16, StateDtype::Fp8}) {
+    SCOPED_TRACE(std::string(dtype == StateDtype::Fp16 ? "fp16" : "fp8") + ", data-parallel rank " + std::to_string(dp_rank));
+    AdamRun low = make_run(dtype, dtype, dp_rank), ref = make_run(StateDtype::Fp32, StateDtype::Fp32, dp_rank);
+    step(low, 1);
+    step(ref, 1);
+    EXPECT_TRUE(same_bits(low.domain().main_params(), ref.domain().main_params())) << "main params";
+    EXPECT_TRUE(same_bits(low.domain().model_params(), ref.domain().model_params())) << "model params";
+    const double top = dtype == StateDtype::Fp16 ? 32752.0 : 448.0;
+    for (const auto& [stored, fp32] : {std::pair{low.domain().exp_avg(), ref.domain().exp_avg()},
+                                       std::pair{low.domain().exp_avg_sq(), ref.domain().exp_avg_sq()}}) {
+      const auto mine = per_param(low.domain(), stored), theirs = per_param(ref.domain(), fp32);
+      ASSERT_EQ(mine.size(), theirs.size());
+      for (size_t i = 0; i < mine.size(); ++i) {
+        EXPECT_TRUE(same_bits(mine[i].second, te_stored(theirs[i].second, dtype))) << mine[i].first;
+        EXPECT_EQ(mine[i].second.to(torch::kFloat32).abs().max().item<double>(), top) << mine[i].first;
+      }
+    }
+  }
+}
+
+// Thirty steps against fp32 Adam. fp16 moments (11 significant bits, scaled): within 1% of how
+// far fp32 Adam moved the weights, as bf16 moments are. fp8 first moments (4 significant bits)
+// beside an fp16 second moment: within 10%.
+TEST(ScaledMoments, TrackFp32Adam) {
+  struct Case {
+    StateDtype m, v;
+    double tolerance;
+  };
+  for (const Case& c : {Case{StateDtype::Fp16, StateDtype::Fp16, 1e-2}, Case{StateDtype::Fp8, StateDtype::Fp16, 1e-1}}) {
+    AdamRun low = make_run(c.m, c.v), ref = make_run(StateDtype::Fp32, StateDtype::Fp32);
+    const auto start = ref.domain().main_params().clone();
+    for (int i = 1; i <= 30; ++i) {
+      step(low, i);
+      step(ref, i);
+    }
+    const double moved = (ref.domain().main_params() - start).norm().item<double>();
+    const double apart = (low.domain().main_params() - ref.domain().main_params()).norm().item<double>();
+    ASSERT_GT(moved, 0.0);
+    EXPECT_LT(apart, c.tolerance * moved) << "apart " << apart << " moved " << moved;
+    EXPECT_GT(apart, 0.0) << "low-precision moments must round somewhere in 30 steps";
+  }
+}
+
+// A skipped step (a non-finite gradient) leaves the stored moments and their scales as they were.
+TEST(ScaledMoments, SkippedStepLeavesThemAlone) {
+  AdamRun r = make_run(StateDtype::Fp8, StateDtype::Fp16);
+  step(r, 1);
+  const auto m = r.domain().exp_avg().clone(), v = r.domain().exp_avg_sq().clone();
+  const auto [m32, v32] = r.domain().moments_to_save();
+  set_grads(r, 2);
+  r.domain().main_grads()[3] = std::numeric_limits<float>::infinity();
+  const StepResult result = r.optimizer->step(1e-3, 0.1, 1.0);
+  EXPECT_EQ(result.found_inf.item<float>(), 1.0f);
+  EXPECT_TRUE(same_bits(r.domain().exp_avg(), m));
+  EXPECT_TRUE(same_bits(r.domain().exp_avg_sq(), v));
+  const auto [m32_after, v32_after] = r.domain().moments_to_save();
+  EXPECT_TRUE(same_bits(m32_after, m32)) << "scales";
+  EXPECT_TRUE(same_bits(v32_after, v32)) << "scales";
+}
+
+// Checkpoints hold fp32 copies; loading them stores the same bits and scales again, after every
+// one of 20 steps (values read back as stored would choose another FP8 scale about once in ten).
+TEST(ScaledMoments, CheckpointCopiesStoreBackExactly) {
+  for (StateDtype dtype : {StateDtype::Fp16, StateDtype::Fp8}) {
+    SCOPED_TRACE(dtype == StateDtype::Fp16 ? "fp16" : "fp8");
+    AdamRun r = make_run(dtype, dtype);
+    for (int i = 1; i <= 20; ++i) {
+      step(r, i);
+      const auto m = r.domain().exp_avg().clone(), v = r.domain().exp_avg_sq().clone();
+      const auto [m32, v32] = r.domain().moments_to_save();
+      EXPECT_EQ(m32.scalar_type(), torch::kFloat32);
+      EXPECT_EQ(m32.device(), torch::Device(torch::kCPU));
+      // As a load does: fill what moments_to_load() gives (here: zeros first, so nothing is kept
+      // by accident), then adopt.
+      auto [m_in, v_in] = r.domain().moments_to_load();
+      m_in.zero_().copy_(m32);
+      v_in.zero_().copy_(v32);
+      r.optimizer->adopt_loaded_moments();
+      ASSERT_TRUE(same_bits(r.domain().exp_avg(), m)) << "step " << i;
+      ASSERT_TRUE(same_bits(r.domain().exp_avg_sq(), v)) << "step " << i;
+      const auto [m32_again, v32_again] = r.domain().moments_to_save();
+      ASSERT_TRUE(same_bits(m32_again, m32)) << "step " << i;
+      ASSERT_TRUE(same_bits(v32_again, v32)) << "step " << i;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace fp8tron
