@@ -778,18 +778,23 @@ void OptimizerDomain::scaled_adam_step(size_t segment, int64_t lo, int64_t n, co
                   "moments scaled per parameter are updated one whole parameter at a time");
     ++last;
   }
-  // Pieces [i, j) in one call over the elements they span: on GPUs one parameter at a time, so the
-  // fp32 copies stay one parameter's; on CPUs all at once, because ATen's CPU fused Adam rounds an
-  // element by where it lies in the call (SIMD body or scalar tail) and one call over the range
-  // rounds each element as the fp32 optimizer's call over the same range does. (On GPUs it is
-  // elementwise: the same bits either way.)
-  auto step = [&](size_t i, size_t j) {
-    const int64_t a = pieces[i].first, len = pieces[j - 1].first + pieces[j - 1].second - a;
+  if (first == last) return;
+  // Parameters are read and stored in groups of adjacent ones (a few device operations a group,
+  // not a few per parameter), of at most 4M elements unless one parameter alone is larger, so the
+  // fp32 copies stay small on GPUs. Adam runs once per group on GPUs; on CPUs once over the whole
+  // range, because ATen's CPU fused Adam rounds an element by where it lies in the call (SIMD body
+  // or scalar tail), and one call over the range rounds each element as the fp32 optimizer's call
+  // over the same range does. (On GPUs it is elementwise: the same bits either way.)
+  constexpr int64_t kGroupElements = int64_t{1} << 22;
+  const std::vector<ScaledMoment::Group> groups = any.groups(first, last, kGroupElements);
+  auto step = [&](size_t g0, size_t g1) {  // groups [g0, g1)
+    const int64_t a = any.begin(groups[g0]), len = any.begin(groups[g1 - 1]) + any.numel(groups[g1 - 1]) - a;
     auto widened = [&](const std::unique_ptr<ScaledMoment>& scaled, const torch::Tensor& stored) {
       if (!scaled) return stored.narrow(0, a, len).to(torch::kFloat32);
-      if (j == i + 1) return scaled->unscaled(i);
-      auto values = torch::zeros({len}, stored.options().dtype(torch::kFloat32));  // zeros between pieces (padding)
-      for (size_t k = i; k < j; ++k) values.narrow(0, pieces[k].first - a, pieces[k].second).copy_(scaled->unscaled(k));
+      if (g1 == g0 + 1) return scaled->unscaled(groups[g0]);
+      auto values = torch::zeros({len}, stored.options().dtype(torch::kFloat32));  // zeros between groups (padding)
+      for (size_t k = g0; k < g1; ++k)
+        values.narrow(0, scaled->begin(groups[k]) - a, scaled->numel(groups[k])).copy_(scaled->unscaled(groups[k]));
       return values;
     };
     torch::Tensor m = widened(scaled_exp_avg_, exp_avg_), v = widened(scaled_exp_avg_sq_, exp_avg_sq_);
@@ -802,14 +807,14 @@ void OptimizerDomain::scaled_adam_step(size_t segment, int64_t lo, int64_t n, co
         if (target.data_ptr() != values.data_ptr()) target.copy_(values);
         return;
       }
-      for (size_t k = i; k < j; ++k) scaled->store(k, values.narrow(0, pieces[k].first - a, pieces[k].second), found_inf);
+      for (size_t k = g0; k < g1; ++k)
+        scaled->store(groups[k], values.narrow(0, scaled->begin(groups[k]) - a, scaled->numel(groups[k])), found_inf);
     };
     store(scaled_exp_avg_, exp_avg_, m);
     store(scaled_exp_avg_sq_, exp_avg_sq_, v);
   };
-  if (first == last) return;
-  if (!main_params_.is_cuda()) return step(first, last);
-  for (size_t i = first; i < last; ++i) step(i, i + 1);
+  if (!main_params_.is_cuda()) return step(0, groups.size());
+  for (size_t k = 0; k < groups.size(); ++k) step(k, k + 1);
 }
 
 // Muon (Emerging-Optimizers' OrthogonalizedOptimizer.step with Megatron's TensorParallelMuon):

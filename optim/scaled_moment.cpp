@@ -24,34 +24,71 @@ ScaledMoment::ScaledMoment(StateDtype dtype, int64_t numel, std::vector<std::pai
   amaxes_ = torch::zeros({int64_t(pieces_.size())}, device.dtype(torch::kFloat32));
 }
 
-torch::Tensor ScaledMoment::unscaled(size_t i) const {
-  const auto [offset, n] = pieces_.at(i);
-  return stored_.narrow(0, offset, n).to(torch::kFloat32).mul_(factors_[int64_t(i)]);
+std::vector<ScaledMoment::Group> ScaledMoment::groups(size_t first, size_t last, int64_t max_elements) const {
+  std::vector<Group> out;
+  for (size_t i = first; i < last; ++i) {
+    const bool joins = !out.empty() && out.back().second == i &&
+                       pieces_[i - 1].first + pieces_[i - 1].second == pieces_[i].first &&
+                       numel(out.back()) + pieces_[i].second <= max_elements;
+    if (joins) ++out.back().second;
+    else out.emplace_back(i, i + 1);
+  }
+  return out;
 }
 
-void ScaledMoment::store(size_t i, const torch::Tensor& values, const torch::Tensor& skip) {
-  const auto [offset, n] = pieces_.at(i);
-  FP8TRON_CHECK(values.scalar_type() == torch::kFloat32 && values.numel() == n, "a scaled moment stores fp32 pieces");
+int64_t ScaledMoment::numel(const Group& g) const {
+  return pieces_[g.second - 1].first + pieces_[g.second - 1].second - pieces_[g.first].first;
+}
+
+const torch::Tensor& ScaledMoment::lengths(const Group& g) const {
+  torch::Tensor& t = lengths_[g];
+  if (!t.defined()) {
+    std::vector<int64_t> sizes;
+    for (size_t i = g.first; i < g.second; ++i) sizes.push_back(pieces_[i].second);
+    t = torch::tensor(sizes, torch::kInt64).to(stored_.device());
+  }
+  return t;
+}
+
+torch::Tensor ScaledMoment::per_element(const Group& g, const torch::Tensor& per_piece) const {
+  if (g.second == g.first + 1) return per_piece.reshape({});
+  return torch::repeat_interleave(per_piece, lengths(g), 0, numel(g));  // output size given: no host wait
+}
+
+torch::Tensor ScaledMoment::unscaled(const Group& g) const {
+  const int64_t n = g.second - g.first;
+  return stored_.narrow(0, begin(g), numel(g)).to(torch::kFloat32).mul_(per_element(g, factors_.narrow(0, g.first, n)));
+}
+
+void ScaledMoment::store(const Group& g, const torch::Tensor& values, const torch::Tensor& skip) {
+  FP8TRON_CHECK(values.scalar_type() == torch::kFloat32 && values.numel() == numel(g), "a scaled moment stores fp32 groups");
   torch::NoGradGuard no_grad;
-  // Every step below is a device operation on 0-dim tensors (no host synchronisation), each the
-  // same IEEE operation TE performs: a division by a range held as a tensor (not a scalar, which
-  // CUDA would turn into a multiplication by its reciprocal) and reciprocals.
-  const auto [min, max] = torch::aminmax(values);
-  torch::Tensor amax = torch::maximum(-min, max);
+  const int64_t n = int64_t(g.second - g.first);
+  // Device operations only (no host synchronisation), each the IEEE operation TE performs per
+  // parameter: the absolute maximum, a division by the range held as a tensor (not a scalar,
+  // which CUDA would turn into a multiplication by its reciprocal), reciprocals.
+  torch::Tensor amax;
+  if (n == 1) {
+    const auto [min, max] = torch::aminmax(values);
+    amax = torch::maximum(-min, max).abs_().reshape({1});  // abs: TE's max(-0, 0) is -0 for an all-zero piece
+  } else {
+    amax = at::segment_reduce(values.abs(), "max", lengths(g), {}, {}, 0, /*unsafe=*/true);
+  }
   const bool fp16 = dtype_ == StateDtype::Fp16;
   const torch::Tensor scale = amax / torch::full({}, fp16 ? kFp16Range : kFp8Range, amax.options());
   const torch::Tensor zero = torch::zeros({}, amax.options());
   const torch::Tensor positive = scale > 0;
   const torch::Tensor multiplier = torch::where(positive, scale.reciprocal(), zero);
-  torch::Tensor codes, factor;
+  torch::Tensor codes = values * per_element(g, multiplier), factor;
   if (fp16) {
-    codes = (values * multiplier).to(torch::kFloat16);
+    codes = codes.to(torch::kFloat16);
     factor = scale;
   } else {
-    codes = (values * multiplier).clamp_(-kFp8Range, kFp8Range).to(torch::kFloat8_e4m3fn);  // saturating, as TE's cast
+    codes = codes.clamp_(-kFp8Range, kFp8Range).to(torch::kFloat8_e4m3fn);  // saturating, as TE's cast
     factor = torch::where(positive, multiplier.reciprocal(), zero);
   }
-  torch::Tensor target = stored_.narrow(0, offset, n), old_factor = factors_[int64_t(i)], old_amax = amaxes_[int64_t(i)];
+  torch::Tensor target = stored_.narrow(0, begin(g), numel(g)), old_factor = factors_.narrow(0, g.first, n),
+                old_amax = amaxes_.narrow(0, g.first, n);
   if (skip.defined()) {
     // Selected as bit patterns: torch selects no FP8 values.
     const torch::Tensor keep = skip.to(target.device()) != 0;
@@ -66,7 +103,7 @@ void ScaledMoment::store(size_t i, const torch::Tensor& values, const torch::Ten
 }
 
 torch::Tensor ScaledMoment::checkpoint_values(size_t i) const {
-  torch::Tensor values = unscaled(i);
+  torch::Tensor values = unscaled(Group{i, i + 1});
   const torch::Tensor magnitude = values.abs();
   const torch::Tensor top = magnitude == magnitude.max();
   return torch::where(top, values.sign() * amaxes_[int64_t(i)], values);
@@ -84,7 +121,7 @@ void ScaledMoment::store_all(const torch::Tensor& values) {
   FP8TRON_CHECK(values.numel() == stored_.numel(), "store_all takes the whole moment");
   for (size_t i = 0; i < pieces_.size(); ++i) {
     const auto [offset, n] = pieces_[i];
-    store(i, values.narrow(0, offset, n).to(stored_.device(), torch::kFloat32));
+    store(Group{i, i + 1}, values.narrow(0, offset, n).to(stored_.device(), torch::kFloat32));
   }
 }
 

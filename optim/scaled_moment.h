@@ -16,6 +16,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <map>
 #include <utility>
 #include <vector>
 
@@ -35,12 +36,21 @@ class ScaledMoment {
 
   const torch::Tensor& stored() const { return stored_; }  // fp16 or float8_e4m3fn
   const std::vector<std::pair<int64_t, int64_t>>& pieces() const { return pieces_; }
-  // Piece i's values in fp32 (a new tensor).
-  torch::Tensor unscaled(size_t i) const;
-  // Stores `values` (fp32, piece i's numel) with a new scale from their absolute maximum; where
-  // `skip` (a 0-dim device tensor, optional) is nonzero, keeps the stored values and scale instead
-  // (without waiting for the device).
-  void store(size_t i, const torch::Tensor& values, const torch::Tensor& skip = {});
+
+  // Pieces [first, second), adjacent: read and stored together, a handful of device operations for
+  // the group whatever its number of parameters.
+  using Group = std::pair<size_t, size_t>;
+  // [first, last) cut into groups of adjacent pieces of at most `max_elements` elements (a larger
+  // piece is a group of its own).
+  std::vector<Group> groups(size_t first, size_t last, int64_t max_elements) const;
+  int64_t begin(const Group& g) const { return pieces_[g.first].first; }
+  int64_t numel(const Group& g) const;
+  // The group's values in fp32 (a new tensor of numel(g) elements).
+  torch::Tensor unscaled(const Group& g) const;
+  // Stores `values` (fp32, numel(g) elements) with a new scale per piece from its absolute maximum;
+  // where `skip` (a 0-dim device tensor, optional) is nonzero, keeps the stored values and scales
+  // instead. Never waits for the device.
+  void store(const Group& g, const torch::Tensor& values, const torch::Tensor& skip = {});
   // The whole moment in fp32 on `device` (zeros outside the pieces), one piece at a time on the
   // moment's own device, for checkpoints; and the reverse, every piece rescaled. A piece's values
   // read back as stored, except that those stored at its largest magnitude read back as the
@@ -51,13 +61,17 @@ class ScaledMoment {
   void store_all(const torch::Tensor& values);
 
  private:
-  torch::Tensor checkpoint_values(size_t i) const;  // see unscaled_copy
+  // Per piece of `g`, a value for each of its elements (one piece: the 0-dim value itself).
+  torch::Tensor per_element(const Group& g, const torch::Tensor& per_piece) const;
+  const torch::Tensor& lengths(const Group& g) const;  // the pieces' sizes, int64 on the device
+  torch::Tensor checkpoint_values(size_t i) const;     // see unscaled_copy
 
   StateDtype dtype_;
   torch::Tensor stored_;
   std::vector<std::pair<int64_t, int64_t>> pieces_;
   torch::Tensor factors_;  // fp32 [pieces]: what a stored value is multiplied by when read
   torch::Tensor amaxes_;   // fp32 [pieces]: the absolute maximum each piece's scale came from
+  mutable std::map<Group, torch::Tensor> lengths_;  // by group: its pieces' sizes on the device
 };
 
 }  // namespace fp8tron

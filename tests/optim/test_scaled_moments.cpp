@@ -173,5 +173,33 @@ TEST(ScaledMoments, CheckpointCopiesStoreBackExactly) {
   }
 }
 
+// Groups join adjacent pieces up to a size; a group is stored with the bits and scales each of its
+// pieces gets alone, and a skip keeps a whole group.
+TEST(ScaledMoments, GroupsStoreAsSinglePieces) {
+  const std::vector<std::pair<int64_t, int64_t>> pieces = {{0, 3}, {3, 5}, {10, 2}, {12, 4}, {16, 20}, {36, 1}};
+  const auto cpu = torch::TensorOptions();
+  for (StateDtype dtype : {StateDtype::Fp16, StateDtype::Fp8}) {
+    ScaledMoment grouped(dtype, 40, pieces, cpu), single(dtype, 40, pieces, cpu);
+    const auto groups = grouped.groups(0, pieces.size(), 8);
+    const std::vector<ScaledMoment::Group> expected = {{0, 2}, {2, 4}, {4, 5}, {5, 6}};
+    EXPECT_EQ(groups, expected);
+    torch::manual_seed(7);
+    auto values = torch::randn({40}) * torch::pow(10.0, torch::randint(-6, 3, {40}).to(torch::kFloat32));
+    values.narrow(0, 10, 2).zero_();  // an all-zero piece
+    for (const auto& g : groups) grouped.store(g, values.narrow(0, grouped.begin(g), grouped.numel(g)));
+    for (size_t i = 0; i < pieces.size(); ++i)
+      single.store({i, i + 1}, values.narrow(0, pieces[i].first, pieces[i].second));
+    EXPECT_TRUE(same_bits(grouped.stored(), single.stored()));
+    for (const auto& g : groups) EXPECT_TRUE(same_bits(grouped.unscaled(g), single.unscaled(g)));
+    EXPECT_TRUE(same_bits(grouped.unscaled_copy(torch::kCPU), single.unscaled_copy(torch::kCPU)));
+    const auto before = grouped.stored().clone();
+    const auto other = values.narrow(0, 0, 8).flip(0);
+    grouped.store(groups[0], other, torch::ones({}));
+    EXPECT_TRUE(same_bits(grouped.stored(), before)) << "skipped";
+    grouped.store(groups[0], other, torch::zeros({}));
+    EXPECT_FALSE(same_bits(grouped.stored(), before)) << "not skipped";
+  }
+}
+
 }  // namespace
 }  // namespace fp8tron
