@@ -17,6 +17,7 @@
 
 #include "core/cuda/cuda_check.h"
 #include "optim/adamw_kernels.h"
+#include "optim/adamw_math.cuh"
 
 namespace fp8tron::kernels {
 namespace {
@@ -31,49 +32,9 @@ struct Args {
   void* v;
   void* copy;
   int64_t n;
-  const float* step;
-  const float* found_inf;
-  const float* divisor;
-  float lr, beta1, beta2, eps, weight_decay;  // rounded from double on the host, as torch does on the device
+  AdamWDeviceScalars scalars;
+  AdamWFloats hyper;
 };
-
-// The step's constants, as torch's functor derives them from the device step count.
-struct StepConstants {
-  float beta1, beta2, eps, lr_wd, step_size, bias_correction2_sqrt, divisor;
-  bool decay, divide;
-};
-
-__device__ __forceinline__ StepConstants step_constants(const Args& a) {
-  StepConstants c;
-  const float step = *a.step;
-  c.beta1 = a.beta1;
-  c.beta2 = a.beta2;
-  c.eps = a.eps;
-  const float bias_correction1 = __fsub_rn(1.0f, powf(a.beta1, step));
-  c.step_size = __fdiv_rn(a.lr, bias_correction1);
-  c.bias_correction2_sqrt = __fsqrt_rn(__fsub_rn(1.0f, powf(a.beta2, step)));
-  c.lr_wd = __fmul_rn(a.lr, a.weight_decay);
-  c.decay = a.weight_decay != 0.0f;
-  c.divide = a.divisor != nullptr;
-  c.divisor = c.divide ? *a.divisor : 1.0f;
-  return c;
-}
-
-// One element, every rounding spelled out (intrinsics: no contraction or flag can change them).
-__device__ __forceinline__ void adamw_element(float& p, float g, float& m, float& v, const StepConstants& c) {
-  if (c.divide) g = __fdiv_rn(g, c.divisor);
-  if (c.decay) p = __fmaf_rn(p, -c.lr_wd, p);  // p - (lr wd) p, one rounding (torch's compiled form)
-  m = __fmaf_rn(c.beta1, m, __fmaf_rn(-c.beta1, g, g));
-  const float g2 = __fmul_rn(g, g);
-  v = __fmaf_rn(c.beta2, v, __fmaf_rn(-c.beta2, g2, g2));
-  const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), c.bias_correction2_sqrt), c.eps);
-  p = __fsub_rn(p, __fdiv_rn(__fmul_rn(c.step_size, m), denom));
-}
-
-template <class C> __device__ __forceinline__ C rounded(float v);
-template <> __device__ __forceinline__ float rounded(float v) { return v; }
-template <> __device__ __forceinline__ __nv_bfloat16 rounded(float v) { return __float2bfloat16_rn(v); }
-template <> __device__ __forceinline__ __half rounded(float v) { return __float2half_rn(v); }
 
 // Adam moments of storage type M: fp32 as is, bf16 widened exactly on load and rounded to
 // nearest-even on store (the math in between is fp32 either way).
@@ -103,11 +64,6 @@ __device__ __forceinline__ void store_pack(C* dst, const float4& p) {
   }
 }
 
-template <class C>
-__device__ __forceinline__ void store_copy(void* copy, int64_t i, float p) {
-  if constexpr (!std::is_void_v<C>) static_cast<C*>(copy)[i] = rounded<C>(p);
-}
-
 // The bf16 in the low 16 bits of a word, widened.
 __device__ __forceinline__ float low_bf16(unsigned bits) {
   return __bfloat162float(__ushort_as_bfloat16(static_cast<unsigned short>(bits & 0xffffu)));
@@ -133,8 +89,8 @@ __device__ __forceinline__ void store_moment_pack(void* base, int64_t i, const f
 // M: the moments' storage type (float or __nv_bfloat16).
 template <class C, bool kPackedCopy, class M>
 __global__ void __launch_bounds__(kThreads) adamw_kernel(Args a, int64_t head, int64_t packs) {
-  if (a.found_inf != nullptr && *a.found_inf != 0.0f) return;  // a skipped step: p, m, v and the copy stand
-  const StepConstants c = step_constants(a);
+  if (a.scalars.found_inf != nullptr && *a.scalars.found_inf != 0.0f) return;  // a skipped step: p, m, v and the copy stand
+  const StepConstants c = step_constants(a.hyper, a.scalars);
   const int64_t first = int64_t(blockIdx.x) * kThreads + threadIdx.x, stride = int64_t(gridDim.x) * kThreads;
   // One by one: the head before the first pack and the tail after the last.
   const int64_t body_end = head + packs * kPack, loose = a.n - packs * kPack;
@@ -225,8 +181,7 @@ void launch_with_moments(const Args& a, ModelCopyType copy, int64_t head, int64_
 
 void fused_adamw(const AdamWSegment& s, const AdamWDeviceScalars& scalars, const AdamWHyperParams& h, cudaStream_t stream) {
   if (s.numel <= 0) return;
-  const Args a{s.param, s.grad, s.exp_avg, s.exp_avg_sq, s.model_copy, s.numel, scalars.step, scalars.found_inf,
-               scalars.grad_divisor, float(h.lr), float(h.beta1), float(h.beta2), float(h.eps), float(h.weight_decay)};
+  const Args a{s.param, s.grad, s.exp_avg, s.exp_avg_sq, s.model_copy, s.numel, scalars, adamw_floats(h)};
   // Packs start where p reaches a 16-byte boundary; g, m and v must reach a pack boundary (16
   // bytes, 8 for bf16 moments) at the same element.
   int64_t head = std::min<int64_t>((16 - int64_t(reinterpret_cast<uintptr_t>(s.param) % 16)) % 16 / 4, s.numel);

@@ -1,11 +1,15 @@
 #include "optim/optimizer_domain.h"
 
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
 #include <algorithm>
 #include <unordered_map>
 
 #include "core/error.h"
 #include "optim/buffer_layout.h"
 #include "optim/fused_adamw.h"
+#include "optim/scaled_adamw_kernels.h"
 #include "optim/param_groups.h"
 #include "parallel/parallel_state.h"
 
@@ -733,10 +737,8 @@ bool OptimizerDomain::adam_step(size_t segment, int64_t lo, int64_t n, const tor
   // --fp8-param-gather encodes its range from the main weights after the step), in the same pass.
   if (separate_main_weights_ && !codes_.defined()) state.model_copy = model_params_.narrow(0, lo - model_base_, n);
   const torch::Tensor& step = step_counts_[segment];
-  if (scaled_exp_avg_ || scaled_exp_avg_sq_) {
-    scaled_adam_step(segment, lo, n, grads, lr, wd, eps, found_inf, grad_divisor);
-    return false;
-  }
+  if (scaled_exp_avg_ || scaled_exp_avg_sq_)
+    return scaled_adam_step(segment, lo, n, grads, lr, wd, eps, found_inf, grad_divisor);
   if (!torch_adam_kernel_ && fused_adamw_applies(state, step, found_inf, grad_divisor)) {
     fused_adamw(state, step, found_inf, grad_divisor, {lr, config_.adam_beta1, config_.adam_beta2, eps, wd});
     return state.model_copy.defined();
@@ -762,7 +764,7 @@ bool OptimizerDomain::adam_step(size_t segment, int64_t lo, int64_t n, const tor
   return false;
 }
 
-void OptimizerDomain::scaled_adam_step(size_t segment, int64_t lo, int64_t n, const torch::Tensor& grads, double lr,
+bool OptimizerDomain::scaled_adam_step(size_t segment, int64_t lo, int64_t n, const torch::Tensor& grads, double lr,
                                        double wd, double eps, const torch::Tensor& found_inf,
                                        const std::optional<torch::Tensor>& grad_divisor) {
   const ScaledMoment& any = scaled_exp_avg_ ? *scaled_exp_avg_ : *scaled_exp_avg_sq_;
@@ -778,7 +780,13 @@ void OptimizerDomain::scaled_adam_step(size_t segment, int64_t lo, int64_t n, co
                   "moments scaled per parameter are updated one whole parameter at a time");
     ++last;
   }
-  if (first == last) return;
+  if (first == last) return false;
+  // On GPUs with both moments scaled, the fused kernel (two passes over the elements, no fp32
+  // copies) writes the model parameters too; the torch operations below give the same bits.
+  if (scaled_exp_avg_ && scaled_exp_avg_sq_ && main_params_.is_cuda() && !torch_adam_kernel_) {
+    fused_scaled_adam_step(segment, first, last, grads, lr, wd, eps, found_inf, grad_divisor);
+    return separate_main_weights_ && !codes_.defined();
+  }
   // Parameters are read and stored in groups of adjacent ones (a few device operations a group,
   // not a few per parameter), of at most 4M elements unless one parameter alone is larger, so the
   // fp32 copies stay small on GPUs. Adam runs once per group on GPUs; on CPUs once over the whole
@@ -813,8 +821,43 @@ void OptimizerDomain::scaled_adam_step(size_t segment, int64_t lo, int64_t n, co
     store(scaled_exp_avg_, exp_avg_, m);
     store(scaled_exp_avg_sq_, exp_avg_sq_, v);
   };
-  if (!main_params_.is_cuda()) return step(0, groups.size());
+  if (!main_params_.is_cuda()) {
+    step(0, groups.size());
+    return false;
+  }
   for (size_t k = 0; k < groups.size(); ++k) step(k, k + 1);
+  return false;
+}
+
+void OptimizerDomain::fused_scaled_adam_step(size_t segment, size_t first, size_t last, const torch::Tensor& grads,
+                                             double lr, double wd, double eps, const torch::Tensor& found_inf,
+                                             const std::optional<torch::Tensor>& grad_divisor) {
+  const c10::cuda::CUDAGuard guard(main_params_.device());
+  const torch::Tensor& chunks = scaled_exp_avg_->kernel_chunks(first, last);
+  // The model copy's element of this rank's first main-weight element: the same indexing.
+  void* copy = nullptr;
+  auto copy_type = kernels::ModelCopyType::kNone;
+  if (separate_main_weights_ && !codes_.defined()) {
+    torch::Tensor model = model_params_.narrow(0, shard_begin_ - model_base_, shard_numel_);
+    copy = model.data_ptr();
+    copy_type = model.scalar_type() == torch::kBFloat16 ? kernels::ModelCopyType::kBFloat16
+                : model.scalar_type() == torch::kFloat16 ? kernels::ModelCopyType::kFloat16
+                                                          : kernels::ModelCopyType::kFloat32;
+  }
+  const kernels::ScaledAdamWStep step{main_params_.data_ptr<float>(),
+                                      grads.data_ptr<float>(),
+                                      scaled_exp_avg_->kernel_buffers(first, last),
+                                      scaled_exp_avg_sq_->kernel_buffers(first, last),
+                                      copy,
+                                      copy_type,
+                                      reinterpret_cast<const kernels::ScaledChunk*>(chunks.data_ptr<int64_t>()),
+                                      chunks.size(0),
+                                      int64_t(first),
+                                      int64_t(last - first)};
+  const kernels::AdamWDeviceScalars scalars{step_counts_[segment].data_ptr<float>(), found_inf.data_ptr<float>(),
+                                            grad_divisor ? grad_divisor->data_ptr<float>() : nullptr};
+  kernels::scaled_fused_adamw(step, scalars, {lr, config_.adam_beta1, config_.adam_beta2, eps, wd},
+                              c10::cuda::getCurrentCUDAStream(main_params_.device().index()).stream());
 }
 
 // Muon (Emerging-Optimizers' OrthogonalizedOptimizer.step with Megatron's TensorParallelMuon):

@@ -235,9 +235,14 @@ class OptimizerDomain {
   bool adam_step(size_t segment, int64_t lo, int64_t n, const torch::Tensor& grads, double lr, double wd, double eps,
                  const torch::Tensor& found_inf, const std::optional<torch::Tensor>& grad_divisor);
   // Adam over the whole parameters inside [lo, lo + n) with moments scaled per parameter: each
-  // parameter's moments read back to fp32, stepped, stored with new scales.
-  void scaled_adam_step(size_t segment, int64_t lo, int64_t n, const torch::Tensor& grads, double lr, double wd,
+  // parameter's moments read back to fp32, stepped, stored with new scales. Returns whether the
+  // model parameters of the range were written too (the fused kernel's copy).
+  bool scaled_adam_step(size_t segment, int64_t lo, int64_t n, const torch::Tensor& grads, double lr, double wd,
                         double eps, const torch::Tensor& found_inf, const std::optional<torch::Tensor>& grad_divisor);
+  // The fused kernel's step (optim/scaled_adamw_kernels.h) over pieces [first, last) of the
+  // scaled moments, writing the model parameters' copy where they are a buffer of their own.
+  void fused_scaled_adam_step(size_t segment, size_t first, size_t last, const torch::Tensor& grads, double lr, double wd,
+                              double eps, const torch::Tensor& found_inf, const std::optional<torch::Tensor>& grad_divisor);
   // (Re)creates the zeroed moments for this rank's shard.
   void make_moments(const torch::TensorOptions& device);
   // Which parameters an update_ranges() call steps: all, or (--overlap-param-gather-with-optimizer-step)

@@ -1,5 +1,7 @@
 #include "optim/scaled_moment.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace fp8tron {
@@ -107,6 +109,28 @@ torch::Tensor ScaledMoment::checkpoint_values(size_t i) const {
   const torch::Tensor magnitude = values.abs();
   const torch::Tensor top = magnitude == magnitude.max();
   return torch::where(top, values.sign() * amaxes_[int64_t(i)], values);
+}
+
+kernels::ScaledMomentBuffers ScaledMoment::kernel_buffers(size_t first, size_t last) {
+  FP8TRON_CHECK(stored_.is_cuda() && first < last && last <= pieces_.size(), "the fused scaled step runs on CUDA pieces");
+  if (!new_amaxes_.defined()) new_amaxes_ = torch::zeros_like(amaxes_);
+  new_amaxes_.narrow(0, int64_t(first), int64_t(last - first)).zero_();
+  return {stored_.data_ptr(), dtype_ == StateDtype::Fp16 ? kernels::ScaledType::kFloat16 : kernels::ScaledType::kFloat8E4M3,
+          factors_.data_ptr<float>(), amaxes_.data_ptr<float>(), new_amaxes_.data_ptr<float>()};
+}
+
+const torch::Tensor& ScaledMoment::kernel_chunks(size_t first, size_t last) const {
+  static_assert(sizeof(kernels::ScaledChunk) == 3 * sizeof(int64_t), "a chunk is three int64");
+  constexpr int64_t kChunk = int64_t{1} << 16;
+  torch::Tensor& t = chunks_[Group{first, last}];
+  if (!t.defined()) {
+    std::vector<int64_t> rows;
+    for (size_t i = first; i < last; ++i)
+      for (int64_t at = pieces_[i].first, end = at + pieces_[i].second; at < end; at += kChunk)
+        rows.insert(rows.end(), {at, std::min(at + kChunk, end), int64_t(i)});
+    t = torch::tensor(rows, torch::kInt64).view({-1, 3}).to(stored_.device());
+  }
+  return t;
 }
 
 torch::Tensor ScaledMoment::unscaled_copy(const torch::Device& device) const {

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "core/config/training_config.h"
+#include "optim/scaled_adamw_kernels.h"
 
 namespace fp8tron {
 
@@ -60,6 +61,12 @@ class ScaledMoment {
   torch::Tensor unscaled_copy(const torch::Device& device) const;
   void store_all(const torch::Tensor& values);
 
+  // For the fused step (optim/scaled_adamw_kernels.h), on a CUDA device: the buffers, with the
+  // scratch maxima of pieces [first, last) zeroed; and those pieces cut into chunks of at most
+  // 64K elements (int64 [chunks, 3]: begin, end, piece; cached).
+  kernels::ScaledMomentBuffers kernel_buffers(size_t first, size_t last);
+  const torch::Tensor& kernel_chunks(size_t first, size_t last) const;
+
  private:
   // Per piece of `g`, a value for each of its elements (one piece: the 0-dim value itself).
   torch::Tensor per_element(const Group& g, const torch::Tensor& per_piece) const;
@@ -72,6 +79,8 @@ class ScaledMoment {
   torch::Tensor factors_;  // fp32 [pieces]: what a stored value is multiplied by when read
   torch::Tensor amaxes_;   // fp32 [pieces]: the absolute maximum each piece's scale came from
   mutable std::map<Group, torch::Tensor> lengths_;  // by group: its pieces' sizes on the device
+  torch::Tensor new_amaxes_;                        // the fused step's scratch, fp32 [pieces]
+  mutable std::map<Group, torch::Tensor> chunks_;   // kernel_chunks(), by piece range
 };
 
 }  // namespace fp8tron

@@ -298,6 +298,9 @@ void expect_same_state(const OptimizerDomain& a, const OptimizerDomain& b) {
   EXPECT_TRUE(same_bits(a.exp_avg(), b.exp_avg())) << "exp_avg";
   EXPECT_TRUE(same_bits(a.exp_avg_sq(), b.exp_avg_sq())) << "exp_avg_sq";
   EXPECT_TRUE(same_bits(a.model_params(), b.model_params())) << "model params";
+  // Moments scaled per parameter: their scales too (what checkpoints read back).
+  EXPECT_TRUE(same_bits(a.moments_to_save().first, b.moments_to_save().first)) << "exp_avg as saved";
+  EXPECT_TRUE(same_bits(a.moments_to_save().second, b.moments_to_save().second)) << "exp_avg_sq as saved";
   EXPECT_EQ(a.step_count(), b.step_count());
 }
 
@@ -313,6 +316,10 @@ TEST(GpuAdamW, OptimizerStepsMatchTorchKernelAndCopy) {
       // The torch-kernel side runs bf16 moments through fp32 copies (the CPU path).
       {ParamDtype::Bf16, 1, "bf16 moments, distributed optimizer, rank 1 of 2", StateDtype::Bf16},
       {ParamDtype::Bf16, -1, "bf16 moments, one process", StateDtype::Bf16},
+      // Moments scaled per parameter: the fused two-pass kernel against the torch operations.
+      {ParamDtype::Bf16, 1, "fp8 moments, distributed optimizer, rank 1 of 2", StateDtype::Fp8},
+      {ParamDtype::Bf16, -1, "fp16 moments, one process", StateDtype::Fp16},
+      {ParamDtype::Fp16, 0, "fp8 moments, fp16 parameters, rank 0 of 2", StateDtype::Fp8},
   };
   for (const auto& s : setups) {
     SCOPED_TRACE(s.why);
