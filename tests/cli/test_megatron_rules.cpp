@@ -4,6 +4,8 @@
 // layouts and the account-for flags, model-variant rules, the pipeline schedule table.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "core/config/batch_schedule.h"
 #include "core/text.h"
 #include "parallel/layer_split.h"
@@ -48,6 +50,10 @@ TEST(MegatronRules, PrecisionAwareOptimizer) {
                                     "fp8", "--exp-avg-sq-dtype", "fp16"}));
   EXPECT_EQ(scaled.optimizer.precision_aware.exp_avg, StateDtype::Fp8);
   EXPECT_EQ(scaled.optimizer.precision_aware.exp_avg_sq, StateDtype::Fp16);
+  const Config fp8_second = build(args({"--use-precision-aware-optimizer", "--use-distributed-optimizer",
+                                        "--exp-avg-sq-dtype", "fp8"}));
+  EXPECT_TRUE(std::any_of(fp8_second.hint_warnings.begin(), fp8_second.hint_warnings.end(),
+                          [](const std::string& w) { return w.find("--exp-avg-sq-dtype fp8 keeps") == 0; }));
   EXPECT_USER_ERROR(build(args({"--use-precision-aware-optimizer", "--use-distributed-optimizer", "--exp-avg-dtype", "fp8",
                                 "--overlap-param-gather-with-optimizer-step"})),
                     "--exp-avg-dtype fp8 with --overlap-param-gather-with-optimizer-step is not supported");

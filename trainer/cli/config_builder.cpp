@@ -892,6 +892,11 @@ Config build_config(const FlagValues& flags, const LaunchEnv& launch, bool gpu_a
   c.training.rerun = build_rerun_config(flags, c.training.numerics, c.hint_warnings);
   c.training.iterations_to_skip = build_iterations_to_skip(flags, c.notices);
   c.optimizer = build_optimizer(flags);
+  if (c.optimizer.precision_aware.enabled && c.optimizer.precision_aware.exp_avg_sq == StateDtype::Fp8)
+    c.hint_warnings.push_back(
+        "--exp-avg-sq-dtype fp8 keeps Adam's second moment in E4M3 with one scale per parameter: squared gradients "
+        "below its largest / 2^18 become 0 and their updates large (a 1.3B GPT diverged within 10 steps); bf16 or "
+        "fp16 second moments are the usual choice");
   if (c.model.mup.enabled) c.optimizer.mup_width_mult = c.model.mup.width_mult;
   for (auto& warning : mup_optimizer_warnings(c.model.mup, c.optimizer)) c.hint_warnings.push_back(std::move(warning));
   if (flags.get_string("optimizer") == "dist_muon")  // Megatron's warn_rank_0 in validate_args
