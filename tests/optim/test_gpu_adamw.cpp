@@ -19,6 +19,7 @@
 #include "optim/mixed_precision_optimizer.h"
 #include "tests/optim/lone_data_parallel_rank.h"
 #include "tests/optim/scaled_moment_reference.h"
+#include "tests/optim/same_bits.h"
 
 namespace fp8tron {
 namespace {
@@ -29,18 +30,6 @@ namespace {
 const auto kCuda = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kFloat32);
 
 // Bit patterns equal (so -0 != +0, and NaNs compare by payload).
-::testing::AssertionResult same_bits(const torch::Tensor& a, const torch::Tensor& b) {
-  if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes())
-    return ::testing::AssertionFailure() << "dtype or shape differs";
-  const auto bits = a.element_size() == 4 ? torch::kInt32 : a.element_size() == 2 ? torch::kInt16 : torch::kInt8;
-  const auto x = a.contiguous().view(bits), y = b.contiguous().view(bits);
-  const int64_t differ = (x != y).sum().item<int64_t>();
-  if (differ == 0) return ::testing::AssertionSuccess();
-  const auto diff = (a.to(torch::kFloat64) - b.to(torch::kFloat64)).abs();
-  return ::testing::AssertionFailure() << differ << " of " << a.numel() << " elements differ, max |difference| "
-                                       << diff.max().item<double>();
-}
-
 // A fresh buffer holding `n` elements from element `offset` on (earlier ones are a guard).
 torch::Tensor at_offset(const torch::Tensor& values, int64_t offset, torch::ScalarType dtype = torch::kFloat32) {
   auto buffer = torch::full({offset + values.numel() + 3}, -7.0, kCuda.dtype(dtype));

@@ -12,6 +12,7 @@
 
 #include "parallel/parallel_state.h"
 #include "optim/mixed_precision_optimizer.h"
+#include "tests/optim/same_bits.h"
 
 namespace fp8tron {
 namespace {
@@ -62,14 +63,6 @@ void set_grads(AdamRun& r, int step) {
 void step(AdamRun& r, int i) {
   set_grads(r, i);
   r.optimizer->step(/*lr=*/1e-3, /*weight_decay=*/0.1, /*loss_scale=*/1.0);
-}
-
-::testing::AssertionResult same_bits(const torch::Tensor& a, const torch::Tensor& b) {
-  if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return ::testing::AssertionFailure() << "dtype or shape";
-  const auto bits = a.element_size() == 4 ? torch::kInt32 : torch::kInt16;
-  const int64_t differ = (a.contiguous().view(bits) != b.contiguous().view(bits)).sum().item<int64_t>();
-  if (differ == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << differ << " of " << a.numel() << " elements differ";
 }
 
 const PrecisionAwareOptimizer kBf16Moments{true, StateDtype::Bf16, StateDtype::Bf16};

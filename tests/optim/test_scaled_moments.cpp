@@ -14,6 +14,7 @@
 #include "parallel/parallel_state.h"
 #include "tests/optim/lone_data_parallel_rank.h"
 #include "tests/optim/scaled_moment_reference.h"
+#include "tests/optim/same_bits.h"
 
 namespace fp8tron {
 namespace {
@@ -62,14 +63,6 @@ void set_grads(AdamRun& r, int step) {
 void step(AdamRun& r, int i) {
   set_grads(r, i);
   r.optimizer->step(/*lr=*/1e-3, /*weight_decay=*/0.1, /*loss_scale=*/1.0);
-}
-
-::testing::AssertionResult same_bits(const torch::Tensor& a, const torch::Tensor& b) {
-  if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return ::testing::AssertionFailure() << "dtype or shape";
-  const auto bits = a.element_size() == 4 ? torch::kInt32 : a.element_size() == 2 ? torch::kInt16 : torch::kUInt8;
-  const int64_t differ = (a.contiguous().view(bits) != b.contiguous().view(bits)).sum().item<int64_t>();
-  if (differ == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << differ << " of " << a.numel() << " elements differ";
 }
 
 TEST(ScaledMoments, StoredInTwoAndOneBytes) {
