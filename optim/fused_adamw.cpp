@@ -15,6 +15,8 @@ bool on_device_fp32(const torch::Tensor& t, const torch::Device& device) {
 
 bool scalar_on(const torch::Tensor& t, const torch::Device& device) { return on_device_fp32(t, device) && t.numel() == 1; }
 
+}  // namespace
+
 std::optional<kernels::ModelCopyType> copy_type_of(const torch::Tensor& t) {
   if (!t.defined()) return kernels::ModelCopyType::kNone;
   switch (t.scalar_type()) {
@@ -24,8 +26,6 @@ std::optional<kernels::ModelCopyType> copy_type_of(const torch::Tensor& t) {
     default: return std::nullopt;
   }
 }
-
-}  // namespace
 
 bool fused_adamw_applies(const AdamWState& s, const torch::Tensor& step, const torch::Tensor& found_inf,
                          const std::optional<torch::Tensor>& grad_divisor) {

@@ -8,6 +8,8 @@
 
 #include <optional>
 
+#include "optim/adamw_kernels.h"
+
 namespace fp8tron {
 
 struct AdamWState {
@@ -25,6 +27,10 @@ struct AdamWHyper {
 // copies of low-precision moments).
 bool fused_adamw_applies(const AdamWState& s, const torch::Tensor& step, const torch::Tensor& found_inf,
                          const std::optional<torch::Tensor>& grad_divisor);
+
+// The kernels' name for the element type of a model copy (kNone for an undefined tensor); nullopt
+// for a type they do not write.
+std::optional<kernels::ModelCopyType> copy_type_of(const torch::Tensor& t);
 
 // `step`: the step count, already advanced; `found_inf` nonzero: nothing changes; `grad_divisor`:
 // every gradient is divided by it as it is read. Never waits for the device.

@@ -835,21 +835,16 @@ void OptimizerDomain::fused_scaled_adam_step(size_t segment, size_t first, size_
   const c10::cuda::CUDAGuard guard(main_params_.device());
   const torch::Tensor& chunks = scaled_exp_avg_->kernel_chunks(first, last);
   // The model copy's element of this rank's first main-weight element: the same indexing.
-  void* copy = nullptr;
-  auto copy_type = kernels::ModelCopyType::kNone;
-  if (separate_main_weights_ && !codes_.defined()) {
-    torch::Tensor model = model_params_.narrow(0, shard_begin_ - model_base_, shard_numel_);
-    copy = model.data_ptr();
-    copy_type = model.scalar_type() == torch::kBFloat16 ? kernels::ModelCopyType::kBFloat16
-                : model.scalar_type() == torch::kFloat16 ? kernels::ModelCopyType::kFloat16
-                                                          : kernels::ModelCopyType::kFloat32;
-  }
+  torch::Tensor model;
+  if (separate_main_weights_ && !codes_.defined()) model = model_params_.narrow(0, shard_begin_ - model_base_, shard_numel_);
+  const auto copy_type = copy_type_of(model);
+  FP8TRON_CHECK(copy_type.has_value(), "the fused step writes bf16, fp16 or fp32 model copies");
   const kernels::ScaledAdamWStep step{main_params_.data_ptr<float>(),
                                       grads.data_ptr<float>(),
                                       scaled_exp_avg_->kernel_buffers(first, last),
                                       scaled_exp_avg_sq_->kernel_buffers(first, last),
-                                      copy,
-                                      copy_type,
+                                      model.defined() ? model.data_ptr() : nullptr,
+                                      *copy_type,
                                       reinterpret_cast<const kernels::ScaledChunk*>(chunks.data_ptr<int64_t>()),
                                       chunks.size(0),
                                       int64_t(first),
