@@ -141,7 +141,9 @@ void plan_domain_reads(ck::CheckpointReader& reader, const TrainingState& s, Opt
   const bool fp32_main = load_optim || s.config.checkpoint.load_main_params_from_ckpt;
   const auto states = load_optim ? optimizer_states_to_load(o, s.config.optimizer)
                                  : std::vector<std::pair<std::string, torch::Tensor>>{};
-  const torch::Tensor main = o.main_params();
+  const torch::Tensor main = o.main_params_to_load();
+  // fp16 main weights: the model weights are read as saved too (OptimizerDomain::model_shard_to_load).
+  const torch::Tensor model = o.model_shard_to_load();
   const int64_t shard_begin = o.shard_begin(), shard_end = o.shard_begin() + o.shard_numel();
   const int tp_rank = o.groups().tp->rank(), tp_size = o.groups().tp->size();
   for (const Slot& slot : o.param_slots()) {
@@ -152,6 +154,9 @@ void plan_domain_reads(ck::CheckpointReader& reader, const TrainingState& s, Opt
     requested.insert(name);
     reads.push_back({source, &slot, main.narrow(0, lo - shard_begin, hi - lo), lo - slot.offset, hi - slot.offset, tp_rank,
                      tp_size});
+    if (model.defined())
+      reads.push_back({name, &slot, model.narrow(0, lo - shard_begin, hi - lo), lo - slot.offset, hi - slot.offset, tp_rank,
+                       tp_size});
     if (!load_optim) continue;
     for (const auto& [prefix, buffer] : states) {
       const std::string state = state_name(prefix, slot, s.config.optimizer);
@@ -246,7 +251,7 @@ void load_parameters(ck::CheckpointReader& reader, const TrainingState& s, bool 
     reader.read(kStepName, ck::DType::F32, {1}, ck::whole({1}), &step);
     o.set_step_count(step);
   }
-  o.adopt_loaded_moments();
+  o.adopt_loaded_states();
   // Model weights = main weights in the parameter dtype (data-parallel all-gather with the
   // distributed optimizer), exactly what the step after the save published.
   o.publish_model_params();

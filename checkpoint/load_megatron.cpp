@@ -134,6 +134,9 @@ std::vector<RangeRead> plan_reads(const mg::MegatronCheckpoint& c, const Trainin
                                    : std::vector<std::pair<std::string, torch::Tensor>>{};
     const int64_t shard_begin = o.shard_begin(), shard_end = o.shard_begin() + o.shard_numel();
     const int tp_rank = o.groups().tp->rank(), tp_size = o.groups().tp->size();
+    const torch::Tensor main_weights = o.main_params_to_load();
+    // fp16 main weights: the model weights are read as saved too (OptimizerDomain::model_shard_to_load).
+    const torch::Tensor model_weights = o.model_shard_to_load();
     for (const Slot& slot : o.param_slots()) {
       const int64_t lo = std::max(slot.offset, shard_begin), hi = std::min(slot.offset + slot.numel, shard_end);
       if (lo >= hi) continue;
@@ -144,7 +147,8 @@ std::vector<RangeRead> plan_reads(const mg::MegatronCheckpoint& c, const Trainin
       // The fp32 main weights of a bf16/fp16 checkpoint, as Megatron restores them with the
       // optimizer; otherwise (and without the optimizer) the weights themselves.
       const std::string main = std::string(kMainParamPrefix) + checkpoint_name(slot);
-      read(o.main_params(), load_optim && c.tensors.count(main) ? main : checkpoint_name(slot));
+      read(main_weights, load_optim && c.tensors.count(main) ? main : checkpoint_name(slot));
+      if (model_weights.defined()) read(model_weights, checkpoint_name(slot));
       if (!load_optim) continue;
       for (const auto& [prefix, buffer] : states) read(buffer, prefix + checkpoint_name(slot));
     }
@@ -192,7 +196,7 @@ void copy_parameters(const mg::MegatronCheckpoint& c, const TrainingState& s, bo
   for (RangeRead& r : reads) r.destination.copy_(r.values);
   for (auto& [buffer, values] : buffers) buffer.copy_(values);
   if (load_optim && c.step) s.optimizer.set_step_count(*c.step);  // SGD counts no steps
-  s.optimizer.adopt_loaded_moments();
+  s.optimizer.adopt_loaded_states();
   s.optimizer.publish_model_params();
   restore_fp8_recipe_state(s, fp8_states);
 }

@@ -318,7 +318,7 @@ std::vector<SaveSource> save_sources(const TrainingState& s) {
       sources.push_back({prefix, buffer, a, b, di});
     };
     // fp32 model weights are the main weights, unless --fp8-param-gather made some FP8.
-    if (model.scalar_type() != torch::kFloat32 || o.byte_published()) add(kMainParamPrefix, o.main_params());
+    if (model.scalar_type() != torch::kFloat32 || o.byte_published()) add(kMainParamPrefix, o.main_params_to_save());
     for (const auto& [prefix, buffer] : optimizer_states_to_save(o, s.config.optimizer)) add(prefix, buffer);
   }
   return sources;

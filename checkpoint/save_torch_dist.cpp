@@ -188,8 +188,8 @@ std::vector<mg::DcpChunkToWrite> rank_chunks(const TrainingState& s, bool own) {
     const int tp = o.groups().tp->size(), tp_rank = o.groups().tp->rank();
     std::vector<std::pair<std::string, torch::Tensor>> states;  // laid out from shard_begin()
     if (states_writer) {
-      if (o.distributed()) states.emplace_back(kDistributedMainParamPrefix, o.main_params());
-      else if (o.model_params().scalar_type() != torch::kFloat32) states.emplace_back(kMainParamPrefix, o.main_params());
+      if (o.distributed()) states.emplace_back(kDistributedMainParamPrefix, o.main_params_to_save());
+      else if (o.model_params().scalar_type() != torch::kFloat32) states.emplace_back(kMainParamPrefix, o.main_params_to_save());
       for (const auto& state : optimizer_states_to_save(o, s.config.optimizer)) states.push_back(state);
     }
     const int64_t shard_begin = o.shard_begin(), shard_end = o.shard_begin() + o.shard_numel();

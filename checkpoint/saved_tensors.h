@@ -39,7 +39,7 @@ torch::ScalarType torch_dtype(checkpoint::DType d, const std::string& tensor);
 // momentum, or with Muon both Adam moments' buffers (Muon's matrices keep their momentum in the
 // first), as (tensor-name prefix, flat buffer laid out from shard_begin()): to save (moments
 // scaled per parameter come as fp32 copies), or to load into (OptimizerDomain::moments_to_load:
-// MixedPrecisionOptimizer::adopt_loaded_moments() completes the load).
+// MixedPrecisionOptimizer::adopt_loaded_states() completes the load).
 std::vector<std::pair<std::string, torch::Tensor>> optimizer_states_to_save(const OptimizerDomain& o,
                                                                            const OptimizerConfig& c);
 std::vector<std::pair<std::string, torch::Tensor>> optimizer_states_to_load(OptimizerDomain& o, const OptimizerConfig& c);

@@ -225,8 +225,8 @@ void MixedPrecisionOptimizer::set_step_count(double steps) {
   for (auto& d : domains_) d->set_step_count(steps);
 }
 
-void MixedPrecisionOptimizer::adopt_loaded_moments() {
-  for (auto& d : domains_) d->adopt_loaded_moments();
+void MixedPrecisionOptimizer::adopt_loaded_states() {
+  for (auto& d : domains_) d->adopt_loaded_states();
 }
 
 void MixedPrecisionOptimizer::publish_model_params() {

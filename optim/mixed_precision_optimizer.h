@@ -141,9 +141,9 @@ class MixedPrecisionOptimizer {
   // Adam's step count (every segment a rank updates holds the same one).
   double step_count() const;
   void set_step_count(double steps);
-  // After a checkpoint load wrote every state: moments scaled per parameter take the values read
-  // (OptimizerDomain::moments_to_load).
-  void adopt_loaded_moments();
+  // After a checkpoint load wrote every state: states scaled per parameter take the values read
+  // (OptimizerDomain::main_params_to_load, moments_to_load).
+  void adopt_loaded_states();
   // Model parameters := main weights, as after an optimizer step. Waits.
   void publish_model_params();
 

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <unordered_map>
+#include <utility>
 
 #include "core/error.h"
 #include "optim/buffer_layout.h"
@@ -23,7 +24,7 @@ bool muon(const NamedParam& p, const OptimizerConfig& c) { return uses_muon(p.na
 torch::Dtype to_torch(ParamDtype d) {
   return d == ParamDtype::Bf16 ? torch::kBFloat16 : d == ParamDtype::Fp16 ? torch::kFloat16 : torch::kFloat32;
 }
-// The storage of an unscaled optimizer state (fp16 and fp8 ones are ScaledMoments).
+// The storage of an unscaled optimizer state (fp16 and fp8 ones are ScaledStates).
 torch::Dtype state_dtype(StateDtype d) {
   FP8TRON_CHECK(d == StateDtype::Fp32 || d == StateDtype::Bf16, "unscaled optimizer states are fp32 or bf16");
   return d == StateDtype::Bf16 ? torch::kBFloat16 : torch::kFloat32;
@@ -139,6 +140,15 @@ OptimizerDomain::OptimizerDomain(const std::vector<NamedParam>& params, const Op
     own_params_.insert(t.unsafeGetTensorImpl());
     slots_.push_back(ParamSlot{p->name, offset, n, t.sizes().vec(), p->info, is_muon});
   }
+  // --main-params-dtype fp16 (precision-aware): the main weights stored scaled per parameter, from
+  // the fp32 values just laid out, which go before the gradient buffer comes.
+  const PrecisionAwareOptimizer& aware = config_.precision_aware;
+  if (aware.enabled && aware.main_params == StateDtype::Fp16) {
+    FP8TRON_CHECK(separate_main_weights_, "fp16 main weights need model weights of their own (--bf16 or --fp16)");
+    scaled_main_ = std::make_unique<ScaledState>(StateDtype::Fp16, shard_numel_, state_pieces(), fp32);
+    scaled_main_->store_all(main_params_);
+    main_params_ = torch::Tensor();
+  }
   // Gradients accumulate in place into the flat buffer. AccumulateGrad adds each new
   // (parameter-dtype) gradient into an existing .grad with `+=`, so an fp32 buffer under a bf16
   // parameter accumulates micro-batches in fp32, as Megatron's main_grad does. (Allocated once the
@@ -201,6 +211,7 @@ void OptimizerDomain::enable_byte_publish(BytePublish publish) {
   int64_t numel = 0;
   for (const auto& p : publish.params) numel += p.numel();
   FP8TRON_CHECK(numel == byte_numel_ && byte_numel_ > 0, "byte-published parameters must be the constructor's");
+  FP8TRON_CHECK(!scaled_main_, "parameters published as bytes are encoded from fp32 main weights");
   FP8TRON_CHECK(!param_gather_, "enable_byte_publish comes before enable_param_gather_overlap");
   if (!separate_main_weights_)
     throw UserError("--fp8-param-gather needs fp32 main weights separate from the model's: train with --bf16, or "
@@ -285,7 +296,7 @@ void OptimizerDomain::shard_model_params(const std::vector<std::vector<torch::Te
   for (const auto& p : buffer_order_) mine[p.tensor.unsafeGetTensorImpl()] = &p;
   // The optimizer states still hold zeros (no step or checkpoint load comes before this): they are
   // built again once the whole weight buffer is gone, so that the two never coexist.
-  const auto device = main_params_.options();
+  const auto device = state_options();
   exp_avg_ = exp_avg_sq_ = torch::Tensor();
   scaled_exp_avg_.reset();
   scaled_exp_avg_sq_.reset();
@@ -326,29 +337,55 @@ void OptimizerDomain::make_moments(const torch::TensorOptions& device) {
   // store Adam's moments in bf16, or in fp16/fp8 scaled per parameter (this rank's part of it).
   const PrecisionAwareOptimizer& pa = config_.precision_aware;
   const StateDtype m = pa.enabled ? pa.exp_avg : StateDtype::Fp32, v = pa.enabled ? pa.exp_avg_sq : StateDtype::Fp32;
-  std::vector<std::pair<int64_t, int64_t>> pieces;
-  for (const ParamSlot& slot : slots_) {
-    const int64_t lo = std::max(slot.offset, shard_begin_), hi = std::min(slot.offset + slot.numel, shard_begin_ + shard_numel_);
-    if (lo < hi) pieces.emplace_back(lo - shard_begin_, hi - lo);
-  }
-  auto make = [&](StateDtype d, std::unique_ptr<ScaledMoment>& scaled) {
-    if (!ScaledMoment::scaled(d)) return torch::zeros({shard_numel_}, device.dtype(state_dtype(d)));
-    scaled = std::make_unique<ScaledMoment>(d, shard_numel_, pieces, device);
+  const std::vector<std::pair<int64_t, int64_t>> pieces = state_pieces();
+  auto make = [&](StateDtype d, std::unique_ptr<ScaledState>& scaled) {
+    if (!ScaledState::scaled(d)) return torch::zeros({shard_numel_}, device.dtype(state_dtype(d)));
+    scaled = std::make_unique<ScaledState>(d, shard_numel_, pieces, device);
     return scaled->stored();
   };
   exp_avg_ = make(m, scaled_exp_avg_);
   if (config_.optimizer == "adam" || config_.optimizer == "muon") exp_avg_sq_ = make(v, scaled_exp_avg_sq_);
 }
 
+std::vector<std::pair<int64_t, int64_t>> OptimizerDomain::state_pieces() const {
+  std::vector<std::pair<int64_t, int64_t>> pieces;
+  for (const ParamSlot& slot : slots_) {
+    const int64_t lo = std::max(slot.offset, shard_begin_), hi = std::min(slot.offset + slot.numel, shard_begin_ + shard_numel_);
+    if (lo < hi) pieces.emplace_back(lo - shard_begin_, hi - lo);
+  }
+  return pieces;
+}
+
+torch::Tensor OptimizerDomain::main_values() const {
+  return scaled_main_ ? scaled_main_->unscaled_range(0, shard_numel_) : main_params_;
+}
+
+torch::Tensor OptimizerDomain::main_params_to_save() const {
+  return scaled_main_ ? scaled_main_->unscaled_copy(torch::kCPU) : main_params_;
+}
+
+torch::Tensor OptimizerDomain::main_params_to_load() {
+  model_shard_loaded_ = false;  // until model_shard_to_load() is asked for
+  if (!scaled_main_) return main_params_;
+  loading_main_ = scaled_main_->unscaled_copy(torch::kCPU);
+  return loading_main_;
+}
+
+torch::Tensor OptimizerDomain::model_shard_to_load() {
+  if (!scaled_main_) return {};
+  model_shard_loaded_ = true;
+  return model_params_.narrow(0, shard_begin_ - model_base_, shard_numel_);
+}
+
 std::pair<torch::Tensor, torch::Tensor> OptimizerDomain::moments_to_save() const {
-  auto of = [](const torch::Tensor& stored, const std::unique_ptr<ScaledMoment>& scaled) {
+  auto of = [](const torch::Tensor& stored, const std::unique_ptr<ScaledState>& scaled) {
     return scaled ? scaled->unscaled_copy(torch::kCPU) : stored;
   };
   return {of(exp_avg_, scaled_exp_avg_), of(exp_avg_sq_, scaled_exp_avg_sq_)};
 }
 
 std::pair<torch::Tensor, torch::Tensor> OptimizerDomain::moments_to_load() {
-  auto of = [](const torch::Tensor& stored, const std::unique_ptr<ScaledMoment>& scaled, torch::Tensor& loading) {
+  auto of = [](const torch::Tensor& stored, const std::unique_ptr<ScaledState>& scaled, torch::Tensor& loading) {
     if (!scaled) return stored;
     loading = scaled->unscaled_copy(torch::kCPU);
     return loading;
@@ -356,11 +393,12 @@ std::pair<torch::Tensor, torch::Tensor> OptimizerDomain::moments_to_load() {
   return {of(exp_avg_, scaled_exp_avg_, loading_exp_avg_), of(exp_avg_sq_, scaled_exp_avg_sq_, loading_exp_avg_sq_)};
 }
 
-void OptimizerDomain::adopt_loaded_moments() {
+void OptimizerDomain::adopt_loaded_states() {
   torch::NoGradGuard no_grad;
   if (loading_exp_avg_.defined()) scaled_exp_avg_->store_all(loading_exp_avg_);
   if (loading_exp_avg_sq_.defined()) scaled_exp_avg_sq_->store_all(loading_exp_avg_sq_);
-  loading_exp_avg_ = loading_exp_avg_sq_ = torch::Tensor();
+  if (loading_main_.defined()) scaled_main_->store_all(loading_main_);
+  loading_exp_avg_ = loading_exp_avg_sq_ = loading_main_ = torch::Tensor();
 }
 
 bool OptimizerDomain::summed_over_stages(const BufferParam& p) const {
@@ -730,6 +768,8 @@ void OptimizerDomain::update_ranges(UpdatePart part, const torch::Tensor& grads,
 
 bool OptimizerDomain::adam_step(size_t segment, int64_t lo, int64_t n, const torch::Tensor& grads, double lr, double wd,
                                 double eps, const torch::Tensor& found_inf, const std::optional<torch::Tensor>& grad_divisor) {
+  if (scaled_exp_avg_ || scaled_exp_avg_sq_ || scaled_main_)
+    return scaled_adam_step(segment, lo, n, grads, lr, wd, eps, found_inf, grad_divisor);
   const int64_t off = lo - shard_begin_;
   AdamWState state{main_params_.narrow(0, off, n), grads.narrow(0, off, n), exp_avg_.narrow(0, off, n),
                    exp_avg_sq_.narrow(0, off, n), {}};
@@ -737,8 +777,6 @@ bool OptimizerDomain::adam_step(size_t segment, int64_t lo, int64_t n, const tor
   // --fp8-param-gather encodes its range from the main weights after the step), in the same pass.
   if (separate_main_weights_ && !codes_.defined()) state.model_copy = model_params_.narrow(0, lo - model_base_, n);
   const torch::Tensor& step = step_counts_[segment];
-  if (scaled_exp_avg_ || scaled_exp_avg_sq_)
-    return scaled_adam_step(segment, lo, n, grads, lr, wd, eps, found_inf, grad_divisor);
   if (!torch_adam_kernel_ && fused_adamw_applies(state, step, found_inf, grad_divisor)) {
     fused_adamw(state, step, found_inf, grad_divisor, {lr, config_.adam_beta1, config_.adam_beta2, eps, wd});
     return state.model_copy.defined();
@@ -767,7 +805,8 @@ bool OptimizerDomain::adam_step(size_t segment, int64_t lo, int64_t n, const tor
 bool OptimizerDomain::scaled_adam_step(size_t segment, int64_t lo, int64_t n, const torch::Tensor& grads, double lr,
                                        double wd, double eps, const torch::Tensor& found_inf,
                                        const std::optional<torch::Tensor>& grad_divisor) {
-  const ScaledMoment& any = scaled_exp_avg_ ? *scaled_exp_avg_ : *scaled_exp_avg_sq_;
+  // Every scaled state has the same pieces (state_pieces()).
+  const ScaledState& any = scaled_main_ ? *scaled_main_ : scaled_exp_avg_ ? *scaled_exp_avg_ : *scaled_exp_avg_sq_;
   const auto& pieces = any.pieces();
   const int64_t off = lo - shard_begin_, end = off + n;
   // The pieces overlapping [off, end), each of which must lie inside it.
@@ -777,13 +816,15 @@ bool OptimizerDomain::scaled_adam_step(size_t segment, int64_t lo, int64_t n, co
   size_t last = first;
   while (last < pieces.size() && pieces[last].first < end) {
     FP8TRON_CHECK(pieces[last].first >= off && pieces[last].first + pieces[last].second <= end,
-                  "moments scaled per parameter are updated one whole parameter at a time");
+                  "states scaled per parameter are updated one whole parameter at a time");
     ++last;
   }
   if (first == last) return false;
-  // On GPUs with both moments scaled, the fused kernel (two passes over the elements, no fp32
-  // copies) writes the model parameters too; the torch operations below give the same bits.
-  if (scaled_exp_avg_ && scaled_exp_avg_sq_ && main_params_.is_cuda() && !torch_adam_kernel_) {
+  const bool cuda = any.stored().is_cuda();
+  // On GPUs with both moments scaled (and fp32 main weights), the fused kernel (two passes over the
+  // elements, no fp32 copies) writes the model parameters too; the torch operations below give
+  // the same bits.
+  if (scaled_exp_avg_ && scaled_exp_avg_sq_ && !scaled_main_ && cuda && !torch_adam_kernel_) {
     fused_scaled_adam_step(segment, first, last, grads, lr, wd, eps, found_inf, grad_divisor);
     return separate_main_weights_ && !codes_.defined();
   }
@@ -794,22 +835,23 @@ bool OptimizerDomain::scaled_adam_step(size_t segment, int64_t lo, int64_t n, co
   // or scalar tail), and one call over the range rounds each element as the fp32 optimizer's call
   // over the same range does. (On GPUs it is elementwise: the same bits either way.)
   constexpr int64_t kGroupElements = int64_t{1} << 22;
-  const std::vector<ScaledMoment::Group> groups = any.groups(first, last, kGroupElements);
+  const std::vector<ScaledState::Group> groups = any.groups(first, last, kGroupElements);
   auto step = [&](size_t g0, size_t g1) {  // groups [g0, g1)
     const int64_t a = any.begin(groups[g0]), len = any.begin(groups[g1 - 1]) + any.numel(groups[g1 - 1]) - a;
-    auto widened = [&](const std::unique_ptr<ScaledMoment>& scaled, const torch::Tensor& stored) {
+    auto widened = [&](const std::unique_ptr<ScaledState>& scaled, const torch::Tensor& stored) {
       if (!scaled) return stored.narrow(0, a, len).to(torch::kFloat32);
       if (g1 == g0 + 1) return scaled->unscaled(groups[g0]);
-      auto values = torch::zeros({len}, stored.options().dtype(torch::kFloat32));  // zeros between groups (padding)
+      auto values = torch::zeros({len}, state_options());  // zeros between groups (padding)
       for (size_t k = g0; k < g1; ++k)
         values.narrow(0, scaled->begin(groups[k]) - a, scaled->numel(groups[k])).copy_(scaled->unscaled(groups[k]));
       return values;
     };
     torch::Tensor m = widened(scaled_exp_avg_, exp_avg_), v = widened(scaled_exp_avg_sq_, exp_avg_sq_);
-    at::_fused_adamw_({main_params_.narrow(0, a, len)}, {grads.narrow(0, a, len)}, {m}, {v}, {}, {step_counts_[segment]},
-                      lr, config_.adam_beta1, config_.adam_beta2, wd, eps, false, false, grad_divisor, found_inf);
-    // A skipped step (found_inf) leaves the stored moments as they were, as Megatron skips the step.
-    auto store = [&](const std::unique_ptr<ScaledMoment>& scaled, const torch::Tensor& stored, const torch::Tensor& values) {
+    torch::Tensor p = widened(scaled_main_, main_params_);  // fp32 main weights: a copy, stored back below
+    at::_fused_adamw_({p}, {grads.narrow(0, a, len)}, {m}, {v}, {}, {step_counts_[segment]}, lr, config_.adam_beta1,
+                      config_.adam_beta2, wd, eps, false, false, grad_divisor, found_inf);
+    // A skipped step (found_inf) leaves the stored states as they were, as Megatron skips the step.
+    auto store = [&](const std::unique_ptr<ScaledState>& scaled, const torch::Tensor& stored, const torch::Tensor& values) {
       if (!scaled) {
         torch::Tensor target = stored.narrow(0, a, len);
         if (target.data_ptr() != values.data_ptr()) target.copy_(values);
@@ -820,13 +862,21 @@ bool OptimizerDomain::scaled_adam_step(size_t segment, int64_t lo, int64_t n, co
     };
     store(scaled_exp_avg_, exp_avg_, m);
     store(scaled_exp_avg_sq_, exp_avg_sq_, v);
+    if (!scaled_main_) return;
+    // The model weights from the fp32 values, before these are rounded to fp16 (TE's FusedAdam
+    // writes them in its Adam kernel); a skipped step leaves them too.
+    torch::Tensor model = model_params_.narrow(0, shard_begin_ + a - model_base_, len);
+    torch::Tensor updated = p.to(model.scalar_type());
+    if (found_inf.defined()) updated = torch::where(found_inf.to(model.device()) != 0, model, updated);
+    model.copy_(updated);
+    store(scaled_main_, main_params_, p);
   };
-  if (!main_params_.is_cuda()) {
+  if (!cuda) {
     step(0, groups.size());
-    return false;
+  } else {
+    for (size_t k = 0; k < groups.size(); ++k) step(k, k + 1);
   }
-  for (size_t k = 0; k < groups.size(); ++k) step(k, k + 1);
-  return false;
+  return scaled_main_ != nullptr;
 }
 
 void OptimizerDomain::fused_scaled_adam_step(size_t segment, size_t first, size_t last, const torch::Tensor& grads,
@@ -909,7 +959,10 @@ void OptimizerDomain::copy_main_to_model(const Ranges& published, const Ranges& 
   // This rank's elements: its shard, or the whole buffer without the distributed optimizer.
   const int64_t end = distributed_ ? shard_begin_ + shard_numel_ : numel_;
   auto copy = [&](int64_t lo, int64_t hi) {
-    if (hi > lo) model_params_.narrow(0, lo - model_base_, hi - lo).copy_(main_params_.narrow(0, lo - shard_begin_, hi - lo));
+    if (hi <= lo) return;
+    const torch::Tensor main = scaled_main_ ? scaled_main_->unscaled_range(lo - shard_begin_, hi - lo)
+                                            : main_params_.narrow(0, lo - shard_begin_, hi - lo);
+    model_params_.narrow(0, lo - model_base_, hi - lo).copy_(main);
   };
   for (auto [w_offset, w_numel] : within) {
     int64_t at = std::max(w_offset, shard_begin_);
@@ -928,10 +981,12 @@ void OptimizerDomain::publish_model_params() { publish_model_params(Ranges{}); }
 
 void OptimizerDomain::publish_model_params(const Ranges& published) {
   torch::NoGradGuard no_grad;
+  // A load that read the model weights (model_shard_to_load) leaves them as read.
+  const bool loaded = std::exchange(model_shard_loaded_, false);
   if (sharded_) {
     // The units hold the old values: they gather the new ones from the shards when next used.
     sharded_->release_all();
-    copy_main_to_model(published);
+    if (!loaded) copy_main_to_model(published);
     if (codes_.defined()) {
       encode_own_shard();
       sharded_->publish_bytes(codes_, byte_publish_.decode);
@@ -946,11 +1001,11 @@ void OptimizerDomain::publish_model_params(const Ranges& published) {
     return;
   }
   if (distributed_) {
-    copy_main_to_model(published);
+    if (!loaded) copy_main_to_model(published);
     auto mine = model_params_.narrow(0, shard_begin_, shard_numel_);
     auto gathered = model_params_;
     groups_.shard->all_gather(gathered, mine.clone());
-  } else if (separate_main_weights_) {
+  } else if (separate_main_weights_ && !loaded) {
     copy_main_to_model(published);
   }
 }
@@ -967,7 +1022,7 @@ void OptimizerDomain::set_step_count(double steps) {
 
 torch::Tensor OptimizerDomain::params_norm_squared() {
   torch::NoGradGuard no_grad;
-  return global_norm_squared(main_params_, shard_begin_);
+  return global_norm_squared(main_values(), shard_begin_);
 }
 
 }  // namespace fp8tron

@@ -36,7 +36,7 @@
 #include "parallel/sharding.h"
 #include "optim/muon.h"
 #include "optim/param_groups.h"
-#include "optim/scaled_moment.h"
+#include "optim/scaled_state.h"
 
 namespace fp8tron {
 
@@ -190,20 +190,34 @@ class OptimizerDomain {
   // [shard_begin, shard_begin + shard_numel) (params_sharded()).
   torch::Tensor model_params() const { return sharded_ ? model_params_ : model_params_.narrow(0, 0, numel_); }
   bool params_sharded() const { return sharded_ != nullptr; }
+  // The fp32 main weights; undefined where they are stored in fp16 scaled per parameter
+  // (--main-params-dtype fp16 of the precision-aware optimizer): main_values() reads them.
   torch::Tensor main_params() const { return main_params_; }
+  // The main weights' values in fp32: the buffer itself, or a copy read back from fp16.
+  torch::Tensor main_values() const;
+  // The stored fp16 main weights (undefined with fp32 ones).
+  torch::Tensor main_codes() const { return scaled_main_ ? scaled_main_->stored() : torch::Tensor(); }
   // The stored moments (fp16 / float8_e4m3fn codes where they are scaled per parameter, see
-  // scaled_moment.h).
+  // scaled_state.h).
   torch::Tensor exp_avg() const { return exp_avg_; }
   torch::Tensor exp_avg_sq() const { return exp_avg_sq_; }  // undefined for SGD
-  // The moments as checkpoints hold them, as Transformer Engine's FusedAdam hands them to
-  // Megatron's checkpoints: fp32 copies on the host where they are scaled per parameter (fp16,
-  // fp8), otherwise the buffers themselves.
+  // The main weights and moments as checkpoints hold them, as Transformer Engine's FusedAdam hands
+  // them to Megatron's checkpoints: fp32 copies on the host where they are scaled per parameter
+  // (fp16, fp8), otherwise the buffers themselves.
+  torch::Tensor main_params_to_save() const;
   std::pair<torch::Tensor, torch::Tensor> moments_to_save() const;
-  // What a checkpoint load writes the moments into: the buffers themselves, or fp32 host copies of
-  // scaled moments (holding their current values) that adopt_loaded_moments() stores scaled once
-  // every read has succeeded; a failed load drops them and changes nothing.
+  // What a checkpoint load writes the main weights and moments into: the buffers themselves, or
+  // fp32 host copies of scaled states (holding their current values) that adopt_loaded_states()
+  // stores scaled once every read has succeeded; a failed load drops them and changes nothing.
+  torch::Tensor main_params_to_load();
   std::pair<torch::Tensor, torch::Tensor> moments_to_load();
-  void adopt_loaded_moments();
+  // With fp16 main weights, where a load reads the model weights too (undefined otherwise): this
+  // rank's shard of the model buffer [shard_begin, shard_begin + shard_numel). The step writes the
+  // model weights from the fp32 values before the main weights are rounded to fp16 (as TE's
+  // FusedAdam does), so casting the main weights back would not give them; after such a read
+  // publish_model_params() publishes the shard as read.
+  torch::Tensor model_shard_to_load();
+  void adopt_loaded_states();
   double step_count() const;  // 0 for an empty domain
   void set_step_count(double steps);
   // Model parameters := main weights (cast; all-gathered over the domain's data-parallel group
@@ -234,9 +248,10 @@ class OptimizerDomain {
   // that range were written too (the fused kernel's copy).
   bool adam_step(size_t segment, int64_t lo, int64_t n, const torch::Tensor& grads, double lr, double wd, double eps,
                  const torch::Tensor& found_inf, const std::optional<torch::Tensor>& grad_divisor);
-  // Adam over the whole parameters inside [lo, lo + n) with moments scaled per parameter: each
-  // parameter's moments read back to fp32, stepped, stored with new scales. Returns whether the
-  // model parameters of the range were written too (the fused kernel's copy).
+  // Adam over the whole parameters inside [lo, lo + n) with states scaled per parameter (moments,
+  // main weights): each parameter's states read back to fp32, stepped, stored with new scales.
+  // Returns whether the model parameters of the range were written too (the fused kernel's copy;
+  // always with scaled main weights, from the fp32 values before they are stored).
   bool scaled_adam_step(size_t segment, int64_t lo, int64_t n, const torch::Tensor& grads, double lr, double wd,
                         double eps, const torch::Tensor& found_inf, const std::optional<torch::Tensor>& grad_divisor);
   // The fused kernel's step (optim/scaled_adamw_kernels.h) over pieces [first, last) of the
@@ -245,6 +260,10 @@ class OptimizerDomain {
                               double eps, const torch::Tensor& found_inf, const std::optional<torch::Tensor>& grad_divisor);
   // (Re)creates the zeroed moments for this rank's shard.
   void make_moments(const torch::TensorOptions& device);
+  // Each parameter's (offset, numel) inside this rank's shard: the pieces of its scaled states.
+  std::vector<std::pair<int64_t, int64_t>> state_pieces() const;
+  // fp32 on the optimizer's device.
+  torch::TensorOptions state_options() const { return model_params_.options().dtype(torch::kFloat32); }
   // Which parameters an update_ranges() call steps: all, or (--overlap-param-gather-with-optimizer-step)
   // the first model chunk's and then the others'.
   enum class UpdatePart { kAll, kFirstChunk, kOtherChunks };
@@ -308,9 +327,12 @@ class OptimizerDomain {
   torch::Dtype grads_dtype_ = torch::kFloat32;
   torch::Tensor grad_shard_;    // distributed optimizer: this rank's reduced gradients (fp32; a view of an fp32 buffer)
   torch::Tensor exp_avg_, exp_avg_sq_;
-  // The precision-aware optimizer's fp16/fp8 moments (exp_avg_/exp_avg_sq_ are their codes).
-  std::unique_ptr<ScaledMoment> scaled_exp_avg_, scaled_exp_avg_sq_;
-  torch::Tensor loading_exp_avg_, loading_exp_avg_sq_;  // moments_to_load()'s copies of scaled moments
+  // The precision-aware optimizer's fp16/fp8 moments (exp_avg_/exp_avg_sq_ are their codes) and
+  // fp16 main weights (main_params_ is then undefined).
+  std::unique_ptr<ScaledState> scaled_exp_avg_, scaled_exp_avg_sq_, scaled_main_;
+  // moments_to_load()'s and main_params_to_load()'s copies of scaled states.
+  torch::Tensor loading_exp_avg_, loading_exp_avg_sq_, loading_main_;
+  bool model_shard_loaded_ = false;  // model_shard_to_load() was handed out
   // --fp8-param-gather: [0, byte_numel_) of the buffer is published as bytes through `codes_`.
   int64_t byte_numel_ = 0;
   torch::Tensor codes_;  // uint8, like model_params_

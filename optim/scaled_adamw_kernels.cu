@@ -122,7 +122,7 @@ __global__ void __launch_bounds__(kThreads) store_pass(ScaledAdamWStep s, AdamWD
 
 // After every chunk was stored with the old factors: the new ones.
 template <class S>
-__device__ __forceinline__ void record_scale(const ScaledMomentBuffers& b, int64_t k) {
+__device__ __forceinline__ void record_scale(const ScaledStateBuffers& b, int64_t k) {
   const float amax = b.new_amax[k];
   b.factors[k] = new_scale<S>(amax).factor;
   b.amaxes[k] = amax;

@@ -1,5 +1,5 @@
 // The fused AdamW step for moments stored scaled per parameter (the precision-aware optimizer's
-// fp16 / fp8 states, optim/scaled_moment.h), torch-free: raw pointers, sizes and a stream.
+// fp16 / fp8 states, optim/scaled_state.h), torch-free: raw pointers, sizes and a stream.
 //
 // A new scale needs the new moments' absolute maximum before any of them is stored, so the step
 // runs twice over the elements without keeping fp32 copies: the first pass computes every new m
@@ -9,7 +9,7 @@
 // scales; a third, one thread per parameter, records the new factors and maxima. About 31 bytes
 // moved per element for fp8/fp16 moments and a bf16 copy, where reading back to fp32 copies,
 // torch's fused AdamW and storing again move about 130. The scales, stored values and weights are
-// those optim/scaled_moment.cpp's torch operations give (tests/optim/test_gpu_adamw.cpp checks
+// those optim/scaled_state.cpp's torch operations give (tests/optim/test_gpu_adamw.cpp checks
 // it): IEEE division and reciprocals, round-to-nearest-even, FP8 saturated to +-448.
 #pragma once
 #include <cuda_runtime_api.h>
@@ -22,7 +22,7 @@ namespace fp8tron::kernels {
 
 enum class ScaledType : int { kFloat16 = 0, kFloat8E4M3 = 1 };
 
-struct ScaledMomentBuffers {
+struct ScaledStateBuffers {
   void* stored;     // the moment's elements (fp16 or E4M3 codes)
   ScaledType type;
   float* factors;   // per parameter: stored x factor reads a value back
@@ -40,7 +40,7 @@ struct ScaledChunk {
 struct ScaledAdamWStep {
   float* param;                // fp32 main weights
   const float* grad;           // fp32; read only
-  ScaledMomentBuffers exp_avg, exp_avg_sq;
+  ScaledStateBuffers exp_avg, exp_avg_sq;
   void* model_copy;            // written with the new p; null: none
   ModelCopyType copy_type;
   const ScaledChunk* chunks;   // device memory

@@ -90,16 +90,18 @@ struct MuonConfig {
 
 // The storage dtype of an optimizer state (--exp-avg-dtype, --exp-avg-sq-dtype): the update math is
 // fp32 whatever it is. Fp16 and Fp8 are Transformer Engine's states scaled per parameter
-// (optim/scaled_moment.h).
+// (optim/scaled_state.h).
 enum class StateDtype { Fp32, Bf16, Fp16, Fp8 };
 
 // --use-precision-aware-optimizer (Transformer Engine's FusedAdam with master_weights and
 // low-precision states, as Megatron drives it): Adam's moments stored in `exp_avg` /
-// `exp_avg_sq`. The main gradients' dtype (--main-grads-dtype) is PrecisionConfig::grads_in_fp32.
+// `exp_avg_sq`, the main weights in `main_params` (fp32, or fp16 scaled per parameter). The main
+// gradients' dtype (--main-grads-dtype) is PrecisionConfig::grads_in_fp32.
 struct PrecisionAwareOptimizer {
   bool enabled = false;
   StateDtype exp_avg = StateDtype::Fp32;
   StateDtype exp_avg_sq = StateDtype::Fp32;
+  StateDtype main_params = StateDtype::Fp32;
 };
 
 struct OptimizerConfig {

@@ -114,6 +114,15 @@ TEST(Checkpointing, ExactResumePrecisionAwareScaledStates) {
   check_exact_resume(with(scaled, {"--ckpt-format", "torch_dist", "--hidden-dropout", "0", "--attention-dropout", "0"}));
 }
 
+// fp16 main weights: their fp32 copies store back to the same bits, and the model weights are
+// read as saved (the step wrote them before the rounding to fp16).
+TEST(Checkpointing, ExactResumePrecisionAwareFp16MainWeights) {
+  const std::vector<std::string> fp16_main = {"--bf16", "--use-distributed-optimizer", "--use-precision-aware-optimizer",
+                                              "--main-params-dtype", "fp16", "--exp-avg-dtype", "fp16"};
+  check_exact_resume(fp16_main);
+  check_exact_resume(with(fp16_main, {"--ckpt-format", "torch_dist", "--hidden-dropout", "0", "--attention-dropout", "0"}));
+}
+
 TEST(Checkpointing, ExactResumeSgd) { check_exact_resume({"--optimizer", "sgd", "--lr", "0.1"}); }
 
 // Muon: its matrices' momentum, and Adam's two moments for the parameters it does not take

@@ -23,7 +23,7 @@ std::vector<std::string> without(std::vector<std::string> args, const std::strin
 }
 
 // --use-precision-aware-optimizer and its dtypes (Megatron's OptimizerConfig and validate_args
-// rules; fp16 / fp8 states refused by name).
+// rules, and what fp8tron refuses by name).
 TEST(MegatronRules, PrecisionAwareOptimizer) {
   auto args = [](std::initializer_list<std::string> extra) {
     std::vector<std::string> a = tiny_args({"--bf16"});
@@ -57,8 +57,21 @@ TEST(MegatronRules, PrecisionAwareOptimizer) {
   EXPECT_USER_ERROR(build(args({"--use-precision-aware-optimizer", "--use-distributed-optimizer", "--exp-avg-dtype", "fp8",
                                 "--overlap-param-gather-with-optimizer-step"})),
                     "--exp-avg-dtype fp8 with --overlap-param-gather-with-optimizer-step is not supported");
-  EXPECT_USER_ERROR(build(args({"--use-precision-aware-optimizer", "--use-distributed-optimizer", "--main-params-dtype", "fp16"})),
-                    "--main-params-dtype fp16 is not supported by fp8tron");
+  const Config fp16_main = build(args({"--use-precision-aware-optimizer", "--use-distributed-optimizer", "--main-params-dtype",
+                                       "fp16"}));
+  EXPECT_EQ(fp16_main.optimizer.precision_aware.main_params, StateDtype::Fp16);
+  EXPECT_USER_ERROR(build(without(args({"--use-precision-aware-optimizer", "--use-distributed-optimizer",
+                                        "--main-params-dtype", "fp16"}),
+                                  "--bf16")),
+                    "--main-params-dtype fp16 needs --bf16 or --fp16");
+  EXPECT_USER_ERROR(build(args({"--use-precision-aware-optimizer", "--use-distributed-optimizer", "--main-params-dtype", "fp16",
+                                "--fp8-format", "hybrid", "--fp8-param-gather"})),
+                    "--main-params-dtype fp16 with --fp8-param-gather is not supported");
+  EXPECT_USER_ERROR(build(args({"--use-precision-aware-optimizer", "--use-distributed-optimizer", "--main-params-dtype", "fp16",
+                                "--overlap-param-gather-with-optimizer-step"})),
+                    "--main-params-dtype fp16 with --overlap-param-gather-with-optimizer-step is not supported");
+  EXPECT_USER_ERROR(build(args({"--main-params-dtype", "fp16", "--use-distributed-optimizer"})),
+                    "--main-params-dtype fp16 needs --use-precision-aware-optimizer");
   EXPECT_USER_ERROR(build(args({"--use-precision-aware-optimizer", "--use-distributed-optimizer", "--main-grads-dtype", "bf16",
                                 "--accumulate-allreduce-grads-in-fp32"})),
                     "contradicts --accumulate-allreduce-grads-in-fp32");

@@ -143,6 +143,11 @@ TEST(ModelMath, PrecisionAwareOptimizerStateDtypes) {
   EXPECT_DOUBLE_EQ(estimate({"--exp-avg-dtype", "bf16"}).optimizer_states, params * 6);
   EXPECT_DOUBLE_EQ(estimate({"--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16"}).optimizer_states, params * 4);
   EXPECT_DOUBLE_EQ(estimate({"--exp-avg-dtype", "fp8", "--exp-avg-sq-dtype", "fp16"}).optimizer_states, params * 3);
+  // fp16 main weights: 2 bytes each, stored from an fp32 copy at start-up.
+  const MemoryEstimate fp16_main = estimate({"--main-params-dtype", "fp16"});
+  EXPECT_DOUBLE_EQ(fp32.main_weights, params * 4);
+  EXPECT_DOUBLE_EQ(fp16_main.main_weights, params * 2);
+  EXPECT_DOUBLE_EQ(fp16_main.startup, fp32.startup + params * 2);
   EXPECT_DOUBLE_EQ(fp32.grads, params * 4);
   EXPECT_DOUBLE_EQ(estimate({"--main-grads-dtype", "bf16"}).grads, params * 2);
   // fp32 gradients are reduced in place; 16-bit ones into an fp32 copy the optimizer steps on.

@@ -18,7 +18,7 @@
 #include "optim/fused_adamw.h"
 #include "optim/mixed_precision_optimizer.h"
 #include "tests/optim/lone_data_parallel_rank.h"
-#include "tests/optim/scaled_moment_reference.h"
+#include "tests/optim/scaled_state_reference.h"
 #include "tests/optim/same_bits.h"
 
 namespace fp8tron {
@@ -254,6 +254,7 @@ struct Layout {
   int dp_rank;  // -1: one process, no distributed optimizer
   const char* why;
   StateDtype moments = StateDtype::Fp32;  // the precision-aware optimizer's --exp-avg(-sq)-dtype
+  StateDtype main = StateDtype::Fp32;     // and its --main-params-dtype
 };
 
 torch::ScalarType torch_dtype(ParamDtype d) {
@@ -272,7 +273,7 @@ OptimizerRun make_run(const Layout& s, bool torch_kernel) {
   oc.clip_grad = 0.05;  // below the gradients' norm: the coefficient is folded into the kernel
   oc.adam_beta2 = 0.95;
   oc.decoupled_lr = 3e-3;
-  if (s.moments != StateDtype::Fp32) oc.precision_aware = {true, s.moments, s.moments};
+  if (s.moments != StateDtype::Fp32 || s.main != StateDtype::Fp32) oc.precision_aware = {true, s.moments, s.moments, s.main};
   PrecisionConfig pc;
   pc.params_dtype = s.dtype;
   ParallelState state = single_process_state();
@@ -348,7 +349,7 @@ TEST(GpuAdamW, OptimizerStepsMatchTorchKernelAndCopy) {
   }
 }
 
-// fp16/fp8 moments scaled per parameter (optim/scaled_moment.h) take torch operations on the GPU
+// fp16/fp8 moments scaled per parameter (optim/scaled_state.h) take torch operations on the GPU
 // instead of the fused kernel: a first step gives the fp32 optimizer's main weights bit for bit
 // and stores its moments as Transformer Engine's formulas do on the device, one scale per
 // parameter (per rank's part of a parameter the shard boundary cuts); a skipped second step
@@ -392,8 +393,49 @@ TEST(GpuAdamW, ScaledMomentsAsTransformerEngineOnTheDevice) {
       auto [m_in, v_in] = a.moments_to_load();
       m_in.copy_(m32);
       v_in.copy_(v32);
-      low.optimizer->adopt_loaded_moments();
+      low.optimizer->adopt_loaded_states();
       EXPECT_TRUE(same_bits(a.exp_avg(), m) && same_bits(a.exp_avg_sq(), v)) << "stored back from fp32 copies";
+    }
+}
+
+// fp16 main weights (--main-params-dtype fp16) take torch operations on the GPU: each step is the
+// fp32 optimizer's step (its fused kernels) of the weights read back from fp16, the model weights
+// its fp32 result in bf16, and the new weights stored as Transformer Engine's formulas store them
+// on the device; a skipped step changes nothing.
+TEST(GpuAdamW, Fp16MainWeightsAsTransformerEngineOnTheDevice) {
+  REQUIRE_GPU();
+  for (int dp_rank : {-1, 1})
+    for (StateDtype moments : {StateDtype::Fp32, StateDtype::Fp16}) {
+      SCOPED_TRACE(std::string(moments == StateDtype::Fp16 ? "fp16" : "fp32") + " moments, rank " + std::to_string(dp_rank));
+      OptimizerRun low = make_run({ParamDtype::Bf16, dp_rank, "fp16 main", moments, StateDtype::Fp16}, false),
+                   ref = make_run({ParamDtype::Bf16, dp_rank, "fp32 main", moments}, false);
+      OptimizerDomain& a = *low.optimizer->domains().front();
+      OptimizerDomain& b = *ref.optimizer->domains().front();
+      ASSERT_TRUE(a.main_codes().is_cuda());
+      for (int step = 1; step <= 3; ++step) {
+        SCOPED_TRACE("step " + std::to_string(step));
+        const auto g = gradients(a.main_grads().numel(), 700 + step) * 10;
+        if (step == 2) g[a.shard_begin() + 5] = std::numeric_limits<float>::infinity();
+        b.main_params().copy_(a.main_values());
+        for (OptimizerRun* r : {&low, &ref}) {
+          r->optimizer->zero_grad();
+          r->optimizer->domains().front()->main_grads().copy_(g);
+          r->optimizer->finalize_grads();
+        }
+        const auto codes = a.main_codes().clone(), model = a.model_params().clone();
+        low.optimizer->step(1e-3, 0.1, 1.0);
+        ref.optimizer->step(1e-3, 0.1, 1.0);
+        if (step == 2) {
+          EXPECT_TRUE(same_bits(a.main_codes(), codes) && same_bits(a.model_params(), model)) << "the skipped step";
+          continue;
+        }
+        EXPECT_TRUE(same_bits(a.model_params(), b.model_params())) << "model params";
+        EXPECT_TRUE(same_bits(a.exp_avg(), b.exp_avg()) && same_bits(a.exp_avg_sq(), b.exp_avg_sq())) << "moments";
+        const auto mine = per_param(a, a.main_codes()), theirs = per_param(b, b.main_params());
+        ASSERT_EQ(mine.size(), theirs.size());
+        for (size_t i = 0; i < mine.size(); ++i)
+          EXPECT_TRUE(same_bits(mine[i].second, te_stored(theirs[i].second, StateDtype::Fp16))) << mine[i].first;
+      }
     }
 }
 

@@ -1,4 +1,4 @@
-// The precision-aware optimizer's fp16 and fp8 Adam moments (optim/scaled_moment.h), on the CPU:
+// The precision-aware optimizer's fp16 and fp8 Adam moments (optim/scaled_state.h), on the CPU:
 // stored in 2 and 1 bytes, one scale per parameter chosen as Transformer Engine's FusedAdam
 // chooses it (the stored values compared bit for bit with TE's arithmetic written out below), a
 // skipped step leaves them alone, and the fp32 copies checkpoints hold store back to the same bits.
@@ -13,7 +13,7 @@
 #include "optim/mixed_precision_optimizer.h"
 #include "parallel/parallel_state.h"
 #include "tests/optim/lone_data_parallel_rank.h"
-#include "tests/optim/scaled_moment_reference.h"
+#include "tests/optim/scaled_state_reference.h"
 #include "tests/optim/same_bits.h"
 
 namespace fp8tron {
@@ -156,7 +156,7 @@ TEST(ScaledMoments, CheckpointCopiesStoreBackExactly) {
       auto [m_in, v_in] = r.domain().moments_to_load();
       m_in.zero_().copy_(m32);
       v_in.zero_().copy_(v32);
-      r.optimizer->adopt_loaded_moments();
+      r.optimizer->adopt_loaded_states();
       ASSERT_TRUE(same_bits(r.domain().exp_avg(), m)) << "step " << i;
       ASSERT_TRUE(same_bits(r.domain().exp_avg_sq(), v)) << "step " << i;
       const auto [m32_again, v32_again] = r.domain().moments_to_save();
@@ -172,9 +172,9 @@ TEST(ScaledMoments, GroupsStoreAsSinglePieces) {
   const std::vector<std::pair<int64_t, int64_t>> pieces = {{0, 3}, {3, 5}, {10, 2}, {12, 4}, {16, 20}, {36, 1}};
   const auto cpu = torch::TensorOptions();
   for (StateDtype dtype : {StateDtype::Fp16, StateDtype::Fp8}) {
-    ScaledMoment grouped(dtype, 40, pieces, cpu), single(dtype, 40, pieces, cpu);
+    ScaledState grouped(dtype, 40, pieces, cpu), single(dtype, 40, pieces, cpu);
     const auto groups = grouped.groups(0, pieces.size(), 8);
-    const std::vector<ScaledMoment::Group> expected = {{0, 2}, {2, 4}, {4, 5}, {5, 6}};
+    const std::vector<ScaledState::Group> expected = {{0, 2}, {2, 4}, {4, 5}, {5, 6}};
     EXPECT_EQ(groups, expected);
     torch::manual_seed(7);
     auto values = torch::randn({40}) * torch::pow(10.0, torch::randint(-6, 3, {40}).to(torch::kFloat32));

@@ -401,6 +401,7 @@ OptimizerConfig build_optimizer(const FlagValues& f) {
       f.get_bool("apply-wd-to-qk-layernorm") || f.get_string("no-weight-decay-cond-type") == "apply_wd_to_qk_layernorm";
   build_muon(f, o);
   o.precision_aware.enabled = f.get_bool("use-precision-aware-optimizer");
+  o.precision_aware.main_params = state_dtype(f.get_string("main-params-dtype"));
   o.precision_aware.exp_avg = state_dtype(f.get_string("exp-avg-dtype"));
   o.precision_aware.exp_avg_sq = state_dtype(f.get_string("exp-avg-sq-dtype"));
   return o;

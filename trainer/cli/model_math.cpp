@@ -169,7 +169,10 @@ MemoryEstimate estimate_memory(const Config& c) {
   if (d.dp_sharding == DataParallelSharding::OptimGrads && dense_shards > 1.0)
     // optim_grads: the whole weights, gathered unit by unit from the optimizer's shard of them.
     e.weights = (params + optimizer_params) * (low_precision ? 2 : 4);
-  e.main_weights = separate_main ? optimizer_params * 4 : 0;
+  // fp32, or fp16 scaled per parameter with the precision-aware optimizer's --main-params-dtype fp16.
+  const PrecisionAwareOptimizer& aware = c.optimizer.precision_aware;
+  const double main_bytes = aware.enabled && aware.main_params == StateDtype::Fp16 ? 2 : 4;
+  e.main_weights = separate_main ? optimizer_params * main_bytes : 0;
   const double grad_bytes = c.precision.grads_in_fp32 ? 4 : 2;
   e.grads = params * grad_bytes;
   // optim_grads and optim_grads_params shard the gradients (parallel/sharded_grads.h): a unit's gradients
@@ -190,8 +193,10 @@ MemoryEstimate estimate_memory(const Config& c) {
   }
   // Weights are drawn in fp32 and moved to the device before the optimizer casts them into its
   // buffers: the whole fp32 model then sits beside the weight buffer (whole even where ZeRO-3
-  // shards it afterwards) and the main weights; the gradient buffer and the states come after.
-  e.startup = params * 4 + params * (low_precision ? 2 : 4) + e.main_weights;
+  // shards it afterwards) and the main weights (fp16 ones are stored from an fp32 copy of the
+  // shard); the gradient buffer and the states come after.
+  const double fp32_main_copy = separate_main && main_bytes < 4 ? optimizer_params * 4 : 0;
+  e.startup = params * 4 + params * (low_precision ? 2 : 4) + e.main_weights + fp32_main_copy;
   // 16-bit gradients are reduced into an fp32 copy of the optimizer's shard (fp32 ones in place);
   // sharded gradients are summed into one.
   if (!c.precision.grads_in_fp32 || sharded_grads) e.grad_shard = optimizer_params * 4;

@@ -38,16 +38,20 @@ std::string check_precision_aware_optimizer(const Config& c, const FlagValues& f
     return "--use-precision-aware-optimizer supports --optimizer adam only (Megatron's rule), not " + c.optimizer.optimizer;
   if (!c.distributed.distributed_optimizer)
     return "--use-precision-aware-optimizer needs --use-distributed-optimizer (Megatron's rule)";
-  for (const char* flag : {"exp-avg-dtype", "exp-avg-sq-dtype"}) {
+  for (const char* flag : {"main-params-dtype", "exp-avg-dtype", "exp-avg-sq-dtype"}) {
     const std::string v = f.get_string(flag);
     if ((v == "fp16" || v == "fp8") && c.distributed.overlap_param_gather_with_optimizer_step)
       return std::string("--") + flag + " " + v + " with --overlap-param-gather-with-optimizer-step is not supported: "
              "states scaled per parameter are updated one whole parameter at a time, that overlap cuts parameters "
              "(use bf16 or fp32 states, or drop the overlap)";
   }
-  if (f.get_string("main-params-dtype") != "fp32")
-    return "--main-params-dtype " + f.get_string("main-params-dtype") + " is not supported by fp8tron: Transformer "
-           "Engine's per-tensor-scaled fp16 main weights are not implemented; keep fp32 (the default)";
+  if (f.get_string("main-params-dtype") == "fp16") {
+    if (c.precision.params_dtype == ParamDtype::Fp32)
+      return "--main-params-dtype fp16 needs --bf16 or --fp16: fp32 model weights are their own main weights";
+    if (f.get_bool("fp8-param-gather"))
+      return "--main-params-dtype fp16 with --fp8-param-gather is not supported by fp8tron: its FP8 weights are cast "
+             "from fp32 main weights (keep --main-params-dtype fp32)";
+  }
   if (f.get_string("main-grads-dtype") == "bf16") {
     if (f.get_bool("accumulate-allreduce-grads-in-fp32"))
       return "--main-grads-dtype bf16 contradicts --accumulate-allreduce-grads-in-fp32 (Megatron's rule): drop one";

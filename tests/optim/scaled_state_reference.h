@@ -1,5 +1,5 @@
 // Transformer Engine's FusedAdam._apply_scale written out, for tests of the precision-aware
-// optimizer's fp16/fp8 moments (optim/scaled_moment.h): amax from aminmax, a scale divided by the
+// optimizer's fp16/fp8 moments (optim/scaled_state.h): amax from aminmax, a scale divided by the
 // range held as a tensor, fp16 multiplied by the scale's reciprocal (0 for a zero scale), FP8 by
 // the quantizer's 1 / scale with a saturating cast. On the tensor's own device.
 #pragma once

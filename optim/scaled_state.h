@@ -1,10 +1,11 @@
-// An Adam moment stored in fp16 or FP8 (E4M3) with one fp32 scale per parameter, as Transformer
-// Engine's FusedAdam keeps it for Megatron's --exp-avg-dtype / --exp-avg-sq-dtype fp16 and fp8
-// (--use-precision-aware-optimizer). The update reads a parameter's moment back to fp32, steps in
-// fp32 and stores it again with a scale chosen from the new values' absolute maximum, so each
-// parameter's largest value lands on the top of the storage type's range:
+// An optimizer state stored in fp16 or FP8 (E4M3) with one fp32 scale per parameter, as
+// Transformer Engine's FusedAdam keeps its states for Megatron's --use-precision-aware-optimizer:
+// Adam's moments (--exp-avg-dtype / --exp-avg-sq-dtype fp16 and fp8) and the main weights
+// (--main-params-dtype fp16). The update reads a parameter's state back to fp32, steps in fp32 and
+// stores it again with a scale chosen from the new values' absolute maximum, so each parameter's
+// largest value lands on the top of the storage type's range:
 //  - fp16: scale = amax / 32752 (half of fp16's largest finite value, TE's headroom); stored
-//    values are v / scale rounded to nearest-even, read back as stored x scale;
+//    values are v x (1 / scale) rounded to nearest-even, read back as stored x scale;
 //  - fp8: stored values are v x (1 / scale) with scale = amax / 448, rounded to nearest-even and
 //    saturated to +-448 (E4M3's finite range), read back as stored x (1 / (1 / scale)), the
 //    dequantization factor TE's Float8Tensor keeps.
@@ -25,14 +26,14 @@
 
 namespace fp8tron {
 
-class ScaledMoment {
+class ScaledState {
  public:
   // Whether states of `dtype` are stored scaled per parameter (fp16, fp8).
   static bool scaled(StateDtype dtype) { return dtype == StateDtype::Fp16 || dtype == StateDtype::Fp8; }
 
   // `pieces`: each parameter's (offset, numel) in the moment's elements, ascending and disjoint;
   // elements outside every piece (padding) stay zero. All values start at zero.
-  ScaledMoment(StateDtype dtype, int64_t numel, std::vector<std::pair<int64_t, int64_t>> pieces,
+  ScaledState(StateDtype dtype, int64_t numel, std::vector<std::pair<int64_t, int64_t>> pieces,
                const torch::TensorOptions& device);
 
   const torch::Tensor& stored() const { return stored_; }  // fp16 or float8_e4m3fn
@@ -48,6 +49,9 @@ class ScaledMoment {
   int64_t numel(const Group& g) const;
   // The group's values in fp32 (a new tensor of numel(g) elements).
   torch::Tensor unscaled(const Group& g) const;
+  // Elements [offset, offset + numel) in fp32 on the state's device, read back as stored (zeros
+  // outside the pieces); one device operation per piece it touches.
+  torch::Tensor unscaled_range(int64_t offset, int64_t numel) const;
   // Stores `values` (fp32, numel(g) elements) with a new scale per piece from its absolute maximum;
   // where `skip` (a 0-dim device tensor, optional) is nonzero, keeps the stored values and scales
   // instead. Never waits for the device.
@@ -64,7 +68,7 @@ class ScaledMoment {
   // For the fused step (optim/scaled_adamw_kernels.h), on a CUDA device: the buffers, with the
   // scratch maxima of pieces [first, last) zeroed; and those pieces cut into chunks of at most
   // 64K elements (int64 [chunks, 3]: begin, end, piece; cached).
-  kernels::ScaledMomentBuffers kernel_buffers(size_t first, size_t last);
+  kernels::ScaledStateBuffers kernel_buffers(size_t first, size_t last);
   const torch::Tensor& kernel_chunks(size_t first, size_t last) const;
 
  private:

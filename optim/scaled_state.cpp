@@ -1,4 +1,4 @@
-#include "optim/scaled_moment.h"
+#include "optim/scaled_state.h"
 
 #include <algorithm>
 
@@ -12,10 +12,10 @@ constexpr double kFp16Range = 65504.0 / 2.0;
 constexpr double kFp8Range = 448.0;
 }  // namespace
 
-ScaledMoment::ScaledMoment(StateDtype dtype, int64_t numel, std::vector<std::pair<int64_t, int64_t>> pieces,
+ScaledState::ScaledState(StateDtype dtype, int64_t numel, std::vector<std::pair<int64_t, int64_t>> pieces,
                            const torch::TensorOptions& device)
     : dtype_(dtype), pieces_(std::move(pieces)) {
-  FP8TRON_CHECK(scaled(dtype), "ScaledMoment stores fp16 or fp8 states");
+  FP8TRON_CHECK(scaled(dtype), "ScaledState stores fp16 or fp8 states");
   int64_t end = 0;
   for (auto [offset, n] : pieces_) {
     FP8TRON_CHECK(offset >= end && n > 0 && offset + n <= numel, "scaled-moment pieces must be ascending and inside");
@@ -26,7 +26,7 @@ ScaledMoment::ScaledMoment(StateDtype dtype, int64_t numel, std::vector<std::pai
   amaxes_ = torch::zeros({int64_t(pieces_.size())}, device.dtype(torch::kFloat32));
 }
 
-std::vector<ScaledMoment::Group> ScaledMoment::groups(size_t first, size_t last, int64_t max_elements) const {
+std::vector<ScaledState::Group> ScaledState::groups(size_t first, size_t last, int64_t max_elements) const {
   std::vector<Group> out;
   for (size_t i = first; i < last; ++i) {
     const bool joins = !out.empty() && out.back().second == i &&
@@ -38,11 +38,11 @@ std::vector<ScaledMoment::Group> ScaledMoment::groups(size_t first, size_t last,
   return out;
 }
 
-int64_t ScaledMoment::numel(const Group& g) const {
+int64_t ScaledState::numel(const Group& g) const {
   return pieces_[g.second - 1].first + pieces_[g.second - 1].second - pieces_[g.first].first;
 }
 
-const torch::Tensor& ScaledMoment::lengths(const Group& g) const {
+const torch::Tensor& ScaledState::lengths(const Group& g) const {
   torch::Tensor& t = lengths_[g];
   if (!t.defined()) {
     std::vector<int64_t> sizes;
@@ -52,17 +52,31 @@ const torch::Tensor& ScaledMoment::lengths(const Group& g) const {
   return t;
 }
 
-torch::Tensor ScaledMoment::per_element(const Group& g, const torch::Tensor& per_piece) const {
+torch::Tensor ScaledState::per_element(const Group& g, const torch::Tensor& per_piece) const {
   if (g.second == g.first + 1) return per_piece.reshape({});
   return torch::repeat_interleave(per_piece, lengths(g), 0, numel(g));  // output size given: no host wait
 }
 
-torch::Tensor ScaledMoment::unscaled(const Group& g) const {
+torch::Tensor ScaledState::unscaled(const Group& g) const {
   const int64_t n = g.second - g.first;
   return stored_.narrow(0, begin(g), numel(g)).to(torch::kFloat32).mul_(per_element(g, factors_.narrow(0, g.first, n)));
 }
 
-void ScaledMoment::store(const Group& g, const torch::Tensor& values, const torch::Tensor& skip) {
+torch::Tensor ScaledState::unscaled_range(int64_t offset, int64_t numel) const {
+  torch::NoGradGuard no_grad;
+  auto out = torch::zeros({numel}, stored_.options().dtype(torch::kFloat32));
+  const int64_t end = offset + numel;
+  auto it = std::upper_bound(pieces_.begin(), pieces_.end(), offset,
+                             [](int64_t at, const std::pair<int64_t, int64_t>& p) { return at < p.first + p.second; });
+  for (; it != pieces_.end() && it->first < end; ++it) {
+    const int64_t lo = std::max(offset, it->first), hi = std::min(end, it->first + it->second);
+    const int64_t i = it - pieces_.begin();
+    out.narrow(0, lo - offset, hi - lo).copy_(stored_.narrow(0, lo, hi - lo).to(torch::kFloat32).mul_(factors_[i]));
+  }
+  return out;
+}
+
+void ScaledState::store(const Group& g, const torch::Tensor& values, const torch::Tensor& skip) {
   FP8TRON_CHECK(values.scalar_type() == torch::kFloat32 && values.numel() == numel(g), "a scaled moment stores fp32 groups");
   torch::NoGradGuard no_grad;
   const int64_t n = int64_t(g.second - g.first);
@@ -104,14 +118,14 @@ void ScaledMoment::store(const Group& g, const torch::Tensor& values, const torc
   old_amax.copy_(amax);
 }
 
-torch::Tensor ScaledMoment::checkpoint_values(size_t i) const {
+torch::Tensor ScaledState::checkpoint_values(size_t i) const {
   torch::Tensor values = unscaled(Group{i, i + 1});
   const torch::Tensor magnitude = values.abs();
   const torch::Tensor top = magnitude == magnitude.max();
   return torch::where(top, values.sign() * amaxes_[int64_t(i)], values);
 }
 
-kernels::ScaledMomentBuffers ScaledMoment::kernel_buffers(size_t first, size_t last) {
+kernels::ScaledStateBuffers ScaledState::kernel_buffers(size_t first, size_t last) {
   FP8TRON_CHECK(stored_.is_cuda() && first < last && last <= pieces_.size(), "the fused scaled step runs on CUDA pieces");
   if (!new_amaxes_.defined()) new_amaxes_ = torch::zeros_like(amaxes_);
   new_amaxes_.narrow(0, int64_t(first), int64_t(last - first)).zero_();
@@ -119,7 +133,7 @@ kernels::ScaledMomentBuffers ScaledMoment::kernel_buffers(size_t first, size_t l
           factors_.data_ptr<float>(), amaxes_.data_ptr<float>(), new_amaxes_.data_ptr<float>()};
 }
 
-const torch::Tensor& ScaledMoment::kernel_chunks(size_t first, size_t last) const {
+const torch::Tensor& ScaledState::kernel_chunks(size_t first, size_t last) const {
   static_assert(sizeof(kernels::ScaledChunk) == 3 * sizeof(int64_t), "a chunk is three int64");
   constexpr int64_t kChunk = int64_t{1} << 16;
   torch::Tensor& t = chunks_[Group{first, last}];
@@ -133,7 +147,7 @@ const torch::Tensor& ScaledMoment::kernel_chunks(size_t first, size_t last) cons
   return t;
 }
 
-torch::Tensor ScaledMoment::unscaled_copy(const torch::Device& device) const {
+torch::Tensor ScaledState::unscaled_copy(const torch::Device& device) const {
   torch::NoGradGuard no_grad;
   auto out = torch::zeros({stored_.numel()}, torch::TensorOptions().dtype(torch::kFloat32).device(device));
   for (size_t i = 0; i < pieces_.size(); ++i)
@@ -141,7 +155,7 @@ torch::Tensor ScaledMoment::unscaled_copy(const torch::Device& device) const {
   return out;
 }
 
-void ScaledMoment::store_all(const torch::Tensor& values) {
+void ScaledState::store_all(const torch::Tensor& values) {
   FP8TRON_CHECK(values.numel() == stored_.numel(), "store_all takes the whole moment");
   for (size_t i = 0; i < pieces_.size(); ++i) {
     const auto [offset, n] = pieces_[i];
