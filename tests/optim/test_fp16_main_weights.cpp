@@ -12,48 +12,16 @@
 #include <string>
 #include <vector>
 
-#include "optim/mixed_precision_optimizer.h"
-#include "parallel/parallel_state.h"
-#include "tests/optim/lone_data_parallel_rank.h"
+#include "tests/optim/precision_aware_run.h"
 #include "tests/optim/same_bits.h"
 #include "tests/optim/scaled_state_reference.h"
 
 namespace fp8tron {
 namespace {
 
-const std::vector<std::pair<std::string, std::vector<int64_t>>> kSpecs = {
-    {"embedding.word_embeddings.weight", {37, 16}},
-    {"decoder.layers.0.mlp.linear_fc1.weight", {33, 16}},
-    {"decoder.layers.0.mlp.linear_fc1.bias", {33}},
-    {"decoder.final_layernorm.weight", {16}},
-};
-
-struct AdamRun {
-  std::vector<NamedParam> params;
-  std::unique_ptr<MixedPrecisionOptimizer> optimizer;
-  OptimizerDomain& domain() const { return *optimizer->domains().front(); }
-};
-
-// bf16 model weights of different magnitudes per parameter. `dp_rank` >= 0: that rank of a
-// data-parallel group of two (its shard cuts parameters).
+// bf16 model weights of different magnitudes per parameter (so each needs its own scale).
 AdamRun make_run(StateDtype main, int dp_rank = -1, StateDtype moments = StateDtype::Fp32) {
-  AdamRun r;
-  torch::manual_seed(3);
-  double magnitude = 0.02;
-  for (const auto& [name, shape] : kSpecs) {
-    r.params.push_back({name, (torch::randn(shape) * magnitude).to(torch::kBFloat16).requires_grad_(true), {}});
-    magnitude *= 4;
-  }
-  OptimizerConfig oc;
-  oc.adam_beta2 = 0.95;
-  oc.clip_grad = 0;
-  oc.precision_aware = {true, moments, moments, main};
-  PrecisionConfig pc;
-  pc.params_dtype = ParamDtype::Bf16;
-  ParallelState state = single_process_state();
-  if (dp_rank >= 0) state.dp = std::make_shared<LoneDataParallelRank>(dp_rank);
-  r.optimizer = std::make_unique<MixedPrecisionOptimizer>(r.params, oc, pc, state, /*distributed=*/true);
-  return r;
+  return make_adam_run({{true, moments, moments, main}, ParamDtype::Bf16, dp_rank, {0.02, 0.08, 0.32, 1.28}});
 }
 
 void set_grads(AdamRun& r, int step) {

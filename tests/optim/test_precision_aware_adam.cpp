@@ -10,45 +10,14 @@
 #include <string>
 #include <vector>
 
-#include "parallel/parallel_state.h"
-#include "optim/mixed_precision_optimizer.h"
+#include "tests/optim/precision_aware_run.h"
 #include "tests/optim/same_bits.h"
 
 namespace fp8tron {
 namespace {
 
-struct Spec {
-  std::string name;
-  std::vector<int64_t> shape;
-};
-
-// Decayed weights and undecayed biases / norms (two segments), with odd sizes.
-const std::vector<Spec> kSpecs = {
-    {"embedding.word_embeddings.weight", {37, 16}},
-    {"decoder.layers.0.mlp.linear_fc1.weight", {33, 16}},
-    {"decoder.layers.0.mlp.linear_fc1.bias", {33}},
-    {"decoder.final_layernorm.weight", {16}},
-};
-
-struct AdamRun {
-  std::vector<NamedParam> params;
-  std::unique_ptr<MixedPrecisionOptimizer> optimizer;
-  const OptimizerDomain& domain() const { return *optimizer->domains().front(); }
-};
-
 AdamRun make_run(const PrecisionAwareOptimizer& pa, ParamDtype dtype = ParamDtype::Bf16) {
-  AdamRun r;
-  torch::manual_seed(3);
-  const auto torch_type = dtype == ParamDtype::Bf16 ? torch::kBFloat16 : torch::kFloat32;
-  for (const auto& s : kSpecs) r.params.push_back({s.name, (torch::randn(s.shape) * 0.05).to(torch_type).requires_grad_(true), {}});
-  OptimizerConfig oc;
-  oc.adam_beta2 = 0.95;
-  oc.clip_grad = 0;
-  oc.precision_aware = pa;
-  PrecisionConfig pc;
-  pc.params_dtype = dtype;
-  r.optimizer = std::make_unique<MixedPrecisionOptimizer>(r.params, oc, pc, single_process_state(), /*distributed=*/true);
-  return r;
+  return make_adam_run({pa, dtype});
 }
 
 // The same gradients for every run: step `step`'s, of magnitudes a step sees (a few large, some zeros).
