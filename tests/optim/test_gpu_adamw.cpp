@@ -349,9 +349,9 @@ TEST(GpuAdamW, OptimizerStepsMatchTorchKernelAndCopy) {
   }
 }
 
-// fp16/fp8 moments scaled per parameter (optim/scaled_state.h) take torch operations on the GPU
-// instead of the fused kernel: a first step gives the fp32 optimizer's main weights bit for bit
-// and stores its moments as Transformer Engine's formulas do on the device, one scale per
+// fp16/fp8 moments scaled per parameter (optim/scaled_state.h), stepped by the fused kernel on the
+// GPU: a first step gives the fp32 optimizer's main weights bit for bit and stores its moments as
+// Transformer Engine's formulas do on the device, one scale per
 // parameter (per rank's part of a parameter the shard boundary cuts); a skipped second step
 // changes nothing; the fp32 copies a checkpoint holds store back to the same bits.
 TEST(GpuAdamW, ScaledMomentsAsTransformerEngineOnTheDevice) {
