@@ -867,8 +867,7 @@ bool OptimizerDomain::scaled_adam_step(size_t segment, int64_t lo, int64_t n, co
     // writes them in its Adam kernel); a skipped step leaves them too.
     torch::Tensor model = model_params_.narrow(0, shard_begin_ + a - model_base_, len);
     torch::Tensor updated = p.to(model.scalar_type());
-    if (found_inf.defined()) updated = torch::where(found_inf.to(model.device()) != 0, model, updated);
-    model.copy_(updated);
+    model.copy_(torch::where(found_inf.to(model.device()) != 0, model, updated));
     store(scaled_main_, main_params_, p);
   };
   if (!cuda) {
