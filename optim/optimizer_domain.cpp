@@ -821,10 +821,9 @@ bool OptimizerDomain::scaled_adam_step(size_t segment, int64_t lo, int64_t n, co
   }
   if (first == last) return false;
   const bool cuda = any.stored().is_cuda();
-  // On GPUs with both moments scaled (and fp32 main weights), the fused kernel (two passes over the
-  // elements, no fp32 copies) writes the model parameters too; the torch operations below give
-  // the same bits.
-  if (scaled_exp_avg_ && scaled_exp_avg_sq_ && !scaled_main_ && cuda && !torch_adam_kernel_) {
+  // On GPUs the fused kernel (two passes over the elements, no fp32 copies) writes the model
+  // parameters too; the torch operations below give the same bits.
+  if (cuda && !torch_adam_kernel_) {
     fused_scaled_adam_step(segment, first, last, grads, lr, wd, eps, found_inf, grad_divisor);
     return separate_main_weights_ && !codes_.defined();
   }
@@ -881,17 +880,26 @@ bool OptimizerDomain::scaled_adam_step(size_t segment, int64_t lo, int64_t n, co
 void OptimizerDomain::fused_scaled_adam_step(size_t segment, size_t first, size_t last, const torch::Tensor& grads,
                                              double lr, double wd, double eps, const torch::Tensor& found_inf,
                                              const std::optional<torch::Tensor>& grad_divisor) {
-  const c10::cuda::CUDAGuard guard(main_params_.device());
-  const torch::Tensor& chunks = scaled_exp_avg_->kernel_chunks(first, last);
+  const ScaledState& any = scaled_main_ ? *scaled_main_ : scaled_exp_avg_ ? *scaled_exp_avg_ : *scaled_exp_avg_sq_;
+  const c10::cuda::CUDAGuard guard(any.stored().device());
+  const torch::Tensor& chunks = any.kernel_chunks(first, last);
   // The model copy's element of this rank's first main-weight element: the same indexing.
   torch::Tensor model;
   if (separate_main_weights_ && !codes_.defined()) model = model_params_.narrow(0, shard_begin_ - model_base_, shard_numel_);
   const auto copy_type = copy_type_of(model);
   FP8TRON_CHECK(copy_type.has_value(), "the fused step writes bf16, fp16 or fp32 model copies");
-  const kernels::ScaledAdamWStep step{main_params_.data_ptr<float>(),
-                                      grads.data_ptr<float>(),
-                                      scaled_exp_avg_->kernel_buffers(first, last),
-                                      scaled_exp_avg_sq_->kernel_buffers(first, last),
+  // A state scaled per parameter, or a plain fp32 / bf16 buffer.
+  auto buffers = [&](const std::unique_ptr<ScaledState>& scaled, const torch::Tensor& plain) -> kernels::StateBuffers {
+    if (scaled) return scaled->kernel_buffers(first, last);
+    FP8TRON_CHECK(plain.scalar_type() == torch::kFloat32 || plain.scalar_type() == torch::kBFloat16,
+                  "unscaled optimizer states are fp32 or bf16");
+    const auto type = plain.scalar_type() == torch::kFloat32 ? kernels::StateType::kFloat32 : kernels::StateType::kBFloat16;
+    return {plain.data_ptr(), type, nullptr, nullptr, nullptr};
+  };
+  const kernels::ScaledAdamWStep step{grads.data_ptr<float>(),
+                                      buffers(scaled_main_, main_params_),
+                                      buffers(scaled_exp_avg_, exp_avg_),
+                                      buffers(scaled_exp_avg_sq_, exp_avg_sq_),
                                       model.defined() ? model.data_ptr() : nullptr,
                                       *copy_type,
                                       reinterpret_cast<const kernels::ScaledChunk*>(chunks.data_ptr<int64_t>()),
@@ -901,7 +909,7 @@ void OptimizerDomain::fused_scaled_adam_step(size_t segment, size_t first, size_
   const kernels::AdamWDeviceScalars scalars{step_counts_[segment].data_ptr<float>(), found_inf.data_ptr<float>(),
                                             grad_divisor ? grad_divisor->data_ptr<float>() : nullptr};
   kernels::scaled_fused_adamw(step, scalars, {lr, config_.adam_beta1, config_.adam_beta2, eps, wd},
-                              c10::cuda::getCurrentCUDAStream(main_params_.device().index()).stream());
+                              c10::cuda::getCurrentCUDAStream(any.stored().device().index()).stream());
 }
 
 // Muon (Emerging-Optimizers' OrthogonalizedOptimizer.step with Megatron's TensorParallelMuon):

@@ -254,8 +254,9 @@ class OptimizerDomain {
   // always with scaled main weights, from the fp32 values before they are stored).
   bool scaled_adam_step(size_t segment, int64_t lo, int64_t n, const torch::Tensor& grads, double lr, double wd,
                         double eps, const torch::Tensor& found_inf, const std::optional<torch::Tensor>& grad_divisor);
-  // The fused kernel's step (optim/scaled_adamw_kernels.h) over pieces [first, last) of the
-  // scaled moments, writing the model parameters' copy where they are a buffer of their own.
+  // The fused kernel's step (optim/scaled_adamw_kernels.h) over pieces [first, last) of the scaled
+  // states (the other states plain fp32 or bf16), writing the model parameters' copy where they
+  // are a buffer of their own.
   void fused_scaled_adam_step(size_t segment, size_t first, size_t last, const torch::Tensor& grads, double lr, double wd,
                               double eps, const torch::Tensor& found_inf, const std::optional<torch::Tensor>& grad_divisor);
   // (Re)creates the zeroed moments for this rank's shard.

@@ -125,11 +125,11 @@ torch::Tensor ScaledState::checkpoint_values(size_t i) const {
   return torch::where(top, values.sign() * amaxes_[int64_t(i)], values);
 }
 
-kernels::ScaledStateBuffers ScaledState::kernel_buffers(size_t first, size_t last) {
+kernels::StateBuffers ScaledState::kernel_buffers(size_t first, size_t last) {
   FP8TRON_CHECK(stored_.is_cuda() && first < last && last <= pieces_.size(), "the fused scaled step runs on CUDA pieces");
   if (!new_amaxes_.defined()) new_amaxes_ = torch::zeros_like(amaxes_);
   new_amaxes_.narrow(0, int64_t(first), int64_t(last - first)).zero_();
-  return {stored_.data_ptr(), dtype_ == StateDtype::Fp16 ? kernels::ScaledType::kFloat16 : kernels::ScaledType::kFloat8E4M3,
+  return {stored_.data_ptr(), dtype_ == StateDtype::Fp16 ? kernels::StateType::kFloat16Scaled : kernels::StateType::kFloat8E4M3Scaled,
           factors_.data_ptr<float>(), amaxes_.data_ptr<float>(), new_amaxes_.data_ptr<float>()};
 }
 

@@ -68,7 +68,7 @@ class ScaledState {
   // For the fused step (optim/scaled_adamw_kernels.h), on a CUDA device: the buffers, with the
   // scratch maxima of pieces [first, last) zeroed; and those pieces cut into chunks of at most
   // 64K elements (int64 [chunks, 3]: begin, end, piece; cached).
-  kernels::ScaledStateBuffers kernel_buffers(size_t first, size_t last);
+  kernels::StateBuffers kernel_buffers(size_t first, size_t last);
   const torch::Tensor& kernel_chunks(size_t first, size_t last) const;
 
  private:
