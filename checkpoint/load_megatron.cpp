@@ -9,6 +9,7 @@
 #include "checkpoint/megatron/damage.h"
 #include "checkpoint/megatron/dcp_checkpoint.h"
 #include "checkpoint/megatron/megatron_checkpoint.h"
+#include "checkpoint/megatron/torch_archive.h"
 #include "checkpoint/rank_agreement.h"
 #include "checkpoint/rng_state.h"
 #include "checkpoint/saved_tensors.h"
@@ -187,6 +188,9 @@ void copy_parameters(const mg::MegatronCheckpoint& c, const TrainingState& s, bo
     log::info(strprintf(" > read %.2f MB of the checkpoint's %.2f MB of tensors on this rank", c.dcp->bytes_read() / 1e6,
                         c.dcp->tensor_bytes() / 1e6));
   }
+  if (c.legacy_optimizer_reads)
+    log::info(strprintf(" > read %.2f MB of the distributed optimizer's %.2f MB in distrib_optim.pt on this rank",
+                        c.legacy_optimizer_reads->read / 1e6, c.legacy_optimizer_reads->stored / 1e6));
   if (any_rank(s.parallel, s.device, !error.empty())) {
     if (damaged) throw ck::DamagedCheckpoint(error);
     throw UserError(!error.empty() ? error

@@ -21,17 +21,18 @@ namespace {
 constexpr const char* kPrefix = "optimizer.distributed.";
 constexpr int64_t kParamAlignment = 64;  // Megatron pads each parameter's start to 64 elements
 constexpr size_t kHeadValues = 16;       // values of a weight compared before its hash
+constexpr int64_t kLegacyPiece = 1 << 22;  // elements of a legacy buffer read at a time while searching
 
 // One flat buffer of a bucket (its main weights or a moment): a stored tensor of a torch_dist
-// checkpoint, read where asked, or a legacy file's tensor in memory.
+// checkpoint or a legacy file's tensor, either read in ranges when asked.
 struct FlatBuffer {
   std::shared_ptr<const DcpCheckpoint> dcp;
-  std::string name;      // the stored tensor (torch_dist)
-  torch::Tensor values;  // in memory (legacy)
+  std::string name;                          // the stored tensor (torch_dist), or where it is (legacy)
+  std::shared_ptr<const FlatRecord> record;  // the tensor in distrib_optim.pt (legacy)
   int64_t size = 0;
 
   torch::Tensor segment(int64_t offset, int64_t n) const {
-    return values.defined() ? values.narrow(0, offset, n) : dcp->region(name, {offset}, {n});
+    return record ? record->read(offset, n).to(torch::kFloat32) : dcp->region(name, {offset}, {n});
   }
 };
 
@@ -48,8 +49,9 @@ using Groups = std::map<std::string, std::map<std::string, Bucket>>;
 class RoundedValues {
  public:
   RoundedValues(const FlatBuffer& buffer, torch::ScalarType dtype) : buffer_(buffer), dtype_(dtype) {
-    if (buffer.values.defined()) {
-      pieces_.push_back({0, buffer.size, 0});
+    if (buffer.record) {
+      for (int64_t begin = 0; begin < buffer.size; begin += kLegacyPiece)
+        pieces_.push_back({begin, std::min(kLegacyPiece, buffer.size - begin), 0});
       return;
     }
     const DcpTensor& t = buffer.dcp->tensors().at(buffer.name);
@@ -84,7 +86,7 @@ class RoundedValues {
  private:
   struct Piece {
     int64_t begin, size;
-    size_t chunk;  // its index in the stored tensor's chunk list
+    size_t chunk;  // its index in the stored tensor's chunk list (torch_dist)
   };
   size_t piece_of(int64_t i) const {
     auto it = std::upper_bound(pieces_.begin(), pieces_.end(), i, [](int64_t v, const Piece& p) { return v < p.begin; });
@@ -93,8 +95,9 @@ class RoundedValues {
   const float* values_of(size_t k) {
     torch::Tensor& v = loaded_[k];
     if (!v.defined()) {
+      const Piece& p = pieces_[k];
       const torch::Tensor raw =
-          buffer_.values.defined() ? buffer_.values : buffer_.dcp->chunk(buffer_.name, pieces_[k].chunk).flatten();
+          buffer_.record ? buffer_.record->read(p.begin, p.size) : buffer_.dcp->chunk(buffer_.name, p.chunk).flatten();
       v = raw.to(dtype_).to(torch::kFloat32).contiguous();
     }
     return v.data_ptr<float>();
@@ -134,7 +137,7 @@ Groups read_buckets(const std::shared_ptr<const DcpCheckpoint>& dcp) {
     FlatBuffer* buffer = key == "param" ? &b.param : key == "exp_avg" ? &b.exp_avg : key == "exp_avg_sq" ? &b.exp_avg_sq : nullptr;
     if (!buffer)
       throw UserError(dcp->source() + ": the distributed optimizer's " + name + " is not Adam's; pass --no-load-optim");
-    *buffer = FlatBuffer{dcp, name, {}, entry.shape[0]};
+    *buffer = FlatBuffer{dcp, name, nullptr, entry.shape[0]};
   }
   for (const auto& [group, buckets] : groups)
     for (const auto& [name, b] : buckets) {
@@ -413,8 +416,8 @@ void place_state(std::shared_ptr<const Groups> groups, const std::vector<Candida
 }
 
 // The buffers of one legacy distrib_optim.pt into `groups`, one group per optimizer and gradient
-// buffer (and dtype) of the file.
-void add_legacy_buffers(const std::string& path, Groups& groups) {
+// buffer (and dtype) of the file, each read in ranges when asked (`tally` counts the bytes).
+void add_legacy_buffers(const std::string& path, Groups& groups, const std::shared_ptr<BytesRead>& tally) {
   if (!std::filesystem::exists(path))
     throw UserError(path + " is missing: the distributed optimizer's state of its rank lies there; copy the whole "
                     "checkpoint, or pass --no-load-optim to load the weights only");
@@ -446,8 +449,8 @@ void add_legacy_buffers(const std::string& path, Groups& groups) {
                                   std::pair{"exp_avg_sq", &Bucket::exp_avg_sq}}) {
           const PyRef t = attribute(buffers, key);
           if (!t) throw UserError(where + " lacks " + key + " (not Adam's state?); pass --no-load-optim");
-          const torch::Tensor values = archive.tensor(t, where + " " + key).flatten().to(torch::kFloat32);
-          b.*field = FlatBuffer{nullptr, "", values, values.numel()};
+          auto record = archive.flat_record(t, where + " " + key, tally);
+          b.*field = FlatBuffer{nullptr, where + " " + key, record, record->numel()};
         }
         if (b.exp_avg.size != b.param.size || b.exp_avg_sq.size != b.param.size)
           throw DamagedCheckpoint(where + ": param, exp_avg and exp_avg_sq of different sizes");
@@ -478,14 +481,26 @@ void read_distributed_optimizer_buffers(MegatronCheckpoint& out, const std::set<
   place_state(std::move(groups), all, dtype, out.dcp->source(), out);
 }
 
-void read_legacy_distributed_optimizer(const std::vector<std::string>& files, MegatronCheckpoint& out) {
+void read_legacy_distributed_optimizer(const std::vector<std::string>& files, MegatronCheckpoint& out,
+                                       const std::set<std::string>* weights_read) {
   auto groups = std::make_shared<Groups>();
-  for (const std::string& f : files) add_legacy_buffers(f, *groups);
-  torch::ScalarType dtype = torch::kFloat32;
-  const std::vector<Candidate> all = candidates(out, nullptr, &dtype);
-  if (groups->empty() || all.empty()) return;
-  place_state(std::move(groups), all, dtype, files.front(), out);
+  out.legacy_optimizer_reads = std::make_shared<BytesRead>();
+  for (const std::string& f : files) add_legacy_buffers(f, *groups, out.legacy_optimizer_reads);
+  if (groups->empty()) return;
   out.optimizer = "adam";
+  if (weights_read && weights_read->empty()) return;
+  // The legacy weights still have the names Megatron's files give MoE and MLA norms (renamed after
+  // this): the state of every one-dimensional weight is located, whatever its name becomes.
+  std::set<std::string> wanted;
+  if (weights_read) {
+    wanted = *weights_read;
+    for (const auto& [name, t] : out.tensors)
+      if (t.shape().size() == 1) wanted.insert(name);
+  }
+  torch::ScalarType dtype = torch::kFloat32;
+  const std::vector<Candidate> all = candidates(out, weights_read ? &wanted : nullptr, &dtype);
+  if (std::none_of(all.begin(), all.end(), [](const Candidate& c) { return c.wanted; })) return;
+  place_state(std::move(groups), all, dtype, files.front(), out);
 }
 
 }  // namespace fp8tron::checkpoint::megatron

@@ -26,7 +26,8 @@
 // model-parallel rank's model_optim_rng.pt (DistributedOptimizer.save_parameter_state: per
 // gradient buffer and dtype {"param", "exp_avg", "exp_avg_sq", "numel_unpadded"}, the buckets
 // concatenated without the padding at their ends; a list of those for a chained optimizer), and
-// Adam's step in model_optim_rng.pt's parameter groups. They are searched alike.
+// Adam's step in model_optim_rng.pt's parameter groups. They are searched alike, read in ranges
+// straight from the files (TorchArchive::flat_record): a file holds its rank's whole state.
 #pragma once
 #include <map>
 #include <set>
@@ -54,7 +55,9 @@ bool is_distributed_optimizer_entry(const std::string& name);
 void read_distributed_optimizer_buffers(MegatronCheckpoint& out, const std::set<std::string>* weights_read);
 
 // The same from the distrib_optim.pt files of a legacy checkpoint's model-parallel ranks (the
-// step is read from their model_optim_rng.pt files beforehand).
-void read_legacy_distributed_optimizer(const std::vector<std::string>& files, MegatronCheckpoint& out);
+// step is read from their model_optim_rng.pt files beforehand); out.legacy_optimizer_reads counts
+// the bytes read of them.
+void read_legacy_distributed_optimizer(const std::vector<std::string>& files, MegatronCheckpoint& out,
+                                       const std::set<std::string>* weights_read);
 
 }  // namespace fp8tron::checkpoint::megatron

@@ -364,12 +364,15 @@ LegacyLayout saved_legacy_layout(const std::string& path) {
 // The state of a legacy checkpoint's distributed optimizer, from each rank file's distrib_optim.pt,
 // once the weights are put together; the optimizer is refused (the weights still load) when it
 // cannot be read.
-void read_legacy_optimizer_files(const std::vector<LegacyRankFile>& files, MegatronCheckpoint& out) {
+void read_legacy_optimizer_files(const std::vector<LegacyRankFile>& files, MegatronCheckpoint& out,
+                                 const std::set<std::string>* weights_read) {
   if (!out.legacy_distributed_optimizer || !out.optimizer_refusal.empty()) return;
   std::vector<std::string> paths;
   for (const LegacyRankFile& f : files) paths.push_back(fs::path(f.path).replace_filename("distrib_optim.pt").string());
   try {
-    read_legacy_distributed_optimizer(paths, out);
+    read_legacy_distributed_optimizer(paths, out, weights_read);
+  } catch (const DamagedCheckpoint&) {
+    throw;
   } catch (const UserError& e) {
     refuse_optimizer(e.what(), out);
   }
@@ -435,12 +438,12 @@ std::vector<std::vector<MegatronCheckpoint>> legacy_parts_with_whole_experts(con
   return parts;
 }
 
-MegatronCheckpoint read_legacy(const std::string& dir) {
+MegatronCheckpoint read_legacy(const std::string& dir, const std::set<std::string>* weights_read) {
   const LegacyLayout saved = saved_legacy_layout(first_legacy_rank_file(dir));
   const std::vector<LegacyRankFile> files = legacy_rank_files(dir, saved);
   if (files.size() == 1) {
     MegatronCheckpoint out = read_legacy_file(files[0].path);
-    read_legacy_optimizer_files(files, out);
+    read_legacy_optimizer_files(files, out, weights_read);
     return out;
   }
   const bool whole_experts = experts_whole_on_tensor_ranks(saved);
@@ -455,7 +458,7 @@ MegatronCheckpoint read_legacy(const std::string& dir) {
       merge_legacy_ranks(std::move(parts), first.gated_linear_unit, first.tied_embeddings, whole_experts);
   out.path = dir;
   if (!refusal.empty()) refuse_optimizer(refusal, out);
-  read_legacy_optimizer_files(files, out);
+  read_legacy_optimizer_files(files, out, weights_read);
   return out;
 }
 
@@ -709,7 +712,7 @@ std::string format_refusal(const std::string& format, const std::string& ckpt_fo
 MegatronCheckpoint read_checkpoint(const std::string& dir, const std::string& format,
                                    const std::set<std::string>* weights_read) {
   FP8TRON_CHECK(format == "torch" || format == "torch_dist", "reading a Megatron checkpoint in format " + format);
-  MegatronCheckpoint out = format == "torch" ? read_legacy(dir) : read_dist(dir);
+  MegatronCheckpoint out = format == "torch" ? read_legacy(dir, weights_read) : read_dist(dir);
   name_moe_pre_mlp_norms(out);
   name_mla_norms(out);
   // The distributed optimizer's buffers, once the weights have fp8tron's names.

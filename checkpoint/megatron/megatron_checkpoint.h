@@ -44,6 +44,8 @@
 
 namespace fp8tron::checkpoint::megatron {
 
+struct BytesRead;  // torch_archive.h
+
 // Megatron's name for the format of checkpoint directory `dir` ("torch_dist", "torch",
 // "torch_dcp", "fsdp_dtensor", "zarr"), or "" when it is none of Megatron's.
 std::string detect_format(const std::string& dir);
@@ -107,6 +109,8 @@ struct MegatronCheckpoint {
   // A legacy checkpoint of Megatron's distributed optimizer: its state lies in the ranks'
   // distrib_optim.pt files, read once the ranks' weights are put together.
   bool legacy_distributed_optimizer = false;
+  // The bytes of those files' buffers read so far, and all they hold.
+  std::shared_ptr<BytesRead> legacy_optimizer_reads;
   // Why its optimizer state cannot be loaded (an optimizer or a layout fp8tron does not read),
   // or "": the weights still load with --no-load-optim or --finetune (the tables above then hold
   // no optimizer state).
@@ -125,8 +129,9 @@ bool split_mtp_transformer_layer(const std::string& name, std::string* head, std
 // Reads the checkpoint in `dir` (an iter_NNNNNNN directory) in `format` ("torch_dist" or "torch"):
 // a legacy one into memory; of a torch_dist one its metadata and common state, the tensors being
 // read when asked. `weights_read` (fp8tron's names; null: all) are the weights whose optimizer
-// state the caller reads: where the distributed optimizer's flat buffers hold it, only their
-// state is located (and an empty set locates none). Every problem is a UserError naming the file
+// state the caller reads: where the distributed optimizer's flat buffers hold it (torch_dist, or a
+// legacy checkpoint's distrib_optim.pt), only their state is located (and an empty set locates
+// none). Every problem is a UserError naming the file
 // and what is wrong.
 MegatronCheckpoint read_checkpoint(const std::string& dir, const std::string& format,
                                    const std::set<std::string>* weights_read = nullptr);

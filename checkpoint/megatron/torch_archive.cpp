@@ -82,8 +82,8 @@ void TorchArchive::open() {
   root_ = parse_pickle(std::string_view(static_cast<const char*>(data.get()), size), source_ + ", data.pkl");
 }
 
-// A persistent id ('storage', torch.FloatStorage, key, location, numel) as a flat tensor.
-torch::Tensor TorchArchive::storage(const PyRef& id, const std::string& what) const {
+// A persistent id ('storage', torch.FloatStorage, key, location, numel): its entry, dtype and size.
+TorchArchive::StorageRef TorchArchive::storage_ref(const PyRef& id, const std::string& what) const {
   const PyRef t = id ? id->state : nullptr;
   std::string tag, key;
   int64_t numel = 0;
@@ -94,19 +94,25 @@ torch::Tensor TorchArchive::storage(const PyRef& id, const std::string& what) co
   if (!dtype) throw UserError(source_ + ": " + what + " is stored as " + describe(t->items[1]) + ", not a supported dtype");
   const std::string record = "data/" + key;
   if (!reader_->hasRecord(record)) throw DamagedCheckpoint(source_ + ": entry " + record + " of " + what + " is missing");
-  auto out = torch::empty({numel}, torch::TensorOptions().dtype(*dtype));
-  const size_t bytes = size_t(numel) * out.element_size();
-  auto [data, size] = this->record(record, what);
+  return {record, *dtype, numel};
+}
+
+// The storage as a flat tensor.
+torch::Tensor TorchArchive::storage(const PyRef& id, const std::string& what) const {
+  const StorageRef ref = storage_ref(id, what);
+  auto out = torch::empty({ref.numel}, torch::TensorOptions().dtype(ref.dtype));
+  const size_t bytes = size_t(ref.numel) * out.element_size();
+  auto [data, size] = this->record(ref.record, what);
   if (size != bytes)
     throw DamagedCheckpoint(strprintf("%s: entry %s of %s holds %zu bytes, its %lld elements need %zu", source_.c_str(),
-                              record.c_str(), what.c_str(), size, (long long)numel, bytes));
+                              ref.record.c_str(), what.c_str(), size, (long long)ref.numel, bytes));
   std::memcpy(out.data_ptr(), data.get(), bytes);
   return out;
 }
 
-torch::Tensor TorchArchive::tensor(const PyRef& v, const std::string& what) const {
+TorchArchive::TensorView TorchArchive::view_of(const PyRef& v, const std::string& what) const {
   if (is_call_of(v, "torch._utils", "_rebuild_parameter") && v->args && !v->args->items.empty())
-    return tensor(v->args->items[0], what);
+    return view_of(v->args->items[0], what);
   // A tensor that carries Python attributes (Megatron's main weights keep `shared` and the like):
   // _rebuild_from_type_v2(rebuild, type, rebuild's args, attributes). The tensor is rebuild(*args).
   if (is_call_of(v, "torch._tensor", "_rebuild_from_type_v2") && v->args && v->args->items.size() >= 3 &&
@@ -114,25 +120,90 @@ torch::Tensor TorchArchive::tensor(const PyRef& v, const std::string& what) cons
     auto inner = make_value(PyValue::Kind::Call);
     inner->callable = v->args->items[0];
     inner->args = v->args->items[2];
-    return tensor(inner, what);
+    return view_of(inner, what);
   }
   if (!is_call_of(v, "torch._utils", "_rebuild_tensor_v2") || !v->args || v->args->items.size() < 4)
     throw UserError(source_ + ": " + what + " is not a tensor but " + describe(v));
   const auto& a = v->args->items;
-  int64_t offset = 0;
-  std::vector<int64_t> size, stride;
-  if (!a[0] || a[0]->kind != PyValue::Kind::PersistentId || !as_int(a[1], offset) || !as_int_list(a[2], size) ||
-      !as_int_list(a[3], stride) || size.size() != stride.size())
+  TensorView view{a[0], 0, {}, {}};
+  if (!a[0] || a[0]->kind != PyValue::Kind::PersistentId || !as_int(a[1], view.offset) || !as_int_list(a[2], view.size) ||
+      !as_int_list(a[3], view.stride) || view.size.size() != view.stride.size())
     throw DamagedCheckpoint(source_ + ": " + what + " is a malformed tensor " + describe(v));
-  const torch::Tensor flat = storage(a[0], what);
-  int64_t last = offset;
-  for (size_t d = 0; d < size.size(); ++d) {
-    if (size[d] == 0) return torch::empty(size, flat.options());
-    last += (size[d] - 1) * stride[d];
+  return view;
+}
+
+torch::Tensor TorchArchive::tensor(const PyRef& v, const std::string& what) const {
+  const TensorView view = view_of(v, what);
+  const torch::Tensor flat = storage(view.storage, what);
+  int64_t last = view.offset;
+  for (size_t d = 0; d < view.size.size(); ++d) {
+    if (view.size[d] == 0) return torch::empty(view.size, flat.options());
+    last += (view.size[d] - 1) * view.stride[d];
   }
-  if (offset < 0 || last >= flat.numel())
+  if (view.offset < 0 || last >= flat.numel())
     throw UserError(source_ + ": " + what + " reaches past the end of its storage");
-  return flat.as_strided(size, stride, offset).clone(at::MemoryFormat::Contiguous);
+  return flat.as_strided(view.size, view.stride, view.offset).clone(at::MemoryFormat::Contiguous);
+}
+
+std::shared_ptr<const FlatRecord> TorchArchive::flat_record(const PyRef& v, const std::string& what,
+                                                            std::shared_ptr<BytesRead> tally) const {
+  FP8TRON_CHECK(bytes_.empty(), "ranges are read from an archive in a file");
+  const TensorView view = view_of(v, what);
+  const StorageRef ref = storage_ref(view.storage, what);
+  int64_t numel = 1, expected_stride = 1;
+  for (size_t d = view.size.size(); d-- > 0;) {
+    if (view.size[d] != 1 && view.stride[d] != expected_stride)
+      throw UserError(source_ + ": " + what + " is not a contiguous tensor; fp8tron reads such buffers only whole");
+    expected_stride *= view.size[d];
+    numel *= view.size[d];
+  }
+  const int64_t element = int64_t(c10::elementSize(ref.dtype));
+  const int64_t entry_bytes = int64_t(guarded(source_, [&] { return reader_->getRecordSize(ref.record); }));
+  if (view.offset < 0 || entry_bytes != ref.numel * element || view.offset + numel > ref.numel)
+    throw DamagedCheckpoint(strprintf("%s: entry %s of %s holds %lld bytes, not the %lld elements of its storage",
+                                      source_.c_str(), ref.record.c_str(), what.c_str(), (long long)entry_bytes,
+                                      (long long)ref.numel));
+  const int64_t data = int64_t(guarded(source_, [&] { return reader_->getRecordOffset(ref.record); }));
+  auto crc = crcs_.find(ref.record);
+  if (crc == crcs_.end())
+    throw DamagedCheckpoint(source_ + ": entry " + ref.record + " (" + what + ") is not in the archive's directory");
+  tally->stored += numel * element;
+  return std::make_shared<FlatRecord>(source_, ref.record, what, data, view.offset * element, ref.dtype, numel,
+                                      crc->second, entry_bytes, std::move(tally));
+}
+
+FlatRecord::FlatRecord(std::string path, std::string entry, std::string what, int64_t entry_data, int64_t entry_offset,
+                       torch::ScalarType dtype, int64_t numel, uint32_t crc, int64_t entry_bytes,
+                       std::shared_ptr<BytesRead> tally)
+    : path_(std::move(path)), entry_(std::move(entry)), what_(std::move(what)), file_offset_(entry_data + entry_offset),
+      entry_offset_(entry_offset), dtype_(dtype), numel_(numel), crc_(crc), entry_bytes_(entry_bytes),
+      tally_(std::move(tally)) {}
+
+torch::Tensor FlatRecord::read(int64_t offset, int64_t n) const {
+  FP8TRON_CHECK(offset >= 0 && n >= 0 && offset + n <= numel_, "a range inside the flat record");
+  auto out = torch::empty({n}, torch::TensorOptions().dtype(dtype_));
+  const int64_t bytes = n * int64_t(out.element_size()), begin = offset * int64_t(out.element_size());
+  std::ifstream file(path_, std::ios::binary);
+  file.seekg(std::streamoff(file_offset_ + begin));
+  file.read(static_cast<char*>(out.data_ptr()), std::streamsize(bytes));
+  if (!file || file.gcount() != bytes)
+    throw DamagedCheckpoint(path_ + ": entry " + entry_ + " (" + what_ + ") ends early: the file is truncated; copy it "
+                            "again from the run that saved it");
+  tally_->read += bytes;
+  extend_crc(static_cast<const char*>(out.data_ptr()), entry_offset_ + begin, bytes);
+  return out;
+}
+
+// Continues the entry's CRC-32 over bytes [begin, begin + n) of the entry where they follow what it
+// covers, and checks it once it covers the whole entry.
+void FlatRecord::extend_crc(const char* bytes, int64_t begin, int64_t n) const {
+  if (begin > crc_through_ || begin + n <= crc_through_) return;
+  const int64_t skip = crc_through_ - begin;
+  running_crc_ = crc32(bytes + skip, size_t(n - skip), running_crc_);
+  crc_through_ = begin + n;
+  if (crc_through_ == entry_bytes_ && running_crc_ != crc_)
+    throw DamagedCheckpoint(path_ + ": entry " + entry_ + " (" + what_ + ") fails its CRC-32 check: the file is "
+                            "corrupted: copy it again from the run that saved it");
 }
 
 }  // namespace fp8tron::checkpoint::megatron

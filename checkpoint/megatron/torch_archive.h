@@ -2,7 +2,8 @@
 // persistent ids naming the entries data/<key>), read without Python: the pickle as a value tree
 // (pickle.h) and its tensors materialized on request. Megatron's legacy checkpoints
 // (model_optim_rng.pt) are such files, and so is every chunk of a `.distcp` file. Every entry read
-// is checked against the CRC-32 the archive stores for it (zip_crc.h).
+// whole is checked against the CRC-32 the archive stores for it (zip_crc.h); a flat tensor can
+// also be read in ranges (FlatRecord), for files too large to hold whole.
 #pragma once
 #include <torch/torch.h>
 
@@ -19,6 +20,42 @@ class PyTorchStreamReader;
 
 namespace fp8tron::checkpoint::megatron {
 
+// The bytes read of a set of FlatRecords and how many they hold in all (a load's account).
+struct BytesRead {
+  int64_t read = 0, stored = 0;
+};
+
+// A flat tensor of a torch.save file read in ranges straight from the file, never whole (the
+// distributed optimizer's distrib_optim.pt holds a model-parallel rank's whole optimizer state).
+// Its entry's CRC-32 is checked when the ranges read cover it front to back (a buffer streamed
+// from its start to its end); ranges read out of order are not checked.
+class FlatRecord {
+ public:
+  // The tensor's `numel` elements of `dtype` start `entry_offset` bytes into entry `entry` (of
+  // `entry_bytes` bytes, CRC-32 `crc`), whose data starts at byte `entry_data` of file `path`.
+  FlatRecord(std::string path, std::string entry, std::string what, int64_t entry_data, int64_t entry_offset,
+             torch::ScalarType dtype, int64_t numel, uint32_t crc, int64_t entry_bytes, std::shared_ptr<BytesRead> tally);
+  int64_t numel() const { return numel_; }
+  torch::ScalarType dtype() const { return dtype_; }
+  // Elements [offset, offset + n), a contiguous tensor of its own; DamagedCheckpoint naming the file
+  // and entry when the file is short or the entry fails its CRC-32.
+  torch::Tensor read(int64_t offset, int64_t n) const;
+
+ private:
+  void extend_crc(const char* bytes, int64_t begin, int64_t n) const;
+
+  std::string path_, entry_, what_;
+  int64_t file_offset_;      // of the tensor's first element
+  int64_t entry_offset_;     // of the tensor's first element within its entry, in bytes
+  torch::ScalarType dtype_;
+  int64_t numel_;
+  uint32_t crc_;
+  int64_t entry_bytes_;
+  std::shared_ptr<BytesRead> tally_;
+  mutable uint32_t running_crc_ = 0;
+  mutable int64_t crc_through_ = 0;  // bytes of the entry the running CRC covers
+};
+
 class TorchArchive {
  public:
   // The archive in file `path`; errors name it.
@@ -34,10 +71,28 @@ class TorchArchive {
   // torch._tensor._rebuild_from_type_v2 over a storage), as a contiguous CPU tensor that owns its
   // memory; UserError naming `what` otherwise.
   torch::Tensor tensor(const PyRef& v, const std::string& what) const;
+  // The contiguous tensor `v` rebuilds, flat, to be read in ranges (an archive read from a file
+  // only); `tally` counts its bytes. UserError naming `what` when it is not one.
+  std::shared_ptr<const FlatRecord> flat_record(const PyRef& v, const std::string& what,
+                                                std::shared_ptr<BytesRead> tally) const;
 
  private:
   void open();
+  // A storage's entry ("data/<key>"), dtype and element count; UserError naming `what` otherwise.
+  struct StorageRef {
+    std::string record;
+    torch::ScalarType dtype;
+    int64_t numel;
+  };
+  StorageRef storage_ref(const PyRef& persistent_id, const std::string& what) const;
   torch::Tensor storage(const PyRef& persistent_id, const std::string& what) const;
+  // _rebuild_tensor_v2's (storage, offset, size, stride), after the wrappers around it.
+  struct TensorView {
+    PyRef storage;
+    int64_t offset;
+    std::vector<int64_t> size, stride;
+  };
+  TensorView view_of(const PyRef& v, const std::string& what) const;
   // Entry `record`'s bytes, checked against its stored CRC-32; DamagedCheckpoint naming `what`.
   std::pair<at::DataPtr, size_t> record(const std::string& record, const std::string& what) const;
 

@@ -19,6 +19,7 @@
 #include "checkpoint/megatron/megatron_checkpoint.h"
 #include "checkpoint/megatron/pickle.h"
 #include "checkpoint/megatron/pickle_writer.h"
+#include "checkpoint/megatron/torch_archive.h"
 #include "checkpoint/megatron/torch_save_writer.h"
 #include "checkpoint/megatron/zip_crc.h"
 #include "core/error.h"
@@ -354,6 +355,48 @@ TEST(MegatronCheckpoint, DistributedOptimizerStateIsLocatedForTheWeightsARankRea
   EXPECT_EQ(weights_only.dcp->bytes_read(), 0);
   EXPECT_EQ(weights_only.optimizer, "adam");
   for (const auto& [name, t] : weights_only.tensors) EXPECT_FALSE(name.starts_with("optimizer.state.")) << name;
+}
+
+TEST(MegatronCheckpoint, LegacyDistributedOptimizerIsReadInRangesForTheWeightsARankReads) {
+  // distrib_optim.pt holds a model-parallel rank's whole optimizer state: a rank reading one
+  // weight's state scans the main weights' buffer (to find it, and the one-dimensional weights)
+  // and reads that weight's two moment segments, no more; the values are those of a read of
+  // everything, and a rank reading no state reads nothing of the file.
+  const std::string dir = kFixtures + "/gpt_dp2_distopt_torch_legacy/ckpt/iter_0000010";
+  const MegatronCheckpoint whole = read_checkpoint(dir, "torch");
+  ASSERT_TRUE(whole.legacy_optimizer_reads);
+  const int64_t stored = whole.legacy_optimizer_reads->stored;
+  EXPECT_EQ(stored, 3 * 169728 * 4);  // param, exp_avg and exp_avg_sq of one fp32 buffer
+  const std::string fc1 = "decoder.layers.1.mlp.linear_fc1.weight";
+  const std::set<std::string> one{fc1};
+  const MegatronCheckpoint part = read_checkpoint(dir, "torch", &one);
+  ASSERT_TRUE(part.step);
+  EXPECT_EQ(*part.step, 10);
+  const int64_t searched = part.legacy_optimizer_reads->read;
+  EXPECT_LE(searched, stored / 3);  // the main weights only
+  for (const char* state : {"optimizer.state.exp_avg.", "optimizer.state.exp_avg_sq."})
+    EXPECT_TRUE(torch::equal(part.tensors.at(state + fc1).read(), whole.tensors.at(state + fc1).read())) << state;
+  const int64_t numel = part.tensors.at(fc1).read().numel();
+  EXPECT_EQ(part.legacy_optimizer_reads->read - searched, 2 * numel * 4);
+  EXPECT_FALSE(part.tensors.count("optimizer.state.exp_avg.decoder.layers.0.mlp.linear_fc1.weight"));
+
+  const std::set<std::string> none;
+  const MegatronCheckpoint weights_only = read_checkpoint(dir, "torch", &none);
+  EXPECT_EQ(weights_only.legacy_optimizer_reads->read, 0);
+  EXPECT_EQ(weights_only.optimizer, "adam");
+}
+
+TEST(MegatronCheckpoint, AFlippedByteInTheDistributedOptimizersStreamedBufferIsCaught) {
+  // The main weights' buffer (entry data/0 of distrib_optim.pt) is streamed front to back by the
+  // search, so its CRC-32 is checked; a load names the file and the entry.
+  Scratch s(kFixtures + "/gpt_dp2_distopt_torch_legacy/ckpt/iter_0000010");
+  std::fstream f(s.path + "/mp_rank_00/distrib_optim.pt", std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(300000);  // inside data/0, bytes 854 to 679,888 of the file
+  f.write("garbage!", 8);
+  f.close();
+  const std::string msg = error_of([&] { read_checkpoint(s.path, "torch"); });
+  EXPECT_NE(msg.find("distrib_optim.pt: entry data/0 ("), std::string::npos) << msg;
+  EXPECT_NE(msg.find("fails its CRC-32 check"), std::string::npos) << msg;
 }
 
 TEST(MegatronCheckpoint, EqualWeightsAreOrderedAsMegatronsGradientBufferPlacesThem) {
