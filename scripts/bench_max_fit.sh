@@ -30,7 +30,9 @@ ORDER=(${FIT_SETTINGS:-none selective_core_attn_mlp full_uniform1})
 fits() {
   local log=$1; shift
   # shellcheck disable=SC2086
-  timeout 180 ./build/fp8tron --config configs/gpt-1.3b.json --train-iters 2 --log-interval 1 ${FIT_FLAGS:-} "$@" >"$log" 2>&1
+  # (--lr-decay-iters: the config's warmup must stay shorter than the decay span of two iterations.)
+  timeout 180 ./build/fp8tron --config configs/gpt-1.3b.json --train-iters 2 --lr-decay-iters 50 --log-interval 1 \
+    ${FIT_FLAGS:-} "$@" >"$log" 2>&1
   grep -q " iteration  *2/" "$log" && return 0
   grep -q "out of GPU memory" "$log" && return 1
   return 2
