@@ -159,10 +159,12 @@ std::shared_ptr<const FlatRecord> TorchArchive::flat_record(const PyRef& v, cons
   }
   const int64_t element = int64_t(c10::elementSize(ref.dtype));
   const int64_t entry_bytes = int64_t(guarded(source_, [&] { return reader_->getRecordSize(ref.record); }));
-  if (view.offset < 0 || entry_bytes != ref.numel * element || view.offset + numel > ref.numel)
+  if (entry_bytes != ref.numel * element)
     throw DamagedCheckpoint(strprintf("%s: entry %s of %s holds %lld bytes, not the %lld elements of its storage",
                                       source_.c_str(), ref.record.c_str(), what.c_str(), (long long)entry_bytes,
                                       (long long)ref.numel));
+  if (view.offset < 0 || view.offset + numel > ref.numel)
+    throw UserError(source_ + ": " + what + " reaches past the end of its storage");
   const int64_t data = int64_t(guarded(source_, [&] { return reader_->getRecordOffset(ref.record); }));
   auto crc = crcs_.find(ref.record);
   if (crc == crcs_.end())
@@ -175,7 +177,7 @@ std::shared_ptr<const FlatRecord> TorchArchive::flat_record(const PyRef& v, cons
 FlatRecord::FlatRecord(std::string path, std::string entry, std::string what, int64_t entry_data, int64_t entry_offset,
                        torch::ScalarType dtype, int64_t numel, uint32_t crc, int64_t entry_bytes,
                        std::shared_ptr<BytesRead> tally)
-    : path_(std::move(path)), entry_(std::move(entry)), what_(std::move(what)), file_offset_(entry_data + entry_offset),
+    : path_(std::move(path)), entry_(std::move(entry)), what_(std::move(what)), entry_data_(entry_data),
       entry_offset_(entry_offset), dtype_(dtype), numel_(numel), crc_(crc), entry_bytes_(entry_bytes),
       tally_(std::move(tally)) {}
 
@@ -184,7 +186,7 @@ torch::Tensor FlatRecord::read(int64_t offset, int64_t n) const {
   auto out = torch::empty({n}, torch::TensorOptions().dtype(dtype_));
   const int64_t bytes = n * int64_t(out.element_size()), begin = offset * int64_t(out.element_size());
   std::ifstream file(path_, std::ios::binary);
-  file.seekg(std::streamoff(file_offset_ + begin));
+  file.seekg(std::streamoff(entry_data_ + entry_offset_ + begin));
   file.read(static_cast<char*>(out.data_ptr()), std::streamsize(bytes));
   if (!file || file.gcount() != bytes)
     throw DamagedCheckpoint(path_ + ": entry " + entry_ + " (" + what_ + ") ends early: the file is truncated; copy it "

@@ -36,7 +36,6 @@ class FlatRecord {
   FlatRecord(std::string path, std::string entry, std::string what, int64_t entry_data, int64_t entry_offset,
              torch::ScalarType dtype, int64_t numel, uint32_t crc, int64_t entry_bytes, std::shared_ptr<BytesRead> tally);
   int64_t numel() const { return numel_; }
-  torch::ScalarType dtype() const { return dtype_; }
   // Elements [offset, offset + n), a contiguous tensor of its own; DamagedCheckpoint naming the file
   // and entry when the file is short or the entry fails its CRC-32.
   torch::Tensor read(int64_t offset, int64_t n) const;
@@ -45,8 +44,8 @@ class FlatRecord {
   void extend_crc(const char* bytes, int64_t begin, int64_t n) const;
 
   std::string path_, entry_, what_;
-  int64_t file_offset_;      // of the tensor's first element
-  int64_t entry_offset_;     // of the tensor's first element within its entry, in bytes
+  int64_t entry_data_;    // the file offset of the entry's first byte
+  int64_t entry_offset_;  // of the tensor's first element within its entry, in bytes
   torch::ScalarType dtype_;
   int64_t numel_;
   uint32_t crc_;
