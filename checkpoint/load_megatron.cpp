@@ -26,12 +26,6 @@ namespace ck = checkpoint;
 namespace mg = checkpoint::megatron;
 namespace {
 
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::vector<std::string> parts;
-  for (int64_t d : shape) parts.push_back(std::to_string(d));
-  return "[" + join(parts, ", ") + "]";
-}
-
 // The saved run's model flags against this run's: one line naming every difference.
 void check_model_args(const mg::MegatronCheckpoint& c, const ModelConfig& m) {
   const std::pair<const char*, int64_t> mine[] = {
@@ -188,6 +182,9 @@ void copy_parameters(const mg::MegatronCheckpoint& c, const TrainingState& s, bo
     log::info(strprintf(" > read %.2f MB of the checkpoint's %.2f MB of tensors on this rank", c.dcp->bytes_read() / 1e6,
                         c.dcp->tensor_bytes() / 1e6));
   }
+  if (c.legacy_tensor_reads)
+    log::info(strprintf(" > read %.2f MB of the %.2f MB of tensors in model_optim_rng.pt files on this rank",
+                        c.legacy_tensor_reads->read / 1e6, c.legacy_tensor_reads->stored / 1e6));
   if (c.legacy_optimizer_reads)
     log::info(strprintf(" > read %.2f MB of the distributed optimizer's %.2f MB in distrib_optim.pt on this rank",
                         c.legacy_optimizer_reads->read / 1e6, c.legacy_optimizer_reads->stored / 1e6));

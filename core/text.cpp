@@ -65,6 +65,12 @@ std::string join(const std::vector<std::string>& parts, const std::string& sep) 
   return out;
 }
 
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::vector<std::string> parts;
+  for (int64_t d : shape) parts.push_back(std::to_string(d));
+  return "[" + join(parts, ", ") + "]";
+}
+
 std::string human_count(double n) {
   const char* units[] = {"", " K", " M", " B", " T"};
   int u = 0;

@@ -2,6 +2,7 @@
 // fmt: LibTorch ships its own copy of its headers).
 #pragma once
 #include <cstdarg>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,9 @@ size_t edit_distance(const std::string& a, const std::string& b);
 std::string closest_match(const std::string& word, const std::vector<std::string>& candidates);
 
 std::string join(const std::vector<std::string>& parts, const std::string& sep);
+
+// A tensor's shape as "[4096, 1024]".
+std::string shape_text(const std::vector<int64_t>& shape);
 
 // "1.32 B", "124.4 M": human-readable counts; "3.25 GiB": byte sizes.
 std::string human_count(double n);

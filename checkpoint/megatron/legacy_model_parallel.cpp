@@ -150,7 +150,7 @@ MegatronCheckpoint merge_legacy_ranks(std::vector<std::vector<MegatronCheckpoint
     for (const auto& [name, t0] : ranks.front().tensors) {
       if (tied_embeddings && parts.size() > 1 && stage + 1 == parts.size() && name.ends_with("output_layer.weight"))
         continue;  // the last stage's copy of the word embeddings
-      std::vector<torch::Tensor> pieces;
+      std::vector<StoredTensor> pieces;
       for (const MegatronCheckpoint& r : ranks) {
         auto it = r.tensors.find(name);
         if (it == r.tensors.end())
@@ -158,7 +158,7 @@ MegatronCheckpoint merge_legacy_ranks(std::vector<std::vector<MegatronCheckpoint
         if (r.iteration != out.iteration)
           throw UserError(r.path + " was saved at iteration " + std::to_string(r.iteration) + ", " +
                           out.path + " at " + std::to_string(out.iteration));
-        pieces.push_back(it->second.read());
+        pieces.push_back(it->second);
       }
       int64_t local = -1;
       const std::string global = shift_layer(name, offset, local);

@@ -133,7 +133,7 @@ void read_group_steps(const PyRef& optimizer, const std::string& where, Megatron
 // ---- torch (legacy) --------------------------------------------------------------------------
 
 // Megatron's default parameter groups: weight decay for all but biases and 1-D weights.
-bool decayed(const std::string& name, const torch::Tensor& t) { return !name.ends_with(".bias") && t.dim() > 1; }
+bool decayed(const std::string& name, const StoredTensor& t) { return !name.ends_with(".bias") && t.shape().size() > 1; }
 
 // A Python bool (or int) under `v`.
 bool as_flag(const PyRef& v, bool& out) {
@@ -183,15 +183,15 @@ std::vector<LegacyGroupKind> legacy_group_kinds(const PyRef& groups) {
 }
 
 // The kind of group Megatron puts a parameter in, given which overrides the saved groups use.
-LegacyGroupKind legacy_param_kind(const std::string& name, const torch::Tensor& t, bool decoupled, bool mup) {
+LegacyGroupKind legacy_param_kind(const std::string& name, const StoredTensor& t, bool decoupled, bool mup) {
   LegacyGroupKind k;
   k.no_decay = !decayed(name, t);
   if (decoupled && is_embedding_or_output(name)) k.lr = LegacyLr::kDecoupled;
-  else if (mup && !is_mup_vector_like(name, t.dim())) k.lr = LegacyLr::kMup;
+  else if (mup && !is_mup_vector_like(name, int64_t(t.shape().size()))) k.lr = LegacyLr::kMup;
   return k;
 }
 
-using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
+using NamedTensors = std::vector<std::pair<std::string, StoredTensor>>;
 
 // torch.optim's state dict numbers the parameters group by group; each of Megatron's groups takes
 // the model's parameters of its kind in model order. Megatron's mixed-precision optimizer (bf16 and
@@ -235,8 +235,8 @@ void read_legacy_optimizer(const TorchArchive& a, PyRef optimizer, const NamedTe
         throw UserError(where + ": optimizer parameter group " + std::to_string(g) + " has fewer parameters than the "
                                 "model has of its kind");
       if (mains) {
-        torch::Tensor main = a.tensor(mains->items[next], "the fp32 main weight of " + name);
-        if (main.sizes() != tensor.sizes() || main.scalar_type() != torch::kFloat32)
+        StoredTensor main = a.stored(mains->items[next], "the fp32 main weight of " + name, out.legacy_tensor_reads);
+        if (main.shape() != tensor.shape() || main.dtype() != torch::kFloat32)
           throw UserError(where + ": the fp32 main weight of " + name + " is not an fp32 tensor of the parameter's "
                                   "shape; pass --no-load-optim");
         out.tensors[kFp32Param + name] = main;
@@ -259,8 +259,8 @@ void read_legacy_optimizer(const TorchArchive& a, PyRef optimizer, const NamedTe
     using Keys = std::vector<std::pair<const char*, const char*>>;
     for (const auto& [key, prefix] : sgd ? Keys{{"momentum_buffer", kMomentum}}
                                          : Keys{{"exp_avg", kExpAvg}, {"exp_avg_sq", kExpAvgSq}}) {
-      torch::Tensor t = a.tensor(attribute(entry, key), std::string(key) + " of " + name);
-      if (t.sizes().vec() != shape)
+      StoredTensor t = a.stored(attribute(entry, key), std::string(key) + " of " + name, out.legacy_tensor_reads);
+      if (t.shape() != shape)
         throw UserError(where + ": " + key + " of " + name + " has another shape than the parameter");
       out.tensors[prefix + name] = t;
     }
@@ -311,11 +311,13 @@ bool read_legacy_distributed_optimizer_groups(const TorchArchive& a, const PyRef
   return true;
 }
 
-// One rank's model_optim_rng.pt, with its stage's local layer numbers.
-MegatronCheckpoint read_legacy_file(const std::string& path) {
+// One rank's model_optim_rng.pt, with its stage's local layer numbers; its tensors are read when
+// asked, and `tally` counts their bytes.
+MegatronCheckpoint read_legacy_file(const std::string& path, const std::shared_ptr<BytesRead>& tally) {
   MegatronCheckpoint out;
   out.format = "torch";
   out.path = path;
+  out.legacy_tensor_reads = tally;
   TorchArchive a(out.path);
   read_common(a.root(), out.path, out);
   const PyRef model = attribute(a.root(), "model");
@@ -328,7 +330,7 @@ MegatronCheckpoint read_legacy_file(const std::string& path) {
     std::string name;
     if (!as_string(key, name)) throw UserError(out.path + ": a model state key is not a string");
     if (name.ends_with("._extra_state")) continue;
-    params.emplace_back(name, a.tensor(value, name));
+    params.emplace_back(name, a.stored(value, name, tally));
     out.tensors[fp8tron_name(name)] = params.back().second;
   }
   const PyRef optimizer = attribute(a.root(), "optimizer");
@@ -384,13 +386,14 @@ int64_t num_experts_of(const MegatronCheckpoint& c) {
 
 // parts[stage][tensor rank] of legacy rank files (sorted by stage, tensor rank, expert rank), the
 // expert-parallel ranks' files of each put together first.
-std::vector<std::vector<MegatronCheckpoint>> legacy_parts(const std::vector<LegacyRankFile>& files) {
+std::vector<std::vector<MegatronCheckpoint>> legacy_parts(const std::vector<LegacyRankFile>& files,
+                                                          const std::shared_ptr<BytesRead>& tally) {
   std::vector<std::vector<MegatronCheckpoint>> parts;
   for (size_t i = 0; i < files.size();) {
     const LegacyRankFile& f = files[i];
     std::vector<MegatronCheckpoint> experts;
     for (; i < files.size() && files[i].pp_rank == f.pp_rank && files[i].tp_rank == f.tp_rank; ++i)
-      experts.push_back(read_legacy_file(files[i].path));
+      experts.push_back(read_legacy_file(files[i].path, tally));
     if (size_t(f.pp_rank) == parts.size()) parts.emplace_back();
     if (experts.size() == 1) {
       parts.back().push_back(std::move(experts.front()));
@@ -406,11 +409,12 @@ std::vector<std::vector<MegatronCheckpoint>> legacy_parts(const std::vector<Lega
 // a stage's files do not cover every (tensor rank, expert rank) pair, so each tensor rank's part is
 // the dense tensors of a file of that tensor rank with the experts of every expert rank, each from
 // a file of that expert rank.
-std::vector<std::vector<MegatronCheckpoint>> legacy_parts_with_whole_experts(const std::vector<LegacyRankFile>& files) {
+std::vector<std::vector<MegatronCheckpoint>> legacy_parts_with_whole_experts(const std::vector<LegacyRankFile>& files,
+                                                                              const std::shared_ptr<BytesRead>& tally) {
   std::map<std::string, MegatronCheckpoint> read;
   const auto file = [&](const LegacyRankFile& f) -> const MegatronCheckpoint& {
     auto it = read.find(f.path);
-    if (it == read.end()) it = read.emplace(f.path, read_legacy_file(f.path)).first;
+    if (it == read.end()) it = read.emplace(f.path, read_legacy_file(f.path, tally)).first;
     return it->second;
   };
   int stages = 0, tensor_ranks = 0, expert_ranks = 0;
@@ -441,14 +445,15 @@ std::vector<std::vector<MegatronCheckpoint>> legacy_parts_with_whole_experts(con
 MegatronCheckpoint read_legacy(const std::string& dir, const std::set<std::string>* weights_read) {
   const LegacyLayout saved = saved_legacy_layout(first_legacy_rank_file(dir));
   const std::vector<LegacyRankFile> files = legacy_rank_files(dir, saved);
+  const auto tally = std::make_shared<BytesRead>();
   if (files.size() == 1) {
-    MegatronCheckpoint out = read_legacy_file(files[0].path);
+    MegatronCheckpoint out = read_legacy_file(files[0].path, tally);
     read_legacy_optimizer_files(files, out, weights_read);
     return out;
   }
   const bool whole_experts = experts_whole_on_tensor_ranks(saved);
   std::vector<std::vector<MegatronCheckpoint>> parts =
-      whole_experts ? legacy_parts_with_whole_experts(files) : legacy_parts(files);
+      whole_experts ? legacy_parts_with_whole_experts(files, tally) : legacy_parts(files, tally);
   std::string refusal;
   for (const auto& stage : parts)
     for (const MegatronCheckpoint& part : stage)

@@ -111,6 +111,9 @@ struct MegatronCheckpoint {
   bool legacy_distributed_optimizer = false;
   // The bytes of those files' buffers read so far, and all they hold.
   std::shared_ptr<BytesRead> legacy_optimizer_reads;
+  // A legacy checkpoint's tensors (model_optim_rng.pt: the weights, and the optimizer's state unless
+  // the distributed optimizer's): the bytes read so far, and all they hold.
+  std::shared_ptr<BytesRead> legacy_tensor_reads;
   // Why its optimizer state cannot be loaded (an optimizer or a layout fp8tron does not read),
   // or "": the weights still load with --no-load-optim or --finetune (the tables above then hold
   // no optimizer state).
@@ -127,8 +130,8 @@ bool is_model_buffer(const std::string& name);
 bool split_mtp_transformer_layer(const std::string& name, std::string* head, std::string* rest);
 
 // Reads the checkpoint in `dir` (an iter_NNNNNNN directory) in `format` ("torch_dist" or "torch"):
-// a legacy one into memory; of a torch_dist one its metadata and common state, the tensors being
-// read when asked. `weights_read` (fp8tron's names; null: all) are the weights whose optimizer
+// of either its metadata and common state (a legacy one's pickles), the tensors being read when
+// asked, each rank reading the boxes it holds. `weights_read` (fp8tron's names; null: all) are the weights whose optimizer
 // state the caller reads: where the distributed optimizer's flat buffers hold it (torch_dist, or a
 // legacy checkpoint's distrib_optim.pt), only their state is located (and an empty set locates
 // none). Every problem is a UserError naming the file

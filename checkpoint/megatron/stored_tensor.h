@@ -1,9 +1,10 @@
 // One tensor of a Megatron checkpoint under fp8tron's name: its shape and dtype known from the
 // start, its values read when asked. A torch_dist checkpoint's tensors stay on disk until a rank
 // reads the boxes it holds (a decoder layer of a stacked tensor, one expert of a stacked MoE
-// tensor, a tensor-parallel slice), so loading a large model needs no rank to hold all of it; a
-// legacy checkpoint's tensors are in memory already. A tensor put together from pieces of other
-// stored tensors (a weight's optimizer state in the distributed optimizer's flat buffers) is read
+// tensor, a tensor-parallel slice), so loading a large model needs no rank to hold all of it; so do
+// a legacy checkpoint's (each a range of its torch.save file, torch_archive.h). A tensor put
+// together from pieces of other stored tensors (a weight's optimizer state in the distributed
+// optimizer's flat buffers, a legacy tensor joined from its tensor-parallel ranks' parts) is read
 // when asked, box by box, by the function that knows where its pieces lie.
 #pragma once
 #include <torch/torch.h>

@@ -22,27 +22,62 @@ TpSplit tp_split_of(const std::string& full_name, bool gated_linear_unit) {
   return TpSplit::kReplicated;
 }
 
-torch::Tensor join_tp_parts(const std::vector<torch::Tensor>& parts, TpSplit split, const std::string& what) {
-  switch (split) {
-    case TpSplit::kColumns: return torch::cat(parts, 0);
-    case TpSplit::kRows: return torch::cat(parts, 1);
-    case TpSplit::kGatedColumns: {
-      std::vector<torch::Tensor> gates, ups;
-      for (const torch::Tensor& p : parts) {
-        auto halves = p.chunk(2, 0);
-        gates.push_back(halves[0]), ups.push_back(halves[1]);
-      }
-      gates.insert(gates.end(), ups.begin(), ups.end());
-      return torch::cat(gates, 0);
-    }
-    case TpSplit::kReplicated:
-      for (const torch::Tensor& p : parts)
-        if (p.sizes() != parts[0].sizes())
-          throw UserError("the tensor-parallel ranks hold " + what + " in different shapes; fp8tron does not know how "
-                          "Megatron split it");
-      return parts[0];
+namespace {
+
+// A run of a joined tensor along its split dimension: elements [begin, begin + length) of the
+// global tensor are [part_begin, part_begin + length) of part `part`.
+struct Run {
+  int64_t begin, length;
+  size_t part;
+  int64_t part_begin;
+};
+
+}  // namespace
+
+StoredTensor join_tp_parts(const std::vector<StoredTensor>& parts, TpSplit split, const std::string& what) {
+  FP8TRON_CHECK(!parts.empty(), "tensor-parallel parts to join");
+  const std::vector<int64_t>& first = parts[0].shape();
+  const size_t dim = split == TpSplit::kRows ? 1 : 0;
+  const int64_t halves = split == TpSplit::kGatedColumns ? 2 : 1;
+  for (const StoredTensor& p : parts) {
+    bool joins = p.dtype() == parts[0].dtype() && p.shape().size() == first.size();
+    for (size_t d = 0; joins && d < first.size(); ++d)
+      joins = p.shape()[d] == first[d] || (split != TpSplit::kReplicated && d == dim);
+    if (split != TpSplit::kReplicated) joins = joins && first.size() > dim && p.shape()[dim] % halves == 0;
+    if (!joins)
+      throw UserError("the tensor-parallel ranks hold " + what + " in shapes that do not join (" + shape_text(first) +
+                      " and " + shape_text(p.shape()) + "); fp8tron does not know how Megatron split it");
   }
-  return parts[0];
+  if (split == TpSplit::kReplicated || parts.size() == 1) return parts[0];
+  std::vector<Run> runs;
+  int64_t length = 0;
+  for (int64_t h = 0; h < halves; ++h)  // a gated unit's gate halves of every rank, then their up halves
+    for (size_t p = 0; p < parts.size(); ++p) {
+      const int64_t n = parts[p].shape()[dim] / halves;
+      runs.push_back(Run{length, n, p, h * n});
+      length += n;
+    }
+  std::vector<int64_t> shape = first;
+  shape[dim] = length;
+  const torch::ScalarType dtype = parts[0].dtype();
+  return StoredTensor(shape, dtype, parts[0].source(),
+                      [parts, runs, dim, dtype](const std::vector<int64_t>& offsets, const std::vector<int64_t>& sizes) {
+                        const int64_t lo = offsets[dim], hi = lo + sizes[dim];
+                        std::vector<torch::Tensor> pieces;
+                        for (const Run& run : runs) {
+                          const int64_t b = std::max(lo, run.begin), e = std::min(hi, run.begin + run.length);
+                          if (b >= e) continue;
+                          std::vector<int64_t> at = offsets, extent = sizes;
+                          at[dim] = run.part_begin + b - run.begin, extent[dim] = e - b;
+                          pieces.push_back(parts[run.part].read(at, extent));
+                        }
+                        if (pieces.empty()) return torch::empty(sizes, torch::TensorOptions().dtype(dtype));
+                        return pieces.size() == 1 ? pieces[0] : torch::cat(pieces, int64_t(dim));
+                      });
+}
+
+torch::Tensor join_tp_parts(const std::vector<torch::Tensor>& parts, TpSplit split, const std::string& what) {
+  return join_tp_parts(std::vector<StoredTensor>(parts.begin(), parts.end()), split, what).read();
 }
 
 torch::Tensor tp_part(const torch::Tensor& global, TpSplit split, int64_t rank, int64_t tp, const std::string& what) {

@@ -13,14 +13,19 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/megatron/stored_tensor.h"
+
 namespace fp8tron::checkpoint::megatron {
 
 enum class TpSplit { kReplicated, kColumns, kGatedColumns, kRows };
 
 TpSplit tp_split_of(const std::string& name, bool gated_linear_unit);
 
-// The global tensor from every rank's part (in rank order). UserError when replicated parts differ
-// in shape (`what` names the tensor).
+// The global tensor from every rank's part (in rank order), read when asked: a box of it reads the
+// boxes of the parts it overlaps, no more. UserError when the parts' shapes do not join (replicated
+// parts that differ, split ones that differ but along the split dimension; `what` names the tensor).
+StoredTensor join_tp_parts(const std::vector<StoredTensor>& parts, TpSplit split, const std::string& what);
+// The same of parts in memory, joined now.
 torch::Tensor join_tp_parts(const std::vector<torch::Tensor>& parts, TpSplit split, const std::string& what);
 
 // Rank `rank`'s part of `global` over `tp` ranks (a view where it can be). UserError when the split

@@ -145,18 +145,68 @@ torch::Tensor TorchArchive::tensor(const PyRef& v, const std::string& what) cons
   return flat.as_strided(view.size, view.stride, view.offset).clone(at::MemoryFormat::Contiguous);
 }
 
+int64_t TorchArchive::contiguous_numel(const TensorView& view) {
+  int64_t numel = 1;
+  for (size_t d = view.size.size(); d-- > 0;) {
+    if (view.size[d] != 1 && view.stride[d] != numel) return -1;
+    numel *= view.size[d];
+  }
+  return numel;
+}
+
+namespace {
+
+// Box [offsets, offsets + sizes) of a row-major tensor of `shape` held flat by `record`, reading
+// only its bytes where the box is one run of elements or one run per index of the first
+// dimension (a matrix's rows, or part of each row); a box cut along a third dimension reads the
+// rows of the first that it spans.
+torch::Tensor read_box(const FlatRecord& record, const std::vector<int64_t>& shape, const std::vector<int64_t>& offsets,
+                       const std::vector<int64_t>& sizes) {
+  const auto dtype = torch::TensorOptions().dtype(record.dtype());
+  if (shape.empty()) return record.read(0, 1).view({});
+  for (int64_t s : sizes)
+    if (s == 0) return torch::empty(sizes, dtype);
+  // inner[d]: the elements of one index of dimension d; cut: the last dimension the box does not span whole.
+  std::vector<int64_t> inner(shape.size(), 1);
+  for (size_t d = shape.size() - 1; d-- > 0;) inner[d] = inner[d + 1] * shape[d + 1];
+  size_t cut = 0;
+  for (size_t d = 0; d < shape.size(); ++d)
+    if (offsets[d] != 0 || sizes[d] != shape[d]) cut = d;
+  if (cut == 0) return record.read(offsets[0] * inner[0], sizes[0] * inner[0]).view(sizes);
+  if (cut == 1)
+    return record.read_blocks(offsets[0] * inner[0] + offsets[1] * inner[1], sizes[1] * inner[1], inner[0], sizes[0])
+        .view(sizes);
+  std::vector<int64_t> rows = shape;
+  rows[0] = sizes[0];
+  torch::Tensor box = record.read(offsets[0] * inner[0], sizes[0] * inner[0]).view(rows);
+  for (size_t d = 1; d < shape.size(); ++d) box = box.narrow(int64_t(d), offsets[d], sizes[d]);
+  return box.contiguous();
+}
+
+}  // namespace
+
+StoredTensor TorchArchive::stored(const PyRef& v, const std::string& what, std::shared_ptr<BytesRead> tally) const {
+  const TensorView view = view_of(v, what);
+  if (!bytes_.empty() || contiguous_numel(view) < 0) {
+    torch::Tensor t = tensor(v, what);
+    tally->stored += int64_t(t.nbytes()), tally->read += int64_t(t.nbytes());
+    return t;
+  }
+  std::shared_ptr<const FlatRecord> record = flat_record(v, what, std::move(tally));
+  return StoredTensor(view.size, record->dtype(), source_ + ":" + what,
+                      [record, shape = view.size](const std::vector<int64_t>& offsets, const std::vector<int64_t>& sizes) {
+                        return read_box(*record, shape, offsets, sizes);
+                      });
+}
+
 std::shared_ptr<const FlatRecord> TorchArchive::flat_record(const PyRef& v, const std::string& what,
                                                             std::shared_ptr<BytesRead> tally) const {
   FP8TRON_CHECK(bytes_.empty(), "ranges are read from an archive in a file");
   const TensorView view = view_of(v, what);
   const StorageRef ref = storage_ref(view.storage, what);
-  int64_t numel = 1, expected_stride = 1;
-  for (size_t d = view.size.size(); d-- > 0;) {
-    if (view.size[d] != 1 && view.stride[d] != expected_stride)
-      throw UserError(source_ + ": " + what + " is not a contiguous tensor; fp8tron reads such buffers only whole");
-    expected_stride *= view.size[d];
-    numel *= view.size[d];
-  }
+  const int64_t numel = contiguous_numel(view);
+  if (numel < 0)
+    throw UserError(source_ + ": " + what + " is not a contiguous tensor; fp8tron reads such buffers only whole");
   const int64_t element = int64_t(c10::elementSize(ref.dtype));
   const int64_t entry_bytes = int64_t(guarded(source_, [&] { return reader_->getRecordSize(ref.record); }));
   if (entry_bytes != ref.numel * element)
@@ -193,6 +243,25 @@ torch::Tensor FlatRecord::read(int64_t offset, int64_t n) const {
                             "again from the run that saved it");
   tally_->read += bytes;
   extend_crc(static_cast<const char*>(out.data_ptr()), entry_offset_ + begin, bytes);
+  return out;
+}
+
+torch::Tensor FlatRecord::read_blocks(int64_t first, int64_t block, int64_t stride, int64_t count) const {
+  if (count <= 1 || block == stride) return read(first, block * count);
+  FP8TRON_CHECK(first >= 0 && block >= 0 && stride > block && first + (count - 1) * stride + block <= numel_,
+                "blocks inside the flat record");
+  auto out = torch::empty({count * block}, torch::TensorOptions().dtype(dtype_));
+  const int64_t element = int64_t(out.element_size());
+  std::ifstream file(path_, std::ios::binary);
+  char* to = static_cast<char*>(out.data_ptr());
+  for (int64_t i = 0; i < count; ++i, to += block * element) {
+    file.seekg(std::streamoff(entry_data_ + entry_offset_ + (first + i * stride) * element));
+    file.read(to, std::streamsize(block * element));
+    if (!file || file.gcount() != block * element)
+      throw DamagedCheckpoint(path_ + ": entry " + entry_ + " (" + what_ + ") ends early: the file is truncated; copy "
+                              "it again from the run that saved it");
+  }
+  tally_->read += count * block * element;
   return out;
 }
 

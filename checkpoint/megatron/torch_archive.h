@@ -2,8 +2,9 @@
 // persistent ids naming the entries data/<key>), read without Python: the pickle as a value tree
 // (pickle.h) and its tensors materialized on request. Megatron's legacy checkpoints
 // (model_optim_rng.pt) are such files, and so is every chunk of a `.distcp` file. Every entry read
-// whole is checked against the CRC-32 the archive stores for it (zip_crc.h); a flat tensor can
-// also be read in ranges (FlatRecord), for files too large to hold whole.
+// whole is checked against the CRC-32 the archive stores for it (zip_crc.h); a contiguous tensor
+// can also be read in ranges (FlatRecord) or as boxes (stored()), for files too large to hold
+// whole and for ranks that hold only part of a tensor.
 #pragma once
 #include <torch/torch.h>
 
@@ -13,6 +14,7 @@
 #include <utility>
 
 #include "checkpoint/megatron/pickle.h"
+#include "checkpoint/megatron/stored_tensor.h"
 
 namespace caffe2::serialize {
 class PyTorchStreamReader;
@@ -36,9 +38,13 @@ class FlatRecord {
   FlatRecord(std::string path, std::string entry, std::string what, int64_t entry_data, int64_t entry_offset,
              torch::ScalarType dtype, int64_t numel, uint32_t crc, int64_t entry_bytes, std::shared_ptr<BytesRead> tally);
   int64_t numel() const { return numel_; }
+  torch::ScalarType dtype() const { return dtype_; }
   // Elements [offset, offset + n), a contiguous tensor of its own; DamagedCheckpoint naming the file
   // and entry when the file is short or the entry fails its CRC-32.
   torch::Tensor read(int64_t offset, int64_t n) const;
+  // `count` blocks of `block` elements, the first at element `first`, each `stride` after the one
+  // before, in one tensor of count x block elements (a box of a matrix's columns: one block per row).
+  torch::Tensor read_blocks(int64_t first, int64_t block, int64_t stride, int64_t count) const;
 
  private:
   void extend_crc(const char* bytes, int64_t begin, int64_t n) const;
@@ -74,6 +80,10 @@ class TorchArchive {
   // only); `tally` counts its bytes. UserError naming `what` when it is not one.
   std::shared_ptr<const FlatRecord> flat_record(const PyRef& v, const std::string& what,
                                                 std::shared_ptr<BytesRead> tally) const;
+  // The tensor `v` rebuilds, its shape and dtype known now, its boxes read from the file when asked
+  // (only the bytes of the box; the entry's CRC-32 is checked when a read covers it front to back);
+  // a tensor that is not contiguous in its storage is read now. `tally` counts the bytes.
+  StoredTensor stored(const PyRef& v, const std::string& what, std::shared_ptr<BytesRead> tally) const;
 
  private:
   void open();
@@ -92,6 +102,8 @@ class TorchArchive {
     std::vector<int64_t> size, stride;
   };
   TensorView view_of(const PyRef& v, const std::string& what) const;
+  // Its element count where it is contiguous (row-major) in its storage, else -1.
+  static int64_t contiguous_numel(const TensorView& view);
   // Entry `record`'s bytes, checked against its stored CRC-32; DamagedCheckpoint naming `what`.
   std::pair<at::DataPtr, size_t> record(const std::string& record, const std::string& what) const;
 

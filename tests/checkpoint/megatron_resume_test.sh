@@ -110,6 +110,9 @@ else
 fi
 resume mla_torch_dist  # multi-latent attention: the latents' norms under Megatron's local names
 resume gpt_tp2pp2_torch_legacy  # the same run in Megatron's legacy format: four rank files
+# "<MB read>" of the tensors in a legacy load's rank files (its first rank's line).
+legacy_read() { sed -nE "s/.* > read ([0-9.]+) MB of the [0-9.]+ MB of tensors in model_optim_rng.pt.*/\1/p" "$1" | head -1; }
+legacy_whole=$(legacy_read "$WORK/gpt_tp2pp2_torch_legacy.log")
 resume llama_tp2_torch_dist
 resume gpt_dp2_distopt_torch_dist  # the distributed optimizer's flat buffers
 # ... saved by eight ranks (TP2 x PP2 x DP2): each tensor- and pipeline-parallel rank's buffers
@@ -226,6 +229,16 @@ if [ -n "$MPIRUN" ]; then
     echo "ok: a damaged chunk read by one rank stops every rank before anything is loaded"
   fi
   resume gpt_tp2pp2_torch_legacy --tensor-model-parallel-size 2
+  # Each tensor-parallel rank reads its halves of the rank files' tensors (the replicated norms and
+  # biases whole): about half of what one process reads.
+  half=$(legacy_read "$WORK/gpt_tp2pp2_torch_legacy.log")
+  if [ -z "$legacy_whole" ] || [ -z "$half" ] ||
+     ! awk -v w="$legacy_whole" -v h="$half" 'BEGIN { exit !(h > 0 && h < 0.55 * w) }'; then
+    echo "FAIL: a tensor-parallel rank should read about half the legacy files' bytes one process reads ($half of $legacy_whole MB)"
+    fail=1
+  else
+    echo "ok: a tensor-parallel rank reads its part of the legacy files ($half of the $legacy_whole MB one process reads)"
+  fi
   resume llama_tp2_torch_dist --tensor-model-parallel-size 2
   resume gpt_dp2_distopt_torch_dist --use-distributed-optimizer
   resume llama_tp2pp2_distopt_torch_dist --tensor-model-parallel-size 2 --use-distributed-optimizer

@@ -442,6 +442,43 @@ TEST(MegatronCheckpoint, LegacyRanksPutTogetherEqualTheDistributedCheckpointOfTh
   }
 }
 
+TEST(MegatronCheckpoint, LegacyTensorsAreReadAsTheBoxesARankHolds) {
+  // Reading the four rank files of a TP2 x PP2 legacy checkpoint reads none of their tensors; a
+  // rank then reads the bytes of the boxes it holds, no more, whether its layout is the saved one
+  // (half of a tensor: one rank file's part) or another (a quarter: part of a part; rows of a
+  // row-parallel weight cut along its columns), and the values are those of the same run's
+  // torch_dist checkpoint.
+  const MegatronCheckpoint legacy =
+      read_checkpoint(kFixtures + "/gpt_tp2pp2_torch_legacy/ckpt/iter_0000010", "torch");
+  const MegatronCheckpoint dist = read_checkpoint(kFixtures + "/gpt_tp2pp2_torch_dist/ckpt/iter_0000010", "torch_dist");
+  ASSERT_TRUE(legacy.legacy_tensor_reads);
+  const BytesRead& reads = *legacy.legacy_tensor_reads;
+  EXPECT_EQ(reads.read, 0);
+  int64_t held = 0;
+  for (const auto& [name, t] : legacy.tensors) held += t.numel() * 4;  // fp32
+  EXPECT_GT(reads.stored, held);  // and the last stage's copy of the embeddings, not put together
+  struct Box {
+    std::string name;
+    std::vector<int64_t> offsets, sizes;
+  };
+  const std::string layer = "decoder.layers.1.";
+  const std::vector<Box> boxes = {
+      {layer + "self_attention.linear_qkv.weight", {96, 0}, {96, 64}},           // TP2 rank 1: one file's part
+      {layer + "mlp.linear_fc1.weight", {64, 0}, {64, 64}},                      // TP4 rank 1: half of rank 0's
+      {layer + "self_attention.linear_proj.weight", {0, 16}, {64, 16}},          // TP4 rank 1: its columns
+      {"optimizer.state.exp_avg_sq." + layer + "mlp.linear_fc2.weight", {0, 32}, {64, 128}},  // TP2 rank 1
+      {"optimizer.state.exp_avg." + layer + "mlp.linear_fc2.weight", {0, 0}, {64, 256}},      // the whole
+      {layer + "self_attention.linear_qkv.layer_norm_weight", {0}, {64}},
+  };
+  for (const Box& box : boxes) {
+    SCOPED_TRACE(box.name);
+    const int64_t before = reads.read;
+    const torch::Tensor t = legacy.tensors.at(box.name).read(box.offsets, box.sizes);
+    EXPECT_EQ(reads.read - before, t.numel() * 4);
+    EXPECT_TRUE(torch::equal(t, dist.tensors.at(box.name).read(box.offsets, box.sizes)));
+  }
+}
+
 TEST(MegatronCheckpoint, LegacyRanksJoinGatedColumnsRowsAndStages) {
   // Two stages of one layer each, two tensor-parallel ranks: a SwiGLU fc1 is [gate; up] on each
   // rank, so the global one is both ranks' gates, then both ranks' ups.
@@ -466,6 +503,10 @@ TEST(MegatronCheckpoint, LegacyRanksJoinGatedColumnsRowsAndStages) {
                            torch::tensor({{20.f, 30.f}})));
   EXPECT_TRUE(torch::equal(out.tensors.at("decoder.layers.1.mlp.linear_fc1.layer_norm_weight").read(), torch::tensor({7.f})));
   EXPECT_FALSE(out.tensors.count("output_layer.weight"));
+  // A box across the ranks' parts reads each part's piece of it: rows 1-2 are rank 1's gate row and
+  // rank 0's up row.
+  EXPECT_TRUE(torch::equal(out.tensors.at("decoder.layers.0.mlp.linear_fc1.weight").read({1, 0}, {2, 1}).view({-1}),
+                           torch::tensor({10.f, 1.f})));
   const MegatronCheckpoint untied = merge_legacy_ranks(parts, false, /*tied_embeddings=*/false);
   EXPECT_TRUE(torch::equal(untied.tensors.at("output_layer.weight").read(), torch::tensor({{20.f}, {30.f}})));
   EXPECT_TRUE(torch::equal(untied.tensors.at("decoder.layers.0.mlp.linear_fc1.weight").read().view({-1}),
@@ -539,7 +580,8 @@ TEST(MegatronCheckpoint, AFlippedByteInATensorIsCaughtByItsEntrysCrc) {
   f.seekp(60000);  // inside data/0, the word embeddings
   f.write("garbage!", 8);
   f.close();
-  const std::string msg = error_of([&] { read_checkpoint(s.path, "torch"); });
+  const MegatronCheckpoint c = read_checkpoint(s.path, "torch");  // reads no tensor yet
+  const std::string msg = error_of([&] { c.tensors.at("embedding.word_embeddings.weight").read(); });
   EXPECT_NE(msg.find("model_optim_rng.pt: entry data/0 (embedding.word_embeddings.weight) fails its CRC-32 check"),
             std::string::npos)
       << msg;
