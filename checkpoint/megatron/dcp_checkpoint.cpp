@@ -111,9 +111,43 @@ DcpCheckpoint::DcpCheckpoint(const std::string& dir, int64_t kept_chunk_bytes)
       t.chunks.push_back(std::move(chunk));
     }
     check_tiling(t, path + ": tensor " + fqn);
+    t.stored_shape = t.shape;
     tensors_[fqn] = std::move(t);
   }
   check_files();
+  view_flattened_states_as_weights();
+}
+
+// A state optimizer.state.<state>.<key> stored with one axis more than the weight <key>, whose
+// leading sizes divide the weight's and whose last is the elements of one such chunk, is stored
+// flattened (Megatron's nd_flattened_tensor_reformulated_global_shape); the weight's chunk along
+// each axis is its size over that count.
+void DcpCheckpoint::view_flattened_states_as_weights() {
+  static const std::string kState = "optimizer.state.";
+  for (auto& [name, t] : tensors_) {
+    if (!name.starts_with(kState)) continue;
+    const size_t dot = name.find('.', kState.size());
+    if (dot == std::string::npos) continue;
+    auto weight = tensors_.find(name.substr(dot + 1));
+    if (weight == tensors_.end() || !weight->second.chunk.empty()) continue;
+    const std::vector<int64_t>& shape = weight->second.shape;
+    if (t.shape.size() != shape.size() + 1) continue;
+    std::vector<int64_t> chunk(shape.size());
+    int64_t elements = 1;
+    bool flattened = true;
+    for (size_t d = 0; d < shape.size() && flattened; ++d) {
+      flattened = t.shape[d] > 0 && shape[d] % t.shape[d] == 0;
+      if (flattened) chunk[d] = shape[d] / t.shape[d], elements *= chunk[d];
+    }
+    if (!flattened || elements != t.shape.back()) continue;
+    for (const DcpChunk& c : t.chunks)
+      for (size_t d = 0; d < shape.size(); ++d)
+        if (c.sizes[d] != 1)
+          throw DamagedCheckpoint(dir_ + "/.metadata: " + name + " is stored flattened as Megatron's distributed "
+                                  "optimizer stores it, but a chunk spans several of the weight's chunks");
+    t.chunk = std::move(chunk);
+    t.shape = shape;
+  }
 }
 
 void DcpCheckpoint::check_present(const DcpStorage& s, const std::string& what) const {
@@ -166,8 +200,46 @@ torch::Tensor DcpCheckpoint::box(const std::string& name, const std::vector<int6
                                  const std::vector<int64_t>& sizes, bool keep_chunks) const {
   auto it = tensors_.find(name);
   FP8TRON_CHECK(it != tensors_.end(), "reading tensor " + name + " absent from a distributed checkpoint");
-  const DcpTensor& t = it->second;
-  FP8TRON_CHECK(offsets.size() == t.shape.size() && sizes.size() == t.shape.size(), "a box of another rank");
+  FP8TRON_CHECK(offsets.size() == it->second.shape.size() && sizes.size() == it->second.shape.size(),
+                "a box of another rank");
+  return it->second.chunk.empty() ? stored_box(name, offsets, sizes, keep_chunks)
+                                  : model_space_box(name, offsets, sizes, keep_chunks);
+}
+
+torch::Tensor DcpCheckpoint::model_space_box(const std::string& name, const std::vector<int64_t>& offsets,
+                                             const std::vector<int64_t>& sizes, bool keep_chunks) const {
+  const DcpTensor& t = tensors_.at(name);
+  const size_t rank = t.shape.size();
+  auto out = torch::empty(sizes, torch::TensorOptions().dtype(t.dtype));
+  if (out.numel() == 0) return out;
+  // Every model-parallel chunk the box overlaps, its index counted up axis by axis from the first.
+  std::vector<int64_t> first(rank), last(rank);
+  for (size_t d = 0; d < rank; ++d)
+    first[d] = offsets[d] / t.chunk[d], last[d] = (offsets[d] + sizes[d] - 1) / t.chunk[d];
+  std::vector<int64_t> index = first;
+  while (true) {
+    std::vector<int64_t> at(index), extent(rank, 1);
+    at.push_back(0), extent.push_back(t.stored_shape.back());
+    torch::Tensor from = stored_box(name, at, extent, keep_chunks).view(t.chunk), to = out;
+    for (size_t d = 0; d < rank; ++d) {
+      const int64_t lo = std::max(offsets[d], index[d] * t.chunk[d]);
+      const int64_t hi = std::min(offsets[d] + sizes[d], (index[d] + 1) * t.chunk[d]);
+      from = from.narrow(int64_t(d), lo - index[d] * t.chunk[d], hi - lo);
+      to = to.narrow(int64_t(d), lo - offsets[d], hi - lo);
+    }
+    to.copy_(from);
+    size_t d = rank;
+    while (d > 0 && index[d - 1] == last[d - 1]) index[d - 1] = first[d - 1], --d;
+    if (d == 0) return out;
+    ++index[d - 1];
+  }
+}
+
+torch::Tensor DcpCheckpoint::stored_box(const std::string& name, const std::vector<int64_t>& offsets,
+                                        const std::vector<int64_t>& sizes, bool keep_chunks) const {
+  const DcpTensor& t = tensors_.at(name);
+  FP8TRON_CHECK(offsets.size() == t.stored_shape.size() && sizes.size() == t.stored_shape.size(),
+                "a box of a stored tensor");
   const int64_t use = ++uses_;
   auto out = torch::empty(sizes, torch::TensorOptions().dtype(t.dtype));
   int64_t covered = 0;

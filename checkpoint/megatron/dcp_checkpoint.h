@@ -27,7 +27,15 @@ struct DcpChunk {
 struct DcpTensor {
   std::vector<int64_t> shape;
   torch::ScalarType dtype = torch::kFloat32;
-  std::vector<DcpChunk> chunks;
+  std::vector<DcpChunk> chunks;  // boxes of the stored tensor (of stored_shape)
+  std::vector<int64_t> stored_shape;
+  // Megatron's flattened optimizer states (the distributed optimizer's fully_sharded_model_space
+  // layout, Megatron-Core up to 0.14's default): each data-parallel rank stores its range of a
+  // weight's model-parallel chunk flattened, and Megatron's torch_dist strategy stores them as one
+  // tensor of stored_shape (the weight's chunks along each axis..., the elements of one chunk).
+  // `shape` is the weight's then, and `chunk` the shape of one model-parallel chunk; empty for a
+  // tensor stored as it is.
+  std::vector<int64_t> chunk;
 };
 
 class DcpCheckpoint {
@@ -69,6 +77,14 @@ class DcpCheckpoint {
   torch::Tensor read_chunk(const std::string& name, const DcpChunk& c) const;
   torch::Tensor box(const std::string& name, const std::vector<int64_t>& offsets, const std::vector<int64_t>& sizes,
                     bool keep_chunks) const;
+  // box() of the stored tensor, in its own coordinates.
+  torch::Tensor stored_box(const std::string& name, const std::vector<int64_t>& offsets,
+                           const std::vector<int64_t>& sizes, bool keep_chunks) const;
+  // box() of a flattened optimizer state (DcpTensor::chunk), from the model-parallel chunks it overlaps.
+  torch::Tensor model_space_box(const std::string& name, const std::vector<int64_t>& offsets,
+                                const std::vector<int64_t>& sizes, bool keep_chunks) const;
+  // Gives Megatron's flattened optimizer states their weights' shapes (DcpTensor::chunk).
+  void view_flattened_states_as_weights();
 
   std::string dir_;
   int64_t kept_chunk_bytes_;

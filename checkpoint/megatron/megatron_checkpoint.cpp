@@ -525,10 +525,10 @@ void add_layer_tensors(const std::shared_ptr<const DcpCheckpoint>& dcp, const st
 void read_optimizer_common(PyRef optimizer, const TorchArchive& common, MegatronCheckpoint& out) {
   std::string layout;
   if (as_string(attribute(optimizer, "param_state_sharding_type"), layout) && layout != "dp_reshardable" &&
-      layout != "fully_reshardable")
+      layout != "fully_reshardable" && layout != "fully_sharded_model_space")
     throw UserError(common.source() + ": the distributed optimizer's state is in Megatron's " + layout +
-                    " layout, which fp8tron does not read (it reads dp_reshardable and fully_reshardable); pass "
-                    "--no-load-optim to load the weights");
+                    " layout, which fp8tron does not read (it reads dp_reshardable, fully_reshardable and "
+                    "fully_sharded_model_space); pass --no-load-optim to load the weights");
   if (attribute(optimizer, "optimizer")) {
     read_grad_scaler(attribute(optimizer, "grad_scaler"), common, out);
     optimizer = attribute(optimizer, "optimizer");
@@ -575,7 +575,10 @@ MegatronCheckpoint read_dist(const std::string& dir) {
   const auto stored = std::make_shared<const DcpCheckpoint>(dir);
   const DcpCheckpoint& dcp = *stored;
   out.dcp = stored;
-  auto common = dcp.object("common_state");
+  // Megatron-Core up to 0.18 saves the common state in common.pt beside the .distcp files, later
+  // versions inside the distributed checkpoint.
+  const std::string common_file = dir + "/common.pt";
+  auto common = fs::exists(common_file) ? std::make_unique<TorchArchive>(common_file) : dcp.object("common_state");
   PyRef root = common->root();
   if (root && root->kind == PyValue::Kind::List && root->items.size() == 1) root = root->items[0];
   read_common(root, common->source(), out);

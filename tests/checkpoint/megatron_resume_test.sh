@@ -115,6 +115,8 @@ legacy_read() { sed -nE "s/.* > read ([0-9.]+) MB of the [0-9.]+ MB of tensors i
 legacy_whole=$(legacy_read "$WORK/gpt_tp2pp2_torch_legacy.log")
 resume llama_tp2_torch_dist
 resume gpt_dp2_distopt_torch_dist  # the distributed optimizer's flat buffers
+# Megatron-Core 0.13's layout: common.pt, the distributed optimizer's flattened per-weight state
+resume gpt_tp2dp2_distopt_core_0_13
 # ... saved by eight ranks (TP2 x PP2 x DP2): each tensor- and pipeline-parallel rank's buffers
 # hold its parts of the weights (a SwiGLU fc1's gate and up halves split apart).
 resume llama_tp2pp2_distopt_torch_dist
@@ -240,6 +242,8 @@ if [ -n "$MPIRUN" ]; then
     echo "ok: a tensor-parallel rank reads its part of the legacy files ($half of the $legacy_whole MB one process reads)"
   fi
   resume llama_tp2_torch_dist --tensor-model-parallel-size 2
+  resume gpt_tp2dp2_distopt_core_0_13 --tensor-model-parallel-size 2
+  resume gpt_tp2dp2_distopt_core_0_13 --use-distributed-optimizer
   resume gpt_dp2_distopt_torch_dist --use-distributed-optimizer
   resume llama_tp2pp2_distopt_torch_dist --tensor-model-parallel-size 2 --use-distributed-optimizer
   resume llama_tp2pp2_distopt_torch_dist --pipeline-model-parallel-size 2

@@ -543,15 +543,48 @@ TEST(MegatronCheckpoint, DistributedOptimizerInItsFullyReshardableLayoutAndOther
   EXPECT_TRUE(torch::equal(c.tensors.at("optimizer.state.exp_avg_sq.w").read(), c.tensors.at("w").read() * 3));
   // Another layout: the weights still load (--no-load-optim); a load of the optimizer state is
   // refused with this line.
-  write_distributed_optimizer_checkpoint(dir.path, "fully_sharded_model_space");
+  write_distributed_optimizer_checkpoint(dir.path, "dp_zero_gather_scatter");
   const MegatronCheckpoint other = read_checkpoint(dir.path, "torch_dist");
   const std::string& msg = other.optimizer_refusal;
-  EXPECT_NE(msg.find("in Megatron's fully_sharded_model_space layout, which fp8tron does not read"), std::string::npos)
+  EXPECT_NE(msg.find("in Megatron's dp_zero_gather_scatter layout, which fp8tron does not read"), std::string::npos)
       << msg;
   EXPECT_NE(msg.find("--no-load-optim"), std::string::npos) << msg;
   EXPECT_FALSE(other.step);
   EXPECT_EQ(other.tensors.size(), 1u);
   EXPECT_TRUE(torch::equal(other.tensors.at("w").read(), c.tensors.at("w").read()));
+}
+
+TEST(MegatronCheckpoint, MegatronCore013sCommonFileAndFlattenedDistributedOptimizerStateAreRead) {
+  // gpt_torch_dist's state as Megatron-Core 0.13 saves it from TP2 x DP2 ranks with the
+  // distributed optimizer: the common state in common.pt, each weight's fp32 copy and moments
+  // stored flattened per data-parallel rank (fully_sharded_model_space, chunks of shape (layers,
+  // tensor-parallel parts, ..., elements of a part)). Read as the weights' shapes, they are the
+  // tensors of the run it came from.
+  const std::string dir = kFixtures + "/gpt_tp2dp2_distopt_core_0_13/ckpt/iter_0000010";
+  const MegatronCheckpoint c = read_checkpoint(dir, "torch_dist");
+  const MegatronCheckpoint source = read_checkpoint(kDist, "torch_dist");
+  EXPECT_EQ(c.iteration, 10);
+  ASSERT_TRUE(c.step);
+  EXPECT_EQ(*c.step, 10);
+  EXPECT_EQ(c.optimizer, "adam");
+  EXPECT_EQ(c.optimizer_refusal, "");
+  EXPECT_EQ(c.model_args.at("num_layers"), 2);
+  int compared = 0;
+  for (const auto& [name, t] : source.tensors) {
+    ASSERT_TRUE(c.tensors.count(name)) << name;
+    EXPECT_TRUE(torch::equal(c.tensors.at(name).read(), t.read())) << name;
+    ++compared;
+    if (name.starts_with("optimizer.")) continue;
+    const std::string main = "optimizer.state.fp32_param." + name;
+    ASSERT_TRUE(c.tensors.count(main)) << main;
+    EXPECT_TRUE(torch::equal(c.tensors.at(main).read(), t.read())) << main;
+  }
+  EXPECT_EQ(compared, 84);  // 28 weights and their two moments
+  // A box across two tensor-parallel parts of a layer's QKV weight (rows 96 on are rank 1's), cut
+  // along both axes, reads each part's piece.
+  const std::string qkv = "optimizer.state.exp_avg.decoder.layers.1.self_attention.linear_qkv.weight";
+  EXPECT_TRUE(torch::equal(c.tensors.at(qkv).read({90, 5}, {12, 30}),
+                           source.tensors.at(qkv).read().narrow(0, 90, 12).narrow(1, 5, 30)));
 }
 
 TEST(MegatronCheckpoint, TruncatedDistcpNamesTheFile) {
