@@ -196,7 +196,8 @@ mg::PyRef rng_states(const TrainingState& s, const std::vector<std::vector<check
 
 std::string megatron_common_state_bytes(const TrainingState& s, int64_t iteration,
                                         const std::vector<MegatronParamGroup>& groups,
-                                        const std::vector<std::vector<checkpoint::RngState>>& rng) {
+                                        const std::vector<std::vector<checkpoint::RngState>>& rng,
+                                        CommonStateFile file) {
   mg::TorchSaveWriter w;
   std::vector<std::pair<std::string, mg::PyRef>> common = {
       {"args", args_namespace(s)}, {"checkpoint_version", mg::py_float(3.0)}, {"iteration", mg::py_int(iteration)}};
@@ -224,6 +225,7 @@ std::string megatron_common_state_bytes(const TrainingState& s, int64_t iteratio
   content.emplace_back("chained_optim_avoid_prefix", mg::py_bool(true));
   common.emplace_back("content_metadata", mg::py_dict(std::move(content)));
   if (!rng.empty()) common.emplace_back(mg::kFp8tronRngStateKey, rng_states(s, rng, w));
+  if (file == CommonStateFile::kCommonPt) return w.bytes(mg::py_dict(std::move(common)));
   // Megatron stores each ShardedObject's data in a list of the replicas it saved: one here.
   return w.bytes(mg::py_list({mg::py_dict(std::move(common))}));
 }

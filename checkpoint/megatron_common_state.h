@@ -16,11 +16,17 @@
 
 namespace fp8tron {
 
+// How the common state is stored: as the "common_state" object inside the distributed checkpoint
+// (Megatron-Core 0.19 on: a list of the one replica saved), or as common.pt beside it (the state
+// dict itself, what Megatron-Core's releases up to 0.18 read; later ones read it first when present).
+enum class CommonStateFile { kDcpObject, kCommonPt };
+
 // Rank 0: the torch.save bytes of the common state at `iteration`. `groups`: the optimizer's
 // parameter groups (gather_megatron_param_groups); `rng`: every rank's RNG states (empty: none
 // saved), stored under megatron::kFp8tronRngStateKey.
 std::string megatron_common_state_bytes(const TrainingState& s, int64_t iteration,
                                         const std::vector<MegatronParamGroup>& groups,
-                                        const std::vector<std::vector<checkpoint::RngState>>& rng = {});
+                                        const std::vector<std::vector<checkpoint::RngState>>& rng = {},
+                                        CommonStateFile file = CommonStateFile::kDcpObject);
 
 }  // namespace fp8tron

@@ -337,9 +337,9 @@ std::vector<mg::DcpObjectToWrite> rank_objects(const TrainingState& s, int64_t i
   return out;
 }
 
-void write_text(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::trunc);
-  out << text;
+void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), std::streamsize(bytes.size()));
   out.flush();
   if (!out) throw UserError(path + ": writing failed; is the disk full?");
 }
@@ -361,13 +361,14 @@ std::vector<std::vector<ck::RngState>> gather_rng_states(const TrainingState& s)
 void commit(const TrainingState& s, const ck::SaveTarget& target, const std::vector<std::string>& entries) {
   const std::string dir = ck::temp_dir_path(target);
   mg::write_dcp_metadata(dir, entries, ck::final_dir_path(target));
-  write_text(dir + "/metadata.json", "{\"sharded_backend\": \"torch_dist\", \"sharded_backend_version\": 1}");
+  write_bytes(dir + "/metadata.json", "{\"sharded_backend\": \"torch_dist\", \"sharded_backend_version\": 1}");
   ck::fault_point("save:metadata-written");
   ck::CommitOptions options;
   for (int r = 0; r < s.parallel.sizes.world_size; ++r)
     options.expected_files.push_back("__" + std::to_string(r) + "_0.distcp");
   options.expected_files.push_back(".metadata");
   options.expected_files.push_back("metadata.json");
+  options.expected_files.push_back("common.pt");
   options.expected_file_count = int64_t(options.expected_files.size());
   options.hook = [](ck::CommitStep step) {
     std::string name = std::string("commit:") + ck::commit_step_name(step);
@@ -402,6 +403,8 @@ std::unique_ptr<PendingTorchDistSave> prepare_torch_dist_save(const TrainingStat
     ck::begin_save(save->target);
     const auto copy_start = std::chrono::steady_clock::now();
     save->objects = rank_objects(s, iteration, groups, rng);
+    if (p.world_rank == 0)
+      save->common_pt = megatron_common_state_bytes(s, iteration, groups, rng, CommonStateFile::kCommonPt);
     save->chunks = rank_chunks(s, own_copies);
     save->copy_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - copy_start).count();
     for (const auto& c : save->chunks) save->bytes_copied += c.data.numel() * int64_t(c.data.element_size());
@@ -418,6 +421,7 @@ void write_torch_dist_file(PendingTorchDistSave& save, int rank) noexcept {
   if (!save.error.empty()) return;
   try {
     save.entries = mg::write_dcp_file(ck::temp_dir_path(save.target), rank, save.objects, save.chunks);
+    if (!save.common_pt.empty()) write_bytes(ck::temp_dir_path(save.target) + "/common.pt", save.common_pt);
     ck::fault_point("save:shard-written");
   } catch (const UserError& e) {
     save.error = e.what();
@@ -427,6 +431,7 @@ void write_torch_dist_file(PendingTorchDistSave& save, int rank) noexcept {
   }
   save.objects.clear();
   save.chunks.clear();  // the host copies go as soon as they are written
+  save.common_pt.clear();
 }
 
 void finalize_torch_dist_save(const TrainingState& s, PendingTorchDistSave& save) {

@@ -48,6 +48,7 @@ struct PendingTorchDistSave {
   checkpoint::SaveTarget target;
   std::vector<checkpoint::megatron::DcpObjectToWrite> objects;  // until written
   std::vector<checkpoint::megatron::DcpChunkToWrite> chunks;    // host tensors, until written
+  std::string common_pt;  // rank 0: common.pt's bytes, until written
   std::string entries;  // this rank's metadata entries, once written
   std::string error;
   bool non_persistent = false;

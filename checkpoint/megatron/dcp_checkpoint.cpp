@@ -338,6 +338,18 @@ std::unique_ptr<TorchArchive> DcpCheckpoint::object(const std::string& prefix) c
   throw UserError(dir_ + "/.metadata: names no " + prefix + " object; is this a Megatron torch_dist checkpoint?");
 }
 
+std::unique_ptr<TorchArchive> DcpCheckpoint::common_state() const {
+  const std::string file = dir_ + "/common.pt";
+  if (std::filesystem::exists(file)) return std::make_unique<TorchArchive>(file);
+  return object("common_state");
+}
+
+PyRef DcpCheckpoint::common_state_dict(const TorchArchive& common) {
+  PyRef root = common.root();
+  if (root && root->kind == PyValue::Kind::List && root->items.size() == 1) root = root->items[0];
+  return root;
+}
+
 std::vector<std::string> DcpCheckpoint::object_names() const {
   std::vector<std::string> names;
   for (const auto& [name, s] : objects_) names.push_back(name);

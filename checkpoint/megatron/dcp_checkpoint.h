@@ -65,6 +65,12 @@ class DcpCheckpoint {
   // The object stored under the first byte entry whose name starts with `prefix`
   // (Megatron's "common_state/shard_0_1"); UserError when there is none.
   std::unique_ptr<TorchArchive> object(const std::string& prefix) const;
+  // Megatron's common state (iteration, arguments, scheduler, optimizer parameter groups):
+  // Megatron-Core up to 0.18 saves it in common.pt beside the .distcp files, later versions as
+  // the object "common_state" inside; UserError when there is neither.
+  std::unique_ptr<TorchArchive> common_state() const;
+  // The state dict in it (later versions wrap it in a list of one).
+  static PyRef common_state_dict(const TorchArchive& common);
   // The names of the stored objects, e.g. "common_state/shard_0_1".
   std::vector<std::string> object_names() const;
   // dir/.metadata, for messages.

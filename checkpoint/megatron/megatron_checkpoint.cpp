@@ -575,12 +575,8 @@ MegatronCheckpoint read_dist(const std::string& dir) {
   const auto stored = std::make_shared<const DcpCheckpoint>(dir);
   const DcpCheckpoint& dcp = *stored;
   out.dcp = stored;
-  // Megatron-Core up to 0.18 saves the common state in common.pt beside the .distcp files, later
-  // versions inside the distributed checkpoint.
-  const std::string common_file = dir + "/common.pt";
-  auto common = fs::exists(common_file) ? std::make_unique<TorchArchive>(common_file) : dcp.object("common_state");
-  PyRef root = common->root();
-  if (root && root->kind == PyValue::Kind::List && root->items.size() == 1) root = root->items[0];
+  const auto common = dcp.common_state();
+  const PyRef root = DcpCheckpoint::common_state_dict(*common);
   read_common(root, common->source(), out);
   read_fp8tron_rng(root, *common, out);
   // A ChainedOptimizer (expert parallelism: the dense and the expert parameters' optimizers)

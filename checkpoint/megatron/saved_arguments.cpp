@@ -46,10 +46,8 @@ std::optional<std::map<std::string, std::string>> saved_arguments(const std::str
   const std::string format = detect_format(dir);
   if (format == "torch_dist") {
     const DcpCheckpoint dcp(dir);
-    const auto common = dcp.object("common_state");
-    PyRef root = common->root();
-    if (root && root->kind == PyValue::Kind::List && root->items.size() == 1) root = root->items[0];
-    return namespace_text(attribute(root, "args"), common->source());
+    const auto common = dcp.common_state();
+    return namespace_text(attribute(DcpCheckpoint::common_state_dict(*common), "args"), common->source());
   }
   if (format == "torch") {
     const std::string path = first_legacy_rank_file(dir);

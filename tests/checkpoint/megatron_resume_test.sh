@@ -97,6 +97,7 @@ resume gpt_decoupled_lr_torch_legacy
 resume gpt_mup_torch_legacy
 resume_with_checkpoint_args llama_tp2_torch_dist
 resume_with_checkpoint_args gpt_tp2pp2_torch_legacy
+resume_with_checkpoint_args gpt_tp2dp2_distopt_core_0_13  # the arguments in common.pt
 resume_with_checkpoint_args moe_ep2_torch_dist --moe-aux-loss-coeff 0.01 --moe-token-dispatcher-type alltoall
 resume moe_ep2_torch_dist  # saved by two expert-parallel ranks, one file each
 resume gpt_tp2pp2_torch_dist  # saved by four ranks, 2-way tensor x 2-way pipeline parallel
