@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 
 #include "checkpoint/megatron/damage.h"
 #include "core/error.h"
@@ -31,6 +32,14 @@ torch::ScalarType dtype_of(const PyRef& properties, const std::string& where) {
   for (const auto& [name, type] : kTypes)
     if (is_global(dtype, "torch", name)) return type;
   throw UserError(where + " has dtype " + describe(dtype) + ", which fp8tron does not read");
+}
+
+// Megatron-Core before 0.14 prefixed the states of each optimizer of a chain (an MoE model's
+// dense and expert parameters' optimizers) with chained_<i>.; the names are unique without it.
+std::string without_chain_prefix(const std::string& fqn) {
+  static const std::regex kChained(R"(^chained_\d+\.(optimizer\..*)$)");
+  std::smatch m;
+  return std::regex_match(fqn, m, kChained) ? m[1].str() : fqn;
 }
 
 std::string storage_key(const std::string& fqn, const std::vector<int64_t>& offsets) {
@@ -112,7 +121,8 @@ DcpCheckpoint::DcpCheckpoint(const std::string& dir, int64_t kept_chunk_bytes)
     }
     check_tiling(t, path + ": tensor " + fqn);
     t.stored_shape = t.shape;
-    tensors_[fqn] = std::move(t);
+    if (!tensors_.emplace(without_chain_prefix(fqn), std::move(t)).second)
+      throw DamagedCheckpoint(path + ": two optimizers of a chain hold " + without_chain_prefix(fqn));
   }
   check_files();
   view_flattened_states_as_weights();

@@ -587,6 +587,42 @@ TEST(MegatronCheckpoint, MegatronCore013sCommonFileAndFlattenedDistributedOptimi
                            source.tensors.at(qkv).read().narrow(0, 90, 12).narrow(1, 5, 30)));
 }
 
+TEST(MegatronCheckpoint, MegatronCore013sChainedOptimizersStatesLoseTheirChainPrefix) {
+  // An MoE model's optimizer before Megatron-Core 0.14 is a chain whose states are named
+  // chained_<i>.optimizer.state...: the dense weight w's in chain 0 as saved, the expert weight
+  // v's in chain 1 flattened (fully_sharded_model_space: v's two row chunks, each whole).
+  Scratch dir(kDist);  // any directory to write into
+  Scratch::run("rm -rf '" + dir.path + "' && mkdir -p '" + dir.path + "'");
+  const PyRef args = py_object(py_global("argparse", "Namespace"), py_dict({{"num_layers", py_int(1)}}));
+  const PyRef groups = py_dict({{"optimizer", py_dict({{"param_groups", py_list({py_dict({{"step", py_int(3)}})})}})},
+                                {"param_state_sharding_type", py_str("fully_sharded_model_space")}});
+  PyRef chain = make_value(PyValue::Kind::Dict);
+  chain->entries.emplace_back(py_int(0), groups);
+  chain->entries.emplace_back(py_int(1), groups);
+  const PyRef common = py_dict({{"args", args}, {"iteration", py_int(3)}, {"optimizer", chain}});
+  const torch::Tensor w = torch::arange(6, torch::kFloat32).view({2, 3}), v = w + 10;
+  const std::vector<DcpChunkToWrite> chunks = {
+      {"w", {2, 3}, {0, 0}, w},
+      {"v", {2, 3}, {0, 0}, v},
+      {"chained_0.optimizer.state.exp_avg.w", {2, 3}, {0, 0}, w * 2},
+      {"chained_0.optimizer.state.exp_avg_sq.w", {2, 3}, {0, 0}, w * 3},
+      {"chained_1.optimizer.state.exp_avg.v", {2, 1, 3}, {0, 0, 0}, (v * 2).narrow(0, 0, 1).view({1, 1, 3})},
+      {"chained_1.optimizer.state.exp_avg.v", {2, 1, 3}, {1, 0, 0}, (v * 2).narrow(0, 1, 1).view({1, 1, 3})},
+      {"chained_1.optimizer.state.exp_avg_sq.v", {2, 1, 3}, {0, 0, 0}, (v * 3).narrow(0, 0, 1).view({1, 1, 3})},
+      {"chained_1.optimizer.state.exp_avg_sq.v", {2, 1, 3}, {1, 0, 0}, (v * 3).narrow(0, 1, 1).view({1, 1, 3})}};
+  const std::string entries = write_dcp_file(dir.path, 0, {}, chunks);
+  write_dcp_metadata(dir.path, {entries}, dir.path);
+  std::ofstream(dir.path + "/metadata.json") << R"({"sharded_backend": "torch_dist", "sharded_backend_version": 1})";
+  std::ofstream(dir.path + "/common.pt", std::ios::binary) << TorchSaveWriter().bytes(common);
+  const MegatronCheckpoint c = read_checkpoint(dir.path, "torch_dist");
+  EXPECT_EQ(c.optimizer_refusal, "");
+  ASSERT_TRUE(c.step);
+  EXPECT_EQ(*c.step, 3);
+  EXPECT_TRUE(torch::equal(c.tensors.at("optimizer.state.exp_avg_sq.w").read(), w * 3));
+  EXPECT_TRUE(torch::equal(c.tensors.at("optimizer.state.exp_avg.v").read(), v * 2));
+  EXPECT_TRUE(torch::equal(c.tensors.at("optimizer.state.exp_avg_sq.v").read({1, 1}, {1, 2}), (v * 3).narrow(0, 1, 1).narrow(1, 1, 2)));
+}
+
 TEST(MegatronCheckpoint, TruncatedDistcpNamesTheFile) {
   Scratch s(kDist);
   ASSERT_EQ(::truncate((s.path + "/__0_0.distcp").c_str(), 1000000), 0);
