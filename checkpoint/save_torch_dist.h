@@ -6,6 +6,7 @@
 //   <save>/iter_NNNNNNN/metadata.json       {"sharded_backend": "torch_dist", "sharded_backend_version": 1}
 //                       .metadata           PyTorch's distributed-checkpoint Metadata (megatron/dcp_writer.h)
 //                       __<rank>_0.distcp   each rank's chunks and objects, torch.save bytes each
+//                       common.pt           the common state again (rank 0), where Megatron-Core up to 0.18 reads it
 //
 // Tensors by Megatron's names and global shapes: the decoder layers' weights stacked along a first
 // dimension of --num-layers ("decoder.layers.self_attention.linear_qkv.weight" [L, 3h, h]), each

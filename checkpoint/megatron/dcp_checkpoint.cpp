@@ -34,10 +34,11 @@ torch::ScalarType dtype_of(const PyRef& properties, const std::string& where) {
   throw UserError(where + " has dtype " + describe(dtype) + ", which fp8tron does not read");
 }
 
-// Megatron-Core before 0.14 prefixed the states of each optimizer of a chain (an MoE model's
-// dense and expert parameters' optimizers) with chained_<i>.; the names are unique without it.
+// Megatron-Core before 0.14 prefixed the per-weight states of each optimizer of a chain (an MoE
+// model's dense and expert parameters' optimizers) with chained_<i>.; the weights' names keep them
+// apart without it. (Flat buffers, optimizer.distributed.*, keep it: their names repeat.)
 std::string without_chain_prefix(const std::string& fqn) {
-  static const std::regex kChained(R"(^chained_\d+\.(optimizer\..*)$)");
+  static const std::regex kChained(R"(^chained_\d+\.(optimizer\.state\..*)$)");
   std::smatch m;
   return std::regex_match(fqn, m, kChained) ? m[1].str() : fqn;
 }
@@ -121,8 +122,8 @@ DcpCheckpoint::DcpCheckpoint(const std::string& dir, int64_t kept_chunk_bytes)
     }
     check_tiling(t, path + ": tensor " + fqn);
     t.stored_shape = t.shape;
-    if (!tensors_.emplace(without_chain_prefix(fqn), std::move(t)).second)
-      throw DamagedCheckpoint(path + ": two optimizers of a chain hold " + without_chain_prefix(fqn));
+    const std::string name = without_chain_prefix(fqn);
+    tensors_[tensors_.count(name) ? fqn : name] = std::move(t);  // two of a chain with one name: as saved
   }
   check_files();
   view_flattened_states_as_weights();

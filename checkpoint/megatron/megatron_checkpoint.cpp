@@ -595,8 +595,15 @@ MegatronCheckpoint read_dist(const std::string& dir) {
   } catch (const UserError& e) {
     refusal = e.what();
   }
+  static const std::regex kChained(R"(^chained_\d+\.optimizer\..*)");
   for (const auto& [name, entry] : dcp.tensors()) {
     if (is_distributed_optimizer_entry(name)) continue;  // read below, once the weights are
+    if (std::regex_match(name, kChained)) {  // a chained optimizer's flat buffers (dcp_checkpoint.cpp)
+      if (refusal.empty())
+        refusal = dir + "/.metadata: optimizer tensor " + name + " is a chained optimizer's, in a layout fp8tron does "
+                  "not read; pass --no-load-optim to load the weights";
+      continue;
+    }
     std::string prefix, param = name;
     for (const char* p : {kExpAvg, kExpAvgSq, kMomentum, kFp32Param, kDistributedParam})
       if (name.starts_with(p)) prefix = p == kDistributedParam ? kFp32Param : p, param = name.substr(std::strlen(p));

@@ -219,17 +219,18 @@ std::shared_ptr<const FlatRecord> TorchArchive::flat_record(const PyRef& v, cons
   auto crc = crcs_.find(ref.record);
   if (crc == crcs_.end())
     throw DamagedCheckpoint(source_ + ": entry " + ref.record + " (" + what + ") is not in the archive's directory");
+  std::shared_ptr<EntryCrcCheck>& check = entry_checks_[ref.record];
+  if (!check) check = std::make_shared<EntryCrcCheck>(crc->second, entry_bytes);
   tally->stored += numel * element;
-  return std::make_shared<FlatRecord>(source_, ref.record, what, data, view.offset * element, ref.dtype, numel,
-                                      crc->second, entry_bytes, std::move(tally));
+  return std::make_shared<FlatRecord>(source_, ref.record, what, data, view.offset * element, ref.dtype, numel, check,
+                                      std::move(tally));
 }
 
 FlatRecord::FlatRecord(std::string path, std::string entry, std::string what, int64_t entry_data, int64_t entry_offset,
-                       torch::ScalarType dtype, int64_t numel, uint32_t crc, int64_t entry_bytes,
+                       torch::ScalarType dtype, int64_t numel, std::shared_ptr<EntryCrcCheck> check,
                        std::shared_ptr<BytesRead> tally)
     : path_(std::move(path)), entry_(std::move(entry)), what_(std::move(what)), entry_data_(entry_data),
-      entry_offset_(entry_offset), dtype_(dtype), numel_(numel), crc_(crc), entry_bytes_(entry_bytes),
-      tally_(std::move(tally)) {}
+      entry_offset_(entry_offset), dtype_(dtype), numel_(numel), check_(std::move(check)), tally_(std::move(tally)) {}
 
 torch::Tensor FlatRecord::read(int64_t offset, int64_t n) const {
   FP8TRON_CHECK(offset >= 0 && n >= 0 && offset + n <= numel_, "a range inside the flat record");
@@ -242,7 +243,7 @@ torch::Tensor FlatRecord::read(int64_t offset, int64_t n) const {
     throw DamagedCheckpoint(path_ + ": entry " + entry_ + " (" + what_ + ") ends early: the file is truncated; copy it "
                             "again from the run that saved it");
   tally_->read += bytes;
-  extend_crc(static_cast<const char*>(out.data_ptr()), entry_offset_ + begin, bytes);
+  check_crc(static_cast<const char*>(out.data_ptr()), entry_offset_ + begin, bytes);
   return out;
 }
 
@@ -260,19 +261,14 @@ torch::Tensor FlatRecord::read_blocks(int64_t first, int64_t block, int64_t stri
     if (!file || file.gcount() != block * element)
       throw DamagedCheckpoint(path_ + ": entry " + entry_ + " (" + what_ + ") ends early: the file is truncated; copy "
                               "it again from the run that saved it");
+    check_crc(to, entry_offset_ + (first + i * stride) * element, block * element);
   }
   tally_->read += count * block * element;
   return out;
 }
 
-// Continues the entry's CRC-32 over bytes [begin, begin + n) of the entry where they follow what it
-// covers, and checks it once it covers the whole entry.
-void FlatRecord::extend_crc(const char* bytes, int64_t begin, int64_t n) const {
-  if (begin > crc_through_ || begin + n <= crc_through_) return;
-  const int64_t skip = crc_through_ - begin;
-  running_crc_ = crc32(bytes + skip, size_t(n - skip), running_crc_);
-  crc_through_ = begin + n;
-  if (crc_through_ == entry_bytes_ && running_crc_ != crc_)
+void FlatRecord::check_crc(const char* bytes, int64_t begin, int64_t n) const {
+  if (!check_->add(begin, bytes, n))
     throw DamagedCheckpoint(path_ + ": entry " + entry_ + " (" + what_ + ") fails its CRC-32 check: the file is "
                             "corrupted: copy it again from the run that saved it");
 }

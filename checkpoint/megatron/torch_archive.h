@@ -15,6 +15,7 @@
 
 #include "checkpoint/megatron/pickle.h"
 #include "checkpoint/megatron/stored_tensor.h"
+#include "checkpoint/megatron/zip_crc.h"
 
 namespace caffe2::serialize {
 class PyTorchStreamReader;
@@ -29,36 +30,35 @@ struct BytesRead {
 
 // A flat tensor of a torch.save file read in ranges straight from the file, never whole (the
 // distributed optimizer's distrib_optim.pt holds a model-parallel rank's whole optimizer state).
-// Its entry's CRC-32 is checked when the ranges read cover it front to back (a buffer streamed
-// from its start to its end); ranges read out of order are not checked.
+// Its entry's CRC-32 is checked once the ranges read, of it and of the other tensors of the same
+// entry (views of one storage), cover the entry, in whatever order (EntryCrcCheck).
 class FlatRecord {
  public:
   // The tensor's `numel` elements of `dtype` start `entry_offset` bytes into entry `entry` (of
   // `entry_bytes` bytes, CRC-32 `crc`), whose data starts at byte `entry_data` of file `path`.
   FlatRecord(std::string path, std::string entry, std::string what, int64_t entry_data, int64_t entry_offset,
-             torch::ScalarType dtype, int64_t numel, uint32_t crc, int64_t entry_bytes, std::shared_ptr<BytesRead> tally);
+             torch::ScalarType dtype, int64_t numel, std::shared_ptr<EntryCrcCheck> check,
+             std::shared_ptr<BytesRead> tally);
   int64_t numel() const { return numel_; }
   torch::ScalarType dtype() const { return dtype_; }
   // Elements [offset, offset + n), a contiguous tensor of its own; DamagedCheckpoint naming the file
-  // and entry when the file is short or the entry fails its CRC-32.
+  // and entry when the file is short or the entry, once read whole, fails its CRC-32.
   torch::Tensor read(int64_t offset, int64_t n) const;
   // `count` blocks of `block` elements, the first at element `first`, each `stride` after the one
   // before, in one tensor of count x block elements (a box of a matrix's columns: one block per row).
   torch::Tensor read_blocks(int64_t first, int64_t block, int64_t stride, int64_t count) const;
 
  private:
-  void extend_crc(const char* bytes, int64_t begin, int64_t n) const;
+  // Counts bytes [begin, begin + n) of the entry towards its CRC-32 check.
+  void check_crc(const char* bytes, int64_t begin, int64_t n) const;
 
   std::string path_, entry_, what_;
   int64_t entry_data_;    // the file offset of the entry's first byte
   int64_t entry_offset_;  // of the tensor's first element within its entry, in bytes
   torch::ScalarType dtype_;
   int64_t numel_;
-  uint32_t crc_;
-  int64_t entry_bytes_;
+  std::shared_ptr<EntryCrcCheck> check_;
   std::shared_ptr<BytesRead> tally_;
-  mutable uint32_t running_crc_ = 0;
-  mutable int64_t crc_through_ = 0;  // bytes of the entry the running CRC covers
 };
 
 class TorchArchive {
@@ -112,6 +112,8 @@ class TorchArchive {
   std::unique_ptr<std::istream> stream_;
   std::unique_ptr<caffe2::serialize::PyTorchStreamReader> reader_;
   std::map<std::string, uint32_t> crcs_;  // by entry name ("data.pkl", "data/0")
+  // The CRC-32 checks of the entries read in ranges, shared by the tensors of each.
+  mutable std::map<std::string, std::shared_ptr<EntryCrcCheck>> entry_checks_;
   PyRef root_;
 };
 

@@ -1,6 +1,7 @@
 #include "checkpoint/megatron/zip_crc.h"
 
 #include <array>
+#include <iterator>
 #include <cstring>
 
 #include "checkpoint/megatron/damage.h"
@@ -24,6 +25,27 @@ Tables make_tables() {
   return t;
 }
 
+// The product of two polynomials modulo the CRC-32 polynomial, both in the CRC's reflected form
+// (bit 31 the coefficient of x^0, bit 0 that of x^31).
+uint32_t multiply_mod_p(uint32_t a, uint32_t b) {
+  uint32_t product = 0;
+  for (uint32_t term = 1u << 31; term != 0; term >>= 1) {  // a's terms x^0, x^1, ...
+    if (a & term) product ^= b;
+    b = (b & 1) ? (b >> 1) ^ 0xEDB88320u : b >> 1;  // b times x
+  }
+  return product;
+}
+
+// x^n modulo the CRC-32 polynomial, by squaring.
+uint32_t x_power_mod_p(uint64_t n) {
+  uint32_t result = 1u << 31, square = 1u << 30;  // x^0, x^1
+  for (; n != 0; n >>= 1) {
+    if (n & 1) result = multiply_mod_p(result, square);
+    square = multiply_mod_p(square, square);
+  }
+  return result;
+}
+
 uint16_t u16(const std::string& b, size_t at) {
   return uint16_t(uint8_t(b[at]) | uint8_t(b[at + 1]) << 8);
 }
@@ -35,6 +57,34 @@ constexpr uint32_t kEndOfDirectory = 0x06054b50, kZip64Locator = 0x07064b50, kZi
 constexpr size_t kEndSize = 22, kLocatorSize = 20, kEntrySize = 46;
 
 }  // namespace
+
+uint32_t crc32_combine(uint32_t crc_a, uint32_t crc_b, uint64_t length_b) {
+  // Appending B's bytes multiplies A's CRC by x^(8 |B|); the CRC's pre- and post-inversion cancel.
+  return multiply_mod_p(x_power_mod_p(8 * length_b), crc_a) ^ crc_b;
+}
+
+bool EntryCrcCheck::add(int64_t begin, const void* bytes, int64_t n) {
+  const int64_t end = begin + n;
+  if (n <= 0 || begin < 0 || end > bytes_) return true;
+  auto next = ranges_.lower_bound(begin);
+  if (next != ranges_.end() && next->first < end) return true;  // overlaps a counted range
+  if (next != ranges_.begin() && std::prev(next)->second.end > begin) return true;
+  Range range{end, crc32(bytes, size_t(n))};
+  int64_t first = begin;
+  if (next != ranges_.begin() && std::prev(next)->second.end == begin) {  // joins the range before
+    auto before = std::prev(next);
+    first = before->first;
+    range.crc = crc32_combine(before->second.crc, range.crc, uint64_t(n));
+    ranges_.erase(before);
+  }
+  if (next != ranges_.end() && next->first == end) {  // and the range after
+    range.crc = crc32_combine(range.crc, next->second.crc, uint64_t(next->second.end - next->first));
+    range.end = next->second.end;
+    ranges_.erase(next);
+  }
+  ranges_[first] = range;
+  return !(first == 0 && range.end == bytes_) || range.crc == stored_;
+}
 
 uint32_t crc32(const void* data, size_t size, uint32_t crc) {
   static const Tables t = make_tables();

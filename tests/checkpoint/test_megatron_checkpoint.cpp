@@ -656,6 +656,47 @@ TEST(MegatronCheckpoint, AFlippedByteInATensorIsCaughtByItsEntrysCrc) {
       << msg;
 }
 
+TEST(MegatronCheckpoint, AFlippedByteInAStorageSharedByTensorsIsCaughtOnceTheyAreRead) {
+  // A legacy distributed optimizer's model_optim_rng.pt stores the weights as views of one
+  // parameter buffer (entry data/0): read tensor by tensor, in no particular order, they cover the
+  // entry, whose CRC-32 is then checked.
+  Scratch s(kFixtures + "/gpt_dp2_distopt_torch_legacy/ckpt/iter_0000010");
+  const MegatronCheckpoint intact = read_checkpoint(s.path, "torch");
+  for (const auto& [name, t] : intact.tensors)
+    if (!name.starts_with("optimizer.")) t.read();
+  std::fstream f(s.path + "/mp_rank_00/model_optim_rng.pt", std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(400000);  // inside data/0, bytes 46,8xx to 725,7xx of the file
+  f.write("garbage!", 8);
+  f.close();
+  const std::string msg = error_of([&] {  // the search for the weights in distrib_optim.pt reads them all
+    const MegatronCheckpoint c = read_checkpoint(s.path, "torch");
+    for (const auto& [name, t] : c.tensors)
+      if (!name.starts_with("optimizer.")) t.read();
+  });
+  EXPECT_NE(msg.find("model_optim_rng.pt: entry data/0 ("), std::string::npos) << msg;
+  EXPECT_NE(msg.find("fails its CRC-32 check"), std::string::npos) << msg;
+}
+
+TEST(ZipCrc, CombinedCrcIsTheCrcOfTheBytesJoined) {
+  std::string bytes;
+  for (int i = 0; i < 1000; ++i) bytes.push_back(char((i * 7919) % 251));
+  for (size_t cut : {size_t(0), size_t(1), size_t(3), size_t(500), size_t(999), size_t(1000)})
+    EXPECT_EQ(crc32_combine(crc32(bytes.data(), cut), crc32(bytes.data() + cut, bytes.size() - cut), bytes.size() - cut),
+              crc32(bytes.data(), bytes.size()))
+        << cut;
+  // Ranges counted out of order, one twice, complete the entry; a wrong stored CRC is caught.
+  const uint32_t whole = crc32(bytes.data(), bytes.size());
+  EntryCrcCheck good(whole, 1000), bad(whole ^ 1, 1000);
+  for (EntryCrcCheck* check : {&good, &bad}) {
+    EXPECT_TRUE(check->add(600, bytes.data() + 600, 300));
+    EXPECT_TRUE(check->add(0, bytes.data(), 200));
+    EXPECT_TRUE(check->add(650, bytes.data() + 650, 10));  // already counted
+    EXPECT_TRUE(check->add(900, bytes.data() + 900, 100));
+  }
+  EXPECT_TRUE(good.add(200, bytes.data() + 200, 400));
+  EXPECT_FALSE(bad.add(200, bytes.data() + 200, 400));
+}
+
 TEST(ZipCrc, Crc32IsZipsAndContinues) {
   const std::string check = "123456789";  // the CRC-32 check value of this string is 0xCBF43926
   EXPECT_EQ(crc32(check.data(), check.size()), 0xCBF43926u);

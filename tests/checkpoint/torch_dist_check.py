@@ -184,8 +184,27 @@ def steps(o):
     return out
 
 
+def equal_values(a, b):
+    """Equal values, tensors and argparse namespaces compared by their contents."""
+    if isinstance(a, argparse.Namespace) and isinstance(b, argparse.Namespace):
+        return equal_values(vars(a), vars(b))
+    if torch.is_tensor(a) and torch.is_tensor(b):
+        return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(equal_values(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(equal_values(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and a == b
+
+
 def check_common(ckpt, fixture):
     c = common_state(ckpt)
+    # Megatron-Core up to 0.18 reads the common state from common.pt (with weights_only=True).
+    common_pt = os.path.join(ckpt, "common.pt")
+    if not os.path.exists(common_pt):
+        problems.append("no common.pt beside the .distcp files")
+    elif not equal_values(torch.load(common_pt, weights_only=True), c):
+        problems.append("common.pt does not hold the common_state object's state dict")
     for key in ("args", "checkpoint_version", "iteration", "optimizer", "opt_param_scheduler",
                 "num_floating_point_operations_so_far", "content_metadata"):
         if key not in c:
