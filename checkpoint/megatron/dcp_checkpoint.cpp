@@ -121,7 +121,6 @@ DcpCheckpoint::DcpCheckpoint(const std::string& dir, int64_t kept_chunk_bytes)
       t.chunks.push_back(std::move(chunk));
     }
     check_tiling(t, path + ": tensor " + fqn);
-    t.stored_shape = t.shape;
     const std::string name = without_chain_prefix(fqn);
     tensors_[tensors_.count(name) ? fqn : name] = std::move(t);  // two of a chain with one name: as saved
   }
@@ -223,6 +222,8 @@ torch::Tensor DcpCheckpoint::model_space_box(const std::string& name, const std:
   const size_t rank = t.shape.size();
   auto out = torch::empty(sizes, torch::TensorOptions().dtype(t.dtype));
   if (out.numel() == 0) return out;
+  int64_t chunk_elements = 1;
+  for (int64_t n : t.chunk) chunk_elements *= n;
   // Every model-parallel chunk the box overlaps, its index counted up axis by axis from the first.
   std::vector<int64_t> first(rank), last(rank);
   for (size_t d = 0; d < rank; ++d)
@@ -230,7 +231,7 @@ torch::Tensor DcpCheckpoint::model_space_box(const std::string& name, const std:
   std::vector<int64_t> index = first;
   while (true) {
     std::vector<int64_t> at(index), extent(rank, 1);
-    at.push_back(0), extent.push_back(t.stored_shape.back());
+    at.push_back(0), extent.push_back(chunk_elements);
     torch::Tensor from = stored_box(name, at, extent, keep_chunks).view(t.chunk), to = out;
     for (size_t d = 0; d < rank; ++d) {
       const int64_t lo = std::max(offsets[d], index[d] * t.chunk[d]);
@@ -249,8 +250,8 @@ torch::Tensor DcpCheckpoint::model_space_box(const std::string& name, const std:
 torch::Tensor DcpCheckpoint::stored_box(const std::string& name, const std::vector<int64_t>& offsets,
                                         const std::vector<int64_t>& sizes, bool keep_chunks) const {
   const DcpTensor& t = tensors_.at(name);
-  FP8TRON_CHECK(offsets.size() == t.stored_shape.size() && sizes.size() == t.stored_shape.size(),
-                "a box of a stored tensor");
+  const size_t stored_rank = t.shape.size() + (t.chunk.empty() ? 0 : 1);  // a flattened state's extra axis
+  FP8TRON_CHECK(offsets.size() == stored_rank && sizes.size() == stored_rank, "a box of a stored tensor");
   const int64_t use = ++uses_;
   auto out = torch::empty(sizes, torch::TensorOptions().dtype(t.dtype));
   int64_t covered = 0;

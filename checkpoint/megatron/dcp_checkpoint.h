@@ -27,14 +27,13 @@ struct DcpChunk {
 struct DcpTensor {
   std::vector<int64_t> shape;
   torch::ScalarType dtype = torch::kFloat32;
-  std::vector<DcpChunk> chunks;  // boxes of the stored tensor (of stored_shape)
-  std::vector<int64_t> stored_shape;
+  std::vector<DcpChunk> chunks;  // boxes of the tensor as stored
   // Megatron's flattened optimizer states (the distributed optimizer's fully_sharded_model_space
   // layout, Megatron-Core up to 0.14's default): each data-parallel rank stores its range of a
   // weight's model-parallel chunk flattened, and Megatron's torch_dist strategy stores them as one
-  // tensor of stored_shape (the weight's chunks along each axis..., the elements of one chunk).
-  // `shape` is the weight's then, and `chunk` the shape of one model-parallel chunk; empty for a
-  // tensor stored as it is.
+  // tensor of shape (the weight's chunks along each axis..., the elements of one chunk). `shape` is
+  // the weight's then, and `chunk` the shape of one model-parallel chunk; empty for a tensor stored
+  // as it is.
   std::vector<int64_t> chunk;
 };
 

@@ -131,10 +131,10 @@ bool split_mtp_transformer_layer(const std::string& name, std::string* head, std
 
 // Reads the checkpoint in `dir` (an iter_NNNNNNN directory) in `format` ("torch_dist" or "torch"):
 // of either its metadata and common state (a legacy one's pickles), the tensors being read when
-// asked, each rank reading the boxes it holds. `weights_read` (fp8tron's names; null: all) are the weights whose optimizer
-// state the caller reads: where the distributed optimizer's flat buffers hold it (torch_dist, or a
-// legacy checkpoint's distrib_optim.pt), only their state is located (and an empty set locates
-// none). Every problem is a UserError naming the file
+// asked, each rank reading the boxes it holds. `weights_read` (fp8tron's names; null: all) are the
+// weights whose optimizer state the caller reads: where the distributed optimizer's flat buffers
+// hold it (torch_dist, or a legacy checkpoint's distrib_optim.pt), only their state is located
+// (and an empty set locates none). Every problem is a UserError naming the file
 // and what is wrong.
 MegatronCheckpoint read_checkpoint(const std::string& dir, const std::string& format,
                                    const std::set<std::string>* weights_read = nullptr);

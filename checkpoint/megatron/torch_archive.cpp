@@ -235,15 +235,9 @@ FlatRecord::FlatRecord(std::string path, std::string entry, std::string what, in
 torch::Tensor FlatRecord::read(int64_t offset, int64_t n) const {
   FP8TRON_CHECK(offset >= 0 && n >= 0 && offset + n <= numel_, "a range inside the flat record");
   auto out = torch::empty({n}, torch::TensorOptions().dtype(dtype_));
-  const int64_t bytes = n * int64_t(out.element_size()), begin = offset * int64_t(out.element_size());
+  const int64_t element = int64_t(out.element_size());
   std::ifstream file(path_, std::ios::binary);
-  file.seekg(std::streamoff(entry_data_ + entry_offset_ + begin));
-  file.read(static_cast<char*>(out.data_ptr()), std::streamsize(bytes));
-  if (!file || file.gcount() != bytes)
-    throw DamagedCheckpoint(path_ + ": entry " + entry_ + " (" + what_ + ") ends early: the file is truncated; copy it "
-                            "again from the run that saved it");
-  tally_->read += bytes;
-  check_crc(static_cast<const char*>(out.data_ptr()), entry_offset_ + begin, bytes);
+  read_entry_bytes(file, static_cast<char*>(out.data_ptr()), entry_offset_ + offset * element, n * element);
   return out;
 }
 
@@ -255,20 +249,19 @@ torch::Tensor FlatRecord::read_blocks(int64_t first, int64_t block, int64_t stri
   const int64_t element = int64_t(out.element_size());
   std::ifstream file(path_, std::ios::binary);
   char* to = static_cast<char*>(out.data_ptr());
-  for (int64_t i = 0; i < count; ++i, to += block * element) {
-    file.seekg(std::streamoff(entry_data_ + entry_offset_ + (first + i * stride) * element));
-    file.read(to, std::streamsize(block * element));
-    if (!file || file.gcount() != block * element)
-      throw DamagedCheckpoint(path_ + ": entry " + entry_ + " (" + what_ + ") ends early: the file is truncated; copy "
-                              "it again from the run that saved it");
-    check_crc(to, entry_offset_ + (first + i * stride) * element, block * element);
-  }
-  tally_->read += count * block * element;
+  for (int64_t i = 0; i < count; ++i, to += block * element)
+    read_entry_bytes(file, to, entry_offset_ + (first + i * stride) * element, block * element);
   return out;
 }
 
-void FlatRecord::check_crc(const char* bytes, int64_t begin, int64_t n) const {
-  if (!check_->add(begin, bytes, n))
+void FlatRecord::read_entry_bytes(std::ifstream& file, char* to, int64_t begin, int64_t n) const {
+  file.seekg(std::streamoff(entry_data_ + begin));
+  file.read(to, std::streamsize(n));
+  if (!file || file.gcount() != n)
+    throw DamagedCheckpoint(path_ + ": entry " + entry_ + " (" + what_ + ") ends early: the file is truncated; copy it "
+                            "again from the run that saved it");
+  tally_->read += n;
+  if (!check_->add(begin, to, n))
     throw DamagedCheckpoint(path_ + ": entry " + entry_ + " (" + what_ + ") fails its CRC-32 check: the file is "
                             "corrupted: copy it again from the run that saved it");
 }

@@ -8,6 +8,7 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <iosfwd>
 #include <map>
 #include <memory>
 #include <string>
@@ -34,8 +35,8 @@ struct BytesRead {
 // entry (views of one storage), cover the entry, in whatever order (EntryCrcCheck).
 class FlatRecord {
  public:
-  // The tensor's `numel` elements of `dtype` start `entry_offset` bytes into entry `entry` (of
-  // `entry_bytes` bytes, CRC-32 `crc`), whose data starts at byte `entry_data` of file `path`.
+  // The tensor's `numel` elements of `dtype` start `entry_offset` bytes into entry `entry`, whose
+  // data starts at byte `entry_data` of file `path`; `check` is the entry's CRC-32 check.
   FlatRecord(std::string path, std::string entry, std::string what, int64_t entry_data, int64_t entry_offset,
              torch::ScalarType dtype, int64_t numel, std::shared_ptr<EntryCrcCheck> check,
              std::shared_ptr<BytesRead> tally);
@@ -49,8 +50,8 @@ class FlatRecord {
   torch::Tensor read_blocks(int64_t first, int64_t block, int64_t stride, int64_t count) const;
 
  private:
-  // Counts bytes [begin, begin + n) of the entry towards its CRC-32 check.
-  void check_crc(const char* bytes, int64_t begin, int64_t n) const;
+  // Reads bytes [begin, begin + n) of the entry into `to` and counts them towards its CRC-32 check.
+  void read_entry_bytes(std::ifstream& file, char* to, int64_t begin, int64_t n) const;
 
   std::string path_, entry_, what_;
   int64_t entry_data_;    // the file offset of the entry's first byte
@@ -81,7 +82,7 @@ class TorchArchive {
   std::shared_ptr<const FlatRecord> flat_record(const PyRef& v, const std::string& what,
                                                 std::shared_ptr<BytesRead> tally) const;
   // The tensor `v` rebuilds, its shape and dtype known now, its boxes read from the file when asked
-  // (only the bytes of the box; the entry's CRC-32 is checked when a read covers it front to back);
+  // (only the bytes of the box; the entry's CRC-32 is checked once the reads of it cover it);
   // a tensor that is not contiguous in its storage is read now. `tally` counts the bytes.
   StoredTensor stored(const PyRef& v, const std::string& what, std::shared_ptr<BytesRead> tally) const;
 

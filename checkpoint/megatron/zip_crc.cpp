@@ -1,8 +1,8 @@
 #include "checkpoint/megatron/zip_crc.h"
 
 #include <array>
-#include <iterator>
 #include <cstring>
+#include <iterator>
 
 #include "checkpoint/megatron/damage.h"
 #include "core/text.h"
